@@ -1,0 +1,102 @@
+"""Build configs: pydantic models read from `build_configs/*.yaml`.
+
+A path written `builtin:NAME` names a model shipped in `trtspec/assets/NAME`; any other relative
+path is resolved against the directory of the YAML file that holds it. A bad field fails at load
+with its dotted path and what was expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+
+from trtspec.errors import ConfigError
+
+ASSETS_DIR = Path(__file__).parent / "assets"
+BUILTIN_PREFIX = "builtin:"
+
+Method = Literal["dflash", "dspark", "eagle3", "draft_model"]
+Flavour = Literal["torch", "engine", "trtllm"]
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _HasPath(_Strict):
+    path: str = Field(description="checkpoint directory, `builtin:NAME` or relative to the YAML")
+    dtype: DType = Field("float32", description="weights' dtype at run time")
+    _base: Path = PrivateAttr(default=Path("."))
+
+    @property
+    def resolved_path(self) -> Path:
+        if self.path.startswith(BUILTIN_PREFIX):
+            return ASSETS_DIR / self.path[len(BUILTIN_PREFIX) :]
+        path = Path(self.path).expanduser()
+        return path if path.is_absolute() else (self._base / path)
+
+
+class TargetConfig(_HasPath):
+    """The target model p."""
+
+
+class DrafterConfig(_HasPath):
+    """The drafter q and how many tokens it proposes per cycle."""
+
+    method: Method = Field(description="drafting algorithm")
+    num_draft_tokens: int | None = Field(
+        None, ge=1, le=64,
+        description="k: draft tokens per cycle; default 5 for draft models, block size − 1 for DFlash",
+    )
+
+
+class GenerationLimits(_Strict):
+    """Bounds a deployment enforces on every request."""
+
+    max_tokens: int = Field(2048, ge=1, description="largest `max_tokens` a request may ask for")
+
+
+class BuildConfig(_Strict):
+    """One deployment recipe: which target, which drafter, where it runs."""
+
+    name: str = Field("trtspec", description="deployment (and served model) name")
+    flavour: Flavour = Field("torch", description="runtime: torch, engine (TensorRT) or trtllm")
+    target: TargetConfig
+    drafter: DrafterConfig | None = Field(None, description="omit for autoregressive decoding")
+    limits: GenerationLimits = Field(default_factory=GenerationLimits)
+
+
+def _format_error(path: Path, exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    got = first.get("input")
+    got_text = "" if isinstance(got, dict) else f", got {got!r}"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{path}: field `{field}`: {first['msg']}{got_text}{more}"
+
+
+def load_build_config(path: str | Path) -> BuildConfig:
+    """Read and validate a YAML build config; relative model paths resolve against its folder."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of fields at the top level")
+    try:
+        config = BuildConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(path, exc)) from None
+    for part in (config.target, config.drafter):
+        if part is not None:
+            part._base = path.parent
+    return config

@@ -1,0 +1,89 @@
+"""A loaded deployment in the torch flavour: tokenizer + target + drafter + decoder.
+
+This is what the CLI, the Triton orchestration model and the benchmarks all call, so the text
+they produce for one request is produced by the same code.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from trtspec.config import BuildConfig
+from trtspec.errors import ConfigError
+from trtspec.models.drafter import Drafter, build_drafter
+from trtspec.models.target import TargetModel, load_causal_lm
+from trtspec.spec.decoder import SpeculativeDecoder
+from trtspec.spec.metrics import GenerationResult
+from trtspec.spec.sampling import SamplingParams
+from trtspec.tokenizer import ByteTokenizer
+
+log = logging.getLogger(__name__)
+
+
+class TextTokenizer(Protocol):
+    eos_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer stored beside the target's weights."""
+
+    def __init__(self, path: Path):
+        from transformers import AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.eos_id = self._tok.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+
+def load_tokenizer(path: Path, hf_config) -> TextTokenizer:
+    if getattr(hf_config, "trtspec_special_tokens", None) is not None:
+        return ByteTokenizer.from_config(hf_config)
+    return HFTokenizer(path)
+
+
+@dataclass(slots=True)
+class Pipeline:
+    config: BuildConfig
+    tokenizer: TextTokenizer
+    target: TargetModel
+    drafter: Drafter
+    decoder: SpeculativeDecoder
+
+    def generate(
+        self, prompt: str, max_tokens: int, sampling: SamplingParams | None = None
+    ) -> tuple[str, GenerationResult]:
+        if not prompt:
+            raise ValueError("prompt is empty: give some text to continue")
+        limit = self.config.limits.max_tokens
+        if not 1 <= max_tokens <= limit:
+            raise ValueError(f"max_tokens must be in [1, {limit}], got {max_tokens}")
+        result = self.decoder.generate(self.tokenizer.encode(prompt), max_tokens, sampling)
+        return self.tokenizer.decode(result.token_ids), result
+
+
+def load_pipeline(config: BuildConfig, use_drafter: bool = True) -> Pipeline:
+    """Load the config's target (and drafter unless `use_drafter` is False) in torch."""
+    if config.flavour != "torch":
+        raise ConfigError(
+            f"flavour {config.flavour!r} cannot run in this command yet; use `flavour: torch`"
+        )
+    drafter_config = config.drafter if use_drafter else None
+    model = load_causal_lm(config.target.resolved_path, config.target.dtype)
+    tokenizer = load_tokenizer(config.target.resolved_path, model.config)
+    # the drafter decides which target layers to tap, so build a bare target first
+    target = TargetModel(model)
+    drafter = build_drafter(drafter_config, target)
+    target = TargetModel(model, drafter.tap_layer_ids)
+    decoder = SpeculativeDecoder(target, drafter, tokenizer.eos_id)
+    return Pipeline(config, tokenizer, target, drafter, decoder)

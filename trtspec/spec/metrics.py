@@ -1,0 +1,65 @@
+"""What one generation measured: τ, acceptance by position, timings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    prompt_len: int
+    num_draft_tokens: int  # k the drafter was configured with
+    token_ids: list[int] = field(default_factory=list)  # generated ids only
+    num_target_calls: int = 0  # prefill included
+    num_drafted: int = 0
+    num_accepted: int = 0
+    accept_counts: list[int] = field(default_factory=list)  # accepted drafts per cycle
+    drafted_counts: list[int] = field(default_factory=list)  # drafts offered per cycle
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    total_s: float = 0.0
+
+    def record_cycle(self, num_drafted: int, num_accepted: int) -> None:
+        self.num_drafted += num_drafted
+        self.num_accepted += num_accepted
+        self.drafted_counts.append(num_drafted)
+        self.accept_counts.append(num_accepted)
+
+    @property
+    def tau(self) -> float:
+        """Tokens emitted per target forward, bonus included (the prefill emits one)."""
+        return len(self.token_ids) / max(1, self.num_target_calls)
+
+    @property
+    def decode_s(self) -> float:
+        return self.total_s - self.prefill_s
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first, over the time after prefill."""
+        return (len(self.token_ids) - 1) / self.decode_s if self.decode_s > 0 else 0.0
+
+    def acceptance_by_position(self) -> list[float]:
+        """P(draft i accepted | offered), i = 1..k: the suffix-decay curve."""
+        rates = []
+        for i in range(self.num_draft_tokens):
+            offered = sum(1 for d in self.drafted_counts if d > i)
+            pairs = zip(self.drafted_counts, self.accept_counts, strict=True)
+            accepted = sum(1 for d, a in pairs if d > i and a > i)
+            rates.append(accepted / offered if offered else 0.0)
+        return rates
+
+    def to_dict(self) -> dict:
+        return {
+            "token_ids": self.token_ids,
+            "num_generated": len(self.token_ids),
+            "tau": round(self.tau, 4),
+            "num_target_calls": self.num_target_calls,
+            "num_drafted": self.num_drafted,
+            "num_accepted": self.num_accepted,
+            "acceptance_by_position": [round(r, 4) for r in self.acceptance_by_position()],
+            "prefill_s": round(self.prefill_s, 6),
+            "draft_s": round(self.draft_s, 6),
+            "decode_s": round(self.decode_s, 6),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
+        }

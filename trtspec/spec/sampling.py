@@ -1,0 +1,65 @@
+"""Sampling parameters and the logits → probabilities transform shared by p and q.
+
+Speculative sampling is lossless for the *processed* target distribution: temperature, top-k
+and top-p are applied to the target logits (p) and, identically, to the draft logits (q)
+before the accept test, as vLLM and TensorRT-LLM do.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingParams(BaseModel):
+    """Per-request decoding parameters. `temperature == 0` means greedy."""
+
+    model_config = ConfigDict(frozen=True)
+
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy; otherwise softmax temperature")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass kept, in (0, 1]")
+    top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0 = all")
+    seed: int | None = Field(None, description="seed of the request's random generator")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def generator(self) -> torch.Generator:
+        gen = torch.Generator()
+        if self.seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(self.seed)
+        return gen
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Apply temperature, top-k, top-p; return probabilities.  # logits: [..., V]
+
+    Greedy requests get a one-hot distribution on the argmax, so greedy and sampling
+    verification are the same rule on the same kind of input.
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        # keep the smallest prefix whose mass reaches top_p; the most likely token always stays
+        drop_sorted = mass_before >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One draw per row.  # probs: [..., V] -> [...]"""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
