@@ -1,0 +1,93 @@
+"""Offline training text for the embedded byte-level models.
+
+Two sources, both available on any machine with no download:
+- the Python standard library's own sources (the interpreter running the recipe);
+- generated arithmetic with worked steps (column addition with carries, subtraction,
+  one-digit multiplication), so that a tiny model has something it can get *right*.
+
+Every file and every arithmetic problem is split into `train` or `heldout` by a stable hash,
+so held-out prompts used by benchmarks and drafter evaluation are never trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import sysconfig
+from pathlib import Path
+
+HELDOUT_BUCKETS = 10  # 1 in 10 stdlib files is held out
+
+
+def _is_heldout(key: str) -> bool:
+    return int(hashlib.sha1(key.encode()).hexdigest(), 16) % HELDOUT_BUCKETS == 0
+
+
+def stdlib_files(split: str) -> list[Path]:
+    """Sorted stdlib `.py` files of this interpreter in `split` ("train" or "heldout")."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(("test/", "site-packages/", "idlelib/idle_test/", "lib2to3/tests/")):
+            continue
+        if "/tests/" in rel or rel.startswith("tests/"):
+            continue
+        if _is_heldout(rel) == (split == "heldout"):
+            files.append(path)
+    return files
+
+
+def stdlib_text(split: str) -> bytes:
+    """The concatenated sources of `split`, each file separated by a blank line."""
+    chunks = []
+    for path in stdlib_files(split):
+        data = path.read_bytes()
+        if data.strip():
+            chunks.append(data.rstrip() + b"\n\n")
+    return b"".join(chunks)
+
+
+def arithmetic_problem(rng: random.Random) -> str:
+    """One problem with its worked steps, e.g. `Q: 47 + 38\\nA: 7+8=15 carry 1; 4+3+1=8; = 85\\n`."""
+    kind = rng.choice(["add", "add", "sub", "mul"])
+    if kind == "add":
+        a, b = rng.randint(10, 999), rng.randint(10, 999)
+        steps, carry = [], 0
+        da, db = str(a)[::-1], str(b)[::-1]
+        for i in range(max(len(da), len(db))):
+            x = int(da[i]) if i < len(da) else 0
+            y = int(db[i]) if i < len(db) else 0
+            s = x + y + carry
+            term = f"{x}+{y}" + (f"+{carry}" if carry else "")
+            carry = s // 10
+            steps.append(f"{term}={s}" + (" carry 1" if carry else ""))
+        return f"Q: {a} + {b}\nA: {'; '.join(steps)}; = {a + b}\n"
+    if kind == "sub":
+        a = rng.randint(10, 999)
+        b = rng.randint(1, a)
+        return f"Q: {a} - {b}\nA: {a} - {b} = {a - b}\n"
+    a, b = rng.randint(11, 99), rng.randint(2, 9)
+    tens, ones = (a // 10) * 10, a % 10
+    return f"Q: {a} * {b}\nA: {tens}*{b} + {ones}*{b} = {tens * b} + {ones * b} = {a * b}\n"
+
+
+def arithmetic_text(split: str, num_bytes: int, seed: int = 0) -> bytes:
+    """About `num_bytes` of problems whose question is in `split` by the stable hash."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    size = 0
+    while size < num_bytes:
+        problem = arithmetic_problem(rng)
+        question = problem.split("\n", 1)[0]
+        if _is_heldout(question) == (split == "heldout"):
+            out.append(problem)
+            size += len(problem)
+    return "".join(out).encode()
+
+
+def training_corpus(split: str, arithmetic_fraction: float = 0.2, seed: int = 0) -> bytes:
+    """Stdlib code plus arithmetic making up `arithmetic_fraction` of the bytes."""
+    code = stdlib_text(split)
+    n_arith = int(len(code) * arithmetic_fraction / (1 - arithmetic_fraction))
+    return code + arithmetic_text(split, n_arith, seed=seed)

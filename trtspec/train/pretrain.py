@@ -1,0 +1,161 @@
+"""The recipe that trains the embedded byte-level Qwen3 target and its small draft model.
+
+Both models learn next-byte prediction on `corpus.training_corpus("train")` side by side (one
+batch, two optimizers), so one run produces `tiny-target/` and `tiny-draft/`. Seeds fix the
+weights' initialisation and the batch order; the corpus is this interpreter's stdlib, whose
+version and SHA-256 are written to `training.json` beside the weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import platform
+import time
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, Field
+from tqdm import tqdm
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from trtspec.tokenizer import DEFAULT_VOCAB_SIZE, ByteTokenizer
+from trtspec.train.corpus import training_corpus
+
+log = logging.getLogger(__name__)
+
+
+class ByteModelShape(BaseModel):
+    """Architecture of one byte-level Qwen3 model."""
+
+    hidden_size: int = Field(description="model width")
+    num_hidden_layers: int = Field(description="decoder layers")
+    num_attention_heads: int = Field(description="query heads")
+    num_key_value_heads: int = Field(description="key/value heads (GQA when fewer than queries)")
+    head_dim: int = Field(64, description="width of one attention head")
+    intermediate_size: int = Field(description="MLP width")
+
+
+TARGET_SHAPE = ByteModelShape(
+    hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=640,
+)
+DRAFT_SHAPE = ByteModelShape(
+    hidden_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+    intermediate_size=384,
+)
+
+
+class PretrainConfig(BaseModel):
+    """Hyper-parameters of the embedded-model recipe."""
+
+    steps: int = Field(1500, ge=1, description="optimizer steps")
+    batch_size: int = Field(24, ge=1, description="sequences per step")
+    seq_len: int = Field(256, ge=8, description="bytes per training sequence")
+    lr: float = Field(3e-3, gt=0, description="peak AdamW learning rate")
+    warmup: float = Field(0.03, ge=0, le=1, description="fraction of steps of linear warm-up")
+    weight_decay: float = Field(0.05, ge=0, description="AdamW weight decay")
+    seed: int = Field(0, description="seed of initialisation and batch order")
+    eval_every: int = Field(250, ge=1, description="steps between held-out evaluations")
+    threads: int = Field(2, ge=1, description="torch CPU threads")
+
+
+def byte_model_config(shape: ByteModelShape, tokenizer: ByteTokenizer) -> Qwen3Config:
+    return Qwen3Config(
+        vocab_size=DEFAULT_VOCAB_SIZE,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+        architectures=["Qwen3ForCausalLM"],
+        **shape.model_dump(),
+        **tokenizer.config_entries(),
+    )
+
+
+def _lr_at(step: int, cfg: PretrainConfig) -> float:
+    warm = max(1, int(cfg.warmup * cfg.steps))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    progress = (step - warm) / max(1, cfg.steps - warm)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _batch(data: torch.Tensor, cfg: PretrainConfig, gen: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, len(data) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
+    return torch.stack([data[s : s + cfg.seq_len + 1] for s in starts.tolist()])  # [b, t+1]
+
+
+@torch.no_grad()
+def heldout_loss(model: Qwen3ForCausalLM, data: torch.Tensor, seq_len: int, n: int = 32) -> float:
+    """Mean next-byte cross-entropy (nats) over `n` fixed windows of the held-out text."""
+    model.eval()
+    stride = max(1, (len(data) - seq_len - 1) // n)
+    windows = torch.stack([data[i * stride : i * stride + seq_len + 1] for i in range(n)])
+    logits = model(windows[:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
+    model.train()
+    return loss.item()
+
+
+def pretrain(out_dir: Path, cfg: PretrainConfig) -> dict:
+    """Train target and draft model, save them to `out_dir/tiny-target` and `tiny-draft`."""
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    tokenizer = ByteTokenizer()
+    train_bytes = training_corpus("train", seed=cfg.seed)
+    heldout_bytes = training_corpus("heldout", seed=cfg.seed + 1)
+    train = torch.frombuffer(bytearray(train_bytes), dtype=torch.uint8).long()
+    heldout = torch.frombuffer(bytearray(heldout_bytes), dtype=torch.uint8).long()
+
+    models = {
+        "tiny-target": Qwen3ForCausalLM(byte_model_config(TARGET_SHAPE, tokenizer)),
+        "tiny-draft": Qwen3ForCausalLM(byte_model_config(DRAFT_SHAPE, tokenizer)),
+    }
+    opts = {
+        name: torch.optim.AdamW(m.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                betas=(0.9, 0.95))
+        for name, m in models.items()
+    }
+    gen = torch.Generator().manual_seed(cfg.seed)
+    history: list[dict] = []
+    start = time.time()
+    bar = tqdm(range(cfg.steps), desc="pretrain", unit="step")
+    for step in bar:
+        tokens = _batch(train, cfg, gen)
+        losses = {}
+        for name, model in models.items():
+            for group in opts[name].param_groups:
+                group["lr"] = _lr_at(step, cfg)
+            logits = model(tokens[:, :-1]).logits  # [b, t, V]
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            opts[name].zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opts[name].step()
+            losses[name] = loss.item()
+        bar.set_postfix(target=f"{losses['tiny-target']:.3f}", draft=f"{losses['tiny-draft']:.3f}")
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            row = {"step": step + 1, "seconds": round(time.time() - start, 1)}
+            for name, model in models.items():
+                row[f"{name}/train_loss"] = round(losses[name], 4)
+                row[f"{name}/heldout_loss"] = round(heldout_loss(model, heldout, cfg.seq_len), 4)
+            history.append(row)
+            log.info("%s", row)
+            bar.write(json.dumps(row))
+
+    report = {
+        "recipe": cfg.model_dump(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "corpus_sha256": hashlib.sha256(train_bytes).hexdigest(),
+        "corpus_bytes": {"train": len(train_bytes), "heldout": len(heldout_bytes)},
+        "history": history,
+    }
+    for name, model in models.items():
+        path = out_dir / name
+        model.save_pretrained(path, safe_serialization=True)
+        n_params = sum(p.numel() for p in model.parameters())
+        (path / "training.json").write_text(json.dumps({**report, "parameters": n_params}, indent=1))
+    return report
