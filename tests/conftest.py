@@ -1,0 +1,70 @@
+"""Shared fixtures: the shipped embedded models and small seeded random HF models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from trtspec.config import ASSETS_DIR
+from trtspec.tokenizer import ByteTokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run scripts/gpu_check.sh on a GPU node)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir() -> Path:
+    return ASSETS_DIR / "tiny-target"
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir() -> Path:
+    return ASSETS_DIR / "tiny-draft"
+
+
+def _small_kwargs(seed: int) -> dict:
+    torch.manual_seed(seed)
+    return dict(
+        vocab_size=264, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        tie_word_embeddings=False, **ByteTokenizer().config_entries(),
+    )
+
+
+@pytest.fixture(scope="session")
+def random_qwen3_dir(tmp_path_factory) -> Path:
+    """A seeded random 3-layer Qwen3 saved like any HF checkpoint."""
+    path = tmp_path_factory.mktemp("qwen3")
+    Qwen3ForCausalLM(Qwen3Config(**_small_kwargs(1))).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def random_llama_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("llama")
+    LlamaForCausalLM(LlamaConfig(**_small_kwargs(2))).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def noisy_qwen3_dir(tmp_path_factory, random_qwen3_dir) -> Path:
+    """The random Qwen3 with noise on every weight: a drafter whose q is near p but not p."""
+    model = Qwen3ForCausalLM.from_pretrained(random_qwen3_dir)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * param.std() * torch.randn(param.shape, generator=gen))
+    path = tmp_path_factory.mktemp("qwen3-noisy")
+    model.save_pretrained(path)
+    return path

@@ -1,0 +1,92 @@
+"""The CLI: `generate --json` on the embedded default, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from trtspec.cli import main
+
+from .conftest import REPO
+
+CONFIG = str(REPO / "build_configs" / "tiny-draft-model.yaml")
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    """The installed entry point in a real process, as a user runs it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "trtspec.cli", *args], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=REPO)
+
+
+def test_generate_json_speculative_equals_none():
+    spec = run("generate", "--config", CONFIG, "--prompt", "Q: 12 + 34\nA:", "--max-tokens", "40",
+               "--json")
+    none = run("generate", "--config", CONFIG, "--prompt", "Q: 12 + 34\nA:", "--max-tokens", "40",
+               "--json", "--drafter", "none")
+    assert spec.returncode == 0 and none.returncode == 0, spec.stderr + none.stderr
+    a, b = json.loads(spec.stdout), json.loads(none.stdout)
+    for key in ("text", "token_ids", "tau", "num_target_calls", "decode_tokens_per_s"):
+        assert key in a
+    assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"]
+    assert b["tau"] == 1.0 and b["num_target_calls"] == len(b["token_ids"])
+    assert a["tau"] > 1.0 and a["drafter"] == "draft_model"
+
+
+def test_every_command_has_help():
+    runner = CliRunner()
+    for args in ([], ["generate"], ["train"], ["train", "target"]):
+        result = runner.invoke(main, [*args, "--help"])
+        assert result.exit_code == 0 and "Usage:" in result.output, args
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--prompt", ""], "--prompt"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--temperature", "-1"], "--temperature"),
+        (["--top-p", "0"], "--top-p"),
+        (["--top-p", "1.5"], "--top-p"),
+        (["--top-k", "-2"], "--top-k"),
+        (["--max-tokens", "100000"], "max_tokens must be in [1, 2048]"),
+    ],
+)
+def test_bad_request_parameters(args, message):
+    base = {"--prompt": "hello", "--max-tokens": "8"}
+    for i in range(0, len(args), 2):
+        base[args[i]] = args[i + 1]
+    flat = [x for kv in base.items() for x in kv]
+    result = CliRunner().invoke(main, ["generate", "--config", CONFIG, *flat])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (None, "does not exist"),
+        ("target: [oops\n", "not valid YAML"),
+        ("target: {path: builtin:tiny-target}\nflavour: gpu\n", "field `flavour`"),
+        ("target: {path: nowhere}\n", "does not exist"),
+        ("target: {path: empty}\n", "has no weights"),
+    ],
+)
+def test_bad_config_or_checkpoint(tmp_path, content, message):
+    path = tmp_path / "c.yaml"
+    if content is not None:
+        path.write_text(content)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    proc = run("generate", "--config", str(path), "--prompt", "x", "--max-tokens", "4")
+    assert proc.returncode == 2
+    assert message in proc.stderr and str(tmp_path) in proc.stderr
+    assert "Traceback" not in proc.stderr
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
+    assert len(error_lines) == 1

@@ -1,0 +1,135 @@
+"""The verifier: greedy prefix rule, and rejection sampling that reproduces p exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtspec.spec.sampling import SamplingParams, probs_from_logits
+from trtspec.spec.verify import PAD, verify_greedy, verify_sampling
+
+V = 6
+DRAWS = 40_000
+TV_BOUND = 0.015  # TV of 40k draws over 6 outcomes is ~0.005 when the rule is right
+
+
+def tv(a: torch.Tensor, b: torch.Tensor) -> float:
+    return 0.5 * (a - b).abs().sum().item()
+
+
+def broken_accept_q_over_p(draft, q, p, generator):
+    """A wrong rule on purpose: accept with min(1, q/p) instead of min(1, p/q)."""
+    return verify_sampling(draft, p[:, : draft.shape[1]], torch.cat([q, p[:, -1:]], 1), generator)
+
+
+def _emitted_distribution(p, q, rule, position: int, seed: int) -> torch.Tensor:
+    """Empirical law of the emitted token at `position` (0-based) given it is emitted."""
+    gen = torch.Generator().manual_seed(seed)
+    k = q.shape[0]
+    pb = p.expand(DRAWS, k + 1, V)
+    qb = q.expand(DRAWS, k, V)
+    draft = torch.multinomial(qb.reshape(-1, V), 1, generator=gen).reshape(DRAWS, k)
+    out = rule(draft, qb, pb, gen)
+    tokens = out.tokens[:, position]
+    tokens = tokens[tokens != PAD]
+    return torch.bincount(tokens, minlength=V).float() / len(tokens)
+
+
+CASES = {
+    # name: (p rows [k+1, V], q rows [k, V])
+    "overlapping": (
+        torch.tensor([[0.4, 0.3, 0.1, 0.1, 0.05, 0.05], [0.1, 0.1, 0.2, 0.2, 0.2, 0.2],
+                      [0.05, 0.05, 0.1, 0.1, 0.3, 0.4]]),
+        torch.tensor([[0.1, 0.2, 0.3, 0.2, 0.1, 0.1], [0.3, 0.3, 0.1, 0.1, 0.1, 0.1]]),
+    ),
+    "disjoint": (
+        torch.tensor([[0.5, 0.5, 0, 0, 0, 0], [0, 0, 0, 0, 0.5, 0.5], [0.2, 0.2, 0.2, 0.2, 0.1, 0.1]]),
+        torch.tensor([[0, 0, 0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0, 0, 0]]),
+    ),
+    "identical": (
+        torch.tensor([[0.3, 0.3, 0.1, 0.1, 0.1, 0.1]] * 3),
+        torch.tensor([[0.3, 0.3, 0.1, 0.1, 0.1, 0.1]] * 2),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "case,position",
+    # with disjoint support x_1 is always rejected, so no second token is ever emitted
+    [("overlapping", 0), ("overlapping", 1), ("disjoint", 0), ("identical", 0), ("identical", 1)],
+)
+def test_sampling_reproduces_target(case, position):
+    p, q = CASES[case]
+    emp = _emitted_distribution(p, q, verify_sampling, position, seed=11 + position)
+    assert tv(emp, p[position]) < TV_BOUND, (emp, p[position])
+
+
+def test_broken_rule_is_caught():
+    p, q = CASES["overlapping"]
+    emp = _emitted_distribution(p, q, broken_accept_q_over_p, 0, seed=5)
+    assert tv(emp, p[0]) > 5 * TV_BOUND
+
+
+def test_disjoint_support_never_accepts():
+    p, q = CASES["disjoint"]
+    gen = torch.Generator().manual_seed(1)
+    draft = torch.multinomial(q.expand(200, 2, V).reshape(-1, V), 1, generator=gen).reshape(200, 2)
+    out = verify_sampling(draft, q.expand(200, 2, V), p.expand(200, 3, V), gen)
+    assert (out.num_accepted == 0).all()
+
+
+def test_all_accepted_gives_bonus_from_last_row():
+    # q == p everywhere: nothing is ever rejected, so every row emits k + 1 tokens
+    p, q = CASES["identical"]
+    gen = torch.Generator().manual_seed(0)
+    draft = torch.multinomial(q.expand(500, 2, V).reshape(-1, V), 1, generator=gen).reshape(500, 2)
+    out = verify_sampling(draft, q.expand(500, 2, V), p.expand(500, 3, V), gen)
+    assert (out.num_accepted == 2).all()
+    assert (out.tokens[:, :2] == draft).all()
+
+
+def test_sampling_deterministic_given_seed():
+    p, q = CASES["overlapping"]
+    draft = torch.tensor([[2, 0]])
+    runs = [
+        verify_sampling(draft, q[None], p[None], torch.Generator().manual_seed(3)).tokens
+        for _ in range(2)
+    ]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_greedy_longest_prefix_and_bonus():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 20)  # [b, k+1, V]
+    argmax = logits.argmax(-1)
+    draft = argmax[:, :4].clone()
+    draft[0, 2] = (draft[0, 2] + 1) % 20  # row 0 rejects at position 3
+    draft[1, 0] = (draft[1, 0] + 1) % 20  # row 1 rejects at once
+    out = verify_greedy(draft, logits)  # row 2 accepts all
+    assert out.num_accepted.tolist() == [2, 0, 4]
+    assert out.row(0) == argmax[0, :3].tolist()
+    assert out.row(1) == [argmax[1, 0].item()]
+    assert out.row(2) == argmax[2].tolist()
+    assert out.tokens[1, 1:].eq(PAD).all()
+
+
+def test_greedy_respects_draft_lens():
+    logits = torch.randn(2, 4, 10)
+    draft = logits.argmax(-1)[:, :3]
+    out = verify_greedy(draft, logits, draft_lens=torch.tensor([1, 3]))
+    assert out.num_accepted.tolist() == [1, 3]
+    assert out.row(0) == logits.argmax(-1)[0, :2].tolist()
+
+
+def test_probs_from_logits_filters():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]])
+    top_k = probs_from_logits(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert (top_k[0, 2:] == 0).all() and top_k.sum().item() == pytest.approx(1.0)
+    full = torch.softmax(logits, -1)[0]
+    top_p = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    kept = (top_p[0] > 0).sum().item()
+    assert full[: kept - 1].sum() < 0.8 <= full[:kept].sum()
+    greedy = probs_from_logits(logits, SamplingParams())
+    assert greedy.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
+    hot = probs_from_logits(logits, SamplingParams(temperature=0.5))
+    assert torch.allclose(hot[0], torch.softmax(logits[0] / 0.5, -1))
