@@ -1,0 +1,169 @@
+"""DFlash: z-lab checkpoint layout, fit checks, cached-context == from-scratch, training == inference."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from trtspec.errors import CheckpointError
+from trtspec.models.dflash import (
+    DFlashDraftModel,
+    build_target_layer_ids,
+    load_dflash,
+    save_dflash,
+)
+from trtspec.models.dflash_drafter import DFlashDrafter
+from trtspec.models.target import TargetModel, load_causal_lm
+from trtspec.train.dflash import DFlashTrainConfig, block_mask, dflash_loss, new_drafter
+
+
+@pytest.fixture(scope="module")
+def target(random_qwen3_dir):
+    return load_causal_lm(random_qwen3_dir)
+
+
+@pytest.fixture(scope="module")
+def drafter_model(target) -> DFlashDraftModel:
+    torch.manual_seed(0)
+    cfg = DFlashTrainConfig(block_size=6, num_layers=2, target_layer_ids=[0, 2], init_from_target=False)
+    model = new_drafter(target, mask_token_id=258, cfg=cfg)
+    with torch.no_grad():  # norms start at 1: perturb them so a name mix-up would show
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def test_layer_ids_formula():
+    assert build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert build_target_layer_ids(36, 1) == [18]
+    assert build_target_layer_ids(52, 5) == [1, 13, 25, 37, 49]
+
+
+def _taps(target, ids, layer_ids):
+    with torch.no_grad():
+        hs = target(ids, output_hidden_states=True).hidden_states
+    return torch.cat([hs[i + 1] for i in layer_ids], -1)
+
+
+def test_roundtrip_identical_logits(tmp_path, target, drafter_model):
+    save_dflash(drafter_model, tmp_path)
+    loaded = load_dflash(tmp_path, target.config)
+    ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(1))
+    outs = []
+    for model in (drafter_model, loaded):
+        d = DFlashDrafter(model, target.get_input_embeddings(), target.get_output_embeddings())
+        d.begin(ids[0, :-1].tolist(), _taps(target, ids[:, :-1], model.spec.target_layer_ids))
+        outs.append(d.draft_logits(ids[0].tolist(), 5))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_published_layout_written_by_hand_loads(tmp_path, target):
+    """A minimal writer of z-lab's layout (names and config fields from z-lab/dflash)."""
+    h, inter, d, heads, kv = 64, 96, 16, 4, 2
+    gen = torch.Generator().manual_seed(5)
+    tensors = {"fc.weight": torch.randn(h, 2 * h, generator=gen), "hidden_norm.weight": torch.ones(h),
+               "norm.weight": torch.ones(h)}
+    shapes = {"input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+              "self_attn.q_proj.weight": (heads * d, h), "self_attn.k_proj.weight": (kv * d, h),
+              "self_attn.v_proj.weight": (kv * d, h), "self_attn.o_proj.weight": (h, heads * d),
+              "self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
+              "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h),
+              "mlp.down_proj.weight": (h, inter)}
+    for name, shape in shapes.items():
+        tensors[f"layers.0.{name}"] = torch.randn(*shape, generator=gen)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    config = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8,
+        "dflash_config": {"mask_token_id": 258, "target_layer_ids": [0, 2]},
+        "num_target_layers": 3, "num_hidden_layers": 1, "hidden_size": h, "intermediate_size": inter,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d, "vocab_size": 264,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000, "max_position_embeddings": 512,
+        "hidden_act": "silu", "tie_word_embeddings": False,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = load_dflash(tmp_path, target.config)
+    assert model.spec.block_size == 8 and model.spec.target_layer_ids == [0, 2]
+    state = model.state_dict()
+    for name, tensor in tensors.items():
+        assert torch.equal(state[name], tensor), name
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda c: c.update(hidden_size=32, head_dim=8), "hidden_size is 32 but the target has 64"),
+        (lambda c: c.update(num_target_layers=5), "num_target_layers is 5 but the target has 3"),
+        (lambda c: c["dflash_config"].update(target_layer_ids=[0, 3]),
+         r"target_layer_ids \[0, 3\] has \[3\]"),
+        (lambda c: c["dflash_config"].update(mask_token_id=264), "mask_token_id 264 is outside"),
+        (lambda c: c.update(block_size=1), "block_size is 1; DFlash needs at least 2"),
+    ],
+)
+def test_misfits_refused(tmp_path, target, drafter_model, edit, message):
+    save_dflash(drafter_model, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    edit(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message):
+        load_dflash(tmp_path, target.config)
+
+
+def test_cached_context_equals_from_scratch(target, drafter_model):
+    """Absorbing context over several cycles gives the drafts of one fresh pass."""
+    ids = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(2))
+    layer_ids = drafter_model.spec.target_layer_ids
+    taps = _taps(target, ids, layer_ids)
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    incremental = DFlashDrafter(drafter_model, emb, head)
+    ctx = 10
+    incremental.begin(ids[0, :ctx].tolist(), taps[:, :ctx])
+    for cut in (14, 15, 22):  # the target caches 4, 1 and 7 more positions
+        incremental.draft_logits(ids[0, : ctx + 1].tolist(), 5)
+        incremental.commit(cut - ctx - 1, taps[:, ctx:cut])
+        ctx = cut
+    fresh = DFlashDrafter(drafter_model, emb, head)
+    fresh.begin(ids[0, :22].tolist(), taps[:, :22])
+    a = incremental.draft_logits(ids[0, :23].tolist(), 5)
+    b = fresh.draft_logits(ids[0, :23].tolist(), 5)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_training_blocks_equal_inference_blocks(target, drafter_model):
+    """The masked, packed training forward sees exactly what drafting at that anchor sees."""
+    seq = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(3))
+    taps = _taps(target, seq, drafter_model.spec.target_layer_ids)
+    anchors = torch.tensor([[7, 19, 30]])
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    block = drafter_model.spec.block_size
+    pos = (anchors[..., None] + torch.arange(block)).reshape(1, -1)
+    ids = torch.full_like(pos, 258)
+    ids[:, ::block] = seq.gather(1, anchors)
+    ctx_kv = drafter_model.project_context(taps, torch.arange(40)[None])
+    with torch.no_grad():
+        packed = drafter_model(emb(ids), pos, ctx_kv, block_mask(anchors, 40, block))
+    for j, a in enumerate(anchors[0].tolist()):
+        d = DFlashDrafter(drafter_model, emb, head)
+        d.begin(seq[0, :a].tolist(), taps[:, :a])
+        expected = d.draft_logits(seq[0, : a + 1].tolist(), block - 1)
+        got = head(packed[:, j * block + 1 : (j + 1) * block])
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    loss, acc = dflash_loss(drafter_model, emb, head, seq, taps, anchors, gamma=4.0)
+    assert loss.item() > 0 and acc.shape == (block - 1,)
+
+
+def test_greedy_lossless_with_untrained_drafter(random_qwen3_dir, target, drafter_model, tmp_path):
+    from trtspec.spec.decoder import SpeculativeDecoder
+
+    save_dflash(drafter_model, tmp_path)
+    model = load_dflash(tmp_path, target.config)
+    tgt = TargetModel(target, tuple(model.spec.target_layer_ids))
+    drafter = DFlashDrafter(model, target.get_input_embeddings(), target.get_output_embeddings())
+    spec = SpeculativeDecoder(tgt, drafter, eos_id=256)
+    plain = SpeculativeDecoder(TargetModel(target), None, eos_id=256)
+    for seed in range(3):
+        ids = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+        assert spec.generate(ids, 50).token_ids == plain.generate(ids, 50).token_ids

@@ -1,0 +1,236 @@
+"""Distil a DFlash drafter for any target (the recipe the official repo does not ship).
+
+1. Regenerate: the target continues every training prompt greedily, so the drafter learns the
+   target's own outputs rather than the corpus.
+2. Features: one teacher-forced target pass per sequence gives the taps at `target_layer_ids`.
+3. Anchors: random positions in each response; block j of an anchor a is
+   `[x_a, MASK × (B−1)]` at positions a..a+B−1 and sees the context strictly before a plus its
+   own block (bidirectionally); slot k predicts x_{a+k} (no shift).
+4. Loss: cross-entropy weighted per slot `w_k = exp(−(k−1)/γ)`; only the drafter layers, `fc`
+   and the norms train — the target's embedding and LM head are shared and frozen.
+Checkpoints are written in z-lab's layout; `checkpoint/` beside them makes the run resumable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, Field
+from tqdm import tqdm
+
+from trtspec.errors import TrtspecError
+from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, build_target_layer_ids, save_dflash
+from trtspec.models.target import load_causal_lm
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # the paper's decay per block size
+
+
+class DFlashTrainConfig(BaseModel):
+    """Hyper-parameters of DFlash distillation."""
+
+    block_size: int = Field(16, ge=2, description="B: block tokens (anchor + B−1 drafts)")
+    num_layers: int = Field(2, ge=1, description="drafter decoder layers")
+    target_layer_ids: list[int] | None = Field(None, description="taps; default: z-lab's spread")
+    response_tokens: int = Field(192, ge=8, description="tokens the target regenerates per prompt")
+    anchors_per_seq: int = Field(32, ge=1, description="blocks trained per sequence per step")
+    batch_size: int = Field(8, ge=1, description="sequences per step")
+    epochs: float = Field(6.0, gt=0, description="passes over the regenerated data")
+    lr: float = Field(6e-4, gt=0, description="peak AdamW learning rate")
+    warmup: float = Field(0.04, ge=0, le=1, description="fraction of steps of warm-up")
+    gamma: float | None = Field(None, gt=0, description="loss decay; default 7/5/4 for B=16/10/8")
+    init_from_target: bool = Field(True, description="start drafter layer i from target layer i")
+    checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
+    seed: int = Field(0, description="seed of initialisation, anchors and order")
+
+    def decay(self) -> float:
+        return self.gamma or DEFAULT_GAMMA.get(self.block_size, self.block_size / 2.3)
+
+
+def load_prompt_file(path: Path) -> list[str]:
+    """JSONL with a `prompt` field per line, or plain text with one prompt per line."""
+    if not path.is_file():
+        raise TrtspecError(f"prompts file {path} does not exist")
+    prompts = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            try:
+                prompts.append(json.loads(line)["prompt"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise TrtspecError(f"{path}:{n}: expected a JSON object with a 'prompt' string") from None
+        else:
+            prompts.append(line)
+    if not prompts:
+        raise TrtspecError(f"prompts file {path} holds no prompts")
+    return prompts
+
+
+@torch.inference_mode()
+def regenerate(model, prompts: list[list[int]], response_tokens: int, eos_id: int, batch: int = 64):
+    """Greedy continuations by the target. Returns (sequences [N, P+R], valid lengths [N])."""
+    by_len: dict[int, list[list[int]]] = {}
+    for p in prompts:
+        by_len.setdefault(len(p), []).append(p)
+    seqs, lens = [], []
+    bar = tqdm(total=len(prompts), desc="regenerate", unit="prompt")
+    for group in by_len.values():
+        for i in range(0, len(group), batch):
+            ids = torch.tensor(group[i : i + batch])
+            out = model.generate(ids, do_sample=False, max_new_tokens=response_tokens,
+                                 eos_token_id=eos_id, pad_token_id=eos_id)
+            for row in out:
+                seqs.append(row)
+                hit = (row[ids.shape[1] :] == eos_id).nonzero()
+                lens.append(ids.shape[1] + (int(hit[0]) + 1 if len(hit) else response_tokens))
+            bar.update(len(ids))
+    bar.close()
+    width = max(len(s) for s in seqs)
+    padded = torch.full((len(seqs), width), eos_id, dtype=torch.long)
+    for r, s in enumerate(seqs):
+        padded[r, : len(s)] = s
+    return padded, torch.tensor(lens)
+
+
+@torch.inference_mode()
+def target_taps(model, seqs: torch.Tensor, layer_ids: list[int], batch: int = 32) -> torch.Tensor:
+    """Teacher-forced taps of every position.  seqs [N, S] -> [N, S, n_taps*H]"""
+    out = []
+    for i in tqdm(range(0, len(seqs), batch), desc="target features", unit="batch"):
+        hs = model(seqs[i : i + batch], output_hidden_states=True).hidden_states
+        out.append(torch.cat([hs[j + 1] for j in layer_ids], -1))
+    return torch.cat(out)
+
+
+def block_mask(anchors: torch.Tensor, ctx_len: int, block: int) -> torch.Tensor:
+    """Boolean attention mask for training.  anchors [b, n] -> [b, 1, n*B, S + n*B]
+
+    A query of block j sees context positions < anchor_j and every slot of block j."""
+    b, n = anchors.shape
+    q_block = torch.arange(n).repeat_interleave(block)  # [n*B]
+    ctx = torch.arange(ctx_len)[None, None, :] < anchors[:, q_block, None]  # [b, n*B, S]
+    own = (q_block[:, None] == q_block[None, :]).expand(b, -1, -1)  # [b, n*B, n*B]
+    return torch.cat([ctx, own], -1)[:, None]
+
+
+def dflash_loss(model: DFlashDraftModel, embed, lm_head, seqs, taps, anchors, gamma: float):
+    """Position-weighted CE of the drafter on blocks at `anchors`.
+    seqs [b, S]; taps [b, S, D]; anchors [b, n] (each <= valid_len − B). Returns (loss, acc [B−1])."""
+    b, seq_len = seqs.shape
+    block = model.spec.block_size
+    offsets = torch.arange(block)
+    pos = (anchors[..., None] + offsets).reshape(b, -1)  # [b, n*B]
+    ids = torch.full_like(pos, model.spec.mask_token_id)
+    ids[:, ::block] = seqs.gather(1, anchors)
+    labels = seqs.gather(1, pos).view(b, -1, block)[..., 1:]  # [b, n, B−1]
+
+    ctx_kv = model.project_context(taps, torch.arange(seq_len).expand(b, -1))
+    hidden = model(embed(ids), pos, ctx_kv, block_mask(anchors, seq_len, block))
+    hidden = hidden.view(b, -1, block, hidden.shape[-1])[:, :, 1:]  # [b, n, B−1, H]
+    logits = lm_head(hidden)
+    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
+    weights = torch.exp(-(offsets[1:].float() - 1) / gamma)  # w_k, k = 1..B−1
+    loss = (ce * weights).sum() / (weights.sum() * labels.shape[0] * labels.shape[1])
+    with torch.no_grad():
+        acc = (logits.argmax(-1) == labels).float().mean((0, 1))
+    return loss, acc
+
+
+def _lr_at(step: int, total: int, cfg: DFlashTrainConfig) -> float:
+    warm = max(1, int(cfg.warmup * total))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+def new_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig) -> DFlashDraftModel:
+    tc = target.config
+    layer_ids = cfg.target_layer_ids or build_target_layer_ids(tc.num_hidden_layers, cfg.num_layers)
+    spec = DFlashSpec(cfg.block_size, mask_token_id, layer_ids, tc.num_hidden_layers)
+    fields = {k: v for k, v in tc.to_dict().items() if k not in ("layer_types", "max_window_layers")}
+    config = type(tc).from_dict({**fields, "num_hidden_layers": cfg.num_layers})
+    model = DFlashDraftModel(config, spec)
+    if cfg.init_from_target:
+        for i, layer in enumerate(model.layers):
+            layer.load_state_dict(target.model.layers[i].state_dict(), strict=False)
+    return model
+
+
+def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlashTrainConfig,
+                 mask_token_id: int | None = None) -> dict:
+    torch.manual_seed(cfg.seed)
+    target = load_causal_lm(target_dir)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    specials = getattr(target.config, "trtspec_special_tokens", {}) or {}
+    mask_token_id = mask_token_id if mask_token_id is not None else specials.get("mask")
+    if mask_token_id is None:
+        raise TrtspecError(f"{target_dir}/config.json names no mask token: pass --mask-token-id")
+    eos_id = target.config.eos_token_id
+    prompts = [list(p.encode()) for p in load_prompt_file(prompts_path)]  # byte-level targets
+    data_file = out_dir / "checkpoint" / "data.pt"
+    if data_file.is_file():
+        data = torch.load(data_file)
+    else:
+        seqs, lens = regenerate(target, prompts, cfg.response_tokens, eos_id)
+        data = {"seqs": seqs, "lens": lens, "prompt_lens": torch.tensor([len(p) for p in prompts])}
+        data_file.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(data, data_file)
+
+    model = new_drafter(target, mask_token_id, cfg)
+    taps = target_taps(target, data["seqs"], model.spec.target_layer_ids)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    num = len(data["seqs"])
+    total = max(1, int(cfg.epochs * num / cfg.batch_size))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    state_file = out_dir / "checkpoint" / "state.pt"
+    start = 0
+    if state_file.is_file():
+        state = torch.load(state_file)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        gen.set_state(state["gen"])
+        start = state["step"]
+        log.info("resuming DFlash training at step %d", start)
+
+    block = cfg.block_size
+    lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
+    hi = data["lens"] - block  # the last block must fit in the valid tokens
+    usable = (hi >= lo).nonzero().flatten()
+    history = []
+    t0 = time.time()
+    bar = tqdm(range(start, total), desc="train dflash", unit="step", initial=start, total=total)
+    for step in bar:
+        rows = usable[torch.randint(0, len(usable), (cfg.batch_size,), generator=gen)]
+        span = (hi[rows] - lo[rows] + 1).float()
+        u = torch.rand(len(rows), cfg.anchors_per_seq, generator=gen)
+        anchors = (lo[rows, None] + (u * span[:, None]).long()).sort(-1).values  # [b, n]
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, total, cfg)
+        loss, acc = dflash_loss(model, embed, lm_head, data["seqs"][rows], taps[rows], anchors, cfg.decay())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        # expected accepted drafts per block if slots were independent: sum of prefix products
+        tau_est = 1 + acc.cumprod(0).sum().item()
+        bar.set_postfix(loss=f"{loss.item():.3f}", tau_est=f"{tau_est:.2f}")
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total:
+            history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
+                            "seconds": round(time.time() - t0, 1)})
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                        "step": step + 1}, state_file)
+            save_dflash(model, out_dir)
+    report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
+              "sequences": num, "history": history}
+    (out_dir / "training.json").write_text(json.dumps(report, indent=1))
+    return report
