@@ -1,0 +1,149 @@
+"""Side-by-side decoding benchmark: every method on the same prompts, repetitions interleaved.
+
+Methods: `none` (the target alone through trtspec's loop), each configured drafter, and —
+for reference — `transformers` greedy `generate` alone and with assisted generation (the
+`draft_model` drafter as `assistant_model`). Speedups are ratios of wall time measured in
+this run on identical prompts and token budgets; a greedy method whose tokens differ from
+`none` is flagged, never silently averaged.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from trtspec.config import BuildConfig
+from trtspec.models.dflash_drafter import DFlashDrafter
+from trtspec.pipeline import Pipeline, load_pipeline
+from trtspec.prompts import load_prompts
+
+
+@dataclass
+class MethodStats:
+    seconds: float = 0.0
+    tokens: int = 0
+    target_calls: int = 0
+    draft_s: float = 0.0
+    mismatches: int = 0
+    accepted_by_pos: list[list[float]] = field(default_factory=list)
+
+    def add(self, seconds: float, tokens: int, target_calls: int = 0, draft_s: float = 0.0) -> None:
+        self.seconds += seconds
+        self.tokens += tokens
+        self.target_calls += target_calls
+        self.draft_s += draft_s
+
+    def summary(self, baseline: MethodStats | None) -> dict:
+        out = {
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 3),
+            "tokens_per_s": round(self.tokens / self.seconds, 2) if self.seconds else 0.0,
+            "greedy_mismatches": self.mismatches,
+        }
+        if self.target_calls:
+            out["tau"] = round(self.tokens / self.target_calls, 3)
+            out["draft_share"] = round(self.draft_s / self.seconds, 3)
+        if baseline is not None and self.seconds:
+            out["speedup"] = round(baseline.seconds / self.seconds, 3)
+        if self.accepted_by_pos:
+            cols = zip(*self.accepted_by_pos, strict=False)
+            out["acceptance_by_position"] = [round(statistics.fmean(c), 3) for c in cols]
+        return out
+
+
+def _hf_generate(pipeline: Pipeline, ids: list[int], max_tokens: int, assistant=None) -> list[int]:
+    model = pipeline.target.model
+    eos = pipeline.tokenizer.eos_id
+    out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_tokens,
+                         eos_token_id=eos, pad_token_id=eos, assistant_model=assistant)
+    return out[0, len(ids) :].tolist()
+
+
+def time_dflash_block(drafter: DFlashDrafter, context_len: int, block_sizes: list[int],
+                      reps: int = 30) -> dict[int, float]:
+    """Median seconds of one drafter forward per block size, same drafter and context."""
+    hidden = torch.randn(1, context_len, drafter.model.fc.in_features)
+    committed = list(range(context_len + 1))
+    natural = drafter.block_size
+    times: dict[int, list[float]] = {b: [] for b in block_sizes}
+    try:
+        for _ in range(reps):
+            for b in block_sizes:  # interleaved so drift hits every size alike
+                drafter.block_size = b
+                drafter.begin(committed[:-1], hidden)
+                t = time.perf_counter()
+                drafter.draft_logits(committed, b - 1)
+                times[b].append(time.perf_counter() - t)
+    finally:
+        drafter.block_size = natural
+    return {b: statistics.median(v) for b, v in times.items()}
+
+
+def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_task: int,
+              max_tokens: int, repeats: int = 1, hf_reference: bool = True) -> dict:
+    """`configs` maps a method name to a config whose drafter it uses; all share one target."""
+    torch.manual_seed(0)
+    first = next(iter(configs.values()))
+    pipelines = {"none": load_pipeline(first, use_drafter=False)}
+    pipelines.update({name: load_pipeline(cfg) for name, cfg in configs.items()})
+    assistant = None
+    if hf_reference:
+        drafts = [p for p in pipelines.values() if p.drafter.method == "draft_model"]
+        assistant = drafts[0].drafter.model if drafts else None
+    methods = list(pipelines)
+    if hf_reference:
+        methods += ["hf_generate"] + (["hf_assisted"] if assistant else [])
+    stats = {t: {m: MethodStats() for m in methods} for t in tasks}
+    work = [(t, p) for t in tasks for p in load_prompts(t)[:prompts_per_task]] * repeats
+    ref = pipelines["none"]
+    for task, prompt in tqdm(work, desc="bench", unit="prompt"):
+        ids = ref.tokenizer.encode(prompt)
+        expected = None
+        for name in methods:
+            t0 = time.perf_counter()
+            if name.startswith("hf_"):
+                tokens = _hf_generate(ref, ids, max_tokens, assistant if name == "hf_assisted" else None)
+                stats[task][name].add(time.perf_counter() - t0, len(tokens))
+            else:
+                result = pipelines[name].decoder.generate(ids, max_tokens)
+                tokens = result.token_ids
+                st = stats[task][name]
+                st.add(result.total_s, len(tokens), result.num_target_calls, result.draft_s)
+                if result.num_draft_tokens:
+                    st.accepted_by_pos.append(result.acceptance_by_position())
+            if expected is None:
+                expected = tokens
+            elif tokens != expected:
+                stats[task][name].mismatches += 1
+
+    results: dict = {"max_tokens": max_tokens, "prompts_per_task": prompts_per_task, "repeats": repeats,
+                     "tasks": {}}
+    for task in tasks:
+        base = stats[task]["none"]
+        hf_base = stats[task].get("hf_generate")
+        rows = {}
+        for name in methods:
+            baseline = hf_base if name == "hf_assisted" else base
+            rows[name] = stats[task][name].summary(baseline)
+        results["tasks"][task] = rows
+    for name, p in pipelines.items():
+        if isinstance(p.drafter, DFlashDrafter):
+            results.setdefault("dflash_block_time_s", {})[name] = {
+                str(b): round(s, 6) for b, s in time_dflash_block(p.drafter, 256, [4, 8, 16]).items()
+            }
+    return results
+
+
+def markdown_table(results: dict) -> str:
+    lines = ["| task | method | τ | tokens/s | speedup | greedy mismatches |", "|---|---|---|---|---|---|"]
+    for task, rows in results["tasks"].items():
+        for name, r in rows.items():
+            tau = f"{r['tau']:.2f}" if "tau" in r else "–"
+            speedup = f"{r['speedup']:.2f}×" if "speedup" in r else "–"
+            lines.append(f"| {task} | {name} | {tau} | {r['tokens_per_s']:.1f} | {speedup} | "
+                         f"{r['greedy_mismatches']} |")
+    return "\n".join(lines)
