@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-CONFIG ?= build_configs/tiny-draft-model.yaml
+CONFIG ?= build_configs/tiny-dflash.yaml
 PROMPT ?= Q: 482 + 356\nA:
 
 .PHONY: install demo test lint clean

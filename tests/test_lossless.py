@@ -8,13 +8,15 @@ import itertools
 import pytest
 import torch
 
-from trtspec.config import DrafterConfig
+from trtspec.config import DrafterConfig, load_build_config
 from trtspec.models.drafter import build_drafter
 from trtspec.models.target import TargetModel, load_causal_lm
 from trtspec.prompts import load_prompts
 from trtspec.spec.decoder import SpeculativeDecoder
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
 from trtspec.tokenizer import ByteTokenizer
+
+from .conftest import REPO
 
 # 36 held-out prompts of three kinds; every fourth one decodes a long output
 PROMPTS = load_prompts("code")[:14] + load_prompts("math")[:14] + load_prompts("chat")[:8]
@@ -30,26 +32,55 @@ def _decoders(target_dir, draft_dir, k=4):
     return model, SpeculativeDecoder(target, drafter, eos), SpeculativeDecoder(target, None, eos)
 
 
+SHIPPED = ["tiny-draft-model", "tiny-dflash"]
+
+
+def _shipped_decoder(name: str):
+    """The shipped build config's target and drafter, exactly as `trtspec generate` loads them."""
+    from trtspec.pipeline import load_pipeline
+
+    pipeline = load_pipeline(load_build_config(REPO / "build_configs" / f"{name}.yaml"))
+    return pipeline.target.model, pipeline.decoder
+
+
+@pytest.fixture(scope="module", params=SHIPPED)
+def shipped_spec(request):
+    return _shipped_decoder(request.param)
+
+
 @pytest.fixture(scope="module")
 def shipped(tiny_target_dir, tiny_draft_dir):
     return _decoders(tiny_target_dir, tiny_draft_dir)
 
 
+@pytest.fixture(scope="module")
+def plain_outputs(shipped):
+    """The target alone, greedy, on every case: our loop and `transformers.generate` agree."""
+    model, _, plain = shipped
+    outputs = {}
+    for prompt, max_new in CASES:
+        ids = list(prompt.encode())
+        ours = plain.generate(ids, max_new).token_ids
+        hf = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new,
+                            eos_token_id=model.config.eos_token_id,
+                            pad_token_id=model.config.pad_token_id)[0, len(ids):].tolist()
+        outputs[prompt] = (ours, hf)
+    return outputs
+
+
+def test_target_alone_equals_transformers_generate(plain_outputs):
+    for prompt, (ours, hf) in plain_outputs.items():
+        assert ours == hf, prompt
+
+
 @pytest.mark.parametrize("prompt,max_new", CASES, ids=[f"p{i}" for i in range(len(CASES))])
-def test_greedy_identical_to_target(shipped, prompt, max_new):
-    model, spec, plain = shipped
-    ids = list(prompt.encode())
-    got = spec.generate(ids, max_new).token_ids
-    ref = plain.generate(ids, max_new).token_ids
-    assert got == ref
-    eos = model.config.eos_token_id
-    hf = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new,
-                        eos_token_id=eos, pad_token_id=model.config.pad_token_id)[0, len(ids):]
-    assert got == hf.tolist()
+def test_greedy_identical_to_target(shipped_spec, plain_outputs, prompt, max_new):
+    _, spec = shipped_spec
+    assert spec.generate(list(prompt.encode()), max_new).token_ids == plain_outputs[prompt][0]
 
 
-def test_greedy_speculation_saves_target_calls(shipped):
-    _, spec, _ = shipped
+def test_greedy_speculation_saves_target_calls(shipped_spec):
+    _, spec = shipped_spec
     result = spec.generate(list(PROMPTS[0].encode()), 200)
     assert result.num_target_calls < len(result.token_ids)
     assert result.tau == len(result.token_ids) / result.num_target_calls
@@ -82,30 +113,38 @@ def _exact_marginals(model, prompt, sampling, steps):
     return laws
 
 
+def _assert_samples_follow_target(model, spec, prompt, sampling, steps, n=2000, bound=0.06):
+    """TV between the empirical law of each of the first `steps` tokens and the exact one."""
+    laws = _exact_marginals(model, prompt, sampling, steps)
+    counts = [dict() for _ in range(steps)]
+    accepted = drafted = 0
+    for seed in range(n):
+        result = spec.generate(prompt, steps, sampling.model_copy(update={"seed": seed}))
+        accepted, drafted = accepted + result.num_accepted, drafted + result.num_drafted
+        for pos, tok in enumerate(result.token_ids[:steps]):
+            counts[pos][tok] = counts[pos].get(tok, 0) + 1
+    # the test means something only if both accept and reject paths were taken
+    assert 0 < accepted < drafted, (accepted, drafted)
+    for pos in range(steps):
+        support = set(laws[pos]) | set(counts[pos])
+        tv = 0.5 * sum(abs(counts[pos].get(t, 0) / n - laws[pos].get(t, 0.0)) for t in support)
+        assert tv < bound, (pos, tv)
+
+
 def test_sampling_matches_target_distribution(random_qwen3_dir, noisy_qwen3_dir):
     model, spec, _ = _decoders(random_qwen3_dir, noisy_qwen3_dir, k=3)
     sampling = SamplingParams(temperature=0.02, top_k=3)  # random weights: sharpen to 3 tokens
-    prompt = [10, 20, 30, 40]
-    laws = _exact_marginals(model, prompt, sampling, steps=3)
-    n = 2000
-    counts = [dict() for _ in range(3)]
-    accepted = 0
-    for seed in range(n):
-        params = sampling.model_copy(update={"seed": seed})
-        result = spec.generate(prompt, 3, params)
-        accepted += result.num_accepted
-        for pos, tok in enumerate(result.token_ids[:3]):
-            counts[pos][tok] = counts[pos].get(tok, 0) + 1
-    # the test means something only if both accept and reject paths were taken
-    assert 0 < accepted < 2 * n, accepted
-    for pos in range(3):
-        support = set(laws[pos]) | set(counts[pos])
-        tv = 0.5 * sum(abs(counts[pos].get(t, 0) / n - laws[pos].get(t, 0.0)) for t in support)
-        assert tv < 0.06, (pos, tv)
+    _assert_samples_follow_target(model, spec, [10, 20, 30, 40], sampling, steps=3)
 
 
-def test_sampling_reproducible_with_seed(shipped):
-    _, spec, _ = shipped
+def test_sampling_matches_target_distribution_dflash():
+    model, spec = _shipped_decoder("tiny-dflash")
+    sampling = SamplingParams(temperature=1.0, top_k=3)
+    _assert_samples_follow_target(model, spec, list(b"Q: 12 + 34\nA:"), sampling, steps=4)
+
+
+def test_sampling_reproducible_with_seed(shipped_spec):
+    _, spec = shipped_spec
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=123)
     a, b = (spec.generate(list(b"def f(x):"), 60, params).token_ids for _ in range(2))
     assert a == b
