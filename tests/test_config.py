@@ -13,8 +13,11 @@ from .conftest import REPO
 @pytest.mark.parametrize("path", sorted((REPO / "build_configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_load(path):
     config = load_build_config(path)
-    assert config.target.resolved_path.is_dir()
-    if config.drafter is not None and config.flavour == "torch":
+    # Real-model configs name weights resolved at deploy time; only embedded ones must exist here
+    # (their loading and planning are covered in tests/test_planner.py).
+    if config.target.path.startswith("builtin:"):
+        assert config.target.resolved_path.is_dir()
+    if config.drafter is not None and config.drafter.path.startswith("builtin:"):
         assert config.drafter.resolved_path.is_dir()
 
 

@@ -159,5 +159,38 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir)
     click.echo(table)
 
 
+@main.command()
+@click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+@user_errors
+def inspect(config_path, as_json) -> None:
+    """Plan CONFIG's memory per GPU: weights after TP/PP/EP, drafter, KV cache, what fits."""
+    from trtspec.config import load_build_config
+    from trtspec.plan.memory import format_plan
+    from trtspec.trtllm.build import plan_config
+
+    config = load_build_config(config_path)
+    plan = plan_config(config)
+    click.echo(json.dumps(plan.to_dict()) if as_json else format_plan(plan, config.deployment))
+
+
+@main.command()
+@click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
+              help="Folder for the generated artifacts.")
+@user_errors
+def build(config_path, out_dir) -> None:
+    """Build CONFIG's deployment artifacts (flavour trtllm: TensorRT-LLM configs, Triton repo, launchers)."""
+    from trtspec.config import load_build_config
+    from trtspec.trtllm.build import build_trtllm
+
+    config = load_build_config(config_path)
+    if config.flavour != "trtllm":
+        raise click.UsageError(f"{config_path}: `build` for flavour {config.flavour!r} lands with the "
+                               "Triton/engine issues; only flavour trtllm builds here")
+    for path in build_trtllm(config, out_dir):
+        click.echo(str(path))
+
+
 if __name__ == "__main__":
     main()

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from trtspec.errors import ConfigError
+from trtspec.plan.deployment import DeploymentConfig
 
 ASSETS_DIR = Path(__file__).parent / "assets"
 BUILTIN_PREFIX = "builtin:"
@@ -68,6 +69,8 @@ class BuildConfig(_Strict):
     target: TargetConfig
     drafter: DrafterConfig | None = Field(None, description="omit for autoregressive decoding")
     limits: GenerationLimits = Field(default_factory=GenerationLimits)
+    deployment: DeploymentConfig | None = Field(
+        None, description="GPUs, parallelism and KV policy for planning and TensorRT-LLM artifacts")
 
 
 def _format_error(path: Path, exc: ValidationError) -> str:

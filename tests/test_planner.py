@@ -1,0 +1,156 @@
+"""Memory planner: figures computed by hand for two real configs, and the refusals users hit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from trtspec.cli import main
+from trtspec.config import load_build_config
+from trtspec.errors import ConfigError
+from trtspec.plan.deployment import DeploymentConfig
+from trtspec.plan.memory import PlanError, check_fits, plan_memory
+from trtspec.plan.models import PUBLISHED_PARAMS, TARGETS
+
+from .conftest import REPO
+
+GIB = 1024**3
+REAL_CONFIGS = [
+    "qwen3-8b-dflash-h200.yaml",
+    "llama3.1-8b-dflash.yaml",
+    "qwen3-8b-eagle3.yaml",
+    "gpt-oss-120b-dflash-b300-tp8.yaml",
+    "deepseek-v4-flash-dspark.yaml",
+]
+
+
+@pytest.mark.parametrize(
+    "model_id", ["Qwen/Qwen3-8B", "meta-llama/Llama-3.1-8B-Instruct", "openai/gpt-oss-120b"]
+)
+def test_derived_parameter_counts_match_published(model_id):
+    # DeepSeek-V4-Flash is left out: its attention count is derived FROM the published total.
+    assert TARGETS[model_id].total_params() == pytest.approx(PUBLISHED_PARAMS[model_id], rel=0.015)
+
+
+@pytest.mark.parametrize("name", REAL_CONFIGS)
+def test_real_configs_load_and_plan_without_weights(name):
+    config = load_build_config(REPO / "build_configs" / name)
+    assert not config.target.resolved_path.exists()  # weights are resolved at deploy time
+    plan = plan_memory(config.deployment)
+    check_fits(plan, config.deployment.min_concurrency, name)
+    assert plan.max_batch_at_max_seq_len >= 1
+
+
+def test_qwen3_8b_dflash_h200_by_hand():
+    config = load_build_config(REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml")
+    plan = plan_memory(config.deployment)
+    # Qwen3-8B, bf16, TP 1: per layer q/o 2*4096*4096 + k/v 2*4096*1024 + MLP 3*4096*12288
+    # = 192,937,984 params; 36 layers + untied embed/lm_head 2*151936*4096 = 8,190,427,136 params.
+    assert plan.weights_per_gpu_bytes == 8_190_427_136 * 2 == 16_380_854_272
+    # z-lab drafter: 5 such layers + fc 5*4096*4096 = 1,048,576,000 params, bf16.
+    assert plan.drafter_per_gpu_bytes == 2_097_152_000
+    # KV per token: target 36 layers * 2 (K,V) * 8 heads * 128 * 2 B = 147,456;
+    # DFlash context cache 5 layers * 2 * 8 * 128 * 2 B = 20,480.
+    assert plan.kv_per_token_bytes == 167_936
+    # H200 141e9 B - weights - drafter - 5 GiB reserve = 117,153,284,608 B; 90% of it:
+    assert plan.kv_budget_bytes == 105_437_956_147
+    assert plan.max_tokens_in_kv == 627_846  # 105,437,956,147 // 167,936
+    assert plan.max_batch_at_max_seq_len == 76  # // (8192 * 167,936)
+    assert plan.max_context_at_max_batch == 19_620  # (105,437,956,147 // 32) // 167,936
+
+
+def test_gpt_oss_120b_b300_tp8_by_hand():
+    config = load_build_config(REPO / "build_configs" / "gpt-oss-120b-dflash-b300-tp8.yaml")
+    plan = plan_memory(config.deployment)
+    # Per layer: attention 2*2880*64*64 + 2*2880*8*64 = 26,542,080 and router 2880*128 = 368,640
+    # params in bf16; experts 128*3*2880*2880 = 3,185,049,600 params in MXFP4 (4.25 bits).
+    # Over TP 8: (26,910,720*2 + 3,185,049,600*0.53125) / 8 = 218,234,880 B per layer per GPU;
+    # 36 layers + embed/lm_head 2*201088*2880*2/8 = 289,566,720 B.
+    assert plan.weights_per_gpu_bytes == 36 * 218_234_880 + 289_566_720 == 8_146_022_400
+    # Drafter: 5 * (26,542,080 + 3*2880*8640) + fc 5*2880*2880 params, bf16, / 8.
+    assert plan.drafter_per_gpu_bytes == 136_857_600
+    # KV, 1 KV head per GPU (8 / 8): 18 full-attention layers * 2 * 64 * 2 B = 4,608 + drafter
+    # 5 * 2 * 64 * 2 = 1,280 per token; 18 sliding layers * 128 tokens * 256 B = 589,824 per request.
+    assert (plan.kv_per_token_bytes, plan.kv_per_sequence_fixed_bytes) == (5_888, 589_824)
+    free = 288_000_000_000 - 8_146_022_400 - 136_857_600 - 5 * GIB
+    assert plan.kv_budget_bytes == math.floor(0.9 * free) == 246_913_569_792
+    assert plan.max_tokens_in_kv == 41_935_049
+    assert plan.max_batch_at_max_seq_len == 1_275  # // (32768 * 5,888 + 589,824)
+
+
+def _deployment(**overrides) -> DeploymentConfig:
+    fields = {"gpu": "H200", "gpus_per_node": 1, "model_id": "Qwen/Qwen3-8B", **overrides}
+    return DeploymentConfig(**fields)
+
+
+def test_refuses_tp_not_dividing_heads():
+    with pytest.raises(
+        PlanError, match=r"tensor_parallel_size 3 does not divide Qwen/Qwen3-8B's 32 attention heads"
+    ):
+        plan_memory(_deployment(gpus_per_node=3, tensor_parallel_size=3))
+
+
+def test_refuses_world_size_not_matching_gpus():
+    with pytest.raises(PlanError, match=r"= 2 but nodes x gpus_per_node = 1 x 4 = 4"):
+        plan_memory(_deployment(gpus_per_node=4, tensor_parallel_size=2))
+
+
+def test_refuses_ep_not_dividing_tp():
+    dep = _deployment(
+        model_id="openai/gpt-oss-120b", gpus_per_node=4, tensor_parallel_size=4, moe_expert_parallel_size=8
+    )
+    with pytest.raises(PlanError, match=r"moe_expert_parallel_size 8 must divide tensor_parallel_size 4"):
+        plan_memory(dep)
+
+
+def test_refuses_weights_that_do_not_fit_saying_by_how_much():
+    plan = plan_memory(_deployment(model_id="deepseek-ai/DeepSeek-V4-Flash", kv_cache_dtype="fp8"))
+    # One H200 (141e9 B) for ~154 GB of FP4/FP8 weights plus the 5 GiB reserve.
+    short = plan.weights_per_gpu_bytes + 5 * GIB - 141_000_000_000
+    assert short > 0 and plan.kv_budget_bytes == -short
+    with pytest.raises(PlanError, match=rf"weights do not fit on H200: .* short by {short / GIB:.1f} GiB"):
+        check_fits(plan, 1, "cfg")
+
+
+def test_refuses_kv_too_small_for_min_concurrency():
+    plan = plan_memory(_deployment(max_seq_len=131072))
+    need = 100 * 131072 * plan.kv_per_token_bytes
+    with pytest.raises(PlanError, match=rf"short by {(need - plan.kv_budget_bytes) / GIB:.2f} GiB"):
+        check_fits(plan, 100, "cfg")
+    check_fits(plan, 1, "cfg")
+
+
+def test_unknown_gpu_fails_at_load_naming_the_field(tmp_path):
+    raw = yaml.safe_load((REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml").read_text())
+    raw["deployment"]["gpu"] = "A100"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(
+        ConfigError, match=r"field `deployment.gpu`: .*unknown GPU 'A100'; known: H100, H200, B200, B300"
+    ):
+        load_build_config(path)
+
+
+def test_unknown_model_id_is_refused():
+    with pytest.raises(ConfigError, match=r"unknown deployment.model_id 'Qwen/Qwen9'"):
+        plan_memory(_deployment(model_id="Qwen/Qwen9"))
+
+
+def test_inspect_prints_the_plan():
+    result = CliRunner().invoke(main, ["inspect", str(REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "627,846 tokens in KV" in result.output and "15.26 GiB per GPU" in result.output
+
+
+def test_build_refuses_a_config_that_cannot_fit(tmp_path):
+    raw = yaml.safe_load((REPO / "build_configs" / "deepseek-v4-flash-dspark.yaml").read_text())
+    raw["deployment"].update(nodes=1, gpus_per_node=1, tensor_parallel_size=1, moe_expert_parallel_size=1)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(main, ["build", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "weights do not fit on H200" in result.output and "short by" in result.output
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,243 @@
+"""TensorRT-LLM flavour: generated files against golden copies, names against the kept list,
+Triton protobuf round trip, launchers, Kubernetes manifests and drafter conversion.
+
+Regenerate the golden files after an intended change with
+    TRTSPEC_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_trtllm.py
+and review the diff under tests/golden/ before committing it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+from google.protobuf import text_format
+from safetensors.torch import load_file, save_file
+from tritonclient.grpc import model_config_pb2 as mc
+
+from trtspec.cli import main
+from trtspec.config import load_build_config
+from trtspec.errors import CheckpointError, ConfigError
+from trtspec.trtllm import fields
+from trtspec.trtllm.args import llm_args
+from trtspec.trtllm.build import build_trtllm
+from trtspec.trtllm.convert import convert_drafter
+from trtspec.trtllm.k8s import manifests
+
+from .conftest import REPO
+
+GOLDEN = REPO / "tests" / "golden" / "trtllm"
+UPDATE = os.environ.get("TRTSPEC_UPDATE_GOLDEN") == "1"
+TRTLLM_CONFIGS = [
+    "llama3.1-8b-dflash.yaml",
+    "gpt-oss-120b-dflash-b300-tp8.yaml",
+    "deepseek-v4-flash-dspark.yaml",
+]
+ALL_REAL = TRTLLM_CONFIGS + ["qwen3-8b-dflash-h200.yaml", "qwen3-8b-eagle3.yaml"]
+
+
+def _load(name: str):
+    return load_build_config(REPO / "build_configs" / name)
+
+
+@pytest.mark.parametrize("name", TRTLLM_CONFIGS)
+def test_build_matches_golden(tmp_path, name):
+    out = tmp_path / "out"
+    written = build_trtllm(_load(name), out)
+    golden = GOLDEN / Path(name).stem
+    produced = {p.relative_to(out).as_posix(): p.read_text() for p in written if p.is_file()}
+    if UPDATE:
+        for rel, text in produced.items():
+            (golden / rel).parent.mkdir(parents=True, exist_ok=True)
+            (golden / rel).write_text(text)
+    expected = {p.relative_to(golden).as_posix(): p.read_text() for p in golden.rglob("*") if p.is_file()}
+    assert sorted(produced) == sorted(expected)
+    for rel, text in produced.items():
+        assert text == expected[rel], f"{rel} differs from tests/golden/trtllm/{Path(name).stem}/{rel}"
+
+
+@pytest.mark.parametrize("name", ALL_REAL)
+def test_generated_names_are_kept_names(name):
+    args = llm_args(_load(name), for_triton=True)
+    assert set(args) <= fields.LLM_ARGS_FIELDS
+    assert set(args["kv_cache_config"]) <= fields.KV_CACHE_FIELDS
+    spec = args["speculative_config"]
+    assert set(spec) <= fields.SPEC_FIELDS[spec["decoding_type"]]
+    assert spec["speculative_model"].startswith("/models/")
+
+
+def test_a_name_outside_the_kept_list_is_refused():
+    args = {"tensor_parallel_size": 1, "kv_cache_config": {"free_gpu_mem_fraction": 0.9}}
+    with pytest.raises(
+        ConfigError, match=r"kv_cache_config: \['free_gpu_mem_fraction'\] not in the TensorRT-LLM"
+    ):
+        fields.check_llm_args(args, "x")
+    with pytest.raises(ConfigError, match=r"decoding_type 'DFLASH' is not one of"):
+        fields.check_llm_args({"speculative_config": {"decoding_type": "DFLASH"}}, "x")
+    with pytest.raises(ConfigError, match=r"\['speculative_model_path'\]"):
+        fields.check_llm_args(
+            {"speculative_config": {"decoding_type": "DFlash", "speculative_model_path": "p"}}, "x"
+        )
+
+
+def test_decoding_types_cover_every_method():
+    from trtspec.config import Method
+
+    assert set(fields.DECODING_TYPE) == set(Method.__args__)
+    assert set(fields.DECODING_TYPE.values()) == set(fields.SPEC_FIELDS)
+
+
+def test_pbtxt_parses_as_model_config_without_yaml_owned_fields(tmp_path):
+    build_trtllm(_load("llama3.1-8b-dflash.yaml"), tmp_path)
+    parsed = text_format.Parse(
+        (tmp_path / "triton/llama31-8b-dflash/config.pbtxt").read_text(), mc.ModelConfig()
+    )
+    assert (parsed.name, parsed.backend) == ("llama31-8b-dflash", "python")
+    # max_batch_size and decoupled belong to model.yaml (auto_complete_config sets them).
+    assert parsed.max_batch_size == 0 and not parsed.HasField("model_transaction_policy")
+    assert [i.name for i in parsed.input][0] == "text_input" and not parsed.input[0].optional
+    assert {"acceptance_rate", "total_accepted_draft_tokens"} <= {o.name for o in parsed.output}
+    model_yaml = yaml.safe_load((tmp_path / "triton/llama31-8b-dflash/1/model.yaml").read_text())
+    assert model_yaml["triton_config"] == {"max_batch_size": 0, "decoupled": True}
+    assert model_yaml["model"] == "/models/Llama-3.1-8B-Instruct" and model_yaml["backend"] == "pytorch"
+    serve = yaml.safe_load((tmp_path / "trtllm-serve.yaml").read_text())
+    assert serve == {k: v for k, v in model_yaml.items() if k not in ("model", "backend", "triton_config")}
+
+
+def test_dspark_draft_length_must_equal_block_size(tmp_path):
+    raw = yaml.safe_load((REPO / "build_configs" / "deepseek-v4-flash-dspark.yaml").read_text())
+    raw["drafter"]["num_draft_tokens"] = 7
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"num_draft_tokens 7 must equal .* DSpark block size 3"):
+        llm_args(load_build_config(path), for_triton=False)
+
+
+def test_kubernetes_single_node_is_a_deployment_multi_node_a_leader_worker_set():
+    single = manifests(_load("gpt-oss-120b-dflash-b300-tp8.yaml"), "x")
+    assert [o["kind"] for o in single] == ["ConfigMap", "Deployment", "Service"]
+    gpus = single[1]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    assert gpus == 8
+    multi = manifests(_load("deepseek-v4-flash-dspark.yaml"), "x")
+    assert [o["kind"] for o in multi] == ["ConfigMap", "LeaderWorkerSet", "Service"]
+    lws = multi[1]["spec"]["leaderWorkerTemplate"]
+    assert lws["size"] == 2
+    leader_cmd = lws["leaderTemplate"]["spec"]["containers"][0]["command"][-1]
+    assert (
+        "mpirun --allow-run-as-root -np 16" in leader_cmd
+        and "trtllm-llmapi-launch trtllm-serve" in leader_cmd
+    )
+    assert multi[2]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+
+
+def test_build_cli_writes_trtllm_and_refuses_engine_flavour(tmp_path):
+    runner = CliRunner()
+    ok = runner.invoke(
+        main, ["build", str(REPO / "build_configs/llama3.1-8b-dflash.yaml"), "--out", str(tmp_path)]
+    )
+    assert ok.exit_code == 0, ok.output
+    assert (tmp_path / "deploy/launch.sh").stat().st_mode & 0o111
+    refused = runner.invoke(
+        main, ["build", str(REPO / "build_configs/qwen3-8b-dflash-h200.yaml"), "--out", str(tmp_path / "e")]
+    )
+    assert refused.exit_code == 2 and "flavour 'engine' lands with the Triton/engine issues" in refused.output
+
+
+# -- drafter conversion ----------------------------------------------------------------------
+
+
+def _drafter(path: Path, config: dict, names: list[str]) -> Path:
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    gen = torch.Generator().manual_seed(0)
+    save_file({n: torch.randn(4, 4, generator=gen) for n in names}, str(path / "model.safetensors"))
+    return path
+
+
+_BACKBONE = ["fc.weight", "hidden_norm.weight", "layers.0.self_attn.q_proj.weight", "norm.weight"]
+
+
+def test_convert_trtspec_dflash_to_trtllm_layout(tmp_path):
+    # trtspec-style: block_size inside dflash_config, a `model.` prefix and a stray embedding.
+    config = {
+        "model_type": "qwen3",
+        "architectures": ["DFlashDraftModel"],
+        "vocab_size": 300,
+        "dflash_config": {"mask_token_id": 299, "target_layer_ids": [1, 3], "block_size": 8},
+    }
+    src = _drafter(tmp_path / "src", config, ["model." + n for n in _BACKBONE] + ["embed_tokens.weight"])
+    report = convert_drafter(src, tmp_path / "dst", "dflash", dtype="bfloat16")
+    out = json.loads((tmp_path / "dst/config.json").read_text())
+    assert out["block_size"] == 8 and out["dflash_config"]["mask_token_id"] == 299
+    assert out["torch_dtype"] == "bfloat16"
+    tensors = load_file(str(tmp_path / "dst/model.safetensors"))
+    assert sorted(tensors) == sorted(_BACKBONE)
+    assert all(t.dtype == torch.bfloat16 for t in tensors.values())
+    original = load_file(str(src / "model.safetensors"))
+    assert torch.equal(tensors["fc.weight"], original["model.fc.weight"].to(torch.bfloat16))
+    assert any("dropped embed_tokens.weight" in c for c in report["changes"])
+
+
+@pytest.mark.parametrize(
+    "drop,message",
+    [
+        ("model_type", "no model_type"),
+        ("mask_token_id", "mask_token_id missing; TensorRT-LLM would use vocab_size"),
+    ],
+)
+def test_convert_dflash_refuses_what_trtllm_would_misread(tmp_path, drop, message):
+    config = {
+        "model_type": "qwen3",
+        "block_size": 16,
+        "dflash_config": {"mask_token_id": 5, "target_layer_ids": [1]},
+    }
+    config.pop(drop, None)
+    config["dflash_config"].pop(drop, None)
+    src = _drafter(tmp_path / "src", config, _BACKBONE)
+    with pytest.raises(CheckpointError, match=message):
+        convert_drafter(src, tmp_path / "dst", "dflash")
+
+
+@pytest.mark.parametrize("spelling", ["nested", "top_level", "plain"])
+def test_convert_dspark_normalises_every_spelling(tmp_path, spelling):
+    values = {
+        "target_layer_ids": [2, 4, 6],
+        "mask_token_id": 7,
+        "block_size": 7,
+        "markov_rank": 256,
+        "markov_head_type": "vanilla",
+    }
+    config = {"model_type": "qwen3"}
+    if spelling == "nested":
+        config["dspark_config"] = values
+    elif spelling == "top_level":
+        config.update({fields.DSPARK_DRAFT_KEYS[k]: v for k, v in values.items()})
+    else:
+        config.update(values)
+    src = _drafter(tmp_path / "src", config, _BACKBONE + ["markov_head.markov_w1.weight"])
+    convert_drafter(src, tmp_path / "dst", "dspark", max_draft_len=7)
+    out = json.loads((tmp_path / "dst/config.json").read_text())
+    assert {k: out[fields.DSPARK_DRAFT_KEYS[k]] for k in values} == values
+    assert out["dflash_config"] == {"mask_token_id": 7, "target_layer_ids": [2, 4, 6]}
+    assert "dspark_config" not in out and "markov_rank" not in out
+    assert "markov_head.markov_w1.weight" in load_file(str(tmp_path / "dst/model.safetensors"))
+
+
+def test_convert_dspark_refuses_disabled_markov_head_and_length_mismatch(tmp_path):
+    base = {
+        "model_type": "qwen3",
+        "dspark_target_layer_ids": [1],
+        "dspark_noise_token_id": 3,
+        "dspark_block_size": 7,
+    }
+    src = _drafter(tmp_path / "a", {**base, "dspark_markov_rank": 0}, _BACKBONE)
+    with pytest.raises(CheckpointError, match="markov_rank is 0"):
+        convert_drafter(src, tmp_path / "a-out", "dspark")
+    src = _drafter(tmp_path / "b", {**base, "dspark_markov_rank": 64}, _BACKBONE)
+    with pytest.raises(CheckpointError, match="block_size 7 != max_draft_len 5"):
+        convert_drafter(src, tmp_path / "b-out", "dspark", max_draft_len=5)

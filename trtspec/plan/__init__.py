@@ -1,0 +1,1 @@
+"""Deployment planning without weights: GPU table, real-model architectures, memory planner."""

@@ -1,0 +1,74 @@
+"""`deployment:` section of a build config: hardware, parallelism, limits and KV-cache policy.
+
+Enough to plan memory and generate TensorRT-LLM / Kubernetes artifacts without the weights: the
+architecture comes from `model_id` / `drafter_id` (trtspec/plan/models.py), the weights are
+resolved on the serving nodes under `weights_dir`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from trtspec.plan.gpus import GPUS
+
+
+class DeploymentConfig(BaseModel):
+    """Where and how a model is served; TensorRT-LLM parallelism names in comments."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: str = Field(description=f"GPU type: one of {', '.join(GPUS)}")
+    nodes: int = Field(1, ge=1, description="nodes serving one replica (multi-node when > 1)")
+    gpus_per_node: int = Field(8, ge=1, le=8, description="GPUs used per node by one replica")
+    replicas: int = Field(1, ge=1, description="independent copies of the deployment (Kubernetes)")
+    tensor_parallel_size: int = Field(1, ge=1, description="TP size (LLM-API tensor_parallel_size)")
+    pipeline_parallel_size: int = Field(1, ge=1, description="PP size (LLM-API pipeline_parallel_size)")
+    moe_expert_parallel_size: int = Field(
+        1, ge=1, description="EP size inside the TP group (LLM-API moe_expert_parallel_size); MoE only"
+    )
+    model_id: str = Field(description="target architecture to plan with, e.g. Qwen/Qwen3-8B")
+    drafter_id: str | None = Field(
+        None, description="drafter architecture to plan with; omit without drafter"
+    )
+    weights_dir: str = Field("/models", description="folder on the serving nodes that holds the checkpoints")
+    max_batch_size: int = Field(64, ge=1, description="most requests scheduled together (max_batch_size)")
+    max_seq_len: int = Field(8192, ge=16, description="prompt + output tokens per request (max_seq_len)")
+    max_num_tokens: int = Field(
+        8192, ge=1, description="tokens per forward across the batch (max_num_tokens)"
+    )
+    free_gpu_memory_fraction: float = Field(
+        0.9, gt=0, le=1, description="share of memory left after weights given to the KV cache"
+    )
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        "auto", description="KV cache dtype (kv_cache_config.dtype)"
+    )
+    enable_block_reuse: bool = Field(True, description="prefix (block) reuse in the KV cache")
+    runtime_reserve_gib: float = Field(
+        5.0, ge=0, description="per-GPU memory kept for CUDA context, activations and CUDA graphs"
+    )
+    min_concurrency: int = Field(
+        1,
+        ge=1,
+        description="full-length (max_seq_len) requests that must fit in KV at once, or build refuses",
+    )
+    image: str = Field(
+        "nvcr.io/nvidia/tensorrt-llm/release", description="container image with TensorRT-LLM (Kubernetes)"
+    )
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server")
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str) -> str:
+        if value not in GPUS:
+            raise ValueError(f"unknown GPU {value!r}; known: {', '.join(GPUS)}")
+        return value
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node

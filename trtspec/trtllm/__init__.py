@@ -1,0 +1,1 @@
+"""TensorRT-LLM flavour: LLM-API args, Triton llmapi repository, drafter conversion, launchers."""

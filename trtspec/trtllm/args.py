@@ -1,0 +1,97 @@
+"""LLM-API arguments for TensorRT-LLM's PyTorch backend, from a trtspec build config.
+
+The same mapping feeds `trtllm-serve --config` and the llmapi Triton model's model.yaml; every
+key is checked against trtspec/trtllm/fields.py before it is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from trtspec.config import BuildConfig
+from trtspec.errors import ConfigError
+from trtspec.plan.models import get_drafter
+from trtspec.trtllm.fields import DECODING_TYPE, check_llm_args
+
+# Draft tokens per cycle when the config leaves num_draft_tokens unset (DESIGN §1.2: B − 1).
+_DEFAULT_DRAFT_LEN = {"dflash": 15, "dspark": 7, "eagle3": 5, "draft_model": 5}
+# DFlash/DSpark checkpoint facts of the drafters in trtspec/plan/models.py, written explicitly so
+# TensorRT-LLM does not fall back to vocab_size for a missing mask id.
+_DRAFT_FIELDS = {
+    "z-lab/Qwen3-8B-DFlash-b16": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
+    "deepseek-ai/DeepSeek-V4-Flash-DSpark": {
+        "mask_token_id": 128799,
+        "target_layer_ids": [40, 41, 42],
+        "block_size": 3,
+        "markov_rank": 256,
+    },
+}
+
+
+def deploy_path(config: BuildConfig, path: str) -> str:
+    """Where a checkpoint lives on the serving nodes: its last path component under weights_dir."""
+    if path.startswith(("/", "builtin:")):
+        raise ConfigError(
+            f"{path!r}: a trtllm deployment names checkpoints by a relative path resolved "
+            "under deployment.weights_dir on the serving nodes"
+        )
+    return str(PurePosixPath(config.deployment.weights_dir) / PurePosixPath(path).name)
+
+
+def _speculative_config(config: BuildConfig) -> dict | None:
+    drafter = config.drafter
+    if drafter is None:
+        return None
+    kind = DECODING_TYPE[drafter.method]
+    draft_len = drafter.num_draft_tokens or _DEFAULT_DRAFT_LEN[drafter.method]
+    spec: dict = {"decoding_type": kind, "max_draft_len": draft_len}
+    drafter_id = config.deployment.drafter_id
+    known = _DRAFT_FIELDS.get(drafter_id or "", {})
+    if drafter.method == "dspark" and known.get("block_size", draft_len) != draft_len:
+        # TorchLlmArgs.validate_speculative_config: "DSpark block_size must equal max_draft_len".
+        raise ConfigError(
+            f"drafter.num_draft_tokens {draft_len} must equal {drafter_id}'s DSpark block size "
+            f"{known['block_size']} (TensorRT-LLM requires block_size == max_draft_len)"
+        )
+    spec["speculative_model"] = deploy_path(config, drafter.path)
+    if drafter.method in ("dflash", "dspark"):
+        for key in ("mask_token_id", "target_layer_ids"):
+            if key in known:
+                spec[key] = known[key]
+    if drafter.method == "dspark":
+        spec["block_size"] = draft_len
+        if "markov_rank" in known:
+            spec["markov_rank"] = known["markov_rank"]
+    if drafter_id is not None:
+        get_drafter(drafter_id)  # unknown drafter ids fail here, not on the GPU node
+    return spec
+
+
+def llm_args(config: BuildConfig, *, for_triton: bool) -> dict:
+    """LLM-API arguments; `for_triton` adds `model` and `backend` as model.yaml carries them."""
+    if config.deployment is None:
+        raise ConfigError(f"config {config.name!r}: flavour trtllm needs a `deployment:` section")
+    dep = config.deployment
+    args: dict = {}
+    if for_triton:
+        args["model"] = deploy_path(config, config.target.path)
+        args["backend"] = "pytorch"
+    args["tensor_parallel_size"] = dep.tensor_parallel_size
+    args["pipeline_parallel_size"] = dep.pipeline_parallel_size
+    if dep.moe_expert_parallel_size > 1:
+        args["moe_expert_parallel_size"] = dep.moe_expert_parallel_size
+    if dep.nodes > 1:
+        args["gpus_per_node"] = dep.gpus_per_node
+    args["max_batch_size"] = dep.max_batch_size
+    args["max_seq_len"] = dep.max_seq_len
+    args["max_num_tokens"] = dep.max_num_tokens
+    args["kv_cache_config"] = {
+        "free_gpu_memory_fraction": dep.free_gpu_memory_fraction,
+        "enable_block_reuse": dep.enable_block_reuse,
+        "dtype": dep.kv_cache_dtype,
+    }
+    spec = _speculative_config(config)
+    if spec is not None:
+        args["speculative_config"] = spec
+    check_llm_args(args, f"config {config.name!r}")
+    return args

@@ -1,0 +1,176 @@
+"""Drafter checkpoints -> the layout TensorRT-LLM's PyTorch backend loads for that method.
+
+What TensorRT-LLM reads (modeling_dflash.py, modeling_dspark.py, llm_args.py; see fields.py) and
+what differs in the checkpoints trtspec meets:
+
+DFlash (trtspec-trained and z-lab drafters share z-lab's layout):
+- backbone: TensorRT-LLM does not register `DFlashDraftModel`; it builds the draft layers from
+  `model_type` (`qwen3` -> Qwen3ForCausalLM). A config without `model_type` cannot load: refused.
+- `dflash_config.mask_token_id`: when absent TensorRT-LLM silently uses `vocab_size`, an id the
+  drafter never saw in training: refused rather than degraded.
+- `block_size` is read top-level only; trtspec configs may carry it in `dflash_config`: lifted.
+- weights: layer names without a `model.` prefix, plus `fc` / `hidden_norm`; `embed_tokens` and
+  `lm_head` are the target's. A `model.` prefix is stripped, stray embeddings are dropped.
+- dtype: trtspec's embedded drafters are float32; `dtype` casts to what the target serves in.
+
+DSpark (DeepSeek DeepSpec standalone drafters):
+- the DSpark knobs are spelled four ways in the wild (`dspark_config.*`, `dflash_config.*`,
+  top-level `dspark_*`, plain top-level); TensorRT-LLM accepts all, in that order, and a missed
+  key silently falls back (a markov_rank read as 0 drops the Markov head). We resolve them in the
+  same order and write one spelling: top-level `dspark_*`, mirrored into `dflash_config`
+  (the standalone DSpark model subclasses the DFlash one and reads that).
+- `markov_rank` must be > 0 and `block_size` present (TensorRT-LLM requires block_size ==
+  max_draft_len, so the deployment's draft length is checked against it).
+- weights: backbone as DFlash; Markov / confidence head tensors are copied unchanged (their names
+  follow DeepSpec, which TensorRT-LLM ports; not renamed because no rename is documented).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from trtspec.errors import CheckpointError
+from trtspec.trtllm.fields import DSPARK_DRAFT_KEYS
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_SHARED_WITH_TARGET = ("embed_tokens.weight", "lm_head.weight")
+
+
+def _read(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    config_file = src / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{src}: no config.json, not a drafter checkpoint")
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{src}: no *.safetensors weights")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file)))
+    return json.loads(config_file.read_text()), tensors
+
+
+def _backbone_weights(
+    tensors: dict[str, torch.Tensor], where: Path, notes: list[str]
+) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, tensor in tensors.items():
+        bare = name.removeprefix("model.")
+        if bare != name:
+            notes.append(f"renamed {name} -> {bare}")
+        if bare.endswith(_SHARED_WITH_TARGET):
+            notes.append(f"dropped {name}: TensorRT-LLM uses the target's")
+            continue
+        out[bare] = tensor
+    for required in ("fc.weight", "hidden_norm.weight", "norm.weight"):
+        if required not in out:
+            raise CheckpointError(f"{where}: weight {required!r} missing; not a DFlash-style drafter")
+    return out
+
+
+def _dflash_config(raw: dict, where: Path, notes: list[str]) -> dict:
+    config = dict(raw)
+    dflash = dict(config.get("dflash_config") or {})
+    if "model_type" not in config:
+        raise CheckpointError(
+            f"{where}: config.json has no model_type; TensorRT-LLM builds the draft layers "
+            "from it (e.g. qwen3)"
+        )
+    if "mask_token_id" not in dflash:
+        raise CheckpointError(
+            f"{where}: dflash_config.mask_token_id missing; TensorRT-LLM would use vocab_size"
+        )
+    if not dflash.get("target_layer_ids"):
+        raise CheckpointError(f"{where}: dflash_config.target_layer_ids missing")
+    if "block_size" not in config:
+        if "block_size" not in dflash:
+            raise CheckpointError(f"{where}: no block_size (top-level or dflash_config)")
+        config["block_size"] = int(dflash["block_size"])
+        notes.append("lifted dflash_config.block_size to top-level block_size")
+    config["dflash_config"] = dflash
+    config.setdefault("architectures", ["DFlashDraftModel"])
+    return config
+
+
+def _dspark_value(raw: dict, key: str):
+    top_key = DSPARK_DRAFT_KEYS[key]
+    sources = (
+        (raw.get("dspark_config") or {}, key),
+        (raw.get("dflash_config") or {}, key),
+        (raw, top_key),
+        (raw, key),
+    )
+    for source, name in sources:
+        if source.get(name) is not None:
+            return source[name]
+    return None
+
+
+def _dspark_config(raw: dict, where: Path, notes: list[str]) -> dict:
+    values = {key: _dspark_value(raw, key) for key in DSPARK_DRAFT_KEYS}
+    for key in ("target_layer_ids", "mask_token_id", "block_size", "markov_rank"):
+        if values[key] is None:
+            raise CheckpointError(
+                f"{where}: DSpark {key} not found under any spelling "
+                f"(dspark_config.{key}, dflash_config.{key}, {DSPARK_DRAFT_KEYS[key]}, {key})"
+            )
+    if int(values["markov_rank"]) <= 0:
+        raise CheckpointError(
+            f"{where}: DSpark markov_rank is {values['markov_rank']}; the Markov head needs > 0"
+        )
+    config = {k: v for k, v in raw.items() if k not in ("dspark_config", *DSPARK_DRAFT_KEYS)}
+    for key, top_key in DSPARK_DRAFT_KEYS.items():
+        if values[key] is not None:
+            config[top_key] = values[key]
+    config["dflash_config"] = {
+        **(raw.get("dflash_config") or {}),
+        "mask_token_id": values["mask_token_id"],
+        "target_layer_ids": list(values["target_layer_ids"]),
+    }
+    config["block_size"] = int(values["block_size"])
+    notes.append("wrote DSpark fields as top-level dspark_* (mirrored in dflash_config)")
+    if "model_type" not in config:
+        raise CheckpointError(f"{where}: config.json has no model_type for the draft backbone")
+    return config
+
+
+def convert_drafter(
+    src: Path, dst: Path, method: str, *, dtype: str | None = None, max_draft_len: int | None = None
+) -> dict:
+    """Write `src` as a TensorRT-LLM `speculative_model` folder `dst`; returns a report of changes."""
+    src, dst = Path(src), Path(dst)
+    raw, tensors = _read(src)
+    notes: list[str] = []
+    if method == "dflash":
+        config = _dflash_config(raw, src, notes)
+    elif method == "dspark":
+        config = _dspark_config(raw, src, notes)
+        if max_draft_len is not None and max_draft_len != config["block_size"]:
+            raise CheckpointError(
+                f"{src}: DSpark block_size {config['block_size']} != max_draft_len "
+                f"{max_draft_len}; TensorRT-LLM requires them equal"
+            )
+    else:
+        raise CheckpointError(
+            f"{src}: no TensorRT-LLM conversion for drafter method {method!r} "
+            "(dflash and dspark are converted; EAGLE-3 checkpoints load as published)"
+        )
+    weights = _backbone_weights(tensors, src, notes)
+    if dtype is not None:
+        torch_dtype = _DTYPES[dtype]
+        weights = {k: v.to(torch_dtype) if v.is_floating_point() else v for k, v in weights.items()}
+        config["torch_dtype"] = dtype
+        notes.append(f"cast floating-point weights to {dtype}")
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.contiguous() for k, v in weights.items()},
+        str(dst / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    (dst / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    report = {"source": str(src), "method": method, "tensors": len(weights), "changes": notes}
+    (dst / "trtspec_conversion.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report

@@ -1,0 +1,144 @@
+"""The one place that holds TensorRT-LLM's names: every key trtspec writes into a TensorRT-LLM file.
+
+Read from NVIDIA/TensorRT-LLM (PyTorch backend, LLM API), not guessed:
+
+- `tensorrt_llm/llmapi/llm_args.py` @ 0004396720054fd8e205cbf616f21f0b57c6b412:
+  `BaseLlmArgs` / `TorchLlmArgs` (top-level LLM-API arguments), `KvCacheConfig`,
+  `DecodingBaseConfig` and its subclasses `DFlashDecodingConfig` (decoding_type "DFlash"),
+  `DSparkDecodingConfig` ("DSpark"), `Eagle3DecodingConfig` ("Eagle3"),
+  `DraftTargetDecodingConfig` ("Draft_Target"). `speculative_model` also accepts the alias
+  `speculative_model_dir`; we write the canonical name.
+- `triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml` @ 0ebb1536ac12bbe27201185de960df3ab00bcecc
+  and `.../1/model.py` @ 044a90d209e380c95e23e8ae42f3583fa05ada78: model.yaml holds LLM-API
+  arguments at the top level plus a `triton_config` mapping (`max_batch_size`, `decoupled`,
+  optional `cancellation_check_period_ms`) that `model.py` strips before calling `LLM(**args)`.
+- `triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt` @ 0a71057313ec0626527e164a8fc0205c5822e2f5:
+  tensor names and types of the llmapi Triton model (`max_batch_size` and `decoupled` must NOT be
+  in config.pbtxt: `auto_complete_config` sets them from model.yaml).
+- Drafter config.json keys that TensorRT-LLM reads: `modeling_dflash.py`
+  @ 009d8fa431bd3de92245aab80f8b57dc70da1ac4 (`dflash_config.mask_token_id`,
+  `dflash_config.target_layer_ids`, top-level `block_size`, `model_type` for the backbone) and the
+  DSpark branch of `TorchLlmArgs.validate_speculative_config` (`dspark_target_layer_ids`,
+  `dspark_noise_token_id`, `dspark_block_size`, `dspark_markov_rank`, also nested
+  `dspark_config` / `dflash_config` or plain keys).
+
+Not written because not confirmed or not wanted: `enable_confidence_head` /
+`confidence_threshold` (absent from `DSparkDecodingConfig` on purpose, see its NOTE), and
+`moe_tensor_parallel_size` (TensorRT-LLM derives it as tp / ep when left unset).
+"""
+
+from __future__ import annotations
+
+from trtspec.errors import ConfigError
+
+TRTLLM_REPO = "NVIDIA/TensorRT-LLM"
+LLM_ARGS_PATH = "tensorrt_llm/llmapi/llm_args.py"
+LLM_ARGS_COMMIT = "0004396720054fd8e205cbf616f21f0b57c6b412"
+
+# BaseLlmArgs / TorchLlmArgs fields trtspec may emit.
+LLM_ARGS_FIELDS = frozenset(
+    {
+        "model",
+        "backend",
+        "dtype",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "moe_expert_parallel_size",
+        "gpus_per_node",
+        "max_batch_size",
+        "max_seq_len",
+        "max_num_tokens",
+        "kv_cache_config",
+        "speculative_config",
+        "trust_remote_code",
+    }
+)
+# KvCacheConfig fields trtspec may emit.
+KV_CACHE_FIELDS = frozenset({"free_gpu_memory_fraction", "enable_block_reuse", "max_tokens", "dtype"})
+# KvCacheConfig.dtype values accepted by its validator (besides torch dtype names).
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+# trtspec method -> DecodingBaseConfig subclass discriminator (`decoding_type` Literal).
+DECODING_TYPE = {"dflash": "DFlash", "dspark": "DSpark", "eagle3": "Eagle3", "draft_model": "Draft_Target"}
+_BASE_SPEC_FIELDS = frozenset({"decoding_type", "max_draft_len", "speculative_model"})
+# Per decoding_type: the fields of that config class trtspec may emit.
+SPEC_FIELDS = {
+    "DFlash": _BASE_SPEC_FIELDS | {"mask_token_id", "target_layer_ids", "attention_backend"},
+    "DSpark": _BASE_SPEC_FIELDS
+    | {
+        "mask_token_id",
+        "target_layer_ids",
+        "block_size",
+        "markov_rank",
+        "markov_head_type",
+        "attention_backend",
+    },
+    "Eagle3": _BASE_SPEC_FIELDS | {"eagle3_layers_to_capture"},
+    "Draft_Target": _BASE_SPEC_FIELDS,
+}
+
+# model.yaml of the llmapi Triton model: everything but this key goes to `LLM(**args)`.
+TRITON_CONFIG_KEY = "triton_config"
+TRITON_CONFIG_FIELDS = frozenset({"max_batch_size", "decoupled", "cancellation_check_period_ms"})
+
+# config.pbtxt tensors of the llmapi model: (name, TYPE_*, dims, optional).
+LLMAPI_INPUTS = (
+    ("text_input", "TYPE_STRING", (-1,), False),
+    ("streaming", "TYPE_BOOL", (1,), True),
+    ("sampling_param_temperature", "TYPE_FP32", (1,), True),
+    ("sampling_param_top_k", "TYPE_INT32", (1,), True),
+    ("sampling_param_top_p", "TYPE_FP32", (1,), True),
+    ("sampling_param_frequency_penalty", "TYPE_FP32", (1,), True),
+    ("sampling_param_presence_penalty", "TYPE_FP32", (1,), True),
+    ("sampling_param_max_tokens", "TYPE_INT32", (1,), True),
+    ("sampling_param_stop", "TYPE_STRING", (-1,), True),
+    ("sampling_param_seed", "TYPE_UINT64", (1,), True),
+    ("sampling_param_exclude_input_from_output", "TYPE_BOOL", (1,), True),
+    ("sampling_param_return_perf_metrics", "TYPE_BOOL", (1,), True),
+    ("return_finish_reason", "TYPE_BOOL", (1,), True),
+    ("return_stop_reason", "TYPE_BOOL", (1,), True),
+    ("stop", "TYPE_BOOL", (1,), True),
+)
+LLMAPI_OUTPUTS = (
+    ("text_output", "TYPE_STRING", (-1,)),
+    ("finish_reason", "TYPE_STRING", (-1,)),
+    ("stop_reason", "TYPE_STRING", (-1,)),
+    ("acceptance_rate", "TYPE_FP32", (1,)),
+    ("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    ("total_draft_tokens", "TYPE_INT32", (1,)),
+)
+
+# Drafter config.json keys TensorRT-LLM reads.
+DFLASH_DRAFT_KEYS = frozenset({"dflash_config", "block_size", "model_type", "architectures"})
+DFLASH_CONFIG_KEYS = frozenset({"mask_token_id", "target_layer_ids", "use_swa", "swa_window_size"})
+DSPARK_DRAFT_KEYS = {
+    "target_layer_ids": "dspark_target_layer_ids",
+    "mask_token_id": "dspark_noise_token_id",
+    "block_size": "dspark_block_size",
+    "markov_rank": "dspark_markov_rank",
+    "markov_head_type": "dspark_markov_head_type",
+}
+
+
+def check_names(mapping: dict, allowed: frozenset, where: str) -> None:
+    """Refuse a key TensorRT-LLM does not have: a typo here would only fail on the GPU node."""
+    unknown = sorted(set(mapping) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"{where}: {unknown} not in the TensorRT-LLM names kept in trtspec/trtllm/fields.py"
+        )
+
+
+def check_llm_args(args: dict, where: str) -> None:
+    """Check every key of LLM-API args (nested kv_cache_config / speculative_config included)."""
+    check_names(args, LLM_ARGS_FIELDS, where)
+    if "kv_cache_config" in args:
+        check_names(args["kv_cache_config"], KV_CACHE_FIELDS, f"{where}: kv_cache_config")
+    spec = args.get("speculative_config")
+    if spec is not None:
+        kind = spec.get("decoding_type")
+        if kind not in SPEC_FIELDS:
+            raise ConfigError(
+                f"{where}: speculative_config.decoding_type {kind!r} is not one of {sorted(SPEC_FIELDS)}"
+            )
+        check_names(spec, SPEC_FIELDS[kind], f"{where}: speculative_config ({kind})")
