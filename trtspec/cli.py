@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sys
 from pathlib import Path
 
 import click
@@ -138,9 +139,11 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
 @click.option("--repeats", default=1, show_default=True, type=int, help="Interleaved repetitions.")
 @click.option("--no-hf", is_flag=True, help="Skip the transformers reference columns.")
 @click.option("--out", "out_dir", default=Path("bench-out"), show_default=True,
-              type=click.Path(path_type=Path), help="Where results.json and results.md go.")
+              type=click.Path(path_type=Path), help="Where results.json, results.md and plots go.")
+@click.option("--doc", "doc_path", default=None, type=click.Path(path_type=Path),
+              help="Also write this Markdown report (e.g. docs/BENCHMARKS.md).")
 @user_errors
-def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir) -> None:
+def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir, doc_path) -> None:
     """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side."""
     from trtspec.bench.run import markdown_table, run_bench
     from trtspec.config import load_build_config
@@ -156,6 +159,10 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     table = markdown_table(results)
     (out_dir / "results.md").write_text(table + "\n")
+    from trtspec.bench.report import write_report
+
+    command = "trtspec " + " ".join(sys.argv[1:])
+    write_report(results, out_dir, command, doc_path or out_dir / "BENCHMARKS.md")
     click.echo(table)
 
 

@@ -9,6 +9,8 @@ this run on identical prompts and token budgets; a greedy method whose tokens di
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -120,8 +122,10 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
             elif tokens != expected:
                 stats[task][name].mismatches += 1
 
+    machine = f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} " \
+              f"({torch.get_num_threads()} threads)"
     results: dict = {"max_tokens": max_tokens, "prompts_per_task": prompts_per_task, "repeats": repeats,
-                     "tasks": {}}
+                     "machine": machine, "tasks": {}}
     for task in tasks:
         base = stats[task]["none"]
         hf_base = stats[task].get("hf_generate")
