@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# OpenAI Triton kernels run on the CPU through the interpreter; this must be set before anything
+# (transformers does) imports triton.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch

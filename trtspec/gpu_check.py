@@ -2,8 +2,10 @@
 
 Checks on the GPU, against the same code on the CPU:
 - the embedded target + DFlash drafter, greedy, token-identical to the target alone (fp32);
-- the `kv_injection_attention` torch reference, fp32/bf16/fp16 on the GPU vs fp32 on the CPU;
-and times a target forward (1 and 16 tokens) and one DFlash block (B = 4 and 16) with CUDA events.
+- the `kv_injection_attention` torch reference and its Triton kernel (plugins/), fp32/bf16/fp16 on
+  the GPU vs fp32 on the CPU; the `confidence_verify` kernels vs their torch references;
+and times a target forward (1 and 16 tokens) and one DFlash block (B = 4 and 16) with CUDA events,
+and each plugin kernel against its torch reference and the bandwidth floor (`plugins.bench`).
 Prints a table last and writes `gpu_check.json` to $OUT (or the working directory).
 """
 
@@ -40,20 +42,67 @@ def cuda_time(fn, reps: int = 50) -> float:
 
 
 def check_attention(rows: list[dict]) -> None:
+    from plugins.kv_injection_attention import kv_injection_attention_concat as triton_attention
+
     gen = torch.Generator().manual_seed(0)
-    for b, h, kvh, block, ctx, d in [(1, 32, 8, 16, 2048, 128), (4, 16, 4, 8, 512, 64)]:
+    for b, h, kvh, block, ctx, d in [(1, 32, 8, 16, 2048, 128), (4, 16, 4, 8, 512, 64), (2, 8, 2, 7, 37, 64)]:
         q = torch.randn(b, h, block, d, generator=gen)
         k = torch.randn(b, kvh, ctx + block, d, generator=gen)
         v = torch.randn(b, kvh, ctx + block, d, generator=gen)
         ref = kv_injection_attention(q, k, v)
         for dtype, tol in TOLERANCE.items():
             args = [t.cuda().to(dtype) for t in (q, k, v)]
-            out = kv_injection_attention(*args).float().cpu()
-            err = ((out - ref).norm() / ref.norm()).item()
-            ms = cuda_time(lambda a=args: kv_injection_attention(*a))
-            rows.append({"check": f"kv_injection_attention b{b} h{h}/{kvh} B{block} ctx{ctx}",
-                         "dtype": str(dtype).removeprefix("torch."), "rel_err": err,
-                         "ok": err < tol, "ms": ms})
+            for name, fn in [("kv_injection_attention[torch]", kv_injection_attention),
+                             ("kv_injection_attention[triton]", triton_attention)]:
+                out = fn(*args).float().cpu()
+                err = ((out - ref).norm() / ref.norm()).item()
+                ms = cuda_time(lambda a=args, f=fn: f(*a))
+                rows.append({"check": f"{name} b{b} h{h}/{kvh} B{block} ctx{ctx}",
+                             "dtype": str(dtype).removeprefix("torch."), "rel_err": err,
+                             "ok": err < tol, "ms": ms})
+
+
+def check_verify(rows: list[dict]) -> None:
+    """The verify kernels on the GPU against the torch references on the CPU: token-identical."""
+    from plugins.confidence_verify import (
+        draw_uniforms,
+        verify_greedy,
+        verify_sampling,
+        verify_sampling_explicit,
+    )
+    from trtspec.spec.verify import verify_greedy as torch_greedy
+
+    gen = torch.Generator().manual_seed(0)
+    b, k, vocab = 16, 15, 151_936
+    logits = torch.randn(b, k + 1, vocab, generator=gen)
+    draft = logits.argmax(-1)[:, :k]
+    flip = torch.rand(b, k, generator=gen) < 0.1
+    draft[flip] = (draft[flip] + 1) % vocab
+    lens = torch.randint(0, k + 1, (b,), generator=gen)
+    for dtype in (torch.float32, torch.bfloat16):
+        want = torch_greedy(draft, logits.to(dtype).float(), lens)
+        got = verify_greedy(draft.cuda(), logits.to(dtype).cuda(), lens.cuda())
+        same = torch.equal(got.tokens.cpu(), want.tokens)
+        rows.append({"check": f"confidence_verify greedy b{b} k{k} V{vocab}", "dtype": str(dtype)[6:],
+                     "ok": same, "detail": "tokens equal" if same else "TOKENS DIFFER"})
+    p = torch.softmax(logits, -1)
+    q = torch.softmax(logits + torch.randn(b, k + 1, vocab, generator=gen), -1)[:, :k]
+    draft = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).reshape(b, k)
+    u, u_last = draw_uniforms(b, k, gen)
+    want = verify_sampling_explicit(draft, q, p, u, u_last, lens)
+    got = verify_sampling(*(t.cuda() for t in (draft, q, p, u, u_last, lens)))
+    same = torch.equal(got.tokens.cpu(), want.tokens)
+    rows.append({"check": f"confidence_verify sampling b{b} k{k} V{vocab}", "dtype": "float32",
+                 "ok": same, "detail": "tokens equal" if same else "TOKENS DIFFER"})
+
+
+def bench_plugins(rows: list[dict]) -> None:
+    from plugins.bench import bench_kernels
+
+    for r in bench_kernels():
+        rows.append({"check": f"{r['kernel']} {r['shape']}", "dtype": r["dtype"], "ok": True,
+                     "ms": r["kernel_ms"], "detail": f"torch {r['torch_ms']:.3f}, floor {r['floor_ms']:.3f}",
+                     **{key: r[key] for key in ("torch_ms", "floor_ms", "bytes")}})
 
 
 def check_decoding(rows: list[dict]) -> None:
@@ -83,14 +132,17 @@ def main() -> int:
         return 2
     rows: list[dict] = []
     check_attention(rows)
+    check_verify(rows)
     check_decoding(rows)
+    bench_plugins(rows)
     out = Path(os.environ.get("OUT", ".")) / "gpu_check.json"
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
-    print(f"\n{'check':<60} {'dtype':<9} {'rel_err':>9} {'ms':>9}  ok")
+    print(f"\n{'check':<60} {'dtype':<9} {'rel_err':>9} {'ms':>9}  ok   detail")
     for r in rows:
-        err = f"{r['rel_err']:.2e}" if "rel_err" in r else r.get("detail", "")
+        err = f"{r['rel_err']:.2e}" if "rel_err" in r else ""
         ms = f"{r['ms']:.3f}" if "ms" in r else ""
-        print(f"{r['check']:<60} {r['dtype']:<9} {err:>9} {ms:>9}  {'yes' if r['ok'] else 'NO'}")
+        ok = "yes" if r["ok"] else "NO "
+        print(f"{r['check']:<60} {r['dtype']:<9} {err:>9} {ms:>9}  {ok}  {r.get('detail', '')}")
     return 0 if all(r["ok"] for r in rows) else 1
 
 
