@@ -40,15 +40,21 @@ def main(out: Path = Path("docs/EMBEDDED_MODEL.md")) -> None:
         return tok.decode(decoder.generate(tok.encode(prompt), n).token_ids)
 
     math = load_prompts("math")
-    correct = 0
+    by_op: dict[str, list[int]] = {}
     for q in math:
         text = complete(q, 64).split("\nQ:")[0]
         m = re.search(r"= (-?\d+)\s*$", text.strip())
-        correct += bool(m) and int(m.group(1)) == arithmetic_answer(q)
+        ok = bool(m) and int(m.group(1)) == arithmetic_answer(q)
+        by_op.setdefault(q.split()[2], []).append(ok)
+    correct = sum(sum(v) for v in by_op.values())
+    names = {"+": "addition (worked column steps)", "-": "subtraction (answer only)",
+             "*": "multiplication (tens/ones steps)"}
+    per_op = "; ".join(f"{names[op]} {sum(v)}/{len(v)}" for op, v in sorted(by_op.items()))
     code = load_prompts("code")
     code_out = [complete(p, 160) for p in code]
     # indentation is legitimately runs of spaces; degenerate output repeats any byte far longer
     runs = [longest_run(t.replace("    ", "\t")) for t in code_out]
+    worst = code_out[runs.index(max(runs))]
 
     history = json.loads((ASSETS_DIR / "tiny-target" / "training.json").read_text())
     draft_hist = json.loads((ASSETS_DIR / "tiny-draft" / "training.json").read_text())
@@ -80,9 +86,10 @@ def main(out: Path = Path("docs/EMBEDDED_MODEL.md")) -> None:
         "",
         "## Quality (greedy, held-out prompts; `python -m trtspec.train.report`)",
         "",
-        f"- Arithmetic: {correct}/{len(math)} held-out questions answered correctly.",
+        f"- Arithmetic: {correct}/{len(math)} held-out questions answered correctly: {per_op}.",
         f"- Code: longest run of one repeated byte (4-space indents counted as one) over "
-        f"{len(code)} continuations of 160 bytes: max {max(runs)}, median {sorted(runs)[len(runs) // 2]}.",
+        f"{len(code)} continuations of 160 bytes: max {max(runs)}, median {sorted(runs)[len(runs) // 2]}; "
+        f"the worst continuation is `{worst!r}`.",
         "",
         "## Sample continuations",
         "",
