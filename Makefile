@@ -4,6 +4,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= build_configs/tiny-dflash.yaml
 PROMPT ?= Q: 482 + 356\nA:
+DEMO_OUT ?= demo-out
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
 
 .PHONY: install demo test lint clean
 
@@ -21,6 +25,12 @@ demo: install
 	$(VENV)/bin/trtspec generate --config $(CONFIG) --prompt "$$(printf '$(PROMPT)')" --max-tokens 120
 	@echo "== target alone (--drafter none) =="
 	$(VENV)/bin/trtspec generate --config $(CONFIG) --prompt "$$(printf '$(PROMPT)')" --max-tokens 120 --drafter none
+	@echo "== served: build the Triton repository, serve it, one streaming gRPC request, stop =="
+	$(VENV)/bin/trtspec build $(CONFIG) --out $(DEMO_OUT)
+	@$(VENV)/bin/trtspec serve $(DEMO_OUT) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
+	    --metrics-port $(METRICS_PORT) & pid=$$!; trap 'kill -TERM $$pid; wait $$pid' EXIT; \
+	  $(VENV)/bin/trtspec generate --url grpc://127.0.0.1:$(GRPC_PORT) --wait 300 --stream \
+	    --prompt "$$(printf '$(PROMPT)')" --max-tokens 120
 
 test: install
 	$(VENV)/bin/ruff check .
@@ -30,4 +40,4 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache $(DEMO_OUT)

@@ -35,8 +35,15 @@ def main(verbose: bool) -> None:
 
 
 @main.command()
-@click.option("--config", "config_path", required=True, type=click.Path(path_type=Path),
-              help="Build config YAML, e.g. build_configs/tiny-draft-model.yaml.")
+@click.option("--config", "config_path", default=None, type=click.Path(path_type=Path),
+              help="Build config YAML, e.g. build_configs/tiny-draft-model.yaml (runs in this process).")
+@click.option("--url", default=None,
+              help="Ask a served model instead: grpc://HOST:PORT (stream API) or http://HOST:PORT.")
+@click.option("--model", "model_name", default="trtspec", show_default=True,
+              help="Served model name (with --url).")
+@click.option("--stream", is_flag=True, help="With --url: print text as the server streams it.")
+@click.option("--wait", "wait_s", default=0.0, show_default=True, type=float,
+              help="With --url: seconds to wait for the server to become ready.")
 @click.option("--prompt", required=True, help="Text to continue.")
 @click.option("--max-tokens", default=128, show_default=True, type=int,
               help="Most tokens to generate.")
@@ -49,9 +56,9 @@ def main(verbose: bool) -> None:
               show_default=True, help="`none` decodes autoregressively through the same target.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @user_errors
-def generate(config_path, prompt, max_tokens, temperature, top_p, top_k, seed, drafter_choice,
-             as_json) -> None:
-    """Generate text speculatively with the configured target and drafter."""
+def generate(config_path, url, model_name, stream, wait_s, prompt, max_tokens, temperature, top_p, top_k,
+             seed, drafter_choice, as_json) -> None:
+    """Generate text speculatively with the configured target and drafter, or ask a served model."""
     from pydantic import ValidationError
 
     from trtspec.config import load_build_config
@@ -68,6 +75,15 @@ def generate(config_path, prompt, max_tokens, temperature, top_p, top_k, seed, d
         err = exc.errors()[0]
         hint = f"--{str(err['loc'][0]).replace('_', '-')}"
         raise click.BadParameter(err["msg"], param_hint=hint) from None
+    if (config_path is None) == (url is None):
+        raise click.UsageError("give exactly one of --config (run here) or --url (a served model)")
+    if url is not None:
+        if drafter_choice != "config":
+            raise click.BadParameter("the served model uses its build's drafter", param_hint="--drafter")
+        _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json)
+        return
+    if stream:
+        raise click.BadParameter("streams only from a served model: add --url", param_hint="--stream")
     config = load_build_config(config_path)
     pipeline = load_pipeline(config, use_drafter=drafter_choice != "none")
     text, result = pipeline.generate(prompt, max_tokens, sampling)
@@ -81,6 +97,33 @@ def generate(config_path, prompt, max_tokens, temperature, top_p, top_k, seed, d
             f"decode={result.decode_tokens_per_s:.1f} tok/s",
             err=True,
         )
+
+
+def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json) -> None:
+    from trtspec.triton.client import GenerateParams, generate, wait_ready
+
+    if wait_s > 0:
+        wait_ready(url, model_name, wait_s)
+    params = GenerateParams(
+        max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+        top_k=sampling.top_k, seed=sampling.seed, stream=stream,
+    )
+    on_text = None if as_json or not stream else (lambda text: click.echo(text, nl=False))
+    completion = generate(url, model_name, prompt, params, on_text)
+    if as_json:
+        click.echo(json.dumps({
+            "text": completion.text, "token_ids": completion.token_ids, "tau": round(completion.tau, 4),
+            "accepted_tokens": completion.accepted_tokens, "draft_tokens": completion.draft_tokens,
+            "tokens_per_s": round(completion.tokens_per_s, 2), "responses": completion.num_responses,
+        }))
+        return
+    click.echo("" if stream else completion.text)
+    click.echo(
+        f"[{url}] tau={completion.tau:.2f} tokens={len(completion.token_ids)} "
+        f"accepted={completion.accepted_tokens}/{completion.draft_tokens} "
+        f"{completion.tokens_per_s:.1f} tok/s",
+        err=True,
+    )
 
 
 @main.group()
@@ -187,16 +230,113 @@ def inspect(config_path, as_json) -> None:
               help="Folder for the generated artifacts.")
 @user_errors
 def build(config_path, out_dir) -> None:
-    """Build CONFIG's deployment artifacts (flavour trtllm: TensorRT-LLM configs, Triton repo, launchers)."""
+    """Build CONFIG's deployment artifacts: flavour torch, a Triton model repository
+    (OUT/model_repository) for `trtspec serve`; flavour trtllm, TensorRT-LLM configs, Triton repo,
+    launchers."""
     from trtspec.config import load_build_config
+    from trtspec.triton.repo import write_triton_repo
     from trtspec.trtllm.build import build_trtllm
 
     config = load_build_config(config_path)
-    if config.flavour != "trtllm":
+    if config.flavour == "torch":
+        written = write_triton_repo(config, out_dir)
+    elif config.flavour == "trtllm":
+        written = build_trtllm(config, out_dir)
+    else:
         raise click.UsageError(f"{config_path}: `build` for flavour {config.flavour!r} lands with the "
-                               "Triton/engine issues; only flavour trtllm builds here")
-    for path in build_trtllm(config, out_dir):
+                               "Triton/engine issues; flavours torch and trtllm build here")
+    for path in written:
         click.echo(str(path))
+
+
+def _repo_of(build_dir: Path) -> Path:
+    from trtspec.triton.repo import REPO_DIR
+
+    return build_dir / REPO_DIR if (build_dir / REPO_DIR).is_dir() else build_dir
+
+
+@main.command()
+@click.argument("build_dir", metavar="DIR", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; 0.0.0.0 exposes the server to the network.")
+@click.option("--http-port", default=8000, show_default=True, type=int, help="HTTP/REST port.")
+@click.option("--grpc-port", default=8001, show_default=True, type=int, help="gRPC port.")
+@click.option("--metrics-port", default=8002, show_default=True, type=int, help="Prometheus metrics port.")
+@user_errors
+def serve(build_dir, host, http_port, grpc_port, metrics_port) -> None:
+    """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel
+    until Ctrl-C or SIGTERM."""
+    import signal
+
+    from trtspec.triton.server import Ports, TritonServer
+
+    def _terminate(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    server = TritonServer(_repo_of(build_dir), host, Ports(http_port, grpc_port, metrics_port))
+    try:
+        server.start()
+        click.echo(f"serving {server.repo}: {server.http_url} {server.grpc_url} {server.metrics_url}",
+                   err=True)
+        code = server.wait()
+        raise click.ClickException(f"tritonserver exited with {code}: {server.log_tail(5)}")
+    except KeyboardInterrupt:
+        click.echo("stopping tritonserver", err=True)
+    finally:
+        server.stop()
+
+
+@main.command()
+@click.argument("build_dir", metavar="DIR", required=False, type=click.Path(path_type=Path))
+@click.option("--url", default=None, help="Check a running server (grpc://HOST:PORT or http://HOST:PORT) "
+              "instead of starting one on DIR.")
+@click.option("--config", "config_path", default=None, type=click.Path(path_type=Path),
+              help="Build config of the reference target (default: the one inside DIR).")
+@click.option("--model", "model_name", default=None, help="Served model name (default: the config's name).")
+@click.option("--prompts", "prompts_path", default=None, type=click.Path(path_type=Path),
+              help="JSONL with a `prompt` per line, or text with one prompt per line.")
+@click.option("--max-tokens", default=48, show_default=True, type=int, help="Tokens per greedy prompt.")
+@click.option("--samples", default=400, show_default=True, type=int,
+              help="Seeded sampling requests for the distribution test; 0 skips it.")
+@user_errors
+def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, samples) -> None:
+    """Certify a deployment as lossless: greedy token identity with the target alone on every prompt
+    and a sampling distribution test; exits 1 on any mismatch."""
+    from trtspec.config import load_build_config
+    from trtspec.train.dflash import load_prompt_file
+    from trtspec.triton.repo import BUILD_CONFIG_FILE, VERSION
+    from trtspec.triton.server import Ports, TritonServer
+    from trtspec.triton.verify import DEFAULT_PROMPTS, certify
+
+    if build_dir is None and url is None:
+        raise click.UsageError("give DIR (a `trtspec build` output) or --url of a running server")
+    if config_path is None:
+        if build_dir is None:
+            raise click.BadParameter("needed with --url alone: the reference target's config",
+                                     param_hint="--config")
+        found = sorted(_repo_of(build_dir).glob(f"*/{VERSION}/{BUILD_CONFIG_FILE}"))
+        if len(found) != 1:
+            raise click.UsageError(
+                f"{build_dir}: expected one model with {BUILD_CONFIG_FILE}, found {len(found)}"
+            )
+        config_path = found[0]
+    config = load_build_config(config_path)
+    prompts = load_prompt_file(prompts_path) if prompts_path else list(DEFAULT_PROMPTS)
+    model_name = model_name or config.name
+    server = None
+    if url is None:
+        server = TritonServer(_repo_of(build_dir), ports=Ports.free()).start()
+        url = server.grpc_url
+    try:
+        cert = certify(url, model_name, config, prompts, max_tokens=max_tokens, samples=samples)
+    finally:
+        if server is not None:
+            server.stop()
+    for line in cert.lines():
+        click.echo(line)
+    if not cert.passed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

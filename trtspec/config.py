@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from trtspec.errors import ConfigError
 from trtspec.plan.deployment import DeploymentConfig
@@ -69,8 +69,19 @@ class BuildConfig(_Strict):
     target: TargetConfig
     drafter: DrafterConfig | None = Field(None, description="omit for autoregressive decoding")
     limits: GenerationLimits = Field(default_factory=GenerationLimits)
+    gpus: list[int] = Field(
+        default_factory=list,
+        description="GPU ids of a Triton node: one orchestrator instance on each; empty = one CPU instance",
+    )
     deployment: DeploymentConfig | None = Field(
         None, description="GPUs, parallelism and KV policy for planning and TensorRT-LLM artifacts")
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct_gpus(cls, value: list[int]) -> list[int]:
+        if any(g < 0 for g in value) or len(set(value)) != len(value):
+            raise ValueError(f"GPU ids must be distinct and >= 0, got {value}")
+        return value
 
 
 def _format_error(path: Path, exc: ValidationError) -> str:

@@ -11,6 +11,7 @@ path, so `--drafter none` and speculation share every line that could differ.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -35,8 +36,17 @@ class SpeculativeDecoder:
         return int(sample(probs_from_logits(logits, sampling), gen))
 
     def generate(
-        self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams | None = None
+        self,
+        prompt: list[int],
+        max_new_tokens: int,
+        sampling: SamplingParams | None = None,
+        on_tokens: Callable[[list[int]], bool | None] | None = None,
     ) -> GenerationResult:
+        """Decode up to `max_new_tokens` after `prompt`.
+
+        `on_tokens` (streaming) is called with the ids each step emits, the first token included;
+        returning True ends generation after them (stop words, a cancelled request).
+        """
         if not prompt:
             raise ValueError("prompt is empty: give at least one token")
         if max_new_tokens < 1:
@@ -53,8 +63,9 @@ class SpeculativeDecoder:
         drafter.begin(prompt, out.hidden)
         generated = [self._first_token(out.logits[:, -1], sampling, gen)]
         result.prefill_s = time.perf_counter() - t0
+        stopped = on_tokens is not None and bool(on_tokens(list(generated)))
 
-        while len(generated) < max_new_tokens and generated[-1] != self.eos_id:
+        while not stopped and len(generated) < max_new_tokens and generated[-1] != self.eos_id:
             committed = prompt + generated
             # never draft past the token budget: a cycle emits at most k + 1 tokens
             k = min(drafter.num_draft_tokens, max_new_tokens - len(generated) - 1)
@@ -83,8 +94,10 @@ class SpeculativeDecoder:
             emitted = verdict.row(0)
             if self.eos_id in emitted:
                 emitted = emitted[: emitted.index(self.eos_id) + 1]
-            generated.extend(emitted[: max_new_tokens - len(generated)])
+            emitted = emitted[: max_new_tokens - len(generated)]
+            generated.extend(emitted)
             result.record_cycle(num_drafted=k, num_accepted=a)
+            stopped = on_tokens is not None and bool(on_tokens(emitted))
 
         result.total_s = time.perf_counter() - t0
         result.token_ids = generated

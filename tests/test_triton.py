@@ -1,0 +1,285 @@
+"""The generated repository served by a real tritonserver (nvidia-pytriton wheel) on loopback ports:
+token identity with the torch flavour on every endpoint, concurrency, bad requests, dropped
+clients, metrics, `trtspec verify` and `trtspec serve`'s clean stop. One server for the module,
+stopped (and checked gone) at its end even when a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from tritonclient.grpc import InferInput
+
+from trtspec.cli import main
+from trtspec.config import load_build_config
+from trtspec.pipeline import load_pipeline
+from trtspec.triton.client import (
+    ClientError,
+    GenerateParams,
+    array_input,
+    generate,
+    grpc_generate,
+    grpc_inputs,
+    wait_ready,
+)
+from trtspec.triton.repo import REPO_DIR, write_triton_repo
+from trtspec.triton.server import Ports, TritonServer
+
+from .conftest import REPO
+
+CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
+PROMPTS = ("Q: 482 + 356\nA:", "def parse(self, text):\n", "Explain what a generator is.", "import os\n")
+MAX_TOKENS = 40
+
+
+def _server_pids(marker: str) -> list[int]:
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if marker in line and "tritonserver" in line]
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_build_config(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, config):
+    out = tmp_path_factory.mktemp("triton-build")
+    write_triton_repo(config, out)
+    # one torch thread in the model: the test's clients and reference share the same 2 cores
+    server = TritonServer(out / REPO_DIR, ports=Ports.free(), exit_timeout_s=3, env={"OMP_NUM_THREADS": "1"})
+    try:
+        server.start(timeout_s=180)
+        yield server
+    finally:
+        server.stop()
+        assert _server_pids(str(out)) == [], "tritonserver still running after stop()"
+
+
+@pytest.fixture(scope="module")
+def expected(config):
+    """The torch flavour's greedy output for each prompt, computed in this process."""
+    pipeline = load_pipeline(config)
+    results = {}
+    for prompt in PROMPTS:
+        result = pipeline.decoder.generate(pipeline.tokenizer.encode(prompt), MAX_TOKENS)
+        results[prompt] = (result.token_ids, pipeline.tokenizer.decode(result.token_ids), result)
+    return results
+
+
+ENDPOINTS = [("grpc", True), ("grpc", False), ("http", False), ("http", True)]
+
+
+@pytest.mark.parametrize("scheme, stream", ENDPOINTS, ids=["grpc-stream", "grpc", "http-generate",
+                                                           "http-generate_stream"])
+def test_output_identical_to_torch_flavour(served, config, expected, scheme, stream):
+    url = served.grpc_url if scheme == "grpc" else served.http_url
+    for prompt in PROMPTS[:2]:
+        got = generate(url, config.name, prompt, GenerateParams(max_tokens=MAX_TOKENS, stream=stream))
+        ids, text, result = expected[prompt]
+        assert got.token_ids == ids
+        assert got.text == text
+        assert (got.accepted_tokens, got.draft_tokens) == (result.num_accepted, result.num_drafted)
+        assert got.accepted_tokens > 0
+        if stream:  # one response per target forward, and the final one with the totals
+            assert got.num_responses == result.num_target_calls + 1
+            assert got.tau == pytest.approx(result.tau)
+
+
+def test_concurrent_streaming_clients(served, config, expected):
+    def client(worker: int) -> list[tuple[str, list[int]]]:
+        done = []
+        for i in range(10):
+            prompt = PROMPTS[(worker + i) % len(PROMPTS)]
+            params = GenerateParams(max_tokens=MAX_TOKENS, stream=True)
+            done.append((prompt, generate(served.grpc_url, config.name, prompt, params).token_ids))
+        return done
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = [a for worker in pool.map(client, range(8)) for a in worker]
+    assert len(answers) == 80
+    assert all(ids == expected[prompt][0] for prompt, ids in answers)
+
+
+def _raw_grpc(inputs: dict[str, np.ndarray]) -> list:
+    return [array_input(InferInput, name, value) for name, value in inputs.items()]
+
+
+GOOD = {"text_input": np.array([b"Q: 1 + 2\nA:"], dtype=object), "max_tokens": np.array([4], dtype=np.int32)}
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({"max_tokens": GOOD["max_tokens"]}, "missing required input.*text_input"),
+        ({**GOOD, "max_tokens": np.array([0], dtype=np.int32)}, r"max_tokens must be in \[1, 2048\], got 0"),
+        ({**GOOD, "max_tokens": np.array([5000], dtype=np.int32)}, r"max_tokens must be in \[1, 2048\]"),
+        ({**GOOD, "max_tokens": np.array([4], dtype=np.int64)}, "'max_tokens' data-type is 'INT64'.*'INT32'"),
+        ({**GOOD, "temperature": np.array([-1.0], dtype=np.float32)}, "temperature must be a finite number"),
+        ({**GOOD, "temperature": np.array([np.nan], dtype=np.float32)}, "temperature must be a finite"),
+        ({**GOOD, "top_p": np.array([2.0], dtype=np.float32)}, r"top_p must be in \(0, 1\]"),
+        ({**GOOD, "text_input": np.array([b"\xff\xfeab"], dtype=object)}, "text_input is not valid UTF-8"),
+    ],
+    ids=["missing-text", "max-tokens-0", "max-tokens-over-limit", "wrong-dtype", "neg-temperature",
+         "nan-temperature", "top-p", "invalid-utf8"],
+)
+def test_bad_grpc_request_is_named_and_server_goes_on(served, config, expected, inputs, message):
+    address = served.grpc_url.removeprefix("grpc://")
+    with pytest.raises(ClientError, match=message):
+        grpc_generate(address, config.name, _raw_grpc(inputs), timeout_s=30)
+    prompt = PROMPTS[0]
+    got = grpc_generate(address, config.name, grpc_inputs(prompt, GenerateParams(max_tokens=MAX_TOKENS)))
+    assert got.token_ids == expected[prompt][0]
+
+
+def _post(url: str, body: dict) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json"}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"max_tokens": 4}, "text_input"),
+        ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be in"),
+        ({"text_input": "hi", "max_tokens": 4, "temperature": -2}, "temperature must be"),
+        # Triton's JSON front end refuses this before the model, in its own words (no input name)
+        ({"text_input": "hi", "max_tokens": "four"}, "Unable to parse 'data'"),
+    ],
+    ids=["missing-text", "max-tokens-0", "neg-temperature", "wrong-type"],
+)
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_bad_http_request_is_named_and_server_goes_on(served, config, expected, body, message, endpoint):
+    status, text = _post(f"{served.http_url}/v2/models/{config.name}/{endpoint}", body)
+    assert message in text and (status >= 400 or '"error"' in text), (status, text)
+    got = generate(served.http_url, config.name, PROMPTS[1], GenerateParams(max_tokens=MAX_TOKENS))
+    assert got.token_ids == expected[PROMPTS[1]][0]
+
+
+DROPPING_CLIENT = """
+import sys, time
+import tritonclient.grpc as g
+from trtspec.triton.client import GenerateParams, grpc_inputs
+client = g.InferenceServerClient(sys.argv[1])
+client.start_stream(callback=lambda result, error: print("got", flush=True))
+client.async_stream_infer(sys.argv[2], grpc_inputs("def parse(self, text):\\n",
+                          GenerateParams(max_tokens=2048, stream=True)))
+time.sleep(600)
+"""
+
+
+def _metric(served, name: str) -> float:
+    text = urllib.request.urlopen(served.metrics_url, timeout=10).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def test_client_dropping_mid_stream_does_not_wedge_the_model(served, config, expected):
+    before = _metric(served, "trtspec_generated_tokens_total")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DROPPING_CLIENT, served.grpc_url.removeprefix("grpc://"), config.name],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "got"  # streaming has begun
+    finally:
+        proc.kill()  # the connection drops without a goodbye
+        proc.wait()
+    t0 = time.perf_counter()
+    params = GenerateParams(max_tokens=MAX_TOKENS, stream=True)
+    got = generate(served.grpc_url, config.name, PROMPTS[0], params)
+    assert got.token_ids == expected[PROMPTS[0]][0]
+    assert time.perf_counter() - t0 < 60
+    dropped = _metric(served, "trtspec_generated_tokens_total") - before - len(got.token_ids)
+    assert dropped < 2048, "the dropped request ran to its end instead of being cancelled"
+
+
+def test_acceptance_metrics_are_exported(served, config):
+    generate(served.http_url, config.name, PROMPTS[0], GenerateParams(max_tokens=MAX_TOKENS))
+    assert _metric(served, "trtspec_requests_total") >= 1
+    accepted = _metric(served, "trtspec_accepted_tokens_total")
+    drafted = _metric(served, "trtspec_draft_tokens_total")
+    assert 0 < accepted <= drafted
+    assert _metric(served, "trtspec_tau_count") >= 1 and _metric(served, "trtspec_tau_sum") >= 1
+
+
+def test_verify_certifies_the_server(served, tmp_path):
+    runner = CliRunner()
+    ok = runner.invoke(main, ["verify", "--url", served.grpc_url, "--config", str(CONFIG),
+                              "--max-tokens", "32", "--samples", "300"])
+    assert ok.exit_code == 0, ok.output
+    assert ok.output.count("identical") == 5 and "PASS: lossless" in ok.output
+    # a reference that is not the served target: every prompt must be reported as a mismatch
+    other = tmp_path / "other.yaml"
+    other.write_text(CONFIG.read_text().replace("builtin:tiny-target", "builtin:tiny-draft"))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Q: 482 + 356\nimport os\n")
+    bad = runner.invoke(main, ["verify", "--url", served.http_url, "--config", str(other), "--model",
+                               "trtspec", "--prompts", str(prompts), "--samples", "0"])
+    assert bad.exit_code == 1 and bad.output.count("MISMATCH") == 2 and "FAIL" in bad.output
+
+
+def test_verify_dir_starts_and_stops_its_own_server(tmp_path):
+    assert CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(tmp_path)]).exit_code == 0
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Q: 12 + 34\nA:"}) + "\n")
+    result = CliRunner().invoke(main, ["verify", str(tmp_path), "--prompts", str(prompts),
+                                       "--max-tokens", "16", "--samples", "60"])
+    assert result.exit_code == 0, result.output
+    assert "identical" in result.output and "PASS: lossless" in result.output
+    assert _server_pids(str(tmp_path)) == []
+
+
+def test_generate_cli_streams_from_the_server(served, config, expected):
+    result = CliRunner().invoke(main, ["generate", "--url", served.grpc_url, "--stream", "--json",
+                                       "--prompt", PROMPTS[0], "--max-tokens", str(MAX_TOKENS)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["token_ids"] == expected[PROMPTS[0]][0]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "killed"])
+def test_serve_binds_loopback_and_leaves_no_server_behind(tmp_path, sig):
+    repo = tmp_path / "empty-repo"
+    repo.mkdir()
+    ports = Ports.free()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trtspec.cli", "serve", str(repo), "--http-port", str(ports.http),
+         "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stderr.readline().startswith(f"serving {repo}: http://127.0.0.1:{ports.http}")
+        status = urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/health/ready", timeout=10).status
+        assert status == 200 and len(_server_pids(str(repo))) == 1
+        proc.send_signal(sig)
+        code = proc.wait(timeout=30)
+        assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
+        deadline = time.monotonic() + 10  # a killed `serve`: the server gets SIGTERM from the kernel
+        while _server_pids(str(repo)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _server_pids(str(repo)) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _server_pids(str(repo)):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_wait_ready_gives_up_with_a_clear_message():
+    with pytest.raises(ClientError, match=r"model 'trtspec' at http://127.0.0.1:\d+ not ready within 1s"):
+        wait_ready(f"http://127.0.0.1:{Ports.free().http}", "trtspec", 1)

@@ -1,0 +1,207 @@
+"""Triton deployment without a server: the generated repository against golden copies, protobuf
+round trip, instance groups, request checks, the text stream and the streaming decoder hook.
+
+Regenerate the golden files after an intended change with
+    TRTSPEC_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_triton_repo.py
+and review the diff under tests/golden/triton/ before committing it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from trtspec.cli import main
+from trtspec.config import load_build_config
+from trtspec.errors import ConfigError
+from trtspec.pipeline import load_pipeline
+from trtspec.spec.sampling import SamplingParams
+from trtspec.tokenizer import ByteTokenizer
+from trtspec.triton import server
+from trtspec.triton.repo import INPUTS, OUTPUTS, model_config, write_triton_repo
+from trtspec.triton.request import RequestError, TextStream, parse_request
+
+from .conftest import REPO
+
+GOLDEN = REPO / "tests" / "golden" / "triton"
+UPDATE = os.environ.get("TRTSPEC_UPDATE_GOLDEN") == "1"
+CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
+
+
+def test_build_matches_golden(tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    produced = {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()}
+    golden = GOLDEN / CONFIG.stem
+    if UPDATE:
+        for rel, text in produced.items():
+            (golden / rel).parent.mkdir(parents=True, exist_ok=True)
+            (golden / rel).write_text(text)
+    expected = {p.relative_to(golden).as_posix(): p.read_text() for p in golden.rglob("*") if p.is_file()}
+    assert sorted(produced) == sorted(expected)
+    for rel, text in produced.items():
+        assert text == expected[rel], f"{rel} differs from tests/golden/triton/{CONFIG.stem}/{rel}"
+
+
+def test_config_pbtxt_parses_back(tmp_path):
+    config = load_build_config(CONFIG)
+    (pbtxt, *_rest) = write_triton_repo(config, tmp_path)
+    parsed = text_format.Parse(pbtxt.read_text(), mc.ModelConfig())
+    assert parsed == model_config(config)
+    assert parsed.model_transaction_policy.decoupled and parsed.backend == "python"
+    assert [i.name for i in parsed.input] == [name for name, *_ in INPUTS]
+    assert [o.name for o in parsed.output] == [name for name, *_ in OUTPUTS]
+    assert [i.name for i in parsed.input if not i.optional] == ["text_input", "max_tokens"]
+    (group,) = parsed.instance_group
+    assert group.kind == mc.ModelInstanceGroup.KIND_CPU and group.count == 1
+
+
+def test_served_config_reloads_with_absolute_paths(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    target = str(REPO / "trtspec/assets/tiny-target")
+    cfg.write_text(CONFIG.read_text().replace("builtin:tiny-target", target))
+    _, _, served = write_triton_repo(load_build_config(cfg), tmp_path / "out")
+    reloaded = load_build_config(served)
+    assert reloaded.target.resolved_path == (REPO / "trtspec/assets/tiny-target").resolve()
+    assert yaml.safe_load(served.read_text())["drafter"]["path"] == "builtin:tiny-dflash-b16"
+
+
+def test_one_instance_per_gpu(tmp_path):
+    cfg = tmp_path / "gpus.yaml"
+    cfg.write_text(CONFIG.read_text() + "gpus: [0, 1, 3]\n")
+    parsed = text_format.Parse(
+        write_triton_repo(load_build_config(cfg), tmp_path / "out")[0].read_text(), mc.ModelConfig()
+    )
+    (group,) = parsed.instance_group
+    assert group.kind == mc.ModelInstanceGroup.KIND_GPU
+    assert (group.count, list(group.gpus)) == (1, [0, 1, 3])  # Triton: `count` instances on EACH gpu
+
+
+def test_bad_gpus_and_flavours_are_refused(tmp_path):
+    cfg = tmp_path / "dup.yaml"
+    cfg.write_text(CONFIG.read_text() + "gpus: [0, 0]\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml: field `gpus`: .*distinct"):
+        load_build_config(cfg)
+    engine = tmp_path / "engine.yaml"
+    engine.write_text(CONFIG.read_text().replace("flavour: torch", "flavour: engine"))
+    result = CliRunner().invoke(main, ["build", str(engine), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "flavour 'engine'" in result.output
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(CONFIG.read_text().replace("builtin:tiny-dflash-b16", "nowhere"))
+    with pytest.raises(ConfigError, match="model folder .*nowhere does not exist"):
+        write_triton_repo(load_build_config(missing), tmp_path / "o")
+
+
+def _getter(**inputs):
+    arrays = {k: np.asarray(v) for k, v in inputs.items()}
+    return arrays.get
+
+
+GOOD = dict(text_input=np.array([b"hi"], dtype=object), max_tokens=np.array([8], dtype=np.int32))
+
+
+def test_parse_request_defaults_and_values():
+    req = parse_request(_getter(**GOOD), 16)
+    assert (req.prompt, req.max_tokens, req.stream, req.stop_words) == ("hi", 8, False, ())
+    assert req.sampling == SamplingParams()
+    inputs = dict(
+        temperature=np.array([0.5], dtype=np.float32),
+        top_p=np.array([0.9], dtype=np.float32),
+        top_k=np.array([3], dtype=np.int32),
+        random_seed=np.array([2**64 - 1], dtype=np.uint64),
+        stream=np.array([True]),
+        stop_words=np.array([b"\n", b"x"], dtype=object),
+    )
+    req = parse_request(_getter(**GOOD, **inputs), 16)
+    top_p = float(np.float32(0.9))
+    assert req.sampling == SamplingParams(temperature=0.5, top_p=top_p, top_k=3, seed=2**64 - 1)
+    assert req.stream and req.stop_words == ("\n", "x")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(text_input=None), "text_input is required"),
+        (dict(text_input=np.array([b""], dtype=object)), "text_input must not be empty"),
+        (dict(text_input=np.array([b"\xffab"], dtype=object)), r"text_input is not valid UTF-8 \(byte 0\)"),
+        (dict(text_input=np.array([b"a", b"b"], dtype=object)), "text_input must hold exactly one value"),
+        (dict(max_tokens=None), "max_tokens is required"),
+        (dict(max_tokens=[0]), r"max_tokens must be in \[1, 16\], got 0"),
+        (dict(max_tokens=[17]), r"max_tokens must be in \[1, 16\], got 17"),
+        (dict(temperature=[-0.5]), "temperature must be a finite number >= 0"),
+        (dict(temperature=[float("nan")]), "temperature must be a finite number >= 0"),
+        (dict(top_p=[0.0]), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=[1.5]), r"top_p must be in \(0, 1\]"),
+        (dict(top_k=[-1]), "top_k must be >= 0"),
+        (dict(stop_words=np.array([b""], dtype=object)), "stop_words must not contain an empty string"),
+        (dict(stop_words=np.array([b"\xc3"], dtype=object)), "stop_words is not valid UTF-8"),
+    ],
+)
+def test_parse_request_names_the_bad_parameter(change, message):
+    inputs = {**GOOD, **change}
+    with pytest.raises(RequestError, match=message):
+        parse_request(_getter(**{k: v for k, v in inputs.items() if v is not None}), 16)
+
+
+def test_text_stream_never_splits_a_character():
+    tok = ByteTokenizer()
+    ids = tok.encode("aé€😀b")  # 1-, 2-, 3- and 4-byte characters
+    stream = TextStream(tok.decode)
+    pieces = [stream.push([i])[0] for i in ids] + [stream.finish()]
+    assert "".join(pieces) == "aé€😀b" and "\ufffd" not in "".join(pieces)
+    assert [p for p in pieces if p] == ["a", "é", "€", "😀", "b"]
+
+
+def test_text_stream_stops_at_a_stop_word():
+    tok = ByteTokenizer()
+    stream = TextStream(tok.decode, stop_words=("END",))
+    delta, kept = stream.push(tok.encode("abcEN"))
+    assert (delta, stream.stopped) == ("abcEN", False)
+    delta, kept = stream.push(tok.encode("Dxyz"))
+    assert (delta, kept, stream.stopped) == ("D", tok.encode("D"), True)
+    assert stream.text == "abcEND" and stream.push(tok.encode("more")) == ("", [])
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    return load_pipeline(load_build_config(CONFIG))
+
+
+def test_on_tokens_streams_exactly_the_output(pipeline):
+    prompt, steps = pipeline.tokenizer.encode("Q: 482 + 356\nA:"), []
+    result = pipeline.decoder.generate(prompt, 60, on_tokens=lambda ids: steps.append(ids))
+    assert [t for step in steps for t in step] == result.token_ids
+    assert len(steps) == result.num_target_calls  # one step per target forward, prefill included
+    assert pipeline.decoder.generate(prompt, 60).token_ids == result.token_ids
+
+
+def test_on_tokens_returning_true_stops(pipeline):
+    prompt = pipeline.tokenizer.encode("def parse(self, text):\n")
+    full = pipeline.decoder.generate(prompt, 80).token_ids
+    stopped = pipeline.decoder.generate(prompt, 80, on_tokens=lambda ids: True)
+    assert stopped.token_ids == full[:1] and stopped.num_target_calls == 1
+
+
+def test_server_setup_uses_this_interpreter(tmp_path):
+    install = server.find_tritonserver()
+    backends = server.prepare_backend_dir(install, tmp_path)
+    stub = (backends / "python" / server.STUB).resolve()
+    assert stub == install.stub(f"{sys.version_info.major}.{sys.version_info.minor}").resolve()
+    assert (backends / "python" / "libtriton_python.so").resolve().is_file()
+    env = server.server_env(install)
+    assert env["PATH"].split(":")[0] == os.path.dirname(sys.executable)
+    assert str(install.libs) in env["LD_LIBRARY_PATH"].split(":")
+
+
+def test_numpy_2_is_refused(monkeypatch):
+    monkeypatch.setattr(np, "__version__", "2.1.0")
+    with pytest.raises(server.ServeError, match=r"numpy 2.1.0 .* returns empty outputs .*numpy<2"):
+        server.check_models_environment()

@@ -1,0 +1,1 @@
+"""Triton deployment of the torch flavour: model repository, orchestration model, launcher, client."""

@@ -1,0 +1,267 @@
+"""Client of a served trtspec model: gRPC `ModelStreamInfer` or HTTP `/generate(_stream)`.
+
+gRPC goes through tritonclient's stream API (a decoupled model is only reachable over a stream);
+tritonclient has no call for Triton's generate extension, so HTTP posts JSON with the standard
+library and reads the server-sent events of `/generate_stream` line by line.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import numpy as np
+
+from trtspec.errors import TrtspecError
+
+TextCallback = Callable[[str], None]
+
+
+class ClientError(TrtspecError):
+    """The server refused a request or could not be reached; the message is the server's."""
+
+
+@dataclass(slots=True)
+class Completion:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    accepted_tokens: int = 0
+    draft_tokens: int = 0
+    num_responses: int = 0
+    first_response_s: float | None = None
+    total_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Tokens per target forward: each forward emits its accepted drafts plus one token."""
+        forwards = len(self.token_ids) - self.accepted_tokens
+        return len(self.token_ids) / forwards if forwards > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.token_ids) / self.total_s if self.total_s > 0 else 0.0
+
+    def add(self, outputs: dict, on_text: TextCallback | None, t0: float) -> None:
+        """Fold one response's outputs in (a streamed step, the stream's last, or the only one)."""
+        self.num_responses += 1
+        if self.first_response_s is None:
+            self.first_response_s = time.perf_counter() - t0
+        text = outputs.get("text_output", "")
+        if text:
+            self.text += text
+            if on_text is not None:
+                on_text(text)
+        self.token_ids.extend(int(i) for i in outputs.get("output_ids", []))
+        # totals arrive in the only (or the stream's last) response; step responses carry zeros
+        self.accepted_tokens = max(self.accepted_tokens, int(outputs.get("accepted_tokens", 0)))
+        self.draft_tokens = max(self.draft_tokens, int(outputs.get("draft_tokens", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateParams:
+    max_tokens: int = 128
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop_words: tuple[str, ...] = ()
+    stream: bool = False
+
+    def as_json(self, prompt: str) -> dict:
+        body: dict = {"text_input": prompt, "max_tokens": self.max_tokens, "stream": self.stream}
+        optional = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                    "random_seed": self.seed}
+        body.update({k: v for k, v in optional.items() if v is not None})
+        if self.stop_words:
+            body["stop_words"] = list(self.stop_words)
+        return body
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """`grpc://HOST:PORT` or `http://HOST:PORT` -> (scheme, "HOST:PORT")."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("grpc", "http") or not parsed.hostname or not parsed.port:
+        raise ClientError(f"--url {url!r}: expected grpc://HOST:PORT or http://HOST:PORT")
+    return parsed.scheme, f"{parsed.hostname}:{parsed.port}"
+
+
+def grpc_inputs(prompt: str | bytes, params: GenerateParams) -> list:
+    from tritonclient.grpc import InferInput
+
+    raw = prompt.encode("utf-8") if isinstance(prompt, str) else prompt
+    arrays = {
+        "text_input": np.array([raw], dtype=np.object_),
+        "max_tokens": np.array([params.max_tokens], dtype=np.int32),
+        "stream": np.array([params.stream], dtype=bool),
+    }
+    if params.temperature is not None:
+        arrays["temperature"] = np.array([params.temperature], dtype=np.float32)
+    if params.top_p is not None:
+        arrays["top_p"] = np.array([params.top_p], dtype=np.float32)
+    if params.top_k is not None:
+        arrays["top_k"] = np.array([params.top_k], dtype=np.int32)
+    if params.seed is not None:
+        arrays["random_seed"] = np.array([params.seed], dtype=np.uint64)
+    if params.stop_words:
+        arrays["stop_words"] = np.array([w.encode("utf-8") for w in params.stop_words], dtype=np.object_)
+    return [array_input(InferInput, name, value) for name, value in arrays.items()]
+
+
+def array_input(cls, name: str, value: np.ndarray):
+    from tritonclient.utils import np_to_triton_dtype
+
+    tensor = cls(name, list(value.shape), np_to_triton_dtype(value.dtype))
+    tensor.set_data_from_numpy(value)
+    return tensor
+
+
+def _outputs_of(result) -> dict:
+    outputs = {}
+    for out in result.get_response().outputs:
+        value = result.as_numpy(out.name)
+        if out.name == "text_output":
+            outputs[out.name] = b"".join(value.reshape(-1)).decode("utf-8", errors="replace")
+        elif out.name == "output_ids":
+            outputs[out.name] = value.reshape(-1).tolist()
+        else:
+            outputs[out.name] = int(value.reshape(-1)[0])
+    return outputs
+
+
+def grpc_generate(address: str, model: str, inputs: list, on_text: TextCallback | None = None,
+                  timeout_s: float = 300.0) -> Completion:
+    """One request over a gRPC stream; returns once the model sent its final response."""
+    return grpc_generate_many(address, model, [inputs], on_text, timeout_s)[0]
+
+
+def grpc_generate_many(address: str, model: str, requests: list[list], on_text: TextCallback | None = None,
+                       timeout_s: float = 300.0) -> list[Completion]:
+    """Send every request on ONE stream (the server queues them); results in request order."""
+    import tritonclient.grpc as grpcclient
+
+    done: queue.Queue = queue.Queue()
+    ids = [uuid.uuid4().hex for _ in requests]
+    completions = {rid: Completion() for rid in ids}
+    t0 = time.perf_counter()
+
+    def callback(result, error) -> None:
+        done.put((result, error))
+
+    client = grpcclient.InferenceServerClient(address)
+    try:
+        client.start_stream(callback=callback)
+        for rid, inputs in zip(ids, requests, strict=True):
+            client.async_stream_infer(model, inputs, request_id=rid, enable_empty_final_response=True)
+        pending = set(ids)
+        while pending:
+            try:
+                result, error = done.get(timeout=timeout_s)
+            except queue.Empty:
+                raise ClientError(f"no response from {address} within {timeout_s:.0f}s") from None
+            if error is not None:
+                raise ClientError(error.message() if hasattr(error, "message") else str(error))
+            response = result.get_response()
+            completion = completions[response.id]
+            if response.outputs:
+                completion.add(_outputs_of(result), on_text, t0)
+            if response.parameters["triton_final_response"].bool_param:
+                completion.total_s = time.perf_counter() - t0
+                pending.discard(response.id)
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    return [completions[rid] for rid in ids]
+
+
+def _post(url: str, body: dict, timeout_s: float):
+    data = json.dumps(body).encode("utf-8")
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        return urllib.request.urlopen(req, timeout=timeout_s)
+    except urllib.error.HTTPError as exc:
+        raise ClientError(_error_text(exc.read())) from None
+    except urllib.error.URLError as exc:
+        raise ClientError(f"cannot reach {url}: {exc.reason}") from None
+
+
+def _error_text(raw: bytes) -> str:
+    try:
+        return json.loads(raw)["error"]
+    except (ValueError, KeyError, TypeError):
+        return raw.decode("utf-8", errors="replace")
+
+
+def _http_outputs(event: dict) -> dict:
+    if "error" in event:
+        raise ClientError(event["error"])
+    outputs = {}
+    for name, value in event.items():
+        if name == "output_ids":
+            outputs[name] = value if isinstance(value, list) else [value]
+        elif name in ("text_output", "accepted_tokens", "draft_tokens"):
+            # a one-element output may come back as a value or as a list of one
+            outputs[name] = value[0] if isinstance(value, list) else value
+    return outputs
+
+
+def sse_events(lines: Iterator[bytes]) -> Iterator[dict]:
+    for line in lines:
+        line = line.strip()
+        if line.startswith(b"data:"):
+            yield json.loads(line[len(b"data:") :])
+
+
+def http_generate(address: str, model: str, prompt: str, params: GenerateParams,
+                  on_text: TextCallback | None = None, timeout_s: float = 300.0) -> Completion:
+    """`/generate` (one JSON answer) or, with params.stream, `/generate_stream` (server-sent events)."""
+    completion, t0 = Completion(), time.perf_counter()
+    endpoint = "generate_stream" if params.stream else "generate"
+    url = f"http://{address}/v2/models/{model}/{endpoint}"
+    with _post(url, params.as_json(prompt), timeout_s) as resp:
+        if params.stream:
+            for event in sse_events(resp):
+                completion.add(_http_outputs(event), on_text, t0)
+        else:
+            completion.add(_http_outputs(json.loads(resp.read())), on_text, t0)
+    completion.total_s = time.perf_counter() - t0
+    return completion
+
+
+def generate(url: str, model: str, prompt: str, params: GenerateParams,
+             on_text: TextCallback | None = None, timeout_s: float = 300.0) -> Completion:
+    """Send one request to a served model at `url` (grpc://HOST:PORT or http://HOST:PORT)."""
+    scheme, address = split_url(url)
+    if scheme == "grpc":
+        return grpc_generate(address, model, grpc_inputs(prompt, params), on_text, timeout_s)
+    return http_generate(address, model, prompt, params, on_text, timeout_s)
+
+
+def _model_ready(scheme: str, address: str, model: str) -> bool:
+    if scheme == "grpc":
+        import tritonclient.grpc as grpcclient
+
+        with grpcclient.InferenceServerClient(address) as client:
+            return client.is_model_ready(model)
+    with urllib.request.urlopen(f"http://{address}/v2/models/{model}/ready", timeout=5) as resp:
+        return resp.status == 200
+
+
+def wait_ready(url: str, model: str, timeout_s: float) -> None:
+    """Poll the server at `url` until `model` is ready (a server still loading its models)."""
+    scheme, address = split_url(url)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if _model_ready(scheme, address, model):
+                return
+        except Exception:  # noqa: BLE001 - not listening yet, or still loading
+            pass
+        time.sleep(0.5)
+    raise ClientError(f"model {model!r} at {url} not ready within {timeout_s:.0f}s")

@@ -1,0 +1,139 @@
+"""One Triton request's inputs, checked, and the text stream sent back for it.
+
+Kept free of `triton_python_backend_utils` so every rule here is tested without a server. Triton
+itself refuses a missing required input or a wrong datatype (naming the input) before the model
+sees the request; what is left to check is values and shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trtspec.errors import TrtspecError
+from trtspec.spec.sampling import SamplingParams
+
+
+class RequestError(TrtspecError):
+    """A request parameter is missing, malformed or out of range; the message names it."""
+
+
+InputGetter = Callable[[str], "np.ndarray | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    prompt: str
+    max_tokens: int
+    sampling: SamplingParams
+    stream: bool = False
+    stop_words: tuple[str, ...] = ()
+
+
+def _scalar(get: InputGetter, name: str):
+    value = get(name)
+    if value is None:
+        return None
+    if value.size != 1:
+        raise RequestError(f"{name} must hold exactly one value, got shape {list(value.shape)}")
+    return value.reshape(-1)[0]
+
+
+def _utf8(raw, name: str) -> str:
+    if isinstance(raw, str):
+        return raw
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
+
+
+def parse_request(get: InputGetter, max_tokens_limit: int) -> GenerateRequest:
+    """Read and check every input; raises RequestError naming the first bad one."""
+    raw = _scalar(get, "text_input")
+    if raw is None:
+        raise RequestError("text_input is required")
+    prompt = _utf8(raw, "text_input")
+    if not prompt:
+        raise RequestError("text_input must not be empty")
+
+    max_tokens = _scalar(get, "max_tokens")
+    if max_tokens is None:
+        raise RequestError("max_tokens is required")
+    max_tokens = int(max_tokens)
+    if not 1 <= max_tokens <= max_tokens_limit:
+        raise RequestError(f"max_tokens must be in [1, {max_tokens_limit}], got {max_tokens}")
+
+    temperature = _scalar(get, "temperature")
+    temperature = 0.0 if temperature is None else float(temperature)
+    if not (math.isfinite(temperature) and temperature >= 0.0):
+        raise RequestError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+    top_p = _scalar(get, "top_p")
+    top_p = 1.0 if top_p is None else float(top_p)
+    if not 0.0 < top_p <= 1.0:
+        raise RequestError(f"top_p must be in (0, 1], got {top_p}")
+    top_k = _scalar(get, "top_k")
+    top_k = 0 if top_k is None else int(top_k)
+    if top_k < 0:
+        raise RequestError(f"top_k must be >= 0 (0 = all tokens), got {top_k}")
+    seed = _scalar(get, "random_seed")
+    seed = None if seed is None else int(seed)
+    stream = _scalar(get, "stream")
+
+    stop_words: list[str] = []
+    words = get("stop_words")
+    for raw_word in [] if words is None else words.reshape(-1):
+        word = _utf8(raw_word, "stop_words")
+        if not word:
+            raise RequestError("stop_words must not contain an empty string")
+        stop_words.append(word)
+
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    return GenerateRequest(prompt, max_tokens, sampling, bool(stream), tuple(stop_words))
+
+
+@dataclass(slots=True)
+class TextStream:
+    """Turns ids arriving a few at a time into text deltas that never split a character.
+
+    The whole text is decoded again on every push (prompts here are short and decode is cheap),
+    so multi-byte characters and tokenizers that merge across ids come out as `decode(all)` would.
+    A trailing U+FFFD (an incomplete character) is held back until the next ids complete it.
+    With stop words, generation ends at the first id after which the text holds one of them.
+    """
+
+    decode: Callable[[list[int]], str]
+    stop_words: tuple[str, ...] = ()
+    ids: list[int] = field(default_factory=list)
+    sent_chars: int = 0
+    stopped: bool = False
+
+    def push(self, new_ids: list[int]) -> tuple[str, list[int]]:
+        """Take ids a decode step emitted; return (new text, ids accepted into the output)."""
+        kept: list[int] = []
+        for token in new_ids:
+            if self.stopped:
+                break
+            self.ids.append(token)
+            kept.append(token)
+            if self.stop_words and any(w in self.decode(self.ids) for w in self.stop_words):
+                self.stopped = True
+        return self._delta(final=self.stopped), kept
+
+    def finish(self) -> str:
+        """Text held back so far (an incomplete character at the very end)."""
+        return self._delta(final=True)
+
+    @property
+    def text(self) -> str:
+        return self.decode(self.ids)
+
+    def _delta(self, final: bool) -> str:
+        text = self.decode(self.ids)
+        end = len(text) if final else len(text.rstrip("\ufffd"))
+        delta = text[self.sent_chars : end]
+        self.sent_chars = max(self.sent_chars, end)
+        return delta

@@ -1,0 +1,258 @@
+"""Start and stop the `tritonserver` shipped in the `nvidia-pytriton` wheel on a model repository.
+
+What the wheel needs, as pytriton's own launcher (`pytriton/triton.py`, `server/triton_server.py`)
+sets it up:
+- `--backend-directory` holding `python/libtriton_python.so`, `triton_python_backend_utils.py` and
+  the Python-backend stub built for THIS interpreter's minor version (the wheel keeps one per
+  version under `tritonserver/python_backend_stubs/3.X/`; we link it into a private backend folder
+  instead of copying the whole distribution);
+- `nvidia_pytriton.libs` on `LD_LIBRARY_PATH`, and the interpreter's own libpython folder before
+  it, so the stub embeds the same Python the models' environment was built with;
+- this environment's `bin/` first on `PATH`: the embedded interpreter finds `python3` there, reads
+  its `pyvenv.cfg` and so imports trtspec and torch from this venv (no `EXECUTION_ENV_PATH`);
+- numpy < 2 in that environment: with numpy 2 every output tensor comes back empty.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.version import Version
+
+from trtspec.errors import TrtspecError
+
+log = logging.getLogger(__name__)
+
+PYTRITON_PIN = "nvidia-pytriton==0.7.0"
+BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
+STUB = "triton_python_backend_stub"
+
+
+class ServeError(TrtspecError):
+    """tritonserver cannot be found, set up, started or reached."""
+
+
+@dataclass(frozen=True, slots=True)
+class TritonInstall:
+    """Where the wheel put the server, its backends and its bundled libraries."""
+
+    root: Path  # site-packages/pytriton/tritonserver
+    libs: Path  # site-packages/nvidia_pytriton.libs
+
+    @property
+    def binary(self) -> Path:
+        return self.root / "bin" / "tritonserver"
+
+    @property
+    def python_backend(self) -> Path:
+        return self.root / "backends" / "python"
+
+    def stub(self, version: str) -> Path:
+        return self.root / "python_backend_stubs" / version / STUB
+
+
+def find_tritonserver() -> TritonInstall:
+    try:
+        import pytriton
+    except ImportError:
+        raise ServeError(f"tritonserver is not installed: pip install '{PYTRITON_PIN}'") from None
+    pkg = Path(pytriton.__file__).parent
+    install = TritonInstall(root=pkg / "tritonserver", libs=pkg.parent / "nvidia_pytriton.libs")
+    if not install.binary.is_file():
+        raise ServeError(f"{install.binary} is missing: reinstall '{PYTRITON_PIN}'")
+    return install
+
+
+def check_models_environment() -> None:
+    """Refuse an environment whose numpy makes the Python backend return empty outputs."""
+    import numpy
+
+    if Version(numpy.__version__) >= Version("2"):
+        raise ServeError(
+            f"numpy {numpy.__version__} in {sys.prefix}: the Python backend of this tritonserver returns "
+            "empty outputs with numpy >= 2; install 'numpy<2'"
+        )
+
+
+def prepare_backend_dir(install: TritonInstall, work_dir: Path) -> Path:
+    """A backend directory whose Python backend uses the stub built for this interpreter."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = install.stub(version)
+    if not stub.is_file():
+        raise ServeError(f"no Python-backend stub for Python {version} in {stub.parent.parent}")
+    python_dir = work_dir / "backends" / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for name, src in [(n, install.python_backend / n) for n in BACKEND_FILES] + [(STUB, stub)]:
+        link = python_dir / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(src)
+    return python_dir.parent
+
+
+def server_env(install: TritonInstall) -> dict[str, str]:
+    env = dict(os.environ)
+    libpython_dir = sysconfig.get_config_var("LIBDIR")
+    lib_path = [p for p in (libpython_dir, str(install.libs), env.get("LD_LIBRARY_PATH")) if p]
+    env["LD_LIBRARY_PATH"] = ":".join(lib_path)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env.pop("PYTHONHOME", None)
+    return env
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started the server dies, so a
+    killed `trtspec serve` (or test run) never leaves a tritonserver behind (Linux prctl)."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(slots=True)
+class Ports:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+    @classmethod
+    def free(cls, host: str = "127.0.0.1") -> Ports:
+        return cls(free_port(host), free_port(host), free_port(host))
+
+
+@dataclass(slots=True)
+class TritonServer:
+    """One tritonserver process on `repo`; use as a context manager or call start()/stop()."""
+
+    repo: Path
+    host: str = "127.0.0.1"
+    ports: Ports = field(default_factory=Ports)
+    log_path: Path | None = None  # server stdout/stderr; a temp file when None
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for the server and its stubs
+    exit_timeout_s: int = 10  # how long tritonserver lets in-flight requests finish on SIGTERM
+    _proc: subprocess.Popen | None = None
+    _work: tempfile.TemporaryDirectory | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"grpc://{self.host}:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.ports.metrics}/metrics"
+
+    def command(self, install: TritonInstall, backend_dir: Path) -> list[str]:
+        return [
+            str(install.binary),
+            f"--model-repository={self.repo}",
+            f"--backend-directory={backend_dir}",
+            f"--http-address={self.host}",
+            f"--http-port={self.ports.http}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.ports.grpc}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.ports.metrics}",
+            "--allow-metrics=true",
+            "--allow-gpu-metrics=false",
+            "--strict-readiness=true",
+            "--exit-on-error=true",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+        ]
+
+    def start(self, timeout_s: float = 120.0) -> TritonServer:
+        if not self.repo.is_dir():
+            raise ServeError(f"model repository {self.repo} does not exist: run `trtspec build` first")
+        check_models_environment()
+        install = find_tritonserver()
+        self._work = tempfile.TemporaryDirectory(prefix="trtspec-triton-")
+        backend_dir = prepare_backend_dir(install, Path(self._work.name))
+        if self.log_path is None:
+            self.log_path = Path(self._work.name) / "tritonserver.log"
+        log.info("starting %s", " ".join(self.command(install, backend_dir)))
+        with open(self.log_path, "wb") as out:
+            # own process group: a terminal's Ctrl-C reaches us, and we stop the server in order
+            self._proc = subprocess.Popen(
+                self.command(install, backend_dir), env={**server_env(install), **self.env}, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        url = f"{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise ServeError(f"tritonserver exited with {self._proc.returncode}: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.3)
+        raise ServeError(f"tritonserver not ready after {timeout_s:.0f}s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 15) -> str:
+        if self.log_path is None or not self.log_path.is_file():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def wait(self) -> int:
+        return self._proc.wait()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """SIGTERM (tritonserver unloads models and ends their stubs), then SIGKILL the group."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout_s if timeout_s is not None else self.exit_timeout_s + 15)
+                except subprocess.TimeoutExpired:
+                    log.warning("tritonserver did not stop on SIGTERM; killing its process group")
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # stubs left behind by a hung server
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        if self._work is not None:
+            self._work.cleanup()
+            self._work = None
+            if self.log_path is not None and not self.log_path.exists():
+                self.log_path = None
+
+    def __enter__(self) -> TritonServer:
+        return self.start() if self._proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

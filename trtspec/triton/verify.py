@@ -1,0 +1,150 @@
+"""Certify a served deployment as lossless against its target alone (torch flavour).
+
+1. Greedy: every prompt's served `output_ids` must equal the target's own greedy decoding
+   (`--drafter none` path) token for token.
+2. Sampling: for one prompt, n requests with seeds 0..n-1 at temperature 1, top-k 3; the
+   empirical law of each of the first `steps` tokens is compared with the exact marginal law of
+   the processed target distribution, computed by walking the target's top-k tree. A position
+   fails when the total-variation distance exceeds the Bretagnolle–Huber–Carol bound
+   sqrt((K ln 2 + ln(1/δ)) / 2n) (K = support size), so a correct server fails with
+   probability < δ per position whatever n is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from trtspec.config import BuildConfig
+from trtspec.pipeline import load_pipeline
+from trtspec.spec.sampling import SamplingParams, probs_from_logits
+from trtspec.triton.client import (
+    Completion,
+    GenerateParams,
+    generate,
+    grpc_generate_many,
+    grpc_inputs,
+    split_url,
+)
+
+DEFAULT_PROMPTS = (
+    "Q: 482 + 356\nA:",
+    "Q: 34 * 8\nA:",
+    "def parse(self, text):\n",
+    "import os\n",
+    "Explain what a generator is and when to use one.",
+)
+SAMPLING = SamplingParams(temperature=1.0, top_k=3)
+
+
+@dataclass(slots=True)
+class GreedyCheck:
+    prompt: str
+    identical: bool
+    first_difference: int | None  # index of the first differing token
+    served_tau: float
+
+
+@dataclass(slots=True)
+class SamplingCheck:
+    prompt: str
+    samples: int
+    tv: list[float]  # per position
+    bound: list[float]
+
+    @property
+    def passed(self) -> bool:
+        return all(t <= b for t, b in zip(self.tv, self.bound, strict=True))
+
+
+@dataclass(slots=True)
+class Certificate:
+    greedy: list[GreedyCheck] = field(default_factory=list)
+    sampling: SamplingCheck | None = None
+
+    @property
+    def passed(self) -> bool:
+        sampling_ok = self.sampling is None or self.sampling.passed
+        return sampling_ok and all(g.identical for g in self.greedy)
+
+    def lines(self) -> list[str]:
+        out = []
+        for g in self.greedy:
+            verdict = "identical" if g.identical else f"MISMATCH at token {g.first_difference}"
+            out.append(f"greedy  {verdict:<24} tau={g.served_tau:.2f}  {g.prompt[:40]!r}")
+        if self.sampling is not None:
+            s = self.sampling
+            for pos, (tv, bound) in enumerate(zip(s.tv, s.bound, strict=True)):
+                verdict = "ok" if tv <= bound else "FAIL"
+                out.append(
+                    f"sample  token {pos + 1}: TV {tv:.4f} (bound {bound:.4f}, {s.samples} draws) {verdict}"
+                )
+        out.append("PASS: lossless" if self.passed else "FAIL: the deployment is not lossless")
+        return out
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@torch.inference_mode()
+def exact_marginals(model, prompt: list[int], sampling: SamplingParams, steps: int) -> list[dict[int, float]]:
+    """Exact law of generated tokens 1..steps under the processed target distribution."""
+    laws: list[dict[int, float]] = [{} for _ in range(steps)]
+
+    def walk(prefix: list[int], prob: float, depth: int) -> None:
+        if depth == steps:
+            return
+        logits = model(torch.tensor([prompt + prefix])).logits[0, -1]  # [V]
+        p = probs_from_logits(logits, sampling)
+        for tok in torch.nonzero(p).flatten().tolist():
+            laws[depth][tok] = laws[depth].get(tok, 0.0) + prob * p[tok].item()
+            walk(prefix + [tok], prob * p[tok].item(), depth + 1)
+
+    walk([], 1.0, 0)
+    return laws
+
+
+def tv_bound(support: int, n: int, delta: float) -> float:
+    return math.sqrt((support * math.log(2) + math.log(1 / delta)) / (2 * n))
+
+
+def _sample_served(url: str, model: str, prompt: str, steps: int, n: int) -> list[Completion]:
+    params = [GenerateParams(max_tokens=steps, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
+                             seed=seed) for seed in range(n)]
+    scheme, address = split_url(url)
+    if scheme == "grpc":
+        return grpc_generate_many(address, model, [grpc_inputs(prompt, p) for p in params])
+    return [generate(url, model, prompt, p) for p in params]
+
+
+def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_tokens: int = 48,
+            samples: int = 400, steps: int = 2, delta: float = 1e-3) -> Certificate:
+    """Run `prompts` through the server at `url` and through `config`'s target alone."""
+    reference = load_pipeline(config, use_drafter=False)
+    cert = Certificate()
+    for prompt in prompts:
+        served = generate(url, model, prompt, GenerateParams(max_tokens=max_tokens))
+        expected = reference.decoder.generate(reference.tokenizer.encode(prompt), max_tokens).token_ids
+        diff = _first_difference(served.token_ids, expected)
+        cert.greedy.append(GreedyCheck(prompt, diff is None, diff, served.tau))
+    if samples > 0:
+        prompt = prompts[0]
+        laws = exact_marginals(reference.target.model, reference.tokenizer.encode(prompt), SAMPLING, steps)
+        counts: list[dict[int, int]] = [{} for _ in range(steps)]
+        for completion in _sample_served(url, model, prompt, steps, samples):
+            for pos, tok in enumerate(completion.token_ids[:steps]):
+                counts[pos][tok] = counts[pos].get(tok, 0) + 1
+        tvs, bounds = [], []
+        for pos in range(steps):
+            support = set(laws[pos]) | set(counts[pos])
+            drawn = max(1, sum(counts[pos].values()))
+            tvs.append(0.5 * sum(abs(counts[pos].get(t, 0) / drawn - laws[pos].get(t, 0.0)) for t in support))
+            bounds.append(tv_bound(len(support), drawn, delta))
+        cert.sampling = SamplingCheck(prompt, samples, tvs, bounds)
+    return cert
