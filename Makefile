@@ -9,7 +9,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test bench lint clean
 
 # torch first, pinned to the CPU wheel: an unpinned torch would pull a multi-GB CUDA build
 $(STAMP): pyproject.toml
@@ -35,6 +35,11 @@ demo: install
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
+
+# regenerates docs/BENCHMARKS.md and docs/bench/*.png (run on an otherwise idle machine)
+bench: install
+	$(VENV)/bin/trtspec bench build_configs/tiny-dflash.yaml build_configs/tiny-draft-model.yaml \
+	    --tasks code,math,chat --prompts 8 --max-tokens 192 --out docs/bench --doc docs/BENCHMARKS.md
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -78,6 +78,29 @@ def plot_block_time(results: dict, out: Path) -> Path | None:
     return path
 
 
+def headline(results: dict) -> list[str]:
+    """Figures pooled over all tasks: total tokens over total seconds, so long tasks weigh more."""
+    tasks = results["tasks"].values()
+
+    def pooled(method: str, key: str) -> float:
+        return sum(rows[method][key] for rows in tasks if method in rows)
+
+    lines = ["All tasks pooled (sum of tokens / sum of seconds or target calls):", ""]
+    none_s = pooled("none", "seconds")
+    for m in _spec_methods(results):
+        calls = sum(rows[m]["tokens"] / rows[m]["tau"] for rows in tasks)
+        lines.append(f"- {m}: τ {pooled(m, 'tokens') / calls:.2f}, speedup over none "
+                     f"{none_s / pooled(m, 'seconds'):.2f}×")
+    if "hf_assisted" in next(iter(tasks)):
+        hf = pooled("hf_generate", "seconds") / pooled("hf_assisted", "seconds")
+        lines.append(f"- transformers assisted generation (draft_model as assistant): {hf:.2f}× over "
+                     "transformers greedy generate")
+        if "dflash" in next(iter(tasks)):
+            ours = none_s / pooled("dflash", "seconds")
+            lines.append(f"- DFlash speedup / assisted-generation speedup: {ours / hf:.2f}")
+    return lines + [""]
+
+
 def write_report(results: dict, out_dir: Path, command: str, doc: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = [p for p in (plot_tau(results, out_dir), plot_acceptance(results, out_dir),
@@ -97,6 +120,7 @@ def write_report(results: dict, out_dir: Path, command: str, doc: Path) -> None:
         "",
         markdown_table(results),
         "",
+        *headline(results),
     ]
     if "dflash_block_time_s" in results:
         lines += ["DFlash draft forward time by block size (same drafter, 256-token context, median):", ""]
