@@ -19,6 +19,18 @@ from trtspec.tokenizer import ByteTokenizer
 REPO = Path(__file__).resolve().parents[1]
 
 
+def assert_matches_golden(produced: dict[str, str], golden: Path) -> None:
+    """Generated files (relative path -> text) equal `golden/`; TRTSPEC_UPDATE_GOLDEN=1 rewrites it."""
+    if os.environ.get("TRTSPEC_UPDATE_GOLDEN") == "1":
+        for rel, text in produced.items():
+            (golden / rel).parent.mkdir(parents=True, exist_ok=True)
+            (golden / rel).write_text(text)
+    expected = {p.relative_to(golden).as_posix(): p.read_text() for p in golden.rglob("*") if p.is_file()}
+    assert sorted(produced) == sorted(expected)
+    for rel, text in produced.items():
+        assert text == expected[rel], f"{rel} differs from {golden / rel}"
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

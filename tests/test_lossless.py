@@ -13,8 +13,9 @@ from trtspec.models.drafter import build_drafter
 from trtspec.models.target import TargetModel, load_causal_lm
 from trtspec.prompts import load_prompts
 from trtspec.spec.decoder import SpeculativeDecoder
-from trtspec.spec.sampling import SamplingParams, probs_from_logits
+from trtspec.spec.sampling import SamplingParams
 from trtspec.tokenizer import ByteTokenizer
+from trtspec.triton.verify import exact_marginals
 
 from .conftest import REPO
 
@@ -95,27 +96,9 @@ def test_greedy_identical_random_llama(random_llama_dir, random_qwen3_dir, k):
         assert spec.generate(ids, 40).token_ids == plain.generate(ids, 40).token_ids
 
 
-def _exact_marginals(model, prompt, sampling, steps):
-    """Exact law of generated tokens 1..steps under the processed target distribution."""
-    laws = [dict() for _ in range(steps)]
-
-    def walk(prefix, prob, depth):
-        if depth == steps:
-            return
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt + prefix])).logits[0, -1]
-        p = probs_from_logits(logits, sampling)
-        for tok in torch.nonzero(p).flatten().tolist():
-            laws[depth][tok] = laws[depth].get(tok, 0.0) + prob * p[tok].item()
-            walk(prefix + [tok], prob * p[tok].item(), depth + 1)
-
-    walk([], 1.0, 0)
-    return laws
-
-
 def _assert_samples_follow_target(model, spec, prompt, sampling, steps, n=2000, bound=0.06):
     """TV between the empirical law of each of the first `steps` tokens and the exact one."""
-    laws = _exact_marginals(model, prompt, sampling, steps)
+    laws = exact_marginals(model, prompt, sampling, steps)
     counts = [dict() for _ in range(steps)]
     accepted = drafted = 0
     for seed in range(n):

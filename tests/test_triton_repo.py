@@ -28,10 +28,9 @@ from trtspec.triton import server
 from trtspec.triton.repo import INPUTS, OUTPUTS, model_config, write_triton_repo
 from trtspec.triton.request import RequestError, TextStream, parse_request
 
-from .conftest import REPO
+from .conftest import REPO, assert_matches_golden
 
 GOLDEN = REPO / "tests" / "golden" / "triton"
-UPDATE = os.environ.get("TRTSPEC_UPDATE_GOLDEN") == "1"
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 
 
@@ -40,15 +39,7 @@ def test_build_matches_golden(tmp_path):
     result = CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(out)])
     assert result.exit_code == 0, result.output
     produced = {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()}
-    golden = GOLDEN / CONFIG.stem
-    if UPDATE:
-        for rel, text in produced.items():
-            (golden / rel).parent.mkdir(parents=True, exist_ok=True)
-            (golden / rel).write_text(text)
-    expected = {p.relative_to(golden).as_posix(): p.read_text() for p in golden.rglob("*") if p.is_file()}
-    assert sorted(produced) == sorted(expected)
-    for rel, text in produced.items():
-        assert text == expected[rel], f"{rel} differs from tests/golden/triton/{CONFIG.stem}/{rel}"
+    assert_matches_golden(produced, GOLDEN / CONFIG.stem)
 
 
 def test_config_pbtxt_parses_back(tmp_path):

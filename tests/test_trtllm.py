@@ -9,7 +9,6 @@ and review the diff under tests/golden/ before committing it.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -29,10 +28,9 @@ from trtspec.trtllm.build import build_trtllm
 from trtspec.trtllm.convert import convert_drafter
 from trtspec.trtllm.k8s import manifests
 
-from .conftest import REPO
+from .conftest import REPO, assert_matches_golden
 
 GOLDEN = REPO / "tests" / "golden" / "trtllm"
-UPDATE = os.environ.get("TRTSPEC_UPDATE_GOLDEN") == "1"
 TRTLLM_CONFIGS = [
     "llama3.1-8b-dflash.yaml",
     "gpt-oss-120b-dflash-b300-tp8.yaml",
@@ -49,16 +47,8 @@ def _load(name: str):
 def test_build_matches_golden(tmp_path, name):
     out = tmp_path / "out"
     written = build_trtllm(_load(name), out)
-    golden = GOLDEN / Path(name).stem
     produced = {p.relative_to(out).as_posix(): p.read_text() for p in written if p.is_file()}
-    if UPDATE:
-        for rel, text in produced.items():
-            (golden / rel).parent.mkdir(parents=True, exist_ok=True)
-            (golden / rel).write_text(text)
-    expected = {p.relative_to(golden).as_posix(): p.read_text() for p in golden.rglob("*") if p.is_file()}
-    assert sorted(produced) == sorted(expected)
-    for rel, text in produced.items():
-        assert text == expected[rel], f"{rel} differs from tests/golden/trtllm/{Path(name).stem}/{rel}"
+    assert_matches_golden(produced, GOLDEN / Path(name).stem)
 
 
 @pytest.mark.parametrize("name", ALL_REAL)
