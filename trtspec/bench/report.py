@@ -15,6 +15,13 @@ from trtspec.bench.run import markdown_table  # noqa: E402
 SPEC_METHODS_ORDER = ("dflash", "dspark", "eagle3", "draft_model")
 
 
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _spec_methods(results: dict) -> list[str]:
     rows = next(iter(results["tasks"].values()))
     return [m for m in SPEC_METHODS_ORDER if m in rows]
@@ -32,11 +39,7 @@ def plot_tau(results: dict, out: Path) -> Path:
     ax.set_ylabel("τ (tokens per target forward)")
     ax.legend()
     ax.set_title("Acceptance length per task")
-    fig.tight_layout()
-    path = out / "tau.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "tau.png")
 
 
 def plot_acceptance(results: dict, out: Path) -> Path:
@@ -51,11 +54,7 @@ def plot_acceptance(results: dict, out: Path) -> Path:
     ax.set_ylim(0, 1.02)
     ax.legend(fontsize=7)
     ax.set_title("Acceptance by position (suffix decay)")
-    fig.tight_layout()
-    path = out / "acceptance_by_position.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "acceptance_by_position.png")
 
 
 def plot_block_time(results: dict, out: Path) -> Path | None:
@@ -71,11 +70,7 @@ def plot_block_time(results: dict, out: Path) -> Path | None:
     ax.set_ylim(bottom=0)
     ax.legend()
     ax.set_title("DFlash draft cost vs block size")
-    fig.tight_layout()
-    path = out / "dflash_block_time.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "dflash_block_time.png")
 
 
 def headline(results: dict) -> list[str]:
