@@ -55,9 +55,11 @@ def main(verbose: bool) -> None:
 @click.option("--drafter", "drafter_choice", type=click.Choice(["config", "none"]), default="config",
               show_default=True, help="`none` decodes autoregressively through the same target.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--flavour", type=click.Choice(["torch", "engine"]), default=None,
+              help="Override the config's flavour; `engine` runs the exported ONNX graphs on onnxruntime.")
 @user_errors
 def generate(config_path, url, model_name, stream, wait_s, prompt, max_tokens, temperature, top_p, top_k,
-             seed, drafter_choice, as_json) -> None:
+             seed, drafter_choice, as_json, flavour=None) -> None:
     """Generate text speculatively with the configured target and drafter, or ask a served model."""
     from pydantic import ValidationError
 
@@ -85,6 +87,8 @@ def generate(config_path, url, model_name, stream, wait_s, prompt, max_tokens, t
     if stream:
         raise click.BadParameter("streams only from a served model: add --url", param_hint="--stream")
     config = load_build_config(config_path)
+    if flavour is not None:
+        config = config.model_copy(update={"flavour": flavour})
     pipeline = load_pipeline(config, use_drafter=drafter_choice != "none")
     text, result = pipeline.generate(prompt, max_tokens, sampling)
     if as_json:
@@ -228,8 +232,10 @@ def inspect(config_path, as_json) -> None:
 @click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Folder for the generated artifacts.")
+@click.option("--flavour", type=click.Choice(["torch", "engine", "trtllm"]), default=None,
+              help="Override the config's flavour.")
 @user_errors
-def build(config_path, out_dir) -> None:
+def build(config_path, out_dir, flavour=None) -> None:
     """Build CONFIG's deployment artifacts: flavour torch, a Triton model repository
     (OUT/model_repository) for `trtspec serve`; flavour trtllm, TensorRT-LLM configs, Triton repo,
     launchers."""
@@ -238,6 +244,17 @@ def build(config_path, out_dir) -> None:
     from trtspec.trtllm.build import build_trtllm
 
     config = load_build_config(config_path)
+    if flavour is not None:
+        config = config.model_copy(update={"flavour": flavour})
+    if config.flavour == "engine":
+        from trtspec.engine.build import build_engine_flavour
+
+        written, note = build_engine_flavour(config, out_dir)
+        for path in written:
+            click.echo(str(path))
+        if note:
+            click.echo(note, err=True)
+        return
     if config.flavour == "torch":
         written = write_triton_repo(config, out_dir)
     elif config.flavour == "trtllm":

@@ -6,6 +6,8 @@ Checks on the GPU, against the same code on the CPU:
   the GPU vs fp32 on the CPU; the `confidence_verify` kernels vs their torch references;
 and times a target forward (1 and 16 tokens) and one DFlash block (B = 4 and 16) with CUDA events,
 and each plugin kernel against its torch reference and the bandwidth floor (`plugins.bench`).
+Where TensorRT is installed it also builds the engine flavour's engines from the exported ONNX
+graphs and checks DFlash decoding through them against the same graphs on onnxruntime.
 Prints a table last and writes `gpu_check.json` to $OUT (or the working directory).
 """
 
@@ -126,6 +128,51 @@ def check_decoding(rows: list[dict]) -> None:
                      "ms": cuda_time(lambda i=ids: target(i))})
 
 
+def check_engines(rows: list[dict]) -> None:
+    """Where TensorRT exists: build the engine flavour's engines (plugins AOT) from the exported
+    ONNX graphs and decode with them, greedy, token-identical to the same graphs on onnxruntime."""
+    import tempfile
+
+    from trtspec.engine.build import build_engines
+    from trtspec.engine.load import load_engine_models
+    from trtspec.engine.trt import tensorrt_available
+    from trtspec.export.bundle import export_bundle
+    from trtspec.spec.decoder import SpeculativeDecoder
+
+    if not tensorrt_available():
+        rows.append({"check": "TensorRT engines (engine flavour)", "dtype": "-", "ok": True,
+                     "detail": "skipped: tensorrt is not installed here"})
+        return
+    import time
+
+    config = load_build_config(Path(__file__).parents[1] / "build_configs" / "tiny-dflash.yaml")
+    config = config.model_copy(update={"flavour": "engine"})
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "engine"
+        export_bundle(config, folder)
+        t0 = time.perf_counter()
+        build_engines(folder)
+        rows.append({"check": "TensorRT engine build (4 graphs)", "dtype": "float32", "ok": True,
+                     "ms": 1000 * (time.perf_counter() - t0)})
+        from trtspec.tokenizer import ByteTokenizer
+
+        decoders = {}
+        for backend in ("onnxruntime", "tensorrt"):
+            target, drafter = load_engine_models(config, folder=folder, backend=backend)
+            tok = ByteTokenizer.from_config(target.config)
+            decoders[backend] = SpeculativeDecoder(target, drafter, tok.eos_id)
+        prompts = load_prompts("code")[:4] + load_prompts("math")[:4]
+        same, tps = 0, {}
+        for prompt in prompts:
+            out = {b: d.generate(tok.encode(prompt), 96) for b, d in decoders.items()}
+            same += out["onnxruntime"].token_ids == out["tensorrt"].token_ids
+            for b, r in out.items():
+                tps.setdefault(b, []).append(r.decode_tokens_per_s)
+        rows.append({"check": "engine flavour: TensorRT == onnxruntime (DFlash greedy)", "dtype": "float32",
+                     "ok": same == len(prompts), "detail": f"{same}/{len(prompts)} prompts; decode tok/s "
+                     + ", ".join(f"{b} {sum(v) / len(v):.0f}" for b, v in tps.items())})
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible; run this on a GPU node", file=sys.stderr)
@@ -135,6 +182,11 @@ def main() -> int:
     check_verify(rows)
     check_decoding(rows)
     bench_plugins(rows)
+    try:
+        check_engines(rows)
+    except Exception as exc:  # report and keep the table: the other checks already ran
+        rows.append({"check": "TensorRT engines (engine flavour)", "dtype": "-", "ok": False,
+                     "detail": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
     out = Path(os.environ.get("OUT", ".")) / "gpu_check.json"
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
     print(f"\n{'check':<60} {'dtype':<9} {'rel_err':>9} {'ms':>9}  ok   detail")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from trtspec.config import BuildConfig
 from trtspec.errors import ConfigError
@@ -19,6 +19,9 @@ from trtspec.spec.decoder import SpeculativeDecoder
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams
 from trtspec.tokenizer import ByteTokenizer
+
+if TYPE_CHECKING:
+    from trtspec.engine.target import EngineTarget
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ def load_tokenizer(path: Path, hf_config) -> TextTokenizer:
 class Pipeline:
     config: BuildConfig
     tokenizer: TextTokenizer
-    target: TargetModel
+    target: TargetModel | EngineTarget
     drafter: Drafter
     decoder: SpeculativeDecoder
 
@@ -73,10 +76,13 @@ class Pipeline:
 
 
 def load_pipeline(config: BuildConfig, use_drafter: bool = True) -> Pipeline:
-    """Load the config's target (and drafter unless `use_drafter` is False) in torch."""
+    """Load the config's target (and drafter unless `use_drafter` is False): flavour torch in
+    torch; flavour engine over onnxruntime sessions of the exported graphs (`trtspec.engine.load`)."""
+    if config.flavour == "engine":
+        return _load_engine_pipeline(config, use_drafter)
     if config.flavour != "torch":
         raise ConfigError(
-            f"flavour {config.flavour!r} cannot run in this command yet; use `flavour: torch`"
+            f"flavour {config.flavour!r} cannot run in this command yet; use `flavour: torch` or `engine`"
         )
     drafter_config = config.drafter if use_drafter else None
     model = load_causal_lm(config.target.resolved_path, config.target.dtype)
@@ -85,5 +91,17 @@ def load_pipeline(config: BuildConfig, use_drafter: bool = True) -> Pipeline:
     target = TargetModel(model)
     drafter = build_drafter(drafter_config, target)
     target = TargetModel(model, drafter.tap_layer_ids)
+    decoder = SpeculativeDecoder(target, drafter, tokenizer.eos_id)
+    return Pipeline(config, tokenizer, target, drafter, decoder)
+
+
+def _load_engine_pipeline(config: BuildConfig, use_drafter: bool) -> Pipeline:
+    from transformers import AutoConfig
+
+    from trtspec.engine.load import load_engine_models
+
+    target, drafter = load_engine_models(config, use_drafter)
+    hf_config = AutoConfig.from_pretrained(config.target.resolved_path, local_files_only=True)
+    tokenizer = load_tokenizer(config.target.resolved_path, hf_config)
     decoder = SpeculativeDecoder(target, drafter, tokenizer.eos_id)
     return Pipeline(config, tokenizer, target, drafter, decoder)

@@ -1,0 +1,168 @@
+"""Engine flavour on CPU: the exported ONNX graphs under onnxruntime (plugin ops as ONNX functions)
+are token-identical to the torch flavour, carry the `trtspec` plugin nodes, refuse what they
+cannot export, and `trtspec build --flavour engine` writes a manifest whose hashes hold."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+from transformers import GPT2Config, Qwen3Config
+
+from tests.conftest import REPO
+from trtspec.cli import main
+from trtspec.config import load_build_config
+from trtspec.engine.ort import OrtSession
+from trtspec.errors import CheckpointError
+from trtspec.export.bundle import load_manifest, sha256_file
+from trtspec.export.graph import FLOAT, INT32, PLUGIN_DOMAIN, GraphBuilder
+from trtspec.export.plugins import kv_injection_attention
+from trtspec.export.target import check_exportable, export_target
+from trtspec.export.verify import export_verify_greedy
+from trtspec.models.target import TargetModel
+from trtspec.pipeline import load_pipeline
+from trtspec.prompts import load_prompts
+from trtspec.spec.verify import verify_greedy
+
+CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _export_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRTSPEC_CACHE_DIR", str(tmp_path_factory.mktemp("engine-cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def pipelines():
+    config = load_build_config(CONFIG)
+    engine = config.model_copy(update={"flavour": "engine"})
+    return {(flavour, drafter): load_pipeline(cfg, use_drafter=drafter)
+            for flavour, cfg in (("torch", config), ("engine", engine)) for drafter in (True, False)}
+
+
+def _prompts(per_task: int) -> list[str]:
+    return [p for task in ("code", "math", "chat") for p in load_prompts(task)[:per_task]]
+
+
+@pytest.mark.parametrize("use_drafter", [False, True], ids=["target", "dflash"])
+def test_engine_flavour_token_identical_to_torch(pipelines, use_drafter):
+    torch_p, engine_p = pipelines[("torch", use_drafter)], pipelines[("engine", use_drafter)]
+    assert type(engine_p.target).__name__ == "EngineTarget"
+    prompts = _prompts(6 if use_drafter else 3)
+    for prompt in prompts:
+        ids = torch_p.tokenizer.encode(prompt)
+        want = torch_p.decoder.generate(ids, 48)
+        got = engine_p.decoder.generate(ids, 48)
+        assert got.token_ids == want.token_ids, prompt
+        assert got.num_target_calls == want.num_target_calls  # same acceptance, cycle by cycle
+
+
+def test_target_graph_matches_hf_llama(random_llama_dir):
+    """A non-Qwen3 layout (no q/k norm) through the same exporter: logits and cache agree."""
+    target = TargetModel.from_pretrained(random_llama_dir, tap_layer_ids=(0, 2))
+    session = OrtSession(export_target(target.model, (0, 2)))
+    ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(0))
+    empty = np.zeros((1, 2, 0, 16), np.float32)
+    feeds = {"input_ids": ids.numpy(), "position_ids": np.arange(9)[None],
+             **{f"past_{kind}_{i}": empty for i in range(3) for kind in ("key", "value")}}
+    out = session.run(feeds)
+    ref = target.forward(ids)
+    np.testing.assert_allclose(out["logits"], ref.logits.numpy(), atol=1e-4)
+    np.testing.assert_allclose(out["hidden_taps"], ref.hidden.numpy(), atol=1e-4)
+    assert out["present_key_0"].shape == (1, 2, 9, 16)
+
+
+def test_plugin_nodes_in_exported_graphs(tmp_path):
+    args = ["build", str(CONFIG), "--out", str(tmp_path / "b"), "--flavour", "engine"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    block = onnx.load(str(tmp_path / "b" / "dflash_block.onnx"))
+    nodes = [n for n in block.graph.node if n.domain == "trtspec"]
+    assert [n.op_type for n in nodes] == ["kv_injection_attention"] * 2  # one per drafter layer
+    for node in nodes:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs == {"plugin_namespace": b"trtspec", "aot": 1}
+    assert not block.functions  # the file is TensorRT's input: no CPU fallback inside
+    verify = onnx.load(str(tmp_path / "b" / "verify_greedy.onnx"))
+    assert [n.op_type for n in verify.graph.node if n.domain == "trtspec"] == ["confidence_verify_greedy"]
+
+
+def test_verify_graph_matches_torch_verifier():
+    session = OrtSession(export_verify_greedy(50))
+    gen = torch.Generator().manual_seed(0)
+    for b, k in [(5, 1), (7, 6), (3, 15)]:
+        logits = torch.randn(b, k + 1, 50, generator=gen).round(decimals=0)  # ties: first index wins
+        draft = logits.argmax(-1)[:, :k].clone()
+        flip = torch.rand(b, k, generator=gen) < 0.2
+        draft[flip] = (draft[flip] + 1) % 50
+        lens = torch.randint(0, k + 1, (b,), generator=gen)
+        want = verify_greedy(draft, logits, lens)
+        out = session.run({"draft_tokens": draft.int().numpy(), "target_logits": logits.numpy(),
+                           "draft_lens": lens.int().numpy()})
+        assert out["num_accepted"].tolist() == want.num_accepted.tolist()
+        assert out["tokens"].tolist() == want.tokens.tolist()
+
+
+def test_attention_node_on_cpu_matches_plugin_reference():
+    """The onnxruntime function behind `trtspec::kv_injection_attention`: GQA, ctx_lens masking."""
+    from plugins.kv_injection_attention.reference import kv_injection_attention_reference
+
+    g = GraphBuilder("attn")
+    names = ["q", "ctx_k", "ctx_v", "blk_k", "blk_v"]
+    dims = [["b", 8, "B", 32]] + [["b", 2, "c", 32]] * 2 + [["b", 2, "B", 32]] * 2
+    args = [g.input(n, FLOAT, d) for n, d in zip(names, dims, strict=True)]
+    args.append(g.input("ctx_lens", INT32, ["b"]))
+    g.output(kv_injection_attention(g, *args), "out", FLOAT, ["b", 8, "B", 32])
+    session = OrtSession(g.model("attn", {PLUGIN_DOMAIN: 1}))
+    gen = torch.Generator().manual_seed(0)
+    b, block, c = 3, 7, 37
+    shapes = [(b, 8, block, 32), (b, 2, c, 32), (b, 2, c, 32), (b, 2, block, 32), (b, 2, block, 32)]
+    tensors = [torch.randn(s, generator=gen) for s in shapes]
+    lens = torch.tensor([37, 5, 0], dtype=torch.int32)
+    feeds = {n: t.numpy() for n, t in zip(names, tensors, strict=True)}
+    out = session.run({**feeds, "ctx_lens": lens.numpy()})
+    want = kv_injection_attention_reference(*tensors, lens)
+    np.testing.assert_allclose(out["out"], want.numpy(), atol=1e-5)
+
+
+def test_export_refuses_unsupported_architecture():
+    with pytest.raises(CheckpointError, match="model_type 'gpt2'"):
+        check_exportable(GPT2Config())
+    with pytest.raises(CheckpointError, match="hidden_act 'gelu'"):
+        check_exportable(Qwen3Config(hidden_act="gelu"))
+
+
+def test_build_writes_manifest_with_matching_hashes(tmp_path):
+    out = tmp_path / "engine"
+    result = CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(out), "--flavour", "engine"])
+    assert result.exit_code == 0, result.output
+    assert "engines not built" in result.output and f"python -m trtspec.engine.build {out}" in result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"target.onnx", "dflash_context.onnx", "dflash_block.onnx",
+                                      "verify_greedy.onnx"}
+    for name, digest in manifest["files"].items():
+        assert sha256_file(out / name) == digest
+    assert manifest["config"]["flavour"] == "engine" and manifest["versions"]["onnxruntime"]
+    target_inputs = {i["name"]: i["shape"] for i in manifest["graphs"]["target"]["inputs"]}
+    assert target_inputs["past_key_0"] == ["batch", 2, "past", 64]
+    load_manifest(out)  # hashes verified
+    (out / "target.onnx").write_bytes(b"tampered")
+    with pytest.raises(ValueError, match="differs from its sha256"):
+        load_manifest(out)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+def test_build_error_leaves_no_output(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("flavour: engine\ntarget: {path: builtin:tiny-target}\n"
+                   "drafter: {method: draft_model, path: builtin:tiny-draft}\n")
+    result = CliRunner().invoke(main, ["build", str(bad), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "drafter.method 'draft_model' has no engine export" in result.output
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]

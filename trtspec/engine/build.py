@@ -1,0 +1,94 @@
+"""`trtspec build --flavour engine`: export the graphs, then build TensorRT engines where possible.
+
+On a machine without TensorRT or a GPU the export folder is complete and the engines are left
+for the GPU node: `python -m trtspec.engine.build DIR` builds them from the very files whose
+hashes the manifest holds, and records them in the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trtspec.config import BuildConfig
+from trtspec.engine.trt import Profile, build_engine, tensorrt_available
+from trtspec.errors import TrtspecError
+from trtspec.export.bundle import MANIFEST, export_bundle, load_manifest, sha256_file, versions
+
+
+class EngineLimits(BaseModel):
+    """Shape ranges of the engines' optimization profile."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch: int = Field(1, ge=1, description="largest batch an engine accepts")
+    max_seq: int = Field(4096, ge=16, description="largest cached context (target KV / DFlash context)")
+    opt_seq: int = Field(512, ge=1, description="context length TensorRT tunes for")
+    max_k: int = Field(63, ge=1, le=63, description="most drafts one verification takes")
+
+
+def dim_ranges(limits: EngineLimits, block_size: int) -> dict[str, tuple[int, int, int]]:
+    """(min, opt, max) per named dynamic axis of the exported graphs."""
+    n = limits.max_seq
+    return {"batch": (1, 1, limits.max_batch), "seq": (1, block_size, n), "past": (0, limits.opt_seq, n),
+            "ctx": (1, limits.opt_seq, n), "block": (block_size, block_size, block_size),
+            "k": (1, block_size - 1, limits.max_k), "k_plus_1": (2, block_size, limits.max_k + 1)}
+
+
+def profile_for(graph: dict, ranges: dict[str, tuple[int, int, int]]) -> Profile:
+    """The optimization profile of one manifest graph entry: every input, every named axis ranged."""
+    profile: Profile = {}
+    for inp in graph["inputs"]:
+        dims = [ranges[d] if isinstance(d, str) else (d, d, d) for d in inp["shape"]]
+        profile[inp["name"]] = tuple(tuple(r[i] for r in dims) for i in range(3))
+    return profile
+
+
+def build_engines(folder: Path, limits: EngineLimits | None = None) -> list[Path]:
+    """Build one engine per graph of `folder` and record them (with hashes) in its manifest."""
+    limits = limits or EngineLimits()
+    manifest = load_manifest(folder)
+    block = (manifest.get("drafter") or {}).get("block_size", 16)
+    ranges = dim_ranges(limits, block)
+    built = []
+    for name, graph in manifest["graphs"].items():
+        engine = build_engine(folder / graph["file"], folder / f"{name}.engine", profile_for(graph, ranges))
+        manifest["engines"][name] = {"file": engine.name, "sha256": sha256_file(engine),
+                                     "profile": {k: list(v) for k, v in ranges.items()}}
+        built.append(engine)
+    manifest["versions"] = versions()
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return built
+
+
+def build_engine_flavour(config: BuildConfig, out_dir: Path) -> tuple[list[Path], str | None]:
+    """Export `config` to `out_dir`; build engines if TensorRT and a GPU are here.
+    Returns the written files and, when engines were not built, the one line that says why."""
+    export_bundle(config, out_dir)
+    written = sorted(p for p in out_dir.iterdir() if p.is_file())
+    if not tensorrt_available():
+        return written, (f"engines not built: TensorRT and a CUDA GPU are needed; on the GPU node run "
+                         f"`python -m trtspec.engine.build {out_dir}`")
+    return written + build_engines(out_dir), None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m trtspec.engine.build DIR   (DIR from `trtspec build CONFIG --out DIR "
+              "--flavour engine`)", file=sys.stderr)
+        return 2
+    try:
+        for path in build_engines(Path(args[0])):
+            print(path)
+    except (TrtspecError, ValueError, OSError) as exc:
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The target p over an exported graph session: `TargetModel`'s interface, cache as arrays.
+
+The session's graph takes the cache as `past_*` inputs and returns `present_*`; this adapter
+keeps the present tensors between calls and rewinds by slicing them, so `SpeculativeDecoder`
+drives it exactly as it drives the torch `TargetModel`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from trtspec.engine.session import GraphSession
+from trtspec.models.target import TargetOutput
+
+
+class EngineTarget:
+    """Feed tokens, get logits + taps; the cache grows; rewind drops slots."""
+
+    def __init__(self, session: GraphSession, config, tap_layer_ids: tuple[int, ...] = ()):
+        self.session = session
+        self.config = config  # the checkpoint's HF config (the drafter checks it fits)
+        self.num_layers = config.num_hidden_layers
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self._empty = np.zeros((1, config.num_key_value_heads, 0, head_dim), dtype=np.float32)
+        has_taps = "hidden_taps" in session.output_names
+        if tap_layer_ids and not has_taps:
+            raise ValueError(f"the target graph has no hidden_taps output, yet taps {tap_layer_ids} were "
+                             "asked for; export it with the drafter")
+        self.tap_layer_ids = tuple(tap_layer_ids)
+        self.reset()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens held in the KV cache."""
+        return self._len
+
+    def reset(self) -> None:
+        self.cache: list[np.ndarray] = [self._empty] * (2 * self.num_layers)  # k0, v0, k1, v1, ...
+        self._len = 0
+        self.num_forwards = 0
+
+    def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> TargetOutput:
+        """Feed `input_ids` [1, s] after the cached tokens; return their logits and taps."""
+        s = input_ids.shape[1]
+        feeds = {"input_ids": input_ids.to(torch.int64).numpy(),
+                 "position_ids": np.arange(self._len, self._len + s, dtype=np.int64)[None]}
+        for i in range(self.num_layers):
+            feeds[f"past_key_{i}"], feeds[f"past_value_{i}"] = self.cache[2 * i], self.cache[2 * i + 1]
+        out = self.session.run(feeds)
+        self.cache = [out[f"present_{kind}_{i}"] for i in range(self.num_layers) for kind in ("key", "value")]
+        self._len += s
+        self.num_forwards += 1
+        logits = torch.from_numpy(out["logits"])  # [1, s, V]
+        hidden = torch.from_numpy(out["hidden_taps"]) if self.tap_layer_ids else None  # [1, s, n·H]
+        return TargetOutput(logits=logits[:, -1:] if last_only else logits, hidden=hidden)
+
+    def rewind(self, num_rejected: int) -> None:
+        """Drop the last `num_rejected` cached slots (the rejected draft positions)."""
+        if num_rejected < 0:
+            raise ValueError(f"rewind takes a non-negative count of slots, got {num_rejected}")
+        if num_rejected > self._len:
+            raise ValueError(f"cannot rewind {num_rejected} slots from a cache of {self._len}")
+        if num_rejected:
+            self._len -= num_rejected
+            self.cache = [c[:, :, : self._len] for c in self.cache]

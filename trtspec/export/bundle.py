@@ -1,0 +1,208 @@
+"""Export a build config's graphs into one folder with a `manifest.json`, atomically.
+
+Folder layout (what `trtspec build --flavour engine` writes and the engine flavour loads):
+    target.onnx            target with KV cache in/out and the drafter's taps
+    dflash_context.onnx    DFlash context projection           (DFlash drafter only)
+    dflash_block.onnx      DFlash block forward, plugin nodes   (DFlash drafter only)
+    verify_greedy.onnx     greedy verification, plugin node
+    manifest.json          config, sha256 of every file, versions, graph inputs/outputs and taps
+The folder is written beside its destination and renamed into place, so an error never leaves
+a half-written folder. `cached_export` keeps one export per content hash of the checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from trtspec.config import BuildConfig
+from trtspec.errors import CheckpointError, ConfigError
+from trtspec.export.graph import OPSET
+from trtspec.export.plugins import PLUGIN_OPS
+
+MANIFEST = "manifest.json"
+EXPORT_FORMAT = 1  # bump when the graphs' interface changes: invalidates cached exports
+EXPORTABLE_DRAFTERS = ("dflash",)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _dims(value_info) -> list:
+    return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
+
+
+def graph_signature(model: onnx.ModelProto) -> dict:
+    """Inputs and outputs with dtype names and shapes (named dims are dynamic axes)."""
+    def describe(v):
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name
+        return {"name": v.name, "dtype": dtype, "shape": _dims(v)}
+    return {"inputs": [describe(v) for v in model.graph.input],
+            "outputs": [describe(v) for v in model.graph.output]}
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("trtspec", "torch", "transformers", "onnx", "onnxruntime", "tensorrt"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _graphs(config: BuildConfig, use_drafter: bool) -> tuple[dict[str, onnx.ModelProto], dict]:
+    """The graphs of `config` (and what the engine adapters need to know about them)."""
+    from trtspec.export.dflash import export_dflash_block, export_dflash_context
+    from trtspec.export.target import check_exportable, export_target
+    from trtspec.export.verify import export_verify_greedy
+    from trtspec.models.dflash import load_dflash
+    from trtspec.models.target import load_causal_lm
+
+    target_dir = config.target.resolved_path
+    hf_config_file = target_dir / "config.json"
+    if hf_config_file.is_file():
+        from transformers import AutoConfig
+
+        check_exportable(AutoConfig.from_pretrained(target_dir, local_files_only=True), str(hf_config_file))
+    model = load_causal_lm(target_dir, "float32")
+    drafter = config.drafter if use_drafter else None
+    graphs: dict[str, onnx.ModelProto] = {}
+    info: dict = {"vocab_size": model.config.vocab_size, "num_layers": model.config.num_hidden_layers,
+                  "drafter": None, "tap_layer_ids": []}
+    if drafter is not None:
+        if drafter.method not in EXPORTABLE_DRAFTERS:
+            raise ConfigError(f"drafter.method {drafter.method!r} has no engine export yet; the engine "
+                              f"flavour exports: {', '.join(EXPORTABLE_DRAFTERS)} (or use --drafter none)")
+        dflash = load_dflash(drafter.resolved_path, model.config)
+        info["tap_layer_ids"] = list(dflash.spec.target_layer_ids)
+        info["drafter"] = {"method": "dflash", "block_size": dflash.spec.block_size,
+                           "mask_token_id": dflash.spec.mask_token_id,
+                           "num_layers": len(dflash.layers),
+                           "num_draft_tokens": drafter.num_draft_tokens or dflash.spec.block_size - 1}
+        if info["drafter"]["num_draft_tokens"] > dflash.spec.block_size - 1:
+            raise CheckpointError(f"drafter.num_draft_tokens is {drafter.num_draft_tokens} but the DFlash "
+                                  f"block size {dflash.spec.block_size} yields at most "
+                                  f"{dflash.spec.block_size - 1} drafts")
+        graphs["dflash_context"] = export_dflash_context(dflash)
+        graphs["dflash_block"] = export_dflash_block(dflash, model.get_input_embeddings(),
+                                                     model.get_output_embeddings())
+    graphs["target"] = export_target(model, tuple(info["tap_layer_ids"]))
+    graphs["verify_greedy"] = export_verify_greedy(model.config.vocab_size)
+    return graphs, info
+
+
+def _write(config: BuildConfig, folder: Path, use_drafter: bool) -> dict:
+    graphs, info = _graphs(config, use_drafter)
+    entries = {}
+    for name, model in graphs.items():
+        onnx.checker.check_model(model)
+        path = folder / f"{name}.onnx"
+        # one file up to protobuf's 2 GiB limit; past it the weights go to a side file
+        big = model.ByteSize() > 1_800_000_000
+        onnx.save_model(model, str(path), save_as_external_data=big, location=f"{name}.onnx.data")
+        entries[name] = {"file": path.name, **graph_signature(model)}
+    files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    manifest = {
+        "format": EXPORT_FORMAT,
+        "flavour": "engine",
+        "config": config.model_dump(mode="json"),
+        "paths": {"target": str(config.target.resolved_path),
+                  "drafter": str(config.drafter.resolved_path) if config.drafter and use_drafter else None},
+        "opset": OPSET,
+        "plugins": [f"trtspec::{op}" for op in PLUGIN_OPS],
+        **info,
+        "graphs": entries,
+        "files": files,
+        "engines": {},
+        "versions": versions(),
+    }
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def replace_dir(staged: Path, out_dir: Path) -> None:
+    """Move `staged` to `out_dir`; an existing `out_dir` must be empty or an earlier export."""
+    if out_dir.exists():
+        if any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
+            raise ConfigError(f"--out {out_dir} exists and is not an engine build folder; give a new or "
+                              "empty folder")
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        out_dir.rename(old)
+        staged.rename(out_dir)
+        shutil.rmtree(old)
+    else:
+        staged.rename(out_dir)
+
+
+def export_bundle(config: BuildConfig, out_dir: Path, use_drafter: bool = True) -> dict:
+    """Write the graphs and manifest of `config` to `out_dir`; returns the manifest."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staged.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the folder is meant to be shared
+    try:
+        manifest = _write(config, staged, use_drafter)
+        replace_dir(staged, out_dir)
+    finally:
+        if staged.exists():
+            shutil.rmtree(staged)
+    return manifest
+
+
+def load_manifest(folder: Path, check_hashes: bool = True) -> dict:
+    """Read `folder/manifest.json`; with `check_hashes`, refuse files that changed since export."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing: not an engine build folder (run `trtspec build CONFIG "
+                          "--out DIR --flavour engine`)")
+    manifest = json.loads(path.read_text())
+    if check_hashes:
+        for name, digest in manifest["files"].items():
+            file = Path(folder) / name
+            if not file.is_file() or sha256_file(file) != digest:
+                raise ConfigError(f"{file} is missing or differs from its sha256 in {path}; "
+                                  "rebuild the folder")
+    return manifest
+
+
+def _content_key(config: BuildConfig, use_drafter: bool) -> str:
+    digest = hashlib.sha256(f"format={EXPORT_FORMAT};drafter={use_drafter}".encode())
+    parts = [config.target] + ([config.drafter] if use_drafter and config.drafter else [])
+    for part in parts:
+        digest.update(json.dumps(part.model_dump(mode="json"), sort_keys=True).encode())
+        folder = part.resolved_path
+        if not folder.is_dir():
+            raise CheckpointError(f"checkpoint directory {folder} does not exist")
+        for file in sorted(folder.iterdir()):
+            if file.suffix in (".json", ".safetensors", ".bin"):
+                digest.update(file.name.encode() + sha256_file(file).encode())
+    return digest.hexdigest()[:20]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TRTSPEC_CACHE_DIR", Path.home() / ".cache" / "trtspec"))
+
+
+def cached_export(config: BuildConfig, use_drafter: bool = True) -> Path:
+    """The export folder of `config`'s checkpoints under the cache, exported on first use."""
+    folder = cache_root() / "engine" / _content_key(config, use_drafter)
+    if (folder / MANIFEST).is_file():
+        return folder
+    export_bundle(config, folder, use_drafter)
+    return folder

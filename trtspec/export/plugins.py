@@ -1,0 +1,34 @@
+"""The `trtspec` plugin nodes as the exporters write them (DESIGN §2, plugins/README.md).
+
+A node reaches a TensorRT plugin when its op is the plugin name and it carries the namespace:
+the attribute `plugin_namespace="trtspec"` (every TensorRT 10.x/11.x) and the node domain
+`trtspec` (from TensorRT 10.10). `aot=1` selects the plugin's ahead-of-time PTX implementation,
+so the engine runs without Python. onnxruntime gets a CPU implementation of each op as an ONNX
+function attached at session load (`trtspec.engine.cpu_plugins`); the files on disk hold none.
+"""
+
+from __future__ import annotations
+
+from trtspec.export.graph import PLUGIN_DOMAIN, GraphBuilder
+
+KV_INJECTION_ATTENTION = "kv_injection_attention"
+CONFIDENCE_VERIFY_GREEDY = "confidence_verify_greedy"
+PLUGIN_OPS = (KV_INJECTION_ATTENTION, CONFIDENCE_VERIFY_GREEDY)
+PLUGIN_ATTRS = {"plugin_namespace": PLUGIN_DOMAIN, "aot": 1}
+
+
+def kv_injection_attention(g: GraphBuilder, q: str, ctx_k: str, ctx_v: str, blk_k: str, blk_v: str,
+                           ctx_lens: str) -> str:
+    """q [b, h, B, d], ctx_k/ctx_v [b, kvh, c, d], blk_k/blk_v [b, kvh, B, d], ctx_lens [b] int32
+    -> [b, h, B, d]: block queries over [context ; block], non-causal, GQA, RoPE applied."""
+    return g.op(KV_INJECTION_ATTENTION, q, ctx_k, ctx_v, blk_k, blk_v, ctx_lens, domain=PLUGIN_DOMAIN,
+                **PLUGIN_ATTRS)
+
+
+def confidence_verify_greedy(g: GraphBuilder, draft_tokens: str, target_logits: str,
+                             draft_lens: str) -> tuple[str, str]:
+    """draft_tokens [b, k] int32, target_logits [b, k+1, V], draft_lens [b] int32
+    -> num_accepted [b] int32, tokens [b, k+1] int32 (accepted, then recovered/bonus, then -1)."""
+    out = g.op(CONFIDENCE_VERIFY_GREEDY, draft_tokens, target_logits, draft_lens, n_out=2,
+               domain=PLUGIN_DOMAIN, **PLUGIN_ATTRS)
+    return out[0], out[1]
