@@ -1,0 +1,291 @@
+"""EAGLE-3: published checkpoint layout, fit checks, d2t/t2d, cached chain == from-scratch,
+training-time test == inference, greedy lossless."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from trtspec.errors import CheckpointError
+from trtspec.models.eagle3 import causal_mask, default_aux_layer_ids, load_eagle3, save_eagle3
+from trtspec.models.eagle3_drafter import Eagle3Drafter
+from trtspec.models.target import TargetModel, load_causal_lm
+from trtspec.spec.decoder import SpeculativeDecoder
+from trtspec.spec.sampling import SamplingParams
+from trtspec.train.eagle3 import (
+    Eagle3TrainConfig,
+    choose_aux_layer_ids,
+    eagle3_ttt_loss,
+    new_drafter,
+    select_draft_vocab,
+    ttt_forward,
+)
+
+LAYERS = [0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def target(random_qwen3_dir):
+    return load_causal_lm(random_qwen3_dir)
+
+
+def _drafter_model(target, draft_vocab_size=None, seed=0):
+    torch.manual_seed(seed)
+    model = new_drafter(target, Eagle3TrainConfig(aux_layer_ids=LAYERS, draft_vocab_size=draft_vocab_size))
+    with torch.no_grad():  # norms start at 1: perturb them so a name mix-up would show
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+        model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        if draft_vocab_size:  # every third target id, so d2t offsets are non-trivial
+            kept = torch.arange(0, 3 * draft_vocab_size, 3)
+            model.d2t.copy_(kept - torch.arange(draft_vocab_size))
+            model.t2d.zero_()
+            model.t2d[kept] = True
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def drafter_model(target):
+    return _drafter_model(target)
+
+
+def _taps(target, ids, layer_ids=LAYERS):
+    with torch.no_grad():
+        hs = target(ids, output_hidden_states=True).hidden_states
+    return torch.cat([hs[i + 1] for i in layer_ids], -1)
+
+
+def _ids(n, seed):
+    return torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _chain_logits(model, target, ids, k, forced=None):
+    """Fresh drafter over ids[:, :-1] (cached by the target), chain of k from ids[-1]."""
+    d = Eagle3Drafter(model)
+    d.begin(ids[0, :-1].tolist(), _taps(target, ids[:, :-1]))
+    feed = iter(forced or [])
+
+    def choose(logits):
+        token = next(feed, None)
+        return logits.argmax(-1) if token is None else token
+
+    return torch.cat(d.draft_chain(ids[0].tolist(), k, choose), 1)
+
+
+def test_aux_layer_defaults():
+    assert default_aux_layer_ids(36) == [1, 17, 32]  # Qwen3-8B, SpecForge's default
+    assert default_aux_layer_ids(32) == [1, 15, 28]
+    assert choose_aux_layer_ids(36) == [1, 17, 32]
+    assert choose_aux_layer_ids(6) == [1, 3, 4]  # [1, 2, 2] would repeat a layer
+    assert choose_aux_layer_ids(3) == [0, 1, 2]
+
+
+def test_roundtrip_identical_logits(tmp_path, target):
+    model = _drafter_model(target, draft_vocab_size=60)
+    save_eagle3(model, tmp_path, target.config.num_hidden_layers)
+    loaded = load_eagle3(tmp_path, target.config)
+    assert torch.equal(loaded.d2t, model.d2t) and torch.equal(loaded.t2d, model.t2d)
+    ids = _ids(20, 1)
+    assert torch.equal(_chain_logits(model, target, ids, 5), _chain_logits(loaded, target, ids, 5))
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 60
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == LAYERS
+
+
+def _published_checkpoint(path, with_embed=True, draft_vocab=100):
+    """A minimal writer of the SafeAILab/SpecForge `LlamaForCausalLMEagle3` layout."""
+    h, inter, d, heads, kv, vocab = 64, 96, 16, 4, 2, 264
+    gen = torch.Generator().manual_seed(5)
+    shapes = {
+        "fc.weight": (h, 3 * h), "norm.weight": (h,), "lm_head.weight": (draft_vocab, h),
+        "midlayer.hidden_norm.weight": (h,), "midlayer.input_layernorm.weight": (h,),
+        "midlayer.post_attention_layernorm.weight": (h,),
+        "midlayer.self_attn.q_proj.weight": (heads * d, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (kv * d, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv * d, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, heads * d),
+        "midlayer.mlp.gate_proj.weight": (inter, h), "midlayer.mlp.up_proj.weight": (inter, h),
+        "midlayer.mlp.down_proj.weight": (h, inter),
+    }
+    if with_embed:
+        shapes["embed_tokens.weight"] = (vocab, h)
+    tensors = {name: torch.randn(*shape, generator=gen) for name, shape in shapes.items()}
+    kept = torch.arange(vocab - draft_vocab, vocab)  # the last ids: offset vocab − draft_vocab
+    tensors["d2t"] = kept - torch.arange(draft_vocab)
+    tensors["t2d"] = torch.zeros(vocab, dtype=torch.bool)
+    tensors["t2d"][kept] = True
+    save_file(tensors, str(path / "model.safetensors"))
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+        "hidden_size": h, "intermediate_size": inter, "num_attention_heads": heads,
+        "num_key_value_heads": kv, "head_dim": d, "vocab_size": vocab, "draft_vocab_size": draft_vocab,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000, "rope_scaling": None, "max_position_embeddings": 512,
+        "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": LAYERS},
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    return tensors
+
+
+def test_published_layout_written_by_hand_loads(tmp_path, target):
+    tensors = _published_checkpoint(tmp_path)
+    model = load_eagle3(tmp_path, target.config)
+    assert model.spec.draft_vocab_size == 100 and model.spec.aux_layer_ids == LAYERS
+    state = model.state_dict()
+    for name, tensor in tensors.items():
+        assert torch.equal(state[name], tensor), name
+    prop = Eagle3Drafter(model, 6)
+    ids = _ids(12, 6)
+    prop.begin(ids[0, :-1].tolist(), _taps(target, ids[:, :-1]))
+    tokens = prop.propose(ids[0].tolist(), 6, SamplingParams(), torch.Generator()).tokens
+    assert tokens.shape == (1, 6) and (tokens >= 264 - 100).all()  # the draft vocab is the last 100 ids
+
+
+def test_published_layout_without_embedding_borrows_the_target_s(tmp_path, target):
+    _published_checkpoint(tmp_path, with_embed=False)
+    embed = target.get_input_embeddings()
+    model = load_eagle3(tmp_path, target.config, embed)
+    assert torch.equal(model.embed_tokens.weight, embed.weight)
+    with pytest.raises(CheckpointError, match=r"missing \['embed_tokens.weight'\]"):
+        load_eagle3(tmp_path, target.config)
+
+
+def _edit_config(**changes):
+    return lambda c: c.update(changes)
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (_edit_config(target_hidden_size=32), "target_hidden_size is 32 but the target has 64"),
+        (_edit_config(vocab_size=300), "vocab_size is 300 but the target has 264"),
+        (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 1, 3]),
+         r"eagle_aux_hidden_state_layer_ids \[0, 1, 3\] must be 3 layers .* \(out of range: \[3\]\)"),
+        (lambda c: c.pop("eagle_config"), r"\[1, 0, -1\] must be 3 layers"),  # default for 3 layers
+        (_edit_config(num_hidden_layers=2), "num_hidden_layers is 2; an EAGLE-3 drafter has one midlayer"),
+        (_edit_config(draft_vocab_size=300), "draft_vocab_size is 300 but vocab_size is 264"),
+        (_edit_config(norm_before_fc=True), "norm_before_fc is true"),
+        (_edit_config(draft_vocab_size=90), r"lm_head.weight \(100, 64\) \(expected \(90, 64\)\)"),
+        (_edit_config(hidden_size=32, head_dim=8, target_hidden_size=64),
+         r"fc.weight \(64, 192\) \(expected \(32, 192\)\)"),
+    ],
+)
+def test_misfits_refused(tmp_path, target, edit, message):
+    _published_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    edit(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message):
+        load_eagle3(tmp_path, target.config)
+
+
+@pytest.mark.parametrize(
+    "corrupt,message",
+    [
+        (lambda t: t["d2t"].__setitem__(0, 500), "d2t maps draft ids outside the target vocabulary"),
+        (lambda t: t["d2t"].__setitem__(1, t["d2t"][0] - 1), "d2t maps two draft ids to the same target id"),
+        (lambda t: t["t2d"].__setitem__(0, True), "t2d marks 101 target ids that differ from the 100"),
+    ],
+)
+def test_inconsistent_vocab_maps_refused(tmp_path, target, corrupt, message):
+    tensors = _published_checkpoint(tmp_path)
+    corrupt(tensors)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=message):
+        load_eagle3(tmp_path, target.config)
+
+
+def test_d2t_t2d_mapping(target):
+    model = _drafter_model(target, draft_vocab_size=50)
+    kept = torch.arange(0, 150, 3)
+    assert torch.equal(model.to_target_ids(torch.arange(50)), kept)
+    draft_logits = torch.randn(2, 3, 50, generator=torch.Generator().manual_seed(0))
+    full = model.to_target_logits(draft_logits)  # [2, 3, 264]
+    assert torch.equal(full[..., kept], draft_logits)
+    assert torch.isneginf(full[..., ~model.t2d]).all() and model.t2d.sum() == 50
+    # the argmax over the target vocabulary is the mapped draft argmax
+    assert torch.equal(full.argmax(-1), kept[draft_logits.argmax(-1)])
+    # proposals only ever hold draft-vocabulary tokens, and q is zero elsewhere
+    d = Eagle3Drafter(model, 5)
+    ids = _ids(16, 4)
+    d.begin(ids[0, :-1].tolist(), _taps(target, ids[:, :-1]))
+    prop = d.propose(ids[0].tolist(), 5, SamplingParams(temperature=1.0), torch.Generator().manual_seed(1))
+    assert model.t2d[prop.tokens].all()
+    assert prop.q_probs[..., ~model.t2d].sum() == 0
+    torch.testing.assert_close(prop.q_probs.sum(-1), torch.ones(1, 5))
+
+
+def test_select_draft_vocab_keeps_the_most_frequent_response_tokens():
+    seqs = torch.tensor([[9, 9, 5, 5, 5, 7, 7, 3], [9, 9, 5, 7, 2, 2, 2, 2]])
+    lens, prompt_lens = torch.tensor([8, 5]), torch.tensor([2, 2])  # responses: 5 5 5 7 7 3 | 5 7 2
+    d2t, t2d = select_draft_vocab(seqs, lens, prompt_lens, 12, 2)
+    assert t2d.nonzero().flatten().tolist() == [5, 7]
+    assert (torch.arange(2) + d2t).tolist() == [5, 7]
+    d2t, t2d = select_draft_vocab(seqs, lens, prompt_lens, 12, None)
+    assert t2d.all() and not d2t.any()
+
+
+def test_cached_context_equals_from_scratch(target, drafter_model):
+    """Absorbing context over several cycles gives the chain of one fresh pass."""
+    ids = _ids(30, 2)
+    taps = _taps(target, ids)
+    incremental = Eagle3Drafter(drafter_model)
+    ctx = 10
+    incremental.begin(ids[0, :ctx].tolist(), taps[:, :ctx])
+    for cut in (14, 15, 22):  # the target caches 4, 1 and 7 more positions
+        incremental.draft_chain(ids[0, : ctx + 1].tolist(), 4, lambda lg: lg.argmax(-1))
+        incremental.commit(cut - ctx - 1, taps[:, ctx:cut])
+        ctx = cut
+    a = torch.cat(incremental.draft_chain(ids[0, :23].tolist(), 5, lambda lg: lg.argmax(-1)), 1)
+    b = _chain_logits(drafter_model, target, ids[:, :23], 5)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_chain_with_kv_cache_equals_uncached_recomputation(target, drafter_model):
+    """Each chain step equals one causal pass over all slots from scratch, no cache."""
+    model, ids, k = drafter_model, _ids(18, 3), 5
+    n = ids.shape[1] - 1
+    cached = _chain_logits(model, target, ids, k)[0]  # [k, V]
+    feats = model.fuse(_taps(target, ids[:, :-1]))  # [1, n, H]
+    tokens = ids[:, 1:]  # slot j reads token j+1
+    with torch.no_grad():
+        for i in range(k):
+            h, _ = model(tokens, feats, torch.arange(n + i)[None], None, causal_mask(0, n + i))
+            logits = model.to_target_logits(model.draft_logits(h[:, -1]))[0]
+            torch.testing.assert_close(logits, cached[i], atol=1e-5, rtol=1e-4)
+            feats = torch.cat([feats, h[:, -1:]], 1)  # the step's own output is fed back
+            tokens = torch.cat([tokens, logits.argmax(-1).view(1, 1)], 1)
+
+
+def test_training_time_test_equals_chain_drafting(target, drafter_model):
+    """TTT step i at slot j sees what chain step i drafting from slot j sees (ground-truth tokens)."""
+    model, steps = drafter_model, 4
+    seq = _ids(24, 5)
+    taps = _taps(target, seq)
+    with torch.no_grad():
+        logits = target(seq).logits
+        for j in (3, 11, 17):
+            forced = [seq[:, j + 1 + i : j + 2 + i] for i in range(1, steps)]
+            expected = _chain_logits(model, target, seq[:, : j + 2], steps, forced)[0]  # [steps, V]
+            got = torch.cat([model.to_target_logits(model.draft_logits(h[:, j : j + 1]))
+                             for h in ttt_forward(model, seq, taps, steps)], 1)[0]
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+        loss, acc = eagle3_ttt_loss(model, seq, taps, logits, torch.ones_like(seq, dtype=torch.bool), 3, 0.8)
+    assert loss.item() > 0 and acc.shape == (3,)
+
+
+@pytest.mark.parametrize("draft_vocab_size", [None, 80])
+def test_greedy_lossless_with_untrained_drafter(target, tmp_path, draft_vocab_size):
+    model = _drafter_model(target, draft_vocab_size)
+    save_eagle3(model, tmp_path, target.config.num_hidden_layers)
+    loaded = load_eagle3(tmp_path, target.config)
+    drafter = Eagle3Drafter(loaded, 4)
+    spec = SpeculativeDecoder(TargetModel(target, drafter.tap_layer_ids), drafter, eos_id=256)
+    plain = SpeculativeDecoder(TargetModel(target), None, eos_id=256)
+    for seed in range(3):
+        ids = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+        assert spec.generate(ids, 50).token_ids == plain.generate(ids, 50).token_ids

@@ -1,0 +1,234 @@
+"""Train an EAGLE-3 drafter for any target, with training-time test (arXiv 2503.01840 §3).
+
+1. Regenerate: the target continues every training prompt greedily (`train.dflash.regenerate`).
+2. Features: one teacher-forced target pass gives the low/mid/high taps and, from the last
+   layer, the target's distribution p at every position (the soft labels).
+3. Draft vocabulary: the `draft_vocab_size` most frequent response tokens (`d2t`/`t2d`).
+4. Training-time test, `ttt_steps` unrolled steps over every slot j of a sequence at once.
+   Step 0 reads the fused target feature g_j and token j+1; step i ≥ 1 reads the drafter's own
+   output of step i−1 at slot j and token j+1+i, at position j+i, and attends to step 0's keys
+   of slots ≤ j plus its own slot's keys of steps 1..i — exactly what chain drafting from slot j
+   sees at inference. Step i predicts token j+2+i.
+5. Loss: Σ_i 0.8^i · CE(p restricted to the draft vocabulary, q) over response tokens whose
+   target argmax the draft vocabulary holds (EAGLE-3's weighting), normalised by Σ_i 0.8^i.
+   `embed_tokens` is the target's, frozen; `fc`, the midlayer, `norm` and `lm_head` train.
+Checkpoints are written in the SafeAILab/SpecForge layout; `checkpoint/` makes the run resumable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, Field
+from tqdm import tqdm
+from transformers import LlamaConfig
+
+from trtspec.errors import TrtspecError
+from trtspec.models.eagle3 import Eagle3DraftModel, Eagle3Spec, default_aux_layer_ids, save_eagle3
+from trtspec.models.target import load_causal_lm
+from trtspec.train.dflash import _lr_at, regenerated_data, target_taps
+
+log = logging.getLogger(__name__)
+
+
+class Eagle3TrainConfig(BaseModel):
+    """Hyper-parameters of EAGLE-3 training."""
+
+    ttt_steps: int = Field(7, ge=1, description="training-time-test steps unrolled per slot")
+    step_decay: float = Field(0.8, gt=0, le=1, description="loss weight of TTT step i is decay**i")
+    draft_vocab_size: int | None = Field(None, ge=1, description="reduced draft vocabulary; None = target's")
+    aux_layer_ids: list[int] | None = Field(
+        None, description="low/mid/high taps; default [1, L//2−1, L−4]; distinct ones on shallow targets"
+    )
+    response_tokens: int = Field(192, ge=8, description="tokens the target regenerates per prompt")
+    batch_size: int = Field(8, ge=1, description="sequences per step")
+    epochs: float = Field(2.0, gt=0, description="passes over the regenerated data")
+    lr: float = Field(1e-3, gt=0, description="peak AdamW learning rate")
+    warmup: float = Field(0.04, ge=0, le=1, description="fraction of steps of warm-up")
+    checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
+    max_steps: int | None = Field(None, ge=1, description="stop after this many steps (a smoke run)")
+    seed: int = Field(0, description="seed of initialisation and order")
+
+
+def choose_aux_layer_ids(num_layers: int) -> list[int]:
+    """The published default; a shallow target where it repeats a layer gets distinct taps."""
+    for ids in (default_aux_layer_ids(num_layers), [1, num_layers // 2, num_layers - 2],
+                [0, num_layers // 2, num_layers - 1]):
+        if len(set(ids)) == 3 and min(ids) >= 0:
+            return ids
+    raise TrtspecError(f"EAGLE-3 needs a target with at least 3 layers, this one has {num_layers}")
+
+
+def select_draft_vocab(seqs, lens, prompt_lens, vocab_size: int, size: int | None):
+    """The `size` most frequent response tokens. Returns (d2t [size], t2d [vocab]) where
+    draft id d stands for target id d + d2t[d] (ascending target ids)."""
+    if size is None or size >= vocab_size:
+        return torch.zeros(vocab_size, dtype=torch.long), torch.ones(vocab_size, dtype=torch.bool)
+    pos = torch.arange(seqs.shape[1])
+    in_response = (pos >= prompt_lens[:, None]) & (pos < lens[:, None])  # [N, S]
+    counts = torch.bincount(seqs[in_response], minlength=vocab_size)
+    order = torch.sort(-counts, stable=True).indices  # most frequent first, ties by id
+    kept = torch.sort(order[:size]).values  # [size] target ids
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[kept] = True
+    return kept - torch.arange(size), t2d
+
+
+def new_drafter(target, cfg: Eagle3TrainConfig) -> Eagle3DraftModel:
+    tc = target.config
+    vocab = tc.vocab_size
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+        num_hidden_layers=1, num_attention_heads=tc.num_attention_heads,
+        num_key_value_heads=tc.num_key_value_heads, head_dim=tc.head_dim, hidden_act=tc.hidden_act,
+        max_position_embeddings=tc.max_position_embeddings, rms_norm_eps=tc.rms_norm_eps,
+        rope_parameters=dict(tc.rope_parameters), attention_bias=False, tie_word_embeddings=False,
+        bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id,
+    )
+    ids = cfg.aux_layer_ids or choose_aux_layer_ids(tc.num_hidden_layers)
+    spec = Eagle3Spec(min(cfg.draft_vocab_size or vocab, vocab), tc.hidden_size, ids)
+    return Eagle3DraftModel(config, spec)
+
+
+def ttt_mask(num_slots: int, step: int) -> torch.Tensor:
+    """Step `step` queries over the keys of steps 0..step: causal over step 0, own slot after.
+    -> boolean [1, 1, T, (step + 1)·T]"""
+    slots = torch.arange(num_slots)
+    blocks = [slots[None, :] <= slots[:, None]] + [torch.eye(num_slots, dtype=torch.bool)] * step
+    return torch.cat(blocks, -1)[None, None]
+
+
+def _shift(x: torch.Tensor, by: int, length: int) -> torch.Tensor:
+    """x[:, by : by + length] along dim 1, zero-padded past the end.  [b, S, ...] -> [b, length, ...]"""
+    out = x.new_zeros((x.shape[0], length, *x.shape[2:]))
+    part = x[:, by : by + length]
+    out[:, : part.shape[1]] = part
+    return out
+
+
+def ttt_forward(model: Eagle3DraftModel, seqs, aux, steps: int):
+    """Yield the midlayer output h [b, T, H] of TTT steps 0..steps−1 at every slot j < T = S − 1.
+    seqs [b, S]; aux [b, S, 3·Ht]."""
+    b, seq_len = seqs.shape
+    num_slots = seq_len - 1  # slot j needs token j+1
+    hidden = model.fuse(aux[:, :num_slots])  # g [b, T, H]
+    keys, values = [], []
+    for i in range(steps):
+        ids = _shift(seqs, 1 + i, num_slots)  # token j+1+i  [b, T]
+        positions = (torch.arange(num_slots) + i).expand(b, -1)
+        past = None if i == 0 else (torch.cat(keys, 2), torch.cat(values, 2))
+        hidden, (k, v) = model(ids, hidden, positions, past, ttt_mask(num_slots, i))
+        keys.append(k)
+        values.append(v)
+        yield hidden
+
+
+def eagle3_ttt_loss(model: Eagle3DraftModel, seqs, aux, target_logits, loss_mask, steps: int, decay: float):
+    """TTT loss over every slot.  seqs [b, S]; aux [b, S, 3·Ht] taps; target_logits [b, S, V]
+    (position t's logits = p of token t+1); loss_mask [b, S] (True where token t counts).
+    Returns (loss, acc [steps])."""
+    b, seq_len = seqs.shape
+    num_slots = seq_len - 1  # slot j needs token j+1
+    draft_to_target = model.to_target_ids(torch.arange(model.spec.draft_vocab_size))
+    counted = loss_mask & model.t2d[target_logits.argmax(-1)]  # [b, S]
+    p = torch.softmax(target_logits[..., draft_to_target].float(), -1)  # [b, S, Vd]
+
+    losses, accs, weights = [], [], []
+    for i, hidden in enumerate(ttt_forward(model, seqs, aux, steps)):
+        logq = torch.log_softmax(model.draft_logits(hidden).float(), -1)  # [b, T, Vd]
+        p_i = _shift(p, 1 + i, num_slots)  # p of token j+2+i  [b, T, Vd]
+        mask = _shift(counted, 2 + i, num_slots)  # token j+2+i counts  [b, T]
+        count = mask.sum().clamp(min=1)
+        losses.append(-((p_i * logq).sum(-1) * mask).sum() / count)
+        with torch.no_grad():
+            accs.append(((logq.argmax(-1) == p_i.argmax(-1)) & mask).sum() / count)
+        weights.append(decay**i)
+    loss = sum(w * x for w, x in zip(weights, losses, strict=True)) / sum(weights)
+    return loss, torch.stack(accs)
+
+
+def _features(target, seqs: torch.Tensor, layer_ids: list[int], chunk: int = 256) -> torch.Tensor:
+    """Taps of `layer_ids` and of the last layer, kept in bfloat16.  -> [N, S, 4·H]"""
+    last = target.config.num_hidden_layers - 1
+    return torch.cat([target_taps(target, seqs[i : i + chunk], [*layer_ids, last]).bfloat16()
+                      for i in range(0, len(seqs), chunk)])
+
+
+def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle3TrainConfig) -> dict:
+    torch.manual_seed(cfg.seed)
+    target = load_causal_lm(target_dir)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    num_layers, hidden_size = target.config.num_hidden_layers, target.config.hidden_size
+    bad = [i for i in cfg.aux_layer_ids or [] if not 0 <= i < num_layers]
+    if cfg.aux_layer_ids is not None and (len(cfg.aux_layer_ids) != 3 or bad):
+        raise TrtspecError(f"--aux-layer-ids needs 3 layers in [0, {num_layers}), got {cfg.aux_layer_ids}")
+    data = regenerated_data(target, prompts_path, cfg.response_tokens, out_dir / "checkpoint" / "data.pt")
+
+    model = new_drafter(target, cfg)
+    with torch.no_grad():
+        d2t, t2d = select_draft_vocab(data["seqs"], data["lens"], data["prompt_lens"],
+                                      target.config.vocab_size, cfg.draft_vocab_size)
+        model.d2t.copy_(d2t)
+        model.t2d.copy_(t2d)
+        model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        model.lm_head.weight.copy_(target.get_output_embeddings().weight[model.to_target_ids(
+            torch.arange(model.spec.draft_vocab_size))])
+    model.embed_tokens.weight.requires_grad_(False)
+    feats = _features(target, data["seqs"], model.spec.aux_layer_ids)
+    final_norm, lm_head = target.model.norm, target.get_output_embeddings()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    num = len(data["seqs"])
+    total = max(1, int(cfg.epochs * num / cfg.batch_size))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    state_file = out_dir / "checkpoint" / "state.pt"
+    start = 0
+    if state_file.is_file():
+        state = torch.load(state_file)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        gen.set_state(state["gen"])
+        start = state["step"]
+        log.info("resuming EAGLE-3 training at step %d", start)
+
+    end = min(total, start + cfg.max_steps) if cfg.max_steps else total
+    positions = torch.arange(data["seqs"].shape[1])
+    history = []
+    t0 = time.time()
+    bar = tqdm(range(start, end), desc="train eagle3", unit="step", initial=start, total=total)
+    for step in bar:
+        rows = torch.randint(0, num, (cfg.batch_size,), generator=gen)
+        width = int(data["lens"][rows].max())
+        seqs = data["seqs"][rows, :width]
+        f = feats[rows, :width].float()
+        with torch.no_grad():
+            target_logits = lm_head(final_norm(f[..., 3 * hidden_size :]))  # [b, S, V]
+        loss_mask = ((positions[:width] >= data["prompt_lens"][rows, None])
+                     & (positions[:width] < data["lens"][rows, None]))
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, total, cfg)
+        loss, acc = eagle3_ttt_loss(model, seqs, f[..., : 3 * hidden_size], target_logits, loss_mask,
+                                    cfg.ttt_steps, cfg.step_decay)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        # drafts accepted per chain if steps were independent: sum of prefix products, + bonus
+        tau_est = 1 + acc.cumprod(0).sum().item()
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{acc[0].item():.2f}", tau_est=f"{tau_est:.2f}")
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
+            history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
+                            "acc": [round(a, 3) for a in acc.tolist()],
+                            "seconds": round(time.time() - t0, 1)})
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                        "step": step + 1}, state_file)
+            save_eagle3(model, out_dir, num_layers)
+    report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
+              "sequences": num, "total_steps": total, "history": history}
+    (out_dir / "training.json").write_text(json.dumps(report, indent=1))
+    return report
