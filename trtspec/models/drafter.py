@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 class Proposal:
     tokens: torch.Tensor  # [b, k] draft tokens x_1..x_k
     q_probs: torch.Tensor | None  # [b, k, V] processed draft distributions; None when greedy
+    confidence: torch.Tensor | None = None  # [b, k] P(slot j accepted | slots < j were); DSpark
 
     @classmethod
     def empty(cls) -> Proposal:
@@ -89,6 +90,8 @@ def build_drafter(config: DrafterConfig | None, target: TargetModel) -> Drafter:
     # importing the implementations fills the registry
     import trtspec.models.dflash_drafter  # noqa: F401
     import trtspec.models.draft_model  # noqa: F401
+    import trtspec.models.dspark_drafter  # noqa: F401
+    import trtspec.models.eagle3_drafter  # noqa: F401
 
     if config.method not in _REGISTRY:
         raise ValueError(

@@ -1,0 +1,296 @@
+"""DSpark: Markov head, confidence head, STS, DeepSpec checkpoint layout, training == inference."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from trtspec.errors import CheckpointError
+from trtspec.models.dspark import DSparkDraftModel, load_dspark, save_dspark
+from trtspec.models.dspark_drafter import DSparkDrafter
+from trtspec.models.target import TargetModel, load_causal_lm
+from trtspec.spec.sampling import SamplingParams, probs_from_logits
+from trtspec.spec.sts import (
+    STSCalibration,
+    confidences,
+    expected_calibration_error,
+    fit_sts,
+    load_sts,
+    save_sts,
+    survival_ece,
+)
+from trtspec.train.dspark import DSparkTrainConfig, block_forward, dspark_loss, new_dspark
+
+GAMMA = 5
+
+
+@pytest.fixture(scope="module")
+def target(random_qwen3_dir):
+    return load_causal_lm(random_qwen3_dir)
+
+
+@pytest.fixture(scope="module")
+def drafter_model(target) -> DSparkDraftModel:
+    torch.manual_seed(0)
+    cfg = DSparkTrainConfig(block_size=GAMMA, num_layers=2, target_layer_ids=[0, 2], markov_rank=16,
+                            init_from_target=False)
+    model = new_dspark(target, mask_token_id=258, cfg=cfg)
+    with torch.no_grad():  # W2 starts at 0 and norms at 1: move them so a mix-up would show
+        model.markov_head.markov_w2.weight.normal_(0, 0.3)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def _taps(target, ids, layer_ids):
+    with torch.no_grad():
+        hs = target(ids, output_hidden_states=True).hidden_states
+    return torch.cat([hs[i + 1] for i in layer_ids], -1)
+
+
+def _drafter(target, model, ids, sts=None) -> DSparkDrafter:
+    """A drafter that has absorbed the context ids[:-1]; the anchor is ids[-1]."""
+    d = DSparkDrafter(model, sts_temperatures=sts)
+    d.begin(ids[0, :-1].tolist(), _taps(target, ids[:, :-1], model.spec.target_layer_ids))
+    return d
+
+
+def _ids(seed: int, n: int = 20) -> torch.Tensor:
+    return torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _propose(drafter, ids, sampling, seed=7):
+    return drafter.propose(ids[0].tolist(), GAMMA, sampling, torch.Generator().manual_seed(seed))
+
+
+SAMPLED = SamplingParams(temperature=0.8, top_k=50)
+
+
+def test_markov_head_with_zero_w2_is_the_backbone(target, drafter_model):
+    ids = _ids(1)
+    plain = copy.deepcopy(drafter_model)
+    with torch.no_grad():
+        plain.markov_head.markov_w2.weight.zero_()
+    d = _drafter(target, plain, ids)
+    with torch.no_grad():
+        backbone = plain.lm_head(d.backbone_hidden(ids[0].tolist(), GAMMA))  # [1, γ, V]
+    greedy = _propose(d, ids, SamplingParams())
+    assert torch.equal(greedy.tokens, backbone.argmax(-1))
+    d = _drafter(target, plain, ids)
+    sampled = _propose(d, ids, SAMPLED)
+    torch.testing.assert_close(sampled.q_probs, probs_from_logits(backbone, SAMPLED))
+    # with W2 ≠ 0 every slot moves, the first one too (it is conditioned on x_0 = the anchor)
+    markov = _propose(_drafter(target, drafter_model, ids), ids, SAMPLED)
+    assert (markov.q_probs - sampled.q_probs).abs().amax(-1).min() > 1e-3
+
+
+def test_markov_head_conditions_on_the_previous_draft(target, drafter_model):
+    """q_k depends on x_{k−1} exactly through W2·W1[x_{k−1}]."""
+    ids = _ids(2)
+    d = _drafter(target, drafter_model, ids)
+    prop = _propose(d, ids, SAMPLED)
+    with torch.no_grad():
+        base = drafter_model.lm_head(d.backbone_hidden(ids[0].tolist(), GAMMA))  # [1, γ, V]
+        prev = torch.cat([ids[:, -1:], prop.tokens[:, :-1]], 1)  # x_0..x_{γ−1}
+        expected = base + drafter_model.markov_head.markov_w2(drafter_model.markov_head.markov_w1(prev))
+    torch.testing.assert_close(prop.q_probs, probs_from_logits(expected, SAMPLED))
+
+
+def test_sts_keeps_rankings_within_each_slot():
+    gen = torch.Generator().manual_seed(0)
+    z = 2 * torch.randn(500, GAMMA, generator=gen, dtype=torch.float64)
+    temps = torch.tensor([0.5, 1.0, 2.5, 7.0, 0.8], dtype=torch.float64)
+    calibrated = confidences(z, temps)
+    for j in range(GAMMA):
+        assert torch.equal(torch.argsort(calibrated[:, j]), torch.argsort(z[:, j]))
+        # float32 may saturate to ties but never reorders
+        by_z = confidences(z.float(), temps.float())[torch.argsort(z[:, j]), j]
+        assert (by_z[1:] >= by_z[:-1]).all()
+    assert not torch.allclose(calibrated, torch.sigmoid(z))
+
+
+def test_ece_of_known_cases():
+    pred = torch.tensor([0.05, 0.15, 0.95, 0.95])
+    # bins 0, 1, 9: gaps 0.05 + 0.15 + |1.9 − 2| over 4 predictions
+    assert expected_calibration_error(pred, torch.tensor([0, 0, 1, 1]), bins=10) == pytest.approx(0.075)
+    assert expected_calibration_error(torch.full((4,), 0.5), torch.tensor([1, 1, 1, 1])) == pytest.approx(0.5)
+
+
+def test_sts_recovers_overconfident_slots():
+    """Outcomes drawn with c_j = σ(z_j / 2.5): STS finds T ≈ 2.5 and shrinks the ECE."""
+    gen = torch.Generator().manual_seed(1)
+    z = 2 * torch.randn(20000, GAMMA, generator=gen) + 1
+    accepted = torch.rand(z.shape, generator=gen) < torch.sigmoid(z / 2.5)
+    survived = accepted.int().cumprod(-1).bool()
+    temps = fit_sts(z, survived)
+    assert torch.allclose(temps, torch.full((GAMMA,), 2.5), rtol=0.25), temps
+    before, after = survival_ece(z, survived, None), survival_ece(z, survived, temps)
+    assert max(after) < 0.02 < min(before), (before, after)
+
+
+def test_save_load_identical_outputs(tmp_path, target, drafter_model):
+    save_dspark(drafter_model, tmp_path)
+    loaded = load_dspark(tmp_path, target.config)
+    ids = _ids(3)
+    for sampling in (SamplingParams(), SAMPLED):
+        a = _propose(_drafter(target, drafter_model, ids), ids, sampling)
+        b = _propose(_drafter(target, loaded, ids), ids, sampling)
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.confidence, b.confidence)
+        assert (a.q_probs is None and b.q_probs is None) or torch.equal(a.q_probs, b.q_probs)
+
+
+def test_stored_sts_temperatures_reach_the_proposal(tmp_path, target, drafter_model, random_qwen3_dir):
+    from trtspec.config import DrafterConfig
+    from trtspec.models.drafter import build_drafter
+
+    save_dspark(drafter_model, tmp_path)
+    temps = [0.5, 1.0, 2.0, 3.0, 4.0]
+    save_sts(STSCalibration(temperatures=temps), tmp_path)
+    assert torch.equal(load_sts(tmp_path, GAMMA), torch.tensor(temps))
+    drafter = build_drafter(DrafterConfig(method="dspark", path=str(tmp_path)), TargetModel(target))
+    ids = _ids(4)
+    drafter.begin(ids[0, :-1].tolist(), _taps(target, ids[:, :-1], drafter.tap_layer_ids))
+    calibrated = _propose(drafter, ids, SamplingParams())
+    raw = _propose(_drafter(target, drafter_model, ids), ids, SamplingParams())
+    assert torch.equal(calibrated.tokens, raw.tokens)
+    logits = torch.logit(raw.confidence.double())
+    torch.testing.assert_close(calibrated.confidence.double(), torch.sigmoid(logits / torch.tensor(temps)),
+                               atol=1e-5, rtol=1e-4)
+    save_sts(STSCalibration(temperatures=temps[:3]), tmp_path)
+    with pytest.raises(CheckpointError, match="temperatures has 3 values .* block_size is 5"):
+        load_sts(tmp_path, GAMMA)
+
+
+def _published_checkpoint(path, rank=8):
+    """A minimal writer of DeepSpec's layout (names from deepspec/modeling/dspark, config fields
+    from `build_draft_config`), independent of trtspec's writer."""
+    h, inter, d, heads, kv, vocab = 64, 96, 16, 4, 2, 264
+    gen = torch.Generator().manual_seed(5)
+    tensors = {"fc.weight": torch.randn(h, 2 * h, generator=gen), "hidden_norm.weight": torch.ones(h),
+               "norm.weight": torch.ones(h), "embed_tokens.weight": torch.randn(vocab, h, generator=gen),
+               "lm_head.weight": torch.randn(vocab, h, generator=gen),
+               "markov_head.markov_w1.weight": torch.randn(vocab, rank, generator=gen),
+               "markov_head.markov_w2.weight": torch.randn(vocab, rank, generator=gen),
+               "confidence_head.proj.weight": torch.randn(1, h + rank, generator=gen),
+               "confidence_head.proj.bias": torch.randn(1, generator=gen)}
+    shapes = {"input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+              "self_attn.q_proj.weight": (heads * d, h), "self_attn.k_proj.weight": (kv * d, h),
+              "self_attn.v_proj.weight": (kv * d, h), "self_attn.o_proj.weight": (h, heads * d),
+              "self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
+              "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h),
+              "mlp.down_proj.weight": (h, inter)}
+    for name, shape in shapes.items():
+        tensors[f"layers.0.{name}"] = torch.randn(*shape, generator=gen)
+    save_file(tensors, str(path / "model.safetensors"))
+    config = {
+        "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", "block_size": 7,
+        "mask_token_id": 258, "target_layer_ids": [0, 2], "num_target_layers": 3, "num_anchors": 512,
+        "markov_rank": rank, "markov_head_type": "vanilla", "enable_confidence_head": True,
+        "confidence_head_with_markov": True, "layer_types": ["full_attention"],
+        "num_hidden_layers": 1, "hidden_size": h, "intermediate_size": inter,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d, "vocab_size": vocab,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000, "max_position_embeddings": 512,
+        "hidden_act": "silu", "tie_word_embeddings": False,
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    return tensors, config
+
+
+def test_published_layout_written_by_hand_loads(tmp_path, target):
+    tensors, _ = _published_checkpoint(tmp_path)
+    model = load_dspark(tmp_path, target.config)
+    assert model.spec.block_size == 7 and model.spec.target_layer_ids == [0, 2]
+    assert model.spec.markov_rank == 8 and model.spec.confidence_head_with_markov
+    state = model.state_dict()
+    for name, tensor in tensors.items():
+        assert torch.equal(state[name], tensor), name
+    out = tmp_path / "resaved"
+    save_dspark(model, out)
+    resaved = json.loads((out / "config.json").read_text())
+    published = json.loads((tmp_path / "config.json").read_text())
+    for field in ("architectures", "block_size", "mask_token_id", "target_layer_ids", "num_target_layers",
+                  "num_anchors", "markov_rank", "markov_head_type", "enable_confidence_head",
+                  "confidence_head_with_markov", "layer_types", "tie_word_embeddings"):
+        assert resaved[field] == published[field], field
+    reloaded = load_dspark(out, target.config).state_dict()
+    assert all(torch.equal(reloaded[name], tensor) for name, tensor in tensors.items())
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda c: c.update(hidden_size=32, head_dim=8), "hidden_size is 32 but the target has 64"),
+        (lambda c: c.update(vocab_size=300), "vocab_size is 300 but the target has 264"),
+        (lambda c: c.update(num_target_layers=5), "num_target_layers is 5 but the target has 3"),
+        (lambda c: c.update(target_layer_ids=[0, 3]), r"target_layer_ids \[0, 3\] has \[3\]"),
+        (lambda c: c.update(mask_token_id=264), "mask_token_id 264 is outside"),
+        (lambda c: c.update(markov_head_type="gated"), "markov_head_type is 'gated'"),
+        (lambda c: c.update(architectures=["DFlashDraftModel"]), "architectures is"),
+        (lambda c: c.pop("markov_rank"), "missing DSpark field 'markov_rank'"),
+        (lambda c: c.update(markov_rank=4), "weights do not match"),
+    ],
+)
+def test_misfits_refused(tmp_path, target, edit, message):
+    _, config = _published_checkpoint(tmp_path)
+    edit(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message):
+        load_dspark(tmp_path, target.config)
+
+
+def test_training_forward_equals_inference_at_each_anchor(target, drafter_model):
+    """The packed, teacher-forced training view gives each anchor's inference logits and
+    confidences when the drafts equal the target's tokens."""
+    seq = _ids(6, 40)
+    taps = _taps(target, seq, drafter_model.spec.target_layer_ids)
+    anchors = torch.tensor([[7, 19, 30]])
+    with torch.no_grad():
+        batch = block_forward(drafter_model, seq, taps, anchors)
+        logits, conf = drafter_model.teacher_forced(batch.hidden, batch.prev)
+    for j, a in enumerate(anchors[0].tolist()):
+        d = _drafter(target, drafter_model, seq[:, : a + 1])
+        labels = seq[0, a + 1 : a + 1 + GAMMA]
+        drafted = d.draft_block(seq[0, : a + 1].tolist(), GAMMA,
+                                lambda k, _, forced=labels: forced[k : k + 1])
+        torch.testing.assert_close(logits[0, j], drafted.logits[0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(conf[0, j], drafted.confidence_logits[0], atol=1e-5, rtol=1e-4)
+        assert torch.equal(batch.labels[0, j], labels)
+
+
+def test_loss_terms_and_gradients(target, drafter_model):
+    seq = _ids(8, 40)
+    taps = _taps(target, seq, drafter_model.spec.target_layer_ids)
+    model = copy.deepcopy(drafter_model).train()
+    batch = block_forward(model, seq, taps, torch.tensor([[5, 20]]))
+    with torch.no_grad():
+        p_t = target(seq).logits[0, batch.positions[0]][None]  # [1, n, γ, V]
+    loss, metrics = dspark_loss(model, batch, p_t, DSparkTrainConfig(block_size=GAMMA))
+    loss.backward()
+    assert loss.item() > 0 and 1 <= metrics["tau_prob"] <= 1 + GAMMA
+    for name in ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight",
+                 "confidence_head.proj.weight", "fc.weight"):
+        assert model.get_parameter(name).grad.abs().sum() > 0, name
+    assert model.lm_head.weight.grad is None and model.embed_tokens.weight.grad is None
+    # the drafter's own distribution as p_t: TV = 0, so c* = 1 and only CE and BCE remain
+    with torch.no_grad():
+        own, _ = model.teacher_forced(batch.hidden, batch.prev)
+    _, same = dspark_loss(model, batch, own, DSparkTrainConfig(block_size=GAMMA))
+    assert same["tau_prob"] == pytest.approx(1 + GAMMA, abs=1e-4)
+
+
+def test_greedy_lossless_with_untrained_drafter(target, drafter_model, tmp_path):
+    from trtspec.spec.decoder import SpeculativeDecoder
+
+    save_dspark(drafter_model, tmp_path)
+    model = load_dspark(tmp_path, target.config)
+    tgt = TargetModel(target, tuple(model.spec.target_layer_ids))
+    spec = SpeculativeDecoder(tgt, DSparkDrafter(model), eos_id=256)
+    plain = SpeculativeDecoder(TargetModel(target), None, eos_id=256)
+    for seed in range(3):
+        ids = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+        assert spec.generate(ids, 50).token_ids == plain.generate(ids, 50).token_ids

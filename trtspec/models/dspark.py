@@ -1,0 +1,268 @@
+"""DSpark drafter network (DeepSeek, deepseek-ai/DeepSpec), in DeepSpec's checkpoint layout.
+
+- Parallel backbone = the DFlash drafter (`DFlashDraftModel`: fc + hidden_norm over the target's
+  taps, KV injection in every layer, one pass per block), with the anchor as the FIRST
+  prediction position: the block `[x_0 = anchor, MASK × (γ−1)]` at positions a..a+γ−1 gives γ
+  hidden states h_1..h_γ and base logits `U_k = lm_head(h_k)`, where slot k predicts x_{a+k}.
+- Markov head (DeepSpec `VanillaMarkov`): `p_k(v) ∝ exp(U_k(v) + W2(W1[x_{k−1}])(v))`,
+  `W1 = markov_w1: Embedding(V, r)`, `W2 = markov_w2: Linear(r, V, no bias)`; sampled left to
+  right from x_0 = the anchor, so each draft sees the one drafted before it.
+- Confidence head (DeepSpec `AcceptRatePredictor`): `c_k = σ(proj([h_k ; W1[x_{k−1}]]))`, the
+  probability that slot k is accepted given slots < k were.
+
+DeepSpec's model carries its own copies of the target's `embed_tokens` and `lm_head` (copied at
+initialisation and frozen), so they are part of the checkpoint. State-dict names (no `model.`
+prefix, as DeepSpec's `save_pretrained` writes them): the DFlash names (`fc`, `hidden_norm`,
+`layers.{i}.*`, `norm`) plus `embed_tokens`, `lm_head`, `markov_head.markov_w1`,
+`markov_head.markov_w2`, `confidence_head.proj.{weight,bias}`. Config fields (DeepSpec
+`build_draft_config`): `architectures: ["Qwen3DSparkModel"]`, `block_size`, `mask_token_id`,
+`target_layer_ids`, `num_target_layers`, `num_anchors`, `markov_rank`, `markov_head_type`,
+`enable_confidence_head`, `confidence_head_with_markov`, plus the target's Qwen3 fields.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import Qwen3Config
+
+from trtspec.errors import CheckpointError
+from trtspec.models.dflash import DFlashDraftModel, DFlashSpec
+
+ARCHITECTURE = "Qwen3DSparkModel"
+MARKOV_HEAD_TYPES = ("vanilla",)  # DeepSpec also has "gated" and "rnn"; not implemented here
+DSPARK_FIELDS = ("block_size", "mask_token_id", "target_layer_ids", "num_target_layers", "num_anchors",
+                 "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
+
+
+@dataclass(slots=True)
+class DSparkSpec(DFlashSpec):
+    """The DSpark fields of a checkpoint's config.json. `block_size` is γ: inputs = drafts."""
+
+    markov_rank: int = 256
+    markov_head_type: str = "vanilla"
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+    num_anchors: int = 512  # training-only in DeepSpec; kept so a round trip is faithful
+
+    @classmethod
+    def from_config_dict(cls, raw: dict, where: str) -> DSparkSpec:
+        try:
+            spec = cls(
+                block_size=int(raw["block_size"]),
+                mask_token_id=int(raw["mask_token_id"]),
+                target_layer_ids=[int(i) for i in raw["target_layer_ids"]],
+                num_target_layers=int(raw["num_target_layers"]),
+                markov_rank=int(raw["markov_rank"]),
+                enable_confidence_head=bool(raw["enable_confidence_head"]),
+                num_anchors=int(raw.get("num_anchors", 512)),
+            )
+        except KeyError as exc:
+            raise CheckpointError(f"{where}: missing DSpark field {exc.args[0]!r}") from None
+        # DeepSpec writes these two only when the head they qualify exists
+        if spec.markov_rank > 0:
+            spec.markov_head_type = str(raw.get("markov_head_type", "vanilla"))
+        spec.confidence_head_with_markov = spec.enable_confidence_head and bool(
+            raw.get("confidence_head_with_markov", False))
+        return spec
+
+
+class MarkovHead(nn.Module):
+    """B(x, ·) = W2(W1[x]): a rank-r bigram correction of the parallel logits."""
+
+    def __init__(self, vocab_size: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+
+    def forward(self, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """prev_tokens [...] -> bias [..., V]"""
+        return self.markov_w2(self.markov_w1(prev_tokens))
+
+
+class ConfidenceHead(nn.Module):
+    """c_k logit = wᵀ[h_k ; W1[x_{k−1}]] + b (DeepSpec `AcceptRatePredictor`)."""
+
+    def __init__(self, input_dim: int):
+        super().__init__()
+        self.proj = nn.Linear(input_dim, 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.proj(features).squeeze(-1)
+
+
+# picks x_k from the Markov-corrected logits of slot k: (k, logits [b, V]) -> tokens [b]
+ChooseToken = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+@dataclass(slots=True)
+class DraftBlock:
+    tokens: torch.Tensor  # [b, k] x_1..x_k
+    logits: torch.Tensor  # [b, k, V] Markov-corrected logits of p_1..p_k (before sampling params)
+    confidence_logits: torch.Tensor | None  # [b, k] logit of c_k; None without a confidence head
+
+
+class DSparkDraftModel(DFlashDraftModel):
+    """DFlash backbone + own copies of the target's embedding/LM head + Markov and confidence heads."""
+
+    def __init__(self, config: Qwen3Config, spec: DSparkSpec):
+        super().__init__(config, spec)
+        hidden, vocab = config.hidden_size, config.vocab_size
+        self.embed_tokens = nn.Embedding(vocab, hidden)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+        self.markov_head = MarkovHead(vocab, spec.markov_rank) if spec.markov_rank > 0 else None
+        self.confidence_head = None
+        if spec.enable_confidence_head:
+            extra = spec.markov_rank if spec.confidence_head_with_markov else 0
+            self.confidence_head = ConfidenceHead(hidden + extra)
+
+    def markov_logits(self, base_logits: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """U_k + B(x_{k−1}, ·).  base_logits [..., V]; prev_tokens [...] -> [..., V]"""
+        if self.markov_head is None:
+            return base_logits
+        return base_logits + self.markov_head(prev_tokens).to(base_logits.dtype)
+
+    def confidence_logits(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor | None:
+        """Logit of c_k.  hidden [..., H]; prev_tokens [...] -> [...] (float32), None without a head."""
+        if self.confidence_head is None:
+            return None
+        features = hidden
+        if self.spec.confidence_head_with_markov:
+            features = torch.cat([hidden, self.markov_head.markov_w1(prev_tokens).to(hidden.dtype)], -1)
+        return self.confidence_head(features).float()
+
+    def teacher_forced(self, hidden: torch.Tensor, prev_tokens: torch.Tensor):
+        """Training view: every slot sees the true x_{k−1}.
+        hidden [..., γ, H]; prev_tokens [..., γ] -> (logits [..., γ, V], confidence logits [..., γ] | None)"""
+        logits = self.markov_logits(self.lm_head(hidden), prev_tokens)
+        return logits, self.confidence_logits(hidden, prev_tokens)
+
+    def decode_block(self, hidden: torch.Tensor, anchor: torch.Tensor, choose: ChooseToken) -> DraftBlock:
+        """Inference view: left to right from x_0 = anchor, each slot conditioned on the token
+        `choose` picked for the slot before.  hidden [b, k, H]; anchor [b] -> DraftBlock"""
+        base = self.lm_head(hidden)  # [b, k, V]; one parallel product, then k cheap r×V steps
+        prev, tokens, logits, prevs = anchor, [], [], []
+        for k in range(hidden.shape[1]):
+            step = self.markov_logits(base[:, k], prev)  # [b, V]
+            prevs.append(prev)
+            prev = choose(k, step)
+            tokens.append(prev)
+            logits.append(step)
+        prev_tokens = torch.stack(prevs, 1)  # [b, k] x_0..x_{k−1}
+        return DraftBlock(torch.stack(tokens, 1), torch.stack(logits, 1),
+                          self.confidence_logits(hidden, prev_tokens))
+
+
+# -- checkpoint layout ------------------------------------------------------------------------
+
+def dspark_config_dict(config: Qwen3Config, spec: DSparkSpec) -> dict:
+    raw = config.to_dict()
+    for key in ("trtspec_special_tokens", "transformers_version", "output_hidden_states"):
+        raw.pop(key, None)
+    raw.update(
+        architectures=[ARCHITECTURE],
+        model_type="qwen3",
+        tie_word_embeddings=False,
+        layer_types=["full_attention"] * config.num_hidden_layers,
+        block_size=spec.block_size,
+        mask_token_id=spec.mask_token_id,
+        target_layer_ids=spec.target_layer_ids,
+        num_target_layers=spec.num_target_layers,
+        num_anchors=spec.num_anchors,
+        markov_rank=spec.markov_rank,
+        enable_confidence_head=spec.enable_confidence_head,
+    )
+    if spec.markov_rank > 0:
+        raw["markov_head_type"] = spec.markov_head_type
+    if spec.enable_confidence_head:
+        raw["confidence_head_with_markov"] = spec.confidence_head_with_markov
+    return raw
+
+
+def save_dspark(model: DSparkDraftModel, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(dspark_config_dict(model.config, model.spec), indent=2))
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if "rotary_emb" not in k}
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def check_dspark_fits(spec: DSparkSpec, config: Qwen3Config, target_config, where: str) -> None:
+    """Refuse a drafter that does not fit its target, naming the field and both values."""
+    checks = [
+        ("hidden_size", config.hidden_size, target_config.hidden_size),
+        ("vocab_size", config.vocab_size, target_config.vocab_size),
+        ("num_target_layers", spec.num_target_layers, target_config.num_hidden_layers),
+    ]
+    for field, mine, theirs in checks:
+        if mine != theirs:
+            raise CheckpointError(f"{where}: {field} is {mine} but the target has {theirs}")
+    # DeepSpec also allows -1 (the embedding output); TargetModel taps decoder layers only
+    bad = [i for i in spec.target_layer_ids if not 0 <= i < target_config.num_hidden_layers]
+    if bad:
+        raise CheckpointError(
+            f"{where}: target_layer_ids {spec.target_layer_ids} has {bad} out of range "
+            f"for a target with {target_config.num_hidden_layers} layers"
+        )
+    if not 0 <= spec.mask_token_id < target_config.vocab_size:
+        raise CheckpointError(
+            f"{where}: mask_token_id {spec.mask_token_id} is outside the target's "
+            f"vocabulary of {target_config.vocab_size}"
+        )
+
+
+def _check_spec(spec: DSparkSpec, where: str) -> None:
+    if spec.block_size < 1:
+        raise CheckpointError(f"{where}: block_size is {spec.block_size}; DSpark needs at least 1")
+    if spec.markov_rank < 0:
+        raise CheckpointError(f"{where}: markov_rank is {spec.markov_rank}; expected >= 0")
+    if spec.markov_rank > 0 and spec.markov_head_type not in MARKOV_HEAD_TYPES:
+        raise CheckpointError(
+            f"{where}: markov_head_type is {spec.markov_head_type!r}; this build supports "
+            f"{', '.join(MARKOV_HEAD_TYPES)}"
+        )
+    if spec.confidence_head_with_markov and spec.markov_rank == 0:
+        raise CheckpointError(f"{where}: confidence_head_with_markov is true but markov_rank is 0")
+
+
+def load_dspark(path: Path, target_config=None, dtype=torch.float32) -> DSparkDraftModel:
+    """Load a DSpark checkpoint (DeepSpec layout); with `target_config`, refuse one that does not fit."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{config_file} is missing: not a DSpark checkpoint directory")
+    raw = json.loads(config_file.read_text())
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        raise CheckpointError(f"{path} has no *.safetensors weights")
+    if ARCHITECTURE not in (raw.get("architectures") or []):
+        raise CheckpointError(
+            f"{config_file}: architectures is {raw.get('architectures')}; a DSpark checkpoint has "
+            f"[{ARCHITECTURE!r}]"
+        )
+    spec = DSparkSpec.from_config_dict(raw, str(config_file))
+    _check_spec(spec, str(config_file))
+    config = Qwen3Config(**{k: v for k, v in raw.items() if k not in DSPARK_FIELDS})
+    if target_config is not None:
+        check_dspark_fits(spec, config, target_config, str(config_file))
+    model = DSparkDraftModel(config, spec)
+    state: dict[str, torch.Tensor] = {}
+    for file in weights:
+        state.update(load_file(str(file)))
+    state = {k.removeprefix("_orig_mod.").removeprefix("model."): v for k, v in state.items()}
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a shape differs from what config.json implies
+        detail = str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else str(exc)
+        raise CheckpointError(f"{path}: weights do not match {config_file}: {detail}") from None
+    missing = [k for k in missing if "rotary_emb" not in k]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not match the DSpark layout "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    return model.to(dtype).eval()
