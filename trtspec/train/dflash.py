@@ -101,6 +101,19 @@ def regenerate(model, prompts: list[list[int]], response_tokens: int, eos_id: in
 
 
 @torch.inference_mode()
+def regenerated_data(target, prompts_path: Path, response_tokens: int, data_file: Path) -> dict:
+    """The target's own continuations of the prompts, cached in `data_file` (resumable runs and
+    drafters trained from one regeneration share it): seqs [N, S], lens [N], prompt_lens [N]."""
+    if data_file.is_file():
+        return torch.load(data_file)
+    prompts = [list(p.encode()) for p in load_prompt_file(prompts_path)]  # byte-level targets
+    seqs, lens = regenerate(target, prompts, response_tokens, target.config.eos_token_id)
+    data = {"seqs": seqs, "lens": lens, "prompt_lens": torch.tensor([len(p) for p in prompts])}
+    data_file.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(data, data_file)
+    return data
+
+
 def target_taps(model, seqs: torch.Tensor, layer_ids: list[int], batch: int = 32) -> torch.Tensor:
     """Teacher-forced taps of every position.  seqs [N, S] -> [N, S, n_taps*H]"""
     out = []
@@ -174,16 +187,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     mask_token_id = mask_token_id if mask_token_id is not None else specials.get("mask")
     if mask_token_id is None:
         raise TrtspecError(f"{target_dir}/config.json names no mask token: pass --mask-token-id")
-    eos_id = target.config.eos_token_id
-    prompts = [list(p.encode()) for p in load_prompt_file(prompts_path)]  # byte-level targets
-    data_file = out_dir / "checkpoint" / "data.pt"
-    if data_file.is_file():
-        data = torch.load(data_file)
-    else:
-        seqs, lens = regenerate(target, prompts, cfg.response_tokens, eos_id)
-        data = {"seqs": seqs, "lens": lens, "prompt_lens": torch.tensor([len(p) for p in prompts])}
-        data_file.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(data, data_file)
+    data = regenerated_data(target, prompts_path, cfg.response_tokens, out_dir / "checkpoint" / "data.pt")
 
     model = new_drafter(target, mask_token_id, cfg)
     taps = target_taps(target, data["seqs"], model.spec.target_layer_ids)
