@@ -45,6 +45,18 @@ class TargetConfig(_HasPath):
     """The target model p."""
 
 
+class ScheduleConfig(_Strict):
+    """How many of each request's draft tokens one target forward verifies (`spec.schedule`)."""
+
+    mode: Literal["full", "scheduler", "threshold", "argmax"] = Field(
+        "full", description="full block; scheduler = DSpark Algorithm 1 (needs confidences and an SPS "
+                            "table); threshold = slots whose survival ≥ `threshold`; argmax is biased, "
+                            "kept only to demonstrate why Algorithm 1 stops early")
+    threshold: float = Field(0.5, ge=0, le=1, description="survival cut of the threshold mode")
+    sps_table: str | None = Field(
+        None, description="`trtspec profile` output (steps/s per verify batch), relative to the YAML")
+
+
 class DrafterConfig(_HasPath):
     """The drafter q and how many tokens it proposes per cycle."""
 
@@ -53,6 +65,15 @@ class DrafterConfig(_HasPath):
         None, ge=1, le=64,
         description="k: draft tokens per cycle; default 5 for draft models, block size − 1 for DFlash",
     )
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig,
+                                     description="verification schedule for concurrent requests")
+
+    @property
+    def resolved_sps_table(self) -> Path | None:
+        if self.schedule.sps_table is None:
+            return None
+        path = Path(self.schedule.sps_table).expanduser()
+        return path if path.is_absolute() else self._base / path
 
 
 class GenerationLimits(_Strict):

@@ -1,0 +1,143 @@
+"""R concurrent requests in one target forward per cycle: exactly what one request alone gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtspec.config import ScheduleConfig, load_build_config
+from trtspec.models.drafter import Drafter, Proposal
+from trtspec.models.packed_target import Chunk, PackedTarget
+from trtspec.pipeline import load_pipeline
+from trtspec.prompts import load_prompts
+from trtspec.spec.batch import BatchDecoder, Request
+from trtspec.spec.sampling import SamplingParams
+from trtspec.spec.schedule import SPSTable
+from trtspec.triton.verify import exact_marginals
+
+from .conftest import REPO
+
+PROMPTS = load_prompts("code")[:4] + load_prompts("math")[:4] + load_prompts("chat")[:4]
+SPS = SPSTable(batch_tokens=[1, 8, 16, 32, 64], steps_per_s=[100.0, 95.0, 80.0, 60.0, 35.0])
+
+
+@pytest.fixture(scope="module", params=["tiny-dflash", "tiny-draft-model"])
+def pipeline(request):
+    return load_pipeline(load_build_config(REPO / "build_configs" / f"{request.param}.yaml"))
+
+
+def _packed(pipeline) -> PackedTarget:
+    return PackedTarget(pipeline.target.model, pipeline.target.tap_layer_ids)
+
+
+class ConfidentDrafter(Drafter):
+    """A real drafter plus a made-up confidence that depends on the previous draft token, so
+    the scheduler's cut moves with the drafts (the case that could break losslessness)."""
+
+    def __init__(self, inner: Drafter):
+        self.inner = inner
+        self.method, self.tap_layer_ids = inner.method, inner.tap_layer_ids
+        self.num_draft_tokens = inner.num_draft_tokens
+
+    def __copy__(self):
+        import copy
+
+        return ConfidentDrafter(copy.copy(self.inner))
+
+    def begin(self, prompt, hidden):
+        self.inner.begin(prompt, hidden)
+
+    def commit(self, num_accepted, hidden):
+        self.inner.commit(num_accepted, hidden)
+
+    def propose(self, committed, k, sampling, generator):
+        p = self.inner.propose(committed, k, sampling, generator)
+        prev = torch.cat([torch.tensor([[committed[-1]]]), p.tokens[:, :-1]], 1)  # x_{j-1}
+        confidence = torch.where(prev % 2 == 0, 0.95, 0.4)
+        return Proposal(tokens=p.tokens, q_probs=p.q_probs, confidence=confidence)
+
+
+def test_packed_forward_equals_one_sequence_at_a_time(pipeline):
+    single, packed = pipeline.target, _packed(pipeline)
+    ids = [list(p.encode()) for p in PROMPTS[:3]]
+    outs = packed.forward([Chunk(r, torch.tensor(x)) for r, x in enumerate(ids)])
+    # a draft-like step: 5 tokens each, then reject 3 of request 1 and feed it again
+    step = [torch.randint(0, 256, (5,), generator=torch.Generator().manual_seed(r)) for r in range(3)]
+    outs2 = packed.forward([Chunk(r, step[r]) for r in range(3)])
+    packed.rewind(1, 3)
+    packed.compact(min_dead_fraction=0.0)
+    outs3 = packed.forward([Chunk(1, step[0][:2])])
+    for r, x in enumerate(ids):
+        single.reset()
+        ref = single.forward(torch.tensor([x]))
+        torch.testing.assert_close(outs[r].logits, ref.logits[0], atol=1e-4, rtol=1e-4)
+        if single.tap_layer_ids:
+            torch.testing.assert_close(outs[r].hidden, ref.hidden[0], atol=1e-4, rtol=1e-4)
+        ref2 = single.forward(step[r][None])
+        torch.testing.assert_close(outs2[r].logits, ref2.logits[0], atol=1e-4, rtol=1e-4)
+        if r == 1:
+            single.rewind(3)
+            ref3 = single.forward(step[0][:2][None])
+            torch.testing.assert_close(outs3[0].logits, ref3.logits[0], atol=1e-4, rtol=1e-4)
+    assert packed.seq_len(1) == len(ids[1]) + 4
+
+
+@pytest.mark.parametrize("concurrency", [1, 5])
+def test_batched_greedy_identical_to_target_alone(pipeline, concurrency):
+    max_new = [60 + 23 * (i % 3) for i in range(len(PROMPTS))]
+    plain = BatchDecoder(PackedTarget(pipeline.target.model), None, pipeline.tokenizer.eos_id)
+    spec = BatchDecoder(_packed(pipeline), pipeline.drafter, pipeline.tokenizer.eos_id)
+    for start in range(0, len(PROMPTS), concurrency):
+        reqs = [Request(list(p.encode()), n)
+                for p, n in zip(PROMPTS[start : start + concurrency], max_new[start:], strict=False)]
+        got = spec.generate(reqs)
+        for req, res in zip(reqs, got, strict=True):
+            alone = pipeline.decoder.generate(req.prompt, req.max_new_tokens, None)
+            assert res.token_ids == alone.token_ids
+            assert plain.generate([req])[0].token_ids == alone.token_ids
+    assert spec.num_cycles < sum(len(r.token_ids) for r in got)
+
+
+@pytest.mark.parametrize("mode", ["scheduler", "threshold"])
+def test_scheduled_batched_greedy_identical(pipeline, mode):
+    drafter = ConfidentDrafter(pipeline.drafter)
+    spec = BatchDecoder(_packed(pipeline), drafter, pipeline.tokenizer.eos_id,
+                        ScheduleConfig(mode=mode, threshold=0.5), SPS)
+    reqs = [Request(list(p.encode()), 70) for p in PROMPTS[:6]]
+    got = spec.generate(reqs)
+    assert 0 < spec.admitted_drafts < spec.offered_drafts  # the cut really shortened blocks
+    for req, res in zip(reqs, got, strict=True):
+        assert res.token_ids == pipeline.decoder.generate(req.prompt, 70).token_ids
+
+
+def test_scheduled_batched_sampling_follows_target():
+    pipeline = load_pipeline(load_build_config(REPO / "build_configs" / "tiny-dflash.yaml"))
+    model = pipeline.target.model
+    prompt, steps, n, batch = list(b"Q: 12 + 34\nA:"), 4, 2000, 50
+    sampling = SamplingParams(temperature=1.0, top_k=3)
+    laws = exact_marginals(model, prompt, sampling, steps)
+    spec = BatchDecoder(_packed(pipeline), ConfidentDrafter(pipeline.drafter),
+                        pipeline.tokenizer.eos_id, ScheduleConfig(mode="scheduler"), SPS)
+    counts = [dict() for _ in range(steps)]
+    accepted = drafted = 0
+    for start in range(0, n, batch):
+        reqs = [Request(prompt, steps, sampling.model_copy(update={"seed": s}))
+                for s in range(start, start + batch)]
+        for res in spec.generate(reqs):
+            accepted, drafted = accepted + res.num_accepted, drafted + res.num_drafted
+            for pos, tok in enumerate(res.token_ids):
+                counts[pos][tok] = counts[pos].get(tok, 0) + 1
+    assert 0 < accepted < drafted
+    for pos in range(steps):
+        support = set(laws[pos]) | set(counts[pos])
+        tv = 0.5 * sum(abs(counts[pos].get(t, 0) / n - laws[pos].get(t, 0.0)) for t in support)
+        assert tv < 0.06, (pos, tv)
+
+
+def test_bad_requests_are_named():
+    pipeline = load_pipeline(load_build_config(REPO / "build_configs" / "tiny-dflash.yaml"))
+    spec = BatchDecoder(_packed(pipeline), pipeline.drafter, pipeline.tokenizer.eos_id)
+    with pytest.raises(ValueError, match="request 1: prompt is empty"):
+        spec.generate([Request([1, 2], 4), Request([], 4)])
+    with pytest.raises(ValueError, match="SPS table"):
+        BatchDecoder(_packed(pipeline), pipeline.drafter, 0, ScheduleConfig(mode="scheduler"))

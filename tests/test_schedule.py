@@ -1,0 +1,120 @@
+"""The prefix scheduler: Algorithm 1's choices, and that scheduled verification stays lossless.
+
+The distribution tests simulate a target whose p depends only on the absolute position and a
+drafter whose confidence in slot j depends on the draft token before it, so the scheduler's cut
+moves with the drafts. Algorithm 1 (early stop) must reproduce p exactly; the variant that takes
+the best cut over all prefixes (`argmax`) lets a draft's own value decide whether it is checked
+and must be caught as biased by the same test: the test has teeth.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtspec.spec.schedule import SPSTable, schedule_lengths, survival
+from trtspec.spec.verify import PAD, verify_sampling
+
+DRAWS = 20_000
+TV_BOUND = 0.02  # TV of 20k draws over ≤ 3 outcomes is ~0.005 when the law is right
+
+
+def tv(a: torch.Tensor, b: torch.Tensor) -> float:
+    return 0.5 * (a - b).abs().sum().item()
+
+
+def simulate(mode, p, q, confidence_of, k, sps, n_out, seed):
+    """Emit `n_out` tokens per row by draft–schedule–verify cycles.  p, q: [positions, V]."""
+    gen = torch.Generator().manual_seed(seed)
+    emitted = torch.full((DRAWS, n_out), PAD, dtype=torch.long)
+    n = torch.zeros(DRAWS, dtype=torch.long)
+    lengths_seen: set[int] = set()
+    while (n < n_out).any():
+        pos = n[:, None] + torch.arange(k + 1)  # [N, k+1] absolute positions of p_1..p_{k+1}
+        q_b, p_b = q[pos[:, :k]], p[pos]  # [N, k, V], [N, k+1, V]
+        draft = torch.multinomial(q_b.flatten(0, 1), 1, generator=gen).view(DRAWS, k)
+        conf = confidence_of(draft)  # [N, k]
+        surv = survival(conf)
+        lens = torch.tensor([schedule_lengths([row], sps, mode)[0] for row in surv])
+        lengths_seen.update(lens.tolist())
+        out = verify_sampling(draft, q_b, p_b, gen, draft_lens=lens)
+        for r in torch.nonzero(n < n_out).flatten().tolist():
+            toks = out.row(r)[: n_out - int(n[r])]
+            emitted[r, n[r] : n[r] + len(toks)] = torch.tensor(toks)
+            n[r] += len(toks)
+    return emitted, lengths_seen
+
+
+def law(tokens: torch.Tensor, v: int) -> torch.Tensor:
+    return torch.bincount(tokens, minlength=v).float() / len(tokens)
+
+
+# Counterexample: c_2 is 1 after x_1 = 0 and 0 otherwise; verifying one token does not pay
+# (SPS drops at B = 2) but two sure ones would. The argmax cut verifies x_1 only when x_1 = 0.
+COUNTER_P = torch.tensor([[0.2, 0.8]] * 6)
+COUNTER_Q = torch.tensor([[0.5, 0.5]] * 6)
+COUNTER_SPS = SPSTable(batch_tokens=[1, 2, 3], steps_per_s=[1.0, 0.6, 0.6])
+
+
+def counter_confidence(draft):
+    c1 = torch.full((draft.shape[0],), 0.5)
+    c2 = (draft[:, 0] == 0).float()
+    return torch.stack([c1, c2], 1)
+
+
+def test_argmax_cut_is_biased():
+    emitted, seen = simulate("argmax", COUNTER_P, COUNTER_Q, counter_confidence, 2, COUNTER_SPS, 1, 3)
+    assert seen == {0, 2}
+    # exact law of the first token under this rule: P(0) = 0.5·0.4 + 0.5·0.2 = 0.3, not 0.2
+    assert tv(law(emitted[:, 0], 2), COUNTER_P[0]) > 4 * TV_BOUND
+
+
+def test_scheduler_on_the_counterexample_is_exact():
+    emitted, seen = simulate("scheduler", COUNTER_P, COUNTER_Q, counter_confidence, 2, COUNTER_SPS, 1, 3)
+    assert tv(law(emitted[:, 0], 2), COUNTER_P[0]) < TV_BOUND
+
+
+# A case where Algorithm 1's cut itself moves with the drafts (1, 2 or 3 slots verified).
+GEN = torch.Generator().manual_seed(0)
+P3 = torch.softmax(torch.randn(8, 3, generator=GEN) * 1.5, -1)
+Q3 = torch.softmax(torch.randn(8, 3, generator=GEN) * 1.5, -1)
+SPS3 = SPSTable(batch_tokens=[1, 2, 3, 4], steps_per_s=[1.0, 0.9, 0.8, 0.7])
+
+
+def moving_confidence(draft):
+    c1 = torch.full((draft.shape[0],), 0.9)
+    c2 = torch.where(draft[:, 0] == 0, 0.9, 0.1)
+    c3 = torch.where(draft[:, 1] == 1, 0.8, 0.2)
+    return torch.stack([c1, c2, c3], 1)
+
+
+@pytest.mark.parametrize("mode", ["scheduler", "threshold", "full"])
+def test_scheduled_verification_reproduces_target(mode):
+    emitted, seen = simulate(mode, P3, Q3, moving_confidence, 3, SPS3, 3, seed=7)
+    if mode == "scheduler":
+        assert len(seen) >= 2, seen  # the cut really depends on the drafts
+    for i in range(3):
+        assert tv(law(emitted[:, i], 3), P3[i]) < TV_BOUND, (mode, i)
+
+
+def test_scheduler_stops_at_first_non_improvement():
+    # admitting slot 1 lowers Θ (1.0 -> 0.9); slots 1+2 together would raise it to 1.2
+    surv = [torch.tensor([0.5, 0.5])]
+    assert schedule_lengths(surv, COUNTER_SPS, "scheduler") == [0]
+    assert schedule_lengths([torch.tensor([0.5, 0.5])], COUNTER_SPS, "argmax") == [2]
+
+
+def test_scheduler_admits_globally_by_survival():
+    sps = SPSTable(batch_tokens=[2, 3, 4, 5, 6], steps_per_s=[1.0, 0.95, 0.9, 0.8, 0.5])
+    surv = [torch.tensor([0.9, 0.8, 0.1]), torch.tensor([0.95, 0.3, 0.2])]
+    # order (1,1) .95, (0,1) .9, (0,2) .8, (1,2) .3; Θ = 2, 2.80, 3.47, 3.72, then 2.48: stop
+    assert schedule_lengths(surv, sps, "scheduler") == [2, 1]
+    assert schedule_lengths(surv, sps, "full") == [3, 3]
+    assert schedule_lengths(surv, sps, "threshold", threshold=0.5) == [2, 1]
+
+
+def test_sps_table_interpolates_and_extrapolates_by_cost():
+    sps = SPSTable(batch_tokens=[1, 4], steps_per_s=[100.0, 70.0])
+    assert sps.sps(1) == 100.0
+    assert sps.sps(2) == pytest.approx(90.0)
+    assert sps.sps(8) == pytest.approx(35.0)

@@ -1,0 +1,167 @@
+"""The draft–verify loop over R concurrent requests: one target forward per cycle for all of them.
+
+    prefill: ONE forward over every prompt (packed), first token of each request
+    cycle:   each live request drafts k tokens (with confidences, for DSpark)
+             the schedule picks how many of each request's drafts to verify (a prefix L_r)
+             ONE target forward over all [last_r, x_r1..x_rL_r]; verify each row; rewind L_r − a_r
+
+Per request this is exactly `SpeculativeDecoder`'s cycle with the block truncated to L_r, so
+the same verifier keeps it lossless as long as L_r never depends on the drafts it admits (see
+`spec.schedule`). Each request keeps its own sampling parameters and generator.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from trtspec.config import ScheduleConfig
+from trtspec.models.drafter import Drafter, NoDrafter, Proposal
+from trtspec.models.packed_target import Chunk, PackedTarget
+from trtspec.spec.metrics import GenerationResult
+from trtspec.spec.sampling import SamplingParams, probs_from_logits, sample
+from trtspec.spec.schedule import SPSTable, schedule_lengths, survival
+from trtspec.spec.verify import verify_greedy, verify_sampling
+
+
+@dataclass(slots=True)
+class Request:
+    prompt: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(slots=True)
+class _Live:
+    """One request in flight."""
+
+    request: Request
+    drafter: Drafter
+    generator: torch.Generator
+    result: GenerationResult
+    generated: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+def _truncate(proposal: Proposal, length: int) -> Proposal:
+    q = None if proposal.q_probs is None else proposal.q_probs[:, :length]
+    c = None if proposal.confidence is None else proposal.confidence[:, :length]
+    return Proposal(tokens=proposal.tokens[:, :length], q_probs=q, confidence=c)
+
+
+class BatchDecoder:
+    """Serves R requests at once over a `PackedTarget`; drafters are forked per request."""
+
+    def __init__(self, target: PackedTarget, drafter: Drafter | None, eos_id: int | None,
+                 schedule: ScheduleConfig | None = None, sps: SPSTable | None = None):
+        self.target = target
+        self.drafter = drafter or NoDrafter()
+        self.eos_id = eos_id
+        self.schedule = schedule or ScheduleConfig()
+        if self.schedule.mode in ("scheduler", "argmax") and sps is None:
+            raise ValueError("the scheduler needs the target's SPS table: run `trtspec profile` first")
+        self.sps = sps
+        self.num_cycles = 0
+        self.offered_drafts = 0  # drafts proposed, over all cycles and requests
+        self.admitted_drafts = 0  # drafts the schedule sent to the target
+
+    def _first_token(self, logits: torch.Tensor, live: _Live) -> int:
+        sampling = live.request.sampling
+        if sampling.greedy:
+            return int(logits.argmax(-1))
+        return int(sample(probs_from_logits(logits[None], sampling), live.generator))
+
+    def _lengths(self, proposals: list[Proposal]) -> list[int]:
+        full = [p.num_tokens for p in proposals]
+        if self.schedule.mode == "full" or any(p.confidence is None for p in proposals if p.num_tokens):
+            return full
+        surv = [survival(p.confidence[0]) if p.num_tokens else torch.zeros(0) for p in proposals]
+        return schedule_lengths(surv, self.sps, self.schedule.mode, self.schedule.threshold)
+
+    def _finish(self, live: _Live, emitted: list[int]) -> list[int]:
+        if self.eos_id in emitted:
+            emitted = emitted[: emitted.index(self.eos_id) + 1]
+        emitted = emitted[: live.request.max_new_tokens - len(live.generated)]
+        live.generated.extend(emitted)
+        if len(live.generated) >= live.request.max_new_tokens or live.generated[-1] == self.eos_id:
+            live.done = True
+        return emitted
+
+    def generate(self, requests: list[Request]) -> list[GenerationResult]:
+        for i, req in enumerate(requests):
+            if not req.prompt:
+                raise ValueError(f"request {i}: prompt is empty")
+            if req.max_new_tokens < 1:
+                raise ValueError(f"request {i}: max_new_tokens must be >= 1, got {req.max_new_tokens}")
+        target = self.target
+        target.reset()
+        self.num_cycles = self.offered_drafts = self.admitted_drafts = 0
+        t0 = time.perf_counter()
+        k = self.drafter.num_draft_tokens
+        lives = [
+            _Live(req, copy.copy(self.drafter), req.sampling.generator(),
+                  GenerationResult(prompt_len=len(req.prompt), num_draft_tokens=k))
+            for req in requests
+        ]
+
+        # 1. prefill every prompt in one packed forward
+        outs = target.forward([Chunk(r, torch.tensor(lv.request.prompt)) for r, lv in enumerate(lives)])
+        prefill_s = time.perf_counter() - t0
+        for r, (lv, out) in enumerate(zip(lives, outs, strict=True)):
+            lv.drafter.begin(lv.request.prompt, None if out.hidden is None else out.hidden[None])
+            lv.result.prefill_s = prefill_s
+            lv.result.num_target_calls = 1
+            self._finish(lv, [self._first_token(out.logits[-1], lv)])
+            if lv.done:
+                lv.result.total_s = prefill_s
+                target.release(r)
+
+        while active := [r for r, lv in enumerate(lives) if not lv.done]:
+            # 2. draft: every live request proposes up to k tokens (never past its budget)
+            proposals = []
+            for r in active:
+                lv = lives[r]
+                k = min(lv.drafter.num_draft_tokens, lv.request.max_new_tokens - len(lv.generated) - 1)
+                t_draft = time.perf_counter()
+                committed = lv.request.prompt + lv.generated
+                proposals.append(lv.drafter.propose(committed, k, lv.request.sampling, lv.generator)
+                                 if k else Proposal.empty())
+                lv.result.draft_s += time.perf_counter() - t_draft
+
+            # 3. schedule, then verify all admitted prefixes in ONE target forward
+            lengths = self._lengths(proposals)
+            self.offered_drafts += sum(p.num_tokens for p in proposals)
+            self.admitted_drafts += sum(lengths)
+            proposals = [_truncate(p, n) for p, n in zip(proposals, lengths, strict=True)]
+            chunks = [Chunk(r, torch.cat([torch.tensor([lives[r].generated[-1]]), p.tokens[0]]))
+                      for r, p in zip(active, proposals, strict=True)]
+            outs = target.forward(chunks)
+            self.num_cycles += 1
+
+            # 4. per request: verify, rewind the rejected slots, emit
+            for r, p, out in zip(active, proposals, outs, strict=True):
+                lv = lives[r]
+                k, sampling = p.num_tokens, lv.request.sampling
+                if sampling.greedy:
+                    verdict = verify_greedy(p.tokens, out.logits[None])
+                else:
+                    p_probs = probs_from_logits(out.logits[None], sampling)  # [1, k+1, V]
+                    q_probs = p.q_probs if k else p_probs[:, :0]
+                    verdict = verify_sampling(p.tokens, q_probs, p_probs, lv.generator)
+                a = int(verdict.num_accepted[0])
+                target.rewind(r, k - a)
+                lv.drafter.commit(a, None if out.hidden is None else out.hidden[None, : a + 1])
+                lv.result.record_cycle(num_drafted=k, num_accepted=a)
+                lv.result.num_target_calls += 1
+                self._finish(lv, verdict.row(0))
+                if lv.done:
+                    lv.result.total_s = time.perf_counter() - t0
+                    target.release(r)
+            target.compact()
+
+        for lv in lives:
+            lv.result.token_ids = lv.generated
+        return [lv.result for lv in lives]

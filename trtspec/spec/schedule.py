@@ -1,0 +1,106 @@
+"""How many draft tokens of each request to verify: DSpark's hardware-aware prefix scheduler.
+
+A drafter with a confidence head gives, for request r and draft slot j, c_{r,j} = P(x_{r,j} is
+accepted | x_{r,<j} were). The survival a_{r,j} = ∏_{i≤j} c_{r,i} is then the expected
+contribution of slot j to the tokens the cycle emits, and verifying B tokens in one target
+forward runs at SPS(B) steps per second (measured by `trtspec profile`). Algorithm 1 of the
+DSpark paper:
+
+    sort every (r, j) by a_{r,j}, largest first
+    start from B = R (each request feeds its last token) and τ* = R (each emits ≥ 1 token)
+    admit the next (r, j) while Θ = τ* · SPS(B) improves (B += 1, τ* += a_{r,j});
+    STOP at the first non-improvement.
+
+The early stop is what keeps verification lossless. Whether slot j is verified may depend on the
+drafts before it (a_{r,j} reads x_{r,<j}) but never on x_{r,j} itself. A scheduler that instead
+takes the best Θ over every cut (`mode="argmax"`, kept only to demonstrate the point) looks at
+a_{r,j+1}, which reads x_{r,j}: then whether x_{r,j} is checked depends on its own value and the
+output is biased (tests/test_schedule.py measures it).
+
+Because a_{r,j} never grows with j and ties keep slot order, every admitted set is a prefix of
+each request's block, so a schedule is just one length per request.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, Field
+
+from trtspec.errors import ConfigError
+
+Mode = Literal["scheduler", "threshold", "full", "argmax"]
+
+
+class SPSTable(BaseModel):
+    """Target steps per second at each verify batch size B (tokens in one forward)."""
+
+    batch_tokens: list[int] = Field(description="B values measured, ascending")
+    steps_per_s: list[float] = Field(description="target forwards per second at each B")
+    machine: str = Field("", description="where it was measured")
+
+    def sps(self, b: int) -> float:
+        """SPS(B), linear between measured points, flat-extrapolated by cost beyond the last."""
+        xs, ys = self.batch_tokens, self.steps_per_s
+        if b <= xs[0]:
+            return ys[0]
+        if b >= xs[-1]:  # time per step grows linearly past the table
+            return ys[-1] * xs[-1] / b
+        i = bisect.bisect_right(xs, b)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (b - x0) / (x1 - x0)
+
+    def save(self, path: Path) -> None:
+        path.write_text(self.model_dump_json(indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> SPSTable:
+        try:
+            table = cls.model_validate(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path}: not an SPS table written by `trtspec profile` ({exc})") from None
+        if len(table.batch_tokens) != len(table.steps_per_s) or not table.batch_tokens:
+            raise ConfigError(f"{path}: batch_tokens and steps_per_s must be non-empty and equal in length")
+        return table
+
+
+def survival(confidence: torch.Tensor) -> torch.Tensor:
+    """a_{r,j} = ∏_{i≤j} c_{r,i}.  confidence [R, k] -> [R, k]"""
+    return confidence.cumprod(-1)
+
+
+def _ranked(surv: list[torch.Tensor]) -> list[tuple[float, int, int]]:
+    """Every (a, r, j) with j 1-based, largest a first; ties keep request then slot order."""
+    items = [(float(a), r, j + 1) for r, row in enumerate(surv) for j, a in enumerate(row.tolist())]
+    return sorted(items, key=lambda t: -t[0])  # stable: equal a keep (r, j) order
+
+
+def schedule_lengths(surv: list[torch.Tensor], sps: SPSTable, mode: Mode = "scheduler",
+                     threshold: float = 0.5) -> list[int]:
+    """Draft tokens to verify per request.  surv: per request [k_r] survival, non-increasing."""
+    num_requests = len(surv)
+    if mode == "full":
+        return [len(a) for a in surv]
+    if mode == "threshold":
+        return [int((a >= threshold).long().cumprod(-1).sum()) for a in surv]
+
+    lengths = [0] * num_requests
+    b, tau = num_requests, float(num_requests)
+    best = tau * sps.sps(b)
+    cuts: list[tuple[float, list[int]]] = [(best, list(lengths))]
+    for a, r, j in _ranked(surv):
+        theta = (tau + a) * sps.sps(b + 1)
+        if mode == "scheduler" and theta <= best:
+            break  # the early stop: never look past the first non-improvement
+        b, tau = b + 1, tau + a
+        lengths[r] = j
+        if mode == "argmax":
+            cuts.append((theta, list(lengths)))
+        best = max(best, theta)
+    if mode == "argmax":
+        return max(cuts, key=lambda c: c[0])[1]
+    return lengths
