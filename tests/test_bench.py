@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from trtspec.cli import main
@@ -34,3 +35,33 @@ def test_tiny_bench(tmp_path):
         assert (tmp_path / png).read_bytes()[:8] == PNG_MAGIC
     report = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| code | dflash |" in report and "B=16 / B=4" in report
+
+
+def test_tiny_concurrency_bench_and_recommendation(tmp_path):
+    configs = [str(REPO / "build_configs" / f"{n}.yaml") for n in ("tiny-dflash", "tiny-dspark")]
+    sps = tmp_path / "sps.json"
+    prof = CliRunner().invoke(main, ["profile", configs[0], "--out", str(sps), "--batches", "1,4,16",
+                                     "--requests", "2", "--context", "16", "--reps", "2"])
+    assert prof.exit_code == 0, prof.output
+    result = CliRunner().invoke(main, ["bench", *configs, "--tasks", "code,math", "--prompts", "2",
+                                       "--max-tokens", "16", "--no-hf", "--concurrency", "1,2",
+                                       "--sps", str(sps), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    conc = json.loads((tmp_path / "results.json").read_text())["concurrency"]
+    assert {"none", "dflash", "dspark", "dspark+scheduler", "dspark+threshold0.5"} <= set(conc["methods"])
+    for method, by_r in conc["methods"].items():
+        assert set(by_r) == {"1", "2"}
+        for row in by_r.values():
+            assert row["greedy_mismatches"] == 0, method
+            assert row["tokens"] == by_r["1"]["tokens"]  # same prompts, same budget, same text
+            assert row["total_tokens_per_s"] == pytest.approx(row["tokens"] / row["wall_s"], abs=0.01)
+    # the recommendation names a measured setting, with that setting's own figures
+    text = json.loads((tmp_path / "results.json").read_text())["recommendation"]
+    best = max(((m, r, row) for m, by_r in conc["methods"].items() for r, row in by_r.items()
+                if row["per_user_tokens_per_s"] >= conc["methods"]["none"]["1"]["per_user_tokens_per_s"]),
+               key=lambda t: t[2]["total_tokens_per_s"])
+    assert f"**{best[0]}** at concurrency {best[1]}" in text
+    assert (tmp_path / "interactivity.png").read_bytes()[:8] == PNG_MAGIC
+    assert "## Recommendation" in (tmp_path / "BENCHMARKS.md").read_text()
+    bad = CliRunner().invoke(main, ["bench", configs[0], "--concurrency", "1,x", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "--concurrency" in bad.output

@@ -283,3 +283,18 @@ def test_serve_binds_loopback_and_leaves_no_server_behind(tmp_path, sig):
 def test_wait_ready_gives_up_with_a_clear_message():
     with pytest.raises(ClientError, match=r"model 'trtspec' at http://127.0.0.1:\d+ not ready within 1s"):
         wait_ready(f"http://127.0.0.1:{Ports.free().http}", "trtspec", 1)
+
+
+def test_bench_against_the_server_reports_ttft_and_itl(served, config, tmp_path):
+    result = CliRunner().invoke(main, ["bench", "--url", served.grpc_url, "--model", config.name,
+                                       "--tasks", "math", "--prompts", "2", "--max-tokens", "24",
+                                       "--concurrency", "1,2", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    remote = json.loads((tmp_path / "results.json").read_text())["remote"]
+    assert set(remote["levels"]) == {"1", "2"}
+    for row in remote["levels"].values():
+        assert row["tokens"] == remote["levels"]["1"]["tokens"] > 24 and row["tau"] > 1
+        assert 0 < row["ttft_ms"] < 1e3 * row["wall_s"]
+        assert row["per_user_tokens_per_s"] == pytest.approx(1e3 / row["itl_ms"], rel=0.01)
+    bad = CliRunner().invoke(main, ["bench", "--url", "ftp://x", "--out", str(tmp_path)])
+    assert bad.exit_code != 0 and "--url" in bad.output

@@ -138,7 +138,7 @@ def train() -> None:
 @train.command("target")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("trtspec/assets"),
               show_default=True, help="Folder to write tiny-target/ and tiny-draft/ into.")
-@click.option("--steps", default=1500, show_default=True, type=int, help="Optimizer steps.")
+@click.option("--steps", default=2400, show_default=True, type=int, help="Optimizer steps.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Recipe seed.")
 @user_errors
 def train_target(out: Path, steps: int, seed: int) -> None:
@@ -177,8 +177,93 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
     click.echo(json.dumps(report["history"][-1]))
 
 
+@train.command("eagle3")
+@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
+              help="Target checkpoint directory.")
+@click.option("--prompts", "prompts_path", required=True, type=click.Path(path_type=Path),
+              help="JSONL with a `prompt` per line (or text, one per line) for the target to continue.")
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
+              help="Output folder (SafeAILab/SpecForge layout; `checkpoint/` inside makes it resumable).")
+@click.option("--ttt-steps", default=7, show_default=True, type=int, help="Training-time-test steps.")
+@click.option("--draft-vocab-size", default=None, type=int,
+              help="Reduced draft vocabulary (d2t/t2d); default the target's.")
+@click.option("--aux-layer-ids", default=None, help="Comma-separated low,mid,high taps; default EAGLE-3's.")
+@click.option("--epochs", default=2.0, show_default=True, type=float, help="Passes over the data.")
+@click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate.")
+@click.option("--response-tokens", default=192, show_default=True, type=int,
+              help="Tokens the target regenerates per prompt.")
+@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (smoke runs).")
+@user_errors
+def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_size, aux_layer_ids, epochs,
+                     lr, response_tokens, max_steps) -> None:
+    """Train an EAGLE-3 drafter with training-time test on a target's own regenerated responses."""
+    from trtspec.train.eagle3 import Eagle3TrainConfig, train_eagle3
+
+    ids = [int(x) for x in aux_layer_ids.split(",")] if aux_layer_ids else None
+    cfg = Eagle3TrainConfig(ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size, aux_layer_ids=ids,
+                            epochs=epochs, lr=lr, response_tokens=response_tokens, max_steps=max_steps)
+    report = train_eagle3(target_dir, prompts_path, out_dir, cfg)
+    click.echo(json.dumps(report["history"][-1]))
+
+
+@train.command("dspark")
+@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
+              help="Target checkpoint directory.")
+@click.option("--prompts", "prompts_path", required=True, type=click.Path(path_type=Path),
+              help="JSONL with a `prompt` per line (or text, one per line) for the target to continue.")
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
+              help="Output folder (DeepSpec layout; `checkpoint/` inside makes it resumable).")
+@click.option("--block-size", default=15, show_default=True, type=int, help="γ: drafts per block.")
+@click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers.")
+@click.option("--target-layer-ids", default=None, help="Comma-separated taps; default z-lab's spread.")
+@click.option("--markov-rank", default=256, show_default=True, type=int, help="Markov head rank r; 0 = none.")
+@click.option("--epochs", default=4.0, show_default=True, type=float, help="Passes over the data.")
+@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (a short run).")
+@click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate.")
+@click.option("--response-tokens", default=192, show_default=True, type=int,
+              help="Tokens the target regenerates per prompt.")
+@click.option("--mask-token-id", default=None, type=int, help="Mask id if the target config has none.")
+@user_errors
+def train_dspark_cmd(target_dir, prompts_path, out_dir, block_size, layers, target_layer_ids, markov_rank,
+                     epochs, max_steps, lr, response_tokens, mask_token_id) -> None:
+    """Distil a DSpark drafter (Markov + confidence heads) from a target's regenerated responses."""
+    from trtspec.train.dspark import DSparkTrainConfig, train_dspark
+
+    ids = [int(x) for x in target_layer_ids.split(",")] if target_layer_ids else None
+    cfg = DSparkTrainConfig(block_size=block_size, num_layers=layers, target_layer_ids=ids,
+                            markov_rank=markov_rank, epochs=epochs, max_steps=max_steps, lr=lr,
+                            response_tokens=response_tokens)
+    report = train_dspark(target_dir, prompts_path, out_dir, cfg, mask_token_id)
+    click.echo(json.dumps(report["history"][-1]))
+
+
 @main.command()
-@click.argument("configs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--drafter", "drafter_dir", required=True, type=click.Path(path_type=Path),
+              help="DSpark checkpoint directory; the temperatures are written to its sts.json.")
+@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
+              help="Target checkpoint directory the drafter serves.")
+@click.option("--tasks", default="code,math,chat", show_default=True, help="Held-out prompt sets.")
+@click.option("--response-tokens", default=256, show_default=True, type=int,
+              help="Tokens the target continues each prompt by.")
+@click.option("--bins", default=10, show_default=True, type=int, help="ECE bins.")
+@user_errors
+def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
+    """Fit Sequential Temperature Scaling of a DSpark drafter's confidences on held-out prompts
+    (greedy verification) and store the temperatures with the drafter."""
+    from trtspec.train.calibrate import calibrate as run_calibrate
+    from trtspec.train.calibrate import pooled_ece
+
+    cal = run_calibrate(drafter_dir, target_dir, tasks.split(","), response_tokens, bins)
+    before, after = pooled_ece(cal)
+    click.echo(f"STS temperatures: {cal.temperatures}")
+    click.echo(f"held-out ECE of survival per slot before: {cal.ece_before}")
+    click.echo(f"held-out ECE of survival per slot after:  {cal.ece_after}")
+    click.echo(f"mean ECE before {before:.4f} after {after:.4f} ({cal.source}); "
+               f"written to {drafter_dir / 'sts.json'}")
+
+
+@main.command()
+@click.argument("configs", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--tasks", default="code,math,chat", show_default=True, help="Comma-separated prompt sets.")
 @click.option("--prompts", "prompts_per_task", default=8, show_default=True, type=int,
               help="Prompts per task.")
@@ -189,12 +274,38 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
               type=click.Path(path_type=Path), help="Where results.json, results.md and plots go.")
 @click.option("--doc", "doc_path", default=None, type=click.Path(path_type=Path),
               help="Also write this Markdown report (e.g. docs/BENCHMARKS.md).")
+@click.option("--concurrency", default=None,
+              help="Also serve the prompts R at a time, for each R in this comma-separated list (1,2,4,8).")
+@click.option("--min-user-tps", default=None, type=float,
+              help="Recommendation: least tokens/s per user; default the target alone at concurrency 1.")
+@click.option("--max-users", default=None, type=int, help="Recommendation: most concurrent users.")
+@click.option("--sps", "sps_path", default=None, type=click.Path(path_type=Path),
+              help="SPS table from `trtspec profile` for the DSpark scheduler; default: profile now.")
+@click.option("--url", default=None,
+              help="Benchmark a running server instead (grpc://HOST:PORT or http://HOST:PORT): TTFT, ITL.")
+@click.option("--model", "model_name", default="trtspec", show_default=True, help="Served model (--url).")
 @user_errors
-def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir, doc_path) -> None:
-    """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side."""
+def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir, doc_path, concurrency,
+          min_user_tps, max_users, sps_path, url, model_name) -> None:
+    """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side;
+    or, with --url, a running server as its users see it."""
     from trtspec.bench.run import markdown_table, run_bench
     from trtspec.config import load_build_config
 
+    levels = _int_list(concurrency, "--concurrency") if concurrency else []
+    if url is not None:
+        from trtspec.bench.remote import remote_table, run_remote
+        from trtspec.triton.client import split_url
+
+        split_url(url)
+        remote = run_remote(url, model_name, tasks.split(","), prompts_per_task, max_tokens, levels or [1])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "results.json").write_text(json.dumps({"remote": remote}, indent=1))
+        (out_dir / "results.md").write_text(remote_table(remote) + "\n")
+        click.echo(remote_table(remote))
+        return
+    if not configs:
+        raise click.UsageError("give at least one CONFIG (or --url to benchmark a running server)")
     loaded = {}
     for path in configs:
         cfg = load_build_config(path)
@@ -202,6 +313,15 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
             raise click.BadParameter(f"{path} has no drafter", param_hint="CONFIGS")
         loaded[cfg.drafter.method] = cfg
     results = run_bench(loaded, tasks.split(","), prompts_per_task, max_tokens, repeats, not no_hf)
+    if levels:
+        from trtspec.bench.concurrency import recommendation_text, run_concurrency
+
+        sps = _sps_for_bench(loaded, sps_path)
+        results["concurrency"] = run_concurrency(loaded, tasks.split(","), prompts_per_task, max_tokens,
+                                                 levels, sps)
+        if min_user_tps is None:
+            min_user_tps = results["concurrency"]["methods"]["none"][str(levels[0])]["per_user_tokens_per_s"]
+        results["recommendation"] = recommendation_text(results["concurrency"], min_user_tps, max_users)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     table = markdown_table(results)
@@ -211,6 +331,66 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     command = "trtspec " + " ".join(sys.argv[1:])
     write_report(results, out_dir, command, doc_path or out_dir / "BENCHMARKS.md")
     click.echo(table)
+    if "recommendation" in results:
+        click.echo(results["recommendation"])
+
+
+def _int_list(text: str, hint: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"expected integers like 1,2,4,8, got {text!r}", param_hint=hint) from None
+    if min(values) < 1:
+        raise click.BadParameter(f"values must be >= 1, got {text!r}", param_hint=hint)
+    return values
+
+
+def _sps_for_bench(configs: dict, sps_path: Path | None):
+    """The scheduler's SPS table: --sps, else a DSpark config's `schedule.sps_table`, else measured now."""
+    from trtspec.spec.schedule import SPSTable
+
+    if sps_path is not None:
+        return SPSTable.load(sps_path)
+    dspark = [c for c in configs.values() if c.drafter.method == "dspark"]
+    if not dspark:
+        return None
+    if dspark[0].drafter.resolved_sps_table is not None:
+        return SPSTable.load(dspark[0].drafter.resolved_sps_table)
+    from trtspec.bench.profile import profile_sps
+    from trtspec.models.packed_target import PackedTarget
+    from trtspec.models.target import load_causal_lm
+
+    return profile_sps(PackedTarget(load_causal_lm(dspark[0].target.resolved_path)), reps=5)
+
+
+@main.command()
+@click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
+@click.option("--out", "out_path", required=True, type=click.Path(path_type=Path),
+              help="JSON file for the SPS table; point the config's drafter.schedule.sps_table at it.")
+@click.option("--batches", default=None, help="Comma-separated verify batch sizes B (tokens).")
+@click.option("--requests", default=8, show_default=True, type=int, help="Sequences sharing the cache.")
+@click.option("--context", default=256, show_default=True, type=int, help="Cached tokens per sequence.")
+@click.option("--reps", default=15, show_default=True, type=int, help="Repetitions per B (median kept).")
+@user_errors
+def profile(config_path, out_path, batches, requests, context, reps) -> None:
+    """Measure CONFIG's target steps/s at each verify batch size B (the scheduler's SPS table)."""
+    from trtspec.bench.profile import profile_sps
+    from trtspec.config import load_build_config
+    from trtspec.models.packed_target import PackedTarget
+    from trtspec.models.target import load_causal_lm
+
+    config = load_build_config(config_path)
+    sizes = _int_list(batches, "--batches") if batches else None
+    for name, value in (("--requests", requests), ("--context", context), ("--reps", reps)):
+        if value < 1:
+            raise click.BadParameter(f"must be >= 1, got {value}", param_hint=name)
+    target = PackedTarget(load_causal_lm(config.target.resolved_path, config.target.dtype))
+    table = profile_sps(target, sizes, requests, context, reps)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    table.save(out_path)
+    for b, s in zip(table.batch_tokens, table.steps_per_s, strict=True):
+        click.echo(f"B={b:4d}  {s:8.1f} steps/s  {b * s:9.1f} tokens/s")
+    click.echo(f"wrote {out_path}")
 
 
 @main.command()

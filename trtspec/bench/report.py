@@ -73,6 +73,38 @@ def plot_block_time(results: dict, out: Path) -> Path | None:
     return _save(fig, out / "dflash_block_time.png")
 
 
+def plot_interactivity(results: dict, out: Path) -> Path | None:
+    """Tokens/s per user against total tokens/s, one curve per method, points labelled by R."""
+    conc = results.get("concurrency")
+    if not conc:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for method, by_r in conc["methods"].items():
+        rs = sorted(by_r, key=int)
+        xs = [by_r[r]["per_user_tokens_per_s"] for r in rs]
+        ys = [by_r[r]["total_tokens_per_s"] for r in rs]
+        ax.plot(xs, ys, marker="o", label=method)
+        for x, y, r in zip(xs, ys, rs, strict=True):
+            ax.annotate(f"R={r}", (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points")
+    ax.set_xlabel("tokens/s per user (interactivity)")
+    ax.set_ylabel("total tokens/s (throughput)")
+    ax.legend(fontsize=7)
+    ax.set_title("Throughput vs interactivity (R concurrent requests)")
+    return _save(fig, out / "interactivity.png")
+
+
+def concurrency_table(conc: dict) -> str:
+    lines = ["| method | R | tokens/s per user | total tokens/s | tokens per cycle | drafts verified | "
+             "greedy mismatches |", "|---|---|---|---|---|---|---|"]
+    for method, by_r in conc["methods"].items():
+        for r, row in sorted(by_r.items(), key=lambda kv: int(kv[0])):
+            share = "–" if row["admitted_share"] is None else f"{row['admitted_share']:.0%}"
+            lines.append(f"| {method} | {r} | {row['per_user_tokens_per_s']:.1f} | "
+                         f"{row['total_tokens_per_s']:.1f} | {row['tokens_per_cycle']:.2f} | {share} | "
+                         f"{row['greedy_mismatches']} |")
+    return "\n".join(lines)
+
+
 def headline(results: dict) -> list[str]:
     """Figures pooled over all tasks: total tokens over total seconds, so long tasks weigh more."""
     tasks = results["tasks"].values()
@@ -99,7 +131,7 @@ def headline(results: dict) -> list[str]:
 def write_report(results: dict, out_dir: Path, command: str, doc: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = [p for p in (plot_tau(results, out_dir), plot_acceptance(results, out_dir),
-                         plot_block_time(results, out_dir)) if p]
+                         plot_block_time(results, out_dir), plot_interactivity(results, out_dir)) if p]
     rel = [p.relative_to(doc.parent) if p.is_relative_to(doc.parent) else p for p in plots]
     lines = [
         "# Benchmarks",
@@ -124,6 +156,14 @@ def write_report(results: dict, out_dir: Path, command: str, doc: Path) -> None:
             ratio = by_block["16"] / by_block["4"]
             lines.append(f"- {name}: {cells} (B=16 / B=4 = {ratio:.2f}×)")
         lines.append("")
+    if "concurrency" in results:
+        lines += ["## Concurrent requests", "",
+                  "Prompts served R at a time, one packed target forward per cycle for the group; "
+                  "`+scheduler` is DSpark's prefix scheduler over the SPS table measured in this run, "
+                  "`+thresholdX` verifies the slots whose survival is at least X.", "",
+                  concurrency_table(results["concurrency"]), ""]
+    if "recommendation" in results:
+        lines += ["## Recommendation", "", results["recommendation"], ""]
     lines += [f"![{p.stem}]({p})" for p in rel]
     doc.write_text("\n".join(lines) + "\n")
 
