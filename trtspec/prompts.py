@@ -61,7 +61,7 @@ def _code_prompts(n: int, rng: random.Random) -> list[str]:
     return out
 
 
-def _math_prompts(n: int, rng: random.Random) -> list[str]:
+def math_prompts(n: int, rng: random.Random) -> list[str]:
     out = []
     while len(out) < n:
         question = arithmetic_problem(rng).split("\n", 1)[0]
@@ -72,7 +72,7 @@ def _math_prompts(n: int, rng: random.Random) -> list[str]:
 
 def build_prompt_sets(n: int = 24, seed: int = 1234) -> dict[str, list[str]]:
     rng = random.Random(seed)
-    return {"code": _code_prompts(n, rng), "math": _math_prompts(n, rng), "chat": _CHAT[:n]}
+    return {"code": _code_prompts(n, rng), "math": math_prompts(n, rng), "chat": _CHAT[:n]}
 
 
 def training_prompts(n: int, length: int = 64, seed: int = 99) -> list[str]:

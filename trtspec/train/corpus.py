@@ -49,7 +49,8 @@ def stdlib_text(split: str) -> bytes:
 
 
 def arithmetic_problem(rng: random.Random) -> str:
-    """One problem with its worked steps, e.g. `Q: 47 + 38\\nA: 7+8=15 carry 1; 4+3+1=8; = 85\\n`."""
+    """One problem with its worked steps, e.g. `Q: 47 + 38\\nA: 7+8=15 carry 1; 4+3+1=8; = 85\\n`
+    or `Q: 63 - 18\\nA: 13-8=5 borrow 1; 6-1-1=4; = 45\\n`."""
     kind = rng.choice(["add", "add", "sub", "mul"])
     if kind == "add":
         a, b = rng.randint(10, 999), rng.randint(10, 999)
@@ -66,7 +67,16 @@ def arithmetic_problem(rng: random.Random) -> str:
     if kind == "sub":
         a = rng.randint(10, 999)
         b = rng.randint(1, a)
-        return f"Q: {a} - {b}\nA: {a} - {b} = {a - b}\n"
+        steps, borrow = [], 0
+        da, db = str(a)[::-1], str(b)[::-1]
+        for i in range(len(da)):
+            x = int(da[i])
+            y = int(db[i]) if i < len(db) else 0
+            d = x - y - borrow
+            term = f"{x + 10 if d < 0 else x}-{y}" + ("-1" if borrow else "")
+            borrow = int(d < 0)
+            steps.append(f"{term}={d + 10 * borrow}" + (" borrow 1" if borrow else ""))
+        return f"Q: {a} - {b}\nA: {'; '.join(steps)}; = {a - b}\n"
     a, b = rng.randint(11, 99), rng.randint(2, 9)
     tens, ones = (a // 10) * 10, a % 10
     return f"Q: {a} * {b}\nA: {tens}*{b} + {ones}*{b} = {tens * b} + {ones * b} = {a * b}\n"

@@ -51,12 +51,13 @@ DRAFT_SHAPE = ByteModelShape(
 class PretrainConfig(BaseModel):
     """Hyper-parameters of the embedded-model recipe."""
 
-    steps: int = Field(1500, ge=1, description="optimizer steps")
+    steps: int = Field(2400, ge=1, description="optimizer steps")
     batch_size: int = Field(24, ge=1, description="sequences per step")
     seq_len: int = Field(256, ge=8, description="bytes per training sequence")
     lr: float = Field(3e-3, gt=0, description="peak AdamW learning rate")
     warmup: float = Field(0.03, ge=0, le=1, description="fraction of steps of linear warm-up")
     weight_decay: float = Field(0.05, ge=0, description="AdamW weight decay")
+    arithmetic_fraction: float = Field(0.3, gt=0, lt=1, description="share of arithmetic bytes in the corpus")
     seed: int = Field(0, description="seed of initialisation and batch order")
     eval_every: int = Field(250, ge=1, description="steps between held-out evaluations")
     threads: int = Field(2, ge=1, description="torch CPU threads")
@@ -104,8 +105,8 @@ def pretrain(out_dir: Path, cfg: PretrainConfig) -> dict:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     tokenizer = ByteTokenizer()
-    train_bytes = training_corpus("train", seed=cfg.seed)
-    heldout_bytes = training_corpus("heldout", seed=cfg.seed + 1)
+    train_bytes = training_corpus("train", cfg.arithmetic_fraction, seed=cfg.seed)
+    heldout_bytes = training_corpus("heldout", cfg.arithmetic_fraction, seed=cfg.seed + 1)
     train = torch.frombuffer(bytearray(train_bytes), dtype=torch.uint8).long()
     heldout = torch.frombuffer(bytearray(heldout_bytes), dtype=torch.uint8).long()
 
