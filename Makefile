@@ -38,8 +38,10 @@ test: install
 
 # regenerates docs/BENCHMARKS.md and docs/bench/*.png (run on an otherwise idle machine)
 bench: install
-	$(VENV)/bin/trtspec bench build_configs/tiny-dflash.yaml build_configs/tiny-draft-model.yaml \
-	    --tasks code,math,chat --prompts 8 --max-tokens 192 --out docs/bench --doc docs/BENCHMARKS.md
+	$(VENV)/bin/trtspec bench build_configs/tiny-dflash.yaml build_configs/tiny-dspark.yaml \
+	    build_configs/tiny-eagle3.yaml build_configs/tiny-eagle3-k16.yaml build_configs/tiny-draft-model.yaml \
+	    --tasks code,math,chat --prompts 8 --max-tokens 192 --concurrency 1,2,4,8 \
+	    --out docs/bench --doc docs/BENCHMARKS.md
 
 lint: install
 	$(VENV)/bin/ruff check .

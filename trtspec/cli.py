@@ -311,7 +311,12 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         cfg = load_build_config(path)
         if cfg.drafter is None:
             raise click.BadParameter(f"{path} has no drafter", param_hint="CONFIGS")
-        loaded[cfg.drafter.method] = cfg
+        name = cfg.drafter.method
+        if name in loaded:  # a second config of one method, e.g. EAGLE-3 at k = 7 and 16
+            name = f"{name}-k{cfg.drafter.num_draft_tokens}"
+        if name in loaded:
+            raise click.BadParameter(f"{path} repeats the drafter of another config", param_hint="CONFIGS")
+        loaded[name] = cfg
     results = run_bench(loaded, tasks.split(","), prompts_per_task, max_tokens, repeats, not no_hf)
     if levels:
         from trtspec.bench.concurrency import recommendation_text, run_concurrency

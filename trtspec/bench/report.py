@@ -23,8 +23,11 @@ def _save(fig, path: Path) -> Path:
 
 
 def _spec_methods(results: dict) -> list[str]:
+    """Drafter columns, known methods first (their variants, e.g. `eagle3-k16`, after each)."""
     rows = next(iter(results["tasks"].values()))
-    return [m for m in SPEC_METHODS_ORDER if m in rows]
+    drafters = [m for m in rows if m not in ("none", "hf_generate", "hf_assisted")]
+    rank = {m: i for i, m in enumerate(SPEC_METHODS_ORDER)}
+    return sorted(drafters, key=lambda m: (rank.get(m.split("-")[0], len(rank)), m))
 
 
 def plot_tau(results: dict, out: Path) -> Path:
@@ -58,18 +61,23 @@ def plot_acceptance(results: dict, out: Path) -> Path:
 
 
 def plot_block_time(results: dict, out: Path) -> Path | None:
-    times = results.get("dflash_block_time_s")
-    if not times:
+    """Draft cost per cycle against tokens drafted: DFlash's one pass per block vs EAGLE-3's chain."""
+    dflash, eagle3 = results.get("dflash_block_time_s"), results.get("eagle3_chain_time_s")
+    if not dflash and not eagle3:
         return None
-    fig, ax = plt.subplots(figsize=(5, 3))
-    for name, by_block in times.items():
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    for name, by_block in (dflash or {}).items():
         blocks = sorted(int(b) for b in by_block)
-        ax.plot(blocks, [by_block[str(b)] * 1e3 for b in blocks], marker="o", label=name)
-    ax.set_xlabel("block size B")
-    ax.set_ylabel("draft forward (ms)")
+        ax.plot([b - 1 for b in blocks], [by_block[str(b)] * 1e3 for b in blocks], marker="o",
+                label=f"{name} (one pass, block B = drafts + 1)")
+    for name, by_k in (eagle3 or {}).items():
+        ks = sorted(int(k) for k in by_k)
+        ax.plot(ks, [by_k[str(k)] * 1e3 for k in ks], marker="s", label=f"{name} (k chained steps)")
+    ax.set_xlabel("tokens drafted per cycle")
+    ax.set_ylabel("draft time per cycle (ms)")
     ax.set_ylim(bottom=0)
-    ax.legend()
-    ax.set_title("DFlash draft cost vs block size")
+    ax.legend(fontsize=7)
+    ax.set_title("Draft cost vs tokens drafted (256-token context)")
     return _save(fig, out / "dflash_block_time.png")
 
 
@@ -155,6 +163,12 @@ def write_report(results: dict, out_dir: Path, command: str, doc: Path) -> None:
             cells = ", ".join(f"B={b}: {s * 1e3:.2f} ms" for b, s in by_block.items())
             ratio = by_block["16"] / by_block["4"]
             lines.append(f"- {name}: {cells} (B=16 / B=4 = {ratio:.2f}×)")
+        lines.append("")
+    if "eagle3_chain_time_s" in results:
+        lines += ["EAGLE-3 draft time by chain length k (same context, median):", ""]
+        for name, by_k in results["eagle3_chain_time_s"].items():
+            cells = ", ".join(f"k={k}: {s * 1e3:.2f} ms" for k, s in by_k.items())
+            lines.append(f"- {name}: {cells} (k=15 / k=3 = {by_k['15'] / by_k['3']:.2f}×)")
         lines.append("")
     if "concurrency" in results:
         lines += ["## Concurrent requests", "",

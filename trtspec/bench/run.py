@@ -85,6 +85,24 @@ def time_dflash_block(drafter: DFlashDrafter, context_len: int, block_sizes: lis
     return {b: statistics.median(v) for b, v in times.items()}
 
 
+def time_eagle3_chain(drafter, context_len: int, ks: list[int], reps: int = 30) -> dict[int, float]:
+    """Median seconds of one EAGLE-3 proposal of k tokens (context already absorbed)."""
+    from trtspec.spec.sampling import SamplingParams
+
+    hidden = torch.randn(1, context_len, drafter.model.fc.in_features)
+    committed = list(range(context_len + 1))
+    drafter.begin(committed[:-1], hidden)
+    greedy, gen = SamplingParams(), torch.Generator()
+    drafter.propose(committed, 1, greedy, gen)  # absorbs the context once
+    times: dict[int, list[float]] = {k: [] for k in ks}
+    for _ in range(reps):
+        for k in ks:
+            t = time.perf_counter()
+            drafter.propose(committed, k, greedy, gen)
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_task: int,
               max_tokens: int, repeats: int = 1, hf_reference: bool = True) -> dict:
     """`configs` maps a method name to a config whose drafter it uses; all share one target."""
@@ -135,7 +153,11 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
             rows[name] = stats[task][name].summary(baseline)
         results["tasks"][task] = rows
     for name, p in pipelines.items():
-        if isinstance(p.drafter, DFlashDrafter):
+        if p.drafter.method == "eagle3":
+            results.setdefault("eagle3_chain_time_s", {})[name] = {
+                str(k): round(s, 6) for k, s in time_eagle3_chain(p.drafter, 256, [3, 7, 15]).items()
+            }
+        if isinstance(p.drafter, DFlashDrafter) and p.drafter.method == "dflash":
             results.setdefault("dflash_block_time_s", {})[name] = {
                 str(b): round(s, 6) for b, s in time_dflash_block(p.drafter, 256, [4, 8, 16]).items()
             }
