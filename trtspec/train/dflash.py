@@ -114,6 +114,7 @@ def regenerated_data(target, prompts_path: Path, response_tokens: int, data_file
     return data
 
 
+@torch.no_grad()
 def target_taps(model, seqs: torch.Tensor, layer_ids: list[int], batch: int = 32) -> torch.Tensor:
     """Teacher-forced taps of every position.  seqs [N, S] -> [N, S, n_taps*H]"""
     out = []
