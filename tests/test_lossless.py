@@ -33,7 +33,7 @@ def _decoders(target_dir, draft_dir, k=4):
     return model, SpeculativeDecoder(target, drafter, eos), SpeculativeDecoder(target, None, eos)
 
 
-SHIPPED = ["tiny-draft-model", "tiny-dflash"]
+SHIPPED = ["tiny-draft-model", "tiny-dflash", "tiny-eagle3", "tiny-dspark"]
 
 
 def _shipped_decoder(name: str):
@@ -120,8 +120,9 @@ def test_sampling_matches_target_distribution(random_qwen3_dir, noisy_qwen3_dir)
     _assert_samples_follow_target(model, spec, [10, 20, 30, 40], sampling, steps=3)
 
 
-def test_sampling_matches_target_distribution_dflash():
-    model, spec = _shipped_decoder("tiny-dflash")
+@pytest.mark.parametrize("name", ["tiny-dflash", "tiny-eagle3", "tiny-dspark"])
+def test_sampling_matches_target_distribution_shipped(name):
+    model, spec = _shipped_decoder(name)
     sampling = SamplingParams(temperature=1.0, top_k=3)
     _assert_samples_follow_target(model, spec, list(b"Q: 12 + 34\nA:"), sampling, steps=4)
 
