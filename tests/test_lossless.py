@@ -124,7 +124,8 @@ def test_sampling_matches_target_distribution(random_qwen3_dir, noisy_qwen3_dir)
 def test_sampling_matches_target_distribution_shipped(name):
     model, spec = _shipped_decoder(name)
     sampling = SamplingParams(temperature=1.0, top_k=3)
-    _assert_samples_follow_target(model, spec, list(b"Q: 12 + 34\nA:"), sampling, steps=4)
+    # a prompt where every shipped drafter's first blocks are sometimes accepted, sometimes not
+    _assert_samples_follow_target(model, spec, list(b"    def __init__(self"), sampling, steps=4)
 
 
 def test_sampling_reproducible_with_seed(shipped_spec):
