@@ -178,16 +178,49 @@ def new_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig) -> DFlashDra
     return model
 
 
+def resolve_mask_token(target, target_dir: Path, mask_token_id: int | None) -> int:
+    """The mask id: given, or the one the target's config names among its special tokens."""
+    specials = getattr(target.config, "trtspec_special_tokens", {}) or {}
+    mask_token_id = mask_token_id if mask_token_id is not None else specials.get("mask")
+    if mask_token_id is None:
+        raise TrtspecError(f"{target_dir}/config.json names no mask token: pass --mask-token-id")
+    return mask_token_id
+
+
+def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str) -> int:
+    """Load a resumable checkpoint if there is one; return the step to start from."""
+    if not state_file.is_file():
+        return 0
+    state = torch.load(state_file)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    gen.set_state(state["gen"])
+    log.info("resuming %s training at step %d", what, state["step"])
+    return state["step"]
+
+
+def save_state(state_file: Path, model, opt, gen: torch.Generator, step: int) -> None:
+    state_file.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                "step": step}, state_file)
+
+
+def sample_anchors(usable: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, batch_size: int,
+                   anchors_per_seq: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of a batch and sorted anchors in [lo, hi] of each.  -> rows [b], anchors [b, n]"""
+    rows = usable[torch.randint(0, len(usable), (batch_size,), generator=gen)]
+    span = (hi[rows] - lo[rows] + 1).float()
+    u = torch.rand(len(rows), anchors_per_seq, generator=gen)
+    return rows, (lo[rows, None] + (u * span[:, None]).long()).sort(-1).values
+
+
 def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlashTrainConfig,
                  mask_token_id: int | None = None) -> dict:
     torch.manual_seed(cfg.seed)
     target = load_causal_lm(target_dir)
     for p in target.parameters():
         p.requires_grad_(False)
-    specials = getattr(target.config, "trtspec_special_tokens", {}) or {}
-    mask_token_id = mask_token_id if mask_token_id is not None else specials.get("mask")
-    if mask_token_id is None:
-        raise TrtspecError(f"{target_dir}/config.json names no mask token: pass --mask-token-id")
+    mask_token_id = resolve_mask_token(target, target_dir, mask_token_id)
     data = regenerated_data(target, prompts_path, cfg.response_tokens, out_dir / "checkpoint" / "data.pt")
 
     model = new_drafter(target, mask_token_id, cfg)
@@ -198,14 +231,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     total = max(1, int(cfg.epochs * num / cfg.batch_size))
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start = 0
-    if state_file.is_file():
-        state = torch.load(state_file)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        gen.set_state(state["gen"])
-        start = state["step"]
-        log.info("resuming DFlash training at step %d", start)
+    start = resume_state(state_file, model, opt, gen, "DFlash")
 
     block = cfg.block_size
     lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
@@ -215,10 +241,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     t0 = time.time()
     bar = tqdm(range(start, total), desc="train dflash", unit="step", initial=start, total=total)
     for step in bar:
-        rows = usable[torch.randint(0, len(usable), (cfg.batch_size,), generator=gen)]
-        span = (hi[rows] - lo[rows] + 1).float()
-        u = torch.rand(len(rows), cfg.anchors_per_seq, generator=gen)
-        anchors = (lo[rows, None] + (u * span[:, None]).long()).sort(-1).values  # [b, n]
+        rows, anchors = sample_anchors(usable, lo, hi, cfg.batch_size, cfg.anchors_per_seq, gen)  # [b, n]
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, total, cfg)
         loss, acc = dflash_loss(model, embed, lm_head, data["seqs"][rows], taps[rows], anchors, cfg.decay())
@@ -232,8 +255,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total:
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
                             "seconds": round(time.time() - t0, 1)})
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                        "step": step + 1}, state_file)
+            save_state(state_file, model, opt, gen, step + 1)
             save_dflash(model, out_dir)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "history": history}

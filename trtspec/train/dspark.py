@@ -30,7 +30,17 @@ from trtspec.errors import TrtspecError
 from trtspec.models.dflash import build_target_layer_ids
 from trtspec.models.dspark import DSparkDraftModel, DSparkSpec, save_dspark
 from trtspec.models.target import load_causal_lm
-from trtspec.train.dflash import DEFAULT_GAMMA, _lr_at, block_mask, regenerated_data, target_taps
+from trtspec.train.dflash import (
+    DEFAULT_GAMMA,
+    _lr_at,
+    block_mask,
+    regenerated_data,
+    resolve_mask_token,
+    resume_state,
+    sample_anchors,
+    save_state,
+    target_taps,
+)
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +164,7 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
     target = load_causal_lm(target_dir)
     for p in target.parameters():
         p.requires_grad_(False)
-    specials = getattr(target.config, "trtspec_special_tokens", {}) or {}
-    mask_token_id = mask_token_id if mask_token_id is not None else specials.get("mask")
-    if mask_token_id is None:
-        raise TrtspecError(f"{target_dir}/config.json names no mask token: pass --mask-token-id")
+    mask_token_id = resolve_mask_token(target, target_dir, mask_token_id)
     data = regenerated_data(target, prompts_path, cfg.response_tokens, out_dir / "checkpoint" / "data.pt")
 
     model = new_dspark(target, mask_token_id, cfg)
@@ -169,14 +176,7 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
     stop = min(total, cfg.max_steps or total)
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start = 0
-    if state_file.is_file():
-        state = torch.load(state_file)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        gen.set_state(state["gen"])
-        start = state["step"]
-        log.info("resuming DSpark training at step %d", start)
+    start = resume_state(state_file, model, opt, gen, "DSpark")
 
     gamma = cfg.block_size
     lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
@@ -189,10 +189,7 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
     t0 = time.time()
     bar = tqdm(range(start, stop), desc="train dspark", unit="step", initial=start, total=stop)
     for step in bar:
-        rows = usable[torch.randint(0, len(usable), (cfg.batch_size,), generator=gen)]
-        span = (hi[rows] - lo[rows] + 1).float()
-        u = torch.rand(len(rows), cfg.anchors_per_seq, generator=gen)
-        anchors = (lo[rows, None] + (u * span[:, None]).long()).sort(-1).values  # [b, n]
+        rows, anchors = sample_anchors(usable, lo, hi, cfg.batch_size, cfg.anchors_per_seq, gen)  # [b, n]
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, total, cfg)
         batch = block_forward(model, data["seqs"][rows], taps[rows], anchors)
@@ -211,8 +208,7 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
                             "tau_prob": round(metrics["tau_prob"], 3),
                             "conf_err": round(metrics.get("conf_err", float("nan")), 4),
                             "seconds": round(time.time() - t0, 1)})
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                        "step": step + 1}, state_file)
+            save_state(state_file, model, opt, gen, step + 1)
             save_dspark(model, out_dir)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "history": history}

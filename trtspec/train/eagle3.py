@@ -30,7 +30,7 @@ from transformers import LlamaConfig
 from trtspec.errors import TrtspecError
 from trtspec.models.eagle3 import Eagle3DraftModel, Eagle3Spec, default_aux_layer_ids, save_eagle3
 from trtspec.models.target import load_causal_lm
-from trtspec.train.dflash import _lr_at, regenerated_data, target_taps
+from trtspec.train.dflash import _lr_at, regenerated_data, resume_state, save_state, target_taps
 
 log = logging.getLogger(__name__)
 
@@ -187,14 +187,7 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
     total = max(1, int(cfg.epochs * num / cfg.batch_size))
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start = 0
-    if state_file.is_file():
-        state = torch.load(state_file)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        gen.set_state(state["gen"])
-        start = state["step"]
-        log.info("resuming EAGLE-3 training at step %d", start)
+    start = resume_state(state_file, model, opt, gen, "EAGLE-3")
 
     end = min(total, start + cfg.max_steps) if cfg.max_steps else total
     positions = torch.arange(data["seqs"].shape[1])
@@ -225,8 +218,7 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
                             "acc": [round(a, 3) for a in acc.tolist()],
                             "seconds": round(time.time() - t0, 1)})
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                        "step": step + 1}, state_file)
+            save_state(state_file, model, opt, gen, step + 1)
             save_eagle3(model, out_dir, num_layers)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "total_steps": total, "history": history}
