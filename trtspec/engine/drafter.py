@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from trtspec.engine.session import GraphSession
-from trtspec.models.drafter import Drafter, Proposal
-from trtspec.spec.sampling import probs_from_logits, sample
+from trtspec.models.dflash_drafter import propose_block
+from trtspec.models.drafter import Drafter
 
 
 class EngineDFlashDrafter(Drafter):
@@ -65,8 +65,4 @@ class EngineDFlashDrafter(Drafter):
         return torch.from_numpy(logits[:, 1 : 1 + k])
 
     def propose(self, committed, k, sampling, generator):
-        logits = self.draft_logits(committed, k)
-        if sampling.greedy:
-            return Proposal(tokens=logits.argmax(-1), q_probs=None)
-        q = probs_from_logits(logits, sampling)  # [1, k, V]; slots are drafted independently
-        return Proposal(tokens=sample(q, generator), q_probs=q)
+        return propose_block(self.draft_logits(committed, k), sampling, generator)

@@ -67,11 +67,15 @@ class DFlashDrafter(Drafter):
         return self.lm_head(hidden[:, 1 : 1 + k].to(self.lm_head.weight.dtype))
 
     def propose(self, committed, k, sampling, generator):
-        logits = self.draft_logits(committed, k)
-        if sampling.greedy:
-            return Proposal(tokens=logits.argmax(-1), q_probs=None)
-        q = probs_from_logits(logits, sampling)  # [1, k, V]; slots are drafted independently
-        return Proposal(tokens=sample(q, generator), q_probs=q)
+        return propose_block(self.draft_logits(committed, k), sampling, generator)
+
+
+def propose_block(logits: torch.Tensor, sampling, generator) -> Proposal:
+    """Drafts from one block's logits [1, k, V]: argmax, or each slot sampled independently."""
+    if sampling.greedy:
+        return Proposal(tokens=logits.argmax(-1), q_probs=None)
+    q = probs_from_logits(logits, sampling)  # [1, k, V]
+    return Proposal(tokens=sample(q, generator), q_probs=q)
 
 
 @register_drafter("dflash")
