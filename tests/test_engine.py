@@ -13,6 +13,7 @@ import torch
 from click.testing import CliRunner
 from transformers import GPT2Config, Qwen3Config
 
+from plugins.confidence_verify.reference import draw_uniforms, verify_sampling_explicit
 from tests.conftest import REPO
 from trtspec.cli import main
 from trtspec.config import load_build_config
@@ -22,13 +23,15 @@ from trtspec.export.bundle import load_manifest, sha256_file
 from trtspec.export.graph import FLOAT, INT32, PLUGIN_DOMAIN, GraphBuilder
 from trtspec.export.plugins import kv_injection_attention
 from trtspec.export.target import check_exportable, export_target
-from trtspec.export.verify import export_verify_greedy
+from trtspec.export.verify import export_verify_greedy, export_verify_sampling
 from trtspec.models.target import TargetModel
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
-from trtspec.spec.verify import verify_greedy
+from trtspec.spec.sampling import SamplingParams
+from trtspec.spec.verify import VerifyOutput, verify_greedy
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
+DSPARK_CONFIG = REPO / "build_configs" / "tiny-dspark.yaml"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,27 +43,63 @@ def _export_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pipelines():
-    config = load_build_config(CONFIG)
-    engine = config.model_copy(update={"flavour": "engine"})
-    return {(flavour, drafter): load_pipeline(cfg, use_drafter=drafter)
-            for flavour, cfg in (("torch", config), ("engine", engine)) for drafter in (True, False)}
+    """(flavour, name) -> Pipeline for name in target (no drafter), dflash, dspark."""
+    out = {}
+    for name, path, drafter in (("target", CONFIG, False), ("dflash", CONFIG, True),
+                                ("dspark", DSPARK_CONFIG, True)):
+        config = load_build_config(path)
+        for flavour in ("torch", "engine"):
+            out[(flavour, name)] = load_pipeline(config.model_copy(update={"flavour": flavour}),
+                                                 use_drafter=drafter)
+    return out
 
 
 def _prompts(per_task: int) -> list[str]:
     return [p for task in ("code", "math", "chat") for p in load_prompts(task)[:per_task]]
 
 
-@pytest.mark.parametrize("use_drafter", [False, True], ids=["target", "dflash"])
-def test_engine_flavour_token_identical_to_torch(pipelines, use_drafter):
-    torch_p, engine_p = pipelines[("torch", use_drafter)], pipelines[("engine", use_drafter)]
+@pytest.mark.parametrize("name", ["target", "dflash", "dspark"])
+def test_engine_flavour_token_identical_to_torch(pipelines, name):
+    torch_p, engine_p = pipelines[("torch", name)], pipelines[("engine", name)]
     assert type(engine_p.target).__name__ == "EngineTarget"
-    prompts = _prompts(6 if use_drafter else 3)
+    assert type(engine_p.decoder.verifier).__name__ == "GraphVerifier"
+    prompts = _prompts(3 if name == "target" else 6)
     for prompt in prompts:
         ids = torch_p.tokenizer.encode(prompt)
         want = torch_p.decoder.generate(ids, 48)
         got = engine_p.decoder.generate(ids, 48)
         assert got.token_ids == want.token_ids, prompt
         assert got.num_target_calls == want.num_target_calls  # same acceptance, cycle by cycle
+
+
+def test_dspark_engine_confidences_match_torch(pipelines):
+    """The heads graph gives the torch drafter's Markov drafts and STS-scaled confidences."""
+    proposals = []
+    for flavour in ("torch", "engine"):
+        p = pipelines[(flavour, "dspark")]
+        assert p.drafter.sts_temperatures is not None  # the shipped drafter is calibrated
+        ids = p.tokenizer.encode(load_prompts("chat")[1])
+        p.target.reset()
+        out = p.target.forward(torch.tensor([ids]), last_only=True)
+        p.drafter.begin(ids, out.hidden)
+        committed = ids + [int(out.logits[0, -1].argmax())]
+        proposals.append(p.drafter.propose(committed, 15, SamplingParams(), None))
+    want, got = proposals
+    assert got.tokens.tolist() == want.tokens.tolist()
+    torch.testing.assert_close(got.confidence, want.confidence, atol=1e-5, rtol=1e-4)
+    assert 0.05 < float(want.confidence.std())  # confidences that vary: the test means something
+
+
+def test_engine_sampling_follows_target(pipelines):
+    """Sampling through the engine flavour (drafts, then the `confidence_verify_sampling` graph)
+    emits tokens with the target's law."""
+    from tests.test_lossless import _assert_samples_follow_target
+
+    model = pipelines[("torch", "target")].target.model
+    spec = pipelines[("engine", "dspark")].decoder
+    sampling = SamplingParams(temperature=1.0, top_k=3)
+    _assert_samples_follow_target(model, spec, list(b"    def __init__(self"), sampling, steps=4, n=1000,
+                                  bound=0.08)
 
 
 def test_target_graph_matches_hf_llama(random_llama_dir):
@@ -89,8 +128,26 @@ def test_plugin_nodes_in_exported_graphs(tmp_path):
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert attrs == {"plugin_namespace": b"trtspec", "aot": 1}
     assert not block.functions  # the file is TensorRT's input: no CPU fallback inside
-    verify = onnx.load(str(tmp_path / "b" / "verify_greedy.onnx"))
-    assert [n.op_type for n in verify.graph.node if n.domain == "trtspec"] == ["confidence_verify_greedy"]
+    for rule in ("greedy", "sampling"):
+        verify = onnx.load(str(tmp_path / "b" / f"verify_{rule}.onnx"))
+        plugin_ops = [n.op_type for n in verify.graph.node if n.domain == "trtspec"]
+        assert plugin_ops == [f"confidence_verify_{rule}"]
+        assert not verify.functions
+
+
+def test_dspark_build_has_heads_graph_and_calibration(tmp_path):
+    result = CliRunner().invoke(main, ["build", str(DSPARK_CONFIG), "--out", str(tmp_path / "b"),
+                                       "--flavour", "engine"])
+    assert result.exit_code == 0, result.output
+    manifest = load_manifest(tmp_path / "b")
+    assert {"dspark_context", "dspark_block", "dspark_heads"} <= set(manifest["graphs"])
+    info = manifest["drafter"]
+    assert info["method"] == "dspark" and info["num_draft_tokens"] == info["block_size"] == 15
+    assert len(info["sts_temperatures"]) == 15 and info["has_confidence"]
+    block = onnx.load(str(tmp_path / "b" / "dspark_block.onnx"))
+    assert [n.op_type for n in block.graph.node if n.domain == "trtspec"] == ["kv_injection_attention"] * 2
+    heads = manifest["graphs"]["dspark_heads"]
+    assert [o["name"] for o in heads["outputs"]] == ["logits", "confidence_logits"]
 
 
 def test_verify_graph_matches_torch_verifier():
@@ -107,6 +164,61 @@ def test_verify_graph_matches_torch_verifier():
                            "draft_lens": lens.int().numpy()})
         assert out["num_accepted"].tolist() == want.num_accepted.tolist()
         assert out["tokens"].tolist() == want.tokens.tolist()
+
+
+def _random_sampling_case(gen: torch.Generator, b: int, k: int, vocab: int):
+    """Sparse p and q (disjoint support at times, q == p at times), drafts from q, ragged lens."""
+    def sparse(*shape):
+        probs = torch.softmax(3 * torch.randn(*shape, generator=gen), -1)
+        probs = probs * (torch.rand(*shape, generator=gen) > 0.5)
+        probs[..., int(torch.randint(0, vocab, (1,), generator=gen))] += 1e-3
+        return probs / probs.sum(-1, keepdim=True)
+    p, q = sparse(b, k + 1, vocab), sparse(b, k, vocab)
+    if torch.rand(1, generator=gen) < 0.3:
+        q = p[:, :k].clone()
+    draft = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).reshape(b, k) if k else \
+        torch.zeros(b, 0, dtype=torch.long)
+    lens = torch.randint(0, k + 1, (b,), generator=gen)
+    return draft, q, p, lens, *draw_uniforms(b, k, gen)
+
+
+def test_sampling_verify_graph_matches_reference():
+    """`confidence_verify_sampling` under onnxruntime equals the plugin's torch reference exactly."""
+    session = OrtSession(export_verify_sampling(9))
+    gen = torch.Generator().manual_seed(1)
+    accepted = 0
+    for trial in range(120):
+        b, k = int(torch.randint(1, 6, (1,), generator=gen)), trial % 7
+        draft, q, p, lens, uniforms, u_last = _random_sampling_case(gen, b, k, 9)
+        want = verify_sampling_explicit(draft, q, p, uniforms, u_last, lens)
+        out = session.run({"draft_tokens": draft.int().numpy(), "q_probs": q.numpy(), "p_probs": p.numpy(),
+                           "draft_lens": lens.int().numpy(), "uniforms": uniforms.numpy(),
+                           "u_last": u_last.numpy()})
+        assert out["num_accepted"].tolist() == want.num_accepted.tolist(), trial
+        assert out["tokens"].tolist() == want.tokens.tolist(), trial
+        accepted += int(want.num_accepted.sum())
+    assert accepted > 50  # both accepting and rejecting rows were exercised
+
+
+def test_sampling_verify_graph_reproduces_target():
+    """The law of the graph's emitted tokens is p (the check that catches a broken rule in
+    tests/test_plugins.py, run on the graph)."""
+    from tests.test_plugins import P_ROWS, TV_BOUND, _emitted_law, _tv
+
+    session = OrtSession(export_verify_sampling(P_ROWS.shape[1]))
+
+    def graph_rule(draft, q, p, uniforms, u_last, lens):
+        b, k = draft.shape
+        out = session.run({"draft_tokens": draft.int().numpy(), "q_probs": q.contiguous().numpy(),
+                           "p_probs": p.contiguous().numpy(),
+                           "draft_lens": np.full(b, k, np.int32) if lens is None else lens.int().numpy(),
+                           "uniforms": uniforms.numpy(), "u_last": u_last.numpy()})
+        return VerifyOutput(num_accepted=torch.from_numpy(out["num_accepted"]).long(),
+                            tokens=torch.from_numpy(out["tokens"]).long())
+
+    for position in range(3):
+        emitted = _emitted_law(graph_rule, position, seed=40 + position)
+        assert _tv(emitted, P_ROWS[position]) < TV_BOUND, (position, emitted)
 
 
 def test_attention_node_on_cpu_matches_plugin_reference():
@@ -145,7 +257,7 @@ def test_build_writes_manifest_with_matching_hashes(tmp_path):
     assert "engines not built" in result.output and f"python -m trtspec.engine.build {out}" in result.output
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["files"]) == {"target.onnx", "dflash_context.onnx", "dflash_block.onnx",
-                                      "verify_greedy.onnx"}
+                                      "verify_greedy.onnx", "verify_sampling.onnx"}
     for name, digest in manifest["files"].items():
         assert sha256_file(out / name) == digest
     assert manifest["config"]["flavour"] == "engine" and manifest["versions"]["onnxruntime"]

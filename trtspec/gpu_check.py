@@ -158,9 +158,9 @@ def check_engines(rows: list[dict]) -> None:
 
         decoders = {}
         for backend in ("onnxruntime", "tensorrt"):
-            target, drafter = load_engine_models(config, folder=folder, backend=backend)
+            target, drafter, verifier = load_engine_models(config, folder=folder, backend=backend)
             tok = ByteTokenizer.from_config(target.config)
-            decoders[backend] = SpeculativeDecoder(target, drafter, tok.eos_id)
+            decoders[backend] = SpeculativeDecoder(target, drafter, tok.eos_id, verifier)
         prompts = load_prompts("code")[:4] + load_prompts("math")[:4]
         same, tps = 0, {}
         for prompt in prompts:

@@ -100,8 +100,8 @@ def _load_engine_pipeline(config: BuildConfig, use_drafter: bool) -> Pipeline:
 
     from trtspec.engine.load import load_engine_models
 
-    target, drafter = load_engine_models(config, use_drafter)
+    target, drafter, verifier = load_engine_models(config, use_drafter)
     hf_config = AutoConfig.from_pretrained(config.target.resolved_path, local_files_only=True)
     tokenizer = load_tokenizer(config.target.resolved_path, hf_config)
-    decoder = SpeculativeDecoder(target, drafter, tokenizer.eos_id)
+    decoder = SpeculativeDecoder(target, drafter, tokenizer.eos_id, verifier)
     return Pipeline(config, tokenizer, target, drafter, decoder)

@@ -1,13 +1,13 @@
 """CPU implementations of the `trtspec` plugin ops for onnxruntime, as ONNX functions.
 
-onnxruntime has no kernel for `trtspec::kv_injection_attention` or
-`trtspec::confidence_verify_greedy`. Instead of a compiled custom-op library, each op gets a
+onnxruntime has no kernel for `trtspec::kv_injection_attention` or the two
+`trtspec::confidence_verify_*` ops. Instead of a compiled custom-op library, each op gets a
 model-local FunctionProto written in standard ONNX ops, attached to the loaded model just before
 the session is created; onnxruntime inlines it. The exported files stay exactly what TensorRT
 parses (a function in the file would be inlined by TensorRT too, bypassing the plugin).
 The functions follow the torch references: `trtspec.models.dflash.kv_injection_attention`
-(+ `ctx_lens` masking as in plugins/kv_injection_attention/reference.py) and
-`trtspec.spec.verify.verify_greedy`.
+(+ `ctx_lens` masking as in plugins/kv_injection_attention/reference.py),
+`trtspec.spec.verify.verify_greedy` and `plugins.confidence_verify.reference.verify_sampling_explicit`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from trtspec.export.graph import OPSET, PLUGIN_DOMAIN
-from trtspec.export.plugins import CONFIDENCE_VERIFY_GREEDY, KV_INJECTION_ATTENTION, PLUGIN_ATTRS
+from trtspec.export.plugins import (
+    CONFIDENCE_VERIFY_GREEDY,
+    CONFIDENCE_VERIFY_SAMPLING,
+    KV_INJECTION_ATTENTION,
+    PLUGIN_ATTRS,
+)
 
 
 class _Body:
@@ -35,6 +40,9 @@ class _Body:
 
     def const(self, values, dtype) -> str:
         return self.op("Constant", value=numpy_helper.from_array(np.asarray(values, dtype=dtype)))
+
+    def i64(self, values) -> str:
+        return self.const(values, np.int64)
 
     def alias(self, value: str, name: str) -> None:
         self.nodes.append(helper.make_node("Identity", [value], [name]))
@@ -65,37 +73,108 @@ def kv_injection_attention_function() -> onnx.FunctionProto:
                                 [helper.make_opsetid("", OPSET)], attributes=list(PLUGIN_ATTRS))
 
 
+def _accepted_prefix(f: _Body, ok: str) -> str:
+    """ok [b, k] bool -> [b] int64: the index of the first False (k when all pass)."""
+    miss = f.op("Cast", f.op("Not", ok), to=TensorProto.INT32)
+    # a sentinel miss at column k; ArgMax returns the first maximum
+    b1 = f.op("Concat", f.op("Shape", ok, start=0, end=1), f.i64([1]), axis=0)
+    ones = f.op("ConstantOfShape", b1, value=numpy_helper.from_array(np.array([1], np.int32)))
+    return f.op("ArgMax", f.op("Concat", miss, ones, axis=1), axis=1, keepdims=0)
+
+
+def _within_lens(f: _Body) -> str:
+    """[b, k] bool: draft column < draft_lens of its row."""
+    k = f.op("Squeeze", f.op("Shape", "draft_tokens", start=1, end=2), f.i64([0]))
+    cols = f.op("Range", f.i64(0), k, f.i64(1))  # [k]
+    lens = f.op("Unsqueeze", f.op("Cast", "draft_lens", to=TensorProto.INT64), f.i64([1]))  # [b, 1]
+    return f.op("Less", cols, lens)
+
+
+def _emit(f: _Body, a: str, last: str) -> None:
+    """num_accepted = a [b]; tokens [b, k+1] = drafts before a, `last` [b] int32 at a, -1 after."""
+    f.alias(f.op("Cast", a, to=TensorProto.INT32), "num_accepted")
+    one = f.i64([1])
+    b1 = f.op("Concat", f.op("Shape", "draft_tokens", start=0, end=1), one, axis=0)
+    zeros = f.op("ConstantOfShape", b1, value=numpy_helper.from_array(np.array([0], np.int32)))
+    drafts = f.op("Concat", "draft_tokens", zeros, axis=1)  # [b, k+1]
+    k1 = f.op("Squeeze", f.op("Shape", drafts, start=1, end=2), f.i64([0]))
+    cols = f.op("Range", f.i64(0), k1, f.i64(1))  # [k+1]
+    a = f.op("Unsqueeze", a, one)  # [b, 1]
+    at_a = f.op("Where", f.op("Equal", cols, a), f.op("Unsqueeze", last, one), f.const([-1], np.int32))
+    f.alias(f.op("Where", f.op("Less", cols, a), drafts, at_a), "tokens")
+
+
 def confidence_verify_greedy_function() -> onnx.FunctionProto:
     """Accept the longest prefix equal to argmax p (within draft_lens), then emit argmax p_{a+1}."""
     f = _Body()
-    argmax = f.op("ArgMax", "target_logits", axis=-1, keepdims=0)  # [b, k+1], first max as torch
+    argmax = f.op("ArgMax", "target_logits", axis=-1, keepdims=0)  # [b, k+1], the first max as torch's
     argmax = f.op("Cast", argmax, to=TensorProto.INT32)
-    b, k = f.op("Shape", "draft_tokens", start=0, end=1), f.op("Shape", "draft_tokens", start=1, end=2)
-    zero, one = f.const([0], np.int64), f.const([1], np.int64)
-    argmax_k = f.op("Slice", argmax, zero, k, one)  # [b, k]
-    cols = f.op("Range", f.const(0, np.int64), f.op("Squeeze", k, zero), f.const(1, np.int64))  # [k]
-    lens = f.op("Unsqueeze", f.op("Cast", "draft_lens", to=TensorProto.INT64), one)  # [b, 1]
-    match = f.op("And", f.op("Equal", "draft_tokens", argmax_k), f.op("Less", cols, lens))
-    # a = index of the first miss, with a sentinel miss at column k (ArgMax returns the first max)
-    miss = f.op("Cast", f.op("Not", match), to=TensorProto.INT32)
-    b1 = f.op("Concat", b, one, axis=0)
-    ones = f.op("ConstantOfShape", b1, value=numpy_helper.from_array(np.array([1], np.int32)))
-    first = f.op("ArgMax", f.op("Concat", miss, ones, axis=1), axis=1, keepdims=0)  # [b] int64
-    f.alias(f.op("Cast", first, to=TensorProto.INT32), "num_accepted")
-    a = f.op("Unsqueeze", first, one)  # [b, 1]
-    cols1 = f.op("Range", f.const(0, np.int64), f.op("Add", f.op("Squeeze", k, zero), f.const(1, np.int64)),
-                 f.const(1, np.int64))  # [k+1]
-    zeros = f.op("ConstantOfShape", b1, value=numpy_helper.from_array(np.array([0], np.int32)))
-    drafts = f.op("Concat", "draft_tokens", zeros, axis=1)  # [b, k+1]
-    last = f.op("Where", f.op("Equal", cols1, a), argmax, f.const([-1], np.int32))
-    f.alias(f.op("Where", f.op("Less", cols1, a), drafts, last), "tokens")
+    k = f.op("Shape", "draft_tokens", start=1, end=2)
+    argmax_k = f.op("Slice", argmax, f.i64([0]), k, f.i64([1]))  # [b, k]
+    a = _accepted_prefix(f, f.op("And", f.op("Equal", "draft_tokens", argmax_k), _within_lens(f)))  # [b]
+    last = f.op("GatherElements", argmax, f.op("Unsqueeze", a, f.i64([1])), axis=1)  # [b, 1]
+    _emit(f, a, f.op("Squeeze", last, f.i64([1])))
     return helper.make_function(PLUGIN_DOMAIN, CONFIDENCE_VERIFY_GREEDY,
                                 ["draft_tokens", "target_logits", "draft_lens"], ["num_accepted", "tokens"],
                                 f.nodes, [helper.make_opsetid("", OPSET)], attributes=list(PLUGIN_ATTRS))
 
 
+def _row_at(f: _Body, probs: str, a: str) -> str:
+    """probs [b, n, V], a [b] int64 -> probs[:, a] [b, V]."""
+    idx = f.op("Unsqueeze", a, f.i64([1, 2]))  # [b, 1, 1]
+    idx = f.op("Expand", idx, f.op("Concat", f.op("Shape", probs, start=0, end=1), f.i64([1]),
+                                   f.op("Shape", probs, start=2, end=3), axis=0))  # [b, 1, V]
+    return f.op("Squeeze", f.op("GatherElements", probs, idx, axis=1), f.i64([1]))
+
+
+def _inverse_cdf(f: _Body, dist: str) -> str:
+    """dist [b, V] >= 0, u_last [b] -> [b] int32: first j with cdf_j > u·total (float64); when
+    rounding finds none, the last j with dist_j > 0 (plugins/confidence_verify/reference.py)."""
+    cdf = f.op("CumSum", f.op("Cast", dist, to=TensorProto.DOUBLE), f.i64(1))  # [b, V]
+    v = f.op("Shape", dist, start=1, end=2)
+    total = f.op("Slice", cdf, f.op("Sub", v, f.i64([1])), v, f.i64([1]))  # [b, 1]
+    u = f.op("Unsqueeze", f.op("Cast", "u_last", to=TensorProto.DOUBLE), f.i64([1]))
+    hit = f.op("Cast", f.op("Greater", cdf, f.op("Mul", u, total)), to=TensorProto.INT32)  # [b, V]
+    first = f.op("ArgMax", hit, axis=1, keepdims=0)  # [b] (0 when no hit)
+    any_hit = f.op("Greater", f.op("ReduceMax", hit, f.i64([1]), keepdims=0), f.const(0, np.int32))
+    cols = f.op("Range", f.i64(0), f.op("Squeeze", v, f.i64([0])), f.i64(1))
+    positive = f.op("Where", f.op("Greater", dist, f.const(0.0, np.float32)), cols, f.i64(-1))
+    fallback = f.op("Max", f.op("ReduceMax", positive, f.i64([1]), keepdims=0), f.i64(0))
+    return f.op("Cast", f.op("Where", any_hit, first, fallback), to=TensorProto.INT32)
+
+
+def confidence_verify_sampling_function() -> onnx.FunctionProto:
+    """Accept x_i iff u_i·q_i(x_i) < p_i(x_i) (within draft_lens); the token at a is drawn by inverse
+    CDF with u_last from norm(max(p_a − q_a, 0)) after a rejection, from p_a otherwise."""
+    f = _Body()
+    one, two = f.i64([1]), f.i64([2])
+    k = f.op("Shape", "draft_tokens", start=1, end=2)
+    x = f.op("Unsqueeze", f.op("Cast", "draft_tokens", to=TensorProto.INT64), two)  # [b, k, 1]
+    p_k = f.op("Slice", "p_probs", f.i64([0]), k, one, one)  # [b, k, V]
+    p_x = f.op("Squeeze", f.op("GatherElements", p_k, x, axis=2), two)  # [b, k]
+    q_x = f.op("Squeeze", f.op("GatherElements", "q_probs", x, axis=2), two)
+    passes = f.op("Less", f.op("Mul", "uniforms", q_x), p_x)
+    within = _within_lens(f)
+    a = _accepted_prefix(f, f.op("And", passes, within))  # [b]
+    rejected = f.op("Less", a, f.op("Cast", "draft_lens", to=TensorProto.INT64))  # [b]
+    # q padded with a zero row so that a == k (no drafts left) indexes something
+    q_pad = f.op("Concat", "q_probs", f.op("Mul", f.op("Slice", "p_probs", f.op("Neg", one),
+                                                        f.i64([2**62]), one, one),
+                                          f.const(0.0, np.float32)), axis=1)  # [b, k+1, V]
+    p_a, q_a = _row_at(f, "p_probs", a), _row_at(f, q_pad, a)  # [b, V]
+    residual = f.op("Max", f.op("Sub", p_a, q_a), f.const(0.0, np.float32))
+    has_mass = f.op("Greater", f.op("ReduceSum", residual, one, keepdims=0), f.const(0.0, np.float32))
+    use_residual = f.op("Unsqueeze", f.op("And", rejected, has_mass), one)  # [b, 1]
+    _emit(f, a, _inverse_cdf(f, f.op("Where", use_residual, residual, p_a)))
+    return helper.make_function(PLUGIN_DOMAIN, CONFIDENCE_VERIFY_SAMPLING,
+                                ["draft_tokens", "q_probs", "p_probs", "draft_lens", "uniforms", "u_last"],
+                                ["num_accepted", "tokens"], f.nodes, [helper.make_opsetid("", OPSET)],
+                                attributes=list(PLUGIN_ATTRS))
+
+
 CPU_FUNCTIONS = {KV_INJECTION_ATTENTION: kv_injection_attention_function,
-                 CONFIDENCE_VERIFY_GREEDY: confidence_verify_greedy_function}
+                 CONFIDENCE_VERIFY_GREEDY: confidence_verify_greedy_function,
+                 CONFIDENCE_VERIFY_SAMPLING: confidence_verify_sampling_function}
 
 
 def attach_cpu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:

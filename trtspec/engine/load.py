@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from transformers import AutoConfig
 
 from trtspec.config import BuildConfig
-from trtspec.engine.drafter import EngineDFlashDrafter
+from trtspec.engine.drafter import EngineDFlashDrafter, EngineDSparkDrafter
 from trtspec.engine.session import open_session
 from trtspec.engine.target import EngineTarget
+from trtspec.engine.verify import GraphVerifier
 from trtspec.errors import ConfigError
 from trtspec.export.bundle import cached_export, load_manifest
 from trtspec.models.drafter import Drafter, NoDrafter
@@ -32,23 +34,30 @@ def graph_path(folder: Path, manifest: dict, name: str, backend: str) -> Path:
 
 
 def load_engine_models(config: BuildConfig, use_drafter: bool = True, folder: Path | None = None,
-                       backend: str = "onnxruntime") -> tuple[EngineTarget, Drafter]:
-    """The target and drafter of `config` as engine-flavour adapters over `backend` sessions."""
+                       backend: str = "onnxruntime") -> tuple[EngineTarget, Drafter, GraphVerifier]:
+    """The target, drafter and verifier of `config` as engine-flavour adapters over `backend` sessions."""
     use_drafter = use_drafter and config.drafter is not None
     folder = Path(folder) if folder is not None else cached_export(config, use_drafter)
     manifest = load_manifest(folder)
     info = manifest["drafter"] if use_drafter else None
     if use_drafter and info is None:
         raise ConfigError(f"{folder} was exported without a drafter; export it again with the drafter")
+
+    def session(name: str):
+        return open_session(graph_path(folder, manifest, name, backend), backend)
+
     hf_config = AutoConfig.from_pretrained(config.target.resolved_path, local_files_only=True)
-    target_session = open_session(graph_path(folder, manifest, "target", backend), backend)
-    target = EngineTarget(target_session, hf_config, tuple(manifest["tap_layer_ids"]) if info else ())
+    target = EngineTarget(session("target"), hf_config, tuple(manifest["tap_layer_ids"]) if info else ())
+    verifier = GraphVerifier(session("verify_greedy"), session("verify_sampling"))
     if info is None:
-        return target, NoDrafter()
-    drafter = EngineDFlashDrafter(
-        open_session(graph_path(folder, manifest, "dflash_context", backend), backend),
-        open_session(graph_path(folder, manifest, "dflash_block", backend), backend),
-        tuple(manifest["tap_layer_ids"]), info["block_size"], info["mask_token_id"], info["num_layers"],
-        info["num_draft_tokens"],
-    )
-    return target, drafter
+        return target, NoDrafter(), verifier
+    method, taps = info["method"], tuple(manifest["tap_layer_ids"])
+    shape = (info["block_size"], info["mask_token_id"], info["num_layers"], info["num_draft_tokens"])
+    if method == "dflash":
+        drafter = EngineDFlashDrafter(session("dflash_context"), session("dflash_block"), taps, *shape)
+    else:
+        sts = info.get("sts_temperatures")
+        drafter = EngineDSparkDrafter(session("dspark_context"), session("dspark_block"),
+                                      session("dspark_heads"), taps, *shape,
+                                      None if sts is None else torch.tensor(sts))
+    return target, drafter, verifier

@@ -4,7 +4,11 @@ Folder layout (what `trtspec build --flavour engine` writes and the engine flavo
     target.onnx            target with KV cache in/out and the drafter's taps
     dflash_context.onnx    DFlash context projection           (DFlash drafter only)
     dflash_block.onnx      DFlash block forward, plugin nodes   (DFlash drafter only)
+    dspark_context.onnx    DSpark context projection (DFlash's) (DSpark drafter only)
+    dspark_block.onnx      DSpark backbone: hidden + base logits (DSpark drafter only)
+    dspark_heads.onnx      DSpark Markov and confidence heads   (DSpark drafter only)
     verify_greedy.onnx     greedy verification, plugin node
+    verify_sampling.onnx   sampling verification, plugin node
     manifest.json          config, sha256 of every file, versions, graph inputs/outputs and taps
 The folder is written beside its destination and renamed into place, so an error never leaves
 a half-written folder. `cached_export` keeps one export per content hash of the checkpoints.
@@ -27,8 +31,8 @@ from trtspec.export.graph import OPSET
 from trtspec.export.plugins import PLUGIN_OPS
 
 MANIFEST = "manifest.json"
-EXPORT_FORMAT = 1  # bump when the graphs' interface changes: invalidates cached exports
-EXPORTABLE_DRAFTERS = ("dflash",)
+EXPORT_FORMAT = 2  # bump when the graphs' interface changes: invalidates cached exports
+EXPORTABLE_DRAFTERS = ("dflash", "dspark")
 
 
 def sha256_file(path: Path) -> str:
@@ -64,12 +68,46 @@ def versions() -> dict:
     return out
 
 
+def _drafter_graphs(method: str, path: Path, model, num_draft_tokens: int | None) -> tuple[dict, dict]:
+    """The drafter's graphs and what its engine adapter needs (`info["drafter"]`)."""
+    from trtspec.export.dflash import export_dflash_block, export_dflash_context
+
+    if method == "dflash":
+        from trtspec.models.dflash import load_dflash
+
+        drafter = load_dflash(path, model.config)
+        most = drafter.spec.block_size - 1  # slot 0 holds the anchor
+        graphs = {"dflash_context": export_dflash_context(drafter),
+                  "dflash_block": export_dflash_block(drafter, model.get_input_embeddings(),
+                                                      model.get_output_embeddings())}
+        extra = {}
+    else:
+        from trtspec.export.dspark import export_dspark_block, export_dspark_heads
+        from trtspec.models.dspark import load_dspark
+        from trtspec.spec.sts import load_sts
+
+        drafter = load_dspark(path, model.config)
+        most = drafter.spec.block_size  # the anchor is the first prediction position
+        graphs = {"dspark_context": export_dflash_context(drafter),
+                  "dspark_block": export_dspark_block(drafter),
+                  "dspark_heads": export_dspark_heads(drafter)}
+        sts = load_sts(path, drafter.spec.block_size)
+        extra = {"has_confidence": drafter.confidence_head is not None,
+                 "sts_temperatures": None if sts is None else sts.tolist()}
+    k = num_draft_tokens or most
+    if k > most:
+        raise CheckpointError(f"drafter.num_draft_tokens is {k} but the {method} block size "
+                              f"{drafter.spec.block_size} yields at most {most} drafts")
+    info = {"method": method, "block_size": drafter.spec.block_size,
+            "mask_token_id": drafter.spec.mask_token_id, "num_layers": len(drafter.layers),
+            "num_draft_tokens": k, **extra}
+    return graphs, {"tap_layer_ids": list(drafter.spec.target_layer_ids), "drafter": info}
+
+
 def _graphs(config: BuildConfig, use_drafter: bool) -> tuple[dict[str, onnx.ModelProto], dict]:
     """The graphs of `config` (and what the engine adapters need to know about them)."""
-    from trtspec.export.dflash import export_dflash_block, export_dflash_context
     from trtspec.export.target import check_exportable, export_target
-    from trtspec.export.verify import export_verify_greedy
-    from trtspec.models.dflash import load_dflash
+    from trtspec.export.verify import export_verify_greedy, export_verify_sampling
     from trtspec.models.target import load_causal_lm
 
     target_dir = config.target.resolved_path
@@ -87,21 +125,13 @@ def _graphs(config: BuildConfig, use_drafter: bool) -> tuple[dict[str, onnx.Mode
         if drafter.method not in EXPORTABLE_DRAFTERS:
             raise ConfigError(f"drafter.method {drafter.method!r} has no engine export yet; the engine "
                               f"flavour exports: {', '.join(EXPORTABLE_DRAFTERS)} (or use --drafter none)")
-        dflash = load_dflash(drafter.resolved_path, model.config)
-        info["tap_layer_ids"] = list(dflash.spec.target_layer_ids)
-        info["drafter"] = {"method": "dflash", "block_size": dflash.spec.block_size,
-                           "mask_token_id": dflash.spec.mask_token_id,
-                           "num_layers": len(dflash.layers),
-                           "num_draft_tokens": drafter.num_draft_tokens or dflash.spec.block_size - 1}
-        if info["drafter"]["num_draft_tokens"] > dflash.spec.block_size - 1:
-            raise CheckpointError(f"drafter.num_draft_tokens is {drafter.num_draft_tokens} but the DFlash "
-                                  f"block size {dflash.spec.block_size} yields at most "
-                                  f"{dflash.spec.block_size - 1} drafts")
-        graphs["dflash_context"] = export_dflash_context(dflash)
-        graphs["dflash_block"] = export_dflash_block(dflash, model.get_input_embeddings(),
-                                                     model.get_output_embeddings())
+        drafter_graphs, drafter_info = _drafter_graphs(drafter.method, drafter.resolved_path, model,
+                                                       drafter.num_draft_tokens)
+        graphs.update(drafter_graphs)
+        info.update(drafter_info)
     graphs["target"] = export_target(model, tuple(info["tap_layer_ids"]))
     graphs["verify_greedy"] = export_verify_greedy(model.config.vocab_size)
+    graphs["verify_sampling"] = export_verify_sampling(model.config.vocab_size)
     return graphs, info
 
 
@@ -172,6 +202,10 @@ def load_manifest(folder: Path, check_hashes: bool = True) -> dict:
         raise ConfigError(f"{path} is missing: not an engine build folder (run `trtspec build CONFIG "
                           "--out DIR --flavour engine`)")
     manifest = json.loads(path.read_text())
+    if manifest.get("format") != EXPORT_FORMAT:
+        raise ConfigError(f"{path}: export format {manifest.get('format')} is not this trtspec's "
+                          f"({EXPORT_FORMAT}); rebuild the folder with `trtspec build CONFIG --out DIR "
+                          "--flavour engine`")
     if check_hashes:
         for name, digest in manifest["files"].items():
             file = Path(folder) / name

@@ -52,10 +52,9 @@ def export_dflash_context(model: DFlashDraftModel) -> onnx.ModelProto:
     return g.model(f"trtspec DFlash context projection ({len(model.layers)} layers)")
 
 
-def export_dflash_block(model: DFlashDraftModel, embed_tokens: torch.nn.Embedding,
-                        lm_head: torch.nn.Linear) -> onnx.ModelProto:
-    """DFlashDraftModel.forward with the target's embedding and LM head around it."""
-    g = GraphBuilder("trtspec_dflash_block")
+def block_hidden(g: GraphBuilder, model: DFlashDraftModel, embed_tokens: torch.nn.Embedding) -> str:
+    """DFlashDraftModel.forward over the graph inputs block_ids, position_ids, ctx K/V and ctx_lens
+    (declared here) -> final-normed hidden [b, B, H]."""
     block_ids = g.input("block_ids", INT64, ["batch", "block"])
     position_ids = g.input("position_ids", INT64, ["batch", "block"])
     ctx_kv = [(g.input(f"ctx_key_{i}", FLOAT, _kv_shape(model, "ctx")),
@@ -75,7 +74,16 @@ def export_dflash_block(model: DFlashDraftModel, embed_tokens: torch.nn.Embeddin
             h = g.op("Add", h, linear(g, merge_heads(g, out), attn.o_proj, f"{name}.self_attn.o_proj"))
             mlp_in = rms_norm(g, h, layer.post_attention_layernorm, f"{name}.post_attention_layernorm")
             h = g.op("Add", h, silu_mlp(g, mlp_in, layer.mlp, f"{name}.mlp"))
-        logits = linear(g, rms_norm(g, h, model.norm, "norm"), lm_head, "lm_head")
+        return rms_norm(g, h, model.norm, "norm")
+
+
+def export_dflash_block(model: DFlashDraftModel, embed_tokens: torch.nn.Embedding,
+                        lm_head: torch.nn.Linear) -> onnx.ModelProto:
+    """DFlashDraftModel.forward with the target's embedding and LM head around it."""
+    g = GraphBuilder("trtspec_dflash_block")
+    hidden = block_hidden(g, model, embed_tokens)  # [b, B, H]
+    with torch.no_grad():
+        logits = linear(g, hidden, lm_head, "lm_head")
         g.output(logits, "logits", FLOAT, ["batch", "block", lm_head.out_features])
     return g.model(f"trtspec DFlash block ({len(model.layers)} layers, block {model.spec.block_size})",
                    {PLUGIN_DOMAIN: 1})

@@ -13,7 +13,8 @@ from trtspec.export.graph import PLUGIN_DOMAIN, GraphBuilder
 
 KV_INJECTION_ATTENTION = "kv_injection_attention"
 CONFIDENCE_VERIFY_GREEDY = "confidence_verify_greedy"
-PLUGIN_OPS = (KV_INJECTION_ATTENTION, CONFIDENCE_VERIFY_GREEDY)
+CONFIDENCE_VERIFY_SAMPLING = "confidence_verify_sampling"
+PLUGIN_OPS = (KV_INJECTION_ATTENTION, CONFIDENCE_VERIFY_GREEDY, CONFIDENCE_VERIFY_SAMPLING)
 PLUGIN_ATTRS = {"plugin_namespace": PLUGIN_DOMAIN, "aot": 1}
 
 
@@ -31,4 +32,14 @@ def confidence_verify_greedy(g: GraphBuilder, draft_tokens: str, target_logits: 
     -> num_accepted [b] int32, tokens [b, k+1] int32 (accepted, then recovered/bonus, then -1)."""
     out = g.op(CONFIDENCE_VERIFY_GREEDY, draft_tokens, target_logits, draft_lens, n_out=2,
                domain=PLUGIN_DOMAIN, **PLUGIN_ATTRS)
+    return out[0], out[1]
+
+
+def confidence_verify_sampling(g: GraphBuilder, draft_tokens: str, q_probs: str, p_probs: str,
+                               draft_lens: str, uniforms: str, u_last: str) -> tuple[str, str]:
+    """draft_tokens [b, k] int32, q_probs [b, k, V], p_probs [b, k+1, V] (processed), draft_lens [b]
+    int32, uniforms [b, k] float32, u_last [b] float32 -> num_accepted [b] int32, tokens [b, k+1]
+    int32: rejection sampling with the randomness given (plugins/confidence_verify/reference.py)."""
+    out = g.op(CONFIDENCE_VERIFY_SAMPLING, draft_tokens, q_probs, p_probs, draft_lens, uniforms, u_last,
+               n_out=2, domain=PLUGIN_DOMAIN, **PLUGIN_ATTRS)
     return out[0], out[1]

@@ -1,10 +1,17 @@
-"""ONNX export of greedy verification as one `trtspec::confidence_verify_greedy` node.
+"""ONNX export of verification, one `trtspec` plugin node per graph.
 
+greedy    `trtspec::confidence_verify_greedy`, the rule of `trtspec.spec.verify.verify_greedy`
     inputs   draft_tokens [b, k] int32, target_logits [b, k+1, V] float32, draft_lens [b] int32
+sampling  `trtspec::confidence_verify_sampling`, the rule of
+          `plugins.confidence_verify.reference.verify_sampling_explicit` (verify_sampling with its
+          randomness passed in, so a kernel can reproduce it)
+    inputs   draft_tokens [b, k] int32, q_probs [b, k, V], p_probs [b, k+1, V] (temperature, top-k
+             and top-p already applied), draft_lens [b] int32, uniforms [b, k], u_last [b] float32
+both
     outputs  num_accepted [b] int32, tokens [b, k+1] int32 (accepted, recovered/bonus, then -1)
 
-The rule is `trtspec.spec.verify.verify_greedy`'s. Sampling verification
-(`trtspec::confidence_verify_sampling`) is a plugin too but has no exported graph yet.
+`draft_lens` is where DSpark's confidence schedule gates verification: drafts at or past a row's
+length are never accepted, so one fixed-k graph verifies ragged rows.
 """
 
 from __future__ import annotations
@@ -12,7 +19,12 @@ from __future__ import annotations
 import onnx
 
 from trtspec.export.graph import FLOAT, INT32, PLUGIN_DOMAIN, GraphBuilder
-from trtspec.export.plugins import confidence_verify_greedy
+from trtspec.export.plugins import confidence_verify_greedy, confidence_verify_sampling
+
+
+def _outputs(g: GraphBuilder, num_accepted: str, tokens: str) -> None:
+    g.output(num_accepted, "num_accepted", INT32, ["batch"])
+    g.output(tokens, "tokens", INT32, ["batch", "k_plus_1"])
 
 
 def export_verify_greedy(vocab_size: int) -> onnx.ModelProto:
@@ -20,7 +32,17 @@ def export_verify_greedy(vocab_size: int) -> onnx.ModelProto:
     draft = g.input("draft_tokens", INT32, ["batch", "k"])
     logits = g.input("target_logits", FLOAT, ["batch", "k_plus_1", vocab_size])
     lens = g.input("draft_lens", INT32, ["batch"])
-    num_accepted, tokens = confidence_verify_greedy(g, draft, logits, lens)
-    g.output(num_accepted, "num_accepted", INT32, ["batch"])
-    g.output(tokens, "tokens", INT32, ["batch", "k_plus_1"])
+    _outputs(g, *confidence_verify_greedy(g, draft, logits, lens))
     return g.model("trtspec greedy verification (confidence_verify_greedy plugin)", {PLUGIN_DOMAIN: 1})
+
+
+def export_verify_sampling(vocab_size: int) -> onnx.ModelProto:
+    g = GraphBuilder("trtspec_verify_sampling")
+    draft = g.input("draft_tokens", INT32, ["batch", "k"])
+    q_probs = g.input("q_probs", FLOAT, ["batch", "k", vocab_size])
+    p_probs = g.input("p_probs", FLOAT, ["batch", "k_plus_1", vocab_size])
+    lens = g.input("draft_lens", INT32, ["batch"])
+    uniforms = g.input("uniforms", FLOAT, ["batch", "k"])
+    u_last = g.input("u_last", FLOAT, ["batch"])
+    _outputs(g, *confidence_verify_sampling(g, draft, q_probs, p_probs, lens, uniforms, u_last))
+    return g.model("trtspec sampling verification (confidence_verify_sampling plugin)", {PLUGIN_DOMAIN: 1})

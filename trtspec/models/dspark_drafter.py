@@ -15,7 +15,7 @@ import torch
 
 from trtspec.errors import CheckpointError
 from trtspec.models.dflash_drafter import DFlashDrafter
-from trtspec.models.drafter import Proposal, register_drafter
+from trtspec.models.drafter import Drafter, Proposal, register_drafter
 from trtspec.models.dspark import ChooseToken, DraftBlock, DSparkDraftModel, load_dspark
 from trtspec.spec.sampling import SamplingParams, probs_from_logits, sample
 from trtspec.spec.sts import confidences, load_sts
@@ -23,7 +23,36 @@ from trtspec.spec.sts import confidences, load_sts
 log = logging.getLogger(__name__)
 
 
-class DSparkDrafter(DFlashDrafter):
+class MarkovProposer(Drafter):
+    """DSpark's proposal step over any `draft_block` (torch here, exported graphs in the engine
+    flavour): each draft is picked from its Markov-corrected logits, argmax or sampled after the
+    request's temperature/top-k/top-p; confidences are σ(z / T_STS)."""
+
+    sts_temperatures: torch.Tensor | None = None  # [γ]
+
+    def draft_block(self, committed: list[int], k: int, choose: ChooseToken) -> DraftBlock:
+        raise NotImplementedError
+
+    def propose(self, committed, k, sampling: SamplingParams, generator):
+        if sampling.greedy:
+            drafted = self.draft_block(committed, k, lambda _, logits: logits.argmax(-1))
+            q = None
+        else:
+            qs = []
+
+            def choose(_: int, logits: torch.Tensor) -> torch.Tensor:
+                qs.append(probs_from_logits(logits, sampling))  # [1, V] q_k after temperature/top-k/top-p
+                return sample(qs[-1], generator)
+
+            drafted = self.draft_block(committed, k, choose)
+            q = torch.stack(qs, 1)  # [1, k, V]
+        conf = None
+        if drafted.confidence_logits is not None:
+            conf = confidences(drafted.confidence_logits, self.sts_temperatures)  # [1, k]
+        return Proposal(tokens=drafted.tokens, q_probs=q, confidence=conf)
+
+
+class DSparkDrafter(MarkovProposer, DFlashDrafter):
     method = "dspark"
 
     def __init__(self, model: DSparkDraftModel, num_draft_tokens: int | None = None,
@@ -50,24 +79,6 @@ class DSparkDrafter(DFlashDrafter):
         """Draft k tokens with `choose` picking each from its Markov-corrected logits."""
         hidden = self.backbone_hidden(committed, k)
         return self.model.decode_block(hidden, torch.tensor([committed[-1]]), choose)
-
-    def propose(self, committed, k, sampling: SamplingParams, generator):
-        if sampling.greedy:
-            drafted = self.draft_block(committed, k, lambda _, logits: logits.argmax(-1))
-            q = None
-        else:
-            qs = []
-
-            def choose(_: int, logits: torch.Tensor) -> torch.Tensor:
-                qs.append(probs_from_logits(logits, sampling))  # [1, V] q_k after temperature/top-k/top-p
-                return sample(qs[-1], generator)
-
-            drafted = self.draft_block(committed, k, choose)
-            q = torch.stack(qs, 1)  # [1, k, V]
-        conf = None
-        if drafted.confidence_logits is not None:
-            conf = confidences(drafted.confidence_logits, self.sts_temperatures)  # [1, k]
-        return Proposal(tokens=drafted.tokens, q_probs=q, confidence=conf)
 
 
 @register_drafter("dspark")

@@ -19,16 +19,18 @@ from trtspec.models.drafter import Drafter, NoDrafter, Proposal
 from trtspec.models.target import TargetModel
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams, probs_from_logits, sample
-from trtspec.spec.verify import verify_greedy, verify_sampling
+from trtspec.spec.verify import Verifier
 
 
 class SpeculativeDecoder:
     """Runs one request at a time over a target and a drafter."""
 
-    def __init__(self, target: TargetModel, drafter: Drafter | None, eos_id: int | None):
+    def __init__(self, target: TargetModel, drafter: Drafter | None, eos_id: int | None,
+                 verifier: Verifier | None = None):
         self.target = target
         self.drafter = drafter or NoDrafter()
         self.eos_id = eos_id
+        self.verifier = verifier or Verifier()
 
     def _first_token(self, logits: torch.Tensor, sampling: SamplingParams, gen) -> int:
         if sampling.greedy:
@@ -80,11 +82,11 @@ class SpeculativeDecoder:
             fed = torch.cat([torch.tensor([[generated[-1]]]), proposal.tokens], dim=1)  # [1, k+1]
             out = target.forward(fed)
             if sampling.greedy:
-                verdict = verify_greedy(proposal.tokens, out.logits)
+                verdict = self.verifier.greedy(proposal.tokens, out.logits)
             else:
                 p_probs = probs_from_logits(out.logits, sampling)  # [1, k+1, V]
                 q_probs = proposal.q_probs if k else p_probs[:, :0]  # [1, k, V]
-                verdict = verify_sampling(proposal.tokens, q_probs, p_probs, gen)
+                verdict = self.verifier.sampling(proposal.tokens, q_probs, p_probs, gen)
             a = int(verdict.num_accepted[0])
 
             # 4. rewind: the cache holds last + k drafts; keep last + the a accepted

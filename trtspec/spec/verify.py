@@ -94,3 +94,16 @@ def verify_sampling(
     dist = torch.where(rejected_at_a[:, None] & residual_ok, residual_a, p_a)
     last = torch.multinomial(dist / dist.sum(-1, keepdim=True), 1, generator=generator).squeeze(1)
     return _assemble(draft_tokens, num_accepted, last)
+
+
+class Verifier:
+    """Where a decoder's verification runs: these torch rules by default; the engine flavour
+    substitutes its exported `confidence_verify_*` graphs (`trtspec.engine.verify.GraphVerifier`)."""
+
+    def greedy(self, draft_tokens: torch.Tensor, target_logits: torch.Tensor,
+               draft_lens: torch.Tensor | None = None) -> VerifyOutput:
+        return verify_greedy(draft_tokens, target_logits, draft_lens)
+
+    def sampling(self, draft_tokens: torch.Tensor, q_probs: torch.Tensor, p_probs: torch.Tensor,
+                 generator: torch.Generator, draft_lens: torch.Tensor | None = None) -> VerifyOutput:
+        return verify_sampling(draft_tokens, q_probs, p_probs, generator, draft_lens)
