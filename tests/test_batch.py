@@ -7,7 +7,7 @@ import torch
 
 from trtspec.config import ScheduleConfig, load_build_config
 from trtspec.models.drafter import Drafter, Proposal
-from trtspec.models.packed_target import Chunk, PackedTarget
+from trtspec.models.packed_target import Chunk, PackedSlots
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.batch import BatchDecoder, Request
@@ -21,13 +21,26 @@ PROMPTS = load_prompts("code")[:4] + load_prompts("math")[:4] + load_prompts("ch
 SPS = SPSTable(batch_tokens=[1, 8, 16, 32, 64], steps_per_s=[100.0, 95.0, 80.0, 60.0, 35.0])
 
 
-@pytest.fixture(scope="module", params=["tiny-dflash", "tiny-draft-model"])
-def pipeline(request):
-    return load_pipeline(load_build_config(REPO / "build_configs" / f"{request.param}.yaml"))
+@pytest.fixture(scope="module", params=["tiny-dflash", "tiny-draft-model", "tiny-dflash@engine",
+                                        "tiny-dspark@engine"])
+def pipeline(request, tmp_path_factory):
+    """Torch pipelines, and engine-flavour ones (onnxruntime graphs, `EnginePackedTarget`)."""
+    name, _, flavour = request.param.partition("@")
+    config = load_build_config(REPO / "build_configs" / f"{name}.yaml")
+    if not flavour:
+        return load_pipeline(config)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRTSPEC_CACHE_DIR", str(tmp_path_factory.mktemp("engine-cache")))
+        return load_pipeline(config.model_copy(update={"flavour": flavour}))
 
 
-def _packed(pipeline) -> PackedTarget:
-    return PackedTarget(pipeline.target.model, pipeline.target.tap_layer_ids)
+def _packed(pipeline) -> PackedSlots:
+    return pipeline.packed_target()
+
+
+def _batch(pipeline, drafter, schedule=None, sps=None) -> BatchDecoder:
+    return BatchDecoder(_packed(pipeline), drafter, pipeline.tokenizer.eos_id, schedule, sps,
+                        pipeline.decoder.verifier)
 
 
 class ConfidentDrafter(Drafter):
@@ -59,6 +72,8 @@ class ConfidentDrafter(Drafter):
 
 def test_packed_forward_equals_one_sequence_at_a_time(pipeline):
     single, packed = pipeline.target, _packed(pipeline)
+    engine = pipeline.config.flavour == "engine"
+    assert type(packed).__name__ == ("EnginePackedTarget" if engine else "PackedTarget")
     ids = [list(p.encode()) for p in PROMPTS[:3]]
     outs = packed.forward([Chunk(r, torch.tensor(x)) for r, x in enumerate(ids)])
     # a draft-like step: 5 tokens each, then reject 3 of request 1 and feed it again
@@ -88,8 +103,7 @@ def test_batched_greedy_identical_to_target_alone(pipeline):
     max_new = [60 + 23 * (i % 3) for i in range(len(PROMPTS))]
     alone = [pipeline.decoder.generate(list(p.encode()), n).token_ids for p, n in zip(PROMPTS, max_new,
                                                                                      strict=True)]
-    plain = BatchDecoder(PackedTarget(pipeline.target.model), None, pipeline.tokenizer.eos_id)
-    spec = BatchDecoder(_packed(pipeline), pipeline.drafter, pipeline.tokenizer.eos_id)
+    plain, spec = _batch(pipeline, None), _batch(pipeline, pipeline.drafter)
     cycles = tokens = 0
     for start, size in [(0, 1), (1, 5), (6, 5), (11, 1)]:
         reqs = [Request(list(p.encode()), n) for p, n in zip(PROMPTS[start : start + size],
@@ -104,8 +118,7 @@ def test_batched_greedy_identical_to_target_alone(pipeline):
 @pytest.mark.parametrize("mode", ["scheduler", "threshold"])
 def test_scheduled_batched_greedy_identical(pipeline, mode):
     drafter = ConfidentDrafter(pipeline.drafter)
-    spec = BatchDecoder(_packed(pipeline), drafter, pipeline.tokenizer.eos_id,
-                        ScheduleConfig(mode=mode, threshold=0.5), SPS)
+    spec = _batch(pipeline, drafter, ScheduleConfig(mode=mode, threshold=0.5), SPS)
     reqs = [Request(list(p.encode()), 70) for p in PROMPTS[:6]]
     got = spec.generate(reqs)
     assert 0 < spec.admitted_drafts < spec.offered_drafts  # the cut really shortened blocks
@@ -119,8 +132,7 @@ def test_scheduled_batched_sampling_follows_target():
     prompt, steps, n, batch = list(b"Q: 12 + 34\nA:"), 4, 2000, 50
     sampling = SamplingParams(temperature=1.0, top_k=3)
     laws = exact_marginals(model, prompt, sampling, steps)
-    spec = BatchDecoder(_packed(pipeline), ConfidentDrafter(pipeline.drafter),
-                        pipeline.tokenizer.eos_id, ScheduleConfig(mode="scheduler"), SPS)
+    spec = _batch(pipeline, ConfidentDrafter(pipeline.drafter), ScheduleConfig(mode="scheduler"), SPS)
     counts = [dict() for _ in range(steps)]
     accepted = drafted = 0
     for start in range(0, n, batch):

@@ -109,6 +109,7 @@ def test_target_graph_matches_hf_llama(random_llama_dir):
     ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(0))
     empty = np.zeros((1, 2, 0, 16), np.float32)
     feeds = {"input_ids": ids.numpy(), "position_ids": np.arange(9)[None],
+             "attention_mask": np.tril(np.ones((1, 9, 9), bool)),
              **{f"past_{kind}_{i}": empty for i in range(3) for kind in ("key", "value")}}
     out = session.run(feeds)
     ref = target.forward(ids)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from trtspec.config import BuildConfig
 from trtspec.errors import ConfigError
 from trtspec.models.drafter import Drafter, build_drafter
+from trtspec.models.packed_target import PackedSlots, PackedTarget
 from trtspec.models.target import TargetModel, load_causal_lm
 from trtspec.spec.decoder import SpeculativeDecoder
 from trtspec.spec.metrics import GenerationResult
@@ -62,6 +63,15 @@ class Pipeline:
     target: TargetModel | EngineTarget
     drafter: Drafter
     decoder: SpeculativeDecoder
+
+    def packed_target(self) -> PackedSlots:
+        """This pipeline's target as a packed multi-request target (for `BatchDecoder`)."""
+        taps = self.target.tap_layer_ids
+        if isinstance(self.target, TargetModel):
+            return PackedTarget(self.target.model, taps)
+        from trtspec.engine.packed_target import EnginePackedTarget
+
+        return EnginePackedTarget(self.target.session, self.target.config, taps)
 
     def generate(
         self, prompt: str, max_tokens: int, sampling: SamplingParams | None = None

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from trtspec.config import BuildConfig, ScheduleConfig
-from trtspec.models.packed_target import PackedTarget
 from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.batch import BatchDecoder, Request
@@ -57,15 +56,16 @@ def _decoders(pipelines: dict[str, Pipeline], sps: SPSTable | None) -> dict[str,
     """One decoder per method; confidence drafters also get the scheduler and thresholds."""
     out = {}
     for name, p in pipelines.items():
-        target = PackedTarget(p.target.model, p.drafter.tap_layer_ids)
+        target, verifier = p.packed_target(), p.decoder.verifier
         drafter = None if name == "none" else p.drafter
-        out[name] = BatchDecoder(target, drafter, p.tokenizer.eos_id)
+        out[name] = BatchDecoder(target, drafter, p.tokenizer.eos_id, verifier=verifier)
         if p.drafter.method == "dspark" and sps is not None:
             out[f"{name}+scheduler"] = BatchDecoder(target, drafter, p.tokenizer.eos_id,
-                                                    ScheduleConfig(mode="scheduler"), sps)
+                                                    ScheduleConfig(mode="scheduler"), sps, verifier)
             for th in THRESHOLDS:
-                out[f"{name}+threshold{th}"] = BatchDecoder(
-                    target, drafter, p.tokenizer.eos_id, ScheduleConfig(mode="threshold", threshold=th), sps)
+                out[f"{name}+threshold{th}"] = BatchDecoder(target, drafter, p.tokenizer.eos_id,
+                                                            ScheduleConfig(mode="threshold", threshold=th),
+                                                            sps, verifier)
     return out
 
 

@@ -32,10 +32,12 @@ class EngineLimits(BaseModel):
 
 def dim_ranges(limits: EngineLimits, block_size: int) -> dict[str, tuple[int, int, int]]:
     """(min, opt, max) per named dynamic axis of the exported graphs."""
-    n = limits.max_seq
-    return {"batch": (1, 1, limits.max_batch), "seq": (1, block_size, n), "past": (0, limits.opt_seq, n),
-            "ctx": (1, limits.opt_seq, n), "block": (block_size, block_size, block_size),
-            "k": (1, block_size - 1, limits.max_k), "k_plus_1": (2, block_size, limits.max_k + 1)}
+    n, opt = limits.max_seq, limits.opt_seq
+    return {"batch": (1, 1, limits.max_batch), "seq": (1, block_size, n), "past": (0, opt, n),
+            "total": (1, min(opt + block_size, n), n), "ctx": (1, opt, n),
+            "block": (block_size, block_size, block_size),
+            "n": (1, 1, block_size),  # DSpark heads: one slot at a time
+            "k": (0, block_size - 1, limits.max_k), "k_plus_1": (1, block_size, limits.max_k + 1)}
 
 
 def profile_for(graph: dict, ranges: dict[str, tuple[int, int, int]]) -> Profile:

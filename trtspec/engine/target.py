@@ -47,8 +47,10 @@ class EngineTarget:
     def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> TargetOutput:
         """Feed `input_ids` [1, s] after the cached tokens; return their logits and taps."""
         s = input_ids.shape[1]
-        feeds = {"input_ids": input_ids.to(torch.int64).numpy(),
-                 "position_ids": np.arange(self._len, self._len + s, dtype=np.int64)[None]}
+        positions = np.arange(self._len, self._len + s, dtype=np.int64)  # [s]
+        causal = np.arange(self._len + s)[None, :] <= positions[:, None]  # [s, past+s]
+        feeds = {"input_ids": input_ids.to(torch.int64).numpy(), "position_ids": positions[None],
+                 "attention_mask": causal[None]}
         for i in range(self.num_layers):
             feeds[f"past_key_{i}"], feeds[f"past_value_{i}"] = self.cache[2 * i], self.cache[2 * i + 1]
         out = self.session.run(feeds)

@@ -31,7 +31,7 @@ from trtspec.export.graph import OPSET
 from trtspec.export.plugins import PLUGIN_OPS
 
 MANIFEST = "manifest.json"
-EXPORT_FORMAT = 2  # bump when the graphs' interface changes: invalidates cached exports
+EXPORT_FORMAT = 3  # bump when the graphs' interface changes: invalidates cached exports
 EXPORTABLE_DRAFTERS = ("dflash", "dspark")
 
 

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 18  # ReduceMean takes axes as an input; TensorRT's ONNX parser supports it
 IR_VERSION = 10
 PLUGIN_DOMAIN = "trtspec"
-FLOAT, INT32, INT64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
+FLOAT, INT32, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL
 
 Dim = int | str  # a fixed size or the name of a dynamic axis
 

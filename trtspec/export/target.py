@@ -1,15 +1,18 @@
 """ONNX export of the target p: KV cache in and out, and the hidden-state taps a drafter reads.
 
-    inputs   input_ids [b, s] int64, position_ids [b, s] int64 (the cache holds positions
-             0..past-1, so a sequence feeds past..past+s-1), past_key_{i} / past_value_{i}
-             [b, kvh, past, d] float32 for every layer i
+    inputs   input_ids [b, s] int64, position_ids [b, s] int64 (RoPE positions),
+             attention_mask [b, s, past+s] bool (True = query i attends to cache slot j),
+             past_key_{i} / past_value_{i} [b, kvh, past, d] float32 for every layer i
     outputs  logits [b, s, V], present_key_{i} / present_value_{i} [b, kvh, past+s, d],
              and, when taps are asked for, hidden_taps [b, s, n_taps·H]: the outputs of layers
              `tap_layer_ids` concatenated (HF's hidden_states[i + 1]; the last layer's is the
              final-normed state, as transformers returns it)
 
-Query row i attends to cache slot j iff j <= position_ids[i]. Rewinding the cache is slicing
-the present tensors, which the engine adapter does between calls.
+The mask is an input so that one graph serves both adapters: one sequence (`EngineTarget`: slot
+j visible iff j <= position_ids[i]) and a packed ragged batch of requests sharing one cache
+(`EnginePackedTarget`: the slot's request is the query's and its position is <= the query's, as
+`trtspec.models.packed_target.PackedTarget` masks it). Rewinding and compacting the cache is
+slicing the present tensors, which the adapters do between calls.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from trtspec.errors import CheckpointError
-from trtspec.export.graph import FLOAT, INT64, GraphBuilder
+from trtspec.export.graph import BOOL, FLOAT, INT64, GraphBuilder
 from trtspec.export.layers import apply_rope, heads, linear, merge_heads, rms_norm, rope_tables, silu_mlp
 
 EXPORTABLE_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
@@ -54,8 +57,9 @@ def kv_shape(config: PretrainedConfig, length: str) -> list:
 
 
 def _attention(g: GraphBuilder, x: str, attn, config, cos: str, sin: str, past: tuple[str, str],
-               position_ids: str, name: str) -> tuple[str, str, str]:
-    """Causal GQA self-attention over [past ; new]. Returns (output [b, s, H], present k, v)."""
+               allowed: str, name: str) -> tuple[str, str, str]:
+    """GQA self-attention over [past ; new] where `allowed` [b, 1, 1, s, T] is True.
+    Returns (output [b, s, H], present k, v)."""
     h, kvh = config.num_attention_heads, config.num_key_value_heads
     d = kv_shape(config, "")[3]
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)  # Qwen3 only
@@ -71,10 +75,6 @@ def _attention(g: GraphBuilder, x: str, attn, config, cos: str, sin: str, past: 
     v5 = g.op("Unsqueeze", present_v, g.const([2]))
     scores = g.op("MatMul", q5, g.op("Transpose", k5, perm=[0, 1, 2, 4, 3]))  # [b, kvh, G, s, T]
     scores = g.op("Mul", scores, g.const([float(attn.scaling)], "float32"))
-    total = g.op("Shape", present_k, start=2, end=3)  # [1] = T
-    slots = g.op("Range", g.const(0), g.op("Squeeze", total, g.const([0])), g.const(1))  # [T]
-    pos = g.op("Reshape", position_ids, g.const([0, 1, 1, -1, 1]))  # [b, 1, 1, s, 1]
-    allowed = g.op("LessOrEqual", slots, pos)  # [b, 1, 1, s, T]
     scores = g.op("Where", allowed, scores, g.const([float("-inf")], "float32"))
     out = g.op("MatMul", g.op("Softmax", scores, axis=-1), v5)  # [b, kvh, G, s, d]
     out = g.op("Reshape", out, g.const([0, h, -1, d]))  # [b, h, s, d]
@@ -93,18 +93,20 @@ def export_target(model: PreTrainedModel, tap_layer_ids: tuple[int, ...] = ()) -
     g = GraphBuilder("trtspec_target")
     input_ids = g.input("input_ids", INT64, ["batch", "seq"])
     position_ids = g.input("position_ids", INT64, ["batch", "seq"])
+    mask = g.input("attention_mask", BOOL, ["batch", "seq", "total"])
     pasts = [(g.input(f"past_key_{i}", FLOAT, kv_shape(config, "past")),
               g.input(f"past_value_{i}", FLOAT, kv_shape(config, "past"))) for i in range(num_layers)]
 
     with torch.no_grad():
         hidden = g.op("Gather", g.weight(base.embed_tokens.weight, "embed_tokens.weight"), input_ids, axis=0)
         cos, sin = rope_tables(g, position_ids, base.rotary_emb, "rotary_emb")
+        allowed = g.op("Unsqueeze", mask, g.const([1, 2]))  # [b, 1, 1, s, T]
         layer_out = []
         for i, layer in enumerate(base.layers):
             name = f"layers.{i}"
             attn_in = rms_norm(g, hidden, layer.input_layernorm, f"{name}.input_layernorm")
             attn_out, pk, pv = _attention(g, attn_in, layer.self_attn, config, cos, sin, pasts[i],
-                                          position_ids, f"{name}.self_attn")
+                                          allowed, f"{name}.self_attn")
             hidden = g.op("Add", hidden, attn_out)
             mlp_in = rms_norm(g, hidden, layer.post_attention_layernorm, f"{name}.post_attention_layernorm")
             hidden = g.op("Add", hidden, silu_mlp(g, mlp_in, layer.mlp, f"{name}.mlp"))

@@ -36,17 +36,13 @@ class ChunkOutput:
     hidden: torch.Tensor | None  # [s, n_taps * H] or None without taps
 
 
-class PackedTarget:
-    """Many sequences in one cache; `forward` feeds each a chunk in one pass; `rewind` per request."""
+class PackedSlots:
+    """The slot bookkeeping of a packed cache: who owns each slot, at which position, and the
+    mask of one packed forward. Subclasses hold the cache and run the model."""
 
-    def __init__(self, model: PreTrainedModel, tap_layer_ids: tuple[int, ...] = ()):
-        self.model = model
-        self.config = model.config
-        self.tap_layer_ids = tuple(tap_layer_ids)
-        self.reset()
+    tap_layer_ids: tuple[int, ...] = ()
 
     def reset(self) -> None:
-        self.cache = DynamicCache()
         self.owner = torch.empty(0, dtype=torch.long)  # [S] request of each slot, DEAD if freed
         self.position = torch.empty(0, dtype=torch.long)  # [S] position within its request
         self.lengths: dict[int, int] = {}  # live tokens per request
@@ -59,38 +55,26 @@ class PackedTarget:
     def num_slots(self) -> int:
         return len(self.owner)
 
-    @torch.inference_mode()
-    def forward(self, chunks: list[Chunk]) -> list[ChunkOutput]:
-        """Feed every chunk after its request's cached tokens in ONE target forward."""
+    def _pack(self, chunks: list[Chunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Append the chunks' slots.  -> input_ids [T], position_ids [T], visible [T, S+T] bool"""
         owner_q = torch.cat([torch.full((len(c.input_ids),), c.request) for c in chunks])  # [T]
         pos_q = torch.cat([self.seq_len(c.request) + torch.arange(len(c.input_ids)) for c in chunks])
         owner_k = torch.cat([self.owner, owner_q])  # [S+T]
         pos_k = torch.cat([self.position, pos_q])
         visible = (owner_k[None, :] == owner_q[:, None]) & (pos_k[None, :] <= pos_q[:, None])
-        dtype = self.model.dtype
-        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
-
-        out = self.model(
-            input_ids=torch.cat([c.input_ids for c in chunks])[None],  # [1, T]
-            position_ids=pos_q[None],
-            attention_mask=mask[None, None],  # [1, 1, T, S+T]
-            cache=self.cache,
-            use_cache=True,
-            output_hidden_states=bool(self.tap_layer_ids),
-        )
-        self.num_forwards += 1
         self.owner, self.position = owner_k, pos_k
         for c in chunks:
             self.lengths[c.request] = self.seq_len(c.request) + len(c.input_ids)
+        self.num_forwards += 1
+        return torch.cat([c.input_ids for c in chunks]), pos_q, visible
 
-        hidden = None
-        if self.tap_layer_ids:
-            hidden = torch.cat([out.hidden_states[i + 1][0] for i in self.tap_layer_ids], -1)  # [T, D]
+    @staticmethod
+    def _split(chunks: list[Chunk], logits: torch.Tensor, hidden: torch.Tensor | None) -> list[ChunkOutput]:
+        """logits [T, V], hidden [T, D] | None -> one ChunkOutput per chunk."""
         results, start = [], 0
         for c in chunks:
             end = start + len(c.input_ids)
-            taps = None if hidden is None else hidden[start:end]
-            results.append(ChunkOutput(out.logits[0, start:end], taps))
+            results.append(ChunkOutput(logits[start:end], None if hidden is None else hidden[start:end]))
             start = end
         return results
 
@@ -115,8 +99,48 @@ class PackedTarget:
         if self.num_slots == 0 or (~live).float().mean() < min_dead_fraction:
             return
         keep = torch.nonzero(live).flatten()
+        self._keep_slots(keep)
+        self.owner, self.position = self.owner[keep], self.position[keep]
+
+    def _keep_slots(self, keep: torch.Tensor) -> None:
+        """Keep only cache slots `keep` [S'] (ascending)."""
+        raise NotImplementedError
+
+
+class PackedTarget(PackedSlots):
+    """Many sequences in one cache; `forward` feeds each a chunk in one pass; `rewind` per request."""
+
+    def __init__(self, model: PreTrainedModel, tap_layer_ids: tuple[int, ...] = ()):
+        self.model = model
+        self.config = model.config
+        self.tap_layer_ids = tuple(tap_layer_ids)
+        self.reset()
+
+    def reset(self) -> None:
+        super().reset()
+        self.cache = DynamicCache()
+
+    @torch.inference_mode()
+    def forward(self, chunks: list[Chunk]) -> list[ChunkOutput]:
+        """Feed every chunk after its request's cached tokens in ONE target forward."""
+        input_ids, positions, visible = self._pack(chunks)
+        dtype = self.model.dtype
+        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+        out = self.model(
+            input_ids=input_ids[None],  # [1, T]
+            position_ids=positions[None],
+            attention_mask=mask[None, None],  # [1, 1, T, S+T]
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=bool(self.tap_layer_ids),
+        )
+        hidden = None
+        if self.tap_layer_ids:
+            hidden = torch.cat([out.hidden_states[i + 1][0] for i in self.tap_layer_ids], -1)  # [T, D]
+        return self._split(chunks, out.logits[0], hidden)
+
+    def _keep_slots(self, keep: torch.Tensor) -> None:
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
                 layer.keys = layer.keys.index_select(-2, keep)
                 layer.values = layer.values.index_select(-2, keep)
-        self.owner, self.position = self.owner[keep], self.position[keep]

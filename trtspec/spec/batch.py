@@ -20,11 +20,11 @@ import torch
 
 from trtspec.config import ScheduleConfig
 from trtspec.models.drafter import Drafter, NoDrafter, Proposal
-from trtspec.models.packed_target import Chunk, PackedTarget
+from trtspec.models.packed_target import Chunk, PackedSlots
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams, probs_from_logits, sample
 from trtspec.spec.schedule import SPSTable, schedule_lengths, survival
-from trtspec.spec.verify import verify_greedy, verify_sampling
+from trtspec.spec.verify import Verifier
 
 
 @dataclass(slots=True)
@@ -53,11 +53,14 @@ def _truncate(proposal: Proposal, length: int) -> Proposal:
 
 
 class BatchDecoder:
-    """Serves R requests at once over a `PackedTarget`; drafters are forked per request."""
+    """Serves R requests at once over a packed target (`PackedTarget`, or `EnginePackedTarget` in
+    the engine flavour); drafters are forked per request."""
 
-    def __init__(self, target: PackedTarget, drafter: Drafter | None, eos_id: int | None,
-                 schedule: ScheduleConfig | None = None, sps: SPSTable | None = None):
+    def __init__(self, target: PackedSlots, drafter: Drafter | None, eos_id: int | None,
+                 schedule: ScheduleConfig | None = None, sps: SPSTable | None = None,
+                 verifier: Verifier | None = None):
         self.target = target
+        self.verifier = verifier or Verifier()
         self.drafter = drafter or NoDrafter()
         self.eos_id = eos_id
         self.schedule = schedule or ScheduleConfig()
@@ -146,11 +149,11 @@ class BatchDecoder:
                 lv = lives[r]
                 k, sampling = p.num_tokens, lv.request.sampling
                 if sampling.greedy:
-                    verdict = verify_greedy(p.tokens, out.logits[None])
+                    verdict = self.verifier.greedy(p.tokens, out.logits[None])
                 else:
                     p_probs = probs_from_logits(out.logits[None], sampling)  # [1, k+1, V]
                     q_probs = p.q_probs if k else p_probs[:, :0]
-                    verdict = verify_sampling(p.tokens, q_probs, p_probs, lv.generator)
+                    verdict = self.verifier.sampling(p.tokens, q_probs, p_probs, lv.generator)
                 a = int(verdict.num_accepted[0])
                 target.rewind(r, k - a)
                 lv.drafter.commit(a, None if out.hidden is None else out.hidden[None, : a + 1])
