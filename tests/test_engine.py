@@ -102,6 +102,45 @@ def test_engine_sampling_follows_target(pipelines):
                                   bound=0.08)
 
 
+def _float16(config):
+    return config.model_copy(update={"flavour": "engine",
+                                     "target": config.target.model_copy(update={"dtype": "float16"})})
+
+
+def test_float16_graphs_close_to_float32_and_lossless():
+    """`target.dtype: float16` exports half-precision graphs (weights, activations, K/V); their
+    logits stay close to the float32 torch model, and speculation over them is exactly their own
+    target's greedy decoding (losslessness is relative to the target that verifies)."""
+    config = load_build_config(CONFIG)
+    spec, plain = load_pipeline(_float16(config)), load_pipeline(_float16(config), use_drafter=False)
+    assert spec.target.precision == "float16" and spec.target.cache[0].dtype == np.float16
+    reference = load_pipeline(config, use_drafter=False).target
+    ids = torch.tensor([spec.tokenizer.encode(load_prompts("code")[2])])
+    spec.target.reset()
+    reference.reset()
+    got, want = spec.target.forward(ids).logits, reference.forward(ids).logits  # [1, s, V]
+    assert got.dtype == torch.float32 and spec.target.cache[0].dtype == np.float16
+    assert (got - want).abs().max() < 0.1 * want.abs().max()  # half-precision rounding, not garbage
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.95
+    for prompt in _prompts(2):
+        prompt_ids = spec.tokenizer.encode(prompt)
+        want = plain.decoder.generate(prompt_ids, 64).token_ids
+        assert spec.decoder.generate(prompt_ids, 64).token_ids == want
+
+
+def test_bfloat16_export_is_refused_with_the_field(tmp_path):
+    bad = tmp_path / "bf16.yaml"
+    bad.write_text(CONFIG.read_text().replace("path: builtin:tiny-target",
+                                              "path: builtin:tiny-target\n  dtype: bfloat16", 1))
+    assert "dtype: bfloat16" in bad.read_text()
+    args = ["build", str(bad), "--out", str(tmp_path / "o"), "--flavour", "engine"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "target.dtype 'bfloat16' has no engine export" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()
+
+
 def test_target_graph_matches_hf_llama(random_llama_dir):
     """A non-Qwen3 layout (no q/k norm) through the same exporter: logits and cache agree."""
     target = TargetModel.from_pretrained(random_llama_dir, tap_layer_ids=(0, 2))

@@ -71,7 +71,7 @@ class Pipeline:
             return PackedTarget(self.target.model, taps)
         from trtspec.engine.packed_target import EnginePackedTarget
 
-        return EnginePackedTarget(self.target.session, self.target.config, taps)
+        return EnginePackedTarget(self.target.session, self.target.config, taps, self.target.precision)
 
     def generate(
         self, prompt: str, max_tokens: int, sampling: SamplingParams | None = None

@@ -57,7 +57,7 @@ def kv_injection_attention_function() -> onnx.FunctionProto:
     d = f.op("Shape", "q", start=3, end=4)
     # the G = h / kvh heads of a group are consecutive in q: [b, kvh, G·B, d]
     qg = f.op("Reshape", "q", f.op("Concat", b, kvh, f.const([-1], np.int64), d, axis=0))
-    scale = f.op("Reciprocal", f.op("Sqrt", f.op("Cast", d, to=TensorProto.FLOAT)))
+    scale = f.op("CastLike", f.op("Reciprocal", f.op("Sqrt", f.op("Cast", d, to=TensorProto.FLOAT))), "q")
     scores = f.op("Mul", f.op("MatMul", qg, f.op("Transpose", k, perm=[0, 1, 3, 2])), scale)
     c = f.op("Shape", "ctx_k", start=2, end=3)
     total = f.op("Squeeze", f.op("Shape", k, start=2, end=3), f.const([0], np.int64))
@@ -65,7 +65,7 @@ def kv_injection_attention_function() -> onnx.FunctionProto:
     lens = f.op("Unsqueeze", f.op("Cast", "ctx_lens", to=TensorProto.INT64), f.const([1], np.int64))  # [b, 1]
     valid = f.op("Or", f.op("Less", cols, lens), f.op("GreaterOrEqual", cols, c))  # [b, c+B]
     valid = f.op("Unsqueeze", valid, f.const([1, 2], np.int64))  # [b, 1, 1, c+B]
-    scores = f.op("Where", valid, scores, f.const([float("-inf")], np.float32))
+    scores = f.op("Where", valid, scores, f.op("CastLike", f.const([float("-inf")], np.float32), scores))
     out = f.op("MatMul", f.op("Softmax", scores, axis=-1), v)  # [b, kvh, G·B, d]
     f.alias(f.op("Reshape", out, f.op("Shape", "q")), "out")
     return helper.make_function(PLUGIN_DOMAIN, KV_INJECTION_ATTENTION,

@@ -43,7 +43,7 @@ class EngineDFlashDrafter(Drafter):
             return
         n = self.pending.shape[1]
         out = self.context.run({
-            "hidden_taps": self.pending.to(torch.float32).numpy(),
+            "hidden_taps": np.ascontiguousarray(self.pending.numpy()),  # in the target graph's precision
             "position_ids": np.arange(self.ctx_len, self.ctx_len + n, dtype=np.int64)[None],
         })
         new = [out[f"ctx_{kind}_{i}"] for i in range(self.num_layers) for kind in ("key", "value")]

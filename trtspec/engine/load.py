@@ -47,7 +47,8 @@ def load_engine_models(config: BuildConfig, use_drafter: bool = True, folder: Pa
         return open_session(graph_path(folder, manifest, name, backend), backend)
 
     hf_config = AutoConfig.from_pretrained(config.target.resolved_path, local_files_only=True)
-    target = EngineTarget(session("target"), hf_config, tuple(manifest["tap_layer_ids"]) if info else ())
+    target = EngineTarget(session("target"), hf_config, tuple(manifest["tap_layer_ids"]) if info else (),
+                          manifest["precision"])
     verifier = GraphVerifier(session("verify_greedy"), session("verify_sampling"))
     if info is None:
         return target, NoDrafter(), verifier

@@ -16,12 +16,14 @@ from trtspec.models.packed_target import Chunk, ChunkOutput, PackedSlots
 
 
 class EnginePackedTarget(PackedSlots):
-    def __init__(self, session: GraphSession, config, tap_layer_ids: tuple[int, ...] = ()):
+    def __init__(self, session: GraphSession, config, tap_layer_ids: tuple[int, ...] = (),
+                 precision: str = "float32"):
         self.session = session
         self.config = config
         self.num_layers = config.num_hidden_layers
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self._empty = np.zeros((1, config.num_key_value_heads, 0, head_dim), dtype=np.float32)
+        self.precision = precision  # of the graph's K/V and taps
+        self._empty = np.zeros((1, config.num_key_value_heads, 0, head_dim), dtype=precision)
         if tap_layer_ids and "hidden_taps" not in session.output_names:
             raise ValueError(f"the target graph has no hidden_taps output, yet taps {tap_layer_ids} were "
                              "asked for; export it with the drafter")

@@ -17,12 +17,14 @@ from trtspec.models.target import TargetOutput
 class EngineTarget:
     """Feed tokens, get logits + taps; the cache grows; rewind drops slots."""
 
-    def __init__(self, session: GraphSession, config, tap_layer_ids: tuple[int, ...] = ()):
+    def __init__(self, session: GraphSession, config, tap_layer_ids: tuple[int, ...] = (),
+                 precision: str = "float32"):
         self.session = session
         self.config = config  # the checkpoint's HF config (the drafter checks it fits)
         self.num_layers = config.num_hidden_layers
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self._empty = np.zeros((1, config.num_key_value_heads, 0, head_dim), dtype=np.float32)
+        self.precision = precision  # of the graph's K/V and taps
+        self._empty = np.zeros((1, config.num_key_value_heads, 0, head_dim), dtype=precision)
         has_taps = "hidden_taps" in session.output_names
         if tap_layer_ids and not has_taps:
             raise ValueError(f"the target graph has no hidden_taps output, yet taps {tap_layer_ids} were "

@@ -14,7 +14,7 @@ set_tensor_address / execute_async_v3(stream_handle)), python/src/parsers/pyOnnx
 (OnnxParser.parse_from_file, num_errors, get_error) and
 samples/python/quickly_deployable_plugins/README.md (ONNX nodes reach `tensorrt.plugin` plugins
 through op name + `plugin_namespace`, `aot` selects the AOT implementation). TensorRT 11 networks
-are strongly typed: precision is the ONNX graph's dtypes (float32 as exported).
+are strongly typed: precision is the ONNX graph's dtypes (float32 or float16, `target.dtype`).
 """
 
 from __future__ import annotations

@@ -27,11 +27,11 @@ import onnx
 
 from trtspec.config import BuildConfig
 from trtspec.errors import CheckpointError, ConfigError
-from trtspec.export.graph import OPSET
+from trtspec.export.graph import OPSET, PRECISIONS
 from trtspec.export.plugins import PLUGIN_OPS
 
 MANIFEST = "manifest.json"
-EXPORT_FORMAT = 3  # bump when the graphs' interface changes: invalidates cached exports
+EXPORT_FORMAT = 4  # bump when the graphs' interface changes: invalidates cached exports
 EXPORTABLE_DRAFTERS = ("dflash", "dspark")
 
 
@@ -68,7 +68,8 @@ def versions() -> dict:
     return out
 
 
-def _drafter_graphs(method: str, path: Path, model, num_draft_tokens: int | None) -> tuple[dict, dict]:
+def _drafter_graphs(method: str, path: Path, model, num_draft_tokens: int | None,
+                    precision: str) -> tuple[dict, dict]:
     """The drafter's graphs and what its engine adapter needs (`info["drafter"]`)."""
     from trtspec.export.dflash import export_dflash_block, export_dflash_context
 
@@ -77,9 +78,9 @@ def _drafter_graphs(method: str, path: Path, model, num_draft_tokens: int | None
 
         drafter = load_dflash(path, model.config)
         most = drafter.spec.block_size - 1  # slot 0 holds the anchor
-        graphs = {"dflash_context": export_dflash_context(drafter),
+        graphs = {"dflash_context": export_dflash_context(drafter, precision),
                   "dflash_block": export_dflash_block(drafter, model.get_input_embeddings(),
-                                                      model.get_output_embeddings())}
+                                                      model.get_output_embeddings(), precision)}
         extra = {}
     else:
         from trtspec.export.dspark import export_dspark_block, export_dspark_heads
@@ -88,9 +89,9 @@ def _drafter_graphs(method: str, path: Path, model, num_draft_tokens: int | None
 
         drafter = load_dspark(path, model.config)
         most = drafter.spec.block_size  # the anchor is the first prediction position
-        graphs = {"dspark_context": export_dflash_context(drafter),
-                  "dspark_block": export_dspark_block(drafter),
-                  "dspark_heads": export_dspark_heads(drafter)}
+        graphs = {"dspark_context": export_dflash_context(drafter, precision),
+                  "dspark_block": export_dspark_block(drafter, precision),
+                  "dspark_heads": export_dspark_heads(drafter, precision)}
         sts = load_sts(path, drafter.spec.block_size)
         extra = {"has_confidence": drafter.confidence_head is not None,
                  "sts_temperatures": None if sts is None else sts.tolist()}
@@ -111,6 +112,11 @@ def _graphs(config: BuildConfig, use_drafter: bool) -> tuple[dict[str, onnx.Mode
     from trtspec.models.target import load_causal_lm
 
     target_dir = config.target.resolved_path
+    precision = config.target.dtype
+    if precision not in PRECISIONS:
+        raise ConfigError(f"target.dtype {precision!r} has no engine export: the graphs exchange K/V and "
+                          f"hidden states as numpy arrays, which have no bfloat16; use "
+                          f"{' or '.join(PRECISIONS)}")
     hf_config_file = target_dir / "config.json"
     if hf_config_file.is_file():
         from transformers import AutoConfig
@@ -120,16 +126,16 @@ def _graphs(config: BuildConfig, use_drafter: bool) -> tuple[dict[str, onnx.Mode
     drafter = config.drafter if use_drafter else None
     graphs: dict[str, onnx.ModelProto] = {}
     info: dict = {"vocab_size": model.config.vocab_size, "num_layers": model.config.num_hidden_layers,
-                  "drafter": None, "tap_layer_ids": []}
+                  "precision": precision, "drafter": None, "tap_layer_ids": []}
     if drafter is not None:
         if drafter.method not in EXPORTABLE_DRAFTERS:
             raise ConfigError(f"drafter.method {drafter.method!r} has no engine export yet; the engine "
                               f"flavour exports: {', '.join(EXPORTABLE_DRAFTERS)} (or use --drafter none)")
         drafter_graphs, drafter_info = _drafter_graphs(drafter.method, drafter.resolved_path, model,
-                                                       drafter.num_draft_tokens)
+                                                       drafter.num_draft_tokens, precision)
         graphs.update(drafter_graphs)
         info.update(drafter_info)
-    graphs["target"] = export_target(model, tuple(info["tap_layer_ids"]))
+    graphs["target"] = export_target(model, tuple(info["tap_layer_ids"]), precision)
     graphs["verify_greedy"] = export_verify_greedy(model.config.vocab_size)
     graphs["verify_sampling"] = export_verify_sampling(model.config.vocab_size)
     return graphs, info

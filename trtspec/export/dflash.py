@@ -10,7 +10,8 @@ block graph (one forward per proposal; owns copies of the target's embed_tokens 
 
 Each drafter layer's attention is one `trtspec::kv_injection_attention` node over the cached
 context K/V and the block's own K/V, so TensorRT runs the plugin kernel and never concatenates
-the context again.
+the context again. Hidden states and K/V are in the graph's precision (float32 or float16);
+logits are float32.
 """
 
 from __future__ import annotations
@@ -36,19 +37,19 @@ def _project_kv(g: GraphBuilder, x: str, attn, cos: str, sin: str, name: str) ->
     return apply_rope(g, k, cos, sin), v
 
 
-def export_dflash_context(model: DFlashDraftModel) -> onnx.ModelProto:
+def export_dflash_context(model: DFlashDraftModel, precision: str = "float32") -> onnx.ModelProto:
     """DFlashDraftModel.project_context as a graph."""
     n_in = model.fc.in_features
-    g = GraphBuilder("trtspec_dflash_context")
-    taps = g.input("hidden_taps", FLOAT, ["batch", "ctx", n_in])
+    g = GraphBuilder("trtspec_dflash_context", precision)
+    taps = g.input("hidden_taps", g.float_type, ["batch", "ctx", n_in])
     position_ids = g.input("position_ids", INT64, ["batch", "ctx"])
     with torch.no_grad():
         ctx = rms_norm(g, linear(g, taps, model.fc, "fc"), model.hidden_norm, "hidden_norm")  # [b, c, H]
         cos, sin = rope_tables(g, position_ids, model.rotary_emb, "rotary_emb")
         for i, layer in enumerate(model.layers):
             k, v = _project_kv(g, ctx, layer.self_attn, cos, sin, f"layers.{i}.self_attn")
-            g.output(k, f"ctx_key_{i}", FLOAT, _kv_shape(model, "ctx"))
-            g.output(v, f"ctx_value_{i}", FLOAT, _kv_shape(model, "ctx"))
+            g.output(k, f"ctx_key_{i}", g.float_type, _kv_shape(model, "ctx"))
+            g.output(v, f"ctx_value_{i}", g.float_type, _kv_shape(model, "ctx"))
     return g.model(f"trtspec DFlash context projection ({len(model.layers)} layers)")
 
 
@@ -57,8 +58,9 @@ def block_hidden(g: GraphBuilder, model: DFlashDraftModel, embed_tokens: torch.n
     (declared here) -> final-normed hidden [b, B, H]."""
     block_ids = g.input("block_ids", INT64, ["batch", "block"])
     position_ids = g.input("position_ids", INT64, ["batch", "block"])
-    ctx_kv = [(g.input(f"ctx_key_{i}", FLOAT, _kv_shape(model, "ctx")),
-               g.input(f"ctx_value_{i}", FLOAT, _kv_shape(model, "ctx"))) for i in range(len(model.layers))]
+    ctx_kv = [(g.input(f"ctx_key_{i}", g.float_type, _kv_shape(model, "ctx")),
+               g.input(f"ctx_value_{i}", g.float_type, _kv_shape(model, "ctx")))
+              for i in range(len(model.layers))]
     ctx_lens = g.input("ctx_lens", INT32, ["batch"])
     with torch.no_grad():
         h = g.op("Gather", g.weight(embed_tokens.weight, "embed_tokens.weight"), block_ids, axis=0)
@@ -78,12 +80,12 @@ def block_hidden(g: GraphBuilder, model: DFlashDraftModel, embed_tokens: torch.n
 
 
 def export_dflash_block(model: DFlashDraftModel, embed_tokens: torch.nn.Embedding,
-                        lm_head: torch.nn.Linear) -> onnx.ModelProto:
+                        lm_head: torch.nn.Linear, precision: str = "float32") -> onnx.ModelProto:
     """DFlashDraftModel.forward with the target's embedding and LM head around it."""
-    g = GraphBuilder("trtspec_dflash_block")
+    g = GraphBuilder("trtspec_dflash_block", precision)
     hidden = block_hidden(g, model, embed_tokens)  # [b, B, H]
     with torch.no_grad():
         logits = linear(g, hidden, lm_head, "lm_head")
-        g.output(logits, "logits", FLOAT, ["batch", "block", lm_head.out_features])
+        g.output(g.to_float32(logits), "logits", FLOAT, ["batch", "block", lm_head.out_features])
     return g.model(f"trtspec DFlash block ({len(model.layers)} layers, block {model.spec.block_size})",
                    {PLUGIN_DOMAIN: 1})

@@ -16,6 +16,9 @@ OPSET = 18  # ReduceMean takes axes as an input; TensorRT's ONNX parser supports
 IR_VERSION = 10
 PLUGIN_DOMAIN = "trtspec"
 FLOAT, INT32, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL
+FLOAT16 = TensorProto.FLOAT16
+# precision of a graph's weights and activations -> (ONNX element type, numpy dtype)
+PRECISIONS = {"float32": (FLOAT, np.float32), "float16": (FLOAT16, np.float16)}
 
 Dim = int | str  # a fixed size or the name of a dynamic axis
 
@@ -23,8 +26,12 @@ Dim = int | str  # a fixed size or the name of a dynamic axis
 class GraphBuilder:
     """Accumulates nodes and initializers; `op` returns the output value name(s)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, precision: str = "float32"):
+        """`precision` (float32 | float16) is the dtype of weights, activations and the float
+        tensors at the graph's interface; `float_type` is its ONNX element type."""
         self.name = name
+        self.precision = precision
+        self.float_type, self._np_float = PRECISIONS[precision]
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []
@@ -51,10 +58,22 @@ class GraphBuilder:
         self.nodes.append(node)
         return outs[0] if n_out == 1 else outs
 
-    def weight(self, tensor: torch.Tensor, name: str) -> str:
+    def weight(self, tensor: torch.Tensor, name: str, full_precision: bool = False) -> str:
+        """A weight initializer in the graph's precision (float32 with `full_precision`)."""
         array = tensor.detach().to(torch.float32).cpu().numpy()
+        array = array if full_precision else array.astype(self._np_float)
         self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
+
+    def fconst(self, values) -> str:
+        """A float constant in the graph's precision."""
+        return self.const(values, self._np_float)
+
+    def to_float32(self, x: str) -> str:
+        return x if self.float_type == FLOAT else self.op("Cast", x, to=FLOAT)
+
+    def from_float32(self, x: str) -> str:
+        return x if self.float_type == FLOAT else self.op("Cast", x, to=self.float_type)
 
     def const(self, values, dtype=np.int64) -> str:
         """A small constant initializer, shared between identical uses."""

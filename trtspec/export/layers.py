@@ -1,7 +1,9 @@
 """Transformer blocks written as ONNX nodes, shared by the target and drafter exporters.
 
-Each helper mirrors one Hugging Face / trtspec torch module (named in its docstring) in float32,
-so onnxruntime reproduces the torch flavour's logits to float rounding. Layouts: hidden
+Each helper mirrors one Hugging Face / trtspec torch module (named in its docstring), so in
+float32 onnxruntime reproduces the torch flavour's logits to float rounding. In float16 graphs
+they keep what Hugging Face keeps in float32: RMSNorm statistics, RoPE tables (cast at the end)
+and the attention softmax. Layouts: hidden
 `[b, s, H]`, heads `[b, heads, s, d]`, RoPE tables `[b, 1, s, d]`.
 """
 
@@ -21,11 +23,13 @@ def linear(g: GraphBuilder, x: str, module: torch.nn.Linear, name: str) -> str:
 
 
 def rms_norm(g: GraphBuilder, x: str, module: torch.nn.Module, name: str) -> str:
-    """Qwen3RMSNorm / LlamaRMSNorm over the last axis: w * x / sqrt(mean(x²) + eps)."""
+    """Qwen3RMSNorm / LlamaRMSNorm over the last axis: w * x / sqrt(mean(x²) + eps), the
+    statistics in float32."""
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
-    mean = g.op("ReduceMean", g.op("Mul", x, x), g.const([-1]), keepdims=1)
+    x32 = g.to_float32(x)
+    mean = g.op("ReduceMean", g.op("Mul", x32, x32), g.const([-1]), keepdims=1)
     inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", mean, g.const([eps], "float32"))))
-    return g.op("Mul", g.weight(module.weight, f"{name}.weight"), g.op("Mul", x, inv))
+    return g.op("Mul", g.weight(module.weight, f"{name}.weight"), g.from_float32(g.op("Mul", x32, inv)))
 
 
 def silu_mlp(g: GraphBuilder, x: str, mlp: torch.nn.Module, name: str) -> str:
@@ -38,7 +42,7 @@ def silu_mlp(g: GraphBuilder, x: str, mlp: torch.nn.Module, name: str) -> str:
 
 def rope_tables(g: GraphBuilder, position_ids: str, rotary: torch.nn.Module, prefix: str) -> tuple[str, str]:
     """cos, sin [b, 1, s, d] of position_ids [b, s], as the HF rotary embedding computes them."""
-    inv_freq = g.weight(rotary.inv_freq, f"{prefix}.inv_freq")  # [d/2]
+    inv_freq = g.weight(rotary.inv_freq, f"{prefix}.inv_freq", full_precision=True)  # [d/2]
     pos = g.op("Unsqueeze", g.op("Cast", position_ids, to=FLOAT), g.const([-1]))  # [b, s, 1]
     freqs = g.op("Mul", pos, inv_freq)  # [b, s, d/2]
     emb = g.op("Concat", freqs, freqs, axis=-1)  # [b, s, d]
@@ -48,7 +52,7 @@ def rope_tables(g: GraphBuilder, position_ids: str, rotary: torch.nn.Module, pre
         factor = g.const([scaling], "float32")
         cos, sin = g.op("Mul", cos, factor), g.op("Mul", sin, factor)
     axis = g.const([1])
-    return g.op("Unsqueeze", cos, axis), g.op("Unsqueeze", sin, axis)
+    return g.op("Unsqueeze", g.from_float32(cos), axis), g.op("Unsqueeze", g.from_float32(sin), axis)
 
 
 def apply_rope(g: GraphBuilder, x: str, cos: str, sin: str) -> str:

@@ -2,11 +2,12 @@
 
     inputs   input_ids [b, s] int64, position_ids [b, s] int64 (RoPE positions),
              attention_mask [b, s, past+s] bool (True = query i attends to cache slot j),
-             past_key_{i} / past_value_{i} [b, kvh, past, d] float32 for every layer i
-    outputs  logits [b, s, V], present_key_{i} / present_value_{i} [b, kvh, past+s, d],
+             past_key_{i} / past_value_{i} [b, kvh, past, d] for every layer i
+    outputs  logits [b, s, V] float32, present_key_{i} / present_value_{i} [b, kvh, past+s, d],
              and, when taps are asked for, hidden_taps [b, s, n_taps·H]: the outputs of layers
              `tap_layer_ids` concatenated (HF's hidden_states[i + 1]; the last layer's is the
              final-normed state, as transformers returns it)
+K/V and taps are in the graph's precision (float32 or float16); logits are float32.
 
 The mask is an input so that one graph serves both adapters: one sequence (`EngineTarget`: slot
 j visible iff j <= position_ids[i]) and a packed ragged batch of requests sharing one cache
@@ -74,15 +75,17 @@ def _attention(g: GraphBuilder, x: str, attn, config, cos: str, sin: str, past: 
     k5 = g.op("Unsqueeze", present_k, g.const([2]))  # [b, kvh, 1, T, d]
     v5 = g.op("Unsqueeze", present_v, g.const([2]))
     scores = g.op("MatMul", q5, g.op("Transpose", k5, perm=[0, 1, 2, 4, 3]))  # [b, kvh, G, s, T]
-    scores = g.op("Mul", scores, g.const([float(attn.scaling)], "float32"))
+    scores = g.op("Mul", g.to_float32(scores), g.const([float(attn.scaling)], "float32"))
     scores = g.op("Where", allowed, scores, g.const([float("-inf")], "float32"))
-    out = g.op("MatMul", g.op("Softmax", scores, axis=-1), v5)  # [b, kvh, G, s, d]
+    weights = g.from_float32(g.op("Softmax", scores, axis=-1))
+    out = g.op("MatMul", weights, v5)  # [b, kvh, G, s, d]
     out = g.op("Reshape", out, g.const([0, h, -1, d]))  # [b, h, s, d]
     return linear(g, merge_heads(g, out), attn.o_proj, f"{name}.o_proj"), present_k, present_v
 
 
-def export_target(model: PreTrainedModel, tap_layer_ids: tuple[int, ...] = ()) -> onnx.ModelProto:
-    """The ONNX graph of a Qwen3/Qwen2/Llama/Mistral causal LM with KV cache and taps (float32)."""
+def export_target(model: PreTrainedModel, tap_layer_ids: tuple[int, ...] = (),
+                  precision: str = "float32") -> onnx.ModelProto:
+    """The ONNX graph of a Qwen3/Qwen2/Llama/Mistral causal LM with KV cache and taps."""
     config = model.config
     check_exportable(config)
     num_layers = config.num_hidden_layers
@@ -90,12 +93,13 @@ def export_target(model: PreTrainedModel, tap_layer_ids: tuple[int, ...] = ()) -
     if bad:
         raise CheckpointError(f"tap layers {bad} are out of range for a target with {num_layers} layers")
     base = model.model
-    g = GraphBuilder("trtspec_target")
+    g = GraphBuilder("trtspec_target", precision)
+    fp = g.float_type
     input_ids = g.input("input_ids", INT64, ["batch", "seq"])
     position_ids = g.input("position_ids", INT64, ["batch", "seq"])
     mask = g.input("attention_mask", BOOL, ["batch", "seq", "total"])
-    pasts = [(g.input(f"past_key_{i}", FLOAT, kv_shape(config, "past")),
-              g.input(f"past_value_{i}", FLOAT, kv_shape(config, "past"))) for i in range(num_layers)]
+    pasts = [(g.input(f"past_key_{i}", fp, kv_shape(config, "past")),
+              g.input(f"past_value_{i}", fp, kv_shape(config, "past"))) for i in range(num_layers)]
 
     with torch.no_grad():
         hidden = g.op("Gather", g.weight(base.embed_tokens.weight, "embed_tokens.weight"), input_ids, axis=0)
@@ -111,14 +115,15 @@ def export_target(model: PreTrainedModel, tap_layer_ids: tuple[int, ...] = ()) -
             mlp_in = rms_norm(g, hidden, layer.post_attention_layernorm, f"{name}.post_attention_layernorm")
             hidden = g.op("Add", hidden, silu_mlp(g, mlp_in, layer.mlp, f"{name}.mlp"))
             layer_out.append(hidden)
-            g.output(pk, f"present_key_{i}", FLOAT, kv_shape(config, "total"))
-            g.output(pv, f"present_value_{i}", FLOAT, kv_shape(config, "total"))
+            g.output(pk, f"present_key_{i}", fp, kv_shape(config, "total"))
+            g.output(pv, f"present_value_{i}", fp, kv_shape(config, "total"))
         normed = rms_norm(g, hidden, base.norm, "norm")
         logits = linear(g, normed, model.get_output_embeddings(), "lm_head")
-        g.output(logits, "logits", FLOAT, ["batch", "seq", config.vocab_size])
+        g.output(g.to_float32(logits), "logits", FLOAT, ["batch", "seq", config.vocab_size])
         if tap_layer_ids:
             taps = [normed if i == num_layers - 1 else layer_out[i] for i in tap_layer_ids]
             tapped = g.op("Concat", *taps, axis=-1) if len(taps) > 1 else taps[0]
-            g.output(tapped, "hidden_taps", FLOAT, ["batch", "seq", len(taps) * config.hidden_size])
-    doc = f"trtspec target ({config.model_type}, {num_layers} layers), taps {list(tap_layer_ids)}"
+            g.output(tapped, "hidden_taps", fp, ["batch", "seq", len(taps) * config.hidden_size])
+    doc = (f"trtspec target ({config.model_type}, {num_layers} layers, {precision}), "
+           f"taps {list(tap_layer_ids)}")
     return g.model(doc)
