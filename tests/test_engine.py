@@ -318,3 +318,19 @@ def test_build_error_leaves_no_output(tmp_path):
     assert result.exit_code == 2 and "drafter.method 'draft_model' has no engine export" in result.output
     assert "Traceback" not in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_flavour_bench_smoke():
+    """`python -m trtspec.bench.flavours`: every row present, the engine float32 rows token-equal."""
+    from trtspec.bench.flavours import compare_flavours, markdown
+
+    results = compare_flavours(load_build_config(DSPARK_CONFIG), ["code", "math"], 1, 24, float16=True,
+                               concurrency=2)
+    rows = {(r["flavour"], r["drafter"]): r for r in results["rows"]}
+    assert set(rows) == {(f, d) for f in ("torch", "engine", "engine-fp16") for d in ("none", "dspark")}
+    assert rows[("engine", "dspark")]["greedy_mismatches"] == 0
+    assert rows[("engine", "none")]["greedy_mismatches"] == 0
+    assert rows[("torch", "dspark")]["target_calls"] < rows[("torch", "none")]["target_calls"]
+    batched = {r["flavour"]: r for r in results["batched_rows"]}
+    assert set(batched) == {"torch", "engine", "engine-fp16"} and batched["engine"]["greedy_mismatches"] == 0
+    assert "| engine-fp16 | dspark | 2 |" in markdown(results)

@@ -1,11 +1,15 @@
 """Engine flavour (onnxruntime on CPU) vs torch flavour: decode tokens/s, same prompts, same run.
 
-    python -m trtspec.bench.flavours build_configs/tiny-dflash.yaml --prompts 4 --max-tokens 128
+    python -m trtspec.bench.flavours build_configs/tiny-dflash.yaml --prompts 4 --max-tokens 128 \
+        --float16 --concurrency 4
 
-Four methods (torch/engine × target alone/DFlash) decode every prompt greedily, interleaved
-prompt by prompt so machine drift hits each alike; the engine outputs must equal the torch ones
-(a mismatch is counted, never averaged away). Decode tokens/s = tokens after the first over the
-time after prefill, summed over prompts. Prints a Markdown table and, with --json, the numbers.
+The methods (torch/engine, and engine-fp16 with --float16, × target alone/the config's drafter)
+decode every prompt greedily, interleaved prompt by prompt so machine drift hits each alike;
+outputs are compared with the torch flavour's (a mismatch is counted, never averaged away;
+float16 may legitimately differ from float32). Decode tokens/s = tokens after the first over the
+time after prefill, summed over prompts. With --concurrency R, each flavour with the drafter also
+serves the prompts R at a time through `BatchDecoder` (one packed target forward per cycle);
+total tokens/s over the whole run. Prints Markdown tables and, with --json, the numbers.
 """
 
 from __future__ import annotations
@@ -14,20 +18,30 @@ import argparse
 import json
 import os
 import platform
+import time
 
 from trtspec.config import BuildConfig, load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
+from trtspec.spec.batch import BatchDecoder, Request
+
+
+def _variants(config: BuildConfig, float16: bool) -> dict[str, BuildConfig]:
+    out = {flavour: config.model_copy(update={"flavour": flavour}) for flavour in ("torch", "engine")}
+    if float16:
+        target = config.target.model_copy(update={"dtype": "float16"})
+        out["engine-fp16"] = config.model_copy(update={"flavour": "engine", "target": target})
+    return out
 
 
 def compare_flavours(config: BuildConfig, tasks: list[str], prompts_per_task: int, max_tokens: int,
-                     repeats: int = 1) -> dict:
+                     repeats: int = 1, float16: bool = False, concurrency: int = 0) -> dict:
     """Decode throughput of each (flavour, drafter) pair on the same prompts; see the module doc."""
+    method = config.drafter.method if config.drafter else "none"
     methods = {}
-    for flavour in ("torch", "engine"):
-        cfg = config.model_copy(update={"flavour": flavour})
+    for flavour, cfg in _variants(config, float16).items():
         for drafter in (False, True):
-            methods[(flavour, "dflash" if drafter else "none")] = load_pipeline(cfg, use_drafter=drafter)
+            methods[(flavour, method if drafter else "none")] = load_pipeline(cfg, use_drafter=drafter)
     stats = {key: {"tokens": 0, "decode_s": 0.0, "target_calls": 0, "mismatches": 0} for key in methods}
     prompts = [p for task in tasks for p in load_prompts(task)[:prompts_per_task]]
     for _ in range(repeats):
@@ -49,11 +63,40 @@ def compare_flavours(config: BuildConfig, tasks: list[str], prompts_per_task: in
                      "vs_torch": round(tps / (base["tokens"] / base["decode_s"]), 2),
                      "greedy_mismatches": s["mismatches"], **{k: round(v, 3) for k, v in s.items()
                                                               if k != "mismatches"}})
+    batched = _batched(methods, method, prompts, max_tokens, concurrency) if concurrency > 1 else []
     return {"prompts": len(prompts), "tasks": tasks, "max_tokens": max_tokens, "repeats": repeats,
+            "concurrency": concurrency, "batched_rows": batched,
             "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                         "omp_threads": os.environ.get("OMP_NUM_THREADS"),
                         "ort_threads": os.environ.get("TRTSPEC_ORT_THREADS", "1")},
             "rows": rows}
+
+
+def _batched(methods: dict, method: str, prompts: list[str], max_tokens: int, concurrency: int) -> list[dict]:
+    """Each flavour with the drafter serving the prompts `concurrency` at a time (BatchDecoder)."""
+    rows, reference = [], None
+    for (flavour, name), pipeline in methods.items():
+        if name != method:
+            continue
+        decoder = BatchDecoder(pipeline.packed_target(), pipeline.drafter, pipeline.tokenizer.eos_id,
+                               verifier=pipeline.decoder.verifier)
+        tokens, wall, outputs = 0, 0.0, []
+        for start in range(0, len(prompts), concurrency):
+            chunk = prompts[start : start + concurrency]
+            group = [Request(pipeline.tokenizer.encode(p), max_tokens) for p in chunk]
+            t0 = time.perf_counter()
+            results = decoder.generate(group)
+            wall += time.perf_counter() - t0
+            tokens += sum(len(r.token_ids) for r in results)
+            outputs += [r.token_ids for r in results]
+        reference = reference or outputs
+        rows.append({"flavour": flavour, "drafter": method, "concurrency": concurrency,
+                     "total_tokens_per_s": round(tokens / wall, 1),
+                     "greedy_mismatches": sum(a != b for a, b in zip(outputs, reference, strict=True))})
+    base = rows[0]["total_tokens_per_s"]
+    for row in rows:
+        row["vs_torch"] = round(row["total_tokens_per_s"] / base, 2)
+    return rows
 
 
 def markdown(results: dict) -> str:
@@ -62,6 +105,12 @@ def markdown(results: dict) -> str:
     for r in results["rows"]:
         lines.append(f"| {r['flavour']} | {r['drafter']} | {r['decode_tokens_per_s']} | {r['vs_torch']}× "
                      f"| {r['greedy_mismatches']} |")
+    if results["batched_rows"]:
+        lines += ["", "| flavour | drafter | concurrency | total tok/s | vs torch | greedy mismatches |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for r in results["batched_rows"]:
+            lines.append(f"| {r['flavour']} | {r['drafter']} | {r['concurrency']} "
+                         f"| {r['total_tokens_per_s']} | {r['vs_torch']}× | {r['greedy_mismatches']} |")
     return "\n".join(lines)
 
 
@@ -72,10 +121,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=4, help="prompts per task")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--float16", action="store_true", help="also the engine flavour in float16")
+    parser.add_argument("--concurrency", type=int, default=0, help="also serve R prompts at a time")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     results = compare_flavours(load_build_config(args.config), args.tasks.split(","), args.prompts,
-                               args.max_tokens, args.repeats)
+                               args.max_tokens, args.repeats, args.float16, args.concurrency)
     print(json.dumps(results, indent=1) if args.json else markdown(results))
 
 
