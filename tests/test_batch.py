@@ -156,3 +156,39 @@ def test_bad_requests_are_named():
         spec.generate([Request([1, 2], 4), Request([], 4)])
     with pytest.raises(ValueError, match="SPS table"):
         BatchDecoder(_packed(pipeline), pipeline.drafter, 0, ScheduleConfig(mode="scheduler"))
+
+
+def test_requests_joining_mid_flight_identical_to_alone(pipeline):
+    """Continuous batching: requests added while others run (their prefill packed into the same
+    forward as the others' verification) still get exactly the one-request tokens; a request
+    whose callback asks to stop ends there, a cancelled one frees its slots."""
+    decoder = _batch(pipeline, pipeline.drafter)
+    prompts = PROMPTS[:5]
+    alone = [pipeline.decoder.generate(list(p.encode()), 50).token_ids for p in prompts]
+    streamed: dict[int, list[int]] = {}
+    ids, results = [], {}
+    for step in range(200):
+        if step in (0, 1, 3):  # joins at steps 0, 1 and 3, one each
+            i = len(ids)
+
+            def on_tokens(new, i=i):
+                streamed.setdefault(i, []).extend(new)
+            ids.append(decoder.add(Request(list(prompts[i].encode()), 50), on_tokens))
+        if step == 4:  # a request that stops itself after 7 tokens, and one cancelled later
+            def stop_after_7(new):
+                got = streamed.setdefault(3, [])
+                got.extend(new)
+                return len(got) >= 7
+            ids.append(decoder.add(Request(list(prompts[3].encode()), 50), stop_after_7))
+            cancelled = decoder.add(Request(list(prompts[4].encode()), 50))
+        if step == 6:
+            decoder.cancel(cancelled)
+        results.update(decoder.step())
+        if step > 6 and not decoder.num_running:
+            break
+    assert decoder.num_running == 0 and cancelled not in results
+    for i in range(3):
+        assert results[ids[i]].token_ids == alone[i] == streamed[i]
+    stopped = results[ids[3]].token_ids
+    assert 7 <= len(stopped) < 50 and stopped == alone[3][: len(stopped)]
+    assert not (decoder.target.owner >= 0).any()  # every slot freed

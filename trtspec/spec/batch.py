@@ -1,9 +1,12 @@
 """The draft–verify loop over R concurrent requests: one target forward per cycle for all of them.
 
-    prefill: ONE forward over every prompt (packed), first token of each request
-    cycle:   each live request drafts k tokens (with confidences, for DSpark)
+    step:    each running request drafts k tokens (with confidences, for DSpark)
              the schedule picks how many of each request's drafts to verify (a prefix L_r)
-             ONE target forward over all [last_r, x_r1..x_rL_r]; verify each row; rewind L_r − a_r
+             ONE target forward over every newly added prompt (its prefill, giving its first
+             token) and every running [last_r, x_r1..x_rL_r]; verify each row; rewind L_r − a_r
+
+Requests join between steps (`add`) and leave when done (continuous batching, as a serving
+loop needs it); `generate` adds a fixed group and steps until all are done.
 
 Per request this is exactly `SpeculativeDecoder`'s cycle with the block truncated to L_r, so
 the same verifier keeps it lossless as long as L_r never depends on the drafts it admits (see
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +38,10 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
 
+# streaming: called with the ids a step emitted for a request; True ends that request after them
+OnTokens = Callable[[list[int]], bool | None]
+
+
 @dataclass(slots=True)
 class _Live:
     """One request in flight."""
@@ -42,6 +50,8 @@ class _Live:
     drafter: Drafter
     generator: torch.Generator
     result: GenerationResult
+    on_tokens: OnTokens | None = None
+    added_at: float = 0.0
     generated: list[int] = field(default_factory=list)
     done: bool = False
 
@@ -67,9 +77,7 @@ class BatchDecoder:
         if self.schedule.mode in ("scheduler", "argmax") and sps is None:
             raise ValueError("the scheduler needs the target's SPS table: run `trtspec profile` first")
         self.sps = sps
-        self.num_cycles = 0
-        self.offered_drafts = 0  # drafts proposed, over all cycles and requests
-        self.admitted_drafts = 0  # drafts the schedule sent to the target
+        self.reset()
 
     def _first_token(self, logits: torch.Tensor, live: _Live) -> int:
         sampling = live.request.sampling
@@ -84,87 +92,127 @@ class BatchDecoder:
         surv = [survival(p.confidence[0]) if p.num_tokens else torch.zeros(0) for p in proposals]
         return schedule_lengths(surv, self.sps, self.schedule.mode, self.schedule.threshold)
 
-    def _finish(self, live: _Live, emitted: list[int]) -> list[int]:
+    def _finish(self, live: _Live, emitted: list[int]) -> None:
         if self.eos_id in emitted:
             emitted = emitted[: emitted.index(self.eos_id) + 1]
         emitted = emitted[: live.request.max_new_tokens - len(live.generated)]
         live.generated.extend(emitted)
-        if len(live.generated) >= live.request.max_new_tokens or live.generated[-1] == self.eos_id:
+        stop = live.on_tokens is not None and bool(live.on_tokens(emitted))
+        if stop or len(live.generated) >= live.request.max_new_tokens or live.generated[-1] == self.eos_id:
             live.done = True
-        return emitted
+
+    # -- continuous batching ----------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget every request and empty the target's cache."""
+        self.target.reset()
+        self.lives: dict[int, _Live] = {}  # requests added and not finished, by id
+        self._next_id = 0
+        self.num_cycles = 0  # steps that verified drafts
+        self.offered_drafts = 0  # drafts proposed, over all cycles and requests
+        self.admitted_drafts = 0  # drafts the schedule sent to the target
+
+    def add(self, request: Request, on_tokens: OnTokens | None = None) -> int:
+        """Queue `request`; it is prefilled in the next `step`. Returns its id."""
+        if not request.prompt:
+            raise ValueError("prompt is empty")
+        if request.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
+        rid, self._next_id = self._next_id, self._next_id + 1
+        self.lives[rid] = _Live(request, copy.copy(self.drafter), request.sampling.generator(),
+                                GenerationResult(prompt_len=len(request.prompt),
+                                                 num_draft_tokens=self.drafter.num_draft_tokens),
+                                on_tokens, time.perf_counter())
+        return rid
+
+    @property
+    def num_running(self) -> int:
+        return len(self.lives)
+
+    def step(self) -> dict[int, GenerationResult]:
+        """One packed target forward for every request; returns the requests that finished."""
+        lives, target = self.lives, self.target
+        if not lives:
+            return {}
+        new = [r for r, lv in lives.items() if lv.result.num_target_calls == 0]
+        running = [r for r in lives if r not in new]
+
+        # 1. draft: every running request proposes up to k tokens (never past its budget)
+        proposals = []
+        for r in running:
+            lv = lives[r]
+            k = min(lv.drafter.num_draft_tokens, lv.request.max_new_tokens - len(lv.generated) - 1)
+            t_draft = time.perf_counter()
+            committed = lv.request.prompt + lv.generated
+            proposals.append(lv.drafter.propose(committed, k, lv.request.sampling, lv.generator)
+                             if k else Proposal.empty())
+            lv.result.draft_s += time.perf_counter() - t_draft
+
+        # 2. schedule, then prefill the new prompts and verify all admitted prefixes in ONE forward
+        lengths = self._lengths(proposals)
+        self.offered_drafts += sum(p.num_tokens for p in proposals)
+        self.admitted_drafts += sum(lengths)
+        proposals = [_truncate(p, n) for p, n in zip(proposals, lengths, strict=True)]
+        chunks = [Chunk(r, torch.tensor(lives[r].request.prompt)) for r in new]
+        chunks += [Chunk(r, torch.cat([torch.tensor([lives[r].generated[-1]]), p.tokens[0]]))
+                   for r, p in zip(running, proposals, strict=True)]
+        outs = target.forward(chunks)
+        if running:
+            self.num_cycles += 1
+        now = time.perf_counter()
+
+        # 3a. new requests: their first token
+        for r, out in zip(new, outs, strict=False):
+            lv = lives[r]
+            lv.drafter.begin(lv.request.prompt, None if out.hidden is None else out.hidden[None])
+            lv.result.prefill_s = now - lv.added_at
+            lv.result.num_target_calls = 1
+            self._finish(lv, [self._first_token(out.logits[-1], lv)])
+
+        # 3b. running requests: verify, rewind the rejected slots, emit
+        for r, p, out in zip(running, proposals, outs[len(new):], strict=True):
+            lv = lives[r]
+            k, sampling = p.num_tokens, lv.request.sampling
+            if sampling.greedy:
+                verdict = self.verifier.greedy(p.tokens, out.logits[None])
+            else:
+                p_probs = probs_from_logits(out.logits[None], sampling)  # [1, k+1, V]
+                q_probs = p.q_probs if k else p_probs[:, :0]
+                verdict = self.verifier.sampling(p.tokens, q_probs, p_probs, lv.generator)
+            a = int(verdict.num_accepted[0])
+            target.rewind(r, k - a)
+            lv.drafter.commit(a, None if out.hidden is None else out.hidden[None, : a + 1])
+            lv.result.record_cycle(num_drafted=k, num_accepted=a)
+            lv.result.num_target_calls += 1
+            self._finish(lv, verdict.row(0))
+
+        finished = {}
+        for r in [r for r, lv in lives.items() if lv.done]:
+            lv = lives.pop(r)
+            lv.result.total_s = time.perf_counter() - lv.added_at
+            lv.result.token_ids = lv.generated
+            target.release(r)
+            finished[r] = lv.result
+        target.compact()
+        return finished
+
+    def cancel(self, rid: int) -> None:
+        """Drop a request (its client went away) and free its cache slots."""
+        if self.lives.pop(rid, None) is not None:
+            self.target.release(rid)
+
+    # -- a fixed group ----------------------------------------------------------------------
 
     def generate(self, requests: list[Request]) -> list[GenerationResult]:
+        """Serve `requests` together from an empty cache until all are done."""
         for i, req in enumerate(requests):
             if not req.prompt:
                 raise ValueError(f"request {i}: prompt is empty")
             if req.max_new_tokens < 1:
                 raise ValueError(f"request {i}: max_new_tokens must be >= 1, got {req.max_new_tokens}")
-        target = self.target
-        target.reset()
-        self.num_cycles = self.offered_drafts = self.admitted_drafts = 0
-        t0 = time.perf_counter()
-        k = self.drafter.num_draft_tokens
-        lives = [
-            _Live(req, copy.copy(self.drafter), req.sampling.generator(),
-                  GenerationResult(prompt_len=len(req.prompt), num_draft_tokens=k))
-            for req in requests
-        ]
-
-        # 1. prefill every prompt in one packed forward
-        outs = target.forward([Chunk(r, torch.tensor(lv.request.prompt)) for r, lv in enumerate(lives)])
-        prefill_s = time.perf_counter() - t0
-        for r, (lv, out) in enumerate(zip(lives, outs, strict=True)):
-            lv.drafter.begin(lv.request.prompt, None if out.hidden is None else out.hidden[None])
-            lv.result.prefill_s = prefill_s
-            lv.result.num_target_calls = 1
-            self._finish(lv, [self._first_token(out.logits[-1], lv)])
-            if lv.done:
-                lv.result.total_s = prefill_s
-                target.release(r)
-
-        while active := [r for r, lv in enumerate(lives) if not lv.done]:
-            # 2. draft: every live request proposes up to k tokens (never past its budget)
-            proposals = []
-            for r in active:
-                lv = lives[r]
-                k = min(lv.drafter.num_draft_tokens, lv.request.max_new_tokens - len(lv.generated) - 1)
-                t_draft = time.perf_counter()
-                committed = lv.request.prompt + lv.generated
-                proposals.append(lv.drafter.propose(committed, k, lv.request.sampling, lv.generator)
-                                 if k else Proposal.empty())
-                lv.result.draft_s += time.perf_counter() - t_draft
-
-            # 3. schedule, then verify all admitted prefixes in ONE target forward
-            lengths = self._lengths(proposals)
-            self.offered_drafts += sum(p.num_tokens for p in proposals)
-            self.admitted_drafts += sum(lengths)
-            proposals = [_truncate(p, n) for p, n in zip(proposals, lengths, strict=True)]
-            chunks = [Chunk(r, torch.cat([torch.tensor([lives[r].generated[-1]]), p.tokens[0]]))
-                      for r, p in zip(active, proposals, strict=True)]
-            outs = target.forward(chunks)
-            self.num_cycles += 1
-
-            # 4. per request: verify, rewind the rejected slots, emit
-            for r, p, out in zip(active, proposals, outs, strict=True):
-                lv = lives[r]
-                k, sampling = p.num_tokens, lv.request.sampling
-                if sampling.greedy:
-                    verdict = self.verifier.greedy(p.tokens, out.logits[None])
-                else:
-                    p_probs = probs_from_logits(out.logits[None], sampling)  # [1, k+1, V]
-                    q_probs = p.q_probs if k else p_probs[:, :0]
-                    verdict = self.verifier.sampling(p.tokens, q_probs, p_probs, lv.generator)
-                a = int(verdict.num_accepted[0])
-                target.rewind(r, k - a)
-                lv.drafter.commit(a, None if out.hidden is None else out.hidden[None, : a + 1])
-                lv.result.record_cycle(num_drafted=k, num_accepted=a)
-                lv.result.num_target_calls += 1
-                self._finish(lv, verdict.row(0))
-                if lv.done:
-                    lv.result.total_s = time.perf_counter() - t0
-                    target.release(r)
-            target.compact()
-
-        for lv in lives:
-            lv.result.token_ids = lv.generated
-        return [lv.result for lv in lives]
+        self.reset()
+        ids = [self.add(req) for req in requests]
+        results: dict[int, GenerationResult] = {}
+        while self.lives:
+            results.update(self.step())
+        return [results[i] for i in ids]
