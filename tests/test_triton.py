@@ -111,6 +111,21 @@ def test_concurrent_streaming_clients(served, config, expected):
     assert all(ids == expected[prompt][0] for prompt, ids in answers)
 
 
+def test_concurrent_requests_share_target_forwards(served, config, expected):
+    """Continuous batching: requests in flight together are verified in shared packed forwards,
+    so the instance runs fewer steps than the requests' target forwards added up."""
+    steps = _metric(served, "trtspec_batch_steps_total")
+    forwards = _metric(served, "trtspec_target_forwards_total")
+    params = GenerateParams(max_tokens=MAX_TOKENS)
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(lambda p: generate(served.grpc_url, config.name, p, params), PROMPTS[:6]))
+    assert [g.token_ids for g in got] == [expected[p][0] for p in PROMPTS[:6]]
+    steps = _metric(served, "trtspec_batch_steps_total") - steps
+    forwards = _metric(served, "trtspec_target_forwards_total") - forwards
+    assert forwards == sum(expected[p][2].num_target_calls for p in PROMPTS[:6])
+    assert steps < 0.7 * forwards, (steps, forwards)
+
+
 def _raw_grpc(inputs: dict[str, np.ndarray]) -> list:
     return [array_input(InferInput, name, value) for name, value in inputs.items()]
 

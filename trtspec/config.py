@@ -80,6 +80,10 @@ class GenerationLimits(_Strict):
     """Bounds a deployment enforces on every request."""
 
     max_tokens: int = Field(2048, ge=1, description="largest `max_tokens` a request may ask for")
+    max_concurrency: int = Field(
+        8, ge=1, le=256,
+        description="requests one served model instance decodes together (continuous batching: one "
+                    "packed target forward per step for all of them); more wait in its queue")
 
 
 class BuildConfig(_Strict):

@@ -16,9 +16,11 @@ from trtspec.errors import ConfigError
 from trtspec.models.drafter import Drafter, build_drafter
 from trtspec.models.packed_target import PackedSlots, PackedTarget
 from trtspec.models.target import TargetModel, load_causal_lm
+from trtspec.spec.batch import BatchDecoder
 from trtspec.spec.decoder import SpeculativeDecoder
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams
+from trtspec.spec.schedule import SPSTable
 from trtspec.tokenizer import ByteTokenizer
 
 if TYPE_CHECKING:
@@ -72,6 +74,18 @@ class Pipeline:
         from trtspec.engine.packed_target import EnginePackedTarget
 
         return EnginePackedTarget(self.target.session, self.target.config, taps, self.target.precision)
+
+    def batch_decoder(self) -> BatchDecoder:
+        """A continuous-batching decoder over this pipeline's target, drafter and verifier, with
+        the config's verification schedule (DSpark's scheduler loads its SPS table)."""
+        schedule, sps = None, None
+        drafter = self.config.drafter
+        if drafter is not None and self.drafter.num_draft_tokens:
+            schedule = drafter.schedule
+            if drafter.resolved_sps_table is not None:
+                sps = SPSTable.load(drafter.resolved_sps_table)
+        return BatchDecoder(self.packed_target(), self.drafter, self.tokenizer.eos_id, schedule, sps,
+                            self.decoder.verifier)
 
     def generate(
         self, prompt: str, max_tokens: int, sampling: SamplingParams | None = None

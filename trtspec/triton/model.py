@@ -1,9 +1,12 @@
 """The decoupled orchestration model: Triton's Python backend runs this, one instance per slot.
 
 Imported by the generated `<repo>/<name>/1/model.py` inside the backend's stub process, where
-`triton_python_backend_utils` exists. Each request runs the draft–verify loop of the build config
-copied beside the model (`build_config.yaml`); the instance handles one request at a time, as
-the torch decoder does, and Triton queues the rest.
+`triton_python_backend_utils` exists. It serves the build config copied beside the model
+(`build_config.yaml`) with continuous batching: `execute` only parses each request and queues it;
+one loop thread admits queued requests (up to `limits.max_concurrency`) into a `BatchDecoder`
+and steps it, ONE packed target forward per step for every running request (new prompts are
+prefilled in the same forward), with the config's verification schedule (DSpark's scheduler).
+Requests leave when done, stopped or cancelled; the rest keep going.
 
 Responses. `stream` false: one response with the whole `text_output`, `output_ids`,
 `accepted_tokens`, `draft_tokens`. `stream` true: one response per decode step with the new
@@ -15,6 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +28,7 @@ import triton_python_backend_utils as pb_utils
 
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
+from trtspec.spec.batch import Request
 from trtspec.spec.metrics import GenerationResult
 from trtspec.triton.repo import BUILD_CONFIG_FILE
 from trtspec.triton.request import GenerateRequest, RequestError, TextStream, parse_request
@@ -45,14 +52,18 @@ class Metrics:
             pb_utils.MetricFamily("trtspec_draft_tokens_total", "Draft tokens proposed", counter),
             pb_utils.MetricFamily("trtspec_target_forwards_total", "Target forward passes", counter),
             pb_utils.MetricFamily("trtspec_tau", "Tokens per target forward, per request (tau)", hist),
+            pb_utils.MetricFamily("trtspec_batch_steps_total",
+                                  "Packed target forwards of the instance (one per step for all requests)",
+                                  counter),
         ]
-        requests, generated, accepted, drafted, forwards, tau = self._families
+        requests, generated, accepted, drafted, forwards, tau, steps = self._families
         self.requests = requests.Metric(labels=labels)
         self.generated = generated.Metric(labels=labels)
         self.accepted = accepted.Metric(labels=labels)
         self.drafted = drafted.Metric(labels=labels)
         self.forwards = forwards.Metric(labels=labels)
         self.tau = tau.Metric(labels=labels, buckets=TAU_BUCKETS)
+        self.steps = steps.Metric(labels=labels)
 
     def record(self, result: GenerationResult) -> None:
         self.requests.increment(1)
@@ -82,20 +93,51 @@ def _error(message: str) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
+@dataclass
+class _Stream:
+    """One request on its way: its parameters, where its responses go, its text so far."""
+
+    request: GenerateRequest
+    sender: object
+    text: TextStream
+
+    def on_tokens(self, new_ids: list[int]) -> bool:
+        """BatchDecoder's callback: stream the new text; True ends the request."""
+        delta, kept = self.text.push(new_ids)
+        if self.request.stream and (delta or kept):
+            if not _send_quietly(self.sender, _response(delta, kept, 0, 0), 0):
+                return True  # the client is gone: free its slots
+        return self.text.stopped or self.sender.is_cancelled()
+
+    def finish(self, result: GenerationResult) -> None:
+        if self.request.stream:
+            final = _response(self.text.finish(), [], result.num_accepted, result.num_drafted)
+        else:
+            final = _response(self.text.text, self.text.ids, result.num_accepted, result.num_drafted)
+        _send_quietly(self.sender, final, FINAL)
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         model_dir = Path(args["model_repository"])
         self.config = load_build_config(model_dir / args["model_version"] / BUILD_CONFIG_FILE)
-        self.pipeline = load_pipeline(self.config)
-        self.limit = self.config.limits.max_tokens
-        self.metrics = Metrics(args["model_name"], args["model_version"])
         model_config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException(f"{args['model_name']}: the model must be decoupled")
-        log.info("%s ready on %s %s", args["model_instance_name"], args["model_instance_kind"],
-                 args["model_instance_device_id"])
+        self.pipeline = load_pipeline(self.config)
+        self.decoder = self.pipeline.batch_decoder()
+        self.limit = self.config.limits.max_tokens
+        self.metrics = Metrics(args["model_name"], args["model_version"])
+        self.waiting: queue.Queue[_Stream] = queue.Queue()
+        self.stopping = threading.Event()
+        self.loop = threading.Thread(target=self._serve, name="trtspec-batch", daemon=True)
+        self.loop.start()
+        log.info("%s ready on %s %s, up to %d requests per step", args["model_instance_name"],
+                 args["model_instance_kind"], args["model_instance_device_id"],
+                 self.config.limits.max_concurrency)
 
     def execute(self, requests) -> None:
+        """Parse and queue; the loop thread answers (decoupled: responses come later)."""
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -103,35 +145,51 @@ class TritonPythonModel:
             except RequestError as exc:
                 sender.send(_error(str(exc)), flags=FINAL)
                 continue
-            try:
-                self._generate(parsed, sender)
-            except Exception as exc:  # noqa: BLE001 - the instance must outlive any one request
-                log.exception("request failed")
-                _send_quietly(sender, _error(f"generation failed: {exc}"), FINAL)
+            self.waiting.put(_Stream(parsed, sender, TextStream(self.pipeline.tokenizer.decode,
+                                                                parsed.stop_words)))
         return None
 
-    def _generate(self, request: GenerateRequest, sender) -> None:
-        pipeline = self.pipeline
-        text = TextStream(pipeline.tokenizer.decode, request.stop_words)
+    def _admit(self, running: dict[int, _Stream]) -> None:
+        """Move queued requests into the decoder, blocking briefly when nothing runs."""
+        while len(running) < self.config.limits.max_concurrency:
+            try:
+                stream = self.waiting.get(timeout=0.05) if not running else self.waiting.get_nowait()
+            except queue.Empty:
+                return
+            if stream.sender.is_cancelled():
+                _send_quietly(stream.sender, None, FINAL)
+                continue
+            request = stream.request
+            try:
+                ids = self.pipeline.tokenizer.encode(request.prompt)
+                rid = self.decoder.add(Request(ids, request.max_tokens, request.sampling), stream.on_tokens)
+            except ValueError as exc:
+                _send_quietly(stream.sender, _error(f"text_input: {exc}"), FINAL)
+                continue
+            running[rid] = stream
 
-        def on_tokens(new_ids: list[int]) -> bool:
-            delta, kept = text.push(new_ids)
-            if request.stream and (delta or kept):
-                if not _send_quietly(sender, _response(delta, kept, 0, 0), 0):
-                    return True  # the client is gone: free the instance
-            return text.stopped or sender.is_cancelled()
-
-        result = pipeline.decoder.generate(
-            pipeline.tokenizer.encode(request.prompt), request.max_tokens, request.sampling, on_tokens
-        )
-        self.metrics.record(result)
-        if request.stream:
-            final = _response(text.finish(), [], result.num_accepted, result.num_drafted)
-        else:
-            final = _response(text.text, text.ids, result.num_accepted, result.num_drafted)
-        _send_quietly(sender, final, FINAL)
+    def _serve(self) -> None:
+        running: dict[int, _Stream] = {}
+        while not self.stopping.is_set():
+            try:
+                self._admit(running)
+                if not running:
+                    continue
+                finished = self.decoder.step()
+                self.metrics.steps.increment(1)
+                for rid, result in finished.items():
+                    self.metrics.record(result)
+                    running.pop(rid).finish(result)
+            except Exception as exc:  # noqa: BLE001 - the instance must outlive any one failure
+                log.exception("decoding step failed")
+                for stream in running.values():
+                    _send_quietly(stream.sender, _error(f"generation failed: {exc}"), FINAL)
+                running.clear()
+                self.decoder.reset()
 
     def finalize(self) -> None:
+        self.stopping.set()
+        self.loop.join(timeout=10)
         self.pipeline = None
 
 

@@ -75,6 +75,8 @@ def served_build_config(config: BuildConfig) -> dict:
     data["target"]["path"] = _portable_path(config.target.path, config.target.resolved_path)
     if config.drafter is not None:
         data["drafter"]["path"] = _portable_path(config.drafter.path, config.drafter.resolved_path)
+        if config.drafter.resolved_sps_table is not None:
+            data["drafter"]["schedule"]["sps_table"] = str(config.drafter.resolved_sps_table.resolve())
     return data
 
 
