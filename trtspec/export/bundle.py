@@ -109,9 +109,10 @@ def _graphs(config: BuildConfig, use_drafter: bool) -> tuple[dict[str, onnx.Mode
     """The graphs of `config` (and what the engine adapters need to know about them)."""
     from trtspec.export.target import check_exportable, export_target
     from trtspec.export.verify import export_verify_greedy, export_verify_sampling
-    from trtspec.models.target import load_causal_lm
+    from trtspec.models.target import check_checkpoint_dir, load_causal_lm
 
     target_dir = config.target.resolved_path
+    check_checkpoint_dir(target_dir)  # a missing checkpoint first: it is the user's first problem
     precision = config.target.dtype
     if precision not in PRECISIONS:
         raise ConfigError(f"target.dtype {precision!r} has no engine export: the graphs exchange K/V and "
