@@ -126,6 +126,24 @@ def test_concurrent_requests_share_target_forwards(served, config, expected):
     assert steps < 0.7 * forwards, (steps, forwards)
 
 
+def test_engine_flavour_is_served(tmp_path, config, expected):
+    """`trtspec build --flavour engine` output served as is: the orchestrator runs the exported
+    graphs (onnxruntime here) with continuous batching, and answers as the torch flavour does."""
+    out = tmp_path / "engine-build"
+    result = CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(out), "--flavour", "engine"])
+    assert result.exit_code == 0, result.output
+    server = TritonServer(out / REPO_DIR, ports=Ports.free(), exit_timeout_s=3, env={"OMP_NUM_THREADS": "1"})
+    try:
+        server.start(timeout_s=180)
+        for prompt, stream in zip(PROMPTS[:2], (True, False), strict=True):
+            params = GenerateParams(max_tokens=MAX_TOKENS, stream=stream)
+            got = generate(server.grpc_url, config.name, prompt, params)
+            assert got.token_ids == expected[prompt][0]
+            assert got.accepted_tokens == expected[prompt][2].num_accepted > 0
+    finally:
+        server.stop()
+
+
 def _raw_grpc(inputs: dict[str, np.ndarray]) -> list:
     return [array_input(InferInput, name, value) for name, value in inputs.items()]
 

@@ -84,8 +84,12 @@ def test_bad_gpus_and_flavours_are_refused(tmp_path):
     engine = tmp_path / "engine.yaml"
     engine.write_text(CONFIG.read_text().replace("flavour: torch", "flavour: engine"))
     result = CliRunner().invoke(main, ["build", str(engine), "--out", str(tmp_path / "o")])
-    # the engine flavour builds ONNX graphs + manifest (tests/test_engine.py), not a Triton repo
+    # the engine flavour builds ONNX graphs + manifest (tests/test_engine.py) and a repo serving them
     assert result.exit_code == 0 and (tmp_path / "o" / "manifest.json").is_file(), result.output
+    served = yaml.safe_load((tmp_path / "o" / "model_repository/trtspec/1/build_config.yaml").read_text())
+    assert served["flavour"] == "engine" and served["engine"]["folder"] == str((tmp_path / "o").resolve())
+    with pytest.raises(ConfigError, match="flavour engine over exported graphs .* without engine.folder"):
+        write_triton_repo(load_build_config(engine), tmp_path / "p")
     missing = tmp_path / "missing.yaml"
     missing.write_text(CONFIG.read_text().replace("builtin:tiny-dflash-b16", "nowhere"))
     with pytest.raises(ConfigError, match="model folder .*nowhere does not exist"):

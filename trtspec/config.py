@@ -76,6 +76,25 @@ class DrafterConfig(_HasPath):
         return path if path.is_absolute() else self._base / path
 
 
+class EngineConfig(_Strict):
+    """Where the engine flavour's graphs come from and what runs them."""
+
+    folder: str | None = Field(
+        None, description="a `trtspec build --flavour engine` output (relative to the YAML); "
+                          "unset = export into the cache ($TRTSPEC_CACHE_DIR) on first use")
+    backend: Literal["auto", "onnxruntime", "tensorrt"] = Field(
+        "auto", description="auto = TensorRT when the folder has engines and TensorRT is installed, "
+                            "else onnxruntime")
+    _base: Path = PrivateAttr(default=Path("."))
+
+    @property
+    def resolved_folder(self) -> Path | None:
+        if self.folder is None:
+            return None
+        folder = Path(self.folder).expanduser()
+        return folder if folder.is_absolute() else self._base / folder
+
+
 class GenerationLimits(_Strict):
     """Bounds a deployment enforces on every request."""
 
@@ -94,6 +113,7 @@ class BuildConfig(_Strict):
     target: TargetConfig
     drafter: DrafterConfig | None = Field(None, description="omit for autoregressive decoding")
     limits: GenerationLimits = Field(default_factory=GenerationLimits)
+    engine: EngineConfig | None = Field(None, description="graphs and backend of flavour engine")
     gpus: list[int] = Field(
         default_factory=list,
         description="GPU ids of a Triton node: one orchestrator instance on each; empty = one CPU instance",
@@ -135,7 +155,7 @@ def load_build_config(path: str | Path) -> BuildConfig:
         config = BuildConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_format_error(path, exc)) from None
-    for part in (config.target, config.drafter):
+    for part in (config.target, config.drafter, config.engine):
         if part is not None:
             part._base = path.parent
     return config

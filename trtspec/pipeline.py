@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from trtspec.config import BuildConfig
+from trtspec.config import BuildConfig, EngineConfig
 from trtspec.errors import ConfigError
 from trtspec.models.drafter import Drafter, build_drafter
 from trtspec.models.packed_target import PackedSlots, PackedTarget
@@ -124,7 +124,9 @@ def _load_engine_pipeline(config: BuildConfig, use_drafter: bool) -> Pipeline:
 
     from trtspec.engine.load import load_engine_models
 
-    target, drafter, verifier = load_engine_models(config, use_drafter)
+    engine = config.engine or EngineConfig()
+    target, drafter, verifier = load_engine_models(config, use_drafter, folder=engine.resolved_folder,
+                                                   backend=engine.backend)
     hf_config = AutoConfig.from_pretrained(config.target.resolved_path, local_files_only=True)
     tokenizer = load_tokenizer(config.target.resolved_path, hf_config)
     decoder = SpeculativeDecoder(target, drafter, tokenizer.eos_id, verifier)

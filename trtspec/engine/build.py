@@ -67,10 +67,21 @@ def build_engines(folder: Path, limits: EngineLimits | None = None) -> list[Path
 
 
 def build_engine_flavour(config: BuildConfig, out_dir: Path) -> tuple[list[Path], str | None]:
-    """Export `config` to `out_dir`; build engines if TensorRT and a GPU are here.
+    """Export `config` to `out_dir` with a Triton model repository that serves those graphs
+    (`out_dir/model_repository`, for `trtspec serve`); build engines if TensorRT and a GPU are here.
     Returns the written files and, when engines were not built, the one line that says why."""
-    export_bundle(config, out_dir)
-    written = sorted(p for p in out_dir.iterdir() if p.is_file())
+    from trtspec.config import EngineConfig
+    from trtspec.triton.repo import write_triton_repo
+
+    engine = (config.engine or EngineConfig()).model_copy(update={"folder": str(Path(out_dir).resolve())})
+    served = config.model_copy(update={"engine": engine})
+    repo_files: list[Path] = []
+
+    def write_repo(staged: Path) -> None:
+        repo_files.extend(out_dir / p.relative_to(staged) for p in write_triton_repo(served, staged))
+
+    export_bundle(config, out_dir, also=write_repo)
+    written = sorted(p for p in out_dir.iterdir() if p.is_file()) + repo_files
     if not tensorrt_available():
         return written, (f"engines not built: TensorRT and a CUDA GPU are needed; on the GPU node run "
                          f"`python -m trtspec.engine.build {out_dir}`")

@@ -34,11 +34,16 @@ def graph_path(folder: Path, manifest: dict, name: str, backend: str) -> Path:
 
 
 def load_engine_models(config: BuildConfig, use_drafter: bool = True, folder: Path | None = None,
-                       backend: str = "onnxruntime") -> tuple[EngineTarget, Drafter, GraphVerifier]:
-    """The target, drafter and verifier of `config` as engine-flavour adapters over `backend` sessions."""
+                       backend: str = "auto") -> tuple[EngineTarget, Drafter, GraphVerifier]:
+    """The target, drafter and verifier of `config` as engine-flavour adapters over `backend` sessions
+    (auto: TensorRT when the folder has engines and TensorRT is installed, else onnxruntime)."""
     use_drafter = use_drafter and config.drafter is not None
     folder = Path(folder) if folder is not None else cached_export(config, use_drafter)
     manifest = load_manifest(folder)
+    if backend == "auto":
+        from trtspec.engine.trt import tensorrt_available
+
+        backend = "tensorrt" if manifest.get("engines") and tensorrt_available() else "onnxruntime"
     info = manifest["drafter"] if use_drafter else None
     if use_drafter and info is None:
         raise ConfigError(f"{folder} was exported without a drafter; export it again with the drafter")

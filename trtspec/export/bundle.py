@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -185,8 +186,10 @@ def replace_dir(staged: Path, out_dir: Path) -> None:
         staged.rename(out_dir)
 
 
-def export_bundle(config: BuildConfig, out_dir: Path, use_drafter: bool = True) -> dict:
-    """Write the graphs and manifest of `config` to `out_dir`; returns the manifest."""
+def export_bundle(config: BuildConfig, out_dir: Path, use_drafter: bool = True,
+                  also: Callable[[Path], object] | None = None) -> dict:
+    """Write the graphs and manifest of `config` to `out_dir`; returns the manifest. `also(staged)`
+    adds more files (the Triton repository) before the folder is moved into place."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -195,6 +198,8 @@ def export_bundle(config: BuildConfig, out_dir: Path, use_drafter: bool = True) 
     staged.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the folder is meant to be shared
     try:
         manifest = _write(config, staged, use_drafter)
+        if also is not None:
+            also(staged)
         replace_dir(staged, out_dir)
     finally:
         if staged.exists():

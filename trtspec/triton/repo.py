@@ -77,15 +77,20 @@ def served_build_config(config: BuildConfig) -> dict:
         data["drafter"]["path"] = _portable_path(config.drafter.path, config.drafter.resolved_path)
         if config.drafter.resolved_sps_table is not None:
             data["drafter"]["schedule"]["sps_table"] = str(config.drafter.resolved_sps_table.resolve())
+    if config.engine is not None and config.engine.resolved_folder is not None:
+        data["engine"]["folder"] = str(config.engine.resolved_folder.resolve())
     return data
 
 
 def write_triton_repo(config: BuildConfig, out_dir: Path) -> list[Path]:
-    """Write `<out_dir>/model_repository/` for `config` (flavour torch); returns the files written."""
-    if config.flavour != "torch":
+    """Write `<out_dir>/model_repository/` for `config` (flavour torch, or engine with its
+    `engine.folder`); returns the files written."""
+    engine_folder = config.engine.resolved_folder if config.engine else None
+    if config.flavour == "trtllm" or (config.flavour == "engine" and engine_folder is None):
         raise ConfigError(
-            f"config {config.name!r}: the Triton orchestration repository runs flavour torch, "
-            f"not {config.flavour!r}"
+            f"config {config.name!r}: the Triton orchestration repository runs flavour torch, or flavour "
+            f"engine over exported graphs (`trtspec build --flavour engine` writes both), not "
+            f"{config.flavour!r}" + (" without engine.folder" if config.flavour == "engine" else "")
         )
     for part in (config.target, config.drafter):
         if part is not None and not part.resolved_path.is_dir():
