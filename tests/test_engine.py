@@ -113,13 +113,13 @@ def test_float16_graphs_close_to_float32_and_lossless():
     target's greedy decoding (losslessness is relative to the target that verifies)."""
     config = load_build_config(CONFIG)
     spec, plain = load_pipeline(_float16(config)), load_pipeline(_float16(config), use_drafter=False)
-    assert spec.target.precision == "float16" and spec.target.cache[0].dtype == np.float16
+    assert spec.target.graph.precision == "float16" and spec.target.graph.cache[0].dtype == np.float16
     reference = load_pipeline(config, use_drafter=False).target
     ids = torch.tensor([spec.tokenizer.encode(load_prompts("code")[2])])
     spec.target.reset()
     reference.reset()
     got, want = spec.target.forward(ids).logits, reference.forward(ids).logits  # [1, s, V]
-    assert got.dtype == torch.float32 and spec.target.cache[0].dtype == np.float16
+    assert got.dtype == torch.float32 and spec.target.graph.cache[0].dtype == np.float16
     assert (got - want).abs().max() < 0.1 * want.abs().max()  # half-precision rounding, not garbage
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.95
     for prompt in _prompts(2):

@@ -73,7 +73,8 @@ class Pipeline:
             return PackedTarget(self.target.model, taps)
         from trtspec.engine.packed_target import EnginePackedTarget
 
-        return EnginePackedTarget(self.target.session, self.target.config, taps, self.target.precision)
+        graph = self.target.graph
+        return EnginePackedTarget(graph.session, self.target.config, taps, graph.precision)
 
     def batch_decoder(self) -> BatchDecoder:
         """A continuous-batching decoder over this pipeline's target, drafter and verifier, with
