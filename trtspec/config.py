@@ -28,6 +28,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _beside_yaml(base: Path, path: str) -> Path:
+    """`path` as written in a YAML file in `base`: ~ expanded, relative paths taken from `base`."""
+    resolved = Path(path).expanduser()
+    return resolved if resolved.is_absolute() else base / resolved
+
+
 class _HasPath(_Strict):
     path: str = Field(description="checkpoint directory, `builtin:NAME` or relative to the YAML")
     dtype: DType = Field("float32", description="weights' dtype at run time")
@@ -37,8 +43,7 @@ class _HasPath(_Strict):
     def resolved_path(self) -> Path:
         if self.path.startswith(BUILTIN_PREFIX):
             return ASSETS_DIR / self.path[len(BUILTIN_PREFIX) :]
-        path = Path(self.path).expanduser()
-        return path if path.is_absolute() else (self._base / path)
+        return _beside_yaml(self._base, self.path)
 
 
 class TargetConfig(_HasPath):
@@ -70,10 +75,8 @@ class DrafterConfig(_HasPath):
 
     @property
     def resolved_sps_table(self) -> Path | None:
-        if self.schedule.sps_table is None:
-            return None
-        path = Path(self.schedule.sps_table).expanduser()
-        return path if path.is_absolute() else self._base / path
+        sps_table = self.schedule.sps_table
+        return None if sps_table is None else _beside_yaml(self._base, sps_table)
 
 
 class EngineConfig(_Strict):
@@ -89,10 +92,7 @@ class EngineConfig(_Strict):
 
     @property
     def resolved_folder(self) -> Path | None:
-        if self.folder is None:
-            return None
-        folder = Path(self.folder).expanduser()
-        return folder if folder.is_absolute() else self._base / folder
+        return None if self.folder is None else _beside_yaml(self._base, self.folder)
 
 
 class GenerationLimits(_Strict):
