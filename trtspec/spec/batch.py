@@ -172,13 +172,9 @@ class BatchDecoder:
         # 3b. running requests: verify, rewind the rejected slots, emit
         for r, p, out in zip(running, proposals, outs[len(new):], strict=True):
             lv = lives[r]
-            k, sampling = p.num_tokens, lv.request.sampling
-            if sampling.greedy:
-                verdict = self.verifier.greedy(p.tokens, out.logits[None])
-            else:
-                p_probs = probs_from_logits(out.logits[None], sampling)  # [1, k+1, V]
-                q_probs = p.q_probs if k else p_probs[:, :0]
-                verdict = self.verifier.sampling(p.tokens, q_probs, p_probs, lv.generator)
+            k = p.num_tokens
+            verdict = self.verifier.verify(p.tokens, p.q_probs, out.logits[None], lv.request.sampling,
+                                           lv.generator)
             a = int(verdict.num_accepted[0])
             target.rewind(r, k - a)
             lv.drafter.commit(a, None if out.hidden is None else out.hidden[None, : a + 1])
@@ -205,13 +201,14 @@ class BatchDecoder:
 
     def generate(self, requests: list[Request]) -> list[GenerationResult]:
         """Serve `requests` together from an empty cache until all are done."""
-        for i, req in enumerate(requests):
-            if not req.prompt:
-                raise ValueError(f"request {i}: prompt is empty")
-            if req.max_new_tokens < 1:
-                raise ValueError(f"request {i}: max_new_tokens must be >= 1, got {req.max_new_tokens}")
         self.reset()
-        ids = [self.add(req) for req in requests]
+        ids = []
+        for i, req in enumerate(requests):
+            try:
+                ids.append(self.add(req))
+            except ValueError as exc:
+                self.reset()
+                raise ValueError(f"request {i}: {exc}") from None
         results: dict[int, GenerationResult] = {}
         while self.lives:
             results.update(self.step())

@@ -81,12 +81,7 @@ class SpeculativeDecoder:
             # 3. verify: ONE target forward over [last, x_1..x_k] gives p_1..p_{k+1}
             fed = torch.cat([torch.tensor([[generated[-1]]]), proposal.tokens], dim=1)  # [1, k+1]
             out = target.forward(fed)
-            if sampling.greedy:
-                verdict = self.verifier.greedy(proposal.tokens, out.logits)
-            else:
-                p_probs = probs_from_logits(out.logits, sampling)  # [1, k+1, V]
-                q_probs = proposal.q_probs if k else p_probs[:, :0]  # [1, k, V]
-                verdict = self.verifier.sampling(proposal.tokens, q_probs, p_probs, gen)
+            verdict = self.verifier.verify(proposal.tokens, proposal.q_probs, out.logits, sampling, gen)
             a = int(verdict.num_accepted[0])
 
             # 4. rewind: the cache holds last + k drafts; keep last + the a accepted

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trtspec.spec.sampling import SamplingParams, probs_from_logits
+
 PAD = -1
 
 
@@ -99,6 +101,16 @@ def verify_sampling(
 class Verifier:
     """Where a decoder's verification runs: these torch rules by default; the engine flavour
     substitutes its exported `confidence_verify_*` graphs (`trtspec.engine.verify.GraphVerifier`)."""
+
+    def verify(self, draft_tokens: torch.Tensor, q_probs: torch.Tensor | None, target_logits: torch.Tensor,
+               sampling: SamplingParams, generator: torch.Generator) -> VerifyOutput:
+        """One cycle's verdict for drafts [b, k] (q_probs [b, k, V] when sampling) against the
+        target's logits [b, k+1, V] under the request's sampling parameters."""
+        if sampling.greedy:
+            return self.greedy(draft_tokens, target_logits)
+        p_probs = probs_from_logits(target_logits, sampling)  # [b, k+1, V]
+        q_probs = q_probs if draft_tokens.shape[1] else p_probs[:, :0]  # [b, k, V]
+        return self.sampling(draft_tokens, q_probs, p_probs, generator)
 
     def greedy(self, draft_tokens: torch.Tensor, target_logits: torch.Tensor,
                draft_lens: torch.Tensor | None = None) -> VerifyOutput:
