@@ -8,7 +8,8 @@ decode every prompt greedily, interleaved prompt by prompt so machine drift hits
 outputs are compared with the torch flavour's (a mismatch is counted, never averaged away;
 float16 may legitimately differ from float32). Decode tokens/s = tokens after the first over the
 time after prefill, summed over prompts. With --concurrency R, each flavour with the drafter also
-serves the prompts R at a time through `BatchDecoder` (one packed target forward per cycle);
+serves the prompts R at a time through `BatchDecoder` (one packed target forward per cycle,
+the config's verification schedule);
 total tokens/s over the whole run. Prints Markdown tables and, with --json, the numbers.
 """
 
@@ -23,7 +24,7 @@ import time
 from trtspec.config import BuildConfig, load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
-from trtspec.spec.batch import BatchDecoder, Request
+from trtspec.spec.batch import Request
 
 
 def _variants(config: BuildConfig, float16: bool) -> dict[str, BuildConfig]:
@@ -78,8 +79,7 @@ def _batched(methods: dict, method: str, prompts: list[str], max_tokens: int, co
     for (flavour, name), pipeline in methods.items():
         if name != method:
             continue
-        decoder = BatchDecoder(pipeline.packed_target(), pipeline.drafter, pipeline.tokenizer.eos_id,
-                               verifier=pipeline.decoder.verifier)
+        decoder = pipeline.batch_decoder()
         tokens, wall, outputs = 0, 0.0, []
         for start in range(0, len(prompts), concurrency):
             chunk = prompts[start : start + concurrency]

@@ -30,7 +30,6 @@ class GraphBuilder:
         """`precision` (float32 | float16) is the dtype of weights, activations and the float
         tensors at the graph's interface; `float_type` is its ONNX element type."""
         self.name = name
-        self.precision = precision
         self.float_type, self._np_float = PRECISIONS[precision]
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
@@ -64,10 +63,6 @@ class GraphBuilder:
         array = array if full_precision else array.astype(self._np_float)
         self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
-
-    def fconst(self, values) -> str:
-        """A float constant in the graph's precision."""
-        return self.const(values, self._np_float)
 
     def to_float32(self, x: str) -> str:
         return x if self.float_type == FLOAT else self.op("Cast", x, to=FLOAT)
