@@ -140,12 +140,24 @@ def train() -> None:
               show_default=True, help="Folder to write tiny-target/ and tiny-draft/ into.")
 @click.option("--steps", default=2400, show_default=True, type=int, help="Optimizer steps.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Recipe seed.")
+@click.option("--lr", default=3e-3, show_default=True, type=float, help="Peak learning rate.")
+@click.option("--overshoot-share", default=0.0, show_default=True, type=float,
+              help="Share of indented lines over-extended in the input (train/overshoot.py).")
+@click.option("--init-from", type=click.Path(path_type=Path), default=None,
+              help="Continue from tiny-target/ and tiny-draft/ in this folder (a later recipe stage).")
 @user_errors
-def train_target(out: Path, steps: int, seed: int) -> None:
-    """Pre-train the embedded byte-level target and its draft model (the shipped recipe)."""
+def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: float,
+                 init_from: Path | None) -> None:
+    """Pre-train the embedded byte-level target and its draft model (the shipped recipe).
+
+    The shipped models are two stages: `trtspec train target --out STAGE1`, then
+    `trtspec train target --init-from STAGE1 --steps 600 --lr 1e-3 --overshoot-share 0.5 --seed 1`.
+    """
     from trtspec.train.pretrain import PretrainConfig, pretrain
 
-    report = pretrain(out, PretrainConfig(steps=steps, seed=seed))
+    cfg = PretrainConfig(steps=steps, seed=seed, lr=lr, overshoot_share=overshoot_share,
+                         init_from=init_from)
+    report = pretrain(out, cfg)
     click.echo(json.dumps(report["history"][-1]))
 
 

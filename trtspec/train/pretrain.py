@@ -1,9 +1,11 @@
 """The recipe that trains the embedded byte-level Qwen3 target and its small draft model.
 
 Both models learn next-byte prediction on `corpus.training_corpus("train")` side by side (one
-batch, two optimizers), so one run produces `tiny-target/` and `tiny-draft/`. Seeds fix the
-weights' initialisation and the batch order; the corpus is this interpreter's stdlib, whose
-version and SHA-256 are written to `training.json` beside the weights.
+batch, two optimizers), so one run produces `tiny-target/` and `tiny-draft/`. The shipped models
+come from two runs: stage 1 from fresh weights on the text as it is, stage 2 (`init_from`) from
+stage 1 with the overshoot correction of `overshoot.py`; each stage's training.json keeps the
+previous one's. Seeds fix the weights' initialisation and the batch order; the corpus is this
+interpreter's stdlib, whose version and SHA-256 are written to `training.json` beside the weights.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import logging
 import math
 import platform
+import random
 import time
 from pathlib import Path
 
@@ -21,8 +24,10 @@ from pydantic import BaseModel, Field
 from tqdm import tqdm
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from trtspec.errors import CheckpointError
 from trtspec.tokenizer import DEFAULT_VOCAB_SIZE, ByteTokenizer
 from trtspec.train.corpus import training_corpus
+from trtspec.train.overshoot import IGNORE, overshoot_window
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,16 @@ class PretrainConfig(BaseModel):
     seed: int = Field(0, description="seed of initialisation and batch order")
     eval_every: int = Field(250, ge=1, description="steps between held-out evaluations")
     threads: int = Field(2, ge=1, description="torch CPU threads")
+    overshoot_share: float = Field(
+        0.0, ge=0, le=1,
+        description="share of indented lines whose indentation is over-extended in the input "
+        "(the overshoot correction, train/overshoot.py); 0 trains on the text as it is",
+    )
+    overshoot_max: int = Field(128, ge=1, description="largest number of extra spaces inserted")
+    init_from: Path | None = Field(
+        None, description="folder holding tiny-target/ and tiny-draft/ to continue training from "
+        "(a later stage of the recipe); None initialises fresh weights",
+    )
 
 
 def byte_model_config(shape: ByteModelShape, tokenizer: ByteTokenizer) -> Qwen3Config:
@@ -83,9 +98,20 @@ def _lr_at(step: int, cfg: PretrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _batch(data: torch.Tensor, cfg: PretrainConfig, gen: torch.Generator) -> torch.Tensor:
+def _batch(
+    data: torch.Tensor, cfg: PretrainConfig, gen: torch.Generator, rng: random.Random
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and labels, both [b, t], with the overshoot correction where it is asked for."""
     starts = torch.randint(0, len(data) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
-    return torch.stack([data[s : s + cfg.seq_len + 1] for s in starts.tolist()])  # [b, t+1]
+    windows = torch.stack([data[s : s + cfg.seq_len + 1] for s in starts.tolist()])  # [b, t+1]
+    inputs, labels = windows[:, :-1].clone(), windows[:, 1:].clone()
+    for i in range(cfg.batch_size):
+        if cfg.overshoot_share:
+            pair = overshoot_window(windows[i].tolist(), cfg.seq_len, cfg.overshoot_max, rng,
+                                    cfg.overshoot_share)
+            if pair is not None:
+                inputs[i], labels[i] = torch.tensor(pair[0]), torch.tensor(pair[1])
+    return inputs, labels
 
 
 @torch.no_grad()
@@ -100,6 +126,18 @@ def heldout_loss(model: Qwen3ForCausalLM, data: torch.Tensor, seq_len: int, n: i
     return loss.item()
 
 
+def _load_stage(path: Path) -> Qwen3ForCausalLM:
+    if not (path / "model.safetensors").is_file():
+        raise CheckpointError(f"{path}: no model.safetensors to continue training from (--init-from)")
+    return Qwen3ForCausalLM.from_pretrained(path)
+
+
+def _stage_report(path: Path) -> dict | None:
+    """The training.json of the stage a model continues from (None if it has none)."""
+    report = path / "training.json"
+    return json.loads(report.read_text()) if report.is_file() else None
+
+
 def pretrain(out_dir: Path, cfg: PretrainConfig) -> dict:
     """Train target and draft model, save them to `out_dir/tiny-target` and `tiny-draft`."""
     torch.manual_seed(cfg.seed)
@@ -110,27 +148,33 @@ def pretrain(out_dir: Path, cfg: PretrainConfig) -> dict:
     train = torch.frombuffer(bytearray(train_bytes), dtype=torch.uint8).long()
     heldout = torch.frombuffer(bytearray(heldout_bytes), dtype=torch.uint8).long()
 
-    models = {
-        "tiny-target": Qwen3ForCausalLM(byte_model_config(TARGET_SHAPE, tokenizer)),
-        "tiny-draft": Qwen3ForCausalLM(byte_model_config(DRAFT_SHAPE, tokenizer)),
-    }
+    shapes = {"tiny-target": TARGET_SHAPE, "tiny-draft": DRAFT_SHAPE}
+    if cfg.init_from is None:
+        models = {name: Qwen3ForCausalLM(byte_model_config(shape, tokenizer))
+                  for name, shape in shapes.items()}
+        previous = dict.fromkeys(shapes)
+    else:
+        models = {name: _load_stage(cfg.init_from / name) for name in shapes}
+        previous = {name: _stage_report(cfg.init_from / name) for name in shapes}
     opts = {
         name: torch.optim.AdamW(m.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                                 betas=(0.9, 0.95))
         for name, m in models.items()
     }
     gen = torch.Generator().manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
     history: list[dict] = []
     start = time.time()
     bar = tqdm(range(cfg.steps), desc="pretrain", unit="step")
     for step in bar:
-        tokens = _batch(train, cfg, gen)
+        inputs, labels = _batch(train, cfg, gen, rng)  # [b, t] each
         losses = {}
         for name, model in models.items():
             for group in opts[name].param_groups:
                 group["lr"] = _lr_at(step, cfg)
-            logits = model(tokens[:, :-1]).logits  # [b, t, V]
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            logits = model(inputs).logits  # [b, t, V]
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(),
+                                                     ignore_index=IGNORE)
             opts[name].zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -147,7 +191,7 @@ def pretrain(out_dir: Path, cfg: PretrainConfig) -> dict:
             bar.write(json.dumps(row))
 
     report = {
-        "recipe": cfg.model_dump(),
+        "recipe": cfg.model_dump(mode="json"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "corpus_sha256": hashlib.sha256(train_bytes).hexdigest(),
@@ -158,5 +202,6 @@ def pretrain(out_dir: Path, cfg: PretrainConfig) -> dict:
         path = out_dir / name
         model.save_pretrained(path, safe_serialization=True)
         n_params = sum(p.numel() for p in model.parameters())
-        (path / "training.json").write_text(json.dumps({**report, "parameters": n_params}, indent=1))
+        stage = {**report, "parameters": n_params, "previous_stage": previous[name]}
+        (path / "training.json").write_text(json.dumps(stage, indent=1))
     return report

@@ -20,10 +20,38 @@ from trtspec.models.target import TargetModel, load_causal_lm
 from trtspec.prompts import load_prompts, math_prompts
 from trtspec.spec.decoder import SpeculativeDecoder
 from trtspec.tokenizer import ByteTokenizer
+from trtspec.train.corpus import stdlib_text
+
+ALIGNED_SAMPLE = 200  # held-out aligned continuation lines whose indentation is decoded
 
 
 def longest_run(text: str) -> int:
     return max((len(list(g)) for _, g in itertools.groupby(text)), default=0)
+
+
+def aligned_lines(text: bytes) -> list[tuple[int, int]]:
+    """(offset, indent) of each line whose indentation is not a multiple of 4 and over 8: in the
+    stdlib these are continuation lines aligned under an opening bracket."""
+    found = []
+    for m in re.finditer(rb"\n( +)(?=\S)", text):
+        n = len(m.group(1))
+        if n % 4 and n > 8:
+            found.append((m.start() + 1, n))
+    return found
+
+
+def indent_outcomes(complete_ids, text: bytes, lines: list[tuple[int, int]], context: int = 200,
+                    slack: int = 40) -> dict[str, float]:
+    """Greedy indentation written after `context` bytes before each aligned line, against the
+    truth: share exact, within one space, and runaway (`slack` or more spaces too many)."""
+    exact = close = runaway = 0
+    for offset, n in lines:
+        out = complete_ids(list(text[max(0, offset - context) : offset]), n + slack)
+        written = len(out) - len(bytes(out).lstrip(b" "))
+        exact += written == n
+        close += abs(written - n) <= 1
+        runaway += written >= n + slack
+    return {k: v / len(lines) for k, v in (("exact", exact), ("within 1", close), ("runaway", runaway))}
 
 
 def arithmetic_answer(question: str) -> int:
@@ -37,8 +65,11 @@ def main(out: Path = Path("docs/EMBEDDED_MODEL.md")) -> None:
     tok = ByteTokenizer.from_config(model.config)
     decoder = SpeculativeDecoder(TargetModel(model), None, tok.eos_id)
 
+    def complete_ids(ids: list[int], n: int) -> list[int]:
+        return decoder.generate(ids, n).token_ids
+
     def complete(prompt: str, n: int) -> str:
-        return tok.decode(decoder.generate(tok.encode(prompt), n).token_ids)
+        return tok.decode(complete_ids(tok.encode(prompt), n))
 
     names = {"+": "addition (worked column steps)", "-": "subtraction (worked borrow steps)",
              "*": "multiplication (tens/ones steps)"}
@@ -62,9 +93,16 @@ def main(out: Path = Path("docs/EMBEDDED_MODEL.md")) -> None:
     # indentation is legitimately runs of spaces; degenerate output repeats any byte far longer
     runs = [longest_run(t.replace("    ", "\t")) for t in code_out]
     worst = code_out[runs.index(max(runs))]
+    heldout_code = stdlib_text("heldout")
+    aligned = aligned_lines(heldout_code)
+    random.Random(0).shuffle(aligned)
+    indent = indent_outcomes(complete_ids, heldout_code, aligned[:ALIGNED_SAMPLE])
 
     history = json.loads((ASSETS_DIR / "tiny-target" / "training.json").read_text())
     draft_hist = json.loads((ASSETS_DIR / "tiny-draft" / "training.json").read_text())
+    stages = [history]
+    while stages[0].get("previous_stage"):
+        stages.insert(0, stages[0]["previous_stage"])
     last = history["history"][-1]
     lines = [
         "# The embedded models",
@@ -80,17 +118,23 @@ def main(out: Path = Path("docs/EMBEDDED_MODEL.md")) -> None:
         f"| tiny-draft | {draft_hist['parameters']:,} | {last['tiny-draft/heldout_loss']} | "
         f"{last['tiny-draft/train_loss']} |",
         "",
-        f"Recipe: {json.dumps(history['recipe'])}; Python {history['python']}, torch {history['torch']}, "
-        f"corpus SHA-256 `{history['corpus_sha256'][:16]}…` ({history['corpus_bytes']['train']:,} bytes), "
-        f"{last['seconds'] / 60:.0f} min on 2 CPU cores.",
+        f"Python {history['python']}, torch {history['torch']}, corpus SHA-256 "
+        f"`{history['corpus_sha256'][:16]}…` ({history['corpus_bytes']['train']:,} bytes).",
         "",
-        "Held-out loss during training:",
-        "",
-        "| step | target | draft |",
-        "|---|---|---|",
-        *[f"| {h['step']} | {h['tiny-target/heldout_loss']} | {h['tiny-draft/heldout_loss']} |"
-          for h in history["history"]],
-        "",
+    ]
+    for i, stage in enumerate(stages, 1):
+        recipe = {k: v for k, v in stage["recipe"].items() if k != "init_from"}
+        lines += [
+            f"Stage {i} of {len(stages)}, {stage['history'][-1]['seconds'] / 60:.0f} min on 2 CPU cores; "
+            f"recipe: `{json.dumps(recipe)}`. Held-out loss during the stage:",
+            "",
+            "| step | target | draft |",
+            "|---|---|---|",
+            *[f"| {h['step']} | {h['tiny-target/heldout_loss']} | {h['tiny-draft/heldout_loss']} |"
+              for h in stage["history"]],
+            "",
+        ]
+    lines += [
         "## Quality (greedy, held-out prompts; `python -m trtspec.train.report`)",
         "",
         f"- Arithmetic, the shipped math prompt set: {correct}/{len(math)} held-out questions answered "
@@ -100,6 +144,10 @@ def main(out: Path = Path("docs/EMBEDDED_MODEL.md")) -> None:
         f"- Code: longest run of one repeated byte (4-space indents counted as one) over "
         f"{len(code)} continuations of 160 bytes: max {max(runs)}, median {sorted(runs)[len(runs) // 2]}; "
         f"the worst continuation is `{worst!r}`.",
+        f"- Code, indentation of {len(aligned[:ALIGNED_SAMPLE])} aligned continuation lines of held-out "
+        f"files (indent not a multiple of 4, written after the 200 bytes before the line): exact "
+        f"{indent['exact']:.0%}, within one space {indent['within 1']:.0%}, runaway (40 or more spaces "
+        f"too many) {indent['runaway']:.0%}.",
         "",
         "## Sample continuations",
         "",
@@ -111,7 +159,7 @@ def main(out: Path = Path("docs/EMBEDDED_MODEL.md")) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}: arithmetic {correct}/{len(math)} and {correct_more}/{len(more)}, "
-          f"max byte run {max(runs)}", file=sys.stderr)
+          f"max byte run {max(runs)}, indentation {indent}", file=sys.stderr)
 
 
 if __name__ == "__main__":

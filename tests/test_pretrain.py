@@ -1,0 +1,87 @@
+"""The embedded-model recipe: the overshoot correction's inputs and labels, and a staged run."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from click.testing import CliRunner
+
+from trtspec.cli import main
+from trtspec.train.overshoot import IGNORE, SPACE, overshoot_window
+from trtspec.train.pretrain import PretrainConfig, pretrain
+
+
+def _window(rng: random.Random, seq_len: int) -> list[int]:
+    """Random code-like bytes with a few indented lines, `seq_len + 1` long."""
+    out = b""
+    while len(out) < seq_len + 1:
+        indent = rng.choice([0, 4, 8, 13, 27])
+        out += b" " * indent + bytes(rng.choice(b"abc(),=:") for _ in range(rng.randint(1, 30))) + b"\n"
+    return list(out[: seq_len + 1])
+
+
+def _ignored_spans(labels: list[int]) -> list[tuple[int, int]]:
+    spans, i = [], 0
+    while i < len(labels):
+        if labels[i] == IGNORE:
+            j = i
+            while j + 1 < len(labels) and labels[j + 1] == IGNORE:
+                j += 1
+            spans.append((i, j))
+            i = j
+        i += 1
+    return spans
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_overshoot_window_masks_the_inserted_spaces_and_keeps_every_other_label(seed):
+    rng = random.Random(seed)
+    seq_len = 96
+    window = _window(rng, seq_len)
+    inputs, labels = overshoot_window(window, seq_len, max_extra=32, rng=rng)
+    assert len(inputs) == len(labels) == seq_len
+    spans = _ignored_spans(labels)
+    assert spans
+    inserted = set()
+    for a, b in spans:
+        # a: the line's last real space; a+1 .. b+1: the k = b-a+1 inserted spaces
+        assert inputs[a] == SPACE and all(x == SPACE for x in inputs[a + 1 : b + 2])
+        inserted.update(range(a + 1, b + 2))
+        if b + 1 < seq_len:
+            assert labels[b + 1] not in (SPACE, IGNORE), "the stop label: the line's first byte"
+    real = [x for i, x in enumerate(inputs) if i not in inserted]
+    assert real == window[: len(real)], "without the inserted spaces the input is the window"
+    for i in range(seq_len - 1):
+        if labels[i] != IGNORE:
+            assert labels[i] == inputs[i + 1], f"label {i} is the next input byte"
+
+
+def test_overshoot_window_needs_an_indented_line_to_extend():
+    rng = random.Random(0)
+    assert overshoot_window(list(b"abc def\nxyz\n" * 4), 40, 8, rng) is None
+    assert overshoot_window(_window(rng, 64), 64, 8, rng, line_share=0.0) is None
+
+
+def test_a_second_stage_continues_the_first_and_records_it(tmp_path):
+    tiny = dict(steps=2, batch_size=2, seq_len=32, eval_every=1)
+    pretrain(tmp_path / "one", PretrainConfig(**tiny))
+    pretrain(tmp_path / "two", PretrainConfig(**tiny, init_from=tmp_path / "one", overshoot_share=0.5))
+    report = json.loads((tmp_path / "two" / "tiny-target" / "training.json").read_text())
+    assert report["recipe"]["overshoot_share"] == 0.5
+    assert report["previous_stage"]["recipe"]["init_from"] is None
+    assert report["previous_stage"]["history"][-1]["step"] == 2
+    draft = json.loads((tmp_path / "two" / "tiny-draft" / "training.json").read_text())
+    assert draft["parameters"] < report["parameters"]
+    for stage in (report, draft):  # each model keeps its own first stage
+        assert stage["previous_stage"]["parameters"] == stage["parameters"]
+
+
+def test_init_from_a_folder_without_weights_is_one_line(tmp_path):
+    result = CliRunner().invoke(main, ["train", "target", "--out", str(tmp_path / "o"), "--steps", "1",
+                                       "--init-from", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "tiny-target: no model.safetensors" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()
