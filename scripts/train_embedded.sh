@@ -3,7 +3,7 @@
 # stages, docs/EMBEDDED_MODEL.md), then the drafters distilled from that target, all three from one
 # regeneration of the target's responses, then DSpark's calibration.
 #
-#   bash scripts/train_embedded.sh [WORK]     # about 3 h on 2 CPU cores; WORK defaults to train-work
+#   bash scripts/train_embedded.sh [WORK]     # about 2 h on 2 CPU cores (stage 1: 72 min); WORK defaults to train-work
 #   STAGE1=DIR bash scripts/train_embedded.sh  # reuse a finished stage 1 (DIR/tiny-target, DIR/tiny-draft)
 #
 # Each step is resumable or skipped when its output exists, so a rerun continues where it stopped.

@@ -22,7 +22,7 @@ import re
 
 IGNORE = -100  # cross_entropy's ignore_index
 SPACE = ord(" ")
-_LEADING_SPACES = re.compile(rb"\n( +)(?=\S)")
+LEADING_SPACES = re.compile(rb"\n( +)(?=\S)")  # an indented line's leading spaces
 
 
 def overshoot_window(
@@ -33,7 +33,7 @@ def overshoot_window(
 
     k is log-uniform in [1, max_extra], so far overshoots are as common per octave as near ones.
     """
-    ends = [m.end() for m in _LEADING_SPACES.finditer(bytes(window)) if m.end() < len(window) - 1]
+    ends = [m.end() for m in LEADING_SPACES.finditer(bytes(window)) if m.end() < len(window) - 1]
     chosen = [end for end in ends if rng.random() < line_share]  # first non-space byte of each line
     if not chosen:
         return None

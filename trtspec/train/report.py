@@ -21,6 +21,7 @@ from trtspec.prompts import load_prompts, math_prompts
 from trtspec.spec.decoder import SpeculativeDecoder
 from trtspec.tokenizer import ByteTokenizer
 from trtspec.train.corpus import stdlib_text
+from trtspec.train.overshoot import LEADING_SPACES, SPACE
 
 ALIGNED_SAMPLE = 200  # held-out aligned continuation lines whose indentation is decoded
 
@@ -33,7 +34,7 @@ def aligned_lines(text: bytes) -> list[tuple[int, int]]:
     """(offset, indent) of each line whose indentation is not a multiple of 4 and over 8: in the
     stdlib these are continuation lines aligned under an opening bracket."""
     found = []
-    for m in re.finditer(rb"\n( +)(?=\S)", text):
+    for m in LEADING_SPACES.finditer(text):
         n = len(m.group(1))
         if n % 4 and n > 8:
             found.append((m.start() + 1, n))
@@ -47,7 +48,7 @@ def indent_outcomes(complete_ids, text: bytes, lines: list[tuple[int, int]], con
     exact = close = runaway = 0
     for offset, n in lines:
         out = complete_ids(list(text[max(0, offset - context) : offset]), n + slack)
-        written = len(out) - len(bytes(out).lstrip(b" "))
+        written = next((i for i, t in enumerate(out) if t != SPACE), len(out))  # ids, eos included
         exact += written == n
         close += abs(written - n) <= 1
         runaway += written >= n + slack
