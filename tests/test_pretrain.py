@@ -58,6 +58,22 @@ def test_overshoot_window_masks_the_inserted_spaces_and_keeps_every_other_label(
             assert labels[i] == inputs[i + 1], f"label {i} is the next input byte"
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_stop_every_labels_each_overshot_position_with_the_lines_first_byte(seed):
+    window = _window(random.Random(seed), 96)
+    inputs, last = overshoot_window(window, 96, max_extra=32, rng=random.Random(seed + 100))
+    same_inputs, every = overshoot_window(window, 96, 32, random.Random(seed + 100), stop_every=True)
+    assert same_inputs == inputs, "the variant changes labels only"
+    spans = _ignored_spans(last)
+    for a, b in spans:
+        stop = last[b + 1] if b + 1 < len(last) else every[a]
+        assert every[a : b + 1] == [stop] * (b - a + 1), "each overshot position predicts the stop"
+        assert stop != SPACE
+    masked = {i for a, b in spans for i in range(a, b + 1)}
+    assert all(every[i] == last[i] for i in range(len(last)) if i not in masked)
+    assert IGNORE not in every[: spans[-1][0]], "no label is ignored before the last overshoot"
+
+
 def test_overshoot_window_needs_an_indented_line_to_extend():
     rng = random.Random(0)
     assert overshoot_window(list(b"abc def\nxyz\n" * 4), 40, 8, rng) is None

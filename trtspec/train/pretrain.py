@@ -72,6 +72,10 @@ class PretrainConfig(BaseModel):
         "(the overshoot correction, train/overshoot.py); 0 trains on the text as it is",
     )
     overshoot_max: int = Field(128, ge=1, description="largest number of extra spaces inserted")
+    overshoot_stop_every: bool = Field(
+        False, description="label every overshot position with the line's real first byte, not "
+        "only the last inserted space",
+    )
     init_from: Path | None = Field(
         None, description="folder holding tiny-target/ and tiny-draft/ to continue training from "
         "(a later stage of the recipe); None initialises fresh weights",
@@ -108,7 +112,7 @@ def _batch(
     for i in range(cfg.batch_size):
         if cfg.overshoot_share:
             pair = overshoot_window(windows[i].tolist(), cfg.seq_len, cfg.overshoot_max, rng,
-                                    cfg.overshoot_share)
+                                    cfg.overshoot_share, cfg.overshoot_stop_every)
             if pair is not None:
                 inputs[i], labels[i] = torch.tensor(pair[0]), torch.tensor(pair[1])
     return inputs, labels
