@@ -143,20 +143,23 @@ def train() -> None:
 @click.option("--lr", default=3e-3, show_default=True, type=float, help="Peak learning rate.")
 @click.option("--overshoot-share", default=0.0, show_default=True, type=float,
               help="Share of indented lines over-extended in the input (train/overshoot.py).")
+@click.option("--overshoot-stop-every", is_flag=True,
+              help="Label every overshot position with the line's real first byte, not only the last.")
 @click.option("--init-from", type=click.Path(path_type=Path), default=None,
               help="Continue from tiny-target/ and tiny-draft/ in this folder (a later recipe stage).")
 @user_errors
 def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: float,
-                 init_from: Path | None) -> None:
+                 overshoot_stop_every: bool, init_from: Path | None) -> None:
     """Pre-train the embedded byte-level target and its draft model (the shipped recipe).
 
     The shipped models are two stages: `trtspec train target --out STAGE1`, then
-    `trtspec train target --init-from STAGE1 --steps 600 --lr 1e-3 --overshoot-share 0.5 --seed 1`.
+    `trtspec train target --init-from STAGE1 --steps 600 --lr 1e-3 --overshoot-share 0.2
+    --overshoot-stop-every --seed 1`.
     """
     from trtspec.train.pretrain import PretrainConfig, pretrain
 
     cfg = PretrainConfig(steps=steps, seed=seed, lr=lr, overshoot_share=overshoot_share,
-                         init_from=init_from)
+                         overshoot_stop_every=overshoot_stop_every, init_from=init_from)
     report = pretrain(out, cfg)
     click.echo(json.dumps(report["history"][-1]))
 
