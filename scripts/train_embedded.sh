@@ -27,7 +27,7 @@ done_in "$STAGE1/tiny-target" || "$T" train target --out "$STAGE1"
 echo "== stage 2: overshoot correction =="
 done_in "$WORK/stage2/tiny-target" ||
   "$T" train target --init-from "$STAGE1" --out "$WORK/stage2" --steps 600 --lr 1e-3 \
-    --overshoot-share 0.5 --seed 1
+    --overshoot-share 0.2 --overshoot-stop-every --seed 1
 ship "$WORK/stage2/tiny-target" tiny-target
 ship "$WORK/stage2/tiny-draft" tiny-draft
 
