@@ -163,7 +163,9 @@ def main(target: Path = ASSETS_DIR / "tiny-target", out: Path = Path("docs/EMBED
         recipe = {k: v for k, v in stage["recipe"].items() if k != "init_from"}
         lines += [
             f"Stage {i} of {len(stages)}, {stage['history'][-1]['seconds'] / 60:.0f} min on 2 CPU cores; "
-            f"recipe: `{json.dumps(recipe)}`. Held-out loss during the stage:",
+            f"recipe: `{json.dumps(recipe)}`. Held-out loss during the stage (each stage draws its "
+            "held-out arithmetic with its own seed; compare stages by the same-window loss under "
+            "Quality):",
             "",
             "| step | target | draft |",
             "|---|---|---|",
@@ -183,10 +185,11 @@ def main(target: Path = ASSETS_DIR / "tiny-target", out: Path = Path("docs/EMBED
         "the line's real first byte: the way back from each state the model drifts into. No label "
         "ever asks for an extra space. (A first version labelled only the last inserted space, half "
         "the lines: runaways fell to 36 % only, because the model, unable to count, met one stop label "
-        "per overshoot against many real spaces.) The price is held-out loss on indentation, which "
-        "the model now ends early more often; stage 1, run through this report "
-        "(`python -m trtspec.train.report STAGE1/tiny-target OUT`), measured 0.8129 nats/byte on the "
-        "same windows (indentation 0.3212, rest 0.9027), block indentation exact 75.5 %, runaway 7.5 %.",
+        "per overshoot against many real spaces.) The price is held-out loss, most of it on "
+        "indentation labels, and a few more block indents ended early. Stage 1, run through this "
+        "report (`python -m trtspec.train.report STAGE1/tiny-target OUT`), measured 0.8129 nats/byte "
+        "on the same windows (indentation 0.3212, rest 0.9027) and block indentation exact 75.5 %, "
+        "runaway 7.5 %.",
         "",
         "Reproduce every shipped model, stage 1 to the drafters: `bash scripts/train_embedded.sh`.",
         "",
