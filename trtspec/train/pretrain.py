@@ -118,12 +118,17 @@ def _batch(
     return inputs, labels
 
 
+def heldout_windows(data: torch.Tensor, seq_len: int, n: int) -> torch.Tensor:
+    """`n` fixed windows of `seq_len + 1` elements, evenly spaced over `data`: [n, t+1]."""
+    stride = max(1, (len(data) - seq_len - 1) // n)
+    return torch.stack([data[i * stride : i * stride + seq_len + 1] for i in range(n)])
+
+
 @torch.no_grad()
 def heldout_loss(model: Qwen3ForCausalLM, data: torch.Tensor, seq_len: int, n: int = 32) -> float:
     """Mean next-byte cross-entropy (nats) over `n` fixed windows of the held-out text."""
     model.eval()
-    stride = max(1, (len(data) - seq_len - 1) // n)
-    windows = torch.stack([data[i * stride : i * stride + seq_len + 1] for i in range(n)])
+    windows = heldout_windows(data, seq_len, n)
     logits = model(windows[:, :-1]).logits
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
     model.train()

@@ -25,57 +25,50 @@ from trtspec.spec.decoder import SpeculativeDecoder
 from trtspec.tokenizer import ByteTokenizer
 from trtspec.train.corpus import stdlib_text, training_corpus
 from trtspec.train.overshoot import LEADING_SPACES, SPACE
+from trtspec.train.pretrain import PretrainConfig, heldout_windows
 
-ALIGNED_SAMPLE = 200  # held-out aligned continuation lines whose indentation is decoded
+LINE_SAMPLE = 200  # held-out lines of each kind (aligned, block) whose indentation is decoded
 
 
 def longest_run(text: str) -> int:
     return max((len(list(g)) for _, g in itertools.groupby(text)), default=0)
 
 
-def aligned_lines(text: bytes) -> list[tuple[int, int]]:
-    """(offset, indent) of each line whose indentation is not a multiple of 4 and over 8: in the
-    stdlib these are continuation lines aligned under an opening bracket."""
+def indented_lines(text: bytes, block: bool) -> list[tuple[int, int]]:
+    """(offset, indent) of each line indented by a multiple of 4 (`block`), or else of each line
+    whose indentation is not a multiple of 4 and over 8: in the stdlib these are continuation lines
+    aligned under an opening bracket."""
     found = []
     for m in LEADING_SPACES.finditer(text):
         n = len(m.group(1))
-        if n % 4 and n > 8:
+        if (n % 4 == 0) if block else (n % 4 and n > 8):
             found.append((m.start() + 1, n))
     return found
-
-
-def regular_lines(text: bytes) -> list[tuple[int, int]]:
-    """(offset, indent) of each line indented by a multiple of 4: block indentation."""
-    return [(m.start() + 1, len(m.group(1))) for m in LEADING_SPACES.finditer(text)
-            if len(m.group(1)) % 4 == 0]
 
 
 @torch.no_grad()
 def clean_loss_split(model, windows: int = 128, seq_len: int = 256) -> dict[str, float]:
     """Next-byte loss (nats) on `windows` fixed windows of the held-out corpus (stdlib and
-    arithmetic, seed 1: stage 1's draw), split into indentation labels (a line's leading spaces
-    and the byte that ends them) and the rest. Every stage is measured on the same bytes here,
-    unlike the training logs, where each stage draws its held-out arithmetic with its own seed."""
-    text = training_corpus("heldout", 0.3, seed=1)
+    arithmetic, stage 1's draw), split into indentation labels (a line's leading spaces and the
+    byte that ends them) and the rest. Every stage is measured on the same bytes here, unlike the
+    training logs, where each stage draws its held-out arithmetic with its own seed."""
+    recipe = PretrainConfig()
+    text = training_corpus("heldout", recipe.arithmetic_fraction, seed=recipe.seed + 1)
     data = torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
     indent = torch.zeros(len(data), dtype=torch.bool)
     for m in LEADING_SPACES.finditer(text):
         indent[m.start(1) : m.end() + 1] = True
-    stride = (len(data) - seq_len - 1) // windows
-    losses, masks = [], []
-    for i in range(windows):
-        w = data[i * stride : i * stride + seq_len + 1]  # [t+1]
-        logits = model(w[None, :-1]).logits[0]  # [t, vocab]
-        losses.append(torch.nn.functional.cross_entropy(logits, w[1:], reduction="none"))
-        masks.append(indent[i * stride + 1 : i * stride + seq_len + 1])
-    ce, mask = torch.cat(losses), torch.cat(masks)
+    data_w = heldout_windows(data, seq_len, windows)  # [n, t+1]
+    mask = heldout_windows(indent, seq_len, windows)[:, 1:].flatten()  # [n*t]: labels at indentation
+    ce = torch.cat([torch.nn.functional.cross_entropy(model(w[None, :-1]).logits[0], w[1:], reduction="none")
+                    for w in data_w])  # [n*t]
     return {"all": ce.mean().item(), "indentation": ce[mask].mean().item(),
             "rest": ce[~mask].mean().item(), "indentation share": mask.float().mean().item()}
 
 
 def indent_outcomes(complete_ids, text: bytes, lines: list[tuple[int, int]], context: int = 200,
                     slack: int = 40) -> dict[str, float]:
-    """Greedy indentation written after `context` bytes before each aligned line, against the
+    """Greedy indentation written after `context` bytes before each line, against the
     truth: share exact, within one space, and runaway (`slack` or more spaces too many)."""
     exact = close = runaway = 0
     for offset, n in lines:
@@ -127,12 +120,12 @@ def main(target: Path = ASSETS_DIR / "tiny-target", out: Path = Path("docs/EMBED
     runs = [longest_run(t.replace("    ", "\t")) for t in code_out]
     worst = code_out[runs.index(max(runs))]
     heldout_code = stdlib_text("heldout")
-    aligned = aligned_lines(heldout_code)
+    aligned = indented_lines(heldout_code, block=False)
     random.Random(0).shuffle(aligned)
-    indent = indent_outcomes(complete_ids, heldout_code, aligned[:ALIGNED_SAMPLE])
-    regular = regular_lines(heldout_code)
+    indent = indent_outcomes(complete_ids, heldout_code, aligned[:LINE_SAMPLE])
+    regular = indented_lines(heldout_code, block=True)
     random.Random(1).shuffle(regular)
-    block_indent = indent_outcomes(complete_ids, heldout_code, regular[:ALIGNED_SAMPLE])
+    block_indent = indent_outcomes(complete_ids, heldout_code, regular[:LINE_SAMPLE])
     split = clean_loss_split(model)
 
     history = json.loads((target / "training.json").read_text())
@@ -202,11 +195,11 @@ def main(target: Path = ASSETS_DIR / "tiny-target", out: Path = Path("docs/EMBED
         f"- Code: longest run of one repeated byte (4-space indents counted as one) over "
         f"{len(code)} continuations of 160 bytes: max {max(runs)}, median {sorted(runs)[len(runs) // 2]}; "
         f"the worst continuation is `{worst!r}`.",
-        f"- Code, indentation of {len(aligned[:ALIGNED_SAMPLE])} aligned continuation lines of held-out "
+        f"- Code, indentation of {len(aligned[:LINE_SAMPLE])} aligned continuation lines of held-out "
         f"files (indent not a multiple of 4, written after the 200 bytes before the line): exact "
         f"{indent['exact']:.0%}, within one space {indent['within 1']:.0%}, runaway (40 or more spaces "
         f"too many) {indent['runaway']:.1%}.",
-        f"- Code, block indentation (a multiple of 4) of {len(regular[:ALIGNED_SAMPLE])} held-out lines, "
+        f"- Code, block indentation (a multiple of 4) of {len(regular[:LINE_SAMPLE])} held-out lines, "
         f"the same way: exact {block_indent['exact']:.1%}, runaway {block_indent['runaway']:.1%}.",
         "- Held-out loss on the same 128 windows for every stage (`clean_loss_split`): "
         f"{split['all']:.4f} nats/byte; on indentation labels ({split['indentation share']:.1%} of "
