@@ -1,0 +1,78 @@
+"""The cost model behind adaptive speculation: expected tokens per step over seconds per step.
+
+A step of the serving loop drafts k tokens for each of R running requests, then verifies them in
+one target forward. With a_j the probability that draft j of a request survives (is accepted
+together with every draft before it), that request emits in expectation
+
+    E_k = 1 + a_1 + … + a_k        (the recovered/bonus token is always emitted)
+
+and the step costs T(R, k) = T_draft(R, k) + T_target(R·(k + 1) tokens) seconds (k = 0: no
+drafting, plain decoding). The best draft length for the batch maximises Σ_r E_k(r) / T(R, k).
+Only acceptance history and confidences enter, never the current drafts' verdict, so the choice
+cannot bias the output (`spec.schedule` explains why that matters).
+
+Where the numbers come from: `a_j` from a drafter's measured acceptance by position (the
+conditional rates P(draft j accepted | drafts < j were), multiplied up), from a request's own
+running counts, or from DSpark's confidences; T from `trtspec profile` on the serving machine
+(`MeasuredCost`) or, for a GPU deployment planned on a CPU machine, from a roofline in
+`trtspec.plan`. Both implement `StepCost`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from trtspec.errors import ConfigError
+
+ACCEPTANCE_FILE = "acceptance.json"  # stored beside a drafter's weights
+
+
+class StepCost(Protocol):
+    def seconds(self, batch: int, draft_len: int) -> float:
+        """Wall time of one step for `batch` requests each verifying `draft_len` drafts (0 = none)."""
+        ...
+
+
+def survival(conditional: Sequence[float]) -> list[float]:
+    """a_j = ∏_{i≤j} c_i from conditional acceptance rates c_1..c_k."""
+    out, running = [], 1.0
+    for c in conditional:
+        running *= min(1.0, max(0.0, float(c)))
+        out.append(running)
+    return out
+
+
+def expected_tokens(surv: Sequence[float], k: int) -> float:
+    """Tokens one request emits in expectation when it verifies its first k drafts."""
+    return 1.0 + float(sum(surv[:k]))
+
+
+def best_draft_len(cost: StepCost, survivals: Sequence[Sequence[float]], k_max: int) -> tuple[int, float]:
+    """The k in 0..k_max that maximises expected tokens per second of a step for these requests
+    (one survival curve each), and that rate. Ties go to the shorter draft."""
+    batch = len(survivals)
+    if batch == 0:
+        return 0, 0.0
+    best_k, best_rate = 0, batch / cost.seconds(batch, 0)
+    for k in range(1, k_max + 1):
+        tokens = sum(expected_tokens(s, k) for s in survivals)
+        rate = tokens / cost.seconds(batch, k)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k, best_rate
+
+
+def load_acceptance(drafter_dir: Path) -> list[float] | None:
+    """The conditional acceptance by position stored beside a drafter (`acceptance.json`,
+    {"acceptance_by_position": [c_1, …, c_k], "measured_with": "<command>"}), or None."""
+    path = Path(drafter_dir) / ACCEPTANCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        rates = json.loads(path.read_text())["acceptance_by_position"]
+        return [float(r) for r in rates]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: expected {{\"acceptance_by_position\": [floats]}} ({exc})") from None
