@@ -295,7 +295,8 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
               help="Recommendation: least tokens/s per user; default the target alone at concurrency 1.")
 @click.option("--max-users", default=None, type=int, help="Recommendation: most concurrent users.")
 @click.option("--sps", "sps_path", default=None, type=click.Path(path_type=Path),
-              help="SPS table from `trtspec profile` for the DSpark scheduler; default: profile now.")
+              help="Cost table from `trtspec profile` for every drafter's adaptive and scheduler methods; "
+                   "default: each config's schedule.sps_table, else measured in this run.")
 @click.option("--url", default=None,
               help="Benchmark a running server instead (grpc://HOST:PORT or http://HOST:PORT): TTFT, ITL.")
 @click.option("--model", "model_name", default="trtspec", show_default=True, help="Served model (--url).")
@@ -335,10 +336,11 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     results = run_bench(loaded, tasks.split(","), prompts_per_task, max_tokens, repeats, not no_hf)
     if levels:
         from trtspec.bench.concurrency import recommendation_text, run_concurrency
+        from trtspec.spec.schedule import SPSTable
 
-        sps = _sps_for_bench(loaded, sps_path)
+        table = SPSTable.load(sps_path) if sps_path is not None else None
         results["concurrency"] = run_concurrency(loaded, tasks.split(","), prompts_per_task, max_tokens,
-                                                 levels, sps)
+                                                 levels, table)
         if min_user_tps is None:
             min_user_tps = results["concurrency"]["methods"]["none"][str(levels[0])]["per_user_tokens_per_s"]
         results["recommendation"] = recommendation_text(results["concurrency"], min_user_tps, max_users)
@@ -365,51 +367,38 @@ def _int_list(text: str, hint: str) -> list[int]:
     return values
 
 
-def _sps_for_bench(configs: dict, sps_path: Path | None):
-    """The scheduler's SPS table: --sps, else a DSpark config's `schedule.sps_table`, else measured now."""
-    from trtspec.spec.schedule import SPSTable
-
-    if sps_path is not None:
-        return SPSTable.load(sps_path)
-    dspark = [c for c in configs.values() if c.drafter.method == "dspark"]
-    if not dspark:
-        return None
-    if dspark[0].drafter.resolved_sps_table is not None:
-        return SPSTable.load(dspark[0].drafter.resolved_sps_table)
-    from trtspec.bench.profile import profile_sps
-    from trtspec.models.packed_target import PackedTarget
-    from trtspec.models.target import load_causal_lm
-
-    return profile_sps(PackedTarget(load_causal_lm(dspark[0].target.resolved_path)), reps=5)
-
-
 @main.command()
 @click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
 @click.option("--out", "out_path", required=True, type=click.Path(path_type=Path),
-              help="JSON file for the SPS table; point the config's drafter.schedule.sps_table at it.")
+              help="JSON file for the cost table; point the config's drafter.schedule.sps_table at it.")
 @click.option("--batches", default=None, help="Comma-separated verify batch sizes B (tokens).")
 @click.option("--requests", default=8, show_default=True, type=int, help="Sequences sharing the cache.")
 @click.option("--context", default=256, show_default=True, type=int, help="Cached tokens per sequence.")
 @click.option("--reps", default=15, show_default=True, type=int, help="Repetitions per B (median kept).")
 @user_errors
 def profile(config_path, out_path, batches, requests, context, reps) -> None:
-    """Measure CONFIG's target steps/s at each verify batch size B (the scheduler's SPS table)."""
-    from trtspec.bench.profile import profile_sps
+    """Measure CONFIG's cost model on this machine: target steps/s at each verify batch size B and
+    the drafter's seconds per step at each batch size and draft length (adaptive speculation and
+    DSpark's scheduler read it)."""
+    from trtspec.bench.profile import profile_cost
     from trtspec.config import load_build_config
-    from trtspec.models.packed_target import PackedTarget
-    from trtspec.models.target import load_causal_lm
+    from trtspec.pipeline import load_pipeline
 
     config = load_build_config(config_path)
     sizes = _int_list(batches, "--batches") if batches else None
     for name, value in (("--requests", requests), ("--context", context), ("--reps", reps)):
         if value < 1:
             raise click.BadParameter(f"must be >= 1, got {value}", param_hint=name)
-    target = PackedTarget(load_causal_lm(config.target.resolved_path, config.target.dtype))
-    table = profile_sps(target, sizes, requests, context, reps)
+    pipeline = load_pipeline(config)
+    table = profile_cost(pipeline.target, pipeline.drafter, sizes, requests, context, reps,
+                         max_batch=config.limits.max_concurrency)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     table.save(out_path)
     for b, s in zip(table.batch_tokens, table.steps_per_s, strict=True):
         click.echo(f"B={b:4d}  {s:8.1f} steps/s  {b * s:9.1f} tokens/s")
+    for r, row in zip(table.draft_batches, table.draft_seconds, strict=True):
+        cells = "  ".join(f"k={k}: {sec * 1e3:.2f} ms" for k, sec in zip(table.draft_lens, row, strict=True))
+        click.echo(f"drafter R={r:3d}  {cells}")
     click.echo(f"wrote {out_path}")
 
 

@@ -109,11 +109,10 @@ def bench_plugins(rows: list[dict]) -> None:
 
 def check_decoding(rows: list[dict]) -> None:
     config = load_build_config(Path(__file__).parents[1] / "build_configs" / "tiny-dflash.yaml")
+    config = config.model_copy(update={"target": config.target.model_copy(update={"device": "cuda"}),
+                                        "drafter": config.drafter.model_copy(update={"device": "cuda"})})
     spec = load_pipeline(config)
     plain = load_pipeline(config, use_drafter=False)
-    for p in (spec, plain):
-        p.target.model.cuda()
-    spec.drafter.model.cuda()
     same = 0
     prompts = load_prompts("code")[:6] + load_prompts("math")[:6]
     for prompt in prompts:

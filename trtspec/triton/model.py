@@ -3,9 +3,10 @@
 Imported by the generated `<repo>/<name>/1/model.py` inside the backend's stub process, where
 `triton_python_backend_utils` exists. It serves the build config copied beside the model
 (`build_config.yaml`) with continuous batching: `execute` only parses each request and queues it;
-one loop thread admits queued requests (up to `limits.max_concurrency`) into a `BatchDecoder`
-and steps it, ONE packed target forward per step for every running request (new prompts are
-prefilled in the same forward), with the config's verification schedule (DSpark's scheduler).
+one loop thread admits queued requests (up to `limits.max_concurrency`) into the serving loop
+(`SpeculativeDecoder`) and steps it: ONE drafter pass, ONE packed target forward (new prompts are
+prefilled in the same forward) and ONE verification per step for every running request, with the
+config's schedule (adaptive by default: speculation turns itself down as the batch grows).
 Requests leave when done, stopped or cancelled; the rest keep going.
 
 Responses. `stream` false: one response with the whole `text_output`, `output_ids`,
@@ -28,7 +29,7 @@ import triton_python_backend_utils as pb_utils
 
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
-from trtspec.spec.batch import Request
+from trtspec.spec.decoder import Request
 from trtspec.spec.metrics import GenerationResult
 from trtspec.triton.repo import BUILD_CONFIG_FILE
 from trtspec.triton.request import GenerateRequest, RequestError, TextStream, parse_request
@@ -102,7 +103,7 @@ class _Stream:
     text: TextStream
 
     def on_tokens(self, new_ids: list[int]) -> bool:
-        """BatchDecoder's callback: stream the new text; True ends the request."""
+        """The decoder's callback: stream the new text; True ends the request."""
         delta, kept = self.text.push(new_ids)
         if self.request.stream and (delta or kept):
             if not _send_quietly(self.sender, _response(delta, kept, 0, 0), 0):
