@@ -192,3 +192,26 @@ def test_requests_joining_mid_flight_identical_to_alone(pipeline):
     stopped = results[ids[3]].token_ids
     assert 7 <= len(stopped) < 50 and stopped == alone[3][: len(stopped)]
     assert not (decoder.target.owner >= 0).any()  # every slot freed
+
+
+def test_end_id_and_min_new_tokens():
+    """A request's own end id (here the newline byte) ends it at its first occurrence, unless
+    that comes before `min_new_tokens`: then it is emitted like any token and decoding goes on.
+    Tokens are the unconstrained greedy decoding's, cut where the rule says."""
+    pipeline = load_pipeline(load_build_config(REPO / "build_configs" / "tiny-dflash.yaml"))
+    decoder = _batch(pipeline, pipeline.drafter)
+    prompt = list(b"Q: 482 + 356\nA:")
+    free = decoder.generate([Request(prompt, 60)])[0].token_ids
+    newline = ord("\n")
+    first = free.index(newline) + 1
+    second = free.index(newline, first) + 1
+    cut, later, unbounded = decoder.generate([
+        Request(prompt, 60, end_id=newline),
+        Request(prompt, 60, end_id=newline, min_new_tokens=first + 1),
+        Request(prompt, 60, end_id=newline, min_new_tokens=first),
+    ])
+    assert cut.token_ids == free[:first]
+    assert later.token_ids == free[:second]
+    assert unbounded.token_ids == free[:first]  # an end id AT position min_new_tokens counts
+    with pytest.raises(ValueError, match=r"min_new_tokens must be in \[0, max_new_tokens=4\], got 5"):
+        decoder.generate([Request(prompt, 4, min_new_tokens=5)])

@@ -36,6 +36,8 @@ class Request:
     prompt: list[int]
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    min_new_tokens: int = 0  # EOS is not honoured before this many tokens (emitted, decoding goes on)
+    end_id: int | None = None  # the id that ends this request; None = the tokenizer's eos
 
 
 # streaming: called with the ids a step emitted for a request; True ends that request after them
@@ -93,12 +95,17 @@ class BatchDecoder:
         return schedule_lengths(surv, self.sps, self.schedule.mode, self.schedule.threshold)
 
     def _finish(self, live: _Live, emitted: list[int]) -> None:
-        if self.eos_id in emitted:
-            emitted = emitted[: emitted.index(self.eos_id) + 1]
-        emitted = emitted[: live.request.max_new_tokens - len(live.generated)]
+        request = live.request
+        end_id = self.eos_id if request.end_id is None else request.end_id
+        emitted = emitted[: request.max_new_tokens - len(live.generated)]
+        # the first end id at or past position min_new_tokens ends the request (positions count from 1)
+        for i, token in enumerate(emitted):
+            if token == end_id and len(live.generated) + i + 1 >= request.min_new_tokens:
+                emitted, live.done = emitted[: i + 1], True
+                break
         live.generated.extend(emitted)
         stop = live.on_tokens is not None and bool(live.on_tokens(emitted))
-        if stop or len(live.generated) >= live.request.max_new_tokens or live.generated[-1] == self.eos_id:
+        if stop or len(live.generated) >= request.max_new_tokens:
             live.done = True
 
     # -- continuous batching ----------------------------------------------------------------
@@ -118,6 +125,9 @@ class BatchDecoder:
             raise ValueError("prompt is empty")
         if request.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
+        if not 0 <= request.min_new_tokens <= request.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens={request.max_new_tokens}], "
+                             f"got {request.min_new_tokens}")
         rid, self._next_id = self._next_id, self._next_id + 1
         self.lives[rid] = _Live(request, copy.copy(self.drafter), request.sampling.generator(),
                                 GenerationResult(prompt_len=len(request.prompt),
