@@ -116,7 +116,13 @@ def load_pipeline(config: BuildConfig, use_drafter: bool = True) -> Pipeline:
     target = TargetModel(model)
     drafter = build_drafter(drafter_config, target)
     target = TargetModel(model, drafter.tap_layer_ids)
-    decoder = SpeculativeDecoder(target, drafter, tokenizer.eos_id)
+    verifier = None
+    if config.test_only is not None and config.test_only.biased_acceptance:
+        from trtspec.spec.biased_verify import BiasedVerifier
+
+        log.warning("config %r: test_only.biased_acceptance, sampling is deliberately biased", config.name)
+        verifier = BiasedVerifier()
+    decoder = SpeculativeDecoder(target, drafter, tokenizer.eos_id, verifier)
     return Pipeline(config, tokenizer, target, drafter, decoder)
 
 
