@@ -475,32 +475,53 @@ def _repo_of(build_dir: Path) -> Path:
 @main.command()
 @click.argument("build_dir", metavar="DIR", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind; 0.0.0.0 exposes the server to the network.")
+              help="Address to bind; 0.0.0.0 exposes the server to the network (admin APIs then need a key).")
 @click.option("--http-port", default=8000, show_default=True, type=int, help="HTTP/REST port.")
 @click.option("--grpc-port", default=8001, show_default=True, type=int, help="gRPC port.")
 @click.option("--metrics-port", default=8002, show_default=True, type=int, help="Prometheus metrics port.")
+@click.option("--openai-port", default=9000, show_default=True, type=int,
+              help="Port of the OpenAI-compatible API (/v1/completions, /v1/chat/completions).")
+@click.option("--no-openai", is_flag=True, help="Serve Triton's endpoints only.")
+@click.option("--api-key", envvar="TRTSPEC_API_KEY", default=None,
+              help="Require `Authorization: Bearer KEY` on the OpenAI API, and header `admin-key: KEY` on "
+                   "Triton's admin APIs (env TRTSPEC_API_KEY).")
 @user_errors
-def serve(build_dir, host, http_port, grpc_port, metrics_port) -> None:
-    """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel
-    until Ctrl-C or SIGTERM."""
+def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_openai, api_key) -> None:
+    """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel,
+    and an OpenAI-compatible API beside it, until Ctrl-C or SIGTERM."""
     import signal
 
+    from trtspec.serve import admin_key_for, start_openai_frontend
     from trtspec.triton.server import Ports, TritonServer
+
+    if api_key is not None and not api_key:
+        raise click.BadParameter("must not be empty", param_hint="--api-key")
 
     def _terminate(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
-    server = TritonServer(_repo_of(build_dir), host, Ports(http_port, grpc_port, metrics_port))
+    admin_key, generated = admin_key_for(host, api_key)
+    server = TritonServer(_repo_of(build_dir), host, Ports(http_port, grpc_port, metrics_port),
+                          admin_key=admin_key)
+    frontend = None
     try:
         server.start()
-        click.echo(f"serving {server.repo}: {server.http_url} {server.grpc_url} {server.metrics_url}",
-                   err=True)
+        urls = f"{server.http_url} {server.grpc_url} {server.metrics_url}"
+        if not no_openai:
+            frontend = start_openai_frontend(server, openai_port, api_key)
+            urls += f" {frontend.url}/v1" if frontend else ""
+        click.echo(f"serving {server.repo}: {urls}", err=True)
+        if generated:
+            click.echo(f"Triton's admin APIs need header `admin-key: {admin_key}` (--api-key sets it)",
+                       err=True)
         code = server.wait()
         raise click.ClickException(f"tritonserver exited with {code}: {server.log_tail(5)}")
     except KeyboardInterrupt:
         click.echo("stopping tritonserver", err=True)
     finally:
+        if frontend is not None:
+            frontend.stop()
         server.stop()
 
 
