@@ -54,24 +54,27 @@ class Frontend:
         """The Triton request for `req` on `prompt`, and the prompt's token count."""
         model = self.model
         if req.model != model.name:
-            raise ApiError(f"The model `{req.model}` does not exist.", "model", status=404, code="model_not_found")
+            raise ApiError(f"The model `{req.model}` does not exist.", "model", status=404,
+                           code="model_not_found")
         prompt_tokens = model.count(prompt)
         param = "messages" if chat else "prompt"
         room = model.context_length - prompt_tokens
         if room < 1:
-            raise ApiError(f"This model's maximum context length is {model.context_length} tokens. However, your "
-                           f"{param} resulted in {prompt_tokens} tokens.", param, code="context_length_exceeded")
+            raise ApiError(f"This model's maximum context length is {model.context_length} tokens. "
+                           f"However, your {param} resulted in {prompt_tokens} tokens.", param,
+                           code="context_length_exceeded")
         max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
         name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
         if max_tokens is None:
             max_tokens = min(default_max or room, room, model.max_tokens)
         if not 1 <= max_tokens <= model.max_tokens:
-            raise ApiError(f"Invalid '{name}': {max_tokens}; this deployment generates 1 to {model.max_tokens} "
-                           "tokens per request.", name, code="invalid_value")
+            raise ApiError(f"Invalid '{name}': {max_tokens}; this deployment generates 1 to "
+                           f"{model.max_tokens} tokens per request.", name, code="invalid_value")
         if prompt_tokens + max_tokens > model.context_length:
-            raise ApiError(f"This model's maximum context length is {model.context_length} tokens. However, you "
-                           f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {param}, "
-                           f"{max_tokens} in the completion).", param, code="context_length_exceeded")
+            raise ApiError(f"This model's maximum context length is {model.context_length} tokens. "
+                           f"However, you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in "
+                           f"the {param}, {max_tokens} in the completion).", param,
+                           code="context_length_exceeded")
         if req.min_tokens is not None and not 0 <= req.min_tokens <= max_tokens:
             raise ApiError(f"Invalid 'min_tokens': {req.min_tokens}; expected 0 to {name}={max_tokens}.",
                            "min_tokens", code="invalid_value")
@@ -106,7 +109,8 @@ class _Run:
         self.completion_tokens += len(step.ids)
         if step.ids:
             self.last_id = step.ids[-1]
-        self.accepted, self.drafted = max(self.accepted, step.accepted_tokens), max(self.drafted, step.draft_tokens)
+        self.accepted = max(self.accepted, step.accepted_tokens)
+        self.drafted = max(self.drafted, step.draft_tokens)
         return self.trimmer.push(step.text, final=step.final)
 
     def finish_reason(self) -> str:
@@ -169,7 +173,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     async def completions(request: Request):
         req = parse(CompletionRequest, await body_of(request))
         prompt = check_completion(req)
-        gen, prompt_tokens = front.generation(req, prompt, chat=False, default_max=COMPLETION_DEFAULT_MAX_TOKENS)
+        gen, prompt_tokens = front.generation(req, prompt, False, COMPLETION_DEFAULT_MAX_TOKENS)
         return await respond(request, req, gen, prompt_tokens, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -182,7 +186,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             prompt = model.chat.render(messages)
         except Exception as exc:  # noqa: BLE001 - a template's raise_exception or a rendering error
             raise ApiError(f"the chat template refused the messages: {exc}", "messages") from None
-        gen, prompt_tokens = front.generation(req, prompt, chat=True, default_max=None)
+        gen, prompt_tokens = front.generation(req, prompt, True, None)
         return await respond(request, req, gen, prompt_tokens, chat=True)
 
     async def respond(request: Request, req, gen: Generation, prompt_tokens: int, chat: bool):
@@ -242,7 +246,9 @@ async def _events(first, steps: AsyncIterator, run: _Run, rid: str, created: int
 
     def chunk(text: str | None, finish: str | None, role: bool = False, extra: dict | None = None) -> bytes:
         if chat:
-            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            delta = {} if text is None else {"content": text}
+            if role:
+                delta = {"role": "assistant", "content": ""}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}

@@ -46,10 +46,10 @@ class _Common(_Forbid):
     max_tokens: int | None = Field(None, description="most tokens to generate")
     temperature: float | None = Field(None, description="0 = greedy; default 1 as OpenAI")
     top_p: float | None = Field(None, description="nucleus mass in (0, 1]")
-    top_k: int | None = Field(None, description="keep the k most likely tokens (vLLM/SGLang extension); -1 or 0 = all")
-    min_tokens: int | None = Field(None, description="no end-of-sequence before this many tokens (vLLM extension)")
+    top_k: int | None = Field(None, description="keep the k most likely (vLLM/SGLang extension); -1, 0 = all")
+    min_tokens: int | None = Field(None, description="no end of sequence before this many tokens (vLLM's)")
     seed: int | None = Field(None, description="sampling seed: the same seed gives the same text")
-    stop: str | list[str] | None = Field(None, description="up to 4 sequences that end generation, not returned")
+    stop: str | list[str] | None = Field(None, description="up to 4 sequences that end generation, not sent")
     stream: bool | None = Field(False, description="server-sent events, one chunk per decode step")
     stream_options: StreamOptions | None = Field(None, description="streaming options")
     n: int | None = Field(1, description="choices per request: only 1")
@@ -107,12 +107,14 @@ def parse(model: type[BaseModel], body: Any):
         if err["type"] == "extra_forbidden":
             raise ApiError(f"Unrecognized request argument supplied: {param}", param) from None
         if err["type"] == "missing":
-            raise ApiError(f"Missing required parameter: '{param}'.", param, code="missing_required_parameter") from None
+            raise ApiError(f"Missing required parameter: '{param}'.", param,
+                           code="missing_required_parameter") from None
         raise ApiError(f"Invalid value for '{param}': {err['msg']}.", param, code="invalid_value") from None
 
 
 def _refuse(param: str, value, why: str) -> ApiError:
-    return ApiError(f"'{param}'={value!r} is not supported by trtspec: {why}.", param, code="unsupported_value")
+    return ApiError(f"'{param}'={value!r} is not supported by trtspec: {why}.", param,
+                    code="unsupported_value")
 
 
 def check_common(req: _Common) -> None:
@@ -123,7 +125,7 @@ def check_common(req: _Common) -> None:
         if getattr(req, name) not in (None, 0, 0.0):
             raise _refuse(name, getattr(req, name), "penalties change the target's distribution")
     if req.repetition_penalty not in (None, 1, 1.0):
-        raise _refuse("repetition_penalty", req.repetition_penalty, "penalties change the target's distribution")
+        raise _refuse("repetition_penalty", req.repetition_penalty, "penalties change the target's law")
     if req.logit_bias:
         raise _refuse("logit_bias", req.logit_bias, "biases change the target's distribution")
     if req.logprobs not in (None, False, 0):
@@ -131,15 +133,17 @@ def check_common(req: _Common) -> None:
     if req.ignore_eos:
         raise _refuse("ignore_eos", True, "the end of sequence always ends a request")
     if req.temperature is not None and not (math.isfinite(req.temperature) and 0 <= req.temperature <= 2):
-        raise ApiError(f"Invalid 'temperature': {req.temperature}; expected a number in [0, 2].", "temperature",
-                       code="invalid_value")
+        raise ApiError(f"Invalid 'temperature': {req.temperature}; expected a number in [0, 2].",
+                       "temperature", code="invalid_value")
     if req.top_p is not None and not 0 < req.top_p <= 1:
-        raise ApiError(f"Invalid 'top_p': {req.top_p}; expected a number in (0, 1].", "top_p", code="invalid_value")
+        raise ApiError(f"Invalid 'top_p': {req.top_p}; expected a number in (0, 1].", "top_p",
+                       code="invalid_value")
     if req.top_k is not None and req.top_k < -1:
         raise ApiError(f"Invalid 'top_k': {req.top_k}; expected -1 or 0 (all tokens) or k >= 1.", "top_k",
                        code="invalid_value")
     if req.seed is not None and not 0 <= req.seed < 2**64:
-        raise ApiError(f"Invalid 'seed': {req.seed}; expected an integer in [0, 2^64).", "seed", code="invalid_value")
+        raise ApiError(f"Invalid 'seed': {req.seed}; expected an integer in [0, 2^64).", "seed",
+                       code="invalid_value")
     stops = stop_list(req.stop)
     if len(stops) > MAX_STOP or any(not s for s in stops):
         raise ApiError(f"Invalid 'stop': up to {MAX_STOP} non-empty strings, got {req.stop!r}.", "stop",
@@ -175,7 +179,8 @@ def check_chat(req: ChatRequest) -> list[dict]:
     check_common(req)
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
-        raise ApiError("'max_tokens' and 'max_completion_tokens' disagree; give one.", "max_completion_tokens")
+        raise ApiError("'max_tokens' and 'max_completion_tokens' disagree; give one.",
+                       "max_completion_tokens")
     if req.tools:
         raise _refuse("tools", f"{len(req.tools)} tools", "no tool calling")
     if req.tool_choice not in (None, "none"):
@@ -195,7 +200,7 @@ def check_chat(req: ChatRequest) -> list[dict]:
                            f"{', '.join(ROLES)}.", f"messages[{i}].role", code="invalid_value")
         extra = sorted(set(msg.model_extra or {}) - {"name"})
         if extra:
-            raise _refuse(f"messages[{i}].{extra[0]}", (msg.model_extra or {})[extra[0]], "text messages only")
+            raise _refuse(f"messages[{i}].{extra[0]}", msg.model_extra[extra[0]], "text messages only")
         content = msg.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)

@@ -24,7 +24,8 @@ class FrontendError(TrtspecError):
 class OpenAIFrontend:
     """uvicorn serving `create_app` on host:port in a daemon thread; `stop()` ends it."""
 
-    def __init__(self, model: ServedModel, triton_grpc: str, host: str, port: int, api_key: str | None = None):
+    def __init__(self, model: ServedModel, triton_grpc: str, host: str, port: int,
+                 api_key: str | None = None):
         self.triton = TritonStream(triton_grpc, model.name)
         self.app = create_app(model, self.triton, api_key)
         self.host, self.port = host, port

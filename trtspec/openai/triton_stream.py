@@ -71,7 +71,8 @@ class Step:
     final: bool = False
 
 
-def infer_request(model: str, arrays: dict[str, np.ndarray], request_id: str) -> service_pb2.ModelInferRequest:
+def infer_request(model: str, arrays: dict[str, np.ndarray], request_id: str):
+    """A ModelInferRequest protobuf with `arrays` as raw inputs."""
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     for name, value in arrays.items():
