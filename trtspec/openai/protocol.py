@@ -103,13 +103,28 @@ def parse(model: type[BaseModel], body: Any):
         return model.model_validate(body)
     except ValidationError as exc:
         err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
+        param = _param(err["loc"])
         if err["type"] == "extra_forbidden":
             raise ApiError(f"Unrecognized request argument supplied: {param}", param) from None
         if err["type"] == "missing":
             raise ApiError(f"Missing required parameter: '{param}'.", param,
                            code="missing_required_parameter") from None
         raise ApiError(f"Invalid value for '{param}': {err['msg']}.", param, code="invalid_value") from None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _param(loc: tuple) -> str | None:
+    """A pydantic error location as OpenAI names parameters (`messages[0].content`), without the
+    union-member tags pydantic inserts (`str`, `list[ContentPart]`)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "[" not in part and part not in _TYPE_TAGS:
+            out += f".{part}" if out else part
+    return out or None
 
 
 def _refuse(param: str, value, why: str) -> ApiError:

@@ -41,6 +41,8 @@ PYTRITON_PIN = "nvidia-pytriton==0.7.0"
 # to requests carrying ADMIN_HEADER when a key is set (`--http-restricted-api`, `--grpc-restricted-protocol`)
 ADMIN_APIS = ("model-repository", "shared-memory", "trace", "logging")
 ADMIN_HEADER = "admin-key"
+# what Triton 2.51 expects on gRPC: the key prefixed (its own error message names the header)
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 STUB = "triton_python_backend_stub"
 
