@@ -401,3 +401,23 @@ def test_frontend_unavailable_triton_is_a_503(tmp_path, config):
         assert status == 503 and body["error"]["type"] == "server_error"
     finally:
         frontend.stop()
+
+
+def test_shipped_chat_template_is_the_recipes():
+    from trtspec.config import ASSETS_DIR
+    from trtspec.train.corpus import CHAT_STOP, CHAT_TEMPLATE, CHAT_TEMPLATE_FILE
+
+    for model in ("tiny-target", "tiny-draft"):
+        assert (ASSETS_DIR / model / CHAT_TEMPLATE_FILE).read_text() == CHAT_TEMPLATE
+        config = json.loads((ASSETS_DIR / model / "config.json").read_text())
+        assert tuple(config["trtspec_chat_stop"]) == CHAT_STOP
+
+
+def test_stop_sequences_are_cut_and_held_back_while_streaming():
+    from trtspec.openai.stops import StopTrimmer
+
+    trim = StopTrimmer(["\nQ:", "END"])
+    sent = [trim.push(t) for t in ["= 8", "38\n", "Q", ": 9"]]
+    assert sent == ["= 8", "38", "", ""] and trim.stopped  # "\n" then "Q" held until decided
+    trim = StopTrimmer(["\nQ:"])
+    assert [trim.push("a\n"), trim.push("b"), trim.push("\n", final=True)] == ["a", "\nb", "\n"]
