@@ -529,11 +529,13 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
     frontend = None
     try:
         server.start()
-        urls = f"{server.http_url} {server.grpc_url} {server.metrics_url}"
+        urls, why_not = f"{server.http_url} {server.grpc_url} {server.metrics_url}", None
         if not no_openai:
-            frontend = start_openai_frontend(server, openai_port, api_key)
+            frontend, why_not = start_openai_frontend(server, openai_port, api_key)
             urls += f" {frontend.url}/v1" if frontend else ""
         click.echo(f"serving {server.repo}: {urls}", err=True)
+        if why_not:
+            click.echo(why_not, err=True)
         if generated:
             click.echo(f"Triton's admin APIs need header `admin-key: {admin_key}` (--api-key sets it)",
                        err=True)

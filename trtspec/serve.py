@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
-import logging
 import secrets
 import socket
 
 from trtspec.errors import ConfigError
 from trtspec.triton.server import TritonServer
-
-log = logging.getLogger(__name__)
 
 
 def is_loopback(host: str) -> bool:
@@ -37,14 +34,13 @@ def admin_key_for(host: str, api_key: str | None) -> tuple[str | None, bool]:
 
 
 def start_openai_frontend(server: TritonServer, port: int, api_key: str | None):
-    """The OpenAI-compatible frontend for the repository's model, on the server's host; None (with a
-    warning) when the repository holds no single trtspec model."""
+    """(the OpenAI-compatible frontend for the repository's model on the server's host, None), or
+    (None, why not) when the repository holds no single trtspec model."""
     from trtspec.openai.model_info import served_model_of_repo
     from trtspec.openai.server import OpenAIFrontend
 
     try:
         model = served_model_of_repo(server.repo)
     except ConfigError as exc:
-        log.warning("no OpenAI frontend: %s", exc)
-        return None
-    return OpenAIFrontend(model, server.local_grpc_address, server.host, port, api_key).start()
+        return None, f"no OpenAI frontend: {exc}"
+    return OpenAIFrontend(model, server.local_grpc_address, server.host, port, api_key).start(), None
