@@ -288,3 +288,38 @@ def test_cuda_device_without_a_gpu_is_one_line_naming_the_field():
     config = config.model_copy(update={"target": config.target.model_copy(update={"device": "cuda"})})
     with pytest.raises(ConfigError, match=r"^target.device is 'cuda' but this machine has no CUDA GPU"):
         load_pipeline(config)
+
+
+def test_requests_joining_mid_flight_identical_to_alone(pipeline, alone):
+    """Continuous batching: requests added while others run (their prefill packed into the same
+    forward as the others' verification) still get exactly the one-request tokens; a request
+    whose callback asks to stop ends there, a cancelled one frees its slot."""
+    decoder = _decoder(pipeline, slots=4)
+    prompts = PROMPTS[:5]
+    streamed: dict[int, list[int]] = {}
+    ids, results = [], {}
+    for step in range(200):
+        if step in (0, 1, 3):  # joins at steps 0, 1 and 3, one each
+            i = len(ids)
+
+            def on_tokens(new, i=i):
+                streamed.setdefault(i, []).extend(new)
+            ids.append(decoder.add(Request(list(prompts[i].encode()), 40), on_tokens))
+        if step == 4:  # a request that stops itself after 7 tokens, and one cancelled later
+            def stop_after_7(new):
+                got = streamed.setdefault(3, [])
+                got.extend(new)
+                return len(got) >= 7
+            ids.append(decoder.add(Request(list(prompts[3].encode()), 40), stop_after_7))
+            cancelled = decoder.add(Request(list(prompts[4].encode()), 40))
+        if step == 6:
+            decoder.cancel(cancelled)
+        results.update(decoder.step())
+        if step > 6 and not decoder.num_running:
+            break
+    assert decoder.num_running == 0 and cancelled not in results
+    for i in range(3):
+        assert results[ids[i]].token_ids == alone[40][i] == streamed[i]
+    stopped = results[ids[3]].token_ids
+    assert 7 <= len(stopped) < 40 and stopped == alone[40][3][: len(stopped)]
+    assert not decoder.target.lengths  # every slot freed

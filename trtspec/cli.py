@@ -38,10 +38,15 @@ def main(verbose: bool) -> None:
 @click.option("--config", "config_path", default=None, type=click.Path(path_type=Path),
               help="Build config YAML, e.g. build_configs/tiny-draft-model.yaml (runs in this process).")
 @click.option("--url", default=None,
-              help="Ask a served model instead: grpc://HOST:PORT (stream API) or http://HOST:PORT.")
+              help="Ask a served model instead: grpc://HOST:PORT (stream API) or http://HOST:PORT (Triton), "
+                   "openai://HOST:PORT (any OpenAI-compatible server: trtspec, trtllm-serve, vLLM, SGLang).")
 @click.option("--model", "model_name", default="trtspec", show_default=True,
               help="Served model name (with --url).")
 @click.option("--stream", is_flag=True, help="With --url: print text as the server streams it.")
+@click.option("--chat", is_flag=True, help="With openai://: send the prompt as one user message to "
+              "/v1/chat/completions (the server's chat template) instead of /v1/completions.")
+@click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
+              help="With openai://: bearer token (env OPENAI_API_KEY).")
 @click.option("--wait", "wait_s", default=0.0, show_default=True, type=float,
               help="With --url: seconds to wait for the server to become ready.")
 @click.option("--prompt", required=True, help="Text to continue.")
@@ -58,8 +63,8 @@ def main(verbose: bool) -> None:
 @click.option("--flavour", type=click.Choice(["torch", "engine"]), default=None,
               help="Override the config's flavour; `engine` runs the exported ONNX graphs on onnxruntime.")
 @user_errors
-def generate(config_path, url, model_name, stream, wait_s, prompt, max_tokens, temperature, top_p, top_k,
-             seed, drafter_choice, as_json, flavour=None) -> None:
+def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt, max_tokens, temperature,
+             top_p, top_k, seed, drafter_choice, as_json, flavour=None) -> None:
     """Generate text speculatively with the configured target and drafter, or ask a served model."""
     from pydantic import ValidationError
 
@@ -82,8 +87,15 @@ def generate(config_path, url, model_name, stream, wait_s, prompt, max_tokens, t
     if url is not None:
         if drafter_choice != "config":
             raise click.BadParameter("the served model uses its build's drafter", param_hint="--drafter")
-        _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json)
+        if chat and not url.startswith("openai://"):
+            raise click.BadParameter("chat needs an OpenAI-compatible server (openai://HOST:PORT)",
+                                     param_hint="--chat")
+        _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json, chat,
+                         api_key)
         return
+    if chat:
+        raise click.BadParameter("chats only with a served model: add --url openai://HOST:PORT",
+                                 param_hint="--chat")
     if stream:
         raise click.BadParameter("streams only from a served model: add --url", param_hint="--stream")
     config = load_build_config(config_path)
@@ -103,27 +115,29 @@ def generate(config_path, url, model_name, stream, wait_s, prompt, max_tokens, t
         )
 
 
-def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json) -> None:
+def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json, chat,
+                     api_key) -> None:
     from trtspec.triton.client import GenerateParams, generate, wait_ready
 
     if wait_s > 0:
-        wait_ready(url, model_name, wait_s)
+        wait_ready(url, model_name, wait_s, api_key)
     params = GenerateParams(
         max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
         top_k=sampling.top_k, seed=sampling.seed, stream=stream,
     )
     on_text = None if as_json or not stream else (lambda text: click.echo(text, nl=False))
-    completion = generate(url, model_name, prompt, params, on_text)
+    completion = generate(url, model_name, prompt, params, on_text, chat=chat, api_key=api_key)
     if as_json:
         click.echo(json.dumps({
-            "text": completion.text, "token_ids": completion.token_ids, "tau": round(completion.tau, 4),
+            "text": completion.text, "token_ids": completion.token_ids, "tokens": completion.num_tokens,
+            "finish_reason": completion.finish_reason, "tau": round(completion.tau, 4),
             "accepted_tokens": completion.accepted_tokens, "draft_tokens": completion.draft_tokens,
             "tokens_per_s": round(completion.tokens_per_s, 2), "responses": completion.num_responses,
         }))
         return
     click.echo("" if stream else completion.text)
     click.echo(
-        f"[{url}] tau={completion.tau:.2f} tokens={len(completion.token_ids)} "
+        f"[{url}] tau={completion.tau:.2f} tokens={completion.num_tokens} "
         f"accepted={completion.accepted_tokens}/{completion.draft_tokens} "
         f"{completion.tokens_per_s:.1f} tok/s",
         err=True,
@@ -298,11 +312,16 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
               help="Cost table from `trtspec profile` for every drafter's adaptive and scheduler methods; "
                    "default: each config's schedule.sps_table, else measured in this run.")
 @click.option("--url", default=None,
-              help="Benchmark a running server instead (grpc://HOST:PORT or http://HOST:PORT): TTFT, ITL.")
+              help="Benchmark a running server instead: TTFT, ITL, tokens/s (grpc://HOST:PORT or "
+                   "http://HOST:PORT for Triton, openai://HOST:PORT for any OpenAI-compatible server).")
 @click.option("--model", "model_name", default="trtspec", show_default=True, help="Served model (--url).")
+@click.option("--chat", is_flag=True, help="With openai://: stream /v1/chat/completions (each prompt one "
+              "user message) instead of /v1/completions.")
+@click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
+              help="With openai://: bearer token (env OPENAI_API_KEY).")
 @user_errors
 def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir, doc_path, concurrency,
-          min_user_tps, max_users, sps_path, url, model_name) -> None:
+          min_user_tps, max_users, sps_path, url, model_name, chat, api_key) -> None:
     """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side;
     or, with --url, a running server as its users see it."""
     from trtspec.bench.run import markdown_table, run_bench
@@ -313,8 +332,11 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         from trtspec.bench.remote import remote_table, run_remote
         from trtspec.triton.client import split_url
 
-        split_url(url)
-        remote = run_remote(url, model_name, tasks.split(","), prompts_per_task, max_tokens, levels or [1])
+        if split_url(url)[0] != "openai" and chat:
+            raise click.BadParameter("chat needs an OpenAI-compatible server (openai://HOST:PORT)",
+                                     param_hint="--chat")
+        remote = run_remote(url, model_name, tasks.split(","), prompts_per_task, max_tokens, levels or [1],
+                            chat, api_key)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "results.json").write_text(json.dumps({"remote": remote}, indent=1))
         (out_dir / "results.md").write_text(remote_table(remote) + "\n")
@@ -464,39 +486,63 @@ def _repo_of(build_dir: Path) -> Path:
 @main.command()
 @click.argument("build_dir", metavar="DIR", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind; 0.0.0.0 exposes the server to the network.")
+              help="Address to bind; 0.0.0.0 exposes the server to the network (admin APIs then need a key).")
 @click.option("--http-port", default=8000, show_default=True, type=int, help="HTTP/REST port.")
 @click.option("--grpc-port", default=8001, show_default=True, type=int, help="gRPC port.")
 @click.option("--metrics-port", default=8002, show_default=True, type=int, help="Prometheus metrics port.")
+@click.option("--openai-port", default=9000, show_default=True, type=int,
+              help="Port of the OpenAI-compatible API (/v1/completions, /v1/chat/completions).")
+@click.option("--no-openai", is_flag=True, help="Serve Triton's endpoints only.")
+@click.option("--api-key", envvar="TRTSPEC_API_KEY", default=None,
+              help="Require `Authorization: Bearer KEY` on the OpenAI API, and header `admin-key: KEY` on "
+                   "Triton's admin APIs (env TRTSPEC_API_KEY).")
 @user_errors
-def serve(build_dir, host, http_port, grpc_port, metrics_port) -> None:
-    """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel
-    until Ctrl-C or SIGTERM."""
+def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_openai, api_key) -> None:
+    """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel,
+    and an OpenAI-compatible API beside it, until Ctrl-C or SIGTERM."""
     import signal
 
+    from trtspec.serve import admin_key_for, start_openai_frontend
     from trtspec.triton.server import Ports, TritonServer
+
+    if api_key is not None and not api_key:
+        raise click.BadParameter("must not be empty", param_hint="--api-key")
 
     def _terminate(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
-    server = TritonServer(_repo_of(build_dir), host, Ports(http_port, grpc_port, metrics_port))
+    admin_key, generated = admin_key_for(host, api_key)
+    server = TritonServer(_repo_of(build_dir), host, Ports(http_port, grpc_port, metrics_port),
+                          admin_key=admin_key)
+    frontend = None
     try:
         server.start()
-        click.echo(f"serving {server.repo}: {server.http_url} {server.grpc_url} {server.metrics_url}",
-                   err=True)
+        urls, why_not = f"{server.http_url} {server.grpc_url} {server.metrics_url}", None
+        if not no_openai:
+            frontend, why_not = start_openai_frontend(server, openai_port, api_key)
+            urls += f" {frontend.url}/v1" if frontend else ""
+        click.echo(f"serving {server.repo}: {urls}", err=True)
+        if why_not:
+            click.echo(why_not, err=True)
+        if generated:
+            click.echo(f"Triton's admin APIs need header `admin-key: {admin_key}` (--api-key sets it)",
+                       err=True)
         code = server.wait()
         raise click.ClickException(f"tritonserver exited with {code}: {server.log_tail(5)}")
     except KeyboardInterrupt:
         click.echo("stopping tritonserver", err=True)
     finally:
+        if frontend is not None:
+            frontend.stop()
         server.stop()
 
 
 @main.command()
 @click.argument("build_dir", metavar="DIR", required=False, type=click.Path(path_type=Path))
-@click.option("--url", default=None, help="Check a running server (grpc://HOST:PORT or http://HOST:PORT) "
-              "instead of starting one on DIR.")
+@click.option("--url", default=None, help="Check a running server instead of starting one on DIR: "
+              "grpc://HOST:PORT or http://HOST:PORT (Triton), openai://HOST:PORT (any OpenAI-compatible "
+              "server: trtspec, trtllm-serve, vLLM, SGLang).")
 @click.option("--config", "config_path", default=None, type=click.Path(path_type=Path),
               help="Build config of the reference target (default: the one inside DIR).")
 @click.option("--model", "model_name", default=None, help="Served model name (default: the config's name).")
@@ -505,8 +551,10 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port) -> None:
 @click.option("--max-tokens", default=48, show_default=True, type=int, help="Tokens per greedy prompt.")
 @click.option("--samples", default=400, show_default=True, type=int,
               help="Seeded sampling requests for the distribution test; 0 skips it.")
+@click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
+              help="With openai://: bearer token (env OPENAI_API_KEY).")
 @user_errors
-def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, samples) -> None:
+def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, samples, api_key) -> None:
     """Certify a deployment as lossless: greedy token identity with the target alone on every prompt
     and a sampling distribution test; exits 1 on any mismatch."""
     from trtspec.config import load_build_config
@@ -535,7 +583,8 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
         server = TritonServer(_repo_of(build_dir), ports=Ports.free()).start()
         url = server.grpc_url
     try:
-        cert = certify(url, model_name, config, prompts, max_tokens=max_tokens, samples=samples)
+        cert = certify(url, model_name, config, prompts, max_tokens=max_tokens, samples=samples,
+                       api_key=api_key)
     finally:
         if server is not None:
             server.stop()

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from trtspec.errors import ConfigError
 from trtspec.plan.deployment import DeploymentConfig
@@ -124,6 +132,15 @@ class GenerationLimits(_Strict):
                     "packed target forward per step for all of them); more wait in its queue")
 
 
+class TestOnlyConfig(_Strict):
+    """Deliberate faults that let the test suite check its own checks. Never set in a deployment."""
+
+    biased_acceptance: bool = Field(
+        False, description="TEST ONLY: verify sampled drafts with the biased rule of "
+                           "`trtspec.spec.biased_verify` (acceptance min(1, p/2q)): the output is NOT the "
+                           "target's distribution; `trtspec verify` must fail such a server")
+
+
 class BuildConfig(_Strict):
     """One deployment recipe: which target, which drafter, where it runs."""
 
@@ -139,6 +156,14 @@ class BuildConfig(_Strict):
     )
     deployment: DeploymentConfig | None = Field(
         None, description="GPUs, parallelism and KV policy for planning and TensorRT-LLM artifacts")
+    test_only: TestOnlyConfig | None = Field(
+        None, description="TEST ONLY: deliberate faults (flavour torch) for testing `trtspec verify`")
+
+    @model_validator(mode="after")
+    def _test_only_in_torch(self) -> BuildConfig:
+        if self.test_only is not None and self.test_only.biased_acceptance and self.flavour != "torch":
+            raise ValueError(f"test_only.biased_acceptance is for flavour torch only, not {self.flavour!r}")
+        return self
 
     @field_validator("gpus")
     @classmethod

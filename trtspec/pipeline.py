@@ -186,7 +186,13 @@ def load_pipeline(config: BuildConfig, use_drafter: bool = True) -> Pipeline:
     tokenizer = load_tokenizer(config.target.resolved_path, model.config)
     # the drafter decides which target layers to tap, so build a bare target first
     drafter = build_drafter(drafter_config, TargetModel(model))
-    return Pipeline(config, tokenizer, TargetModel(model, drafter.tap_layer_ids), drafter)
+    verifier = Verifier()
+    if config.test_only is not None and config.test_only.biased_acceptance:
+        from trtspec.spec.biased_verify import BiasedVerifier
+
+        log.warning("config %r: test_only.biased_acceptance, sampling is deliberately biased", config.name)
+        verifier = BiasedVerifier()
+    return Pipeline(config, tokenizer, TargetModel(model, drafter.tap_layer_ids), drafter, verifier)
 
 
 def _load_engine_pipeline(config: BuildConfig, use_drafter: bool) -> Pipeline:

@@ -127,8 +127,9 @@ class SpeculativeDecoder:
             raise ValueError("prompt is empty")
         if request.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
-        if request.min_new_tokens < 0:
-            raise ValueError(f"min_new_tokens must be >= 0, got {request.min_new_tokens}")
+        if not 0 <= request.min_new_tokens <= request.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens={request.max_new_tokens}], "
+                             f"got {request.min_new_tokens}")
         need = len(request.prompt) + request.max_new_tokens
         if need > self.capacity:
             raise ValueError(f"prompt of {len(request.prompt)} tokens + max_tokens {request.max_new_tokens} "

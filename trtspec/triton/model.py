@@ -101,21 +101,28 @@ class _Stream:
     request: GenerateRequest
     sender: object
     text: TextStream
+    prompt_ids: list[int] | None = None  # owed at the front of the output (exclude_input_in_output false)
+
+    def _with_prompt(self, text: str, ids: list[int]) -> tuple[str, list[int]]:
+        if self.prompt_ids is None:
+            return text, ids
+        prompt_ids, self.prompt_ids = self.prompt_ids, None
+        return self.request.prompt + text, prompt_ids + ids
 
     def on_tokens(self, new_ids: list[int]) -> bool:
         """The decoder's callback: stream the new text; True ends the request."""
         delta, kept = self.text.push(new_ids)
         if self.request.stream and (delta or kept):
-            if not _send_quietly(self.sender, _response(delta, kept, 0, 0), 0):
+            if not _send_quietly(self.sender, _response(*self._with_prompt(delta, kept), 0, 0), 0):
                 return True  # the client is gone: free its slots
         return self.text.stopped or self.sender.is_cancelled()
 
     def finish(self, result: GenerationResult) -> None:
         if self.request.stream:
-            final = _response(self.text.finish(), [], result.num_accepted, result.num_drafted)
+            text, ids = self._with_prompt(self.text.finish(), [])
         else:
-            final = _response(self.text.text, self.text.ids, result.num_accepted, result.num_drafted)
-        _send_quietly(self.sender, final, FINAL)
+            text, ids = self._with_prompt(self.text.text, self.text.ids)
+        _send_quietly(self.sender, _response(text, ids, result.num_accepted, result.num_drafted), FINAL)
 
 
 class TritonPythonModel:
@@ -163,7 +170,10 @@ class TritonPythonModel:
             request = stream.request
             try:
                 ids = self.pipeline.tokenizer.encode(request.prompt)
-                rid = self.decoder.add(Request(ids, request.max_tokens, request.sampling), stream.on_tokens)
+                rid = self.decoder.add(Request(ids, request.max_tokens, request.sampling, request.min_tokens,
+                                               request.end_id), stream.on_tokens)
+                if request.include_input:
+                    stream.prompt_ids = ids
             except ValueError as exc:
                 _send_quietly(stream.sender, _error(f"text_input: {exc}"), FINAL)
                 continue

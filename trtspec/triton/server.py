@@ -37,6 +37,12 @@ from trtspec.errors import TrtspecError
 log = logging.getLogger(__name__)
 
 PYTRITON_PIN = "nvidia-pytriton==0.7.0"
+# Triton's administrative APIs (model load/unload, shared memory, trace and log settings): restricted
+# to requests carrying ADMIN_HEADER when a key is set (`--http-restricted-api`, `--grpc-restricted-protocol`)
+ADMIN_APIS = ("model-repository", "shared-memory", "trace", "logging")
+ADMIN_HEADER = "admin-key"
+# what Triton 2.51 expects on gRPC: the key prefixed (its own error message names the header)
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 STUB = "triton_python_backend_stub"
 
@@ -147,6 +153,7 @@ class TritonServer:
     log_path: Path | None = None  # server stdout/stderr; a temp file when None
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the server and its stubs
     exit_timeout_s: int = 10  # how long tritonserver lets in-flight requests finish on SIGTERM
+    admin_key: str | None = None  # when set, the admin APIs need header `admin-key: <key>`
     _proc: subprocess.Popen | None = None
     _work: tempfile.TemporaryDirectory | None = None
 
@@ -159,10 +166,20 @@ class TritonServer:
         return f"grpc://{self.host}:{self.ports.grpc}"
 
     @property
+    def local_grpc_address(self) -> str:
+        """HOST:PORT to reach the gRPC endpoint from this machine (loopback for a wildcard bind)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"{host}:{self.ports.grpc}"
+
+    @property
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.ports.metrics}/metrics"
 
     def command(self, install: TritonInstall, backend_dir: Path) -> list[str]:
+        restricted = []
+        if self.admin_key is not None:
+            rule = f"{','.join(ADMIN_APIS)}:{ADMIN_HEADER}={self.admin_key}"
+            restricted = [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
         return [
             str(install.binary),
             f"--model-repository={self.repo}",
@@ -178,6 +195,7 @@ class TritonServer:
             "--strict-readiness=true",
             "--exit-on-error=true",
             f"--exit-timeout-secs={self.exit_timeout_s}",
+            *restricted,
         ]
 
     def start(self, timeout_s: float = 120.0) -> TritonServer:
@@ -189,7 +207,8 @@ class TritonServer:
         backend_dir = prepare_backend_dir(install, Path(self._work.name))
         if self.log_path is None:
             self.log_path = Path(self._work.name) / "tritonserver.log"
-        log.info("starting %s", " ".join(self.command(install, backend_dir)))
+        shown = " ".join(self.command(install, backend_dir))
+        log.info("starting %s", shown if self.admin_key is None else shown.replace(self.admin_key, "***"))
         with open(self.log_path, "wb") as out:
             # own process group: a terminal's Ctrl-C reaches us, and we stop the server in order
             self._proc = subprocess.Popen(
