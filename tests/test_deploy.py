@@ -149,7 +149,7 @@ def test_gpu_base_image_is_named_in_one_place():
     assert hits == [(IMAGES["gpu-image"], "tritonserver:" + tag.split("tritonserver:")[1])]
 
 
-def test_compose_validates_and_mounts_what_exists():
+def test_compose_validates_and_mounts_what_exists(tmp_path):
     checker = shutil.which("check-jsonschema") or str(Path(sys.executable).parent / "check-jsonschema")
     assert Path(checker).is_file(), "check-jsonschema is a dev dependency (pyproject.toml)"
     compose = REPO / "deploy" / "compose.yaml"
@@ -171,13 +171,10 @@ def test_compose_validates_and_mounts_what_exists():
                 assert source in spec["volumes"], source
     assert {int(p.split(":")[1]) for p in app["ports"]} == {8000, 8001, 8002, 9000}
     # the schema check is a real one: a misspelt key fails it
-    broken = compose.parent.parent / ".pytest_compose_broken.yaml"
-    try:
-        broken.write_text(compose.read_text().replace("services:", "servicez:", 1))
-        assert subprocess.run([checker, "--builtin-schema", "vendor.compose-spec", str(broken)],
-                              capture_output=True).returncode != 0
-    finally:
-        broken.unlink(missing_ok=True)
+    broken = tmp_path / "compose.yaml"
+    broken.write_text(compose.read_text().replace("services:", "servicez:", 1))
+    assert subprocess.run([checker, "--builtin-schema", "vendor.compose-spec", str(broken)],
+                          capture_output=True).returncode != 0
 
 
 def test_grafana_provisioning_points_at_the_dashboard():
