@@ -319,9 +319,12 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
               "user message) instead of /v1/completions.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
               help="With openai://: bearer token (env OPENAI_API_KEY).")
+@click.option("--write-acceptance", is_flag=True,
+              help="Store each drafter's measured acceptance by position as acceptance.json beside its "
+                   "weights (the cost model of `trtspec build`/`inspect` and adaptive serving reads it).")
 @user_errors
 def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir, doc_path, concurrency,
-          min_user_tps, max_users, sps_path, url, model_name, chat, api_key) -> None:
+          min_user_tps, max_users, sps_path, url, model_name, chat, api_key, write_acceptance) -> None:
     """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side;
     or, with --url, a running server as its users see it."""
     from trtspec.bench.run import markdown_table, run_bench
@@ -329,6 +332,9 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
 
     levels = _int_list(concurrency, "--concurrency") if concurrency else []
     if url is not None:
+        if write_acceptance:
+            raise click.BadParameter("measures drafters run here, not a server",
+                                     param_hint="--write-acceptance")
         from trtspec.bench.remote import remote_table, run_remote
         from trtspec.triton.client import split_url
 
@@ -355,6 +361,11 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         if name in loaded:
             raise click.BadParameter(f"{path} repeats the drafter of another config", param_hint="CONFIGS")
         loaded[name] = cfg
+    if write_acceptance:
+        dirs = [c.drafter.resolved_path for c in loaded.values()]
+        if len(set(dirs)) != len(dirs):
+            raise click.BadParameter("two configs share a drafter: keep the one with the longest draft",
+                                     param_hint="--write-acceptance")
     results = run_bench(loaded, tasks.split(","), prompts_per_task, max_tokens, repeats, not no_hf)
     if levels:
         from trtspec.bench.concurrency import recommendation_text, run_concurrency
@@ -377,6 +388,13 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     click.echo(table)
     if "recommendation" in results:
         click.echo(results["recommendation"])
+    if write_acceptance:
+        from trtspec.bench.acceptance import write_acceptance as write
+
+        for name, cfg in loaded.items():
+            measured = results["acceptance"][name]
+            path = write(cfg.drafter.resolved_path, measured["conditional"], measured["cycles"], command)
+            click.echo(f"wrote {path}")
 
 
 def _int_list(text: str, hint: str) -> list[int]:
@@ -429,14 +447,34 @@ def profile(config_path, out_path, batches, requests, context, reps) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 @user_errors
 def inspect(config_path, as_json) -> None:
-    """Plan CONFIG's memory per GPU: weights after TP/PP/EP, drafter, KV cache, what fits."""
+    """Plan CONFIG's memory per GPU (weights after TP/PP/EP, drafter, KV cache, what fits) and its
+    speculation under load (draft length per batch size, predicted tokens/s with and without)."""
     from trtspec.config import load_build_config
     from trtspec.plan.memory import format_plan
+    from trtspec.plan.speculation import format_speculation, plan_speculation
     from trtspec.trtllm.build import plan_config
+    from trtspec.trtllm.fields import DECODING_TYPE, DYNAMIC_DRAFT_LEN_TYPES
 
     config = load_build_config(config_path)
     plan = plan_config(config)
-    click.echo(json.dumps(plan.to_dict()) if as_json else format_plan(plan, config.deployment))
+    spec = plan_speculation(config) if config.drafter is not None else None
+    if as_json:
+        out = plan.to_dict()
+        if spec is not None:
+            out["speculation"] = {
+                "max_draft_len": spec.max_draft_len, "acceptance_by_position": spec.acceptance,
+                "acceptance_source": spec.acceptance_source, "draft_len_schedule": spec.draft_len_schedule,
+                "acceptance_rate_threshold": spec.acceptance_rate_threshold,
+                "acceptance_rate_window_size": spec.acceptance_rate_window_size,
+                "tokens_per_s": {k: [round(v, 1) for v in vals] for k, vals in spec.tokens_per_s.items()},
+            }
+        click.echo(json.dumps(out))
+        return
+    click.echo(format_plan(plan, config.deployment))
+    if spec is not None:
+        written = (config.flavour == "trtllm"
+                   and DECODING_TYPE[config.drafter.method] in DYNAMIC_DRAFT_LEN_TYPES)
+        click.echo(format_speculation(spec, config.deployment.max_batch_size, written))
 
 
 @main.command()

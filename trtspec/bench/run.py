@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
+from trtspec.bench.acceptance import conditional_acceptance
 from trtspec.config import BuildConfig, ScheduleConfig
 from trtspec.models.dflash_drafter import DFlashDrafter
 from trtspec.pipeline import Pipeline, load_pipeline
@@ -33,6 +34,7 @@ class MethodStats:
     draft_s: float = 0.0
     mismatches: int = 0
     accepted_by_pos: list[list[float]] = field(default_factory=list)
+    cycles: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per cycle
 
     def add(self, seconds: float, tokens: int, target_calls: int = 0, draft_s: float = 0.0) -> None:
         self.seconds += seconds
@@ -146,6 +148,7 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
                 st.add(result.total_s, len(tokens), result.num_target_calls, result.draft_s)
                 if result.num_draft_tokens:
                     st.accepted_by_pos.append(result.acceptance_by_position())
+                    st.cycles += zip(result.drafted_counts, result.accept_counts, strict=True)
             if expected is None:
                 expected = tokens
             elif tokens != expected:
@@ -163,6 +166,14 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
             baseline = hf_base if name == "hf_assisted" else base
             rows[name] = stats[task][name].summary(baseline)
         results["tasks"][task] = rows
+    for name, p in pipelines.items():
+        k = p.drafter.num_draft_tokens if name != "none" else 0
+        cycles = [c for task in tasks for c in stats[task][name].cycles]
+        if k and cycles:  # pooled over every task: what a deployment's traffic mixes
+            results.setdefault("acceptance", {})[name] = {
+                "conditional": [round(c, 4) for c in conditional_acceptance(cycles, k)],
+                "cycles": len(cycles),
+            }
     for name, p in pipelines.items():
         if p.drafter.method == "eagle3":
             results.setdefault("eagle3_chain_time_s", {})[name] = {
