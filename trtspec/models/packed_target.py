@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from trtspec.models.target import cache_argument
+
 DEAD = -1
 
 
@@ -130,7 +132,7 @@ class PackedTarget(PackedSlots):
             input_ids=input_ids[None],  # [1, T]
             position_ids=positions[None],
             attention_mask=mask[None, None],  # [1, 1, T, S+T]
-            cache=self.cache,
+            **{cache_argument(self.model): self.cache},
             use_cache=True,
             output_hidden_states=bool(self.tap_layer_ids),
         )

@@ -8,6 +8,7 @@ after verification the loop calls `rewind(num_rejected)`, a non-negative count o
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from dataclasses import dataclass
@@ -62,6 +63,12 @@ def load_causal_lm(path: Path, dtype: str = "float32") -> PreTrainedModel:
     return model.eval()
 
 
+def cache_argument(model: PreTrainedModel) -> str:
+    """The name of `model.forward`'s KV-cache argument: `cache` in recent transformers 5.x,
+    `past_key_values` in 5.17 (the GPU image's), which silently ignores an unknown `cache`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @dataclass(slots=True)
 class TargetOutput:
     logits: torch.Tensor  # [b, s, V] for the fed positions
@@ -83,6 +90,7 @@ class TargetModel:
         self.tap_layer_ids = tuple(tap_layer_ids)
         self.cache = DynamicCache()
         self.num_forwards = 0
+        self.cache_argument = cache_argument(model)
 
     @classmethod
     def from_pretrained(cls, path: Path, dtype: str = "float32", tap_layer_ids=()) -> TargetModel:
@@ -106,7 +114,7 @@ class TargetModel:
         """Feed `input_ids` [b, s] after the cached tokens; return their logits and taps."""
         out = self.model(
             input_ids=input_ids,
-            cache=self.cache,
+            **{self.cache_argument: self.cache},
             use_cache=True,
             output_hidden_states=bool(self.tap_layer_ids),
             logits_to_keep=1 if last_only else 0,
