@@ -31,6 +31,6 @@ else
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv 2>/dev/null || true
-set -o pipefail
-timeout 470 "$PY" -m trtspec.gpu_check --out "$OUT_DIR" "$@" 2>&1 | tee "$OUT_DIR/gpu_check.log"
+{ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv 2>/dev/null || true; } \
+  | tee "$OUT_DIR/gpu_check.log"
+timeout 470 "$PY" -m trtspec.gpu_check --out "$OUT_DIR" "$@" 2>&1 | tee -a "$OUT_DIR/gpu_check.log"

@@ -95,7 +95,7 @@ class SyntheticSettings(BaseModel):
     def small(cls, **overrides) -> SyntheticSettings:
         """The CPU/CI shape: scaled-down architecture, short contexts, few repetitions."""
         values = dict(scale="small", batches=[1, 2], contexts=[64, 256], new_tokens=[1, 2, 4, 8, 16],
-                      draft_batches=[1, 2], warmup=1, reps=3, budget_s=60.0)
+                      draft_batches=[1, 2], warmup=2, reps=3, budget_s=60.0)
         return cls(**(values | overrides))
 
     @field_validator("batches", "contexts", "new_tokens", "draft_batches")
