@@ -13,7 +13,8 @@ before any GPU time is spent:
   Imports made by other third-party packages are theirs: the image's copies of those packages
   bring what they need there, and the versions here differ. A refused import raises
   ModuleNotFoundError, so an import guarded by `except ImportError` behaves as on the image and an
-  unguarded one fails the run.
+  unguarded one fails the run. A module another package imported first is not checked again
+  (Python finds it in `sys.modules`), so the guard proves what trtspec needs, not what it may reuse.
 """
 
 from __future__ import annotations
