@@ -408,24 +408,54 @@ def _int_list(text: str, hint: str) -> list[int]:
 
 
 @main.command()
-@click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
+@click.argument("config_path", metavar="[CONFIG]", required=False, type=click.Path(path_type=Path))
 @click.option("--out", "out_path", required=True, type=click.Path(path_type=Path),
-              help="JSON file for the cost table; point the config's drafter.schedule.sps_table at it.")
+              help="JSON file: the cost table (point the config's drafter.schedule.sps_table at it), or "
+              "with --synthetic the cost curve (a Markdown table is written beside it).")
 @click.option("--batches", default=None, help="Comma-separated verify batch sizes B (tokens).")
 @click.option("--requests", default=8, show_default=True, type=int, help="Sequences sharing the cache.")
 @click.option("--context", default=256, show_default=True, type=int, help="Cached tokens per sequence.")
-@click.option("--reps", default=15, show_default=True, type=int, help="Repetitions per B (median kept).")
+@click.option("--reps", default=None, type=int, help="Repetitions per measurement (median kept); "
+              "default 15, with --synthetic 10 (3 at --scale small).")
+@click.option("--synthetic", "synthetic_model", default=None, metavar="MODEL",
+              help="Instead of CONFIG: time a real architecture with random weights made on the device "
+              "(qwen3-8b, llama3.1-8b): target forwards, DFlash draft step, plugin kernels, projected "
+              "speedups.")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="With --synthetic: where to run; auto = cuda when visible.")
+@click.option("--scale", type=click.Choice(["auto", "full", "small"]), default="auto", show_default=True,
+              help="With --synthetic: full = the published architecture, small = scaled down; "
+              "auto = small on the CPU.")
+@click.option("--batch-sizes", default=None,
+              help="With --synthetic: sequences per forward, e.g. 1,2,4,8,16,32.")
+@click.option("--contexts", default=None,
+              help="With --synthetic: cached tokens per sequence, e.g. 1024,8192.")
+@click.option("--new-tokens", default=None,
+              help="With --synthetic: tokens per forward, e.g. 1,2,4,8,16,32,64.")
+@click.option("--budget-s", default=None, type=float,
+              help="With --synthetic: seconds to spend; the rest is skipped.")
 @user_errors
-def profile(config_path, out_path, batches, requests, context, reps) -> None:
-    """Measure CONFIG's cost model on this machine: target steps/s at each verify batch size B and
-    the drafter's seconds per step at each batch size and draft length (adaptive speculation and
-    DSpark's scheduler read it)."""
+def profile(config_path, out_path, batches, requests, context, reps, synthetic_model, device, scale,
+            batch_sizes, contexts, new_tokens, budget_s) -> None:
+    """Measure CONFIG's cost model on this machine (target steps/s at each verify batch size B and
+    the drafter's seconds per step at each batch size and draft length: adaptive speculation and
+    DSpark's scheduler read it), or with --synthetic MODEL the real-size cost curve behind a
+    speedup claim."""
+    if synthetic_model is not None:
+        if config_path is not None:
+            raise click.UsageError("give either CONFIG or --synthetic MODEL, not both")
+        _profile_synthetic(synthetic_model, out_path, device, scale, reps, batch_sizes, contexts, new_tokens,
+                           budget_s)
+        return
+    if config_path is None:
+        raise click.UsageError("missing CONFIG (or --synthetic MODEL)")
     from trtspec.bench.profile import profile_cost
     from trtspec.config import load_build_config
     from trtspec.pipeline import load_pipeline
 
     config = load_build_config(config_path)
     sizes = _int_list(batches, "--batches") if batches else None
+    reps = 15 if reps is None else reps
     for name, value in (("--requests", requests), ("--context", context), ("--reps", reps)):
         if value < 1:
             raise click.BadParameter(f"must be >= 1, got {value}", param_hint=name)
@@ -440,6 +470,40 @@ def profile(config_path, out_path, batches, requests, context, reps) -> None:
         cells = "  ".join(f"k={k}: {sec * 1e3:.2f} ms" for k, sec in zip(table.draft_lens, row, strict=True))
         click.echo(f"drafter R={r:3d}  {cells}")
     click.echo(f"wrote {out_path}")
+
+
+def _profile_synthetic(model, out_path, device, scale, reps, batch_sizes, contexts, new_tokens,
+                       budget_s) -> None:
+    import torch
+
+    from trtspec.bench.synthetic import SyntheticSettings, profile_synthetic, resolve_model
+    from trtspec.bench.synthetic_report import render_markdown, write_outputs
+
+    try:
+        resolve_model(model)
+    except TrtspecError as exc:
+        raise click.BadParameter(str(exc), param_hint="--synthetic") from None
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter("no CUDA device is visible here", param_hint="--device")
+    if scale == "auto":
+        scale = "full" if device == "cuda" else "small"
+    overrides: dict = {}
+    for name, text, hint in (("batches", batch_sizes, "--batch-sizes"), ("contexts", contexts, "--contexts"),
+                             ("new_tokens", new_tokens, "--new-tokens")):
+        if text:
+            overrides[name] = _int_list(text, hint)
+    for name, value, hint in (("reps", reps, "--reps"), ("budget_s", budget_s, "--budget-s")):
+        if value is not None:
+            if value <= 0:
+                raise click.BadParameter(f"must be > 0, got {value}", param_hint=hint)
+            overrides[name] = value
+    settings = SyntheticSettings.small(**overrides) if scale == "small" else SyntheticSettings(**overrides)
+    result = profile_synthetic(model, settings, device)
+    md_path = write_outputs(result, out_path)
+    click.echo(render_markdown(result))
+    click.echo(f"wrote {out_path} and {md_path}")
 
 
 @main.command()
