@@ -132,14 +132,16 @@ def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait
             "text": completion.text, "token_ids": completion.token_ids, "tokens": completion.num_tokens,
             "finish_reason": completion.finish_reason, "tau": round(completion.tau, 4),
             "accepted_tokens": completion.accepted_tokens, "draft_tokens": completion.draft_tokens,
-            "tokens_per_s": round(completion.tokens_per_s, 2), "responses": completion.num_responses,
+            "tokens_per_s": round(completion.tokens_per_s, 2),
+            "decode_tokens_per_s": round(completion.decode_tokens_per_s, 2),
+            "responses": completion.num_responses,
         }))
         return
     click.echo("" if stream else completion.text)
     click.echo(
         f"[{url}] tau={completion.tau:.2f} tokens={completion.num_tokens} "
         f"accepted={completion.accepted_tokens}/{completion.draft_tokens} "
-        f"{completion.tokens_per_s:.1f} tok/s",
+        f"{completion.tokens_per_s:.1f} tok/s end to end, decode={completion.decode_tokens_per_s:.1f} tok/s",
         err=True,
     )
 

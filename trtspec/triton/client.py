@@ -52,6 +52,15 @@ class Completion:
         return self.num_tokens / forwards if forwards > 0 else 0.0
 
     @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first over the time after the first response (the in-process loop's
+        `decode_tokens_per_s`, as a client sees it)."""
+        if self.first_response_s is None or len(self.token_ids) < 2:
+            return 0.0
+        decode = self.total_s - self.first_response_s
+        return (len(self.token_ids) - 1) / decode if decode > 0 else 0.0
+
+    @property
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.total_s if self.total_s > 0 else 0.0
 
