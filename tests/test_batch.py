@@ -323,3 +323,18 @@ def test_requests_joining_mid_flight_identical_to_alone(pipeline, alone):
     stopped = results[ids[3]].token_ids
     assert 7 <= len(stopped) < 40 and stopped == alone[40][3][: len(stopped)]
     assert not decoder.target.lengths  # every slot freed
+
+
+def test_bfloat16_speculation_equals_its_own_target_alone():
+    """`target.dtype` / `drafter.dtype` bfloat16: batched speculation is token-identical to the
+    bfloat16 target decoding alone (lossless relative to the target that verifies)."""
+    config = _config("tiny-dflash")
+    config = config.model_copy(update={"target": config.target.model_copy(update={"dtype": "bfloat16"}),
+                                        "drafter": config.drafter.model_copy(update={"dtype": "bfloat16"})})
+    spec, plain = load_pipeline(config), load_pipeline(config, use_drafter=False)
+    assert spec.drafter.model.fc.weight.dtype == torch.bfloat16
+    ids = [list(p.encode()) for p in PROMPTS[:2] + PROMPTS[4:6]]
+    alone = [plain.decoder_for(1, FULL).generate(x, 40).token_ids for x in ids]
+    got = spec.decoder_for(4, FULL).generate_batch([Request(x, 40) for x in ids])
+    assert [r.token_ids for r in got] == alone
+    assert sum(r.num_accepted for r in got) > 0

@@ -18,6 +18,7 @@ from trtspec.errors import CheckpointError
 from trtspec.models.dflash import DFlashDraftModel, load_dflash
 from trtspec.models.drafter import Drafter, DraftRow, PendingTaps, Proposal, register_drafter
 from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout
+from trtspec.models.target import DTYPES
 from trtspec.spec.sampling import row_probs
 
 
@@ -122,7 +123,7 @@ def propose_block(logits: torch.Tensor, rows: list[DraftRow]) -> Proposal:
 
 @register_drafter("dflash")
 def _build(config, target) -> DFlashDrafter:
-    model = load_dflash(config.resolved_path, target.config).to(target.device)
+    model = load_dflash(config.resolved_path, target.config, DTYPES[config.dtype]).to(target.device)
     k = config.num_draft_tokens
     if k is not None and k > model.spec.block_size - 1:
         raise CheckpointError(
