@@ -10,7 +10,7 @@ import torch
 
 from trtspec.config import ScheduleConfig, load_build_config
 from trtspec.errors import ConfigError
-from trtspec.models.drafter import Drafter, Proposal
+from trtspec.models.drafter import Drafter, NoDrafter, Proposal
 from trtspec.models.target import Chunk
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
@@ -129,21 +129,8 @@ def test_batched_greedy_identical_to_target_alone(pipeline, alone):
     assert [r.token_ids for r in got] == expected
     tokens = sum(len(r.token_ids) for r in got)
     assert spec.num_steps < tokens / 8  # speculation and batching, not one token per request-step
-    plain = _decoder(pipeline, NoDrafterLike(), slots=5).generate_batch(reqs)
+    plain = _decoder(pipeline, NoDrafter(), slots=5).generate_batch(reqs)
     assert [r.token_ids for r in plain] == expected
-
-
-class NoDrafterLike(Drafter):
-    """The target alone through the same loop."""
-
-    method = "none"
-    num_draft_tokens = 0
-
-    def begin(self, slot, prompt, hidden):
-        pass
-
-    def propose(self, rows, k):
-        raise AssertionError("never asked")
 
 
 def test_mixed_sampling_rows_leave_greedy_rows_exact(pipeline, alone):
@@ -294,7 +281,7 @@ def test_requests_joining_mid_flight_identical_to_alone(pipeline, alone):
     """Continuous batching: requests added while others run (their prefill packed into the same
     forward as the others' verification) still get exactly the one-request tokens; a request
     whose callback asks to stop ends there, a cancelled one frees its slot."""
-    decoder = _decoder(pipeline, slots=4)
+    decoder = _decoder(pipeline, slots=5)
     prompts = PROMPTS[:5]
     streamed: dict[int, list[int]] = {}
     ids, results = [], {}
