@@ -48,8 +48,21 @@ def _server_pids(marker: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def config():
-    return load_build_config(CONFIG)
+def full_config_path(tmp_path_factory):
+    """The shipped config verifying whole blocks: served and in-process runs then draft alike, so
+    accepted counts can be compared (the default adaptive schedule decides from each machine's
+    measured costs; its served greedy text is compared in tests/test_openai.py)."""
+    path = tmp_path_factory.mktemp("config") / "tiny-dflash-full.yaml"
+    text = CONFIG.read_text().replace("path: builtin:tiny-dflash-b16",
+                                      "path: builtin:tiny-dflash-b16\n  schedule: {mode: full}")
+    assert "mode: full" in text
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def config(full_config_path):
+    return load_build_config(full_config_path)
 
 
 @pytest.fixture(scope="module")
@@ -126,11 +139,12 @@ def test_concurrent_requests_share_target_forwards(served, config, expected):
     assert steps < 0.7 * forwards, (steps, forwards)
 
 
-def test_engine_flavour_is_served(tmp_path, config, expected):
+def test_engine_flavour_is_served(tmp_path, config, expected, full_config_path):
     """`trtspec build --flavour engine` output served as is: the orchestrator runs the exported
     graphs (onnxruntime here) with continuous batching, and answers as the torch flavour does."""
     out = tmp_path / "engine-build"
-    result = CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(out), "--flavour", "engine"])
+    args = ["build", str(full_config_path), "--out", str(out), "--flavour", "engine"]
+    result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     server = TritonServer(out / REPO_DIR, ports=Ports.free(), exit_timeout_s=3, env={"OMP_NUM_THREADS": "1"})
     try:
