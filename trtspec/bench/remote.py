@@ -33,7 +33,14 @@ def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, ma
     prompts = [p for t in tasks for p in load_prompts(t)[:prompts_per_task]]
     params = GenerateParams(max_tokens=max_tokens, stream=True)
     levels: dict[str, dict] = {}
-    bar = tqdm(total=len(prompts) * len(concurrency), desc=f"bench {url}", unit="request")
+    with tqdm(total=len(prompts) * len(concurrency), desc=f"bench {url}", unit="request") as bar:
+        for r in concurrency:
+            levels[str(r)] = _level(url, model, prompts, params, r, bar)
+    return {"url": url, "model": model, "max_tokens": max_tokens, "prompts": len(prompts), "levels": levels}
+
+
+def _level(url: str, model: str, prompts: list[str], params: GenerateParams, r: int, bar) -> dict:
+    """R clients, each sending its share of the prompts one after another."""
 
     def client(share: list[str]) -> list[Completion]:
         done = []
@@ -42,25 +49,22 @@ def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, ma
             bar.update(1)
         return done
 
-    for r in concurrency:
-        shares = [prompts[i::r] for i in range(r)]
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(r) as pool:
-            completions = [c for share in pool.map(client, shares) for c in share]
-        wall = time.perf_counter() - t0
-        itls = [x for x in map(_itl, completions) if x]
-        tokens = sum(len(c.token_ids) for c in completions)
-        levels[str(r)] = {
-            "ttft_ms": round(1e3 * statistics.fmean(c.first_response_s for c in completions), 2),
-            "itl_ms": round(1e3 * statistics.fmean(itls), 3) if itls else None,
-            "per_user_tokens_per_s": round(1 / statistics.fmean(itls), 2) if itls else 0.0,
-            "total_tokens_per_s": round(tokens / wall, 2),
-            "tau": round(statistics.fmean(c.tau for c in completions), 3),
-            "tokens": tokens,
-            "wall_s": round(wall, 3),
-        }
-    bar.close()
-    return {"url": url, "model": model, "max_tokens": max_tokens, "prompts": len(prompts), "levels": levels}
+    shares = [prompts[i::r] for i in range(r)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(r) as pool:
+        completions = [c for share in pool.map(client, shares) for c in share]
+    wall = time.perf_counter() - t0
+    itls = [x for x in map(_itl, completions) if x]
+    tokens = sum(len(c.token_ids) for c in completions)
+    return {
+        "ttft_ms": round(1e3 * statistics.fmean(c.first_response_s for c in completions), 2),
+        "itl_ms": round(1e3 * statistics.fmean(itls), 3) if itls else None,
+        "per_user_tokens_per_s": round(1 / statistics.fmean(itls), 2) if itls else 0.0,
+        "total_tokens_per_s": round(tokens / wall, 2),
+        "tau": round(statistics.fmean(c.tau for c in completions), 3),
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+    }
 
 
 def remote_table(remote: dict) -> str:

@@ -1,13 +1,14 @@
-"""Certify a served deployment as lossless against its target alone (torch flavour).
+"""Certify a served deployment as lossless against its target alone.
 
 1. Greedy: every prompt's served `output_ids` must equal the target's own greedy decoding
-   (`--drafter none` path) token for token.
+   (`--drafter none` path, in the config's flavour) token for token.
 2. Sampling: for one prompt, n requests with seeds 0..n-1 at temperature 1, top-k 3; the
    empirical law of each of the first `steps` tokens is compared with the exact marginal law of
-   the processed target distribution, computed by walking the target's top-k tree. A position
-   fails when the total-variation distance exceeds the Bretagnolle–Huber–Carol bound
-   sqrt((K ln 2 + ln(1/δ)) / 2n) (K = support size), so a correct server fails with
-   probability < δ per position whatever n is.
+   the processed target distribution, computed by walking the target's top-k tree with the
+   checkpoint loaded in torch (whatever the flavour served, so an engine deployment is held to
+   the model it was exported from). A position fails when the total-variation distance exceeds
+   the Bretagnolle–Huber–Carol bound sqrt((K ln 2 + ln(1/δ)) / 2n) (K = support size), so a
+   correct server fails with probability < δ per position whatever n is.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trtspec.config import BuildConfig
+from trtspec.models.target import load_causal_lm
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
 from trtspec.triton.client import (
@@ -135,7 +137,9 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         cert.greedy.append(GreedyCheck(prompt, diff is None, diff, served.tau))
     if samples > 0:
         prompt = prompts[0]
-        laws = exact_marginals(reference.target.model, reference.tokenizer.encode(prompt), SAMPLING, steps)
+        # the law is the checkpoint's, whatever the flavour served: torch is the reference
+        torch_target = load_causal_lm(config.target.resolved_path, config.target.dtype)
+        laws = exact_marginals(torch_target, reference.tokenizer.encode(prompt), SAMPLING, steps)
         counts: list[dict[int, int]] = [{} for _ in range(steps)]
         for completion in _sample_served(url, model, prompt, steps, samples):
             for pos, tok in enumerate(completion.token_ids[:steps]):
