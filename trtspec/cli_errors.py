@@ -45,7 +45,7 @@ def run_errors(fn):
         except click.ClickException:
             raise
         except (TrtspecError, ValueError, OSError) as exc:
-            log.debug("%s failed", fn.__name__, exc_info=True)
+            log.info("%s failed", fn.__name__, exc_info=True)  # shown with -v
             raise click.ClickException(first_line(exc)) from None
 
     return wrapper
