@@ -8,6 +8,7 @@ DEMO_OUT ?= demo-out
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+OPENAI_PORT ?= 9000
 
 .PHONY: install demo test bench lint clean
 
@@ -28,7 +29,7 @@ demo: install
 	@echo "== served: build the Triton repository, serve it, one streaming gRPC request, stop =="
 	$(VENV)/bin/trtspec build $(CONFIG) --out $(DEMO_OUT)
 	@$(VENV)/bin/trtspec serve $(DEMO_OUT) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
-	    --metrics-port $(METRICS_PORT) & pid=$$!; trap 'kill -TERM $$pid; wait $$pid' EXIT; \
+	    --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT) & pid=$$!; trap 'kill -TERM $$pid; wait $$pid' EXIT; \
 	  $(VENV)/bin/trtspec generate --url grpc://127.0.0.1:$(GRPC_PORT) --wait 300 --stream \
 	    --prompt "$$(printf '$(PROMPT)')" --max-tokens 120
 

@@ -8,6 +8,11 @@ from pathlib import Path
 # OpenAI Triton kernels run on the CPU through the interpreter; this must be set before anything
 # (transformers does) imports triton.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# exported graphs and measured cost tables go to a fresh folder per test session, not ~/.cache
+if "TRTSPEC_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["TRTSPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="trtspec-test-cache-")
 
 import pytest
 import torch
@@ -85,3 +90,19 @@ def noisy_qwen3_dir(tmp_path_factory, random_qwen3_dir) -> Path:
     path = tmp_path_factory.mktemp("qwen3-noisy")
     model.save_pretrained(path)
     return path
+
+
+def draft_rows(*committed: list[int], sampling=None, seed: int = 0):
+    """`DraftRow`s for slots 0, 1, … with these committed tokens (greedy unless `sampling`)."""
+    from trtspec.models.drafter import DraftRow
+    from trtspec.spec.sampling import SamplingParams
+
+    sampling = sampling or SamplingParams()
+    return [DraftRow(slot, list(c), sampling, torch.Generator().manual_seed(seed + slot))
+            for slot, c in enumerate(committed)]
+
+
+def with_slots(drafter, num_slots: int = 1, capacity: int = 256):
+    """A drafter with its slot buffers allocated."""
+    drafter.allocate(num_slots, capacity)
+    return drafter

@@ -42,13 +42,17 @@ def test_tiny_concurrency_bench_and_recommendation(tmp_path):
     prof = CliRunner().invoke(main, ["profile", configs[0], "--out", str(sps), "--batches", "1,4,16",
                                      "--requests", "2", "--context", "16", "--reps", "2"])
     assert prof.exit_code == 0, prof.output
+    table = json.loads(sps.read_text())
+    assert table["drafter"] == "dflash" and table["draft_lens"] == [15]
+    assert len(table["draft_seconds"]) == len(table["draft_batches"]) == 2  # R = 1, 2
     doc = tmp_path / "docs" / "BENCHMARKS.md"
     result = CliRunner().invoke(main, ["bench", *configs, "--tasks", "code,math", "--prompts", "2",
                                        "--max-tokens", "16", "--no-hf", "--concurrency", "1,2",
                                        "--sps", str(sps), "--out", str(tmp_path), "--doc", str(doc)])
     assert result.exit_code == 0, result.output
     conc = json.loads((tmp_path / "results.json").read_text())["concurrency"]
-    assert {"none", "dflash", "dspark", "dspark+scheduler", "dspark+threshold0.5"} <= set(conc["methods"])
+    assert {"none", "dflash", "dflash+adaptive", "dspark", "dspark+adaptive", "dspark+scheduler",
+            "dspark+threshold0.5"} <= set(conc["methods"])
     for method, by_r in conc["methods"].items():
         assert set(by_r) == {"1", "2"}
         for row in by_r.values():

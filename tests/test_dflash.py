@@ -19,6 +19,8 @@ from trtspec.models.dflash_drafter import DFlashDrafter
 from trtspec.models.target import TargetModel, load_causal_lm
 from trtspec.train.dflash import DFlashTrainConfig, block_mask, dflash_loss, new_drafter
 
+from .conftest import draft_rows, with_slots
+
 
 @pytest.fixture(scope="module")
 def target(random_qwen3_dir):
@@ -44,9 +46,10 @@ def test_layer_ids_formula():
 
 
 def _taps(target, ids, layer_ids):
+    """ids [1, t] -> the taps [t, n·H] a target forward gives the drafter."""
     with torch.no_grad():
         hs = target(ids, output_hidden_states=True).hidden_states
-    return torch.cat([hs[i + 1] for i in layer_ids], -1)
+    return torch.cat([hs[i + 1] for i in layer_ids], -1)[0]
 
 
 def test_roundtrip_identical_logits(tmp_path, target, drafter_model):
@@ -55,9 +58,9 @@ def test_roundtrip_identical_logits(tmp_path, target, drafter_model):
     ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(1))
     outs = []
     for model in (drafter_model, loaded):
-        d = DFlashDrafter(model, target.get_input_embeddings(), target.get_output_embeddings())
-        d.begin(ids[0, :-1].tolist(), _taps(target, ids[:, :-1], model.spec.target_layer_ids))
-        outs.append(d.draft_logits(ids[0].tolist(), 5))
+        d = with_slots(DFlashDrafter(model, target.get_input_embeddings(), target.get_output_embeddings()))
+        d.begin(0, ids[0, :-1].tolist(), _taps(target, ids[:, :-1], model.spec.target_layer_ids))
+        outs.append(d.draft_logits(draft_rows(ids[0].tolist()), 5))
     assert torch.equal(outs[0], outs[1])
 
 
@@ -113,29 +116,35 @@ def test_misfits_refused(tmp_path, target, drafter_model, edit, message):
 
 
 def test_cached_context_equals_from_scratch(target, drafter_model):
-    """Absorbing context over several cycles gives the drafts of one fresh pass."""
+    """Absorbing context over several cycles (and several commits piled up between proposals)
+    gives the drafts of one fresh pass; another request in another slot changes nothing."""
     ids = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(2))
+    other = torch.randint(0, 256, (1, 25), generator=torch.Generator().manual_seed(9))
     layer_ids = drafter_model.spec.target_layer_ids
-    taps = _taps(target, ids, layer_ids)
+    taps, other_taps = _taps(target, ids, layer_ids), _taps(target, other, layer_ids)
     emb, head = target.get_input_embeddings(), target.get_output_embeddings()
-    incremental = DFlashDrafter(drafter_model, emb, head)
+    incremental = with_slots(DFlashDrafter(drafter_model, emb, head), 3)
     ctx = 10
-    incremental.begin(ids[0, :ctx].tolist(), taps[:, :ctx])
+    incremental.begin(2, ids[0, :ctx].tolist(), taps[:ctx])
+    incremental.begin(0, other[0, :20].tolist(), other_taps[:20])
     for cut in (14, 15, 22):  # the target caches 4, 1 and 7 more positions
-        incremental.draft_logits(ids[0, : ctx + 1].tolist(), 5)
-        incremental.commit(cut - ctx - 1, taps[:, ctx:cut])
+        rows = draft_rows(other[0, :21].tolist(), [], ids[0, : ctx + 1].tolist())
+        incremental.draft_logits([rows[0], rows[2]], 5)
+        mid = (ctx + cut) // 2
+        incremental.commit(2, mid - ctx - 1, taps[ctx:mid])
+        incremental.commit(2, cut - mid - 1, taps[mid:cut])  # two commits before the next proposal
         ctx = cut
-    fresh = DFlashDrafter(drafter_model, emb, head)
-    fresh.begin(ids[0, :22].tolist(), taps[:, :22])
-    a = incremental.draft_logits(ids[0, :23].tolist(), 5)
-    b = fresh.draft_logits(ids[0, :23].tolist(), 5)
+    fresh = with_slots(DFlashDrafter(drafter_model, emb, head))
+    fresh.begin(0, ids[0, :22].tolist(), taps[:22])
+    a = incremental.draft_logits([draft_rows([], [], ids[0, :23].tolist())[2]], 5)
+    b = fresh.draft_logits(draft_rows(ids[0, :23].tolist()), 5)
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_training_blocks_equal_inference_blocks(target, drafter_model):
     """The masked, packed training forward sees exactly what drafting at that anchor sees."""
     seq = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(3))
-    taps = _taps(target, seq, drafter_model.spec.target_layer_ids)
+    taps = _taps(target, seq, drafter_model.spec.target_layer_ids)[None]  # [1, 40, n·H]
     anchors = torch.tensor([[7, 19, 30]])
     emb, head = target.get_input_embeddings(), target.get_output_embeddings()
     block = drafter_model.spec.block_size
@@ -146,10 +155,10 @@ def test_training_blocks_equal_inference_blocks(target, drafter_model):
     with torch.no_grad():
         packed = drafter_model(emb(ids), pos, ctx_kv, block_mask(anchors, 40, block))
     for j, a in enumerate(anchors[0].tolist()):
-        d = DFlashDrafter(drafter_model, emb, head)
-        d.begin(seq[0, :a].tolist(), taps[:, :a])
-        expected = d.draft_logits(seq[0, : a + 1].tolist(), block - 1)
-        got = head(packed[:, j * block + 1 : (j + 1) * block])
+        d = with_slots(DFlashDrafter(drafter_model, emb, head))
+        d.begin(0, seq[0, :a].tolist(), taps[0, :a])
+        expected = d.draft_logits(draft_rows(seq[0, : a + 1].tolist()), block - 1)[0]
+        got = head(packed[0, j * block + 1 : (j + 1) * block])
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
     loss, acc = dflash_loss(drafter_model, emb, head, seq, taps, anchors, gamma=4.0)
     assert loss.item() > 0 and acc.shape == (block - 1,)

@@ -25,6 +25,8 @@ from trtspec.spec.sts import (
 )
 from trtspec.train.dspark import DSparkTrainConfig, block_forward, dspark_loss, new_dspark
 
+from .conftest import draft_rows, with_slots
+
 GAMMA = 5
 
 
@@ -55,8 +57,8 @@ def _taps(target, ids, layer_ids):
 
 def _drafter(target, model, ids, sts=None) -> DSparkDrafter:
     """A drafter that has absorbed the context ids[:-1]; the anchor is ids[-1]."""
-    d = DSparkDrafter(model, sts_temperatures=sts)
-    d.begin(ids[0, :-1].tolist(), _taps(target, ids[:, :-1], model.spec.target_layer_ids))
+    d = with_slots(DSparkDrafter(model, sts_temperatures=sts))
+    d.begin(0, ids[0, :-1].tolist(), _taps(target, ids[:, :-1], model.spec.target_layer_ids)[0])
     return d
 
 
@@ -65,7 +67,7 @@ def _ids(seed: int, n: int = 20) -> torch.Tensor:
 
 
 def _propose(drafter, ids, sampling, seed=7):
-    return drafter.propose(ids[0].tolist(), GAMMA, sampling, torch.Generator().manual_seed(seed))
+    return drafter.propose(draft_rows(ids[0].tolist(), sampling=sampling, seed=seed), GAMMA)
 
 
 SAMPLED = SamplingParams(temperature=0.8, top_k=50)
@@ -78,7 +80,7 @@ def test_markov_head_with_zero_w2_is_the_backbone(target, drafter_model):
         plain.markov_head.markov_w2.weight.zero_()
     d = _drafter(target, plain, ids)
     with torch.no_grad():
-        backbone = plain.lm_head(d.backbone_hidden(ids[0].tolist(), GAMMA))  # [1, γ, V]
+        backbone = plain.lm_head(d.backbone_hidden(draft_rows(ids[0].tolist()), GAMMA))  # [1, γ, V]
     greedy = _propose(d, ids, SamplingParams())
     assert torch.equal(greedy.tokens, backbone.argmax(-1))
     d = _drafter(target, plain, ids)
@@ -95,7 +97,7 @@ def test_markov_head_conditions_on_the_previous_draft(target, drafter_model):
     d = _drafter(target, drafter_model, ids)
     prop = _propose(d, ids, SAMPLED)
     with torch.no_grad():
-        base = drafter_model.lm_head(d.backbone_hidden(ids[0].tolist(), GAMMA))  # [1, γ, V]
+        base = drafter_model.lm_head(d.backbone_hidden(draft_rows(ids[0].tolist()), GAMMA))  # [1, γ, V]
         prev = torch.cat([ids[:, -1:], prop.tokens[:, :-1]], 1)  # x_0..x_{γ−1}
         expected = base + drafter_model.markov_head.markov_w2(drafter_model.markov_head.markov_w1(prev))
     torch.testing.assert_close(prop.q_probs, probs_from_logits(expected, SAMPLED))
@@ -154,7 +156,7 @@ def test_stored_sts_temperatures_reach_the_proposal(tmp_path, target, drafter_mo
     assert torch.equal(load_sts(tmp_path, GAMMA), torch.tensor(temps))
     drafter = build_drafter(DrafterConfig(method="dspark", path=str(tmp_path)), TargetModel(target))
     ids = _ids(4)
-    drafter.begin(ids[0, :-1].tolist(), _taps(target, ids[:, :-1], drafter.tap_layer_ids))
+    with_slots(drafter).begin(0, ids[0, :-1].tolist(), _taps(target, ids[:, :-1], drafter.tap_layer_ids)[0])
     calibrated = _propose(drafter, ids, SamplingParams())
     raw = _propose(_drafter(target, drafter_model, ids), ids, SamplingParams())
     assert torch.equal(calibrated.tokens, raw.tokens)
@@ -255,7 +257,7 @@ def test_training_forward_equals_inference_at_each_anchor(target, drafter_model)
     for j, a in enumerate(anchors[0].tolist()):
         d = _drafter(target, drafter_model, seq[:, : a + 1])
         labels = seq[0, a + 1 : a + 1 + GAMMA]
-        drafted = d.draft_block(seq[0, : a + 1].tolist(), GAMMA,
+        drafted = d.draft_block(draft_rows(seq[0, : a + 1].tolist()), GAMMA,
                                 lambda k, _, forced=labels: forced[k : k + 1])
         torch.testing.assert_close(logits[0, j], drafted.logits[0], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(conf[0, j], drafted.confidence_logits[0], atol=1e-5, rtol=1e-4)

@@ -24,6 +24,8 @@ from trtspec.train.eagle3 import (
     ttt_forward,
 )
 
+from .conftest import draft_rows, with_slots
+
 LAYERS = [0, 1, 2]
 
 
@@ -65,15 +67,15 @@ def _ids(n, seed):
 
 def _chain_logits(model, target, ids, k, forced=None):
     """Fresh drafter over ids[:, :-1] (cached by the target), chain of k from ids[-1]."""
-    d = Eagle3Drafter(model)
-    d.begin(ids[0, :-1].tolist(), _taps(target, ids[:, :-1]))
+    d = with_slots(Eagle3Drafter(model))
+    d.begin(0, ids[0, :-1].tolist(), _taps(target, ids[:, :-1])[0])
     feed = iter(forced or [])
 
-    def choose(logits):
+    def choose(logits):  # [1, V] -> [1]
         token = next(feed, None)
-        return logits.argmax(-1) if token is None else token
+        return logits.argmax(-1) if token is None else token.reshape(1)
 
-    return torch.cat(d.draft_chain(ids[0].tolist(), k, choose), 1)
+    return torch.stack(d.draft_chain(draft_rows(ids[0].tolist()), k, choose), 1)  # [1, k, V]
 
 
 def test_aux_layer_defaults():
@@ -138,10 +140,10 @@ def test_published_layout_written_by_hand_loads(tmp_path, target):
     state = model.state_dict()
     for name, tensor in tensors.items():
         assert torch.equal(state[name], tensor), name
-    prop = Eagle3Drafter(model, 6)
+    prop = with_slots(Eagle3Drafter(model, 6))
     ids = _ids(12, 6)
-    prop.begin(ids[0, :-1].tolist(), _taps(target, ids[:, :-1]))
-    tokens = prop.propose(ids[0].tolist(), 6, SamplingParams(), torch.Generator()).tokens
+    prop.begin(0, ids[0, :-1].tolist(), _taps(target, ids[:, :-1])[0])
+    tokens = prop.propose(draft_rows(ids[0].tolist()), 6).tokens
     assert tokens.shape == (1, 6) and (tokens >= 264 - 100).all()  # the draft vocab is the last 100 ids
 
 
@@ -210,10 +212,10 @@ def test_d2t_t2d_mapping(target):
     # the argmax over the target vocabulary is the mapped draft argmax
     assert torch.equal(full.argmax(-1), kept[draft_logits.argmax(-1)])
     # proposals only ever hold draft-vocabulary tokens, and q is zero elsewhere
-    d = Eagle3Drafter(model, 5)
+    d = with_slots(Eagle3Drafter(model, 5))
     ids = _ids(16, 4)
-    d.begin(ids[0, :-1].tolist(), _taps(target, ids[:, :-1]))
-    prop = d.propose(ids[0].tolist(), 5, SamplingParams(temperature=1.0), torch.Generator().manual_seed(1))
+    d.begin(0, ids[0, :-1].tolist(), _taps(target, ids[:, :-1])[0])
+    prop = d.propose(draft_rows(ids[0].tolist(), sampling=SamplingParams(temperature=1.0), seed=1), 5)
     assert model.t2d[prop.tokens].all()
     assert prop.q_probs[..., ~model.t2d].sum() == 0
     torch.testing.assert_close(prop.q_probs.sum(-1), torch.ones(1, 5))
@@ -232,15 +234,16 @@ def test_select_draft_vocab_keeps_the_most_frequent_response_tokens():
 def test_cached_context_equals_from_scratch(target, drafter_model):
     """Absorbing context over several cycles gives the chain of one fresh pass."""
     ids = _ids(30, 2)
-    taps = _taps(target, ids)
-    incremental = Eagle3Drafter(drafter_model)
+    taps = _taps(target, ids)[0]
+    incremental = with_slots(Eagle3Drafter(drafter_model), 2)
     ctx = 10
-    incremental.begin(ids[0, :ctx].tolist(), taps[:, :ctx])
+    incremental.begin(1, ids[0, :ctx].tolist(), taps[:ctx])
     for cut in (14, 15, 22):  # the target caches 4, 1 and 7 more positions
-        incremental.draft_chain(ids[0, : ctx + 1].tolist(), 4, lambda lg: lg.argmax(-1))
-        incremental.commit(cut - ctx - 1, taps[:, ctx:cut])
+        incremental.draft_chain(draft_rows([], ids[0, : ctx + 1].tolist())[1:], 4, lambda lg: lg.argmax(-1))
+        incremental.commit(1, cut - ctx - 1, taps[ctx:cut])
         ctx = cut
-    a = torch.cat(incremental.draft_chain(ids[0, :23].tolist(), 5, lambda lg: lg.argmax(-1)), 1)
+    rows = draft_rows([], ids[0, :23].tolist())[1:]
+    a = torch.stack(incremental.draft_chain(rows, 5, lambda lg: lg.argmax(-1)), 1)
     b = _chain_logits(drafter_model, target, ids[:, :23], 5)
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 

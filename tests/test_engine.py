@@ -4,6 +4,7 @@ cannot export, and `trtspec build --flavour engine` writes a manifest whose hash
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -14,9 +15,9 @@ from click.testing import CliRunner
 from transformers import GPT2Config, Qwen3Config
 
 from plugins.confidence_verify.reference import draw_uniforms, verify_sampling_explicit
-from tests.conftest import REPO
+from tests.conftest import REPO, draft_rows, with_slots
 from trtspec.cli import main
-from trtspec.config import load_build_config
+from trtspec.config import ScheduleConfig, load_build_config
 from trtspec.engine.ort import OrtSession
 from trtspec.errors import CheckpointError
 from trtspec.export.bundle import load_manifest, sha256_file
@@ -24,12 +25,13 @@ from trtspec.export.graph import FLOAT, INT32, PLUGIN_DOMAIN, GraphBuilder
 from trtspec.export.plugins import kv_injection_attention
 from trtspec.export.target import check_exportable, export_target
 from trtspec.export.verify import export_verify_greedy, export_verify_sampling
-from trtspec.models.target import TargetModel
+from trtspec.models.target import Chunk, TargetModel
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.verify import VerifyOutput, verify_greedy
 
+FULL = ScheduleConfig(mode="full")
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 DSPARK_CONFIG = REPO / "build_configs" / "tiny-dspark.yaml"
 
@@ -62,12 +64,13 @@ def _prompts(per_task: int) -> list[str]:
 def test_engine_flavour_token_identical_to_torch(pipelines, name):
     torch_p, engine_p = pipelines[("torch", name)], pipelines[("engine", name)]
     assert type(engine_p.target).__name__ == "EngineTarget"
-    assert type(engine_p.decoder.verifier).__name__ == "GraphVerifier"
+    assert type(engine_p.verifier).__name__ == "GraphVerifier"
     prompts = _prompts(3 if name == "target" else 6)
+    want_decoder, got_decoder = torch_p.decoder_for(1, FULL), engine_p.decoder_for(1, FULL)
     for prompt in prompts:
         ids = torch_p.tokenizer.encode(prompt)
-        want = torch_p.decoder.generate(ids, 48)
-        got = engine_p.decoder.generate(ids, 48)
+        want = want_decoder.generate(ids, 48)
+        got = got_decoder.generate(ids, 48)
         assert got.token_ids == want.token_ids, prompt
         assert got.num_target_calls == want.num_target_calls  # same acceptance, cycle by cycle
 
@@ -79,11 +82,12 @@ def test_dspark_engine_confidences_match_torch(pipelines):
         p = pipelines[(flavour, "dspark")]
         assert p.drafter.sts_temperatures is not None  # the shipped drafter is calibrated
         ids = p.tokenizer.encode(load_prompts("chat")[1])
-        p.target.reset()
-        out = p.target.forward(torch.tensor([ids]), last_only=True)
-        p.drafter.begin(ids, out.hidden)
-        committed = ids + [int(out.logits[0, -1].argmax())]
-        proposals.append(p.drafter.propose(committed, 15, SamplingParams(), None))
+        target, drafter = copy.copy(p.target), with_slots(copy.copy(p.drafter))
+        target.allocate(1, 256)
+        out = target.forward([Chunk(0, torch.tensor(ids))])
+        drafter.begin(0, ids, out.hidden)
+        committed = ids + [int(out.logits[-1].argmax())]
+        proposals.append(drafter.propose(draft_rows(committed), 15))
     want, got = proposals
     assert got.tokens.tolist() == want.tokens.tolist()
     torch.testing.assert_close(got.confidence, want.confidence, atol=1e-5, rtol=1e-4)
@@ -96,7 +100,7 @@ def test_engine_sampling_follows_target(pipelines):
     from tests.test_lossless import _assert_samples_follow_target
 
     model = pipelines[("torch", "target")].target.model
-    spec = pipelines[("engine", "dspark")].decoder
+    spec = pipelines[("engine", "dspark")].decoder_for(1, FULL)
     sampling = SamplingParams(temperature=1.0, top_k=3)
     _assert_samples_follow_target(model, spec, list(b"    def __init__(self"), sampling, steps=4, n=1000,
                                   bound=0.08)
@@ -114,18 +118,19 @@ def test_float16_graphs_close_to_float32_and_lossless():
     config = load_build_config(CONFIG)
     spec, plain = load_pipeline(_float16(config)), load_pipeline(_float16(config), use_drafter=False)
     assert spec.target.graph.precision == "float16" and spec.target.graph.cache[0].dtype == np.float16
-    reference = load_pipeline(config, use_drafter=False).target
-    ids = torch.tensor([spec.tokenizer.encode(load_prompts("code")[2])])
-    spec.target.reset()
-    reference.reset()
-    got, want = spec.target.forward(ids).logits, reference.forward(ids).logits  # [1, s, V]
-    assert got.dtype == torch.float32 and spec.target.graph.cache[0].dtype == np.float16
+    half, reference = copy.copy(spec.target), copy.copy(load_pipeline(config, use_drafter=False).target)
+    for t in (half, reference):
+        t.allocate(1, 256)
+    ids = torch.tensor(spec.tokenizer.encode(load_prompts("code")[2]))
+    got, want = half.forward([Chunk(0, ids)]).logits, reference.forward([Chunk(0, ids)]).logits  # [s, V]
+    assert got.dtype == torch.float32 and half.graph.cache[0].dtype == np.float16
     assert (got - want).abs().max() < 0.1 * want.abs().max()  # half-precision rounding, not garbage
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.95
+    spec_decoder, plain_decoder = spec.decoder_for(1, FULL), plain.decoder_for(1, FULL)
     for prompt in _prompts(2):
         prompt_ids = spec.tokenizer.encode(prompt)
-        want = plain.decoder.generate(prompt_ids, 64).token_ids
-        assert spec.decoder.generate(prompt_ids, 64).token_ids == want
+        want = plain_decoder.generate(prompt_ids, 64).token_ids
+        assert spec_decoder.generate(prompt_ids, 64).token_ids == want
 
 
 def test_bfloat16_export_is_refused_with_the_field(tmp_path):
@@ -151,9 +156,10 @@ def test_target_graph_matches_hf_llama(random_llama_dir):
              "attention_mask": np.tril(np.ones((1, 9, 9), bool)),
              **{f"past_{kind}_{i}": empty for i in range(3) for kind in ("key", "value")}}
     out = session.run(feeds)
-    ref = target.forward(ids)
-    np.testing.assert_allclose(out["logits"], ref.logits.numpy(), atol=1e-4)
-    np.testing.assert_allclose(out["hidden_taps"], ref.hidden.numpy(), atol=1e-4)
+    target.allocate(1, 16)
+    ref = target.forward([Chunk(0, ids[0])])
+    np.testing.assert_allclose(out["logits"][0], ref.logits.numpy(), atol=1e-4)
+    np.testing.assert_allclose(out["hidden_taps"][0], ref.hidden.numpy(), atol=1e-4)
     assert out["present_key_0"].shape == (1, 2, 9, 16)
 
 

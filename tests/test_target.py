@@ -1,4 +1,5 @@
-"""Target adapter: hidden-state taps in the same pass, rewind by a count, checkpoint checks."""
+"""Target adapter: packed forwards over per-slot buffers equal plain forwards, taps in the same
+pass, rewind is a non-negative count, checkpoint checks."""
 
 from __future__ import annotations
 
@@ -6,60 +7,110 @@ import pytest
 import torch
 
 from trtspec.errors import CheckpointError
-from trtspec.models.target import TargetModel, load_causal_lm
+from trtspec.models.target import Chunk, TargetModel, load_causal_lm
+
+
+def _reference(model, ids: torch.Tensor):
+    with torch.no_grad():
+        return model(ids[None], output_hidden_states=True)
 
 
 @pytest.mark.parametrize("family", ["random_qwen3_dir", "random_llama_dir"])
-def test_taps_equal_hidden_states_of_a_plain_forward(family, request):
+def test_packed_slots_equal_plain_forwards_with_taps(family, request):
+    """Three requests of unequal lengths in slots 2, 0, 3 (prefill split over two forwards, the
+    second packing them with an idle slot between): logits and taps equal each request alone."""
     path = request.getfixturevalue(family)
     target = TargetModel.from_pretrained(path, tap_layer_ids=(0, 2))
-    ids = torch.randint(0, 256, (1, 17), generator=torch.Generator().manual_seed(4))
-    out = target.forward(ids[:, :10])
-    out2 = target.forward(ids[:, 10:])
-    with torch.no_grad():
-        ref = target.model(ids, output_hidden_states=True)
-    expected = torch.cat([ref.hidden_states[1], ref.hidden_states[3]], -1)  # layers 0 and 2
-    got = torch.cat([out.hidden, out2.hidden], 1)
-    assert got.shape == (1, 17, 2 * target.config.hidden_size)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(torch.cat([out.logits, out2.logits], 1), ref.logits, atol=1e-5,
-                               rtol=1e-4)
+    target.allocate(4, 64)
+    gen = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(0, 256, (n,), generator=gen) for n in (17, 5, 30)]
+    slots, cut = [2, 0, 3], [10, 5, 21]
+    first = target.forward([Chunk(s, x[:c]) for s, x, c in zip(slots, seqs, cut, strict=True)])
+    rest = [(s, x[c:]) for s, x, c in zip(slots, seqs, cut, strict=True) if c < len(x)]
+    second = target.forward([Chunk(s, x) for s, x in rest])
+    starts1, starts2 = [0, 10, 15], [0, 7]
+    for i, (s, x) in enumerate(zip(slots, seqs, strict=True)):
+        ref = _reference(target.model, x)
+        taps = torch.cat([ref.hidden_states[1][0], ref.hidden_states[3][0]], -1)  # layers 0 and 2
+        c = cut[i]
+        torch.testing.assert_close(first.logits[starts1[i] : starts1[i] + c], ref.logits[0, :c],
+                                   atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(first.hidden[starts1[i] : starts1[i] + c], taps[:c], atol=1e-5, rtol=1e-4)
+        if c < len(x):
+            j = [r[0] for r in rest].index(s)
+            n = len(x) - c
+            torch.testing.assert_close(second.logits[starts2[j] : starts2[j] + n], ref.logits[0, c:],
+                                       atol=1e-5, rtol=1e-4)
+        assert target.seq_len(s) == len(x)
+    assert target.seq_len(1) == 0
 
 
 @pytest.mark.parametrize("family", ["random_qwen3_dir", "random_llama_dir"])
 def test_rewind_equals_cache_built_from_accepted_tokens(family, request):
     path = request.getfixturevalue(family)
     gen = torch.Generator().manual_seed(7)
-    prompt = torch.randint(0, 256, (1, 12), generator=gen)
-    fed = torch.randint(0, 256, (1, 6), generator=gen)  # last + 5 drafts
+    prompt = torch.randint(0, 256, (12,), generator=gen)
+    fed = torch.randint(0, 256, (6,), generator=gen)  # last + 5 drafts
     num_accepted = 2
 
     spec = TargetModel.from_pretrained(path)
-    spec.forward(prompt)
-    spec.forward(fed)
-    spec.rewind(fed.shape[1] - 1 - num_accepted)
+    spec.allocate(2, 32)
+    spec.forward([Chunk(1, prompt)])
+    spec.forward([Chunk(1, fed)])
+    spec.rewind(1, len(fed) - 1 - num_accepted)
 
     ref = TargetModel.from_pretrained(path)
-    ref.forward(prompt)
-    ref.forward(fed[:, : num_accepted + 1])
+    ref.allocate(1, 32)
+    ref.forward([Chunk(0, prompt)])
+    ref.forward([Chunk(0, fed[: num_accepted + 1])])
 
-    assert spec.seq_len == ref.seq_len == 12 + num_accepted + 1
+    n = 12 + num_accepted + 1
+    assert spec.seq_len(1) == ref.seq_len(0) == n
     for a, b in zip(spec.cache.layers, ref.cache.layers, strict=True):
-        torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-4)
-    # and the next step sees the same logits
-    nxt = torch.tensor([[42]])
-    torch.testing.assert_close(spec.forward(nxt).logits, ref.forward(nxt).logits, atol=1e-5,
-                               rtol=1e-4)
+        torch.testing.assert_close(a.keys[1, :, :n], b.keys[0, :, :n], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(a.values[1, :, :n], b.values[0, :, :n], atol=1e-5, rtol=1e-4)
+    # and the next step sees the same logits, whatever the rejected positions still hold
+    nxt = torch.tensor([42, 7])
+    torch.testing.assert_close(spec.forward([Chunk(1, nxt)]).logits, ref.forward([Chunk(0, nxt)]).logits,
+                               atol=1e-5, rtol=1e-4)
 
 
-def test_rewind_refuses_negative_and_too_many(random_qwen3_dir):
+def test_logits_at_selects_packed_positions(random_qwen3_dir):
     target = TargetModel.from_pretrained(random_qwen3_dir)
-    target.forward(torch.tensor([[1, 2, 3]]))
-    with pytest.raises(ValueError, match="non-negative"):
-        target.rewind(-1)
+    target.allocate(2, 16)
+    ids = [torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6])]
+    full = target.forward([Chunk(0, ids[0]), Chunk(1, ids[1])]).logits  # [6, V]
+    target.reset()
+    picked = target.forward([Chunk(0, ids[0]), Chunk(1, ids[1])], logits_at=torch.tensor([3, 5])).logits
+    torch.testing.assert_close(picked, full[[3, 5]])
+
+
+def test_rewind_and_capacity_refusals(random_qwen3_dir):
+    target = TargetModel.from_pretrained(random_qwen3_dir)
+    with pytest.raises(RuntimeError, match="allocate"):
+        target.forward([Chunk(0, torch.tensor([1]))])
+    target.allocate(1, 4)
+    target.forward([Chunk(0, torch.tensor([1, 2, 3]))])
+    with pytest.raises(ValueError, match="cannot rewind -1"):
+        target.rewind(0, -1)
     with pytest.raises(ValueError, match="cannot rewind 4"):
-        target.rewind(4)
+        target.rewind(0, 4)
+    with pytest.raises(ValueError, match="would hold 5 positions; its capacity is 4"):
+        target.forward([Chunk(0, torch.tensor([4, 5]))])
+
+
+def test_model_still_serves_plain_calls(random_qwen3_dir):
+    """The slot attention implementation falls back to SDPA for ordinary calls (generate, training)."""
+    model = load_causal_lm(random_qwen3_dir)
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        before = model(ids).logits
+    TargetModel(model)
+    with torch.no_grad():
+        after = model(ids).logits
+        generated = model.generate(ids, do_sample=False, max_new_tokens=4, pad_token_id=0)
+    torch.testing.assert_close(after, before)
+    assert generated.shape == (1, 9)
 
 
 def test_tap_layer_out_of_range(random_qwen3_dir):

@@ -147,6 +147,48 @@ def test_parse_request_names_the_bad_parameter(change, message):
         parse_request(_getter(**{k: v for k, v in inputs.items() if v is not None}), 16)
 
 
+def test_parse_request_trtllm_inputs_honoured_and_defaults_pass():
+    """What NVIDIA's clients send a TensorRT-LLM model: honoured inputs land in the request,
+    refused ones at their default value change nothing."""
+    defaults = dict(
+        exclude_input_in_output=np.array([True]), pad_id=np.array([2], dtype=np.int32),
+        beam_width=np.array([1], dtype=np.int32), num_return_sequences=np.array([1], dtype=np.int32),
+        repetition_penalty=np.array([1.0], dtype=np.float32),
+        length_penalty=np.array([1.0], dtype=np.float32),
+        presence_penalty=np.array([0.0], dtype=np.float32), return_log_probs=np.array([False]),
+        bad_words=np.array([], dtype=object), decoder_text_input=np.array([b""], dtype=object),
+    )
+    req = parse_request(_getter(**GOOD, **defaults), 16)
+    assert (req.min_tokens, req.end_id, req.include_input, req.sampling.seed) == (0, None, False, None)
+    honoured = dict(min_length=np.array([5], dtype=np.int32), end_id=np.array([10], dtype=np.int32),
+                    exclude_input_in_output=np.array([False]), seed=np.array([7], dtype=np.uint64))
+    req = parse_request(_getter(**GOOD, **honoured), 16)
+    assert (req.min_tokens, req.end_id, req.include_input, req.sampling.seed) == (5, 10, True, 7)
+    assert parse_request(_getter(**GOOD, min_tokens=np.array([3], dtype=np.int32)), 16).min_tokens == 3
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(beam_width=np.array([4], dtype=np.int32)), r"beam_width=4 is not supported .* only 1 is"),
+        (dict(repetition_penalty=np.array([1.5], dtype=np.float32)), r"repetition_penalty=1.5 is not"),
+        (dict(return_log_probs=np.array([True])), "return_log_probs=True is not supported"),
+        (dict(bad_words=np.array([b"x"], dtype=object)), r"bad_words=\['x'\] is not supported"),
+        (dict(lora_task_id=np.array([3], dtype=np.uint64)), "lora_task_id=3 is not supported by trtspec"),
+        (dict(num_return_sequences=np.array([2], dtype=np.int32)), "num_return_sequences=2"),
+        (dict(guided_decoding_guide=np.array([b"{}"], dtype=object)), "guided_decoding_guide='{}'"),
+        (dict(min_length=np.array([9], dtype=np.int32)), r"min_length must be in \[0, max_tokens=8\], got 9"),
+        (dict(min_tokens=np.array([-1], dtype=np.int32)), r"min_tokens must be in \[0, max_tokens=8\]"),
+        (dict(end_id=np.array([-1], dtype=np.int32)), "end_id must be a token id >= 0, got -1"),
+        (dict(seed=np.array([1], dtype=np.uint64), random_seed=np.array([2], dtype=np.uint64)),
+         "random_seed=2 and seed=1 name the same setting and disagree"),
+    ],
+)
+def test_parse_request_refuses_trtllm_inputs_it_cannot_honour(change, message):
+    with pytest.raises(RequestError, match=message):
+        parse_request(_getter(**GOOD, **change), 16)
+
+
 def test_text_stream_never_splits_a_character():
     tok = ByteTokenizer()
     ids = tok.encode("aé€😀b")  # 1-, 2-, 3- and 4-byte characters

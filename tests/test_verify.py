@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
-from trtspec.spec.verify import PAD, verify_greedy, verify_sampling
+from trtspec.spec.verify import PAD, Verifier, draw_uniforms, verify_greedy
+from trtspec.spec.verify import verify_sampling as verify_explicit
 
 V = 6
 DRAWS = 40_000
@@ -15,6 +16,11 @@ TV_BOUND = 0.015  # TV of 40k draws over 6 outcomes is ~0.005 when the rule is r
 
 def tv(a: torch.Tensor, b: torch.Tensor) -> float:
     return 0.5 * (a - b).abs().sum().item()
+
+
+def verify_sampling(draft, q, p, generator, draft_lens=None):
+    """The rule with its randomness drawn from `generator` (as `Verifier.verify` draws it)."""
+    return verify_explicit(draft, q, p, *draw_uniforms(*draft.shape, generator), draft_lens)
 
 
 def broken_accept_q_over_p(draft, q, p, generator):
@@ -133,3 +139,29 @@ def test_probs_from_logits_filters():
     assert greedy.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
     hot = probs_from_logits(logits, SamplingParams(temperature=0.5))
     assert torch.allclose(hot[0], torch.softmax(logits[0] / 0.5, -1))
+
+
+def test_batched_verify_gives_each_row_its_own_rule_and_randomness():
+    """One call over greedy and sampling rows (different temperatures, ragged draft_lens): greedy
+    rows get the greedy verdict, and each sampling row the verdict it gets alone with its own
+    generator, whatever the other rows are."""
+    gen = torch.Generator().manual_seed(0)
+    r, k, vocab = 5, 4, 12
+    logits = 3 * torch.randn(r, k + 1, vocab, generator=gen)
+    params = [SamplingParams(), SamplingParams(temperature=0.8, seed=1), SamplingParams(),
+              SamplingParams(temperature=1.5, top_k=4, seed=2),
+              SamplingParams(temperature=1.0, top_p=0.7, seed=3)]
+    q = torch.softmax(torch.randn(r, k, vocab, generator=gen), -1)
+    draft = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).reshape(r, k)
+    draft[0] = logits[0, :k].argmax(-1)  # a greedy row that accepts everything
+    lens = torch.tensor([4, 3, 2, 4, 1])
+    verifier = Verifier()
+    got = verifier.verify(draft, lens, q, logits, params, [p.generator() for p in params])
+    greedy = verify_greedy(draft, logits, lens)
+    for row in (0, 2):
+        assert got.row(row) == greedy.row(row)
+    assert got.num_accepted[0] == 4
+    for row in (1, 3, 4):
+        alone = verifier.verify(draft[row : row + 1], lens[row : row + 1], q[row : row + 1],
+                                logits[row : row + 1], [params[row]], [params[row].generator()])
+        assert got.row(row) == alone.row(0)

@@ -21,9 +21,11 @@ from trtspec.cli_errors import (
     run_errors,
     utf8_text,
 )
+from trtspec.errors import TrtspecError
 
 EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+PORT = click.IntRange(1, 65535)
 
 
 def _url_arg(url: str, hint: str = "--url") -> str:
@@ -31,9 +33,9 @@ def _url_arg(url: str, hint: str = "--url") -> str:
 
     try:
         split_url(url)
-    except ClientError:
-        raise click.BadParameter(f"expected grpc://HOST:PORT or http://HOST:PORT, got {url!r}",
-                                 param_hint=hint) from None
+    except ClientError as exc:
+        expected = str(exc).split(": ", 1)[-1]  # the client names the option itself; click does here
+        raise click.BadParameter(f"{expected}, got {url!r}", param_hint=hint) from None
     return url
 
 
@@ -60,10 +62,15 @@ def main(verbose: bool) -> None:
 @click.option("--config", "config_path", default=None, type=click.Path(path_type=Path),
               help="Build config YAML, e.g. build_configs/tiny-draft-model.yaml (runs in this process).")
 @click.option("--url", default=None,
-              help="Ask a served model instead: grpc://HOST:PORT (stream API) or http://HOST:PORT.")
+              help="Ask a served model instead: grpc://HOST:PORT (stream API) or http://HOST:PORT (Triton), "
+                   "openai://HOST:PORT (any OpenAI-compatible server: trtspec, trtllm-serve, vLLM, SGLang).")
 @click.option("--model", "model_name", default="trtspec", show_default=True,
               help="Served model name (with --url).")
 @click.option("--stream", is_flag=True, help="With --url: print text as the server streams it.")
+@click.option("--chat", is_flag=True, help="With openai://: send the prompt as one user message to "
+              "/v1/chat/completions (the server's chat template) instead of /v1/completions.")
+@click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
+              help="With openai://: bearer token (env OPENAI_API_KEY).")
 @click.option("--wait", "wait_s", default=0.0, show_default=True, type=float,
               help="With --url: seconds to wait for the server to become ready.")
 @click.option("--prompt", required=True, help="Text to continue.")
@@ -80,8 +87,8 @@ def main(verbose: bool) -> None:
 @click.option("--flavour", type=click.Choice(["torch", "engine"]), default=None,
               help="Override the config's flavour; `engine` runs the exported ONNX graphs on onnxruntime.")
 @run_errors
-def generate(config_path, url, model_name, stream, wait_s, prompt, max_tokens, temperature, top_p, top_k,
-             seed, drafter_choice, as_json, flavour=None) -> None:
+def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt, max_tokens, temperature,
+             top_p, top_k, seed, drafter_choice, as_json, flavour=None) -> None:
     """Generate text speculatively with the configured target and drafter, or ask a served model."""
     from trtspec.pipeline import load_pipeline
     from trtspec.runtime import configure_threads
@@ -101,8 +108,15 @@ def generate(config_path, url, model_name, stream, wait_s, prompt, max_tokens, t
             raise click.BadParameter("the served model uses its build's drafter", param_hint="--drafter")
         if flavour is not None:
             raise click.BadParameter("the served model runs its build's flavour", param_hint="--flavour")
-        _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json)
+        if chat and not url.startswith("openai://"):
+            raise click.BadParameter("chat needs an OpenAI-compatible server (openai://HOST:PORT)",
+                                     param_hint="--chat")
+        _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json, chat,
+                         api_key)
         return
+    if chat:
+        raise click.BadParameter("chats only with a served model: add --url openai://HOST:PORT",
+                                 param_hint="--chat")
     if stream:
         raise click.BadParameter("streams only from a served model: add --url", param_hint="--stream")
     config = load_config_arg(config_path, "--config")
@@ -126,29 +140,33 @@ def generate(config_path, url, model_name, stream, wait_s, prompt, max_tokens, t
         )
 
 
-def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json) -> None:
+def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json, chat,
+                     api_key) -> None:
     from trtspec.triton.client import GenerateParams, generate, wait_ready
 
     if wait_s > 0:
-        wait_ready(url, model_name, wait_s)
+        wait_ready(url, model_name, wait_s, api_key)
     params = GenerateParams(
         max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
         top_k=sampling.top_k, seed=sampling.seed, stream=stream,
     )
     on_text = None if as_json or not stream else (lambda text: click.echo(text, nl=False))
-    completion = generate(url, model_name, prompt, params, on_text)
+    completion = generate(url, model_name, prompt, params, on_text, chat=chat, api_key=api_key)
     if as_json:
         click.echo(json.dumps({
-            "text": completion.text, "token_ids": completion.token_ids, "tau": round(completion.tau, 4),
+            "text": completion.text, "token_ids": completion.token_ids, "tokens": completion.num_tokens,
+            "finish_reason": completion.finish_reason, "tau": round(completion.tau, 4),
             "accepted_tokens": completion.accepted_tokens, "draft_tokens": completion.draft_tokens,
-            "tokens_per_s": round(completion.tokens_per_s, 2), "responses": completion.num_responses,
+            "tokens_per_s": round(completion.tokens_per_s, 2),
+            "decode_tokens_per_s": round(completion.decode_tokens_per_s, 2),
+            "responses": completion.num_responses,
         }))
         return
     click.echo("" if stream else completion.text)
     click.echo(
-        f"[{url}] tau={completion.tau:.2f} tokens={len(completion.token_ids)} "
+        f"[{url}] tau={completion.tau:.2f} tokens={completion.num_tokens} "
         f"accepted={completion.accepted_tokens}/{completion.draft_tokens} "
-        f"{completion.tokens_per_s:.1f} tok/s",
+        f"{completion.tokens_per_s:.1f} tok/s end to end, decode={completion.decode_tokens_per_s:.1f} tok/s",
         err=True,
     )
 
@@ -327,13 +345,22 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
               help="Recommendation: least tokens/s per user; default the target alone at concurrency 1.")
 @click.option("--max-users", default=None, type=int, help="Recommendation: most concurrent users.")
 @click.option("--sps", "sps_path", default=None, type=EXISTING_FILE,
-              help="SPS table from `trtspec profile` for the DSpark scheduler; default: profile now.")
+              help="Cost table from `trtspec profile` for every drafter's adaptive and scheduler methods; "
+                   "default: each config's schedule.sps_table, else measured in this run.")
 @click.option("--url", default=None,
-              help="Benchmark a running server instead (grpc://HOST:PORT or http://HOST:PORT): TTFT, ITL.")
+              help="Benchmark a running server instead: TTFT, ITL, tokens/s (grpc://HOST:PORT or "
+                   "http://HOST:PORT for Triton, openai://HOST:PORT for any OpenAI-compatible server).")
 @click.option("--model", "model_name", default="trtspec", show_default=True, help="Served model (--url).")
+@click.option("--chat", is_flag=True, help="With openai://: stream /v1/chat/completions (each prompt one "
+              "user message) instead of /v1/completions.")
+@click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
+              help="With openai://: bearer token (env OPENAI_API_KEY).")
+@click.option("--write-acceptance", is_flag=True,
+              help="Store each drafter's measured acceptance by position as acceptance.json beside its "
+                   "weights (the cost model of `trtspec build`/`inspect` and adaptive serving reads it).")
 @run_errors
 def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir, doc_path, concurrency,
-          min_user_tps, max_users, sps_path, url, model_name) -> None:
+          min_user_tps, max_users, sps_path, url, model_name, chat, api_key, write_acceptance) -> None:
     """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side;
     or, with --url, a running server as its users see it."""
     from trtspec.bench.run import markdown_table, run_bench
@@ -349,12 +376,19 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
                         ("--repeats", repeats)):
         check_range(value, name, low=1)
     if url is not None:
+        if write_acceptance:
+            raise click.BadParameter("measures drafters run here, not a server",
+                                     param_hint="--write-acceptance")
         from trtspec.bench.remote import remote_table, run_remote
 
         _url_arg(url)
         if configs:
             raise click.UsageError("give CONFIGS (run here) or --url (a running server), not both")
-        remote = run_remote(url, model_name, task_names, prompts_per_task, max_tokens, levels or [1])
+        if not url.startswith("openai://") and chat:
+            raise click.BadParameter("chat needs an OpenAI-compatible server (openai://HOST:PORT)",
+                                     param_hint="--chat")
+        remote = run_remote(url, model_name, task_names, prompts_per_task, max_tokens, levels or [1],
+                            chat, api_key)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "results.json").write_text(json.dumps({"remote": remote}, indent=1))
         (out_dir / "results.md").write_text(remote_table(remote) + "\n")
@@ -373,8 +407,13 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         if name in loaded:
             raise click.BadParameter(f"{path} repeats the drafter of another config", param_hint="CONFIGS")
         loaded[name] = cfg
+    if write_acceptance:
+        dirs = [c.drafter.resolved_path for c in loaded.values()]
+        if len(set(dirs)) != len(dirs):
+            raise click.BadParameter("two configs share a drafter: keep the one with the longest draft",
+                                     param_hint="--write-acceptance")
+    sps = _sps_arg(sps_path) if levels and sps_path is not None else None  # before the long run
     configure_threads(next(iter(loaded.values())))  # the configs share their target
-    sps = _sps_for_bench(loaded, sps_path) if levels else None  # a bad --sps before the long run
     results = run_bench(loaded, task_names, prompts_per_task, max_tokens, repeats, not no_hf)
     if levels:
         from trtspec.bench.concurrency import recommendation_text, run_concurrency
@@ -390,12 +429,29 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     (out_dir / "results.md").write_text(table + "\n")
     from trtspec.bench.report import write_plots, write_report
 
+    command = "trtspec " + " ".join(sys.argv[1:])
     plots = write_plots(results, out_dir)
     if doc_path is not None:
-        write_report(results, plots, "trtspec " + " ".join(sys.argv[1:]), doc_path)
+        write_report(results, plots, command, doc_path)
     click.echo(table)
     if "recommendation" in results:
         click.echo(results["recommendation"])
+    if write_acceptance:
+        from trtspec.bench.acceptance import write_acceptance as write
+
+        for name, cfg in loaded.items():
+            measured = results["acceptance"][name]
+            path = write(cfg.drafter.resolved_path, measured["conditional"], measured["cycles"], command)
+            click.echo(f"wrote {path}")
+
+
+def _sps_arg(path: Path):
+    from trtspec.spec.schedule import SPSTable
+
+    try:
+        return SPSTable.load(path)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--sps") from None
 
 
 def _int_list(text: str, hint: str, low: int = 1) -> list[int]:
@@ -408,60 +464,73 @@ def _int_list(text: str, hint: str, low: int = 1) -> list[int]:
     return values
 
 
-def _sps_for_bench(configs: dict, sps_path: Path | None):
-    """The scheduler's SPS table: --sps, else a DSpark config's `schedule.sps_table`, else measured now."""
-    from trtspec.spec.schedule import SPSTable
-
-    if sps_path is not None:
-        try:
-            return SPSTable.load(sps_path)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--sps") from None
-    dspark = [c for c in configs.values() if c.drafter.method == "dspark"]
-    if not dspark:
-        return None
-    if dspark[0].drafter.resolved_sps_table is not None:
-        return SPSTable.load(dspark[0].drafter.resolved_sps_table)
-    from trtspec.bench.profile import profile_sps
-    from trtspec.models.packed_target import PackedTarget
-    from trtspec.models.target import load_causal_lm
-
-    return profile_sps(PackedTarget(load_causal_lm(dspark[0].target.resolved_path)), reps=5)
-
-
 @main.command()
-@click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
+@click.argument("config_path", metavar="[CONFIG]", required=False, type=click.Path(path_type=Path))
 @click.option("--out", "out_path", required=True, type=click.Path(path_type=Path),
-              help="JSON file for the SPS table; point the config's drafter.schedule.sps_table at it.")
+              help="JSON file: the cost table (point the config's drafter.schedule.sps_table at it), or "
+              "with --synthetic the cost curve (a Markdown table is written beside it).")
 @click.option("--batches", default=None, help="Comma-separated verify batch sizes B (tokens).")
 @click.option("--requests", default=8, show_default=True, type=int, help="Sequences sharing the cache.")
 @click.option("--context", default=256, show_default=True, type=int, help="Cached tokens per sequence.")
-@click.option("--reps", default=15, show_default=True, type=int, help="Repetitions per B (median kept).")
+@click.option("--reps", default=None, type=int, help="Repetitions per measurement (median kept); "
+              "default 15, with --synthetic 10 (3 at --scale small).")
+@click.option("--synthetic", "synthetic_model", default=None, metavar="MODEL",
+              help="Instead of CONFIG: time a real architecture with random weights made on the device "
+              "(qwen3-8b, llama3.1-8b): target forwards, DFlash draft step, plugin kernels, projected "
+              "speedups.")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="With --synthetic: where to run; auto = cuda when visible.")
+@click.option("--scale", type=click.Choice(["auto", "full", "small"]), default="auto", show_default=True,
+              help="With --synthetic: full = the published architecture, small = scaled down; "
+              "auto = small on the CPU.")
+@click.option("--batch-sizes", default=None,
+              help="With --synthetic: sequences per forward, e.g. 1,2,4,8,16,32.")
+@click.option("--contexts", default=None,
+              help="With --synthetic: cached tokens per sequence, e.g. 1024,8192.")
+@click.option("--new-tokens", default=None,
+              help="With --synthetic: tokens per forward, e.g. 1,2,4,8,16,32,64.")
+@click.option("--budget-s", default=None, type=float,
+              help="With --synthetic: seconds to spend; the rest is skipped.")
 @run_errors
-def profile(config_path, out_path, batches, requests, context, reps) -> None:
-    """Measure CONFIG's target steps/s at each verify batch size B (the scheduler's SPS table)."""
-    from trtspec.bench.profile import DEFAULT_BATCHES, profile_sps
-    from trtspec.models.packed_target import PackedTarget
-    from trtspec.models.target import load_causal_lm
+def profile(config_path, out_path, batches, requests, context, reps, synthetic_model, device, scale,
+            batch_sizes, contexts, new_tokens, budget_s) -> None:
+    """Measure CONFIG's cost model on this machine (target steps/s at each verify batch size B and
+    the drafter's seconds per step at each batch size and draft length: adaptive speculation and
+    DSpark's scheduler read it), or with --synthetic MODEL the real-size cost curve behind a
+    speedup claim."""
+    if synthetic_model is not None:
+        if config_path is not None:
+            raise click.UsageError("give either CONFIG or --synthetic MODEL, not both")
+        _profile_synthetic(synthetic_model, out_path, device, scale, reps, batch_sizes, contexts, new_tokens,
+                           budget_s)
+        return
+    if config_path is None:
+        raise click.UsageError("missing CONFIG (or --synthetic MODEL)")
+    from trtspec.bench.profile import DEFAULT_BATCHES, profile_cost
+    from trtspec.pipeline import load_pipeline
     from trtspec.runtime import configure_threads
 
     config = load_config_arg(config_path, "CONFIG")
     sizes = _int_list(batches, "--batches") if batches else None
+    reps = 15 if reps is None else reps
     for name, value in (("--requests", requests), ("--context", context), ("--reps", reps)):
         check_range(value, name, low=1)
     positions = _max_positions(config)
-    longest = context + -(-max(sizes or DEFAULT_BATCHES) // requests)  # one sequence's cached tokens
+    longest = context + max(sizes or DEFAULT_BATCHES)  # a slot holds the context and a whole verify batch
     if positions is not None and longest > positions:
-        raise click.BadParameter(f"{context} cached tokens plus a verify share of {longest - context} per "
-                                 f"sequence exceed the target's {positions} positions",
-                                 param_hint="--context")
+        raise click.BadParameter(f"{context} cached tokens plus a verify batch of {longest - context} exceed "
+                                 f"the target's {positions} positions", param_hint="--context")
     configure_threads(config)
-    target = PackedTarget(load_causal_lm(config.target.resolved_path, config.target.dtype))
-    table = profile_sps(target, sizes, requests, context, reps)
+    pipeline = load_pipeline(config)
+    table = profile_cost(pipeline.target, pipeline.drafter, sizes, requests, context, reps,
+                         max_batch=config.limits.max_concurrency)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     table.save(out_path)
     for b, s in zip(table.batch_tokens, table.steps_per_s, strict=True):
         click.echo(f"B={b:4d}  {s:8.1f} steps/s  {b * s:9.1f} tokens/s")
+    for r, row in zip(table.draft_batches, table.draft_seconds, strict=True):
+        cells = "  ".join(f"k={k}: {sec * 1e3:.2f} ms" for k, sec in zip(table.draft_lens, row, strict=True))
+        click.echo(f"drafter R={r:3d}  {cells}")
     click.echo(f"wrote {out_path}")
 
 
@@ -474,18 +543,72 @@ def _max_positions(config) -> int | None:
         return None
 
 
+def _profile_synthetic(model, out_path, device, scale, reps, batch_sizes, contexts, new_tokens,
+                       budget_s) -> None:
+    import torch
+
+    from trtspec.bench.synthetic import SyntheticSettings, profile_synthetic, resolve_model
+    from trtspec.bench.synthetic_report import render_markdown, write_outputs
+
+    try:
+        resolve_model(model)
+    except TrtspecError as exc:
+        raise click.BadParameter(str(exc), param_hint="--synthetic") from None
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter("no CUDA device is visible here", param_hint="--device")
+    if scale == "auto":
+        scale = "full" if device == "cuda" else "small"
+    overrides: dict = {}
+    for name, text, hint in (("batches", batch_sizes, "--batch-sizes"), ("contexts", contexts, "--contexts"),
+                             ("new_tokens", new_tokens, "--new-tokens")):
+        if text:
+            overrides[name] = _int_list(text, hint)
+    for name, value, hint in (("reps", reps, "--reps"), ("budget_s", budget_s, "--budget-s")):
+        if value is not None:
+            if value <= 0:
+                raise click.BadParameter(f"must be > 0, got {value}", param_hint=hint)
+            overrides[name] = value
+    settings = SyntheticSettings.small(**overrides) if scale == "small" else SyntheticSettings(**overrides)
+    result = profile_synthetic(model, settings, device)
+    md_path = write_outputs(result, out_path)
+    click.echo(render_markdown(result))
+    click.echo(f"wrote {out_path} and {md_path}")
+
+
 @main.command()
 @click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 @run_errors
 def inspect(config_path, as_json) -> None:
-    """Plan CONFIG's memory per GPU: weights after TP/PP/EP, drafter, KV cache, what fits."""
+    """Plan CONFIG's memory per GPU (weights after TP/PP/EP, drafter, KV cache, what fits) and its
+    speculation under load (draft length per batch size, predicted tokens/s with and without)."""
     from trtspec.plan.memory import format_plan
+    from trtspec.plan.speculation import format_speculation, plan_speculation
     from trtspec.trtllm.build import plan_config
+    from trtspec.trtllm.fields import DECODING_TYPE, DYNAMIC_DRAFT_LEN_TYPES
 
     config = load_config_arg(config_path, "CONFIG")
     plan = plan_config(config)
-    click.echo(json.dumps(plan.to_dict()) if as_json else format_plan(plan, config.deployment))
+    spec = plan_speculation(config) if config.drafter is not None else None
+    if as_json:
+        out = plan.to_dict()
+        if spec is not None:
+            out["speculation"] = {
+                "max_draft_len": spec.max_draft_len, "acceptance_by_position": spec.acceptance,
+                "acceptance_source": spec.acceptance_source, "draft_len_schedule": spec.draft_len_schedule,
+                "acceptance_rate_threshold": spec.acceptance_rate_threshold,
+                "acceptance_rate_window_size": spec.acceptance_rate_window_size,
+                "tokens_per_s": {k: [round(v, 1) for v in vals] for k, vals in spec.tokens_per_s.items()},
+            }
+        click.echo(json.dumps(out))
+        return
+    click.echo(format_plan(plan, config.deployment))
+    if spec is not None:
+        written = (config.flavour == "trtllm"
+                   and DECODING_TYPE[config.drafter.method] in DYNAMIC_DRAFT_LEN_TYPES)
+        click.echo(format_speculation(spec, config.deployment.max_batch_size, written))
 
 
 @main.command()
@@ -542,49 +665,74 @@ def _repo_of(build_dir: Path) -> Path:
     return build_dir / REPO_DIR if (build_dir / REPO_DIR).is_dir() else build_dir
 
 
-PORT = click.IntRange(1, 65535)
-
-
 @main.command()
-@click.argument("build_dir", metavar="DIR", type=EXISTING_DIR)
+@click.argument("build_dir", metavar="DIR", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind; 0.0.0.0 exposes the server to the network.")
+              help="Address to bind; 0.0.0.0 exposes the server to the network (admin APIs then need a key).")
 @click.option("--http-port", default=8000, show_default=True, type=PORT, help="HTTP/REST port.")
 @click.option("--grpc-port", default=8001, show_default=True, type=PORT, help="gRPC port.")
 @click.option("--metrics-port", default=8002, show_default=True, type=PORT, help="Prometheus metrics port.")
+@click.option("--openai-port", default=9000, show_default=True, type=PORT,
+              help="Port of the OpenAI-compatible API (/v1/completions, /v1/chat/completions).")
+@click.option("--no-openai", is_flag=True, help="Serve Triton's endpoints only.")
+@click.option("--api-key", envvar="TRTSPEC_API_KEY", default=None,
+              help="Require `Authorization: Bearer KEY` on the OpenAI API, and header `admin-key: KEY` on "
+                   "Triton's admin APIs (env TRTSPEC_API_KEY).")
 @run_errors
-def serve(build_dir, host, http_port, grpc_port, metrics_port) -> None:
-    """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel
-    until Ctrl-C or SIGTERM. Prints `serving …` once the server and its models are ready."""
+def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_openai, api_key) -> None:
+    """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel,
+    and an OpenAI-compatible API beside it, until Ctrl-C or SIGTERM. Prints `serving …` once the
+    server and its models are ready."""
     import signal
 
-    from trtspec.triton.server import Ports, TritonServer
+    from trtspec.serve import admin_key_for, start_openai_frontend
+    from trtspec.triton.server import Ports, TritonServer, check_port_free
 
-    if len({http_port, grpc_port, metrics_port}) < 3:
-        raise click.UsageError(f"--http-port {http_port}, --grpc-port {grpc_port} and --metrics-port "
-                               f"{metrics_port} must be three different ports")
+    if api_key is not None and not api_key:
+        raise click.BadParameter("must not be empty", param_hint="--api-key")
+    ports = {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port}
+    if not no_openai:
+        ports["--openai-port"] = openai_port
+    if len(set(ports.values())) < len(ports):
+        raise click.UsageError(", ".join(f"{k} {v}" for k, v in ports.items()) + " must all differ")
+    if not no_openai:  # Triton checks its own ports; this one would fail only after the models load
+        check_port_free(host, openai_port, "OpenAI API", "--openai-port")
 
     def _terminate(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
-    server = TritonServer(_repo_of(build_dir), host, Ports(http_port, grpc_port, metrics_port))
+    admin_key, generated = admin_key_for(host, api_key)
+    server = TritonServer(_repo_of(build_dir), host, Ports(http_port, grpc_port, metrics_port),
+                          admin_key=admin_key)
+    frontend = None
     try:
         server.start()
-        click.echo(f"serving {server.repo}: {server.http_url} {server.grpc_url} {server.metrics_url}",
-                   err=True)
+        urls, why_not = f"{server.http_url} {server.grpc_url} {server.metrics_url}", None
+        if not no_openai:
+            frontend, why_not = start_openai_frontend(server, openai_port, api_key)
+            urls += f" {frontend.url}/v1" if frontend else ""
+        click.echo(f"serving {server.repo}: {urls}", err=True)
+        if why_not:
+            click.echo(why_not, err=True)
+        if generated:
+            click.echo(f"Triton's admin APIs need header `admin-key: {admin_key}` (--api-key sets it)",
+                       err=True)
         code = server.wait()
         raise click.ClickException(f"tritonserver exited with {code}: {server.failure()}")
     except KeyboardInterrupt:
         click.echo("stopping tritonserver", err=True)
     finally:
+        if frontend is not None:
+            frontend.stop()
         server.stop()
 
 
 @main.command()
 @click.argument("build_dir", metavar="[DIR]", required=False, type=EXISTING_DIR)
-@click.option("--url", default=None, help="Check a running server (grpc://HOST:PORT or http://HOST:PORT) "
-              "instead of starting one on DIR.")
+@click.option("--url", default=None, help="Check a running server instead of starting one on DIR: "
+              "grpc://HOST:PORT or http://HOST:PORT (Triton), openai://HOST:PORT (any OpenAI-compatible "
+              "server: trtspec, trtllm-serve, vLLM, SGLang).")
 @click.option("--config", "config_path", default=None, type=click.Path(path_type=Path),
               help="Build config of the reference target (default: the one inside DIR; needed with --url "
                    "alone).")
@@ -594,8 +742,10 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port) -> None:
 @click.option("--max-tokens", default=48, show_default=True, type=int, help="Tokens per greedy prompt.")
 @click.option("--samples", default=400, show_default=True, type=int,
               help="Seeded sampling requests for the distribution test; 0 skips it.")
+@click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
+              help="With openai://: bearer token (env OPENAI_API_KEY).")
 @run_errors
-def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, samples) -> None:
+def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, samples, api_key) -> None:
     """Certify a deployment as lossless: greedy token identity with the target alone on every prompt
     and a sampling distribution test; exits 1 on any mismatch. Give DIR (a `trtspec build` output,
     served here on free loopback ports) or --url of a running server with --config."""
@@ -628,7 +778,8 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
         server = TritonServer(_repo_of(build_dir), ports=Ports.free()).start()
         url = server.grpc_url
     try:
-        cert = certify(url, model_name, config, prompts, max_tokens=max_tokens, samples=samples)
+        cert = certify(url, model_name, config, prompts, max_tokens=max_tokens, samples=samples,
+                       api_key=api_key)
     finally:
         if server is not None:
             server.stop()

@@ -7,11 +7,20 @@ with its dotted path and what was expected.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from trtspec.errors import ConfigError
 from trtspec.plan.deployment import DeploymentConfig
@@ -37,7 +46,16 @@ def _beside_yaml(base: Path, path: str) -> Path:
 class _HasPath(_Strict):
     path: str = Field(description="checkpoint directory, `builtin:NAME` or relative to the YAML")
     dtype: DType = Field("float32", description="weights' dtype at run time")
+    device: str = Field("cpu", description="where the model and every tensor of the decode loop live: "
+                                           "cpu, cuda or cuda:N")
     _base: Path = PrivateAttr(default=Path("."))
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", value):
+            raise ValueError(f"expected cpu, cuda or cuda:N, got {value!r}")
+        return value
 
     @property
     def resolved_path(self) -> Path:
@@ -53,13 +71,19 @@ class TargetConfig(_HasPath):
 class ScheduleConfig(_Strict):
     """How many of each request's draft tokens one target forward verifies (`spec.schedule`)."""
 
-    mode: Literal["full", "scheduler", "threshold", "argmax"] = Field(
-        "full", description="full block; scheduler = DSpark Algorithm 1 (needs confidences and an SPS "
-                            "table); threshold = slots whose survival ≥ `threshold`; argmax is biased, "
-                            "kept only to demonstrate why Algorithm 1 stops early")
+    mode: Literal["adaptive", "full", "scheduler", "threshold", "argmax"] = Field(
+        "adaptive",
+        description="adaptive = each step picks the draft length k ≥ 0 for the running batch from the "
+                    "measured cost model and each request's running acceptance (k = 0: plain decoding), "
+                    "then DSpark's Algorithm 1 cuts each block when the drafter has confidences; full = "
+                    "whole blocks; scheduler = DSpark Algorithm 1 over full blocks; threshold = slots "
+                    "whose survival ≥ `threshold`; argmax is biased, kept only to demonstrate why "
+                    "Algorithm 1 stops early")
     threshold: float = Field(0.5, ge=0, le=1, description="survival cut of the threshold mode")
     sps_table: str | None = Field(
-        None, description="`trtspec profile` output (steps/s per verify batch), relative to the YAML")
+        None, description="`trtspec profile` output (target steps/s per verify batch, drafter seconds per "
+                          "batch and draft length), relative to the YAML; unset = measured on first use "
+                          "and cached")
 
 
 class DrafterConfig(_HasPath):
@@ -99,6 +123,9 @@ class GenerationLimits(_Strict):
     """Bounds a deployment enforces on every request."""
 
     max_tokens: int = Field(2048, ge=1, description="largest `max_tokens` a request may ask for")
+    max_input_tokens: int | None = Field(
+        None, ge=1, description="longest prompt in tokens; unset = what the target's positions leave "
+                                "after `max_tokens` (a request's prompt + max_tokens must fit them)")
     max_concurrency: int = Field(
         8, ge=1, le=256,
         description="requests one served model instance decodes together (continuous batching: one "
@@ -121,6 +148,15 @@ class RuntimeConfig(_Strict):
         raise ValueError("expected 'auto' or an integer >= 1")
 
 
+class TestOnlyConfig(_Strict):
+    """Deliberate faults that let the test suite check its own checks. Never set in a deployment."""
+
+    biased_acceptance: bool = Field(
+        False, description="TEST ONLY: verify sampled drafts with the biased rule of "
+                           "`trtspec.spec.biased_verify` (acceptance min(1, p/2q)): the output is NOT the "
+                           "target's distribution; `trtspec verify` must fail such a server")
+
+
 class BuildConfig(_Strict):
     """One deployment recipe: which target, which drafter, where it runs."""
 
@@ -138,6 +174,14 @@ class BuildConfig(_Strict):
     )
     deployment: DeploymentConfig | None = Field(
         None, description="GPUs, parallelism and KV policy for planning and TensorRT-LLM artifacts")
+    test_only: TestOnlyConfig | None = Field(
+        None, description="TEST ONLY: deliberate faults (flavour torch) for testing `trtspec verify`")
+
+    @model_validator(mode="after")
+    def _test_only_in_torch(self) -> BuildConfig:
+        if self.test_only is not None and self.test_only.biased_acceptance and self.flavour != "torch":
+            raise ValueError(f"test_only.biased_acceptance is for flavour torch only, not {self.flavour!r}")
+        return self
 
     @field_validator("gpus")
     @classmethod

@@ -1,71 +1,140 @@
-"""One short GPU run (`scripts/gpu_check.sh`): parity with the CPU reference and timings.
+"""One GPU run (`scripts/gpu_check.sh`, at most 8 minutes on an H200): parity and the cost curve.
 
-Checks on the GPU, against the same code on the CPU:
-- the embedded target + DFlash drafter, greedy, token-identical to the target alone (fp32);
+Parity, each check guarded so one failure cannot hide the others:
 - the `kv_injection_attention` torch reference and its Triton kernel (plugins/), fp32/bf16/fp16 on
   the GPU vs fp32 on the CPU; the `confidence_verify` kernels vs their torch references;
-and times a target forward (1 and 16 tokens) and one DFlash block (B = 4 and 16) with CUDA events,
-and each plugin kernel against its torch reference and the bandwidth floor (`plugins.bench`).
-Where TensorRT is installed it also builds the engine flavour's engines from the exported ONNX
-graphs and checks DFlash decoding through them against the same graphs on onnxruntime.
-Prints a table last and writes `gpu_check.json` to $OUT (or the working directory).
+- the embedded target + DFlash drafter, greedy, token-identical to the target alone (fp32);
+- where TensorRT is installed, the engine flavour's engines built from the exported ONNX graphs,
+  decoding like the same graphs on onnxruntime ("skipped: TensorRT not installed" elsewhere).
+Then the real-size cost curve of each model (`trtspec.bench.synthetic`: target forwards eager and
+as CUDA graphs against the HBM floor, DFlash draft step, plugin kernels at the model's shapes,
+loop overhead, projected speedups at the published τ).
+
+`--small` is the CPU rehearsal: the same checks at small shapes (Triton kernels in the
+interpreter, a scaled-down architecture), so every import and line but the CUDA-only ones runs in
+CI. Writes `gpu_check.json` and `gpu_check.md` to --out (default $OUT, else the working
+directory) after every stage, so a run cut short still leaves what it measured; prints a summary
+table last.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import click
 import torch
 
-from trtspec.config import load_build_config
-from trtspec.models.dflash import kv_injection_attention
-from trtspec.pipeline import load_pipeline
-from trtspec.prompts import load_prompts
+log = logging.getLogger(__name__)
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+MODELS = ("qwen3-8b", "llama3.1-8b")
+CONFIGS = Path(__file__).parents[1] / "build_configs"
 
 
-def cuda_time(fn, reps: int = 50) -> float:
-    """Median milliseconds of `fn()` over `reps` runs, after warm-up."""
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
-def check_attention(rows: list[dict]) -> None:
+class Run:
+    """Where one check run writes: rows of parity checks, per-model profiles, the output files."""
+
+    def __init__(self, device: torch.device, small: bool, out_dir: Path):
+        self.device, self.small, self.out_dir = device, small, out_dir
+        self.cuda = device.type == "cuda"
+        self.rows: list[dict] = []
+        self.synthetic: dict[str, dict] = {}
+        self.started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+    def timer(self, reps: int = 20):
+        from trtspec.bench.device_timer import DeviceTimer
+
+        return DeviceTimer(self.device, warmup=3, reps=reps)
+
+    def guarded(self, label: str, check: Callable[[], None]) -> None:
+        t0 = time.perf_counter()
+        try:
+            check()
+        except Exception as exc:  # report it and go on: the other checks still run
+            log.exception("%s failed", label)
+            self.rows.append({"check": label, "dtype": "-", "ok": False, "detail": _error(exc)})
+        log.info("%s: %.1f s", label, time.perf_counter() - t0)
+        self.write()
+
+    def payload(self) -> dict:
+        import transformers
+        import triton
+
+        return {"device": torch.cuda.get_device_name(self.device) if self.cuda else "cpu",
+                "mode": "small (CPU rehearsal shapes)" if self.small else "full",
+                "started": self.started, "torch": torch.__version__, "transformers": transformers.__version__,
+                "triton": triton.__version__, "python": sys.version.split()[0],
+                "rows": self.rows, "synthetic": self.synthetic}
+
+    def write(self) -> None:
+        from trtspec.bench.synthetic_report import render_markdown
+
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        payload = self.payload()
+        (self.out_dir / "gpu_check.json").write_text(json.dumps(payload, indent=1))
+        lines = [f"## gpu_check on {payload['device']} ({payload['mode']})", "",
+                 f"Started {payload['started']}; python {payload['python']}, torch {payload['torch']}, "
+                 f"transformers {payload['transformers']}, triton {payload['triton']}.", "",
+                 "| check | dtype | rel_err | ms | ok | detail |", "|---|---|---:|---:|---|---|"]
+        for r in self.rows:
+            err = f"{r['rel_err']:.2e}" if r.get("rel_err") is not None else ""
+            ms = f"{r['ms']:.3f}" if r.get("ms") is not None else ""
+            lines.append(f"| {r['check']} | {r['dtype']} | {err} | {ms} | {'yes' if r['ok'] else 'NO'} | "
+                         f"{r.get('detail', '')} |")
+        for result in self.synthetic.values():
+            lines += ["", render_markdown(result)]
+        (self.out_dir / "gpu_check.md").write_text("\n".join(lines) + "\n")
+
+
+# -- parity ---------------------------------------------------------------------------------------
+
+def check_environment(run: Run) -> None:
+    import pydantic
+
+    where = Path(pydantic.__file__).parents[1]
+    run.rows.append({"check": "environment", "dtype": "-", "ok": True,
+                     "detail": f"pydantic {pydantic.VERSION} from {where}; "
+                     f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}"})
+
+
+def check_attention(run: Run) -> None:
     from plugins.kv_injection_attention import kv_injection_attention_concat as triton_attention
+    from trtspec.models.dflash import kv_injection_attention
 
+    # the interpreter's bfloat16 dot is wrong (triton-lang/triton#11584), so the CPU runs fp32 only
+    dtypes = TOLERANCE if run.cuda else {torch.float32: TOLERANCE[torch.float32]}
+    shapes = [(2, 8, 2, 7, 37, 64)] if run.small else \
+        [(1, 32, 8, 16, 2048, 128), (4, 16, 4, 8, 512, 64), (2, 8, 2, 7, 37, 64)]
     gen = torch.Generator().manual_seed(0)
-    for b, h, kvh, block, ctx, d in [(1, 32, 8, 16, 2048, 128), (4, 16, 4, 8, 512, 64), (2, 8, 2, 7, 37, 64)]:
+    timer = run.timer()
+    for b, h, kvh, block, ctx, d in shapes:
         q = torch.randn(b, h, block, d, generator=gen)
         k = torch.randn(b, kvh, ctx + block, d, generator=gen)
         v = torch.randn(b, kvh, ctx + block, d, generator=gen)
         ref = kv_injection_attention(q, k, v)
-        for dtype, tol in TOLERANCE.items():
-            args = [t.cuda().to(dtype) for t in (q, k, v)]
+        for dtype, tol in dtypes.items():
+            args = [t.to(run.device, dtype) for t in (q, k, v)]
             for name, fn in [("kv_injection_attention[torch]", kv_injection_attention),
                              ("kv_injection_attention[triton]", triton_attention)]:
                 out = fn(*args).float().cpu()
                 err = ((out - ref).norm() / ref.norm()).item()
-                ms = cuda_time(lambda a=args, f=fn: f(*a))
-                rows.append({"check": f"{name} b{b} h{h}/{kvh} B{block} ctx{ctx}",
-                             "dtype": str(dtype).removeprefix("torch."), "rel_err": err,
-                             "ok": err < tol, "ms": ms})
+                run.rows.append({"check": f"{name} b{b} h{h}/{kvh} B{block} ctx{ctx}",
+                                 "dtype": str(dtype).removeprefix("torch."), "rel_err": err, "ok": err < tol,
+                                 "ms": timer.median_ms(lambda a=args, f=fn: f(*a)) if run.cuda else None})
 
 
-def check_verify(rows: list[dict]) -> None:
-    """The verify kernels on the GPU against the torch references on the CPU: token-identical."""
+def check_verify(run: Run) -> None:
+    """The verify kernels on the device against the torch references on the CPU: token-identical."""
     from plugins.confidence_verify import (
         draw_uniforms,
         verify_greedy,
@@ -75,88 +144,81 @@ def check_verify(rows: list[dict]) -> None:
     from trtspec.spec.verify import verify_greedy as torch_greedy
 
     gen = torch.Generator().manual_seed(0)
-    b, k, vocab = 16, 15, 151_936
+    b, k, vocab = (4, 7, 1000) if run.small else (16, 15, 151_936)
     logits = torch.randn(b, k + 1, vocab, generator=gen)
     draft = logits.argmax(-1)[:, :k]
     flip = torch.rand(b, k, generator=gen) < 0.1
     draft[flip] = (draft[flip] + 1) % vocab
     lens = torch.randint(0, k + 1, (b,), generator=gen)
-    for dtype in (torch.float32, torch.bfloat16):
+    dev = run.device
+    for dtype in (torch.float32, torch.bfloat16) if run.cuda else (torch.float32,):
         want = torch_greedy(draft, logits.to(dtype).float(), lens)
-        got = verify_greedy(draft.cuda(), logits.to(dtype).cuda(), lens.cuda())
+        got = verify_greedy(draft.to(dev), logits.to(dtype).to(dev), lens.to(dev))
         same = torch.equal(got.tokens.cpu(), want.tokens)
-        rows.append({"check": f"confidence_verify greedy b{b} k{k} V{vocab}", "dtype": str(dtype)[6:],
-                     "ok": same, "detail": "tokens equal" if same else "TOKENS DIFFER"})
+        run.rows.append({"check": f"confidence_verify greedy b{b} k{k} V{vocab}", "dtype": str(dtype)[6:],
+                         "ok": same, "detail": "tokens equal" if same else "TOKENS DIFFER"})
     p = torch.softmax(logits, -1)
     q = torch.softmax(logits + torch.randn(b, k + 1, vocab, generator=gen), -1)[:, :k]
     draft = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).reshape(b, k)
     u, u_last = draw_uniforms(b, k, gen)
     want = verify_sampling_explicit(draft, q, p, u, u_last, lens)
-    got = verify_sampling(*(t.cuda() for t in (draft, q, p, u, u_last, lens)))
+    got = verify_sampling(*(t.to(dev) for t in (draft, q, p, u, u_last, lens)))
     same = torch.equal(got.tokens.cpu(), want.tokens)
-    rows.append({"check": f"confidence_verify sampling b{b} k{k} V{vocab}", "dtype": "float32",
-                 "ok": same, "detail": "tokens equal" if same else "TOKENS DIFFER"})
+    run.rows.append({"check": f"confidence_verify sampling b{b} k{k} V{vocab}", "dtype": "float32",
+                     "ok": same, "detail": "tokens equal" if same else "TOKENS DIFFER"})
 
 
-def bench_plugins(rows: list[dict]) -> None:
-    from plugins.bench import bench_kernels
+def check_decoding(run: Run) -> None:
+    """The shipped tiny target + DFlash drafter on the device: greedy equals the target alone."""
+    from trtspec.bench.loop_overhead import tiny_pipeline
+    from trtspec.prompts import load_prompts
 
-    for r in bench_kernels():
-        rows.append({"check": f"{r['kernel']} {r['shape']}", "dtype": r["dtype"], "ok": True,
-                     "ms": r["kernel_ms"], "detail": f"torch {r['torch_ms']:.3f}, floor {r['floor_ms']:.3f}",
-                     **{key: r[key] for key in ("torch_ms", "floor_ms", "bytes")}})
-
-
-def check_decoding(rows: list[dict]) -> None:
-    config = load_build_config(Path(__file__).parents[1] / "build_configs" / "tiny-dflash.yaml")
-    spec = load_pipeline(config)
-    plain = load_pipeline(config, use_drafter=False)
-    for p in (spec, plain):
-        p.target.model.cuda()
-    spec.drafter.model.cuda()
+    spec, plain = tiny_pipeline(run.device), tiny_pipeline(run.device, use_drafter=False)
+    n, max_tokens = (1, 24) if run.small else (6, 128)
+    prompts = load_prompts("code")[:n] + load_prompts("math")[:n]
     same = 0
-    prompts = load_prompts("code")[:6] + load_prompts("math")[:6]
     for prompt in prompts:
         ids = spec.tokenizer.encode(prompt)
-        same += spec.decoder.generate(ids, 128).token_ids == plain.decoder.generate(ids, 128).token_ids
-    rows.append({"check": "DFlash greedy == target alone (cuda fp32)", "dtype": "float32",
-                 "ok": same == len(prompts), "detail": f"{same}/{len(prompts)} prompts"})
-    target = spec.target.model
-    for n in (1, 16):
-        ids = torch.randint(0, 256, (1, n), device="cuda")
-        rows.append({"check": f"target forward, {n} tokens", "dtype": "float32", "ok": True,
-                     "ms": cuda_time(lambda i=ids: target(i))})
+        spec_ids = spec.decoder.generate(ids, max_tokens).token_ids
+        same += spec_ids == plain.decoder.generate(ids, max_tokens).token_ids
+    run.rows.append({"check": f"DFlash greedy == target alone ({run.device.type} fp32)", "dtype": "float32",
+                     "ok": same == len(prompts), "detail": f"{same}/{len(prompts)} prompts"})
 
 
 ENGINE_CHECKS = (("tiny-dflash", "float32"), ("tiny-dspark", "float32"), ("tiny-dflash", "float16"))
 
 
-def check_engines(rows: list[dict]) -> None:
+def check_engines(run: Run) -> None:
     """Where TensorRT exists: build the engine flavour's engines (plugins AOT) from the exported
     ONNX graphs and decode with them, greedy. float32: token-identical to the same graphs on
     onnxruntime. float16 (different kernels may round differently): speculation on TensorRT equals
     TensorRT decoding alone, and agreement with onnxruntime is reported."""
-    from trtspec.engine.trt import tensorrt_available
-
-    if not tensorrt_available():
-        rows.append({"check": "TensorRT engines (engine flavour)", "dtype": "-", "ok": True,
-                     "detail": "skipped: tensorrt is not installed here"})
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        run.rows.append({"check": "TensorRT engines (engine flavour)", "dtype": "-", "ok": True,
+                         "detail": "skipped: TensorRT not installed"})
+        return
+    if not run.cuda:
+        run.rows.append({"check": "TensorRT engines (engine flavour)", "dtype": "-", "ok": True,
+                         "detail": "skipped: no CUDA device"})
         return
     for name, dtype in ENGINE_CHECKS:
-        _check_engine_config(rows, name, dtype)
+        _check_engine_config(run, name, dtype)
 
 
-def _check_engine_config(rows: list[dict], name: str, dtype: str) -> None:
+def _check_engine_config(run: Run, name: str, dtype: str) -> None:
     import tempfile
-    import time
 
+    from trtspec.config import load_build_config
     from trtspec.engine.build import build_engines
     from trtspec.engine.load import load_engine_models
     from trtspec.export.bundle import export_bundle
+    from trtspec.prompts import load_prompts
     from trtspec.spec.decoder import SpeculativeDecoder
     from trtspec.tokenizer import ByteTokenizer
 
-    config = load_build_config(Path(__file__).parents[1] / "build_configs" / f"{name}.yaml")
+    config = load_build_config(CONFIGS / f"{name}.yaml")
     config = config.model_copy(update={"flavour": "engine",
                                         "target": config.target.model_copy(update={"dtype": dtype})})
     with tempfile.TemporaryDirectory() as tmp:
@@ -164,8 +226,8 @@ def _check_engine_config(rows: list[dict], name: str, dtype: str) -> None:
         manifest = export_bundle(config, folder)
         t0 = time.perf_counter()
         build_engines(folder)
-        rows.append({"check": f"TensorRT engine build ({name}, {len(manifest['graphs'])} graphs)",
-                     "dtype": dtype, "ok": True, "ms": 1000 * (time.perf_counter() - t0)})
+        run.rows.append({"check": f"TensorRT engine build ({name}, {len(manifest['graphs'])} graphs)",
+                         "dtype": dtype, "ok": True, "ms": 1000 * (time.perf_counter() - t0)})
         decoders = {}
         for backend in ("onnxruntime", "tensorrt"):
             target, drafter, verifier = load_engine_models(config, folder=folder, backend=backend)
@@ -184,36 +246,96 @@ def _check_engine_config(rows: list[dict], name: str, dtype: str) -> None:
             for b, r in out.items():
                 tps.setdefault(b, []).append(r.decode_tokens_per_s)
         ok = lossless == len(prompts) and (dtype != "float32" or same == len(prompts))
-        rows.append({"check": f"engine flavour on TensorRT ({name} greedy)", "dtype": dtype, "ok": ok,
-                     "detail": f"== onnxruntime {same}/{len(prompts)}, == TensorRT target alone "
-                     f"{lossless}/{len(prompts)}; decode tok/s "
-                     + ", ".join(f"{b} {sum(v) / len(v):.0f}" for b, v in tps.items())})
+        run.rows.append({"check": f"engine flavour on TensorRT ({name} greedy)", "dtype": dtype, "ok": ok,
+                         "detail": f"== onnxruntime {same}/{len(prompts)}, == TensorRT target alone "
+                         f"{lossless}/{len(prompts)}; decode tok/s "
+                         + ", ".join(f"{b} {sum(v) / len(v):.0f}" for b, v in tps.items())})
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device visible; run this on a GPU node", file=sys.stderr)
-        return 2
-    rows: list[dict] = []
-    check_attention(rows)
-    check_verify(rows)
-    check_decoding(rows)
-    bench_plugins(rows)
+# -- the cost curve -------------------------------------------------------------------------------
+
+def profile_models(run: Run, models: list[str], budget_s: float) -> None:
+    from trtspec.bench.loop_overhead import measure_loop_overhead
+    from trtspec.bench.synthetic import SyntheticSettings, profile_synthetic
+
+    overhead: dict = {}
+    max_tokens = 24 if run.small else 48
+    run.guarded("decode-loop overhead",
+                lambda: overhead.update(measure_loop_overhead(run.device, max_tokens=max_tokens)))
+    per_model = budget_s / len(models)
+    for model in models:
+        settings = (SyntheticSettings.small if run.small else SyntheticSettings)(budget_s=per_model)
+
+        def profile(m: str = model, s: SyntheticSettings = settings) -> None:
+            run.synthetic[m] = profile_synthetic(m, s, run.device, overhead or None)
+
+        run.guarded(f"synthetic profile {model}", profile)
+
+
+def summary(run: Run) -> str:
+    from trtspec.bench.synthetic_report import headline
+
+    lines = [f"\n{'check':<60} {'dtype':<9} {'rel_err':>9} {'ms':>9}  ok   detail"]
+    for r in run.rows:
+        err = f"{r['rel_err']:.2e}" if r.get("rel_err") is not None else ""
+        ms = f"{r['ms']:.3f}" if r.get("ms") is not None else ""
+        lines.append(f"{r['check']:<60} {r['dtype']:<9} {err:>9} {ms:>9}  {'yes' if r['ok'] else 'NO '}  "
+                     f"{r.get('detail', '')}")
+    for model, result in run.synthetic.items():
+        lines += ["", f"{model} ({result['scale_label']}, {result['device']}):"]
+        lines += [f"  {line}" for line in headline(result)]
+        for p in result["projections"]:
+            lines.append(f"  {p['task']:<10} τ {p['tau']:.2f}  c{p['context']:<6} projected "
+                         f"{p['projected_speedup']:.2f}x ({p['mode']}) vs published "
+                         f"{p['published_speedup']:.2f}x")
+        if result["skipped"]:
+            lines.append(f"  skipped {len(result['skipped'])}: {result['skipped'][0]} ...")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--small", is_flag=True, help="CPU rehearsal: the same checks at small shapes.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Folder for gpu_check.json and gpu_check.md; default $OUT, else the working directory.")
+@click.option("--models", default=",".join(MODELS), show_default=True,
+              help="Comma-separated models for the cost curve (trtspec profile --synthetic names).")
+@click.option("--budget-s", default=None, type=float,
+              help="Seconds for all cost curves together; default 300 (30 with --small).")
+def main(small: bool, out_dir: Path | None, models: str, budget_s: float | None) -> None:
+    """Parity checks and the real-size cost curve on this machine's GPU (see the module docstring)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    cuda = torch.cuda.is_available()
+    if not cuda and not small:
+        raise click.UsageError("no CUDA device visible; run this on a GPU node, "
+                               "or add --small for the CPU rehearsal")
+    if not cuda:
+        # before anything imports triton (transformers does): @triton.jit reads it when it decorates
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from trtspec.bench.synthetic import resolve_model
+    from trtspec.errors import TrtspecError
+
+    names = [m.strip() for m in models.split(",") if m.strip()]
     try:
-        check_engines(rows)
-    except Exception as exc:  # report and keep the table: the other checks already ran
-        rows.append({"check": "TensorRT engines (engine flavour)", "dtype": "-", "ok": False,
-                     "detail": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
-    out = Path(os.environ.get("OUT", ".")) / "gpu_check.json"
-    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
-    print(f"\n{'check':<60} {'dtype':<9} {'rel_err':>9} {'ms':>9}  ok   detail")
-    for r in rows:
-        err = f"{r['rel_err']:.2e}" if "rel_err" in r else ""
-        ms = f"{r['ms']:.3f}" if "ms" in r else ""
-        ok = "yes" if r["ok"] else "NO "
-        print(f"{r['check']:<60} {r['dtype']:<9} {err:>9} {ms:>9}  {ok}  {r.get('detail', '')}")
-    return 0 if all(r["ok"] for r in rows) else 1
+        names = [resolve_model(m).key for m in names]
+    except TrtspecError as exc:
+        raise click.BadParameter(str(exc), param_hint="--models") from None
+    if budget_s is not None and budget_s <= 0:
+        raise click.BadParameter(f"must be > 0, got {budget_s}", param_hint="--budget-s")
+    run = Run(torch.device("cuda" if cuda else "cpu"), small, out_dir or Path(os.environ.get("OUT", ".")))
+    checks = (("environment", check_environment), ("kv_injection_attention parity", check_attention),
+              ("confidence_verify parity", check_verify), ("DFlash decoding parity", check_decoding),
+              ("TensorRT engines (engine flavour)", check_engines))
+    for label, check in checks:
+        run.guarded(label, lambda c=check: c(run))
+    if names:
+        profile_models(run, names, budget_s or (30.0 if small else 300.0))
+    run.write()
+    click.echo(summary(run))
+    click.echo(f"\nwrote {run.out_dir / 'gpu_check.json'} and {run.out_dir / 'gpu_check.md'}")
+    failed = [r["check"] for r in run.rows if not r["ok"]]
+    if failed:
+        raise click.ClickException(f"{len(failed)} check(s) failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

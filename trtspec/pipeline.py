@@ -1,26 +1,32 @@
-"""A loaded deployment in the torch flavour: tokenizer + target + drafter + decoder.
+"""A loaded deployment: tokenizer + target + drafter + verifier, and the decoders over them.
 
 This is what the CLI, the Triton orchestration model and the benchmarks all call, so the text
-they produce for one request is produced by the same code.
+they produce for one request is produced by the same code: `decoder` serves one request at a time
+(`trtspec generate`), `batch_decoder()` up to `limits.max_concurrency` at once (serving), both the
+same loop (`trtspec.spec.decoder.SpeculativeDecoder`).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from trtspec.config import BuildConfig, EngineConfig
+import torch
+
+from trtspec.config import BuildConfig, EngineConfig, ScheduleConfig
 from trtspec.errors import ConfigError
 from trtspec.models.drafter import Drafter, build_drafter
-from trtspec.models.packed_target import PackedSlots, PackedTarget
 from trtspec.models.target import TargetModel, load_causal_lm
-from trtspec.spec.batch import BatchDecoder
+from trtspec.spec.cost import load_acceptance
 from trtspec.spec.decoder import SpeculativeDecoder
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.schedule import SPSTable
+from trtspec.spec.verify import Verifier
 from trtspec.tokenizer import ByteTokenizer
 
 if TYPE_CHECKING:
@@ -58,35 +64,76 @@ def load_tokenizer(path: Path, hf_config) -> TextTokenizer:
     return HFTokenizer(path)
 
 
-@dataclass(slots=True)
+def check_device(config: BuildConfig) -> None:
+    """Refuse a device this machine does not have, naming the field, before anything loads."""
+    parts = [("target", config.target)] + ([("drafter", config.drafter)] if config.drafter else [])
+    for name, part in parts:
+        device = torch.device(part.device)
+        if device.type != "cuda":
+            continue
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{name}.device is {part.device!r} but this machine has no CUDA GPU "
+                              f"(torch {torch.__version__}); use `device: cpu`")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"{name}.device is {part.device!r} but this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s)")
+    if config.drafter is not None and config.drafter.device != config.target.device:
+        raise ConfigError(f"drafter.device {config.drafter.device!r} differs from target.device "
+                          f"{config.target.device!r}; both run in the same decode loop")
+
+
+@dataclass
 class Pipeline:
     config: BuildConfig
     tokenizer: TextTokenizer
     target: TargetModel | EngineTarget
     drafter: Drafter
-    decoder: SpeculativeDecoder
+    verifier: Verifier = field(default_factory=Verifier)
 
-    def packed_target(self) -> PackedSlots:
-        """This pipeline's target as a packed multi-request target (for `BatchDecoder`)."""
-        taps = self.target.tap_layer_ids
-        if isinstance(self.target, TargetModel):
-            return PackedTarget(self.target.model, taps)
-        from trtspec.engine.packed_target import EnginePackedTarget
+    @property
+    def capacity(self) -> int:
+        """Positions one request may use: the target's, or the config's limits when set."""
+        limits = self.config.limits
+        positions = self.target.max_positions
+        if limits.max_input_tokens is not None:
+            positions = min(positions, limits.max_input_tokens + limits.max_tokens)
+        return positions
 
-        graph = self.target.graph
-        return EnginePackedTarget(graph.session, self.target.config, taps, graph.precision)
+    @functools.cached_property
+    def cost_table(self) -> SPSTable | None:
+        """The machine's cost model: the config's `schedule.sps_table`, else measured once and cached."""
+        drafter_config = self.config.drafter
+        if drafter_config is None or not self.drafter.num_draft_tokens:
+            return None
+        if drafter_config.resolved_sps_table is not None:
+            return SPSTable.load(drafter_config.resolved_sps_table)
+        return _cached_cost_table(self)
 
-    def batch_decoder(self) -> BatchDecoder:
-        """A continuous-batching decoder over this pipeline's target, drafter and verifier, with
-        the config's verification schedule (DSpark's scheduler loads its SPS table)."""
-        schedule, sps = None, None
-        drafter = self.config.drafter
-        if drafter is not None and self.drafter.num_draft_tokens:
-            schedule = drafter.schedule
-            if drafter.resolved_sps_table is not None:
-                sps = SPSTable.load(drafter.resolved_sps_table)
-        return BatchDecoder(self.packed_target(), self.drafter, self.tokenizer.eos_id, schedule, sps,
-                            self.decoder.verifier)
+    def decoder_for(self, max_slots: int, schedule: ScheduleConfig | None = None, use_drafter: bool = True,
+                    cost_table: SPSTable | None = None) -> SpeculativeDecoder:
+        """A decoder over this pipeline's models with its own slots (`schedule`: the config's;
+        `cost_table`: this pipeline's measured one)."""
+        drafter = self.drafter if use_drafter else None
+        if schedule is None:
+            schedule = self.config.drafter.schedule if self.config.drafter else ScheduleConfig(mode="full")
+        needs_table = drafter is not None and drafter.num_draft_tokens and schedule.mode not in ("full",
+                                                                                                "threshold")
+        prior = None
+        if drafter is not None and self.config.drafter is not None:
+            prior = load_acceptance(self.config.drafter.resolved_path)
+        if needs_table and cost_table is None:
+            cost_table = self.cost_table
+        return SpeculativeDecoder(self.target, drafter, self.tokenizer.eos_id, self.verifier, schedule,
+                                  cost_table, max_slots, self.capacity, prior)
+
+    @functools.cached_property
+    def decoder(self) -> SpeculativeDecoder:
+        """One request at a time, with the config's schedule."""
+        return self.decoder_for(1)
+
+    def batch_decoder(self) -> SpeculativeDecoder:
+        """Continuous batching: up to `limits.max_concurrency` requests per step."""
+        return self.decoder_for(self.config.limits.max_concurrency)
 
     def generate(
         self, prompt: str, max_tokens: int, sampling: SamplingParams | None = None
@@ -100,9 +147,34 @@ class Pipeline:
         return self.tokenizer.decode(result.token_ids), result
 
 
+def _cached_cost_table(pipeline: Pipeline) -> SPSTable:
+    """`profile_cost` of this pipeline, measured on first use and kept in the cache folder."""
+    from trtspec.bench.profile import cost_key, profile_cost
+    from trtspec.export.bundle import cache_root, content_key
+
+    config = pipeline.config
+    key = cost_key({"models": content_key(config, True), "flavour": config.flavour,
+                    "slots": config.limits.max_concurrency, "device": config.target.device})
+    path = cache_root() / "cost" / f"{key}.json"
+    if path.is_file():
+        try:
+            return SPSTable.load(path)
+        except ConfigError:
+            log.warning("%s is not a readable cost table; measuring again", path)
+    log.warning("measuring this machine's cost model for adaptive speculation (once; cached in %s)", path)
+    table = profile_cost(pipeline.target, pipeline.drafter, reps=3, max_batch=config.limits.max_concurrency,
+                         progress=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(table.model_dump(), indent=1) + "\n")
+    tmp.replace(path)
+    return table
+
+
 def load_pipeline(config: BuildConfig, use_drafter: bool = True) -> Pipeline:
     """Load the config's target (and drafter unless `use_drafter` is False): flavour torch in
     torch; flavour engine over onnxruntime sessions of the exported graphs (`trtspec.engine.load`)."""
+    check_device(config)
     if config.flavour == "engine":
         return _load_engine_pipeline(config, use_drafter)
     if config.flavour != "torch":
@@ -110,14 +182,17 @@ def load_pipeline(config: BuildConfig, use_drafter: bool = True) -> Pipeline:
             f"flavour {config.flavour!r} cannot run in this command yet; use `flavour: torch` or `engine`"
         )
     drafter_config = config.drafter if use_drafter else None
-    model = load_causal_lm(config.target.resolved_path, config.target.dtype)
+    model = load_causal_lm(config.target.resolved_path, config.target.dtype, config.target.device)
     tokenizer = load_tokenizer(config.target.resolved_path, model.config)
     # the drafter decides which target layers to tap, so build a bare target first
-    target = TargetModel(model)
-    drafter = build_drafter(drafter_config, target)
-    target = TargetModel(model, drafter.tap_layer_ids)
-    decoder = SpeculativeDecoder(target, drafter, tokenizer.eos_id)
-    return Pipeline(config, tokenizer, target, drafter, decoder)
+    drafter = build_drafter(drafter_config, TargetModel(model))
+    verifier = Verifier()
+    if config.test_only is not None and config.test_only.biased_acceptance:
+        from trtspec.spec.biased_verify import BiasedVerifier
+
+        log.warning("config %r: test_only.biased_acceptance, sampling is deliberately biased", config.name)
+        verifier = BiasedVerifier()
+    return Pipeline(config, tokenizer, TargetModel(model, drafter.tap_layer_ids), drafter, verifier)
 
 
 def _load_engine_pipeline(config: BuildConfig, use_drafter: bool) -> Pipeline:
@@ -130,5 +205,4 @@ def _load_engine_pipeline(config: BuildConfig, use_drafter: bool) -> Pipeline:
                                                    backend=engine.backend)
     hf_config = AutoConfig.from_pretrained(config.target.resolved_path, local_files_only=True)
     tokenizer = load_tokenizer(config.target.resolved_path, hf_config)
-    decoder = SpeculativeDecoder(target, drafter, tokenizer.eos_id, verifier)
-    return Pipeline(config, tokenizer, target, drafter, decoder)
+    return Pipeline(config, tokenizer, target, drafter, verifier)

@@ -1,10 +1,13 @@
 """Throughput against interactivity: R concurrent requests per method, side by side.
 
-For each concurrency R the held-out prompts are served in groups of R by `BatchDecoder` (one
-packed target forward per cycle for the whole group). Every method serves the same groups, one
-after the other within a group, so drift hits all alike. A method is `none`, a drafter with the
-full block verified, or — for drafters with a confidence head — the prefix scheduler or a fixed
-survival threshold. Per group we record wall time and each request's decode speed:
+For each concurrency R the held-out prompts are served in groups of R by the serving loop
+(`SpeculativeDecoder`: one drafter pass, one packed target forward and one verification per step
+for the whole group). Every method serves the same groups, one after the other within a group, so
+drift hits all alike. A method is `none`, a drafter verifying whole blocks, the same drafter with
+adaptive speculation (`+adaptive`: each step's draft length from the measured cost model, 0 when
+speculation would not pay) and — for drafters with a confidence head — the prefix scheduler or a
+fixed survival threshold over whole blocks. Per group we record wall time and each request's
+decode speed:
 
     per-user tokens/s = a request's tokens after the first / its time after prefill (mean over users)
     total tokens/s    = all tokens of the groups / their wall time
@@ -21,10 +24,11 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
+from trtspec.bench.profile import profile_cost
 from trtspec.config import BuildConfig, ScheduleConfig
 from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
-from trtspec.spec.batch import BatchDecoder, Request
+from trtspec.spec.decoder import Request, SpeculativeDecoder
 from trtspec.spec.schedule import SPSTable
 
 THRESHOLDS = (0.3, 0.5, 0.7)
@@ -39,43 +43,57 @@ class _Point:
     mismatches: int = 0
     offered: int = 0
     admitted: int = 0
+    draft_lens: dict[int, int] = field(default_factory=dict)
 
     def summary(self) -> dict:
+        steps = sum(self.draft_lens.values())
+        mean_k = sum(k * n for k, n in self.draft_lens.items()) / steps if steps else 0.0
         return {
             "total_tokens_per_s": round(self.tokens / self.wall_s, 2) if self.wall_s else 0.0,
             "per_user_tokens_per_s": round(statistics.fmean(self.user_tps), 2) if self.user_tps else 0.0,
             "tokens_per_cycle": round(self.tokens / self.cycles, 3) if self.cycles else 0.0,
             "admitted_share": round(self.admitted / self.offered, 3) if self.offered else None,
+            "mean_draft_len": round(mean_k, 2),
             "greedy_mismatches": self.mismatches,
             "tokens": self.tokens,
             "wall_s": round(self.wall_s, 3),
         }
 
 
-def _decoders(pipelines: dict[str, Pipeline], sps: SPSTable | None) -> dict[str, BatchDecoder]:
-    """One decoder per method; confidence drafters also get the scheduler and thresholds."""
+def _decoders(pipelines: dict[str, Pipeline], slots: int,
+              tables: dict[str, SPSTable]) -> dict[str, SpeculativeDecoder]:
+    """One decoder per method (all with `slots` slots), each drafter's with its cost table."""
     out = {}
     for name, p in pipelines.items():
-        target, verifier = p.packed_target(), p.decoder.verifier
-        drafter = None if name == "none" else p.drafter
-        out[name] = BatchDecoder(target, drafter, p.tokenizer.eos_id, verifier=verifier)
-        if p.drafter.method == "dspark" and sps is not None:
-            out[f"{name}+scheduler"] = BatchDecoder(target, drafter, p.tokenizer.eos_id,
-                                                    ScheduleConfig(mode="scheduler"), sps, verifier)
-            for th in THRESHOLDS:
-                out[f"{name}+threshold{th}"] = BatchDecoder(target, drafter, p.tokenizer.eos_id,
-                                                            ScheduleConfig(mode="threshold", threshold=th),
-                                                            sps, verifier)
+        out[name] = p.decoder_for(slots, ScheduleConfig(mode="full"))
+        if name == "none":
+            continue
+        schedules = {"adaptive": ScheduleConfig(mode="adaptive")}
+        if p.drafter.method == "dspark":
+            schedules["scheduler"] = ScheduleConfig(mode="scheduler")
+            schedules.update({f"threshold{th}": ScheduleConfig(mode="threshold", threshold=th)
+                              for th in THRESHOLDS})
+        for label, schedule in schedules.items():
+            out[f"{name}+{label}"] = p.decoder_for(slots, schedule, cost_table=tables[name])
     return out
 
 
 def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_task: int,
-                    max_tokens: int, concurrency: list[int], sps: SPSTable | None = None) -> dict:
-    """`configs`: method name -> config (all the same target). Returns results['concurrency']."""
+                    max_tokens: int, concurrency: list[int], table: SPSTable | None = None) -> dict:
+    """`configs`: method name -> config (all the same target). Each drafter's cost model is `table`
+    when given, else its config's `schedule.sps_table`, else measured in this run. Returns
+    results['concurrency']."""
     first = next(iter(configs.values()))
     pipelines = {"none": load_pipeline(first, use_drafter=False)}
     pipelines.update({name: load_pipeline(cfg) for name, cfg in configs.items()})
-    decoders = _decoders(pipelines, sps)
+    tables = {}
+    for name, cfg in configs.items():
+        if table is not None or cfg.drafter.resolved_sps_table is not None:
+            tables[name] = table or pipelines[name].cost_table
+        else:
+            tables[name] = profile_cost(pipelines[name].target, pipelines[name].drafter, reps=5,
+                                        max_batch=max(concurrency))
+    decoders = _decoders(pipelines, max(concurrency), tables)
     tok = pipelines["none"].tokenizer
     prompts = [tok.encode(p) for t in tasks for p in load_prompts(t)[:prompts_per_task]]
     points = {m: {r: _Point() for r in concurrency} for m in decoders}
@@ -84,7 +102,7 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
         expected = None
         for name, decoder in decoders.items():
             t0 = time.perf_counter()
-            results = decoder.generate([Request(ids, max_tokens) for ids in group])
+            results = decoder.generate_batch([Request(ids, max_tokens) for ids in group])
             pt = points[name][r]
             pt.wall_s += time.perf_counter() - t0
             pt.tokens += sum(len(res.token_ids) for res in results)
@@ -92,6 +110,8 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
             pt.cycles += decoder.num_cycles
             pt.offered += decoder.offered_drafts
             pt.admitted += decoder.admitted_drafts
+            for k, n in decoder.draft_len_counts.items():
+                pt.draft_lens[k] = pt.draft_lens.get(k, 0) + n
             tokens = [res.token_ids for res in results]
             if expected is None:
                 expected = tokens
@@ -100,7 +120,7 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
     return {
         "max_tokens": max_tokens,
         "prompts": len(prompts),
-        "sps_table": None if sps is None else sps.model_dump(),
+        "cost_tables": {name: t.model_dump() for name, t in tables.items()},
         "methods": {m: {str(r): pt.summary() for r, pt in by_r.items()} for m, by_r in points.items()},
     }
 

@@ -8,9 +8,9 @@ decode every prompt greedily, interleaved prompt by prompt so machine drift hits
 outputs are compared with the torch flavour's (a mismatch is counted, never averaged away;
 float16 may legitimately differ from float32). Decode tokens/s = tokens after the first over the
 time after prefill, summed over prompts. With --concurrency R, each flavour with the drafter also
-serves the prompts R at a time through `BatchDecoder` (one packed target forward per cycle,
-the config's verification schedule);
-total tokens/s over the whole run. Prints Markdown tables and, with --json, the numbers.
+serves the prompts R at a time (one packed target forward per step); total tokens/s over the whole
+run. Both verify whole blocks: this compares runtimes, not schedules. Prints Markdown tables and,
+with --json, the numbers.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ import time
 
 import torch
 
-from trtspec.config import BuildConfig, load_build_config
+from trtspec.config import BuildConfig, ScheduleConfig, load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.runtime import configure_threads
-from trtspec.spec.batch import Request
+from trtspec.spec.decoder import Request
+
+FULL = ScheduleConfig(mode="full")
 
 
 def _variants(config: BuildConfig, float16: bool) -> dict[str, BuildConfig]:
@@ -46,13 +48,14 @@ def compare_flavours(config: BuildConfig, tasks: list[str], prompts_per_task: in
     for flavour, cfg in _variants(config, float16).items():
         for drafter in (False, True):
             methods[(flavour, method if drafter else "none")] = load_pipeline(cfg, use_drafter=drafter)
+    decoders = {key: p.decoder_for(1, FULL) for key, p in methods.items()}
     stats = {key: {"tokens": 0, "decode_s": 0.0, "target_calls": 0, "mismatches": 0} for key in methods}
     prompts = [p for task in tasks for p in load_prompts(task)[:prompts_per_task]]
     for _ in range(repeats):
         for prompt in prompts:
             reference = None
             for key, pipeline in methods.items():
-                result = pipeline.decoder.generate(pipeline.tokenizer.encode(prompt), max_tokens)
+                result = decoders[key].generate(pipeline.tokenizer.encode(prompt), max_tokens)
                 s = stats[key]
                 s["tokens"] += len(result.token_ids) - 1
                 s["decode_s"] += result.decode_s
@@ -78,18 +81,18 @@ def compare_flavours(config: BuildConfig, tasks: list[str], prompts_per_task: in
 
 
 def _batched(methods: dict, method: str, prompts: list[str], max_tokens: int, concurrency: int) -> list[dict]:
-    """Each flavour with the drafter serving the prompts `concurrency` at a time (BatchDecoder)."""
+    """Each flavour with the drafter serving the prompts `concurrency` at a time."""
     rows, reference = [], None
     for (flavour, name), pipeline in methods.items():
         if name != method:
             continue
-        decoder = pipeline.batch_decoder()
+        decoder = pipeline.decoder_for(concurrency, FULL)
         tokens, wall, outputs = 0, 0.0, []
         for start in range(0, len(prompts), concurrency):
             chunk = prompts[start : start + concurrency]
             group = [Request(pipeline.tokenizer.encode(p), max_tokens) for p in chunk]
             t0 = time.perf_counter()
-            results = decoder.generate(group)
+            results = decoder.generate_batch(group)
             wall += time.perf_counter() - t0
             tokens += sum(len(r.token_ids) for r in results)
             outputs += [r.token_ids for r in results]

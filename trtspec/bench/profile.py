@@ -1,13 +1,19 @@
-"""`trtspec profile`: the target's steps per second at each verify batch size B, on this machine.
+"""`trtspec profile`: the serving machine's cost model — target steps per second at each verify batch
+size B, and the drafter's seconds per step at each batch size R and draft length k.
 
-The prefix scheduler trades expected accepted tokens against the cost of verifying them, so it
-needs SPS(B): how many packed target forwards of B tokens run per second. We measure it the way
-serving runs it: `requests` sequences of `context` tokens share the cache and B new tokens are
-spread over them (round robin), then rewound, so every repetition sees the same cache.
+Adaptive speculation and DSpark's prefix scheduler trade expected accepted tokens against the cost
+of drafting and verifying them, so they need both curves. We measure them the way serving runs
+them: `requests` sequences of `context` tokens in their slots, B new tokens spread over them
+(round robin) in one packed forward, then rewound, so every repetition sees the same cache; the
+drafter proposes for R of those requests at once, repeatedly from the same state.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
+import logging
 import os
 import platform
 import statistics
@@ -16,34 +22,95 @@ import time
 import torch
 from tqdm import tqdm
 
-from trtspec.models.packed_target import Chunk, PackedTarget
+from trtspec.models.drafter import Drafter, DraftRow, NoDrafter
+from trtspec.models.target import Chunk
+from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.schedule import SPSTable
 
+log = logging.getLogger(__name__)
+
 DEFAULT_BATCHES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+DRAFT_BATCHES = [1, 2, 4, 8, 16, 32]
 
 
-def profile_sps(target: PackedTarget, batch_tokens: list[int] | None = None, requests: int = 8,
-                context: int = 256, reps: int = 15, seed: int = 0) -> SPSTable:
-    """Median steps/s of one packed forward per B, B values interleaved across repetitions."""
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def draft_lens_to_measure(drafter: Drafter) -> list[int]:
+    """A block drafter costs the same at every k (one pass), a chain drafter one pass per draft."""
+    k_max = drafter.num_draft_tokens
+    if drafter.method in ("dflash", "dspark"):
+        return [k_max]
+    return sorted({1, max(1, k_max // 2), k_max})
+
+
+def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int] | None = None,
+                 requests: int = 8, context: int = 256, reps: int = 15, seed: int = 0,
+                 max_batch: int = 8, progress: bool = True) -> SPSTable:
+    """Median step times, B values (and R values) interleaved across repetitions."""
     batch_tokens = sorted(batch_tokens or DEFAULT_BATCHES)
+    drafter = drafter or NoDrafter()
+    draft_batches = [r for r in DRAFT_BATCHES if r <= max(1, min(max_batch, requests))]
+    lens = draft_lens_to_measure(drafter) if drafter.num_draft_tokens else []
+    slots = max(requests, max(draft_batches))
+    target, drafter = copy.copy(target), copy.copy(drafter)
+    capacity = context + max(batch_tokens) + drafter.num_draft_tokens + 2
+    target.allocate(slots, capacity)
+    drafter.allocate(slots, capacity)
+    device = target.device
     gen = torch.Generator().manual_seed(seed)
     vocab = min(256, target.config.vocab_size)
-    target.reset()
-    target.forward([Chunk(r, torch.randint(0, vocab, (context,), generator=gen)) for r in range(requests)])
+    prompts = [torch.randint(0, vocab, (context,), generator=gen).tolist() for _ in range(slots)]
+    out = target.forward([Chunk(r, torch.tensor(p, device=device)) for r, p in enumerate(prompts)],
+                         logits_at=torch.zeros(1, dtype=torch.long, device=device))
+    for r, p in enumerate(prompts):
+        taps = None if out.hidden is None else out.hidden[r * context : (r + 1) * context - 1]
+        drafter.begin(r, p[:-1], taps)
+        target.rewind(r, 1)  # the anchor is fed again by each verify chunk
+    greedy = SamplingParams()
+    rows = [DraftRow(r, p, greedy, torch.Generator(device=device)) for r, p in enumerate(prompts)]
+
     times: dict[int, list[float]] = {b: [] for b in batch_tokens}
-    for _ in tqdm(range(reps), desc="profile", unit="rep"):
+    draft_times: dict[tuple[int, int], list[float]] = {(r, k): [] for r in draft_batches for k in lens}
+    if lens:  # the first proposal absorbs the prompts' context; time only the steady state
+        drafter.propose(rows[: max(draft_batches)], max(lens))
+    for _ in tqdm(range(reps), desc="profile", unit="rep", disable=not progress):
         for b in batch_tokens:
             sizes = [b // requests + (r < b % requests) for r in range(requests)]
-            chunks = [Chunk(r, torch.randint(0, vocab, (n,), generator=gen))
+            chunks = [Chunk(r, torch.randint(0, vocab, (n,), generator=gen).to(device))
                       for r, n in enumerate(sizes) if n]
-            t0 = time.perf_counter()
-            target.forward(chunks)
-            times[b].append(time.perf_counter() - t0)
+            times[b].append(_timed(lambda chunks=chunks: target.forward(chunks), device))
             for c in chunks:
-                target.rewind(c.request, len(c.input_ids))
-            target.compact(min_dead_fraction=0.0)
-    machine = f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} " \
-              f"({torch.get_num_threads()} threads), {requests} requests × {context} cached tokens"
-    return SPSTable(batch_tokens=batch_tokens,
-                    steps_per_s=[round(1.0 / statistics.median(times[b]), 3) for b in batch_tokens],
-                    machine=machine)
+                target.rewind(c.slot, len(c.input_ids))
+        for r, k in draft_times:
+            draft_times[(r, k)].append(_timed(lambda r=r, k=k: drafter.propose(rows[:r], k), device))
+    machine = (f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} "
+               f"({torch.get_num_threads()} threads) on {device}, {requests} requests × {context} "
+               "cached tokens")
+    return SPSTable(
+        batch_tokens=batch_tokens,
+        steps_per_s=[round(1.0 / statistics.median(times[b]), 3) for b in batch_tokens],
+        machine=machine,
+        draft_batches=draft_batches if lens else [],
+        draft_lens=lens,
+        draft_seconds=[[round(statistics.median(draft_times[(r, k)]), 6) for k in lens]
+                       for r in draft_batches] if lens else [],
+        drafter=drafter.method,
+    )
+
+
+def cost_key(parts: dict) -> str:
+    """Cache key of a measured cost table: what was measured, on which machine and threads."""
+    parts = {**parts, "host": platform.node(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+             "torch": torch.__version__}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]

@@ -1,10 +1,15 @@
 """`trtspec bench --url`: the same prompts against a running server, as its users see it.
 
 R client threads each stream their share of the prompts one request after another over gRPC
-(`ModelStreamInfer`) or HTTP (`/generate_stream`). Per request we record, as genai-perf does:
+(`ModelStreamInfer`), HTTP (`/generate_stream`) or an OpenAI-compatible API (`openai://`: SSE of
+`/v1/completions`, or `/v1/chat/completions` with `chat`). Per request we record, as genai-perf and
+AIPerf do:
 
-    TTFT = time from sending to the first streamed response
+    TTFT = time from sending to the first streamed response that carries text
     ITL  = (end-to-end time − TTFT) / (tokens − 1)   (per-token latency after the first)
+
+Tokens are the generated ids (Triton) or the server's `usage.completion_tokens` (OpenAI); τ is
+reported only when the server reports drafted tokens (trtspec does, in its `trtspec` field).
 
 and per concurrency level the mean TTFT and ITL, the per-user decode speed 1 / ITL, and the
 total tokens/s of all clients over the wall time of the level.
@@ -23,45 +28,47 @@ from trtspec.triton.client import Completion, GenerateParams, generate
 
 
 def _itl(c: Completion) -> float | None:
-    if len(c.token_ids) < 2 or c.first_response_s is None:
+    if c.num_tokens < 2 or c.first_response_s is None:
         return None
-    return (c.total_s - c.first_response_s) / (len(c.token_ids) - 1)
+    return (c.total_s - c.first_response_s) / (c.num_tokens - 1)
 
 
 def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, max_tokens: int,
-               concurrency: list[int]) -> dict:
+               concurrency: list[int], chat: bool = False, api_key: str | None = None) -> dict:
     prompts = [p for t in tasks for p in load_prompts(t)[:prompts_per_task]]
     params = GenerateParams(max_tokens=max_tokens, stream=True)
     levels: dict[str, dict] = {}
+    # closed on the way out of an error too, so the error starts a line of its own
     with tqdm(total=len(prompts) * len(concurrency), desc=f"bench {url}", unit="request") as bar:
+
+        def client(share: list[str]) -> list[Completion]:
+            done = []
+            for prompt in share:
+                done.append(generate(url, model, prompt, params, chat=chat, api_key=api_key))
+                bar.update(1)
+            return done
+
         for r in concurrency:
-            levels[str(r)] = _level(url, model, prompts, params, r, bar)
-    return {"url": url, "model": model, "max_tokens": max_tokens, "prompts": len(prompts), "levels": levels}
+            shares = [prompts[i::r] for i in range(r)]
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(r) as pool:
+                completions = [c for share in pool.map(client, shares) for c in share]
+            wall = time.perf_counter() - t0
+            levels[str(r)] = _level_row(completions, wall)
+    return {"url": url, "model": model, "endpoint": "chat" if chat else "completions",
+            "max_tokens": max_tokens, "prompts": len(prompts), "levels": levels}
 
 
-def _level(url: str, model: str, prompts: list[str], params: GenerateParams, r: int, bar) -> dict:
-    """R clients, each sending its share of the prompts one after another."""
-
-    def client(share: list[str]) -> list[Completion]:
-        done = []
-        for prompt in share:
-            done.append(generate(url, model, prompt, params))
-            bar.update(1)
-        return done
-
-    shares = [prompts[i::r] for i in range(r)]
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(r) as pool:
-        completions = [c for share in pool.map(client, shares) for c in share]
-    wall = time.perf_counter() - t0
+def _level_row(completions: list[Completion], wall: float) -> dict:
     itls = [x for x in map(_itl, completions) if x]
-    tokens = sum(len(c.token_ids) for c in completions)
+    tokens = sum(c.num_tokens for c in completions)
+    speculative = [c.tau for c in completions if c.draft_tokens]
     return {
         "ttft_ms": round(1e3 * statistics.fmean(c.first_response_s for c in completions), 2),
         "itl_ms": round(1e3 * statistics.fmean(itls), 3) if itls else None,
         "per_user_tokens_per_s": round(1 / statistics.fmean(itls), 2) if itls else 0.0,
         "total_tokens_per_s": round(tokens / wall, 2),
-        "tau": round(statistics.fmean(c.tau for c in completions), 3),
+        "tau": round(statistics.fmean(speculative), 3) if speculative else None,
         "tokens": tokens,
         "wall_s": round(wall, 3),
     }
@@ -72,6 +79,7 @@ def remote_table(remote: dict) -> str:
              "|---|---|---|---|---|---|"]
     for r, row in remote["levels"].items():
         itl = "–" if row["itl_ms"] is None else f"{row['itl_ms']:.2f}"
+        tau = "–" if row["tau"] is None else f"{row['tau']:.2f}"
         lines.append(f"| {r} | {row['ttft_ms']:.1f} | {itl} | {row['per_user_tokens_per_s']:.1f} | "
-                     f"{row['total_tokens_per_s']:.1f} | {row['tau']:.2f} |")
+                     f"{row['total_tokens_per_s']:.1f} | {tau} |")
     return "\n".join(lines)

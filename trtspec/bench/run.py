@@ -9,6 +9,7 @@ this run on identical prompts and token budgets; a greedy method whose tokens di
 
 from __future__ import annotations
 
+import copy
 import os
 import platform
 import statistics
@@ -18,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from trtspec.config import BuildConfig
+from trtspec.bench.acceptance import conditional_acceptance
+from trtspec.config import BuildConfig, ScheduleConfig
 from trtspec.models.dflash_drafter import DFlashDrafter
 from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
@@ -32,6 +34,7 @@ class MethodStats:
     draft_s: float = 0.0
     mismatches: int = 0
     accepted_by_pos: list[list[float]] = field(default_factory=list)
+    cycles: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per cycle
 
     def add(self, seconds: float, tokens: int, target_calls: int = 0, draft_s: float = 0.0) -> None:
         self.seconds += seconds
@@ -68,40 +71,47 @@ def _hf_generate(pipeline: Pipeline, ids: list[int], max_tokens: int, assistant=
     return out[0, len(ids) :].tolist()
 
 
+def _drafting_state(drafter, context_len: int, capacity: int, num_draft_tokens: int | None = None):
+    """A copy of `drafter` with one request of `context_len` random-tap positions in slot 0, its
+    context absorbed; -> (drafter, rows)."""
+    from trtspec.models.drafter import DraftRow
+    from trtspec.spec.sampling import SamplingParams
+
+    drafter = copy.copy(drafter)
+    drafter.num_draft_tokens = num_draft_tokens or drafter.num_draft_tokens
+    drafter.allocate(1, capacity)
+    width = drafter.model.fc.in_features
+    hidden = torch.randn(context_len, width, device=drafter.device)
+    committed = list(range(context_len + 1))
+    drafter.begin(0, committed[:-1], hidden)
+    rows = [DraftRow(0, committed, SamplingParams(), torch.Generator(device=drafter.device))]
+    drafter.propose(rows, 1)  # absorbs the context once
+    return drafter, rows
+
+
 def time_dflash_block(drafter: DFlashDrafter, context_len: int, block_sizes: list[int],
                       reps: int = 30) -> dict[int, float]:
     """Median seconds of one drafter forward per block size, same drafter and context."""
-    hidden = torch.randn(1, context_len, drafter.model.fc.in_features)
-    committed = list(range(context_len + 1))
-    natural = drafter.block_size
+    drafter, rows = _drafting_state(drafter, context_len, context_len + max(block_sizes) + 1)
     times: dict[int, list[float]] = {b: [] for b in block_sizes}
-    try:
-        for _ in range(reps):
-            for b in block_sizes:  # interleaved so drift hits every size alike
-                drafter.block_size = b
-                drafter.begin(committed[:-1], hidden)
-                t = time.perf_counter()
-                drafter.draft_logits(committed, b - 1)
-                times[b].append(time.perf_counter() - t)
-    finally:
-        drafter.block_size = natural
+    for _ in range(reps):
+        for b in block_sizes:  # interleaved so drift hits every size alike
+            drafter.block_size = b
+            t = time.perf_counter()
+            drafter.draft_logits(rows, b - 1)
+            times[b].append(time.perf_counter() - t)
     return {b: statistics.median(v) for b, v in times.items()}
 
 
 def time_eagle3_chain(drafter, context_len: int, ks: list[int], reps: int = 30) -> dict[int, float]:
     """Median seconds of one EAGLE-3 proposal of k tokens (context already absorbed)."""
-    from trtspec.spec.sampling import SamplingParams
-
-    hidden = torch.randn(1, context_len, drafter.model.fc.in_features)
-    committed = list(range(context_len + 1))
-    drafter.begin(committed[:-1], hidden)
-    greedy, gen = SamplingParams(), torch.Generator()
-    drafter.propose(committed, 1, greedy, gen)  # absorbs the context once
+    drafter, rows = _drafting_state(drafter, context_len, context_len + 1,
+                                    max(drafter.num_draft_tokens, max(ks)))
     times: dict[int, list[float]] = {k: [] for k in ks}
     for _ in range(reps):
         for k in ks:
             t = time.perf_counter()
-            drafter.propose(committed, k, greedy, gen)
+            drafter.propose(rows, k)
             times[k].append(time.perf_counter() - t)
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -116,7 +126,10 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
     assistant = None
     if hf_reference:
         drafts = [p for p in pipelines.values() if p.drafter.method == "draft_model"]
-        assistant = drafts[0].drafter.model if drafts else None
+        assistant = drafts[0].drafter.lm.model if drafts else None
+    # whole blocks: this table measures each drafter itself (adaptive serving is compared in
+    # the concurrency section)
+    decoders = {name: p.decoder_for(1, ScheduleConfig(mode="full")) for name, p in pipelines.items()}
     methods = list(pipelines)
     if hf_reference:
         methods += ["hf_generate"] + (["hf_assisted"] if assistant else [])
@@ -132,12 +145,13 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
                 tokens = _hf_generate(ref, ids, max_tokens, assistant if name == "hf_assisted" else None)
                 stats[task][name].add(time.perf_counter() - t0, len(tokens))
             else:
-                result = pipelines[name].decoder.generate(ids, max_tokens)
+                result = decoders[name].generate(ids, max_tokens)
                 tokens = result.token_ids
                 st = stats[task][name]
                 st.add(result.total_s, len(tokens), result.num_target_calls, result.draft_s)
                 if result.num_draft_tokens:
                     st.accepted_by_pos.append(result.acceptance_by_position())
+                    st.cycles += zip(result.drafted_counts, result.accept_counts, strict=True)
             if expected is None:
                 expected = tokens
             elif tokens != expected:
@@ -155,6 +169,14 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
             baseline = hf_base if name == "hf_assisted" else base
             rows[name] = stats[task][name].summary(baseline)
         results["tasks"][task] = rows
+    for name, p in pipelines.items():
+        k = p.drafter.num_draft_tokens if name != "none" else 0
+        cycles = [c for task in tasks for c in stats[task][name].cycles]
+        if k and cycles:  # pooled over every task: what a deployment's traffic mixes
+            results.setdefault("acceptance", {})[name] = {
+                "conditional": [round(c, 4) for c in conditional_acceptance(cycles, k)],
+                "cycles": len(cycles),
+            }
     for name, p in pipelines.items():
         if p.drafter.method == "eagle3":
             results.setdefault("eagle3_chain_time_s", {})[name] = {

@@ -1,10 +1,12 @@
 """DFlash and DSpark as `Drafter`s over the exported graphs (engine flavour).
 
 Same state and steps as `trtspec.models.dflash_drafter.DFlashDrafter`: the taps the target
-committed are projected by the context graph and appended to the cached context K/V; each
-proposal is ONE block-graph forward over `[anchor, MASK × (B−1)]` at positions start..start+B−1.
-DSpark then walks its heads graph slot by slot (x_k feeds the Markov head of slot k+1), as
-`trtspec.models.dspark_drafter.DSparkDrafter` does with the torch heads.
+committed are projected by the context graph (ONE run over every row's pending taps, packed, each
+at its own positions) and written into per-slot context arrays [num_slots, kvh, capacity, d];
+each proposal is ONE block-graph run over `[anchor, MASK × (B−1)]` for every row, with the rows'
+contexts gathered to [R, kvh, C, d] and `ctx_lens` [R] telling the `kv_injection_attention`
+plugin how much of each is real. DSpark then walks its heads graph slot by slot for all rows
+(x_k feeds the Markov head of slot k+1), as `DSparkDrafter` does with the torch heads.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import torch
 
 from trtspec.engine.session import GraphSession
 from trtspec.models.dflash_drafter import propose_block
-from trtspec.models.drafter import Drafter
+from trtspec.models.drafter import DraftRow, TapsDrafter
 from trtspec.models.dspark import ChooseToken, DraftBlock
 from trtspec.models.dspark_drafter import MarkovProposer
 
 
-class EngineDFlashDrafter(Drafter):
+class EngineDFlashDrafter(TapsDrafter):
     method = "dflash"
+    device = torch.device("cpu")
 
     def __init__(self, context: GraphSession, block: GraphSession, tap_layer_ids: tuple[int, ...],
                  block_size: int, mask_token_id: int, num_layers: int, num_draft_tokens: int):
@@ -28,51 +31,62 @@ class EngineDFlashDrafter(Drafter):
         self.tap_layer_ids = tuple(tap_layer_ids)
         self.block_size, self.mask_token_id, self.num_layers = block_size, mask_token_id, num_layers
         self.num_draft_tokens = num_draft_tokens
-        self.ctx_kv: list[np.ndarray] = []  # k0, v0, k1, v1, ... each [1, kvh, ctx_len, d]
-        self.ctx_len = 0
-        self.pending: torch.Tensor | None = None  # [1, n, n_taps·H]
+        self.ctx_kv: list[np.ndarray] = []  # k0, v0, k1, v1, ... each [num_slots, kvh, capacity, d]
+        self._capacity = self._num_slots = 0
 
-    def begin(self, prompt, hidden):
-        self.ctx_kv, self.ctx_len, self.pending = [], 0, hidden
+    def allocate(self, num_slots, capacity):
+        super().allocate(num_slots, capacity)
+        self.ctx_kv, self._capacity, self._num_slots = [], capacity, num_slots  # shaped on first output
 
-    def commit(self, num_accepted, hidden):
-        self.pending = hidden
-
-    def _absorb_pending(self) -> None:
-        if self.pending is None or self.pending.shape[1] == 0:
+    def _absorb_pending(self, slots: list[int]) -> None:
+        taken = [(slot, self.pending.take(slot)) for slot in slots]
+        taken = [(slot, taps) for slot, taps in taken if taps is not None]
+        if not taken:
             return
-        n = self.pending.shape[1]
+        positions = np.concatenate([np.arange(self.ctx_len[s], self.ctx_len[s] + len(t)) for s, t in taken])
         out = self.context.run({
-            "hidden_taps": np.ascontiguousarray(self.pending.numpy()),  # in the target graph's precision
-            "position_ids": np.arange(self.ctx_len, self.ctx_len + n, dtype=np.int64)[None],
+            "hidden_taps": np.ascontiguousarray(torch.cat([t for _, t in taken]).numpy())[None],
+            "position_ids": positions.astype(np.int64)[None],  # [1, N]
         })
-        new = [out[f"ctx_{kind}_{i}"] for i in range(self.num_layers) for kind in ("key", "value")]
-        self.ctx_kv = [np.concatenate([old, nw], axis=2) for old, nw in zip(self.ctx_kv, new, strict=True)] \
-            if self.ctx_kv else new
-        self.ctx_len += n
-        self.pending = None
+        new = [out[f"ctx_{kind}_{i}"][0] for i in range(self.num_layers) for kind in ("key", "value")]
+        if not self.ctx_kv:  # [kvh, N, d] -> buffers in the graph's precision
+            kvh, _, d = new[0].shape
+            # zeros: padded rows' masked keys enter the plugin with weight 0, and 0 · NaN is NaN
+            self.ctx_kv = [np.zeros((self._num_slots, kvh, self._capacity, d), dtype=new[0].dtype)
+                           for _ in new]
+        slots = np.concatenate([np.full(len(t), s) for s, t in taken])
+        for buf, part in zip(self.ctx_kv, new, strict=True):
+            buf[slots, :, positions] = part.transpose(1, 0, 2)  # [N, kvh, d]
+        for s, t in taken:
+            self.ctx_len[s] += len(t)
 
-    def run_block(self, committed: list[int]) -> dict[str, np.ndarray]:
-        """The block graph's outputs for the block anchored at committed[-1]."""
-        self._absorb_pending()
-        start = len(committed) - 1
-        if start != self.ctx_len:
-            raise RuntimeError(f"DFlash context holds {self.ctx_len} positions, anchor is at {start}")
-        block = np.full((1, self.block_size), self.mask_token_id, dtype=np.int64)
-        block[0, 0] = committed[-1]
+    def run_block(self, rows: list[DraftRow]) -> dict[str, np.ndarray]:
+        """The block graph's outputs for every row's block anchored at its last committed token."""
+        slots = [row.slot for row in rows]
+        self._absorb_pending(slots)
+        starts = np.array([len(row.committed) - 1 for row in rows], dtype=np.int64)
+        for row, start in zip(rows, starts, strict=True):
+            if start != self.ctx_len[row.slot]:
+                raise RuntimeError(f"DFlash context of slot {row.slot} holds {self.ctx_len[row.slot]} "
+                                   f"positions, anchor is at {start}")
+        block = np.full((len(rows), self.block_size), self.mask_token_id, dtype=np.int64)
+        block[:, 0] = [row.committed[-1] for row in rows]
+        width = max(1, int(starts.max()))
         feeds = {"block_ids": block,
-                 "position_ids": np.arange(start, start + self.block_size, dtype=np.int64)[None],
-                 "ctx_lens": np.array([self.ctx_len], dtype=np.int32)}
+                 "position_ids": starts[:, None] + np.arange(self.block_size, dtype=np.int64)[None],
+                 "ctx_lens": starts.astype(np.int32)}
         for i in range(self.num_layers):
-            feeds[f"ctx_key_{i}"], feeds[f"ctx_value_{i}"] = self.ctx_kv[2 * i], self.ctx_kv[2 * i + 1]
+            feeds[f"ctx_key_{i}"] = self.ctx_kv[2 * i][slots, :, :width]  # [R, kvh, C, d]
+            feeds[f"ctx_value_{i}"] = self.ctx_kv[2 * i + 1][slots, :, :width]
+        self.num_forwards += 1
         return self.block.run(feeds)
 
-    def draft_logits(self, committed: list[int], k: int) -> torch.Tensor:
-        """Logits of draft slots 1..k of the block anchored at committed[-1].  -> [1, k, V]"""
-        return torch.from_numpy(self.run_block(committed)["logits"][:, 1 : 1 + k])  # of [1, B, V]
+    def draft_logits(self, rows: list[DraftRow], k: int) -> torch.Tensor:
+        """Logits of draft slots 1..k of every row's block.  -> [R, k, V]"""
+        return torch.from_numpy(self.run_block(rows)["logits"][:, 1 : 1 + k])  # of [R, B, V]
 
-    def propose(self, committed, k, sampling, generator):
-        return propose_block(self.draft_logits(committed, k), sampling, generator)
+    def propose(self, rows, k):
+        return propose_block(self.draft_logits(rows, k), rows)
 
 
 class EngineDSparkDrafter(MarkovProposer, EngineDFlashDrafter):
@@ -86,18 +100,18 @@ class EngineDSparkDrafter(MarkovProposer, EngineDFlashDrafter):
         self.heads = heads
         self.sts_temperatures = sts_temperatures  # [γ] or None
 
-    def draft_block(self, committed: list[int], k: int, choose: ChooseToken) -> DraftBlock:
+    def draft_block(self, rows: list[DraftRow], k: int, choose: ChooseToken) -> DraftBlock:
         """Slot 0 of the block already predicts x_1 (the anchor is the first prediction position)."""
-        out = self.run_block(committed)
-        hidden, base = out["hidden"][:, :k], out["base_logits"][:, :k]  # [1, k, H], [1, k, V]
-        prev = torch.tensor([committed[-1]])
+        out = self.run_block(rows)
+        hidden, base = out["hidden"][:, :k], out["base_logits"][:, :k]  # [R, k, H], [R, k, V]
+        prev = torch.tensor([row.committed[-1] for row in rows])
         tokens, logits, conf = [], [], []
         for j in range(k):
             step = self.heads.run({"base_logits": base[:, j : j + 1], "hidden": hidden[:, j : j + 1],
                                    "prev_tokens": prev.numpy()[:, None]})
-            logits.append(torch.from_numpy(step["logits"][:, 0]))  # [1, V]
+            logits.append(torch.from_numpy(step["logits"][:, 0]))  # [R, V]
             if "confidence_logits" in step:
-                conf.append(torch.from_numpy(step["confidence_logits"]))  # [1, 1]
+                conf.append(torch.from_numpy(step["confidence_logits"]))  # [R, 1]
             prev = choose(j, logits[-1])
             tokens.append(prev)
         return DraftBlock(tokens=torch.stack(tokens, 1), logits=torch.stack(logits, 1),

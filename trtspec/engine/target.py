@@ -1,17 +1,28 @@
-"""The target p over an exported graph session: `TargetModel`'s interface, cache as arrays.
+"""The target p over an exported graph, serving several requests at once (engine flavour).
 
-The session's graph takes the cache as `past_*` inputs and returns `present_*`; this adapter
-keeps the present tensors between calls and rewinds by slicing them, so `SpeculativeDecoder`
-drives it exactly as it drives the torch `TargetModel`.
+`trtspec.models.target.TargetModel`'s interface (slots, one packed forward, rewinds as a count)
+over the exported target graph. The graph takes its cache as `past_*` inputs [1, kvh, S, d] and
+returns `present_*` with the new tokens appended, and an explicit `attention_mask` [1, T, S+T]:
+so the requests share one sequence of cache slots, each remembering the request that owns it and
+its position there, and the mask lets each query see only its own request's live slots, causally.
+A slot freed by a rewind or a finished request is marked dead and skipped by the mask until it is
+compacted away (dropped from the arrays) before the next forward.
+
+This is the graph's contract; the per-slot preallocated layout of the torch flavour would need a
+graph that scatters into fixed buffers (not exported yet).
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import torch
 
 from trtspec.engine.session import GraphSession
-from trtspec.models.target import TargetOutput
+from trtspec.models.target import Chunk, TargetOutput
+
+DEAD = -1
 
 
 class TargetGraph:
@@ -52,13 +63,16 @@ class TargetGraph:
 
 
 class EngineTarget:
-    """Feed tokens, get logits + taps; the cache grows; rewind drops slots."""
+    """Feed packed chunks of many requests in one graph run; rewind and release per slot."""
+
+    device = torch.device("cpu")
 
     def __init__(self, session: GraphSession, config, tap_layer_ids: tuple[int, ...] = (),
                  precision: str = "float32"):
         self.graph = TargetGraph(session, config, tap_layer_ids, precision)
         self.config = config  # the checkpoint's HF config (the drafter checks it fits)
         self.tap_layer_ids = tuple(tap_layer_ids)
+        self.capacity = self.max_positions
         self.reset()
 
     @property
@@ -66,31 +80,62 @@ class EngineTarget:
         return self.config.vocab_size
 
     @property
-    def seq_len(self) -> int:
-        """Tokens held in the KV cache."""
-        return self._len
+    def max_positions(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 0) or 1 << 20)
+
+    def allocate(self, num_slots: int, capacity: int) -> None:
+        """The graph's cache grows with its inputs: only the capacity check is per slot. A copy
+        that allocates gets a cache of its own (the session stays shared)."""
+        self.graph = copy.copy(self.graph)
+        self.capacity = capacity
+        self.reset()
 
     def reset(self) -> None:
-        self.graph.clear()
-        self._len = 0
+        self.owner = np.empty(0, dtype=np.int64)  # [S] slot of each cache position, DEAD if freed
+        self.position = np.empty(0, dtype=np.int64)  # [S] position within its request
+        self.lengths: dict[int, int] = {}
         self.num_forwards = 0
+        self.graph.clear()
 
-    def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> TargetOutput:
-        """Feed `input_ids` [1, s] after the cached tokens; return their logits and taps."""
-        s = input_ids.shape[1]
-        positions = np.arange(self._len, self._len + s, dtype=np.int64)  # [s]
-        causal = np.arange(self._len + s)[None, :] <= positions[:, None]  # [s, past+s]
-        logits, hidden = self.graph.run(input_ids.to(torch.int64).numpy(), positions[None], causal[None])
-        self._len += s
+    def seq_len(self, slot: int) -> int:
+        return self.lengths.get(slot, 0)
+
+    def _compact(self) -> None:
+        """Drop dead cache positions once they are at least half of the cache."""
+        live = self.owner != DEAD
+        if len(live) and (~live).mean() >= 0.5:
+            keep = np.flatnonzero(live)
+            self.graph.keep(keep)
+            self.owner, self.position = self.owner[keep], self.position[keep]
+
+    def forward(self, chunks: list[Chunk], logits_at: torch.Tensor | None = None) -> TargetOutput:
+        """Feed every chunk after its slot's cached tokens in ONE graph run."""
+        self._compact()
+        owner_q = np.concatenate([np.full(len(c.input_ids), c.slot) for c in chunks])  # [T]
+        pos_q = np.concatenate([self.seq_len(c.slot) + np.arange(len(c.input_ids)) for c in chunks])
+        if (pos_q >= self.capacity).any():
+            raise ValueError(f"a slot would hold more than its capacity of {self.capacity} positions")
+        owner_k, pos_k = np.concatenate([self.owner, owner_q]), np.concatenate([self.position, pos_q])
+        visible = (owner_k[None, :] == owner_q[:, None]) & (pos_k[None, :] <= pos_q[:, None])  # [T, S+T]
+        input_ids = torch.cat([c.input_ids for c in chunks]).to(torch.int64).numpy()
+        logits, hidden = self.graph.run(input_ids[None], pos_q[None], visible[None])
+        self.owner, self.position = owner_k, pos_k
+        for c in chunks:
+            self.lengths[c.slot] = self.seq_len(c.slot) + len(c.input_ids)
         self.num_forwards += 1
-        return TargetOutput(logits=logits[:, -1:] if last_only else logits, hidden=hidden)
+        logits = logits[0] if logits_at is None else logits[0, logits_at]
+        return TargetOutput(logits=logits.float(), hidden=None if hidden is None else hidden[0])
 
-    def rewind(self, num_rejected: int) -> None:
-        """Drop the last `num_rejected` cached slots (the rejected draft positions)."""
-        if num_rejected < 0:
-            raise ValueError(f"rewind takes a non-negative count of slots, got {num_rejected}")
-        if num_rejected > self._len:
-            raise ValueError(f"cannot rewind {num_rejected} slots from a cache of {self._len}")
+    def rewind(self, slot: int, num_rejected: int) -> None:
+        """Free the last `num_rejected` positions of a slot (its rejected drafts)."""
+        length = self.seq_len(slot)
+        if not 0 <= num_rejected <= length:
+            raise ValueError(f"cannot rewind {num_rejected} positions of slot {slot} holding {length}")
         if num_rejected:
-            self._len -= num_rejected
-            self.graph.keep(slice(0, self._len))
+            self.owner[(self.owner == slot) & (self.position >= length - num_rejected)] = DEAD
+            self.lengths[slot] = length - num_rejected
+
+    def release(self, slot: int) -> None:
+        """A finished request: free all its positions."""
+        self.owner[self.owner == slot] = DEAD
+        self.lengths.pop(slot, None)

@@ -1,11 +1,9 @@
 """Verification over the exported `confidence_verify_*` graphs (engine flavour).
 
 `GraphVerifier` is a `trtspec.spec.verify.Verifier`, so `SpeculativeDecoder` calls it where the
-torch flavour calls the torch rules. Greedy verdicts are identical to the torch rule's. Sampling
-draws its randomness from the request's generator first, in verify_sampling's order
-(`uniforms` [b, k], then `u_last` [b]), so the accepted counts agree with the torch flavour for
-the same generator state; the recovered/bonus token is drawn by inverse CDF instead of
-torch.multinomial, which has the same law but not the same draws.
+torch flavour calls the torch rules, with the same inputs: greedy verdicts are identical to the
+torch rule's, and sampling takes the same randomness (`uniforms` [b, k], `u_last` [b], drawn from
+each request's generator by `Verifier.verify`), so its verdicts agree token for token too.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from plugins.confidence_verify.reference import draw_uniforms
 from trtspec.engine.session import GraphSession
 from trtspec.spec.verify import Verifier, VerifyOutput
 
@@ -39,14 +36,12 @@ class GraphVerifier(Verifier):
             "draft_lens": _lens(draft_tokens, draft_lens),
         }))
 
-    def sampling(self, draft_tokens, q_probs, p_probs, generator, draft_lens=None) -> VerifyOutput:
-        b, k = draft_tokens.shape
-        uniforms, u_last = draw_uniforms(b, k, generator)
+    def sampling(self, draft_tokens, q_probs, p_probs, uniforms, u_last, draft_lens=None) -> VerifyOutput:
         return _verdict(self.sampling_session.run({
             "draft_tokens": draft_tokens.to(torch.int32).numpy(),
             "q_probs": q_probs.to(torch.float32).numpy(),
             "p_probs": p_probs.to(torch.float32).numpy(),
             "draft_lens": _lens(draft_tokens, draft_lens),
-            "uniforms": uniforms.numpy(),
-            "u_last": u_last.numpy(),
+            "uniforms": uniforms.to(torch.float32).numpy(),
+            "u_last": u_last.to(torch.float32).numpy(),
         }))

@@ -203,7 +203,7 @@ def load_manifest(folder: Path, check_hashes: bool = True) -> dict:
     return manifest
 
 
-def _content_key(config: BuildConfig, use_drafter: bool) -> str:
+def content_key(config: BuildConfig, use_drafter: bool) -> str:
     digest = hashlib.sha256(f"format={EXPORT_FORMAT};drafter={use_drafter}".encode())
     parts = [config.target] + ([config.drafter] if use_drafter and config.drafter else [])
     for part in parts:
@@ -223,7 +223,7 @@ def cache_root() -> Path:
 
 def cached_export(config: BuildConfig, use_drafter: bool = True) -> Path:
     """The export folder of `config`'s checkpoints under the cache, exported on first use."""
-    folder = cache_root() / "engine" / _content_key(config, use_drafter)
+    folder = cache_root() / "engine" / content_key(config, use_drafter)
     if (folder / MANIFEST).is_file():
         return folder
     export_bundle(config, folder, use_drafter, label="export cache folder")

@@ -9,11 +9,10 @@
              final-normed state, as transformers returns it)
 K/V and taps are in the graph's precision (float32 or float16); logits are float32.
 
-The mask is an input so that one graph serves both adapters: one sequence (`EngineTarget`: slot
-j visible iff j <= position_ids[i]) and a packed ragged batch of requests sharing one cache
-(`EnginePackedTarget`: the slot's request is the query's and its position is <= the query's, as
-`trtspec.models.packed_target.PackedTarget` masks it). Rewinding and compacting the cache is
-slicing the present tensors, which the adapters do between calls.
+The mask is an input so that one graph serves a packed ragged batch of requests sharing one cache
+(`trtspec.engine.target.EngineTarget`: a slot is visible to a query iff it belongs to the query's
+request and its position is <= the query's). Rewinding and compacting the cache is slicing the
+present tensors, which the adapter does between calls.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from trtspec.errors import CheckpointError
+from trtspec.models.kv_slots import SlotView
 
 ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [b, kv_heads, c, head_dim]
 
@@ -70,16 +71,23 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(k, cos, sin), v  # [b, kvh, s, d] each
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask=None) -> torch.Tensor:
-        """x [b, B, H] (normed block); ctx_k/ctx_v [b, kvh, c, d]; mask [b|1, 1, B, c+B] or None."""
+    def forward(self, x, cos, sin, ctx: LayerContext, mask=None) -> torch.Tensor:
+        """x [b, B, H] (normed block); ctx: (ctx_k, ctx_v) [b, kvh, c, d] with mask [b|1, 1, B, c+B]
+        or None, or a `SlotView` (the context already in slot buffers, no mask)."""
         b, s, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, s, self.num_heads, self.head_dim)).transpose(1, 2)
         q = apply_rope(q, cos, sin)  # [b, h, B, d]
         k_blk, v_blk = self.project_kv(x, cos, sin)
-        k = torch.cat([ctx_k, k_blk], dim=2)  # [b, kvh, c+B, d]
-        v = torch.cat([ctx_v, v_blk], dim=2)
-        out = kv_injection_attention(q, k, v, mask)  # [b, h, B, d]
+        if isinstance(ctx, SlotView):
+            out = ctx.attend(q, k_blk, v_blk)  # [b, h, B, d]
+        else:
+            k = torch.cat([ctx[0], k_blk], dim=2)  # [b, kvh, c+B, d]
+            v = torch.cat([ctx[1], v_blk], dim=2)
+            out = kv_injection_attention(q, k, v, mask)  # [b, h, B, d]
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+LayerContext = tuple[torch.Tensor, torch.Tensor] | SlotView
 
 
 def kv_injection_attention(q, k, v, mask=None) -> torch.Tensor:
@@ -97,8 +105,8 @@ class DFlashDecoderLayer(nn.Module):
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = Qwen3MLP(config)
 
-    def forward(self, h, cos, sin, ctx_k, ctx_v, mask=None) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
+    def forward(self, h, cos, sin, ctx: LayerContext, mask=None) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -149,12 +157,12 @@ class DFlashDraftModel(nn.Module):
         cos, sin = self.rope(positions, ctx)
         return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
 
-    def forward(self, block_embeds, positions, ctx_kv: ContextKV, mask=None) -> torch.Tensor:
-        """block_embeds [b, B, H] at positions [b, B] over cached ctx_kv -> hidden [b, B, H]."""
+    def forward(self, block_embeds, positions, ctx_kv: list[LayerContext], mask=None) -> torch.Tensor:
+        """block_embeds [b, B, H] at positions [b, B] over each layer's context -> hidden [b, B, H]."""
         cos, sin = self.rope(positions, block_embeds)
         h = block_embeds
-        for layer, (ctx_k, ctx_v) in zip(self.layers, ctx_kv, strict=True):
-            h = layer(h, cos, sin, ctx_k, ctx_v, mask)
+        for layer, ctx in zip(self.layers, ctx_kv, strict=True):
+            h = layer(h, cos, sin, ctx, mask)
         return self.norm(h)
 
 

@@ -1,9 +1,13 @@
-"""DFlash as a `Drafter`: one drafter forward per block, context K/V cached across cycles.
+"""DFlash as a `Drafter`: one drafter forward per step drafts a block for every running request.
 
-State per sequence: the projected context K/V of every position the target has cached
-(`ctx_len` of them) plus the taps the target produced in the last cycle that are not yet
-projected (`pending`). Before each proposal the pending taps are projected and appended, so
-the anchor (the last committed token) always sits at position `ctx_len`.
+State per slot: the projected context K/V of every position the target has cached for that
+request (`ctx_len[slot]` of them, in per-layer slot buffers) plus the taps the target produced
+since the last proposal that are not yet projected (`pending`). A proposal
+
+1. projects the pending taps of every row in ONE packed pass and writes them after each row's
+   context, so each anchor (the last committed token) sits at position `ctx_len[slot]`;
+2. runs ONE block forward over `[anchor, MASK × (B−1)]` for all rows, each row's block at
+   positions ctx_len..ctx_len+B−1, attending to its own context and its whole block.
 """
 
 from __future__ import annotations
@@ -11,12 +15,14 @@ from __future__ import annotations
 import torch
 
 from trtspec.errors import CheckpointError
-from trtspec.models.dflash import ContextKV, DFlashDraftModel, load_dflash
-from trtspec.models.drafter import Drafter, Proposal, register_drafter
-from trtspec.spec.sampling import probs_from_logits, sample
+from trtspec.models.dflash import DFlashDraftModel, load_dflash
+from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
+from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout
+from trtspec.models.target import DTYPES
+from trtspec.spec.sampling import row_probs
 
 
-class DFlashDrafter(Drafter):
+class DFlashDrafter(TapsDrafter):
     method = "dflash"
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module,
@@ -26,61 +32,83 @@ class DFlashDrafter(Drafter):
         self.tap_layer_ids = tuple(model.spec.target_layer_ids)
         self.block_size = model.spec.block_size
         self.num_draft_tokens = num_draft_tokens or self.block_size - 1
-        self.ctx_kv: ContextKV = []
-        self.ctx_len = 0
-        self.pending: torch.Tensor | None = None  # [1, n, n_taps*H]
+        self.device, self.dtype = model.fc.weight.device, model.fc.weight.dtype
+        self.ctx: list[SlotKV] = []
 
-    def begin(self, prompt, hidden):
-        self.ctx_kv, self.ctx_len, self.pending = [], 0, hidden
-
-    def commit(self, num_accepted, hidden):
-        self.pending = hidden
-
-    def _absorb_pending(self) -> None:
-        if self.pending is None or self.pending.shape[1] == 0:
-            return
-        n = self.pending.shape[1]
-        positions = torch.arange(self.ctx_len, self.ctx_len + n)[None]  # [1, n]
-        new = self.model.project_context(self.pending.to(self.model.fc.weight.dtype), positions)
-        if self.ctx_kv:
-            self.ctx_kv = [
-                (torch.cat([k, nk], 2), torch.cat([v, nv], 2))
-                for (k, v), (nk, nv) in zip(self.ctx_kv, new, strict=True)
-            ]
-        else:
-            self.ctx_kv = new
-        self.ctx_len += n
-        self.pending = None
+    def allocate(self, num_slots, capacity):
+        super().allocate(num_slots, capacity)
+        cfg = self.model.config
+        # a block is written after the longest context, hence the extra room
+        self.ctx = [SlotKV(num_slots, cfg.num_key_value_heads, capacity + self.block_size, cfg.head_dim,
+                           self.dtype, self.device) for _ in self.model.layers]
 
     @torch.inference_mode()
-    def draft_logits(self, committed: list[int], k: int) -> torch.Tensor:
-        """Logits of draft slots 1..k of the block anchored at committed[-1].  -> [1, k, V]"""
-        self._absorb_pending()
-        start = len(committed) - 1
-        if start != self.ctx_len:
-            raise RuntimeError(f"DFlash context holds {self.ctx_len} positions, anchor is at {start}")
-        block = torch.full((1, self.block_size), self.model.spec.mask_token_id, dtype=torch.long)
-        block[0, 0] = committed[-1]
-        positions = torch.arange(start, start + self.block_size)[None]  # [1, B]
-        embeds = self.embed_tokens(block).to(self.model.fc.weight.dtype)
-        hidden = self.model(embeds, positions, self.ctx_kv)  # [1, B, H]
-        return self.lm_head(hidden[:, 1 : 1 + k].to(self.lm_head.weight.dtype))
+    def _absorb_pending(self, slots: list[int]) -> None:
+        """Project every pending tap of these slots in one pass and append it to their context."""
+        segments, taps = [], []
+        for slot in slots:
+            new = self.pending.take(slot)
+            if new is not None:
+                segments.append(Segment(slot, self.ctx_len[slot], len(new)))
+                taps.append(new)
+        if not segments:
+            return
+        layout = StepLayout(segments, self.device)
+        x = torch.cat(taps).to(self.device, self.dtype)[None]  # [1, N, n_taps·H]
+        for kv, (k, v) in zip(self.ctx, self.model.project_context(x, layout.positions[None]), strict=True):
+            kv.write(layout, k[0].transpose(0, 1), v[0].transpose(0, 1))  # [N, kvh, d]
+        for s in segments:
+            self.ctx_len[s.slot] += s.length
 
-    def propose(self, committed, k, sampling, generator):
-        return propose_block(self.draft_logits(committed, k), sampling, generator)
+    @torch.inference_mode()
+    def block_hidden(self, rows: list[DraftRow], embed_tokens: torch.nn.Module) -> torch.Tensor:
+        """Final-normed hidden states of every row's block.  -> [R, B, H]"""
+        slots = [row.slot for row in rows]
+        self._absorb_pending(slots)
+        starts = []
+        for row in rows:
+            start = len(row.committed) - 1
+            if start != self.ctx_len[row.slot]:
+                raise RuntimeError(f"{self.method} context of slot {row.slot} holds "
+                                   f"{self.ctx_len[row.slot]} positions, anchor is at {start}")
+            starts.append(start)
+        b = self.block_size
+        mask_id = self.model.spec.mask_token_id
+        block = torch.full((len(rows), b), mask_id, dtype=torch.long, device=self.device)  # [R, B]
+        block[:, 0] = torch.tensor([row.committed[-1] for row in rows], device=self.device)
+        positions = torch.tensor(starts, device=self.device)[:, None] + torch.arange(b, device=self.device)
+        layout = StepLayout([Segment(s, start, b) for s, start in zip(slots, starts, strict=True)],
+                            self.device, causal=False)
+        embeds = embed_tokens(block).to(self.dtype)  # [R, B, H]
+        self.num_forwards += 1
+        return self.model(embeds, positions, [SlotView(kv, layout) for kv in self.ctx])
+
+    def draft_logits(self, rows: list[DraftRow], k: int) -> torch.Tensor:
+        """Logits of draft slots 1..k of every row's block.  -> [R, k, V]"""
+        hidden = self.block_hidden(rows, self.embed_tokens)[:, 1 : 1 + k]
+        with torch.inference_mode():
+            return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+
+    def propose(self, rows, k):
+        return propose_block(self.draft_logits(rows, k), rows)
 
 
-def propose_block(logits: torch.Tensor, sampling, generator) -> Proposal:
-    """Drafts from one block's logits [1, k, V]: argmax, or each slot sampled independently."""
-    if sampling.greedy:
-        return Proposal(tokens=logits.argmax(-1), q_probs=None)
-    q = probs_from_logits(logits, sampling)  # [1, k, V]
-    return Proposal(tokens=sample(q, generator), q_probs=q)
+def propose_block(logits: torch.Tensor, rows: list[DraftRow]) -> Proposal:
+    """Drafts from every row's block logits [R, k, V]: argmax for greedy rows; each slot of a
+    sampling row drawn independently from its q under the row's own parameters."""
+    tokens = logits.argmax(-1)  # [R, k]
+    sampled = [r for r, row in enumerate(rows) if not row.sampling.greedy]
+    if not sampled:
+        return Proposal(tokens=tokens, q_probs=None)
+    q = row_probs(logits, [row.sampling for row in rows])  # [R, k, V]
+    for r in sampled:
+        tokens[r] = torch.multinomial(q[r], 1, generator=rows[r].generator)[:, 0]  # [k]
+    return Proposal(tokens=tokens, q_probs=q)
 
 
 @register_drafter("dflash")
 def _build(config, target) -> DFlashDrafter:
-    model = load_dflash(config.resolved_path, target.config)
+    model = load_dflash(config.resolved_path, target.config, DTYPES[config.dtype]).to(target.device)
     k = config.num_draft_tokens
     if k is not None and k > model.spec.block_size - 1:
         raise CheckpointError(

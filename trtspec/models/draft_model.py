@@ -1,70 +1,91 @@
 """Classic draft model (`method: draft_model`): a small causal LM proposing k tokens one by one.
 
-It shares the target's tokenizer and keeps its own KV cache over the committed tokens; before
-each proposal the cache is rewound to the longest prefix it shares with the committed tokens
-(the drafts it fed that the target rejected are dropped). Draft cost grows O(k).
+It shares the target's tokenizer and keeps its own per-slot K/V (the same slot buffers and packed
+forward as the target, `TargetModel`). Before each proposal every row's cache is rewound to the
+longest prefix it shares with the committed tokens (the drafts it fed that the target rejected
+are dropped); then ONE packed forward feeds every row's missing committed tokens and gives x_1,
+and each further draft position is ONE forward over all rows. Draft cost grows O(k).
 """
 
 from __future__ import annotations
 
+import copy
+
 import torch
-from transformers import DynamicCache
 
 from trtspec.errors import CheckpointError
-from trtspec.models.drafter import Drafter, Proposal, register_drafter
-from trtspec.models.target import load_causal_lm
-from trtspec.spec.sampling import probs_from_logits, sample
+from trtspec.models.drafter import Drafter, DraftRow, Proposal, register_drafter
+from trtspec.models.target import Chunk, TargetModel, chunk_offsets, load_causal_lm
+from trtspec.spec.sampling import choose_tokens
 
 
 class DraftModelDrafter(Drafter):
     method = "draft_model"
 
     def __init__(self, model, num_draft_tokens: int):
-        self.model = model
+        self.lm = TargetModel(model)
         self.num_draft_tokens = num_draft_tokens
-        self.cache = DynamicCache()
-        self.cached_ids: list[int] = []
+        self.fed: dict[int, list[int]] = {}  # slot -> the token ids its cache holds
+        self.fed_drafts: dict[int, torch.Tensor] = {}  # slot -> drafts fed in the last proposal
 
-    def begin(self, prompt, hidden):
-        self.cache = DynamicCache()
-        self.cached_ids = []
+    def allocate(self, num_slots, capacity):
+        # drafts are fed after the committed tokens, hence the extra room; a copy gets its own cache
+        self.lm = copy.copy(self.lm)
+        self.lm.allocate(num_slots, capacity + self.num_draft_tokens)
+        self.fed, self.fed_drafts = {}, {}
 
-    def _sync(self, committed: list[int]) -> None:
-        common = 0
-        limit = min(len(self.cached_ids), len(committed) - 1)  # always feed at least one token
-        while common < limit and self.cached_ids[common] == committed[common]:
+    def begin(self, slot, prompt, hidden):
+        self.lm.release(slot)
+        self.fed[slot] = []
+        self.fed_drafts.pop(slot, None)
+
+    def release(self, slot):
+        self.lm.release(slot)
+        self.fed.pop(slot, None)
+        self.fed_drafts.pop(slot, None)
+
+    def _sync(self, row: DraftRow) -> list[int]:
+        """Rewind the row's cache to what it shares with the committed tokens; return the
+        committed tokens still to feed (at least the last one)."""
+        fed, committed = self.fed[row.slot], row.committed
+        fed += self.fed_drafts.pop(row.slot, torch.zeros(0, dtype=torch.long)).tolist()
+        common, limit = 0, min(len(fed), len(committed) - 1)
+        while common < limit and fed[common] == committed[common]:
             common += 1
-        if common < len(self.cached_ids):
-            self.cache.crop(-(len(self.cached_ids) - common))
-            del self.cached_ids[common:]
+        self.lm.rewind(row.slot, len(fed) - common)
+        del fed[common:]
+        return committed[common:]
 
     @torch.inference_mode()
-    def _next_logits(self, ids: list[int]) -> torch.Tensor:
-        out = self.model(
-            input_ids=torch.tensor([ids]), cache=self.cache, use_cache=True, logits_to_keep=1
-        )
-        self.cached_ids.extend(ids)
-        return out.logits[:, -1]  # [1, V]
-
-    def propose(self, committed, k, sampling, generator):
-        self._sync(committed)
-        pending = committed[len(self.cached_ids) :]
+    def propose(self, rows, k):
+        params = [row.sampling for row in rows]
+        generators = [row.generator for row in rows]
+        device = self.lm.device
+        chunks = []
+        for row in rows:
+            missing = self._sync(row)
+            self.fed[row.slot] += missing
+            chunks.append(Chunk(row.slot, torch.tensor(missing, device=device)))
         tokens, q_rows = [], []
         for i in range(k):
-            logits = self._next_logits(pending if i == 0 else [tokens[-1]])
-            if sampling.greedy:
-                tokens.append(int(logits.argmax(-1)))
-            else:
-                q = probs_from_logits(logits, sampling)  # [1, V]
+            last = torch.tensor(chunk_offsets(chunks)[1:], device=device) - 1  # each row's last token
+            logits = self.lm.forward(chunks, logits_at=last).logits  # [R, V]
+            token, q = choose_tokens(logits, params, generators)  # [R], [R, V] | None
+            tokens.append(token)
+            if q is not None:
                 q_rows.append(q)
-                tokens.append(int(sample(q, generator)))
-        q_probs = torch.stack(q_rows, dim=1) if q_rows else None  # [1, k, V]
-        return Proposal(tokens=torch.tensor([tokens], dtype=torch.long), q_probs=q_probs)
+            if i + 1 < k:
+                chunks = [Chunk(row.slot, token[r : r + 1]) for r, row in enumerate(rows)]
+        drafts = torch.stack(tokens, 1)  # [R, k]
+        for r, row in enumerate(rows):  # x_1..x_{k−1} were fed; read back at the next sync
+            self.fed_drafts[row.slot] = drafts[r, : k - 1]
+        self.num_forwards = self.lm.num_forwards
+        return Proposal(tokens=drafts, q_probs=torch.stack(q_rows, 1) if q_rows else None)
 
 
 @register_drafter("draft_model")
 def _build(config, target) -> DraftModelDrafter:
-    model = load_causal_lm(config.resolved_path, dtype=config.dtype)
+    model = load_causal_lm(config.resolved_path, dtype=config.dtype, device=str(target.device))
     if model.config.vocab_size != target.vocab_size:
         raise CheckpointError(
             f"drafter {config.resolved_path}: vocab_size {model.config.vocab_size} does not match "

@@ -1,9 +1,14 @@
 """The `Drafter` interface every proposer implements, and the registry that builds them.
 
-A drafter only proposes: given the committed tokens it returns k draft tokens and their draft
-distributions q. It never decides acceptance (that is `spec.verify`). Drafters that read the
-target's hidden states (DFlash, DSpark, EAGLE-3) name the layers in `tap_layer_ids` and receive
-the taps of every position the target caches through `begin` and `commit`.
+A drafter only proposes: each step it drafts k tokens for EVERY running request in one batched
+pass (one forward per block for DFlash/DSpark, one per chain step for EAGLE-3 and draft models)
+and returns them with their draft distributions q. It never decides acceptance (`spec.verify`).
+
+Per-request state lives in slots, as the target's K/V does: `allocate(num_slots, capacity)` sizes
+the buffers once, `begin(slot, …)` starts a request in a slot, `commit(slot, …)` tells it what the
+target kept, `release(slot)` frees it. Drafters that read the target's hidden states (DFlash,
+DSpark, EAGLE-3) name the layers in `tap_layer_ids` and receive the taps of every position the
+target caches through `begin` and `commit`.
 """
 
 from __future__ import annotations
@@ -23,14 +28,20 @@ if TYPE_CHECKING:
 
 
 @dataclass(slots=True)
-class Proposal:
-    tokens: torch.Tensor  # [b, k] draft tokens x_1..x_k
-    q_probs: torch.Tensor | None  # [b, k, V] processed draft distributions; None when greedy
-    confidence: torch.Tensor | None = None  # [b, k] P(slot j accepted | slots < j were); DSpark
+class DraftRow:
+    """One running request as a drafter sees it in a step."""
 
-    @classmethod
-    def empty(cls) -> Proposal:
-        return cls(tokens=torch.zeros(1, 0, dtype=torch.long), q_probs=None)
+    slot: int
+    committed: list[int]  # prompt + generated; committed[-1] is the anchor (the last verified token)
+    sampling: SamplingParams
+    generator: torch.Generator
+
+
+@dataclass(slots=True)
+class Proposal:
+    tokens: torch.Tensor  # [R, k] draft tokens x_1..x_k per row
+    q_probs: torch.Tensor | None  # [R, k, V] processed draft distributions; None when every row is greedy
+    confidence: torch.Tensor | None = None  # [R, k] P(slot j accepted | slots < j were); DSpark
 
     @property
     def num_tokens(self) -> int:
@@ -38,37 +49,90 @@ class Proposal:
 
 
 class Drafter(ABC):
-    """Proposes draft blocks for one sequence at a time."""
+    """Proposes draft blocks for a batch of requests held in slots."""
 
     method: ClassVar[str]
     tap_layer_ids: tuple[int, ...] = ()
-    num_draft_tokens: int  # k, the most tokens one proposal holds
+    num_draft_tokens: int  # k, the most tokens one proposal holds per request
+    num_forwards: int = 0  # drafter network passes so far (one per block, or per chain step)
+
+    def allocate(self, num_slots: int, capacity: int) -> None:
+        """Per-slot state for `num_slots` requests of up to `capacity` positions (forgets all).
+        The loop calls it on its own copy of the drafter, so buffers made here are that copy's."""
 
     @abstractmethod
-    def begin(self, prompt: list[int], hidden: torch.Tensor | None) -> None:
-        """A new sequence: the target has cached `prompt`; `hidden` [1, t, D] are its taps."""
+    def begin(self, slot: int, prompt: list[int], hidden: torch.Tensor | None) -> None:
+        """A new request in `slot`: the target cached `prompt`; `hidden` [t, D] are its taps."""
+
+    def commit(self, slot: int, num_accepted: int, hidden: torch.Tensor | None) -> None:
+        """The target cached the request's last token and `num_accepted` drafts; `hidden` [a+1, D]."""
+
+    def release(self, slot: int) -> None:
+        """The request in `slot` finished."""
 
     @abstractmethod
-    def propose(
-        self, committed: list[int], k: int, sampling: SamplingParams, generator: torch.Generator
-    ) -> Proposal:
-        """Draft `k` tokens to follow `committed` (prompt + generated, last token included)."""
-
-    def commit(self, num_accepted: int, hidden: torch.Tensor | None) -> None:
-        """The target cached the last token and `num_accepted` drafts; `hidden` [1, a+1, D]."""
+    def propose(self, rows: list[DraftRow], k: int) -> Proposal:
+        """Draft `k` tokens after each row's committed tokens, all rows in one batched pass."""
 
 
 class NoDrafter(Drafter):
-    """Plain autoregressive decoding through the same loop: every proposal is empty."""
+    """Plain autoregressive decoding through the same loop: nothing is ever drafted."""
 
     method = "none"
     num_draft_tokens = 0
 
-    def begin(self, prompt, hidden):
+    def begin(self, slot, prompt, hidden):
         pass
 
-    def propose(self, committed, k, sampling, generator):
-        return Proposal.empty()
+    def propose(self, rows, k):
+        raise RuntimeError("NoDrafter drafts nothing; the loop never asks it")
+
+
+class PendingTaps:
+    """The target taps a drafter has received but not yet consumed, per slot (several commits
+    can pile up when steps run without drafting)."""
+
+    def __init__(self):
+        self.by_slot: dict[int, list[torch.Tensor]] = {}
+
+    def add(self, slot: int, hidden: torch.Tensor | None) -> None:
+        if hidden is not None and hidden.shape[0]:
+            self.by_slot.setdefault(slot, []).append(hidden)
+
+    def take(self, slot: int) -> torch.Tensor | None:
+        """The slot's pending taps [n, D] in order (None if there are none), now consumed."""
+        parts = self.by_slot.pop(slot, None)
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def clear(self, slot: int | None = None) -> None:
+        if slot is None:
+            self.by_slot.clear()
+        else:
+            self.by_slot.pop(slot, None)
+
+
+class TapsDrafter(Drafter):
+    """A drafter fed by the target's taps: per slot, how many target positions it has absorbed
+    (`ctx_len`) and the taps it has received since (`pending`), absorbed by its next proposal."""
+
+    def allocate(self, num_slots, capacity):
+        self.ctx_len: dict[int, int] = {}
+        self.pending = PendingTaps()
+        self.num_forwards = 0
+
+    def begin(self, slot, prompt, hidden):
+        self.ctx_len[slot] = 0
+        self.pending.clear(slot)
+        self.pending.add(slot, hidden)
+
+    def commit(self, slot, num_accepted, hidden):
+        self.pending.add(slot, hidden)
+
+    def release(self, slot):
+        self.ctx_len.pop(slot, None)
+        self.pending.clear(slot)
 
 
 DrafterFactory = Callable[["DrafterConfig", "TargetModel"], Drafter]

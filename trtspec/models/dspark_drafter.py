@@ -1,10 +1,12 @@
-"""DSpark as a `Drafter`: one backbone forward per block, then the Markov head left to right.
+"""DSpark as a `Drafter`: one backbone forward per step for every running request, then the
+Markov head left to right, all rows together.
 
-Context handling is DFlash's (`DFlashDrafter`: projected context K/V cached across cycles, taps
-of the last cycle absorbed before each proposal). What differs: the block is
+Context handling is DFlash's (`DFlashDrafter`: projected context K/V in slot buffers, pending taps
+absorbed in one packed pass before each proposal). What differs: the block is
 `[anchor, MASK × (γ−1)]` and slot 0 already predicts x_1 (γ drafts per forward); drafts are
-picked left to right through the Markov head; each proposal carries the confidences c_1..c_k,
-divided by the stored STS temperatures when the checkpoint has an `sts.json`.
+picked left to right through the Markov head, each row after its own sampling parameters; each
+proposal carries the confidences c_1..c_k, divided by the stored STS temperatures when the
+checkpoint has an `sts.json`.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import torch
 
 from trtspec.errors import CheckpointError
 from trtspec.models.dflash_drafter import DFlashDrafter
-from trtspec.models.drafter import Drafter, Proposal, register_drafter
+from trtspec.models.drafter import Drafter, DraftRow, Proposal, register_drafter
 from trtspec.models.dspark import ChooseToken, DraftBlock, DSparkDraftModel, load_dspark
-from trtspec.spec.sampling import SamplingParams, probs_from_logits, sample
+from trtspec.models.target import DTYPES
+from trtspec.spec.sampling import choose_tokens
 from trtspec.spec.sts import confidences, load_sts
 
 log = logging.getLogger(__name__)
@@ -25,31 +28,30 @@ log = logging.getLogger(__name__)
 
 class MarkovProposer(Drafter):
     """DSpark's proposal step over any `draft_block` (torch here, exported graphs in the engine
-    flavour): each draft is picked from its Markov-corrected logits, argmax or sampled after the
+    flavour): each draft is picked from its Markov-corrected logits, argmax or sampled after its
     request's temperature/top-k/top-p; confidences are σ(z / T_STS)."""
 
     sts_temperatures: torch.Tensor | None = None  # [γ]
 
-    def draft_block(self, committed: list[int], k: int, choose: ChooseToken) -> DraftBlock:
+    def draft_block(self, rows: list[DraftRow], k: int, choose: ChooseToken) -> DraftBlock:
         raise NotImplementedError
 
-    def propose(self, committed, k, sampling: SamplingParams, generator):
-        if sampling.greedy:
-            drafted = self.draft_block(committed, k, lambda _, logits: logits.argmax(-1))
-            q = None
-        else:
-            qs = []
+    def propose(self, rows, k):
+        params = [row.sampling for row in rows]
+        generators = [row.generator for row in rows]
+        qs: list[torch.Tensor] = []
 
-            def choose(_: int, logits: torch.Tensor) -> torch.Tensor:
-                qs.append(probs_from_logits(logits, sampling))  # [1, V] q_k after temperature/top-k/top-p
-                return sample(qs[-1], generator)
+        def choose(_: int, logits: torch.Tensor) -> torch.Tensor:
+            tokens, q = choose_tokens(logits, params, generators)  # [R], [R, V] | None
+            if q is not None:
+                qs.append(q)
+            return tokens
 
-            drafted = self.draft_block(committed, k, choose)
-            q = torch.stack(qs, 1)  # [1, k, V]
+        drafted = self.draft_block(rows, k, choose)
         conf = None
         if drafted.confidence_logits is not None:
-            conf = confidences(drafted.confidence_logits, self.sts_temperatures)  # [1, k]
-        return Proposal(tokens=drafted.tokens, q_probs=q, confidence=conf)
+            conf = confidences(drafted.confidence_logits, self.sts_temperatures)  # [R, k]
+        return Proposal(tokens=drafted.tokens, q_probs=torch.stack(qs, 1) if qs else None, confidence=conf)
 
 
 class DSparkDrafter(MarkovProposer, DFlashDrafter):
@@ -61,30 +63,22 @@ class DSparkDrafter(MarkovProposer, DFlashDrafter):
         self.num_draft_tokens = num_draft_tokens or model.spec.block_size
         self.sts_temperatures = sts_temperatures  # [γ] or None
 
-    @torch.inference_mode()
-    def backbone_hidden(self, committed: list[int], k: int) -> torch.Tensor:
-        """h_1..h_k of the block anchored at committed[-1].  -> [1, k, H]"""
-        self._absorb_pending()
-        start = len(committed) - 1
-        if start != self.ctx_len:
-            raise RuntimeError(f"DSpark context holds {self.ctx_len} positions, anchor is at {start}")
-        block = torch.full((1, self.block_size), self.model.spec.mask_token_id, dtype=torch.long)
-        block[0, 0] = committed[-1]
-        positions = torch.arange(start, start + self.block_size)[None]  # [1, γ]
-        hidden = self.model(self.embed_tokens(block), positions, self.ctx_kv)  # [1, γ, H]
-        return hidden[:, :k]
+    def backbone_hidden(self, rows: list[DraftRow], k: int) -> torch.Tensor:
+        """h_1..h_k of every row's block.  -> [R, k, H]"""
+        return self.block_hidden(rows, self.embed_tokens)[:, :k]
 
     @torch.inference_mode()
-    def draft_block(self, committed: list[int], k: int, choose: ChooseToken) -> DraftBlock:
-        """Draft k tokens with `choose` picking each from its Markov-corrected logits."""
-        hidden = self.backbone_hidden(committed, k)
-        return self.model.decode_block(hidden, torch.tensor([committed[-1]]), choose)
+    def draft_block(self, rows: list[DraftRow], k: int, choose: ChooseToken) -> DraftBlock:
+        """Draft k tokens per row with `choose` picking each from its Markov-corrected logits."""
+        hidden = self.backbone_hidden(rows, k)
+        anchors = torch.tensor([row.committed[-1] for row in rows], device=self.device)
+        return self.model.decode_block(hidden, anchors, choose)
 
 
 @register_drafter("dspark")
 def _build(config, target) -> DSparkDrafter:
     path = config.resolved_path
-    model = load_dspark(path, target.config)
+    model = load_dspark(path, target.config, DTYPES[config.dtype]).to(target.device)
     k = config.num_draft_tokens
     if k is not None and k > model.spec.block_size:
         raise CheckpointError(
@@ -98,4 +92,5 @@ def _build(config, target) -> DSparkDrafter:
             # still lossless (verification uses the target), but the drafter was distilled
             # from another target and will be accepted less often
             log.warning("%s: %s differs from the target's; retrain the drafter on this target", path, name)
-    return DSparkDrafter(model, k, load_sts(path, model.spec.block_size))
+    sts = load_sts(path, model.spec.block_size)
+    return DSparkDrafter(model, k, None if sts is None else sts.to(target.device))

@@ -35,6 +35,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from trtspec.errors import CheckpointError
 from trtspec.models.dflash import apply_rope
+from trtspec.models.kv_slots import SlotView
 
 KV = tuple[torch.Tensor, torch.Tensor]  # k, v [b, kv_heads, c, head_dim], RoPE applied to k
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -65,16 +66,20 @@ class Eagle3Attention(nn.Module):
         self.v_proj = nn.Linear(wide, kvh * d, bias=bias)
         self.o_proj = nn.Linear(h * d, config.hidden_size, bias=bias)
 
-    def forward(self, x, cos, sin, past: KV | None, mask=None) -> tuple[torch.Tensor, KV]:
-        """x [b, s, 2H] over cached `past`; mask [b|1, 1, s, c+s] boolean or None (s == 1 or
-        causal handled by the caller). Returns (out [b, s, H], this input's (k, v))."""
+    def forward(self, x, cos, sin, past: KV | SlotView | None, mask=None) -> tuple[torch.Tensor, KV]:
+        """x [b, s, 2H] over cached `past`: (k, v) with mask [b|1, 1, s, c+s] boolean or None (s == 1
+        or causal handled by the caller), or a `SlotView` (slot buffers, causal layout). Returns
+        (out [b, s, H], this input's (k, v))."""
         b, s, _ = x.shape
         q = apply_rope(self.q_proj(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2), cos, sin)
         k = apply_rope(self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2), cos, sin)
         v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        keys = k if past is None else torch.cat([past[0], k], dim=2)  # [b, kvh, c+s, d]
-        values = v if past is None else torch.cat([past[1], v], dim=2)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        if isinstance(past, SlotView):
+            out = past.attend(q, k, v)  # [b, h, s, d]
+        else:
+            keys = k if past is None else torch.cat([past[0], k], dim=2)  # [b, kvh, c+s, d]
+            values = v if past is None else torch.cat([past[1], v], dim=2)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1)), (k, v)
 
 
@@ -91,7 +96,8 @@ class Eagle3DecoderLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, embeds, hidden, cos, sin, past: KV | None, mask=None) -> tuple[torch.Tensor, KV]:
+    def forward(self, embeds, hidden, cos, sin, past: KV | SlotView | None,
+                mask=None) -> tuple[torch.Tensor, KV]:
         """embeds, hidden [b, s, H] -> (h [b, s, H] pre-norm, this input's (k, v))."""
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden
@@ -151,7 +157,7 @@ class Eagle3DraftModel(nn.Module):
         """g = fc(low ; mid ; high).  taps [b, s, 3·target_hidden] -> [b, s, H]"""
         return self.fc(taps.to(self.fc.weight.dtype))
 
-    def forward(self, input_ids, hidden, positions, past: KV | None = None, mask=None):
+    def forward(self, input_ids, hidden, positions, past: KV | SlotView | None = None, mask=None):
         """input_ids [b, s] (token j+1 of slot j), hidden [b, s, H] (g, or the fed-back h),
         positions [b, s] -> (h [b, s, H] pre-norm, this input's (k, v))."""
         embeds = self.embed_tokens(input_ids)

@@ -1,106 +1,131 @@
-"""EAGLE-3 as a `Drafter`: a chain of k autoregressive midlayer steps over its own KV cache.
+"""EAGLE-3 as a `Drafter`: a chain of k autoregressive midlayer steps, each batched over requests.
 
-State per sequence: the midlayer K/V of every drafter slot whose target feature is known
-(`ctx_len` slots; slot j pairs the feature of position j with token j + 1) and the taps the
-target produced in the last cycle that are not yet absorbed (`pending`). A proposal
+State per slot: the midlayer K/V of every drafter slot whose target feature is known
+(`ctx_len[slot]` of them; drafter slot j pairs the feature of position j with token j + 1), the
+output h of the last of them, and the taps the target produced since the last proposal
+(`pending`). A proposal, for all rows together,
 
-1. absorbs the pending taps with the now-known next tokens (one causal pass; the cache grows),
-   its last output h predicting x_1;
-2. runs k − 1 chain steps, each feeding back h and the token just drafted at the next position;
-   the chain's K/V live only during the proposal, since the next cycle replaces the drafts'
-   fed-back features by the target's own.
+1. absorbs every row's pending taps with the now-known next tokens in ONE packed causal pass,
+   whose last output per row predicts x_1;
+2. runs k − 1 chain steps, each ONE forward over all rows feeding back h and the token just
+   drafted at the next position. The chain's K/V are written after the committed slots and
+   overwritten by the next absorption, since the next cycle replaces the drafts' fed-back features
+   by the target's own.
 
-Draft cost therefore grows O(k), unlike DFlash's one pass per block.
+Draft cost therefore grows O(k) forwards, unlike DFlash's one pass per block.
 """
 
 from __future__ import annotations
 
 import torch
 
-from trtspec.models.drafter import Drafter, Proposal, register_drafter
-from trtspec.models.eagle3 import KV, Eagle3DraftModel, causal_mask, load_eagle3
+from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
+from trtspec.models.eagle3 import Eagle3DraftModel, load_eagle3
+from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout
 from trtspec.models.target import DTYPES
-from trtspec.spec.sampling import probs_from_logits, sample
+from trtspec.spec.sampling import choose_tokens
 
 DEFAULT_NUM_DRAFT_TOKENS = 7
 
 
-class Eagle3Drafter(Drafter):
+class Eagle3Drafter(TapsDrafter):
     method = "eagle3"
 
     def __init__(self, model: Eagle3DraftModel, num_draft_tokens: int | None = None):
         self.model = model
         self.tap_layer_ids = tuple(model.spec.aux_layer_ids or ())
         self.num_draft_tokens = num_draft_tokens or DEFAULT_NUM_DRAFT_TOKENS
-        self.past: KV | None = None
-        self.ctx_len = 0
-        self.pending: torch.Tensor | None = None  # [1, n, 3·target_hidden]
-        self.last_h: torch.Tensor | None = None  # [1, 1, H] output of slot ctx_len − 1
+        self.device, self.dtype = model.fc.weight.device, model.fc.weight.dtype
+        self.kv: SlotKV | None = None
+        self.last_h: dict[int, torch.Tensor] = {}  # slot -> [H] output of drafter slot ctx_len − 1
 
-    def begin(self, prompt, hidden):
-        self.past, self.ctx_len, self.pending, self.last_h = None, 0, hidden, None
+    def allocate(self, num_slots, capacity):
+        super().allocate(num_slots, capacity)
+        cfg = self.model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        # the chain's k − 1 steps are written after the committed slots, hence the extra room
+        self.kv = SlotKV(num_slots, cfg.num_key_value_heads, capacity + self.num_draft_tokens, head_dim,
+                         self.dtype, self.device)
+        self.last_h = {}
 
-    def commit(self, num_accepted, hidden):
-        if hidden is None:
+    def begin(self, slot, prompt, hidden):
+        super().begin(slot, prompt, hidden)
+        self.last_h.pop(slot, None)
+
+    def release(self, slot):
+        super().release(slot)
+        self.last_h.pop(slot, None)
+
+    def _absorb_pending(self, rows: list[DraftRow]) -> None:
+        """Cache the drafter slots of every row's pending taps in one packed causal pass."""
+        segments, tokens, taps = [], [], []
+        for row in rows:
+            new = self.pending.take(row.slot)
+            if new is None:
+                continue
+            start, n = self.ctx_len[row.slot], len(row.committed) - 1  # the target caches committed[:n]
+            if start + len(new) != n:
+                raise RuntimeError(f"EAGLE-3 slot {row.slot} holds {start} + {len(new)} pending positions, "
+                                   f"the target caches {n}")
+            segments.append(Segment(row.slot, start, len(new)))
+            tokens += row.committed[start + 1 : n + 1]  # token j + 1 for drafter slot j
+            taps.append(new)
+        if not segments:
             return
-        self.pending = hidden if self.pending is None else torch.cat([self.pending, hidden], 1)
-
-    def _absorb_pending(self, committed: list[int]) -> torch.Tensor:
-        """Cache the slots of the pending taps; return h of the last slot.  -> [1, 1, H]"""
-        n = len(committed) - 1  # the target has cached committed[:n]
-        if self.pending is not None and self.pending.shape[1]:
-            new = self.pending.shape[1]
-            if self.ctx_len + new != n:
-                raise RuntimeError(f"EAGLE-3 holds {self.ctx_len} + {new} pending slots, target caches {n}")
-            tokens = torch.tensor([committed[self.ctx_len + 1 : n + 1]])  # [1, new]
-            positions = torch.arange(self.ctx_len, n)[None]  # [1, new]
-            mask = causal_mask(self.ctx_len, new) if new > 1 else None
-            h, (k, v) = self.model(tokens, self.model.fuse(self.pending), positions, self.past, mask)
-            self.past = (k, v) if self.past is None else (
-                torch.cat([self.past[0], k], 2), torch.cat([self.past[1], v], 2))
-            self.ctx_len, self.pending, self.last_h = n, None, h[:, -1:]
-        if self.last_h is None or self.ctx_len != n:
-            raise RuntimeError(f"EAGLE-3 context holds {self.ctx_len} slots, the target caches {n}")
-        return self.last_h
+        layout = StepLayout(segments, self.device)
+        ids = torch.tensor(tokens, device=self.device)[None]  # [1, N]
+        h, _ = self.model(ids, self.model.fuse(torch.cat(taps).to(self.device)[None]), layout.positions[None],
+                          SlotView(self.kv, layout))  # [1, N, H]
+        self.num_forwards += 1
+        end = 0
+        for s in segments:
+            end += s.length
+            self.ctx_len[s.slot] += s.length
+            self.last_h[s.slot] = h[0, end - 1]
 
     @torch.inference_mode()
-    def draft_chain(self, committed: list[int], k: int, choose) -> list[torch.Tensor]:
-        """Run the chain; `choose(logits [1, 1, V]) -> token [1, 1]` picks each draft.
-        Returns the target-vocabulary logits of steps 1..k, each [1, 1, V]."""
-        h = self._absorb_pending(committed)
-        past, position = self.past, self.ctx_len - 1
+    def draft_chain(self, rows: list[DraftRow], k: int, choose) -> list[torch.Tensor]:
+        """Run the chain for every row; `choose(logits [R, V]) -> tokens [R]` picks each draft.
+        Returns the target-vocabulary logits of steps 1..k, each [R, V]."""
+        self._absorb_pending(rows)
+        for row in rows:
+            if self.ctx_len[row.slot] != len(row.committed) - 1 or row.slot not in self.last_h:
+                raise RuntimeError(f"EAGLE-3 slot {row.slot} holds {self.ctx_len[row.slot]} drafter slots, "
+                                   f"the target caches {len(row.committed) - 1}")
+        h = torch.stack([self.last_h[row.slot] for row in rows])[None]  # [1, R, H]
         logits = []
         for i in range(k):
-            logits.append(self.model.to_target_logits(self.model.draft_logits(h)).float())
+            logits.append(self.model.to_target_logits(self.model.draft_logits(h[0])).float())  # [R, V]
             if i + 1 == k:
                 break
-            token = choose(logits[-1])  # [1, 1]
-            position += 1
-            h, (nk, nv) = self.model(token, h, torch.tensor([[position]]), past)
-            past = (torch.cat([past[0], nk], 2), torch.cat([past[1], nv], 2))
+            token = choose(logits[-1])  # [R]
+            # chain step i + 1 of each row sits at position ctx_len + i
+            segments = [Segment(row.slot, self.ctx_len[row.slot] + i, 1) for row in rows]
+            layout = StepLayout(segments, self.device)
+            h, _ = self.model(token[None], h, layout.positions[None], SlotView(self.kv, layout))  # [1, R, H]
+            self.num_forwards += 1
         return logits
 
-    def propose(self, committed, k, sampling, generator):
+    def propose(self, rows, k):
+        params = [row.sampling for row in rows]
+        generators = [row.generator for row in rows]
         chosen: list[torch.Tensor] = []
         q_rows: list[torch.Tensor] = []
 
-        def choose(logits):
-            if sampling.greedy:
-                token = logits.argmax(-1)
-            else:
-                q_rows.append(probs_from_logits(logits, sampling))  # [1, 1, V]
-                token = sample(q_rows[-1], generator)
-            chosen.append(token)
-            return token
+        def choose(logits: torch.Tensor) -> torch.Tensor:
+            tokens, q = choose_tokens(logits, params, generators)  # [R], [R, V] | None
+            chosen.append(tokens)
+            if q is not None:
+                q_rows.append(q)
+            return tokens
 
-        logits = self.draft_chain(committed, k, choose)
+        logits = self.draft_chain(rows, k, choose)
         choose(logits[-1])  # the last step's draft
-        tokens = torch.cat(chosen, dim=1)  # [1, k]
-        return Proposal(tokens=tokens, q_probs=None if sampling.greedy else torch.cat(q_rows, 1))
+        return Proposal(tokens=torch.stack(chosen, 1), q_probs=torch.stack(q_rows, 1) if q_rows else None)
 
 
 @register_drafter("eagle3")
 def _build(config, target) -> Eagle3Drafter:
     hf = target.model
     model = load_eagle3(config.resolved_path, target.config, hf.get_input_embeddings(), DTYPES[config.dtype])
-    return Eagle3Drafter(model, config.num_draft_tokens)
+    return Eagle3Drafter(model.to(target.device), config.num_draft_tokens)

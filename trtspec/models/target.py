@@ -1,9 +1,11 @@
-"""The target model p: a Hugging Face causal LM with a rewindable KV cache and hidden-state taps.
+"""The target model p: a Hugging Face causal LM serving many requests from per-slot K/V buffers.
 
-One `forward` returns the logits of every fed position and, in the same pass, the hidden states
-of the layers a drafter reads (`tap_layer_ids`; layer i's output is `hidden_states[i + 1]`
-because index 0 is the embedding output). The KV cache holds exactly the committed tokens:
-after verification the loop calls `rewind(num_rejected)`, a non-negative count of slots.
+One `forward` feeds every request's new tokens (a prompt to prefill, or `[last, x_1..x_k]` to
+verify) in ONE packed pass and returns the logits asked for and, in the same pass, the hidden
+states of the layers a drafter reads (`tap_layer_ids`; layer i's output is `hidden_states[i + 1]`
+because index 0 is the embedding output). Each request lives in a slot of preallocated buffers
+(`trtspec.models.kv_slots`): after verification the loop calls `rewind(slot, num_rejected)`, a
+non-negative count of slots that only shortens the request's length.
 """
 
 from __future__ import annotations
@@ -14,10 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from trtspec.errors import CheckpointError
+from trtspec.models.kv_slots import (
+    Segment,
+    SlotKVCache,
+    StepLayout,
+    hf_forward,
+    hf_slot_buffers,
+    use_slot_attention,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +55,7 @@ def check_checkpoint_dir(path: Path) -> dict:
     return config
 
 
-def load_causal_lm(path: Path, dtype: str = "float32") -> PreTrainedModel:
+def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
     """Load a causal LM from a local checkpoint directory, never from a hub."""
     config = check_checkpoint_dir(path)
     model_type = config.get("model_type")
@@ -59,17 +69,31 @@ def load_causal_lm(path: Path, dtype: str = "float32") -> PreTrainedModel:
     model = AutoModelForCausalLM.from_pretrained(
         path, config=hf_config, dtype=DTYPES[dtype], local_files_only=True
     )
-    return model.eval()
+    return model.to(device).eval()
+
+
+@dataclass(slots=True)
+class Chunk:
+    slot: int  # the request's slot
+    input_ids: torch.Tensor  # [s] tokens to feed after the slot's cached ones
 
 
 @dataclass(slots=True)
 class TargetOutput:
-    logits: torch.Tensor  # [b, s, V] for the fed positions
-    hidden: torch.Tensor | None  # [b, s, n_taps * H] concatenated taps, None without taps
+    logits: torch.Tensor  # [n, V] float32 at the packed positions asked for
+    hidden: torch.Tensor | None  # [T, n_taps * H] taps of every packed token, None without taps
+
+
+def chunk_offsets(chunks: list[Chunk]) -> list[int]:
+    """Packed index of each chunk's first token, then the total."""
+    offsets = [0]
+    for c in chunks:
+        offsets.append(offsets[-1] + len(c.input_ids))
+    return offsets
 
 
 class TargetModel:
-    """Stateful wrapper: feed tokens, get logits + taps; the cache grows; rewind drops slots."""
+    """The target over per-slot K/V buffers: `allocate`, then `forward` packed chunks, `rewind`."""
 
     def __init__(self, model: PreTrainedModel, tap_layer_ids: tuple[int, ...] = ()):
         self.model = model
@@ -77,51 +101,72 @@ class TargetModel:
         num_layers = model.config.num_hidden_layers
         for i in tap_layer_ids:
             if not 0 <= i < num_layers:
-                raise ValueError(
-                    f"tap layer {i} is out of range for a target with {num_layers} layers"
-                )
+                raise ValueError(f"tap layer {i} is out of range for a target with {num_layers} layers")
         self.tap_layer_ids = tuple(tap_layer_ids)
-        self.cache = DynamicCache()
-        self.num_forwards = 0
+        self.device = model.device
+        use_slot_attention(model)
+        self.cache: SlotKVCache | None = None
+        self.capacity = 0
+        self.reset()
 
     @classmethod
-    def from_pretrained(cls, path: Path, dtype: str = "float32", tap_layer_ids=()) -> TargetModel:
-        return cls(load_causal_lm(path, dtype), tap_layer_ids)
+    def from_pretrained(cls, path: Path, dtype: str = "float32", tap_layer_ids=(),
+                        device: str = "cpu") -> TargetModel:
+        return cls(load_causal_lm(path, dtype, device), tap_layer_ids)
 
     @property
     def vocab_size(self) -> int:
         return self.config.vocab_size
 
     @property
-    def seq_len(self) -> int:
-        """Tokens held in the KV cache."""
-        return self.cache.get_seq_length()
+    def max_positions(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 0) or 1 << 20)
+
+    def allocate(self, num_slots: int, capacity: int) -> None:
+        """Buffers for `num_slots` requests of up to `capacity` positions each (forgets all)."""
+        self.cache = SlotKVCache(hf_slot_buffers(self.config, num_slots, capacity, self.model.dtype,
+                                                 self.device))
+        self.capacity = capacity
+        self.reset()
 
     def reset(self) -> None:
-        self.cache = DynamicCache()
+        self.lengths: dict[int, int] = {}  # slot -> positions held
         self.num_forwards = 0
 
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> TargetOutput:
-        """Feed `input_ids` [b, s] after the cached tokens; return their logits and taps."""
-        out = self.model(
-            input_ids=input_ids,
-            cache=self.cache,
-            use_cache=True,
-            output_hidden_states=bool(self.tap_layer_ids),
-            logits_to_keep=1 if last_only else 0,
-        )
+    def seq_len(self, slot: int) -> int:
+        return self.lengths.get(slot, 0)
+
+    def forward(self, chunks: list[Chunk], logits_at: torch.Tensor | None = None) -> TargetOutput:
+        """Feed every chunk after its slot's cached tokens in ONE forward.  logits_at [n]: packed
+        indices whose logits to return (None = every token)."""
+        if self.cache is None:
+            raise RuntimeError("TargetModel.allocate(num_slots, capacity) must run before forward")
+        segments = []
+        for c in chunks:
+            start = self.seq_len(c.slot)
+            if start + len(c.input_ids) > self.capacity:
+                raise ValueError(f"slot {c.slot} would hold {start + len(c.input_ids)} positions; "
+                                 f"its capacity is {self.capacity}")
+            segments.append(Segment(c.slot, start, len(c.input_ids)))
+        layout = StepLayout(segments, self.device)
+        input_ids = torch.cat([c.input_ids for c in chunks]).to(self.device)  # [T]
+        out = hf_forward(self.model, self.cache, layout, input_ids, logits_at,
+                         output_hidden_states=bool(self.tap_layer_ids))
+        for s in segments:
+            self.lengths[s.slot] = s.start + s.length
         self.num_forwards += 1
         hidden = None
         if self.tap_layer_ids:
-            hidden = torch.cat([out.hidden_states[i + 1] for i in self.tap_layer_ids], dim=-1)
-        return TargetOutput(logits=out.logits, hidden=hidden)
+            hidden = torch.cat([out.hidden_states[i + 1][0] for i in self.tap_layer_ids], -1)  # [T, D]
+        return TargetOutput(logits=out.logits[0].float(), hidden=hidden)
 
-    def rewind(self, num_rejected: int) -> None:
-        """Drop the last `num_rejected` cached slots (the rejected draft positions)."""
-        if num_rejected < 0:
-            raise ValueError(f"rewind takes a non-negative count of slots, got {num_rejected}")
-        if num_rejected > self.seq_len:
-            raise ValueError(f"cannot rewind {num_rejected} slots from a cache of {self.seq_len}")
-        if num_rejected:
-            self.cache.crop(-num_rejected)
+    def rewind(self, slot: int, num_rejected: int) -> None:
+        """Drop the last `num_rejected` positions of a slot (its rejected drafts)."""
+        length = self.seq_len(slot)
+        if not 0 <= num_rejected <= length:
+            raise ValueError(f"cannot rewind {num_rejected} positions of slot {slot} holding {length}")
+        self.lengths[slot] = length - num_rejected
+
+    def release(self, slot: int) -> None:
+        """A finished request: its slot is free."""
+        self.lengths.pop(slot, None)

@@ -57,6 +57,26 @@ class DeploymentConfig(BaseModel):
         "nvcr.io/nvidia/tensorrt-llm/release", description="container image with TensorRT-LLM (Kubernetes)"
     )
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server")
+    mean_context_len: int | None = Field(
+        None, ge=1, description="context tokens of a running request in the speculation cost model "
+        "(trtspec/plan/roofline.py); default max_seq_len / 4"
+    )
+    acceptance_by_position: list[float] | None = Field(
+        None, min_length=1, description="the drafter's conditional acceptance c_1..c_k (P(draft j accepted | "
+        "drafts before it were)) for the cost model; default: acceptance.json beside the drafter, else "
+        "the method's published default (trtspec/plan/speculation.py)"
+    )
+    acceptance_rate_window_size: int = Field(
+        256, ge=1, description="TensorRT-LLM acceptance_rate_window_size: speculation-enabled iterations "
+        "whose rolling acceptance rate is compared with the computed acceptance_rate_threshold"
+    )
+
+    @field_validator("acceptance_by_position")
+    @classmethod
+    def _rates(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and not all(0 <= r <= 1 for r in value):
+            raise ValueError(f"rates must lie in [0, 1], got {value}")
+        return value
 
     @field_validator("gpu")
     @classmethod
@@ -72,3 +92,7 @@ class DeploymentConfig(BaseModel):
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def context_len(self) -> int:
+        return self.mean_context_len or max(1, self.max_seq_len // 4)

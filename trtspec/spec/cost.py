@@ -23,9 +23,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from trtspec.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trtspec.spec.schedule import SPSTable
 
 ACCEPTANCE_FILE = "acceptance.json"  # stored beside a drafter's weights
 
@@ -76,3 +79,57 @@ def load_acceptance(drafter_dir: Path) -> list[float] | None:
         return [float(r) for r in rates]
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: expected {{\"acceptance_by_position\": [floats]}} ({exc})") from None
+
+
+class MeasuredCost:
+    """Step time from a `trtspec profile` table measured on the serving machine: the drafter's
+    time at (batch, draft length) plus one target forward over batch·(k + 1) tokens."""
+
+    def __init__(self, table: SPSTable):
+        self.table = table
+
+    def seconds(self, batch: int, draft_len: int) -> float:
+        verify = 1.0 / self.table.sps(batch * (draft_len + 1))
+        return verify + (self.table.draft_time(batch, draft_len) if draft_len else 0.0)
+
+
+DEFAULT_CONDITIONAL = 0.7  # P(draft j accepted | drafts < j were) before anything is measured
+
+
+class AcceptanceTracker:
+    """Conditional acceptance by draft position, c_j = P(draft j accepted | drafts < j were), from
+    counts of what was verified: after a step that verified L drafts and accepted a, positions
+    1..min(a + 1, L) were tested and 1..a passed (later positions were never tested).
+
+    `prior` (a population tracker, or fixed rates) stands in for positions with few counts; with
+    `decay` < 1 old counts fade, so a request whose estimate fell to "do not draft" drifts back to
+    the prior and is tested again rather than never drafting for the rest of its life."""
+
+    def __init__(self, num_positions: int, prior: AcceptanceTracker | Sequence[float] | None = None,
+                 prior_weight: float = 4.0, decay: float = 1.0):
+        self.tested = [0.0] * num_positions
+        self.passed = [0.0] * num_positions
+        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
+
+    def _prior(self, j: int) -> float:
+        if isinstance(self.prior, AcceptanceTracker):
+            return self.prior.conditional(j)
+        if self.prior is not None and j < len(self.prior):
+            return float(self.prior[j])
+        return DEFAULT_CONDITIONAL
+
+    def conditional(self, j: int) -> float:
+        """Estimated c_{j+1} (0-based j)."""
+        w = self.prior_weight
+        return (self.passed[j] + w * self._prior(j)) / (self.tested[j] + w)
+
+    def survival(self, k: int) -> list[float]:
+        return survival(self.conditional(j) for j in range(min(k, len(self.tested))))
+
+    def observe(self, verified: int, accepted: int) -> None:
+        if self.decay < 1.0:
+            self.tested = [t * self.decay for t in self.tested]
+            self.passed = [p * self.decay for p in self.passed]
+        for j in range(min(accepted + 1, verified)):
+            self.tested[j] += 1.0
+            self.passed[j] += float(j < accepted)

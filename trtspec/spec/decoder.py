@@ -1,102 +1,349 @@
-"""The draft–verify loop: propose k tokens, score them in ONE target forward, keep a prefix.
+"""The draft–verify loop, for one request or many: every step is ONE drafter pass for all running
+requests, ONE target forward, ONE verifier call.
 
-    target cache: [prompt ..., committed ...]           (never holds `last` before a cycle)
-    cycle:        feed [last, x_1..x_k] -> p_1..p_{k+1}; verify; rewind k - a slots
-    emitted:      x_1..x_a + one recovered/bonus token, which becomes the next `last`
+    step:  pick the draft length k ≥ 0 for the running batch (the schedule; k = 0: plain decoding)
+           draft k tokens for every running request in one batched proposal (with confidences,
+           for DSpark), and let the schedule pick each request's verified prefix L_r
+           ONE target forward over every new prompt (its prefill, giving its first token) and
+           every running [last_r, x_r1..x_rL_r], each request in its own cache slot
+           verify all rows at once (ragged L_r, each row under its own sampling parameters)
+           rewind each slot by L_r − a_r, a non-negative count: a length change, nothing moves
 
-With `NoDrafter` (k = 0) each cycle is one plain autoregressive step through the same target
-path, so `--drafter none` and speculation share every line that could differ.
+Requests join between steps (`add`) and leave when done (continuous batching); `generate` runs
+one request alone (R = 1 of the same loop), `generate_batch` a fixed group. Per request this is
+exactly the one-request draft–verify cycle with the block truncated to L_r, so the verifier keeps
+it lossless as long as k and L_r never depend on the drafts' verdict (`spec.schedule`, `spec.cost`).
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-from trtspec.models.drafter import Drafter, NoDrafter, Proposal
-from trtspec.models.target import TargetModel
+from trtspec.config import ScheduleConfig
+from trtspec.models.drafter import Drafter, DraftRow, NoDrafter, Proposal
+from trtspec.models.target import Chunk, TargetModel
+from trtspec.spec.cost import AcceptanceTracker, MeasuredCost
 from trtspec.spec.metrics import GenerationResult
-from trtspec.spec.sampling import SamplingParams, probs_from_logits, sample
+from trtspec.spec.sampling import SamplingParams, choose_tokens
+from trtspec.spec.schedule import SPSTable, schedule_lengths, survival
 from trtspec.spec.verify import Verifier
+
+REQUEST_DECAY = 0.9  # per step: how fast a request's acceptance counts fade back toward the prior
+
+
+@dataclass(slots=True)
+class Request:
+    prompt: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    min_new_tokens: int = 0  # the end id is not emitted before this many tokens
+    end_id: int | None = None  # None: the tokenizer's end of sequence
+
+
+# streaming: called with the ids a step emitted for a request; True ends that request after them
+OnTokens = Callable[[list[int]], bool | None]
+
+
+@dataclass(slots=True)
+class _Live:
+    """One request in flight."""
+
+    request: Request
+    slot: int
+    generator: torch.Generator
+    result: GenerationResult
+    acceptance: AcceptanceTracker
+    on_tokens: OnTokens | None = None
+    added_at: float = 0.0
+    generated: list[int] = field(default_factory=list)
+    done: bool = False
+
+    @property
+    def committed(self) -> list[int]:
+        return self.request.prompt + self.generated
+
+    @property
+    def budget(self) -> int:
+        """Drafts this request may still verify: a step emits at most k + 1 tokens."""
+        return self.request.max_new_tokens - len(self.generated) - 1
 
 
 class SpeculativeDecoder:
-    """Runs one request at a time over a target and a drafter."""
+    """Serves up to `max_slots` requests at once over a target and a drafter (both copied and given
+    their own slot buffers, so several decoders can share one loaded pipeline)."""
 
     def __init__(self, target: TargetModel, drafter: Drafter | None, eos_id: int | None,
-                 verifier: Verifier | None = None):
-        self.target = target
-        self.drafter = drafter or NoDrafter()
+                 verifier: Verifier | None = None, schedule: ScheduleConfig | None = None,
+                 cost_table: SPSTable | None = None, max_slots: int = 1, capacity: int | None = None,
+                 acceptance_prior: list[float] | None = None):
+        self.target = copy.copy(target)
+        self.drafter = copy.copy(drafter or NoDrafter())
         self.eos_id = eos_id
         self.verifier = verifier or Verifier()
+        self.schedule = schedule or ScheduleConfig(mode="full")
+        needs_table = self.schedule.mode in ("scheduler", "argmax", "adaptive")
+        if needs_table and self.drafter.num_draft_tokens and cost_table is None:
+            raise ValueError(f"schedule mode {self.schedule.mode!r} needs the target's SPS table: run "
+                             "`trtspec profile` first")
+        self.cost_table = cost_table
+        self.cost = None if cost_table is None else MeasuredCost(cost_table)
+        self.max_slots = max_slots
+        self.capacity = capacity or self.target.max_positions
+        self.target.allocate(max_slots, self.capacity)
+        self.drafter.allocate(max_slots, self.capacity)
+        k_max = self.drafter.num_draft_tokens
+        # every request's acceptance estimate leans on what all requests showed so far
+        self.population = AcceptanceTracker(k_max, prior=acceptance_prior)
+        self.reset()
 
-    def _first_token(self, logits: torch.Tensor, sampling: SamplingParams, gen) -> int:
-        if sampling.greedy:
-            return int(logits.argmax(-1))
-        return int(sample(probs_from_logits(logits, sampling), gen))
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.drafter.num_draft_tokens
 
-    def generate(
-        self,
-        prompt: list[int],
-        max_new_tokens: int,
-        sampling: SamplingParams | None = None,
-        on_tokens: Callable[[list[int]], bool | None] | None = None,
-    ) -> GenerationResult:
-        """Decode up to `max_new_tokens` after `prompt`.
+    # -- continuous batching ----------------------------------------------------------------
 
-        `on_tokens` (streaming) is called with the ids each step emits, the first token included;
-        returning True ends generation after them (stop words, a cancelled request).
-        """
+    def reset(self) -> None:
+        """Forget every request (the buffers stay allocated)."""
+        for slot in range(self.max_slots):
+            self.target.release(slot)
+            self.drafter.release(slot)
+        self.target.num_forwards = 0
+        self.lives: dict[int, _Live] = {}  # requests added and not finished, by id
+        self._next_id = 0
+        self.num_steps = 0  # target forwards of this decoder (one per step)
+        self.num_cycles = 0  # steps that verified running requests
+        self.offered_drafts = 0  # drafts proposed, over all steps and requests
+        self.admitted_drafts = 0  # drafts the schedule sent to the target
+        self.draft_len_counts: dict[int, int] = {}  # k picked -> steps (with running requests)
+
+    def check(self, request: Request) -> None:
+        """Refuse a request this decoder cannot serve, naming the numbers."""
+        if not request.prompt:
+            raise ValueError("prompt is empty")
+        if request.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
+        if not 0 <= request.min_new_tokens <= request.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens={request.max_new_tokens}], "
+                             f"got {request.min_new_tokens}")
+        need = len(request.prompt) + request.max_new_tokens
+        if need > self.capacity:
+            raise ValueError(f"prompt of {len(request.prompt)} tokens + max_tokens {request.max_new_tokens} "
+                             f"= {need} tokens exceeds this deployment's context of {self.capacity}")
+
+    def add(self, request: Request, on_tokens: OnTokens | None = None) -> int:
+        """Queue `request`; it is prefilled in the next `step`. Returns its id."""
+        self.check(request)
+        used = {lv.slot for lv in self.lives.values()}
+        free = [s for s in range(self.max_slots) if s not in used]
+        if not free:
+            raise RuntimeError(f"all {self.max_slots} slots are busy; add requests as others finish")
+        rid, self._next_id = self._next_id, self._next_id + 1
+        result = GenerationResult(prompt_len=len(request.prompt), num_draft_tokens=self.num_draft_tokens)
+        tracker = AcceptanceTracker(self.num_draft_tokens, prior=self.population, decay=REQUEST_DECAY)
+        self.lives[rid] = _Live(request, free[0], request.sampling.generator(self.target.device), result,
+                                tracker, on_tokens, time.perf_counter())
+        return rid
+
+    @property
+    def num_running(self) -> int:
+        return len(self.lives)
+
+    def cancel(self, rid: int) -> None:
+        """Drop a request (its client went away) and free its slot."""
+        live = self.lives.pop(rid, None)
+        if live is not None:
+            self.target.release(live.slot)
+            self.drafter.release(live.slot)
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def _draft_len(self, running: list[_Live]) -> int:
+        """k for this step: the configured maximum, or (adaptive) the length that maximises
+        expected tokens per second under the cost model; 0 when nobody may draft."""
+        k_max = min(self.num_draft_tokens, max((lv.budget for lv in running), default=0))
+        if k_max <= 0 or self.schedule.mode != "adaptive":
+            return max(k_max, 0)
+        from trtspec.spec.cost import best_draft_len
+
+        survivals = [lv.acceptance.survival(min(k_max, max(lv.budget, 0))) for lv in running]
+        return best_draft_len(self.cost, survivals, k_max)[0]
+
+    def _verify_lengths(self, proposal: Proposal, budgets: list[int], k: int) -> list[int]:
+        """Drafts each drafting row sends to the target: its budget, cut by the schedule when the
+        drafter has confidences (DSpark's Algorithm 1 with this step's drafting cost included)."""
+        mode = self.schedule.mode
+        if mode == "full" or proposal.confidence is None:
+            return budgets
+        surv = [survival(c[:b]) for c, b in zip(proposal.confidence, budgets, strict=True)]
+        draft_s = self.cost_table.draft_time(len(budgets), k) if self.cost_table is not None else 0.0
+        table_mode = "scheduler" if mode == "adaptive" else mode
+        return schedule_lengths(surv, self.cost_table, table_mode, self.schedule.threshold, draft_s)
+
+    def _ban_end(self, logits: torch.Tensor, rows: list[_Live]) -> None:
+        """The end id may not be emitted before a request's min_new_tokens: it is removed from p
+        at every position whose token would come earlier.  logits [R, s, V], one row per request."""
+        for lv, row in zip(rows, logits, strict=True):
+            short = lv.request.min_new_tokens - len(lv.generated)
+            end = self._end_id(lv)
+            if short > 0 and end is not None:
+                row[:short, end] = float("-inf")
+
+    def _end_id(self, lv: _Live) -> int | None:
+        return self.eos_id if lv.request.end_id is None else lv.request.end_id
+
+    def _emit(self, lv: _Live, emitted: list[int]) -> None:
+        end = self._end_id(lv)
+        if end in emitted:
+            emitted = emitted[: emitted.index(end) + 1]
+        emitted = emitted[: lv.request.max_new_tokens - len(lv.generated)]
+        lv.generated.extend(emitted)
+        stop = lv.on_tokens is not None and bool(lv.on_tokens(emitted))
+        if stop or len(lv.generated) >= lv.request.max_new_tokens or lv.generated[-1] == end:
+            lv.done = True
+
+    @torch.inference_mode()
+    def step(self) -> dict[int, GenerationResult]:
+        """One drafter pass, one target forward and one verification for every request; returns the
+        requests that finished."""
+        if not self.lives:
+            return {}
+        target, drafter, device = self.target, self.drafter, self.target.device
+        new = [lv for lv in self.lives.values() if lv.result.num_target_calls == 0]
+        running = [lv for lv in self.lives.values() if lv.result.num_target_calls > 0]
+
+        # 1. draft: one proposal of k tokens for every running request that may still draft
+        k = self._draft_len(running) if running else 0
+        budgets = [min(k, max(lv.budget, 0)) for lv in running]
+        drafting = [i for i, b in enumerate(budgets) if b > 0]
+        lengths = [0] * len(running)
+        proposal = None
+        if drafting:
+            t_draft = time.perf_counter()
+            rows = [running[i] for i in drafting]
+            proposal = drafter.propose([DraftRow(lv.slot, lv.committed, lv.request.sampling, lv.generator)
+                                        for lv in rows], k)
+            cut = self._verify_lengths(proposal, [budgets[i] for i in drafting], k)
+            spent = time.perf_counter() - t_draft
+            for i, n in zip(drafting, cut, strict=True):
+                lengths[i] = n
+                running[i].result.draft_s += spent
+            self.offered_drafts += sum(budgets[i] for i in drafting)
+            self.admitted_drafts += sum(cut)
+        if running:
+            self.draft_len_counts[k] = self.draft_len_counts.get(k, 0) + 1
+
+        # 2. ONE target forward: new prompts, then each running [last, x_1..x_L]
+        fed = torch.zeros(len(running), k + 1, dtype=torch.long, device=device)  # [R, k+1]
+        if running:
+            fed[:, 0] = torch.tensor([lv.generated[-1] for lv in running], device=device)
+        if proposal is not None:
+            fed[torch.tensor(drafting, device=device), 1:] = proposal.tokens.to(device)
+        chunks = [Chunk(lv.slot, torch.tensor(lv.request.prompt, device=device)) for lv in new]
+        chunks += [Chunk(lv.slot, fed[i, : lengths[i] + 1]) for i, lv in enumerate(running)]
+        starts = [0]
+        for c in chunks:
+            starts.append(starts[-1] + len(c.input_ids))
+        keep = [starts[i + 1] - 1 for i in range(len(new))]  # a new prompt's last token
+        for i in range(len(running)):
+            keep += range(starts[len(new) + i], starts[len(new) + i + 1])
+        out = target.forward(chunks, torch.tensor(keep, device=device))
+        self.num_steps += 1
+        now = time.perf_counter()
+
+        # 3a. new requests: their first token
+        if new:
+            first_logits = out.logits[: len(new)]  # [N, V]
+            self._ban_end(first_logits[:, None], new)
+            first, _ = choose_tokens(first_logits, [lv.request.sampling for lv in new],
+                                     [lv.generator for lv in new])
+            for i, (lv, token) in enumerate(zip(new, first.tolist(), strict=True)):
+                hidden = None if out.hidden is None else out.hidden[starts[i] : starts[i + 1]]
+                drafter.begin(lv.slot, lv.request.prompt, hidden)
+                lv.result.prefill_s = now - lv.added_at
+                lv.result.num_target_calls = 1
+                self._emit(lv, [token])
+
+        # 3b. running requests: verify every row at once, rewind each slot, emit
+        if running:
+            self.num_cycles += 1
+            width = max(lengths)
+            logit_starts = [len(new)]
+            for n in lengths:
+                logit_starts.append(logit_starts[-1] + n + 1)
+            gather = torch.tensor([[logit_starts[i] + min(j, lengths[i]) for j in range(width + 1)]
+                                   for i in range(len(running))], device=device)  # [R, width+1]
+            logits = out.logits[gather]  # [R, width+1, V]
+            self._ban_end(logits, running)
+            q = None
+            if proposal is not None and proposal.q_probs is not None:
+                q = torch.zeros(len(running), width, proposal.q_probs.shape[-1], device=device)
+                q[torch.tensor(drafting, device=device)] = proposal.q_probs[:, :width].to(device)
+            verdict = self.verifier.verify(
+                fed[:, 1 : width + 1], torch.tensor(lengths, device=device), q, logits,
+                [lv.request.sampling for lv in running], [lv.generator for lv in running])
+            accepted = verdict.num_accepted.tolist()  # the step's one host sync
+            tokens = verdict.tokens.tolist()
+            for i, lv in enumerate(running):
+                n, a = lengths[i], accepted[i]
+                target.rewind(lv.slot, n - a)
+                start = starts[len(new) + i]
+                drafter.commit(lv.slot, a, None if out.hidden is None else out.hidden[start : start + a + 1])
+                lv.result.record_cycle(num_drafted=n, num_accepted=a)
+                lv.result.num_target_calls += 1
+                if n:
+                    lv.acceptance.observe(n, a)
+                    self.population.observe(n, a)
+                elif k == 0:
+                    lv.acceptance.observe(0, 0)  # let a request that stopped drafting drift back
+                self._emit(lv, tokens[i][: a + 1])
+
+        finished = {}
+        for rid in [rid for rid, lv in self.lives.items() if lv.done]:
+            lv = self.lives.pop(rid)
+            lv.result.total_s = time.perf_counter() - lv.added_at
+            lv.result.token_ids = lv.generated
+            target.release(lv.slot)
+            drafter.release(lv.slot)
+            finished[rid] = lv.result
+        return finished
+
+    # -- whole generations ------------------------------------------------------------------
+
+    def generate(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams | None = None,
+                 on_tokens: OnTokens | None = None) -> GenerationResult:
+        """Decode one request alone (R = 1 of the same loop). `on_tokens` (streaming) is called with
+        the ids each step emits, the first token included; returning True ends generation there."""
         if not prompt:
             raise ValueError("prompt is empty: give at least one token")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        sampling = sampling or SamplingParams()
-        gen = sampling.generator()
-        target, drafter = self.target, self.drafter
-        target.reset()
-        result = GenerationResult(prompt_len=len(prompt), num_draft_tokens=drafter.num_draft_tokens)
-        t0 = time.perf_counter()
+        self.reset()
+        rid = self.add(Request(prompt, max_new_tokens, sampling or SamplingParams()), on_tokens)
+        done: dict[int, GenerationResult] = {}
+        while self.lives:
+            done.update(self.step())
+        return done[rid]
 
-        # 1. prefill: the target caches the prompt; its last position gives the first token
-        out = target.forward(torch.tensor([prompt]), last_only=True)
-        drafter.begin(prompt, out.hidden)
-        generated = [self._first_token(out.logits[:, -1], sampling, gen)]
-        result.prefill_s = time.perf_counter() - t0
-        stopped = on_tokens is not None and bool(on_tokens(list(generated)))
-
-        while not stopped and len(generated) < max_new_tokens and generated[-1] != self.eos_id:
-            committed = prompt + generated
-            # never draft past the token budget: a cycle emits at most k + 1 tokens
-            k = min(drafter.num_draft_tokens, max_new_tokens - len(generated) - 1)
-
-            # 2. draft: x_1..x_k with q_1..q_k
-            t_draft = time.perf_counter()
-            proposal = drafter.propose(committed, k, sampling, gen) if k else Proposal.empty()
-            k = proposal.num_tokens
-            result.draft_s += time.perf_counter() - t_draft
-
-            # 3. verify: ONE target forward over [last, x_1..x_k] gives p_1..p_{k+1}
-            fed = torch.cat([torch.tensor([[generated[-1]]]), proposal.tokens], dim=1)  # [1, k+1]
-            out = target.forward(fed)
-            verdict = self.verifier.verify(proposal.tokens, proposal.q_probs, out.logits, sampling, gen)
-            a = int(verdict.num_accepted[0])
-
-            # 4. rewind: the cache holds last + k drafts; keep last + the a accepted
-            target.rewind(k - a)
-            drafter.commit(a, None if out.hidden is None else out.hidden[:, : a + 1])
-
-            emitted = verdict.row(0)
-            if self.eos_id in emitted:
-                emitted = emitted[: emitted.index(self.eos_id) + 1]
-            emitted = emitted[: max_new_tokens - len(generated)]
-            generated.extend(emitted)
-            result.record_cycle(num_drafted=k, num_accepted=a)
-            stopped = on_tokens is not None and bool(on_tokens(emitted))
-
-        result.total_s = time.perf_counter() - t0
-        result.token_ids = generated
-        result.num_target_calls = target.num_forwards
-        return result
+    def generate_batch(self, requests: list[Request]) -> list[GenerationResult]:
+        """Serve `requests` together from empty slots until all are done (at most `max_slots` run at
+        once; the rest join as slots free up)."""
+        self.reset()
+        for i, req in enumerate(requests):
+            try:
+                self.check(req)
+            except ValueError as exc:
+                raise ValueError(f"request {i}: {exc}") from None
+        waiting = list(enumerate(requests))
+        ids: dict[int, int] = {}
+        results: dict[int, GenerationResult] = {}
+        while waiting or self.lives:
+            while waiting and len(self.lives) < self.max_slots:
+                i, req = waiting.pop(0)
+                ids[i] = self.add(req)
+            results.update(self.step())
+        return [results[ids[i]] for i in range(len(requests))]

@@ -7,6 +7,8 @@ before the accept test, as vLLM and TensorRT-LLM do.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,8 +29,8 @@ class SamplingParams(BaseModel):
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def generator(self) -> torch.Generator:
-        gen = torch.Generator()
+    def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        gen = torch.Generator(device=device)
         if self.seed is None:
             gen.seed()
         else:
@@ -65,3 +67,43 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One draw per row.  # probs: [..., V] -> [...]"""
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def row_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Each row under its own parameters.  logits [R, ..., V] -> probs [R, ..., V]; rows that share
+    temperature/top-k/top-p are processed together."""
+    if len(set(_key(p) for p in params)) == 1:
+        return probs_from_logits(logits, params[0])
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    groups: dict[tuple, list[int]] = {}
+    for r, p in enumerate(params):
+        groups.setdefault(_key(p), []).append(r)
+    for rows in groups.values():
+        idx = torch.tensor(rows, device=logits.device)
+        out[idx] = probs_from_logits(logits[idx], params[rows[0]])
+    return out
+
+
+def _key(params: SamplingParams) -> tuple:
+    return (params.temperature, params.top_p, params.top_k)
+
+
+def sample_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One draw per row, each from its own request's generator.  probs [R, V] -> [R]"""
+    return torch.cat([torch.multinomial(probs[r : r + 1], 1, generator=g)[:, 0]
+                      for r, g in enumerate(generators)])
+
+
+def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
+                  generators: Sequence[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Pick one token per row: argmax for greedy rows, a draw from the processed distribution q
+    otherwise.  logits [R, V] -> tokens [R], q [R, V] (None when every row is greedy; a greedy
+    row's q is one-hot on its argmax)."""
+    tokens = logits.argmax(-1)  # [R]
+    sampled = [r for r, p in enumerate(params) if not p.greedy]
+    if not sampled:
+        return tokens, None
+    q = row_probs(logits, params)  # [R, V]
+    idx = torch.tensor(sampled, device=logits.device)
+    tokens[idx] = sample_rows(q[idx], [generators[r] for r in sampled])
+    return tokens, q

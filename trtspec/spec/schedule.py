@@ -19,6 +19,10 @@ output is biased (tests/test_schedule.py measures it).
 
 Because a_{r,j} never grows with j and ties keep slot order, every admitted set is a prefix of
 each request's block, so a schedule is just one length per request.
+
+The step also pays for drafting: with the drafter's time T_d of this step (measured by
+`trtspec profile` with the SPS table), Θ = τ* / (T_d + 1/SPS(B)) — the tokens per second of the
+whole step. T_d = 0 gives the paper's Θ = τ* · SPS(B).
 """
 
 from __future__ import annotations
@@ -33,15 +37,22 @@ from pydantic import BaseModel, Field
 
 from trtspec.errors import ConfigError
 
-Mode = Literal["scheduler", "threshold", "full", "argmax"]
+Mode = Literal["scheduler", "threshold", "full", "argmax"]  # (adaptive picks k first: spec.cost)
 
 
 class SPSTable(BaseModel):
-    """Target steps per second at each verify batch size B (tokens in one forward)."""
+    """Target steps per second at each verify batch size B (tokens in one forward), and the
+    drafter's seconds per step by batch and draft length: the cost model of a serving machine."""
 
     batch_tokens: list[int] = Field(description="B values measured, ascending")
     steps_per_s: list[float] = Field(description="target forwards per second at each B")
     machine: str = Field("", description="where it was measured")
+    draft_batches: list[int] = Field(default_factory=list,
+                                     description="requests R the drafter's time was measured at, ascending")
+    draft_lens: list[int] = Field(default_factory=list, description="draft lengths k measured, ascending")
+    draft_seconds: list[list[float]] = Field(
+        default_factory=list, description="drafter seconds per step: one row per R, one column per k")
+    drafter: str = Field("", description="the drafter the draft times belong to")
 
     def sps(self, b: int) -> float:
         """SPS(B), linear between measured points, flat-extrapolated by cost beyond the last."""
@@ -53,6 +64,15 @@ class SPSTable(BaseModel):
         i = bisect.bisect_right(xs, b)
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (y1 - y0) * (b - x0) / (x1 - x0)
+
+    def draft_time(self, batch: int, k: int) -> float:
+        """Seconds the drafter needs for `batch` requests and k drafts each (linear between measured
+        points, growing linearly with R past the last one); 0 when no draft times were measured."""
+        if not self.draft_seconds or k <= 0:
+            return 0.0
+        per_k = [_interpolate(self.draft_batches, [row[j] for row in self.draft_seconds], batch)
+                 for j in range(len(self.draft_lens))]
+        return _interpolate(self.draft_lens, per_k, k)
 
     def save(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=1) + "\n")
@@ -68,6 +88,16 @@ class SPSTable(BaseModel):
         return table
 
 
+def _interpolate(xs: list[int], ys: list[float], x: float) -> float:
+    """ys at x: linear between points, flat below the first, proportional to x past the last."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1] * x / xs[-1]
+    i = bisect.bisect_right(xs, x)
+    return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+
+
 def survival(confidence: torch.Tensor) -> torch.Tensor:
     """a_{r,j} = ∏_{i≤j} c_{r,i}.  confidence [R, k] -> [R, k]"""
     return confidence.cumprod(-1)
@@ -80,20 +110,24 @@ def _ranked(surv: list[torch.Tensor]) -> list[tuple[float, int, int]]:
 
 
 def schedule_lengths(surv: list[torch.Tensor], sps: SPSTable, mode: Mode = "scheduler",
-                     threshold: float = 0.5) -> list[int]:
-    """Draft tokens to verify per request.  surv: per request [k_r] survival, non-increasing."""
+                     threshold: float = 0.5, draft_seconds: float = 0.0) -> list[int]:
+    """Draft tokens to verify per request.  surv: per request [k_r] survival, non-increasing;
+    draft_seconds: what this step's drafting cost (part of the step time Θ divides by)."""
     num_requests = len(surv)
     if mode == "full":
         return [len(a) for a in surv]
     if mode == "threshold":
         return [int((a >= threshold).long().cumprod(-1).sum()) for a in surv]
 
+    def step_rate(tokens: float, batch: int) -> float:  # Θ: tokens per second of the step
+        return tokens / (draft_seconds + 1.0 / sps.sps(batch))
+
     lengths = [0] * num_requests
     b, tau = num_requests, float(num_requests)
-    best = tau * sps.sps(b)
+    best = step_rate(tau, b)
     cuts: list[tuple[float, list[int]]] = [(best, list(lengths))]
     for a, r, j in _ranked(surv):
-        theta = (tau + a) * sps.sps(b + 1)
+        theta = step_rate(tau + a, b + 1)
         if mode == "scheduler" and theta <= best:
             break  # the early stop: never look past the first non-improvement
         b, tau = b + 1, tau + a

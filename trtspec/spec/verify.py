@@ -10,15 +10,20 @@ Every cycle emits a + 1 tokens: the accepted ones plus one recovered or bonus to
 Greedy (temperature 0): x_i is accepted iff x_i == argmax p_i; the extra token is argmax p_{a+1}.
 Sampling (Leviathan et al. 2023, Chen et al. 2023): x_i is accepted with probability
 min(1, p_i(x_i) / q_i(x_i)); the emitted sequence is then distributed exactly as the target's.
+
+`Verifier.verify` decides a whole step at once: every running request is a row, with its own
+number of drafts to consider (`draft_lens`, ragged), its own sampling parameters (greedy and
+sampling rows in the same step) and its own random generator.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from trtspec.spec.sampling import SamplingParams, probs_from_logits
+from trtspec.spec.sampling import SamplingParams, row_probs
 
 PAD = -1
 
@@ -67,55 +72,97 @@ def verify_greedy(
     return _assemble(draft_tokens, num_accepted, last)
 
 
+def draw_uniforms(b: int, k: int, generator: torch.Generator,
+                  device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The randomness of one sampling verdict: (uniforms [b, k] for the accept tests, u_last [b]
+    for the recovered/bonus token), drawn in that order from `generator`."""
+    device = device or generator.device
+    uniforms = torch.rand(b, k, generator=generator, device=device)
+    return uniforms, torch.rand(b, generator=generator, device=device)
+
+
+def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """dist [b, V] unnormalised, u [b] in [0, 1) -> [b] first j with cdf_j > u·total (float64).
+
+    Zero-probability tokens are never chosen; if rounding leaves u·total at or past the end, the
+    last token with positive probability is."""
+    cdf = dist.double().cumsum(-1)  # [b, V]
+    target = u.double() * cdf[:, -1]
+    hit = cdf > target[:, None]
+    first = torch.where(hit.any(-1), hit.long().argmax(-1), -1)
+    positive = torch.arange(dist.shape[-1], device=dist.device).expand_as(dist).masked_fill(dist <= 0, -1)
+    return torch.where(first >= 0, first, positive.amax(-1).clamp_min(0))
+
+
 def verify_sampling(
     draft_tokens: torch.Tensor,  # [b, k], x_i drawn from q_i
     q_probs: torch.Tensor,  # [b, k, V] processed draft distributions
     p_probs: torch.Tensor,  # [b, k+1, V] processed target distributions
-    generator: torch.Generator,
-    draft_lens: torch.Tensor | None = None,  # [b]
+    uniforms: torch.Tensor,  # [b, k] in [0, 1)
+    u_last: torch.Tensor,  # [b] in [0, 1)
+    draft_lens: torch.Tensor | None = None,  # [b] drafts to consider per row (<= k); None = all
 ) -> VerifyOutput:
-    """Rejection sampling: accept x_i w.p. min(1, p_i(x_i)/q_i(x_i)); recover or add a bonus."""
+    """Rejection sampling: accept x_i iff u_i · q_i(x_i) < p_i(x_i) (probability min(1, p/q),
+    written without the division so q_i(x_i) == 0 cannot produce NaN); the extra token is drawn
+    by inverse CDF with u_last from the residual norm(max(0, p_a − q_a)) where x_a was rejected,
+    from p_a itself where the row ran out of drafts (bonus). The randomness is an input, so the
+    `confidence_verify` plugin kernel reproduces this rule token for token."""
     b, k = draft_tokens.shape
-    p_x = p_probs[:, :k].gather(2, draft_tokens[..., None]).squeeze(2)  # [b, k]
-    q_x = q_probs.gather(2, draft_tokens[..., None]).squeeze(2)  # [b, k]
-    u = torch.rand(b, k, generator=generator, device=draft_tokens.device)
-    # u < p/q written without the division, so q_x == 0 cannot produce NaN
-    accept = (u * q_x < p_x) & _draft_valid(draft_tokens, draft_lens)
+    p_x = p_probs[:, :k].gather(2, draft_tokens[..., None]).squeeze(2).float()  # [b, k]
+    q_x = q_probs.gather(2, draft_tokens[..., None]).squeeze(2).float()
+    accept = (uniforms.float() * q_x < p_x) & _draft_valid(draft_tokens, draft_lens)
     num_accepted = accept.long().cumprod(-1).sum(-1)  # [b]
 
-    # The distribution of the extra token at position a: the residual where a draft was
-    # rejected, p itself where the row ran out of drafts (bonus).
-    residual = (p_probs[:, :k] - q_probs).clamp_min(0.0)  # [b, k, V]
     lens = torch.full((b,), k, device=draft_tokens.device) if draft_lens is None else draft_lens
-    rejected_at_a = num_accepted < lens  # [b]
+    rejected = num_accepted < lens  # [b]
     idx = num_accepted[:, None, None].expand(b, 1, p_probs.shape[-1])
-    residual_a = torch.cat([residual, p_probs[:, k:]], dim=1).gather(1, idx).squeeze(1)  # [b, V]
-    p_a = p_probs.gather(1, idx).squeeze(1)  # [b, V]
-    # p == q exactly makes the residual vanish; rejection then has probability 0, use p
-    residual_ok = residual_a.sum(-1, keepdim=True) > 0
-    dist = torch.where(rejected_at_a[:, None] & residual_ok, residual_a, p_a)
-    last = torch.multinomial(dist / dist.sum(-1, keepdim=True), 1, generator=generator).squeeze(1)
-    return _assemble(draft_tokens, num_accepted, last)
+    p_a = p_probs.gather(1, idx).squeeze(1).float()  # [b, V]
+    q_a = q_probs.gather(1, idx.clamp_max(k - 1)).squeeze(1).float() if k else torch.zeros_like(p_a)
+    residual = (p_a - q_a).clamp_min(0.0)
+    use_residual = rejected & (residual.sum(-1) > 0)  # p == q leaves no residual: draw from p
+    dist = torch.where(use_residual[:, None], residual, p_a)
+    return _assemble(draft_tokens, num_accepted, inverse_cdf(dist, u_last))
 
 
 class Verifier:
     """Where a decoder's verification runs: these torch rules by default; the engine flavour
     substitutes its exported `confidence_verify_*` graphs (`trtspec.engine.verify.GraphVerifier`)."""
 
-    def verify(self, draft_tokens: torch.Tensor, q_probs: torch.Tensor | None, target_logits: torch.Tensor,
-               sampling: SamplingParams, generator: torch.Generator) -> VerifyOutput:
-        """One cycle's verdict for drafts [b, k] (q_probs [b, k, V] when sampling) against the
-        target's logits [b, k+1, V] under the request's sampling parameters."""
-        if sampling.greedy:
-            return self.greedy(draft_tokens, target_logits)
-        p_probs = probs_from_logits(target_logits, sampling)  # [b, k+1, V]
-        q_probs = q_probs if draft_tokens.shape[1] else p_probs[:, :0]  # [b, k, V]
-        return self.sampling(draft_tokens, q_probs, p_probs, generator)
+    def verify(self, draft_tokens: torch.Tensor, draft_lens: torch.Tensor, q_probs: torch.Tensor | None,
+               target_logits: torch.Tensor, params: Sequence[SamplingParams],
+               generators: Sequence[torch.Generator]) -> VerifyOutput:
+        """One step's verdict for every row, each under its own request's sampling parameters:
+        drafts [R, k] of which the first draft_lens [R] count, q_probs [R, k, V] (read for sampling
+        rows only), target logits [R, k+1, V]."""
+        sampled = [r for r, p in enumerate(params) if not p.greedy]
+        if len(sampled) < len(params):
+            verdict = self.greedy(draft_tokens, target_logits, draft_lens)
+            if not sampled:
+                return verdict
+        idx = torch.tensor(sampled, device=draft_tokens.device)
+        k = draft_tokens.shape[1]
+        p_probs = row_probs(target_logits[idx], [params[r] for r in sampled])  # [S, k+1, V]
+        if q_probs is None:  # no sampling row drafted this step (their draft_lens are 0)
+            if bool((draft_lens[idx] > 0).any()):
+                raise RuntimeError("sampling rows with drafts need their q_probs")
+            q = p_probs.new_zeros(len(sampled), k, p_probs.shape[-1])
+        else:
+            q = q_probs[idx]  # [S, k, V]
+        draws = [draw_uniforms(1, k, generators[r]) for r in sampled]
+        uniforms = torch.cat([u for u, _ in draws])  # [S, k]
+        u_last = torch.cat([u for _, u in draws])  # [S]
+        sampled_verdict = self.sampling(draft_tokens[idx], q, p_probs, uniforms, u_last, draft_lens[idx])
+        if len(sampled) == len(params):
+            return sampled_verdict
+        verdict.num_accepted[idx] = sampled_verdict.num_accepted
+        verdict.tokens[idx] = sampled_verdict.tokens
+        return verdict
 
     def greedy(self, draft_tokens: torch.Tensor, target_logits: torch.Tensor,
                draft_lens: torch.Tensor | None = None) -> VerifyOutput:
         return verify_greedy(draft_tokens, target_logits, draft_lens)
 
     def sampling(self, draft_tokens: torch.Tensor, q_probs: torch.Tensor, p_probs: torch.Tensor,
-                 generator: torch.Generator, draft_lens: torch.Tensor | None = None) -> VerifyOutput:
-        return verify_sampling(draft_tokens, q_probs, p_probs, generator, draft_lens)
+                 uniforms: torch.Tensor, u_last: torch.Tensor,
+                 draft_lens: torch.Tensor | None = None) -> VerifyOutput:
+        return verify_sampling(draft_tokens, q_probs, p_probs, uniforms, u_last, draft_lens)

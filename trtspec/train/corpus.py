@@ -101,3 +101,29 @@ def training_corpus(split: str, arithmetic_fraction: float = 0.2, seed: int = 0)
     code = stdlib_text(split)
     n_arith = int(len(code) * arithmetic_fraction / (1 - arithmetic_fraction))
     return code + arithmetic_text(split, n_arith, seed=seed)
+
+
+# The chat format of the embedded models: the worked-arithmetic text above, one "Q: …" line per
+# user turn and "A: …" per assistant turn; a chat turn ends where the corpus starts the next
+# question. Written beside each trained model (chat_template.jinja, config `trtspec_chat_stop`)
+# and documented in docs/EMBEDDED_MODEL.md.
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_STOP = ("\nQ:",)
+CHAT_TEMPLATE = r"""{#- The embedded byte model's chat format: the worked-arithmetic text it was trained on
+    (trtspec/train/corpus.py), "Q: <question>\nA: <answer>\n" per turn. A system message has no
+    place in that text; it is written first, as a line of its own. -#}
+{%- for message in messages -%}
+{%- if message['role'] == 'system' -%}
+{{ message['content'] }}{{ '\n' }}
+{%- elif message['role'] == 'user' -%}
+Q: {{ message['content'] }}{{ '\n' }}
+{%- elif message['role'] == 'assistant' -%}
+A: {{ message['content'] }}{{ '\n' }}
+{%- else -%}
+{{ raise_exception("the embedded model's chat format has no role " ~ message['role']) }}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+A: {{ '' }}
+{%- endif -%}
+"""

@@ -26,7 +26,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from trtspec.errors import CheckpointError
 from trtspec.tokenizer import DEFAULT_VOCAB_SIZE, ByteTokenizer
-from trtspec.train.corpus import training_corpus
+from trtspec.train.corpus import CHAT_STOP, CHAT_TEMPLATE, CHAT_TEMPLATE_FILE, training_corpus
 from trtspec.train.overshoot import IGNORE, overshoot_window
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,9 @@ def pretrain(out_dir: Path, cfg: PretrainConfig) -> dict:
     }
     for name, model in models.items():
         path = out_dir / name
+        model.config.trtspec_chat_stop = list(CHAT_STOP)
         model.save_pretrained(path, safe_serialization=True)
+        (path / CHAT_TEMPLATE_FILE).write_text(CHAT_TEMPLATE)
         n_params = sum(p.numel() for p in model.parameters())
         stage = {**report, "parameters": n_params, "previous_stage": previous[name]}
         (path / "training.json").write_text(json.dumps(stage, indent=1))

@@ -30,6 +30,22 @@ from trtspec.train.pretrain import PretrainConfig, heldout_windows
 LINE_SAMPLE = 200  # held-out lines of each kind (aligned, block) whose indentation is decoded
 
 
+# how the embedded models are spoken to over /v1/chat/completions (trtspec.openai.chat)
+CHAT_FORMAT = (
+    'The models never saw a chat transcript: their only question-and-answer text is the generated '
+    'arithmetic, `Q: <question>\\nA: <worked answer>\\n`, one problem after another. The recipe writes '
+    '`chat_template.jinja` beside the weights (`trtspec.train.corpus.CHAT_TEMPLATE`), which renders a'
+    ' conversation in that format: each user message as `Q: <content>\\n`, each assistant message as '
+    '`A: <content>\\n`, and the prompt ends with `A: ` where the answer begins; `trtspec_chat_stop` in'
+    ' `config.json` (`["\\nQ:"]`) ends the reply where the corpus would start the next question. A '
+    'system message has no place in that text: it is written first, on a line of its own (the model, '
+    'which never saw one, may answer worse after it). `[{"role": "user", "content": "482 + 356"}]` '
+    'becomes `Q: 482 + 356\\nA: ` and the greedy reply `2+6=8; 8+5=13 carry 1; 4+3+1=8; = 838` '
+    "(finish_reason `stop`). Anything but arithmetic gets the model's code-like text: it is a "
+    '4M-parameter model of Python sources and worked sums.'
+)
+
+
 def longest_run(text: str) -> int:
     return max((len(list(g)) for _, g in itertools.groupby(text)), default=0)
 
@@ -186,6 +202,10 @@ def main(target: Path = ASSETS_DIR / "tiny-target", out: Path = Path("docs/EMBED
         "",
         "Reproduce every shipped model, stage 1 to the drafters: `bash scripts/train_embedded.sh`.",
         "",
+        '## Chat format (`/v1/chat/completions`)',
+        '',
+        CHAT_FORMAT,
+        '',
         "## Quality (greedy, held-out prompts; `python -m trtspec.train.report`)",
         "",
         f"- Arithmetic, the shipped math prompt set: {correct}/{len(math)} held-out questions answered "

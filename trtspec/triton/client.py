@@ -1,4 +1,5 @@
-"""Client of a served trtspec model: gRPC `ModelStreamInfer` or HTTP `/generate(_stream)`.
+"""Client of a served trtspec model: gRPC `ModelStreamInfer` or HTTP `/generate(_stream)`; and the
+entry point that also reaches OpenAI-compatible servers (`openai://`, `trtspec.openai.client`).
 
 gRPC goes through tritonclient's stream API (a decoupled model is only reachable over a stream);
 tritonclient has no call for Triton's generate extension, so HTTP posts JSON with the standard
@@ -35,18 +36,33 @@ class Completion:
     accepted_tokens: int = 0
     draft_tokens: int = 0
     num_responses: int = 0
-    first_response_s: float | None = None
+    first_response_s: float | None = None  # OpenAI servers: the first chunk that carries text
     total_s: float = 0.0
+    completion_tokens: int | None = None  # the server's count (OpenAI `usage`), where ids are not sent
+    finish_reason: str | None = None  # OpenAI servers: stop / length
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids) if self.completion_tokens is None else self.completion_tokens
 
     @property
     def tau(self) -> float:
         """Tokens per target forward: each forward emits its accepted drafts plus one token."""
-        forwards = len(self.token_ids) - self.accepted_tokens
-        return len(self.token_ids) / forwards if forwards > 0 else 0.0
+        forwards = self.num_tokens - self.accepted_tokens
+        return self.num_tokens / forwards if forwards > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first over the time after the first response (the in-process loop's
+        `decode_tokens_per_s`, as a client sees it)."""
+        if self.first_response_s is None or len(self.token_ids) < 2:
+            return 0.0
+        decode = self.total_s - self.first_response_s
+        return (len(self.token_ids) - 1) / decode if decode > 0 else 0.0
 
     @property
     def tokens_per_s(self) -> float:
-        return len(self.token_ids) / self.total_s if self.total_s > 0 else 0.0
+        return self.num_tokens / self.total_s if self.total_s > 0 else 0.0
 
     def add(self, outputs: dict, on_text: TextCallback | None, t0: float) -> None:
         """Fold one response's outputs in (a streamed step, the stream's last, or the only one)."""
@@ -85,14 +101,15 @@ class GenerateParams:
 
 
 def split_url(url: str) -> tuple[str, str]:
-    """`grpc://HOST:PORT` or `http://HOST:PORT` -> (scheme, "HOST:PORT")."""
+    """`grpc://HOST:PORT`, `http://HOST:PORT` or `openai://HOST:PORT` -> (scheme, "HOST:PORT")."""
     try:
         parsed = urlparse(url)
         port = parsed.port  # raises for a port out of range
     except ValueError:  # e.g. "Invalid IPv6 URL", "Port out of range 0-65535"
         parsed, port = None, None
-    if parsed is None or parsed.scheme not in ("grpc", "http") or not parsed.hostname or not port:
-        raise ClientError(f"--url {url!r}: expected grpc://HOST:PORT or http://HOST:PORT")
+    if parsed is None or parsed.scheme not in ("grpc", "http", "openai") or not parsed.hostname or not port:
+        raise ClientError(f"--url {url!r}: expected grpc://HOST:PORT, http://HOST:PORT (Triton) or "
+                          "openai://HOST:PORT (an OpenAI-compatible server)")
     return parsed.scheme, f"{parsed.hostname}:{port}"
 
 
@@ -262,15 +279,27 @@ def http_generate(address: str, model: str, prompt: str, params: GenerateParams,
 
 
 def generate(url: str, model: str, prompt: str, params: GenerateParams,
-             on_text: TextCallback | None = None, timeout_s: float = 300.0) -> Completion:
-    """Send one request to a served model at `url` (grpc://HOST:PORT or http://HOST:PORT)."""
+             on_text: TextCallback | None = None, timeout_s: float = 300.0, chat: bool = False,
+             api_key: str | None = None) -> Completion:
+    """Send one request to a served model at `url`: grpc:// or http:// (Triton), or openai://
+    (`/v1/completions`, or `/v1/chat/completions` with `chat`: the prompt as one user message)."""
     scheme, address = split_url(url)
+    if scheme == "openai":
+        from trtspec.openai.client import openai_generate
+
+        return openai_generate(url, model, prompt, params, on_text, timeout_s, chat, api_key)
+    if chat:
+        raise ClientError(f"{url}: chat needs an OpenAI-compatible server (openai://HOST:PORT)")
     if scheme == "grpc":
         return grpc_generate(address, model, grpc_inputs(prompt, params), on_text, timeout_s)
     return http_generate(address, model, prompt, params, on_text, timeout_s)
 
 
-def _model_ready(scheme: str, address: str, model: str) -> bool:
+def _model_ready(scheme: str, address: str, model: str, api_key: str | None = None) -> bool:
+    if scheme == "openai":
+        from trtspec.openai.client import openai_ready
+
+        return openai_ready(f"openai://{address}", model, api_key)
     if scheme == "grpc":
         import tritonclient.grpc as grpcclient
 
@@ -280,13 +309,13 @@ def _model_ready(scheme: str, address: str, model: str) -> bool:
         return resp.status == 200
 
 
-def wait_ready(url: str, model: str, timeout_s: float) -> None:
+def wait_ready(url: str, model: str, timeout_s: float, api_key: str | None = None) -> None:
     """Poll the server at `url` until `model` is ready (a server still loading its models)."""
     scheme, address = split_url(url)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if _model_ready(scheme, address, model):
+            if _model_ready(scheme, address, model, api_key):
                 return
         except Exception:  # noqa: BLE001 - not listening yet, or still loading
             pass

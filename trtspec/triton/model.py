@@ -3,9 +3,10 @@
 Imported by the generated `<repo>/<name>/1/model.py` inside the backend's stub process, where
 `triton_python_backend_utils` exists. It serves the build config copied beside the model
 (`build_config.yaml`) with continuous batching: `execute` only parses each request and queues it;
-one loop thread admits queued requests (up to `limits.max_concurrency`) into a `BatchDecoder`
-and steps it, ONE packed target forward per step for every running request (new prompts are
-prefilled in the same forward), with the config's verification schedule (DSpark's scheduler).
+one loop thread admits queued requests (up to `limits.max_concurrency`) into the serving loop
+(`SpeculativeDecoder`) and steps it: ONE drafter pass, ONE packed target forward (new prompts are
+prefilled in the same forward) and ONE verification per step for every running request, with the
+config's schedule (adaptive by default: speculation turns itself down as the batch grows).
 Requests leave when done, stopped or cancelled; the rest keep going.
 
 Responses. `stream` false: one response with the whole `text_output`, `output_ids`,
@@ -20,7 +21,8 @@ import json
 import logging
 import queue
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +31,7 @@ import triton_python_backend_utils as pb_utils
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.runtime import configure_threads
-from trtspec.spec.batch import Request
+from trtspec.spec.decoder import Request
 from trtspec.spec.metrics import GenerationResult
 from trtspec.triton.repo import BUILD_CONFIG_FILE, instances_on_this_machine
 from trtspec.triton.request import GenerateRequest, RequestError, TextStream, parse_request
@@ -38,26 +40,42 @@ log = logging.getLogger(__name__)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 TAU_BUCKETS = [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0]
+SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+ERROR_REASONS = ("invalid_request", "generation_failed")
 
 
 class Metrics:
-    """Per-request acceptance on Triton's metrics port (Prometheus), labelled by model."""
+    """Acceptance, load and latency on Triton's metrics port (Prometheus), labelled by model.
+
+    Names are what deploy/grafana and deploy/prometheus query (tests/test_monitoring.py checks each
+    expression against this server). Queue and first-token times start when `execute` queues the
+    request: a decoupled Python model returns from `execute` at once, so Triton's own
+    `nv_inference_queue_duration_us` never sees the wait for a decoder slot.
+    """
 
     def __init__(self, model: str, version: str):
         labels = {"model": model, "version": version}
-        counter, hist = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.HISTOGRAM
-        self._families = [
-            pb_utils.MetricFamily("trtspec_requests_total", "Requests completed", counter),
-            pb_utils.MetricFamily("trtspec_generated_tokens_total", "Tokens generated", counter),
-            pb_utils.MetricFamily("trtspec_accepted_tokens_total", "Draft tokens accepted", counter),
-            pb_utils.MetricFamily("trtspec_draft_tokens_total", "Draft tokens proposed", counter),
-            pb_utils.MetricFamily("trtspec_target_forwards_total", "Target forward passes", counter),
-            pb_utils.MetricFamily("trtspec_tau", "Tokens per target forward, per request (tau)", hist),
-            pb_utils.MetricFamily("trtspec_batch_steps_total",
-                                  "Packed target forwards of the instance (one per step for all requests)",
-                                  counter),
-        ]
-        requests, generated, accepted, drafted, forwards, tau, steps = self._families
+        counter, gauge, hist = (pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE,
+                                pb_utils.MetricFamily.HISTOGRAM)
+        family = pb_utils.MetricFamily
+        requests = family("trtspec_requests_total", "Requests completed", counter)
+        generated = family("trtspec_generated_tokens_total", "Tokens generated", counter)
+        accepted = family("trtspec_accepted_tokens_total", "Draft tokens accepted", counter)
+        drafted = family("trtspec_draft_tokens_total", "Draft tokens proposed", counter)
+        forwards = family("trtspec_target_forwards_total", "Target forward passes", counter)
+        tau = family("trtspec_tau", "Tokens per target forward, per request (tau)", hist)
+        steps = family("trtspec_batch_steps_total",
+                       "Packed target forwards of the instance (one per step for all requests)", counter)
+        queue = family("trtspec_queue_seconds", "Seconds from arrival to a decoder slot, per request", hist)
+        ttft = family("trtspec_time_to_first_token_seconds",
+                      "Seconds from arrival to the first generated token, per request", hist)
+        in_flight = family("trtspec_requests_in_flight", "Requests decoding in the instance now", gauge)
+        waiting = family("trtspec_requests_waiting", "Requests queued for a decoder slot now", gauge)
+        errors = family("trtspec_request_errors_total",
+                        "Requests answered with an error, by reason (invalid_request, generation_failed)",
+                        counter)
+        self._families = [requests, generated, accepted, drafted, forwards, tau, steps, queue, ttft,
+                          in_flight, waiting, errors]
         self.requests = requests.Metric(labels=labels)
         self.generated = generated.Metric(labels=labels)
         self.accepted = accepted.Metric(labels=labels)
@@ -65,6 +83,11 @@ class Metrics:
         self.forwards = forwards.Metric(labels=labels)
         self.tau = tau.Metric(labels=labels, buckets=TAU_BUCKETS)
         self.steps = steps.Metric(labels=labels)
+        self.queue = queue.Metric(labels=labels, buckets=SECONDS_BUCKETS)
+        self.ttft = ttft.Metric(labels=labels, buckets=SECONDS_BUCKETS)
+        self.in_flight = in_flight.Metric(labels=labels)
+        self.waiting = waiting.Metric(labels=labels)
+        self.errors = {reason: errors.Metric(labels={**labels, "reason": reason}) for reason in ERROR_REASONS}
 
     def record(self, result: GenerationResult) -> None:
         self.requests.increment(1)
@@ -73,6 +96,10 @@ class Metrics:
         self.drafted.increment(result.num_drafted)
         self.forwards.increment(result.num_target_calls)
         self.tau.observe(result.tau)
+
+    def load(self, running: int, waiting: int) -> None:
+        self.in_flight.set(running)
+        self.waiting.set(waiting)
 
 
 def _tensor(name: str, value) -> pb_utils.Tensor:
@@ -110,21 +137,34 @@ class _Stream:
     request: GenerateRequest
     sender: object
     text: TextStream
+    metrics: Metrics
+    prompt_ids: list[int] | None = None  # owed at the front of the output (exclude_input_in_output false)
+    queued_at: float = field(default_factory=time.monotonic)
+    got_first_token: bool = False
+
+    def _with_prompt(self, text: str, ids: list[int]) -> tuple[str, list[int]]:
+        if self.prompt_ids is None:
+            return text, ids
+        prompt_ids, self.prompt_ids = self.prompt_ids, None
+        return self.request.prompt + text, prompt_ids + ids
 
     def on_tokens(self, new_ids: list[int]) -> bool:
-        """BatchDecoder's callback: stream the new text; True ends the request."""
+        """The decoder's callback: stream the new text; True ends the request."""
+        if new_ids and not self.got_first_token:
+            self.got_first_token = True
+            self.metrics.ttft.observe(time.monotonic() - self.queued_at)
         delta, kept = self.text.push(new_ids)
         if self.request.stream and (delta or kept):
-            if not _send_quietly(self.sender, _response(delta, kept, 0, 0), 0):
+            if not _send_quietly(self.sender, _response(*self._with_prompt(delta, kept), 0, 0), 0):
                 return True  # the client is gone: free its slots
         return self.text.stopped or self.sender.is_cancelled()
 
     def finish(self, result: GenerationResult) -> None:
         if self.request.stream:
-            final = _response(self.text.finish(), [], result.num_accepted, result.num_drafted)
+            text, ids = self._with_prompt(self.text.finish(), [])
         else:
-            final = _response(self.text.text, self.text.ids, result.num_accepted, result.num_drafted)
-        _send_quietly(self.sender, final, FINAL)
+            text, ids = self._with_prompt(self.text.text, self.text.ids)
+        _send_quietly(self.sender, _response(text, ids, result.num_accepted, result.num_drafted), FINAL)
 
 
 class TritonPythonModel:
@@ -155,10 +195,11 @@ class TritonPythonModel:
                 parsed = parse_request(lambda name, r=request: _input(r, name), self.limit,
                                        _parameters(request))
             except RequestError as exc:
+                self.metrics.errors["invalid_request"].increment(1)
                 sender.send(_error(str(exc)), flags=FINAL)
                 continue
-            self.waiting.put(_Stream(parsed, sender, TextStream(self.pipeline.tokenizer.decode,
-                                                                parsed.stop_words)))
+            text = TextStream(self.pipeline.tokenizer.decode, parsed.stop_words)
+            self.waiting.put(_Stream(parsed, sender, text, self.metrics))
         return None
 
     def _admit(self, running: dict[int, _Stream]) -> None:
@@ -174,10 +215,15 @@ class TritonPythonModel:
             request = stream.request
             try:
                 ids = self.pipeline.tokenizer.encode(request.prompt)
-                rid = self.decoder.add(Request(ids, request.max_tokens, request.sampling), stream.on_tokens)
+                rid = self.decoder.add(Request(ids, request.max_tokens, request.sampling, request.min_tokens,
+                                               request.end_id), stream.on_tokens)
+                if request.include_input:
+                    stream.prompt_ids = ids
             except ValueError as exc:
+                self.metrics.errors["invalid_request"].increment(1)
                 _send_quietly(stream.sender, _error(f"text_input: {exc}"), FINAL)
                 continue
+            self.metrics.queue.observe(time.monotonic() - stream.queued_at)
             running[rid] = stream
 
     def _serve(self) -> None:
@@ -185,6 +231,7 @@ class TritonPythonModel:
         while not self.stopping.is_set():
             try:
                 self._admit(running)
+                self.metrics.load(len(running), self.waiting.qsize())
                 if not running:
                     continue
                 finished = self.decoder.step()
@@ -194,6 +241,7 @@ class TritonPythonModel:
                     running.pop(rid).finish(result)
             except Exception as exc:  # noqa: BLE001 - the instance must outlive any one failure
                 log.exception("decoding step failed")
+                self.metrics.errors["generation_failed"].increment(len(running))
                 for stream in running.values():
                     failed = _error(f"generation failed: {exc}", bad_request=False)
                     _send_quietly(stream.sender, failed, FINAL)

@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from trtspec.config import BUILTIN_PREFIX, BuildConfig
 from trtspec.errors import ConfigError
+from trtspec.triton.trtllm_inputs import TRTLLM_INPUTS
 
 REPO_DIR = "model_repository"
 BUILD_CONFIG_FILE = "build_config.yaml"
@@ -35,7 +36,7 @@ INPUTS = (
     ("random_seed", "TYPE_UINT64", (1,), True),
     ("stream", "TYPE_BOOL", (1,), True),
     ("stop_words", "TYPE_STRING", (-1,), True),
-)
+) + tuple((i.name, i.dtype, i.dims, True) for i in TRTLLM_INPUTS)  # what NVIDIA's clients send TensorRT-LLM
 OUTPUTS = (
     ("text_output", "TYPE_STRING", (1,)),
     ("output_ids", "TYPE_INT32", (-1,)),  # generated ids only (this response's, when streaming)

@@ -23,6 +23,7 @@ import numpy as np
 from trtspec.errors import TrtspecError
 from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.repo import INPUTS
+from trtspec.triton.trtllm_inputs import TRTLLM_INPUTS, UnsupportedInput, check_refused
 
 
 class RequestError(TrtspecError):
@@ -39,6 +40,9 @@ class GenerateRequest:
     sampling: SamplingParams
     stream: bool = False
     stop_words: tuple[str, ...] = ()
+    min_tokens: int = 0  # TensorRT-LLM's min_length / min_tokens: no end before this many tokens
+    end_id: int | None = None  # the id that ends generation; None = the tokenizer's eos
+    include_input: bool = False  # exclude_input_in_output sent as false: outputs start with the prompt
 
 
 def _scalar(get: InputGetter, name: str):
@@ -59,7 +63,7 @@ def _utf8(raw, name: str) -> str:
         raise RequestError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
 
 
-INPUT_NAMES = tuple(name for name, *_ in INPUTS)
+OWN_INPUTS = tuple(name for name, *_ in INPUTS if name not in {i.name for i in TRTLLM_INPUTS})
 ALLOWED_PARAMETERS = ("id",)
 
 
@@ -69,7 +73,7 @@ def check_parameters(parameters: dict) -> None:
     if unknown:
         names = ", ".join(repr(n) for n in unknown)
         raise RequestError(f"unknown request field{'s' if len(unknown) > 1 else ''} {names}; this model "
-                           f"takes {', '.join(INPUT_NAMES)}")
+                           f"takes {', '.join(OWN_INPUTS)} and TensorRT-LLM's optional inputs")
 
 
 def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | None = None) -> GenerateRequest:
@@ -101,7 +105,7 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     top_k = 0 if top_k is None else int(top_k)
     if top_k < 0:
         raise RequestError(f"top_k must be >= 0 (0 = all tokens), got {top_k}")
-    seed = _scalar(get, "random_seed")
+    _, seed = _one_of(get, "random_seed", "seed")
     seed = None if seed is None else int(seed)
     stream = _scalar(get, "stream")
 
@@ -113,8 +117,32 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
             raise RequestError("stop_words must not contain an empty string")
         stop_words.append(word)
 
+    min_name, min_tokens = _one_of(get, "min_length", "min_tokens")
+    min_tokens = 0 if min_tokens is None else int(min_tokens)
+    if not 0 <= min_tokens <= max_tokens:
+        raise RequestError(f"{min_name} must be in [0, max_tokens={max_tokens}], got {min_tokens}")
+    end_id = _scalar(get, "end_id")
+    if end_id is not None and int(end_id) < 0:
+        raise RequestError(f"end_id must be a token id >= 0, got {int(end_id)}")
+    exclude_input = _scalar(get, "exclude_input_in_output")
+    _scalar(get, "pad_id")  # one value; outputs are never padded, so it needs nothing more
+    try:
+        check_refused(get)
+    except UnsupportedInput as exc:
+        raise RequestError(str(exc)) from None
+
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    return GenerateRequest(prompt, max_tokens, sampling, bool(stream), tuple(stop_words))
+    return GenerateRequest(prompt, max_tokens, sampling, bool(stream), tuple(stop_words), min_tokens,
+                           None if end_id is None else int(end_id),
+                           exclude_input is not None and not bool(exclude_input))
+
+
+def _one_of(get: InputGetter, name: str, alias: str) -> tuple[str, object]:
+    """An input TensorRT-LLM's configs have named two ways; both given must agree."""
+    value, other = _scalar(get, name), _scalar(get, alias)
+    if value is not None and other is not None and value != other:
+        raise RequestError(f"{name}={value} and {alias}={other} name the same setting and disagree")
+    return (name, value) if value is not None else (alias, other)
 
 
 @dataclass(slots=True)

@@ -38,6 +38,12 @@ from trtspec.errors import TrtspecError
 log = logging.getLogger(__name__)
 
 PYTRITON_PIN = "nvidia-pytriton==0.7.0"
+# Triton's administrative APIs (model load/unload, shared memory, trace and log settings): restricted
+# to requests carrying ADMIN_HEADER when a key is set (`--http-restricted-api`, `--grpc-restricted-protocol`)
+ADMIN_APIS = ("model-repository", "shared-memory", "trace", "logging")
+ADMIN_HEADER = "admin-key"
+# what Triton 2.51 expects on gRPC: the key prefixed (its own error message names the header)
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 STUB = "triton_python_backend_stub"
 
@@ -147,19 +153,24 @@ def log_errors(text: str) -> list[str]:
     return list(dict.fromkeys(m for rank, m in found if rank == best))
 
 
+def check_port_free(host: str, port: int, kind: str, option: str) -> None:
+    """Refuse a port something already listens on, naming it and its option."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            sock.bind((host, port))
+        except socket.gaierror as exc:
+            raise ServeError(f"cannot bind to host {host!r}: {exc.strerror} (--host)") from None
+        except OSError as exc:
+            raise ServeError(f"the {kind} port {port} on {host} is not available ({exc.strerror}): stop "
+                             f"what holds it or choose another ({option})") from None
+
+
 def check_ports_free(host: str, ports: Ports) -> None:
-    """Refuse a port something already listens on, naming it, before starting the server (Triton
-    would report it after loading every model, and gRPC may even share a port silently)."""
+    """Refuse a taken port before starting the server: Triton would report it after loading every
+    model, and gRPC may even share a port silently."""
     for kind, port in (("HTTP", ports.http), ("gRPC", ports.grpc), ("metrics", ports.metrics)):
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
-            try:
-                sock.bind((host, port))
-            except socket.gaierror as exc:
-                raise ServeError(f"cannot bind to host {host!r}: {exc.strerror} (--host)") from None
-            except OSError as exc:
-                raise ServeError(f"the {kind} port {port} on {host} is not available ({exc.strerror}): stop "
-                                 f"what holds it or choose another (--{kind.lower()}-port)") from None
+        check_port_free(host, port, kind, f"--{kind.lower()}-port")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -189,6 +200,7 @@ class TritonServer:
     log_path: Path | None = None  # server stdout/stderr; a temp file when None
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the server and its stubs
     exit_timeout_s: int = 10  # how long tritonserver lets in-flight requests finish on SIGTERM
+    admin_key: str | None = None  # when set, the admin APIs need header `admin-key: <key>`
     _proc: subprocess.Popen | None = None
     _work: tempfile.TemporaryDirectory | None = None
 
@@ -201,10 +213,20 @@ class TritonServer:
         return f"grpc://{self.host}:{self.ports.grpc}"
 
     @property
+    def local_grpc_address(self) -> str:
+        """HOST:PORT to reach the gRPC endpoint from this machine (loopback for a wildcard bind)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"{host}:{self.ports.grpc}"
+
+    @property
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.ports.metrics}/metrics"
 
     def command(self, install: TritonInstall, backend_dir: Path) -> list[str]:
+        restricted = []
+        if self.admin_key is not None:
+            rule = f"{','.join(ADMIN_APIS)}:{ADMIN_HEADER}={self.admin_key}"
+            restricted = [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
         return [
             str(install.binary),
             f"--model-repository={self.repo}",
@@ -220,6 +242,7 @@ class TritonServer:
             "--strict-readiness=true",
             "--exit-on-error=true",
             f"--exit-timeout-secs={self.exit_timeout_s}",
+            *restricted,
         ]
 
     def start(self, timeout_s: float = 120.0) -> TritonServer:
@@ -232,7 +255,8 @@ class TritonServer:
         backend_dir = prepare_backend_dir(install, Path(self._work.name))
         if self.log_path is None:
             self.log_path = Path(self._work.name) / "tritonserver.log"
-        log.info("starting %s", " ".join(self.command(install, backend_dir)))
+        shown = " ".join(self.command(install, backend_dir))
+        log.info("starting %s", shown if self.admin_key is None else shown.replace(self.admin_key, "***"))
         with open(self.log_path, "wb") as out:
             # own process group: a terminal's Ctrl-C reaches us, and we stop the server in order
             self._proc = subprocess.Popen(

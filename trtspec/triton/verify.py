@@ -1,19 +1,26 @@
 """Certify a served deployment as lossless against its target alone.
 
 1. Greedy: every prompt's served `output_ids` must equal the target's own greedy decoding
-   (`--drafter none` path, in the config's flavour) token for token.
-2. Sampling: for one prompt, n requests with seeds 0..n-1 at temperature 1, top-k 3; the
-   empirical law of each of the first `steps` tokens is compared with the exact marginal law of
-   the processed target distribution, computed by walking the target's top-k tree with the
-   checkpoint loaded in torch (whatever the flavour served, so an engine deployment is held to
-   the model it was exported from). A position fails when the total-variation distance exceeds
-   the Bretagnolle–Huber–Carol bound sqrt((K ln 2 + ln(1/δ)) / 2n) (K = support size), so a
-   correct server fails with probability < δ per position whatever n is.
+   (`--drafter none` path, in the config's flavour) token for token. An OpenAI-compatible
+   server (`openai://`, any of trtspec, trtllm-serve, vLLM, SGLang) sends text, not ids: its text
+   must equal the decoded reference character for character.
+2. Sampling: for one prompt, n requests with seeds 0..n-1 at temperature 1, top-k 3, each
+   `SAMPLE_TOKENS` long so that the first tokens pass through the verifier's acceptance rule (a
+   request of `steps` tokens would leave no room to draft); the empirical law of each of the
+   first `steps` tokens is compared with the exact marginal law of the processed target
+   distribution, computed by walking the target's top-k tree with the checkpoint loaded in torch
+   (whatever the flavour served, so an engine deployment is held to the model it was exported
+   from). A position fails when the total-variation distance exceeds the Bretagnolle–Huber–Carol
+   bound sqrt((K ln 2 + ln(1/δ)) / 2n) (K = support size), so a correct server fails with
+   probability < δ per position whatever n is. OpenAI servers' texts are tokenized with the
+   reference's tokenizer (exact for the byte-level models; for a BPE tokenizer a sampled text can
+   split differently from how it was generated, which can only add distance).
 """
 
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -39,14 +46,16 @@ DEFAULT_PROMPTS = (
     "Explain what a generator is and when to use one.",
 )
 SAMPLING = SamplingParams(temperature=1.0, top_k=3)
+SAMPLE_TOKENS = 8  # per sampling request: the first cycle drafts up to 6 tokens before position 3
 
 
 @dataclass(slots=True)
 class GreedyCheck:
     prompt: str
     identical: bool
-    first_difference: int | None  # index of the first differing token
+    first_difference: int | None  # index of the first differing token (character, for text)
     served_tau: float
+    unit: str = "token"
 
 
 @dataclass(slots=True)
@@ -74,7 +83,7 @@ class Certificate:
     def lines(self) -> list[str]:
         out = []
         for g in self.greedy:
-            verdict = "identical" if g.identical else f"MISMATCH at token {g.first_difference}"
+            verdict = "identical" if g.identical else f"MISMATCH at {g.unit} {g.first_difference}"
             out.append(f"greedy  {verdict:<24} tau={g.served_tau:.2f}  {g.prompt[:40]!r}")
         if self.sampling is not None:
             s = self.sampling
@@ -87,7 +96,7 @@ class Certificate:
         return out
 
 
-def _first_difference(a: list[int], b: list[int]) -> int | None:
+def _first_difference(a, b) -> int | None:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
@@ -116,33 +125,42 @@ def tv_bound(support: int, n: int, delta: float) -> float:
     return math.sqrt((support * math.log(2) + math.log(1 / delta)) / (2 * n))
 
 
-def _sample_served(url: str, model: str, prompt: str, steps: int, n: int) -> list[Completion]:
-    params = [GenerateParams(max_tokens=steps, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
-                             seed=seed) for seed in range(n)]
+def _sample_served(url: str, model: str, prompt: str, n: int, api_key: str | None) -> list[Completion]:
+    params = [GenerateParams(max_tokens=SAMPLE_TOKENS, temperature=SAMPLING.temperature,
+                             top_k=SAMPLING.top_k, seed=seed) for seed in range(n)]
     scheme, address = split_url(url)
     if scheme == "grpc":
         return grpc_generate_many(address, model, [grpc_inputs(prompt, p) for p in params])
-    return [generate(url, model, prompt, p) for p in params]
+    with ThreadPoolExecutor(4) as pool:  # the server batches concurrent requests
+        return list(pool.map(lambda p: generate(url, model, prompt, p, api_key=api_key), params))
 
 
 def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_tokens: int = 48,
-            samples: int = 400, steps: int = 2, delta: float = 1e-3) -> Certificate:
+            samples: int = 400, steps: int = 3, delta: float = 1e-3,
+            api_key: str | None = None) -> Certificate:
     """Run `prompts` through the server at `url` and through `config`'s target alone."""
     reference = load_pipeline(config, use_drafter=False)
+    tokenizer = reference.tokenizer
+    text_only = split_url(url)[0] == "openai"
     cert = Certificate()
     for prompt in prompts:
-        served = generate(url, model, prompt, GenerateParams(max_tokens=max_tokens))
-        expected = reference.decoder.generate(reference.tokenizer.encode(prompt), max_tokens).token_ids
-        diff = _first_difference(served.token_ids, expected)
-        cert.greedy.append(GreedyCheck(prompt, diff is None, diff, served.tau))
+        served = generate(url, model, prompt, GenerateParams(max_tokens=max_tokens), api_key=api_key)
+        expected = reference.decoder.generate(tokenizer.encode(prompt), max_tokens).token_ids
+        if text_only:
+            diff = _first_difference(served.text, tokenizer.decode(expected))
+        else:
+            diff = _first_difference(served.token_ids, expected)
+        cert.greedy.append(GreedyCheck(prompt, diff is None, diff, served.tau,
+                                       "character" if text_only else "token"))
     if samples > 0:
         prompt = prompts[0]
         # the law is the checkpoint's, whatever the flavour served: torch is the reference
         torch_target = load_causal_lm(config.target.resolved_path, config.target.dtype)
-        laws = exact_marginals(torch_target, reference.tokenizer.encode(prompt), SAMPLING, steps)
+        laws = exact_marginals(torch_target, tokenizer.encode(prompt), SAMPLING, steps)
         counts: list[dict[int, int]] = [{} for _ in range(steps)]
-        for completion in _sample_served(url, model, prompt, steps, samples):
-            for pos, tok in enumerate(completion.token_ids[:steps]):
+        for completion in _sample_served(url, model, prompt, samples, api_key):
+            ids = tokenizer.encode(completion.text) if text_only else completion.token_ids
+            for pos, tok in enumerate(ids[:steps]):
                 counts[pos][tok] = counts[pos].get(tok, 0) + 1
         tvs, bounds = [], []
         for pos in range(steps):

@@ -11,7 +11,7 @@ from pathlib import PurePosixPath
 from trtspec.config import BuildConfig
 from trtspec.errors import ConfigError
 from trtspec.plan.models import get_drafter
-from trtspec.trtllm.fields import DECODING_TYPE, check_llm_args
+from trtspec.trtllm.fields import DECODING_TYPE, DYNAMIC_DRAFT_LEN_TYPES, check_llm_args
 
 # Draft tokens per cycle when the config leaves num_draft_tokens unset (DESIGN §1.2: B − 1).
 _DEFAULT_DRAFT_LEN = {"dflash": 15, "dspark": 7, "eagle3": 5, "draft_model": 5}
@@ -38,12 +38,17 @@ def deploy_path(config: BuildConfig, path: str) -> str:
     return str(PurePosixPath(config.deployment.weights_dir) / PurePosixPath(path).name)
 
 
+def draft_len_of(config: BuildConfig) -> int:
+    """max_draft_len: the config's num_draft_tokens, else the method's default."""
+    return config.drafter.num_draft_tokens or _DEFAULT_DRAFT_LEN[config.drafter.method]
+
+
 def _speculative_config(config: BuildConfig) -> dict | None:
     drafter = config.drafter
     if drafter is None:
         return None
     kind = DECODING_TYPE[drafter.method]
-    draft_len = drafter.num_draft_tokens or _DEFAULT_DRAFT_LEN[drafter.method]
+    draft_len = draft_len_of(config)
     spec: dict = {"decoding_type": kind, "max_draft_len": draft_len}
     drafter_id = config.deployment.drafter_id
     known = _DRAFT_FIELDS.get(drafter_id or "", {})
@@ -64,6 +69,13 @@ def _speculative_config(config: BuildConfig) -> dict | None:
             spec["markov_rank"] = known["markov_rank"]
     if drafter_id is not None:
         get_drafter(drafter_id)  # unknown drafter ids fail here, not on the GPU node
+        from trtspec.plan.speculation import plan_speculation
+
+        plan = plan_speculation(config)
+        if kind in DYNAMIC_DRAFT_LEN_TYPES:
+            spec["draft_len_schedule"] = plan.draft_len_schedule
+        spec["acceptance_rate_window_size"] = plan.acceptance_rate_window_size
+        spec["acceptance_rate_threshold"] = plan.acceptance_rate_threshold
     return spec
 
 

@@ -22,6 +22,22 @@ Read from NVIDIA/TensorRT-LLM (PyTorch backend, LLM API), not guessed:
   `dspark_noise_token_id`, `dspark_block_size`, `dspark_markov_rank`, also nested
   `dspark_config` / `dflash_config` or plain keys).
 
+- Speculation under load, `DecodingBaseConfig` in the same llm_args.py: `draft_len_schedule`
+  (dict[int, int]; keys ≥ 1 are upper batch-size thresholds, values ≥ 0 draft lengths; the
+  smallest key must map to max_draft_len and no length may exceed it; batches above the largest
+  key do not speculate), `acceptance_rate_window_size` (NonNegativeInt, 0 = off) and
+  `acceptance_rate_threshold` (float in [0, 1]: speculation is disabled permanently once the rolling
+  accepted/drafted rate over the window drops below it), `max_concurrency` (PositiveInt; mutually
+  exclusive with draft_len_schedule, which it is translated into). Older releases named the
+  acceptance pair `acceptance_window` / `acceptance_length_threshold`.
+- Which decoding types vary their draft length at run time:
+  `SpeculativeDecodingMode.support_dynamic_draft_len()` in
+  `tensorrt_llm/_torch/speculative/interface.py` @ 00b6d5a25c30b4382d24fbdf52956d601b3ffd24 (Eagle3
+  one-model, DFlash, DraftTarget one-model, PARD, MTP one-model, SA; not DSpark, whose
+  block_size must equal max_draft_len). trtspec writes draft_len_schedule only for those.
+  Later TensorRT-LLM (`min_runtime_draft_len`) floors a scheduled 0 at 1 for one-engine modes other
+  than Eagle3 / MTP-Eagle; at the commits above a 0 turns speculation off.
+
 Not written because not confirmed or not wanted: `enable_confidence_head` /
 `confidence_threshold` (absent from `DSparkDecodingConfig` on purpose, see its NOTE), and
 `moe_tensor_parallel_size` (TensorRT-LLM derives it as tp / ep when left unset).
@@ -60,7 +76,20 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 
 # trtspec method -> DecodingBaseConfig subclass discriminator (`decoding_type` Literal).
 DECODING_TYPE = {"dflash": "DFlash", "dspark": "DSpark", "eagle3": "Eagle3", "draft_model": "Draft_Target"}
-_BASE_SPEC_FIELDS = frozenset({"decoding_type", "max_draft_len", "speculative_model"})
+_BASE_SPEC_FIELDS = frozenset(
+    {
+        "decoding_type",
+        "max_draft_len",
+        "speculative_model",
+        "draft_len_schedule",
+        "acceptance_rate_window_size",
+        "acceptance_rate_threshold",
+    }
+)
+# Kept for the record, never written: mutually exclusive with draft_len_schedule.
+MAX_CONCURRENCY_FIELD = "max_concurrency"
+# decoding types whose SpeculativeDecodingMode.support_dynamic_draft_len() is true (interface.py above)
+DYNAMIC_DRAFT_LEN_TYPES = frozenset({"DFlash", "Eagle3", "Draft_Target"})
 # Per decoding_type: the fields of that config class trtspec may emit.
 SPEC_FIELDS = {
     "DFlash": _BASE_SPEC_FIELDS | {"mask_token_id", "target_layer_ids", "attention_backend"},
@@ -142,3 +171,25 @@ def check_llm_args(args: dict, where: str) -> None:
                 f"{where}: speculative_config.decoding_type {kind!r} is not one of {sorted(SPEC_FIELDS)}"
             )
         check_names(spec, SPEC_FIELDS[kind], f"{where}: speculative_config ({kind})")
+        if "draft_len_schedule" in spec:
+            check_draft_len_schedule(spec["draft_len_schedule"], spec.get("max_draft_len"), where)
+
+
+def check_draft_len_schedule(schedule: dict, max_draft_len: int | None, where: str) -> None:
+    """DecodingBaseConfig.validate_draft_len_schedule_and_sort's rules, plus non-increasing lengths."""
+    if not schedule:
+        raise ConfigError(f"{where}: draft_len_schedule is empty")
+    keys = sorted(schedule)
+    for b in keys:
+        if not isinstance(b, int) or b < 1:
+            raise ConfigError(f"{where}: draft_len_schedule batch size {b!r} must be an integer >= 1")
+        k = schedule[b]
+        if not isinstance(k, int) or k < 0 or (max_draft_len is not None and k > max_draft_len):
+            raise ConfigError(f"{where}: draft_len_schedule[{b}] = {k!r} must lie in 0..max_draft_len "
+                              f"({max_draft_len})")
+    if max_draft_len is not None and schedule[keys[0]] != max_draft_len:
+        raise ConfigError(f"{where}: draft_len_schedule[{keys[0]}] = {schedule[keys[0]]} must equal "
+                          f"max_draft_len {max_draft_len} (the smallest key)")
+    lengths = [schedule[b] for b in keys]
+    if any(a < b for a, b in zip(lengths, lengths[1:], strict=False)):
+        raise ConfigError(f"{where}: draft_len_schedule {schedule} drafts more at a larger batch")

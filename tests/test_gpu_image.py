@@ -1,0 +1,140 @@
+"""The GPU run works on the H200 image as it is: its package set, the carried wheels, and the whole
+`scripts/gpu_check.sh --small` rehearsed on the CPU by a Python that imports like the image.
+
+`tests/image_guard/sitecustomize.py` puts trtspec.gpu.image's import guard in place at start-up of
+any Python given that folder on PYTHONPATH: trtspec's code (and the carried packages') may import
+only the standard library of Python 3.12, the image's distributions and the carried wheels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from trtspec.gpu.image import CARRIED_WHEELS, IMAGE_PACKAGES, check_wheels, read_pins
+
+REPO = Path(__file__).resolve().parents[1]
+GUARD_DIR = REPO / "tests" / "image_guard"
+
+
+def _guarded_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=f"{GUARD_DIR}{os.pathsep}{REPO}", **extra)
+    env.pop("TRITON_INTERPRET", None)  # gpu_check --small sets it itself, as it must on a CPU
+    return env
+
+
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_image_list_is_sourced_and_lacks_what_travels():
+    header = IMAGE_PACKAGES.read_text().split("\n\n")[0]
+    assert "KINDS.md" in header and "2026-11-17" in header
+    image, carried = read_pins(IMAGE_PACKAGES), read_pins(CARRIED_WHEELS)
+    assert image["torch"] == "2.11.0" and image["transformers"] == "5.17.0" and image["numpy"] == "2.5.2"
+    assert "pydantic" not in image and "tritonclient" not in image and "tensorrt" not in image
+    assert set(carried) == {"pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+                            "typing-extensions"}
+    assert all(carried.values()), "every carried wheel is pinned"
+
+
+def test_guard_refuses_a_planted_import_of_a_package_the_image_lacks(tmp_path):
+    # tritonclient is installed here (a trtspec dependency) but not on the image
+    (tmp_path / "planted.py").write_text("import tritonclient\n")
+    env = _guarded_env(tmp_path, TRTSPEC_IMAGE_FIRST_PARTY="planted")
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path)
+    refused = _python("import planted", env)
+    assert refused.returncode != 0
+    assert "No module named 'tritonclient' on the GPU image: imported by planted" in refused.stderr
+    control = dict(env, PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}")  # the same import without the guard
+    assert _python("import planted", control).returncode == 0
+
+
+def test_guard_needs_every_requirement_of_a_carried_wheel(tmp_path):
+    short = tmp_path / "wheels.txt"
+    short.write_text("".join(line + "\n" for line in CARRIED_WHEELS.read_text().splitlines()
+                             if not line.startswith("annotated-types")))
+    refused = _python("import trtspec.config", _guarded_env(tmp_path, TRTSPEC_IMAGE_WHEELS=str(short)))
+    assert refused.returncode != 0
+    assert "No module named 'annotated_types' on the GPU image: imported by pydantic" in refused.stderr
+    assert _python("import trtspec.config", _guarded_env(tmp_path)).returncode == 0
+
+
+def _wheel(folder: Path, filename: str, requires: list[str]) -> None:
+    name, version = filename.split("-")[:2]
+    with zipfile.ZipFile(folder / filename, "w") as z:
+        meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+        z.writestr(f"{name}-{version}.dist-info/METADATA",
+                   "\n".join(meta + [f"Requires-Dist: {r}" for r in requires]) + "\n\nlong description\n")
+
+
+def test_check_wheels_names_each_missing_requirement(tmp_path):
+    image = tmp_path / "image.txt"
+    image.write_text("# test image\ntorch==2.11.0\nclick\n")
+    pins = tmp_path / "wheels.txt"
+    pins.write_text("demo==1.0\n")
+    folder = tmp_path / "whl"
+    folder.mkdir()
+    _wheel(folder, "demo-1.0-py3-none-any.whl",
+           ["torch>=2.4", "click", "needed>=1", 'tzdata; platform_system == "Windows"',
+            'email-validator>=2; extra == "email"'])
+    assert check_wheels(folder, image, pins) == [
+        "demo-1.0-py3-none-any.whl requires needed>=1, which is neither carried nor on the image"]
+
+    pins.write_text("demo==1.0\nneeded==1.2\n")
+    _wheel(folder, "needed-1.2-cp312-cp312-manylinux_2_17_x86_64.whl", ["torch>=3"])
+    assert check_wheels(folder, image, pins) == [
+        "needed-1.2-cp312-cp312-manylinux_2_17_x86_64.whl requires torch>=3, "
+        "but torch 2.11.0 is what the image would get"]
+
+    _wheel(folder, "needed-1.3-cp311-cp311-win_amd64.whl", [])
+    problems = check_wheels(folder, image, pins)
+    assert any("two wheels of needed" in p for p in problems)
+    assert any("needed-1.3-cp311-cp311-win_amd64.whl: not for CPython 3.12" in p for p in problems)
+
+
+def test_carried_wheels_install_on_the_image_when_downloaded():
+    folder = REPO / ".whl"
+    if not any(folder.glob("*.whl")):
+        pytest.skip("no .whl/ here: bash scripts/gpu_wheels.sh downloads it (needs the package index)")
+    assert check_wheels(folder) == []
+
+
+def test_gpu_check_script_rehearses_on_cpu_with_image_packages_only(tmp_path):
+    """The whole scripts/gpu_check.sh --small, every import through the guard; TensorRT is absent
+    (reported as skipped), graphs are CPU-skipped with a reason, everything else runs."""
+    log = tmp_path / "refused.log"
+    env = _guarded_env(tmp_path, PYTHON=sys.executable, TRTSPEC_IMAGE_GUARD_LOG=str(log))
+    env.pop("OUT", None)
+    out = tmp_path / "out"
+    # a budget no slow machine reaches: the small sweep is seconds, and a cut sweep has no projections
+    run = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--small", "--models", "qwen3-8b",
+                          "--budget-s", "600", "--out", str(out)], env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Error in sitecustomize" not in run.stdout + run.stderr
+    # the guard saw the run: the engine check's `import tensorrt` went through it and was refused
+    assert "tensorrt __main__" in log.read_text().splitlines()
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.log", "gpu_check.md"]
+    report = json.loads((out / "gpu_check.json").read_text())
+    rows = {r["check"]: r for r in report["rows"]}
+    assert all(r["ok"] for r in report["rows"]), [r for r in report["rows"] if not r["ok"]]
+    assert rows["TensorRT engines (engine flavour)"]["detail"] == "skipped: TensorRT not installed"
+    assert any(name.startswith("kv_injection_attention[triton]") for name in rows)
+    assert "DFlash greedy == target alone (cpu fp32)" in rows
+    profile = report["synthetic"]["qwen3-8b"]
+    assert profile["scale_label"] == "SMALL scaled-down shape" and profile["device"] == "cpu"
+    assert profile["cuda_graphs"].startswith("skipped: CUDA graphs need a CUDA device")
+    assert profile["target_forward"] and profile["draft"] and profile["plugins"] and not profile["skipped"]
+    tasks = [p["task"] for p in profile["projections"][:5]]
+    assert tasks == ["GSM8K", "MATH500", "HumanEval", "MBPP", "MT-Bench"]
+    markdown = (out / "gpu_check.md").read_text()
+    trt_row = "| TensorRT engines (engine flavour) | - |  |  | yes | skipped: TensorRT not installed |"
+    assert trt_row in markdown
+    assert "### qwen3-8b on cpu (float32, SMALL scaled-down shape)" in markdown

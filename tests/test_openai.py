@@ -1,0 +1,423 @@
+"""The OpenAI-compatible frontend of `trtspec serve`, with real clients: the official `openai`
+package, curl, `trtspec generate/verify/bench --url openai://`, and NVIDIA-style Triton requests
+with TensorRT-LLM's optional inputs. One `trtspec serve` (Triton + frontend, with an API key) for
+the module; a second server with a deliberately biased verifier for `verify`'s failing case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import openai
+import pytest
+import tritonclient.grpc as grpcclient
+from click.testing import CliRunner
+from tritonclient.grpc import InferInput
+from tritonclient.utils import InferenceServerException
+
+from trtspec.cli import main
+from trtspec.config import load_build_config
+from trtspec.openai.model_info import served_model_of_repo
+from trtspec.openai.server import OpenAIFrontend
+from trtspec.pipeline import load_pipeline
+from trtspec.triton.client import ClientError, array_input, grpc_generate
+from trtspec.triton.repo import REPO_DIR, write_triton_repo
+from trtspec.triton.server import GRPC_ADMIN_HEADER, Ports, TritonServer, free_port
+
+from .conftest import REPO
+
+CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
+KEY = "test-key-0123"
+PROMPTS = ("Q: 482 + 356\nA:", "def parse(self, text):\n", "import os\n")
+MAX_TOKENS = 32
+CHAT_STOP = "\nQ:"
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_build_config(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def pipeline(config):
+    return load_pipeline(config)
+
+
+def _greedy(pipeline, prompt: str, max_tokens: int = MAX_TOKENS) -> tuple[str, list[int]]:
+    text, result = pipeline.generate(prompt, max_tokens)
+    return text, result.token_ids
+
+
+class Served:
+    def __init__(self, ports: Ports, openai_port: int, log: str):
+        self.ports, self.openai_port, self.log = ports, openai_port, log
+        self.base = f"http://127.0.0.1:{openai_port}"
+        self.url = f"openai://127.0.0.1:{openai_port}"
+        self.grpc = f"127.0.0.1:{ports.grpc}"
+        self.http = f"http://127.0.0.1:{ports.http}"
+
+    def client(self, key: str = KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base}/v1", api_key=key, max_retries=0, timeout=120)
+
+    def metric(self, name: str) -> float:
+        url = f"http://127.0.0.1:{self.ports.metrics}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """`trtspec serve` itself (the CLI, in a subprocess) with an API key on loopback ports."""
+    out = tmp_path_factory.mktemp("openai-build")
+    assert CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(out)]).exit_code == 0
+    ports, openai_port = Ports.free(), free_port()
+    log = out / "serve.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trtspec.cli", "serve", str(out), "--http-port", str(ports.http),
+             "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--openai-port",
+             str(openai_port), "--api-key", KEY], stdout=subprocess.DEVNULL, stderr=err, env=env,
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while "serving" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.3)
+        assert f"http://127.0.0.1:{openai_port}/v1" in log.read_text()
+        yield Served(ports, openai_port, str(log))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+
+
+def test_models_and_health(served):
+    models = served.client().models.list()
+    assert [m.id for m in models.data] == ["trtspec"]
+    with urllib.request.urlopen(f"{served.base}/health", timeout=10) as resp:  # no key needed
+        assert resp.status == 200 and json.loads(resp.read()) == {"status": "ready"}
+
+
+def test_completions_sync_and_stream_equal_generate(served, pipeline):
+    client = served.client()
+    for prompt in PROMPTS[:2]:
+        text, ids = _greedy(pipeline, prompt)
+        got = client.completions.create(model="trtspec", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+        assert got.choices[0].text == text and got.choices[0].finish_reason == "length"
+        assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(prompt.encode()), len(ids))
+        assert got.usage.total_tokens == len(prompt.encode()) + len(ids)
+        figures = got.model_extra["trtspec"]
+        assert 0 < figures["accepted_tokens"] <= figures["draft_tokens"]
+        chunks = list(client.completions.create(model="trtspec", prompt=prompt, max_tokens=MAX_TOKENS,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+        assert len([c for c in chunks if c.choices]) > 2  # one chunk per decode step, not one at the end
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(ids)
+
+
+def _chat_expected(pipeline, prompt_text: str, max_tokens: int) -> tuple[str, int]:
+    """Greedy text of the rendered chat prompt, cut before the turn's stop, and the tokens the
+    server generates: up to the one that completes the stop sequence."""
+    text, ids = _greedy(pipeline, prompt_text, max_tokens)
+    for n in range(1, len(ids) + 1):
+        if CHAT_STOP in pipeline.tokenizer.decode(ids[:n]):
+            return text[: text.index(CHAT_STOP)], n
+    return text, len(ids)
+
+
+def test_chat_sync_and_stream_use_the_embedded_template(served, pipeline):
+    client = served.client()
+    messages = [{"role": "user", "content": "482 + 356"}]
+    text, tokens = _chat_expected(pipeline, "Q: 482 + 356\nA: ", 48)
+    assert tokens < 48 and text.endswith("= 838")  # the answer ends where the next question starts
+    got = client.chat.completions.create(model="trtspec", messages=messages, max_tokens=48, temperature=0)
+    assert got.choices[0].message.role == "assistant" and got.choices[0].message.content == text
+    assert got.choices[0].finish_reason == "stop"
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(b"Q: 482 + 356\nA: "), tokens)
+    chunks = list(client.chat.completions.create(model="trtspec", messages=messages, max_tokens=48,
+                                                 temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant" and not chunks[0].choices[0].delta.content
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    # a system message and earlier turns, rendered as the model was trained (docs/EMBEDDED_MODEL.md)
+    turns = [{"role": "system", "content": "Arithmetic."}, {"role": "user", "content": "12 + 34"},
+             {"role": "assistant", "content": "2+4=6; 1+3=4; = 46"}, {"role": "user", "content": "34 * 8"}]
+    rendered = "Arithmetic.\nQ: 12 + 34\nA: 2+4=6; 1+3=4; = 46\nQ: 34 * 8\nA: "
+    text, tokens = _chat_expected(pipeline, rendered, 40)
+    got = client.chat.completions.create(model="trtspec", messages=turns, max_tokens=40, temperature=0)
+    assert got.choices[0].message.content == text and got.usage.prompt_tokens == len(rendered.encode())
+
+
+def test_curl_streams_valid_sse_ending_in_done(served):
+    body = json.dumps({"model": "trtspec", "messages": [{"role": "user", "content": "34 * 8"}],
+                       "max_tokens": 24, "temperature": 0, "stream": True})
+    out = subprocess.run(["curl", "-sN", f"{served.base}/v1/chat/completions", "-H",
+                          f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json", "-d", body],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    events = out.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(e.startswith("data: ") for e in events[:-1])
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_eight_streaming_clients_ten_requests_each(served, pipeline):
+    expected = {p: _greedy(pipeline, p, 24)[0] for p in PROMPTS}
+
+    def user(worker: int) -> list[bool]:
+        client = served.client()
+        done = []
+        for i in range(10):
+            prompt = PROMPTS[(worker + i) % len(PROMPTS)]
+            stream = client.completions.create(model="trtspec", prompt=prompt, max_tokens=24, temperature=0,
+                                               stream=True)
+            done.append("".join(c.choices[0].text for c in stream if c.choices) == expected[prompt])
+        return done
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = [a for worker in pool.map(user, range(8)) for a in worker]
+    assert len(answers) == 80 and all(answers)
+
+
+DROPPING_CLIENT = """
+import json, sys, urllib.request
+body = {"model": "trtspec", "prompt": "def parse(self, text):\\n", "max_tokens": 2048, "temperature": 0,
+        "stream": True}
+req = urllib.request.Request(sys.argv[1], data=json.dumps(body).encode(),
+                             headers={"Authorization": "Bearer " + sys.argv[2]})
+resp = urllib.request.urlopen(req)
+resp.readline()
+print("got", flush=True)
+import time; time.sleep(600)
+"""
+
+
+def test_client_dropped_mid_stream_is_cancelled(served, pipeline):
+    before = served.metric("trtspec_generated_tokens_total")
+    proc = subprocess.Popen([sys.executable, "-c", DROPPING_CLIENT, f"{served.base}/v1/completions", KEY],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "got"
+    finally:
+        proc.kill()  # the connection drops without a goodbye
+        proc.wait()
+    got = served.client().completions.create(model="trtspec", prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
+                                             temperature=0)
+    assert got.choices[0].text == _greedy(pipeline, PROMPTS[0])[0]
+    time.sleep(1.0)  # the cancelled request's tokens are counted when it leaves the decoder
+    dropped = served.metric("trtspec_generated_tokens_total") - before - MAX_TOKENS
+    assert dropped < 2048, "the dropped request ran to its end instead of being cancelled"
+
+
+GOOD_COMPLETION = {"model": "trtspec", "prompt": "Q: 1 + 2\nA:", "max_tokens": 4}
+GOOD_CHAT = {"model": "trtspec", "messages": [{"role": "user", "content": "1 + 2"}], "max_tokens": 4}
+BAD = [
+    ("completions", {"n": 2}, "n"),
+    ("completions", {"logit_bias": {"65": 5}}, "logit_bias"),
+    ("completions", {"foo": 1}, "foo"),
+    ("completions", {"temperature": -1}, "temperature"),
+    ("completions", {"top_p": 0}, "top_p"),
+    ("completions", {"top_k": -2}, "top_k"),
+    ("completions", {"max_tokens": 0}, "max_tokens"),
+    ("completions", {"max_tokens": 5000}, "max_tokens"),
+    ("completions", {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ("completions", {"logprobs": 2}, "logprobs"),
+    ("completions", {"echo": True}, "echo"),
+    ("completions", {"presence_penalty": 0.5}, "presence_penalty"),
+    ("completions", {"prompt": ""}, "prompt"),
+    ("completions", {"prompt": [1, 2, 3]}, "prompt"),
+    ("completions", {"prompt": "x" * 5000}, "prompt"),  # over the 4,096-token context
+    ("completions", {"seed": -1}, "seed"),
+    ("completions", {"min_tokens": 9}, "min_tokens"),
+    ("completions", {"stream_options": {"bogus": True}}, "stream_options.bogus"),
+    ("chat/completions", {"messages": []}, "messages"),
+    ("chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("chat/completions", {"max_completion_tokens": 5000}, "max_completion_tokens"),
+    ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages[0].content"),
+]
+
+
+def _post(url: str, body: dict, key: str | None = KEY) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize("endpoint, change, param", BAD, ids=[f"{e}-{p}" for e, _, p in BAD])
+def test_bad_parameter_is_a_400_naming_it_and_the_next_request_is_served(served, endpoint, change, param):
+    good = GOOD_CHAT if endpoint.startswith("chat") else GOOD_COMPLETION
+    status, body = _post(f"{served.base}/v1/{endpoint}", {**good, **change})
+    assert status == 400, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["param"] == param and body["error"]["type"] == "invalid_request_error"
+    assert param.split(".")[0].split("[")[0] in body["error"]["message"]
+    status, body = _post(f"{served.base}/v1/{endpoint}", good)
+    assert status == 200 and body["usage"]["completion_tokens"] >= 1
+
+
+def test_unknown_model_is_a_404(served):
+    status, body = _post(f"{served.base}/v1/completions", {**GOOD_COMPLETION, "model": "gpt-4"})
+    assert status == 404 and body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model"
+
+
+def test_wrong_or_missing_api_key_is_a_401_and_runs_nothing(served):
+    before = served.metric("trtspec_requests_total")
+    for key in (None, "wrong"):
+        status, body = _post(f"{served.base}/v1/completions", GOOD_COMPLETION, key)
+        assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        served.client("wrong").completions.create(model="trtspec", prompt="Q: 1 + 2\nA:", max_tokens=4)
+    assert served.metric("trtspec_requests_total") == before
+
+
+def test_triton_admin_apis_need_the_key(served):
+    url = f"{served.http}/v2/repository/index"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(url, data=b"{}"), timeout=10)
+    assert refused.value.code in (401, 403)
+    allowed = urllib.request.Request(url, data=b"{}", headers={"admin-key": KEY})
+    with urllib.request.urlopen(allowed, timeout=10) as resp:
+        assert [m["name"] for m in json.loads(resp.read())] == ["trtspec"]
+    with grpcclient.InferenceServerClient(served.grpc) as client:
+        with pytest.raises(InferenceServerException, match="(?i)restricted|permission|admin-key"):
+            client.get_model_repository_index()
+        index = client.get_model_repository_index(headers={GRPC_ADMIN_HEADER: KEY})
+        assert index.models[0].name == "trtspec"
+        assert client.is_model_ready("trtspec")  # inference and health stay open to Triton's clients
+
+
+def _trtllm_request(served, **inputs) -> tuple:
+    arrays = {"text_input": np.array([b"Q: 482 + 356\nA:"], dtype=object),
+              "max_tokens": np.array([60], dtype=np.int32), **inputs}
+    return grpc_generate(served.grpc, "trtspec", [array_input(InferInput, k, v) for k, v in arrays.items()],
+                         timeout_s=60)
+
+
+def test_triton_takes_tensorrt_llm_inputs(served, pipeline):
+    """What NVIDIA's clients send a TensorRT-LLM model: honoured where the decoder can, refused
+    by name and value otherwise, defaults pass."""
+    prompt = "Q: 482 + 356\nA:"
+    text, ids = _greedy(pipeline, prompt, 60)
+    got = _trtllm_request(served, exclude_input_in_output=np.array([False]),
+                          beam_width=np.array([1], dtype=np.int32), pad_id=np.array([0], dtype=np.int32),
+                          repetition_penalty=np.array([1.0], dtype=np.float32))
+    assert got.text == prompt + text and got.token_ids == list(prompt.encode()) + ids
+    newline = ord("\n")
+    got = _trtllm_request(served, end_id=np.array([newline], dtype=np.int32))
+    assert got.token_ids == ids[: ids.index(newline) + 1]
+    got = _trtllm_request(served, end_id=np.array([newline], dtype=np.int32),
+                          min_length=np.array([ids.index(newline) + 2], dtype=np.int32))
+    second = ids.index(newline, ids.index(newline) + 1)
+    assert got.token_ids == ids[: second + 1]
+    with pytest.raises(ClientError, match="beam_width=4 is not supported by trtspec"):
+        _trtllm_request(served, beam_width=np.array([4], dtype=np.int32))
+    assert _trtllm_request(served).token_ids == ids  # and the next request is served
+
+
+def test_generate_and_bench_cli_over_openai(served, pipeline, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    result = CliRunner().invoke(main, ["generate", "--url", served.url, "--stream", "--json", "--prompt",
+                                       PROMPTS[0], "--max-tokens", str(MAX_TOKENS)])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.output)
+    assert answer["text"] == _greedy(pipeline, PROMPTS[0])[0] and answer["tokens"] == MAX_TOKENS
+    assert answer["tau"] > 1
+    result = CliRunner().invoke(main, ["bench", "--url", served.url, "--tasks", "math", "--prompts", "2",
+                                       "--max-tokens", "24", "--concurrency", "1,2", "--chat", "--out",
+                                       str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    remote = json.loads((tmp_path / "results.json").read_text())["remote"]
+    assert remote["endpoint"] == "chat" and set(remote["levels"]) == {"1", "2"}
+    for row in remote["levels"].values():
+        assert row["tokens"] > 4 and row["tau"] > 1 and 0 < row["ttft_ms"] < 1e3 * row["wall_s"]
+        assert row["per_user_tokens_per_s"] == pytest.approx(1e3 / row["itl_ms"], rel=0.01)
+
+
+def test_verify_over_openai_passes_on_the_server(served, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    result = CliRunner().invoke(main, ["verify", "--url", served.url, "--config", str(CONFIG), "--max-tokens",
+                                       "24", "--samples", "300"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("identical") == 5 and "PASS: lossless" in result.output
+
+
+def test_verify_over_openai_fails_on_a_biased_server(tmp_path):
+    """A server whose speculative sampling accepts with min(1, p/2q) (test_only.biased_acceptance):
+    greedy is still identical, the sampling law test must fail it."""
+    biased = tmp_path / "biased.yaml"
+    biased.write_text(CONFIG.read_text().replace("builtin:", str(REPO / "trtspec/assets") + "/")
+                      + "test_only: {biased_acceptance: true}\n")
+    write_triton_repo(load_build_config(biased), tmp_path / "out")
+    server = TritonServer(tmp_path / "out" / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
+                          env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    frontend = None
+    try:
+        server.start(timeout_s=180)
+        frontend = OpenAIFrontend(served_model_of_repo(server.repo), server.local_grpc_address, "127.0.0.1",
+                                  free_port()).start()
+        url = f"openai://127.0.0.1:{frontend.port}"
+        result = CliRunner().invoke(main, ["verify", "--url", url, "--config", str(CONFIG), "--max-tokens",
+                                           "24", "--samples", "300"])
+    finally:
+        if frontend is not None:
+            frontend.stop()
+        server.stop()
+    assert result.exit_code == 1, result.output
+    assert result.output.count("identical") == 5 and "FAIL: the deployment is not lossless" in result.output
+    assert "FAIL\n" in result.output  # a sampling position over its bound
+
+
+def test_frontend_unavailable_triton_is_a_503(tmp_path, config):
+    """The frontend up while Triton is not: /health says so, requests get a 503, nothing hangs."""
+    from trtspec.openai.model_info import served_model
+
+    nowhere = f"127.0.0.1:{free_port()}"
+    frontend = OpenAIFrontend(served_model(config), nowhere, "127.0.0.1", free_port()).start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as unavailable:
+            urllib.request.urlopen(f"{frontend.url}/health", timeout=10)
+        assert unavailable.value.code == 503
+        status, body = _post(f"{frontend.url}/v1/completions", GOOD_COMPLETION, None)
+        assert status == 503 and body["error"]["type"] == "server_error"
+    finally:
+        frontend.stop()
+
+
+def test_shipped_chat_template_is_the_recipes():
+    from trtspec.config import ASSETS_DIR
+    from trtspec.train.corpus import CHAT_STOP, CHAT_TEMPLATE, CHAT_TEMPLATE_FILE
+
+    for model in ("tiny-target", "tiny-draft"):
+        assert (ASSETS_DIR / model / CHAT_TEMPLATE_FILE).read_text() == CHAT_TEMPLATE
+        config = json.loads((ASSETS_DIR / model / "config.json").read_text())
+        assert tuple(config["trtspec_chat_stop"]) == CHAT_STOP
+
+
+def test_stop_sequences_are_cut_and_held_back_while_streaming():
+    from trtspec.openai.stops import StopTrimmer
+
+    trim = StopTrimmer(["\nQ:", "END"])
+    sent = [trim.push(t) for t in ["= 8", "38\n", "Q", ": 9"]]
+    assert sent == ["= 8", "38", "", ""] and trim.stopped  # "\n" then "Q" held until decided
+    trim = StopTrimmer(["\nQ:"])
+    assert [trim.push("a\n"), trim.push("b"), trim.push("\n", final=True)] == ["a", "\nb", "\n"]

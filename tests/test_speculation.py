@@ -1,0 +1,178 @@
+"""Speculation under load: the roofline step cost, `draft_len_schedule` for the real configs against
+TensorRT-LLM's rules, the acceptance cut-off, and where a drafter's acceptance comes from."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from trtspec.bench.acceptance import conditional_acceptance, write_acceptance
+from trtspec.cli import main
+from trtspec.config import load_build_config
+from trtspec.errors import ConfigError
+from trtspec.plan.roofline import RooflineCost
+from trtspec.plan.speculation import constant_rate, plan_speculation
+from trtspec.spec.cost import expected_tokens, load_acceptance, survival
+from trtspec.trtllm.args import llm_args
+from trtspec.trtllm.fields import DYNAMIC_DRAFT_LEN_TYPES, check_draft_len_schedule
+
+from .conftest import REPO
+from .test_planner import REAL_CONFIGS
+
+
+def _config(name: str, **deployment):
+    config = load_build_config(REPO / "build_configs" / name)
+    if deployment:
+        config = config.model_copy(update={"deployment": config.deployment.model_copy(update=deployment)})
+    return config
+
+
+def _draft_len_at(schedule: dict[int, int], batch: int) -> int:
+    """TensorRT-LLM's reading: the first key >= batch gives the length; past the last key, 0."""
+    for key in sorted(schedule):
+        if batch <= key:
+            return schedule[key]
+    return 0
+
+
+@pytest.mark.parametrize("name", REAL_CONFIGS)
+def test_schedule_follows_trtllm_rules_and_beats_both_fixed_choices(name):
+    config = _config(name)
+    plan = plan_speculation(config)
+    schedule = plan.draft_len_schedule
+    check_draft_len_schedule(schedule, plan.max_draft_len, name)  # raises on a broken rule
+    assert schedule[min(schedule)] == plan.max_draft_len
+    lengths = [schedule[k] for k in sorted(schedule)]
+    assert lengths == sorted(lengths, reverse=True) and min(lengths) >= 0
+    assert max(schedule) == config.deployment.max_batch_size  # nothing left to the implicit 0
+    for b in range(1, config.deployment.max_batch_size + 1):
+        assert _draft_len_at(schedule, b) == plan.draft_len[b - 1]
+        assert plan.rate("schedule", b) >= plan.rate("always", b) * (1 - 1e-12), (name, b)
+        assert plan.rate("schedule", b) >= plan.rate("never", b) * (1 - 1e-12), (name, b)
+
+
+def test_speculation_turns_down_as_the_batch_grows():
+    # Qwen3-8B on one H200: at batch 32 x 16 tokens the verify forward is compute bound
+    plan = plan_speculation(_config("qwen3-8b-dflash-h200.yaml"))
+    assert plan.draft_len[0] == 15 and plan.draft_len[-1] < 15
+    assert plan.rate("schedule", 32) > 1.2 * plan.rate("always", 32)
+    # a drafter that is rarely right stops speculating beyond batch 1
+    poor = plan_speculation(_config("qwen3-8b-dflash-h200.yaml", acceptance_by_position=[0.1] * 15))
+    assert poor.draft_len_schedule == {1: 15, 32: 0}
+    assert poor.acceptance_source == "deployment.acceptance_by_position"
+
+
+def test_roofline_shapes():
+    dep = _config("qwen3-8b-dflash-h200.yaml").deployment
+    cost = RooflineCost(dep, "dflash")
+    # batch 1: reading the weights dominates, so 15 more tokens cost (almost) nothing
+    assert cost.target_seconds(1, 15) == pytest.approx(cost.target_seconds(1, 0), rel=0.01)
+    assert cost.target_seconds(32, 15) > 2 * cost.target_seconds(32, 0)
+    # Qwen3-8B bf16 = 16.4 GB at 80 % of 4.8 TB/s: about 4.3 ms
+    assert 3.5e-3 < cost.target_seconds(1, 0) < 5e-3
+    # a parallel drafter drafts a block in one forward; EAGLE-3 chains one forward per draft
+    assert cost.draft_seconds(1, 15) < 1.2 * cost.draft_seconds(1, 1)
+    eagle = RooflineCost(_config("qwen3-8b-eagle3.yaml").deployment, "eagle3")
+    assert eagle.draft_seconds(1, 7) == pytest.approx(7 * eagle.draft_seconds(1, 1))
+    # MoE: more tokens wake more experts, so verifying costs more than on a dense model
+    moe = RooflineCost(_config("gpt-oss-120b-dflash-b300-tp8.yaml").deployment, "dflash")
+    assert moe.target_seconds(1, 7) > 1.2 * moe.target_seconds(1, 0)
+
+
+def test_acceptance_threshold_is_the_break_even_at_batch_one():
+    config = _config("llama3.1-8b-dflash.yaml")
+    plan = plan_speculation(config)
+    k = plan.max_draft_len
+    cost = RooflineCost(config.deployment, "dflash")
+    # a constant-rate drafter at the threshold's accepted/drafted rate breaks even with no drafter
+    c = constant_rate(1 + plan.acceptance_rate_threshold * k, k)
+    rate = expected_tokens(survival([c] * k), k) / cost.seconds(1, k)
+    assert rate == pytest.approx(1 / cost.seconds(1, 0), rel=1e-3)
+    assert 0 < plan.acceptance_rate_threshold < 0.5
+
+
+def test_generated_speculative_config_carries_the_schedule(tmp_path):
+    for name in ("llama3.1-8b-dflash.yaml", "deepseek-v4-flash-dspark.yaml"):
+        config = _config(name)
+        spec = llm_args(config, for_triton=False)["speculative_config"]
+        plan = plan_speculation(config)
+        assert spec["acceptance_rate_threshold"] == plan.acceptance_rate_threshold
+        assert spec["acceptance_rate_window_size"] == 256
+        if spec["decoding_type"] in DYNAMIC_DRAFT_LEN_TYPES:
+            assert spec["draft_len_schedule"] == plan.draft_len_schedule
+        else:  # DSpark's draft length is its block size: TensorRT-LLM does not vary it
+            assert "draft_len_schedule" not in spec
+    result = CliRunner().invoke(main, ["build", str(REPO / "build_configs" / "llama3.1-8b-dflash.yaml"),
+                                       "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    written = yaml.safe_load((tmp_path / "trtllm-serve.yaml").read_text())["speculative_config"]
+    assert written["draft_len_schedule"] == {32: 9}
+
+
+def test_inspect_prints_schedule_and_tokens_per_second():
+    result = CliRunner().invoke(main, ["inspect", str(REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "draft_len_schedule {11: 15" in result.output
+    rows = [line.split() for line in result.output.splitlines() if line.strip().startswith(("1 ", "32 "))]
+    assert [r[0] for r in rows] == ["1", "32"]
+    assert rows[1][1] == "6" and rows[1][-1].endswith("×")
+    as_json = CliRunner().invoke(main, ["inspect", str(REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml"),
+                                        "--json"])
+    speculation = json.loads(as_json.output)["speculation"]
+    assert len(speculation["tokens_per_s"]["never"]) == 32
+
+
+def test_acceptance_json_beside_the_drafter_is_used(tmp_path):
+    drafter = tmp_path / "weights" / "LLaMA3.1-8B-Instruct-DFlash-UltraChat"
+    drafter.mkdir(parents=True)
+    config_path = tmp_path / "llama.yaml"
+    shutil.copy(REPO / "build_configs" / "llama3.1-8b-dflash.yaml", config_path)
+    write_acceptance(drafter, [0.9] * 9, cycles=10, measured_with="test")
+    plan = plan_speculation(load_build_config(config_path))
+    assert plan.acceptance == [0.9] * 9 and plan.acceptance_source.endswith("acceptance.json")
+    write_acceptance(drafter, [0.9] * 4, cycles=10, measured_with="test")
+    with pytest.raises(ConfigError, match="4 positions measured, drafter.num_draft_tokens is 9"):
+        plan_speculation(load_build_config(config_path))
+
+
+def test_shipped_drafters_carry_measured_acceptance():
+    for name in ("tiny-dflash-b16", "tiny-dspark-b15", "tiny-eagle3", "tiny-draft"):
+        rates = load_acceptance(REPO / "trtspec" / "assets" / name)
+        assert rates and all(0 < r <= 1 for r in rates), name
+        body = json.loads((REPO / "trtspec" / "assets" / name / "acceptance.json").read_text())
+        assert body["measured_with"].startswith("trtspec bench") and body["cycles"] > 100
+
+
+def test_draft_model_without_acceptance_is_refused_with_the_fix():
+    config = _config("llama3.1-8b-dflash.yaml")
+    drafter = config.drafter.model_copy(update={"method": "draft_model"})
+    config = config.model_copy(update={"drafter": drafter})
+    with pytest.raises(ConfigError, match="trtspec bench --write-acceptance"):
+        plan_speculation(config)
+
+
+def test_conditional_acceptance_from_cycles():
+    # (drafted, accepted): position 1 reached 4 times, passed 3; position 2 reached 3, passed 1;
+    # the (1, 1) cycle offered no second draft and says nothing about position 2
+    cycles = [(3, 0), (3, 1), (3, 3), (1, 1)]
+    assert conditional_acceptance(cycles, 3) == [0.75, 0.5, 1.0]
+    assert constant_rate(6.49, 15) == pytest.approx(0.86, abs=0.005)
+
+
+@pytest.mark.parametrize(
+    "schedule, message",
+    [
+        ({1: 4, 8: 2}, "must equal max_draft_len 5"),
+        ({4: 5, 8: 6}, "must lie in 0..max_draft_len"),
+        ({0: 5}, "must be an integer >= 1"),
+        ({4: 5, 8: 2, 16: 3}, "drafts more at a larger batch"),
+        ({4: 5, 8: -1}, "must lie in 0..max_draft_len"),
+    ],
+)
+def test_schedule_rules_are_enforced(schedule, message):
+    with pytest.raises(ConfigError, match=message):
+        check_draft_len_schedule(schedule, 5, "test")

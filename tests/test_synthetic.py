@@ -1,0 +1,137 @@
+"""`trtspec profile --synthetic`: real architectures with random weights, the static-cache forward
+behind the CUDA-graph timing, the floors and the projected speedups (the CPU runs the small shape)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from trtspec.bench.static_target import StaticKVTarget
+from trtspec.bench.synthetic import SyntheticSettings, build_drafter, build_target, profile_synthetic
+from trtspec.bench.synthetic_report import projections
+from trtspec.cli import main
+from trtspec.plan.gpus import GPUS, gpu_for_device
+from trtspec.plan.models import DRAFTERS, TARGETS
+
+
+@pytest.mark.parametrize("model_cls,config_cls",
+                         [(Qwen3ForCausalLM, Qwen3Config), (LlamaForCausalLM, LlamaConfig)])
+def test_static_cache_forward_equals_the_models_own(model_cls, config_cls):
+    torch.manual_seed(0)
+    config = config_cls(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                        num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                        max_position_embeddings=128)
+    model = model_cls(config).eval()
+    ids = torch.randint(0, 300, (2, 20))
+    static = StaticKVTarget(model, max_batch=3, max_len=48)
+    static.fill_random(torch.Generator().manual_seed(1))  # slots past a row's position must not matter
+    with torch.inference_mode():
+        want = model(ids).logits  # [2, 20, V], no cache
+        prefill = static.forward(ids[:, :13], torch.arange(13).expand(2, 13), kv_len=13)
+        verify = static.forward(ids[:, 13:], torch.arange(13, 20).expand(2, 7), kv_len=20)
+        wide = static.forward(ids[:, 13:14], torch.tensor([[13], [13]]), kv_len=40)  # a larger bucket
+    torch.testing.assert_close(prefill, want[:, :13], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(verify, want[:, 13:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(wide, want[:, 13:14], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("target_id,drafter_id,model_type,block", [
+    ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "qwen3", 16),
+    ("meta-llama/Llama-3.1-8B-Instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", "llama", 10),
+])
+def test_full_scale_models_are_the_planned_architectures(target_id, drafter_id, model_type, block):
+    """Built on the meta device (no memory): parameters born in bfloat16, counts as trtspec/plan
+    derives them (which leaves out norms: < 0.01%)."""
+    meta = torch.device("meta")
+    target = build_target(TARGETS[target_id], model_type, meta, torch.bfloat16, 9000, seed=0)
+    drafter = build_drafter(DRAFTERS[drafter_id], TARGETS[target_id], block, meta, torch.bfloat16, 9000)
+    for model, arch in ((target, TARGETS[target_id]), (drafter, DRAFTERS[drafter_id])):
+        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+        count = sum(p.numel() for p in model.parameters())
+        assert 0 <= count - arch.total_params() < 1e-4 * count
+    taps = [1, 9, 17, 25, 33] if model_type == "qwen3" else [1, 8, 15, 22, 29]  # z-lab's spread
+    assert drafter.spec.target_layer_ids == taps
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_projection_is_tau_times_t_ar_over_the_cycle():
+    at = {"batch": 1, "context": 1024}
+    rows = [dict(at, new_tokens=1, eager_ms=5.0, graph_ms=4.0, floor_ms=3.5),
+            dict(at, new_tokens=16, eager_ms=5.5, graph_ms=4.4, floor_ms=3.6)]
+    result = {"model": "qwen3-8b", "block_size": 16, "loop_overhead": {"per_cycle_ms": 0.3},
+              "settings": {"contexts": [1024]}, "target_forward": rows,
+              "draft": [{"batch": 1, "context": 1024, "block": 16, "eager_ms": 1.0, "graph_ms": 0.8,
+                         "floor_ms": 0.7}]}
+    out = projections(result)
+    assert [(p["task"], p["tau"], p["published_speedup"]) for p in out][0] == ("GSM8K", 6.55, 5.20)
+    assert out[0]["mode"] == "CUDA graphs"
+    assert out[0]["projected_speedup"] == pytest.approx(6.55 * 4.0 / (0.8 + 4.4 + 0.3))
+    assert out[0]["floor_speedup"] == pytest.approx(6.55 * 3.5 / (0.7 + 3.6))
+    result["draft"][0]["graph_ms"] = None  # one eager part makes the whole projection eager
+    assert projections(result)[1]["mode"] == "eager"
+    assert projections(dict(result, model="llama3.1-8b")) == []  # no published τ used for it
+
+
+def test_gpu_table_bandwidth():
+    assert gpu_for_device("NVIDIA H200") is GPUS["H200"]
+    assert gpu_for_device("NVIDIA H100 80GB HBM3") is GPUS["H100"]
+    assert gpu_for_device("NVIDIA GeForce RTX 4090") is None
+    assert (GPUS["H200"].hbm_tb_s, GPUS["H200"].copy_tb_s) == (4.8, 4.3)
+
+
+def test_time_budget_skips_instead_of_running_over(tiny_loop_overhead):
+    settings = SyntheticSettings.small(budget_s=1e-6)
+    result = profile_synthetic("qwen3-8b", settings, "cpu", loop_overhead=tiny_loop_overhead)
+    assert result["target_forward"] == [] and result["projections"] == []
+    assert len(result["skipped"]) > 25
+    assert all(s.endswith("time budget of 0 s spent") for s in result["skipped"])
+
+
+@pytest.fixture(scope="module")
+def tiny_loop_overhead():
+    return {"per_cycle_ms": 0.5, "cycles": 10, "device": "cpu", "model": "given", "note": "test"}
+
+
+def test_cli_synthetic_profile_small_on_cpu(tmp_path):
+    out = tmp_path / "llama.json"
+    run = CliRunner().invoke(main, ["profile", "--synthetic", "llama3.1-8b", "--out", str(out),
+                                    "--new-tokens", "1,4", "--budget-s", "600"])
+    assert run.exit_code == 0, run.output
+    result = json.loads(out.read_text())
+    assert result["model"] == "llama3.1-8b" and result["dtype"] == "float32" and result["skipped"] == []
+    grid = {(r["batch"], r["context"], r["new_tokens"]) for r in result["target_forward"]}
+    assert grid == {(b, c, n) for b in (1, 2) for c in (64, 256) for n in (1, 4, 10)}  # + block 10
+    assert {r["block"] for r in result["draft"]} == {4, 8, 10, 16}
+    for r in result["target_forward"]:
+        assert r["eager_ms"] > 0 and r["graph_ms"] is None and r["floor_ms"] > 0
+    assert all(r["kernel_ms"] is None and r["torch_ms"] > 0 for r in result["plugins"])
+    assert [(r["context"], r["new_tokens"]) for r in result["hf_forward"]] == [(64, 1), (64, 10)]
+    assert result["loop_overhead"]["per_cycle_ms"] > 0 and result["loop_overhead"]["device"] == "cpu"
+    markdown = out.with_suffix(".md").read_text()
+    assert markdown.startswith("### llama3.1-8b on cpu (float32, SMALL scaled-down shape)")
+    assert "CUDA-graph decode step not measured (skipped: CUDA graphs need a CUDA device" in markdown
+    assert "Kernel column: GPU-only" in markdown and markdown in run.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--synthetic", "gpt-7"], "no synthetic profile for model 'gpt-7'"),
+    (["build_configs/tiny-dflash.yaml", "--synthetic", "qwen3-8b"], "either CONFIG or --synthetic"),
+    ([], "missing CONFIG (or --synthetic MODEL)"),
+    (["--synthetic", "qwen3-8b", "--new-tokens", "0,4"], "values must be >= 1"),
+    (["--synthetic", "qwen3-8b", "--budget-s", "0"], "must be > 0"),
+])
+def test_cli_synthetic_refuses_bad_arguments(tmp_path, args, message):
+    run = CliRunner().invoke(main, ["profile", "--out", str(tmp_path / "x.json"), *args])
+    assert run.exit_code == 2 and message in run.output
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal a CPU-only machine gives")
+def test_cli_synthetic_refuses_cuda_without_a_gpu(tmp_path):
+    run = CliRunner().invoke(main, ["profile", "--synthetic", "qwen3-8b", "--device", "cuda",
+                                    "--out", str(tmp_path / "x.json")])
+    assert run.exit_code == 2 and "no CUDA device is visible here" in run.output

@@ -1,0 +1,259 @@
+"""K/V caches preallocated per request slot, and attention of packed queries over them.
+
+Every model of the serving loop (the target, DFlash/DSpark context, EAGLE-3's midlayer, a draft
+model) keeps its keys and values in per-layer buffers
+
+    keys, values   [num_slots, kv_heads, capacity, head_dim]
+
+where slot s holds one request and position i of that request sits at index i. Writing is an
+indexed store; a rewind is a length change (the loop's bookkeeping, nothing is moved); a finished
+request frees its slot for the next one. Nothing grows by concatenation.
+
+One forward packs the new tokens of many requests into one row (no padding for the linear layers:
+their cost follows the token count). Each request's tokens form a *segment* (slot, start, length):
+positions start..start+length−1. Attention is the only ragged part: segments are grouped by length
+(prefill segments apart from short verify segments) and each group runs as one padded attention
+
+    q [G, heads, L, d]   over   keys[slots, :, :K]   with mask [G, 1, L, K]
+
+causal (query at position i sees positions ≤ i of its slot) or, for DFlash's block, over the whole
+segment (a query sees every position < start + length). On a GPU the same contract is what a
+paged/varlen attention kernel serves without the padding.
+
+`SlotKVCache` adapts the buffers to transformers' `Cache` interface and `slot_attention` is
+registered as the attention implementation "trtspec_slots", so a Hugging Face model runs its own
+layers over this layout; without a `StepLayout` the implementation is plain SDPA, so the same
+model still works for everything else.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ATTN_IMPLEMENTATION = "trtspec_slots"
+
+
+@dataclass(slots=True, frozen=True)
+class Segment:
+    slot: int
+    start: int  # position of the segment's first token in its slot
+    length: int
+
+
+@dataclass(slots=True)
+class _Group:
+    slots: torch.Tensor | slice  # [G] slot indices, or a slice when they are contiguous
+    gather: torch.Tensor  # [G, L] packed index of each padded query (padding repeats a real one)
+    valid: torch.Tensor  # [n] flat indices (into G·L) of the real queries, in packed order
+    mask: torch.Tensor  # [G, 1, L, K] True = attend
+    kv_len: int  # K
+
+
+def _group_segments(order: list[int], lengths: list[int]) -> list[list[int]]:
+    """Split segment indices (sorted by length, longest first) where padding would pass 2×."""
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lengths[groups[-1][0]] <= 2 * max(1, lengths[i]):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+class StepLayout:
+    """Where the packed tokens of one forward sit in the slot buffers, and how their attention is
+    grouped. Built once per forward, read by every layer.
+
+    slots [T], positions [T]: the slot and position each packed token is written to.
+    """
+
+    def __init__(self, segments: list[Segment], device: torch.device | str = "cpu", causal: bool = True):
+        self.segments = segments
+        self.causal = causal
+        lengths = [s.length for s in segments]
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        self.num_tokens = offsets[-1]
+        slots, positions = [], []
+        for s in segments:
+            slots += [s.slot] * s.length
+            positions += range(s.start, s.start + s.length)
+        self.slots = torch.tensor(slots, dtype=torch.long, device=device)  # [T]
+        self.positions = torch.tensor(positions, dtype=torch.long, device=device)  # [T]
+        self._offsets, self._device = offsets, device
+
+    @functools.cached_property
+    def groups(self) -> list[_Group]:
+        """Attention groups (built on first use: a layout that only writes needs none)."""
+        lengths = [s.length for s in self.segments]
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        return [self._group([self.segments[i] for i in g], [self._offsets[i] for i in g], self._device)
+                for g in _group_segments(order, lengths)]
+
+    def _group(self, segs: list[Segment], offsets: list[int], device) -> _Group:
+        width = max(s.length for s in segs)
+        kv_len = max(s.start + s.length for s in segs)
+        gather, valid, query_pos, key_limit = [], [], [], []
+        for g, (s, off) in enumerate(zip(segs, offsets, strict=True)):
+            gather += [off + min(i, s.length - 1) for i in range(width)]
+            valid += [g * width + i for i in range(s.length)]
+            query_pos.append([s.start + min(i, s.length - 1) for i in range(width)])
+            key_limit.append(s.start + s.length)
+        keys = torch.arange(kv_len, device=device)
+        if self.causal:  # position i sees positions <= i
+            mask = keys[None, None, :] <= torch.tensor(query_pos, device=device)[:, :, None]
+        else:  # every query of the segment sees the whole segment and what precedes it
+            mask = (keys[None, :] < torch.tensor(key_limit, device=device)[:, None])[:, None, :]
+            mask = mask.expand(len(segs), width, kv_len)
+        slot_ids = [s.slot for s in segs]
+        contiguous = slot_ids == list(range(slot_ids[0], slot_ids[0] + len(slot_ids)))
+        slots = slice(slot_ids[0], slot_ids[0] + len(slot_ids)) if contiguous else \
+            torch.tensor(slot_ids, dtype=torch.long, device=device)
+        return _Group(slots, torch.tensor(gather, dtype=torch.long, device=device).view(len(segs), width),
+                      torch.tensor(valid, dtype=torch.long, device=device), mask[:, None], kv_len)
+
+
+class SlotKV:
+    """One layer's keys and values for every slot: [num_slots, kv_heads, capacity, head_dim] each."""
+
+    def __init__(self, num_slots: int, kv_heads: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        shape = (num_slots, kv_heads, capacity, head_dim)
+        # zeros, not empty: a query never attends to a position before it is written, but a padded
+        # group's masked keys still enter attention with weight 0, and 0 · NaN garbage is NaN
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+
+    def write(self, layout: StepLayout, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """keys, values [T, kv_heads, d] of the packed tokens, stored at their slot and position."""
+        self.keys[layout.slots, :, layout.positions] = keys.to(self.keys.dtype)
+        self.values[layout.slots, :, layout.positions] = values.to(self.values.dtype)
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy a slot's first `length` positions to another slot."""
+        self.keys[dst, :, :length] = self.keys[src, :, :length]
+        self.values[dst, :, :length] = self.values[src, :, :length]
+
+
+def slot_attention(query: torch.Tensor, kv: SlotKV, layout: StepLayout,
+                   scale: float | None = None) -> torch.Tensor:
+    """Attention of the packed queries over their slots.  query [T, heads, d] -> [T, heads, d]"""
+    out = query.new_empty(query.shape)
+    for g in layout.groups:
+        q = query[g.gather].transpose(1, 2)  # [G, h, L, d]
+        k = kv.keys[g.slots, :, : g.kv_len]  # [G, kvh, K, d]
+        v = kv.values[g.slots, :, : g.kv_len]
+        o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=g.mask, scale=scale,
+                                           enable_gqa=k.shape[1] != q.shape[1])  # [G, h, L, d]
+        flat = o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[3])  # [G·L, h, d]
+        out[g.gather.flatten()[g.valid]] = flat[g.valid]
+    return out
+
+
+@dataclass(slots=True)
+class SlotView:
+    """One layer's slot buffers as a drafter layer sees them in a forward: the new tokens' K/V are
+    written at their positions, then every query attends over its slot (`layout.causal` decides
+    whether it sees later tokens of its own segment). DFlash writes its block right after each
+    request's context, scratch that the next absorbed context overwrites, so block K/V never
+    persist; EAGLE-3's chain steps do the same after the committed slots."""
+
+    kv: SlotKV
+    layout: StepLayout  # the b·s new tokens in row-major order
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [b, h, s, d]; k, v [b, kvh, s, d] (RoPE applied) -> [b, h, s, d]"""
+        b, h, s, d = q.shape
+        packed = [t.transpose(1, 2).reshape(b * s, -1, d) for t in (q, k, v)]  # [b·s, heads, d]
+        self.kv.write(self.layout, packed[1], packed[2])
+        out = slot_attention(packed[0], self.kv, self.layout)
+        return out.view(b, s, h, d).transpose(1, 2)
+
+
+# -- a Hugging Face model over slot buffers ----------------------------------------------------
+
+class SlotKVCache:
+    """transformers' cache protocol over `SlotKV` buffers: `update` stores the step's keys and
+    values and hands the layer its `SlotKV`, which `hf_slot_attention` reads through the layout."""
+
+    is_compileable = False
+
+    def __init__(self, layers: list[SlotKV]):
+        self.layers = layers
+        self.layout: StepLayout | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """key_states, value_states [1, kv_heads, T, d] of the packed tokens."""
+        kv = self.layers[layer_idx]
+        kv.write(self.layout, key_states[0].transpose(0, 1), value_states[0].transpose(0, 1))
+        return kv, kv
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+def hf_slot_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                      trtspec_layout: StepLayout | None = None, **kwargs):
+    """The "trtspec_slots" attention implementation: packed queries over `SlotKV` when the model
+    is called with a `trtspec_layout`, transformers' SDPA otherwise."""
+    if trtspec_layout is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    out = slot_attention(query[0].transpose(0, 1), key, trtspec_layout, scaling)  # [T, h, d]
+    return out[None], None  # [1, T, h, d], as transformers' attention functions return
+
+
+def use_slot_attention(model) -> None:
+    """Let a Hugging Face model run over slot buffers (and keep SDPA for ordinary calls)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, hf_slot_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    if model.config._attn_implementation != ATTN_IMPLEMENTATION:
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+
+
+def hf_slot_buffers(config, num_slots: int, capacity: int, dtype: torch.dtype,
+                    device: torch.device | str) -> list[SlotKV]:
+    """One `SlotKV` per decoder layer of a Hugging Face causal LM config."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return [SlotKV(num_slots, config.num_key_value_heads, capacity, head_dim, dtype, device)
+            for _ in range(config.num_hidden_layers)]
+
+
+@torch.inference_mode()
+def hf_forward(model, cache: SlotKVCache, layout: StepLayout, input_ids: torch.Tensor,
+               logits_at: torch.Tensor | None, output_hidden_states: bool = False):
+    """One forward of a Hugging Face causal LM over packed tokens.  input_ids [T]; logits_at [n]
+    packed indices whose logits to compute (None = all).  -> model output (logits [1, n, V])."""
+    cache.layout = layout
+    return model(
+        input_ids=input_ids[None],  # [1, T]
+        position_ids=layout.positions[None],
+        attention_mask=_NO_MASK,  # a 4D mask is taken as given: transformers builds none
+        **{cache_argument(type(model)): cache},
+        use_cache=True,
+        output_hidden_states=output_hidden_states,
+        logits_to_keep=0 if logits_at is None else logits_at,
+        trtspec_layout=layout,  # reaches every attention call
+    )
+
+
+_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # never read: the layout says who sees what
+
+
+@functools.cache
+def cache_argument(model_class: type) -> str:
+    """The name a model's forward takes its KV cache under: `cache` from transformers 5.24 on,
+    `past_key_values` before (which silently ignores an unknown `cache=` and runs cache-less)."""
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"

@@ -1,0 +1,277 @@
+"""The OpenAI-compatible routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/health`.
+
+Each request is checked (`protocol`), its prompt built (chat template) and counted, then sent to
+the Triton model over one gRPC stream (`triton_stream`). Streaming answers are server-sent events
+as OpenAI's clients parse them: `data: {chunk}` per decode step (the first chat chunk carries the
+role), a chunk with `finish_reason`, a usage chunk when `stream_options.include_usage`, then
+`data: [DONE]`. Speculative figures ride in a `trtspec` field: `accepted_tokens`, `draft_tokens`.
+A client that disconnects ends its Triton request. With an API key, every `/v1` route needs
+`Authorization: Bearer KEY` and answers 401 before anything runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from trtspec.openai.model_info import ServedModel
+from trtspec.openai.protocol import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    check_chat,
+    check_completion,
+    parse,
+    stop_list,
+)
+from trtspec.openai.stops import StopTrimmer
+from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
+
+log = logging.getLogger(__name__)
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def _error(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+class Frontend:
+    """Turns checked OpenAI requests into Triton requests and Triton steps into OpenAI bodies."""
+
+    def __init__(self, model: ServedModel, triton: TritonStream):
+        self.model, self.triton = model, triton
+
+    def generation(self, req, prompt: str, chat: bool, default_max: int | None) -> tuple[Generation, int]:
+        """The Triton request for `req` on `prompt`, and the prompt's token count."""
+        model = self.model
+        if req.model != model.name:
+            raise ApiError(f"The model `{req.model}` does not exist.", "model", status=404,
+                           code="model_not_found")
+        prompt_tokens = model.count(prompt)
+        param = "messages" if chat else "prompt"
+        room = model.context_length - prompt_tokens
+        if room < 1:
+            raise ApiError(f"This model's maximum context length is {model.context_length} tokens. "
+                           f"However, your {param} resulted in {prompt_tokens} tokens.", param,
+                           code="context_length_exceeded")
+        max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
+        name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+        if max_tokens is None:
+            max_tokens = min(default_max or room, room, model.max_tokens)
+        if not 1 <= max_tokens <= model.max_tokens:
+            raise ApiError(f"Invalid '{name}': {max_tokens}; this deployment generates 1 to "
+                           f"{model.max_tokens} tokens per request.", name, code="invalid_value")
+        if prompt_tokens + max_tokens > model.context_length:
+            raise ApiError(f"This model's maximum context length is {model.context_length} tokens. "
+                           f"However, you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in "
+                           f"the {param}, {max_tokens} in the completion).", param,
+                           code="context_length_exceeded")
+        if req.min_tokens is not None and not 0 <= req.min_tokens <= max_tokens:
+            raise ApiError(f"Invalid 'min_tokens': {req.min_tokens}; expected 0 to {name}={max_tokens}.",
+                           "min_tokens", code="invalid_value")
+        stops = stop_list(req.stop) + list(model.chat.stop if chat else ())
+        temperature = 1.0 if req.temperature is None else req.temperature  # OpenAI's default
+        gen = Generation(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
+                         top_p=1.0 if req.top_p is None else req.top_p, top_k=max(0, req.top_k or 0),
+                         seed=req.seed, min_tokens=req.min_tokens or 0, stop_words=tuple(stops),
+                         stream=bool(req.stream))
+        return gen, prompt_tokens
+
+
+async def _watch_disconnect(request: Request, task: asyncio.Task) -> None:
+    """Cancel `task` when the HTTP client goes away (the body is read, so only that comes)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            task.cancel()
+            return
+
+
+class _Run:
+    """One request's figures while its steps arrive."""
+
+    def __init__(self, gen: Generation, prompt_tokens: int):
+        self.gen, self.prompt_tokens = gen, prompt_tokens
+        self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)))
+        self.completion_tokens = self.accepted = self.drafted = 0
+        self.last_id: int | None = None
+
+    def take(self, step) -> str:
+        self.completion_tokens += len(step.ids)
+        if step.ids:
+            self.last_id = step.ids[-1]
+        self.accepted = max(self.accepted, step.accepted_tokens)
+        self.drafted = max(self.drafted, step.draft_tokens)
+        return self.trimmer.push(step.text, final=step.final)
+
+    def finish_reason(self) -> str:
+        if self.trimmer.stopped or self.completion_tokens < self.gen.max_tokens:
+            return "stop"  # a stop sequence or the end of sequence
+        return "length"
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+    def figures(self) -> dict:
+        return {"accepted_tokens": self.accepted, "draft_tokens": self.drafted}
+
+
+def _sse(payload: dict | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="trtspec OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
+    front = Frontend(model, triton)
+
+    @app.middleware("http")
+    async def authorize(request: Request, call_next):
+        if api_key and request.url.path.startswith("/v1"):
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return _error(ApiError("Incorrect API key provided." if given else
+                                       "You didn't provide an API key: send `Authorization: Bearer KEY`.",
+                                       status=401, code="invalid_api_key"))
+        return await call_next(request)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        return _error(exc)
+
+    @app.get("/health")
+    async def health():
+        if await triton.ready():
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": model.name, "object": "model", "created": int(app.state.started), "owned_by": "trtspec",
+                "max_model_len": model.context_length}
+        return {"object": "list", "data": [card]}
+
+    app.state.started = time.time()
+
+    async def body_of(request: Request):
+        try:
+            return await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError("the request body is not valid JSON") from None
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = parse(CompletionRequest, await body_of(request))
+        prompt = check_completion(req)
+        gen, prompt_tokens = front.generation(req, prompt, False, COMPLETION_DEFAULT_MAX_TOKENS)
+        return await respond(request, req, gen, prompt_tokens, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = parse(ChatRequest, await body_of(request))
+        messages = check_chat(req)
+        if model.chat is None:
+            raise ApiError(f"model `{model.name}` has no chat template; use /v1/completions", "messages")
+        try:
+            prompt = model.chat.render(messages)
+        except Exception as exc:  # noqa: BLE001 - a template's raise_exception or a rendering error
+            raise ApiError(f"the chat template refused the messages: {exc}", "messages") from None
+        gen, prompt_tokens = front.generation(req, prompt, True, None)
+        return await respond(request, req, gen, prompt_tokens, chat=True)
+
+    async def respond(request: Request, req, gen: Generation, prompt_tokens: int, chat: bool):
+        run = _Run(gen, prompt_tokens)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        created = int(time.time())
+        if not gen.stream:
+            return await _whole(request, front, run, rid, created, chat)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        steps = triton.generate(gen)
+        try:  # a refused request is an HTTP error, not a stream: wait for its first response
+            first = await anext(steps)
+        except TritonError as exc:
+            await steps.aclose()
+            raise _triton_error(exc) from None
+        return StreamingResponse(_events(first, steps, run, rid, created, model.name, chat, include_usage),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    return app
+
+
+def _triton_error(exc: TritonError) -> ApiError:
+    if exc.unavailable:
+        return ApiError(str(exc), status=503, kind="server_error", code="unavailable")
+    return ApiError(str(exc), code="invalid_value")
+
+
+async def _whole(request: Request, front: Frontend, run: _Run, rid: str, created: int, chat: bool):
+    async def collect() -> str:
+        text = ""
+        async for step in front.triton.generate(run.gen):
+            text += run.take(step)
+        return text
+
+    task = asyncio.ensure_future(collect())
+    watcher = asyncio.ensure_future(_watch_disconnect(request, task))
+    try:
+        text = await task
+    except TritonError as exc:
+        raise _triton_error(exc) from None
+    finally:
+        watcher.cancel()
+    finish = run.finish_reason()
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+            "model": front.model.name, "choices": [choice], "usage": run.usage(), "trtspec": run.figures()}
+
+
+async def _events(first, steps: AsyncIterator, run: _Run, rid: str, created: int, model: str, chat: bool,
+                  include_usage: bool) -> AsyncIterator[bytes]:
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    usage = {"usage": None} if include_usage else {}
+
+    def chunk(text: str | None, finish: str | None, role: bool = False, extra: dict | None = None) -> bytes:
+        if chat:
+            delta = {} if text is None else {"content": text}
+            if role:
+                delta = {"role": "assistant", "content": ""}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return _sse({"id": rid, "object": kind, "created": created, "model": model, "choices": [choice],
+                     **usage, **(extra or {})})
+
+    try:
+        if chat:
+            yield chunk(None, None, role=True)
+        step = first
+        while True:
+            text = run.take(step)
+            if text:
+                yield chunk(text, None)
+            if step.final:
+                break
+            step = await anext(steps)
+        yield chunk(None if chat else "", run.finish_reason(), extra={"trtspec": run.figures()})
+        if include_usage:
+            yield _sse({"id": rid, "object": kind, "created": created, "model": model, "choices": [],
+                        "usage": run.usage(), "trtspec": run.figures()})
+    except TritonError as exc:  # mid-stream: an error event in OpenAI's shape, then the end
+        yield _sse(_triton_error(exc).body())
+    finally:
+        await steps.aclose()  # also when the client went away: cancels the Triton request
+    yield _sse("[DONE]")

@@ -1,0 +1,61 @@
+"""Chat templates: a conversation rendered as the prompt text the target was trained on.
+
+- A Hugging Face checkpoint whose tokenizer carries a `chat_template`: the tokenizer's own
+  `apply_chat_template(messages, tokenize=False, add_generation_prompt=True)`.
+- A trtspec byte-level model: `chat_template.jinja` beside its weights, rendered by the same
+  transformers function (`render_jinja_template`), with the stop sequences its config lists under
+  `trtspec_chat_stop` (where its training text starts the next turn). See docs/EMBEDDED_MODEL.md.
+- Neither: no chat endpoint for this model (`/v1/chat/completions` answers 400; completions work).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtspec.train.corpus import CHAT_TEMPLATE_FILE
+
+Messages = list[dict]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTemplate:
+    render: Callable[[Messages], str]  # messages -> prompt text ending where the assistant answers
+    stop: tuple[str, ...]  # added to every chat request's stop sequences
+    source: str  # where the template came from, for logs and errors
+
+
+def _byte_model_template(target_dir: Path, hf_config) -> ChatTemplate | None:
+    path = target_dir / CHAT_TEMPLATE_FILE
+    if not path.is_file():
+        return None
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    template = path.read_text()
+
+    def render(messages: Messages) -> str:
+        rendered, _ = render_jinja_template([messages], chat_template=template, add_generation_prompt=True)
+        return rendered[0]
+
+    return ChatTemplate(render, tuple(getattr(hf_config, "trtspec_chat_stop", None) or ()), str(path))
+
+
+def _tokenizer_template(target_dir: Path) -> ChatTemplate | None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+
+    def render(messages: Messages) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    return ChatTemplate(render, (), f"{target_dir} tokenizer")
+
+
+def load_chat_template(target_dir: Path, hf_config) -> ChatTemplate | None:
+    """The chat template of the checkpoint in `target_dir`, or None when it has none."""
+    if getattr(hf_config, "trtspec_special_tokens", None) is not None:
+        return _byte_model_template(target_dir, hf_config)
+    return _tokenizer_template(target_dir)

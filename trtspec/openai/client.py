@@ -1,0 +1,127 @@
+"""Client of any OpenAI-compatible server (trtspec serve, trtllm-serve, vLLM, SGLang): `openai://HOST:PORT`.
+
+Standard library only, so `verify` and `bench` need nothing the server side does not. Streaming
+reads the server-sent events line by line and times them as a user sees them: the first chunk
+that carries text is the first token (a chat stream's opening role-only chunk is not). Token
+counts come from `usage` (`stream_options.include_usage`); speculative figures from the
+`trtspec` field when the server is trtspec (other servers leave them at zero).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlparse
+
+from trtspec.triton.client import ClientError, Completion, GenerateParams, TextCallback
+
+SCHEME = "openai"
+
+
+def base_url(url: str) -> str:
+    """`openai://HOST:PORT` -> `http://HOST:PORT/v1`."""
+    parsed = urlparse(url)
+    if parsed.scheme != SCHEME or not parsed.hostname or not parsed.port:
+        raise ClientError(f"--url {url!r}: expected openai://HOST:PORT")
+    return f"http://{parsed.hostname}:{parsed.port}/v1"
+
+
+def request_body(model: str, prompt: str, params: GenerateParams, chat: bool) -> dict:
+    body: dict = {"model": model, "max_tokens": params.max_tokens, "stream": params.stream,
+                  "temperature": 0.0 if params.temperature is None else params.temperature}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if params.stream:
+        body["stream_options"] = {"include_usage": True}
+    if params.top_p is not None and params.top_p != 1.0:
+        body["top_p"] = params.top_p
+    if params.top_k:  # an extension (vLLM, SGLang, trtllm-serve, trtspec): only sent when it matters
+        body["top_k"] = params.top_k
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if params.stop_words:
+        body["stop"] = list(params.stop_words)
+    return body
+
+
+def _post(url: str, body: dict, api_key: str | None, timeout_s: float):
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        return urllib.request.urlopen(req, timeout=timeout_s)
+    except urllib.error.HTTPError as exc:
+        raise ClientError(f"{url}: HTTP {exc.code}: {_message(exc.read())}") from None
+    except urllib.error.URLError as exc:
+        raise ClientError(f"cannot reach {url}: {exc.reason}") from None
+
+
+def _message(raw: bytes) -> str:
+    try:
+        error = json.loads(raw)["error"]
+        return error["message"] if isinstance(error, dict) else str(error)
+    except (ValueError, KeyError, TypeError):
+        return raw.decode("utf-8", errors="replace")
+
+
+def _text_of(choice: dict, chat: bool) -> str:
+    if chat:
+        part = choice.get("delta") or choice.get("message") or {}
+        return part.get("content") or ""
+    return choice.get("text") or ""
+
+
+def _fold(completion: Completion, body: dict, chat: bool, on_text: TextCallback | None, t0: float) -> None:
+    if "error" in body:
+        raise ClientError(_message(json.dumps(body).encode()))
+    completion.num_responses += 1
+    for choice in body.get("choices") or []:
+        text = _text_of(choice, chat)
+        if text:
+            if completion.first_response_s is None:
+                completion.first_response_s = time.perf_counter() - t0
+            completion.text += text
+            if on_text is not None:
+                on_text(text)
+        if choice.get("finish_reason"):
+            completion.finish_reason = choice["finish_reason"]
+    if body.get("usage"):
+        completion.completion_tokens = body["usage"].get("completion_tokens")
+    figures = body.get("trtspec") or {}
+    completion.accepted_tokens = max(completion.accepted_tokens, int(figures.get("accepted_tokens", 0)))
+    completion.draft_tokens = max(completion.draft_tokens, int(figures.get("draft_tokens", 0)))
+
+
+def openai_generate(url: str, model: str, prompt: str, params: GenerateParams,
+                    on_text: TextCallback | None = None, timeout_s: float = 300.0, chat: bool = False,
+                    api_key: str | None = None) -> Completion:
+    """One request to `/v1/completions` (or `/v1/chat/completions` with `chat`)."""
+    endpoint = f"{base_url(url)}/{'chat/completions' if chat else 'completions'}"
+    completion, t0 = Completion(), time.perf_counter()
+    with _post(endpoint, request_body(model, prompt, params, chat), api_key, timeout_s) as resp:
+        if params.stream:
+            for line in resp:
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[len(b"data:"):].strip()
+                if data == b"[DONE]":
+                    break
+                _fold(completion, json.loads(data), chat, on_text, t0)
+        else:
+            _fold(completion, json.loads(resp.read()), chat, on_text, t0)
+    completion.total_s = time.perf_counter() - t0
+    return completion
+
+
+def openai_ready(url: str, model: str, api_key: str | None = None) -> bool:
+    """The server lists `model` under /v1/models."""
+    req = urllib.request.Request(f"{base_url(url)}/models",
+                                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return any(card.get("id") == model for card in json.loads(resp.read()).get("data", []))

@@ -1,0 +1,51 @@
+"""What the frontend knows of the served model without loading its weights: name, tokenizer (to
+count tokens and check lengths), chat template, context length and the deployment's limit."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtspec.config import BuildConfig, load_build_config
+from trtspec.errors import ConfigError
+from trtspec.openai.chat import ChatTemplate, load_chat_template
+from trtspec.triton.repo import BUILD_CONFIG_FILE, VERSION
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ServedModel:
+    name: str
+    tokenizer: object  # trtspec.pipeline.TextTokenizer
+    chat: ChatTemplate | None
+    context_length: int  # prompt + generated tokens the target can attend over
+    max_tokens: int  # the deployment's limits.max_tokens
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text))
+
+
+def served_model(config: BuildConfig) -> ServedModel:
+    from transformers import AutoConfig
+
+    from trtspec.pipeline import load_tokenizer
+
+    target_dir = config.target.resolved_path
+    hf_config = AutoConfig.from_pretrained(target_dir, local_files_only=True)
+    chat = load_chat_template(target_dir, hf_config)
+    if chat is None:
+        log.warning("%s has no chat template: /v1/chat/completions will refuse requests", target_dir)
+    context = getattr(hf_config, "max_position_embeddings", None) or config.limits.max_tokens
+    return ServedModel(config.name, load_tokenizer(target_dir, hf_config), chat, int(context),
+                       config.limits.max_tokens)
+
+
+def served_model_of_repo(repo: Path) -> ServedModel:
+    """The one trtspec model of a generated Triton model repository."""
+    found = sorted(repo.glob(f"*/{VERSION}/{BUILD_CONFIG_FILE}"))
+    if len(found) != 1:
+        raise ConfigError(f"{repo}: the OpenAI frontend serves one trtspec model (a `{BUILD_CONFIG_FILE}` "
+                          f"under <model>/{VERSION}/), found {len(found)}")
+    return served_model(load_build_config(found[0]))

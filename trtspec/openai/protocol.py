@@ -1,0 +1,232 @@
+"""The OpenAI API's request and response bodies, as far as trtspec serves them.
+
+Requests are pydantic models that forbid unknown fields (OpenAI itself answers
+"Unrecognized request argument supplied: X"). Fields OpenAI clients commonly send that change
+nothing here (`user`, `metadata`, `store`, `n: 1`, zero penalties, `logprobs: false`, …) are
+accepted; fields whose non-default values trtspec cannot honour are checked in `check_*` and
+refused by name. Any refusal is an `ApiError`, answered as HTTP 400 in OpenAI's error shape
+`{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+
+
+class ApiError(Exception):
+    """An OpenAI-shaped error: HTTP status, message, offending parameter, code."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status, self.kind, self.code = message, param, status, kind, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class _Forbid(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Forbid):
+    include_usage: bool = Field(False, description="send a last chunk with the request's usage")
+    continuous_usage_stats: bool = Field(False, description="vLLM's option, accepted; usage comes last")
+
+
+class _Common(_Forbid):
+    """Parameters shared by /v1/completions and /v1/chat/completions."""
+
+    model: str = Field(description="served model name")
+    max_tokens: int | None = Field(None, description="most tokens to generate")
+    temperature: float | None = Field(None, description="0 = greedy; default 1 as OpenAI")
+    top_p: float | None = Field(None, description="nucleus mass in (0, 1]")
+    top_k: int | None = Field(None, description="keep the k most likely (vLLM/SGLang extension); -1, 0 = all")
+    min_tokens: int | None = Field(None, description="no end of sequence before this many tokens (vLLM's)")
+    seed: int | None = Field(None, description="sampling seed: the same seed gives the same text")
+    stop: str | list[str] | None = Field(None, description="up to 4 sequences that end generation, not sent")
+    stream: bool | None = Field(False, description="server-sent events, one chunk per decode step")
+    stream_options: StreamOptions | None = Field(None, description="streaming options")
+    n: int | None = Field(1, description="choices per request: only 1")
+    presence_penalty: float | None = Field(0.0, description="only 0: penalties change the target's law")
+    frequency_penalty: float | None = Field(0.0, description="only 0: penalties change the target's law")
+    repetition_penalty: float | None = Field(None, description="only 1 (vLLM extension)")
+    logit_bias: dict[str, float] | None = Field(None, description="only empty")
+    logprobs: Any = Field(None, description="only false / null: no log-probabilities are returned")
+    user: str | None = Field(None, description="end-user id; accepted, not used")
+    ignore_eos: bool | None = Field(False, description="only false (vLLM extension)")
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(description="one text prompt")
+    echo: bool | None = Field(False, description="only false")
+    suffix: str | None = Field(None, description="only null")
+    best_of: int | None = Field(None, description="only 1")
+
+
+class ContentPart(_Forbid):
+    type: Literal["text"] = Field(description="only text parts")
+    text: str = Field(description="the text")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # `name` and friends; checked in check_chat
+
+    role: str = Field(description="system, developer, user or assistant")
+    content: str | list[ContentPart] | None = Field(None, description="text, or a list of text parts")
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage] = Field(description="the conversation so far")
+    max_completion_tokens: int | None = Field(None, description="OpenAI's newer name for max_tokens")
+    top_logprobs: int | None = Field(None, description="only null")
+    response_format: dict | None = Field(None, description='only {"type": "text"}')
+    tools: list | None = Field(None, description="only empty: no tool calling")
+    tool_choice: Any = Field(None, description='only "none" / null')
+    parallel_tool_calls: bool | None = Field(None, description="accepted without tools")
+    metadata: dict | None = Field(None, description="accepted, not used")
+    store: bool | None = Field(None, description="accepted, nothing is stored")
+    service_tier: str | None = Field(None, description="accepted, one tier")
+    modalities: list[str] | None = Field(None, description='only ["text"]')
+
+
+def parse(model: type[BaseModel], body: Any):
+    """Validate a JSON body; the first problem becomes an ApiError naming its parameter."""
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = _param(err["loc"])
+        if err["type"] == "extra_forbidden":
+            raise ApiError(f"Unrecognized request argument supplied: {param}", param) from None
+        if err["type"] == "missing":
+            raise ApiError(f"Missing required parameter: '{param}'.", param,
+                           code="missing_required_parameter") from None
+        raise ApiError(f"Invalid value for '{param}': {err['msg']}.", param, code="invalid_value") from None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _param(loc: tuple) -> str | None:
+    """A pydantic error location as OpenAI names parameters (`messages[0].content`), without the
+    union-member tags pydantic inserts (`str`, `list[ContentPart]`)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "[" not in part and part not in _TYPE_TAGS:
+            out += f".{part}" if out else part
+    return out or None
+
+
+def _refuse(param: str, value, why: str) -> ApiError:
+    return ApiError(f"'{param}'={value!r} is not supported by trtspec: {why}.", param,
+                    code="unsupported_value")
+
+
+def check_common(req: _Common) -> None:
+    """Refuse values trtspec cannot honour, naming the parameter."""
+    if req.n not in (None, 1):
+        raise _refuse("n", req.n, "one choice per request")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name) not in (None, 0, 0.0):
+            raise _refuse(name, getattr(req, name), "penalties change the target's distribution")
+    if req.repetition_penalty not in (None, 1, 1.0):
+        raise _refuse("repetition_penalty", req.repetition_penalty, "penalties change the target's law")
+    if req.logit_bias:
+        raise _refuse("logit_bias", req.logit_bias, "biases change the target's distribution")
+    if req.logprobs not in (None, False, 0):
+        raise _refuse("logprobs", req.logprobs, "no log-probabilities are returned")
+    if req.ignore_eos:
+        raise _refuse("ignore_eos", True, "the end of sequence always ends a request")
+    if req.temperature is not None and not (math.isfinite(req.temperature) and 0 <= req.temperature <= 2):
+        raise ApiError(f"Invalid 'temperature': {req.temperature}; expected a number in [0, 2].",
+                       "temperature", code="invalid_value")
+    if req.top_p is not None and not 0 < req.top_p <= 1:
+        raise ApiError(f"Invalid 'top_p': {req.top_p}; expected a number in (0, 1].", "top_p",
+                       code="invalid_value")
+    if req.top_k is not None and req.top_k < -1:
+        raise ApiError(f"Invalid 'top_k': {req.top_k}; expected -1 or 0 (all tokens) or k >= 1.", "top_k",
+                       code="invalid_value")
+    if req.seed is not None and not 0 <= req.seed < 2**64:
+        raise ApiError(f"Invalid 'seed': {req.seed}; expected an integer in [0, 2^64).", "seed",
+                       code="invalid_value")
+    stops = stop_list(req.stop)
+    if len(stops) > MAX_STOP or any(not s for s in stops):
+        raise ApiError(f"Invalid 'stop': up to {MAX_STOP} non-empty strings, got {req.stop!r}.", "stop",
+                       code="invalid_value")
+
+
+def check_completion(req: CompletionRequest) -> str:
+    """The single text prompt of a completion request."""
+    check_common(req)
+    if req.echo:
+        raise _refuse("echo", True, "the prompt is not returned")
+    if req.suffix is not None:
+        raise _refuse("suffix", req.suffix, "no insertion")
+    if req.best_of not in (None, 1):
+        raise _refuse("best_of", req.best_of, "one candidate per request")
+    prompt = req.prompt
+    if isinstance(prompt, list):
+        if len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        else:
+            raise ApiError("'prompt' must be one text string here (no token ids, one prompt per request).",
+                           "prompt", code="invalid_value")
+    if not prompt:
+        raise ApiError("'prompt' must not be empty.", "prompt", code="invalid_value")
+    return prompt
+
+
+ROLES = ("system", "developer", "user", "assistant")
+
+
+def check_chat(req: ChatRequest) -> list[dict]:
+    """The conversation as plain {role, content} dicts, text only."""
+    check_common(req)
+    if req.max_tokens is not None and req.max_completion_tokens is not None \
+            and req.max_tokens != req.max_completion_tokens:
+        raise ApiError("'max_tokens' and 'max_completion_tokens' disagree; give one.",
+                       "max_completion_tokens")
+    if req.tools:
+        raise _refuse("tools", f"{len(req.tools)} tools", "no tool calling")
+    if req.tool_choice not in (None, "none"):
+        raise _refuse("tool_choice", req.tool_choice, "no tool calling")
+    if req.top_logprobs is not None:
+        raise _refuse("top_logprobs", req.top_logprobs, "no log-probabilities are returned")
+    if req.response_format not in (None, {"type": "text"}):
+        raise _refuse("response_format", req.response_format, "no structured output")
+    if req.modalities not in (None, ["text"]):
+        raise _refuse("modalities", req.modalities, "text only")
+    if not req.messages:
+        raise ApiError("'messages' must hold at least one message.", "messages", code="invalid_value")
+    messages = []
+    for i, msg in enumerate(req.messages):
+        if msg.role not in ROLES:
+            raise ApiError(f"Invalid value for 'messages[{i}].role': {msg.role!r}; expected one of "
+                           f"{', '.join(ROLES)}.", f"messages[{i}].role", code="invalid_value")
+        extra = sorted(set(msg.model_extra or {}) - {"name"})
+        if extra:
+            raise _refuse(f"messages[{i}].{extra[0]}", msg.model_extra[extra[0]], "text messages only")
+        content = msg.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        if content is None:
+            raise ApiError(f"'messages[{i}].content' is required.", f"messages[{i}].content",
+                           code="invalid_value")
+        messages.append({"role": "system" if msg.role == "developer" else msg.role, "content": content})
+    return messages
+
+
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)

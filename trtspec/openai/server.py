@@ -1,0 +1,70 @@
+"""Run the OpenAI-compatible frontend (uvicorn) in a thread beside a running Triton server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import uvicorn
+
+from trtspec.errors import TrtspecError
+from trtspec.openai.app import create_app
+from trtspec.openai.model_info import ServedModel
+from trtspec.openai.triton_stream import TritonStream
+
+log = logging.getLogger(__name__)
+
+
+class FrontendError(TrtspecError):
+    """The frontend could not start (port taken, bad address)."""
+
+
+class OpenAIFrontend:
+    """uvicorn serving `create_app` on host:port in a daemon thread; `stop()` ends it."""
+
+    def __init__(self, model: ServedModel, triton_grpc: str, host: str, port: int,
+                 api_key: str | None = None):
+        self.triton = TritonStream(triton_grpc, model.name)
+        self.app = create_app(model, self.triton, api_key)
+        self.host, self.port = host, port
+        config = uvicorn.Config(self.app, host=host, port=port, log_level="warning", access_log=False,
+                                lifespan="off", timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name="trtspec-openai", daemon=True)
+        self._failed: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # noqa: BLE001 - reported by start()
+            self._failed = exc
+
+    async def _serve(self) -> None:
+        try:
+            await self._server.serve()
+        finally:
+            await self.triton.close()
+
+    def start(self, timeout_s: float = 30.0) -> OpenAIFrontend:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                why = self._failed or "it exited (is the port taken?)"
+                raise FrontendError(f"OpenAI frontend on {self.host}:{self.port} did not start: {why}")
+            time.sleep(0.05)
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=15)

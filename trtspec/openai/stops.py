@@ -1,0 +1,43 @@
+"""OpenAI's `stop`: generation ends at the first stop sequence, which is not returned.
+
+The model stops generating once its text holds a stop sequence (Triton's `stop_words`); the
+text it sent may run past it (a step emits several tokens). While streaming, the tail that could
+still be the start of a stop sequence is held back until the next text decides it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class StopTrimmer:
+    stops: list[str] = field(default_factory=list)
+    pending: str = ""  # received, not yet sent
+    stopped: bool = False
+
+    def _held(self) -> int:
+        """Length of the longest tail of `pending` that begins some stop sequence."""
+        for n in range(min(len(self.pending), max(map(len, self.stops)) - 1), 0, -1):
+            tail = self.pending[-n:]
+            if any(s.startswith(tail) for s in self.stops):
+                return n
+        return 0
+
+    def push(self, text: str, final: bool = False) -> str:
+        """Take new text; return what can be sent now (everything once `final`)."""
+        if self.stopped:
+            return ""
+        self.pending += text
+        if not self.stops:
+            out, self.pending = self.pending, ""
+            return out
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            out, self.pending = self.pending[: min(hits)], ""
+            return out
+        keep = 0 if final else self._held()
+        out = self.pending[: len(self.pending) - keep]
+        self.pending = self.pending[len(out):]
+        return out

@@ -1,0 +1,150 @@
+"""The frontend's path to the model: one Triton `ModelStreamInfer` call per OpenAI request.
+
+Every request goes through the served model's continuous-batching loop, exactly like a KServe
+client's. Requests are built as `ModelInferRequest` protobufs for the async gRPC stub (asyncio,
+so one event loop serves every HTTP connection) with `triton_enable_empty_final_response`, so the
+end of each request is known even when its last response carries no outputs. Cancelling the call
+(the HTTP client went away) cancels the request inside Triton: the model's sender reports it
+cancelled and the decoder drops it at its next step.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
+from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
+
+
+class TritonError(Exception):
+    """The model refused the request (a bad parameter) or Triton could not be reached."""
+
+    def __init__(self, message: str, unavailable: bool = False):
+        super().__init__(message)
+        self.unavailable = unavailable
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One request's parameters in the served model's inputs."""
+
+    prompt: str
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    min_tokens: int = 0
+    stop_words: tuple[str, ...] = ()
+    stream: bool = True
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        arrays = {
+            "text_input": np.array([self.prompt.encode("utf-8")], dtype=np.object_),
+            "max_tokens": np.array([self.max_tokens], dtype=np.int32),
+            "temperature": np.array([self.temperature], dtype=np.float32),
+            "top_p": np.array([self.top_p], dtype=np.float32),
+            "top_k": np.array([self.top_k], dtype=np.int32),
+            "stream": np.array([self.stream], dtype=bool),
+        }
+        if self.seed is not None:
+            arrays["random_seed"] = np.array([self.seed], dtype=np.uint64)
+        if self.min_tokens:
+            arrays["min_tokens"] = np.array([self.min_tokens], dtype=np.int32)
+        if self.stop_words:
+            arrays["stop_words"] = np.array([w.encode("utf-8") for w in self.stop_words], dtype=np.object_)
+        return arrays
+
+
+@dataclass(slots=True)
+class Step:
+    """One response of the model: new text and ids; totals on the last one."""
+
+    text: str = ""
+    ids: list[int] = field(default_factory=list)
+    accepted_tokens: int = 0
+    draft_tokens: int = 0
+    final: bool = False
+
+
+def infer_request(model: str, arrays: dict[str, np.ndarray], request_id: str):
+    """A ModelInferRequest protobuf with `arrays` as raw inputs."""
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    for name, value in arrays.items():
+        # data goes in raw_input_contents, in the order of the inputs
+        request.inputs.add(name=name, datatype=np_to_triton_dtype(value.dtype), shape=list(value.shape))
+        if value.dtype == np.object_:
+            serialized = serialize_byte_tensor(value)
+            request.raw_input_contents.append(serialized.item() if serialized.size else b"")
+        else:
+            request.raw_input_contents.append(value.tobytes())
+    return request
+
+
+def _step(response: service_pb2.ModelStreamInferResponse) -> Step:
+    if response.error_message:
+        raise TritonError(response.error_message)
+    infer = response.infer_response
+    result = InferResult(infer)
+    step = Step(final=infer.parameters["triton_final_response"].bool_param)
+    names = {out.name for out in infer.outputs}
+    if "text_output" in names:
+        step.text = b"".join(result.as_numpy("text_output").reshape(-1)).decode("utf-8", errors="replace")
+    if "output_ids" in names:
+        step.ids = result.as_numpy("output_ids").reshape(-1).tolist()
+    if "accepted_tokens" in names:
+        step.accepted_tokens = int(result.as_numpy("accepted_tokens").reshape(-1)[0])
+        step.draft_tokens = int(result.as_numpy("draft_tokens").reshape(-1)[0])
+    return step
+
+
+class TritonStream:
+    """Async client of one served model over gRPC; one channel, one stream call per request."""
+
+    def __init__(self, address: str, model: str):
+        self.address, self.model = address, model
+        self._channel: grpc.aio.Channel | None = None
+
+    @property
+    def stub(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
+        if self._channel is None:  # created inside the serving event loop
+            self._channel = grpc.aio.insecure_channel(self.address)
+        return service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+
+    async def ready(self) -> bool:
+        try:
+            reply = await self.stub.ModelReady(service_pb2.ModelReadyRequest(name=self.model), timeout=5)
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.ready
+
+    async def generate(self, gen: Generation) -> AsyncIterator[Step]:
+        """The model's responses for `gen`, the last with `final`; closing the iterator early
+        cancels the request in Triton."""
+        request = infer_request(self.model, gen.arrays(), uuid.uuid4().hex)
+
+        async def requests():
+            yield request
+
+        call = self.stub.ModelStreamInfer(requests())
+        try:
+            async for response in call:
+                step = _step(response)
+                yield step
+                if step.final:
+                    return
+            raise TritonError("the model's stream ended before its final response", unavailable=True)
+        except grpc.aio.AioRpcError as exc:
+            raise TritonError(f"Triton at {self.address}: {exc.details()}", unavailable=True) from None
+        finally:
+            call.cancel()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None

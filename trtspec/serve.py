@@ -1,0 +1,46 @@
+"""What `trtspec serve` puts beside tritonserver: the admin-API key and the OpenAI frontend."""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+import socket
+
+from trtspec.errors import ConfigError
+from trtspec.triton.server import TritonServer
+
+
+def is_loopback(host: str) -> bool:
+    """True when `host` (an address or a name) only reaches this machine."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def admin_key_for(host: str, api_key: str | None) -> tuple[str | None, bool]:
+    """The key Triton's admin APIs require, and whether it was generated: the API key when one is
+    given; a fresh random one when the server is reachable from other machines; else none."""
+    if api_key:
+        return api_key, False
+    if is_loopback(host):
+        return None, False
+    return secrets.token_urlsafe(24), True
+
+
+def start_openai_frontend(server: TritonServer, port: int, api_key: str | None):
+    """(the OpenAI-compatible frontend for the repository's model on the server's host, None), or
+    (None, why not) when the repository holds no single trtspec model."""
+    from trtspec.openai.model_info import served_model_of_repo
+    from trtspec.openai.server import OpenAIFrontend
+
+    try:
+        model = served_model_of_repo(server.repo)
+    except ConfigError as exc:
+        return None, f"no OpenAI frontend: {exc}"
+    return OpenAIFrontend(model, server.local_grpc_address, server.host, port, api_key).start(), None
