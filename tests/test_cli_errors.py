@@ -272,6 +272,24 @@ def test_build_owns_its_output(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left
 
 
+def test_build_into_a_mounted_volume_replaces_its_contents(tmp_path):
+    """A mount point (a container volume) cannot be renamed: the build replaces what is inside."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "trtspec-test", str(volume)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        assert invoke("build", _config(tmp_path, "alpha"), "--out", volume).exit_code == 0
+        result = invoke("build", _config(tmp_path, "beta"), "--out", volume)
+        assert result.exit_code == 0, result.output
+        assert sorted(p.name for p in (volume / REPO_DIR).iterdir()) == ["beta"]
+        assert (volume / MARKER).is_file()
+    finally:
+        subprocess.run(["umount", str(volume)], check=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alpha.yaml", "beta.yaml", "volume"]
+
+
 def test_build_runs_the_drafter_fit_checks_of_generate(tmp_path):
     bad = _config(tmp_path, "bad", method="eagle3")  # an EAGLE-3 config pointing at a DFlash checkpoint
     message = "num_hidden_layers is 2; an EAGLE-3 drafter has one midlayer"

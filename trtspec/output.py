@@ -47,7 +47,14 @@ def _replace(staged: Path, out_dir: Path, label: str) -> None:
         staged.rename(out_dir)
         return
     old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-    out_dir.rename(old)
+    try:
+        out_dir.rename(old)
+    except OSError:  # a mount point (a volume) cannot be renamed: replace what is inside it instead
+        for child in out_dir.iterdir():
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        for child in staged.iterdir():
+            shutil.move(str(child), str(out_dir / child.name))
+        return
     staged.rename(out_dir)
     shutil.rmtree(old, ignore_errors=True)
 
