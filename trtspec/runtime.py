@@ -4,8 +4,8 @@ torch's default is one thread per core it can see. A parallel region ends at a b
 another process holds one of those cores, every op of the decode step waits for the thread that
 is not running: a scheduler time slice (milliseconds) per op instead of microseconds. On the
 embedded model (a few MB of weights, hundreds of small ops per token) that made `trtspec generate`
-up to 40–60× slower beside one busy process on a 2-core machine (README, `runtime.threads`), while
-one thread was never slower in those runs.
+up to 40–60× slower beside one busy process on a 2-core machine (README, `runtime.threads`); one
+thread costs 10–25% against two when the machine is otherwise idle.
 
 `threads: auto` (the build config's `runtime.threads`) therefore picks
     min(CPUs this process may use / model instances sharing them, weights / BYTES_PER_THREAD)
