@@ -124,7 +124,8 @@ class Pipeline:
         if needs_table and cost_table is None:
             cost_table = self.cost_table
         return SpeculativeDecoder(self.target, drafter, self.tokenizer.eos_id, self.verifier, schedule,
-                                  cost_table, max_slots, self.capacity, prior)
+                                  cost_table, max_slots, self.capacity, prior,
+                                  self.config.limits.max_input_tokens)
 
     @functools.cached_property
     def decoder(self) -> SpeculativeDecoder:

@@ -80,7 +80,7 @@ class SpeculativeDecoder:
     def __init__(self, target: TargetModel, drafter: Drafter | None, eos_id: int | None,
                  verifier: Verifier | None = None, schedule: ScheduleConfig | None = None,
                  cost_table: SPSTable | None = None, max_slots: int = 1, capacity: int | None = None,
-                 acceptance_prior: list[float] | None = None):
+                 acceptance_prior: list[float] | None = None, max_prompt: int | None = None):
         self.target = copy.copy(target)
         self.drafter = copy.copy(drafter or NoDrafter())
         self.eos_id = eos_id
@@ -94,6 +94,7 @@ class SpeculativeDecoder:
         self.cost = None if cost_table is None else MeasuredCost(cost_table)
         self.max_slots = max_slots
         self.capacity = capacity or self.target.max_positions
+        self.max_prompt = max_prompt  # limits.max_input_tokens
         self.target.allocate(max_slots, self.capacity)
         self.drafter.allocate(max_slots, self.capacity)
         self.acceptance_prior = acceptance_prior
@@ -131,6 +132,9 @@ class SpeculativeDecoder:
         if not 0 <= request.min_new_tokens <= request.max_new_tokens:
             raise ValueError(f"min_new_tokens must be in [0, max_new_tokens={request.max_new_tokens}], "
                              f"got {request.min_new_tokens}")
+        if self.max_prompt is not None and len(request.prompt) > self.max_prompt:
+            raise ValueError(f"prompt of {len(request.prompt)} tokens exceeds limits.max_input_tokens "
+                             f"{self.max_prompt}")
         need = len(request.prompt) + request.max_new_tokens
         if need > self.capacity:
             raise ValueError(f"prompt of {len(request.prompt)} tokens + max_tokens {request.max_new_tokens} "
