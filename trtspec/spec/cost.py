@@ -53,17 +53,21 @@ def expected_tokens(surv: Sequence[float], k: int) -> float:
     return 1.0 + float(sum(surv[:k]))
 
 
-def best_draft_len(cost: StepCost, survivals: Sequence[Sequence[float]], k_max: int) -> tuple[int, float]:
+def best_draft_len(cost: StepCost, survivals: Sequence[Sequence[float]], k_max: int,
+                   min_gain: float = 0.0) -> tuple[int, float]:
     """The k in 0..k_max that maximises expected tokens per second of a step for these requests
-    (one survival curve each), and that rate. Ties go to the shorter draft."""
+    (one survival curve each), and that rate. Drafting (k > 0) must beat plain decoding by the
+    factor 1 + `min_gain`: a margin for the estimates' error where the two are close. Ties go to
+    the shorter draft."""
     batch = len(survivals)
     if batch == 0:
         return 0, 0.0
-    best_k, best_rate = 0, batch / cost.seconds(batch, 0)
+    plain = batch / cost.seconds(batch, 0)
+    best_k, best_rate = 0, plain
     for k in range(1, k_max + 1):
         tokens = sum(expected_tokens(s, k) for s in survivals)
         rate = tokens / cost.seconds(batch, k)
-        if rate > best_rate:
+        if rate > best_rate and rate >= (1.0 + min_gain) * plain:
             best_k, best_rate = k, rate
     return best_k, best_rate
 

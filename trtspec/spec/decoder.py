@@ -27,7 +27,7 @@ import torch
 from trtspec.config import ScheduleConfig
 from trtspec.models.drafter import Drafter, DraftRow, NoDrafter, Proposal
 from trtspec.models.target import Chunk, TargetModel
-from trtspec.spec.cost import AcceptanceTracker, MeasuredCost
+from trtspec.spec.cost import AcceptanceTracker, MeasuredCost, best_draft_len
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams, choose_tokens
 from trtspec.spec.schedule import SPSTable, schedule_lengths, survival
@@ -173,10 +173,8 @@ class SpeculativeDecoder:
         k_max = min(self.num_draft_tokens, max((lv.budget for lv in running), default=0))
         if k_max <= 0 or self.schedule.mode != "adaptive":
             return max(k_max, 0)
-        from trtspec.spec.cost import best_draft_len
-
         survivals = [lv.acceptance.survival(min(k_max, max(lv.budget, 0))) for lv in running]
-        return best_draft_len(self.cost, survivals, k_max)[0]
+        return best_draft_len(self.cost, survivals, k_max, self.schedule.min_gain)[0]
 
     def _verify_lengths(self, proposal: Proposal, budgets: list[int], k: int) -> list[int]:
         """Drafts each drafting row sends to the target: its budget, cut by the schedule when the
