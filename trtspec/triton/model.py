@@ -156,8 +156,10 @@ class _Stream:
             self.metrics.ttft.observe(time.monotonic() - self.queued_at)
         delta, kept = self.text.push(new_ids)
         if self.request.stream and (delta or kept):
+            # _send_quietly asks whether the client is still there before it sends: once per step
             if not _send_quietly(self.sender, _response(*self._with_prompt(delta, kept), 0, 0), 0):
-                return True  # the client is gone: free its slots
+                return True  # the client is gone: free its slot
+            return self.text.stopped
         return self.text.stopped or self.sender.is_cancelled()
 
     def finish(self, result: GenerationResult) -> None:
