@@ -205,6 +205,11 @@ def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: f
     """
     from trtspec.train.pretrain import PretrainConfig, pretrain
 
+    for name in ("tiny-target", "tiny-draft") if init_from else ():
+        if not (init_from / name / "model.safetensors").is_file():
+            raise click.BadParameter(f"{init_from / name}: no model.safetensors to continue training from "
+                                     "(give the --out folder of an earlier `train target`)",
+                                     param_hint="--init-from")
     cfg = options_model(PretrainConfig, steps=steps, seed=seed, lr=lr, overshoot_share=overshoot_share,
                         overshoot_stop_every=overshoot_stop_every, init_from=init_from)
     report = pretrain(out, cfg)
