@@ -330,9 +330,9 @@ def test_tree_kernels_equal_reference(vocab, block_v):
                 assert torch.equal(getattr(got, name), getattr(want, name)), name
             p = torch.softmax(logits / 3, -1)
             uniforms, u_last = draw_uniforms(*tree.tokens.shape, gen)
-            want = tree_verify.verify_tree_sampling(tree.tokens, tree.parents, tree.sizes, p, uniforms, u_last)
-            got = verify_tree_sampling(tree.tokens, tree.parents, tree.sizes, p, uniforms, u_last,
-                                       block_v=block_v)
+            args = (tree.tokens, tree.parents, tree.sizes, p, uniforms, u_last)
+            want = tree_verify.verify_tree_sampling(*args)
+            got = verify_tree_sampling(*args, block_v=block_v)
             for name in ("num_accepted", "path", "tokens"):
                 assert torch.equal(getattr(got, name), getattr(want, name)), name
 
@@ -361,7 +361,8 @@ _PTX_SCRIPT = textwrap.dedent("""
          dict(HAS_LENS=True, BLOCK_V=1024, BLOCK_K=16)),
         (verify.verify_sampling_kernel, verify.sampling_aot_signature("fp32"),
          dict(HAS_LENS=True, BLOCK_V=1024, BLOCK_K=16)),
-        (tree.verify_tree_greedy_kernel, tree.tree_greedy_aot_signature("bf16"), dict(BLOCK_V=1024, BLOCK_N=32)),
+        (tree.verify_tree_greedy_kernel, tree.tree_greedy_aot_signature("bf16"),
+         dict(BLOCK_V=1024, BLOCK_N=32)),
         (tree.verify_tree_sampling_kernel, tree.tree_sampling_aot_signature("fp32"),
          dict(BLOCK_V=512, BLOCK_N=32)),
     ]
