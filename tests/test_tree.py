@@ -331,6 +331,24 @@ def test_tree_sampling_follows_target():
         assert 0.5 * sum(abs(counts[pos].get(t, 0) / n - laws[pos].get(t, 0.0)) for t in support) < 0.06
 
 
+def test_end_id_and_min_tokens_with_trees():
+    """A request's own end id stops it inside an accepted path; min_new_tokens removes the end id
+    from p at every node whose token would come too early."""
+    pipeline = load_pipeline(_config("tiny-dflash"))
+    decoder = pipeline.decoder_for(2, FULL, tree=TREE)
+    prompt, newline = list(b"Q: 482 + 356\nA:"), ord("\n")
+    full = decoder.generate_batch([Request(prompt, 60)])[0].token_ids
+    cut = decoder.generate_batch([Request(prompt, 60, end_id=newline)])[0].token_ids
+    m = full.index(newline)
+    assert cut == full[: m + 1]
+    longer = decoder.generate_batch([Request(prompt, 60, min_new_tokens=m + 3, end_id=newline)])[0]
+    assert longer.token_ids[:m] == full[:m] and newline not in longer.token_ids[: m + 3]
+    with torch.no_grad():
+        logits = pipeline.target.model(torch.tensor([prompt + full[:m]])).logits[0, -1]
+    logits[newline] = float("-inf")
+    assert longer.token_ids[m] == int(logits.argmax())
+
+
 def test_caches_after_tree_steps_equal_caches_of_the_accepted_tokens():
     """Target and draft-model caches after tree steps (accepted paths moved into place) equal a
     fresh prefill of the committed tokens."""

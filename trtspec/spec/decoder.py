@@ -213,18 +213,18 @@ class SpeculativeDecoder:
         table_mode = "scheduler" if mode == "adaptive" else mode
         return schedule_lengths(surv, self.cost_table, table_mode, self.schedule.threshold, draft_s)
 
-    def _ban_end(self, logits: torch.Tensor, rows: list[_Live], depths: torch.Tensor | None = None) -> None:
+    def _ban_end(self, logits: torch.Tensor, rows: list[_Live], tree: DraftTree | None = None) -> None:
         """The end id may not be emitted before a request's min_new_tokens: it is removed from p
         at every position whose token would come earlier.  logits [R, s, V], one row per request;
-        depths [R, s] of the nodes of a tree (None: a chain, node j at depth j)."""
+        `tree`: the rows' draft trees (node i of depth d gives the token d after the last one)."""
         for r, (lv, row) in enumerate(zip(rows, logits, strict=True)):
             short = lv.request.min_new_tokens - len(lv.generated)
             end = self._end_id(lv)
             if short > 0 and end is not None:
-                if depths is None:
+                if tree is None:
                     row[:short, end] = float("-inf")
                 else:
-                    row[depths[r] < short, end] = float("-inf")
+                    row[tree.depths()[r, : row.shape[0]] < short, end] = float("-inf")
 
     def _end_id(self, lv: _Live) -> int | None:
         return self.eos_id if lv.request.end_id is None else lv.request.end_id
@@ -285,12 +285,15 @@ class SpeculativeDecoder:
         idx = torch.tensor(drafting, device=device)
         tokens = torch.zeros(r, n, dtype=torch.long, device=device)
         parents = torch.zeros(r, n, dtype=torch.long, device=device)
+        node_depths = torch.zeros(r, n + 1, dtype=torch.long, device=device)
         tokens[idx], parents[idx] = drafted.tokens[:, :n].to(device), drafted.parents[:, :n].to(device)
+        node_depths[idx] = drafted.depths()[:, : n + 1].to(device)
         sizes = [0] * r
         for i, size in zip(drafting, drafted.sizes, strict=True):
             sizes[i] = size
-        tree = DraftTree(tokens, parents, sizes)
-        depths = tree.depths().amax(-1).tolist() if n else [0] * r
+        padding = torch.arange(n + 1, device=device)[None, :] > torch.tensor(sizes, device=device)[:, None]
+        tree = DraftTree(tokens, parents, sizes, node_depths=node_depths.masked_fill(padding, 0))
+        depths = tree.node_depths.amax(-1).tolist()
         self.offered_drafts += sum(sizes)
         self.admitted_drafts += sum(sizes)
         return _Drafts(max(depths), torch.cat([last[:, None], tokens], 1), sizes, drafting, tree=tree,
@@ -379,7 +382,7 @@ class SpeculativeDecoder:
                 accepted = verdict.num_accepted.tolist()  # the step's one host sync
                 paths = [list(range(a + 1)) for a in accepted]
             else:
-                self._ban_end(logits, running, plan.tree.depths()[:, : width + 1])
+                self._ban_end(logits, running, plan.tree)
                 verdict = self.verifier.verify_tree(plan.tree, logits, params, generators)
                 accepted = verdict.num_accepted.tolist()  # the step's one host sync
                 paths = [[0] + p[:a] for p, a in zip(verdict.path.tolist(), accepted, strict=True)]

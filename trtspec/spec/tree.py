@@ -56,6 +56,7 @@ class DraftTree:
     # [R, N+1, V] the law each node's children were drawn from without replacement, by node;
     # None: children chosen deterministically (top-k), each a point-mass draft
     q_probs: torch.Tensor | None = None
+    node_depths: torch.Tensor | None = None  # [R, N+1] when known (`depths` computes it otherwise)
 
     @property
     def width(self) -> int:
@@ -75,6 +76,8 @@ class DraftTree:
 
     def depths(self) -> torch.Tensor:
         """[R, N+1] depth of every node (0 for the root)."""
+        if self.node_depths is not None:
+            return self.node_depths
         r, n = self.tokens.shape
         depth = torch.zeros(r, n + 1, dtype=torch.long, device=self.tokens.device)
         for i in range(n):  # parents come first
@@ -86,7 +89,7 @@ class DraftTree:
         depth = self.depths()[:, 1:].tolist()
         sizes = [sum(1 for d in row[:n] if d <= m)
                  for row, n, m in zip(depth, self.sizes, max_depth, strict=True)]
-        return DraftTree(self.tokens, self.parents, sizes, self.q_probs)
+        return DraftTree(self.tokens, self.parents, sizes, self.q_probs, self.node_depths)
 
 
 def log_scores(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
@@ -150,7 +153,9 @@ def _select(score: torch.Tensor, token: torch.Tensor, parent: torch.Tensor, dept
     node_of = torch.zeros(r, c + 1, dtype=torch.long, device=score.device)  # candidate id + 1 -> node
     node_of.scatter_(1, chosen + 1, torch.arange(1, n + 1, device=score.device).expand(r, n))
     parents = node_of.gather(1, parent.gather(1, chosen) + 1)  # the root (−1) maps to node 0
-    tree = DraftTree(token.gather(1, chosen), parents, sizes)
+    node_depths = torch.cat([torch.zeros(r, 1, dtype=torch.long, device=score.device),
+                             depth.gather(1, chosen).long()], 1)
+    tree = DraftTree(token.gather(1, chosen), parents, sizes, node_depths=node_depths)
     # −inf candidates sort last by score but not necessarily by depth: keep finite ones only
     if any(s < n for s in sizes):
         keep = sel_score.gather(1, order) > float("-inf")  # [R, n]
@@ -162,6 +167,7 @@ def _compact(tree: DraftTree, keep: torch.Tensor) -> DraftTree:
     """Drop nodes where keep [R, N] is False (never a kept node's ancestor), renumbering the rest."""
     r, n = keep.shape
     tokens, parents = torch.zeros_like(tree.tokens), torch.zeros_like(tree.parents)
+    depths = torch.zeros_like(tree.depths())
     sizes = []
     for row in range(r):
         idx = keep[row].nonzero()[:, 0]
@@ -169,5 +175,6 @@ def _compact(tree: DraftTree, keep: torch.Tensor) -> DraftTree:
         new_of[idx + 1] = torch.arange(1, len(idx) + 1, device=keep.device)
         tokens[row, : len(idx)] = tree.tokens[row, idx]
         parents[row, : len(idx)] = new_of[tree.parents[row, idx]]
+        depths[row, 1 : len(idx) + 1] = tree.depths()[row, idx + 1]
         sizes.append(len(idx))
-    return DraftTree(tokens, parents, sizes, tree.q_probs)
+    return DraftTree(tokens, parents, sizes, tree.q_probs, depths)
