@@ -10,7 +10,7 @@ import torch
 
 from trtspec.config import ScheduleConfig, load_build_config
 from trtspec.errors import ConfigError
-from trtspec.models.drafter import Drafter, Proposal
+from trtspec.models.drafter import Drafter, NoDrafter, Proposal
 from trtspec.models.target import Chunk
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
@@ -129,21 +129,8 @@ def test_batched_greedy_identical_to_target_alone(pipeline, alone):
     assert [r.token_ids for r in got] == expected
     tokens = sum(len(r.token_ids) for r in got)
     assert spec.num_steps < tokens / 8  # speculation and batching, not one token per request-step
-    plain = _decoder(pipeline, NoDrafterLike(), slots=5).generate_batch(reqs)
+    plain = _decoder(pipeline, NoDrafter(), slots=5).generate_batch(reqs)
     assert [r.token_ids for r in plain] == expected
-
-
-class NoDrafterLike(Drafter):
-    """The target alone through the same loop."""
-
-    method = "none"
-    num_draft_tokens = 0
-
-    def begin(self, slot, prompt, hidden):
-        pass
-
-    def propose(self, rows, k):
-        raise AssertionError("never asked")
 
 
 def test_mixed_sampling_rows_leave_greedy_rows_exact(pipeline, alone):
@@ -294,7 +281,7 @@ def test_requests_joining_mid_flight_identical_to_alone(pipeline, alone):
     """Continuous batching: requests added while others run (their prefill packed into the same
     forward as the others' verification) still get exactly the one-request tokens; a request
     whose callback asks to stop ends there, a cancelled one frees its slot."""
-    decoder = _decoder(pipeline, slots=4)
+    decoder = _decoder(pipeline, slots=5)
     prompts = PROMPTS[:5]
     streamed: dict[int, list[int]] = {}
     ids, results = [], {}
@@ -323,3 +310,18 @@ def test_requests_joining_mid_flight_identical_to_alone(pipeline, alone):
     stopped = results[ids[3]].token_ids
     assert 7 <= len(stopped) < 40 and stopped == alone[40][3][: len(stopped)]
     assert not decoder.target.lengths  # every slot freed
+
+
+def test_bfloat16_speculation_equals_its_own_target_alone():
+    """`target.dtype` / `drafter.dtype` bfloat16: batched speculation is token-identical to the
+    bfloat16 target decoding alone (lossless relative to the target that verifies)."""
+    config = _config("tiny-dflash")
+    config = config.model_copy(update={"target": config.target.model_copy(update={"dtype": "bfloat16"}),
+                                        "drafter": config.drafter.model_copy(update={"dtype": "bfloat16"})})
+    spec, plain = load_pipeline(config), load_pipeline(config, use_drafter=False)
+    assert spec.drafter.model.fc.weight.dtype == torch.bfloat16
+    ids = [list(p.encode()) for p in PROMPTS[:2] + PROMPTS[4:6]]
+    alone = [plain.decoder_for(1, FULL).generate(x, 40).token_ids for x in ids]
+    got = spec.decoder_for(4, FULL).generate_batch([Request(x, 40) for x in ids])
+    assert [r.token_ids for r in got] == alone
+    assert sum(r.num_accepted for r in got) > 0

@@ -33,8 +33,7 @@ def test_tiny_bench(tmp_path):
         assert rows["none"]["tau"] == 1.0 and rows["dflash"]["tau"] > 1.0
     for png in ("tau.png", "acceptance_by_position.png", "dflash_block_time.png"):
         assert (tmp_path / png).read_bytes()[:8] == PNG_MAGIC
-    report = (tmp_path / "BENCHMARKS.md").read_text()
-    assert "| code | dflash |" in report and "B=16 / B=4" in report
+    assert sorted(p.name for p in tmp_path.glob("*.md")) == ["results.md"]  # no report without --doc
 
 
 def test_tiny_concurrency_bench_and_recommendation(tmp_path):
@@ -46,9 +45,10 @@ def test_tiny_concurrency_bench_and_recommendation(tmp_path):
     table = json.loads(sps.read_text())
     assert table["drafter"] == "dflash" and table["draft_lens"] == [15]
     assert len(table["draft_seconds"]) == len(table["draft_batches"]) == 2  # R = 1, 2
+    doc = tmp_path / "docs" / "BENCHMARKS.md"
     result = CliRunner().invoke(main, ["bench", *configs, "--tasks", "code,math", "--prompts", "2",
                                        "--max-tokens", "16", "--no-hf", "--concurrency", "1,2",
-                                       "--sps", str(sps), "--out", str(tmp_path)])
+                                       "--sps", str(sps), "--out", str(tmp_path), "--doc", str(doc)])
     assert result.exit_code == 0, result.output
     conc = json.loads((tmp_path / "results.json").read_text())["concurrency"]
     assert {"none", "dflash", "dflash+adaptive", "dspark", "dspark+adaptive", "dspark+scheduler",
@@ -66,6 +66,8 @@ def test_tiny_concurrency_bench_and_recommendation(tmp_path):
                key=lambda t: t[2]["total_tokens_per_s"])
     assert f"**{best[0]}** at concurrency {best[1]}" in text
     assert (tmp_path / "interactivity.png").read_bytes()[:8] == PNG_MAGIC
-    assert "## Recommendation" in (tmp_path / "BENCHMARKS.md").read_text()
+    report = doc.read_text()  # --doc: the Markdown report, and only there
+    assert "## Recommendation" in report and "| code | dflash |" in report and "B=16 / B=4" in report
+    assert not (tmp_path / "BENCHMARKS.md").exists()
     bad = CliRunner().invoke(main, ["bench", configs[0], "--concurrency", "1,x", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "--concurrency" in bad.output

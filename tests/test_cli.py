@@ -54,7 +54,7 @@ def test_every_command_has_help():
         (["--top-p", "0"], "--top-p"),
         (["--top-p", "1.5"], "--top-p"),
         (["--top-k", "-2"], "--top-k"),
-        (["--max-tokens", "100000"], "max_tokens must be in [1, 2048]"),
+        (["--max-tokens", "100000"], "Invalid value for --max-tokens: must be in [1, 2048] (limits.max"),
     ],
 )
 def test_bad_request_parameters(args, message):
@@ -69,24 +69,27 @@ def test_bad_request_parameters(args, message):
 
 
 @pytest.mark.parametrize(
-    "content,message",
+    "content,message,code",
     [
-        (None, "does not exist"),
-        ("target: [oops\n", "not valid YAML"),
-        ("target: {path: builtin:tiny-target}\nflavour: gpu\n", "field `flavour`"),
-        ("target: {path: nowhere}\n", "does not exist"),
-        ("target: {path: empty}\n", "has no weights"),
+        # the config file is the argument: missing or invalid is a usage error (exit 2, usage shown)
+        (None, "does not exist", 2),
+        ("target: [oops\n", "not valid YAML", 2),
+        ("target: {path: builtin:tiny-target}\nflavour: gpu\n", "field `flavour`", 2),
+        # a checkpoint that will not load is a run-time failure (exit 1, one line, no usage)
+        ("target: {path: nowhere}\n", "does not exist", 1),
+        ("target: {path: empty}\n", "has no weights", 1),
     ],
 )
-def test_bad_config_or_checkpoint(tmp_path, content, message):
+def test_bad_config_or_checkpoint(tmp_path, content, message, code):
     path = tmp_path / "c.yaml"
     if content is not None:
         path.write_text(content)
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text("{}")
     proc = run("generate", "--config", str(path), "--prompt", "x", "--max-tokens", "4")
-    assert proc.returncode == 2
+    assert proc.returncode == code
     assert message in proc.stderr and str(tmp_path) in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert ("Usage:" in proc.stderr) == (code == 2)
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
     assert len(error_lines) == 1

@@ -37,11 +37,14 @@ SHIPPED = ["tiny-draft-model", "tiny-dflash", "tiny-eagle3", "tiny-dspark"]
 
 
 def _shipped_decoder(name: str):
-    """The shipped build config's target and drafter, exactly as `trtspec generate` loads them."""
+    """The shipped build config's target and drafter, as `trtspec generate` loads them, verifying
+    whole blocks (adaptive speculation may rightly decline to draft on a busy machine, and these
+    tests need drafts; its losslessness is tested in tests/test_batch.py with a fixed cost table)."""
+    from trtspec.config import ScheduleConfig
     from trtspec.pipeline import load_pipeline
 
     pipeline = load_pipeline(load_build_config(REPO / "build_configs" / f"{name}.yaml"))
-    return pipeline.target.model, pipeline.decoder
+    return pipeline.target.model, pipeline.decoder_for(1, ScheduleConfig(mode="full"))
 
 
 @pytest.fixture(scope="module", params=SHIPPED)

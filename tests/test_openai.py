@@ -29,6 +29,7 @@ from trtspec.config import load_build_config
 from trtspec.openai.model_info import served_model_of_repo
 from trtspec.openai.server import OpenAIFrontend
 from trtspec.pipeline import load_pipeline
+from trtspec.spec.decoder import Request
 from trtspec.triton.client import ClientError, array_input, grpc_generate
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
 from trtspec.triton.server import GRPC_ADMIN_HEADER, Ports, TritonServer, free_port
@@ -325,10 +326,12 @@ def test_triton_takes_tensorrt_llm_inputs(served, pipeline):
     newline = ord("\n")
     got = _trtllm_request(served, end_id=np.array([newline], dtype=np.int32))
     assert got.token_ids == ids[: ids.index(newline) + 1]
+    at_least = ids.index(newline) + 2  # the end id is removed from p before that many tokens
     got = _trtllm_request(served, end_id=np.array([newline], dtype=np.int32),
-                          min_length=np.array([ids.index(newline) + 2], dtype=np.int32))
-    second = ids.index(newline, ids.index(newline) + 1)
-    assert got.token_ids == ids[: second + 1]
+                          min_length=np.array([at_least], dtype=np.int32))
+    want = pipeline.decoder.generate_batch([Request(list(prompt.encode()), 60, min_new_tokens=at_least,
+                                                    end_id=newline)])[0].token_ids
+    assert got.token_ids == want and newline not in want[:at_least] and want != ids
     with pytest.raises(ClientError, match="beam_width=4 is not supported by trtspec"):
         _trtllm_request(served, beam_width=np.array([4], dtype=np.int32))
     assert _trtllm_request(served).token_ids == ids  # and the next request is served
@@ -365,7 +368,11 @@ def test_verify_over_openai_fails_on_a_biased_server(tmp_path):
     """A server whose speculative sampling accepts with min(1, p/2q) (test_only.biased_acceptance):
     greedy is still identical, the sampling law test must fail it."""
     biased = tmp_path / "biased.yaml"
-    biased.write_text(CONFIG.read_text().replace("builtin:", str(REPO / "trtspec/assets") + "/")
+    # whole blocks: adaptive speculation may decline to draft on a busy machine, and a server that
+    # never drafts cannot show a biased acceptance rule
+    text = CONFIG.read_text().replace("path: builtin:tiny-dflash-b16",
+                                      "path: builtin:tiny-dflash-b16\n  schedule: {mode: full}")
+    biased.write_text(text.replace("builtin:", str(REPO / "trtspec/assets") + "/")
                       + "test_only: {biased_acceptance: true}\n")
     write_triton_repo(load_build_config(biased), tmp_path / "out")
     server = TritonServer(tmp_path / "out" / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,

@@ -151,6 +151,8 @@ def test_build_refuses_a_config_that_cannot_fit(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
     result = CliRunner().invoke(main, ["build", str(path), "--out", str(tmp_path / "out")])
-    assert result.exit_code == 2
+    # a build that cannot finish is a run-time failure: one `Error:` line, exit 1, no usage text
+    assert result.exit_code == 1 and "Usage:" not in result.output
+    assert result.output.startswith("Error: ") and len(result.output.strip().splitlines()) == 1
     assert "weights do not fit on H200" in result.output and "short by" in result.output
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["c.yaml"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from trtspec.spec.schedule import SPSTable, schedule_lengths, survival
-from trtspec.spec.verify import PAD, verify_sampling
+from trtspec.spec.verify import PAD, draw_uniforms, verify_sampling
 
 DRAWS = 20_000
 TV_BOUND = 0.02  # TV of 20k draws over ≤ 3 outcomes is ~0.005 when the law is right
@@ -37,7 +37,7 @@ def simulate(mode, p, q, confidence_of, k, sps, n_out, seed):
         surv = survival(conf)
         lens = torch.tensor([schedule_lengths([row], sps, mode)[0] for row in surv])
         lengths_seen.update(lens.tolist())
-        out = verify_sampling(draft, q_b, p_b, gen, draft_lens=lens)
+        out = verify_sampling(draft, q_b, p_b, *draw_uniforms(DRAWS, k, gen), draft_lens=lens)
         for r in torch.nonzero(n < n_out).flatten().tolist():
             toks = out.row(r)[: n_out - int(n[r])]
             emitted[r, n[r] : n[r] + len(toks)] = torch.tensor(toks)
@@ -118,3 +118,12 @@ def test_sps_table_interpolates_and_extrapolates_by_cost():
     assert sps.sps(1) == 100.0
     assert sps.sps(2) == pytest.approx(90.0)
     assert sps.sps(8) == pytest.approx(35.0)
+
+
+def test_drafting_cost_moves_the_early_stop():
+    """Θ = τ* / (T_draft + 1/SPS(B)): a step that already paid for drafting admits more of a block
+    than the paper's τ* · SPS(B), and both stop at the first non-improvement."""
+    sps = SPSTable(batch_tokens=[1, 2, 3, 4], steps_per_s=[100.0, 60.0, 45.0, 36.0])
+    surv = [torch.tensor([0.7, 0.5, 0.3])]
+    assert schedule_lengths(surv, sps, "scheduler") == [1]  # 1.7·60 > 1·100, 2.2·45 < 1.7·60
+    assert schedule_lengths(surv, sps, "scheduler", draft_seconds=0.05) == [3]

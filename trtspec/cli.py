@@ -1,8 +1,11 @@
-"""`trtspec` command line: thin commands over the library; user errors are one line, exit 2."""
+"""`trtspec` command line: thin commands over the library.
+
+A bad option or argument is a usage error (exit 2, with usage); a failure while running is one
+`Error:` line (exit 1). See `trtspec.cli_errors` for which is which.
+"""
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import sys
@@ -10,20 +13,41 @@ from pathlib import Path
 
 import click
 
+from trtspec.cli_errors import (
+    check_range,
+    load_config_arg,
+    load_prompts_arg,
+    options_model,
+    run_errors,
+    utf8_text,
+)
 from trtspec.errors import TrtspecError
 
+EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+PORT = click.IntRange(1, 65535)
 
-def user_errors(fn):
-    """Turn library errors about user input into one-line click errors (no traceback)."""
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (TrtspecError, ValueError, OSError) as exc:
-            raise click.UsageError(str(exc).splitlines()[0] if str(exc) else repr(exc)) from None
+def _url_arg(url: str, hint: str = "--url") -> str:
+    from trtspec.triton.client import ClientError, split_url
 
-    return wrapper
+    try:
+        split_url(url)
+    except ClientError as exc:
+        expected = str(exc).split(": ", 1)[-1]  # the client names the option itself; click does here
+        raise click.BadParameter(f"{expected}, got {url!r}", param_hint=hint) from None
+    return url
+
+
+def _tasks_arg(tasks: str, hint: str = "--tasks") -> list[str]:
+    from trtspec.prompts import TASKS
+
+    names = [t for t in tasks.split(",") if t]
+    unknown = [t for t in names if t not in TASKS]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown task(s) {unknown or [tasks]}; expected a comma-separated subset "
+                                 f"of {', '.join(TASKS)}", param_hint=hint)
+    return names
 
 
 @click.group()
@@ -56,37 +80,34 @@ def main(verbose: bool) -> None:
               help="0 = greedy; > 0 samples.")
 @click.option("--top-p", default=1.0, show_default=True, type=float, help="Nucleus mass, (0, 1].")
 @click.option("--top-k", default=0, show_default=True, type=int, help="Keep k most likely; 0 = all.")
-@click.option("--seed", default=None, type=int, help="Seed for sampling.")
+@click.option("--seed", default=None, type=click.IntRange(0, 2**64 - 1), help="Seed for sampling.")
 @click.option("--drafter", "drafter_choice", type=click.Choice(["config", "none"]), default="config",
               show_default=True, help="`none` decodes autoregressively through the same target.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--flavour", type=click.Choice(["torch", "engine"]), default=None,
               help="Override the config's flavour; `engine` runs the exported ONNX graphs on onnxruntime.")
-@user_errors
+@run_errors
 def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt, max_tokens, temperature,
              top_p, top_k, seed, drafter_choice, as_json, flavour=None) -> None:
     """Generate text speculatively with the configured target and drafter, or ask a served model."""
-    from pydantic import ValidationError
-
-    from trtspec.config import load_build_config
     from trtspec.pipeline import load_pipeline
+    from trtspec.runtime import configure_threads
     from trtspec.spec.sampling import SamplingParams
 
+    utf8_text(prompt, "--prompt")
     if not prompt:
         raise click.BadParameter("must not be empty", param_hint="--prompt")
-    if max_tokens < 1:
-        raise click.BadParameter(f"must be >= 1, got {max_tokens}", param_hint="--max-tokens")
-    try:
-        sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        hint = f"--{str(err['loc'][0]).replace('_', '-')}"
-        raise click.BadParameter(err["msg"], param_hint=hint) from None
+    check_range(max_tokens, "--max-tokens", low=1)
+    check_range(wait_s, "--wait", low=0)
+    sampling = options_model(SamplingParams, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     if (config_path is None) == (url is None):
         raise click.UsageError("give exactly one of --config (run here) or --url (a served model)")
     if url is not None:
+        _url_arg(url)
         if drafter_choice != "config":
             raise click.BadParameter("the served model uses its build's drafter", param_hint="--drafter")
+        if flavour is not None:
+            raise click.BadParameter("the served model runs its build's flavour", param_hint="--flavour")
         if chat and not url.startswith("openai://"):
             raise click.BadParameter("chat needs an OpenAI-compatible server (openai://HOST:PORT)",
                                      param_hint="--chat")
@@ -98,9 +119,13 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
                                  param_hint="--chat")
     if stream:
         raise click.BadParameter("streams only from a served model: add --url", param_hint="--stream")
-    config = load_build_config(config_path)
+    config = load_config_arg(config_path, "--config")
     if flavour is not None:
         config = config.model_copy(update={"flavour": flavour})
+    if max_tokens > config.limits.max_tokens:
+        raise click.BadParameter(f"must be in [1, {config.limits.max_tokens}] (limits.max_tokens of "
+                                 f"{config_path}), got {max_tokens}", param_hint="--max-tokens")
+    configure_threads(config)
     pipeline = load_pipeline(config, use_drafter=drafter_choice != "none")
     text, result = pipeline.generate(prompt, max_tokens, sampling)
     if as_json:
@@ -152,8 +177,9 @@ def train() -> None:
 
 
 @train.command("target")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("trtspec/assets"),
-              show_default=True, help="Folder to write tiny-target/ and tiny-draft/ into.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Folder to write tiny-target/ and tiny-draft/ into (the shipped ones are in "
+                   "trtspec/assets/; scripts/train_embedded.sh copies them there).")
 @click.option("--steps", default=2400, show_default=True, type=int, help="Optimizer steps.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Recipe seed.")
 @click.option("--lr", default=3e-3, show_default=True, type=float, help="Peak learning rate.")
@@ -161,9 +187,9 @@ def train() -> None:
               help="Share of indented lines over-extended in the input (train/overshoot.py).")
 @click.option("--overshoot-stop-every", is_flag=True,
               help="Label every overshot position with the line's real first byte, not only the last.")
-@click.option("--init-from", type=click.Path(path_type=Path), default=None,
+@click.option("--init-from", type=EXISTING_DIR, default=None,
               help="Continue from tiny-target/ and tiny-draft/ in this folder (a later recipe stage).")
-@user_errors
+@run_errors
 def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: float,
                  overshoot_stop_every: bool, init_from: Path | None) -> None:
     """Pre-train the embedded byte-level target and its draft model (the shipped recipe).
@@ -174,16 +200,16 @@ def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: f
     """
     from trtspec.train.pretrain import PretrainConfig, pretrain
 
-    cfg = PretrainConfig(steps=steps, seed=seed, lr=lr, overshoot_share=overshoot_share,
-                         overshoot_stop_every=overshoot_stop_every, init_from=init_from)
+    cfg = options_model(PretrainConfig, steps=steps, seed=seed, lr=lr, overshoot_share=overshoot_share,
+                        overshoot_stop_every=overshoot_stop_every, init_from=init_from)
     report = pretrain(out, cfg)
     click.echo(json.dumps(report["history"][-1]))
 
 
 @train.command("dflash")
-@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
+@click.option("--target", "target_dir", required=True, type=EXISTING_DIR,
               help="Target checkpoint directory.")
-@click.option("--prompts", "prompts_path", required=True, type=click.Path(path_type=Path),
+@click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` per line (or text, one per line) for the target to continue.")
 @click.option("--block-size", default=16, show_default=True, type=int, help="DFlash block size B.")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
@@ -194,24 +220,27 @@ def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: f
 @click.option("--lr", default=6e-4, show_default=True, type=float, help="Peak learning rate.")
 @click.option("--response-tokens", default=192, show_default=True, type=int,
               help="Tokens the target regenerates per prompt.")
+@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (a short run).")
 @click.option("--mask-token-id", default=None, type=int, help="Mask id if the target config has none.")
-@user_errors
+@run_errors
 def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, target_layer_ids, epochs, lr,
-                     response_tokens, mask_token_id) -> None:
+                     response_tokens, max_steps, mask_token_id) -> None:
     """Distil a DFlash drafter from a target's own regenerated responses."""
     from trtspec.train.dflash import DFlashTrainConfig, train_dflash
 
-    ids = [int(x) for x in target_layer_ids.split(",")] if target_layer_ids else None
-    cfg = DFlashTrainConfig(block_size=block_size, num_layers=layers, target_layer_ids=ids, epochs=epochs,
-                            lr=lr, response_tokens=response_tokens)
+    load_prompts_arg(prompts_path)
+    ids = _int_list(target_layer_ids, "--target-layer-ids", low=0) if target_layer_ids else None
+    cfg = options_model(DFlashTrainConfig, {"num_layers": "--layers"}, block_size=block_size,
+                        num_layers=layers, target_layer_ids=ids, epochs=epochs, lr=lr,
+                        response_tokens=response_tokens, max_steps=max_steps)
     report = train_dflash(target_dir, prompts_path, out_dir, cfg, mask_token_id)
     click.echo(json.dumps(report["history"][-1]))
 
 
 @train.command("eagle3")
-@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
+@click.option("--target", "target_dir", required=True, type=EXISTING_DIR,
               help="Target checkpoint directory.")
-@click.option("--prompts", "prompts_path", required=True, type=click.Path(path_type=Path),
+@click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` per line (or text, one per line) for the target to continue.")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Output folder (SafeAILab/SpecForge layout; `checkpoint/` inside makes it resumable).")
@@ -224,23 +253,25 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
 @click.option("--response-tokens", default=192, show_default=True, type=int,
               help="Tokens the target regenerates per prompt.")
 @click.option("--max-steps", default=None, type=int, help="Stop after this many steps (smoke runs).")
-@user_errors
+@run_errors
 def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_size, aux_layer_ids, epochs,
                      lr, response_tokens, max_steps) -> None:
     """Train an EAGLE-3 drafter with training-time test on a target's own regenerated responses."""
     from trtspec.train.eagle3 import Eagle3TrainConfig, train_eagle3
 
-    ids = [int(x) for x in aux_layer_ids.split(",")] if aux_layer_ids else None
-    cfg = Eagle3TrainConfig(ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size, aux_layer_ids=ids,
-                            epochs=epochs, lr=lr, response_tokens=response_tokens, max_steps=max_steps)
+    load_prompts_arg(prompts_path)
+    ids = _int_list(aux_layer_ids, "--aux-layer-ids", low=0) if aux_layer_ids else None
+    cfg = options_model(Eagle3TrainConfig, ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size,
+                        aux_layer_ids=ids, epochs=epochs, lr=lr, response_tokens=response_tokens,
+                        max_steps=max_steps)
     report = train_eagle3(target_dir, prompts_path, out_dir, cfg)
     click.echo(json.dumps(report["history"][-1]))
 
 
 @train.command("dspark")
-@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
+@click.option("--target", "target_dir", required=True, type=EXISTING_DIR,
               help="Target checkpoint directory.")
-@click.option("--prompts", "prompts_path", required=True, type=click.Path(path_type=Path),
+@click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` per line (or text, one per line) for the target to continue.")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Output folder (DeepSpec layout; `checkpoint/` inside makes it resumable).")
@@ -254,37 +285,40 @@ def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_s
 @click.option("--response-tokens", default=192, show_default=True, type=int,
               help="Tokens the target regenerates per prompt.")
 @click.option("--mask-token-id", default=None, type=int, help="Mask id if the target config has none.")
-@user_errors
+@run_errors
 def train_dspark_cmd(target_dir, prompts_path, out_dir, block_size, layers, target_layer_ids, markov_rank,
                      epochs, max_steps, lr, response_tokens, mask_token_id) -> None:
     """Distil a DSpark drafter (Markov + confidence heads) from a target's regenerated responses."""
     from trtspec.train.dspark import DSparkTrainConfig, train_dspark
 
-    ids = [int(x) for x in target_layer_ids.split(",")] if target_layer_ids else None
-    cfg = DSparkTrainConfig(block_size=block_size, num_layers=layers, target_layer_ids=ids,
-                            markov_rank=markov_rank, epochs=epochs, max_steps=max_steps, lr=lr,
-                            response_tokens=response_tokens)
+    load_prompts_arg(prompts_path)
+    ids = _int_list(target_layer_ids, "--target-layer-ids", low=0) if target_layer_ids else None
+    cfg = options_model(DSparkTrainConfig, {"num_layers": "--layers"}, block_size=block_size,
+                        num_layers=layers, target_layer_ids=ids, markov_rank=markov_rank, epochs=epochs,
+                        max_steps=max_steps, lr=lr, response_tokens=response_tokens)
     report = train_dspark(target_dir, prompts_path, out_dir, cfg, mask_token_id)
     click.echo(json.dumps(report["history"][-1]))
 
 
 @main.command()
-@click.option("--drafter", "drafter_dir", required=True, type=click.Path(path_type=Path),
+@click.option("--drafter", "drafter_dir", required=True, type=EXISTING_DIR,
               help="DSpark checkpoint directory; the temperatures are written to its sts.json.")
-@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
+@click.option("--target", "target_dir", required=True, type=EXISTING_DIR,
               help="Target checkpoint directory the drafter serves.")
 @click.option("--tasks", default="code,math,chat", show_default=True, help="Held-out prompt sets.")
 @click.option("--response-tokens", default=256, show_default=True, type=int,
               help="Tokens the target continues each prompt by.")
 @click.option("--bins", default=10, show_default=True, type=int, help="ECE bins.")
-@user_errors
+@run_errors
 def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
     """Fit Sequential Temperature Scaling of a DSpark drafter's confidences on held-out prompts
     (greedy verification) and store the temperatures with the drafter."""
     from trtspec.train.calibrate import calibrate as run_calibrate
     from trtspec.train.calibrate import pooled_ece
 
-    cal = run_calibrate(drafter_dir, target_dir, tasks.split(","), response_tokens, bins)
+    check_range(response_tokens, "--response-tokens", low=1)
+    check_range(bins, "--bins", low=2)
+    cal = run_calibrate(drafter_dir, target_dir, _tasks_arg(tasks), response_tokens, bins)
     before, after = pooled_ece(cal)
     click.echo(f"STS temperatures: {cal.temperatures}")
     click.echo(f"held-out ECE of survival per slot before: {cal.ece_before}")
@@ -310,7 +344,7 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
 @click.option("--min-user-tps", default=None, type=float,
               help="Recommendation: least tokens/s per user; default the target alone at concurrency 1.")
 @click.option("--max-users", default=None, type=int, help="Recommendation: most concurrent users.")
-@click.option("--sps", "sps_path", default=None, type=click.Path(path_type=Path),
+@click.option("--sps", "sps_path", default=None, type=EXISTING_FILE,
               help="Cost table from `trtspec profile` for every drafter's adaptive and scheduler methods; "
                    "default: each config's schedule.sps_table, else measured in this run.")
 @click.option("--url", default=None,
@@ -328,28 +362,38 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
 @click.option("--write-acceptance", is_flag=True,
               help="Store each drafter's measured acceptance by position as acceptance.json beside its "
                    "weights (the cost model of `trtspec build`/`inspect` and adaptive serving reads it).")
-@user_errors
+@run_errors
 def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir, doc_path, concurrency,
           min_user_tps, max_users, sps_path, url, model_name, chat, api_key, tree_spec,
           write_acceptance) -> None:
     """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side;
     or, with --url, a running server as its users see it."""
     from trtspec.bench.run import markdown_table, run_bench
-    from trtspec.config import load_build_config
+    from trtspec.runtime import configure_threads
 
     levels = _int_list(concurrency, "--concurrency") if concurrency else []
+    task_names = _tasks_arg(tasks)
+    if min_user_tps is not None:
+        check_range(min_user_tps, "--min-user-tps", low=0)
+    if max_users is not None:
+        check_range(max_users, "--max-users", low=1)
+    for name, value in (("--prompts", prompts_per_task), ("--max-tokens", max_tokens),
+                        ("--repeats", repeats)):
+        check_range(value, name, low=1)
     tree = tree_spec if tree_spec in (None, "auto") else _tree_option(tree_spec)
     if url is not None:
         if write_acceptance:
             raise click.BadParameter("measures drafters run here, not a server",
                                      param_hint="--write-acceptance")
         from trtspec.bench.remote import remote_table, run_remote
-        from trtspec.triton.client import split_url
 
-        if split_url(url)[0] != "openai" and chat:
+        _url_arg(url)
+        if configs:
+            raise click.UsageError("give CONFIGS (run here) or --url (a running server), not both")
+        if not url.startswith("openai://") and chat:
             raise click.BadParameter("chat needs an OpenAI-compatible server (openai://HOST:PORT)",
                                      param_hint="--chat")
-        remote = run_remote(url, model_name, tasks.split(","), prompts_per_task, max_tokens, levels or [1],
+        remote = run_remote(url, model_name, task_names, prompts_per_task, max_tokens, levels or [1],
                             chat, api_key)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "results.json").write_text(json.dumps({"remote": remote}, indent=1))
@@ -360,11 +404,11 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         raise click.UsageError("give at least one CONFIG (or --url to benchmark a running server)")
     loaded = {}
     for path in configs:
-        cfg = load_build_config(path)
+        cfg = load_config_arg(path, "CONFIGS")
         if cfg.drafter is None:
             raise click.BadParameter(f"{path} has no drafter", param_hint="CONFIGS")
         name = cfg.drafter.method
-        if name in loaded:  # a second config of one method, e.g. EAGLE-3 at k = 7 and 16
+        if name in loaded and cfg.drafter.num_draft_tokens:  # one method twice: EAGLE-3 at k = 7 and 16
             name = f"{name}-k{cfg.drafter.num_draft_tokens}"
         if name in loaded:
             raise click.BadParameter(f"{path} repeats the drafter of another config", param_hint="CONFIGS")
@@ -374,14 +418,14 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         if len(set(dirs)) != len(dirs):
             raise click.BadParameter("two configs share a drafter: keep the one with the longest draft",
                                      param_hint="--write-acceptance")
-    results = run_bench(loaded, tasks.split(","), prompts_per_task, max_tokens, repeats, not no_hf, tree)
+    sps = _sps_arg(sps_path) if levels and sps_path is not None else None  # before the long run
+    configure_threads(next(iter(loaded.values())))  # the configs share their target
+    results = run_bench(loaded, task_names, prompts_per_task, max_tokens, repeats, not no_hf, tree)
     if levels:
         from trtspec.bench.concurrency import recommendation_text, run_concurrency
-        from trtspec.spec.schedule import SPSTable
 
-        table = SPSTable.load(sps_path) if sps_path is not None else None
-        results["concurrency"] = run_concurrency(loaded, tasks.split(","), prompts_per_task, max_tokens,
-                                                 levels, table)
+        results["concurrency"] = run_concurrency(loaded, task_names, prompts_per_task, max_tokens,
+                                                 levels, sps)
         if min_user_tps is None:
             min_user_tps = results["concurrency"]["methods"]["none"][str(levels[0])]["per_user_tokens_per_s"]
         results["recommendation"] = recommendation_text(results["concurrency"], min_user_tps, max_users)
@@ -389,10 +433,12 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     table = markdown_table(results)
     (out_dir / "results.md").write_text(table + "\n")
-    from trtspec.bench.report import write_report
+    from trtspec.bench.report import write_plots, write_report
 
     command = "trtspec " + " ".join(sys.argv[1:])
-    write_report(results, out_dir, command, doc_path or out_dir / "BENCHMARKS.md")
+    plots = write_plots(results, out_dir)
+    if doc_path is not None:
+        write_report(results, plots, command, doc_path)
     click.echo(table)
     if "recommendation" in results:
         click.echo(results["recommendation"])
@@ -421,13 +467,22 @@ def _tree_option(text: str):
         raise click.BadParameter(f"{first['loc'][0]}: {first['msg']}", param_hint="--tree") from None
 
 
-def _int_list(text: str, hint: str) -> list[int]:
+def _sps_arg(path: Path):
+    from trtspec.spec.schedule import SPSTable
+
+    try:
+        return SPSTable.load(path)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--sps") from None
+
+
+def _int_list(text: str, hint: str, low: int = 1) -> list[int]:
     try:
         values = [int(x) for x in text.split(",")]
     except ValueError:
         raise click.BadParameter(f"expected integers like 1,2,4,8, got {text!r}", param_hint=hint) from None
-    if min(values) < 1:
-        raise click.BadParameter(f"values must be >= 1, got {text!r}", param_hint=hint)
+    if min(values) < low:
+        raise click.BadParameter(f"values must be >= {low}, got {text!r}", param_hint=hint)
     return values
 
 
@@ -458,7 +513,7 @@ def _int_list(text: str, hint: str) -> list[int]:
               help="With --synthetic: tokens per forward, e.g. 1,2,4,8,16,32,64.")
 @click.option("--budget-s", default=None, type=float,
               help="With --synthetic: seconds to spend; the rest is skipped.")
-@user_errors
+@run_errors
 def profile(config_path, out_path, batches, requests, context, reps, synthetic_model, device, scale,
             batch_sizes, contexts, new_tokens, budget_s) -> None:
     """Measure CONFIG's cost model on this machine (target steps/s at each verify batch size B and
@@ -473,16 +528,21 @@ def profile(config_path, out_path, batches, requests, context, reps, synthetic_m
         return
     if config_path is None:
         raise click.UsageError("missing CONFIG (or --synthetic MODEL)")
-    from trtspec.bench.profile import profile_cost
-    from trtspec.config import load_build_config
+    from trtspec.bench.profile import DEFAULT_BATCHES, profile_cost
     from trtspec.pipeline import load_pipeline
+    from trtspec.runtime import configure_threads
 
-    config = load_build_config(config_path)
+    config = load_config_arg(config_path, "CONFIG")
     sizes = _int_list(batches, "--batches") if batches else None
     reps = 15 if reps is None else reps
     for name, value in (("--requests", requests), ("--context", context), ("--reps", reps)):
-        if value < 1:
-            raise click.BadParameter(f"must be >= 1, got {value}", param_hint=name)
+        check_range(value, name, low=1)
+    positions = _max_positions(config)
+    longest = context + max(sizes or DEFAULT_BATCHES)  # a slot holds the context and a whole verify batch
+    if positions is not None and longest > positions:
+        raise click.BadParameter(f"{context} cached tokens plus a verify batch of {longest - context} exceed "
+                                 f"the target's {positions} positions", param_hint="--context")
+    configure_threads(config)
     pipeline = load_pipeline(config)
     table = profile_cost(pipeline.target, pipeline.drafter, sizes, requests, context, reps,
                          max_batch=config.limits.max_concurrency)
@@ -500,6 +560,15 @@ def profile(config_path, out_path, batches, requests, context, reps, synthetic_m
         click.echo(f"draft tree budget: {tree_budget(table, k)} nodes verify in at most 1.1 × the time of "
                    f"the {k}-token chain here (drafter.tree.nodes)")
     click.echo(f"wrote {out_path}")
+
+
+def _max_positions(config) -> int | None:
+    """The target checkpoint's `max_position_embeddings`, when its config.json says."""
+    config_file = config.target.resolved_path / "config.json"
+    try:
+        return int(json.loads(config_file.read_text())["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _profile_synthetic(model, out_path, device, scale, reps, batch_sizes, contexts, new_tokens,
@@ -539,17 +608,16 @@ def _profile_synthetic(model, out_path, device, scale, reps, batch_sizes, contex
 @main.command()
 @click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
-@user_errors
+@run_errors
 def inspect(config_path, as_json) -> None:
     """Plan CONFIG's memory per GPU (weights after TP/PP/EP, drafter, KV cache, what fits) and its
     speculation under load (draft length per batch size, predicted tokens/s with and without)."""
-    from trtspec.config import load_build_config
     from trtspec.plan.memory import format_plan
     from trtspec.plan.speculation import format_speculation, plan_speculation
     from trtspec.trtllm.build import plan_config
     from trtspec.trtllm.fields import DECODING_TYPE, DYNAMIC_DRAFT_LEN_TYPES
 
-    config = load_build_config(config_path)
+    config = load_config_arg(config_path, "CONFIG")
     plan = plan_config(config)
     spec = plan_speculation(config) if config.drafter is not None else None
     if as_json:
@@ -577,36 +645,46 @@ def inspect(config_path, as_json) -> None:
               help="Folder for the generated artifacts.")
 @click.option("--flavour", type=click.Choice(["torch", "engine", "trtllm"]), default=None,
               help="Override the config's flavour.")
-@user_errors
+@run_errors
 def build(config_path, out_dir, flavour=None) -> None:
-    """Build CONFIG's deployment artifacts: flavour torch, a Triton model repository
-    (OUT/model_repository) for `trtspec serve`; flavour trtllm, TensorRT-LLM configs, Triton repo,
-    launchers."""
-    from trtspec.config import load_build_config
-    from trtspec.triton.repo import write_triton_repo
-    from trtspec.trtllm.build import build_trtllm
+    """Build CONFIG's deployment artifacts into OUT, which `build` owns: it refuses a non-empty
+    folder it did not write and replaces its own earlier output as a whole. Flavour torch: a
+    Triton model repository (OUT/model_repository) for `trtspec serve`; engine: ONNX graphs, a
+    manifest and the repository serving them; trtllm: TensorRT-LLM configs, Triton repo, launchers."""
+    from trtspec.output import OutputError, check_replaceable, moved, staged_output
 
-    config = load_build_config(config_path)
+    config = load_config_arg(config_path, "CONFIG")
     if flavour is not None:
         config = config.model_copy(update={"flavour": flavour})
+    try:
+        check_replaceable(out_dir)
+    except OutputError as exc:
+        raise click.BadParameter(str(exc).removeprefix(f"--out {out_dir} "), param_hint="--out") from None
     if config.flavour == "engine":
         from trtspec.engine.build import build_engine_flavour
 
         written, note = build_engine_flavour(config, out_dir)
-        for path in written:
-            click.echo(str(path))
-        if note:
-            click.echo(note, err=True)
-        return
-    if config.flavour == "torch":
-        written = write_triton_repo(config, out_dir)
-    elif config.flavour == "trtllm":
-        written = build_trtllm(config, out_dir)
+        notes = [note] if note else []
+    elif config.flavour == "torch":
+        from trtspec.pipeline import load_pipeline
+        from trtspec.runtime import configure_threads
+        from trtspec.triton.repo import write_triton_repo
+
+        configure_threads(config)
+        load_pipeline(config)  # the served model loads exactly this: a drafter that does not fit fails now
+        with staged_output(out_dir) as staged:
+            written = moved(write_triton_repo(config, staged), staged, out_dir)
+        notes = []
     else:
-        raise click.UsageError(f"{config_path}: `build` for flavour {config.flavour!r} lands with the "
-                               "Triton/engine issues; flavours torch and trtllm build here")
+        from trtspec.trtllm.build import build_trtllm, drafter_note
+
+        with staged_output(out_dir) as staged:
+            written = moved(build_trtllm(config, staged), staged, out_dir)
+        notes = [n for n in (drafter_note(config, out_dir),) if n]
     for path in written:
         click.echo(str(path))
+    for note in notes:
+        click.echo(note, err=True)
 
 
 def _repo_of(build_dir: Path) -> Path:
@@ -619,26 +697,34 @@ def _repo_of(build_dir: Path) -> Path:
 @click.argument("build_dir", metavar="DIR", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; 0.0.0.0 exposes the server to the network (admin APIs then need a key).")
-@click.option("--http-port", default=8000, show_default=True, type=int, help="HTTP/REST port.")
-@click.option("--grpc-port", default=8001, show_default=True, type=int, help="gRPC port.")
-@click.option("--metrics-port", default=8002, show_default=True, type=int, help="Prometheus metrics port.")
-@click.option("--openai-port", default=9000, show_default=True, type=int,
+@click.option("--http-port", default=8000, show_default=True, type=PORT, help="HTTP/REST port.")
+@click.option("--grpc-port", default=8001, show_default=True, type=PORT, help="gRPC port.")
+@click.option("--metrics-port", default=8002, show_default=True, type=PORT, help="Prometheus metrics port.")
+@click.option("--openai-port", default=9000, show_default=True, type=PORT,
               help="Port of the OpenAI-compatible API (/v1/completions, /v1/chat/completions).")
 @click.option("--no-openai", is_flag=True, help="Serve Triton's endpoints only.")
 @click.option("--api-key", envvar="TRTSPEC_API_KEY", default=None,
               help="Require `Authorization: Bearer KEY` on the OpenAI API, and header `admin-key: KEY` on "
                    "Triton's admin APIs (env TRTSPEC_API_KEY).")
-@user_errors
+@run_errors
 def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_openai, api_key) -> None:
     """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel,
-    and an OpenAI-compatible API beside it, until Ctrl-C or SIGTERM."""
+    and an OpenAI-compatible API beside it, until Ctrl-C or SIGTERM. Prints `serving …` once the
+    server and its models are ready."""
     import signal
 
     from trtspec.serve import admin_key_for, start_openai_frontend
-    from trtspec.triton.server import Ports, TritonServer
+    from trtspec.triton.server import Ports, TritonServer, check_port_free
 
     if api_key is not None and not api_key:
         raise click.BadParameter("must not be empty", param_hint="--api-key")
+    ports = {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port}
+    if not no_openai:
+        ports["--openai-port"] = openai_port
+    if len(set(ports.values())) < len(ports):
+        raise click.UsageError(", ".join(f"{k} {v}" for k, v in ports.items()) + " must all differ")
+    if not no_openai:  # Triton checks its own ports; this one would fail only after the models load
+        check_port_free(host, openai_port, "OpenAI API", "--openai-port")
 
     def _terminate(signum, frame):
         raise KeyboardInterrupt
@@ -661,7 +747,7 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
             click.echo(f"Triton's admin APIs need header `admin-key: {admin_key}` (--api-key sets it)",
                        err=True)
         code = server.wait()
-        raise click.ClickException(f"tritonserver exited with {code}: {server.log_tail(5)}")
+        raise click.ClickException(f"tritonserver exited with {code}: {server.failure()}")
     except KeyboardInterrupt:
         click.echo("stopping tritonserver", err=True)
     finally:
@@ -671,45 +757,50 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
 
 
 @main.command()
-@click.argument("build_dir", metavar="DIR", required=False, type=click.Path(path_type=Path))
+@click.argument("build_dir", metavar="[DIR]", required=False, type=EXISTING_DIR)
 @click.option("--url", default=None, help="Check a running server instead of starting one on DIR: "
               "grpc://HOST:PORT or http://HOST:PORT (Triton), openai://HOST:PORT (any OpenAI-compatible "
               "server: trtspec, trtllm-serve, vLLM, SGLang).")
 @click.option("--config", "config_path", default=None, type=click.Path(path_type=Path),
-              help="Build config of the reference target (default: the one inside DIR).")
+              help="Build config of the reference target (default: the one inside DIR; needed with --url "
+                   "alone).")
 @click.option("--model", "model_name", default=None, help="Served model name (default: the config's name).")
-@click.option("--prompts", "prompts_path", default=None, type=click.Path(path_type=Path),
+@click.option("--prompts", "prompts_path", default=None, type=EXISTING_FILE,
               help="JSONL with a `prompt` per line, or text with one prompt per line.")
 @click.option("--max-tokens", default=48, show_default=True, type=int, help="Tokens per greedy prompt.")
 @click.option("--samples", default=400, show_default=True, type=int,
               help="Seeded sampling requests for the distribution test; 0 skips it.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
               help="With openai://: bearer token (env OPENAI_API_KEY).")
-@user_errors
+@run_errors
 def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, samples, api_key) -> None:
     """Certify a deployment as lossless: greedy token identity with the target alone on every prompt
-    and a sampling distribution test; exits 1 on any mismatch."""
-    from trtspec.config import load_build_config
-    from trtspec.train.dflash import load_prompt_file
+    and a sampling distribution test; exits 1 on any mismatch. Give DIR (a `trtspec build` output,
+    served here on free loopback ports) or --url of a running server with --config."""
+    from trtspec.runtime import configure_threads
     from trtspec.triton.repo import BUILD_CONFIG_FILE, VERSION
     from trtspec.triton.server import Ports, TritonServer
     from trtspec.triton.verify import DEFAULT_PROMPTS, certify
 
     if build_dir is None and url is None:
         raise click.UsageError("give DIR (a `trtspec build` output) or --url of a running server")
+    if url is not None:
+        _url_arg(url)
+    check_range(max_tokens, "--max-tokens", low=1)
+    check_range(samples, "--samples", low=0)
     if config_path is None:
         if build_dir is None:
             raise click.BadParameter("needed with --url alone: the reference target's config",
                                      param_hint="--config")
         found = sorted(_repo_of(build_dir).glob(f"*/{VERSION}/{BUILD_CONFIG_FILE}"))
         if len(found) != 1:
-            raise click.UsageError(
-                f"{build_dir}: expected one model with {BUILD_CONFIG_FILE}, found {len(found)}"
-            )
+            raise click.BadParameter(f"expected one model with {BUILD_CONFIG_FILE} in {build_dir}, found "
+                                     f"{len(found)}", param_hint="DIR")
         config_path = found[0]
-    config = load_build_config(config_path)
-    prompts = load_prompt_file(prompts_path) if prompts_path else list(DEFAULT_PROMPTS)
+    config = load_config_arg(config_path, "--config")
+    prompts = load_prompts_arg(prompts_path) if prompts_path else list(DEFAULT_PROMPTS)
     model_name = model_name or config.name
+    configure_threads(config)
     server = None
     if url is None:
         server = TritonServer(_repo_of(build_dir), ports=Ports.free()).start()

@@ -158,6 +158,22 @@ class GenerationLimits(_Strict):
                     "packed target forward per step for all of them); more wait in its queue")
 
 
+class RuntimeConfig(_Strict):
+    """How the process that decodes uses this machine (`trtspec.runtime`)."""
+
+    threads: Literal["auto"] | int = Field(
+        "auto", description="torch intra-op threads per model instance: auto = the CPUs this process "
+                            "may use (affinity, cgroup quota) split over the served instances, at most "
+                            "one per GiB of weights, unless OMP_NUM_THREADS is set; or a number >= 1")
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _auto_or_positive(cls, value):
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError("expected 'auto' or an integer >= 1")
+
+
 class TestOnlyConfig(_Strict):
     """Deliberate faults that let the test suite check its own checks. Never set in a deployment."""
 
@@ -176,6 +192,8 @@ class BuildConfig(_Strict):
     drafter: DrafterConfig | None = Field(None, description="omit for autoregressive decoding")
     limits: GenerationLimits = Field(default_factory=GenerationLimits)
     engine: EngineConfig | None = Field(None, description="graphs and backend of flavour engine")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig,
+                                   description="threads of the decoding process")
     gpus: list[int] = Field(
         default_factory=list,
         description="GPU ids of a Triton node: one orchestrator instance on each; empty = one CPU instance",
@@ -200,12 +218,16 @@ class BuildConfig(_Strict):
 
 
 def _format_error(path: Path, exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    got = first.get("input")
-    got_text = "" if isinstance(got, dict) else f", got {got!r}"
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{path}: field `{field}`: {first['msg']}{got_text}{more}"
+    """Every mistake, one per line: `field `a.b`: what was expected, got X`."""
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        got = err.get("input")
+        got_text = "" if isinstance(got, dict) else f", got {got!r}"
+        lines.append(f"field `{field}`: {err['msg']}{got_text}")
+    if len(lines) == 1:
+        return f"{path}: {lines[0]}"
+    return f"{path}: {len(lines)} mistakes:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def load_build_config(path: str | Path) -> BuildConfig:

@@ -21,9 +21,12 @@ import os
 import platform
 import time
 
+import torch
+
 from trtspec.config import BuildConfig, ScheduleConfig, load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
+from trtspec.runtime import configure_threads
 from trtspec.spec.decoder import Request
 
 FULL = ScheduleConfig(mode="full")
@@ -72,6 +75,7 @@ def compare_flavours(config: BuildConfig, tasks: list[str], prompts_per_task: in
             "concurrency": concurrency, "batched_rows": batched,
             "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                         "omp_threads": os.environ.get("OMP_NUM_THREADS"),
+                        "torch_threads": torch.get_num_threads(),
                         "ort_threads": os.environ.get("TRTSPEC_ORT_THREADS", "1")},
             "rows": rows}
 
@@ -128,8 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=0, help="also serve R prompts at a time")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    results = compare_flavours(load_build_config(args.config), args.tasks.split(","), args.prompts,
-                               args.max_tokens, args.repeats, args.float16, args.concurrency)
+    config = load_build_config(args.config)
+    configure_threads(config)
+    results = compare_flavours(config, args.tasks.split(","), args.prompts, args.max_tokens, args.repeats,
+                               args.float16, args.concurrency)
     print(json.dumps(results, indent=1) if args.json else markdown(results))
 
 

@@ -38,36 +38,40 @@ def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, ma
     prompts = [p for t in tasks for p in load_prompts(t)[:prompts_per_task]]
     params = GenerateParams(max_tokens=max_tokens, stream=True)
     levels: dict[str, dict] = {}
-    bar = tqdm(total=len(prompts) * len(concurrency), desc=f"bench {url}", unit="request")
+    # closed on the way out of an error too, so the error starts a line of its own
+    with tqdm(total=len(prompts) * len(concurrency), desc=f"bench {url}", unit="request") as bar:
 
-    def client(share: list[str]) -> list[Completion]:
-        done = []
-        for prompt in share:
-            done.append(generate(url, model, prompt, params, chat=chat, api_key=api_key))
-            bar.update(1)
-        return done
+        def client(share: list[str]) -> list[Completion]:
+            done = []
+            for prompt in share:
+                done.append(generate(url, model, prompt, params, chat=chat, api_key=api_key))
+                bar.update(1)
+            return done
 
-    for r in concurrency:
-        shares = [prompts[i::r] for i in range(r)]
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(r) as pool:
-            completions = [c for share in pool.map(client, shares) for c in share]
-        wall = time.perf_counter() - t0
-        itls = [x for x in map(_itl, completions) if x]
-        tokens = sum(c.num_tokens for c in completions)
-        speculative = [c.tau for c in completions if c.draft_tokens]
-        levels[str(r)] = {
-            "ttft_ms": round(1e3 * statistics.fmean(c.first_response_s for c in completions), 2),
-            "itl_ms": round(1e3 * statistics.fmean(itls), 3) if itls else None,
-            "per_user_tokens_per_s": round(1 / statistics.fmean(itls), 2) if itls else 0.0,
-            "total_tokens_per_s": round(tokens / wall, 2),
-            "tau": round(statistics.fmean(speculative), 3) if speculative else None,
-            "tokens": tokens,
-            "wall_s": round(wall, 3),
-        }
-    bar.close()
+        for r in concurrency:
+            shares = [prompts[i::r] for i in range(r)]
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(r) as pool:
+                completions = [c for share in pool.map(client, shares) for c in share]
+            wall = time.perf_counter() - t0
+            levels[str(r)] = _level_row(completions, wall)
     return {"url": url, "model": model, "endpoint": "chat" if chat else "completions",
             "max_tokens": max_tokens, "prompts": len(prompts), "levels": levels}
+
+
+def _level_row(completions: list[Completion], wall: float) -> dict:
+    itls = [x for x in map(_itl, completions) if x]
+    tokens = sum(c.num_tokens for c in completions)
+    speculative = [c.tau for c in completions if c.draft_tokens]
+    return {
+        "ttft_ms": round(1e3 * statistics.fmean(c.first_response_s for c in completions), 2),
+        "itl_ms": round(1e3 * statistics.fmean(itls), 3) if itls else None,
+        "per_user_tokens_per_s": round(1 / statistics.fmean(itls), 2) if itls else 0.0,
+        "total_tokens_per_s": round(tokens / wall, 2),
+        "tau": round(statistics.fmean(speculative), 3) if speculative else None,
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+    }
 
 
 def remote_table(remote: dict) -> str:

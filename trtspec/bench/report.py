@@ -195,10 +195,16 @@ def tree_section(results: dict) -> list[str]:
     return lines + ["", f"Tree sizes: {'; '.join(sized)}.", ""]
 
 
-def write_report(results: dict, out_dir: Path, command: str, doc: Path) -> None:
+def write_plots(results: dict, out_dir: Path) -> list[Path]:
+    """The PNGs of this run's figures in `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = [p for p in (plot_tau(results, out_dir), plot_acceptance(results, out_dir),
-                         plot_block_time(results, out_dir), plot_interactivity(results, out_dir)) if p]
+    return [p for p in (plot_tau(results, out_dir), plot_acceptance(results, out_dir),
+                        plot_block_time(results, out_dir), plot_interactivity(results, out_dir)) if p]
+
+
+def write_report(results: dict, plots: list[Path], command: str, doc: Path) -> None:
+    """The Markdown report (`bench --doc`, e.g. docs/BENCHMARKS.md), linking `plots`."""
+    doc.parent.mkdir(parents=True, exist_ok=True)
     rel = [p.relative_to(doc.parent) if p.is_relative_to(doc.parent) else p for p in plots]
     lines = [
         "# Benchmarks",

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trtspec.config import BuildConfig
 from trtspec.engine.trt import Profile, build_engine, tensorrt_available
-from trtspec.errors import TrtspecError
+from trtspec.errors import CheckpointError, TrtspecError
 from trtspec.export.bundle import MANIFEST, export_bundle, load_manifest, sha256_file, versions
 
 
@@ -74,6 +74,11 @@ def build_engine_flavour(config: BuildConfig, out_dir: Path) -> tuple[list[Path]
     from trtspec.config import EngineConfig
     from trtspec.triton.repo import write_triton_repo
 
+    for part, name in ((config.target, "target"), (config.drafter, "drafter")):
+        if part is not None and not part.resolved_path.is_dir():
+            raise CheckpointError(f"{name} checkpoint {part.resolved_path} is not here: flavour engine "
+                                  "exports its graphs from the weights, so build where they are "
+                                  "(`trtspec inspect` plans without them)")
     engine = (config.engine or EngineConfig()).model_copy(update={"folder": str(Path(out_dir).resolve())})
     served = config.model_copy(update={"engine": engine})
     repo_files: list[Path] = []
@@ -82,7 +87,7 @@ def build_engine_flavour(config: BuildConfig, out_dir: Path) -> tuple[list[Path]
         repo_files.extend(out_dir / p.relative_to(staged) for p in write_triton_repo(served, staged))
 
     export_bundle(config, out_dir, also=write_repo)
-    written = sorted(p for p in out_dir.iterdir() if p.is_file()) + repo_files
+    written = sorted(p for p in out_dir.iterdir() if p.is_file() and not p.name.startswith(".")) + repo_files
     if not tensorrt_available():
         return written, (f"engines not built: TensorRT and a CUDA GPU are needed; on the GPU node run "
                          f"`python -m trtspec.engine.build {out_dir}`")
@@ -98,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for path in build_engines(Path(args[0])):
             print(path)
-    except (TrtspecError, ValueError, OSError) as exc:
+    except (TrtspecError, ValueError, OSError) as exc:  # a build that cannot finish: 1, as the CLI
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 2
+        return 1
     return 0
 
 

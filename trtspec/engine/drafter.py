@@ -19,12 +19,12 @@ import torch
 
 from trtspec.engine.session import GraphSession
 from trtspec.models.dflash_drafter import marginal_tree, propose_block
-from trtspec.models.drafter import Drafter, DraftRow, PendingTaps
+from trtspec.models.drafter import DraftRow, TapsDrafter
 from trtspec.models.dspark import ChooseToken, DraftBlock
 from trtspec.models.dspark_drafter import MarkovProposer
 
 
-class EngineDFlashDrafter(Drafter):
+class EngineDFlashDrafter(TapsDrafter):
     method = "dflash"
     device = torch.device("cpu")
 
@@ -35,26 +35,11 @@ class EngineDFlashDrafter(Drafter):
         self.block_size, self.mask_token_id, self.num_layers = block_size, mask_token_id, num_layers
         self.num_draft_tokens = num_draft_tokens
         self.ctx_kv: list[np.ndarray] = []  # k0, v0, k1, v1, ... each [num_slots, kvh, capacity, d]
-        self.ctx_len: dict[int, int] = {}
-        self.pending = PendingTaps()
-        self._capacity = 0
+        self._capacity = self._num_slots = 0
 
     def allocate(self, num_slots, capacity):
+        super().allocate(num_slots, capacity)
         self.ctx_kv, self._capacity, self._num_slots = [], capacity, num_slots  # shaped on first output
-        self.ctx_len, self.pending = {}, PendingTaps()
-        self.num_forwards = 0
-
-    def begin(self, slot, prompt, hidden):
-        self.ctx_len[slot] = 0
-        self.pending.clear(slot)
-        self.pending.add(slot, hidden)
-
-    def commit(self, slot, num_accepted, hidden):
-        self.pending.add(slot, hidden)
-
-    def release(self, slot):
-        self.ctx_len.pop(slot, None)
-        self.pending.clear(slot)
 
     def _absorb_pending(self, slots: list[int]) -> None:
         taken = [(slot, self.pending.take(slot)) for slot in slots]

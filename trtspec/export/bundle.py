@@ -12,8 +12,9 @@ Folder layout (what `trtspec build --flavour engine` writes and the engine flavo
     verify_tree_greedy.onnx    greedy verification of draft trees, plugin node
     verify_tree_sampling.onnx  sampling verification of draft trees, plugin node
     manifest.json          config, sha256 of every file, versions, graph inputs/outputs and taps
-The folder is written beside its destination and renamed into place, so an error never leaves
-a half-written folder. `cached_export` keeps one export per content hash of the checkpoints.
+The folder is written beside its destination and swapped into place (`trtspec.output`), so an
+error never leaves a half-written folder. `cached_export` keeps one export per content hash of
+the checkpoints.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from trtspec.config import BuildConfig
 from trtspec.errors import CheckpointError, ConfigError
 from trtspec.export.graph import OPSET, PRECISIONS
 from trtspec.export.plugins import PLUGIN_OPS
+from trtspec.output import staged_output
 
 MANIFEST = "manifest.json"
 EXPORT_FORMAT = 5  # bump when the graphs' interface changes: invalidates cached exports
@@ -181,38 +181,14 @@ def _write(config: BuildConfig, folder: Path, use_drafter: bool) -> dict:
     return manifest
 
 
-def replace_dir(staged: Path, out_dir: Path) -> None:
-    """Move `staged` to `out_dir`; an existing `out_dir` must be empty or an earlier export."""
-    if out_dir.exists():
-        if any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
-            raise ConfigError(f"--out {out_dir} exists and is not an engine build folder; give a new or "
-                              "empty folder")
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        out_dir.rename(old)
-        staged.rename(out_dir)
-        shutil.rmtree(old)
-    else:
-        staged.rename(out_dir)
-
-
 def export_bundle(config: BuildConfig, out_dir: Path, use_drafter: bool = True,
-                  also: Callable[[Path], object] | None = None) -> dict:
+                  also: Callable[[Path], object] | None = None, label: str = "--out") -> dict:
     """Write the graphs and manifest of `config` to `out_dir`; returns the manifest. `also(staged)`
     adds more files (the Triton repository) before the folder is moved into place."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staged.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the folder is meant to be shared
-    try:
+    with staged_output(Path(out_dir), label) as staged:
         manifest = _write(config, staged, use_drafter)
         if also is not None:
             also(staged)
-        replace_dir(staged, out_dir)
-    finally:
-        if staged.exists():
-            shutil.rmtree(staged)
     return manifest
 
 
@@ -259,5 +235,5 @@ def cached_export(config: BuildConfig, use_drafter: bool = True) -> Path:
     folder = cache_root() / "engine" / content_key(config, use_drafter)
     if (folder / MANIFEST).is_file():
         return folder
-    export_bundle(config, folder, use_drafter)
+    export_bundle(config, folder, use_drafter, label="export cache folder")
     return folder

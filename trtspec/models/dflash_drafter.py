@@ -19,13 +19,14 @@ import torch
 
 from trtspec.errors import CheckpointError
 from trtspec.models.dflash import DFlashDraftModel, load_dflash
-from trtspec.models.drafter import Drafter, DraftRow, PendingTaps, Proposal, register_drafter
+from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
 from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout
+from trtspec.models.target import DTYPES
 from trtspec.spec.sampling import row_probs
 from trtspec.spec.tree import DraftTree, grow_tree, log_scores
 
 
-class DFlashDrafter(Drafter):
+class DFlashDrafter(TapsDrafter):
     method = "dflash"
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module,
@@ -37,28 +38,13 @@ class DFlashDrafter(Drafter):
         self.num_draft_tokens = num_draft_tokens or self.block_size - 1
         self.device, self.dtype = model.fc.weight.device, model.fc.weight.dtype
         self.ctx: list[SlotKV] = []
-        self.ctx_len: dict[int, int] = {}
-        self.pending = PendingTaps()
 
     def allocate(self, num_slots, capacity):
+        super().allocate(num_slots, capacity)
         cfg = self.model.config
         # a block is written after the longest context, hence the extra room
         self.ctx = [SlotKV(num_slots, cfg.num_key_value_heads, capacity + self.block_size, cfg.head_dim,
                            self.dtype, self.device) for _ in self.model.layers]
-        self.ctx_len, self.pending = {}, PendingTaps()
-        self.num_forwards = 0
-
-    def begin(self, slot, prompt, hidden):
-        self.ctx_len[slot] = 0
-        self.pending.clear(slot)
-        self.pending.add(slot, hidden)
-
-    def commit(self, slot, num_accepted, hidden):
-        self.pending.add(slot, hidden)
-
-    def release(self, slot):
-        self.ctx_len.pop(slot, None)
-        self.pending.clear(slot)
 
     @torch.inference_mode()
     def _absorb_pending(self, slots: list[int]) -> None:
@@ -140,7 +126,7 @@ def propose_block(logits: torch.Tensor, rows: list[DraftRow]) -> Proposal:
 
 @register_drafter("dflash")
 def _build(config, target) -> DFlashDrafter:
-    model = load_dflash(config.resolved_path, target.config).to(target.device)
+    model = load_dflash(config.resolved_path, target.config, DTYPES[config.dtype]).to(target.device)
     k = config.num_draft_tokens
     if k is not None and k > model.spec.block_size - 1:
         raise CheckpointError(

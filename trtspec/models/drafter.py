@@ -129,6 +129,28 @@ class PendingTaps:
             self.by_slot.pop(slot, None)
 
 
+class TapsDrafter(Drafter):
+    """A drafter fed by the target's taps: per slot, how many target positions it has absorbed
+    (`ctx_len`) and the taps it has received since (`pending`), absorbed by its next proposal."""
+
+    def allocate(self, num_slots, capacity):
+        self.ctx_len: dict[int, int] = {}
+        self.pending = PendingTaps()
+        self.num_forwards = 0
+
+    def begin(self, slot, prompt, hidden):
+        self.ctx_len[slot] = 0
+        self.pending.clear(slot)
+        self.pending.add(slot, hidden)
+
+    def commit(self, slot, num_accepted, hidden):
+        self.pending.add(slot, hidden)
+
+    def release(self, slot):
+        self.ctx_len.pop(slot, None)
+        self.pending.clear(slot)
+
+
 DrafterFactory = Callable[["DrafterConfig", "TargetModel"], Drafter]
 _REGISTRY: dict[str, DrafterFactory] = {}
 

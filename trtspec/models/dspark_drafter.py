@@ -23,6 +23,7 @@ from trtspec.errors import CheckpointError
 from trtspec.models.dflash_drafter import DFlashDrafter
 from trtspec.models.drafter import Drafter, DraftRow, Proposal, register_drafter
 from trtspec.models.dspark import ChooseToken, DraftBlock, DSparkDraftModel, load_dspark
+from trtspec.models.target import DTYPES
 from trtspec.spec.sampling import choose_tokens
 from trtspec.spec.sts import confidences, load_sts
 from trtspec.spec.tree import grow_tree, log_scores
@@ -120,7 +121,7 @@ class DSparkDrafter(MarkovProposer, DFlashDrafter):
 @register_drafter("dspark")
 def _build(config, target) -> DSparkDrafter:
     path = config.resolved_path
-    model = load_dspark(path, target.config).to(target.device)
+    model = load_dspark(path, target.config, DTYPES[config.dtype]).to(target.device)
     k = config.num_draft_tokens
     if k is not None and k > model.spec.block_size:
         raise CheckpointError(

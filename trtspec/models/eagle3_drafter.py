@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from trtspec.models.drafter import Drafter, DraftRow, PendingTaps, Proposal, register_drafter
+from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
 from trtspec.models.eagle3 import Eagle3DraftModel, load_eagle3
 from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout, TreeSpan
 from trtspec.models.target import DTYPES
@@ -34,7 +34,7 @@ from trtspec.spec.tree import grow_tree, log_scores
 DEFAULT_NUM_DRAFT_TOKENS = 7
 
 
-class Eagle3Drafter(Drafter):
+class Eagle3Drafter(TapsDrafter):
     method = "eagle3"
 
     def __init__(self, model: Eagle3DraftModel, num_draft_tokens: int | None = None):
@@ -43,32 +43,24 @@ class Eagle3Drafter(Drafter):
         self.num_draft_tokens = num_draft_tokens or DEFAULT_NUM_DRAFT_TOKENS
         self.device, self.dtype = model.fc.weight.device, model.fc.weight.dtype
         self.kv: SlotKV | None = None
-        self.ctx_len: dict[int, int] = {}
         self.last_h: dict[int, torch.Tensor] = {}  # slot -> [H] output of drafter slot ctx_len − 1
-        self.pending = PendingTaps()
 
     def allocate(self, num_slots, capacity):
+        super().allocate(num_slots, capacity)
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         # the chain's k − 1 steps are written after the committed slots, hence the extra room
         self.kv = SlotKV(num_slots, cfg.num_key_value_heads, capacity + self.num_draft_tokens, head_dim,
                          self.dtype, self.device)
-        self.ctx_len, self.last_h, self.pending = {}, {}, PendingTaps()
-        self.num_forwards = 0
+        self.last_h = {}
 
     def begin(self, slot, prompt, hidden):
-        self.ctx_len[slot] = 0
+        super().begin(slot, prompt, hidden)
         self.last_h.pop(slot, None)
-        self.pending.clear(slot)
-        self.pending.add(slot, hidden)
-
-    def commit(self, slot, num_accepted, hidden):
-        self.pending.add(slot, hidden)
 
     def release(self, slot):
-        self.ctx_len.pop(slot, None)
+        super().release(slot)
         self.last_h.pop(slot, None)
-        self.pending.clear(slot)
 
     def _absorb_pending(self, rows: list[DraftRow]) -> None:
         """Cache the drafter slots of every row's pending taps in one packed causal pass."""

@@ -216,8 +216,18 @@ def format_plan(plan: MemoryPlan, deployment: DeploymentConfig) -> str:
         f"({deployment.free_gpu_memory_fraction:.0%} of what is left, dtype {deployment.kv_cache_dtype})",
         f"KV/token  {plan.kv_per_token_bytes:,} B per GPU (+ {plan.kv_per_sequence_fixed_bytes:,} B per "
         "request for sliding windows)",
-        f"fits      {plan.max_tokens_in_kv:,} tokens in KV; {plan.max_batch_at_max_seq_len:,} requests x "
-        f"{plan.max_seq_len:,} tokens; or {plan.max_batch_size} requests x "
-        f"{plan.max_context_at_max_batch:,} tokens",
+        f"fits      {plan.max_tokens_in_kv:,} tokens in KV (all requests together)",
+        f"          KV room for {plan.max_batch_at_max_seq_len:,} requests of max_seq_len "
+        f"{plan.max_seq_len:,} tokens (max_batch_size {plan.max_batch_size} run at once)",
+        f"          {_at_max_batch(plan)}",
     ]
     return "\n".join(lines)
+
+
+def _at_max_batch(plan: MemoryPlan) -> str:
+    """What a full batch of max_seq_len requests needs vs what the KV cache holds per request."""
+    room, seq, batch = plan.max_context_at_max_batch, plan.max_seq_len, plan.max_batch_size
+    if room >= seq:
+        return (f"max_batch_size {batch} requests of max_seq_len {seq:,} tokens: fit (KV room for "
+                f"{room:,} each)")
+    return f"max_batch_size {batch} requests: {room:,} tokens each fit, below max_seq_len {seq:,}"

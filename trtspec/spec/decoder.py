@@ -122,9 +122,7 @@ class SpeculativeDecoder:
         tree_room = 0 if self.tree is None else self.tree.nodes + self.tree.topk * self.num_draft_tokens
         self.target.allocate(max_slots, self.capacity + tree_room)
         self.drafter.allocate(max_slots, self.capacity + tree_room)
-        k_max = self.num_draft_tokens
-        # every request's acceptance estimate leans on what all requests showed so far
-        self.population = AcceptanceTracker(k_max, prior=acceptance_prior)
+        self.acceptance_prior = acceptance_prior
         self.reset()
 
     @property
@@ -137,7 +135,8 @@ class SpeculativeDecoder:
     # -- continuous batching ----------------------------------------------------------------
 
     def reset(self) -> None:
-        """Forget every request (the buffers stay allocated)."""
+        """Forget every request and what their acceptance taught (the buffers stay allocated), so
+        a seeded request decodes the same whatever ran before it."""
         for slot in range(self.max_slots):
             self.target.release(slot)
             self.drafter.release(slot)
@@ -149,6 +148,8 @@ class SpeculativeDecoder:
         self.offered_drafts = 0  # drafts proposed, over all steps and requests
         self.admitted_drafts = 0  # drafts the schedule sent to the target
         self.draft_len_counts: dict[int, int] = {}  # k picked -> steps (with running requests)
+        # every request's acceptance estimate leans on what all requests showed so far
+        self.population = AcceptanceTracker(self.num_draft_tokens, prior=self.acceptance_prior)
 
     def check(self, request: Request) -> None:
         """Refuse a request this decoder cannot serve, naming the numbers."""

@@ -21,7 +21,9 @@ class SamplingParams(BaseModel):
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy; otherwise softmax temperature")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass kept, in (0, 1]")
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0 = all")
-    seed: int | None = Field(None, description="seed of the request's random generator")
+    seed: int | None = Field(None, ge=0, le=2**64 - 1,
+                             description="seed of the request's random generator (a UINT64, as Triton's "
+                                         "random_seed)")
 
     @property
     def greedy(self) -> bool:

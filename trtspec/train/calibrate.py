@@ -46,7 +46,10 @@ def greedy_outcomes(model: DSparkDraftModel, seqs: torch.Tensor, lens: torch.Ten
     gamma = model.spec.block_size
     logits, survived, owner = [], [], []
     for r in tqdm(range(len(seqs)), desc="draft held-out", unit="seq"):
-        anchors = torch.arange(int(prompt_lens[r]) - 1, int(lens[r]) - gamma)  # a + γ ≤ len − 1
+        first, end = int(prompt_lens[r]) - 1, int(lens[r]) - gamma  # anchors a with a + γ ≤ len − 1
+        if end <= first:  # a continuation shorter than one block (an early end of sequence)
+            continue
+        anchors = torch.arange(first, end)
         for i in range(0, len(anchors), chunk):
             a = anchors[None, i : i + chunk]  # [1, n]
             batch = block_forward(model, seqs[r : r + 1], taps[r : r + 1], a)
@@ -57,7 +60,8 @@ def greedy_outcomes(model: DSparkDraftModel, seqs: torch.Tensor, lens: torch.Ten
             survived.append(accepted.int().cumprod(-1).bool())
             owner.append(torch.full((a.shape[1],), r))
     if not logits:
-        raise TrtspecError(f"no held-out continuation is longer than its prompt + {gamma} tokens")
+        raise TrtspecError(f"no held-out continuation is longer than its prompt + {gamma} tokens: raise "
+                           "--response-tokens")
     return Outcomes(torch.cat(logits), torch.cat(survived), torch.cat(owner))
 
 
@@ -74,6 +78,10 @@ def calibrate(drafter_dir: Path, target_dir: Path, tasks: list[str], response_to
     taps = target_taps(target, seqs, model.spec.target_layer_ids)
     out = greedy_outcomes(model, seqs, lens, torch.tensor([len(p) for p in prompts]), taps)
     fit, held = out.prompt_index % 2 == 0, out.prompt_index % 2 == 1
+    if not fit.any() or not held.any():
+        half = "fitting (even)" if not fit.any() else "held-out (odd)"
+        raise TrtspecError(f"no {half} prompt has a continuation longer than {model.spec.block_size} "
+                           f"tokens with --response-tokens {response_tokens}: raise --response-tokens")
     temps = fit_sts(out.logits[fit], out.survived[fit], bins=bins)
     before = survival_ece(out.logits[held], out.survived[held], None, bins)
     after = survival_ece(out.logits[held], out.survived[held], temps, bins)

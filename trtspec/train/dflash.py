@@ -43,6 +43,7 @@ class DFlashTrainConfig(BaseModel):
     anchors_per_seq: int = Field(32, ge=1, description="blocks trained per sequence per step")
     batch_size: int = Field(8, ge=1, description="sequences per step")
     epochs: float = Field(6.0, gt=0, description="passes over the regenerated data")
+    max_steps: int | None = Field(None, ge=1, description="stop after this many steps (short runs)")
     lr: float = Field(6e-4, gt=0, description="peak AdamW learning rate")
     warmup: float = Field(0.04, ge=0, le=1, description="fraction of steps of warm-up")
     gamma: float | None = Field(None, gt=0, description="loss decay; default 7/5/4 for B=16/10/8")
@@ -58,15 +59,22 @@ def load_prompt_file(path: Path) -> list[str]:
     """JSONL with a `prompt` field per line, or plain text with one prompt per line."""
     if not path.is_file():
         raise TrtspecError(f"prompts file {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TrtspecError(f"prompts file {path} is not UTF-8 text (byte {exc.start})") from None
     prompts = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         if path.suffix == ".jsonl":
             try:
-                prompts.append(json.loads(line)["prompt"])
+                prompt = json.loads(line)["prompt"]
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise TrtspecError(f"{path}:{n}: expected a JSON object with a 'prompt' string") from None
+                prompt = None
+            if not isinstance(prompt, str):
+                raise TrtspecError(f"{path}:{n}: expected a JSON object with a 'prompt' string")
+            prompts.append(prompt)
         else:
             prompts.append(line)
     if not prompts:
@@ -76,21 +84,25 @@ def load_prompt_file(path: Path) -> list[str]:
 
 @torch.inference_mode()
 def regenerate(model, prompts: list[list[int]], response_tokens: int, eos_id: int, batch: int = 64):
-    """Greedy continuations by the target. Returns (sequences [N, P+R], valid lengths [N])."""
-    by_len: dict[int, list[list[int]]] = {}
-    for p in prompts:
-        by_len.setdefault(len(p), []).append(p)
-    seqs, lens = [], []
+    """Greedy continuations by the target, row r continuing prompts[r].
+    Returns (sequences [N, P+R], valid lengths [N])."""
+    by_len: dict[int, list[int]] = {}  # prompts of one length batch without padding
+    for r, p in enumerate(prompts):
+        by_len.setdefault(len(p), []).append(r)
+    seqs: list[torch.Tensor | None] = [None] * len(prompts)
+    lens = [0] * len(prompts)
     bar = tqdm(total=len(prompts), desc="regenerate", unit="prompt")
-    for group in by_len.values():
-        for i in range(0, len(group), batch):
-            ids = torch.tensor(group[i : i + batch])
-            out = model.generate(ids, do_sample=False, max_new_tokens=response_tokens,
-                                 eos_token_id=eos_id, pad_token_id=eos_id)
-            for row in out:
-                seqs.append(row)
+    for rows in by_len.values():
+        for i in range(0, len(rows), batch):
+            chunk = rows[i : i + batch]
+            ids = torch.tensor([prompts[r] for r in chunk])
+            # an explicit mask keeps transformers from guessing one from pad == eos (and warning)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=response_tokens, eos_token_id=eos_id, pad_token_id=eos_id)
+            for r, row in zip(chunk, out, strict=True):
+                seqs[r] = row
                 hit = (row[ids.shape[1] :] == eos_id).nonzero()
-                lens.append(ids.shape[1] + (int(hit[0]) + 1 if len(hit) else response_tokens))
+                lens[r] = ids.shape[1] + (int(hit[0]) + 1 if len(hit) else response_tokens)
             bar.update(len(ids))
     bar.close()
     width = max(len(s) for s in seqs)
@@ -165,6 +177,13 @@ def _lr_at(step: int, total: int, cfg: DFlashTrainConfig) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
 
+def check_layer_ids(layer_ids: list[int] | None, num_layers: int) -> None:
+    """Refuse taps outside the target (`--target-layer-ids`), before any model is built."""
+    if layer_ids is not None and (not layer_ids or any(not 0 <= i < num_layers for i in layer_ids)):
+        raise TrtspecError(f"--target-layer-ids must be layers in [0, {num_layers}) of the target, "
+                           f"got {layer_ids}")
+
+
 def new_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig) -> DFlashDraftModel:
     tc = target.config
     layer_ids = cfg.target_layer_ids or build_target_layer_ids(tc.num_hidden_layers, cfg.num_layers)
@@ -184,6 +203,9 @@ def resolve_mask_token(target, target_dir: Path, mask_token_id: int | None) -> i
     mask_token_id = mask_token_id if mask_token_id is not None else specials.get("mask")
     if mask_token_id is None:
         raise TrtspecError(f"{target_dir}/config.json names no mask token: pass --mask-token-id")
+    if not 0 <= mask_token_id < target.config.vocab_size:
+        raise TrtspecError(f"--mask-token-id {mask_token_id} is not in the target's vocabulary "
+                           f"[0, {target.config.vocab_size})")
     return mask_token_id
 
 
@@ -221,6 +243,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     for p in target.parameters():
         p.requires_grad_(False)
     mask_token_id = resolve_mask_token(target, target_dir, mask_token_id)
+    check_layer_ids(cfg.target_layer_ids, target.config.num_hidden_layers)
     data = regenerated_data(target, prompts_path, cfg.response_tokens, out_dir / "checkpoint" / "data.pt")
 
     model = new_drafter(target, mask_token_id, cfg)
@@ -229,6 +252,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     num = len(data["seqs"])
     total = max(1, int(cfg.epochs * num / cfg.batch_size))
+    stop = min(total, cfg.max_steps or total)
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
     start = resume_state(state_file, model, opt, gen, "DFlash")
@@ -237,9 +261,12 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
     hi = data["lens"] - block  # the last block must fit in the valid tokens
     usable = (hi >= lo).nonzero().flatten()
+    if len(usable) == 0:
+        raise TrtspecError(f"no regenerated sequence is longer than its prompt + {block - 1} tokens; "
+                           "lower --block-size or raise --response-tokens")
     history = []
     t0 = time.time()
-    bar = tqdm(range(start, total), desc="train dflash", unit="step", initial=start, total=total)
+    bar = tqdm(range(start, stop), desc="train dflash", unit="step", initial=start, total=stop)
     for step in bar:
         rows, anchors = sample_anchors(usable, lo, hi, cfg.batch_size, cfg.anchors_per_seq, gen)  # [b, n]
         for group in opt.param_groups:
@@ -252,7 +279,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
         # expected accepted drafts per block if slots were independent: sum of prefix products
         tau_est = 1 + acc.cumprod(0).sum().item()
         bar.set_postfix(loss=f"{loss.item():.3f}", tau_est=f"{tau_est:.2f}")
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total:
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == stop:
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
                             "seconds": round(time.time() - t0, 1)})
             save_state(state_file, model, opt, gen, step + 1)

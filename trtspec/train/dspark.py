@@ -34,6 +34,7 @@ from trtspec.train.dflash import (
     DEFAULT_GAMMA,
     _lr_at,
     block_mask,
+    check_layer_ids,
     regenerated_data,
     resolve_mask_token,
     resume_state,
@@ -165,6 +166,7 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
     for p in target.parameters():
         p.requires_grad_(False)
     mask_token_id = resolve_mask_token(target, target_dir, mask_token_id)
+    check_layer_ids(cfg.target_layer_ids, target.config.num_hidden_layers)
     data = regenerated_data(target, prompts_path, cfg.response_tokens, out_dir / "checkpoint" / "data.pt")
 
     model = new_dspark(target, mask_token_id, cfg)

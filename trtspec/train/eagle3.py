@@ -167,6 +167,10 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
     bad = [i for i in cfg.aux_layer_ids or [] if not 0 <= i < num_layers]
     if cfg.aux_layer_ids is not None and (len(cfg.aux_layer_ids) != 3 or bad):
         raise TrtspecError(f"--aux-layer-ids needs 3 layers in [0, {num_layers}), got {cfg.aux_layer_ids}")
+    vocab = target.config.vocab_size
+    if cfg.draft_vocab_size is not None and cfg.draft_vocab_size > vocab:
+        raise TrtspecError(f"--draft-vocab-size {cfg.draft_vocab_size} exceeds the target's vocabulary of "
+                           f"{vocab}")
     data = regenerated_data(target, prompts_path, cfg.response_tokens, out_dir / "checkpoint" / "data.pt")
 
     model = new_drafter(target, cfg)

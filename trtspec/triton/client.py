@@ -102,11 +102,15 @@ class GenerateParams:
 
 def split_url(url: str) -> tuple[str, str]:
     """`grpc://HOST:PORT`, `http://HOST:PORT` or `openai://HOST:PORT` -> (scheme, "HOST:PORT")."""
-    parsed = urlparse(url)
-    if parsed.scheme not in ("grpc", "http", "openai") or not parsed.hostname or not parsed.port:
+    try:
+        parsed = urlparse(url)
+        port = parsed.port  # raises for a port out of range
+    except ValueError:  # e.g. "Invalid IPv6 URL", "Port out of range 0-65535"
+        parsed, port = None, None
+    if parsed is None or parsed.scheme not in ("grpc", "http", "openai") or not parsed.hostname or not port:
         raise ClientError(f"--url {url!r}: expected grpc://HOST:PORT, http://HOST:PORT (Triton) or "
                           "openai://HOST:PORT (an OpenAI-compatible server)")
-    return parsed.scheme, f"{parsed.hostname}:{parsed.port}"
+    return parsed.scheme, f"{parsed.hostname}:{port}"
 
 
 def grpc_inputs(prompt: str | bytes, params: GenerateParams) -> list:
@@ -162,6 +166,7 @@ def grpc_generate_many(address: str, model: str, requests: list[list], on_text: 
                        timeout_s: float = 300.0) -> list[Completion]:
     """Send every request on ONE stream (the server queues them); results in request order."""
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
 
     done: queue.Queue = queue.Queue()
     ids = [uuid.uuid4().hex for _ in requests]
@@ -175,7 +180,11 @@ def grpc_generate_many(address: str, model: str, requests: list[list], on_text: 
     try:
         client.start_stream(callback=callback)
         for rid, inputs in zip(ids, requests, strict=True):
-            client.async_stream_infer(model, inputs, request_id=rid, enable_empty_final_response=True)
+            try:
+                client.async_stream_infer(model, inputs, request_id=rid, enable_empty_final_response=True)
+            except InferenceServerException as exc:
+                # a broken stream (server unreachable, gone): its cause went to the callback
+                raise ClientError(_stream_failure(done, address) or exc.message()) from None
         pending = set(ids)
         while pending:
             try:
@@ -183,7 +192,7 @@ def grpc_generate_many(address: str, model: str, requests: list[list], on_text: 
             except queue.Empty:
                 raise ClientError(f"no response from {address} within {timeout_s:.0f}s") from None
             if error is not None:
-                raise ClientError(error.message() if hasattr(error, "message") else str(error))
+                raise ClientError(_grpc_message(error, address))
             response = result.get_response()
             completion = completions[response.id]
             if response.outputs:
@@ -195,6 +204,24 @@ def grpc_generate_many(address: str, model: str, requests: list[list], on_text: 
         client.stop_stream(cancel_requests=True)
         client.close()
     return [completions[rid] for rid in ids]
+
+
+def _grpc_message(error, address: str) -> str:
+    text = error.message() if hasattr(error, "message") else str(error)
+    if "failed to connect" in text.lower() or "connection refused" in text.lower():
+        return f"cannot reach grpc://{address}: {text}"
+    return text
+
+
+def _stream_failure(done: queue.Queue, address: str) -> str | None:
+    """The error the stream's callback received, if any arrives within a moment."""
+    try:
+        while True:
+            _result, error = done.get(timeout=2)
+            if error is not None:
+                return _grpc_message(error, address)
+    except queue.Empty:
+        return None
 
 
 def _post(url: str, body: dict, timeout_s: float):

@@ -30,9 +30,10 @@ import triton_python_backend_utils as pb_utils
 
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
+from trtspec.runtime import configure_threads
 from trtspec.spec.decoder import Request
 from trtspec.spec.metrics import GenerationResult
-from trtspec.triton.repo import BUILD_CONFIG_FILE
+from trtspec.triton.repo import BUILD_CONFIG_FILE, instances_on_this_machine
 from trtspec.triton.request import GenerateRequest, RequestError, TextStream, parse_request
 
 log = logging.getLogger(__name__)
@@ -116,8 +117,17 @@ def _response(text: str, ids: list[int], accepted: int, drafted: int) -> pb_util
     )
 
 
-def _error(message: str) -> pb_utils.InferenceResponse:
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+def _error(message: str, bad_request: bool = True) -> pb_utils.InferenceResponse:
+    """An error response: INVALID_ARG for a bad request (HTTP 400), else INTERNAL (500). The
+    backend binds TritonError into pb_utils only after this module is imported."""
+    error = pb_utils.TritonError
+    code = error.INVALID_ARG if bad_request else error.INTERNAL
+    return pb_utils.InferenceResponse(error=error(message, code))
+
+
+def _parameters(request) -> dict:
+    raw = request.parameters()
+    return json.loads(raw) if raw else {}
 
 
 @dataclass
@@ -164,6 +174,7 @@ class TritonPythonModel:
         model_config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException(f"{args['model_name']}: the model must be decoupled")
+        configure_threads(self.config, instances_on_this_machine(model_config))
         self.pipeline = load_pipeline(self.config)
         self.decoder = self.pipeline.batch_decoder()
         self.limit = self.config.limits.max_tokens
@@ -181,7 +192,8 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                parsed = parse_request(lambda name, r=request: _input(r, name), self.limit)
+                parsed = parse_request(lambda name, r=request: _input(r, name), self.limit,
+                                       _parameters(request))
             except RequestError as exc:
                 self.metrics.errors["invalid_request"].increment(1)
                 sender.send(_error(str(exc)), flags=FINAL)
@@ -231,7 +243,8 @@ class TritonPythonModel:
                 log.exception("decoding step failed")
                 self.metrics.errors["generation_failed"].increment(len(running))
                 for stream in running.values():
-                    _send_quietly(stream.sender, _error(f"generation failed: {exc}"), FINAL)
+                    failed = _error(f"generation failed: {exc}", bad_request=False)
+                    _send_quietly(stream.sender, failed, FINAL)
                 running.clear()
                 self.decoder.reset()
 

@@ -66,6 +66,13 @@ def model_config(config: BuildConfig) -> mc.ModelConfig:
     return pb
 
 
+def instances_on_this_machine(model_config: dict) -> int:
+    """Instances Triton starts from a model config (its JSON form, as a model's `initialize` gets
+    it): each group's `count` on each of its `gpus`, or `count` when it lists none."""
+    return sum(int(g.get("count", 1)) * max(1, len(g.get("gpus") or [])) for g in
+               model_config.get("instance_group") or [{}])
+
+
 def _portable_path(path: str, resolved: Path) -> str:
     return path if path.startswith(BUILTIN_PREFIX) else str(resolved.resolve())
 

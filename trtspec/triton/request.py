@@ -2,7 +2,14 @@
 
 Kept free of `triton_python_backend_utils` so every rule here is tested without a server. Triton
 itself refuses a missing required input or a wrong datatype (naming the input) before the model
-sees the request; what is left to check is values and shapes.
+sees the request; what is left to check is values, shapes and request parameters.
+
+Parameters: Triton's HTTP `/generate` turns every JSON field that is not a declared input into a
+request parameter (Triton 2.51 `GenerateRequestClass::ExactMappingInput`), so a misspelt field
+(`"max_token": 32`) would otherwise be dropped without a word; any parameter but `id` (which
+`/generate` also sets as the request id) is refused, naming it. Over gRPC an undeclared tensor is
+refused by Triton itself. What the model never sees: JSON that does not parse, or a field of the
+wrong JSON type (`"max_tokens": "32"`): Triton's front end answers those itself.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ import numpy as np
 
 from trtspec.errors import TrtspecError
 from trtspec.spec.sampling import SamplingParams
-from trtspec.triton.trtllm_inputs import UnsupportedInput, check_refused
+from trtspec.triton.repo import INPUTS
+from trtspec.triton.trtllm_inputs import TRTLLM_INPUTS, UnsupportedInput, check_refused
 
 
 class RequestError(TrtspecError):
@@ -55,8 +63,22 @@ def _utf8(raw, name: str) -> str:
         raise RequestError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
 
 
-def parse_request(get: InputGetter, max_tokens_limit: int) -> GenerateRequest:
-    """Read and check every input; raises RequestError naming the first bad one."""
+OWN_INPUTS = tuple(name for name, *_ in INPUTS if name not in {i.name for i in TRTLLM_INPUTS})
+ALLOWED_PARAMETERS = ("id",)
+
+
+def check_parameters(parameters: dict) -> None:
+    """Refuse request parameters this model does not read (a typo'd field over HTTP)."""
+    unknown = sorted(name for name in parameters if name not in ALLOWED_PARAMETERS)
+    if unknown:
+        names = ", ".join(repr(n) for n in unknown)
+        raise RequestError(f"unknown request field{'s' if len(unknown) > 1 else ''} {names}; this model "
+                           f"takes {', '.join(OWN_INPUTS)} and TensorRT-LLM's optional inputs")
+
+
+def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | None = None) -> GenerateRequest:
+    """Read and check every input and parameter; raises RequestError naming the first bad one."""
+    check_parameters(parameters or {})
     raw = _scalar(get, "text_input")
     if raw is None:
         raise RequestError("text_input is required")

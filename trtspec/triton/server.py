@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -126,6 +127,52 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
+# glog lines of tritonserver: `E1130 17:17:52.519599 11760 main.cc:245] "failed to start ..."`
+_GLOG_ERROR = re.compile(r'^E\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] "?(.*?)"?$')
+_NOISE = ("CudaDriverHelper has not been initialized",)  # every CPU-only start logs it
+
+
+def log_errors(text: str) -> list[str]:
+    """The most telling errors tritonserver logged, first line of each: a model's own load error
+    or a service that could not start when there is one (its status table, the backend's copy and
+    gRPC's internals only repeat them), else any other error line."""
+    found: list[tuple[int, str]] = []
+    for line in text.splitlines():
+        match = _GLOG_ERROR.match(line)
+        if match is None:
+            continue
+        source, message = match.groups()
+        message = message.replace("\\n", "\n").splitlines()[0].strip() if message else ""
+        if not message or any(n in message for n in _NOISE):
+            continue
+        rank = 0 if source in ("model_lifecycle.cc", "main.cc") else 2 if "chttp2" in source else 1
+        found.append((rank, message))
+    if not found:
+        return []
+    best = min(rank for rank, _ in found)
+    return list(dict.fromkeys(m for rank, m in found if rank == best))
+
+
+def check_port_free(host: str, port: int, kind: str, option: str) -> None:
+    """Refuse a port something already listens on, naming it and its option."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            sock.bind((host, port))
+        except socket.gaierror as exc:
+            raise ServeError(f"cannot bind to host {host!r}: {exc.strerror} (--host)") from None
+        except OSError as exc:
+            raise ServeError(f"the {kind} port {port} on {host} is not available ({exc.strerror}): stop "
+                             f"what holds it or choose another ({option})") from None
+
+
+def check_ports_free(host: str, ports: Ports) -> None:
+    """Refuse a taken port before starting the server: Triton would report it after loading every
+    model, and gRPC may even share a port silently."""
+    for kind, port in (("HTTP", ports.http), ("gRPC", ports.grpc), ("metrics", ports.metrics)):
+        check_port_free(host, port, kind, f"--{kind.lower()}-port")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -203,6 +250,7 @@ class TritonServer:
             raise ServeError(f"model repository {self.repo} does not exist: run `trtspec build` first")
         check_models_environment()
         install = find_tritonserver()
+        check_ports_free(self.host, self.ports)
         self._work = tempfile.TemporaryDirectory(prefix="trtspec-triton-")
         backend_dir = prepare_backend_dir(install, Path(self._work.name))
         if self.log_path is None:
@@ -227,20 +275,31 @@ class TritonServer:
         url = f"{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise ServeError(f"tritonserver exited with {self._proc.returncode}: {self.log_tail()}")
+                raise ServeError(f"tritonserver exited with {self._proc.returncode}: {self.failure()}")
             try:
                 with urllib.request.urlopen(url, timeout=2) as resp:
-                    if resp.status == 200:
+                    if resp.status == 200 and self._proc.poll() is None:
                         return
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.3)
-        raise ServeError(f"tritonserver not ready after {timeout_s:.0f}s: {self.log_tail()}")
+        raise ServeError(f"tritonserver not ready after {timeout_s:.0f}s: {self.failure()}")
 
     def log_tail(self, lines: int = 15) -> str:
         if self.log_path is None or not self.log_path.is_file():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def failure(self) -> str:
+        """Why the server stopped or is not ready, in its own words (its first logged errors), with
+        the log's path; the last log line when it logged no error."""
+        text = self.log_path.read_text(errors="replace") if self.log_path and self.log_path.is_file() else ""
+        errors = log_errors(text)
+        lines = [line for line in text.splitlines() if line.strip() and not line.startswith(("|", "+"))]
+        reason = "; ".join(errors) if errors else (lines[-1] if lines else "no log output")
+        keep = self.log_path is not None and self._work is not None and self.log_path.parent != Path(
+            self._work.name)
+        return reason + (f" (log: {self.log_path})" if keep else "")
 
     @property
     def running(self) -> bool:

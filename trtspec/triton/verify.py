@@ -1,19 +1,20 @@
-"""Certify a served deployment as lossless against its target alone (torch flavour).
+"""Certify a served deployment as lossless against its target alone.
 
 1. Greedy: every prompt's served `output_ids` must equal the target's own greedy decoding
-   (`--drafter none` path) token for token. An OpenAI-compatible server (`openai://`, any of
-   trtspec, trtllm-serve, vLLM, SGLang) sends text, not ids: its text must equal the decoded
-   reference character for character.
+   (`--drafter none` path, in the config's flavour) token for token. An OpenAI-compatible
+   server (`openai://`, any of trtspec, trtllm-serve, vLLM, SGLang) sends text, not ids: its text
+   must equal the decoded reference character for character.
 2. Sampling: for one prompt, n requests with seeds 0..n-1 at temperature 1, top-k 3, each
    `SAMPLE_TOKENS` long so that the first tokens pass through the verifier's acceptance rule (a
    request of `steps` tokens would leave no room to draft); the empirical law of each of the
    first `steps` tokens is compared with the exact marginal law of the processed target
-   distribution, computed by walking the target's top-k tree. A position fails when the
-   total-variation distance exceeds the Bretagnolle–Huber–Carol bound
-   sqrt((K ln 2 + ln(1/δ)) / 2n) (K = support size), so a correct server fails with probability
-   < δ per position whatever n is. OpenAI servers' texts are tokenized with the reference's
-   tokenizer (exact for the byte-level models; for a BPE tokenizer a sampled text can split
-   differently from how it was generated, which can only add distance).
+   distribution, computed by walking the target's top-k tree with the checkpoint loaded in torch
+   (whatever the flavour served, so an engine deployment is held to the model it was exported
+   from). A position fails when the total-variation distance exceeds the Bretagnolle–Huber–Carol
+   bound sqrt((K ln 2 + ln(1/δ)) / 2n) (K = support size), so a correct server fails with
+   probability < δ per position whatever n is. OpenAI servers' texts are tokenized with the
+   reference's tokenizer (exact for the byte-level models; for a BPE tokenizer a sampled text can
+   split differently from how it was generated, which can only add distance).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trtspec.config import BuildConfig
+from trtspec.models.target import load_causal_lm
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
 from trtspec.triton.client import (
@@ -152,7 +154,9 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
                                        "character" if text_only else "token"))
     if samples > 0:
         prompt = prompts[0]
-        laws = exact_marginals(reference.target.model, tokenizer.encode(prompt), SAMPLING, steps)
+        # the law is the checkpoint's, whatever the flavour served: torch is the reference
+        torch_target = load_causal_lm(config.target.resolved_path, config.target.dtype)
+        laws = exact_marginals(torch_target, tokenizer.encode(prompt), SAMPLING, steps)
         counts: list[dict[int, int]] = [{} for _ in range(steps)]
         for completion in _sample_served(url, model, prompt, samples, api_key):
             ids = tokenizer.encode(completion.text) if text_only else completion.token_ids

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 from trtspec.config import BuildConfig
@@ -23,8 +22,6 @@ from trtspec.trtllm.convert import convert_drafter
 from trtspec.trtllm.k8s import dump_manifests, manifests
 from trtspec.trtllm.launch import SERVE_CONFIG, launch_script
 from trtspec.trtllm.repo import dump_yaml, write_llmapi_repo
-
-log = logging.getLogger(__name__)
 
 
 def plan_config(config: BuildConfig) -> MemoryPlan:
@@ -62,20 +59,35 @@ def build_trtllm(config: BuildConfig, out_dir: Path) -> list[Path]:
     written += [script, k8s]
 
     drafter = config.drafter
-    if drafter is not None and drafter.method in ("dflash", "dspark") and drafter.path != config.target.path:
-        if drafter.resolved_path.is_dir():
-            convert_drafter(
-                drafter.resolved_path,
-                out_dir / "drafter",
-                drafter.method,
-                dtype=config.target.dtype,
-                max_draft_len=drafter.num_draft_tokens,
-            )
-            written.append(out_dir / "drafter")
-        else:
-            log.info(
-                "drafter weights %s not present: convert them on a node that has them "
-                "(trtspec.trtllm.convert.convert_drafter)",
-                drafter.resolved_path,
-            )
+    if _converts_drafter(config) and drafter.resolved_path.is_dir():
+        convert_drafter(
+            drafter.resolved_path,
+            out_dir / "drafter",
+            drafter.method,
+            dtype=config.target.dtype,
+            max_draft_len=drafter.num_draft_tokens,
+        )
+        written.append(out_dir / "drafter")
     return written
+
+
+def _converts_drafter(config: BuildConfig) -> bool:
+    """DFlash and DSpark drafters are converted to TensorRT-LLM's layout (not an embedded one)."""
+    drafter = config.drafter
+    return (drafter is not None and drafter.method in ("dflash", "dspark")
+            and drafter.path != config.target.path)
+
+
+def drafter_note(config: BuildConfig, out_dir: Path) -> str | None:
+    """What a build without the drafter's weights at hand left undone, and what to do about it."""
+    if not _converts_drafter(config) or config.drafter.resolved_path.is_dir():
+        return None
+    drafter = config.drafter
+    spec = llm_args(config, for_triton=False)["speculative_config"]
+    absent = [k for k in ("mask_token_id", "target_layer_ids") if k not in spec]
+    missing = (f"{SERVE_CONFIG} has no {' / '.join(absent)} (TensorRT-LLM will read them from the "
+               f"drafter's config.json on the nodes) and " if absent else "")
+    return (f"note: drafter weights {drafter.resolved_path} are not here: {missing}the drafter was not "
+            f"converted to TensorRT-LLM's layout. Run this build where that folder exists: it converts "
+            f"the drafter into {out_dir / 'drafter'}; copy that to {spec['speculative_model']} on the "
+            "nodes.")

@@ -1,0 +1,323 @@
+"""Every CLI failure explains itself (issue 21): usage errors exit 2 with usage and name the option;
+run-time failures are one `Error:` line, exit 1; `build` owns its output folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from trtspec.cli import main
+from trtspec.config import ASSETS_DIR
+from trtspec.output import MARKER
+from trtspec.triton.repo import REPO_DIR
+
+from .conftest import REPO
+
+CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def assert_usage_error(result, *named: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Usage:" in result.output and "Traceback" not in result.output
+    for name in named:
+        assert name in result.output, (name, result.output)
+
+
+def assert_run_error(result, *named: str) -> str:
+    """Exit 1, no usage, no traceback: one `Error:` line at the end (after any progress bars);
+    returns it."""
+    out = result.output
+    assert result.exit_code == 1, out
+    assert "Usage:" not in out and "Traceback" not in out and out.count("Error: ") == 1, out
+    start = out.index("Error: ")
+    assert start == 0 or out[start - 1] == "\n", out  # on a line of its own
+    line = out[start:].rstrip("\n")
+    assert "\n" not in line, out
+    for name in named:
+        assert name in line, (name, line)
+    return line
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "trtspec.cli", *map(str, args)], capture_output=True,
+                          timeout=600, env=environ, cwd=REPO)
+
+
+# -- run-time failures vs usage errors --------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["grpc", "http"])
+def test_unreachable_server_is_a_run_time_failure(scheme, tmp_path):
+    url = f"{scheme}://127.0.0.1:{closed_port()}"
+    assert_run_error(invoke("generate", "--url", url, "--prompt", "hi"), "cannot reach", url)
+    # bench and verify went through the same client (over gRPC they raised tritonclient's
+    # "stream is no longer in valid state" traceback)
+    assert_run_error(invoke("bench", "--url", url, "--tasks", "math", "--prompts", "1", "--max-tokens", "4",
+                            "--out", tmp_path / "b"), "cannot reach")
+    assert_run_error(invoke("verify", "--url", url, "--config", CONFIG, "--samples", "0",
+                            "--max-tokens", "4"), "cannot reach")
+
+
+def test_usage_errors_name_the_option(tmp_path):
+    assert_usage_error(invoke("generate", "--url", "ftp://x:1", "--prompt", "hi"), "--url", "ftp://x:1")
+    assert_usage_error(invoke("bench", "--url", "grpc://x", "--out", tmp_path), "--url")
+    assert_usage_error(invoke("bench", CONFIG, "--tasks", "maths", "--out", tmp_path), "--tasks", "maths")
+    assert_usage_error(invoke("calibrate", "--drafter", tmp_path / "none", "--target", tmp_path),
+                       "--drafter")
+    assert_usage_error(invoke("serve", tmp_path, "--http-port", "9000", "--grpc-port", "9000"),
+                       "--http-port 9000, --grpc-port 9000")
+    assert_usage_error(invoke("train", "dflash", "--target", ASSETS_DIR / "tiny-target", "--prompts",
+                              CONFIG, "--out", tmp_path / "d", "--block-size", "1"), "--block-size")
+    latin1, number = tmp_path / "latin1.txt", tmp_path / "number.jsonl"
+    latin1.write_bytes(b"caf\xe9\n")
+    number.write_text('{"prompt": 5}\n')
+    for bad, message in ((latin1, "is not UTF-8 text (byte 3)"), (number, ":1: expected a JSON object")):
+        result = invoke("verify", "--url", "grpc://127.0.0.1:1", "--config", CONFIG, "--prompts", bad)
+        assert_usage_error(result, "--prompts", str(bad), message)
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["generate", "--config", CONFIG, "--prompt", "hi", "--seed", str(2**70)], "'--seed'"),
+        (["generate", "--url", "http://[::1", "--prompt", "hi"], "--url"),
+        (["generate", "--url", "grpc://localhost:99999", "--prompt", "hi"], "--url"),
+        (["profile", CONFIG, "--out", "sps.json", "--context", "100000"], "--context"),
+        (["bench", CONFIG, CONFIG, "--out", "b"], "repeats the drafter of another config"),
+    ],
+    ids=["seed-over-uint64", "ipv6-url", "port-out-of-range", "context-past-positions", "same-config-twice"],
+)
+def test_values_that_used_to_crash_are_usage_errors(tmp_path, monkeypatch, args, option):
+    """Found looking for the issue's class of defect: each was a traceback, a one-line message that
+    did not name the option, or (profile) an attempt to allocate 640 GB."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    assert_usage_error(result, option)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "dflash", "--target-layer-ids", "1,99"], "--target-layer-ids must be layers in [0, 6)"),
+        (["train", "dspark", "--target-layer-ids", "1,99"], "--target-layer-ids must be layers in [0, 6)"),
+        (["train", "eagle3", "--draft-vocab-size", "100000"],
+         "--draft-vocab-size 100000 exceeds the target's vocabulary of 264"),
+        (["train", "dflash", "--mask-token-id", "9999"],
+         "--mask-token-id 9999 is not in the target's vocabulary"),
+    ],
+    ids=["dflash-taps", "dspark-taps", "eagle3-vocab", "mask-id"],
+)
+def test_training_options_the_target_cannot_take(tmp_path, args, message):
+    """Checked against the loaded target before its responses are regenerated (they were an
+    IndexError traceback after it)."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("import os\n")
+    result = invoke(*args, "--target", ASSETS_DIR / "tiny-target", "--prompts", prompts,
+                    "--out", tmp_path / "o")
+    assert_run_error(result, message)
+    assert not (tmp_path / "o" / "checkpoint" / "data.pt").exists()
+
+
+def test_serve_on_a_host_that_does_not_resolve(tmp_path):
+    proc = run("serve", tmp_path, "--host", "nohost.invalid")
+    assert proc.returncode == 1
+    assert proc.stderr.decode().strip().splitlines() == [
+        "Error: cannot bind to host 'nohost.invalid': Name or service not known (--host)"]
+
+
+def test_prompt_that_is_not_utf8_names_prompt():
+    """Bytes that are not UTF-8 reach Python as lone surrogates (argv is decoded with surrogateescape)."""
+    proc = subprocess.run([sys.executable, "-m", "trtspec.cli", "generate", "--config", str(CONFIG),
+                           "--prompt", b"\xff\xfeab"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Invalid value for --prompt: is not valid UTF-8 text (byte 0)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_verify_help_shows_dir_as_optional():
+    result = invoke("verify", "--help")
+    assert result.exit_code == 0
+    assert "Usage: main verify [OPTIONS] [DIR]" in result.output
+
+
+def test_yaml_with_several_mistakes_lists_them_all(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("target: {path: builtin:tiny-target}\nflavour: gpu\nlimits: {max_tokens: 0}\n"
+                    "drafter: {method: dflash, path: x, num_draft_tokens: 99}\n")
+    result = invoke("generate", "--config", path, "--prompt", "hi")
+    assert_usage_error(result, f"{path}: 3 mistakes:")
+    assert "field `flavour`: Input should be 'torch', 'engine' or 'trtllm', got 'gpu'" in result.output
+    assert "field `limits.max_tokens`: Input should be greater than or equal to 1, got 0" in result.output
+    assert ("field `drafter.num_draft_tokens`: Input should be less than or equal to 64, got 99"
+            in result.output)
+    assert "more)" not in result.output
+
+
+# -- train and calibrate ----------------------------------------------------------------------
+
+
+def test_train_target_needs_an_out_folder():
+    """Its old default was trtspec/assets, where it overwrote the shipped models."""
+    result = invoke("train", "target", "--steps", "1")
+    assert_usage_error(result, "Missing option '--out'")
+    assert "default: trtspec/assets" not in invoke("train", "target", "--help").output
+
+
+def test_train_dflash_max_steps(tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def add(a, b):\nimport os\nQ: 2 + 3\n")
+    out = tmp_path / "dflash"
+    proc = run("train", "dflash", "--target", ASSETS_DIR / "tiny-target", "--prompts", prompts, "--out", out,
+               "--block-size", "4", "--layers", "1", "--response-tokens", "16", "--max-steps", "2")
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    report = json.loads((out / "training.json").read_text())
+    assert report["recipe"]["max_steps"] == 2 and report["history"][-1]["step"] == 2
+    assert b"attention mask" not in proc.stderr  # transformers' warning about pad == eos
+
+
+def test_calibrate_takes_any_response_length(tmp_path):
+    drafter = shutil.copytree(ASSETS_DIR / "tiny-dspark-b15", tmp_path / "dspark")
+    (drafter / "sts.json").unlink()
+    ok = run("calibrate", "--drafter", drafter, "--target", ASSETS_DIR / "tiny-target", "--tasks", "math",
+             "--response-tokens", "16")
+    assert ok.returncode == 0, ok.stderr.decode()[-2000:]
+    assert len(json.loads((drafter / "sts.json").read_text())["temperatures"]) == 15
+    assert b"attention mask" not in ok.stderr
+    # too short for one block of 15 drafts: refused in one line, not a torch traceback
+    short = invoke("calibrate", "--drafter", drafter, "--target", ASSETS_DIR / "tiny-target", "--tasks",
+                   "math", "--response-tokens", "2")
+    assert_run_error(short, "raise --response-tokens")
+
+
+def test_regenerated_rows_follow_the_prompts():
+    """Prompts are batched by length; row r must still continue prompt r (anchors and loss masks
+    are placed with prompt r's length)."""
+    from trtspec.models.target import load_causal_lm
+    from trtspec.train.dflash import regenerate
+
+    target = load_causal_lm(ASSETS_DIR / "tiny-target")
+    prompts = [list(b"def f(x):\n"), list(b"Q: 1 + 2\nA:"), list(b"import os\n"), list(b"Q: 10 + 20\nA:")]
+    seqs, lens = regenerate(target, prompts, 4, target.config.eos_token_id)
+    assert [seqs[r, : len(p)].tolist() for r, p in enumerate(prompts)] == prompts
+    assert all(len(p) < n <= len(p) + 4 for p, n in zip(prompts, lens.tolist(), strict=True))
+
+
+# -- bench, inspect ---------------------------------------------------------------------------
+
+
+def test_inspect_says_what_each_number_is():
+    result = invoke("inspect", REPO / "build_configs" / "gpt-oss-120b-dflash-b300-tp8.yaml")
+    assert result.exit_code == 0, result.output
+    assert "128 requests x 327,517 tokens" not in result.output
+    assert ("max_batch_size 128 requests of max_seq_len 32,768 tokens: fit (KV room for 327,517 each)"
+            in result.output)
+    assert "KV room for 1,275 requests of max_seq_len 32,768 tokens" in result.output
+    deepseek = invoke("inspect", REPO / "build_configs" / "deepseek-v4-flash-dspark.yaml").output
+    assert ("max_batch_size 64 requests of max_seq_len 65,536 tokens: fit (KV room for 508,273 each)"
+            in deepseek)
+
+
+# -- build ------------------------------------------------------------------------------------
+
+
+def _config(tmp_path: Path, name: str, **drafter) -> Path:
+    raw = yaml.safe_load(CONFIG.read_text())
+    raw["name"] = name
+    raw["drafter"].update(drafter)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_build_owns_its_output(tmp_path):
+    out = tmp_path / "out"
+    assert invoke("build", _config(tmp_path, "alpha"), "--out", out).exit_code == 0
+    assert (out / MARKER).is_file() and (out / REPO_DIR / "alpha").is_dir()
+    # a rebuild replaces the whole folder: no stale model left for tritonserver to load
+    result = invoke("build", _config(tmp_path, "beta"), "--out", out)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (out / REPO_DIR).iterdir()) == ["beta"]
+    # another flavour's build replaces it too
+    engine = invoke("build", _config(tmp_path, "gamma"), "--out", out, "--flavour", "engine")
+    assert engine.exit_code == 0, engine.output
+    assert sorted(p.name for p in (out / REPO_DIR).iterdir()) == ["gamma"]
+    assert (out / "manifest.json").is_file()
+    # a folder it did not write is refused and left as it was
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    assert_usage_error(invoke("build", CONFIG, "--out", foreign), "--out",
+                       "was not written by `trtspec build`")
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left
+
+
+def test_build_into_a_mounted_volume_replaces_its_contents(tmp_path):
+    """A mount point (a container volume) cannot be renamed: the build replaces what is inside."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "trtspec-test", str(volume)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        assert invoke("build", _config(tmp_path, "alpha"), "--out", volume).exit_code == 0
+        result = invoke("build", _config(tmp_path, "beta"), "--out", volume)
+        assert result.exit_code == 0, result.output
+        assert sorted(p.name for p in (volume / REPO_DIR).iterdir()) == ["beta"]
+        assert (volume / MARKER).is_file()
+    finally:
+        subprocess.run(["umount", str(volume)], check=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alpha.yaml", "beta.yaml", "volume"]
+
+
+def test_build_runs_the_drafter_fit_checks_of_generate(tmp_path):
+    bad = _config(tmp_path, "bad", method="eagle3")  # an EAGLE-3 config pointing at a DFlash checkpoint
+    message = "num_hidden_layers is 2; an EAGLE-3 drafter has one midlayer"
+    assert message in invoke("generate", "--config", bad, "--prompt", "hi").output
+    assert_run_error(invoke("build", bad, "--out", tmp_path / "out"), message)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flavour", ["engine", "torch"])
+def test_build_into_a_read_only_place_names_the_users_folder(tmp_path, flavour):
+    if os.geteuid() == 0:  # root writes through permission bits; sysfs refuses everyone
+        parent = Path("/sys/fs")
+    else:
+        parent = tmp_path / "ro"
+        parent.mkdir(mode=0o555)
+    out = parent / "trtspec-out"
+    line = assert_run_error(invoke("build", CONFIG, "--out", out, "--flavour", flavour), f"--out {out}")
+    assert f"cannot write in {parent}" in line and f"{parent}/." not in line  # not the staging folder
+
+
+def test_trtllm_build_without_drafter_weights_says_what_to_do(tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["build", str(REPO / "build_configs/llama3.1-8b-dflash.yaml"),
+                                       "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    note = result.stderr.strip()
+    assert note.startswith("note: drafter weights ")
+    assert "LLaMA3.1-8B-Instruct-DFlash-UltraChat are not here" in note
+    assert "trtllm-serve.yaml has no mask_token_id / target_layer_ids" in note
+    assert f"converts the drafter into {out / 'drafter'}" in note
+    assert "/models/LLaMA3.1-8B-Instruct-DFlash-UltraChat on the nodes" in note
