@@ -393,3 +393,20 @@ def test_tree_config_is_checked(tmp_path, tree, message):
     path.write_text(text.replace("limits:", f"  tree: {tree}\nlimits:"))
     with pytest.raises(ConfigError, match=message):
         load_build_config(path)
+
+
+def test_tree_budget_and_admission_follow_the_cost_table():
+    """tree_budget: the most nodes verified within 1.1 × the chain's forward (flat on a GPU-like
+    table); tree_rows: the requests whose expected gain pays, none when drafting costs too much."""
+    from trtspec.spec.cost import tree_budget, tree_rows
+    from trtspec.spec.schedule import SPSTable
+
+    cpu = SPSTable(batch_tokens=[1, 16, 32, 64], steps_per_s=[100.0, 100.0, 80.0, 40.0],
+                   draft_batches=[1, 8], draft_lens=[15], draft_seconds=[[0.002], [0.003]])
+    assert tree_budget(cpu, 15) == 22  # SPS(N + 1) >= 100 / 1.1 up to B = 23
+    gpu = cpu.model_copy(update={"batch_tokens": [1, 512], "steps_per_s": [100.0, 100.0]})
+    assert tree_budget(gpu, 15) == 256
+    assert tree_rows(cpu, [5.0, 1.0, 4.0], 3, 22, 15, per_depth_forward=False, topk=4) == [0, 2]
+    assert tree_rows(cpu, [3.0, 1.0, 2.5], 3, 22, 15, per_depth_forward=False, topk=4) == [0]
+    slow = cpu.model_copy(update={"draft_seconds": [[0.5], [0.5]]})
+    assert tree_rows(slow, [3.0, 2.5], 2, 22, 15, per_depth_forward=False, topk=4) == []
