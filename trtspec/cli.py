@@ -357,7 +357,7 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
               help="With openai://: bearer token (env OPENAI_API_KEY).")
 @click.option("--tree", "tree_spec", default=None, metavar="auto|N,K",
               help="Also run each drafter with a draft tree (method NAME+tree): auto = N nodes sized by "
-                   "this machine's cost table (tree verification ≤ 1.1 × the chain's), K = 4; or N,K. A "
+                   "this machine's cost table (tree verification ≤ 1.1 × the chain's), K = 8; or N,K. A "
                    "config with drafter.tree always gets its tree row.")
 @click.option("--write-acceptance", is_flag=True,
               help="Store each drafter's measured acceptance by position as acceptance.json beside its "

@@ -95,7 +95,7 @@ class TreeConfig(_Strict):
         description="N: draft nodes per request and step (the root, the last verified token, not "
                     "counted). Size it for the machine: `trtspec profile` prints the budget whose "
                     "verification costs about a chain's (`trtspec.spec.cost.tree_budget`)")
-    topk: int = Field(4, ge=1, le=32, description="K: children tried per expanded node and nodes expanded "
+    topk: int = Field(8, ge=1, le=32, description="K: children tried per expanded node and nodes expanded "
                                                   "per depth (EAGLE-2's dynamic tree)")
     depth: int | None = Field(
         None, ge=1, le=64,

@@ -27,7 +27,7 @@ from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.cost import tree_budget
 
-TREE_TOPK = 4  # children per expanded node of the trees `--tree auto` sizes
+TREE_TOPK = 8  # children per expanded node of the trees `--tree auto` sizes
 
 
 @dataclass

@@ -108,7 +108,9 @@ class DFlashDrafter(TapsDrafter):
 def marginal_tree(logits: torch.Tensor, rows: list[DraftRow], tree, depth: int) -> DraftTree:
     """A tree from per-slot marginals logits [R, depth, V]: depth-d children are slot d's best."""
     scores = log_scores(logits, [row.sampling for row in rows])  # [R, D, V]
-    return grow_tree(scores[:, 0], lambda d, frontier, _: scores[:, d, None], tree.topk, tree.nodes, depth)
+    best, tokens = scores.topk(min(tree.topk, scores.shape[-1]), -1)  # [R, D, K], once for every depth
+    return grow_tree(scores[:, 0], lambda d, frontier, _: (best[:, d, None], tokens[:, d, None]), tree.topk,
+                     tree.nodes, depth)
 
 
 def propose_block(logits: torch.Tensor, rows: list[DraftRow]) -> Proposal:

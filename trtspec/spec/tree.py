@@ -42,7 +42,8 @@ from trtspec.spec.sampling import SamplingParams, row_probs
 
 # the children's log-scores of a frontier: (depth d of the frontier, tokens [R, F], index of each
 # frontier node's parent in the previous frontier [R, F] (−1: the root)) -> [R, F, V] ([R, 1, V]
-# when the children do not depend on their parent)
+# when the children do not depend on their parent), or already their K best: (scores, tokens)
+# [R, F or 1, K]
 Expand = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -111,15 +112,15 @@ def grow_tree(first: torch.Tensor, expand: Expand, topk: int, nodes: int, depth:
     frontier_id = torch.arange(k, device=device).expand(r, k)  # global candidate ids
     from_prev = torch.full_like(token, -1)
     total = k
+    leaders = score  # [R, ≤ N] the best scores so far
     for d in range(2, depth + 1):
         # no later candidate can beat the frontier's best: stop once N candidates already do
-        if total >= nodes:
-            nth = torch.cat(scores, 1).topk(nodes, -1).values[:, -1]  # [R]
-            if bool((nth >= frontier_score.max(-1).values).all()):
-                break
-        child = expand(d - 1, frontier_token, from_prev)  # [R, F or 1, V]
+        if total >= nodes and bool((leaders[:, -1] >= frontier_score[:, 0]).all()):
+            break
+        child = expand(d - 1, frontier_token, from_prev)
         f = frontier_token.shape[1]
-        c_score, c_token = (t.expand(r, f, k) for t in child.topk(k, -1))  # [R, F, K]
+        c_score, c_token = child if isinstance(child, tuple) else child.topk(k, -1)
+        c_score, c_token = c_score.expand(r, f, k), c_token.expand(r, f, k)  # [R, F, K]
         cand = (frontier_score[:, :, None] + c_score).reshape(r, f * k)  # [R, F·K]
         cand_token = c_token.reshape(r, f * k)
         cand_parent = frontier_id[:, :, None].expand(r, f, k).reshape(r, f * k)
@@ -127,7 +128,9 @@ def grow_tree(first: torch.Tensor, expand: Expand, topk: int, nodes: int, depth:
         tokens.append(cand_token)
         parents.append(cand_parent)
         depths.append(d)
-        best_score, best = cand.topk(min(k, f * k), -1)  # the next frontier [R, K]
+        best_score, best = cand.topk(min(k, f * k), -1)  # the next frontier [R, K], best first
+        leaders = torch.cat([leaders, best_score], 1).topk(min(nodes, leaders.shape[1] + best_score.shape[1]),
+                                                            -1).values
         frontier_score, frontier_token = best_score, cand_token.gather(1, best)
         frontier_id = total + best
         from_prev = best // k  # index of its parent within the frontier just expanded
