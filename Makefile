@@ -27,6 +27,7 @@ demo: install
 	@echo "== target alone (--drafter none) =="
 	$(VENV)/bin/trtspec generate --config $(CONFIG) --prompt "$$(printf '$(PROMPT)')" --max-tokens 120 --drafter none
 	@echo "== served: build the Triton repository, serve it, one streaming gRPC request, stop =="
+	rm -rf $(DEMO_OUT)  # the demo's own output, rebuilt each time
 	$(VENV)/bin/trtspec build $(CONFIG) --out $(DEMO_OUT)
 	@$(VENV)/bin/trtspec serve $(DEMO_OUT) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
 	    --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT) & pid=$$!; trap 'kill -TERM $$pid; wait $$pid' EXIT; \

@@ -321,3 +321,19 @@ def test_trtllm_build_without_drafter_weights_says_what_to_do(tmp_path):
     assert "trtllm-serve.yaml has no mask_token_id / target_layer_ids" in note
     assert f"converts the drafter into {out / 'drafter'}" in note
     assert "/models/LLaMA3.1-8B-Instruct-DFlash-UltraChat on the nodes" in note
+
+
+def test_prompt_beyond_the_context_is_refused_with_the_numbers(tmp_path):
+    """A 20,000-byte prompt to a model with 4,096 positions, and a prompt beyond
+    limits.max_input_tokens: refused before anything is decoded, naming the numbers."""
+    result = invoke("generate", "--config", CONFIG, "--prompt", "x" * 20_000, "--max-tokens", "16")
+    assert_usage_error(result, "--prompt / --max-tokens",
+                       "prompt of 20000 tokens + max_tokens 16 = 20016 tokens exceeds this deployment's "
+                       "context of 4096")
+    limited = tmp_path / "limited.yaml"
+    text = CONFIG.read_text().replace("max_tokens: 2048", "max_tokens: 2048\n  max_input_tokens: 64")
+    limited.write_text(text)
+    result = invoke("generate", "--config", limited, "--prompt", "y" * 65, "--max-tokens", "4")
+    assert_usage_error(result, "prompt of 65 tokens exceeds limits.max_input_tokens 64")
+    ok = invoke("generate", "--config", limited, "--prompt", "y" * 64, "--max-tokens", "4", "--json")
+    assert ok.exit_code == 0, ok.output

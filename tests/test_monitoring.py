@@ -193,8 +193,9 @@ def _wait_for(prometheus: Prometheus, expr: str, timeout_s: float = 60) -> list[
 def test_acceptance_collapse_fires_for_the_bad_drafter_only(scraped):
     firing = _wait_for(scraped, 'ALERTS{alertname="TrtspecAcceptanceCollapse", alertstate="firing"}')
     assert {a["metric"]["model"] for a in firing} == {BAD}
-    taus = {r["metric"]["model"]: float(r["value"][1]) for r in scraped.query("trtspec:tau:rate5m")}
-    assert taus[BAD] < 1.5 < 3.0 < taus[GOOD], taus
+    rates = {r["metric"]["model"]: float(r["value"][1])
+             for r in scraped.query("trtspec:acceptance_rate:rate5m")}
+    assert rates[BAD] < 0.05 < 0.1 < rates[GOOD], rates
     # the other two alerts evaluate on the same data and stay silent
     assert scraped.query('ALERTS{alertname=~"TrtspecQueueTimeHigh|TrtspecErrorRateHigh"}') == []
 

@@ -127,3 +127,17 @@ def test_drafting_cost_moves_the_early_stop():
     surv = [torch.tensor([0.7, 0.5, 0.3])]
     assert schedule_lengths(surv, sps, "scheduler") == [1]  # 1.7·60 > 1·100, 2.2·45 < 1.7·60
     assert schedule_lengths(surv, sps, "scheduler", draft_seconds=0.05) == [3]
+
+
+def test_best_draft_len_needs_the_margin_to_draft():
+    """Drafting must beat plain decoding by 1 + min_gain; otherwise k = 0."""
+    from trtspec.spec.cost import best_draft_len
+
+    class Cost:  # drafting doubles a step's time
+        def seconds(self, batch, draft_len):
+            return 1.0 if draft_len == 0 else 2.0
+
+    surv = [[0.9, 0.5]]  # k = 1: 1.9 / 2 = 0.95 tokens/s; k = 2: 2.4 / 2 = 1.2 against 1.0 plain
+    assert best_draft_len(Cost(), surv, 2)[0] == 2
+    assert best_draft_len(Cost(), surv, 2, min_gain=0.1)[0] == 2
+    assert best_draft_len(Cost(), surv, 2, min_gain=0.25)[0] == 0

@@ -186,9 +186,12 @@ GOOD = {"text_input": np.array([b"Q: 1 + 2\nA:"], dtype=object), "max_tokens": n
         ({**GOOD, "temperature": np.array([np.nan], dtype=np.float32)}, "temperature must be a finite"),
         ({**GOOD, "top_p": np.array([2.0], dtype=np.float32)}, r"top_p must be in \(0, 1\]"),
         ({**GOOD, "text_input": np.array([b"\xff\xfeab"], dtype=object)}, "text_input is not valid UTF-8"),
+        ({**GOOD, "text_input": np.array([b"x" * 1_000_000], dtype=object)},
+         r"text_input: prompt of 1000000 tokens \+ max_tokens 4 = 1000004 tokens exceeds this deployment's "
+         r"context of 4096"),
     ],
     ids=["missing-text", "max-tokens-0", "max-tokens-over-limit", "wrong-dtype", "neg-temperature",
-         "nan-temperature", "top-p", "invalid-utf8"],
+         "nan-temperature", "top-p", "invalid-utf8", "prompt-beyond-context"],
 )
 def test_bad_grpc_request_is_named_and_server_goes_on(served, config, expected, inputs, message):
     address = served.grpc_url.removeprefix("grpc://")
@@ -221,8 +224,11 @@ def _post(url: str, body: dict) -> tuple[int, str]:
         ({"text_input": "hi", "max_tokens": 4, "max_token": 4, "temprature": 0.5},
          "unknown request fields 'max_token', 'temprature'"),
         ({"text_input": "hi", "max_tokens": 4, "parameters": {"sed": 3}}, "unknown request field 'sed'"),
+        ({"text_input": "x" * 20_000, "max_tokens": 8},
+         "prompt of 20000 tokens + max_tokens 8 = 20008 tokens exceeds this deployment's context of 4096"),
     ],
-    ids=["missing-text", "max-tokens-0", "neg-temperature", "unknown-field", "typos", "unknown-parameter"],
+    ids=["missing-text", "max-tokens-0", "neg-temperature", "unknown-field", "typos", "unknown-parameter",
+         "prompt-beyond-context"],
 )
 @pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
 def test_bad_http_request_is_named_and_server_goes_on(served, config, expected, body, message, endpoint):

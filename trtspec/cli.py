@@ -92,6 +92,7 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
     """Generate text speculatively with the configured target and drafter, or ask a served model."""
     from trtspec.pipeline import load_pipeline
     from trtspec.runtime import configure_threads
+    from trtspec.spec.decoder import Request
     from trtspec.spec.sampling import SamplingParams
 
     utf8_text(prompt, "--prompt")
@@ -127,6 +128,10 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
                                  f"{config_path}), got {max_tokens}", param_hint="--max-tokens")
     configure_threads(config)
     pipeline = load_pipeline(config, use_drafter=drafter_choice != "none")
+    try:
+        pipeline.decoder.check(Request(pipeline.tokenizer.encode(prompt), max_tokens))
+    except ValueError as exc:  # prompt + max_tokens beyond the deployment's context, with the numbers
+        raise click.BadParameter(str(exc), param_hint="--prompt / --max-tokens") from None
     text, result = pipeline.generate(prompt, max_tokens, sampling)
     if as_json:
         click.echo(json.dumps({"text": text, "drafter": pipeline.drafter.method, **result.to_dict()}))

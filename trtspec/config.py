@@ -80,6 +80,9 @@ class ScheduleConfig(_Strict):
                     "whose survival ≥ `threshold`; argmax is biased, kept only to demonstrate why "
                     "Algorithm 1 stops early")
     threshold: float = Field(0.5, ge=0, le=1, description="survival cut of the threshold mode")
+    min_gain: float = Field(
+        0.1, ge=0, le=1, description="adaptive: draft only when the cost model predicts at least this "
+                                     "much more tokens/s than plain decoding (a margin for its error)")
     sps_table: str | None = Field(
         None, description="`trtspec profile` output (target steps/s per verify batch, drafter seconds per "
                           "batch and draft length), relative to the YAML; unset = measured on first use "

@@ -128,7 +128,8 @@ class Pipeline:
         if tree == "config":
             tree = self.config.drafter.tree if self.config.drafter else None
         return SpeculativeDecoder(self.target, drafter, self.tokenizer.eos_id, self.verifier, schedule,
-                                  cost_table, max_slots, self.capacity, prior, tree)
+                                  cost_table, max_slots, self.capacity, prior,
+                                  self.config.limits.max_input_tokens, tree)
 
     @functools.cached_property
     def decoder(self) -> SpeculativeDecoder:

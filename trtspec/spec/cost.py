@@ -60,17 +60,21 @@ def expected_tokens(surv: Sequence[float], k: int) -> float:
     return 1.0 + float(sum(surv[:k]))
 
 
-def best_draft_len(cost: StepCost, survivals: Sequence[Sequence[float]], k_max: int) -> tuple[int, float]:
+def best_draft_len(cost: StepCost, survivals: Sequence[Sequence[float]], k_max: int,
+                   min_gain: float = 0.0) -> tuple[int, float]:
     """The k in 0..k_max that maximises expected tokens per second of a step for these requests
-    (one survival curve each), and that rate. Ties go to the shorter draft."""
+    (one survival curve each), and that rate. Drafting (k > 0) must beat plain decoding by the
+    factor 1 + `min_gain`: a margin for the estimates' error where the two are close. Ties go to
+    the shorter draft."""
     batch = len(survivals)
     if batch == 0:
         return 0, 0.0
-    best_k, best_rate = 0, batch / cost.seconds(batch, 0)
+    plain = batch / cost.seconds(batch, 0)
+    best_k, best_rate = 0, plain
     for k in range(1, k_max + 1):
         tokens = sum(expected_tokens(s, k) for s in survivals)
         rate = tokens / cost.seconds(batch, k)
-        if rate > best_rate:
+        if rate > best_rate and rate >= (1.0 + min_gain) * plain:
             best_k, best_rate = k, rate
     return best_k, best_rate
 
@@ -149,12 +153,13 @@ def tree_draft_seconds(table: SPSTable, rows: int, depth: int, per_depth_forward
 
 
 def tree_rows(table: SPSTable, expected: Sequence[float], batch: int, nodes: int, depth: int,
-              per_depth_forward: bool, topk: int) -> list[int]:
+              per_depth_forward: bool, topk: int, min_gain: float = 0.0) -> list[int]:
     """Which requests draft a tree this step (indices into `expected`, each request's expected tokens
     from a tree step), out of `batch` running ones: the most promising first, the prefix that
-    maximises the step's tokens per second (none at all when plain decoding is faster)."""
+    maximises the step's tokens per second (none at all unless it beats plain decoding by
+    `min_gain`, as `best_draft_len` asks of chains)."""
     order = sorted(range(len(expected)), key=lambda j: -expected[j])
-    best_n, best_rate = 0, batch * table.sps(batch)
+    best_n, best_rate = 0, batch * table.sps(batch) * (1.0 + min_gain)
     tokens = float(batch)
     for n, j in enumerate(order, start=1):
         tokens += expected[j] - 1.0

@@ -31,7 +31,7 @@ import torch
 from trtspec.config import ScheduleConfig, TreeConfig
 from trtspec.models.drafter import Drafter, DraftRow, NoDrafter, Proposal
 from trtspec.models.target import Chunk, PathKeep, TargetModel
-from trtspec.spec.cost import AcceptanceTracker, MeasuredCost
+from trtspec.spec.cost import AcceptanceTracker, MeasuredCost, best_draft_len
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams, choose_tokens
 from trtspec.spec.schedule import SPSTable, schedule_lengths, survival
@@ -102,7 +102,8 @@ class SpeculativeDecoder:
     def __init__(self, target: TargetModel, drafter: Drafter | None, eos_id: int | None,
                  verifier: Verifier | None = None, schedule: ScheduleConfig | None = None,
                  cost_table: SPSTable | None = None, max_slots: int = 1, capacity: int | None = None,
-                 acceptance_prior: list[float] | None = None, tree: TreeConfig | None = None):
+                 acceptance_prior: list[float] | None = None, max_prompt: int | None = None,
+                 tree: TreeConfig | None = None):
         self.target = copy.copy(target)
         self.drafter = copy.copy(drafter or NoDrafter())
         self.tree = tree if self.drafter.num_draft_tokens else None
@@ -120,6 +121,7 @@ class SpeculativeDecoder:
         # a tree's nodes may outnumber the tokens a request has left, and EAGLE-3 / draft models
         # write each depth's frontier after the committed tokens: room for both
         tree_room = 0 if self.tree is None else self.tree.nodes + self.tree.topk * self.num_draft_tokens
+        self.max_prompt = max_prompt  # limits.max_input_tokens
         self.target.allocate(max_slots, self.capacity + tree_room)
         self.drafter.allocate(max_slots, self.capacity + tree_room)
         self.acceptance_prior = acceptance_prior
@@ -160,6 +162,9 @@ class SpeculativeDecoder:
         if not 0 <= request.min_new_tokens <= request.max_new_tokens:
             raise ValueError(f"min_new_tokens must be in [0, max_new_tokens={request.max_new_tokens}], "
                              f"got {request.min_new_tokens}")
+        if self.max_prompt is not None and len(request.prompt) > self.max_prompt:
+            raise ValueError(f"prompt of {len(request.prompt)} tokens exceeds limits.max_input_tokens "
+                             f"{self.max_prompt}")
         need = len(request.prompt) + request.max_new_tokens
         if need > self.capacity:
             raise ValueError(f"prompt of {len(request.prompt)} tokens + max_tokens {request.max_new_tokens} "
@@ -198,10 +203,8 @@ class SpeculativeDecoder:
         k_max = min(self.num_draft_tokens, max((lv.budget for lv in running), default=0))
         if k_max <= 0 or self.schedule.mode != "adaptive":
             return max(k_max, 0)
-        from trtspec.spec.cost import best_draft_len
-
         survivals = [lv.acceptance.survival(min(k_max, max(lv.budget, 0))) for lv in running]
-        return best_draft_len(self.cost, survivals, k_max)[0]
+        return best_draft_len(self.cost, survivals, k_max, self.schedule.min_gain)[0]
 
     def _verify_lengths(self, proposal: Proposal, budgets: list[int], k: int) -> list[int]:
         """Drafts each drafting row sends to the target: its budget, cut by the schedule when the
@@ -311,7 +314,8 @@ class SpeculativeDecoder:
         expected = [1.0 + sum(running[i].acceptance.survival(min(depth, running[i].budget))) for i in may]
         one_pass = self.drafter.method in ("dflash", "dspark")
         chosen = tree_rows(self.cost_table, expected, len(running), self.tree.nodes, depth,
-                           per_depth_forward=not one_pass, topk=self.tree.topk)
+                           per_depth_forward=not one_pass, topk=self.tree.topk,
+                           min_gain=self.schedule.min_gain)
         return [may[j] for j in chosen]
 
     @torch.inference_mode()

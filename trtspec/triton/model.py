@@ -138,6 +138,7 @@ class _Stream:
     sender: object
     text: TextStream
     metrics: Metrics
+    decode: Request  # what the decoder runs: the tokenized prompt and limits
     prompt_ids: list[int] | None = None  # owed at the front of the output (exclude_input_in_output false)
     queued_at: float = field(default_factory=time.monotonic)
     got_first_token: bool = False
@@ -155,8 +156,10 @@ class _Stream:
             self.metrics.ttft.observe(time.monotonic() - self.queued_at)
         delta, kept = self.text.push(new_ids)
         if self.request.stream and (delta or kept):
+            # _send_quietly asks whether the client is still there before it sends: once per step
             if not _send_quietly(self.sender, _response(*self._with_prompt(delta, kept), 0, 0), 0):
-                return True  # the client is gone: free its slots
+                return True  # the client is gone: free its slot
+            return self.text.stopped
         return self.text.stopped or self.sender.is_cancelled()
 
     def finish(self, result: GenerationResult) -> None:
@@ -194,12 +197,17 @@ class TritonPythonModel:
             try:
                 parsed = parse_request(lambda name, r=request: _input(r, name), self.limit,
                                        _parameters(request))
-            except RequestError as exc:
+                # tokenized and checked against the context here, before it waits in the queue
+                ids = self.pipeline.tokenizer.encode(parsed.prompt)
+                decode = Request(ids, parsed.max_tokens, parsed.sampling, parsed.min_tokens, parsed.end_id)
+                self.decoder.check(decode)
+            except (RequestError, ValueError) as exc:
                 self.metrics.errors["invalid_request"].increment(1)
-                sender.send(_error(str(exc)), flags=FINAL)
+                name = "" if isinstance(exc, RequestError) else "text_input: "
+                sender.send(_error(f"{name}{exc}"), flags=FINAL)
                 continue
             text = TextStream(self.pipeline.tokenizer.decode, parsed.stop_words)
-            self.waiting.put(_Stream(parsed, sender, text, self.metrics))
+            self.waiting.put(_Stream(parsed, sender, text, self.metrics, decode))
         return None
 
     def _admit(self, running: dict[int, _Stream]) -> None:
@@ -212,13 +220,10 @@ class TritonPythonModel:
             if stream.sender.is_cancelled():
                 _send_quietly(stream.sender, None, FINAL)
                 continue
-            request = stream.request
             try:
-                ids = self.pipeline.tokenizer.encode(request.prompt)
-                rid = self.decoder.add(Request(ids, request.max_tokens, request.sampling, request.min_tokens,
-                                               request.end_id), stream.on_tokens)
-                if request.include_input:
-                    stream.prompt_ids = ids
+                rid = self.decoder.add(stream.decode, stream.on_tokens)
+                if stream.request.include_input:
+                    stream.prompt_ids = stream.decode.prompt
             except ValueError as exc:
                 self.metrics.errors["invalid_request"].increment(1)
                 _send_quietly(stream.sender, _error(f"text_input: {exc}"), FINAL)
