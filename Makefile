@@ -42,7 +42,7 @@ test: install
 bench: install
 	$(VENV)/bin/trtspec bench build_configs/tiny-dflash.yaml build_configs/tiny-dspark.yaml \
 	    build_configs/tiny-eagle3.yaml build_configs/tiny-eagle3-k16.yaml build_configs/tiny-draft-model.yaml \
-	    --tasks code,math,chat --prompts 8 --max-tokens 192 --concurrency 1,2,4,8 \
+	    --tasks code,math,chat --prompts 8 --max-tokens 192 --concurrency 1,2,4,8 --tree auto \
 	    --out docs/bench --doc docs/BENCHMARKS.md
 
 lint: install

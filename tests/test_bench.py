@@ -71,3 +71,28 @@ def test_tiny_concurrency_bench_and_recommendation(tmp_path):
     assert not (tmp_path / "BENCHMARKS.md").exists()
     bad = CliRunner().invoke(main, ["bench", configs[0], "--concurrency", "1,x", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "--concurrency" in bad.output
+
+
+def test_tree_rows_compare_each_drafter_with_its_chain(tmp_path):
+    """--tree N,K adds NAME+tree for each drafter method (one per method), token-identical to the
+    target; the report's tree section sets its τ and speedup beside the chain's."""
+    configs = [str(REPO / "build_configs" / f"{n}.yaml") for n in ("tiny-dflash", "tiny-eagle3")]
+    doc = tmp_path / "report.md"
+    result = CliRunner().invoke(main, ["bench", *configs, "--tasks", "code", "--prompts", "1",
+                                       "--max-tokens", "24", "--no-hf", "--tree", "8,2",
+                                       "--out", str(tmp_path), "--doc", str(doc)])
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "results.json").read_text())
+    rows = results["tasks"]["code"]
+    assert set(rows) == {"none", "dflash", "eagle3", "dflash+tree", "eagle3+tree"}
+    assert all(row["greedy_mismatches"] == 0 for row in rows.values())
+    assert results["trees"]["dflash+tree"]["nodes"] == 8 and results["trees"]["eagle3+tree"]["topk"] == 2
+    report = doc.read_text()
+    tau = rows["dflash+tree"]["tau"] / rows["dflash"]["tau"]
+    assert "## Draft trees vs chains" in report and "| dflash | N=8, K=2 | code |" in report
+    assert f"{tau:.2f}×" in report
+    for bad, message in (("8", "expected auto or N,K"),
+                         ("0,2", "values must be >= 1"),
+                         ("300,2", "nodes: Input should be less than or equal to 256")):
+        out = CliRunner().invoke(main, ["bench", configs[0], "--tree", bad, "--out", str(tmp_path)])
+        assert out.exit_code == 2 and "--tree" in out.output and message in out.output, out.output

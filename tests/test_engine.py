@@ -303,7 +303,8 @@ def test_build_writes_manifest_with_matching_hashes(tmp_path):
     assert "engines not built" in result.output and f"python -m trtspec.engine.build {out}" in result.output
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["files"]) == {"target.onnx", "dflash_context.onnx", "dflash_block.onnx",
-                                      "verify_greedy.onnx", "verify_sampling.onnx"}
+                                      "verify_greedy.onnx", "verify_sampling.onnx",
+                                      "verify_tree_greedy.onnx", "verify_tree_sampling.onnx"}
     for name, digest in manifest["files"].items():
         assert sha256_file(out / name) == digest
     assert manifest["config"]["flavour"] == "engine" and manifest["versions"]["onnxruntime"]

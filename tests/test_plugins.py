@@ -41,6 +41,8 @@ from plugins.confidence_verify import (  # noqa: E402
     verify_greedy,
     verify_sampling,
     verify_sampling_explicit,
+    verify_tree_greedy,
+    verify_tree_sampling,
 )
 from plugins.kv_injection_attention import (  # noqa: E402
     kv_injection_attention,
@@ -49,7 +51,9 @@ from plugins.kv_injection_attention import (  # noqa: E402
 )
 from trtspec.errors import TrtspecError  # noqa: E402
 from trtspec.models import dflash  # noqa: E402
+from trtspec.spec import tree_verify  # noqa: E402
 from trtspec.spec import verify as torch_verify  # noqa: E402
+from trtspec.spec.tree import DraftTree, grow_tree  # noqa: E402
 from trtspec.spec.verify import PAD  # noqa: E402
 
 
@@ -288,12 +292,67 @@ def test_broken_rule_is_caught():
     assert _tv(emitted, P_ROWS[0]) > 5 * TV_BOUND
 
 
+# -- confidence_verify: draft trees ------------------------------------------------------------
+
+def _trees(r, vocab, seed):
+    """A grown tree per row (ragged: one row cut to 3 nodes, one empty) and a chain, with a repeated
+    sibling token in row 0."""
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.log_softmax(2 * torch.randn(r, 4, vocab, generator=gen), -1)
+    tree = grow_tree(scores[:, 0], lambda d, f, _: scores[:, d, None], topk=3, nodes=9, depth=4)
+    tree.tokens[0, 1] = tree.tokens[0, 0]  # nodes 1 and 2 are both children of the root
+    tree.sizes[1], tree.sizes[2] = 3, 0
+    chain = DraftTree.chain(torch.randint(0, vocab, (r, 9), generator=gen))
+    return gen, [tree, chain]
+
+
+def _target_rows(tree, vocab, gen):
+    """Logits [r, n+1, V] whose argmax is often the drafted child, so paths get long."""
+    r, n = tree.tokens.shape
+    logits = 3 * torch.randn(r, n + 1, vocab, generator=gen)
+    hit = torch.rand(r, n, generator=gen) < 0.6
+    rows = torch.arange(r)[:, None].expand(r, n)
+    logits[rows[hit], tree.parents[hit], tree.tokens[hit]] += 10
+    return logits
+
+
+@pytest.mark.parametrize("vocab,block_v", [(40, 16), (300, 128)])
+def test_tree_kernels_equal_reference(vocab, block_v):
+    """Greedy and sampling tree kernels give the torch rules' verdicts token for token."""
+    gen, trees = _trees(5, vocab, seed=vocab)
+    for tree in trees:
+        for _ in range(2):
+            logits = _target_rows(tree, vocab, gen)
+            want = tree_verify.verify_tree_greedy(tree.tokens, tree.parents, tree.sizes, logits)
+            got = verify_tree_greedy(tree.tokens.int(), tree.parents.int(), tree.sizes, logits,
+                                     block_v=block_v)
+            for name in ("num_accepted", "path", "tokens"):
+                assert torch.equal(getattr(got, name), getattr(want, name)), name
+            p = torch.softmax(logits / 3, -1)
+            uniforms, u_last = draw_uniforms(*tree.tokens.shape, gen)
+            args = (tree.tokens, tree.parents, tree.sizes, p, uniforms, u_last)
+            want = tree_verify.verify_tree_sampling(*args)
+            got = verify_tree_sampling(*args, block_v=block_v)
+            for name in ("num_accepted", "path", "tokens"):
+                assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+def test_tree_kernel_chain_equals_chain_kernel():
+    """A chain given to the greedy tree kernel gets the chain kernel's verdict."""
+    gen, (_, chain) = _trees(4, 50, seed=1)
+    logits = _target_rows(chain, 50, gen)
+    got = verify_tree_greedy(chain.tokens, chain.parents, chain.sizes, logits)
+    want = verify_greedy(chain.tokens, logits)
+    assert torch.equal(got.num_accepted, want.num_accepted) and torch.equal(got.tokens, want.tokens)
+
+
 # -- TensorRT boundary ---------------------------------------------------------------------------
 
 _PTX_SCRIPT = textwrap.dedent("""
     import json, re, triton
     from triton.backends.compiler import GPUTarget
     from plugins.confidence_verify import kernel as verify
+    from plugins.confidence_verify import tree_kernel as tree
     from plugins.kv_injection_attention import kernel as attention
     jobs = [
         (attention.kv_injection_attention_kernel, attention.aot_signature("fp16"),
@@ -302,6 +361,10 @@ _PTX_SCRIPT = textwrap.dedent("""
          dict(HAS_LENS=True, BLOCK_V=1024, BLOCK_K=16)),
         (verify.verify_sampling_kernel, verify.sampling_aot_signature("fp32"),
          dict(HAS_LENS=True, BLOCK_V=1024, BLOCK_K=16)),
+        (tree.verify_tree_greedy_kernel, tree.tree_greedy_aot_signature("bf16"),
+         dict(BLOCK_V=1024, BLOCK_N=32)),
+        (tree.verify_tree_sampling_kernel, tree.tree_sampling_aot_signature("fp32"),
+         dict(BLOCK_V=512, BLOCK_N=32)),
     ]
     report = []
     for fn, signature, constexprs in jobs:
@@ -336,7 +399,8 @@ def test_trt_plugin_import_without_tensorrt_is_one_clear_error():
         pass
     else:
         pytest.skip("tensorrt is installed here: the plugins register instead of failing")
-    for module in ("plugins.kv_injection_attention.trt_plugin", "plugins.confidence_verify.trt_plugin"):
+    for module in ("plugins.kv_injection_attention.trt_plugin", "plugins.confidence_verify.trt_plugin",
+                   "plugins.confidence_verify.tree_trt_plugin"):
         with pytest.raises(TrtspecError, match=re.escape("TensorRT is not installed")) as info:
             __import__(module)
         assert "\n" not in str(info.value) and "pip install tensorrt" in str(info.value)

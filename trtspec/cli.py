@@ -365,12 +365,17 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
               "user message) instead of /v1/completions.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
               help="With openai://: bearer token (env OPENAI_API_KEY).")
+@click.option("--tree", "tree_spec", default=None, metavar="auto|N,K",
+              help="Also run each drafter with a draft tree (method NAME+tree): auto = N nodes sized by "
+                   "this machine's cost table (tree verification ≤ 1.1 × the chain's), K = 8; or N,K. A "
+                   "config with drafter.tree always gets its tree row.")
 @click.option("--write-acceptance", is_flag=True,
               help="Store each drafter's measured acceptance by position as acceptance.json beside its "
                    "weights (the cost model of `trtspec build`/`inspect` and adaptive serving reads it).")
 @run_errors
 def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir, doc_path, concurrency,
-          min_user_tps, max_users, sps_path, url, model_name, chat, api_key, write_acceptance) -> None:
+          min_user_tps, max_users, sps_path, url, model_name, chat, api_key, tree_spec,
+          write_acceptance) -> None:
     """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side;
     or, with --url, a running server as its users see it."""
     from trtspec.bench.run import markdown_table, run_bench
@@ -385,6 +390,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     for name, value in (("--prompts", prompts_per_task), ("--max-tokens", max_tokens),
                         ("--repeats", repeats)):
         check_range(value, name, low=1)
+    tree = tree_spec if tree_spec in (None, "auto") else _tree_option(tree_spec)
     if url is not None:
         if write_acceptance:
             raise click.BadParameter("measures drafters run here, not a server",
@@ -424,7 +430,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
                                      param_hint="--write-acceptance")
     sps = _sps_arg(sps_path) if levels and sps_path is not None else None  # before the long run
     configure_threads(next(iter(loaded.values())))  # the configs share their target
-    results = run_bench(loaded, task_names, prompts_per_task, max_tokens, repeats, not no_hf)
+    results = run_bench(loaded, task_names, prompts_per_task, max_tokens, repeats, not no_hf, tree)
     if levels:
         from trtspec.bench.concurrency import recommendation_text, run_concurrency
 
@@ -453,6 +459,22 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
             measured = results["acceptance"][name]
             path = write(cfg.drafter.resolved_path, measured["conditional"], measured["cycles"], command)
             click.echo(f"wrote {path}")
+
+
+def _tree_option(text: str):
+    """`--tree N,K` as a TreeConfig, or a usage error naming the option."""
+    from pydantic import ValidationError
+
+    from trtspec.config import TreeConfig
+
+    values = _int_list(text, "--tree")
+    if len(values) != 2:
+        raise click.BadParameter(f"expected auto or N,K (nodes, top-k), got {text!r}", param_hint="--tree")
+    try:
+        return TreeConfig(nodes=values[0], topk=values[1])
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise click.BadParameter(f"{first['loc'][0]}: {first['msg']}", param_hint="--tree") from None
 
 
 def _sps_arg(path: Path):
@@ -541,6 +563,12 @@ def profile(config_path, out_path, batches, requests, context, reps, synthetic_m
     for r, row in zip(table.draft_batches, table.draft_seconds, strict=True):
         cells = "  ".join(f"k={k}: {sec * 1e3:.2f} ms" for k, sec in zip(table.draft_lens, row, strict=True))
         click.echo(f"drafter R={r:3d}  {cells}")
+    if pipeline.drafter.num_draft_tokens:
+        from trtspec.spec.cost import tree_budget
+
+        k = pipeline.drafter.num_draft_tokens
+        click.echo(f"draft tree budget: {tree_budget(table, k)} nodes verify in at most 1.1 × the time of "
+                   f"the {k}-token chain here (drafter.tree.nodes)")
     click.echo(f"wrote {out_path}")
 
 

@@ -89,6 +89,23 @@ class ScheduleConfig(_Strict):
                           "and cached")
 
 
+class TreeConfig(_Strict):
+    """Draft trees (`trtspec.spec.tree`): several candidates per position, verified in one target
+    forward; absent = a chain."""
+
+    nodes: int = Field(
+        ge=1, le=256,
+        description="N: draft nodes per request and step (the root, the last verified token, not "
+                    "counted). Size it for the machine: `trtspec profile` prints the budget whose "
+                    "verification costs about a chain's (`trtspec.spec.cost.tree_budget`)")
+    topk: int = Field(8, ge=1, le=32, description="K: children tried per expanded node and nodes expanded "
+                                                  "per depth (EAGLE-2's dynamic tree)")
+    depth: int | None = Field(
+        None, ge=1, le=64,
+        description="deepest draft node; default the drafter's num_draft_tokens (DFlash B − 1, DSpark γ, "
+                    "the chain length of EAGLE-3 and draft models)")
+
+
 class DrafterConfig(_HasPath):
     """The drafter q and how many tokens it proposes per cycle."""
 
@@ -99,6 +116,15 @@ class DrafterConfig(_HasPath):
     )
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig,
                                      description="verification schedule for concurrent requests")
+    tree: TreeConfig | None = Field(None, description="draft a token tree per request and step instead of "
+                                                      "a chain; absent = chain")
+
+    @model_validator(mode="after")
+    def _tree_schedule(self) -> DrafterConfig:
+        if self.tree is not None and self.schedule.mode not in ("adaptive", "full"):
+            raise ValueError(f"drafter.tree works with schedule.mode adaptive or full, not "
+                             f"{self.schedule.mode!r} (the confidence cuts apply to chains)")
+        return self
 
     @property
     def resolved_sps_table(self) -> Path | None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from trtspec.config import BuildConfig, EngineConfig, ScheduleConfig
+from trtspec.config import BuildConfig, EngineConfig, ScheduleConfig, TreeConfig
 from trtspec.errors import ConfigError
 from trtspec.models.drafter import Drafter, build_drafter
 from trtspec.models.target import TargetModel, load_causal_lm
@@ -110,9 +110,11 @@ class Pipeline:
         return _cached_cost_table(self)
 
     def decoder_for(self, max_slots: int, schedule: ScheduleConfig | None = None, use_drafter: bool = True,
-                    cost_table: SPSTable | None = None) -> SpeculativeDecoder:
+                    cost_table: SPSTable | None = None,
+                    tree: TreeConfig | None | str = "config") -> SpeculativeDecoder:
         """A decoder over this pipeline's models with its own slots (`schedule`: the config's;
-        `cost_table`: this pipeline's measured one)."""
+        `cost_table`: this pipeline's measured one; `tree`: the config's `drafter.tree`, or a tree
+        config, or None for chains)."""
         drafter = self.drafter if use_drafter else None
         if schedule is None:
             schedule = self.config.drafter.schedule if self.config.drafter else ScheduleConfig(mode="full")
@@ -123,9 +125,11 @@ class Pipeline:
             prior = load_acceptance(self.config.drafter.resolved_path)
         if needs_table and cost_table is None:
             cost_table = self.cost_table
+        if tree == "config":
+            tree = self.config.drafter.tree if self.config.drafter else None
         return SpeculativeDecoder(self.target, drafter, self.tokenizer.eos_id, self.verifier, schedule,
                                   cost_table, max_slots, self.capacity, prior,
-                                  self.config.limits.max_input_tokens)
+                                  self.config.limits.max_input_tokens, tree)
 
     @functools.cached_property
     def decoder(self) -> SpeculativeDecoder:

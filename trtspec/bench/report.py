@@ -23,11 +23,11 @@ def _save(fig, path: Path) -> Path:
 
 
 def _spec_methods(results: dict) -> list[str]:
-    """Drafter columns, known methods first (their variants, e.g. `eagle3-k16`, after each)."""
+    """Drafter columns, known methods first (their variants, e.g. `eagle3-k16`, `dflash+tree`, after each)."""
     rows = next(iter(results["tasks"].values()))
     drafters = [m for m in rows if m not in ("none", "hf_generate", "hf_assisted")]
     rank = {m: i for i, m in enumerate(SPEC_METHODS_ORDER)}
-    return sorted(drafters, key=lambda m: (rank.get(m.split("-")[0], len(rank)), m))
+    return sorted(drafters, key=lambda m: (rank.get(m.split("+")[0].split("-")[0], len(rank)), m))
 
 
 def plot_tau(results: dict, out: Path) -> Path:
@@ -158,6 +158,43 @@ def headline(results: dict) -> list[str]:
     return lines + [""]
 
 
+def _pooled(results: dict, method: str) -> tuple[float, float]:
+    """(τ, speedup over none) of a method over all tasks: sums of tokens, target calls and seconds."""
+    tasks = [rows for rows in results["tasks"].values() if method in rows]
+    tokens = sum(rows[method]["tokens"] for rows in tasks)
+    calls = sum(rows[method]["tokens"] / rows[method]["tau"] for rows in tasks)
+    seconds = sum(rows[method]["seconds"] for rows in tasks)
+    return tokens / calls, sum(rows["none"]["seconds"] for rows in tasks) / seconds
+
+
+def tree_section(results: dict) -> list[str]:
+    """Each drafter's tree against its own chain: τ and speedup over the target alone, per task and
+    pooled (R = 1, greedy, whole blocks and trees verified)."""
+    trees = results.get("trees") or {}
+    if not trees:
+        return []
+    lines = ["## Draft trees vs chains", "",
+             "Each drafter with a token tree (EAGLE-2's dynamic tree, `trtspec.spec.tree`: N draft nodes, "
+             "the K best children of the K best nodes per depth, one target forward over the flattened "
+             "tree) against its own chain, same prompts and budget, greedy, R = 1. For DFlash and DSpark "
+             "the tree comes from the same one block forward as the chain; EAGLE-3 and draft models run "
+             "one forward per depth. Speedups are over the target alone in this run.", "",
+             "| drafter | tree | task | τ chain | τ tree | τ tree / chain | speedup chain | speedup tree |",
+             "|---|---|---|---|---|---|---|---|"]
+    for method, spec in trees.items():
+        chain = method.removesuffix("+tree")
+        shape = f"N={spec['nodes']}, K={spec['topk']}"
+        for task, rows in results["tasks"].items():
+            c, t = rows[chain], rows[method]
+            lines.append(f"| {chain} | {shape} | {task} | {c['tau']:.2f} | {t['tau']:.2f} | "
+                         f"{t['tau'] / c['tau']:.2f}× | {c['speedup']:.2f}× | {t['speedup']:.2f}× |")
+        (tau_c, speed_c), (tau_t, speed_t) = _pooled(results, chain), _pooled(results, method)
+        lines.append(f"| {chain} | {shape} | **pooled** | {tau_c:.2f} | {tau_t:.2f} | {tau_t / tau_c:.2f}× | "
+                     f"{speed_c:.2f}× | {speed_t:.2f}× |")
+    sized = sorted({spec["sized_by"] for spec in trees.values()})
+    return lines + ["", f"Tree sizes: {'; '.join(sized)}.", ""]
+
+
 def write_plots(results: dict, out_dir: Path) -> list[Path]:
     """The PNGs of this run's figures in `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -184,6 +221,7 @@ def write_report(results: dict, plots: list[Path], command: str, doc: Path) -> N
         markdown_table(results),
         "",
         *headline(results),
+        *tree_section(results),
     ]
     if "dflash_block_time_s" in results:
         lines += ["DFlash draft forward time by block size (same drafter, 256-token context, median):", ""]

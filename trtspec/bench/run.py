@@ -1,10 +1,11 @@
 """Side-by-side decoding benchmark: every method on the same prompts, repetitions interleaved.
 
-Methods: `none` (the target alone through trtspec's loop), each configured drafter, and —
-for reference — `transformers` greedy `generate` alone and with assisted generation (the
-`draft_model` drafter as `assistant_model`). Speedups are ratios of wall time measured in
-this run on identical prompts and token budgets; a greedy method whose tokens differ from
-`none` is flagged, never silently averaged.
+Methods: `none` (the target alone through trtspec's loop), each configured drafter, each
+drafter with a draft tree (`NAME+tree`: the config's `drafter.tree`, or one sized for this machine,
+`resolve_trees`), and — for reference — `transformers` greedy `generate` alone and with assisted
+generation (the `draft_model` drafter as `assistant_model`). Speedups are ratios of wall time
+measured in this run on identical prompts and token budgets; a greedy method whose tokens differ
+from `none` is flagged, never silently averaged.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ import torch
 from tqdm import tqdm
 
 from trtspec.bench.acceptance import conditional_acceptance
-from trtspec.config import BuildConfig, ScheduleConfig
+from trtspec.config import BuildConfig, ScheduleConfig, TreeConfig
 from trtspec.models.dflash_drafter import DFlashDrafter
 from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
+from trtspec.spec.cost import tree_budget
+
+TREE_TOPK = 8  # children per expanded node of the trees `--tree auto` sizes
 
 
 @dataclass
@@ -116,21 +120,52 @@ def time_eagle3_chain(drafter, context_len: int, ks: list[int], reps: int = 30) 
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def resolve_trees(pipelines: dict[str, Pipeline], tree: str | TreeConfig | None) -> dict[str, dict]:
+    """The tree each drafter's `NAME+tree` method uses: its config's `drafter.tree`; else, with
+    `tree` "auto", N = `tree_budget` of the machine's cost table (verifying the tree costs at most
+    10 % more than the chain) and K = TREE_TOPK; with a TreeConfig that one. Without a config tree
+    and with `tree` None there is no tree method. One tree per drafter method (the first config of
+    each)."""
+    out: dict[str, dict] = {}
+    methods = set()
+    for name, p in pipelines.items():
+        if name == "none" or not p.drafter.num_draft_tokens:
+            continue
+        config_tree = p.config.drafter.tree
+        if config_tree is not None:
+            out[name] = {"tree": config_tree, "sized_by": "the config's drafter.tree"}
+        elif tree is not None and p.drafter.method not in methods:
+            if tree == "auto":
+                nodes = tree_budget(p.cost_table, p.drafter.num_draft_tokens)
+                out[name] = {"tree": TreeConfig(nodes=nodes, topk=TREE_TOPK),
+                             "sized_by": "tree_budget of this machine's cost table (+10 % verify time)"}
+            else:
+                out[name] = {"tree": tree, "sized_by": "--tree"}
+        methods.add(p.drafter.method)
+    return out
+
+
 def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_task: int,
-              max_tokens: int, repeats: int = 1, hf_reference: bool = True) -> dict:
-    """`configs` maps a method name to a config whose drafter it uses; all share one target."""
+              max_tokens: int, repeats: int = 1, hf_reference: bool = True,
+              tree: str | TreeConfig | None = None) -> dict:
+    """`configs` maps a method name to a config whose drafter it uses; all share one target.
+    `tree`: "auto", a TreeConfig or None (`resolve_trees`)."""
     torch.manual_seed(0)
     first = next(iter(configs.values()))
     pipelines = {"none": load_pipeline(first, use_drafter=False)}
     pipelines.update({name: load_pipeline(cfg) for name, cfg in configs.items()})
+    trees = resolve_trees(pipelines, tree)
     assistant = None
     if hf_reference:
         drafts = [p for p in pipelines.values() if p.drafter.method == "draft_model"]
         assistant = drafts[0].drafter.lm.model if drafts else None
     # whole blocks: this table measures each drafter itself (adaptive serving is compared in
     # the concurrency section)
-    decoders = {name: p.decoder_for(1, ScheduleConfig(mode="full")) for name, p in pipelines.items()}
-    methods = list(pipelines)
+    full = ScheduleConfig(mode="full")
+    decoders = {name: p.decoder_for(1, full, tree=None) for name, p in pipelines.items()}
+    for name, spec in trees.items():
+        decoders[f"{name}+tree"] = pipelines[name].decoder_for(1, full, tree=spec["tree"])
+    methods = list(decoders)
     if hf_reference:
         methods += ["hf_generate"] + (["hf_assisted"] if assistant else [])
     stats = {t: {m: MethodStats() for m in methods} for t in tasks}
@@ -160,7 +195,9 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
     machine = f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} " \
               f"({torch.get_num_threads()} threads)"
     results: dict = {"max_tokens": max_tokens, "prompts_per_task": prompts_per_task, "repeats": repeats,
-                     "machine": machine, "tasks": {}}
+                     "machine": machine, "tasks": {},
+                     "trees": {f"{name}+tree": {**spec["tree"].model_dump(), "sized_by": spec["sized_by"]}
+                               for name, spec in trees.items()}}
     for task in tasks:
         base = stats[task]["none"]
         hf_base = stats[task].get("hf_generate")

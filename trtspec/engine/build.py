@@ -36,7 +36,8 @@ def dim_ranges(limits: EngineLimits, block_size: int) -> dict[str, tuple[int, in
     return {"batch": (1, 1, limits.max_batch), "seq": (1, block_size, n), "past": (0, opt, n),
             "total": (1, min(opt + block_size, n), n), "ctx": (1, opt, n),
             "block": (block_size, block_size, block_size),
-            "n": (1, 1, block_size),  # DSpark heads: one slot at a time
+            "n": (1, 1, max(block_size, 32)),  # DSpark heads: one slot at a time (a tree: its frontier)
+            "nodes": (0, block_size - 1, 256), "nodes_plus_1": (1, block_size, 257),  # draft trees
             "k": (0, block_size - 1, limits.max_k), "k_plus_1": (1, block_size, limits.max_k + 1)}
 
 

@@ -7,7 +7,11 @@ the session is created; onnxruntime inlines it. The exported files stay exactly 
 parses (a function in the file would be inlined by TensorRT too, bypassing the plugin).
 The functions follow the torch references: `trtspec.models.dflash.kv_injection_attention`
 (+ `ctx_lens` masking as in plugins/kv_injection_attention/reference.py),
-`trtspec.spec.verify.verify_greedy` and `plugins.confidence_verify.reference.verify_sampling_explicit`.
+`trtspec.spec.verify.verify_greedy` and `plugins.confidence_verify.reference.verify_sampling_explicit`;
+the tree ops follow `trtspec.spec.tree_verify` without its walk: which child a node accepts is
+decided for all nodes at once (a child is tested only if its earlier siblings were rejected, with
+the mass they leave), and the accepted path is the deepest node whose ancestors were all chosen,
+read from the ancestor relation (the parent matrix squared to its closure).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from trtspec.export.graph import OPSET, PLUGIN_DOMAIN
 from trtspec.export.plugins import (
     CONFIDENCE_VERIFY_GREEDY,
     CONFIDENCE_VERIFY_SAMPLING,
+    CONFIDENCE_VERIFY_TREE_GREEDY,
+    CONFIDENCE_VERIFY_TREE_SAMPLING,
     KV_INJECTION_ATTENTION,
     PLUGIN_ATTRS,
 )
@@ -172,9 +178,155 @@ def confidence_verify_sampling_function() -> onnx.FunctionProto:
                                 attributes=list(PLUGIN_ATTRS))
 
 
+MAX_TREE_DEPTH_LOG2 = 8  # the ancestor closure squares 8 times: trees up to 256 deep
+
+
+class _Tree:
+    """The structure of the tree inputs (draft_tokens, parents, draft_lens) as tensors of a body."""
+
+    def __init__(self, f: _Body):
+        self.f = f
+        one, two = f.i64([1]), f.i64([2])
+        self.n = f.op("Shape", "draft_tokens", start=1, end=2)  # [1]
+        n_scalar = f.op("Squeeze", self.n, f.i64([0]))
+        self.cols = f.op("Range", f.i64(0), n_scalar, f.i64(1))  # [n]
+        lens = f.op("Unsqueeze", f.op("Cast", "draft_lens", to=TensorProto.INT64), one)  # [b, 1]
+        self.valid = f.op("Less", self.cols, lens)  # [b, n]
+        self.par = f.op("Cast", "parents", to=TensorProto.INT64)  # [b, n]
+        self.tok = f.op("Cast", "draft_tokens", to=TensorProto.INT64)
+        same_parent = f.op("Equal", f.op("Unsqueeze", self.par, two), f.op("Unsqueeze", self.par, one))
+        earlier = f.op("Less", f.op("Unsqueeze", self.cols, f.i64([0])), f.op("Unsqueeze", self.cols, one))
+        # S[b, i, j]: j is a valid earlier sibling of i
+        self.sib = f.op("And", f.op("And", same_parent, earlier), f.op("Unsqueeze", self.valid, one))
+        self.sib_f = f.op("Cast", self.sib, to=TensorProto.DOUBLE)
+
+    def count_earlier(self, flags: str) -> str:
+        """flags [b, n] bool -> [b, n] bool: some valid earlier sibling is flagged."""
+        f = self.f
+        x = f.op("Unsqueeze", f.op("Cast", flags, to=TensorProto.DOUBLE), f.i64([2]))  # [b, n, 1]
+        count = f.op("Squeeze", f.op("MatMul", self.sib_f, x), f.i64([2]))
+        return f.op("Greater", count, f.const(0.0, np.float64))
+
+    def accept_path(self, chosen: str) -> str:
+        """chosen [b, n] bool (a node is accepted when its parent is reached) -> best [b] int64, the
+        deepest node whose root path was all chosen; sets the accepted count and path."""
+        f = self.f
+        one, two = f.i64([1]), f.i64([2])
+        n1 = f.op("Add", self.n, one)
+        b = f.op("Shape", "draft_tokens", start=0, end=1)
+        # ancestor-or-self closure R [b, n+1, n+1] of the parent relation
+        onehot = f.op("OneHot", self.par, n1, f.const([0.0, 1.0], np.float32), axis=-1)  # [b, n, n+1]
+        top = f.op("ConstantOfShape", f.op("Concat", b, one, n1, axis=0),
+                   value=numpy_helper.from_array(np.array([0.0], np.float32)))
+        eye = f.op("EyeLike", f.op("ConstantOfShape", f.op("Concat", n1, n1, axis=0),
+                                   value=numpy_helper.from_array(np.array([0.0], np.float32))))
+        reach = f.op("Add", f.op("Concat", top, onehot, axis=1), eye)
+        for _ in range(MAX_TREE_DEPTH_LOG2):
+            reach = f.op("Min", f.op("MatMul", reach, reach), f.const(1.0, np.float32))
+        depth = f.op("Sub", f.op("ReduceSum", reach, two, keepdims=0), f.const(1.0, np.float32))  # [b, n+1]
+        chosen_f = f.op("Cast", f.op("And", chosen, self.valid), to=TensorProto.FLOAT)
+        root = f.op("ConstantOfShape", f.op("Concat", b, one, axis=0),
+                    value=numpy_helper.from_array(np.array([1.0], np.float32)))
+        missed = f.op("Sub", f.const(1.0, np.float32), f.op("Concat", root, chosen_f, axis=1))  # [b, n+1]
+        bad = f.op("Squeeze", f.op("MatMul", reach, f.op("Unsqueeze", missed, two)), two)  # [b, n+1]
+        ok = f.op("Cast", f.op("Equal", bad, f.const(0.0, np.float32)), to=TensorProto.FLOAT)
+        best = f.op("ArgMax", f.op("Mul", ok, f.op("Add", depth, f.const(1.0, np.float32))), axis=1,
+                    keepdims=0)  # [b]
+        best1 = f.op("Unsqueeze", best, one)  # [b, 1]
+        self.a = f.op("Squeeze", f.op("Cast", f.op("GatherElements", depth, best1, axis=1),
+                                      to=TensorProto.INT64), one)
+        # path[b, d] = the node at depth d + 1 on best's root path, -1 past it
+        row = f.op("Expand", f.op("Unsqueeze", best1, two), f.op("Concat", b, one, n1, axis=0))
+        onpath = f.op("Slice", f.op("Squeeze", f.op("GatherElements", reach, row, axis=1), one), one, n1, one,
+                      one)  # [b, n] nodes 1..n
+        depth_nodes = f.op("Slice", depth, one, n1, one, one)  # [b, n]
+        level = f.op("Cast", f.op("Add", self.cols, one), to=TensorProto.FLOAT)  # [n] 1..n
+        at_level = f.op("Equal", f.op("Unsqueeze", depth_nodes, one), f.op("Unsqueeze", level, f.i64([0, 2])))
+        # at[b, d, j]: node j is on the path at depth d + 1
+        at = f.op("Mul", f.op("Unsqueeze", onpath, one), f.op("Cast", at_level, to=TensorProto.FLOAT))
+        node = f.op("Cast", f.op("Squeeze", f.op("MatMul", at, f.op("Unsqueeze", level, one)), two),
+                    to=TensorProto.INT64)  # [b, n] the id j of the node at depth d + 1
+        has = f.op("Greater", f.op("ReduceMax", at, two, keepdims=0), f.const(0.0, np.float32))
+        self.path = f.op("Where", has, node, f.i64(-1))
+        return best
+
+    def emit(self, last: str) -> None:
+        """Outputs, with last [b] the recovered/bonus token."""
+        f = self.f
+        one = f.i64([1])
+        f.alias(f.op("Cast", self.path, to=TensorProto.INT32), "path")
+        f.alias(f.op("Cast", self.a, to=TensorProto.INT32), "num_accepted")
+        drafts = f.op("GatherElements", self.tok, f.op("Max", f.op("Sub", self.path, one), f.i64(0)), axis=1)
+        b = f.op("Shape", "draft_tokens", start=0, end=1)
+        zeros = f.op("ConstantOfShape", f.op("Concat", b, one, axis=0),
+                     value=numpy_helper.from_array(np.array([0], np.int64)))
+        drafts = f.op("Concat", drafts, zeros, axis=1)  # [b, n+1]
+        cols = f.op("Range", f.i64(0), f.op("Squeeze", f.op("Add", self.n, one), f.i64([0])), f.i64(1))
+        a = f.op("Unsqueeze", self.a, one)
+        last = f.op("Unsqueeze", f.op("Cast", last, to=TensorProto.INT64), one)
+        at_a = f.op("Where", f.op("Equal", cols, a), last, f.i64([-1]))
+        tokens = f.op("Where", f.op("Less", cols, a), drafts, at_a)
+        f.alias(f.op("Cast", tokens, to=TensorProto.INT32), "tokens")
+
+
+def confidence_verify_tree_greedy_function() -> onnx.FunctionProto:
+    """Accept the child carrying argmax p of its parent (the first such), along the deepest path."""
+    f = _Body()
+    t = _Tree(f)
+    argmax = f.op("ArgMax", "target_logits", axis=-1, keepdims=0)  # [b, n+1]
+    match = f.op("And", t.valid, f.op("Equal", t.tok, f.op("GatherElements", argmax, t.par, axis=1)))
+    best = t.accept_path(f.op("And", match, f.op("Not", t.count_earlier(match))))
+    t.emit(f.op("Squeeze", f.op("GatherElements", argmax, f.op("Unsqueeze", best, f.i64([1])), axis=1),
+                f.i64([1])))
+    return helper.make_function(PLUGIN_DOMAIN, CONFIDENCE_VERIFY_TREE_GREEDY,
+                                ["draft_tokens", "parents", "draft_lens", "target_logits"],
+                                ["num_accepted", "path", "tokens"], f.nodes, [helper.make_opsetid("", OPSET)],
+                                attributes=list(PLUGIN_ATTRS))
+
+
+def confidence_verify_tree_sampling_function() -> onnx.FunctionProto:
+    """Deterministic children: child x accepted iff u · (1 − Σ r(earlier rejected)) < r(x) (float64),
+    a repeated token has r(x) = 0; the last token by inverse CDF from p at the last node with its
+    children's tokens removed (p itself if that leaves no mass)."""
+    f = _Body()
+    t = _Tree(f)
+    one, two = f.i64([1]), f.i64([2])
+    v = f.op("Shape", "p_probs", start=2, end=3)
+    flat = f.op("Reshape", "p_probs", f.op("Concat", f.op("Shape", "p_probs", start=0, end=1), f.i64([-1]),
+                                           axis=0))  # [b, (n+1)·V]
+    p_x = f.op("GatherElements", flat, f.op("Add", f.op("Mul", t.par, v), t.tok), axis=1)  # [b, n]
+    same_token = f.op("Equal", f.op("Unsqueeze", t.tok, two), f.op("Unsqueeze", t.tok, one))
+    same = f.op("Cast", f.op("And", t.sib, same_token), to=TensorProto.INT32)
+    repeat = f.op("Greater", f.op("ReduceMax", same, two, keepdims=0), f.const(0, np.int32))  # [b, n]
+    r_x = f.op("Where", f.op("Or", repeat, f.op("Not", t.valid)), f.const(0.0, np.float64),
+               f.op("Cast", p_x, to=TensorProto.DOUBLE))
+    gone = f.op("Squeeze", f.op("MatMul", t.sib_f, f.op("Unsqueeze", r_x, two)), two)  # [b, n]
+    u = f.op("Cast", "uniforms", to=TensorProto.DOUBLE)
+    mass = f.op("Sub", f.const(1.0, np.float64), gone)
+    accept = f.op("And", t.valid, f.op("Less", f.op("Mul", u, mass), r_x))
+    best = t.accept_path(f.op("And", accept, f.op("Not", t.count_earlier(accept))))
+    # the last node's children were all rejected: their tokens leave its p
+    p_best = _row_at(f, "p_probs", best)  # [b, V]
+    kids = f.op("And", t.valid, f.op("Equal", t.par, f.op("Unsqueeze", best, one)))  # [b, n]
+    keep = f.op("Where", kids, f.const(0.0, np.float32), f.const(1.0, np.float32))
+    keep = f.op("Expand", keep, f.op("Shape", t.tok))
+    ones = f.op("ConstantOfShape", f.op("Shape", p_best),
+                value=numpy_helper.from_array(np.array([1.0], np.float32)))
+    scale = f.op("ScatterElements", ones, t.tok, keep, axis=1, reduction="mul")  # repeats: 0 · 1 · 0 …
+    residual = f.op("Mul", p_best, scale)
+    has_mass = f.op("Greater", f.op("ReduceSum", residual, one, keepdims=1), f.const(0.0, np.float32))
+    t.emit(_inverse_cdf(f, f.op("Where", has_mass, residual, p_best)))
+    return helper.make_function(PLUGIN_DOMAIN, CONFIDENCE_VERIFY_TREE_SAMPLING,
+                                ["draft_tokens", "parents", "draft_lens", "p_probs", "uniforms", "u_last"],
+                                ["num_accepted", "path", "tokens"], f.nodes, [helper.make_opsetid("", OPSET)],
+                                attributes=list(PLUGIN_ATTRS))
+
+
 CPU_FUNCTIONS = {KV_INJECTION_ATTENTION: kv_injection_attention_function,
                  CONFIDENCE_VERIFY_GREEDY: confidence_verify_greedy_function,
-                 CONFIDENCE_VERIFY_SAMPLING: confidence_verify_sampling_function}
+                 CONFIDENCE_VERIFY_SAMPLING: confidence_verify_sampling_function,
+                 CONFIDENCE_VERIFY_TREE_GREEDY: confidence_verify_tree_greedy_function,
+                 CONFIDENCE_VERIFY_TREE_SAMPLING: confidence_verify_tree_sampling_function}
 
 
 def attach_cpu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:

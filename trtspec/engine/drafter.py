@@ -7,6 +7,9 @@ each proposal is ONE block-graph run over `[anchor, MASK × (B−1)]` for every 
 contexts gathered to [R, kvh, C, d] and `ctx_lens` [R] telling the `kv_injection_attention`
 plugin how much of each is real. DSpark then walks its heads graph slot by slot for all rows
 (x_k feeds the Markov head of slot k+1), as `DSparkDrafter` does with the torch heads.
+
+Trees come from the same one block-graph run (`propose_tree`, `trtspec.spec.tree`): DFlash's per-slot
+marginals; DSpark's heads graph re-run on each expanded node's token ([R, F] rows at once).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 import torch
 
 from trtspec.engine.session import GraphSession
-from trtspec.models.dflash_drafter import propose_block
+from trtspec.models.dflash_drafter import marginal_tree, propose_block
 from trtspec.models.drafter import DraftRow, TapsDrafter
 from trtspec.models.dspark import ChooseToken, DraftBlock
 from trtspec.models.dspark_drafter import MarkovProposer
@@ -85,8 +88,16 @@ class EngineDFlashDrafter(TapsDrafter):
         """Logits of draft slots 1..k of every row's block.  -> [R, k, V]"""
         return torch.from_numpy(self.run_block(rows)["logits"][:, 1 : 1 + k])  # of [R, B, V]
 
+    @property
+    def max_tree_depth(self) -> int:
+        return self.block_size - 1
+
     def propose(self, rows, k):
         return propose_block(self.draft_logits(rows, k), rows)
+
+    def propose_tree(self, rows, tree):
+        depth = self.tree_depth(tree)
+        return marginal_tree(self.draft_logits(rows, depth), rows, tree, depth)
 
 
 class EngineDSparkDrafter(MarkovProposer, EngineDFlashDrafter):
@@ -116,3 +127,20 @@ class EngineDSparkDrafter(MarkovProposer, EngineDFlashDrafter):
             tokens.append(prev)
         return DraftBlock(tokens=torch.stack(tokens, 1), logits=torch.stack(logits, 1),
                           confidence_logits=torch.cat(conf, 1) if conf else None)
+
+    @property
+    def max_tree_depth(self) -> int:
+        return self.block_size
+
+    def tree_heads(self, rows, depth):
+        out = self.run_block(rows)
+        hidden, base = out["hidden"][:, :depth], out["base_logits"][:, :depth]  # [R, D, H], [R, D, V]
+
+        def heads(d: int, prev: torch.Tensor):
+            f = prev.shape[1]
+            step = self.heads.run({"base_logits": np.ascontiguousarray(np.repeat(base[:, d : d + 1], f, 1)),
+                                   "hidden": np.ascontiguousarray(np.repeat(hidden[:, d : d + 1], f, 1)),
+                                   "prev_tokens": prev.to(torch.int64).numpy()})
+            conf = step.get("confidence_logits")
+            return torch.from_numpy(step["logits"]), None if conf is None else torch.from_numpy(conf)
+        return heads

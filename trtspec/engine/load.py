@@ -54,7 +54,8 @@ def load_engine_models(config: BuildConfig, use_drafter: bool = True, folder: Pa
     hf_config = AutoConfig.from_pretrained(config.target.resolved_path, local_files_only=True)
     target = EngineTarget(session("target"), hf_config, tuple(manifest["tap_layer_ids"]) if info else (),
                           manifest["precision"])
-    verifier = GraphVerifier(session("verify_greedy"), session("verify_sampling"))
+    verifier = GraphVerifier(session("verify_greedy"), session("verify_sampling"),
+                             session("verify_tree_greedy"), session("verify_tree_sampling"))
     if info is None:
         return target, NoDrafter(), verifier
     method, taps = info["method"], tuple(manifest["tap_layer_ids"])

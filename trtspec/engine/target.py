@@ -10,6 +10,11 @@ compacted away (dropped from the arrays) before the next forward.
 
 This is the graph's contract; the per-slot preallocated layout of the torch flavour would need a
 graph that scatters into fixed buffers (not exported yet).
+
+A tree chunk (draft trees) needs no other graph: its nodes get RoPE positions start + depth as
+`position_ids`, and the mask lets each see its request's context and its own ancestors.
+`keep_paths` relabels the accepted path's cache positions (start + depth, which their keys were
+rotated by) and marks the rest dead: nothing moves.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import numpy as np
 import torch
 
 from trtspec.engine.session import GraphSession
-from trtspec.models.target import Chunk, TargetOutput
+from trtspec.models.kv_slots import ancestor_mask, tree_depths
+from trtspec.models.target import Chunk, PathKeep, TargetOutput
 
 DEAD = -1
 
@@ -117,14 +123,45 @@ class EngineTarget:
             raise ValueError(f"a slot would hold more than its capacity of {self.capacity} positions")
         owner_k, pos_k = np.concatenate([self.owner, owner_q]), np.concatenate([self.position, pos_q])
         visible = (owner_k[None, :] == owner_q[:, None]) & (pos_k[None, :] <= pos_q[:, None])  # [T, S+T]
+        rope = pos_q.copy()  # [T]
+        first = 0
+        for c in chunks:
+            n = len(c.input_ids)
+            if c.parents is not None:
+                self._tree_rows(c, first, rope, visible, owner_k, pos_k)
+            first += n
         input_ids = torch.cat([c.input_ids for c in chunks]).to(torch.int64).numpy()
-        logits, hidden = self.graph.run(input_ids[None], pos_q[None], visible[None])
+        logits, hidden = self.graph.run(input_ids[None], rope[None], visible[None])
         self.owner, self.position = owner_k, pos_k
         for c in chunks:
             self.lengths[c.slot] = self.seq_len(c.slot) + len(c.input_ids)
         self.num_forwards += 1
         logits = logits[0] if logits_at is None else logits[0, logits_at]
         return TargetOutput(logits=logits.float(), hidden=None if hidden is None else hidden[0])
+
+    def _tree_rows(self, c: Chunk, first: int, rope: np.ndarray, visible: np.ndarray, owner_k: np.ndarray,
+                   pos_k: np.ndarray) -> None:
+        """A tree chunk's queries (packed from `first`): RoPE by depth, context + ancestors visible."""
+        n, start = len(c.input_ids), self.seq_len(c.slot)
+        tree_start = start if c.tree_start is None else c.tree_start
+        nodes = np.arange(start - tree_start, start - tree_start + n)
+        rows = slice(first, first + n)
+        rope[rows] = tree_start + np.asarray(tree_depths(c.parents))[nodes]
+        mine = np.flatnonzero((owner_k == c.slot) & (pos_k >= tree_start))
+        anc = ancestor_mask(c.parents).numpy()
+        visible[rows] &= (pos_k < tree_start)[None, :] | (owner_k != c.slot)[None, :]
+        visible[rows, mine] = anc[nodes][:, pos_k[mine] - tree_start]
+
+    def keep_paths(self, keeps: list[PathKeep]) -> None:
+        """Keep each slot's accepted root path: its positions relabelled start..start+len−1."""
+        for k in keeps:
+            mine = (self.owner == k.slot) & (self.position >= k.start)
+            new = np.full(len(self.owner), DEAD, dtype=np.int64)
+            for j, p in enumerate(k.path):
+                new[mine & (self.position == k.start + p)] = k.start + j
+            self.owner[mine & (new == DEAD)] = DEAD
+            self.position[mine] = np.where(new[mine] == DEAD, self.position[mine], new[mine])
+            self.lengths[k.slot] = k.start + len(k.path)
 
     def rewind(self, slot: int, num_rejected: int) -> None:
         """Free the last `num_rejected` positions of a slot (its rejected drafts)."""

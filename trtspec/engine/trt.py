@@ -58,6 +58,7 @@ def _require():
 
 def register_plugins() -> None:
     """Register trtspec's `tensorrt.plugin` plugins (kernels compiled to PTX at engine build)."""
+    import plugins.confidence_verify.tree_trt_plugin  # noqa: F401
     import plugins.confidence_verify.trt_plugin  # noqa: F401
     import plugins.kv_injection_attention.trt_plugin  # noqa: F401
 

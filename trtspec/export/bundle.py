@@ -9,6 +9,8 @@ Folder layout (what `trtspec build --flavour engine` writes and the engine flavo
     dspark_heads.onnx      DSpark Markov and confidence heads   (DSpark drafter only)
     verify_greedy.onnx     greedy verification, plugin node
     verify_sampling.onnx   sampling verification, plugin node
+    verify_tree_greedy.onnx    greedy verification of draft trees, plugin node
+    verify_tree_sampling.onnx  sampling verification of draft trees, plugin node
     manifest.json          config, sha256 of every file, versions, graph inputs/outputs and taps
 The folder is written beside its destination and swapped into place (`trtspec.output`), so an
 error never leaves a half-written folder. `cached_export` keeps one export per content hash of
@@ -32,7 +34,7 @@ from trtspec.export.plugins import PLUGIN_OPS
 from trtspec.output import staged_output
 
 MANIFEST = "manifest.json"
-EXPORT_FORMAT = 4  # bump when the graphs' interface changes: invalidates cached exports
+EXPORT_FORMAT = 5  # bump when the graphs' interface changes: invalidates cached exports
 EXPORTABLE_DRAFTERS = ("dflash", "dspark")
 
 
@@ -109,7 +111,12 @@ def _drafter_graphs(method: str, path: Path, model, num_draft_tokens: int | None
 def _graphs(config: BuildConfig, use_drafter: bool) -> tuple[dict[str, onnx.ModelProto], dict]:
     """The graphs of `config` (and what the engine adapters need to know about them)."""
     from trtspec.export.target import check_exportable, export_target
-    from trtspec.export.verify import export_verify_greedy, export_verify_sampling
+    from trtspec.export.verify import (
+        export_verify_greedy,
+        export_verify_sampling,
+        export_verify_tree_greedy,
+        export_verify_tree_sampling,
+    )
     from trtspec.models.target import check_checkpoint_dir, load_causal_lm
 
     target_dir = config.target.resolved_path
@@ -140,6 +147,8 @@ def _graphs(config: BuildConfig, use_drafter: bool) -> tuple[dict[str, onnx.Mode
     graphs["target"] = export_target(model, tuple(info["tap_layer_ids"]), precision)
     graphs["verify_greedy"] = export_verify_greedy(model.config.vocab_size)
     graphs["verify_sampling"] = export_verify_sampling(model.config.vocab_size)
+    graphs["verify_tree_greedy"] = export_verify_tree_greedy(model.config.vocab_size)
+    graphs["verify_tree_sampling"] = export_verify_tree_sampling(model.config.vocab_size)
     return graphs, info
 
 

@@ -14,7 +14,10 @@ from trtspec.export.graph import PLUGIN_DOMAIN, GraphBuilder
 KV_INJECTION_ATTENTION = "kv_injection_attention"
 CONFIDENCE_VERIFY_GREEDY = "confidence_verify_greedy"
 CONFIDENCE_VERIFY_SAMPLING = "confidence_verify_sampling"
-PLUGIN_OPS = (KV_INJECTION_ATTENTION, CONFIDENCE_VERIFY_GREEDY, CONFIDENCE_VERIFY_SAMPLING)
+CONFIDENCE_VERIFY_TREE_GREEDY = "confidence_verify_tree_greedy"
+CONFIDENCE_VERIFY_TREE_SAMPLING = "confidence_verify_tree_sampling"
+PLUGIN_OPS = (KV_INJECTION_ATTENTION, CONFIDENCE_VERIFY_GREEDY, CONFIDENCE_VERIFY_SAMPLING,
+              CONFIDENCE_VERIFY_TREE_GREEDY, CONFIDENCE_VERIFY_TREE_SAMPLING)
 PLUGIN_ATTRS = {"plugin_namespace": PLUGIN_DOMAIN, "aot": 1}
 
 
@@ -43,3 +46,23 @@ def confidence_verify_sampling(g: GraphBuilder, draft_tokens: str, q_probs: str,
     out = g.op(CONFIDENCE_VERIFY_SAMPLING, draft_tokens, q_probs, p_probs, draft_lens, uniforms, u_last,
                n_out=2, domain=PLUGIN_DOMAIN, **PLUGIN_ATTRS)
     return out[0], out[1]
+
+
+def confidence_verify_tree_greedy(g: GraphBuilder, draft_tokens: str, parents: str, draft_lens: str,
+                                  target_logits: str) -> tuple[str, str, str]:
+    """draft_tokens [b, n] int32 (node i + 1's token), parents [b, n] int32 (node i + 1's parent, 0 =
+    the root), draft_lens [b] int32 (nodes per row), target_logits [b, n+1, V] at the root and every
+    node -> num_accepted [b] int32, path [b, n] int32 (accepted nodes, then -1), tokens [b, n+1]
+    int32 (accepted, then the bonus, then -1): the greedy rule of `trtspec.spec.tree_verify`."""
+    out = g.op(CONFIDENCE_VERIFY_TREE_GREEDY, draft_tokens, parents, draft_lens, target_logits, n_out=3,
+               domain=PLUGIN_DOMAIN, **PLUGIN_ATTRS)
+    return out[0], out[1], out[2]
+
+
+def confidence_verify_tree_sampling(g: GraphBuilder, draft_tokens: str, parents: str, draft_lens: str,
+                                    p_probs: str, uniforms: str, u_last: str) -> tuple[str, str, str]:
+    """As `confidence_verify_tree_greedy` with p_probs [b, n+1, V] (processed), uniforms [b, n] and
+    u_last [b] float32: the rule for deterministic children of `trtspec.spec.tree_verify`."""
+    out = g.op(CONFIDENCE_VERIFY_TREE_SAMPLING, draft_tokens, parents, draft_lens, p_probs, uniforms, u_last,
+               n_out=3, domain=PLUGIN_DOMAIN, **PLUGIN_ATTRS)
+    return out[0], out[1], out[2]

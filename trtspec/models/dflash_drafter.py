@@ -8,6 +8,9 @@ since the last proposal that are not yet projected (`pending`). A proposal
    context, so each anchor (the last committed token) sits at position `ctx_len[slot]`;
 2. runs ONE block forward over `[anchor, MASK × (B−1)]` for all rows, each row's block at
    positions ctx_len..ctx_len+B−1, attending to its own context and its whole block.
+
+A tree (`propose_tree`) comes from the same one block forward: slot d's marginal scores every
+depth-d node, whatever its parent, and EAGLE-2's expansion ranks paths by their product.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_dra
 from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout
 from trtspec.models.target import DTYPES
 from trtspec.spec.sampling import row_probs
+from trtspec.spec.tree import DraftTree, grow_tree, log_scores
 
 
 class DFlashDrafter(TapsDrafter):
@@ -89,8 +93,24 @@ class DFlashDrafter(TapsDrafter):
         with torch.inference_mode():
             return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
 
+    @property
+    def max_tree_depth(self) -> int:
+        return self.block_size - 1
+
     def propose(self, rows, k):
         return propose_block(self.draft_logits(rows, k), rows)
+
+    def propose_tree(self, rows, tree):
+        depth = self.tree_depth(tree)
+        return marginal_tree(self.draft_logits(rows, depth), rows, tree, depth)
+
+
+def marginal_tree(logits: torch.Tensor, rows: list[DraftRow], tree, depth: int) -> DraftTree:
+    """A tree from per-slot marginals logits [R, depth, V]: depth-d children are slot d's best."""
+    scores = log_scores(logits, [row.sampling for row in rows])  # [R, D, V]
+    best, tokens = scores.topk(min(tree.topk, scores.shape[-1]), -1)  # [R, D, K], once for every depth
+    return grow_tree(scores[:, 0], lambda d, frontier, _: (best[:, d, None], tokens[:, d, None]), tree.topk,
+                     tree.nodes, depth)
 
 
 def propose_block(logits: torch.Tensor, rows: list[DraftRow]) -> Proposal:

@@ -5,6 +5,11 @@ forward as the target, `TargetModel`). Before each proposal every row's cache is
 longest prefix it shares with the committed tokens (the drafts it fed that the target rejected
 are dropped); then ONE packed forward feeds every row's missing committed tokens and gives x_1,
 and each further draft position is ONE forward over all rows. Draft cost grows O(k).
+
+A tree (`propose_tree`) expands the K best children per step (EAGLE-2's dynamic tree): each depth
+is ONE forward over every row's frontier, written after the committed tokens in tree attention.
+At the next proposal the nodes on the committed path keep their K/V, moved into place
+(`TargetModel.keep_paths`): a node's K/V depend only on its root path, which the target accepted.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ import torch
 
 from trtspec.errors import CheckpointError
 from trtspec.models.drafter import Drafter, DraftRow, Proposal, register_drafter
-from trtspec.models.target import Chunk, TargetModel, chunk_offsets, load_causal_lm
+from trtspec.models.target import Chunk, PathKeep, TargetModel, chunk_offsets, load_causal_lm
 from trtspec.spec.sampling import choose_tokens
+from trtspec.spec.tree import grow_tree, log_scores
 
 
 class DraftModelDrafter(Drafter):
@@ -27,26 +33,45 @@ class DraftModelDrafter(Drafter):
         self.num_draft_tokens = num_draft_tokens
         self.fed: dict[int, list[int]] = {}  # slot -> the token ids its cache holds
         self.fed_drafts: dict[int, torch.Tensor] = {}  # slot -> drafts fed in the last proposal
+        self.fed_tree: dict[int, tuple[list[int], list[int]]] = {}  # slot -> (tokens, parents) fed as a tree
 
     def allocate(self, num_slots, capacity):
         # drafts are fed after the committed tokens, hence the extra room; a copy gets its own cache
         self.lm = copy.copy(self.lm)
         self.lm.allocate(num_slots, capacity + self.num_draft_tokens)
-        self.fed, self.fed_drafts = {}, {}
+        self.fed, self.fed_drafts, self.fed_tree = {}, {}, {}
 
     def begin(self, slot, prompt, hidden):
         self.lm.release(slot)
         self.fed[slot] = []
         self.fed_drafts.pop(slot, None)
+        self.fed_tree.pop(slot, None)
 
     def release(self, slot):
         self.lm.release(slot)
         self.fed.pop(slot, None)
         self.fed_drafts.pop(slot, None)
+        self.fed_tree.pop(slot, None)
+
+    def _keep_committed_path(self, row: DraftRow) -> None:
+        """After a tree proposal: keep the fed nodes on the committed path, the rest is dropped."""
+        tokens, parents = self.fed_tree.pop(row.slot)
+        fed, committed = self.fed[row.slot], row.committed
+        start, u, path = len(fed), -1, []
+        for token in committed[start : len(committed) - 1]:  # the last one is fed again as the root
+            u = next((i for i, (t, p) in enumerate(zip(tokens, parents, strict=True))
+                      if p == u and t == token), None)
+            if u is None:
+                break
+            path.append(u)
+        self.lm.keep_paths([PathKeep(row.slot, start, path)])
+        fed += committed[start : start + len(path)]
 
     def _sync(self, row: DraftRow) -> list[int]:
         """Rewind the row's cache to what it shares with the committed tokens; return the
         committed tokens still to feed (at least the last one)."""
+        if row.slot in self.fed_tree:
+            self._keep_committed_path(row)
         fed, committed = self.fed[row.slot], row.committed
         fed += self.fed_drafts.pop(row.slot, torch.zeros(0, dtype=torch.long)).tolist()
         common, limit = 0, min(len(fed), len(committed) - 1)
@@ -81,6 +106,38 @@ class DraftModelDrafter(Drafter):
             self.fed_drafts[row.slot] = drafts[r, : k - 1]
         self.num_forwards = self.lm.num_forwards
         return Proposal(tokens=drafts, q_probs=torch.stack(q_rows, 1) if q_rows else None)
+
+    @torch.inference_mode()
+    def propose_tree(self, rows, tree):
+        device = self.lm.device
+        params = [row.sampling for row in rows]
+        chunks = []
+        for row in rows:
+            missing = self._sync(row)
+            self.fed[row.slot] += missing
+            chunks.append(Chunk(row.slot, torch.tensor(missing, device=device)))
+        last = torch.tensor(chunk_offsets(chunks)[1:], device=device) - 1
+        first = log_scores(self.lm.forward(chunks, logits_at=last).logits, params)  # [R, V]
+        starts = [len(self.fed[row.slot]) for row in rows]
+        fed = {row.slot: ([], []) for row in rows}  # slot -> (tokens, parents) of the nodes fed
+        state = {"first": 0}
+
+        def expand(d: int, frontier: torch.Tensor, from_prev: torch.Tensor) -> torch.Tensor:
+            r, f = frontier.shape
+            prev = state["first"]
+            state["first"] = len(fed[rows[0].slot][0])
+            chunks = []
+            for i, (row, start, up) in enumerate(zip(rows, starts, from_prev.tolist(), strict=True)):
+                tokens, parents = fed[row.slot]
+                tokens += frontier[i].tolist()
+                parents += [-1 if d == 1 else prev + j for j in up]
+                chunks.append(Chunk(row.slot, frontier[i], tuple(parents), start))
+            return log_scores(self.lm.forward(chunks).logits.view(r, f, -1), params)  # [R, F, V]
+
+        drafted = grow_tree(first, expand, tree.topk, tree.nodes, self.tree_depth(tree))
+        self.fed_tree.update(fed)
+        self.num_forwards = self.lm.num_forwards
+        return drafted
 
 
 @register_drafter("draft_model")

@@ -9,6 +9,11 @@ the buffers once, `begin(slot, â€¦)` starts a request in a slot, `commit(slot, â
 target kept, `release(slot)` frees it. Drafters that read the target's hidden states (DFlash,
 DSpark, EAGLE-3) name the layers in `tap_layer_ids` and receive the taps of every position the
 target caches through `begin` and `commit`.
+
+`propose_tree` drafts a token tree per request instead of a chain (`trtspec.spec.tree`: EAGLE-2's
+dynamic tree; one block forward for DFlash/DSpark, one forward per depth for EAGLE-3 and draft
+models, all rows batched). The target keeps the accepted root path; `commit` then receives its
+taps exactly as after a chain, so a drafter's committed state is the same either way.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import torch
 from trtspec.spec.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from trtspec.config import DrafterConfig
+    from trtspec.config import DrafterConfig, TreeConfig
     from trtspec.models.target import TargetModel
+    from trtspec.spec.tree import DraftTree
 
 
 @dataclass(slots=True)
@@ -73,6 +79,16 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, rows: list[DraftRow], k: int) -> Proposal:
         """Draft `k` tokens after each row's committed tokens, all rows in one batched pass."""
+
+    max_tree_depth: int = 64  # deepest tree node this drafter can score (a block drafter: its block)
+
+    def tree_depth(self, tree: TreeConfig) -> int:
+        """Depth of this drafter's trees under `tree`: its `depth`, else num_draft_tokens."""
+        return min(tree.depth or self.num_draft_tokens, self.max_tree_depth)
+
+    def propose_tree(self, rows: list[DraftRow], tree: TreeConfig) -> DraftTree:
+        """Draft a token tree after each row's committed tokens, all rows batched."""
+        raise NotImplementedError(f"the {self.method} drafter drafts chains only; remove drafter.tree")
 
 
 class NoDrafter(Drafter):

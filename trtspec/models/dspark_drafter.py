@@ -7,6 +7,10 @@ absorbed in one packed pass before each proposal). What differs: the block is
 picked left to right through the Markov head, each row after its own sampling parameters; each
 proposal carries the confidences c_1..c_k, divided by the stored STS temperatures when the
 checkpoint has an `sts.json`.
+
+A tree (`propose_tree`) uses the same one backbone forward; each expanded node's children are
+re-scored by the Markov head on that node's token, and their scores are path survivals: the
+node's confidence c (given its parent token) times q(x) / max q (`trtspec.spec.tree`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from trtspec.models.dspark import ChooseToken, DraftBlock, DSparkDraftModel, loa
 from trtspec.models.target import DTYPES
 from trtspec.spec.sampling import choose_tokens
 from trtspec.spec.sts import confidences, load_sts
+from trtspec.spec.tree import grow_tree, log_scores
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +37,30 @@ class MarkovProposer(Drafter):
     request's temperature/top-k/top-p; confidences are σ(z / T_STS)."""
 
     sts_temperatures: torch.Tensor | None = None  # [γ]
+
+    def tree_heads(self, rows: list[DraftRow], depth: int):
+        """(Markov logits, confidence logits | None) of slot d for given previous tokens: a function
+        (d, prev [R, F]) -> ([R, F, V], [R, F] | None), after one backbone forward for all rows."""
+        raise NotImplementedError
+
+    def propose_tree(self, rows, tree):
+        depth = self.tree_depth(tree)
+        heads = self.tree_heads(rows, depth)
+        params = [row.sampling for row in rows]
+
+        def survival_scores(d: int, prev: torch.Tensor) -> torch.Tensor:  # children of prev at slot d
+            logits, conf = heads(d, prev)
+            logq = log_scores(logits, params)  # [R, F, V]
+            if conf is None:
+                return logq
+            temps = None if self.sts_temperatures is None else self.sts_temperatures[d : d + 1]
+            log_c = torch.log(confidences(conf[..., None], temps))  # [R, F, 1]
+            return (log_c + logq - logq.amax(-1, keepdim=True)).clamp_max(0.0)
+
+        anchors = torch.tensor([[row.committed[-1]] for row in rows], device=self.device)
+        first = survival_scores(0, anchors)[:, 0]
+        return grow_tree(first, lambda d, frontier, _: survival_scores(d, frontier), tree.topk, tree.nodes,
+                         depth)
 
     def draft_block(self, rows: list[DraftRow], k: int, choose: ChooseToken) -> DraftBlock:
         raise NotImplementedError
@@ -62,6 +91,20 @@ class DSparkDrafter(MarkovProposer, DFlashDrafter):
         super().__init__(model, model.embed_tokens, model.lm_head)
         self.num_draft_tokens = num_draft_tokens or model.spec.block_size
         self.sts_temperatures = sts_temperatures  # [γ] or None
+
+    @property
+    def max_tree_depth(self) -> int:
+        return self.block_size
+
+    @torch.inference_mode()
+    def tree_heads(self, rows, depth):
+        hidden = self.backbone_hidden(rows, depth)  # [R, D, H]
+        base = self.model.lm_head(hidden)  # [R, D, V]
+
+        def heads(d: int, prev: torch.Tensor):
+            h = hidden[:, d, None].expand(-1, prev.shape[1], -1)  # [R, F, H]
+            return self.model.markov_logits(base[:, d, None], prev), self.model.confidence_logits(h, prev)
+        return heads
 
     def backbone_hidden(self, rows: list[DraftRow], k: int) -> torch.Tensor:
         """h_1..h_k of every row's block.  -> [R, k, H]"""

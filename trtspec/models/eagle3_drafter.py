@@ -13,6 +13,11 @@ output h of the last of them, and the taps the target produced since the last pr
    by the target's own.
 
 Draft cost therefore grows O(k) forwards, unlike DFlash's one pass per block.
+
+A tree (`propose_tree`) is EAGLE-2's dynamic tree, as EAGLE-3 is published: after the same
+absorption, each depth is ONE forward over every row's frontier (its K best nodes), written after
+the committed slots in tree attention (each node sees the context and its ancestors); each node
+feeds back its parent's h, as a chain step feeds back the previous one.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ import torch
 
 from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
 from trtspec.models.eagle3 import Eagle3DraftModel, load_eagle3
-from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout
+from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout, TreeSpan
 from trtspec.models.target import DTYPES
 from trtspec.spec.sampling import choose_tokens
+from trtspec.spec.tree import grow_tree, log_scores
 
 DEFAULT_NUM_DRAFT_TOKENS = 7
 
@@ -83,15 +89,49 @@ class Eagle3Drafter(TapsDrafter):
             self.ctx_len[s.slot] += s.length
             self.last_h[s.slot] = h[0, end - 1]
 
+    def _check_absorbed(self, rows: list[DraftRow]) -> None:
+        for row in rows:
+            if self.ctx_len[row.slot] != len(row.committed) - 1 or row.slot not in self.last_h:
+                raise RuntimeError(f"EAGLE-3 slot {row.slot} holds {self.ctx_len[row.slot]} drafter slots, "
+                                   f"the target caches {len(row.committed) - 1}")
+
+    @torch.inference_mode()
+    def propose_tree(self, rows, tree):
+        self._absorb_pending(rows)
+        self._check_absorbed(rows)
+        params = [row.sampling for row in rows]
+        h0 = torch.stack([self.last_h[row.slot] for row in rows])  # [R, H]
+        parents: list[list[int]] = [[] for _ in rows]  # per row: the tree of forwarded nodes
+        state = {"h": h0[:, None], "first": 0}  # the last frontier's outputs [R, F, H]
+
+        def scores(h: torch.Tensor) -> torch.Tensor:
+            return log_scores(self.model.to_target_logits(self.model.draft_logits(h)), params)
+
+        def expand(d: int, frontier: torch.Tensor, from_prev: torch.Tensor) -> torch.Tensor:
+            """Forward the depth-d frontier [R, F] (each on its parent's h) -> children scores."""
+            r, f = frontier.shape
+            h_in = state["h"].gather(1, from_prev.clamp_min(0)[..., None].expand(r, f, h0.shape[-1]))
+            base, prev = len(parents[0]), state["first"]
+            for row, up in zip(parents, from_prev.tolist(), strict=True):
+                row += [-1 if d == 1 else prev + j for j in up]
+            segments = [Segment(row.slot, self.ctx_len[row.slot] + base, f,
+                                TreeSpan(self.ctx_len[row.slot], tuple(par)))
+                        for row, par in zip(rows, parents, strict=True)]
+            layout = StepLayout(segments, self.device)
+            h, _ = self.model(frontier.reshape(1, r * f), h_in.reshape(1, r * f, -1),
+                              layout.rope_positions[None], SlotView(self.kv, layout))  # [1, R·F, H]
+            self.num_forwards += 1
+            state["h"], state["first"] = h.view(r, f, -1), base
+            return scores(state["h"])
+
+        return grow_tree(scores(h0), expand, tree.topk, tree.nodes, self.tree_depth(tree))
+
     @torch.inference_mode()
     def draft_chain(self, rows: list[DraftRow], k: int, choose) -> list[torch.Tensor]:
         """Run the chain for every row; `choose(logits [R, V]) -> tokens [R]` picks each draft.
         Returns the target-vocabulary logits of steps 1..k, each [R, V]."""
         self._absorb_pending(rows)
-        for row in rows:
-            if self.ctx_len[row.slot] != len(row.committed) - 1 or row.slot not in self.last_h:
-                raise RuntimeError(f"EAGLE-3 slot {row.slot} holds {self.ctx_len[row.slot]} drafter slots, "
-                                   f"the target caches {len(row.committed) - 1}")
+        self._check_absorbed(rows)
         h = torch.stack([self.last_h[row.slot] for row in rows])[None]  # [1, R, H]
         logits = []
         for i in range(k):

@@ -20,6 +20,15 @@ causal (query at position i sees positions ≤ i of its slot) or, for DFlash's b
 segment (a query sees every position < start + length). On a GPU the same contract is what a
 paged/varlen attention kernel serves without the padding.
 
+A segment may hold the nodes of a token tree (`TreeSpan`, draft trees: `trtspec.spec.tree`). Then
+where a token is stored and where it sits in the sequence differ: node i is written at storage
+index `span.start + i` but rotated at RoPE position `span.start + depth(i)`, and it sees the slot's
+context [0, span.start) plus its ancestors and itself only. `StepLayout.positions` are storage
+indices, `StepLayout.rope_positions` the positions a model rotates by (the same tensor when no
+segment is a tree, so a chain pays nothing). After verification `SlotKV.keep` moves the accepted
+path's K/V into place: a path node at depth j already carries RoPE position start + j, so moved to
+storage start + j it is exactly what feeding the accepted tokens alone would have written.
+
 `SlotKVCache` adapts the buffers to transformers' `Cache` interface and `slot_attention` is
 registered as the attention implementation "trtspec_slots", so a Hugging Face model runs its own
 layers over this layout; without a `StepLayout` the implementation is plain SDPA, so the same
@@ -39,10 +48,42 @@ ATTN_IMPLEMENTATION = "trtspec_slots"
 
 
 @dataclass(slots=True, frozen=True)
+class TreeSpan:
+    """Tree nodes stored from `start` on: node i at storage index start + i. parents[i] < i is the
+    node it extends, −1 for a root (a node whose only ancestor is the slot's context [0, start)).
+    The span may begin in an earlier forward (EAGLE-3 and draft models forward a tree depth by depth):
+    a segment then holds its last `length` nodes."""
+
+    start: int
+    parents: tuple[int, ...]
+
+
+def tree_depths(parents) -> list[int]:
+    """depth(i) = 0 for a root, depth(parent) + 1 otherwise (parents[i] < i)."""
+    depths: list[int] = []
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise ValueError(f"tree node {i} has parent {p}; parents must come first (-1 = a root)")
+        depths.append(0 if p < 0 else depths[p] + 1)
+    return depths
+
+
+def ancestor_mask(parents) -> torch.Tensor:
+    """[n, n] bool: row i is True at i and at each of its ancestors."""
+    n = len(parents)
+    anc = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            anc[i] |= anc[p]
+    return anc
+
+
+@dataclass(slots=True, frozen=True)
 class Segment:
     slot: int
-    start: int  # position of the segment's first token in its slot
+    start: int  # storage index of the segment's first token in its slot
     length: int
+    tree: TreeSpan | None = None  # None: a sequence (position = storage index)
 
 
 @dataclass(slots=True)
@@ -69,7 +110,8 @@ class StepLayout:
     """Where the packed tokens of one forward sit in the slot buffers, and how their attention is
     grouped. Built once per forward, read by every layer.
 
-    slots [T], positions [T]: the slot and position each packed token is written to.
+    slots [T], positions [T]: the slot and storage index each packed token is written to;
+    rope_positions [T]: its position in its sequence (differs from `positions` for tree nodes).
     """
 
     def __init__(self, segments: list[Segment], device: torch.device | str = "cpu", causal: bool = True):
@@ -80,12 +122,23 @@ class StepLayout:
         for n in lengths:
             offsets.append(offsets[-1] + n)
         self.num_tokens = offsets[-1]
-        slots, positions = [], []
+        slots, positions, rope = [], [], []
         for s in segments:
             slots += [s.slot] * s.length
             positions += range(s.start, s.start + s.length)
+            if s.tree is not None:
+                first = s.start - s.tree.start
+                if first < 0 or first + s.length > len(s.tree.parents):
+                    raise ValueError(f"segment of slot {s.slot} at {s.start}+{s.length} lies outside its "
+                                     f"tree of {len(s.tree.parents)} nodes from {s.tree.start}")
+                rope += [s.tree.start + d for d in tree_depths(s.tree.parents)[first : first + s.length]]
+            else:
+                rope += range(s.start, s.start + s.length)
         self.slots = torch.tensor(slots, dtype=torch.long, device=device)  # [T]
         self.positions = torch.tensor(positions, dtype=torch.long, device=device)  # [T]
+        self.has_trees = any(s.tree is not None for s in segments)
+        self.rope_positions = torch.tensor(rope, dtype=torch.long, device=device) if self.has_trees \
+            else self.positions  # [T]
         self._offsets, self._device = offsets, device
 
     @functools.cached_property
@@ -111,12 +164,29 @@ class StepLayout:
         else:  # every query of the segment sees the whole segment and what precedes it
             mask = (keys[None, :] < torch.tensor(key_limit, device=device)[:, None])[:, None, :]
             mask = mask.expand(len(segs), width, kv_len)
+        if any(s.tree is not None for s in segs):
+            mask = mask.clone()
+            for g, s in enumerate(segs):
+                if s.tree is not None:
+                    mask[g] = _tree_rows(s, width, kv_len).to(device)
         slot_ids = [s.slot for s in segs]
         contiguous = slot_ids == list(range(slot_ids[0], slot_ids[0] + len(slot_ids)))
         slots = slice(slot_ids[0], slot_ids[0] + len(slot_ids)) if contiguous else \
             torch.tensor(slot_ids, dtype=torch.long, device=device)
         return _Group(slots, torch.tensor(gather, dtype=torch.long, device=device).view(len(segs), width),
                       torch.tensor(valid, dtype=torch.long, device=device), mask[:, None], kv_len)
+
+
+def _tree_rows(s: Segment, width: int, kv_len: int) -> torch.Tensor:
+    """[width, kv_len] mask rows of a tree segment's queries (padding repeats the last node): the
+    slot's context before the tree, then the node's ancestors and itself."""
+    span = s.tree
+    first = s.start - span.start
+    anc = ancestor_mask(span.parents)[first : first + s.length]  # [length, n]
+    rows = torch.zeros(s.length, kv_len, dtype=torch.bool)
+    rows[:, : span.start] = True
+    rows[:, span.start : span.start + anc.shape[1]] = anc[:, : kv_len - span.start]
+    return rows[[min(i, s.length - 1) for i in range(width)]]
 
 
 class SlotKV:
@@ -134,6 +204,12 @@ class SlotKV:
         """keys, values [T, kv_heads, d] of the packed tokens, stored at their slot and position."""
         self.keys[layout.slots, :, layout.positions] = keys.to(self.keys.dtype)
         self.values[layout.slots, :, layout.positions] = values.to(self.values.dtype)
+
+    def keep(self, slots: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move kept tree nodes into place: storage src[m] -> dst[m] of slot slots[m], all [M]
+        (dst[m] <= src[m]; the gather copies first, so overlapping moves are safe)."""
+        self.keys[slots, :, dst] = self.keys[slots, :, src]
+        self.values[slots, :, dst] = self.values[slots, :, src]
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy a slot's first `length` positions to another slot."""
@@ -238,7 +314,7 @@ def hf_forward(model, cache: SlotKVCache, layout: StepLayout, input_ids: torch.T
     cache.layout = layout
     return model(
         input_ids=input_ids[None],  # [1, T]
-        position_ids=layout.positions[None],
+        position_ids=layout.rope_positions[None],
         attention_mask=_NO_MASK,  # a 4D mask is taken as given: transformers builds none
         **{cache_argument(type(model)): cache},
         use_cache=True,

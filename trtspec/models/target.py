@@ -6,6 +6,11 @@ states of the layers a drafter reads (`tap_layer_ids`; layer i's output is `hidd
 because index 0 is the embedding output). Each request lives in a slot of preallocated buffers
 (`trtspec.models.kv_slots`): after verification the loop calls `rewind(slot, num_rejected)`, a
 non-negative count of slots that only shortens the request's length.
+
+A chunk may be a token tree (draft trees, `trtspec.spec.tree`): `parents` gives each token the one
+it extends, so a node sees the committed context and its ancestors only, at RoPE position
+start + depth. `keep_paths` then keeps the accepted root path, moving its K/V into place (the
+path's storage indices are not contiguous); for a chain the path is a prefix and nothing moves.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from trtspec.models.kv_slots import (
     Segment,
     SlotKVCache,
     StepLayout,
+    TreeSpan,
     hf_forward,
     hf_slot_buffers,
     use_slot_attention,
@@ -76,6 +82,33 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
 class Chunk:
     slot: int  # the request's slot
     input_ids: torch.Tensor  # [s] tokens to feed after the slot's cached ones
+    # a tree: the parent of each node of the tree (−1 = a root, which sees the context only), the
+    # nodes stored from `tree_start` (default: this chunk's start), this chunk its last s nodes
+    parents: tuple[int, ...] | None = None
+    tree_start: int | None = None
+
+
+def chunk_segment(chunk: Chunk, start: int) -> Segment:
+    """The layout segment of `chunk` fed at storage index `start` of its slot."""
+    n = len(chunk.input_ids)
+    if chunk.parents is None:
+        return Segment(chunk.slot, start, n)
+    tree_start = start if chunk.tree_start is None else chunk.tree_start
+    if tree_start + len(chunk.parents) != start + n:
+        raise ValueError(f"slot {chunk.slot}: a tree of {len(chunk.parents)} nodes from {tree_start} does "
+                         f"not end with this chunk of {n} tokens at {start}")
+    return Segment(chunk.slot, start, n, TreeSpan(tree_start, tuple(chunk.parents)))
+
+
+@dataclass(slots=True)
+class PathKeep:
+    """Keep the nodes `path` (offsets from `start`, ascending; for a target tree path[0] = 0, the root)
+    of the tree fed at `start` of `slot`: path[j] moves to start + j and the slot then holds
+    start + len(path) positions."""
+
+    slot: int
+    start: int
+    path: list[int]
 
 
 @dataclass(slots=True)
@@ -147,7 +180,7 @@ class TargetModel:
             if start + len(c.input_ids) > self.capacity:
                 raise ValueError(f"slot {c.slot} would hold {start + len(c.input_ids)} positions; "
                                  f"its capacity is {self.capacity}")
-            segments.append(Segment(c.slot, start, len(c.input_ids)))
+            segments.append(chunk_segment(c, start))
         layout = StepLayout(segments, self.device)
         input_ids = torch.cat([c.input_ids for c in chunks]).to(self.device)  # [T]
         out = hf_forward(self.model, self.cache, layout, input_ids, logits_at,
@@ -166,6 +199,25 @@ class TargetModel:
         if not 0 <= num_rejected <= length:
             raise ValueError(f"cannot rewind {num_rejected} positions of slot {slot} holding {length}")
         self.lengths[slot] = length - num_rejected
+
+    def keep_paths(self, keeps: list[PathKeep]) -> None:
+        """After a tree forward: keep each slot's accepted root path, all slots in one move per layer."""
+        slots, src, dst = [], [], []
+        for k in keeps:
+            end = k.start + len(k.path)
+            ascending = all(a < b for a, b in zip(k.path, k.path[1:], strict=False))
+            if not ascending or (k.path and (k.path[0] < 0 or self.seq_len(k.slot) <= k.start + k.path[-1])):
+                raise ValueError(f"slot {k.slot} holds {self.seq_len(k.slot)} positions; cannot keep path "
+                                 f"{k.path} from {k.start}")
+            moved = [(k.start + p, k.start + j) for j, p in enumerate(k.path) if p != j]
+            slots += [k.slot] * len(moved)
+            src += [m[0] for m in moved]
+            dst += [m[1] for m in moved]
+            self.lengths[k.slot] = end
+        if slots:
+            idx = [torch.tensor(x, dtype=torch.long, device=self.device) for x in (slots, src, dst)]
+            for layer in self.cache.layers:
+                layer.keep(*idx)
 
     def release(self, slot: int) -> None:
         """A finished request: its slot is free."""

@@ -16,6 +16,13 @@ conditional rates P(draft j accepted | drafts < j were), multiplied up), from a 
 running counts, or from DSpark's confidences; T from `trtspec profile` on the serving machine
 (`MeasuredCost`) or, for a GPU deployment planned on a CPU machine, from a roofline in
 `trtspec.plan`. Both implement `StepCost`.
+
+Draft trees (`trtspec.spec.tree`) are sized by the same table. A tree of N nodes costs a target
+forward over N + 1 tokens per request; where that forward is memory-bound (a GPU up to tens of
+tokens) extra nodes are nearly free, on a CPU they are not. `tree_budget` gives the largest N whose
+verification costs at most (1 + slack) × a chain's of the same drafter — what `trtspec profile`
+prints and `drafter.tree.nodes` should be set to. In adaptive mode `tree_rows` then admits, per
+step, the requests whose expected gain (from their acceptance history) pays for their tree.
 """
 
 from __future__ import annotations
@@ -137,3 +144,38 @@ class AcceptanceTracker:
         for j in range(min(accepted + 1, verified)):
             self.tested[j] += 1.0
             self.passed[j] += float(j < accepted)
+
+
+def tree_draft_seconds(table: SPSTable, rows: int, depth: int, per_depth_forward: bool, topk: int) -> float:
+    """Drafting time of `rows` trees: a block drafter's one forward (its time at (rows, depth)); a
+    chain drafter forwards rows·K frontier nodes per depth, timed as a chain over rows·K requests."""
+    return table.draft_time(rows * topk if per_depth_forward else rows, depth)
+
+
+def tree_rows(table: SPSTable, expected: Sequence[float], batch: int, nodes: int, depth: int,
+              per_depth_forward: bool, topk: int, min_gain: float = 0.0) -> list[int]:
+    """Which requests draft a tree this step (indices into `expected`, each request's expected tokens
+    from a tree step), out of `batch` running ones: the most promising first, the prefix that
+    maximises the step's tokens per second (none at all unless it beats plain decoding by
+    `min_gain`, as `best_draft_len` asks of chains)."""
+    order = sorted(range(len(expected)), key=lambda j: -expected[j])
+    best_n, best_rate = 0, batch * table.sps(batch) * (1.0 + min_gain)
+    tokens = float(batch)
+    for n, j in enumerate(order, start=1):
+        tokens += expected[j] - 1.0
+        seconds = tree_draft_seconds(table, n, depth, per_depth_forward, topk) + \
+            1.0 / table.sps(batch + n * nodes)
+        if tokens / seconds > best_rate:
+            best_n, best_rate = n, tokens / seconds
+    return sorted(order[:best_n])
+
+
+def tree_budget(table: SPSTable, chain_len: int, slack: float = 0.1, most: int = 256) -> int:
+    """The most tree nodes N whose target forward (N + 1 tokens) costs at most (1 + slack) × the
+    chain's (chain_len + 1 tokens) on this machine; at least chain_len."""
+    limit = (1.0 + slack) / table.sps(chain_len + 1)
+    best = chain_len
+    for n in range(chain_len, most + 1):
+        if 1.0 / table.sps(n + 1) <= limit:
+            best = n
+    return best

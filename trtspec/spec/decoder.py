@@ -9,6 +9,10 @@ requests, ONE target forward, ONE verifier call.
            verify all rows at once (ragged L_r, each row under its own sampling parameters)
            rewind each slot by L_r − a_r, a non-negative count: a length change, nothing moves
 
+With `tree` (`trtspec.spec.tree`) each drafting request sends a token tree instead of a chain: its
+nodes are fed in the same one target forward (each seeing the context and its ancestors), verified
+by `Verifier.verify_tree`, and `TargetModel.keep_paths` keeps the accepted root path's K/V.
+
 Requests join between steps (`add`) and leave when done (continuous batching); `generate` runs
 one request alone (R = 1 of the same loop), `generate_batch` a fixed group. Per request this is
 exactly the one-request draft–verify cycle with the block truncated to L_r, so the verifier keeps
@@ -24,13 +28,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trtspec.config import ScheduleConfig
+from trtspec.config import ScheduleConfig, TreeConfig
 from trtspec.models.drafter import Drafter, DraftRow, NoDrafter, Proposal
-from trtspec.models.target import Chunk, TargetModel
+from trtspec.models.target import Chunk, PathKeep, TargetModel
 from trtspec.spec.cost import AcceptanceTracker, MeasuredCost, best_draft_len
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams, choose_tokens
 from trtspec.spec.schedule import SPSTable, schedule_lengths, survival
+from trtspec.spec.tree import DraftTree
 from trtspec.spec.verify import Verifier
 
 REQUEST_DECAY = 0.9  # per step: how fast a request's acceptance counts fade back toward the prior
@@ -43,6 +48,23 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     min_new_tokens: int = 0  # the end id is not emitted before this many tokens
     end_id: int | None = None  # None: the tokenizer's end of sequence
+
+
+@dataclass(slots=True)
+class _Drafts:
+    """What one step feeds the target for the running requests."""
+
+    k: int  # draft length of the step (a tree: its deepest node); 0 = nobody drafts
+    fed: torch.Tensor  # [R, W+1] each row's last token, then its drafts (chain) or nodes (tree)
+    lengths: list[int]  # drafts (tree nodes) each row sends to the target
+    drafting: list[int]  # rows that drafted
+    q: torch.Tensor | None = None  # [R, k, V] chain draft distributions (sampling rows)
+    tree: DraftTree | None = None  # tree mode: every running row's tree (size 0 = no drafts)
+    depths: list[int] = field(default_factory=list)  # positions each row offers (tree: its depth)
+
+
+def _draft_row(lv: _Live) -> DraftRow:
+    return DraftRow(lv.slot, lv.committed, lv.request.sampling, lv.generator)
 
 
 # streaming: called with the ids a step emitted for a request; True ends that request after them
@@ -80,9 +102,11 @@ class SpeculativeDecoder:
     def __init__(self, target: TargetModel, drafter: Drafter | None, eos_id: int | None,
                  verifier: Verifier | None = None, schedule: ScheduleConfig | None = None,
                  cost_table: SPSTable | None = None, max_slots: int = 1, capacity: int | None = None,
-                 acceptance_prior: list[float] | None = None, max_prompt: int | None = None):
+                 acceptance_prior: list[float] | None = None, max_prompt: int | None = None,
+                 tree: TreeConfig | None = None):
         self.target = copy.copy(target)
         self.drafter = copy.copy(drafter or NoDrafter())
+        self.tree = tree if self.drafter.num_draft_tokens else None
         self.eos_id = eos_id
         self.verifier = verifier or Verifier()
         self.schedule = schedule or ScheduleConfig(mode="full")
@@ -94,14 +118,20 @@ class SpeculativeDecoder:
         self.cost = None if cost_table is None else MeasuredCost(cost_table)
         self.max_slots = max_slots
         self.capacity = capacity or self.target.max_positions
+        # a tree's nodes may outnumber the tokens a request has left, and EAGLE-3 / draft models
+        # write each depth's frontier after the committed tokens: room for both
+        tree_room = 0 if self.tree is None else self.tree.nodes + self.tree.topk * self.num_draft_tokens
         self.max_prompt = max_prompt  # limits.max_input_tokens
-        self.target.allocate(max_slots, self.capacity)
-        self.drafter.allocate(max_slots, self.capacity)
+        self.target.allocate(max_slots, self.capacity + tree_room)
+        self.drafter.allocate(max_slots, self.capacity + tree_room)
         self.acceptance_prior = acceptance_prior
         self.reset()
 
     @property
     def num_draft_tokens(self) -> int:
+        """Draft positions a request may gain per step: k, or a tree's depth."""
+        if self.tree is not None:
+            return self.drafter.tree_depth(self.tree)
         return self.drafter.num_draft_tokens
 
     # -- continuous batching ----------------------------------------------------------------
@@ -187,14 +217,18 @@ class SpeculativeDecoder:
         table_mode = "scheduler" if mode == "adaptive" else mode
         return schedule_lengths(surv, self.cost_table, table_mode, self.schedule.threshold, draft_s)
 
-    def _ban_end(self, logits: torch.Tensor, rows: list[_Live]) -> None:
+    def _ban_end(self, logits: torch.Tensor, rows: list[_Live], tree: DraftTree | None = None) -> None:
         """The end id may not be emitted before a request's min_new_tokens: it is removed from p
-        at every position whose token would come earlier.  logits [R, s, V], one row per request."""
-        for lv, row in zip(rows, logits, strict=True):
+        at every position whose token would come earlier.  logits [R, s, V], one row per request;
+        `tree`: the rows' draft trees (node i of depth d gives the token d after the last one)."""
+        for r, (lv, row) in enumerate(zip(rows, logits, strict=True)):
             short = lv.request.min_new_tokens - len(lv.generated)
             end = self._end_id(lv)
             if short > 0 and end is not None:
-                row[:short, end] = float("-inf")
+                if tree is None:
+                    row[:short, end] = float("-inf")
+                else:
+                    row[tree.depths()[r, : row.shape[0]] < short, end] = float("-inf")
 
     def _end_id(self, lv: _Live) -> int | None:
         return self.eos_id if lv.request.end_id is None else lv.request.end_id
@@ -209,6 +243,81 @@ class SpeculativeDecoder:
         if stop or len(lv.generated) >= lv.request.max_new_tokens or lv.generated[-1] == end:
             lv.done = True
 
+    def _draft_chains(self, running: list[_Live]) -> _Drafts:
+        """A proposal of k tokens for every running request that may still draft, each cut to the
+        length its schedule admits."""
+        k = self._draft_len(running) if running else 0
+        budgets = [min(k, max(lv.budget, 0)) for lv in running]
+        drafting = [i for i, b in enumerate(budgets) if b > 0]
+        device = self.target.device
+        fed = torch.zeros(len(running), k + 1, dtype=torch.long, device=device)  # [R, k+1]
+        if running:
+            fed[:, 0] = torch.tensor([lv.generated[-1] for lv in running], device=device)
+        plan = _Drafts(k, fed, [0] * len(running), drafting)
+        if drafting:
+            rows = [running[i] for i in drafting]
+            proposal = self.drafter.propose([_draft_row(lv) for lv in rows], k)
+            cut = self._verify_lengths(proposal, [budgets[i] for i in drafting], k)
+            for i, n in zip(drafting, cut, strict=True):
+                plan.lengths[i] = n
+            idx = torch.tensor(drafting, device=device)
+            fed[idx, 1:] = proposal.tokens.to(device)
+            if proposal.q_probs is not None:
+                plan.q = torch.zeros(len(running), k, proposal.q_probs.shape[-1], device=device)
+                plan.q[idx] = proposal.q_probs.to(device)
+            self.offered_drafts += sum(budgets[i] for i in drafting)
+            self.admitted_drafts += sum(cut)
+        plan.depths = plan.lengths
+        return plan
+
+    def _draft_trees(self, running: list[_Live]) -> _Drafts:
+        """A draft tree for every running request the schedule lets draft (its depth capped by the
+        request's remaining budget); the others feed their last token alone."""
+        depth = self.drafter.tree_depth(self.tree)
+        drafting = self._tree_rows(running, depth)
+        device = self.target.device
+        r = len(running)
+        last = torch.tensor([lv.generated[-1] for lv in running], dtype=torch.long, device=device)
+        if not drafting:
+            tree = DraftTree(torch.zeros(r, 0, dtype=torch.long, device=device),
+                             torch.zeros(r, 0, dtype=torch.long, device=device), [0] * r)
+            return _Drafts(0, last[:, None], [0] * r, [], tree=tree, depths=[0] * r)
+        rows = [running[i] for i in drafting]
+        drafted = self.drafter.propose_tree([_draft_row(lv) for lv in rows], self.tree)
+        drafted = drafted.truncated([min(depth, lv.budget) for lv in rows])
+        n = max(drafted.sizes)
+        idx = torch.tensor(drafting, device=device)
+        tokens = torch.zeros(r, n, dtype=torch.long, device=device)
+        parents = torch.zeros(r, n, dtype=torch.long, device=device)
+        node_depths = torch.zeros(r, n + 1, dtype=torch.long, device=device)
+        tokens[idx], parents[idx] = drafted.tokens[:, :n].to(device), drafted.parents[:, :n].to(device)
+        node_depths[idx] = drafted.depths()[:, : n + 1].to(device)
+        sizes = [0] * r
+        for i, size in zip(drafting, drafted.sizes, strict=True):
+            sizes[i] = size
+        padding = torch.arange(n + 1, device=device)[None, :] > torch.tensor(sizes, device=device)[:, None]
+        tree = DraftTree(tokens, parents, sizes, node_depths=node_depths.masked_fill(padding, 0))
+        depths = tree.node_depths.amax(-1).tolist()
+        self.offered_drafts += sum(sizes)
+        self.admitted_drafts += sum(sizes)
+        return _Drafts(max(depths), torch.cat([last[:, None], tokens], 1), sizes, drafting, tree=tree,
+                       depths=depths)
+
+    def _tree_rows(self, running: list[_Live], depth: int) -> list[int]:
+        """Rows that draft a tree this step: every row with budget left (schedule full), or those the
+        cost model admits (adaptive, `spec.cost.tree_rows`: from acceptance history only)."""
+        may = [i for i, lv in enumerate(running) if lv.budget > 0]
+        if self.schedule.mode != "adaptive" or not may:
+            return may
+        from trtspec.spec.cost import tree_rows
+
+        expected = [1.0 + sum(running[i].acceptance.survival(min(depth, running[i].budget))) for i in may]
+        one_pass = self.drafter.method in ("dflash", "dspark")
+        chosen = tree_rows(self.cost_table, expected, len(running), self.tree.nodes, depth,
+                           per_depth_forward=not one_pass, topk=self.tree.topk,
+                           min_gain=self.schedule.min_gain)
+        return [may[j] for j in chosen]
+
     @torch.inference_mode()
     def step(self) -> dict[int, GenerationResult]:
         """One drafter pass, one target forward and one verification for every request; returns the
@@ -219,35 +328,21 @@ class SpeculativeDecoder:
         new = [lv for lv in self.lives.values() if lv.result.num_target_calls == 0]
         running = [lv for lv in self.lives.values() if lv.result.num_target_calls > 0]
 
-        # 1. draft: one proposal of k tokens for every running request that may still draft
-        k = self._draft_len(running) if running else 0
-        budgets = [min(k, max(lv.budget, 0)) for lv in running]
-        drafting = [i for i, b in enumerate(budgets) if b > 0]
-        lengths = [0] * len(running)
-        proposal = None
-        if drafting:
-            t_draft = time.perf_counter()
-            rows = [running[i] for i in drafting]
-            proposal = drafter.propose([DraftRow(lv.slot, lv.committed, lv.request.sampling, lv.generator)
-                                        for lv in rows], k)
-            cut = self._verify_lengths(proposal, [budgets[i] for i in drafting], k)
-            spent = time.perf_counter() - t_draft
-            for i, n in zip(drafting, cut, strict=True):
-                lengths[i] = n
-                running[i].result.draft_s += spent
-            self.offered_drafts += sum(budgets[i] for i in drafting)
-            self.admitted_drafts += sum(cut)
+        # 1. draft: a chain of k tokens (or a tree) for every running request that may still draft
+        t_draft = time.perf_counter()
+        plan = self._draft_chains(running) if self.tree is None else self._draft_trees(running)
+        spent = time.perf_counter() - t_draft
+        for i in plan.drafting:
+            running[i].result.draft_s += spent
         if running:
-            self.draft_len_counts[k] = self.draft_len_counts.get(k, 0) + 1
+            self.draft_len_counts[plan.k] = self.draft_len_counts.get(plan.k, 0) + 1
 
-        # 2. ONE target forward: new prompts, then each running [last, x_1..x_L]
-        fed = torch.zeros(len(running), k + 1, dtype=torch.long, device=device)  # [R, k+1]
-        if running:
-            fed[:, 0] = torch.tensor([lv.generated[-1] for lv in running], device=device)
-        if proposal is not None:
-            fed[torch.tensor(drafting, device=device), 1:] = proposal.tokens.to(device)
+        # 2. ONE target forward: new prompts, then each running [last, x_1..x_L] (a tree: its nodes)
         chunks = [Chunk(lv.slot, torch.tensor(lv.request.prompt, device=device)) for lv in new]
-        chunks += [Chunk(lv.slot, fed[i, : lengths[i] + 1]) for i, lv in enumerate(running)]
+        for i, lv in enumerate(running):
+            parents = None if plan.tree is None else plan.tree.row_parents(i)
+            chunks.append(Chunk(lv.slot, plan.fed[i, : plan.lengths[i] + 1], parents))
+        tree_starts = [target.seq_len(lv.slot) for lv in running]
         starts = [0]
         for c in chunks:
             starts.append(starts[-1] + len(c.input_ids))
@@ -271,9 +366,10 @@ class SpeculativeDecoder:
                 lv.result.num_target_calls = 1
                 self._emit(lv, [token])
 
-        # 3b. running requests: verify every row at once, rewind each slot, emit
+        # 3b. running requests: verify every row at once, keep each slot's accepted path, emit
         if running:
             self.num_cycles += 1
+            lengths = plan.lengths
             width = max(lengths)
             logit_starts = [len(new)]
             for n in lengths:
@@ -281,27 +377,39 @@ class SpeculativeDecoder:
             gather = torch.tensor([[logit_starts[i] + min(j, lengths[i]) for j in range(width + 1)]
                                    for i in range(len(running))], device=device)  # [R, width+1]
             logits = out.logits[gather]  # [R, width+1, V]
-            self._ban_end(logits, running)
-            q = None
-            if proposal is not None and proposal.q_probs is not None:
-                q = torch.zeros(len(running), width, proposal.q_probs.shape[-1], device=device)
-                q[torch.tensor(drafting, device=device)] = proposal.q_probs[:, :width].to(device)
-            verdict = self.verifier.verify(
-                fed[:, 1 : width + 1], torch.tensor(lengths, device=device), q, logits,
-                [lv.request.sampling for lv in running], [lv.generator for lv in running])
-            accepted = verdict.num_accepted.tolist()  # the step's one host sync
+            params, generators = [lv.request.sampling for lv in running], [lv.generator for lv in running]
+            if plan.tree is None:
+                self._ban_end(logits, running)
+                q = None if plan.q is None else plan.q[:, :width]
+                lens = torch.tensor(lengths, device=device)
+                drafts = plan.fed[:, 1 : width + 1]
+                verdict = self.verifier.verify(drafts, lens, q, logits, params, generators)
+                accepted = verdict.num_accepted.tolist()  # the step's one host sync
+                paths = [list(range(a + 1)) for a in accepted]
+            else:
+                self._ban_end(logits, running, plan.tree)
+                verdict = self.verifier.verify_tree(plan.tree, logits, params, generators)
+                accepted = verdict.num_accepted.tolist()  # the step's one host sync
+                paths = [[0] + p[:a] for p, a in zip(verdict.path.tolist(), accepted, strict=True)]
+                target.keep_paths([PathKeep(lv.slot, start, path)
+                                   for lv, start, path in zip(running, tree_starts, paths, strict=True)])
             tokens = verdict.tokens.tolist()
             for i, lv in enumerate(running):
-                n, a = lengths[i], accepted[i]
-                target.rewind(lv.slot, n - a)
-                start = starts[len(new) + i]
-                drafter.commit(lv.slot, a, None if out.hidden is None else out.hidden[start : start + a + 1])
-                lv.result.record_cycle(num_drafted=n, num_accepted=a)
+                n, a, depth = lengths[i], accepted[i], plan.depths[i]
+                if plan.tree is None:
+                    target.rewind(lv.slot, n - a)
+                hidden = None
+                if out.hidden is not None:
+                    base = starts[len(new) + i]
+                    hidden = out.hidden[base : base + a + 1] if plan.tree is None else \
+                        out.hidden[torch.tensor(paths[i], device=device) + base]
+                drafter.commit(lv.slot, a, hidden)
+                lv.result.record_cycle(num_drafted=depth, num_accepted=a)
                 lv.result.num_target_calls += 1
-                if n:
-                    lv.acceptance.observe(n, a)
-                    self.population.observe(n, a)
-                elif k == 0:
+                if depth:
+                    lv.acceptance.observe(depth, a)
+                    self.population.observe(depth, a)
+                elif plan.k == 0:
                     lv.acceptance.observe(0, 0)  # let a request that stopped drafting drift back
                 self._emit(lv, tokens[i][: a + 1])
 

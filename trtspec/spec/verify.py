@@ -13,17 +13,23 @@ min(1, p_i(x_i) / q_i(x_i)); the emitted sequence is then distributed exactly as
 
 `Verifier.verify` decides a whole step at once: every running request is a row, with its own
 number of drafts to consider (`draft_lens`, ragged), its own sampling parameters (greedy and
-sampling rows in the same step) and its own random generator.
+sampling rows in the same step) and its own random generator. `Verifier.verify_tree` does the same
+for draft trees (the rules: `trtspec.spec.tree_verify`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from trtspec.spec.sampling import SamplingParams, row_probs
+
+if TYPE_CHECKING:
+    from trtspec.spec.tree import DraftTree
+    from trtspec.spec.tree_verify import TreeVerdict
 
 PAD = -1
 
@@ -166,3 +172,41 @@ class Verifier:
                  uniforms: torch.Tensor, u_last: torch.Tensor,
                  draft_lens: torch.Tensor | None = None) -> VerifyOutput:
         return verify_sampling(draft_tokens, q_probs, p_probs, uniforms, u_last, draft_lens)
+
+    def verify_tree(self, tree: DraftTree, target_logits: torch.Tensor, params: Sequence[SamplingParams],
+                    generators: Sequence[torch.Generator]) -> TreeVerdict:
+        """One step's verdict for every row's draft tree, each under its own request's parameters:
+        target logits [R, N+1, V] at every row's root and nodes."""
+        sampled = [r for r, p in enumerate(params) if not p.greedy]
+        sizes = list(tree.sizes)
+        if len(sampled) < len(params):
+            verdict = self.tree_greedy(tree.tokens, tree.parents, sizes, target_logits)
+            if not sampled:
+                return verdict
+        idx = torch.tensor(sampled, device=tree.tokens.device)
+        n = tree.width
+        p_probs = row_probs(target_logits[idx], [params[r] for r in sampled])  # [S, N+1, V]
+        draws = [draw_uniforms(1, n, generators[r]) for r in sampled]
+        uniforms = torch.cat([u for u, _ in draws])  # [S, N]
+        u_last = torch.cat([u for _, u in draws])  # [S]
+        q = None if tree.q_probs is None else tree.q_probs[idx]
+        sampled_verdict = self.tree_sampling(tree.tokens[idx], tree.parents[idx], [sizes[r] for r in sampled],
+                                             p_probs, uniforms, u_last, q)
+        if len(sampled) == len(params):
+            return sampled_verdict
+        for name in ("num_accepted", "path", "tokens"):
+            getattr(verdict, name)[idx] = getattr(sampled_verdict, name)
+        return verdict
+
+    def tree_greedy(self, tokens: torch.Tensor, parents: torch.Tensor, sizes: list[int],
+                    target_logits: torch.Tensor) -> TreeVerdict:
+        from trtspec.spec.tree_verify import verify_tree_greedy
+
+        return verify_tree_greedy(tokens, parents, sizes, target_logits)
+
+    def tree_sampling(self, tokens: torch.Tensor, parents: torch.Tensor, sizes: list[int],
+                      p_probs: torch.Tensor, uniforms: torch.Tensor, u_last: torch.Tensor,
+                      q_probs: torch.Tensor | None = None) -> TreeVerdict:
+        from trtspec.spec.tree_verify import verify_tree_sampling
+
+        return verify_tree_sampling(tokens, parents, sizes, p_probs, uniforms, u_last, q_probs)
