@@ -239,6 +239,26 @@ def test_adaptive_turns_speculation_off_where_it_cannot_pay():
     assert [r.token_ids for r in got_off] == [r.token_ids for r in got_on]
 
 
+def test_adaptive_dspark_drafts_whole_blocks_and_lets_algorithm_1_cut():
+    """A drafter with confidences drafts its whole block whenever drafting pays (one pass costs the
+    same at any k); the verified prefix of each row is Algorithm 1's, from this step's confidences."""
+    pipeline = load_pipeline(_config("tiny-dspark"))
+    k_max = pipeline.drafter.num_draft_tokens
+    decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive"), slots=4, table=SPS)
+    for p in PROMPTS[:4]:
+        decoder.add(Request(list(p.encode()), 200))  # budgets stay above k_max for these steps
+    for _ in range(6):
+        decoder.step()
+    assert pipeline.drafter.has_confidence
+    assert set(decoder.draft_len_counts) <= {0, k_max} and decoder.draft_len_counts.get(k_max), \
+        decoder.draft_len_counts
+    prompts = [list(p.encode()) for p in PROMPTS[4:8]]
+    decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive"), slots=4, table=SPS)
+    got = decoder.generate_batch([Request(p, 40) for p in prompts])
+    alone = _decoder(pipeline, schedule=FULL, slots=4).generate_batch([Request(p, 40) for p in prompts])
+    assert [r.token_ids for r in got] == [r.token_ids for r in alone]
+
+
 def test_end_id_and_min_tokens():
     """A request's own end id stops it; min_new_tokens removes the end id from p until then."""
     pipeline = load_pipeline(_config("tiny-dflash"))

@@ -45,6 +45,9 @@ def test_tiny_concurrency_bench_and_recommendation(tmp_path):
     table = json.loads(sps.read_text())
     assert table["drafter"] == "dflash" and table["draft_lens"] == [15]
     assert len(table["draft_seconds"]) == len(table["draft_batches"]) == 2  # R = 1, 2
+    # the target also timed by shape: R = 1, 2 requests × t = 1 … k + 1 tokens each
+    assert table["verify_rows"] == [1, 2] and table["verify_tokens_per_row"] == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert [len(row) for row in table["verify_steps_per_s"]] == [8, 8]
     doc = tmp_path / "docs" / "BENCHMARKS.md"
     result = CliRunner().invoke(main, ["bench", *configs, "--tasks", "code,math", "--prompts", "2",
                                        "--max-tokens", "16", "--no-hf", "--concurrency", "1,2",
@@ -96,3 +99,44 @@ def test_tree_rows_compare_each_drafter_with_its_chain(tmp_path):
                          ("300,2", "nodes: Input should be less than or equal to 256")):
         out = CliRunner().invoke(main, ["bench", configs[0], "--tree", bad, "--out", str(tmp_path)])
         assert out.exit_code == 2 and "--tree" in out.output and message in out.output, out.output
+
+
+def test_profile_times_each_proposal_after_a_steps_commit():
+    """Serving proposes right after committing what the last step accepted, and the profile times
+    the same: an EAGLE-3 proposal from an unchanged state skips its catch-up pass (k = 1 looked
+    free). Requests take turns, so every one's context grows by about the same."""
+    import copy
+
+    from trtspec.bench.profile import ACCEPTED_PER_STEP, profile_cost
+    from trtspec.config import load_build_config
+    from trtspec.pipeline import load_pipeline
+
+    pipeline = load_pipeline(load_build_config(REPO / "build_configs" / "tiny-eagle3.yaml"))
+    calls = []
+
+    class Recording(type(pipeline.drafter)):
+        def commit(self, slot, num_accepted, hidden):
+            calls.append(("commit", slot, num_accepted, hidden.shape[0]))
+            super().commit(slot, num_accepted, hidden)
+
+        def propose(self, rows, k):
+            calls.append(("propose", tuple(r.slot for r in rows), k))
+            return super().propose(rows, k)
+
+    drafter = copy.copy(pipeline.drafter)
+    drafter.__class__ = Recording
+    table = profile_cost(pipeline.target, drafter, batch_tokens=[1, 4], requests=4, context=16, reps=2,
+                         max_batch=4, progress=False)
+    proposals = [i for i, c in enumerate(calls) if c[0] == "propose"]
+    assert len(proposals) == 1 + 2 * len(table.draft_batches) * len(table.draft_lens)  # warm-up + timed
+    previous = proposals[0]
+    assert calls[:previous] == []  # the warm-up absorbs the prompts
+    for i in proposals[1:]:
+        commits = calls[previous + 1 : i]
+        assert [c[1] for c in commits] == list(calls[i][1])  # exactly the proposing requests
+        assert all(c[2:] == (ACCEPTED_PER_STEP, ACCEPTED_PER_STEP + 1) for c in commits)
+        previous = i
+    turns = [c[1] for c in calls if c[0] == "commit"]
+    counts = [turns.count(s) for s in range(4)]
+    assert max(counts) - min(counts) <= max(table.draft_batches)
+    assert table.verify_rows == [1, 2, 4] and table.verify_tokens_per_row == [1, 2, 3, 4, 6, 8]

@@ -141,3 +141,45 @@ def test_best_draft_len_needs_the_margin_to_draft():
     assert best_draft_len(Cost(), surv, 2)[0] == 2
     assert best_draft_len(Cost(), surv, 2, min_gain=0.1)[0] == 2
     assert best_draft_len(Cost(), surv, 2, min_gain=0.25)[0] == 0
+
+
+# measured on R requests × t tokens each: 2 × 8 tokens cost less than 8 × 2 (16 tokens either way)
+GRID = SPSTable(batch_tokens=[1, 16, 64], steps_per_s=[100.0, 50.0, 20.0],
+                verify_rows=[1, 2, 8], verify_tokens_per_row=[1, 8],
+                verify_steps_per_s=[[100.0, 90.0], [95.0, 80.0], [80.0, 40.0]])
+
+
+def test_step_seconds_reads_the_shape_of_the_step():
+    assert GRID.step_seconds(2, 16) == pytest.approx(1 / 80.0)  # 2 requests × 8 tokens
+    assert GRID.step_seconds(8, 16) == pytest.approx(1 / 80.0 + (1 / 40.0 - 1 / 80.0) / 7)  # 8 × 2
+    # between measured points, linear in time: R = 4 × t = 4 is a third of the way from R = 2 to 8,
+    # and t = 4 three sevenths of the way from t = 1 to 8 in each
+    assert GRID.step_seconds(4, 16) == pytest.approx(
+        (2 / 3) * (1 / 95.0 + (1 / 80.0 - 1 / 95.0) * 3 / 7)
+        + (1 / 3) * (1 / 80.0 + (1 / 40.0 - 1 / 80.0) * 3 / 7))
+    # past the last R the time grows as 1 / SPS(B) does; without a grid it is 1 / SPS(B)
+    assert GRID.step_seconds(16, 16) == pytest.approx(1 / 80.0 * GRID.sps(8) / GRID.sps(16))
+    plain = GRID.model_copy(update={"verify_rows": [], "verify_tokens_per_row": [], "verify_steps_per_s": []})
+    assert plain.step_seconds(2, 16) == pytest.approx(1 / 50.0)
+
+
+def test_adaptive_and_the_scheduler_price_a_step_by_its_shape():
+    from trtspec.spec.cost import MeasuredCost
+
+    assert MeasuredCost(GRID).seconds(2, 7) == pytest.approx(1 / 80.0)  # not 1 / SPS(16) = 1 / 50
+    # Algorithm 1 over 2 requests: 2 tokens (1 each) then each admitted draft adds one
+    surv = [torch.tensor([0.9] * 7), torch.tensor([0.9] * 7)]
+    with_grid = schedule_lengths(surv, GRID, "scheduler")
+    without = schedule_lengths(surv, GRID.model_copy(update={"verify_rows": [], "verify_tokens_per_row": [],
+                                                             "verify_steps_per_s": []}), "scheduler")
+    assert sum(with_grid) > sum(without)  # cheaper long rows: more of each block pays
+
+
+def test_sps_table_with_a_misshaped_grid_is_refused(tmp_path):
+    from trtspec.errors import ConfigError
+
+    bad = GRID.model_copy(update={"verify_steps_per_s": [[100.0], [95.0, 80.0], [80.0, 40.0]]})
+    path = tmp_path / "sps.json"
+    bad.save(path)
+    with pytest.raises(ConfigError, match="verify_steps_per_s"):
+        SPSTable.load(path)

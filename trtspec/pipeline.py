@@ -159,7 +159,8 @@ def _cached_cost_table(pipeline: Pipeline) -> SPSTable:
 
     config = pipeline.config
     key = cost_key({"models": content_key(config, True), "flavour": config.flavour,
-                    "slots": config.limits.max_concurrency, "device": config.target.device})
+                    "slots": config.limits.max_concurrency, "device": config.target.device,
+                    "table_format": 2})  # 2: the R × t verify grid, drafts timed after a commit
     path = cache_root() / "cost" / f"{key}.json"
     if path.is_file():
         try:

@@ -4,8 +4,16 @@ size B, and the drafter's seconds per step at each batch size R and draft length
 Adaptive speculation and DSpark's prefix scheduler trade expected accepted tokens against the cost
 of drafting and verifying them, so they need both curves. We measure them the way serving runs
 them: `requests` sequences of `context` tokens in their slots, B new tokens spread over them
-(round robin) in one packed forward, then rewound, so every repetition sees the same cache; the
-drafter proposes for R of those requests at once, repeatedly from the same state.
+(round robin) in one packed forward, then rewound, so every repetition sees the same cache. The
+step's shape matters as much as its size (R requests × t tokens each: each request's attention
+reads its own context), so the target is also timed on the grid R ∈ DRAFT_BATCHES × t ≤ k + 1,
+which is what adaptive speculation reads (`SPSTable.step_seconds`).
+
+The drafter proposes for R of those requests at once, each time after a commit of one accepted
+draft and its anchor (ACCEPTED_PER_STEP), as in serving: a drafter absorbs the taps or tokens the
+last step accepted inside its proposal (EAGLE-3's catch-up pass, a draft model's feed), and a
+proposal from an unchanged state would leave that out (EAGLE-3 at k = 1 then looks free).
+Requests take turns so the contexts grow evenly (by a few dozen tokens over a profile).
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BATCHES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
 DRAFT_BATCHES = [1, 2, 4, 8, 16, 32]
+TOKENS_PER_ROW = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]  # t of the target's R × t grid, up to k + 1
+ACCEPTED_PER_STEP = 1  # drafts accepted in the step before each timed proposal
 
 
 def _sync(device) -> None:
@@ -62,11 +72,15 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
     drafter = drafter or NoDrafter()
     draft_batches = [r for r in DRAFT_BATCHES if r <= max(1, min(max_batch, requests))]
     lens = draft_lens_to_measure(drafter) if drafter.num_draft_tokens else []
+    k_max = drafter.num_draft_tokens
+    per_row = sorted({t for t in TOKENS_PER_ROW if t <= k_max + 1} | {k_max + 1}) if lens else []
     slots = max(requests, max(draft_batches))
     target, drafter = copy.copy(target), copy.copy(drafter)
-    capacity = context + max(batch_tokens) + drafter.num_draft_tokens + 2
+    capacity = context + max(batch_tokens + [k_max + 1]) + k_max + 2
+    # each timed proposal commits ACCEPTED_PER_STEP + 1 tokens to its rows; requests take turns
+    growth = reps * len(lens) * sum(draft_batches) * (ACCEPTED_PER_STEP + 1) // slots + 2 * k_max + 8
     target.allocate(slots, capacity)
-    drafter.allocate(slots, capacity)
+    drafter.allocate(slots, capacity + growth)
     device = target.device
     gen = torch.Generator().manual_seed(seed)
     vocab = min(256, target.config.vocab_size)
@@ -80,20 +94,46 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
     greedy = SamplingParams()
     rows = [DraftRow(r, p, greedy, torch.Generator(device=device)) for r, p in enumerate(prompts)]
 
+    # taps of one step's accepted tokens, for drafters fed by the target (any taps time the same)
+    step_taps = None if out.hidden is None else out.hidden[: ACCEPTED_PER_STEP + 1]
+
+    def forward(sizes: list[int]) -> float:
+        chunks = [Chunk(r, torch.randint(0, vocab, (n,), generator=gen).to(device))
+                  for r, n in enumerate(sizes) if n]
+        seconds = _timed(lambda: target.forward(chunks), device)
+        for c in chunks:
+            target.rewind(c.slot, len(c.input_ids))
+        return seconds
+
+    turn = 0
+
+    def draft(r: int, k: int) -> float:
+        """Commit one step's accepted tokens to r requests (taking turns), then time their proposal."""
+        nonlocal turn
+        batch = [rows[(turn + i) % slots] for i in range(r)]
+        turn = (turn + r) % slots
+
+        def step() -> None:
+            for row in batch:
+                new = torch.randint(0, vocab, (ACCEPTED_PER_STEP + 1,), generator=gen)
+                row.committed.extend(new.tolist())
+                drafter.commit(row.slot, ACCEPTED_PER_STEP, step_taps)
+            drafter.propose(batch, k)
+
+        return _timed(step, device)
+
     times: dict[int, list[float]] = {b: [] for b in batch_tokens}
+    grid: dict[tuple[int, int], list[float]] = {(r, t): [] for r in draft_batches for t in per_row}
     draft_times: dict[tuple[int, int], list[float]] = {(r, k): [] for r in draft_batches for k in lens}
     if lens:  # the first proposal absorbs the prompts' context; time only the steady state
-        drafter.propose(rows[: max(draft_batches)], max(lens))
+        drafter.propose(rows, max(lens))
     for _ in tqdm(range(reps), desc="profile", unit="rep", disable=not progress):
         for b in batch_tokens:
-            sizes = [b // requests + (r < b % requests) for r in range(requests)]
-            chunks = [Chunk(r, torch.randint(0, vocab, (n,), generator=gen).to(device))
-                      for r, n in enumerate(sizes) if n]
-            times[b].append(_timed(lambda chunks=chunks: target.forward(chunks), device))
-            for c in chunks:
-                target.rewind(c.slot, len(c.input_ids))
+            times[b].append(forward([b // requests + (r < b % requests) for r in range(requests)]))
+        for r, t in grid:
+            grid[(r, t)].append(forward([t] * r))
         for r, k in draft_times:
-            draft_times[(r, k)].append(_timed(lambda r=r, k=k: drafter.propose(rows[:r], k), device))
+            draft_times[(r, k)].append(draft(r, k))
     machine = (f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} "
                f"({torch.get_num_threads()} threads) on {device}, {requests} requests × {context} "
                "cached tokens")
@@ -106,6 +146,10 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
         draft_seconds=[[round(statistics.median(draft_times[(r, k)]), 6) for k in lens]
                        for r in draft_batches] if lens else [],
         drafter=drafter.method,
+        verify_rows=draft_batches if per_row else [],
+        verify_tokens_per_row=per_row,
+        verify_steps_per_s=[[round(1.0 / statistics.median(grid[(r, t)]), 3) for t in per_row]
+                            for r in draft_batches] if per_row else [],
     )
 
 

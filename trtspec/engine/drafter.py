@@ -102,6 +102,7 @@ class EngineDFlashDrafter(TapsDrafter):
 
 class EngineDSparkDrafter(MarkovProposer, EngineDFlashDrafter):
     method = "dspark"
+    has_confidence = True
 
     def __init__(self, context: GraphSession, block: GraphSession, heads: GraphSession,
                  tap_layer_ids: tuple[int, ...], block_size: int, mask_token_id: int, num_layers: int,

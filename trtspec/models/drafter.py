@@ -61,6 +61,9 @@ class Drafter(ABC):
     tap_layer_ids: tuple[int, ...] = ()
     num_draft_tokens: int  # k, the most tokens one proposal holds per request
     num_forwards: int = 0  # drafter network passes so far (one per block, or per chain step)
+    # proposals carry per-slot confidences (DSpark): adaptive speculation then drafts the whole block
+    # and lets Algorithm 1 cut each request's verified prefix from this step's confidences
+    has_confidence: ClassVar[bool] = False
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         """Per-slot state for `num_slots` requests of up to `capacity` positions (forgets all).

@@ -85,6 +85,7 @@ class MarkovProposer(Drafter):
 
 class DSparkDrafter(MarkovProposer, DFlashDrafter):
     method = "dspark"
+    has_confidence = True
 
     def __init__(self, model: DSparkDraftModel, num_draft_tokens: int | None = None,
                  sts_temperatures: torch.Tensor | None = None):

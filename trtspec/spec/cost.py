@@ -71,8 +71,9 @@ def best_draft_len(cost: StepCost, survivals: Sequence[Sequence[float]], k_max: 
         return 0, 0.0
     plain = batch / cost.seconds(batch, 0)
     best_k, best_rate = 0, plain
+    tokens = float(batch)  # Σ_rows expected_tokens(s, k), grown one position at a time
     for k in range(1, k_max + 1):
-        tokens = sum(expected_tokens(s, k) for s in survivals)
+        tokens += sum(s[k - 1] for s in survivals if len(s) >= k)
         rate = tokens / cost.seconds(batch, k)
         if rate > best_rate and rate >= (1.0 + min_gain) * plain:
             best_k, best_rate = k, rate
@@ -98,10 +99,14 @@ class MeasuredCost:
 
     def __init__(self, table: SPSTable):
         self.table = table
+        self._seconds: dict[tuple[int, int], float] = {}  # the table is fixed: each point once
 
     def seconds(self, batch: int, draft_len: int) -> float:
-        verify = 1.0 / self.table.sps(batch * (draft_len + 1))
-        return verify + (self.table.draft_time(batch, draft_len) if draft_len else 0.0)
+        key = (batch, draft_len)
+        if key not in self._seconds:
+            verify = self.table.step_seconds(batch, batch * (draft_len + 1))
+            self._seconds[key] = verify + (self.table.draft_time(batch, draft_len) if draft_len else 0.0)
+        return self._seconds[key]
 
 
 DEFAULT_CONDITIONAL = 0.7  # P(draft j accepted | drafts < j were) before anything is measured
@@ -121,13 +126,21 @@ class AcceptanceTracker:
         self.tested = [0.0] * num_positions
         self.passed = [0.0] * num_positions
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
+        self._rates: list[float] | None = None  # conditional(j) for every j, until the next observe
 
     def _prior(self, j: int) -> float:
         if isinstance(self.prior, AcceptanceTracker):
-            return self.prior.conditional(j)
+            return self.prior.rates()[j]
         if self.prior is not None and j < len(self.prior):
             return float(self.prior[j])
         return DEFAULT_CONDITIONAL
+
+    def rates(self) -> list[float]:
+        """conditional(j) for every position (kept until the next observe: a population tracker
+        is read by every request of a step)."""
+        if self._rates is None:
+            self._rates = [self.conditional(j) for j in range(len(self.tested))]
+        return self._rates
 
     def conditional(self, j: int) -> float:
         """Estimated c_{j+1} (0-based j)."""
@@ -135,9 +148,14 @@ class AcceptanceTracker:
         return (self.passed[j] + w * self._prior(j)) / (self.tested[j] + w)
 
     def survival(self, k: int) -> list[float]:
-        return survival(self.conditional(j) for j in range(min(k, len(self.tested))))
+        out, running, w = [], 1.0, self.prior_weight
+        for j in range(min(k, len(self.tested))):
+            running *= min(1.0, max(0.0, (self.passed[j] + w * self._prior(j)) / (self.tested[j] + w)))
+            out.append(running)
+        return out
 
     def observe(self, verified: int, accepted: int) -> None:
+        self._rates = None
         if self.decay < 1.0:
             self.tested = [t * self.decay for t in self.tested]
             self.passed = [p * self.decay for p in self.passed]

@@ -199,12 +199,16 @@ class SpeculativeDecoder:
 
     def _draft_len(self, running: list[_Live]) -> int:
         """k for this step: the configured maximum, or (adaptive) the length that maximises
-        expected tokens per second under the cost model; 0 when nobody may draft."""
+        expected tokens per second under the cost model; 0 when nobody may draft. A drafter with
+        confidences drafts its whole block whenever drafting pays (one block pass costs the same at
+        any k) and Algorithm 1 then cuts each row from what this step's confidences say, which
+        the running acceptance cannot know."""
         k_max = min(self.num_draft_tokens, max((lv.budget for lv in running), default=0))
         if k_max <= 0 or self.schedule.mode != "adaptive":
             return max(k_max, 0)
         survivals = [lv.acceptance.survival(min(k_max, max(lv.budget, 0))) for lv in running]
-        return best_draft_len(self.cost, survivals, k_max, self.schedule.min_gain)[0]
+        k = best_draft_len(self.cost, survivals, k_max, self.schedule.min_gain)[0]
+        return k_max if k and self.drafter.has_confidence else k
 
     def _verify_lengths(self, proposal: Proposal, budgets: list[int], k: int) -> list[int]:
         """Drafts each drafting row sends to the target: its budget, cut by the schedule when the

@@ -53,6 +53,14 @@ class SPSTable(BaseModel):
     draft_seconds: list[list[float]] = Field(
         default_factory=list, description="drafter seconds per step: one row per R, one column per k")
     drafter: str = Field("", description="the drafter the draft times belong to")
+    verify_rows: list[int] = Field(
+        default_factory=list,
+        description="requests R the target's step time was measured at by shape, ascending")
+    verify_tokens_per_row: list[int] = Field(
+        default_factory=list, description="new tokens per request t measured at each R, ascending")
+    verify_steps_per_s: list[list[float]] = Field(
+        default_factory=list, description="target forwards per second over R requests × t tokens each: "
+                                          "one row per R, one column per t")
 
     def sps(self, b: int) -> float:
         """SPS(B), linear between measured points, flat-extrapolated by cost beyond the last."""
@@ -64,6 +72,21 @@ class SPSTable(BaseModel):
         i = bisect.bisect_right(xs, b)
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (y1 - y0) * (b - x0) / (x1 - x0)
+
+    def step_seconds(self, rows: int, tokens: int) -> float:
+        """Seconds of one target forward over `tokens` new tokens from `rows` requests. The shape
+        matters (2 requests × 16 tokens cost less than 8 × 4: attention reads each request's
+        context), so where the R × t grid was measured it is read at t = tokens / rows; past its
+        last R, the time grows as 1 / SPS(B) does. Without a grid: 1 / SPS(tokens)."""
+        if not self.verify_steps_per_s or rows < 1:
+            return 1.0 / self.sps(tokens)
+        t = tokens / rows
+        times = [_interpolate(self.verify_tokens_per_row, [1.0 / s for s in row], t)
+                 for row in self.verify_steps_per_s]
+        last = self.verify_rows[-1]
+        if rows > last:
+            return times[-1] * self.sps(round(last * t)) / self.sps(tokens)
+        return _interpolate(self.verify_rows, times, rows)
 
     def draft_time(self, batch: int, k: int) -> float:
         """Seconds the drafter needs for `batch` requests and k drafts each (linear between measured
@@ -85,6 +108,11 @@ class SPSTable(BaseModel):
             raise ConfigError(f"{path}: not an SPS table written by `trtspec profile` ({exc})") from None
         if len(table.batch_tokens) != len(table.steps_per_s) or not table.batch_tokens:
             raise ConfigError(f"{path}: batch_tokens and steps_per_s must be non-empty and equal in length")
+        grid = table.verify_steps_per_s
+        columns = len(table.verify_tokens_per_row)
+        if len(grid) != len(table.verify_rows) or any(len(r) != columns for r in grid):
+            raise ConfigError(f"{path}: verify_steps_per_s must have one row per verify_rows entry and one "
+                              "column per verify_tokens_per_row entry")
         return table
 
 
@@ -120,7 +148,7 @@ def schedule_lengths(surv: list[torch.Tensor], sps: SPSTable, mode: Mode = "sche
         return [int((a >= threshold).long().cumprod(-1).sum()) for a in surv]
 
     def step_rate(tokens: float, batch: int) -> float:  # Θ: tokens per second of the step
-        return tokens / (draft_seconds + 1.0 / sps.sps(batch))
+        return tokens / (draft_seconds + sps.step_seconds(num_requests, batch))
 
     lengths = [0] * num_requests
     b, tau = num_requests, float(num_requests)
