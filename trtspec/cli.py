@@ -171,7 +171,8 @@ def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait
     click.echo(
         f"[{url}] tau={completion.tau:.2f} tokens={completion.num_tokens} "
         f"accepted={completion.accepted_tokens}/{completion.draft_tokens} "
-        f"{completion.tokens_per_s:.1f} tok/s end to end, decode={completion.decode_tokens_per_s:.1f} tok/s",
+        f"{completion.tokens_per_s:.1f} tok/s end to end"
+        + (f", decode={completion.decode_tokens_per_s:.1f} tok/s" if completion.decode_tokens_per_s else ""),
         err=True,
     )
 

@@ -54,8 +54,9 @@ class Completion:
     @property
     def decode_tokens_per_s(self) -> float:
         """Tokens after the first over the time after the first response (the in-process loop's
-        `decode_tokens_per_s`, as a client sees it)."""
-        if self.first_response_s is None or len(self.token_ids) < 2:
+        `decode_tokens_per_s`, as a client sees it); 0 unless the tokens came in several responses
+        (a non-streamed answer has no decode phase to time)."""
+        if self.first_response_s is None or len(self.token_ids) < 2 or self.num_responses < 2:
             return 0.0
         decode = self.total_s - self.first_response_s
         return (len(self.token_ids) - 1) / decode if decode > 0 else 0.0
