@@ -207,8 +207,11 @@ class SpeculativeDecoder:
         if k_max <= 0 or self.schedule.mode != "adaptive":
             return max(k_max, 0)
         survivals = [lv.acceptance.survival(min(k_max, max(lv.budget, 0))) for lv in running]
-        k = best_draft_len(self.cost, survivals, k_max, self.schedule.min_gain)[0]
-        return k_max if k and self.drafter.has_confidence else k
+        if self.drafter.has_confidence:
+            # the best single k from history is a lower bound on what Algorithm 1's per-row cut of
+            # the whole block gains (it sees this step's confidences): no further margin
+            return k_max if best_draft_len(self.cost, survivals, k_max)[0] else 0
+        return best_draft_len(self.cost, survivals, k_max, self.schedule.min_gain)[0]
 
     def _verify_lengths(self, proposal: Proposal, budgets: list[int], k: int) -> list[int]:
         """Drafts each drafting row sends to the target: its budget, cut by the schedule when the
