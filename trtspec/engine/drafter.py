@@ -18,13 +18,13 @@ import numpy as np
 import torch
 
 from trtspec.engine.session import GraphSession
-from trtspec.models.dflash_drafter import marginal_tree, propose_block
-from trtspec.models.drafter import DraftRow, TapsDrafter
+from trtspec.models.dflash_drafter import BlockDrafter
+from trtspec.models.drafter import DraftRow
 from trtspec.models.dspark import ChooseToken, DraftBlock
 from trtspec.models.dspark_drafter import MarkovProposer
 
 
-class EngineDFlashDrafter(TapsDrafter):
+class EngineDFlashDrafter(BlockDrafter):
     method = "dflash"
     device = torch.device("cpu")
 
@@ -67,11 +67,7 @@ class EngineDFlashDrafter(TapsDrafter):
         """The block graph's outputs for every row's block anchored at its last committed token."""
         slots = [row.slot for row in rows]
         self._absorb_pending(slots)
-        starts = np.array([len(row.committed) - 1 for row in rows], dtype=np.int64)
-        for row, start in zip(rows, starts, strict=True):
-            if start != self.ctx_len[row.slot]:
-                raise RuntimeError(f"DFlash context of slot {row.slot} holds {self.ctx_len[row.slot]} "
-                                   f"positions, anchor is at {start}")
+        starts = np.array(self.anchor_starts(rows), dtype=np.int64)
         block = np.full((len(rows), self.block_size), self.mask_token_id, dtype=np.int64)
         block[:, 0] = [row.committed[-1] for row in rows]
         width = max(1, int(starts.max()))
@@ -87,17 +83,6 @@ class EngineDFlashDrafter(TapsDrafter):
     def draft_logits(self, rows: list[DraftRow], k: int) -> torch.Tensor:
         """Logits of draft slots 1..k of every row's block.  -> [R, k, V]"""
         return torch.from_numpy(self.run_block(rows)["logits"][:, 1 : 1 + k])  # of [R, B, V]
-
-    @property
-    def max_tree_depth(self) -> int:
-        return self.block_size - 1
-
-    def propose(self, rows, k):
-        return propose_block(self.draft_logits(rows, k), rows)
-
-    def propose_tree(self, rows, tree):
-        depth = self.tree_depth(tree)
-        return marginal_tree(self.draft_logits(rows, depth), rows, tree, depth)
 
 
 class EngineDSparkDrafter(MarkovProposer, EngineDFlashDrafter):

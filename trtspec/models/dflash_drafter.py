@@ -26,7 +26,40 @@ from trtspec.spec.sampling import row_probs
 from trtspec.spec.tree import DraftTree, grow_tree, log_scores
 
 
-class DFlashDrafter(TapsDrafter):
+class BlockDrafter(TapsDrafter):
+    """A drafter whose ONE block pass gives logits for every draft slot (DFlash, and DSpark's
+    backbone; torch and engine): chains and trees both come from those per-slot logits."""
+
+    block_size: int  # the anchor and block_size - 1 draft slots
+
+    def anchor_starts(self, rows: list[DraftRow]) -> list[int]:
+        """Each row's anchor position, which must be where its absorbed context ends."""
+        starts = []
+        for row in rows:
+            start = len(row.committed) - 1
+            if start != self.ctx_len[row.slot]:
+                raise RuntimeError(f"{self.method} context of slot {row.slot} holds "
+                                   f"{self.ctx_len[row.slot]} positions, anchor is at {start}")
+            starts.append(start)
+        return starts
+
+    def draft_logits(self, rows: list[DraftRow], k: int) -> torch.Tensor:
+        """Logits of draft slots 1..k of every row's block.  -> [R, k, V]"""
+        raise NotImplementedError
+
+    @property
+    def max_tree_depth(self) -> int:
+        return self.block_size - 1
+
+    def propose(self, rows, k):
+        return propose_block(self.draft_logits(rows, k), rows)
+
+    def propose_tree(self, rows, tree):
+        depth = self.tree_depth(tree)
+        return marginal_tree(self.draft_logits(rows, depth), rows, tree, depth)
+
+
+class DFlashDrafter(BlockDrafter):
     method = "dflash"
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module,
@@ -69,13 +102,7 @@ class DFlashDrafter(TapsDrafter):
         """Final-normed hidden states of every row's block.  -> [R, B, H]"""
         slots = [row.slot for row in rows]
         self._absorb_pending(slots)
-        starts = []
-        for row in rows:
-            start = len(row.committed) - 1
-            if start != self.ctx_len[row.slot]:
-                raise RuntimeError(f"{self.method} context of slot {row.slot} holds "
-                                   f"{self.ctx_len[row.slot]} positions, anchor is at {start}")
-            starts.append(start)
+        starts = self.anchor_starts(rows)
         b = self.block_size
         mask_id = self.model.spec.mask_token_id
         block = torch.full((len(rows), b), mask_id, dtype=torch.long, device=self.device)  # [R, B]
@@ -92,17 +119,6 @@ class DFlashDrafter(TapsDrafter):
         hidden = self.block_hidden(rows, self.embed_tokens)[:, 1 : 1 + k]
         with torch.inference_mode():
             return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
-
-    @property
-    def max_tree_depth(self) -> int:
-        return self.block_size - 1
-
-    def propose(self, rows, k):
-        return propose_block(self.draft_logits(rows, k), rows)
-
-    def propose_tree(self, rows, tree):
-        depth = self.tree_depth(tree)
-        return marginal_tree(self.draft_logits(rows, depth), rows, tree, depth)
 
 
 def marginal_tree(logits: torch.Tensor, rows: list[DraftRow], tree, depth: int) -> DraftTree:
