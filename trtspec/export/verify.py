@@ -67,11 +67,15 @@ def _tree_outputs(g: GraphBuilder, num_accepted: str, path: str, tokens: str) ->
     g.output(tokens, "tokens", INT32, ["batch", "nodes_plus_1"])
 
 
+def _tree_inputs(g: GraphBuilder) -> tuple[str, str, str]:
+    """The inputs every tree graph starts with: draft_tokens, parents, draft_lens."""
+    return (g.input("draft_tokens", INT32, ["batch", "nodes"]), g.input("parents", INT32, ["batch", "nodes"]),
+            g.input("draft_lens", INT32, ["batch"]))
+
+
 def export_verify_tree_greedy(vocab_size: int) -> onnx.ModelProto:
     g = GraphBuilder("trtspec_verify_tree_greedy")
-    draft = g.input("draft_tokens", INT32, ["batch", "nodes"])
-    parents = g.input("parents", INT32, ["batch", "nodes"])
-    lens = g.input("draft_lens", INT32, ["batch"])
+    draft, parents, lens = _tree_inputs(g)
     logits = g.input("target_logits", FLOAT, ["batch", "nodes_plus_1", vocab_size])
     _tree_outputs(g, *confidence_verify_tree_greedy(g, draft, parents, lens, logits))
     return g.model("trtspec greedy tree verification (confidence_verify_tree_greedy plugin)",
@@ -80,9 +84,7 @@ def export_verify_tree_greedy(vocab_size: int) -> onnx.ModelProto:
 
 def export_verify_tree_sampling(vocab_size: int) -> onnx.ModelProto:
     g = GraphBuilder("trtspec_verify_tree_sampling")
-    draft = g.input("draft_tokens", INT32, ["batch", "nodes"])
-    parents = g.input("parents", INT32, ["batch", "nodes"])
-    lens = g.input("draft_lens", INT32, ["batch"])
+    draft, parents, lens = _tree_inputs(g)
     p_probs = g.input("p_probs", FLOAT, ["batch", "nodes_plus_1", vocab_size])
     uniforms = g.input("uniforms", FLOAT, ["batch", "nodes"])
     u_last = g.input("u_last", FLOAT, ["batch"])

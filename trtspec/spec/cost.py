@@ -148,11 +148,7 @@ class AcceptanceTracker:
         return (self.passed[j] + w * self._prior(j)) / (self.tested[j] + w)
 
     def survival(self, k: int) -> list[float]:
-        out, running, w = [], 1.0, self.prior_weight
-        for j in range(min(k, len(self.tested))):
-            running *= min(1.0, max(0.0, (self.passed[j] + w * self._prior(j)) / (self.tested[j] + w)))
-            out.append(running)
-        return out
+        return survival(self.rates()[:k])
 
     def observe(self, verified: int, accepted: int) -> None:
         self._rates = None
