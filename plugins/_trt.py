@@ -12,7 +12,7 @@ import types
 
 import torch
 
-from plugins._common import require_tensorrt
+from plugins._common import next_pow2, require_tensorrt
 
 trt, trtp = require_tensorrt()
 
@@ -63,3 +63,16 @@ def launch_params(compiled, grid_x, grid_y=1):
 def sym_ints(*exprs) -> "trtp.SymIntExprs":
     """int32 kernel scalars, resolved by TensorRT at run time; they sit between inputs and outputs."""
     return trtp.SymIntExprs.from_tuple([trtp.SymInt32(e) for e in exprs])
+
+
+def row_block(dim, most: int) -> int:
+    """BLOCK of a vector holding dim + 1 values per row (tokens, or a tree's path): from the
+    dimension when it is a build-time constant, else from the most it may be."""
+    return next_pow2(dim.constant_value() + 1) if dim.is_constant else next_pow2(most + 1)
+
+
+def per_row_aot_result(compiled, draft_tokens, vocab_expr):
+    """`aot_impl`'s result for a verify kernel with one program per row and (n, V) scalars."""
+    params = launch_params(compiled, grid_x=draft_tokens.shape_expr[0])
+    extra = sym_ints(draft_tokens.shape_expr[1], vocab_expr)  # n (or k), V
+    return compiled.metadata.name, compiled.asm["ptx"], params, extra

@@ -10,7 +10,15 @@ not run here (TensorRT cannot be installed on these machines).
 """
 
 from plugins._common import next_pow2
-from plugins._trt import as_torch, compile_ptx, launch_params, sym_ints, triton_type, trt, trtp
+from plugins._trt import (
+    as_torch,
+    compile_ptx,
+    per_row_aot_result,
+    row_block,
+    triton_type,
+    trt,
+    trtp,
+)
 from plugins.confidence_verify.tree_kernel import (
     tree_greedy_aot_signature,
     tree_sampling_aot_signature,
@@ -28,17 +36,6 @@ def _outputs(draft_tokens) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.Tenso
     b, n = draft_tokens.shape_expr[0], draft_tokens.shape_expr[1]
     return (trtp.from_shape_expr((b,), dtype=trt.int32), trtp.from_shape_expr((b, n), dtype=trt.int32),
             trtp.from_shape_expr((b, n + 1), dtype=trt.int32))
-
-
-def _block_n(draft_tokens) -> int:
-    n = draft_tokens.shape_expr[1]
-    return next_pow2(n.constant_value() + 1) if n.is_constant else next_pow2(MAX_NODES + 1)
-
-
-def _aot_result(compiled, draft_tokens, vocab_expr):
-    params = launch_params(compiled, grid_x=draft_tokens.shape_expr[0])
-    extra = sym_ints(draft_tokens.shape_expr[1], vocab_expr)  # n, V
-    return compiled.metadata.name, compiled.asm["ptx"], params, extra
 
 
 def _run(kernel, inputs, outputs, vocab: int, block_v: int, stream: int) -> None:
@@ -78,8 +75,8 @@ def _greedy_aot_impl(draft_tokens: trtp.TensorDesc, parents: trtp.TensorDesc, dr
                      outputs: tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc], tactic: int
                      ) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymExprs]:
     compiled = compile_ptx(verify_tree_greedy_kernel, tree_greedy_aot_signature(triton_type(target_logits)),
-                           dict(BLOCK_V=1024, BLOCK_N=_block_n(draft_tokens)))
-    return _aot_result(compiled, draft_tokens, target_logits.shape_expr[2])
+                           dict(BLOCK_V=1024, BLOCK_N=row_block(draft_tokens.shape_expr[1], MAX_NODES)))
+    return per_row_aot_result(compiled, draft_tokens, target_logits.shape_expr[2])
 
 
 @trtp.register(TREE_SAMPLING_ID)
@@ -113,10 +110,10 @@ def _sampling_aot_impl(draft_tokens: trtp.TensorDesc, parents: trtp.TensorDesc, 
                        p_probs: trtp.TensorDesc, uniforms: trtp.TensorDesc, u_last: trtp.TensorDesc,
                        outputs: tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc], tactic: int
                        ) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymExprs]:
-    block_n = _block_n(draft_tokens)
+    block_n = row_block(draft_tokens.shape_expr[1], MAX_NODES)
     compiled = compile_ptx(verify_tree_sampling_kernel, tree_sampling_aot_signature(triton_type(p_probs)),
                            dict(BLOCK_V=_sampling_block_v(block_n), BLOCK_N=block_n))
-    return _aot_result(compiled, draft_tokens, p_probs.shape_expr[2])
+    return per_row_aot_result(compiled, draft_tokens, p_probs.shape_expr[2])
 
 
 __all__ = ["TREE_GREEDY_ID", "TREE_SAMPLING_ID"]

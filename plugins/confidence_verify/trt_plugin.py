@@ -16,8 +16,15 @@ _autotune.py; samples/python/quickly_deployable_plugins/qdp_defs.py.
 """
 
 
-from plugins._common import next_pow2
-from plugins._trt import as_torch, compile_ptx, launch_params, sym_ints, triton_type, trt, trtp
+from plugins._trt import (
+    as_torch,
+    compile_ptx,
+    per_row_aot_result,
+    row_block,
+    triton_type,
+    trt,
+    trtp,
+)
 from plugins.confidence_verify.kernel import (
     greedy_aot_signature,
     sampling_aot_signature,
@@ -37,17 +44,6 @@ MAX_K = 63  # tokens per row are stored with one BLOCK_K = next_pow2(k + 1) vect
 def _outputs(draft_tokens) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
     b, k = draft_tokens.shape_expr[0], draft_tokens.shape_expr[1]
     return trtp.from_shape_expr((b,), dtype=trt.int32), trtp.from_shape_expr((b, k + 1), dtype=trt.int32)
-
-
-def _block_k(draft_tokens) -> int:
-    k = draft_tokens.shape_expr[1]
-    return next_pow2(k.constant_value() + 1) if k.is_constant else next_pow2(MAX_K + 1)
-
-
-def _aot_result(compiled, draft_tokens, vocab_expr):
-    params = launch_params(compiled, grid_x=draft_tokens.shape_expr[0])
-    extra = sym_ints(draft_tokens.shape_expr[1], vocab_expr)  # k, V
-    return compiled.metadata.name, compiled.asm["ptx"], params, extra
 
 
 # -- greedy -------------------------------------------------------------------------------------
@@ -78,9 +74,10 @@ def _greedy_aot_impl(draft_tokens: trtp.TensorDesc, target_logits: trtp.TensorDe
                      draft_lens: trtp.TensorDesc,
                      outputs: tuple[trtp.TensorDesc, trtp.TensorDesc], tactic: int
                      ) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymExprs]:
+    block_k = row_block(draft_tokens.shape_expr[1], MAX_K)
     compiled = compile_ptx(verify_greedy_kernel, greedy_aot_signature(triton_type(target_logits)),
-                           dict(HAS_LENS=True, BLOCK_V=BLOCK_V, BLOCK_K=_block_k(draft_tokens)))
-    return _aot_result(compiled, draft_tokens, target_logits.shape_expr[2])
+                           dict(HAS_LENS=True, BLOCK_V=BLOCK_V, BLOCK_K=block_k))
+    return per_row_aot_result(compiled, draft_tokens, target_logits.shape_expr[2])
 
 
 # -- sampling -----------------------------------------------------------------------------------
@@ -115,9 +112,10 @@ def _sampling_aot_impl(draft_tokens: trtp.TensorDesc, q_probs: trtp.TensorDesc, 
                        draft_lens: trtp.TensorDesc, uniforms: trtp.TensorDesc, u_last: trtp.TensorDesc,
                        outputs: tuple[trtp.TensorDesc, trtp.TensorDesc], tactic: int
                        ) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymExprs]:
+    block_k = row_block(draft_tokens.shape_expr[1], MAX_K)
     compiled = compile_ptx(verify_sampling_kernel, sampling_aot_signature(triton_type(p_probs)),
-                           dict(HAS_LENS=True, BLOCK_V=BLOCK_V, BLOCK_K=_block_k(draft_tokens)))
-    return _aot_result(compiled, draft_tokens, p_probs.shape_expr[2])
+                           dict(HAS_LENS=True, BLOCK_V=BLOCK_V, BLOCK_K=block_k))
+    return per_row_aot_result(compiled, draft_tokens, p_probs.shape_expr[2])
 
 
 __all__ = ["GREEDY_ID", "SAMPLING_ID"]
