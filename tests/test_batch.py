@@ -226,17 +226,67 @@ def test_adaptive_batched_sampling_follows_target(name):
 
 def test_adaptive_turns_speculation_off_where_it_cannot_pay():
     """A machine where drafting costs more than a target step: adaptive decodes plainly (k = 0)
-    and still gives the target's tokens; where verifying is nearly free it drafts."""
+    but for its probes, which come ever rarer, and still gives the target's tokens; where verifying
+    is nearly free it drafts."""
     pipeline = load_pipeline(_config("tiny-dflash"))
     slow_drafter = SPS.model_copy(update={"draft_seconds": [[0.5, 0.5], [0.5, 0.5]]})
     prompts = [list(p.encode()) for p in PROMPTS[4:8]]
-    off = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive"), slots=4, table=slow_drafter)
+    never = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive", probe_every=0), slots=4,
+                     table=slow_drafter)
+    off = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive", probe_every=4), slots=4,
+                   table=slow_drafter)
     on = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive"), slots=4, table=SPS)
+    got_never = never.generate_batch([Request(p, 40) for p in prompts])
     got_off = off.generate_batch([Request(p, 40) for p in prompts])
     got_on = on.generate_batch([Request(p, 40) for p in prompts])
-    assert set(off.draft_len_counts) == {0} and off.offered_drafts == 0
+    assert set(never.draft_len_counts) == {0} and never.offered_drafts == 0 and never.num_probes == 0
+    # probes at the first step without drafting, then after 4, 8, 16, … more: steps 1, 5, 13, 29
+    steps = sum(off.draft_len_counts.values())
+    assert off.num_probes == sum(n for k, n in off.draft_len_counts.items() if k) == \
+        sum(1 for s in (1, 5, 13, 29, 61) if s <= steps)
     assert max(on.draft_len_counts) > 0
-    assert [r.token_ids for r in got_off] == [r.token_ids for r in got_on]
+    assert [r.token_ids for r in got_never] == [r.token_ids for r in got_off] == [r.token_ids for r in got_on]
+
+
+def test_probes_switch_drafting_on_where_the_prior_says_it_cannot_pay():
+    """A prior that says almost nothing is accepted keeps adaptive from ever drafting, though the
+    batch's requests are easy ones; probing learns their acceptance from the verdicts and drafting
+    switches on (and the tokens stay the target's)."""
+    pipeline = load_pipeline(_config("tiny-dflash"))
+    prompts = [list(p.encode()) for p in load_prompts("math")[:4]]
+    pessimist = [0.02] * pipeline.drafter.num_draft_tokens
+
+    def run(probe_every: int):
+        schedule = ScheduleConfig(mode="adaptive", probe_every=probe_every)
+        decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pipeline.tokenizer.eos_id,
+                                     pipeline.verifier, schedule, SPS, 4, 512, acceptance_prior=pessimist)
+        return decoder, [r.token_ids for r in decoder.generate_batch([Request(p, 80) for p in prompts])]
+
+    never, tokens_never = run(0)
+    probing, tokens = run(8)
+    assert sum(n for k, n in never.draft_len_counts.items() if k) == 0
+    drafting_steps = sum(n for k, n in probing.draft_len_counts.items() if k)
+    assert probing.num_probes >= 1 and drafting_steps > probing.num_probes
+    assert tokens == tokens_never
+
+
+def test_adaptive_admits_the_rows_that_pay():
+    """Rows whose acceptance history is poor decode plainly beside rows that draft, in one step."""
+    pipeline = load_pipeline(_config("tiny-dflash"))
+    # verification dearer than on SPS: a row's drafts must be worth their tokens
+    table = SPS.model_copy(update={"steps_per_s": [100.0, 80.0, 60.0, 40.0, 20.0]})
+    schedule = ScheduleConfig(mode="adaptive", probe_every=0)
+    decoder = _decoder(pipeline, schedule=schedule, slots=4, table=table)
+    for p in PROMPTS[:4]:
+        decoder.add(Request(list(p.encode()), 60))
+    decoder.step()  # prefill
+    lives = list(decoder.lives.values())
+    for lv in lives[:2]:  # two requests that have been rejecting everything lately
+        for _ in range(10):
+            lv.acceptance.observe(15, 0)
+    drafted = {lv.slot: lv.result.num_drafted for lv in lives}
+    decoder.step()
+    assert [lv.result.num_drafted > drafted[lv.slot] for lv in lives] == [False, False, True, True]
 
 
 def test_adaptive_dspark_drafts_whole_blocks_and_lets_algorithm_1_cut():

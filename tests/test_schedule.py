@@ -183,3 +183,60 @@ def test_sps_table_with_a_misshaped_grid_is_refused(tmp_path):
     bad.save(path)
     with pytest.raises(ConfigError, match="verify_steps_per_s"):
         SPSTable.load(path)
+
+
+class _StepCost:
+    """A made-up machine: each token the target verifies costs 0.1 s over a 1 s step, and drafting
+    costs 0.5 s for the step plus 0.1 s per drafting row."""
+
+    def step(self, batch, drafting, draft_len, drafts):
+        return 1.0 + 0.1 * drafts + (0.5 + 0.1 * drafting if drafting else 0.0)
+
+
+def test_admit_rows_takes_the_rows_whose_gain_pays():
+    from trtspec.spec.cost import admit_rows
+
+    easy, hard = [0.95, 0.9, 0.85, 0.8], [0.2, 0.04, 0.01, 0.0]
+    # plain: 4 rows / 1 s. Easy rows at k = 4: 4 + 2 · 3.5 = 11 tokens in 1 + 0.8 + 0.7 = 2.5 s;
+    # adding a hard row would add 0.25 tokens for 0.5 s
+    k, rows = admit_rows(_StepCost(), [hard, easy, hard, easy], 4)
+    assert (k, rows) == (4, [1, 3])
+    assert admit_rows(_StepCost(), [hard] * 4, 4) == (0, [])
+    # a margin the best gain (4.4 vs 4 tokens/s) does not clear
+    assert admit_rows(_StepCost(), [hard, easy, hard, easy], 4, min_gain=0.2) == (0, [])
+    # a request with 2 tokens of budget left drafts at most 2 (its survival curve is that short)
+    k, rows = admit_rows(_StepCost(), [easy[:2], easy, hard, hard], 4)
+    assert rows == [0, 1] and k == 4
+
+
+def test_gain_calibration_scales_expected_gains_by_what_was_accepted():
+    from trtspec.spec.cost import GainCalibration
+
+    cal = GainCalibration(decay=1.0, prior_weight=4.0)
+    assert cal.factor == 1.0
+    for _ in range(9):
+        cal.observe(expected=4.0, accepted=2.0)  # half of what the estimates promised
+    assert cal.factor == pytest.approx((18 + 4) / (36 + 4))
+    assert cal.scale([0.9, 0.5]) == pytest.approx([0.9 * cal.factor, 0.5 * cal.factor])
+    for _ in range(100):
+        cal.observe(expected=1.0, accepted=3.0)
+    assert max(cal.scale([0.9, 0.5])) == 1.0  # a survival stays a probability
+
+
+def test_a_request_estimate_follows_its_population_between_its_own_observations():
+    from trtspec.spec.cost import AcceptanceTracker
+
+    population = AcceptanceTracker(3, prior=[0.5, 0.5, 0.5])
+    request = AcceptanceTracker(3, prior=population, decay=0.9)
+    before = request.rates()
+    for _ in range(20):
+        population.observe(3, 3)  # every other request accepts everything
+    assert request.rates()[0] > before[0] + 0.3
+
+
+def test_algorithm_1_prices_the_rows_that_feed_one_token():
+    """Rows decoding plainly in the same forward make verification dearer (B starts at all rows)."""
+    sps = SPSTable(batch_tokens=[1, 2, 3, 4, 5], steps_per_s=[100.0, 90.0, 70.0, 50.0, 30.0])
+    surv = [torch.tensor([0.8])]
+    assert schedule_lengths(surv, sps, "scheduler") == [1]  # 1.8 · 90 > 1 · 100
+    assert schedule_lengths(surv, sps, "scheduler", plain_rows=3) == [0]  # 4.8 · 30 < 4 · 50

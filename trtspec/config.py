@@ -83,6 +83,11 @@ class ScheduleConfig(_Strict):
     min_gain: float = Field(
         0.1, ge=0, le=1, description="adaptive: draft only when the cost model predicts at least this "
                                      "much more tokens/s than plain decoding (a margin for its error)")
+    probe_every: int = Field(
+        8, ge=0, le=4096,
+        description="adaptive: after this many steps without drafting, draft one short probe for the whole "
+                    "batch so the acceptance estimates learn what the workload now accepts (the interval "
+                    "doubles after each probe that does not switch drafting on, up to 32×); 0 = never probe")
     sps_table: str | None = Field(
         None, description="`trtspec profile` output (target steps/s per verify batch, drafter seconds per "
                           "batch and draft length), relative to the YAML; unset = measured on first use "

@@ -240,11 +240,13 @@ def write_report(results: dict, plots: list[Path], command: str, doc: Path) -> N
         lines += ["## Concurrent requests", "",
                   "Prompts served R at a time by the serving loop: one drafter pass, one packed target "
                   "forward and one verification per step for the group. A drafter's own row verifies "
-                  "whole blocks; `+adaptive` picks each step's draft length k ≥ 0 from the machine's "
-                  "measured cost model (target time by R requests × t tokens, drafter time after a "
-                  "step's commit) and each request's running acceptance (k = 0: plain decoding; "
-                  "DSpark drafts its whole block when drafting pays and Algorithm 1 cuts each row "
-                  "from the step's confidences); `+scheduler` is DSpark's prefix "
+                  "whole blocks; `+adaptive` picks each step's draft length k ≥ 0 and the requests "
+                  "that draft it from the machine's measured cost model (target time by R requests × t "
+                  "tokens, drafter time after a step's commit) and each request's running acceptance, "
+                  "calibrated by what recent steps got accepted (nobody drafting: plain decoding, with "
+                  "a short probe now and then to learn from; DSpark drafts its whole block in the "
+                  "admitted rows and Algorithm 1 cuts each from the step's confidences); `+scheduler` "
+                  "is DSpark's prefix "
                   "scheduler over whole blocks, `+thresholdX` verifies the slots whose survival is at "
                   "least X. `vs none`: total tokens/s over the target alone's at the same R; `mean k`: "
                   "draft length per step.", "",

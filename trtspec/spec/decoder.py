@@ -31,7 +31,7 @@ import torch
 from trtspec.config import ScheduleConfig, TreeConfig
 from trtspec.models.drafter import Drafter, DraftRow, NoDrafter, Proposal
 from trtspec.models.target import Chunk, PathKeep, TargetModel
-from trtspec.spec.cost import AcceptanceTracker, MeasuredCost, best_draft_len
+from trtspec.spec.cost import AcceptanceTracker, GainCalibration, MeasuredCost, admit_rows
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams, choose_tokens
 from trtspec.spec.schedule import SPSTable, schedule_lengths, survival
@@ -39,6 +39,8 @@ from trtspec.spec.tree import DraftTree
 from trtspec.spec.verify import Verifier
 
 REQUEST_DECAY = 0.9  # per step: how fast a request's acceptance counts fade back toward the prior
+PROBE_LEN = 4  # drafts per request of a probe step (a drafter with confidences: its whole block)
+PROBE_BACKOFF = 32  # the probe interval grows up to this many times schedule.probe_every
 
 
 @dataclass(slots=True)
@@ -61,6 +63,9 @@ class _Drafts:
     q: torch.Tensor | None = None  # [R, k, V] chain draft distributions (sampling rows)
     tree: DraftTree | None = None  # tree mode: every running row's tree (size 0 = no drafts)
     depths: list[int] = field(default_factory=list)  # positions each row offers (tree: its depth)
+    # adaptive: the drafts the cost model expected the drafting rows to get accepted, summed (None:
+    # not its choice, e.g. a probe); what `GainCalibration` holds the verdicts against
+    expected: float | None = None
 
 
 def _draft_row(lv: _Live) -> DraftRow:
@@ -150,8 +155,15 @@ class SpeculativeDecoder:
         self.offered_drafts = 0  # drafts proposed, over all steps and requests
         self.admitted_drafts = 0  # drafts the schedule sent to the target
         self.draft_len_counts: dict[int, int] = {}  # k picked -> steps (with running requests)
+        self.num_probes = 0  # adaptive steps that drafted only to learn (`_probe`)
+        self._plan_key: tuple | None = None  # what the last adaptive choice `_plan` was made from
+        self._plan: tuple[int, list[int]] = (0, [])
+        self._plan_expected: dict[int, float] = {}  # slot -> expected accepted drafts, for `_plan`
+        self._probe_wait = 1  # steps without drafting before the next probe: the first one probes
+        self._idle_steps = 0
         # every request's acceptance estimate leans on what all requests showed so far
         self.population = AcceptanceTracker(self.num_draft_tokens, prior=self.acceptance_prior)
+        self.calibration = GainCalibration()  # accepted / expected drafts of recent steps
 
     def check(self, request: Request) -> None:
         """Refuse a request this decoder cannot serve, naming the numbers."""
@@ -197,32 +209,72 @@ class SpeculativeDecoder:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def _draft_len(self, running: list[_Live]) -> int:
-        """k for this step: the configured maximum, or (adaptive) the length that maximises
-        expected tokens per second under the cost model; 0 when nobody may draft. A drafter with
-        confidences drafts its whole block whenever drafting pays (one block pass costs the same at
-        any k) and Algorithm 1 then cuts each row from what this step's confidences say, which
+    def _draft_plan(self, running: list[_Live]) -> tuple[int, list[int]]:
+        """k for this step and the rows (indices into `running`) that draft: the configured maximum
+        for every row with budget left, or (adaptive) the k and rows that maximise expected tokens
+        per second under the cost model (`spec.cost.admit_rows`; none: plain decoding). A drafter
+        with confidences drafts its whole block in the admitted rows (one block pass costs the same
+        at any k) and Algorithm 1 then cuts each row from what this step's confidences say, which
         the running acceptance cannot know."""
         k_max = min(self.num_draft_tokens, max((lv.budget for lv in running), default=0))
+        may = [i for i, lv in enumerate(running) if lv.budget > 0]
         if k_max <= 0 or self.schedule.mode != "adaptive":
-            return max(k_max, 0)
-        survivals = [lv.acceptance.survival(min(k_max, max(lv.budget, 0))) for lv in running]
-        if self.drafter.has_confidence:
-            # the best single k from history is a lower bound on what Algorithm 1's per-row cut of
-            # the whole block gains (it sees this step's confidences): no further margin
-            return k_max if best_draft_len(self.cost, survivals, k_max)[0] else 0
-        return best_draft_len(self.cost, survivals, k_max, self.schedule.min_gain)[0]
+            return max(k_max, 0), may
+        # the estimates change only when a step verifies drafts: until then the choice stands
+        key = (self.population.version, k_max,
+               tuple((lv.slot, lv.acceptance.version, min(k_max, lv.budget)) for lv in running))
+        if key != self._plan_key:
+            raw = [lv.acceptance.survival(min(k_max, max(lv.budget, 0))) for lv in running]
+            # with confidences the best single k from history is a lower bound on what Algorithm 1's
+            # per-row cut of the whole block gains (it sees this step's confidences): no further margin
+            min_gain = 0.0 if self.drafter.has_confidence else self.schedule.min_gain
+            k, rows = admit_rows(self.cost, [self.calibration.scale(s) for s in raw], k_max, min_gain)
+            self._plan_key, self._plan = key, (k, rows)
+            self._plan_expected = {running[r].slot: sum(raw[r][:k]) for r in rows}
+        k, rows = self._plan
+        if self._probe(drafting=bool(rows)):
+            self._plan_expected = {}
+            self._plan_key = None
+            return (k_max if self.drafter.has_confidence else min(k_max, PROBE_LEN)), may
+        return (k_max if self.drafter.has_confidence and rows else k), rows
 
-    def _verify_lengths(self, proposal: Proposal, budgets: list[int], k: int) -> list[int]:
+    def _probe(self, drafting: bool) -> bool:
+        """Whether this step, which the cost model would decode plainly, drafts anyway to learn.
+        Acceptance is learnt only from what is verified: a batch whose prior (the drafter's pooled
+        acceptance) says drafting does not pay would never find out that its requests are easy
+        ones (DFlash on math at R = 8: full blocks serve 1.37× plain decoding, and the prior
+        never drafted). So the first step without drafting, and then each step after
+        `schedule.probe_every` more without, drafts PROBE_LEN tokens per request; each probe that
+        leaves drafting off doubles the next wait (up to PROBE_BACKOFF × probe_every), so a
+        workload where drafting does not pay costs a few probes per request's life. The decision
+        reads step counts only, never the drafts: lossless like any other k."""
+        every = self.schedule.probe_every
+        if not every:
+            return False
+        if drafting:
+            self._probe_wait, self._idle_steps = every, 0
+            return False
+        self._idle_steps += 1
+        if self._idle_steps < self._probe_wait:
+            return False
+        self._idle_steps = 0
+        wait = self._probe_wait
+        self._probe_wait = every if wait < every else min(2 * wait, PROBE_BACKOFF * every)
+        self.num_probes += 1
+        return True
+
+    def _verify_lengths(self, proposal: Proposal, budgets: list[int], k: int, plain_rows: int) -> list[int]:
         """Drafts each drafting row sends to the target: its budget, cut by the schedule when the
-        drafter has confidences (DSpark's Algorithm 1 with this step's drafting cost included)."""
+        drafter has confidences (DSpark's Algorithm 1 with this step's drafting cost and the
+        `plain_rows` requests that feed one token beside them included)."""
         mode = self.schedule.mode
         if mode == "full" or proposal.confidence is None:
             return budgets
         surv = [survival(c[:b]) for c, b in zip(proposal.confidence, budgets, strict=True)]
         draft_s = self.cost_table.draft_time(len(budgets), k) if self.cost_table is not None else 0.0
         table_mode = "scheduler" if mode == "adaptive" else mode
-        return schedule_lengths(surv, self.cost_table, table_mode, self.schedule.threshold, draft_s)
+        return schedule_lengths(surv, self.cost_table, table_mode, self.schedule.threshold, draft_s,
+                                plain_rows)
 
     def _ban_end(self, logits: torch.Tensor, rows: list[_Live], tree: DraftTree | None = None) -> None:
         """The end id may not be emitted before a request's min_new_tokens: it is removed from p
@@ -253,8 +305,10 @@ class SpeculativeDecoder:
     def _draft_chains(self, running: list[_Live]) -> _Drafts:
         """A proposal of k tokens for every running request that may still draft, each cut to the
         length its schedule admits."""
-        k = self._draft_len(running) if running else 0
-        budgets = [min(k, max(lv.budget, 0)) for lv in running]
+        k, admitted = self._draft_plan(running) if running else (0, [])
+        budgets = [0] * len(running)
+        for i in admitted:
+            budgets[i] = min(k, max(running[i].budget, 0))
         drafting = [i for i, b in enumerate(budgets) if b > 0]
         device = self.target.device
         fed = torch.zeros(len(running), k + 1, dtype=torch.long, device=device)  # [R, k+1]
@@ -264,7 +318,8 @@ class SpeculativeDecoder:
         if drafting:
             rows = [running[i] for i in drafting]
             proposal = self.drafter.propose([_draft_row(lv) for lv in rows], k)
-            cut = self._verify_lengths(proposal, [budgets[i] for i in drafting], k)
+            plain_rows = len(running) - len(drafting)
+            cut = self._verify_lengths(proposal, [budgets[i] for i in drafting], k, plain_rows)
             for i, n in zip(drafting, cut, strict=True):
                 plan.lengths[i] = n
             idx = torch.tensor(drafting, device=device)
@@ -275,6 +330,8 @@ class SpeculativeDecoder:
             self.offered_drafts += sum(budgets[i] for i in drafting)
             self.admitted_drafts += sum(cut)
         plan.depths = plan.lengths
+        if self.schedule.mode == "adaptive" and self._plan_expected:
+            plan.expected = sum(self._plan_expected.get(running[i].slot, 0.0) for i in drafting)
         return plan
 
     def _draft_trees(self, running: list[_Live]) -> _Drafts:
@@ -318,11 +375,15 @@ class SpeculativeDecoder:
             return may
         from trtspec.spec.cost import tree_rows
 
-        expected = [1.0 + sum(running[i].acceptance.survival(min(depth, running[i].budget))) for i in may]
+        scale = self.calibration.scale
+        expected = [1.0 + sum(scale(lv.acceptance.survival(min(depth, lv.budget))))
+                    for lv in (running[i] for i in may)]
         one_pass = self.drafter.method in ("dflash", "dspark")
         chosen = tree_rows(self.cost_table, expected, len(running), self.tree.nodes, depth,
                            per_depth_forward=not one_pass, topk=self.tree.topk,
                            min_gain=self.schedule.min_gain)
+        if self._probe(drafting=bool(chosen)):
+            return may
         return [may[j] for j in chosen]
 
     @torch.inference_mode()
@@ -401,6 +462,12 @@ class SpeculativeDecoder:
                 target.keep_paths([PathKeep(lv.slot, start, path)
                                    for lv, start, path in zip(running, tree_starts, paths, strict=True)])
             tokens = verdict.tokens.tolist()
+            offered = [(lv, d, a) for lv, d, a in zip(running, plan.depths, accepted, strict=True) if d]
+            expected = plan.expected
+            if expected is None:  # a probe, or a tree: what the history expected of what was verified
+                expected = sum(sum(lv.acceptance.survival(d)) for lv, d, _ in offered)
+            if expected:
+                self.calibration.observe(expected, sum(a for _, _, a in offered))
             for i, lv in enumerate(running):
                 n, a, depth = lengths[i], accepted[i], plan.depths[i]
                 if plan.tree is None:
@@ -416,8 +483,6 @@ class SpeculativeDecoder:
                 if depth:
                     lv.acceptance.observe(depth, a)
                     self.population.observe(depth, a)
-                elif plan.k == 0:
-                    lv.acceptance.observe(0, 0)  # let a request that stopped drafting drift back
                 self._emit(lv, tokens[i][: a + 1])
 
         finished = {}

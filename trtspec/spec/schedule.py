@@ -138,20 +138,22 @@ def _ranked(surv: list[torch.Tensor]) -> list[tuple[float, int, int]]:
 
 
 def schedule_lengths(surv: list[torch.Tensor], sps: SPSTable, mode: Mode = "scheduler",
-                     threshold: float = 0.5, draft_seconds: float = 0.0) -> list[int]:
+                     threshold: float = 0.5, draft_seconds: float = 0.0, plain_rows: int = 0) -> list[int]:
     """Draft tokens to verify per request.  surv: per request [k_r] survival, non-increasing;
-    draft_seconds: what this step's drafting cost (part of the step time Θ divides by)."""
+    draft_seconds: what this step's drafting cost (part of the step time Θ divides by);
+    plain_rows: requests in the same target forward that drafted nothing (one token each)."""
     num_requests = len(surv)
     if mode == "full":
         return [len(a) for a in surv]
     if mode == "threshold":
         return [int((a >= threshold).long().cumprod(-1).sum()) for a in surv]
+    rows = num_requests + plain_rows
 
     def step_rate(tokens: float, batch: int) -> float:  # Θ: tokens per second of the step
-        return tokens / (draft_seconds + sps.step_seconds(num_requests, batch))
+        return tokens / (draft_seconds + sps.step_seconds(rows, batch))
 
     lengths = [0] * num_requests
-    b, tau = num_requests, float(num_requests)
+    b, tau = rows, float(rows)
     best = step_rate(tau, b)
     cuts: list[tuple[float, list[int]]] = [(best, list(lengths))]
     for a, r, j in _ranked(surv):
