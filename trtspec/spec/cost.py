@@ -128,7 +128,7 @@ class MeasuredCost:
 
     def __init__(self, table: SPSTable):
         self.table = table
-        self._seconds: dict[tuple[int, int], float] = {}  # the table is fixed: each point once
+        self._seconds: dict[tuple[int, int, int, int], float] = {}  # the table is fixed: each point once
 
     def seconds(self, batch: int, draft_len: int) -> float:
         return self.step(batch, batch if draft_len else 0, draft_len, batch * draft_len)
@@ -177,7 +177,7 @@ class AcceptanceTracker:
         """conditional(j) for every position (kept until this tracker or its prior tracker observes
         again: a population tracker is read by every request of every step)."""
         seen = (self.version, self.prior.version if isinstance(self.prior, AcceptanceTracker) else 0)
-        if self._rates is None or seen != self._seen:
+        if seen != self._seen:
             self._rates, self._seen = [self.conditional(j) for j in range(len(self.tested))], seen
         return self._rates
 

@@ -157,8 +157,8 @@ class SpeculativeDecoder:
         self.draft_len_counts: dict[int, int] = {}  # k picked -> steps (with running requests)
         self.num_probes = 0  # adaptive steps that drafted only to learn (`_probe`)
         self._plan_key: tuple | None = None  # what the last adaptive choice `_plan` was made from
-        self._plan: tuple[int, list[int]] = (0, [])
-        self._plan_expected: dict[int, float] = {}  # slot -> expected accepted drafts, for `_plan`
+        # k, the admitted rows, and the drafts the estimates expect them to get accepted, summed
+        self._plan: tuple[int, list[int], float] = (0, [], 0.0)
         self._probe_wait = 1  # steps without drafting before the next probe: the first one probes
         self._idle_steps = 0
         # every request's acceptance estimate leans on what all requests showed so far
@@ -209,17 +209,18 @@ class SpeculativeDecoder:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def _draft_plan(self, running: list[_Live]) -> tuple[int, list[int]]:
-        """k for this step and the rows (indices into `running`) that draft: the configured maximum
-        for every row with budget left, or (adaptive) the k and rows that maximise expected tokens
-        per second under the cost model (`spec.cost.admit_rows`; none: plain decoding). A drafter
-        with confidences drafts its whole block in the admitted rows (one block pass costs the same
-        at any k) and Algorithm 1 then cuts each row from what this step's confidences say, which
-        the running acceptance cannot know."""
+    def _draft_plan(self, running: list[_Live]) -> tuple[int, list[int], float | None]:
+        """k for this step, the rows (indices into `running`) that draft, and the drafts the cost
+        model expects them to get accepted (None: not its choice). The configured maximum for every
+        row with budget left, or (adaptive) the k and rows that maximise expected tokens per second
+        under the cost model (`spec.cost.admit_rows`; none: plain decoding). A drafter with
+        confidences drafts its whole block in the admitted rows (one block pass costs the same at
+        any k) and Algorithm 1 then cuts each row from what this step's confidences say, which the
+        running acceptance cannot know."""
         k_max = min(self.num_draft_tokens, max((lv.budget for lv in running), default=0))
         may = [i for i, lv in enumerate(running) if lv.budget > 0]
         if k_max <= 0 or self.schedule.mode != "adaptive":
-            return max(k_max, 0), may
+            return max(k_max, 0), may, None
         # the estimates change only when a step verifies drafts: until then the choice stands
         key = (self.population.version, k_max,
                tuple((lv.slot, lv.acceptance.version, min(k_max, lv.budget)) for lv in running))
@@ -229,14 +230,11 @@ class SpeculativeDecoder:
             # per-row cut of the whole block gains (it sees this step's confidences): no further margin
             min_gain = 0.0 if self.drafter.has_confidence else self.schedule.min_gain
             k, rows = admit_rows(self.cost, [self.calibration.scale(s) for s in raw], k_max, min_gain)
-            self._plan_key, self._plan = key, (k, rows)
-            self._plan_expected = {running[r].slot: sum(raw[r][:k]) for r in rows}
-        k, rows = self._plan
+            self._plan_key, self._plan = key, (k, rows, sum(sum(raw[r][:k]) for r in rows))
+        k, rows, expected = self._plan
         if self._probe(drafting=bool(rows)):
-            self._plan_expected = {}
-            self._plan_key = None
-            return (k_max if self.drafter.has_confidence else min(k_max, PROBE_LEN)), may
-        return (k_max if self.drafter.has_confidence and rows else k), rows
+            return (k_max if self.drafter.has_confidence else min(k_max, PROBE_LEN)), may, None
+        return (k_max if self.drafter.has_confidence and rows else k), rows, expected
 
     def _probe(self, drafting: bool) -> bool:
         """Whether this step, which the cost model would decode plainly, drafts anyway to learn.
@@ -305,7 +303,7 @@ class SpeculativeDecoder:
     def _draft_chains(self, running: list[_Live]) -> _Drafts:
         """A proposal of k tokens for every running request that may still draft, each cut to the
         length its schedule admits."""
-        k, admitted = self._draft_plan(running) if running else (0, [])
+        k, admitted, expected = self._draft_plan(running) if running else (0, [], None)
         budgets = [0] * len(running)
         for i in admitted:
             budgets[i] = min(k, max(running[i].budget, 0))
@@ -314,7 +312,7 @@ class SpeculativeDecoder:
         fed = torch.zeros(len(running), k + 1, dtype=torch.long, device=device)  # [R, k+1]
         if running:
             fed[:, 0] = torch.tensor([lv.generated[-1] for lv in running], device=device)
-        plan = _Drafts(k, fed, [0] * len(running), drafting)
+        plan = _Drafts(k, fed, [0] * len(running), drafting, expected=expected)
         if drafting:
             rows = [running[i] for i in drafting]
             proposal = self.drafter.propose([_draft_row(lv) for lv in rows], k)
@@ -330,8 +328,6 @@ class SpeculativeDecoder:
             self.offered_drafts += sum(budgets[i] for i in drafting)
             self.admitted_drafts += sum(cut)
         plan.depths = plan.lengths
-        if self.schedule.mode == "adaptive" and self._plan_expected:
-            plan.expected = sum(self._plan_expected.get(running[i].slot, 0.0) for i in drafting)
         return plan
 
     def _draft_trees(self, running: list[_Live]) -> _Drafts:
@@ -385,6 +381,15 @@ class SpeculativeDecoder:
         if self._probe(drafting=bool(chosen)):
             return may
         return [may[j] for j in chosen]
+
+    def _calibrate(self, plan: _Drafts, running: list[_Live], accepted: list[int]) -> None:
+        """Hold a step's accepted drafts against what the estimates expected (before they observe it)."""
+        offered = [(lv, d, a) for lv, d, a in zip(running, plan.depths, accepted, strict=True) if d]
+        expected = plan.expected
+        if expected is None:  # a probe, or a tree: what the history expected of what was verified
+            expected = sum(sum(lv.acceptance.survival(d)) for lv, d, _ in offered)
+        if expected:
+            self.calibration.observe(expected, sum(a for _, _, a in offered))
 
     @torch.inference_mode()
     def step(self) -> dict[int, GenerationResult]:
@@ -462,12 +467,8 @@ class SpeculativeDecoder:
                 target.keep_paths([PathKeep(lv.slot, start, path)
                                    for lv, start, path in zip(running, tree_starts, paths, strict=True)])
             tokens = verdict.tokens.tolist()
-            offered = [(lv, d, a) for lv, d, a in zip(running, plan.depths, accepted, strict=True) if d]
-            expected = plan.expected
-            if expected is None:  # a probe, or a tree: what the history expected of what was verified
-                expected = sum(sum(lv.acceptance.survival(d)) for lv, d, _ in offered)
-            if expected:
-                self.calibration.observe(expected, sum(a for _, _, a in offered))
+            if self.schedule.mode == "adaptive":  # only adaptive reads the calibration
+                self._calibrate(plan, running, accepted)
             for i, lv in enumerate(running):
                 n, a, depth = lengths[i], accepted[i], plan.depths[i]
                 if plan.tree is None:
