@@ -56,3 +56,38 @@ def test_groups_keep_padding_bounded():
     layout = StepLayout([Segment(0, 0, 300), Segment(1, 40, 16), Segment(2, 50, 16), Segment(3, 9, 12)])
     widths = sorted(g.gather.shape[1] for g in layout.groups)
     assert widths == [16, 300]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_mixed_step_attends_over_slot_views_and_stays_exact(causal):
+    """Some requests draft (3 tokens), others feed one, one slot is idle: the drafting group takes
+    the plain slot in its range and a dummy row for the idle one, so it reads its slots' K/V as a
+    view (no gathered copy), and every segment still sees exactly its own slot."""
+    gen = torch.Generator().manual_seed(7)
+    kv = SlotKV(8, KV_HEADS, 64, D, torch.float32, "cpu")
+    segments = [Segment(5, 11, 3), Segment(0, 9, 3), Segment(3, 30, 1), Segment(1, 4, 3),
+                Segment(2, 17, 3), Segment(7, 2, 1)]  # slot 4 and 6 idle; 3 and 7 plain
+    for seg in segments:
+        kv.keys[seg.slot, :, : seg.start] = torch.randn(KV_HEADS, seg.start, D, generator=gen)
+        kv.values[seg.slot, :, : seg.start] = torch.randn(KV_HEADS, seg.start, D, generator=gen)
+    layout = StepLayout(segments, causal=causal)
+    assert [isinstance(g.slots, slice) for g in layout.groups] == [True, True]
+    t = layout.num_tokens
+    kv.write(layout, torch.randn(t, KV_HEADS, D, generator=gen), torch.randn(t, KV_HEADS, D, generator=gen))
+    q = torch.randn(t, HEADS, D, generator=gen)
+    out = slot_attention(q, kv, layout)
+    start = 0
+    for seg in segments:
+        end, n = start + seg.length, seg.start + seg.length
+        keys, values = kv.keys[seg.slot, :, :n], kv.values[seg.slot, :, :n]
+        ref = _reference(q[start:end], keys, values, seg.start, causal)
+        torch.testing.assert_close(out[start:end], ref, atol=1e-5, rtol=1e-5)
+        start = end
+
+
+def test_sparse_wide_groups_keep_their_gather():
+    """Filling holes of a long group would pad more query rows than a gathered copy costs."""
+    layout = StepLayout([Segment(0, 5, 17), Segment(1, 5, 1), Segment(2, 5, 17), Segment(3, 5, 1),
+                         Segment(4, 5, 17)])
+    assert sorted(g.gather.shape[1] for g in layout.groups) == [1, 17]
+    assert all(not isinstance(g.slots, slice) for g in layout.groups)
