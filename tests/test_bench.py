@@ -140,3 +140,7 @@ def test_profile_times_each_proposal_after_a_steps_commit():
     counts = [turns.count(s) for s in range(4)]
     assert max(counts) - min(counts) <= max(table.draft_batches)
     assert table.verify_rows == [1, 2, 4] and table.verify_tokens_per_row == [1, 2, 3, 4, 6, 8]
+    # the grid again at a quarter of the context, and the loop's own time at each R
+    assert (table.verify_context, table.short_context) == (16, 4)
+    assert [len(r) for r in table.short_steps_per_s] == [len(r) for r in table.verify_steps_per_s]
+    assert table.loop_rows == [1, 2, 4] and all(s > 0 for s in table.loop_seconds)

@@ -175,6 +175,32 @@ def test_adaptive_and_the_scheduler_price_a_step_by_its_shape():
     assert sum(with_grid) > sum(without)  # cheaper long rows: more of each block pays
 
 
+# the same grid timed again at 64 cached tokens per request (GRID's own context: 256)
+CONTEXT_GRID = GRID.model_copy(update={"verify_context": 256, "short_context": 64,
+                                       "short_steps_per_s": [[200.0, 180.0], [190.0, 160.0], [160.0, 80.0]],
+                                       "loop_rows": [1, 8], "loop_seconds": [0.001, 0.004]})
+
+
+def test_step_time_follows_the_requests_context_and_counts_the_loop():
+    from trtspec.spec.cost import MeasuredCost, admit_rows
+
+    long, short = GRID.step_seconds(2, 16), CONTEXT_GRID.step_seconds(2, 16, 64)
+    assert short == pytest.approx(long / 2)
+    assert CONTEXT_GRID.step_seconds(2, 16) == pytest.approx(long)  # no context: the grid's own
+    assert CONTEXT_GRID.step_seconds(2, 16, 256) == pytest.approx(long)
+    assert CONTEXT_GRID.step_seconds(2, 16, 160) == pytest.approx((long + short) / 2)  # linear
+    assert CONTEXT_GRID.step_seconds(2, 16, 448) == pytest.approx(long + (long - short))  # and beyond
+    assert CONTEXT_GRID.step_seconds(2, 16, 8) == pytest.approx(short)  # never below the short grid
+    assert CONTEXT_GRID.loop_time(4) == pytest.approx(0.001 + 0.003 * 3 / 7)
+    cost = MeasuredCost(CONTEXT_GRID)
+    assert cost.step(8, 0, 0, 0, 64) == pytest.approx(1 / 160.0 + 0.004)
+    # 8 requests with a_1 = 0.1: a draft each costs 1.087× a plain step at 64 cached tokens (the
+    # forwards halve, the loop's 4 ms stays) and 1.108× at 256, so it pays only at the short context
+    surv = [[0.1]] * 8
+    assert admit_rows(cost, surv, 1, context=64) == (1, list(range(8)))
+    assert admit_rows(cost, surv, 1, context=256) == (0, [])
+
+
 def test_sps_table_with_a_misshaped_grid_is_refused(tmp_path):
     from trtspec.errors import ConfigError
 
@@ -183,13 +209,17 @@ def test_sps_table_with_a_misshaped_grid_is_refused(tmp_path):
     bad.save(path)
     with pytest.raises(ConfigError, match="verify_steps_per_s"):
         SPSTable.load(path)
+    bad = CONTEXT_GRID.model_copy(update={"short_steps_per_s": [[1.0, 2.0]]})
+    bad.save(path)
+    with pytest.raises(ConfigError, match="short_steps_per_s"):
+        SPSTable.load(path)
 
 
 class _StepCost:
     """A made-up machine: each token the target verifies costs 0.1 s over a 1 s step, and drafting
     costs 0.5 s for the step plus 0.1 s per drafting row."""
 
-    def step(self, batch, drafting, draft_len, drafts):
+    def step(self, batch, drafting, draft_len, drafts, context=None):
         return 1.0 + 0.1 * drafts + (0.5 + 0.1 * drafting if drafting else 0.0)
 
 

@@ -160,7 +160,8 @@ def _cached_cost_table(pipeline: Pipeline) -> SPSTable:
     config = pipeline.config
     key = cost_key({"models": content_key(config, True), "flavour": config.flavour,
                     "slots": config.limits.max_concurrency, "device": config.target.device,
-                    "table_format": 2})  # 2: the R × t verify grid, drafts timed after a commit
+                    # 3: the loop's own time; 2: the R × t verify grid, drafts timed after a commit
+                    "table_format": 3})
     path = cache_root() / "cost" / f"{key}.json"
     if path.is_file():
         try:

@@ -7,13 +7,22 @@ them: `requests` sequences of `context` tokens in their slots, B new tokens spre
 (round robin) in one packed forward, then rewound, so every repetition sees the same cache. The
 step's shape matters as much as its size (R requests × t tokens each: each request's attention
 reads its own context), so the target is also timed on the grid R ∈ DRAFT_BATCHES × t ≤ k + 1,
-which is what adaptive speculation reads (`SPSTable.step_seconds`).
+which is what adaptive speculation reads (`SPSTable.step_seconds`). Attention reads each request's
+context, so the grid is timed twice: at `context` cached tokens and at a quarter of it (on more
+slots, prefilled shorter), and a step is priced at its requests' context between the two (serving
+contexts are mostly shorter than the profile's: the bench's chat prompts hold 34–62 tokens).
 
 The drafter proposes for R of those requests at once, each time after a commit of one accepted
 draft and its anchor (ACCEPTED_PER_STEP), as in serving: a drafter absorbs the taps or tokens the
 last step accepted inside its proposal (EAGLE-3's catch-up pass, a draft model's feed), and a
 proposal from an unchanged state would leave that out (EAGLE-3 at k = 1 then looks free).
 Requests take turns so the contexts grow evenly (by a few dozen tokens over a profile).
+
+Last, the serving loop's own time per step at each R (`loop_seconds`): R requests decoded plainly
+through `SpeculativeDecoder`, minus the time inside the target's forward. Verification, emission and
+bookkeeping cost 0.2–0.3 ms a step on a 2-core CPU (about 6 % of a plain step at R = 8); a cost
+model without them prices drafting steps, which share that time among more tokens, a little too
+high against plain ones.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ DEFAULT_BATCHES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
 DRAFT_BATCHES = [1, 2, 4, 8, 16, 32]
 TOKENS_PER_ROW = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]  # t of the target's R × t grid, up to k + 1
 ACCEPTED_PER_STEP = 1  # drafts accepted in the step before each timed proposal
+SHORT_CONTEXT_DIVISOR = 4  # the second R × t grid is timed at context / 4 cached tokens
 
 
 def _sync(device) -> None:
@@ -75,11 +85,12 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
     k_max = drafter.num_draft_tokens
     per_row = sorted({t for t in TOKENS_PER_ROW if t <= k_max + 1} | {k_max + 1}) if lens else []
     slots = max(requests, max(draft_batches))
+    short = max(1, context // SHORT_CONTEXT_DIVISOR)  # slots + r: the grid's rows at this context
     target, drafter = copy.copy(target), copy.copy(drafter)
     capacity = context + max(batch_tokens + [k_max + 1]) + k_max + 2
     # each timed proposal commits ACCEPTED_PER_STEP + 1 tokens to its rows; requests take turns
     growth = reps * len(lens) * sum(draft_batches) * (ACCEPTED_PER_STEP + 1) // slots + 2 * k_max + 8
-    target.allocate(slots, capacity)
+    target.allocate(slots + (max(draft_batches) if per_row else 0), capacity)
     drafter.allocate(slots, capacity + growth)
     device = target.device
     gen = torch.Generator().manual_seed(seed)
@@ -87,6 +98,10 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
     prompts = [torch.randint(0, vocab, (context,), generator=gen).tolist() for _ in range(slots)]
     out = target.forward([Chunk(r, torch.tensor(p, device=device)) for r, p in enumerate(prompts)],
                          logits_at=torch.zeros(1, dtype=torch.long, device=device))
+    if per_row:  # the short-context rows
+        target.forward([Chunk(slots + r, torch.randint(0, vocab, (short,), generator=gen).to(device))
+                        for r in range(max(draft_batches))],
+                       logits_at=torch.zeros(1, dtype=torch.long, device=device))
     for r, p in enumerate(prompts):
         taps = None if out.hidden is None else out.hidden[r * context : (r + 1) * context - 1]
         drafter.begin(r, p[:-1], taps)
@@ -97,8 +112,8 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
     # taps of one step's accepted tokens, for drafters fed by the target (any taps time the same)
     step_taps = None if out.hidden is None else out.hidden[: ACCEPTED_PER_STEP + 1]
 
-    def forward(sizes: list[int]) -> float:
-        chunks = [Chunk(r, torch.randint(0, vocab, (n,), generator=gen).to(device))
+    def forward(sizes: list[int], first_slot: int = 0) -> float:
+        chunks = [Chunk(first_slot + r, torch.randint(0, vocab, (n,), generator=gen).to(device))
                   for r, n in enumerate(sizes) if n]
         seconds = _timed(lambda: target.forward(chunks), device)
         for c in chunks:
@@ -124,6 +139,7 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
 
     times: dict[int, list[float]] = {b: [] for b in batch_tokens}
     grid: dict[tuple[int, int], list[float]] = {(r, t): [] for r in draft_batches for t in per_row}
+    short_grid: dict[tuple[int, int], list[float]] = {key: [] for key in grid}
     draft_times: dict[tuple[int, int], list[float]] = {(r, k): [] for r in draft_batches for k in lens}
     if lens:  # the first proposal absorbs the prompts' context; time only the steady state
         drafter.propose(rows, max(lens))
@@ -132,8 +148,11 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
             times[b].append(forward([b // requests + (r < b % requests) for r in range(requests)]))
         for r, t in grid:
             grid[(r, t)].append(forward([t] * r))
+            short_grid[(r, t)].append(forward([t] * r, first_slot=slots))
         for r, k in draft_times:
             draft_times[(r, k)].append(draft(r, k))
+    loop_rows = sorted(set(draft_batches) | {1})
+    loop = loop_seconds(target, loop_rows, context, steps=max(8, reps), seed=seed)
     machine = (f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} "
                f"({torch.get_num_threads()} threads) on {device}, {requests} requests × {context} "
                "cached tokens")
@@ -150,7 +169,49 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
         verify_tokens_per_row=per_row,
         verify_steps_per_s=[[round(1.0 / statistics.median(grid[(r, t)]), 3) for t in per_row]
                             for r in draft_batches] if per_row else [],
+        verify_context=context if per_row else 0,
+        short_context=short if per_row else 0,
+        short_steps_per_s=[[round(1.0 / statistics.median(short_grid[(r, t)]), 3) for t in per_row]
+                           for r in draft_batches] if per_row else [],
+        loop_rows=loop_rows,
+        loop_seconds=loop,
     )
+
+
+def loop_seconds(target, batches: list[int], context: int, steps: int, seed: int = 0) -> list[float]:
+    """Median seconds per step of the serving loop outside the target forward, for R = each of
+    `batches` requests decoding plainly (`steps` steps after their prefill)."""
+    from trtspec.spec.decoder import Request, SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(target, None, eos_id=None, max_slots=max(batches),
+                                 capacity=context + steps + 2)
+    device, forward = decoder.target.device, decoder.target.forward
+    inside: list[float] = []
+
+    def timed_forward(*args, **kwargs):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = forward(*args, **kwargs)
+        _sync(device)
+        inside.append(time.perf_counter() - t0)
+        return out
+
+    decoder.target.forward = timed_forward
+    gen = torch.Generator().manual_seed(seed)
+    vocab = min(256, target.config.vocab_size)
+    out = []
+    for r in batches:
+        decoder.reset()
+        for _ in range(r):
+            decoder.add(Request(torch.randint(0, vocab, (context,), generator=gen).tolist(), steps + 1))
+        decoder.step()  # the prefill
+        outside = []
+        for _ in range(steps):
+            inside.clear()
+            seconds = _timed(decoder.step, device)
+            outside.append(seconds - sum(inside))
+        out.append(round(statistics.median(outside), 6))
+    return out
 
 
 def cost_key(parts: dict) -> str:

@@ -6,8 +6,10 @@ together with every draft before it), that request emits in expectation
 
     E_k = 1 + a_1 + … + a_k        (the recovered/bonus token is always emitted)
 
-and the step costs T(R, k) = T_draft(R, k) + T_target(R·(k + 1) tokens) seconds (k = 0: no
-drafting, plain decoding). The best draft length for the batch maximises Σ_r E_k(r) / T(R, k).
+and the step costs T(R, k) = T_draft(R, k) + T_target(R·(k + 1) tokens) + T_loop(R) seconds (k = 0:
+no drafting, plain decoding; T_loop is the loop's own verification and bookkeeping, 0.3 ms or
+about 6 % of a plain step at R = 8 on the 2-core CPU, shared by all the tokens a step emits). The
+best draft length for the batch maximises Σ_r E_k(r) / T(R, k).
 Only acceptance history and confidences enter, never the current drafts' verdict, so the choice
 cannot bias the output (`spec.schedule` explains why that matters).
 
@@ -81,17 +83,18 @@ def best_draft_len(cost: StepCost, survivals: Sequence[Sequence[float]], k_max: 
 
 
 def admit_rows(cost: MeasuredCost, survivals: Sequence[Sequence[float]], k_max: int,
-               min_gain: float = 0.0) -> tuple[int, list[int]]:
+               min_gain: float = 0.0, context: int | None = None) -> tuple[int, list[int]]:
     """The draft length k and the requests that draft it (indices into `survivals`), the others
     decoding plainly in the same target forward: for each k the requests are ranked by their
     expected gain a_1 + … + a_k and the best prefix of that ranking is taken, the (k, prefix)
     with the most expected tokens per second winning. A request's survival curve may be shorter
     than k (its remaining budget): it then drafts that many. Drafting must beat plain decoding by
-    the factor 1 + `min_gain`; ties go to fewer requests and shorter drafts. ([] when none pays.)"""
+    the factor 1 + `min_gain`; ties go to fewer requests and shorter drafts. ([] when none pays.)
+    `context`: the cached tokens the step's attention reads per request (`SPSTable.step_seconds`)."""
     batch = len(survivals)
     if batch == 0:
         return 0, []
-    plain = batch / cost.step(batch, 0, 0, 0)
+    plain = batch / cost.step(batch, 0, 0, 0, context)
     best_k, best_rows, best_rate = 0, [], plain * (1.0 + min_gain)
     gains = [0.0] * batch
     for k in range(1, k_max + 1):
@@ -103,7 +106,7 @@ def admit_rows(cost: MeasuredCost, survivals: Sequence[Sequence[float]], k_max: 
         for n, r in enumerate(order, start=1):
             tokens += gains[r]
             verified += min(k, len(survivals[r]))
-            rate = tokens / cost.step(batch, n, k, verified)
+            rate = tokens / cost.step(batch, n, k, verified, context)
             if rate > best_rate:
                 best_k, best_rows, best_rate = k, order[:n], rate
     return best_k, sorted(best_rows)
@@ -124,23 +127,26 @@ def load_acceptance(drafter_dir: Path) -> list[float] | None:
 
 class MeasuredCost:
     """Step time from a `trtspec profile` table measured on the serving machine: the drafter's
-    time at (batch, draft length) plus one target forward over batch·(k + 1) tokens."""
+    time at (batch, draft length), one target forward over batch·(k + 1) tokens, and the loop's
+    own time at that batch."""
 
     def __init__(self, table: SPSTable):
         self.table = table
-        self._seconds: dict[tuple[int, int, int, int], float] = {}  # the table is fixed: each point once
+        self._seconds: dict[tuple, float] = {}  # the table is fixed: each point once
 
     def seconds(self, batch: int, draft_len: int) -> float:
         return self.step(batch, batch if draft_len else 0, draft_len, batch * draft_len)
 
-    def step(self, batch: int, drafting: int, draft_len: int, drafts: int) -> float:
+    def step(self, batch: int, drafting: int, draft_len: int, drafts: int,
+             context: int | None = None) -> float:
         """Seconds of a step of `batch` requests of which `drafting` draft `draft_len` tokens and
-        send `drafts` of them in all to the target (the rest feed their last token alone)."""
-        key = (batch, drafting, draft_len, drafts)
+        send `drafts` of them in all to the target (the rest feed their last token alone), each
+        request's attention reading `context` cached tokens (None: the table's own context)."""
+        key = (batch, drafting, draft_len, drafts, context)
         if key not in self._seconds:
-            verify = self.table.step_seconds(batch, batch + drafts)
+            verify = self.table.step_seconds(batch, batch + drafts, context)
             draft = self.table.draft_time(drafting, draft_len) if drafting and draft_len else 0.0
-            self._seconds[key] = verify + draft
+            self._seconds[key] = verify + draft + self.table.loop_time(batch)
         return self._seconds[key]
 
 
@@ -241,12 +247,13 @@ def tree_rows(table: SPSTable, expected: Sequence[float], batch: int, nodes: int
     maximises the step's tokens per second (none at all unless it beats plain decoding by
     `min_gain`, as `best_draft_len` asks of chains)."""
     order = sorted(range(len(expected)), key=lambda j: -expected[j])
-    best_n, best_rate = 0, batch * table.sps(batch) * (1.0 + min_gain)
+    loop = table.loop_time(batch)
+    best_n, best_rate = 0, batch / (1.0 / table.sps(batch) + loop) * (1.0 + min_gain)
     tokens = float(batch)
     for n, j in enumerate(order, start=1):
         tokens += expected[j] - 1.0
         seconds = tree_draft_seconds(table, n, depth, per_depth_forward, topk) + \
-            1.0 / table.sps(batch + n * nodes)
+            1.0 / table.sps(batch + n * nodes) + loop
         if tokens / seconds > best_rate:
             best_n, best_rate = n, tokens / seconds
     return sorted(order[:best_n])

@@ -41,6 +41,7 @@ from trtspec.spec.verify import Verifier
 REQUEST_DECAY = 0.9  # per step: how fast a request's acceptance counts fade back toward the prior
 PROBE_LEN = 4  # drafts per request of a probe step (a drafter with confidences: its whole block)
 PROBE_BACKOFF = 32  # the probe interval grows up to this many times schedule.probe_every
+CONTEXT_STEP = 32  # the cost model reads the step's context rounded up to a multiple of this
 
 
 @dataclass(slots=True)
@@ -222,19 +223,28 @@ class SpeculativeDecoder:
         if k_max <= 0 or self.schedule.mode != "adaptive":
             return max(k_max, 0), may, None
         # the estimates change only when a step verifies drafts: until then the choice stands
-        key = (self.population.version, k_max,
+        context = self._context(running)
+        key = (self.population.version, k_max, context,
                tuple((lv.slot, lv.acceptance.version, min(k_max, lv.budget)) for lv in running))
         if key != self._plan_key:
             raw = [lv.acceptance.survival(min(k_max, max(lv.budget, 0))) for lv in running]
             # with confidences the best single k from history is a lower bound on what Algorithm 1's
             # per-row cut of the whole block gains (it sees this step's confidences): no further margin
             min_gain = 0.0 if self.drafter.has_confidence else self.schedule.min_gain
-            k, rows = admit_rows(self.cost, [self.calibration.scale(s) for s in raw], k_max, min_gain)
+            k, rows = admit_rows(self.cost, [self.calibration.scale(s) for s in raw], k_max, min_gain,
+                                 context)
             self._plan_key, self._plan = key, (k, rows, sum(sum(raw[r][:k]) for r in rows))
         k, rows, expected = self._plan
         if self._probe(drafting=bool(rows)):
             return (k_max if self.drafter.has_confidence else min(k_max, PROBE_LEN)), may, None
         return (k_max if self.drafter.has_confidence and rows else k), rows, expected
+
+    def _context(self, running: list[_Live]) -> int:
+        """Cached tokens the step's attention reads per request, as the cost model prices it: the
+        longest running request's (a padded attention group reads that many in every row), rounded
+        up to CONTEXT_STEP so the adaptive choice is not remade at every step."""
+        longest = max((self.target.seq_len(lv.slot) for lv in running), default=0)
+        return -(-longest // CONTEXT_STEP) * CONTEXT_STEP
 
     def _probe(self, drafting: bool) -> bool:
         """Whether this step, which the cost model would decode plainly, drafts anyway to learn.
@@ -261,18 +271,22 @@ class SpeculativeDecoder:
         self.num_probes += 1
         return True
 
-    def _verify_lengths(self, proposal: Proposal, budgets: list[int], k: int, plain_rows: int) -> list[int]:
+    def _verify_lengths(self, proposal: Proposal, budgets: list[int], k: int, plain_rows: int,
+                        context: int) -> list[int]:
         """Drafts each drafting row sends to the target: its budget, cut by the schedule when the
-        drafter has confidences (DSpark's Algorithm 1 with this step's drafting cost and the
-        `plain_rows` requests that feed one token beside them included)."""
+        drafter has confidences (DSpark's Algorithm 1 with this step's drafting cost, the
+        `plain_rows` requests that feed one token beside them, and its context included)."""
         mode = self.schedule.mode
         if mode == "full" or proposal.confidence is None:
             return budgets
         surv = [survival(c[:b]) for c, b in zip(proposal.confidence, budgets, strict=True)]
-        draft_s = self.cost_table.draft_time(len(budgets), k) if self.cost_table is not None else 0.0
+        table = self.cost_table
+        # the step's time besides its target forward: drafting, and the loop's own at this batch
+        draft_s = 0.0 if table is None else \
+            table.draft_time(len(budgets), k) + table.loop_time(len(budgets) + plain_rows)
         table_mode = "scheduler" if mode == "adaptive" else mode
         return schedule_lengths(surv, self.cost_table, table_mode, self.schedule.threshold, draft_s,
-                                plain_rows)
+                                plain_rows, context)
 
     def _ban_end(self, logits: torch.Tensor, rows: list[_Live], tree: DraftTree | None = None) -> None:
         """The end id may not be emitted before a request's min_new_tokens: it is removed from p
@@ -317,7 +331,8 @@ class SpeculativeDecoder:
             rows = [running[i] for i in drafting]
             proposal = self.drafter.propose([_draft_row(lv) for lv in rows], k)
             plain_rows = len(running) - len(drafting)
-            cut = self._verify_lengths(proposal, [budgets[i] for i in drafting], k, plain_rows)
+            cut = self._verify_lengths(proposal, [budgets[i] for i in drafting], k, plain_rows,
+                                       self._context(running))
             for i, n in zip(drafting, cut, strict=True):
                 plan.lengths[i] = n
             idx = torch.tensor(drafting, device=device)

@@ -61,6 +61,16 @@ class SPSTable(BaseModel):
     verify_steps_per_s: list[list[float]] = Field(
         default_factory=list, description="target forwards per second over R requests × t tokens each: "
                                           "one row per R, one column per t")
+    verify_context: int = Field(0, description="cached tokens per request of the R × t grid (0: unknown)")
+    short_context: int = Field(0, description="cached tokens per request of the second, short-context grid")
+    short_steps_per_s: list[list[float]] = Field(
+        default_factory=list, description="the R × t grid again at short_context (same shape; empty: "
+                                          "step time does not follow the requests' context)")
+    loop_rows: list[int] = Field(default_factory=list,
+                                 description="running requests R the serving loop's own time was measured at")
+    loop_seconds: list[float] = Field(
+        default_factory=list, description="seconds per serving-loop step outside the target forward and the "
+                                          "drafter (verification, bookkeeping, Python) at each R")
 
     def sps(self, b: int) -> float:
         """SPS(B), linear between measured points, flat-extrapolated by cost beyond the last."""
@@ -73,20 +83,39 @@ class SPSTable(BaseModel):
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (y1 - y0) * (b - x0) / (x1 - x0)
 
-    def step_seconds(self, rows: int, tokens: int) -> float:
+    def step_seconds(self, rows: int, tokens: int, context: int | None = None) -> float:
         """Seconds of one target forward over `tokens` new tokens from `rows` requests. The shape
         matters (2 requests × 16 tokens cost less than 8 × 4: attention reads each request's
         context), so where the R × t grid was measured it is read at t = tokens / rows; past its
-        last R, the time grows as 1 / SPS(B) does. Without a grid: 1 / SPS(tokens)."""
+        last R, the time grows as 1 / SPS(B) does. Without a grid: 1 / SPS(tokens).
+
+        `context`: the cached tokens the step's attention reads per request. With the short grid
+        measured, the time is linear in it between (and beyond) the two grids' contexts, never
+        below the short grid's; without, or None, the grid's own context."""
         if not self.verify_steps_per_s or rows < 1:
             return 1.0 / self.sps(tokens)
+        seconds = self._grid_seconds(self.verify_steps_per_s, rows, tokens)
+        if context is None or not self.short_steps_per_s or self.verify_context <= self.short_context:
+            return seconds
+        short = self._grid_seconds(self.short_steps_per_s, rows, tokens)
+        share = (max(context, self.short_context) - self.short_context) / \
+            (self.verify_context - self.short_context)
+        return short + max(0.0, seconds - short) * share
+
+    def _grid_seconds(self, grid: list[list[float]], rows: int, tokens: int) -> float:
         t = tokens / rows
-        times = [_interpolate(self.verify_tokens_per_row, [1.0 / s for s in row], t)
-                 for row in self.verify_steps_per_s]
+        times = [_interpolate(self.verify_tokens_per_row, [1.0 / s for s in row], t) for row in grid]
         last = self.verify_rows[-1]
         if rows > last:
             return times[-1] * self.sps(round(last * t)) / self.sps(tokens)
         return _interpolate(self.verify_rows, times, rows)
+
+    def loop_time(self, batch: int) -> float:
+        """Seconds a step of `batch` running requests spends outside the two forwards (linear between
+        measured points, growing linearly with R past the last one); 0 when not measured."""
+        if not self.loop_seconds or batch <= 0:
+            return 0.0
+        return _interpolate(self.loop_rows, self.loop_seconds, batch)
 
     def draft_time(self, batch: int, k: int) -> float:
         """Seconds the drafter needs for `batch` requests and k drafts each (linear between measured
@@ -113,6 +142,10 @@ class SPSTable(BaseModel):
         if len(grid) != len(table.verify_rows) or any(len(r) != columns for r in grid):
             raise ConfigError(f"{path}: verify_steps_per_s must have one row per verify_rows entry and one "
                               "column per verify_tokens_per_row entry")
+        if table.short_steps_per_s and [len(r) for r in table.short_steps_per_s] != [len(r) for r in grid]:
+            raise ConfigError(f"{path}: short_steps_per_s must have the shape of verify_steps_per_s")
+        if len(table.loop_rows) != len(table.loop_seconds):
+            raise ConfigError(f"{path}: loop_rows and loop_seconds must be equal in length")
         return table
 
 
@@ -138,10 +171,13 @@ def _ranked(surv: list[torch.Tensor]) -> list[tuple[float, int, int]]:
 
 
 def schedule_lengths(surv: list[torch.Tensor], sps: SPSTable, mode: Mode = "scheduler",
-                     threshold: float = 0.5, draft_seconds: float = 0.0, plain_rows: int = 0) -> list[int]:
+                     threshold: float = 0.5, draft_seconds: float = 0.0, plain_rows: int = 0,
+                     context: int | None = None) -> list[int]:
     """Draft tokens to verify per request.  surv: per request [k_r] survival, non-increasing;
-    draft_seconds: what this step's drafting cost (part of the step time Θ divides by);
-    plain_rows: requests in the same target forward that drafted nothing (one token each)."""
+    draft_seconds: what this step costs besides its target forward (drafting, the loop's own
+    time), part of the step time Θ divides by;
+    plain_rows: requests in the same target forward that drafted nothing (one token each);
+    context: the cached tokens the forward's attention reads per request."""
     num_requests = len(surv)
     if mode == "full":
         return [len(a) for a in surv]
@@ -150,7 +186,7 @@ def schedule_lengths(surv: list[torch.Tensor], sps: SPSTable, mode: Mode = "sche
     rows = num_requests + plain_rows
 
     def step_rate(tokens: float, batch: int) -> float:  # Θ: tokens per second of the step
-        return tokens / (draft_seconds + sps.step_seconds(rows, batch))
+        return tokens / (draft_seconds + sps.step_seconds(rows, batch, context))
 
     lengths = [0] * num_requests
     b, tau = rows, float(rows)
