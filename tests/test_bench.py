@@ -61,7 +61,11 @@ def test_tiny_concurrency_bench_and_recommendation(tmp_path):
         for row in by_r.values():
             assert row["greedy_mismatches"] == 0, method
             assert row["tokens"] == by_r["1"]["tokens"]  # same prompts, same budget, same text
-            assert row["total_tokens_per_s"] == pytest.approx(row["tokens"] / row["wall_s"], rel=0.01)
+            assert row["run_tokens_per_s"] == pytest.approx(row["tokens"] / row["wall_s"], rel=0.01)
+            steady = row["steady_tokens"] / row["steady_s"]
+            assert row["total_tokens_per_s"] == pytest.approx(steady, rel=0.01)
+            assert 0 < row["steady_tokens"] <= row["tokens"]
+        assert by_r["1"]["steady_tokens"] == by_r["1"]["tokens"]  # one client: no drain at the end
     # the recommendation names a measured setting, with that setting's own figures
     text = json.loads((tmp_path / "results.json").read_text())["recommendation"]
     best = max(((m, r, row) for m, by_r in conc["methods"].items() for r, row in by_r.items()
@@ -74,6 +78,29 @@ def test_tiny_concurrency_bench_and_recommendation(tmp_path):
     assert not (tmp_path / "BENCHMARKS.md").exists()
     bad = CliRunner().invoke(main, ["bench", configs[0], "--concurrency", "1,x", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "--concurrency" in bad.output
+
+
+def test_serve_stream_refills_slots_and_measures_the_steady_state():
+    """R = 2 clients over requests of 4, 8 and 2 tokens (target alone: one token per request per
+    step): the third joins when the first finishes, and the steady state ends with the third, when
+    no request is left to fill its slot (4 + 6 + 2 tokens emitted by then, 14 in the whole run)."""
+    from trtspec.bench.concurrency import serve_stream
+    from trtspec.config import ScheduleConfig, load_build_config
+    from trtspec.pipeline import load_pipeline
+    from trtspec.spec.decoder import Request
+
+    config = load_build_config(REPO / "build_configs" / "tiny-dflash.yaml")
+    pipeline = load_pipeline(config, use_drafter=False)
+    decoder = pipeline.decoder_for(2, ScheduleConfig(mode="full"))
+    prompt = pipeline.tokenizer.encode("def f(x):")
+    joined = []
+    add = decoder.add
+    decoder.add = lambda request, on_tokens=None: joined.append(decoder.num_steps) or add(request, on_tokens)
+    requests = [Request(prompt, n, end_id=-1) for n in (4, 8, 2)]  # no end id: each runs its budget
+    results, steady, whole = serve_stream(decoder, requests, 2)
+    assert [len(r.token_ids) for r in results] == [4, 8, 2]
+    assert joined == [0, 0, 4]  # the third joins in the step after the first's last token
+    assert (steady[1], whole[1]) == (12, 14) and 0 < steady[0] <= whole[0]
 
 
 def test_tree_rows_compare_each_drafter_with_its_chain(tmp_path):

@@ -1,16 +1,22 @@
 """Throughput against interactivity: R concurrent requests per method, side by side.
 
-For each concurrency R the held-out prompts are served in groups of R by the serving loop
-(`SpeculativeDecoder`: one drafter pass, one packed target forward and one verification per step
-for the whole group). Every method serves the same groups, one after the other within a group, so
-drift hits all alike. A method is `none`, a drafter verifying whole blocks, the same drafter with
-adaptive speculation (`+adaptive`: each step's draft length from the measured cost model, 0 when
-speculation would not pay) and — for drafters with a confidence head — the prefix scheduler or a
-fixed survival threshold over whole blocks. Per group we record wall time and each request's
-decode speed:
+For each concurrency R every method serves the held-out prompts as R closed-loop clients would:
+R requests in flight in the serving loop (`SpeculativeDecoder`: one drafter pass, one packed target
+forward and one verification per step for all of them), the next prompt joining as soon as one
+finishes. The methods take turns at each R, over the same prompts. A method is `none`, a drafter
+verifying whole blocks, the same drafter with adaptive speculation (`+adaptive`: each step's draft
+length from the measured cost model, 0 when speculation would not pay) and — for drafters with a
+confidence head — the prefix scheduler or a fixed survival threshold over whole blocks. We record
 
+    total tokens/s    = tokens emitted while all R slots were busy / that time (the steady state,
+                        up to the step after which no prompt is left to fill a free slot)
+    run tokens/s      = all tokens / the whole run, the final drain at fewer than R included
     per-user tokens/s = a request's tokens after the first / its time after prefill (mean over users)
-    total tokens/s    = all tokens of the groups / their wall time
+
+The steady state is what a server under R concurrent clients runs. The drain is not: requests that
+speculation speeds up unevenly finish at different steps, so a fixed group of R would spend its
+end at a batch of one or two (DFlash at R = 8 on chat: 30 % of a group's time), which a server
+fills with the next requests.
 
 `recommend` then answers the decision-guide question from these numbers: at a per-user speed
 of at least S tokens/s and at most R concurrent users, which method serves the most tokens/s.
@@ -29,6 +35,7 @@ from trtspec.config import BuildConfig, ScheduleConfig
 from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.decoder import Request, SpeculativeDecoder
+from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.schedule import SPSTable
 
 THRESHOLDS = (0.3, 0.5, 0.7)
@@ -36,6 +43,8 @@ THRESHOLDS = (0.3, 0.5, 0.7)
 
 @dataclass
 class _Point:
+    steady_s: float = 0.0
+    steady_tokens: int = 0
     wall_s: float = 0.0
     tokens: int = 0
     user_tps: list[float] = field(default_factory=list)
@@ -49,7 +58,8 @@ class _Point:
         steps = sum(self.draft_lens.values())
         mean_k = sum(k * n for k, n in self.draft_lens.items()) / steps if steps else 0.0
         return {
-            "total_tokens_per_s": round(self.tokens / self.wall_s, 2) if self.wall_s else 0.0,
+            "total_tokens_per_s": round(self.steady_tokens / self.steady_s, 2) if self.steady_s else 0.0,
+            "run_tokens_per_s": round(self.tokens / self.wall_s, 2) if self.wall_s else 0.0,
             "per_user_tokens_per_s": round(statistics.fmean(self.user_tps), 2) if self.user_tps else 0.0,
             "tokens_per_cycle": round(self.tokens / self.cycles, 3) if self.cycles else 0.0,
             "admitted_share": round(self.admitted / self.offered, 3) if self.offered else None,
@@ -57,6 +67,8 @@ class _Point:
             "greedy_mismatches": self.mismatches,
             "tokens": self.tokens,
             "wall_s": round(self.wall_s, 3),
+            "steady_tokens": self.steady_tokens,
+            "steady_s": round(self.steady_s, 3),
         }
 
 
@@ -97,15 +109,13 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
     tok = pipelines["none"].tokenizer
     prompts = [tok.encode(p) for t in tasks for p in load_prompts(t)[:prompts_per_task]]
     points = {m: {r: _Point() for r in concurrency} for m in decoders}
-    groups = [(r, prompts[i : i + r]) for r in concurrency for i in range(0, len(prompts), r)]
-    for r, group in tqdm(groups, desc="concurrency", unit="group"):
+    for r in tqdm(concurrency, desc="concurrency", unit="level"):
         expected = None
         for name, decoder in decoders.items():
-            t0 = time.perf_counter()
-            results = decoder.generate_batch([Request(ids, max_tokens) for ids in group])
+            results, steady, whole = serve_stream(decoder, [Request(ids, max_tokens) for ids in prompts], r)
             pt = points[name][r]
-            pt.wall_s += time.perf_counter() - t0
-            pt.tokens += sum(len(res.token_ids) for res in results)
+            pt.steady_s, pt.steady_tokens = steady
+            pt.wall_s, pt.tokens = whole
             pt.user_tps += [res.decode_tokens_per_s for res in results]
             pt.cycles += decoder.num_cycles
             pt.offered += decoder.offered_drafts
@@ -123,6 +133,35 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
         "cost_tables": {name: t.model_dump() for name, t in tables.items()},
         "methods": {m: {str(r): pt.summary() for r, pt in by_r.items()} for m, by_r in points.items()},
     }
+
+
+def serve_stream(decoder: SpeculativeDecoder, requests: list[Request], r: int
+                 ) -> tuple[list[GenerationResult], tuple[float, int], tuple[float, int]]:
+    """Serve `requests` in order with at most `r` in flight, each joining as a slot frees. Returns
+    the results in request order, and (seconds, tokens emitted) of the steady state (every slot
+    busy: up to the step after which no request is left to fill a free one) and of the whole run."""
+    decoder.reset()
+    emitted = 0
+
+    def count(ids: list[int]) -> None:
+        nonlocal emitted
+        emitted += len(ids)
+
+    waiting = list(enumerate(requests))
+    index: dict[int, int] = {}  # decoder request id -> position in `requests`
+    results: dict[int, GenerationResult] = {}
+    steady = None
+    t0 = time.perf_counter()
+    while waiting or decoder.num_running:
+        while waiting and decoder.num_running < r:
+            i, request = waiting.pop(0)
+            index[decoder.add(request, count)] = i
+        for rid, result in decoder.step().items():
+            results[index[rid]] = result
+        if steady is None and not waiting and decoder.num_running < r:
+            steady = (time.perf_counter() - t0, emitted)
+    whole = (time.perf_counter() - t0, emitted)
+    return [results[i] for i in range(len(requests))], steady or whole, whole
 
 
 def recommend(concurrency_results: dict, min_user_tps: float, max_users: int | None = None) -> dict | None:
