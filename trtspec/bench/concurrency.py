@@ -3,15 +3,17 @@
 For each concurrency R every method serves the held-out prompts as R closed-loop clients would:
 R requests in flight in the serving loop (`SpeculativeDecoder`: one drafter pass, one packed target
 forward and one verification per step for all of them), the next prompt joining as soon as one
-finishes. The methods take turns at each R, over the same prompts. A method is `none`, a drafter
-verifying whole blocks, the same drafter with adaptive speculation (`+adaptive`: each step's draft
-length from the measured cost model, 0 when speculation would not pay) and — for drafters with a
-confidence head — the prefix scheduler or a fixed survival threshold over whole blocks. We record
+finishes. A method is `none`, a drafter verifying whole blocks, the same drafter with adaptive
+speculation (`+adaptive`: each step's draft length from the measured cost model, 0 when speculation
+would not pay) and — for drafters with a confidence head — the prefix scheduler or a fixed survival
+threshold over whole blocks. The methods take turns every TURN_STEPS steps, so a drift of the
+machine's speed hits all alike; each counts only the time of its own steps (its clock). We record
 
     total tokens/s    = tokens emitted while all R slots were busy / that time (the steady state,
                         up to the step after which no prompt is left to fill a free slot)
     run tokens/s      = all tokens / the whole run, the final drain at fewer than R included
-    per-user tokens/s = a request's tokens after the first / its time after prefill (mean over users)
+    per-user tokens/s = a request's tokens after the first / its time after its first token, on its
+                        method's clock (mean over users)
 
 The steady state is what a server under R concurrent clients runs. The drain is not: requests that
 speculation speeds up unevenly finish at different steps, so a fixed group of R would spend its
@@ -39,6 +41,7 @@ from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.schedule import SPSTable
 
 THRESHOLDS = (0.3, 0.5, 0.7)
+TURN_STEPS = 16  # steps a method runs before the next takes its turn (tens of ms: caches stay warm)
 
 
 @dataclass
@@ -109,14 +112,22 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
     tok = pipelines["none"].tokenizer
     prompts = [tok.encode(p) for t in tasks for p in load_prompts(t)[:prompts_per_task]]
     points = {m: {r: _Point() for r in concurrency} for m in decoders}
-    for r in tqdm(concurrency, desc="concurrency", unit="level"):
+    bar = tqdm(total=len(concurrency) * len(decoders) * len(prompts), desc="concurrency", unit="request")
+    for r in concurrency:
+        runs = {name: StreamRun(decoder, [Request(ids, max_tokens) for ids in prompts], r)
+                for name, decoder in decoders.items()}
+        while not all(run.done for run in runs.values()):  # the methods take turns, TURN_STEPS each
+            for run in runs.values():
+                before = len(run.finished)
+                run.advance(TURN_STEPS)
+                bar.update(len(run.finished) - before)
         expected = None
-        for name, decoder in decoders.items():
-            results, steady, whole = serve_stream(decoder, [Request(ids, max_tokens) for ids in prompts], r)
+        for name, run in runs.items():
+            decoder, results = run.decoder, run.results
             pt = points[name][r]
-            pt.steady_s, pt.steady_tokens = steady
-            pt.wall_s, pt.tokens = whole
-            pt.user_tps += [res.decode_tokens_per_s for res in results]
+            pt.steady_s, pt.steady_tokens = run.steady or run.whole
+            pt.wall_s, pt.tokens = run.whole
+            pt.user_tps += run.user_tps
             pt.cycles += decoder.num_cycles
             pt.offered += decoder.offered_drafts
             pt.admitted += decoder.admitted_drafts
@@ -127,6 +138,7 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
                 expected = tokens
             elif tokens != expected:
                 pt.mismatches += sum(a != b for a, b in zip(tokens, expected, strict=True))
+    bar.close()
     return {
         "max_tokens": max_tokens,
         "prompts": len(prompts),
@@ -135,33 +147,76 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
     }
 
 
+class StreamRun:
+    """Serve `requests` in order with at most `r` in flight, each joining as a slot frees, a few
+    steps at a time (`advance`), so that several methods can take turns on the machine. Keeps the
+    seconds spent in its own steps and the tokens emitted: `steady` up to the step after which no
+    request is left to fill a free slot (every slot busy until then), `whole` for the run."""
+
+    def __init__(self, decoder: SpeculativeDecoder, requests: list[Request], r: int):
+        decoder.reset()
+        self.decoder, self.r = decoder, r
+        self.waiting = list(enumerate(requests))
+        self.index: dict[int, int] = {}  # decoder request id -> position in `requests`
+        self.finished: dict[int, GenerationResult] = {}
+        self.seconds, self.emitted = 0.0, 0
+        self.steady: tuple[float, int] | None = None
+        self.count = len(requests)
+        self.first: dict[int, float] = {}  # request -> this run's clock after its first token
+        self.user_tps: list[float] = []  # each finished request's tokens after the first / its time
+        self._started: list[int] = []  # requests whose first token came in the current step
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting and not self.decoder.num_running
+
+    def _on_tokens(self, i: int):
+        def emitted(ids: list[int]) -> None:
+            if i not in self.first:
+                self._started.append(i)
+            self.emitted += len(ids)
+
+        return emitted
+
+    def advance(self, steps: int) -> None:
+        decoder = self.decoder
+        for _ in range(steps):
+            if self.done:
+                return
+            t0 = time.perf_counter()
+            while self.waiting and decoder.num_running < self.r:
+                i, request = self.waiting.pop(0)
+                self.index[decoder.add(request, self._on_tokens(i))] = i
+            finished = decoder.step()
+            self.seconds += time.perf_counter() - t0
+            for i in self._started:
+                self.first[i] = self.seconds
+            self._started.clear()
+            for rid, result in finished.items():
+                i = self.index[rid]
+                self.finished[i] = result
+                decode_s = self.seconds - self.first[i]
+                self.user_tps.append((len(result.token_ids) - 1) / decode_s if decode_s > 0 else 0.0)
+            if self.steady is None and not self.waiting and decoder.num_running < self.r:
+                self.steady = (self.seconds, self.emitted)
+
+    @property
+    def whole(self) -> tuple[float, int]:
+        return self.seconds, self.emitted
+
+    @property
+    def results(self) -> list[GenerationResult]:
+        return [self.finished[i] for i in range(self.count)]
+
+
 def serve_stream(decoder: SpeculativeDecoder, requests: list[Request], r: int
                  ) -> tuple[list[GenerationResult], tuple[float, int], tuple[float, int]]:
-    """Serve `requests` in order with at most `r` in flight, each joining as a slot frees. Returns
-    the results in request order, and (seconds, tokens emitted) of the steady state (every slot
-    busy: up to the step after which no request is left to fill a free one) and of the whole run."""
-    decoder.reset()
-    emitted = 0
-
-    def count(ids: list[int]) -> None:
-        nonlocal emitted
-        emitted += len(ids)
-
-    waiting = list(enumerate(requests))
-    index: dict[int, int] = {}  # decoder request id -> position in `requests`
-    results: dict[int, GenerationResult] = {}
-    steady = None
-    t0 = time.perf_counter()
-    while waiting or decoder.num_running:
-        while waiting and decoder.num_running < r:
-            i, request = waiting.pop(0)
-            index[decoder.add(request, count)] = i
-        for rid, result in decoder.step().items():
-            results[index[rid]] = result
-        if steady is None and not waiting and decoder.num_running < r:
-            steady = (time.perf_counter() - t0, emitted)
-    whole = (time.perf_counter() - t0, emitted)
-    return [results[i] for i in range(len(requests))], steady or whole, whole
+    """`StreamRun` alone to the end: the results in request order, and (seconds, tokens emitted) of
+    the steady state and of the whole run."""
+    run = StreamRun(decoder, requests, r)
+    while not run.done:
+        run.advance(TURN_STEPS)
+    return run.results, run.steady or run.whole, run.whole
 
 
 def recommend(concurrency_results: dict, min_user_tps: float, max_users: int | None = None) -> dict | None:
