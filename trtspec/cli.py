@@ -351,7 +351,8 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
 @click.option("--doc", "doc_path", default=None, type=click.Path(path_type=Path),
               help="Also write this Markdown report (e.g. docs/BENCHMARKS.md).")
 @click.option("--concurrency", default=None,
-              help="Also serve the prompts R at a time, for each R in this comma-separated list (1,2,4,8).")
+              help="Also serve the prompts as R concurrent clients (R in flight, the next joining as one "
+                   "finishes), for each R in this comma-separated list (1,2,4,8).")
 @click.option("--min-user-tps", default=None, type=float,
               help="Recommendation: least tokens/s per user; default the target alone at concurrency 1.")
 @click.option("--max-users", default=None, type=int, help="Recommendation: most concurrent users.")
