@@ -125,7 +125,7 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
         for name, run in runs.items():
             decoder, results = run.decoder, run.results
             pt = points[name][r]
-            pt.steady_s, pt.steady_tokens = run.steady or run.whole
+            pt.steady_s, pt.steady_tokens = run.steady
             pt.wall_s, pt.tokens = run.whole
             pt.user_tps += run.user_tps
             pt.cycles += decoder.num_cycles
@@ -151,7 +151,8 @@ class StreamRun:
     """Serve `requests` in order with at most `r` in flight, each joining as a slot frees, a few
     steps at a time (`advance`), so that several methods can take turns on the machine. Keeps the
     seconds spent in its own steps and the tokens emitted: `steady` up to the step after which no
-    request is left to fill a free slot (every slot busy until then), `whole` for the run."""
+    request is left to fill a free slot (every slot busy until then; the whole run while that has
+    not happened), `whole` for the run."""
 
     def __init__(self, decoder: SpeculativeDecoder, requests: list[Request], r: int):
         decoder.reset()
@@ -160,7 +161,7 @@ class StreamRun:
         self.index: dict[int, int] = {}  # decoder request id -> position in `requests`
         self.finished: dict[int, GenerationResult] = {}
         self.seconds, self.emitted = 0.0, 0
-        self.steady: tuple[float, int] | None = None
+        self._steady: tuple[float, int] | None = None  # (seconds, tokens) once a slot stays free
         self.count = len(requests)
         self.first: dict[int, float] = {}  # request -> this run's clock after its first token
         self.user_tps: list[float] = []  # each finished request's tokens after the first / its time
@@ -197,12 +198,16 @@ class StreamRun:
                 self.finished[i] = result
                 decode_s = self.seconds - self.first[i]
                 self.user_tps.append((len(result.token_ids) - 1) / decode_s if decode_s > 0 else 0.0)
-            if self.steady is None and not self.waiting and decoder.num_running < self.r:
-                self.steady = (self.seconds, self.emitted)
+            if self._steady is None and not self.waiting and decoder.num_running < self.r:
+                self._steady = self.whole
 
     @property
     def whole(self) -> tuple[float, int]:
         return self.seconds, self.emitted
+
+    @property
+    def steady(self) -> tuple[float, int]:
+        return self._steady or self.whole
 
     @property
     def results(self) -> list[GenerationResult]:
@@ -216,7 +221,7 @@ def serve_stream(decoder: SpeculativeDecoder, requests: list[Request], r: int
     run = StreamRun(decoder, requests, r)
     while not run.done:
         run.advance(TURN_STEPS)
-    return run.results, run.steady or run.whole, run.whole
+    return run.results, run.steady, run.whole
 
 
 def recommend(concurrency_results: dict, min_user_tps: float, max_users: int | None = None) -> dict | None:

@@ -37,7 +37,10 @@ def tiny_pipeline(device: torch.device, use_drafter: bool = True):
     return load_pipeline(config, use_drafter=use_drafter)
 
 
-def _timed(fn, spent: list[float], device: torch.device):
+def timed_calls(fn, spent: list[float], device: torch.device | str):
+    """`fn` wrapped to append the seconds of each call (the device synchronised around it) to `spent`."""
+    device = torch.device(device)
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if device.type == "cuda":
@@ -76,8 +79,8 @@ def _measure(device: torch.device, prompts: list[str], max_tokens: int) -> dict:
     decoder = spec.decoder_for(1, ScheduleConfig(mode="full"))  # whole blocks: one cycle per step
     forward_s: list[float] = []
     propose_s: list[float] = []
-    decoder.target.forward = _timed(decoder.target.forward, forward_s, device)
-    decoder.drafter.propose = _timed(decoder.drafter.propose, propose_s, device)
+    decoder.target.forward = timed_calls(decoder.target.forward, forward_s, device)
+    decoder.drafter.propose = timed_calls(decoder.drafter.propose, propose_s, device)
 
     def outside_forwards(text: str) -> tuple[float, int]:
         forward_s.clear()

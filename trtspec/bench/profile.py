@@ -181,22 +181,14 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
 def loop_seconds(target, batches: list[int], context: int, steps: int, seed: int = 0) -> list[float]:
     """Median seconds per step of the serving loop outside the target forward, for R = each of
     `batches` requests decoding plainly (`steps` steps after their prefill)."""
+    from trtspec.bench.loop_overhead import timed_calls
     from trtspec.spec.decoder import Request, SpeculativeDecoder
 
     decoder = SpeculativeDecoder(target, None, eos_id=None, max_slots=max(batches),
                                  capacity=context + steps + 2)
-    device, forward = decoder.target.device, decoder.target.forward
-    inside: list[float] = []
-
-    def timed_forward(*args, **kwargs):
-        _sync(device)
-        t0 = time.perf_counter()
-        out = forward(*args, **kwargs)
-        _sync(device)
-        inside.append(time.perf_counter() - t0)
-        return out
-
-    decoder.target.forward = timed_forward
+    device = decoder.target.device
+    inside: list[float] = []  # seconds of each target forward of the current step
+    decoder.target.forward = timed_calls(decoder.target.forward, inside, device)
     gen = torch.Generator().manual_seed(seed)
     vocab = min(256, target.config.vocab_size)
     out = []

@@ -210,20 +210,19 @@ class SpeculativeDecoder:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def _draft_plan(self, running: list[_Live]) -> tuple[int, list[int], float | None]:
+    def _draft_plan(self, running: list[_Live], context: int) -> tuple[int, list[int], float | None]:
         """k for this step, the rows (indices into `running`) that draft, and the drafts the cost
         model expects them to get accepted (None: not its choice). The configured maximum for every
         row with budget left, or (adaptive) the k and rows that maximise expected tokens per second
         under the cost model (`spec.cost.admit_rows`; none: plain decoding). A drafter with
         confidences drafts its whole block in the admitted rows (one block pass costs the same at
         any k) and Algorithm 1 then cuts each row from what this step's confidences say, which the
-        running acceptance cannot know."""
+        running acceptance cannot know. `context`: the step's, as `_context` prices it."""
         k_max = min(self.num_draft_tokens, max((lv.budget for lv in running), default=0))
         may = [i for i, lv in enumerate(running) if lv.budget > 0]
         if k_max <= 0 or self.schedule.mode != "adaptive":
             return max(k_max, 0), may, None
         # the estimates change only when a step verifies drafts: until then the choice stands
-        context = self._context(running)
         key = (self.population.version, k_max, context,
                tuple((lv.slot, lv.acceptance.version, min(k_max, lv.budget)) for lv in running))
         if key != self._plan_key:
@@ -317,7 +316,8 @@ class SpeculativeDecoder:
     def _draft_chains(self, running: list[_Live]) -> _Drafts:
         """A proposal of k tokens for every running request that may still draft, each cut to the
         length its schedule admits."""
-        k, admitted, expected = self._draft_plan(running) if running else (0, [], None)
+        context = self._context(running)
+        k, admitted, expected = self._draft_plan(running, context) if running else (0, [], None)
         budgets = [0] * len(running)
         for i in admitted:
             budgets[i] = min(k, max(running[i].budget, 0))
@@ -331,8 +331,7 @@ class SpeculativeDecoder:
             rows = [running[i] for i in drafting]
             proposal = self.drafter.propose([_draft_row(lv) for lv in rows], k)
             plain_rows = len(running) - len(drafting)
-            cut = self._verify_lengths(proposal, [budgets[i] for i in drafting], k, plain_rows,
-                                       self._context(running))
+            cut = self._verify_lengths(proposal, [budgets[i] for i in drafting], k, plain_rows, context)
             for i, n in zip(drafting, cut, strict=True):
                 plan.lengths[i] = n
             idx = torch.tensor(drafting, device=device)
