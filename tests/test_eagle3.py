@@ -10,8 +10,9 @@ import torch
 from safetensors.torch import save_file
 
 from trtspec.errors import CheckpointError
+from trtspec.models import eagle3_drafter
 from trtspec.models.eagle3 import causal_mask, default_aux_layer_ids, load_eagle3, save_eagle3
-from trtspec.models.eagle3_drafter import Eagle3Drafter
+from trtspec.models.eagle3_drafter import CATCH_UP_WINDOW, Eagle3Drafter
 from trtspec.models.target import TargetModel, load_causal_lm
 from trtspec.spec.decoder import SpeculativeDecoder
 from trtspec.spec.sampling import SamplingParams
@@ -246,6 +247,28 @@ def test_cached_context_equals_from_scratch(target, drafter_model):
     a = torch.stack(incremental.draft_chain(rows, 5, lambda lg: lg.argmax(-1)), 1)
     b = _chain_logits(drafter_model, target, ids[:, :23], 5)
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_long_catch_up_restarts_from_the_newest_positions(target, drafter_model, monkeypatch):
+    """A row whose pending positions exceed CATCH_UP_WINDOW drafts exactly as a fresh drafter begun
+    at the window: the same tokens and taps, stored from drafter slot 0 (RoPE sees distances only)."""
+    w, n = CATCH_UP_WINDOW, CATCH_UP_WINDOW + 29
+    ids = _ids(n + 1, 7)  # the target caches ids[:n]; ids[n] is the last committed token
+    taps = _taps(target, ids)[0]
+    greedy = lambda lg: lg.argmax(-1)  # noqa: E731
+    caught_up = with_slots(Eagle3Drafter(drafter_model), 2)
+    caught_up.begin(1, ids[0, :12].tolist(), taps[:12])  # 12 positions: absorbed whole
+    caught_up.draft_chain(draft_rows([], ids[0, :13].tolist())[1:], 3, greedy)
+    assert caught_up.dropped[1] == 0 and caught_up.ctx_len[1] == 12
+    caught_up.commit(1, 0, taps[12:n])  # plain steps piled up n − 12 > w positions
+    a = torch.stack(caught_up.draft_chain(draft_rows([], ids[0].tolist())[1:], 5, greedy), 1)
+    assert caught_up.dropped[1] == n - w and caught_up.ctx_len[1] == w
+    fresh = with_slots(Eagle3Drafter(drafter_model))
+    fresh.begin(0, ids[0, n - w : n].tolist(), taps[n - w : n])
+    b = torch.stack(fresh.draft_chain(draft_rows(ids[0, n - w :].tolist()), 5, greedy), 1)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    monkeypatch.setattr(eagle3_drafter, "CATCH_UP_WINDOW", n)  # no restart: the whole context
+    assert not torch.allclose(_chain_logits(drafter_model, target, ids, 5), a, atol=1e-3)
 
 
 def test_chain_with_kv_cache_equals_uncached_recomputation(target, drafter_model):

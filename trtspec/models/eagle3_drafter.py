@@ -6,7 +6,8 @@ output h of the last of them, and the taps the target produced since the last pr
 (`pending`). A proposal, for all rows together,
 
 1. absorbs every row's pending taps with the now-known next tokens in ONE packed causal pass,
-   whose last output per row predicts x_1;
+   whose last output per row predicts x_1 (a row with more than CATCH_UP_WINDOW pending, after
+   plain steps or a long prompt, restarts its context from the newest ones: a bounded catch-up);
 2. runs k − 1 chain steps, each ONE forward over all rows feeding back h and the token just
    drafted at the next position. The chain's K/V are written after the committed slots and
    overwritten by the next absorption, since the next cycle replaces the drafts' fed-back features
@@ -32,6 +33,11 @@ from trtspec.spec.sampling import choose_tokens
 from trtspec.spec.tree import grow_tree, log_scores
 
 DEFAULT_NUM_DRAFT_TOKENS = 7
+# a proposal absorbs at most this many of a row's newest pending positions; a row with more (plain
+# steps piled them up, or a long prompt) restarts its context from them. RoPE sees only distances,
+# so the kept positions are stored from drafter slot 0 on and attend exactly as they would at their
+# own positions; the older ones are no longer seen. Drafts only: the verifier keeps the output exact.
+CATCH_UP_WINDOW = 32
 
 
 class Eagle3Drafter(TapsDrafter):
@@ -44,6 +50,7 @@ class Eagle3Drafter(TapsDrafter):
         self.device, self.dtype = model.fc.weight.device, model.fc.weight.dtype
         self.kv: SlotKV | None = None
         self.last_h: dict[int, torch.Tensor] = {}  # slot -> [H] output of drafter slot ctx_len − 1
+        self.dropped: dict[int, int] = {}  # slot -> positions before drafter slot 0 (a restart's)
 
     def allocate(self, num_slots, capacity):
         super().allocate(num_slots, capacity)
@@ -52,15 +59,21 @@ class Eagle3Drafter(TapsDrafter):
         # the chain's k − 1 steps are written after the committed slots, hence the extra room
         self.kv = SlotKV(num_slots, cfg.num_key_value_heads, capacity + self.num_draft_tokens, head_dim,
                          self.dtype, self.device)
-        self.last_h = {}
+        self.last_h, self.dropped = {}, {}
 
     def begin(self, slot, prompt, hidden):
         super().begin(slot, prompt, hidden)
         self.last_h.pop(slot, None)
+        self.dropped[slot] = 0
 
     def release(self, slot):
         super().release(slot)
         self.last_h.pop(slot, None)
+        self.dropped.pop(slot, None)
+
+    def _absorbed(self, slot: int) -> int:
+        """Target positions this slot's drafter context stands for (dropped ones included)."""
+        return self.dropped.get(slot, 0) + self.ctx_len[slot]
 
     def _absorb_pending(self, rows: list[DraftRow]) -> None:
         """Cache the drafter slots of every row's pending taps in one packed causal pass."""
@@ -69,12 +82,16 @@ class Eagle3Drafter(TapsDrafter):
             new = self.pending.take(row.slot)
             if new is None:
                 continue
-            start, n = self.ctx_len[row.slot], len(row.committed) - 1  # the target caches committed[:n]
-            if start + len(new) != n:
-                raise RuntimeError(f"EAGLE-3 slot {row.slot} holds {start} + {len(new)} pending positions, "
+            first, n = self._absorbed(row.slot), len(row.committed) - 1  # the target caches committed[:n]
+            if first + len(new) != n:
+                raise RuntimeError(f"EAGLE-3 slot {row.slot} holds {first} + {len(new)} pending positions, "
                                    f"the target caches {n}")
-            segments.append(Segment(row.slot, start, len(new)))
-            tokens += row.committed[start + 1 : n + 1]  # token j + 1 for drafter slot j
+            if len(new) > CATCH_UP_WINDOW:  # restart from the newest positions
+                new, first = new[-CATCH_UP_WINDOW:], n - CATCH_UP_WINDOW
+                self.dropped[row.slot], self.ctx_len[row.slot] = first, 0
+                self.last_h.pop(row.slot, None)
+            segments.append(Segment(row.slot, self.ctx_len[row.slot], len(new)))
+            tokens += row.committed[first + 1 : n + 1]  # token j + 1 for the position j of a drafter slot
             taps.append(new)
         if not segments:
             return
@@ -91,8 +108,9 @@ class Eagle3Drafter(TapsDrafter):
 
     def _check_absorbed(self, rows: list[DraftRow]) -> None:
         for row in rows:
-            if self.ctx_len[row.slot] != len(row.committed) - 1 or row.slot not in self.last_h:
-                raise RuntimeError(f"EAGLE-3 slot {row.slot} holds {self.ctx_len[row.slot]} drafter slots, "
+            absorbed = self._absorbed(row.slot)
+            if absorbed != len(row.committed) - 1 or row.slot not in self.last_h:
+                raise RuntimeError(f"EAGLE-3 slot {row.slot} stands for {absorbed} positions, "
                                    f"the target caches {len(row.committed) - 1}")
 
     @torch.inference_mode()
