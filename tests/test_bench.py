@@ -131,10 +131,12 @@ def test_tree_rows_compare_each_drafter_with_its_chain(tmp_path):
 def test_profile_times_each_proposal_after_a_steps_commit():
     """Serving proposes right after committing what the last step accepted, and the profile times
     the same: an EAGLE-3 proposal from an unchanged state skips its catch-up pass (k = 1 looked
-    free). Requests take turns, so every one's context grows by about the same."""
+    free). Requests take turns, so every one's context grows by about the same. Requests of their
+    own then time proposals after a pile of CATCH_UP_POSITIONS (steps without drafting) against
+    one step's commit."""
     import copy
 
-    from trtspec.bench.profile import ACCEPTED_PER_STEP, profile_cost
+    from trtspec.bench.profile import ACCEPTED_PER_STEP, CATCH_UP_POSITIONS, profile_cost
     from trtspec.config import load_build_config
     from trtspec.pipeline import load_pipeline
 
@@ -155,15 +157,27 @@ def test_profile_times_each_proposal_after_a_steps_commit():
     table = profile_cost(pipeline.target, drafter, batch_tokens=[1, 4], requests=4, context=16, reps=2,
                          max_batch=4, progress=False)
     proposals = [i for i, c in enumerate(calls) if c[0] == "propose"]
-    assert len(proposals) == 1 + 2 * len(table.draft_batches) * len(table.draft_lens)  # warm-up + timed
+    # requests 0-3 time the steady state, 4-7 the catch-up after a pile of CATCH_UP_POSITIONS
+    steady = [i for i in proposals if max(calls[i][1]) < 4]
+    catch = [i for i in proposals if min(calls[i][1]) >= 4]
+    assert len(steady) == 1 + 2 * len(table.draft_batches) * len(table.draft_lens)  # warm-up + timed
+    assert len(catch) == 1 + 2 * len(table.draft_batches) * 2 and proposals == steady + catch
     previous = proposals[0]
     assert calls[:previous] == []  # the warm-up absorbs the prompts
     for i in proposals[1:]:
         commits = calls[previous + 1 : i]
-        assert [c[1] for c in commits] == list(calls[i][1])  # exactly the proposing requests
-        assert all(c[2:] == (ACCEPTED_PER_STEP, ACCEPTED_PER_STEP + 1) for c in commits)
+        if i == catch[0]:  # the catch-up requests' warm-up absorbs their prompts
+            assert commits == []
+        else:
+            assert [c[1] for c in commits] == list(calls[i][1])  # exactly the proposing requests
+            piles = {ACCEPTED_PER_STEP + 1} | ({CATCH_UP_POSITIONS} if i in catch else set())
+            assert {c[3] for c in commits} <= piles and all(c[2] == c[3] - 1 for c in commits)
         previous = i
-    turns = [c[1] for c in calls if c[0] == "commit"]
+    for i in catch:
+        assert calls[i][2] == min(table.draft_lens)
+    assert table.draft_catch_up == ACCEPTED_PER_STEP + 1 and len(table.catch_up_seconds) == 3
+    assert any(s > 0 for s in table.catch_up_seconds)  # 30 more positions per request cost time
+    turns = [c[1] for c in calls if c[0] == "commit" and c[1] < 4]
     counts = [turns.count(s) for s in range(4)]
     assert max(counts) - min(counts) <= max(table.draft_batches)
     assert table.verify_rows == [1, 2, 4] and table.verify_tokens_per_row == [1, 2, 3, 4, 6, 8]

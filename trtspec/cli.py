@@ -565,6 +565,10 @@ def profile(config_path, out_path, batches, requests, context, reps, synthetic_m
     for r, row in zip(table.draft_batches, table.draft_seconds, strict=True):
         cells = "  ".join(f"k={k}: {sec * 1e3:.2f} ms" for k, sec in zip(table.draft_lens, row, strict=True))
         click.echo(f"drafter R={r:3d}  {cells}")
+    if table.catch_up_seconds:
+        pairs = zip(table.draft_batches, table.catch_up_seconds, strict=True)
+        cells = "  ".join(f"R={r}: {sec * 1e6:.1f} µs" for r, sec in pairs)
+        click.echo(f"drafter catch-up per pending position and request: {cells}")
     if pipeline.drafter.num_draft_tokens:
         from trtspec.spec.cost import tree_budget
 

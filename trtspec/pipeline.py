@@ -160,8 +160,9 @@ def _cached_cost_table(pipeline: Pipeline) -> SPSTable:
     config = pipeline.config
     key = cost_key({"models": content_key(config, True), "flavour": config.flavour,
                     "slots": config.limits.max_concurrency, "device": config.target.device,
-                    # 3: the loop's own time; 2: the R × t verify grid, drafts timed after a commit
-                    "table_format": 3})
+                    # 4: the drafter's catch-up; 3: the loop's own time; 2: the R × t verify grid,
+                    # drafts timed after a commit
+                    "table_format": 4})
     path = cache_root() / "cost" / f"{key}.json"
     if path.is_file():
         try:

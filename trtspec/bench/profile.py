@@ -18,6 +18,13 @@ last step accepted inside its proposal (EAGLE-3's catch-up pass, a draft model's
 proposal from an unchanged state would leave that out (EAGLE-3 at k = 1 then looks free).
 Requests take turns so the contexts grow evenly (by a few dozen tokens over a profile).
 
+A proposal after steps without drafting first absorbs everything they piled up (its catch-up:
+EAGLE-3 up to its window of 32 positions per request, a draft model every missing token), which
+can cost more than the drafting itself. So the drafter is also timed on requests of its own after
+a commit of CATCH_UP_POSITIONS positions each against one of ACCEPTED_PER_STEP + 1, at each R:
+`catch_up_seconds` is the difference per further position and request, which adaptive speculation
+adds to a step for every request it would make draft again.
+
 Last, the serving loop's own time per step at each R (`loop_seconds`): R requests decoded plainly
 through `SpeculativeDecoder`, minus the time inside the target's forward. Verification, emission and
 bookkeeping cost 0.2–0.3 ms a step on a 2-core CPU (about 6 % of a plain step at R = 8); a cost
@@ -51,6 +58,9 @@ DRAFT_BATCHES = [1, 2, 4, 8, 16, 32]
 TOKENS_PER_ROW = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]  # t of the target's R × t grid, up to k + 1
 ACCEPTED_PER_STEP = 1  # drafts accepted in the step before each timed proposal
 SHORT_CONTEXT_DIVISOR = 4  # the second R × t grid is timed at context / 4 cached tokens
+CATCH_UP_POSITIONS = 32  # positions per request a timed catch-up absorbs (EAGLE-3's window)
+CATCH_UP_REPS = 5  # repetitions of the catch-up timing (each grows its requests' context)
+CATCH_UP_PROMPT = 16  # cached tokens of the catch-up requests before their first proposal
 
 
 def _sync(device) -> None:
@@ -91,7 +101,12 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
     # each timed proposal commits ACCEPTED_PER_STEP + 1 tokens to its rows; requests take turns
     growth = reps * len(lens) * sum(draft_batches) * (ACCEPTED_PER_STEP + 1) // slots + 2 * k_max + 8
     target.allocate(slots + (max(draft_batches) if per_row else 0), capacity)
-    drafter.allocate(slots, capacity + growth)
+    # the catch-up requests take slots after the others and turns among themselves
+    catch_rows = max(draft_batches) if lens else 0
+    catch_reps = min(reps, CATCH_UP_REPS)
+    catch_growth = (catch_reps * sum(draft_batches) * (CATCH_UP_POSITIONS + ACCEPTED_PER_STEP + 1)
+                    // max(1, catch_rows) + 2 * (CATCH_UP_POSITIONS + k_max) + CATCH_UP_PROMPT)
+    drafter.allocate(slots + catch_rows, max(capacity + growth, catch_growth))
     device = target.device
     gen = torch.Generator().manual_seed(seed)
     vocab = min(256, target.config.vocab_size)
@@ -109,8 +124,9 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
     greedy = SamplingParams()
     rows = [DraftRow(r, p, greedy, torch.Generator(device=device)) for r, p in enumerate(prompts)]
 
-    # taps of one step's accepted tokens, for drafters fed by the target (any taps time the same)
-    step_taps = None if out.hidden is None else out.hidden[: ACCEPTED_PER_STEP + 1]
+    def taps_of(n: int) -> torch.Tensor | None:
+        """Taps of n positions, for drafters fed by the target (any taps time the same)."""
+        return None if out.hidden is None else out.hidden[:n]
 
     def forward(sizes: list[int], first_slot: int = 0) -> float:
         chunks = [Chunk(first_slot + r, torch.randint(0, vocab, (n,), generator=gen).to(device))
@@ -120,19 +136,19 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
             target.rewind(c.slot, len(c.input_ids))
         return seconds
 
-    turn = 0
+    turns = {"rows": 0, "catch": 0}
 
-    def draft(r: int, k: int) -> float:
-        """Commit one step's accepted tokens to r requests (taking turns), then time their proposal."""
-        nonlocal turn
-        batch = [rows[(turn + i) % slots] for i in range(r)]
-        turn = (turn + r) % slots
+    def draft(r: int, k: int, positions: int = ACCEPTED_PER_STEP + 1, among: list[DraftRow] = rows) -> float:
+        """Commit `positions` new positions (one step's accepted tokens, or a catch-up) to r of the
+        requests `among` (taking turns), then time their proposal."""
+        turn = "rows" if among is rows else "catch"
+        batch = [among[(turns[turn] + i) % len(among)] for i in range(r)]
+        turns[turn] = (turns[turn] + r) % len(among)
 
         def step() -> None:
             for row in batch:
-                new = torch.randint(0, vocab, (ACCEPTED_PER_STEP + 1,), generator=gen)
-                row.committed.extend(new.tolist())
-                drafter.commit(row.slot, ACCEPTED_PER_STEP, step_taps)
+                row.committed.extend(torch.randint(0, vocab, (positions,), generator=gen).tolist())
+                drafter.commit(row.slot, positions - 1, taps_of(positions))
             drafter.propose(batch, k)
 
         return _timed(step, device)
@@ -151,6 +167,21 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
             short_grid[(r, t)].append(forward([t] * r, first_slot=slots))
         for r, k in draft_times:
             draft_times[(r, k)].append(draft(r, k))
+    catch_up = []
+    if lens:  # the catch-up requests: absorb their prompts first, then time as the others
+        catch = [DraftRow(slots + r, torch.randint(0, vocab, (CATCH_UP_PROMPT + 1,), generator=gen).tolist(),
+                          greedy, torch.Generator(device=device)) for r in range(catch_rows)]
+        for row in catch:
+            drafter.begin(row.slot, row.committed[:-1], taps_of(CATCH_UP_PROMPT))
+        drafter.propose(catch, lens[0])
+        timed = {(r, n): [] for r in draft_batches for n in (ACCEPTED_PER_STEP + 1, CATCH_UP_POSITIONS)}
+        for _ in range(catch_reps):
+            for r, n in timed:
+                timed[(r, n)].append(draft(r, lens[0], n, catch))
+        extra = CATCH_UP_POSITIONS - ACCEPTED_PER_STEP - 1
+        catch_up = [round(max(0.0, statistics.median(timed[(r, CATCH_UP_POSITIONS)])
+                                   - statistics.median(timed[(r, ACCEPTED_PER_STEP + 1)])) / (r * extra), 9)
+                    for r in draft_batches]
     loop_rows = sorted(set(draft_batches) | {1})
     loop = loop_seconds(target, loop_rows, context, steps=max(8, reps), seed=seed)
     machine = (f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} "
@@ -165,6 +196,8 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
         draft_seconds=[[round(statistics.median(draft_times[(r, k)]), 6) for k in lens]
                        for r in draft_batches] if lens else [],
         drafter=drafter.method,
+        draft_catch_up=ACCEPTED_PER_STEP + 1 if lens else 0,
+        catch_up_seconds=catch_up,
         verify_rows=draft_batches if per_row else [],
         verify_tokens_per_row=per_row,
         verify_steps_per_s=[[round(1.0 / statistics.median(grid[(r, t)]), 3) for t in per_row]

@@ -53,6 +53,13 @@ class SPSTable(BaseModel):
     draft_seconds: list[list[float]] = Field(
         default_factory=list, description="drafter seconds per step: one row per R, one column per k")
     drafter: str = Field("", description="the drafter the draft times belong to")
+    draft_catch_up: int = Field(
+        0, description="positions per request each timed proposal absorbed before drafting (one step's "
+                       "accepted tokens; draft_seconds include them)")
+    catch_up_seconds: list[float] = Field(
+        default_factory=list,
+        description="drafter seconds per further pending position of one request, at each draft_batches R: "
+                    "the catch-up of a proposal after steps without drafting (empty: not measured)")
     verify_rows: list[int] = Field(
         default_factory=list,
         description="requests R the target's step time was measured at by shape, ascending")
@@ -126,6 +133,16 @@ class SPSTable(BaseModel):
                  for j in range(len(self.draft_lens))]
         return _interpolate(self.draft_lens, per_k, k)
 
+    def catch_up_time(self, batch: int, positions: int) -> float:
+        """Seconds a proposal among `batch` requests spends absorbing one request's `positions`
+        pending positions beyond the `draft_catch_up` that `draft_time` includes (per position as
+        measured at the nearest R, flat past the last); 0 when not measured."""
+        extra = positions - self.draft_catch_up
+        if not self.catch_up_seconds or extra <= 0:
+            return 0.0
+        batch = min(batch, self.draft_batches[-1])
+        return extra * _interpolate(self.draft_batches, self.catch_up_seconds, batch)
+
     def save(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=1) + "\n")
 
@@ -144,6 +161,8 @@ class SPSTable(BaseModel):
                               "column per verify_tokens_per_row entry")
         if table.short_steps_per_s and [len(r) for r in table.short_steps_per_s] != [len(r) for r in grid]:
             raise ConfigError(f"{path}: short_steps_per_s must have the shape of verify_steps_per_s")
+        if table.catch_up_seconds and len(table.catch_up_seconds) != len(table.draft_batches):
+            raise ConfigError(f"{path}: catch_up_seconds must have one entry per draft_batches entry")
         if len(table.loop_rows) != len(table.loop_seconds):
             raise ConfigError(f"{path}: loop_rows and loop_seconds must be equal in length")
         return table
