@@ -248,6 +248,36 @@ def test_adaptive_turns_speculation_off_where_it_cannot_pay():
     assert [r.token_ids for r in got_never] == [r.token_ids for r in got_off] == [r.token_ids for r in got_on]
 
 
+def test_catch_up_is_what_plain_steps_piled_up_and_adaptive_pays_it(pipeline):
+    """Steps without drafting leave every drafter a catch-up (the positions its next proposal must
+    absorb: EAGLE-3 at most its window), and adaptive speculation prices it: a machine where each
+    position takes a second never drafts again, one where it is free drafts as before."""
+    from trtspec.models.eagle3_drafter import CATCH_UP_WINDOW
+
+    prompts = [list(p.encode()) for p in PROMPTS[:2]]
+    plain = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive", probe_every=0), slots=2,
+                     table=SPS.model_copy(update={"draft_seconds": [[9.0, 9.0], [9.0, 9.0]]}))
+    for p in prompts:
+        plain.add(Request(p, 60))
+    for _ in range(40):
+        plain.step()
+    assert plain.offered_drafts == 0
+    for lv in plain.lives.values():
+        cached = len(lv.committed) - 1  # the target's positions; the last token is fed next
+        expected = {"eagle3": min(cached, CATCH_UP_WINDOW), "draft_model": cached + 1}.get(
+            pipeline.drafter.method, cached)
+        assert plain.drafter.catch_up(lv.slot, len(lv.committed)) == expected
+    priced = SPS.model_copy(update={"draft_catch_up": 2, "catch_up_seconds": [1.0, 1.0]})
+    free = SPS.model_copy(update={"draft_catch_up": 2, "catch_up_seconds": [0.0, 0.0]})
+    runs = {}
+    for name, table in (("priced", priced), ("free", free)):
+        decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive", probe_every=0), slots=2,
+                           table=table)
+        runs[name] = ([r.token_ids for r in decoder.generate_batch([Request(p, 40) for p in prompts])],
+                      decoder.offered_drafts)
+    assert runs["priced"][1] == 0 < runs["free"][1] and runs["priced"][0] == runs["free"][0]
+
+
 def test_probes_switch_drafting_on_where_the_prior_says_it_cannot_pay():
     """A prior that says almost nothing is accepted keeps adaptive from ever drafting, though the
     batch's requests are easy ones; probing learns their acceptance from the verdicts and drafting

@@ -261,8 +261,9 @@ def test_long_catch_up_restarts_from_the_newest_positions(target, drafter_model,
     caught_up.draft_chain(draft_rows([], ids[0, :13].tolist())[1:], 3, greedy)
     assert caught_up.dropped[1] == 0 and caught_up.ctx_len[1] == 12
     caught_up.commit(1, 0, taps[12:n])  # plain steps piled up n − 12 > w positions
+    assert caught_up.catch_up(1, n + 1) == w  # what the next proposal absorbs: the window
     a = torch.stack(caught_up.draft_chain(draft_rows([], ids[0].tolist())[1:], 5, greedy), 1)
-    assert caught_up.dropped[1] == n - w and caught_up.ctx_len[1] == w
+    assert caught_up.dropped[1] == n - w and caught_up.ctx_len[1] == w and caught_up.catch_up(1, n + 1) == 0
     fresh = with_slots(Eagle3Drafter(drafter_model))
     fresh.begin(0, ids[0, n - w : n].tolist(), taps[n - w : n])
     b = torch.stack(fresh.draft_chain(draft_rows(ids[0, n - w :].tolist()), 5, greedy), 1)

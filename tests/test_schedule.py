@@ -239,6 +239,36 @@ def test_admit_rows_takes_the_rows_whose_gain_pays():
     assert rows == [0, 1] and k == 4
 
 
+def test_admit_rows_prices_each_requests_catch_up():
+    """A request whose drafter must first absorb what plain steps piled up pays that time in the
+    step it drafts in: a small catch-up leaves the choice as it was, a large one turns it off."""
+    from trtspec.spec.cost import admit_rows
+
+    easy, hard = [0.95, 0.9, 0.85, 0.8], [0.2, 0.04, 0.01, 0.0]
+    survivals = [hard, easy, hard, easy]
+    # 11 tokens in 2.5 + 0.2 s = 4.07 tokens/s beats plain's 4; with 0.4 s, 3.79 does not, and
+    # row 1 alone (7.5 tokens in 2 s) never did
+    assert admit_rows(_StepCost(), survivals, 4, catch_up=[0.0, 0.0, 0.0, 0.2]) == (4, [1, 3])
+    assert admit_rows(_StepCost(), survivals, 4, catch_up=[0.0, 0.0, 0.0, 0.4]) == (0, [])
+    assert admit_rows(_StepCost(), survivals, 4, catch_up=[0.0] * 4) == admit_rows(_StepCost(), survivals, 4)
+
+
+def test_catch_up_time_is_per_position_beyond_what_draft_times_include(tmp_path):
+    from trtspec.errors import ConfigError
+
+    table = SPSTable(batch_tokens=[1], steps_per_s=[100.0], draft_batches=[1, 4], draft_lens=[1],
+                     draft_seconds=[[0.001], [0.002]], draft_catch_up=2, catch_up_seconds=[1e-5, 2e-5])
+    assert table.catch_up_time(1, 2) == 0.0 and table.catch_up_time(4, 1) == 0.0
+    assert table.catch_up_time(1, 12) == pytest.approx(10e-5)
+    assert table.catch_up_time(2, 12) == pytest.approx(10 * (1e-5 + 1e-5 / 3))  # linear in R
+    assert table.catch_up_time(8, 12) == table.catch_up_time(4, 12) == pytest.approx(20e-5)  # flat past 4
+    assert table.model_copy(update={"catch_up_seconds": []}).catch_up_time(4, 40) == 0.0  # not measured
+    path = tmp_path / "sps.json"
+    table.model_copy(update={"catch_up_seconds": [1e-5]}).save(path)
+    with pytest.raises(ConfigError, match="catch_up_seconds"):
+        SPSTable.load(path)
+
+
 def test_gain_calibration_scales_expected_gains_by_what_was_accepted():
     from trtspec.spec.cost import GainCalibration
 

@@ -53,6 +53,12 @@ class DraftModelDrafter(Drafter):
         self.fed_drafts.pop(slot, None)
         self.fed_tree.pop(slot, None)
 
+    def catch_up(self, slot, committed):
+        # the committed tokens its cache lacks; last proposal's drafts count as held (most of them
+        # are accepted when drafting pays), so one step's catch-up reads as about one token
+        fed = len(self.fed.get(slot, ())) + len(self.fed_drafts.get(slot, ()))
+        return max(1, committed - fed)
+
     def _keep_committed_path(self, row: DraftRow) -> None:
         """After a tree proposal: keep the fed nodes on the committed path, the rest is dropped."""
         tokens, parents = self.fed_tree.pop(row.slot)

@@ -79,6 +79,12 @@ class Drafter(ABC):
     def release(self, slot: int) -> None:
         """The request in `slot` finished."""
 
+    def catch_up(self, slot: int, committed: int) -> int:
+        """Positions the next proposal for `slot` (a request with `committed` tokens) must absorb
+        before it drafts: one step's accepted tokens, or all that steps without drafting (and the
+        prompt) piled up. What adaptive speculation pays on top of a drafting step's own time."""
+        return 0
+
     @abstractmethod
     def propose(self, rows: list[DraftRow], k: int) -> Proposal:
         """Draft `k` tokens after each row's committed tokens, all rows in one batched pass."""
@@ -109,17 +115,20 @@ class NoDrafter(Drafter):
 
 class PendingTaps:
     """The target taps a drafter has received but not yet consumed, per slot (several commits
-    can pile up when steps run without drafting)."""
+    can pile up when steps run without drafting), and how many positions they hold."""
 
     def __init__(self):
         self.by_slot: dict[int, list[torch.Tensor]] = {}
+        self.positions: dict[int, int] = {}
 
     def add(self, slot: int, hidden: torch.Tensor | None) -> None:
         if hidden is not None and hidden.shape[0]:
             self.by_slot.setdefault(slot, []).append(hidden)
+            self.positions[slot] = self.positions.get(slot, 0) + hidden.shape[0]
 
     def take(self, slot: int) -> torch.Tensor | None:
         """The slot's pending taps [n, D] in order (None if there are none), now consumed."""
+        self.positions.pop(slot, None)
         parts = self.by_slot.pop(slot, None)
         if not parts:
             return None
@@ -128,8 +137,10 @@ class PendingTaps:
     def clear(self, slot: int | None = None) -> None:
         if slot is None:
             self.by_slot.clear()
+            self.positions.clear()
         else:
             self.by_slot.pop(slot, None)
+            self.positions.pop(slot, None)
 
 
 class TapsDrafter(Drafter):
@@ -148,6 +159,9 @@ class TapsDrafter(Drafter):
 
     def commit(self, slot, num_accepted, hidden):
         self.pending.add(slot, hidden)
+
+    def catch_up(self, slot, committed):
+        return self.pending.positions.get(slot, 0)
 
     def release(self, slot):
         self.ctx_len.pop(slot, None)

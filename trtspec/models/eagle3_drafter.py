@@ -71,6 +71,9 @@ class Eagle3Drafter(TapsDrafter):
         self.last_h.pop(slot, None)
         self.dropped.pop(slot, None)
 
+    def catch_up(self, slot, committed):
+        return min(super().catch_up(slot, committed), CATCH_UP_WINDOW)
+
     def _absorbed(self, slot: int) -> int:
         """Target positions this slot's drafter context stands for (dropped ones included)."""
         return self.dropped.get(slot, 0) + self.ctx_len[slot]

@@ -8,7 +8,10 @@ together with every draft before it), that request emits in expectation
 
 and the step costs T(R, k) = T_draft(R, k) + T_target(R·(k + 1) tokens) + T_loop(R) seconds (k = 0:
 no drafting, plain decoding; T_loop is the loop's own verification and bookkeeping, 0.3 ms or
-about 6 % of a plain step at R = 8 on the 2-core CPU, shared by all the tokens a step emits). The
+about 6 % of a plain step at R = 8 on the 2-core CPU, shared by all the tokens a step emits). A
+request that drafts again after steps without drafting also makes the drafter catch up first (absorb
+what those steps cached: EAGLE-3 up to 32 positions at 25 µs each at R = 8, a probe's whole batch
+6 ms against a 5 ms plain step), and that time is added for each such request. The
 best draft length for the batch maximises Σ_r E_k(r) / T(R, k).
 Only acceptance history and confidences enter, never the current drafts' verdict, so the choice
 cannot bias the output (`spec.schedule` explains why that matters).
@@ -83,30 +86,37 @@ def best_draft_len(cost: StepCost, survivals: Sequence[Sequence[float]], k_max: 
 
 
 def admit_rows(cost: MeasuredCost, survivals: Sequence[Sequence[float]], k_max: int,
-               min_gain: float = 0.0, context: int | None = None) -> tuple[int, list[int]]:
+               min_gain: float = 0.0, context: int | None = None,
+               catch_up: Sequence[float] | None = None) -> tuple[int, list[int]]:
     """The draft length k and the requests that draft it (indices into `survivals`), the others
     decoding plainly in the same target forward: for each k the requests are ranked by their
     expected gain a_1 + … + a_k and the best prefix of that ranking is taken, the (k, prefix)
     with the most expected tokens per second winning. A request's survival curve may be shorter
     than k (its remaining budget): it then drafts that many. Drafting must beat plain decoding by
     the factor 1 + `min_gain`; ties go to fewer requests and shorter drafts. ([] when none pays.)
-    `context`: the cached tokens the step's attention reads per request (`SPSTable.step_seconds`)."""
+    `context`: the cached tokens the step's attention reads per request (`SPSTable.step_seconds`).
+    `catch_up`: seconds each request's catch-up adds to a step it drafts in (`SPSTable.catch_up_time`:
+    what its drafter must absorb first after steps without drafting); requests are then ranked by
+    their gain less the tokens plain decoding would emit in that time."""
     batch = len(survivals)
     if batch == 0:
         return 0, []
     plain = batch / cost.step(batch, 0, 0, 0, context)
+    extra = list(catch_up) if catch_up is not None else [0.0] * batch
     best_k, best_rows, best_rate = 0, [], plain * (1.0 + min_gain)
     gains = [0.0] * batch
     for k in range(1, k_max + 1):
         for r, s in enumerate(survivals):
             if len(s) >= k:
                 gains[r] += s[k - 1]
-        order = sorted((r for r in range(batch) if survivals[r]), key=lambda r: -gains[r])
-        tokens, verified = float(batch), 0
+        net = [g - plain * e for g, e in zip(gains, extra, strict=True)]  # tokens less the catch-up's
+        order = sorted((r for r in range(batch) if survivals[r]), key=lambda r: -net[r])
+        tokens, verified, paid = float(batch), 0, 0.0
         for n, r in enumerate(order, start=1):
             tokens += gains[r]
             verified += min(k, len(survivals[r]))
-            rate = tokens / cost.step(batch, n, k, verified, context)
+            paid += extra[r]
+            rate = tokens / (cost.step(batch, n, k, verified, context) + paid)
             if rate > best_rate:
                 best_k, best_rows, best_rate = k, order[:n], rate
     return best_k, sorted(best_rows)

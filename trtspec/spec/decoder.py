@@ -42,6 +42,11 @@ REQUEST_DECAY = 0.9  # per step: how fast a request's acceptance counts fade bac
 PROBE_LEN = 4  # drafts per request of a probe step (a drafter with confidences: its whole block)
 PROBE_BACKOFF = 32  # the probe interval grows up to this many times schedule.probe_every
 CONTEXT_STEP = 32  # the cost model reads the step's context rounded up to a multiple of this
+CATCH_UP_STEP = 8  # ... and each request's drafter catch-up rounded up to a multiple of this
+# the cost model charges a drafting step the catch-up of each request up to this many positions: a
+# longer pile (a draft model's or DFlash's after a long plain stretch) is paid once and lets the
+# request draft for the rest of its life, so charging all of it to one step would keep it plain
+CATCH_UP_PRICED = 32
 
 
 @dataclass(slots=True)
@@ -160,6 +165,7 @@ class SpeculativeDecoder:
         self._plan_key: tuple | None = None  # what the last adaptive choice `_plan` was made from
         # k, the admitted rows, and the drafts the estimates expect them to get accepted, summed
         self._plan: tuple[int, list[int], float] = (0, [], 0.0)
+        self._plan_catch_up: list[int] = []  # the catch-ups (rounded) it was made with
         self._probe_wait = 1  # steps without drafting before the next probe: the first one probes
         self._idle_steps = 0
         # every request's acceptance estimate leans on what all requests showed so far
@@ -223,16 +229,24 @@ class SpeculativeDecoder:
         if k_max <= 0 or self.schedule.mode != "adaptive":
             return max(k_max, 0), may, None
         # the estimates change only when a step verifies drafts: until then the choice stands
+        catch_up = [-(-self.drafter.catch_up(lv.slot, len(lv.request.prompt) + len(lv.generated))
+                      // CATCH_UP_STEP) * CATCH_UP_STEP for lv in running]
         key = (self.population.version, k_max, context,
                tuple((lv.slot, lv.acceptance.version, min(k_max, lv.budget)) for lv in running))
-        if key != self._plan_key:
+        # catch-ups shrink only by drafting, whose verdicts change the key: with the key unchanged
+        # they only grew, and a plain plan stays plain
+        if key != self._plan_key or (self._plan[1] and catch_up != self._plan_catch_up):
             raw = [lv.acceptance.survival(min(k_max, max(lv.budget, 0))) for lv in running]
             # with confidences the best single k from history is a lower bound on what Algorithm 1's
             # per-row cut of the whole block gains (it sees this step's confidences): no further margin
             min_gain = 0.0 if self.drafter.has_confidence else self.schedule.min_gain
+            table = self.cost_table
+            seconds = [table.catch_up_time(len(running), min(n, CATCH_UP_PRICED)) if table else 0.0
+                       for n in catch_up]
             k, rows = admit_rows(self.cost, [self.calibration.scale(s) for s in raw], k_max, min_gain,
-                                 context)
+                                 context, seconds)
             self._plan_key, self._plan = key, (k, rows, sum(sum(raw[r][:k]) for r in rows))
+            self._plan_catch_up = catch_up
         k, rows, expected = self._plan
         if self._probe(drafting=bool(rows)):
             return (k_max if self.drafter.has_confidence else min(k_max, PROBE_LEN)), may, None
