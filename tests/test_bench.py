@@ -128,6 +128,19 @@ def test_tree_rows_compare_each_drafter_with_its_chain(tmp_path):
         assert out.exit_code == 2 and "--tree" in out.output and message in out.output, out.output
 
 
+def test_profile_times_a_catch_up_longer_than_its_prompts():
+    """A profile of one short request (8 cached tokens) still times a 32-position catch-up: the
+    taps it commits repeat the prompts' (it once raised from inside the drafter)."""
+    from trtspec.bench.profile import profile_cost
+    from trtspec.config import load_build_config
+    from trtspec.pipeline import load_pipeline
+
+    pipeline = load_pipeline(load_build_config(REPO / "build_configs" / "tiny-eagle3.yaml"))
+    table = profile_cost(pipeline.target, pipeline.drafter, batch_tokens=[1], requests=1, context=8, reps=1,
+                         max_batch=1, progress=False)
+    assert table.draft_batches == [1] and len(table.catch_up_seconds) == 1
+
+
 def test_profile_times_each_proposal_after_a_steps_commit():
     """Serving proposes right after committing what the last step accepted, and the profile times
     the same: an EAGLE-3 proposal from an unchanged state skips its catch-up pass (k = 1 looked

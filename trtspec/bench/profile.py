@@ -125,8 +125,10 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
     rows = [DraftRow(r, p, greedy, torch.Generator(device=device)) for r, p in enumerate(prompts)]
 
     def taps_of(n: int) -> torch.Tensor | None:
-        """Taps of n positions, for drafters fed by the target (any taps time the same)."""
-        return None if out.hidden is None else out.hidden[:n]
+        """Taps of n positions, for drafters fed by the target (any taps time the same; repeated
+        when the prompts hold fewer)."""
+        return None if out.hidden is None else out.hidden[torch.arange(n, device=out.hidden.device)
+                                                          % out.hidden.shape[0]]
 
     def forward(sizes: list[int], first_slot: int = 0) -> float:
         chunks = [Chunk(first_slot + r, torch.randint(0, vocab, (n,), generator=gen).to(device))
