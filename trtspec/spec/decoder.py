@@ -74,6 +74,10 @@ class _Drafts:
     expected: float | None = None
 
 
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
 def _draft_row(lv: _Live) -> DraftRow:
     return DraftRow(lv.slot, lv.committed, lv.request.sampling, lv.generator)
 
@@ -229,8 +233,8 @@ class SpeculativeDecoder:
         if k_max <= 0 or self.schedule.mode != "adaptive":
             return max(k_max, 0), may, None
         # the estimates change only when a step verifies drafts: until then the choice stands
-        catch_up = [-(-self.drafter.catch_up(lv.slot, len(lv.request.prompt) + len(lv.generated))
-                      // CATCH_UP_STEP) * CATCH_UP_STEP for lv in running]
+        catch_up = [_round_up(self.drafter.catch_up(lv.slot, len(lv.request.prompt) + len(lv.generated)),
+                              CATCH_UP_STEP) for lv in running]
         key = (self.population.version, k_max, context,
                tuple((lv.slot, lv.acceptance.version, min(k_max, lv.budget)) for lv in running))
         # catch-ups shrink only by drafting, whose verdicts change the key: with the key unchanged
@@ -240,9 +244,7 @@ class SpeculativeDecoder:
             # with confidences the best single k from history is a lower bound on what Algorithm 1's
             # per-row cut of the whole block gains (it sees this step's confidences): no further margin
             min_gain = 0.0 if self.drafter.has_confidence else self.schedule.min_gain
-            table = self.cost_table
-            seconds = [table.catch_up_time(len(running), min(n, CATCH_UP_PRICED)) if table else 0.0
-                       for n in catch_up]
+            seconds = [self.cost_table.catch_up_time(len(running), min(n, CATCH_UP_PRICED)) for n in catch_up]
             k, rows = admit_rows(self.cost, [self.calibration.scale(s) for s in raw], k_max, min_gain,
                                  context, seconds)
             self._plan_key, self._plan = key, (k, rows, sum(sum(raw[r][:k]) for r in rows))
@@ -256,8 +258,7 @@ class SpeculativeDecoder:
         """Cached tokens the step's attention reads per request, as the cost model prices it: the
         longest running request's (a padded attention group reads that many in every row), rounded
         up to CONTEXT_STEP so the adaptive choice is not remade at every step."""
-        longest = max((self.target.seq_len(lv.slot) for lv in running), default=0)
-        return -(-longest // CONTEXT_STEP) * CONTEXT_STEP
+        return _round_up(max((self.target.seq_len(lv.slot) for lv in running), default=0), CONTEXT_STEP)
 
     def _probe(self, drafting: bool) -> bool:
         """Whether this step, which the cost model would decode plainly, drafts anyway to learn.
