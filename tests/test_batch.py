@@ -10,8 +10,9 @@ import torch
 
 from trtspec.config import ScheduleConfig, load_build_config
 from trtspec.errors import ConfigError
+from trtspec.models.draft_model import DraftModelDrafter
 from trtspec.models.drafter import Drafter, NoDrafter, Proposal
-from trtspec.models.target import Chunk
+from trtspec.models.target import Chunk, TargetModel
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.decoder import Request, SpeculativeDecoder
@@ -375,6 +376,26 @@ def test_cuda_device_without_a_gpu_is_one_line_naming_the_field():
     config = config.model_copy(update={"target": config.target.model_copy(update={"device": "cuda"})})
     with pytest.raises(ConfigError, match=r"^target.device is 'cuda' but this machine has no CUDA GPU"):
         load_pipeline(config)
+
+
+@pytest.mark.parametrize("schedule", [FULL, ScheduleConfig(mode="adaptive")])
+def test_target_steps_padded_for_cuda_graphs_decode_the_same(pipeline, alone, schedule):
+    """target.cuda_graphs: the decode steps padded to static shapes (what a CUDA graph replays;
+    eagerly here) decode every request's one-request tokens, with requests joining as others
+    leave (their prefill steps run packed) and, adaptive, rows of different chain lengths."""
+    if not isinstance(pipeline.target, TargetModel):
+        pytest.skip("engine flavour: its target is onnxruntime sessions")
+    target = TargetModel(pipeline.target.model, pipeline.target.tap_layer_ids, cuda_graphs=True)
+    drafter = pipeline.drafter
+    if drafter.method == "draft_model":  # its own chain steps padded too
+        drafter = DraftModelDrafter(drafter.lm.model, drafter.num_draft_tokens, cuda_graphs=True)
+    decoder = SpeculativeDecoder(target, drafter, pipeline.tokenizer.eos_id, pipeline.verifier,
+                                 schedule, SPS, 3, 512)
+    got = decoder.generate_batch([Request(list(p.encode()), 40) for p in PROMPTS[:6]])
+    assert [r.token_ids for r in got] == alone[40][:6]
+    assert 0 < decoder.target.graphed.num_steps < decoder.num_steps
+    if drafter.method == "draft_model":
+        assert decoder.drafter.lm.graphed.num_steps > decoder.num_steps
 
 
 def test_requests_joining_mid_flight_identical_to_alone(pipeline, alone):

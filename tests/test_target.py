@@ -128,3 +128,64 @@ def test_checkpoint_without_weights(tmp_path, random_qwen3_dir):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="not valid JSON"):
         load_causal_lm(tmp_path)
+
+
+@pytest.mark.parametrize("family", ["random_qwen3_dir", "random_llama_dir"])
+def test_steps_padded_for_cuda_graphs_equal_the_packed_forward(family, request):
+    """`cuda_graphs`: decode steps padded to (batch bucket, fed tokens, context bucket) and run as
+    one static attention group (replayed as graphs on CUDA, eagerly here) give the packed
+    forward's logits and taps: requests in slots 0, 1 and 3 with slot 2 free, steps feeding some
+    of them (the others' caches stay intact), chains of random lengths, random rewinds; prefills
+    and chains past MAX_TOKENS run packed."""
+    path = request.getfixturevalue(family)
+    packed = TargetModel.from_pretrained(path, tap_layer_ids=(0, 2))
+    padded = TargetModel(packed.model, (0, 2), cuda_graphs=True)
+    for t in (packed, padded):
+        t.allocate(4, 400)
+    gen = torch.Generator().manual_seed(11)
+
+    def both(chunks, logits_at=None):
+        a, b = packed.forward(chunks, logits_at), padded.forward(chunks, logits_at)
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(b.hidden, a.hidden, atol=1e-5, rtol=1e-4)
+
+    def rand(n):
+        return torch.randint(0, 256, (n,), generator=gen)
+
+    both([Chunk(s, rand(int(torch.randint(20, 60, (1,), generator=gen)))) for s in (0, 1, 3)])
+    assert padded.graphed.num_steps == 0  # a prefill of 20+ tokens: packed
+    shapes = set()
+    for _ in range(8):
+        fed = [s for s in (3, 0, 1) if torch.rand(1, generator=gen) < 0.7] or [1]
+        chunks = [Chunk(s, rand(int(torch.randint(1, 18, (1,), generator=gen)))) for s in fed]
+        total = sum(len(c.input_ids) for c in chunks)
+        both(chunks, torch.randperm(total, generator=gen)[: total // 2])
+        bucket = 4 if 3 in fed else 2 if 1 in fed else 1  # a power of two past the highest slot fed
+        shapes.add((bucket, max(len(c.input_ids) for c in chunks), 256))
+        for c in chunks:
+            back = int(torch.randint(0, len(c.input_ids), (1,), generator=gen))
+            packed.rewind(c.slot, back)
+            padded.rewind(c.slot, back)
+    assert padded.graphed.num_steps == 8
+    assert set(padded.graphed.graphs) == shapes
+    both([Chunk(0, rand(40))])  # longer than MAX_TOKENS: packed
+    assert padded.graphed.num_steps == 8
+    assert padded.seq_len(0) == packed.seq_len(0) and padded.seq_len(2) == 0
+
+
+def test_padded_steps_refuse_what_a_static_shape_cannot_hold(random_qwen3_dir):
+    """The graph plan is None (eager) for a tree, a chain past MAX_TOKENS and a slot fed twice;
+    otherwise (B, n, K): the batch bucket past the highest slot (at most the slot count), the
+    longest chain, the context bucket past the real tokens (at most the capacity)."""
+    from trtspec.models.cuda_graphs import MAX_TOKENS
+    from trtspec.models.kv_slots import Segment, TreeSpan
+
+    target = TargetModel.from_pretrained(random_qwen3_dir, cuda_graphs=True)
+    target.allocate(6, 300)
+    plan = target.graphed.plan
+    assert plan([Segment(2, 10, 3)]) == (4, 3, 256)
+    assert plan([Segment(0, 270, 5), Segment(4, 10, 1)]) == (6, 5, 300)
+    assert plan([Segment(1, 296, 4)]) == (2, 4, 300)
+    assert plan([Segment(0, 10, 3, TreeSpan(10, (-1, 0, 0)))]) is None
+    assert plan([Segment(0, 10, MAX_TOKENS + 1)]) is None
+    assert plan([Segment(0, 10, 2), Segment(0, 12, 1)]) is None

@@ -169,20 +169,39 @@ def check_verify(run: Run) -> None:
 
 
 def check_decoding(run: Run) -> None:
-    """The shipped tiny target + DFlash drafter on the device: greedy equals the target alone."""
+    """The shipped tiny target + DFlash drafter on the device: greedy equals the target alone; on
+    CUDA (target steps replayed as CUDA graphs) also equals the same loop run eagerly, and the
+    graphs' decode speed is measured beside the eager one."""
     from trtspec.bench.loop_overhead import tiny_pipeline
     from trtspec.prompts import load_prompts
 
     spec, plain = tiny_pipeline(run.device), tiny_pipeline(run.device, use_drafter=False)
+    eager = tiny_pipeline(run.device, cuda_graphs=False) if run.cuda else None
     n, max_tokens = (1, 24) if run.small else (6, 128)
-    prompts = load_prompts("code")[:n] + load_prompts("math")[:n]
-    same = 0
-    for prompt in prompts:
-        ids = spec.tokenizer.encode(prompt)
+    prompts = [spec.tokenizer.encode(p) for p in load_prompts("code")[:n] + load_prompts("math")[:n]]
+    same = same_eager = 0
+    for ids in prompts:
         spec_ids = spec.decoder.generate(ids, max_tokens).token_ids
         same += spec_ids == plain.decoder.generate(ids, max_tokens).token_ids
+        if eager is not None:
+            same_eager += spec_ids == eager.decoder.generate(ids, max_tokens).token_ids
+    graphed = spec.target.graphed
+    how = ""
+    if graphed is not None:
+        how = f", {graphed.num_steps} target steps padded, " + \
+            (f"capture failed: {graphed.failed}" if graphed.failed else f"{len(graphed.graphs)} graphs")
     run.rows.append({"check": f"DFlash greedy == target alone ({run.device.type} fp32)", "dtype": "float32",
-                     "ok": same == len(prompts), "detail": f"{same}/{len(prompts)} prompts"})
+                     "ok": same == len(prompts), "detail": f"{same}/{len(prompts)} prompts{how}"})
+    if eager is None:
+        return
+    speed = {}
+    for label, p in (("graphs", spec), ("eager", eager)):  # every shape captured above
+        ms = run.timer(reps=3).median_ms(lambda p=p: p.decoder.generate(prompts[0], max_tokens))
+        speed[label] = max_tokens / ms * 1e3
+    run.rows.append({"check": "DFlash greedy, CUDA graphs == eager (cuda fp32)", "dtype": "float32",
+                     "ok": same_eager == len(prompts),
+                     "detail": f"{same_eager}/{len(prompts)} prompts; decode {speed['graphs']:.0f} tokens/s "
+                               f"with graphs, {speed['eager']:.0f} eager"})
 
 
 ENGINE_CHECKS = (("tiny-dflash", "float32"), ("tiny-dspark", "float32"), ("tiny-dflash", "float16"))

@@ -200,7 +200,8 @@ def load_pipeline(config: BuildConfig, use_drafter: bool = True) -> Pipeline:
 
         log.warning("config %r: test_only.biased_acceptance, sampling is deliberately biased", config.name)
         verifier = BiasedVerifier()
-    return Pipeline(config, tokenizer, TargetModel(model, drafter.tap_layer_ids), drafter, verifier)
+    graphs = config.target.cuda_graphs and model.device.type == "cuda"
+    return Pipeline(config, tokenizer, TargetModel(model, drafter.tap_layer_ids, graphs), drafter, verifier)
 
 
 def _load_engine_pipeline(config: BuildConfig, use_drafter: bool) -> Pipeline:

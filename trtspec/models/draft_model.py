@@ -28,8 +28,8 @@ from trtspec.spec.tree import grow_tree, log_scores
 class DraftModelDrafter(Drafter):
     method = "draft_model"
 
-    def __init__(self, model, num_draft_tokens: int):
-        self.lm = TargetModel(model)
+    def __init__(self, model, num_draft_tokens: int, cuda_graphs: bool = False):
+        self.lm = TargetModel(model, cuda_graphs=cuda_graphs)  # its chain steps: one token per row
         self.num_draft_tokens = num_draft_tokens
         self.fed: dict[int, list[int]] = {}  # slot -> the token ids its cache holds
         self.fed_drafts: dict[int, torch.Tensor] = {}  # slot -> drafts fed in the last proposal
@@ -154,4 +154,5 @@ def _build(config, target) -> DraftModelDrafter:
             f"drafter {config.resolved_path}: vocab_size {model.config.vocab_size} does not match "
             f"the target's vocab_size {target.vocab_size}; a draft model must share the tokenizer"
         )
-    return DraftModelDrafter(model, config.num_draft_tokens or 5)
+    graphs = config.cuda_graphs and model.device.type == "cuda"
+    return DraftModelDrafter(model, config.num_draft_tokens or 5, graphs)

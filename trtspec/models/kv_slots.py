@@ -93,7 +93,7 @@ class Segment:
 
 
 @dataclass(slots=True)
-class _Group:
+class AttentionGroup:
     slots: torch.Tensor | slice  # [G] slot indices, or a slice when they are contiguous
     gather: torch.Tensor  # [G, L] packed index of each padded query (padding repeats a real one)
     valid: torch.Tensor  # [n] flat indices (into G·L) of the real queries, in packed order
@@ -193,14 +193,14 @@ class StepLayout:
         self._offsets, self._device = offsets, device
 
     @functools.cached_property
-    def groups(self) -> list[_Group]:
+    def groups(self) -> list[AttentionGroup]:
         """Attention groups (built on first use: a layout that only writes needs none)."""
         lengths = [s.length for s in self.segments]
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         rows = _fill_slot_gaps(_group_segments(order, lengths), self.segments)
         return [self._group(g, self._device) for g in rows]
 
-    def _group(self, rows: list[int | _Dummy], device) -> _Group:
+    def _group(self, rows: list[int | _Dummy], device) -> AttentionGroup:
         """One padded attention over `rows`: segment indices, or dummy rows (slots without one)."""
         segs = [Segment(r.slot, 0, 1) if isinstance(r, _Dummy) else self.segments[r] for r in rows]
         width = max(s.length for s in segs)
@@ -228,8 +228,9 @@ class StepLayout:
         contiguous = slot_ids == list(range(slot_ids[0], slot_ids[0] + len(slot_ids)))
         slots = slice(slot_ids[0], slot_ids[0] + len(slot_ids)) if contiguous else \
             torch.tensor(slot_ids, dtype=torch.long, device=device)
-        return _Group(slots, torch.tensor(gather, dtype=torch.long, device=device).view(len(segs), width),
-                      torch.tensor(valid, dtype=torch.long, device=device), mask[:, None], kv_len)
+        gather = torch.tensor(gather, dtype=torch.long, device=device).view(len(segs), width)
+        valid = torch.tensor(valid, dtype=torch.long, device=device)
+        return AttentionGroup(slots, gather, valid, mask[:, None], kv_len)
 
 
 def _tree_rows(s: Segment, width: int, kv_len: int) -> torch.Tensor:

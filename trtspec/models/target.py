@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from trtspec.errors import CheckpointError
+from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps
 from trtspec.models.kv_slots import (
     Segment,
     SlotKVCache,
@@ -128,7 +129,10 @@ def chunk_offsets(chunks: list[Chunk]) -> list[int]:
 class TargetModel:
     """The target over per-slot K/V buffers: `allocate`, then `forward` packed chunks, `rewind`."""
 
-    def __init__(self, model: PreTrainedModel, tap_layer_ids: tuple[int, ...] = ()):
+    def __init__(self, model: PreTrainedModel, tap_layer_ids: tuple[int, ...] = (),
+                 cuda_graphs: bool = False):
+        """`cuda_graphs`: run decode steps padded to static shapes (`trtspec.models.cuda_graphs`),
+        replayed as CUDA graphs on a CUDA device and eagerly elsewhere."""
         self.model = model
         self.config = model.config
         num_layers = model.config.num_hidden_layers
@@ -138,14 +142,16 @@ class TargetModel:
         self.tap_layer_ids = tuple(tap_layer_ids)
         self.device = model.device
         use_slot_attention(model)
+        self.cuda_graphs = cuda_graphs
+        self.graphed: GraphedSteps | None = None
         self.cache: SlotKVCache | None = None
         self.capacity = 0
         self.reset()
 
     @classmethod
     def from_pretrained(cls, path: Path, dtype: str = "float32", tap_layer_ids=(),
-                        device: str = "cpu") -> TargetModel:
-        return cls(load_causal_lm(path, dtype, device), tap_layer_ids)
+                        device: str = "cpu", cuda_graphs: bool = False) -> TargetModel:
+        return cls(load_causal_lm(path, dtype, device), tap_layer_ids, cuda_graphs)
 
     @property
     def vocab_size(self) -> int:
@@ -157,9 +163,13 @@ class TargetModel:
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         """Buffers for `num_slots` requests of up to `capacity` positions each (forgets all)."""
-        self.cache = SlotKVCache(hf_slot_buffers(self.config, num_slots, capacity, self.model.dtype,
+        scratch = MAX_TOKENS if self.cuda_graphs else 0  # the padded steps' dummy rows write there
+        self.cache = SlotKVCache(hf_slot_buffers(self.config, num_slots, capacity + scratch, self.model.dtype,
                                                  self.device))
         self.capacity = capacity
+        if self.cuda_graphs:
+            self.graphed = GraphedSteps(self.model, self.cache, self.tap_layer_ids, num_slots, capacity,
+                                        capture=self.device.type == "cuda")
         self.reset()
 
     def reset(self) -> None:
@@ -181,17 +191,23 @@ class TargetModel:
                 raise ValueError(f"slot {c.slot} would hold {start + len(c.input_ids)} positions; "
                                  f"its capacity is {self.capacity}")
             segments.append(chunk_segment(c, start))
-        layout = StepLayout(segments, self.device)
         input_ids = torch.cat([c.input_ids for c in chunks]).to(self.device)  # [T]
-        out = hf_forward(self.model, self.cache, layout, input_ids, logits_at,
-                         output_hidden_states=bool(self.tap_layer_ids))
+        shape = self.graphed.plan(segments) if self.graphed is not None else None
+        if shape is not None:  # padded to a static shape: out of the graph's buffers by packed index
+            logits, taps, index = self.graphed.forward(shape, segments, input_ids)  # index [T]
+            logits = logits[index if logits_at is None else index[logits_at]]
+            hidden = None if taps is None else taps[index]  # [T, D]
+        else:
+            layout = StepLayout(segments, self.device)
+            out = hf_forward(self.model, self.cache, layout, input_ids, logits_at,
+                             output_hidden_states=bool(self.tap_layer_ids))
+            logits, hidden = out.logits[0], None
+            if self.tap_layer_ids:
+                hidden = torch.cat([out.hidden_states[i + 1][0] for i in self.tap_layer_ids], -1)  # [T, D]
         for s in segments:
             self.lengths[s.slot] = s.start + s.length
         self.num_forwards += 1
-        hidden = None
-        if self.tap_layer_ids:
-            hidden = torch.cat([out.hidden_states[i + 1][0] for i in self.tap_layer_ids], -1)  # [T, D]
-        return TargetOutput(logits=out.logits[0].float(), hidden=hidden)
+        return TargetOutput(logits=logits.float(), hidden=hidden)
 
     def rewind(self, slot: int, num_rejected: int) -> None:
         """Drop the last `num_rejected` positions of a slot (its rejected drafts)."""

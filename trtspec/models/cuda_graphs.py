@@ -1,0 +1,183 @@
+"""The target's decode steps replayed as CUDA graphs (the gpt-fast / TensorRT-LLM pattern).
+
+A decode step feeds each running request a short chain, [last] or [last, x_1..x_k], and launches
+the same few hundred kernels every time; on a GPU at batch 1 launching them costs about as much
+as running them. A CUDA graph replays captured kernels on fixed addresses, so a step is padded to
+a static shape, one graph per shape, captured on first use:
+
+    rows     slots 0..B-1, B the batch bucket (a power of two past the highest slot fed, at most
+             the slot count). A slot of that range with nothing to feed feeds a dummy chain into
+             the scratch tail of its buffers: the MAX_TOKENS positions past the capacity, which
+             the target allocates for this and no request ever holds.
+    tokens   n per row, the step's longest chain. A shorter chain is padded with its last token at
+             the positions after it: written past the request's length (into the scratch tail at
+             most), where nothing reads them before a later step writes the real ones.
+    context  attention over the first K positions of each slot, K a power of two (at least
+             MIN_CONTEXT) past the longest row, at most the capacity, under a mask the graph
+             builds from the positions (a query at position p sees positions <= p of its slot).
+
+So a graph is keyed by (B, n, K). Before a replay the step's tokens and positions are copied into
+the graph's input buffers; after it the real tokens' logits and hidden states are gathered out of
+its output buffers (copies: the next replay overwrites them). Everything else runs eagerly, as
+the packed forward: a step with a token tree, a chain longer than MAX_TOKENS (a prefill) or a
+slot fed twice.
+
+The padded step is plain torch, so on the CPU it runs eagerly (`capture=False`), which is how the
+tests prove it equals the packed forward; on CUDA `gpu_check` proves the replay decodes what the
+eager loop decodes. A capture that fails logs why and leaves the target eager for good.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from trtspec.models.kv_slots import AttentionGroup, Segment, SlotKVCache, hf_forward
+
+log = logging.getLogger(__name__)
+
+MAX_TOKENS = 32  # the longest chain a graph step feeds per row: longer ones are prefills
+MIN_CONTEXT = 256  # the smallest context bucket K
+WARMUP = 2  # eager runs on a side stream before a capture (allocator and lazy-init settle)
+
+
+def _bucket(n: int, low: int, high: int) -> int:
+    """The smallest power of two >= max(n, low), capped at `high` (which need not be one)."""
+    b = low
+    while b < n:
+        b *= 2
+    return min(b, high)
+
+
+class StaticLayout:
+    """A `StepLayout` of static shape: B rows of n tokens, row r in slot r, attention over K
+    positions as one group. Its tensors are buffers a graph reads at fixed addresses.
+
+    slots, positions, rope_positions [B·n]; mask [B, 1, n, K] (rebuilt from `positions` inside the
+    step, so a replay rebuilds it too)."""
+
+    causal = True
+    has_trees = False
+
+    def __init__(self, rows: int, tokens: int, kv_len: int, device: torch.device):
+        self.shape = (rows, tokens, kv_len)
+        self.num_tokens = rows * tokens
+        flat = torch.arange(self.num_tokens, device=device)
+        self.slots = flat // tokens  # [B·n]
+        self.positions = torch.zeros(self.num_tokens, dtype=torch.long, device=device)  # [B·n]
+        self.rope_positions = self.positions
+        self._keys = torch.arange(kv_len, device=device)  # [K]
+        self._visible = torch.zeros(rows, tokens, kv_len, dtype=torch.bool, device=device)  # [B, n, K]
+        self.groups = [AttentionGroup(slice(0, rows), flat.view(rows, tokens), flat, self._visible[:, None],
+                                      kv_len)]
+
+    def rebuild_mask(self) -> None:
+        """The mask from the current positions, in place: a query at position p sees slots <= p."""
+        rows, tokens, _ = self.shape
+        torch.le(self._keys[None, None, :], self.positions.view(rows, tokens, 1), out=self._visible)
+
+
+@dataclass
+class _Graph:
+    layout: StaticLayout
+    input_ids: torch.Tensor  # [B·n]
+    outputs: tuple[torch.Tensor, torch.Tensor | None] | None = None  # logits [B·n, V], taps [B·n, D]
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+class GraphedSteps:
+    """The padded decode steps of one target: `plan` says whether a step qualifies (and its
+    shape), `forward` runs it (replayed on CUDA, eager on the CPU)."""
+
+    def __init__(self, model, cache: SlotKVCache, tap_layer_ids: tuple[int, ...], num_slots: int,
+                 capacity: int, capture: bool):
+        """`cache`: buffers of `capacity` + MAX_TOKENS positions per slot (the last ones scratch)."""
+        self.model, self.cache, self.tap_layer_ids = model, cache, tap_layer_ids
+        self.num_slots, self.capacity, self.capture = num_slots, capacity, capture
+        self.device = model.device
+        self.graphs: dict[tuple[int, int, int], _Graph] = {}
+        self.pool = None  # the memory pool every captured graph shares
+        self.num_steps = 0  # steps run padded (replays on CUDA)
+        self.failed: str | None = None  # why capturing failed (then every step runs eagerly)
+
+    def plan(self, segments: list[Segment]) -> tuple[int, int, int] | None:
+        """(B, n, K) for a step of `segments` (each within the capacity), or None when the step
+        must run eagerly."""
+        if self.failed is not None or not segments:
+            return None
+        fed = [s.slot for s in segments]
+        n = max(s.length for s in segments)
+        if len(set(fed)) != len(fed) or n > MAX_TOKENS or any(s.tree is not None for s in segments):
+            return None
+        end = max(s.start + s.length for s in segments)  # what the real tokens must see
+        return _bucket(max(fed) + 1, 1, self.num_slots), n, _bucket(end, MIN_CONTEXT, self.capacity)
+
+    def forward(self, shape: tuple[int, int, int], segments: list[Segment], input_ids: torch.Tensor,
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Run the padded step.  input_ids [T] packed as `segments`.  -> logits [B·n, V],
+        taps [B·n, D] or None (static buffers: read before the next step), and index [T]: the
+        padded row of each packed token."""
+        rows, n, _ = shape
+        # source (packed index) and position of each padded token; a slot with nothing to feed:
+        # a dummy chain (any token) in its scratch tail
+        source, positions, index = [0] * (rows * n), list(range(self.capacity, self.capacity + n)) * rows, []
+        at = 0
+        for s in segments:
+            base = s.slot * n
+            for i in range(n):
+                source[base + i] = at + min(i, s.length - 1)  # padding repeats the last token
+                positions[base + i] = s.start + i
+            index += range(base, base + s.length)
+            at += s.length
+        g = self.graphs.get(shape)
+        if g is None:
+            g = self.graphs[shape] = _Graph(StaticLayout(*shape, self.device),
+                                            torch.zeros(rows * n, dtype=torch.long, device=self.device))
+        # on the device, no wait for the host: the tokens never leave it
+        torch.index_select(input_ids, 0, torch.tensor(source, device=self.device), out=g.input_ids)
+        g.layout.positions.copy_(torch.tensor(positions))
+        if not self.capture:
+            g.outputs = self._step(g)
+        elif g.graph is None:
+            self._capture(g)
+        else:
+            g.graph.replay()
+        if self.failed is not None:  # the capture failed: this step eagerly, later ones packed
+            g.outputs = self._step(g)
+        self.num_steps += 1
+        logits, taps = g.outputs
+        return logits, taps, torch.tensor(index, dtype=torch.long, device=self.device)
+
+    def _step(self, g: _Graph) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The padded forward: every kernel a replay runs."""
+        g.layout.rebuild_mask()
+        out = hf_forward(self.model, self.cache, g.layout, g.input_ids, None,
+                         output_hidden_states=bool(self.tap_layer_ids))
+        taps = None
+        if self.tap_layer_ids:
+            taps = torch.cat([out.hidden_states[i + 1][0] for i in self.tap_layer_ids], -1)  # [B·n, D]
+        return out.logits[0], taps
+
+    def _capture(self, g: _Graph) -> None:
+        """Capture the step on its first use (the inputs already hold this step's, so the warm-up
+        runs write the very K/V the step writes); on failure, log it and stay eager."""
+        try:
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(WARMUP):
+                    self._step(g)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                g.outputs = self._step(g)
+            self.pool = graph.pool()
+            g.graph = graph
+            graph.replay()
+        except Exception as exc:  # noqa: BLE001 - any capture failure means: decode eagerly
+            self.failed = f"{type(exc).__name__}: {exc}"
+            self.graphs.clear()
+            log.warning("CUDA graph capture of the target's decode step failed (%s); decoding eagerly",
+                        self.failed)
