@@ -410,3 +410,8 @@ def test_tree_budget_and_admission_follow_the_cost_table():
     assert tree_rows(cpu, [3.0, 1.0, 2.5], 3, 22, 15, per_depth_forward=False, topk=4) == [0]
     slow = cpu.model_copy(update={"draft_seconds": [[0.5], [0.5]]})
     assert tree_rows(slow, [3.0, 2.5], 2, 22, 15, per_depth_forward=False, topk=4) == []
+    # a request whose drafter must first catch up 20 ms gives way; so does the step, past 40 ms
+    assert tree_rows(cpu, [5.0, 1.0, 4.0], 3, 22, 15, per_depth_forward=False, topk=4,
+                     catch_up=[0.0, 0.0, 0.02]) == [0]
+    assert tree_rows(cpu, [5.0, 1.0, 4.0], 3, 22, 15, per_depth_forward=False, topk=4,
+                     catch_up=[0.04, 0.0, 0.04]) == []

@@ -251,19 +251,26 @@ def tree_draft_seconds(table: SPSTable, rows: int, depth: int, per_depth_forward
 
 
 def tree_rows(table: SPSTable, expected: Sequence[float], batch: int, nodes: int, depth: int,
-              per_depth_forward: bool, topk: int, min_gain: float = 0.0) -> list[int]:
+              per_depth_forward: bool, topk: int, min_gain: float = 0.0, context: int | None = None,
+              catch_up: Sequence[float] | None = None) -> list[int]:
     """Which requests draft a tree this step (indices into `expected`, each request's expected tokens
     from a tree step), out of `batch` running ones: the most promising first, the prefix that
     maximises the step's tokens per second (none at all unless it beats plain decoding by
-    `min_gain`, as `best_draft_len` asks of chains)."""
-    order = sorted(range(len(expected)), key=lambda j: -expected[j])
+    `min_gain`, as `admit_rows` asks of chains). `context` and `catch_up` as `admit_rows` takes
+    them: the target forward priced at the requests' context, each request's catch-up paid by
+    the step it drafts in, and requests ranked by their gain less what plain decoding would emit
+    in that time."""
     loop = table.loop_time(batch)
-    best_n, best_rate = 0, batch / (1.0 / table.sps(batch) + loop) * (1.0 + min_gain)
-    tokens = float(batch)
+    plain = batch / (table.step_seconds(batch, batch, context) + loop)
+    extra = list(catch_up) if catch_up is not None else [0.0] * len(expected)
+    order = sorted(range(len(expected)), key=lambda j: -(expected[j] - plain * extra[j]))
+    best_n, best_rate = 0, plain * (1.0 + min_gain)
+    tokens, paid = float(batch), 0.0
     for n, j in enumerate(order, start=1):
         tokens += expected[j] - 1.0
+        paid += extra[j]
         seconds = tree_draft_seconds(table, n, depth, per_depth_forward, topk) + \
-            1.0 / table.sps(batch + n * nodes) + loop
+            table.step_seconds(batch, batch + n * nodes, context) + loop + paid
         if tokens / seconds > best_rate:
             best_n, best_rate = n, tokens / seconds
     return sorted(order[:best_n])

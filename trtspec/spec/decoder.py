@@ -233,8 +233,7 @@ class SpeculativeDecoder:
         if k_max <= 0 or self.schedule.mode != "adaptive":
             return max(k_max, 0), may, None
         # the estimates change only when a step verifies drafts: until then the choice stands
-        catch_up = [_round_up(self.drafter.catch_up(lv.slot, len(lv.request.prompt) + len(lv.generated)),
-                              CATCH_UP_STEP) for lv in running]
+        catch_up = self._catch_ups(running)
         key = (self.population.version, k_max, context,
                tuple((lv.slot, lv.acceptance.version, min(k_max, lv.budget)) for lv in running))
         # catch-ups shrink only by drafting, whose verdicts change the key: with the key unchanged
@@ -244,7 +243,7 @@ class SpeculativeDecoder:
             # with confidences the best single k from history is a lower bound on what Algorithm 1's
             # per-row cut of the whole block gains (it sees this step's confidences): no further margin
             min_gain = 0.0 if self.drafter.has_confidence else self.schedule.min_gain
-            seconds = [self.cost_table.catch_up_time(len(running), min(n, CATCH_UP_PRICED)) for n in catch_up]
+            seconds = self._catch_up_seconds(catch_up)
             k, rows = admit_rows(self.cost, [self.calibration.scale(s) for s in raw], k_max, min_gain,
                                  context, seconds)
             self._plan_key, self._plan = key, (k, rows, sum(sum(raw[r][:k]) for r in rows))
@@ -253,6 +252,17 @@ class SpeculativeDecoder:
         if self._probe(drafting=bool(rows)):
             return (k_max if self.drafter.has_confidence else min(k_max, PROBE_LEN)), may, None
         return (k_max if self.drafter.has_confidence and rows else k), rows, expected
+
+    def _catch_ups(self, running: list[_Live]) -> list[int]:
+        """Positions each request's drafter must absorb before it drafts (`Drafter.catch_up`),
+        rounded up to CATCH_UP_STEP so a plan is not remade at every step."""
+        return [_round_up(self.drafter.catch_up(lv.slot, len(lv.request.prompt) + len(lv.generated)),
+                          CATCH_UP_STEP) for lv in running]
+
+    def _catch_up_seconds(self, catch_ups: list[int]) -> list[float]:
+        """What each catch-up adds to a step's time, up to CATCH_UP_PRICED positions (a longer pile
+        is paid once and then lets the request draft for good)."""
+        return [self.cost_table.catch_up_time(len(catch_ups), min(n, CATCH_UP_PRICED)) for n in catch_ups]
 
     def _context(self, running: list[_Live]) -> int:
         """Cached tokens the step's attention reads per request, as the cost model prices it: the
@@ -394,7 +404,8 @@ class SpeculativeDecoder:
 
     def _tree_rows(self, running: list[_Live], depth: int) -> list[int]:
         """Rows that draft a tree this step: every row with budget left (schedule full), or those the
-        cost model admits (adaptive, `spec.cost.tree_rows`: from acceptance history only)."""
+        cost model admits (adaptive, `spec.cost.tree_rows`: from acceptance history only, the step
+        priced at its context and with each request's catch-up, as chains are)."""
         may = [i for i, lv in enumerate(running) if lv.budget > 0]
         if self.schedule.mode != "adaptive" or not may:
             return may
@@ -404,9 +415,11 @@ class SpeculativeDecoder:
         expected = [1.0 + sum(scale(lv.acceptance.survival(min(depth, lv.budget))))
                     for lv in (running[i] for i in may)]
         one_pass = self.drafter.method in ("dflash", "dspark")
+        seconds = self._catch_up_seconds(self._catch_ups(running))
         chosen = tree_rows(self.cost_table, expected, len(running), self.tree.nodes, depth,
                            per_depth_forward=not one_pass, topk=self.tree.topk,
-                           min_gain=self.schedule.min_gain)
+                           min_gain=self.schedule.min_gain, context=self._context(running),
+                           catch_up=[seconds[i] for i in may])
         if self._probe(drafting=bool(chosen)):
             return may
         return [may[j] for j in chosen]
