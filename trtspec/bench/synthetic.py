@@ -5,7 +5,9 @@ the serving dtype (bfloat16 on a GPU; no checkpoint, no download), then timed:
 - the target forward for n new tokens at context c and batch b, eager and as a replayed CUDA
   graph (`static_target.StaticKVTarget`: a static KV cache, as gpt-fast captures its decode step),
   beside its HBM floor (weights + KV + logits bytes over the copy bandwidth);
-- the same forward through transformers' own model and DynamicCache (today's decode core);
+- the same forward through transformers' own model and DynamicCache, and through the serving
+  loop's own target (`TargetModel`: slot K/V, the packed eager forward, and the padded step it
+  replays as a CUDA graph with `cuda_graphs`);
 - the DFlash draft step (the drafter's block forward over the cached context, the context
   projection of B new positions and the target's LM head over the B - 1 drafts) at B = 4, 8, 16;
 - the two plugin kernels at the model's shapes (`plugins.bench`);
@@ -189,7 +191,7 @@ class _Profile:
         self.graphs_skipped = None if self.cuda and settings.cuda_graphs else (
             f"skipped: CUDA graphs need a CUDA device (this run: {device})" if not self.cuda
             else "skipped: cuda_graphs is off")
-        lists = ("target_forward", "hf_forward", "draft", "plugins", "skipped")
+        lists = ("target_forward", "hf_forward", "serving", "draft", "plugins", "skipped")
         self.result: dict = {key: [] for key in lists}
 
     # -- set-up -----------------------------------------------------------------------------
@@ -273,6 +275,35 @@ class _Profile:
                                   between=lambda: kwargs[name].crop(-n))
         self.result["hf_forward"].append({"batch": 1, "context": c, "new_tokens": n, "eager_ms": ms})
 
+    def serving_forward(self, b: int, c: int, n: int) -> None:
+        """The serving loop's target (`models.target.TargetModel`) verifying n tokens per request
+        for b requests at context c: its packed eager forward, and its padded step (replayed as a
+        CUDA graph on CUDA, eager on the CPU). K/V random, as for the static target."""
+        from trtspec.models.target import Chunk, TargetModel
+
+        ids = torch.randint(0, self.arch.vocab, (b * n,), generator=self.gen, device=self.device)
+        chunks = [Chunk(s, ids[s * n : (s + 1) * n]) for s in range(b)]
+        row = {"batch": b, "context": c, "new_tokens": n, "padded": "graph" if self.cuda else "eager"}
+        for label, graphs in (("packed_ms", False), ("padded_ms", True)):
+            if graphs and self.cuda and not self.settings.cuda_graphs:
+                row.update(padded_ms=None, padded="skipped: cuda_graphs is off")
+                continue
+            target = TargetModel(self.target, cuda_graphs=graphs)
+            target.allocate(b, c + n)
+            for layer in target.cache.layers:
+                layer.keys.normal_(generator=self.gen)
+                layer.values.normal_(generator=self.gen)
+
+            def verify(target=target):
+                target.lengths = dict.fromkeys(range(b), c)
+                return target.forward(chunks)
+
+            row[label] = self.timer.median_ms(verify)
+            if graphs and target.graphed.failed:
+                row["padded"] = f"eager after a failed capture: {target.graphed.failed}"
+            del target
+        self.result["serving"].append(row)
+
     def draft_step(self, b: int, c: int, block: int) -> None:
         drafter, head = self.drafter, self.target.get_output_embeddings()
         width = len(drafter.spec.target_layer_ids) * self.arch.hidden
@@ -328,7 +359,9 @@ class _Profile:
                 for b in s.batches if b != 1 for c in s.contexts for n in self.new_tokens]
         draft_rest = [(f"draft b{b} c{c} B{B}", lambda b=b, c=c, B=B: self.draft_step(b, c, B))
                       for b in s.draft_batches if b != 1 for c in s.contexts for B in self.blocks]
-        return one + draft1 + hf + [("plugins", self.plugins)] + rest + draft_rest
+        serving = [(f"serving b{b} c{first_c} n{n}", lambda b=b, n=n: self.serving_forward(b, first_c, n))
+                   for b in sorted({1, max(s.draft_batches)}) for n in sorted({1, self.model.block_size})]
+        return one + draft1 + hf + serving + [("plugins", self.plugins)] + rest + draft_rest
 
 
 def profile_synthetic(model: str, settings: SyntheticSettings, device: torch.device | str,

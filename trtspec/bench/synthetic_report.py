@@ -133,6 +133,16 @@ def render_markdown(result: dict) -> str:
             mine = _find(result["target_forward"], batch=1, context=r["context"], new_tokens=r["new_tokens"])
             lines.append(f"| 1 | {r['context']} | {r['new_tokens']} | {r['eager_ms']:.3f} | "
                          f"{_ms(mine and mine['eager_ms'])} |")
+    if result.get("serving"):
+        lines += ["", "The serving loop's own target (`TargetModel`, slot K/V): packed eager forward, and "
+                  "the padded step of `target.cuda_graphs`:", "",
+                  "| batch | context | new tokens | packed ms | padded ms | padded as | static-cache ms |",
+                  "|---:|---:|---:|---:|---:|---|---:|"]
+        for r in result["serving"]:
+            mine = _find(result["target_forward"], batch=r["batch"], context=r["context"],
+                         new_tokens=r["new_tokens"])
+            lines.append(f"| {r['batch']} | {r['context']} | {r['new_tokens']} | {r['packed_ms']:.3f} | "
+                         f"{_ms(r['padded_ms'])} | {r['padded']} | {_ms(best_ms(mine))} |")
     lines += ["", "DFlash draft step (context projection of B positions, block forward, LM head):", "",
               "| batch | context | B | layers ms | step eager ms | step graph ms | floor ms |",
               "|---:|---:|---:|---:|---:|---:|---:|"]
