@@ -262,7 +262,7 @@ class _Profile:
              "graph_error": graph_error, "bytes": nbytes, "floor_ms": self.floor_ms(nbytes)})
 
     def hf_forward(self, c: int, n: int) -> None:
-        """transformers' own forward with its DynamicCache, batch 1 (what the decode core runs)."""
+        """transformers' own forward with its DynamicCache, batch 1 (a stock decode, for comparison)."""
         from transformers import DynamicCache
 
         # transformers 5.17 (the GPU image's) takes `past_key_values`; later 5.x renamed it `cache`

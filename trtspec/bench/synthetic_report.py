@@ -126,7 +126,7 @@ def render_markdown(result: dict) -> str:
                      f"{_ms(r['graph_ms'])} | {r['floor_ms']:.3f} | {_x(r['eager_ms'], r['floor_ms'])} | "
                      f"{_x(r['graph_ms'], r['floor_ms'])} |")
     if result["hf_forward"]:
-        lines += ["", "transformers' own forward with DynamicCache (today's decode core), eager:", "",
+        lines += ["", "transformers' own forward with DynamicCache (a stock Hugging Face decode), eager:", "",
                   "| batch | context | new tokens | ms | static-cache eager ms |",
                   "|---:|---:|---:|---:|---:|"]
         for r in result["hf_forward"]:
