@@ -189,3 +189,20 @@ def test_padded_steps_refuse_what_a_static_shape_cannot_hold(random_qwen3_dir):
     assert plan([Segment(0, 10, 3, TreeSpan(10, (-1, 0, 0)))]) is None
     assert plan([Segment(0, 10, MAX_TOKENS + 1)]) is None
     assert plan([Segment(0, 10, 2), Segment(0, 12, 1)]) is None
+
+
+def test_a_failed_capture_leaves_decoding_exact_and_eager(random_qwen3_dir):
+    """A capture that fails (here: no CUDA at all) is logged once; that step runs the padded
+    forward eagerly and every later step the packed one, with the same logits."""
+    packed = TargetModel.from_pretrained(random_qwen3_dir)
+    padded = TargetModel(packed.model, cuda_graphs=True)
+    for t in (packed, padded):
+        t.allocate(2, 128)
+    padded.graphed.capture = True  # as on a CUDA device
+    gen = torch.Generator().manual_seed(5)
+    for n in (20, 3, 1, 4):
+        chunks = [Chunk(s, torch.randint(0, 256, (n,), generator=gen)) for s in (0, 1)]
+        torch.testing.assert_close(padded.forward(chunks).logits, packed.forward(chunks).logits,
+                                   atol=1e-5, rtol=1e-4)
+    assert padded.graphed.failed and not padded.graphed.graphs
+    assert padded.graphed.num_steps == 1  # the step whose capture failed; the next two ran packed
