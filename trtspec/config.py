@@ -51,8 +51,9 @@ class _HasPath(_Strict):
     cuda_graphs: bool = Field(True, description="on a CUDA device, replay this model's decode steps as CUDA "
                                                 "graphs, one per padded shape (batch bucket, fed tokens, "
                                                 "context bucket), captured on first use; eager for "
-                                                "prefills, trees and a failed capture. The target and a "
-                                                "draft_model drafter; ignored on cpu")
+                                                "prefills, trees and a failed capture. The target, and a "
+                                                "draft_model, DFlash or DSpark drafter (EAGLE-3's chain "
+                                                "runs eagerly); ignored on cpu")
     _base: Path = PrivateAttr(default=Path("."))
 
     @field_validator("device")

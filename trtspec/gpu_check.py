@@ -185,11 +185,13 @@ def check_decoding(run: Run) -> None:
         same += spec_ids == plain.decoder.generate(ids, max_tokens).token_ids
         if eager is not None:
             same_eager += spec_ids == eager.decoder.generate(ids, max_tokens).token_ids
-    graphed = spec.target.graphed
     how = ""
-    if graphed is not None:
-        how = f", {graphed.num_steps} target steps padded, " + \
-            (f"capture failed: {graphed.failed}" if graphed.failed else f"{len(graphed.graphs)} graphs")
+    decoder = spec.decoder  # the models' copies that decoded, with their graphs
+    for name, model in (("target", decoder.target), ("drafter", decoder.drafter)):
+        graphed = getattr(model, "graphed", None)
+        if graphed is not None:
+            how += f"; {name}: {graphed.num_steps} steps padded, " + \
+                (f"capture failed: {graphed.failed}" if graphed.failed else f"{len(graphed.graphs)} graphs")
     run.rows.append({"check": f"DFlash greedy == target alone ({run.device.type} fp32)", "dtype": "float32",
                      "ok": same == len(prompts), "detail": f"{same}/{len(prompts)} prompts{how}"})
     if eager is None:

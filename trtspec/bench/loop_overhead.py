@@ -26,14 +26,14 @@ TINY_CONFIG = Path(__file__).parents[2] / "build_configs" / "tiny-dflash.yaml"
 
 def tiny_pipeline(device: torch.device, use_drafter: bool = True, cuda_graphs: bool = True):
     """The shipped tiny target with its DFlash drafter (or alone), every tensor of the loop on
-    `device` (the config's target.device / drafter.device); `cuda_graphs`: target.cuda_graphs."""
+    `device` (the config's target.device / drafter.device) and `cuda_graphs` (both models')."""
     from trtspec.config import load_build_config
     from trtspec.pipeline import load_pipeline
 
     config = load_build_config(TINY_CONFIG)
-    config = config.model_copy(update={
-        "target": config.target.model_copy(update={"device": str(device), "cuda_graphs": cuda_graphs}),
-        "drafter": config.drafter.model_copy(update={"device": str(device)})})
+    placed = {"device": str(device), "cuda_graphs": cuda_graphs}
+    config = config.model_copy(update={"target": config.target.model_copy(update=placed),
+                                       "drafter": config.drafter.model_copy(update=placed)})
     return load_pipeline(config, use_drafter=use_drafter)
 
 

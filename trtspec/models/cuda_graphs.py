@@ -1,46 +1,52 @@
-"""The target's decode steps replayed as CUDA graphs (the gpt-fast / TensorRT-LLM pattern).
+"""Decode steps replayed as CUDA graphs (the gpt-fast / TensorRT-LLM pattern): the target's
+verify step, a draft model's chain steps, and DFlash/DSpark's block forward.
 
-A decode step feeds each running request a short chain, [last] or [last, x_1..x_k], and launches
-the same few hundred kernels every time; on a GPU at batch 1 launching them costs about as much
-as running them. A CUDA graph replays captured kernels on fixed addresses, so a step is padded to
-a static shape, one graph per shape, captured on first use:
+A decode step feeds each running request a short chain ([last] or [last, x_1..x_k]; a DFlash
+block: [anchor, MASK × (B−1)]) and launches the same few hundred kernels every time; on a GPU at
+batch 1 launching them costs about as much as running them. A CUDA graph replays captured kernels
+on fixed addresses, so a step is padded to a static shape, one graph per shape, captured on first
+use:
 
     rows     slots 0..B-1, B the batch bucket (a power of two past the highest slot fed, at most
              the slot count). A slot of that range with nothing to feed feeds a dummy chain into
              the scratch tail of its buffers: the MAX_TOKENS positions past the capacity, which
-             the target allocates for this and no request ever holds.
+             the model allocates for this and no request ever holds.
     tokens   n per row, the step's longest chain. A shorter chain is padded with its last token at
              the positions after it: written past the request's length (into the scratch tail at
              most), where nothing reads them before a later step writes the real ones.
     context  attention over the first K positions of each slot, K a power of two (at least
              MIN_CONTEXT) past the longest row, at most the capacity, under a mask the graph
-             builds from the positions (a query at position p sees positions <= p of its slot).
+             builds from the positions: causal (a query at position p sees positions <= p of its
+             slot) or, for a DFlash block, each query sees its whole row and what precedes it.
 
 So a graph is keyed by (B, n, K). Before a replay the step's tokens and positions are copied into
-the graph's input buffers; after it the real tokens' logits and hidden states are gathered out of
-its output buffers (copies: the next replay overwrites them). Everything else runs eagerly, as
-the packed forward: a step with a token tree, a chain longer than MAX_TOKENS (a prefill) or a
+the graph's input buffers; after it the real tokens' outputs (logits, hidden states) are gathered
+out of its output buffers (copies: the next replay overwrites them). Everything else runs eagerly,
+as the packed forward: a step with a token tree, a chain longer than MAX_TOKENS (a prefill) or a
 slot fed twice.
 
 The padded step is plain torch, so on the CPU it runs eagerly (`capture=False`), which is how the
 tests prove it equals the packed forward; on CUDA `gpu_check` proves the replay decodes what the
-eager loop decodes. A capture that fails logs why and leaves the target eager for good.
+eager loop decodes. A capture that fails logs why and leaves the model eager for good.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from trtspec.models.kv_slots import AttentionGroup, Segment, SlotKVCache, hf_forward
+from trtspec.models.kv_slots import AttentionGroup, Segment
 
 log = logging.getLogger(__name__)
 
 MAX_TOKENS = 32  # the longest chain a graph step feeds per row: longer ones are prefills
 MIN_CONTEXT = 256  # the smallest context bucket K
 WARMUP = 2  # eager runs on a side stream before a capture (allocator and lazy-init settle)
+
+Outputs = tuple[torch.Tensor | None, ...]  # each [B·n, ...] (or None), one row per padded token
 
 
 def _bucket(n: int, low: int, high: int) -> int:
@@ -58,11 +64,10 @@ class StaticLayout:
     slots, positions, rope_positions [B·n]; mask [B, 1, n, K] (rebuilt from `positions` inside the
     step, so a replay rebuilds it too)."""
 
-    causal = True
     has_trees = False
 
-    def __init__(self, rows: int, tokens: int, kv_len: int, device: torch.device):
-        self.shape = (rows, tokens, kv_len)
+    def __init__(self, rows: int, tokens: int, kv_len: int, device: torch.device, causal: bool = True):
+        self.shape, self.causal = (rows, tokens, kv_len), causal
         self.num_tokens = rows * tokens
         flat = torch.arange(self.num_tokens, device=device)
         self.slots = flat // tokens  # [B·n]
@@ -74,29 +79,36 @@ class StaticLayout:
                                       kv_len)]
 
     def rebuild_mask(self) -> None:
-        """The mask from the current positions, in place: a query at position p sees slots <= p."""
+        """The mask from the current positions, in place: a query sees the slots up to its own
+        position (causal) or up to its row's last one."""
         rows, tokens, _ = self.shape
-        torch.le(self._keys[None, None, :], self.positions.view(rows, tokens, 1), out=self._visible)
+        seen = self.positions.view(rows, tokens, 1)  # [B, n, 1]
+        if not self.causal:
+            seen = seen[:, -1:].expand(rows, tokens, 1)  # each row's last position
+        torch.le(self._keys[None, None, :], seen, out=self._visible)
 
 
 @dataclass
 class _Graph:
     layout: StaticLayout
     input_ids: torch.Tensor  # [B·n]
-    outputs: tuple[torch.Tensor, torch.Tensor | None] | None = None  # logits [B·n, V], taps [B·n, D]
+    outputs: Outputs | None = None
     graph: torch.cuda.CUDAGraph | None = None
 
 
 class GraphedSteps:
-    """The padded decode steps of one target: `plan` says whether a step qualifies (and its
-    shape), `forward` runs it (replayed on CUDA, eager on the CPU)."""
+    """The padded decode steps of one model: `plan` says whether a step qualifies (and its shape),
+    `forward` runs it (replayed on CUDA, eager on the CPU).
 
-    def __init__(self, model, cache: SlotKVCache, tap_layer_ids: tuple[int, ...], num_slots: int,
-                 capacity: int, capture: bool):
-        """`cache`: buffers of `capacity` + MAX_TOKENS positions per slot (the last ones scratch)."""
-        self.model, self.cache, self.tap_layer_ids = model, cache, tap_layer_ids
+    `step(layout, input_ids [B·n])` is the model's forward over slot buffers laid out by `layout`
+    (writing the fed tokens' K/V, attending through `layout.groups`); it returns its outputs, one
+    row per padded token. The buffers hold `capacity` + MAX_TOKENS positions per slot, the last
+    MAX_TOKENS scratch."""
+
+    def __init__(self, step: Callable[[StaticLayout, torch.Tensor], Outputs], device: torch.device,
+                 num_slots: int, capacity: int, capture: bool, causal: bool = True):
+        self.step, self.device, self.causal = step, torch.device(device), causal
         self.num_slots, self.capacity, self.capture = num_slots, capacity, capture
-        self.device = model.device
         self.graphs: dict[tuple[int, int, int], _Graph] = {}
         self.pool = None  # the memory pool every captured graph shares
         self.num_steps = 0  # steps run padded (replays on CUDA)
@@ -115,10 +127,10 @@ class GraphedSteps:
         return _bucket(max(fed) + 1, 1, self.num_slots), n, _bucket(end, MIN_CONTEXT, self.capacity)
 
     def forward(self, shape: tuple[int, int, int], segments: list[Segment], input_ids: torch.Tensor,
-                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Run the padded step.  input_ids [T] packed as `segments`.  -> logits [B·n, V],
-        taps [B·n, D] or None (static buffers: read before the next step), and index [T]: the
-        padded row of each packed token."""
+                ) -> tuple[Outputs, torch.Tensor]:
+        """Run the padded step.  input_ids [T] packed as `segments`.  -> the step's outputs (static
+        buffers on CUDA: read them before the next step) and index [T]: the padded row of each
+        packed token."""
         rows, n, _ = shape
         # source (packed index) and position of each padded token; a slot with nothing to feed:
         # a dummy chain (any token) in its scratch tail
@@ -133,32 +145,26 @@ class GraphedSteps:
             at += s.length
         g = self.graphs.get(shape)
         if g is None:
-            g = self.graphs[shape] = _Graph(StaticLayout(*shape, self.device),
+            g = self.graphs[shape] = _Graph(StaticLayout(*shape, self.device, self.causal),
                                             torch.zeros(rows * n, dtype=torch.long, device=self.device))
         # on the device, no wait for the host: the tokens never leave it
         torch.index_select(input_ids, 0, torch.tensor(source, device=self.device), out=g.input_ids)
         g.layout.positions.copy_(torch.tensor(positions))
         if not self.capture:
-            g.outputs = self._step(g)
+            g.outputs = self._run(g)
         elif g.graph is None:
             self._capture(g)
         else:
             g.graph.replay()
         if self.failed is not None:  # the capture failed: this step eagerly, later ones packed
-            g.outputs = self._step(g)
+            g.outputs = self._run(g)
         self.num_steps += 1
-        logits, taps = g.outputs
-        return logits, taps, torch.tensor(index, dtype=torch.long, device=self.device)
+        return g.outputs, torch.tensor(index, dtype=torch.long, device=self.device)
 
-    def _step(self, g: _Graph) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run(self, g: _Graph) -> Outputs:
         """The padded forward: every kernel a replay runs."""
         g.layout.rebuild_mask()
-        out = hf_forward(self.model, self.cache, g.layout, g.input_ids, None,
-                         output_hidden_states=bool(self.tap_layer_ids))
-        taps = None
-        if self.tap_layer_ids:
-            taps = torch.cat([out.hidden_states[i + 1][0] for i in self.tap_layer_ids], -1)  # [B·n, D]
-        return out.logits[0], taps
+        return self.step(g.layout, g.input_ids)
 
     def _capture(self, g: _Graph) -> None:
         """Capture the step on its first use (the inputs already hold this step's, so the warm-up
@@ -168,16 +174,15 @@ class GraphedSteps:
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
                 for _ in range(WARMUP):
-                    self._step(g)
+                    self._run(g)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                g.outputs = self._step(g)
+                g.outputs = self._run(g)
             self.pool = graph.pool()
             g.graph = graph
             graph.replay()
         except Exception as exc:  # noqa: BLE001 - any capture failure means: decode eagerly
             self.failed = f"{type(exc).__name__}: {exc}"
             self.graphs.clear()
-            log.warning("CUDA graph capture of the target's decode step failed (%s); decoding eagerly",
-                        self.failed)
+            log.warning("CUDA graph capture of a decode step failed (%s); decoding eagerly", self.failed)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from trtspec.errors import CheckpointError
+from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout
 from trtspec.models.dflash import DFlashDraftModel, load_dflash
 from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
 from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout
@@ -63,7 +64,9 @@ class DFlashDrafter(BlockDrafter):
     method = "dflash"
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module,
-                 num_draft_tokens: int | None = None):
+                 num_draft_tokens: int | None = None, cuda_graphs: bool = False):
+        """`cuda_graphs`: block forwards padded to static shapes (`trtspec.models.cuda_graphs`),
+        replayed as CUDA graphs on a CUDA device and eagerly elsewhere."""
         self.model = model
         self.embed_tokens, self.lm_head = embed_tokens, lm_head  # the target's, frozen
         self.tap_layer_ids = tuple(model.spec.target_layer_ids)
@@ -71,13 +74,19 @@ class DFlashDrafter(BlockDrafter):
         self.num_draft_tokens = num_draft_tokens or self.block_size - 1
         self.device, self.dtype = model.fc.weight.device, model.fc.weight.dtype
         self.ctx: list[SlotKV] = []
+        self.cuda_graphs = cuda_graphs
+        self.graphed: GraphedSteps | None = None
 
     def allocate(self, num_slots, capacity):
         super().allocate(num_slots, capacity)
         cfg = self.model.config
-        # a block is written after the longest context, hence the extra room
-        self.ctx = [SlotKV(num_slots, cfg.num_key_value_heads, capacity + self.block_size, cfg.head_dim,
+        room = capacity + self.block_size  # a block is written after the longest context
+        scratch = MAX_TOKENS if self.cuda_graphs else 0  # the padded steps' dummy rows write there
+        self.ctx = [SlotKV(num_slots, cfg.num_key_value_heads, room + scratch, cfg.head_dim,
                            self.dtype, self.device) for _ in self.model.layers]
+        self.graphed = None if not self.cuda_graphs else \
+            GraphedSteps(self._padded_block, self.device, num_slots, room,
+                         capture=self.device.type == "cuda", causal=False)
 
     @torch.inference_mode()
     def _absorb_pending(self, slots: list[int]) -> None:
@@ -107,12 +116,23 @@ class DFlashDrafter(BlockDrafter):
         mask_id = self.model.spec.mask_token_id
         block = torch.full((len(rows), b), mask_id, dtype=torch.long, device=self.device)  # [R, B]
         block[:, 0] = torch.tensor([row.committed[-1] for row in rows], device=self.device)
-        positions = torch.tensor(starts, device=self.device)[:, None] + torch.arange(b, device=self.device)
-        layout = StepLayout([Segment(s, start, b) for s, start in zip(slots, starts, strict=True)],
-                            self.device, causal=False)
-        embeds = embed_tokens(block).to(self.dtype)  # [R, B, H]
+        segments = [Segment(s, start, b) for s, start in zip(slots, starts, strict=True)]
         self.num_forwards += 1
+        shape = self.graphed.plan(segments) if self.graphed is not None else None
+        if shape is not None and embed_tokens is self.embed_tokens:  # padded: rows out by packed index
+            (hidden,), index = self.graphed.forward(shape, segments, block.flatten())
+            return hidden[index].view(len(rows), b, -1)
+        positions = torch.tensor(starts, device=self.device)[:, None] + torch.arange(b, device=self.device)
+        layout = StepLayout(segments, self.device, causal=False)
+        embeds = embed_tokens(block).to(self.dtype)  # [R, B, H]
         return self.model(embeds, positions, [SlotView(kv, layout) for kv in self.ctx])
+
+    def _padded_block(self, layout: StaticLayout, input_ids: torch.Tensor) -> tuple[torch.Tensor]:
+        """The block forward `GraphedSteps` pads and replays.  input_ids [B·n] -> hidden [B·n, H]"""
+        rows, n, _ = layout.shape
+        embeds = self.embed_tokens(input_ids.view(rows, n)).to(self.dtype)  # [B, n, H]
+        hidden = self.model(embeds, layout.positions.view(rows, n), [SlotView(kv, layout) for kv in self.ctx])
+        return (hidden.reshape(rows * n, -1),)
 
     def draft_logits(self, rows: list[DraftRow], k: int) -> torch.Tensor:
         """Logits of draft slots 1..k of every row's block.  -> [R, k, V]"""
@@ -152,4 +172,5 @@ def _build(config, target) -> DFlashDrafter:
             f"yields at most {model.spec.block_size - 1} drafts"
         )
     hf = target.model
-    return DFlashDrafter(model, hf.get_input_embeddings(), hf.get_output_embeddings(), k)
+    graphs = config.cuda_graphs and target.device.type == "cuda"
+    return DFlashDrafter(model, hf.get_input_embeddings(), hf.get_output_embeddings(), k, graphs)

@@ -88,8 +88,8 @@ class DSparkDrafter(MarkovProposer, DFlashDrafter):
     has_confidence = True
 
     def __init__(self, model: DSparkDraftModel, num_draft_tokens: int | None = None,
-                 sts_temperatures: torch.Tensor | None = None):
-        super().__init__(model, model.embed_tokens, model.lm_head)
+                 sts_temperatures: torch.Tensor | None = None, cuda_graphs: bool = False):
+        super().__init__(model, model.embed_tokens, model.lm_head, cuda_graphs=cuda_graphs)
         self.num_draft_tokens = num_draft_tokens or model.spec.block_size
         self.sts_temperatures = sts_temperatures  # [γ] or None
 
@@ -137,4 +137,5 @@ def _build(config, target) -> DSparkDrafter:
             # from another target and will be accepted less often
             log.warning("%s: %s differs from the target's; retrain the drafter on this target", path, name)
     sts = load_sts(path, model.spec.block_size)
-    return DSparkDrafter(model, k, None if sts is None else sts.to(target.device))
+    graphs = config.cuda_graphs and target.device.type == "cuda"
+    return DSparkDrafter(model, k, None if sts is None else sts.to(target.device), graphs)

@@ -25,7 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from trtspec.errors import CheckpointError
-from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps
+from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout
 from trtspec.models.kv_slots import (
     Segment,
     SlotKVCache,
@@ -168,7 +168,7 @@ class TargetModel:
                                                  self.device))
         self.capacity = capacity
         if self.cuda_graphs:
-            self.graphed = GraphedSteps(self.model, self.cache, self.tap_layer_ids, num_slots, capacity,
+            self.graphed = GraphedSteps(self._padded_step, self.device, num_slots, capacity,
                                         capture=self.device.type == "cuda")
         self.reset()
 
@@ -194,20 +194,30 @@ class TargetModel:
         input_ids = torch.cat([c.input_ids for c in chunks]).to(self.device)  # [T]
         shape = self.graphed.plan(segments) if self.graphed is not None else None
         if shape is not None:  # padded to a static shape: out of the graph's buffers by packed index
-            logits, taps, index = self.graphed.forward(shape, segments, input_ids)  # index [T]
+            (logits, taps), index = self.graphed.forward(shape, segments, input_ids)  # index [T]
             logits = logits[index if logits_at is None else index[logits_at]]
             hidden = None if taps is None else taps[index]  # [T, D]
         else:
             layout = StepLayout(segments, self.device)
             out = hf_forward(self.model, self.cache, layout, input_ids, logits_at,
                              output_hidden_states=bool(self.tap_layer_ids))
-            logits, hidden = out.logits[0], None
-            if self.tap_layer_ids:
-                hidden = torch.cat([out.hidden_states[i + 1][0] for i in self.tap_layer_ids], -1)  # [T, D]
+            logits, hidden = out.logits[0], self._taps(out)  # hidden [T, D]
         for s in segments:
             self.lengths[s.slot] = s.start + s.length
         self.num_forwards += 1
         return TargetOutput(logits=logits.float(), hidden=hidden)
+
+    def _padded_step(self, layout: StaticLayout, input_ids: torch.Tensor) -> tuple:
+        """The forward `GraphedSteps` pads and replays.  -> logits [B·n, V], taps [B·n, D] or None"""
+        out = hf_forward(self.model, self.cache, layout, input_ids, None,
+                         output_hidden_states=bool(self.tap_layer_ids))
+        return out.logits[0], self._taps(out)
+
+    def _taps(self, out) -> torch.Tensor | None:
+        """The tapped layers' outputs of a forward, side by side.  -> [T, len(taps)·H], or None"""
+        if not self.tap_layer_ids:
+            return None
+        return torch.cat([out.hidden_states[i + 1][0] for i in self.tap_layer_ids], -1)
 
     def rewind(self, slot: int, num_rejected: int) -> None:
         """Drop the last `num_rejected` positions of a slot (its rejected drafts)."""
