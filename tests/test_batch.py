@@ -380,8 +380,8 @@ def test_cuda_device_without_a_gpu_is_one_line_naming_the_field():
 
 @pytest.mark.parametrize("schedule", [FULL, ScheduleConfig(mode="adaptive")])
 def test_target_steps_padded_for_cuda_graphs_decode_the_same(pipeline, alone, schedule):
-    """cuda_graphs: the target's decode steps, a draft model's chain steps and a DFlash/DSpark
-    block forward padded to static shapes (what a CUDA graph replays; eagerly here) decode every
+    """cuda_graphs: the target's decode steps, a draft model's and EAGLE-3's chain steps and a
+    DFlash/DSpark block forward padded to static shapes (what a CUDA graph replays; eagerly here) decode every
     request's one-request tokens, with requests joining as others leave (their prefill steps run
     packed) and, adaptive, rows of different chain lengths and rows that do not draft."""
     if not isinstance(pipeline.target, TargetModel):
@@ -390,7 +390,7 @@ def test_target_steps_padded_for_cuda_graphs_decode_the_same(pipeline, alone, sc
     drafter = pipeline.drafter
     if drafter.method == "draft_model":  # its chain steps padded too
         drafter = DraftModelDrafter(drafter.lm.model, drafter.num_draft_tokens, cuda_graphs=True)
-    elif drafter.method in ("dflash", "dspark"):  # its block forwards padded too
+    elif drafter.method in ("dflash", "dspark", "eagle3"):  # its block forwards / chain steps too
         drafter = copy.copy(drafter)
         drafter.cuda_graphs = True
     decoder = SpeculativeDecoder(target, drafter, pipeline.tokenizer.eos_id, pipeline.verifier,
@@ -400,7 +400,7 @@ def test_target_steps_padded_for_cuda_graphs_decode_the_same(pipeline, alone, sc
     assert 0 < decoder.target.graphed.num_steps < decoder.num_steps
     if drafter.method == "draft_model":
         assert decoder.drafter.lm.graphed.num_steps > decoder.num_steps
-    elif drafter.method in ("dflash", "dspark"):  # every proposal one padded block forward
+    else:  # every block forward, catch-up and chain step padded
         assert decoder.drafter.graphed.num_steps == decoder.drafter.num_forwards > 0
 
 

@@ -48,12 +48,12 @@ class _HasPath(_Strict):
     dtype: DType = Field("float32", description="weights' dtype at run time")
     device: str = Field("cpu", description="where the model and every tensor of the decode loop live: "
                                            "cpu, cuda or cuda:N")
-    cuda_graphs: bool = Field(True, description="on a CUDA device, replay this model's decode steps as CUDA "
-                                                "graphs, one per padded shape (batch bucket, fed tokens, "
-                                                "context bucket), captured on first use; eager for "
-                                                "prefills, trees and a failed capture. The target, and a "
-                                                "draft_model, DFlash or DSpark drafter (EAGLE-3's chain "
-                                                "runs eagerly); ignored on cpu")
+    cuda_graphs: bool = Field(True, description="on a CUDA device, replay this model's decode steps (the "
+                                                "target's verify steps; a drafter's block forwards or "
+                                                "chain steps) as CUDA graphs, one per padded shape (batch "
+                                                "bucket, fed tokens, context bucket), captured on first "
+                                                "use; prefills, trees and a failed capture run eagerly. "
+                                                "Ignored on cpu")
     _base: Path = PrivateAttr(default=Path("."))
 
     @field_validator("device")

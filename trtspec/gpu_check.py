@@ -169,22 +169,29 @@ def check_verify(run: Run) -> None:
 
 
 def check_decoding(run: Run) -> None:
-    """The shipped tiny target + DFlash drafter on the device: greedy equals the target alone; on
-    CUDA (target steps replayed as CUDA graphs) also equals the same loop run eagerly, and the
-    graphs' decode speed is measured beside the eager one."""
+    """The shipped tiny target + DFlash drafter on the device: greedy equals the target alone, one
+    request at a time and at R = 4 (requests joining as others leave); on CUDA (decode steps
+    replayed as CUDA graphs) also equals the same loop run eagerly, and the graphs' decode speed
+    is measured beside the eager one."""
     from trtspec.bench.loop_overhead import tiny_pipeline
     from trtspec.prompts import load_prompts
+    from trtspec.spec.decoder import Request
 
     spec, plain = tiny_pipeline(run.device), tiny_pipeline(run.device, use_drafter=False)
     eager = tiny_pipeline(run.device, cuda_graphs=False) if run.cuda else None
     n, max_tokens = (1, 24) if run.small else (6, 128)
     prompts = [spec.tokenizer.encode(p) for p in load_prompts("code")[:n] + load_prompts("math")[:n]]
     same = same_eager = 0
+    alone = []
     for ids in prompts:
         spec_ids = spec.decoder.generate(ids, max_tokens).token_ids
-        same += spec_ids == plain.decoder.generate(ids, max_tokens).token_ids
+        alone.append(plain.decoder.generate(ids, max_tokens).token_ids)
+        same += spec_ids == alone[-1]
         if eager is not None:
             same_eager += spec_ids == eager.decoder.generate(ids, max_tokens).token_ids
+    # the batched loop: R = 4 slots, requests joining as others leave (holes in the padded steps)
+    batch = spec.decoder_for(4).generate_batch([Request(ids, max_tokens) for ids in prompts])
+    same_batch = sum(r.token_ids == a for r, a in zip(batch, alone, strict=True))
     how = ""
     decoder = spec.decoder  # the models' copies that decoded, with their graphs
     for name, model in (("target", decoder.target), ("drafter", decoder.drafter)):
@@ -194,6 +201,9 @@ def check_decoding(run: Run) -> None:
                 (f"capture failed: {graphed.failed}" if graphed.failed else f"{len(graphed.graphs)} graphs")
     run.rows.append({"check": f"DFlash greedy == target alone ({run.device.type} fp32)", "dtype": "float32",
                      "ok": same == len(prompts), "detail": f"{same}/{len(prompts)} prompts{how}"})
+    run.rows.append({"check": f"DFlash greedy at R = 4 == target alone ({run.device.type} fp32)",
+                     "dtype": "float32", "ok": same_batch == len(prompts),
+                     "detail": f"{same_batch}/{len(prompts)} prompts"})
     if eager is None:
         return
     speed = {}

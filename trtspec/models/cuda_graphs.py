@@ -1,5 +1,5 @@
 """Decode steps replayed as CUDA graphs (the gpt-fast / TensorRT-LLM pattern): the target's
-verify step, a draft model's chain steps, and DFlash/DSpark's block forward.
+verify step, a draft model's and EAGLE-3's chain steps, and DFlash/DSpark's block forward.
 
 A decode step feeds each running request a short chain ([last] or [last, x_1..x_k]; a DFlash
 block: [anchor, MASK × (B−1)]) and launches the same few hundred kernels every time; on a GPU at
@@ -19,11 +19,11 @@ use:
              builds from the positions: causal (a query at position p sees positions <= p of its
              slot) or, for a DFlash block, each query sees its whole row and what precedes it.
 
-So a graph is keyed by (B, n, K). Before a replay the step's tokens and positions are copied into
-the graph's input buffers; after it the real tokens' outputs (logits, hidden states) are gathered
-out of its output buffers (copies: the next replay overwrites them). Everything else runs eagerly,
-as the packed forward: a step with a token tree, a chain longer than MAX_TOKENS (a prefill) or a
-slot fed twice.
+So a graph is keyed by (B, n, K). Before a replay the step's inputs (tokens; EAGLE-3 also feeds a
+hidden state per token) and positions are gathered into the graph's input buffers; after it the
+real tokens' outputs (logits, hidden states) are gathered out of its output buffers (copies: the
+next replay overwrites them). Everything else runs eagerly, as the packed forward: a step with a
+token tree, a chain longer than MAX_TOKENS (a prefill) or a slot fed twice.
 
 The padded step is plain torch, so on the CPU it runs eagerly (`capture=False`), which is how the
 tests prove it equals the packed forward; on CUDA `gpu_check` proves the replay decodes what the
@@ -91,7 +91,7 @@ class StaticLayout:
 @dataclass
 class _Graph:
     layout: StaticLayout
-    input_ids: torch.Tensor  # [B·n]
+    inputs: list[torch.Tensor]  # each [B·n, ...]: the step's per-token inputs, padded
     outputs: Outputs | None = None
     graph: torch.cuda.CUDAGraph | None = None
 
@@ -100,12 +100,12 @@ class GraphedSteps:
     """The padded decode steps of one model: `plan` says whether a step qualifies (and its shape),
     `forward` runs it (replayed on CUDA, eager on the CPU).
 
-    `step(layout, input_ids [B·n])` is the model's forward over slot buffers laid out by `layout`
-    (writing the fed tokens' K/V, attending through `layout.groups`); it returns its outputs, one
-    row per padded token. The buffers hold `capacity` + MAX_TOKENS positions per slot, the last
-    MAX_TOKENS scratch."""
+    `step(layout, *inputs)` is the model's forward over slot buffers laid out by `layout` (writing
+    the fed tokens' K/V, attending through `layout.groups`), each input [B·n, ...] one row per
+    padded token (the token ids first); it returns its outputs, one row per padded token too. The
+    buffers hold `capacity` + MAX_TOKENS positions per slot, the last MAX_TOKENS scratch."""
 
-    def __init__(self, step: Callable[[StaticLayout, torch.Tensor], Outputs], device: torch.device,
+    def __init__(self, step: Callable[..., Outputs], device: torch.device,
                  num_slots: int, capacity: int, capture: bool, causal: bool = True):
         self.step, self.device, self.causal = step, torch.device(device), causal
         self.num_slots, self.capacity, self.capture = num_slots, capacity, capture
@@ -126,11 +126,11 @@ class GraphedSteps:
         end = max(s.start + s.length for s in segments)  # what the real tokens must see
         return _bucket(max(fed) + 1, 1, self.num_slots), n, _bucket(end, MIN_CONTEXT, self.capacity)
 
-    def forward(self, shape: tuple[int, int, int], segments: list[Segment], input_ids: torch.Tensor,
+    def forward(self, shape: tuple[int, int, int], segments: list[Segment], *inputs: torch.Tensor,
                 ) -> tuple[Outputs, torch.Tensor]:
-        """Run the padded step.  input_ids [T] packed as `segments`.  -> the step's outputs (static
-        buffers on CUDA: read them before the next step) and index [T]: the padded row of each
-        packed token."""
+        """Run the padded step.  inputs: each [T, ...], packed as `segments` (the token ids first).
+        -> the step's outputs (static buffers on CUDA: read them before the next step) and
+        index [T]: the padded row of each packed token."""
         rows, n, _ = shape
         # source (packed index) and position of each padded token; a slot with nothing to feed:
         # a dummy chain (any token) in its scratch tail
@@ -146,9 +146,11 @@ class GraphedSteps:
         g = self.graphs.get(shape)
         if g is None:
             g = self.graphs[shape] = _Graph(StaticLayout(*shape, self.device, self.causal),
-                                            torch.zeros(rows * n, dtype=torch.long, device=self.device))
-        # on the device, no wait for the host: the tokens never leave it
-        torch.index_select(input_ids, 0, torch.tensor(source, device=self.device), out=g.input_ids)
+                                            [x.new_zeros(rows * n, *x.shape[1:]) for x in inputs])
+        # gathered on the device, no wait for the host: the inputs never leave it
+        source = torch.tensor(source, device=self.device)
+        for x, buffer in zip(inputs, g.inputs, strict=True):
+            torch.index_select(x, 0, source, out=buffer)
         g.layout.positions.copy_(torch.tensor(positions))
         if not self.capture:
             g.outputs = self._run(g)
@@ -164,7 +166,7 @@ class GraphedSteps:
     def _run(self, g: _Graph) -> Outputs:
         """The padded forward: every kernel a replay runs."""
         g.layout.rebuild_mask()
-        return self.step(g.layout, g.input_ids)
+        return self.step(g.layout, *g.inputs)
 
     def _capture(self, g: _Graph) -> None:
         """Capture the step on its first use (the inputs already hold this step's, so the warm-up

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout
 from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
 from trtspec.models.eagle3 import Eagle3DraftModel, load_eagle3
 from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout, TreeSpan
@@ -43,7 +44,10 @@ CATCH_UP_WINDOW = 32
 class Eagle3Drafter(TapsDrafter):
     method = "eagle3"
 
-    def __init__(self, model: Eagle3DraftModel, num_draft_tokens: int | None = None):
+    def __init__(self, model: Eagle3DraftModel, num_draft_tokens: int | None = None,
+                 cuda_graphs: bool = False):
+        """`cuda_graphs`: catch-ups and chain steps padded to static shapes
+        (`trtspec.models.cuda_graphs`), replayed as CUDA graphs on a CUDA device, eager elsewhere."""
         self.model = model
         self.tap_layer_ids = tuple(model.spec.aux_layer_ids or ())
         self.num_draft_tokens = num_draft_tokens or DEFAULT_NUM_DRAFT_TOKENS
@@ -51,15 +55,20 @@ class Eagle3Drafter(TapsDrafter):
         self.kv: SlotKV | None = None
         self.last_h: dict[int, torch.Tensor] = {}  # slot -> [H] output of drafter slot ctx_len − 1
         self.dropped: dict[int, int] = {}  # slot -> positions before drafter slot 0 (a restart's)
+        self.cuda_graphs = cuda_graphs
+        self.graphed: GraphedSteps | None = None
 
     def allocate(self, num_slots, capacity):
         super().allocate(num_slots, capacity)
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        # the chain's k − 1 steps are written after the committed slots, hence the extra room
-        self.kv = SlotKV(num_slots, cfg.num_key_value_heads, capacity + self.num_draft_tokens, head_dim,
-                         self.dtype, self.device)
+        room = capacity + self.num_draft_tokens  # the chain's k − 1 steps follow the committed slots
+        scratch = MAX_TOKENS if self.cuda_graphs else 0  # the padded steps' dummy rows write there
+        self.kv = SlotKV(num_slots, cfg.num_key_value_heads, room + scratch, head_dim, self.dtype,
+                         self.device)
         self.last_h, self.dropped = {}, {}
+        self.graphed = None if not self.cuda_graphs else \
+            GraphedSteps(self._padded_step, self.device, num_slots, room, capture=self.device.type == "cuda")
 
     def begin(self, slot, prompt, hidden):
         super().begin(slot, prompt, hidden)
@@ -98,16 +107,30 @@ class Eagle3Drafter(TapsDrafter):
             taps.append(new)
         if not segments:
             return
-        layout = StepLayout(segments, self.device)
-        ids = torch.tensor(tokens, device=self.device)[None]  # [1, N]
-        h, _ = self.model(ids, self.model.fuse(torch.cat(taps).to(self.device)[None]), layout.positions[None],
-                          SlotView(self.kv, layout))  # [1, N, H]
+        ids = torch.tensor(tokens, device=self.device)  # [N]
+        h = self._forward(segments, ids, self.model.fuse(torch.cat(taps).to(self.device)[None])[0])  # [N, H]
         self.num_forwards += 1
         end = 0
         for s in segments:
             end += s.length
             self.ctx_len[s.slot] += s.length
-            self.last_h[s.slot] = h[0, end - 1]
+            self.last_h[s.slot] = h[end - 1]
+
+    def _forward(self, segments: list[Segment], ids: torch.Tensor, h_in: torch.Tensor) -> torch.Tensor:
+        """The drafter layer over packed chains (causal), padded when `cuda_graphs` lets it.
+        ids [N], h_in [N, H] (fused taps, or the previous step's outputs)  -> [N, H]"""
+        shape = self.graphed.plan(segments) if self.graphed is not None else None
+        if shape is not None:  # out of the graph's buffers by packed index
+            (h,), index = self.graphed.forward(shape, segments, ids, h_in)
+            return h[index]
+        layout = StepLayout(segments, self.device)
+        h, _ = self.model(ids[None], h_in[None], layout.positions[None], SlotView(self.kv, layout))
+        return h[0]
+
+    def _padded_step(self, layout: StaticLayout, ids: torch.Tensor, h_in: torch.Tensor) -> tuple:
+        """The forward `GraphedSteps` pads and replays.  ids [B·n], h_in [B·n, H] -> [B·n, H]"""
+        h, _ = self.model(ids[None], h_in[None], layout.positions[None], SlotView(self.kv, layout))
+        return (h[0],)
 
     def _check_absorbed(self, rows: list[DraftRow]) -> None:
         for row in rows:
@@ -153,17 +176,15 @@ class Eagle3Drafter(TapsDrafter):
         Returns the target-vocabulary logits of steps 1..k, each [R, V]."""
         self._absorb_pending(rows)
         self._check_absorbed(rows)
-        h = torch.stack([self.last_h[row.slot] for row in rows])[None]  # [1, R, H]
+        h = torch.stack([self.last_h[row.slot] for row in rows])  # [R, H]
         logits = []
         for i in range(k):
-            logits.append(self.model.to_target_logits(self.model.draft_logits(h[0])).float())  # [R, V]
+            logits.append(self.model.to_target_logits(self.model.draft_logits(h)).float())  # [R, V]
             if i + 1 == k:
                 break
             token = choose(logits[-1])  # [R]
             # chain step i + 1 of each row sits at position ctx_len + i
-            segments = [Segment(row.slot, self.ctx_len[row.slot] + i, 1) for row in rows]
-            layout = StepLayout(segments, self.device)
-            h, _ = self.model(token[None], h, layout.positions[None], SlotView(self.kv, layout))  # [1, R, H]
+            h = self._forward([Segment(row.slot, self.ctx_len[row.slot] + i, 1) for row in rows], token, h)
             self.num_forwards += 1
         return logits
 
@@ -189,4 +210,5 @@ class Eagle3Drafter(TapsDrafter):
 def _build(config, target) -> Eagle3Drafter:
     hf = target.model
     model = load_eagle3(config.resolved_path, target.config, hf.get_input_embeddings(), DTYPES[config.dtype])
-    return Eagle3Drafter(model.to(target.device), config.num_draft_tokens)
+    graphs = config.cuda_graphs and target.device.type == "cuda"
+    return Eagle3Drafter(model.to(target.device), config.num_draft_tokens, graphs)
