@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from trtspec.errors import CheckpointError
+from trtspec.models.cuda_graphs import TOKEN_BUCKETS
 from trtspec.models.target import Chunk, TargetModel, load_causal_lm
 
 
@@ -161,7 +162,8 @@ def test_steps_padded_for_cuda_graphs_equal_the_packed_forward(family, request):
         total = sum(len(c.input_ids) for c in chunks)
         both(chunks, torch.randperm(total, generator=gen)[: total // 2])
         bucket = 4 if 3 in fed else 2 if 1 in fed else 1  # a power of two past the highest slot fed
-        shapes.add((bucket, max(len(c.input_ids) for c in chunks), 256))
+        longest = max(len(c.input_ids) for c in chunks)
+        shapes.add((bucket, next(n for n in TOKEN_BUCKETS if n >= longest), 256))
         for c in chunks:
             back = int(torch.randint(0, len(c.input_ids), (1,), generator=gen))
             packed.rewind(c.slot, back)
@@ -173,10 +175,12 @@ def test_steps_padded_for_cuda_graphs_equal_the_packed_forward(family, request):
     assert padded.seq_len(0) == packed.seq_len(0) and padded.seq_len(2) == 0
 
 
-def test_padded_steps_refuse_what_a_static_shape_cannot_hold(random_qwen3_dir):
+def test_padded_steps_refuse_what_a_static_shape_cannot_hold(random_qwen3_dir, monkeypatch):
     """The graph plan is None (eager) for a tree, a chain past MAX_TOKENS and a slot fed twice;
     otherwise (B, n, K): the batch bucket past the highest slot (at most the slot count), the
-    longest chain, the context bucket past the real tokens (at most the capacity)."""
+    longest chain's token bucket, the context bucket past the real tokens (at most the capacity).
+    Past MAX_GRAPHS shapes the least recently used graph goes."""
+    from trtspec.models import cuda_graphs
     from trtspec.models.cuda_graphs import MAX_TOKENS
     from trtspec.models.kv_slots import Segment, TreeSpan
 
@@ -184,11 +188,17 @@ def test_padded_steps_refuse_what_a_static_shape_cannot_hold(random_qwen3_dir):
     target.allocate(6, 300)
     plan = target.graphed.plan
     assert plan([Segment(2, 10, 3)]) == (4, 3, 256)
-    assert plan([Segment(0, 270, 5), Segment(4, 10, 1)]) == (6, 5, 300)
+    assert plan([Segment(0, 270, 5), Segment(4, 10, 1)]) == (6, 6, 300)  # 5 tokens: bucket 6
     assert plan([Segment(1, 296, 4)]) == (2, 4, 300)
     assert plan([Segment(0, 10, 3, TreeSpan(10, (-1, 0, 0)))]) is None
     assert plan([Segment(0, 10, MAX_TOKENS + 1)]) is None
     assert plan([Segment(0, 10, 2), Segment(0, 12, 1)]) is None
+    target.lengths = {0: 10}
+    monkeypatch.setattr(cuda_graphs, "MAX_GRAPHS", 2)
+    for n in (1, 2, 1, 3):
+        target.forward([Chunk(0, torch.zeros(n, dtype=torch.long))])
+        target.rewind(0, n)
+    assert list(target.graphed.graphs) == [(1, 1, 256), (1, 3, 256)]  # (1, 2, 256) least recently used
 
 
 def test_a_failed_capture_leaves_decoding_exact_and_eager(random_qwen3_dir):

@@ -11,19 +11,22 @@ use:
              the slot count). A slot of that range with nothing to feed feeds a dummy chain into
              the scratch tail of its buffers: the MAX_TOKENS positions past the capacity, which
              the model allocates for this and no request ever holds.
-    tokens   n per row, the step's longest chain. A shorter chain is padded with its last token at
-             the positions after it: written past the request's length (into the scratch tail at
-             most), where nothing reads them before a later step writes the real ones.
+    tokens   n per row: the step's longest chain rounded up to a TOKEN_BUCKETS size (causal steps;
+             a DFlash block is always its block size). A shorter chain is padded with its last token
+             at the positions after it: written past the request's length (into the scratch tail
+             at most), where nothing reads them before a later step writes the real ones.
     context  attention over the first K positions of each slot, K a power of two (at least
              MIN_CONTEXT) past the longest row, at most the capacity, under a mask the graph
              builds from the positions: causal (a query at position p sees positions <= p of its
              slot) or, for a DFlash block, each query sees its whole row and what precedes it.
 
-So a graph is keyed by (B, n, K). Before a replay the step's inputs (tokens; EAGLE-3 also feeds a
-hidden state per token) and positions are gathered into the graph's input buffers; after it the
-real tokens' outputs (logits, hidden states) are gathered out of its output buffers (copies: the
-next replay overwrites them). Everything else runs eagerly, as the packed forward: a step with a
-token tree, a chain longer than MAX_TOKENS (a prefill) or a slot fed twice.
+So a graph is keyed by (B, n, K), and at most MAX_GRAPHS are kept (the least recently replayed
+goes first: each holds its output buffers, the logits of B·n tokens for a target). Before a replay
+the step's inputs (tokens; EAGLE-3 also feeds a hidden state per token) and positions are gathered
+into the graph's input buffers; after it the real tokens' outputs (logits, hidden states) are
+gathered out of its output buffers (copies: the next replay overwrites them). Everything else runs
+eagerly, as the packed forward: a step with a token tree, a chain longer than MAX_TOKENS (a
+prefill) or a slot fed twice.
 
 The padded step is plain torch, so on the CPU it runs eagerly (`capture=False`), which is how the
 tests prove it equals the packed forward; on CUDA `gpu_check` proves the replay decodes what the
@@ -43,6 +46,8 @@ from trtspec.models.kv_slots import AttentionGroup, Segment
 log = logging.getLogger(__name__)
 
 MAX_TOKENS = 32  # the longest chain a graph step feeds per row: longer ones are prefills
+TOKEN_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, MAX_TOKENS)  # n of a causal step's graphs
+MAX_GRAPHS = 48  # graphs kept per model
 MIN_CONTEXT = 256  # the smallest context bucket K
 WARMUP = 2  # eager runs on a side stream before a capture (allocator and lazy-init settle)
 
@@ -123,6 +128,8 @@ class GraphedSteps:
         n = max(s.length for s in segments)
         if len(set(fed)) != len(fed) or n > MAX_TOKENS or any(s.tree is not None for s in segments):
             return None
+        if self.causal:  # a DFlash block's queries see its whole row: no padding past its block
+            n = next(b for b in TOKEN_BUCKETS if b >= n)
         end = max(s.start + s.length for s in segments)  # what the real tokens must see
         return _bucket(max(fed) + 1, 1, self.num_slots), n, _bucket(end, MIN_CONTEXT, self.capacity)
 
@@ -143,10 +150,13 @@ class GraphedSteps:
                 positions[base + i] = s.start + i
             index += range(base, base + s.length)
             at += s.length
-        g = self.graphs.get(shape)
+        g = self.graphs.pop(shape, None)  # back in last: the most recently used
         if g is None:
-            g = self.graphs[shape] = _Graph(StaticLayout(*shape, self.device, self.causal),
-                                            [x.new_zeros(rows * n, *x.shape[1:]) for x in inputs])
+            if len(self.graphs) >= MAX_GRAPHS:
+                del self.graphs[next(iter(self.graphs))]
+            g = _Graph(StaticLayout(*shape, self.device, self.causal),
+                       [x.new_zeros(rows * n, *x.shape[1:]) for x in inputs])
+        self.graphs[shape] = g
         # gathered on the device, no wait for the host: the inputs never leave it
         source = torch.tensor(source, device=self.device)
         for x, buffer in zip(inputs, g.inputs, strict=True):
