@@ -168,30 +168,29 @@ def check_verify(run: Run) -> None:
                      "ok": same, "detail": "tokens equal" if same else "TOKENS DIFFER"})
 
 
-def check_decoding(run: Run) -> None:
-    """The shipped tiny target + DFlash drafter on the device: greedy equals the target alone, one
-    request at a time and at R = 4 (requests joining as others leave); on CUDA (decode steps
-    replayed as CUDA graphs) also equals the same loop run eagerly, and the graphs' decode speed
-    is measured beside the eager one."""
-    from trtspec.bench.loop_overhead import tiny_pipeline
+def _decoding_prompts(run: Run, tokenizer) -> tuple[list[list[int]], int]:
+    """Code and math prompts (token ids) and the tokens to decode for each."""
     from trtspec.prompts import load_prompts
+
+    n, max_tokens = (1, 24) if run.small else (6, 128)
+    return [tokenizer.encode(p) for p in load_prompts("code")[:n] + load_prompts("math")[:n]], max_tokens
+
+
+def _lossless_rows(run: Run, dtype: str) -> None:
+    """The shipped tiny target + DFlash drafter in `dtype` on the device: greedy equals the same
+    target alone, one request at a time and at R = 4 (requests joining as others leave, so the
+    padded steps have idle rows)."""
+    from trtspec.bench.loop_overhead import tiny_pipeline
     from trtspec.spec.decoder import Request
 
-    spec, plain = tiny_pipeline(run.device), tiny_pipeline(run.device, use_drafter=False)
-    eager = tiny_pipeline(run.device, cuda_graphs=False) if run.cuda else None
-    n, max_tokens = (1, 24) if run.small else (6, 128)
-    prompts = [spec.tokenizer.encode(p) for p in load_prompts("code")[:n] + load_prompts("math")[:n]]
-    same = same_eager = 0
-    alone = []
-    for ids in prompts:
-        spec_ids = spec.decoder.generate(ids, max_tokens).token_ids
-        alone.append(plain.decoder.generate(ids, max_tokens).token_ids)
-        same += spec_ids == alone[-1]
-        if eager is not None:
-            same_eager += spec_ids == eager.decoder.generate(ids, max_tokens).token_ids
-    # the batched loop: R = 4 slots, requests joining as others leave (holes in the padded steps)
+    spec = tiny_pipeline(run.device, dtype=dtype)
+    plain = tiny_pipeline(run.device, use_drafter=False, dtype=dtype)
+    prompts, max_tokens = _decoding_prompts(run, spec.tokenizer)
+    alone = [plain.decoder.generate(ids, max_tokens).token_ids for ids in prompts]
+    one = sum(spec.decoder.generate(ids, max_tokens).token_ids == a
+              for ids, a in zip(prompts, alone, strict=True))
     batch = spec.decoder_for(4).generate_batch([Request(ids, max_tokens) for ids in prompts])
-    same_batch = sum(r.token_ids == a for r, a in zip(batch, alone, strict=True))
+    four = sum(r.token_ids == a for r, a in zip(batch, alone, strict=True))
     how = ""
     decoder = spec.decoder  # the models' copies that decoded, with their graphs
     for name, model in (("target", decoder.target), ("drafter", decoder.drafter)):
@@ -199,20 +198,39 @@ def check_decoding(run: Run) -> None:
         if graphed is not None:
             how += f"; {name}: {graphed.num_steps} steps padded, " + \
                 (f"capture failed: {graphed.failed}" if graphed.failed else f"{len(graphed.graphs)} graphs")
-    run.rows.append({"check": f"DFlash greedy == target alone ({run.device.type} fp32)", "dtype": "float32",
-                     "ok": same == len(prompts), "detail": f"{same}/{len(prompts)} prompts{how}"})
-    run.rows.append({"check": f"DFlash greedy at R = 4 == target alone ({run.device.type} fp32)",
-                     "dtype": "float32", "ok": same_batch == len(prompts),
-                     "detail": f"{same_batch}/{len(prompts)} prompts"})
-    if eager is None:
+    short = {"float32": "fp32", "bfloat16": "bf16"}[dtype]
+    run.rows.append({"check": f"DFlash greedy == target alone ({run.device.type} {short})", "dtype": dtype,
+                     "ok": one == len(prompts), "detail": f"{one}/{len(prompts)} prompts{how}"})
+    run.rows.append({"check": f"DFlash greedy at R = 4 == target alone ({run.device.type} {short})",
+                     "dtype": dtype, "ok": four == len(prompts), "detail": f"{four}/{len(prompts)} prompts"})
+
+
+def check_decoding(run: Run) -> None:
+    """Speculative decoding on the device is lossless, in float32 and in bfloat16."""
+    for dtype in ("float32", "bfloat16"):
+        _lossless_rows(run, dtype)
+
+
+def check_graphs(run: Run) -> None:
+    """On CUDA, the decode steps replayed as CUDA graphs decode what the same loop decodes eagerly
+    (`cuda_graphs: false`), and the graphs' decode speed is measured beside the eager one."""
+    from trtspec.bench.loop_overhead import tiny_pipeline
+
+    if not run.cuda:
+        run.rows.append({"check": "DFlash greedy, CUDA graphs == eager", "dtype": "float32", "ok": True,
+                         "detail": "skipped: no CUDA device"})
         return
+    graphs, eager = tiny_pipeline(run.device), tiny_pipeline(run.device, cuda_graphs=False)
+    prompts, max_tokens = _decoding_prompts(run, graphs.tokenizer)
+    same = sum(graphs.decoder.generate(ids, max_tokens).token_ids
+               == eager.decoder.generate(ids, max_tokens).token_ids for ids in prompts)
     speed = {}
-    for label, p in (("graphs", spec), ("eager", eager)):  # every shape captured above
+    for label, p in (("graphs", graphs), ("eager", eager)):  # every shape captured above
         ms = run.timer(reps=3).median_ms(lambda p=p: p.decoder.generate(prompts[0], max_tokens))
         speed[label] = max_tokens / ms * 1e3
     run.rows.append({"check": "DFlash greedy, CUDA graphs == eager (cuda fp32)", "dtype": "float32",
-                     "ok": same_eager == len(prompts),
-                     "detail": f"{same_eager}/{len(prompts)} prompts; decode {speed['graphs']:.0f} tokens/s "
+                     "ok": same == len(prompts),
+                     "detail": f"{same}/{len(prompts)} prompts; decode {speed['graphs']:.0f} tokens/s "
                                f"with graphs, {speed['eager']:.0f} eager"})
 
 
@@ -355,6 +373,7 @@ def main(small: bool, out_dir: Path | None, models: str, budget_s: float | None)
     run = Run(torch.device("cuda" if cuda else "cpu"), small, out_dir or Path(os.environ.get("OUT", ".")))
     checks = (("environment", check_environment), ("kv_injection_attention parity", check_attention),
               ("confidence_verify parity", check_verify), ("DFlash decoding parity", check_decoding),
+              ("CUDA graphs against eager", check_graphs),
               ("TensorRT engines (engine flavour)", check_engines))
     for label, check in checks:
         run.guarded(label, lambda c=check: c(run))

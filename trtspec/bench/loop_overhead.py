@@ -24,14 +24,16 @@ log = logging.getLogger(__name__)
 TINY_CONFIG = Path(__file__).parents[2] / "build_configs" / "tiny-dflash.yaml"
 
 
-def tiny_pipeline(device: torch.device, use_drafter: bool = True, cuda_graphs: bool = True):
+def tiny_pipeline(device: torch.device, use_drafter: bool = True, cuda_graphs: bool = True,
+                  dtype: str = "float32"):
     """The shipped tiny target with its DFlash drafter (or alone), every tensor of the loop on
-    `device` (the config's target.device / drafter.device) and `cuda_graphs` (both models')."""
+    `device` (the config's target.device / drafter.device), `cuda_graphs` and `dtype` (both
+    models')."""
     from trtspec.config import load_build_config
     from trtspec.pipeline import load_pipeline
 
     config = load_build_config(TINY_CONFIG)
-    placed = {"device": str(device), "cuda_graphs": cuda_graphs}
+    placed = {"device": str(device), "cuda_graphs": cuda_graphs, "dtype": dtype}
     config = config.model_copy(update={"target": config.target.model_copy(update=placed),
                                        "drafter": config.drafter.model_copy(update=placed)})
     return load_pipeline(config, use_drafter=use_drafter)
