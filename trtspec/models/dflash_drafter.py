@@ -85,7 +85,7 @@ class DFlashDrafter(BlockDrafter):
         self.ctx = [SlotKV(num_slots, cfg.num_key_value_heads, room + scratch, cfg.head_dim,
                            self.dtype, self.device) for _ in self.model.layers]
         self.graphed = None if not self.cuda_graphs else \
-            GraphedSteps(self._padded_block, self.device, num_slots, room,
+            GraphedSteps(self._block, self.device, num_slots, room,
                          capture=self.device.type == "cuda", causal=False)
 
     @torch.inference_mode()
@@ -122,17 +122,18 @@ class DFlashDrafter(BlockDrafter):
         if shape is not None and embed_tokens is self.embed_tokens:  # padded: rows out by packed index
             (hidden,), index = self.graphed.forward(shape, segments, block.flatten())
             return hidden[index].view(len(rows), b, -1)
-        positions = torch.tensor(starts, device=self.device)[:, None] + torch.arange(b, device=self.device)
         layout = StepLayout(segments, self.device, causal=False)
-        embeds = embed_tokens(block).to(self.dtype)  # [R, B, H]
-        return self.model(embeds, positions, [SlotView(kv, layout) for kv in self.ctx])
+        return self._block(layout, block.flatten(), embed_tokens)[0].view(len(rows), b, -1)
 
-    def _padded_block(self, layout: StaticLayout, input_ids: torch.Tensor) -> tuple[torch.Tensor]:
-        """The block forward `GraphedSteps` pads and replays.  input_ids [B·n] -> hidden [B·n, H]"""
-        rows, n, _ = layout.shape
-        embeds = self.embed_tokens(input_ids.view(rows, n)).to(self.dtype)  # [B, n, H]
-        hidden = self.model(embeds, layout.positions.view(rows, n), [SlotView(kv, layout) for kv in self.ctx])
-        return (hidden.reshape(rows * n, -1),)
+    def _block(self, layout: StepLayout | StaticLayout, input_ids: torch.Tensor,
+               embed_tokens: torch.nn.Module | None = None) -> tuple[torch.Tensor]:
+        """Block forwards of whole blocks over the slot buffers as `layout` places them (packed, or
+        padded for a graph).  input_ids [rows·B] -> (hidden [rows·B, H],)"""
+        b = self.block_size
+        embed = self.embed_tokens if embed_tokens is None else embed_tokens
+        embeds = embed(input_ids.view(-1, b)).to(self.dtype)  # [rows, B, H]
+        hidden = self.model(embeds, layout.positions.view(-1, b), [SlotView(kv, layout) for kv in self.ctx])
+        return (hidden.reshape(-1, hidden.shape[-1]),)
 
     def draft_logits(self, rows: list[DraftRow], k: int) -> torch.Tensor:
         """Logits of draft slots 1..k of every row's block.  -> [R, k, V]"""

@@ -68,7 +68,7 @@ class Eagle3Drafter(TapsDrafter):
                          self.device)
         self.last_h, self.dropped = {}, {}
         self.graphed = None if not self.cuda_graphs else \
-            GraphedSteps(self._padded_step, self.device, num_slots, room, capture=self.device.type == "cuda")
+            GraphedSteps(self._step, self.device, num_slots, room, capture=self.device.type == "cuda")
 
     def begin(self, slot, prompt, hidden):
         super().begin(slot, prompt, hidden)
@@ -123,12 +123,11 @@ class Eagle3Drafter(TapsDrafter):
         if shape is not None:  # out of the graph's buffers by packed index
             (h,), index = self.graphed.forward(shape, segments, ids, h_in)
             return h[index]
-        layout = StepLayout(segments, self.device)
-        h, _ = self.model(ids[None], h_in[None], layout.positions[None], SlotView(self.kv, layout))
-        return h[0]
+        return self._step(StepLayout(segments, self.device), ids, h_in)[0]
 
-    def _padded_step(self, layout: StaticLayout, ids: torch.Tensor, h_in: torch.Tensor) -> tuple:
-        """The forward `GraphedSteps` pads and replays.  ids [B·n], h_in [B·n, H] -> [B·n, H]"""
+    def _step(self, layout: StepLayout | StaticLayout, ids: torch.Tensor, h_in: torch.Tensor) -> tuple:
+        """The drafter layer over the slot buffers as `layout` places the tokens (packed, or padded
+        for a graph).  ids [T], h_in [T, H] -> ([T, H],)"""
         h, _ = self.model(ids[None], h_in[None], layout.positions[None], SlotView(self.kv, layout))
         return (h[0],)
 
