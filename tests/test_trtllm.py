@@ -57,9 +57,23 @@ def test_generated_names_are_kept_names(name):
     args = llm_args(_load(name), for_triton=True)
     assert set(args) <= fields.LLM_ARGS_FIELDS
     assert set(args["kv_cache_config"]) <= fields.KV_CACHE_FIELDS
+    assert set(args["cuda_graph_config"]) <= fields.CUDA_GRAPH_FIELDS
     spec = args["speculative_config"]
     assert set(spec) <= fields.SPEC_FIELDS[spec["decoding_type"]]
     assert spec["speculative_model"].startswith("/models/")
+
+
+def test_cuda_graphs_cover_the_deployments_batches_or_are_off():
+    """cuda_graph_config: padded decode graphs up to deployment.max_batch_size (TensorRT-LLM's own
+    default stops at 128, unpadded); target.cuda_graphs false writes null, which turns them off."""
+    config = _load("gpt-oss-120b-dflash-b300-tp8.yaml")
+    args = llm_args(config, for_triton=False)
+    batches = config.deployment.max_batch_size
+    assert args["cuda_graph_config"] == {"enable_padding": True, "max_batch_size": batches}
+    off = config.model_copy(update={"target": config.target.model_copy(update={"cuda_graphs": False})})
+    assert llm_args(off, for_triton=False)["cuda_graph_config"] is None
+    with pytest.raises(ConfigError, match=r"cuda_graph_config: \['padding'\] not in the TensorRT-LLM"):
+        fields.check_llm_args({"cuda_graph_config": {"padding": True}}, "x")
 
 
 def test_a_name_outside_the_kept_list_is_refused():

@@ -53,7 +53,8 @@ class _HasPath(_Strict):
                                                 "chain steps) as CUDA graphs, one per padded shape (batch "
                                                 "bucket, fed tokens, context bucket), captured on first "
                                                 "use; prefills, trees and a failed capture run eagerly. "
-                                                "Ignored on cpu")
+                                                "Ignored on cpu. Flavour trtllm: the target's sets "
+                                                "TensorRT-LLM's cuda_graph_config (null when false)")
     _base: Path = PrivateAttr(default=Path("."))
 
     @field_validator("device")

@@ -102,6 +102,11 @@ def llm_args(config: BuildConfig, *, for_triton: bool) -> dict:
         "enable_block_reuse": dep.enable_block_reuse,
         "dtype": dep.kv_cache_dtype,
     }
+    # decode batches replayed as CUDA graphs up to the deployment's batch size, each padded up to
+    # the next captured size (TensorRT-LLM's own default stops at 128, unpadded); target.cuda_graphs
+    # false turns them off, as in the torch flavour
+    args["cuda_graph_config"] = {"enable_padding": True, "max_batch_size": dep.max_batch_size} \
+        if config.target.cuda_graphs else None
     spec = _speculative_config(config)
     if spec is not None:
         args["speculative_config"] = spec

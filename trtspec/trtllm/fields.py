@@ -38,6 +38,13 @@ Read from NVIDIA/TensorRT-LLM (PyTorch backend, LLM API), not guessed:
   Later TensorRT-LLM (`min_runtime_draft_len`) floors a scheduled 0 at 1 for one-engine modes other
   than Eagle3 / MTP-Eagle; at the commits above a 0 turns speculation off.
 
+- CUDA graphs, same llm_args.py: `TorchLlmArgs.cuda_graph_config` (default `CudaGraphConfig()`,
+  i.e. on, for decode-only batches; None turns them off), whose decode config
+  (`DecodeCudaGraphConfig` / `BaseCudaGraphConfig`) takes `batch_sizes`, `max_batch_size`
+  (NonNegativeInt; 0 = 128 when no batch_sizes are given) and `enable_padding` (round a batch up
+  to the next captured size, "usually a net win for performance"); the sizes are generated up to
+  max_batch_size and the draft_len_schedule keys are merged into them.
+
 Not written because not confirmed or not wanted: `enable_confidence_head` /
 `confidence_threshold` (absent from `DSparkDecodingConfig` on purpose, see its NOTE), and
 `moe_tensor_parallel_size` (TensorRT-LLM derives it as tp / ep when left unset).
@@ -65,12 +72,15 @@ LLM_ARGS_FIELDS = frozenset(
         "max_seq_len",
         "max_num_tokens",
         "kv_cache_config",
+        "cuda_graph_config",
         "speculative_config",
         "trust_remote_code",
     }
 )
 # KvCacheConfig fields trtspec may emit.
 KV_CACHE_FIELDS = frozenset({"free_gpu_memory_fraction", "enable_block_reuse", "max_tokens", "dtype"})
+# CudaGraphConfig (decode) fields trtspec may emit.
+CUDA_GRAPH_FIELDS = frozenset({"batch_sizes", "max_batch_size", "enable_padding"})
 # KvCacheConfig.dtype values accepted by its validator (besides torch dtype names).
 KV_CACHE_DTYPES = ("auto", "fp8")
 
@@ -159,10 +169,13 @@ def check_names(mapping: dict, allowed: frozenset, where: str) -> None:
 
 
 def check_llm_args(args: dict, where: str) -> None:
-    """Check every key of LLM-API args (nested kv_cache_config / speculative_config included)."""
+    """Check every key of LLM-API args (nested kv_cache_config / cuda_graph_config /
+    speculative_config included)."""
     check_names(args, LLM_ARGS_FIELDS, where)
     if "kv_cache_config" in args:
         check_names(args["kv_cache_config"], KV_CACHE_FIELDS, f"{where}: kv_cache_config")
+    if args.get("cuda_graph_config") is not None:
+        check_names(args["cuda_graph_config"], CUDA_GRAPH_FIELDS, f"{where}: cuda_graph_config")
     spec = args.get("speculative_config")
     if spec is not None:
         kind = spec.get("decoding_type")
