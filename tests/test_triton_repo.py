@@ -76,6 +76,20 @@ def test_one_instance_per_gpu(tmp_path):
     assert (group.count, list(group.gpus)) == (1, [0, 1, 3])  # Triton: `count` instances on EACH gpu
 
 
+def test_each_gpu_instance_decodes_on_its_own_gpu(tmp_path):
+    """Triton starts one instance per listed GPU; each puts target and drafter on cuda:<its id>
+    (not every one on cuda:0); a CPU instance keeps the config's device."""
+    from trtspec.triton.repo import placed_on_instance
+
+    cfg = tmp_path / "gpus.yaml"
+    cfg.write_text(CONFIG.read_text() + "gpus: [0, 1, 3]\n")
+    config = load_build_config(cfg)
+    placed = placed_on_instance(config, "GPU", "3")
+    assert (placed.target.device, placed.drafter.device) == ("cuda:3", "cuda:3")
+    assert placed.target.path == config.target.path and config.target.device == "cpu"
+    assert placed_on_instance(config, "CPU", "0") is config
+
+
 def test_bad_gpus_and_flavours_are_refused(tmp_path):
     cfg = tmp_path / "dup.yaml"
     cfg.write_text(CONFIG.read_text() + "gpus: [0, 0]\n")

@@ -33,7 +33,7 @@ from trtspec.pipeline import load_pipeline
 from trtspec.runtime import configure_threads
 from trtspec.spec.decoder import Request
 from trtspec.spec.metrics import GenerationResult
-from trtspec.triton.repo import BUILD_CONFIG_FILE, instances_on_this_machine
+from trtspec.triton.repo import BUILD_CONFIG_FILE, instances_on_this_machine, placed_on_instance
 from trtspec.triton.request import GenerateRequest, RequestError, TextStream, parse_request
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,9 @@ class _Stream:
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         model_dir = Path(args["model_repository"])
-        self.config = load_build_config(model_dir / args["model_version"] / BUILD_CONFIG_FILE)
+        config = load_build_config(model_dir / args["model_version"] / BUILD_CONFIG_FILE)
+        kind, device_id = args["model_instance_kind"], args["model_instance_device_id"]
+        self.config = placed_on_instance(config, kind, device_id)  # a GPU instance: on its own GPU
         model_config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException(f"{args['model_name']}: the model must be decoupled")

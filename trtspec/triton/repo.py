@@ -7,7 +7,8 @@
 One decoupled Python-backend model runs tokenizer, drafter and target (the orchestrator). Its
 tensors are the names TensorRT-LLM's templates taught users (`text_input`, `max_tokens`, …).
 Instances: one on the CPU without `gpus`, else one per listed GPU (`instance_group` with
-`count: 1` and those `gpus`, which Triton reads as one instance on each).
+`count: 1` and those `gpus`, which Triton reads as one instance on each); each GPU instance puts
+its models on its own GPU (`placed_on_instance`).
 """
 
 from __future__ import annotations
@@ -71,6 +72,21 @@ def instances_on_this_machine(model_config: dict) -> int:
     it): each group's `count` on each of its `gpus`, or `count` when it lists none."""
     return sum(int(g.get("count", 1)) * max(1, len(g.get("gpus") or [])) for g in
                model_config.get("instance_group") or [{}])
+
+
+def placed_on_instance(config: BuildConfig, kind: str, device_id: str | int) -> BuildConfig:
+    """The config one model instance decodes with. A GPU instance (the config's `gpus`: one
+    instance on each) puts the target and drafter of flavour torch on ITS GPU, cuda:<device id>,
+    whatever `device` says (else every instance would share cuda:0); a CPU instance, and the
+    other flavours, keep the config as written. `kind`, `device_id`: Triton's
+    `model_instance_kind` and `model_instance_device_id`."""
+    if kind != "GPU" or config.flavour != "torch":
+        return config
+    on = {"device": f"cuda:{int(device_id)}"}
+    update = {"target": config.target.model_copy(update=on)}
+    if config.drafter is not None:
+        update["drafter"] = config.drafter.model_copy(update=on)
+    return config.model_copy(update=update)
 
 
 def _portable_path(path: str, resolved: Path) -> str:
