@@ -19,6 +19,7 @@ import torch
 
 from trtspec.config import BuildConfig, EngineConfig, ScheduleConfig, TreeConfig
 from trtspec.errors import ConfigError
+from trtspec.models.cuda_graphs import graphs_wanted
 from trtspec.models.drafter import Drafter, build_drafter
 from trtspec.models.target import TargetModel, load_causal_lm
 from trtspec.spec.cost import load_acceptance
@@ -200,7 +201,7 @@ def load_pipeline(config: BuildConfig, use_drafter: bool = True) -> Pipeline:
 
         log.warning("config %r: test_only.biased_acceptance, sampling is deliberately biased", config.name)
         verifier = BiasedVerifier()
-    graphs = config.target.cuda_graphs and model.device.type == "cuda"
+    graphs = graphs_wanted(config.target.cuda_graphs, model.device)
     return Pipeline(config, tokenizer, TargetModel(model, drafter.tap_layer_ids, graphs), drafter, verifier)
 
 

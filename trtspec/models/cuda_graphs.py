@@ -54,6 +54,12 @@ WARMUP = 2  # eager runs on a side stream before a capture (allocator and lazy-i
 Outputs = tuple[torch.Tensor | None, ...]  # each [B·n, ...] (or None), one row per padded token
 
 
+def graphs_wanted(enabled: bool, device: torch.device) -> bool:
+    """Whether a model pads its decode steps: its config's `cuda_graphs` on a CUDA device (on the
+    CPU the padded steps would only cost; the tests build the models with it on directly)."""
+    return enabled and torch.device(device).type == "cuda"
+
+
 def _bucket(n: int, low: int, high: int) -> int:
     """The smallest power of two >= max(n, low), capped at `high` (which need not be one)."""
     b = low
@@ -132,6 +138,11 @@ class GraphedSteps:
             n = next(b for b in TOKEN_BUCKETS if b >= n)
         end = max(s.start + s.length for s in segments)  # what the real tokens must see
         return _bucket(max(fed) + 1, 1, self.num_slots), n, _bucket(end, MIN_CONTEXT, self.capacity)
+
+    def run(self, segments: list[Segment], *inputs: torch.Tensor) -> tuple[Outputs, torch.Tensor] | None:
+        """`forward` at the step's `plan`, or None when the step must run eagerly."""
+        shape = self.plan(segments)
+        return None if shape is None else self.forward(shape, segments, *inputs)
 
     def forward(self, shape: tuple[int, int, int], segments: list[Segment], *inputs: torch.Tensor,
                 ) -> tuple[Outputs, torch.Tensor]:

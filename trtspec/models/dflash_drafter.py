@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from trtspec.errors import CheckpointError
-from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout
+from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout, graphs_wanted
 from trtspec.models.dflash import DFlashDraftModel, load_dflash
 from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
 from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout
@@ -107,7 +107,7 @@ class DFlashDrafter(BlockDrafter):
             self.ctx_len[s.slot] += s.length
 
     @torch.inference_mode()
-    def block_hidden(self, rows: list[DraftRow], embed_tokens: torch.nn.Module) -> torch.Tensor:
+    def block_hidden(self, rows: list[DraftRow]) -> torch.Tensor:
         """Final-normed hidden states of every row's block.  -> [R, B, H]"""
         slots = [row.slot for row in rows]
         self._absorb_pending(slots)
@@ -118,26 +118,24 @@ class DFlashDrafter(BlockDrafter):
         block[:, 0] = torch.tensor([row.committed[-1] for row in rows], device=self.device)
         segments = [Segment(s, start, b) for s, start in zip(slots, starts, strict=True)]
         self.num_forwards += 1
-        shape = self.graphed.plan(segments) if self.graphed is not None else None
-        if shape is not None and embed_tokens is self.embed_tokens:  # padded: rows out by packed index
-            (hidden,), index = self.graphed.forward(shape, segments, block.flatten())
+        padded = self.graphed.run(segments, block.flatten()) if self.graphed is not None else None
+        if padded is not None:  # out of the graph's buffers by packed index
+            (hidden,), index = padded
             return hidden[index].view(len(rows), b, -1)
         layout = StepLayout(segments, self.device, causal=False)
-        return self._block(layout, block.flatten(), embed_tokens)[0].view(len(rows), b, -1)
+        return self._block(layout, block.flatten())[0].view(len(rows), b, -1)
 
-    def _block(self, layout: StepLayout | StaticLayout, input_ids: torch.Tensor,
-               embed_tokens: torch.nn.Module | None = None) -> tuple[torch.Tensor]:
+    def _block(self, layout: StepLayout | StaticLayout, input_ids: torch.Tensor) -> tuple[torch.Tensor]:
         """Block forwards of whole blocks over the slot buffers as `layout` places them (packed, or
         padded for a graph).  input_ids [rows·B] -> (hidden [rows·B, H],)"""
         b = self.block_size
-        embed = self.embed_tokens if embed_tokens is None else embed_tokens
-        embeds = embed(input_ids.view(-1, b)).to(self.dtype)  # [rows, B, H]
+        embeds = self.embed_tokens(input_ids.view(-1, b)).to(self.dtype)  # [rows, B, H]
         hidden = self.model(embeds, layout.positions.view(-1, b), [SlotView(kv, layout) for kv in self.ctx])
         return (hidden.reshape(-1, hidden.shape[-1]),)
 
     def draft_logits(self, rows: list[DraftRow], k: int) -> torch.Tensor:
         """Logits of draft slots 1..k of every row's block.  -> [R, k, V]"""
-        hidden = self.block_hidden(rows, self.embed_tokens)[:, 1 : 1 + k]
+        hidden = self.block_hidden(rows)[:, 1 : 1 + k]
         with torch.inference_mode():
             return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
 
@@ -173,5 +171,5 @@ def _build(config, target) -> DFlashDrafter:
             f"yields at most {model.spec.block_size - 1} drafts"
         )
     hf = target.model
-    graphs = config.cuda_graphs and target.device.type == "cuda"
+    graphs = graphs_wanted(config.cuda_graphs, target.device)
     return DFlashDrafter(model, hf.get_input_embeddings(), hf.get_output_embeddings(), k, graphs)

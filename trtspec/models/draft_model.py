@@ -19,6 +19,7 @@ import copy
 import torch
 
 from trtspec.errors import CheckpointError
+from trtspec.models.cuda_graphs import graphs_wanted
 from trtspec.models.drafter import Drafter, DraftRow, Proposal, register_drafter
 from trtspec.models.target import Chunk, PathKeep, TargetModel, chunk_offsets, load_causal_lm
 from trtspec.spec.sampling import choose_tokens
@@ -154,5 +155,5 @@ def _build(config, target) -> DraftModelDrafter:
             f"drafter {config.resolved_path}: vocab_size {model.config.vocab_size} does not match "
             f"the target's vocab_size {target.vocab_size}; a draft model must share the tokenizer"
         )
-    graphs = config.cuda_graphs and model.device.type == "cuda"
+    graphs = graphs_wanted(config.cuda_graphs, model.device)
     return DraftModelDrafter(model, config.num_draft_tokens or 5, graphs)

@@ -20,6 +20,7 @@ import logging
 import torch
 
 from trtspec.errors import CheckpointError
+from trtspec.models.cuda_graphs import graphs_wanted
 from trtspec.models.dflash_drafter import DFlashDrafter
 from trtspec.models.drafter import Drafter, DraftRow, Proposal, register_drafter
 from trtspec.models.dspark import ChooseToken, DraftBlock, DSparkDraftModel, load_dspark
@@ -109,7 +110,7 @@ class DSparkDrafter(MarkovProposer, DFlashDrafter):
 
     def backbone_hidden(self, rows: list[DraftRow], k: int) -> torch.Tensor:
         """h_1..h_k of every row's block.  -> [R, k, H]"""
-        return self.block_hidden(rows, self.embed_tokens)[:, :k]
+        return self.block_hidden(rows)[:, :k]
 
     @torch.inference_mode()
     def draft_block(self, rows: list[DraftRow], k: int, choose: ChooseToken) -> DraftBlock:
@@ -137,5 +138,5 @@ def _build(config, target) -> DSparkDrafter:
             # from another target and will be accepted less often
             log.warning("%s: %s differs from the target's; retrain the drafter on this target", path, name)
     sts = load_sts(path, model.spec.block_size)
-    graphs = config.cuda_graphs and target.device.type == "cuda"
+    graphs = graphs_wanted(config.cuda_graphs, target.device)
     return DSparkDrafter(model, k, None if sts is None else sts.to(target.device), graphs)

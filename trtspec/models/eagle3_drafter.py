@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout
+from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout, graphs_wanted
 from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
 from trtspec.models.eagle3 import Eagle3DraftModel, load_eagle3
 from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout, TreeSpan
@@ -119,9 +119,9 @@ class Eagle3Drafter(TapsDrafter):
     def _forward(self, segments: list[Segment], ids: torch.Tensor, h_in: torch.Tensor) -> torch.Tensor:
         """The drafter layer over packed chains (causal), padded when `cuda_graphs` lets it.
         ids [N], h_in [N, H] (fused taps, or the previous step's outputs)  -> [N, H]"""
-        shape = self.graphed.plan(segments) if self.graphed is not None else None
-        if shape is not None:  # out of the graph's buffers by packed index
-            (h,), index = self.graphed.forward(shape, segments, ids, h_in)
+        padded = self.graphed.run(segments, ids, h_in) if self.graphed is not None else None
+        if padded is not None:  # out of the graph's buffers by packed index
+            (h,), index = padded
             return h[index]
         return self._step(StepLayout(segments, self.device), ids, h_in)[0]
 
@@ -209,5 +209,5 @@ class Eagle3Drafter(TapsDrafter):
 def _build(config, target) -> Eagle3Drafter:
     hf = target.model
     model = load_eagle3(config.resolved_path, target.config, hf.get_input_embeddings(), DTYPES[config.dtype])
-    graphs = config.cuda_graphs and target.device.type == "cuda"
+    graphs = graphs_wanted(config.cuda_graphs, target.device)
     return Eagle3Drafter(model.to(target.device), config.num_draft_tokens, graphs)

@@ -168,7 +168,7 @@ class TargetModel:
                                                  self.device))
         self.capacity = capacity
         if self.cuda_graphs:
-            self.graphed = GraphedSteps(self._padded_step, self.device, num_slots, capacity,
+            self.graphed = GraphedSteps(self._step, self.device, num_slots, capacity,
                                         capture=self.device.type == "cuda")
         self.reset()
 
@@ -192,32 +192,28 @@ class TargetModel:
                                  f"its capacity is {self.capacity}")
             segments.append(chunk_segment(c, start))
         input_ids = torch.cat([c.input_ids for c in chunks]).to(self.device)  # [T]
-        shape = self.graphed.plan(segments) if self.graphed is not None else None
-        if shape is not None:  # padded to a static shape: out of the graph's buffers by packed index
-            (logits, taps), index = self.graphed.forward(shape, segments, input_ids)  # index [T]
+        padded = self.graphed.run(segments, input_ids) if self.graphed is not None else None
+        if padded is not None:  # padded to a static shape: out of the graph's buffers by packed index
+            (logits, taps), index = padded  # index [T]
             logits = logits[index if logits_at is None else index[logits_at]]
             hidden = None if taps is None else taps[index]  # [T, D]
         else:
-            layout = StepLayout(segments, self.device)
-            out = hf_forward(self.model, self.cache, layout, input_ids, logits_at,
-                             output_hidden_states=bool(self.tap_layer_ids))
-            logits, hidden = out.logits[0], self._taps(out)  # hidden [T, D]
+            logits, hidden = self._step(StepLayout(segments, self.device), input_ids, logits_at)
         for s in segments:
             self.lengths[s.slot] = s.start + s.length
         self.num_forwards += 1
         return TargetOutput(logits=logits.float(), hidden=hidden)
 
-    def _padded_step(self, layout: StaticLayout, input_ids: torch.Tensor) -> tuple:
-        """The forward `GraphedSteps` pads and replays.  -> logits [B·n, V], taps [B·n, D] or None"""
-        out = hf_forward(self.model, self.cache, layout, input_ids, None,
+    def _step(self, layout: StepLayout | StaticLayout, input_ids: torch.Tensor,
+              logits_at: torch.Tensor | None = None) -> tuple:
+        """The model over the slot buffers as `layout` places the tokens (packed, or padded for a
+        graph).  input_ids [T] -> logits [T or len(logits_at), V], taps [T, D] (None without taps)"""
+        out = hf_forward(self.model, self.cache, layout, input_ids, logits_at,
                          output_hidden_states=bool(self.tap_layer_ids))
-        return out.logits[0], self._taps(out)
-
-    def _taps(self, out) -> torch.Tensor | None:
-        """The tapped layers' outputs of a forward, side by side.  -> [T, len(taps)·H], or None"""
-        if not self.tap_layer_ids:
-            return None
-        return torch.cat([out.hidden_states[i + 1][0] for i in self.tap_layer_ids], -1)
+        taps = None
+        if self.tap_layer_ids:
+            taps = torch.cat([out.hidden_states[i + 1][0] for i in self.tap_layer_ids], -1)
+        return out.logits[0], taps
 
     def rewind(self, slot: int, num_rejected: int) -> None:
         """Drop the last `num_rejected` positions of a slot (its rejected drafts)."""
