@@ -24,6 +24,7 @@ from tritonclient.grpc import InferInput
 from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
+from trtspec.prompts import load_prompts
 from trtspec.triton.client import (
     ClientError,
     GenerateParams,
@@ -475,3 +476,26 @@ def test_bench_against_the_server_reports_ttft_and_itl(served, config, tmp_path)
         assert row["per_user_tokens_per_s"] == pytest.approx(1e3 / row["itl_ms"], rel=0.01)
     bad = CliRunner().invoke(main, ["bench", "--url", "ftp://x", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "--url" in bad.output
+
+
+def test_verify_passes_a_bfloat16_deployment_that_parts_only_at_near_ties(tmp_path):
+    """In bfloat16 the served DFlash loop parts from the target alone on these two prompts (the
+    16-token verify forward rounds differently from the one-token one, and here the plain decoding
+    is the one that leaves the argmax of a one-forward pass); the audit finds every served token
+    the target's argmax up to its bfloat16 rounding, so the deployment passes."""
+    config = tmp_path / "tiny-dflash-bf16.yaml"
+    text = CONFIG.read_text().replace("path: builtin:tiny-target",
+                                      "path: builtin:tiny-target\n  dtype: bfloat16")
+    text = text.replace("path: builtin:tiny-dflash-b16",
+                        "path: builtin:tiny-dflash-b16\n  dtype: bfloat16\n  schedule: {mode: full}")
+    assert text.count("bfloat16") == 2
+    config.write_text(text)
+    out = tmp_path / "build"
+    assert CliRunner().invoke(main, ["build", str(config), "--out", str(out)]).exit_code == 0
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": load_prompts("math")[i]}) + "\n" for i in (4, 7)))
+    result = CliRunner().invoke(main, ["verify", str(out), "--prompts", str(prompts), "--max-tokens", "64",
+                                       "--samples", "0"])
+    assert result.exit_code == 0, result.output
+    assert "differs at token" in result.output and "served tokens: " in result.output
+    assert "MISMATCH" not in result.output and "PASS: lossless" in result.output

@@ -791,8 +791,10 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
 @run_errors
 def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, samples, api_key) -> None:
     """Certify a deployment as lossless: greedy token identity with the target alone on every prompt
-    and a sampling distribution test; exits 1 on any mismatch. Give DIR (a `trtspec build` output,
-    served here on free loopback ports) or --url of a running server with --config."""
+    (a bfloat16/float16 deployment may differ at a near-tie of the target's two best tokens: it
+    passes when an audit finds every served token the target's argmax up to its rounding) and a
+    sampling distribution test; exits 1 on any mismatch. Give DIR (a `trtspec build` output, served
+    here on free loopback ports) or --url of a running server with --config."""
     from trtspec.runtime import configure_threads
     from trtspec.triton.repo import BUILD_CONFIG_FILE, VERSION
     from trtspec.triton.server import Ports, TritonServer

@@ -1,0 +1,90 @@
+"""Greedy losslessness at reduced precision: every emitted token is the target's argmax, up to rounding.
+
+In float32 speculative greedy decoding reproduces the target alone token for token. In bfloat16 or
+float16 it need not: the verify forward over k + 1 tokens and the one-token forward of plain
+decoding sum in different orders, their logits differ by an ulp or two, and where the target's two
+best tokens are that close the two decodings can pick different ones and then continue apart. Both
+are greedy decodings of the same model, up to its rounding. (TensorRT-LLM and vLLM bf16 deployments
+are not bit-identical to their own plain decoding either.)
+
+`audit_greedy` makes that claim checkable instead of waived. It feeds the target the prompt and a
+decoded continuation twice, in one forward and in chunks of a verify step's size, and takes
+
+- noise: the largest difference between the two passes' logits, the model's own rounding at this
+  dtype on this very sequence (float32: about 1e-5; bfloat16: a few hundredths), and
+- each emitted token's gap: the one-forward pass's best logit minus the emitted token's.
+
+The continuation is greedy up to rounding when every gap is at most `TIE_FACTOR` × noise. A wrong
+token (a verifier bug, another model) sits far off the argmax, so it fails even in bfloat16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trtspec.models.target import Chunk, TargetModel
+
+TIE_FACTOR = 2.0  # a gap within this many times the measured rounding noise is a near-tie
+CHUNK = 16  # the second pass's chunk: a verify step's size (DFlash block 16)
+
+
+@dataclass(slots=True)
+class GreedyAudit:
+    tokens: int  # emitted tokens audited
+    off_argmax: list[int]  # positions (0 = first emitted token) whose token is not the strict argmax
+    gaps: list[float]  # best logit − emitted token's logit at each of those positions
+    noise: float  # max |logits of one forward − logits in chunks| over the sequence
+    dtype: str
+
+    @property
+    def tolerance(self) -> float:
+        return TIE_FACTOR * self.noise
+
+    @property
+    def near_ties_only(self) -> bool:
+        """Every emitted token is the argmax up to the model's rounding."""
+        return all(g <= self.tolerance for g in self.gaps)
+
+    @property
+    def first_wrong(self) -> int | None:
+        """The first position whose token is off the argmax by more than rounding."""
+        return next((p for p, g in zip(self.off_argmax, self.gaps, strict=True) if g > self.tolerance), None)
+
+    def describe(self) -> str:
+        if not self.off_argmax:
+            return f"every one of {self.tokens} tokens is the target's argmax"
+        worst = max(self.gaps)
+        if self.near_ties_only:
+            return (f"{len(self.off_argmax)} of {self.tokens} tokens at near-ties (largest gap "
+                    f"{worst:.3g} ≤ {TIE_FACTOR:g} × {self.dtype} rounding noise {self.noise:.3g}): "
+                    "greedy up to rounding")
+        p = self.first_wrong
+        return (f"token {p} is off the target's argmax by {self.gaps[self.off_argmax.index(p)]:.3g}, "
+                f"more than {TIE_FACTOR:g} × {self.dtype} rounding noise {self.noise:.3g}")
+
+
+@torch.inference_mode()
+def audit_greedy(target: TargetModel, prompt_ids: list[int], output_ids: list[int],
+                 chunk: int = CHUNK) -> GreedyAudit:
+    """Is every token of `output_ids` the target's argmax after `prompt_ids` and the tokens before
+    it, up to the target's rounding? (See the module docstring.)"""
+    if not prompt_ids or not output_ids:
+        raise ValueError("audit_greedy needs a non-empty prompt and output")
+    seq = torch.tensor(prompt_ids + output_ids[:-1], device=target.device)  # [T]
+    first = len(prompt_ids) - 1  # the position whose logits choose output_ids[0]
+    target.allocate(1, len(seq))
+    one = target.forward([Chunk(0, seq)]).logits[first:]  # [n, V]
+    target.allocate(1, len(seq))
+    parts = [target.forward([Chunk(0, seq[: first + 1])]).logits[-1:]]
+    for start in range(first + 1, len(seq), chunk):
+        parts.append(target.forward([Chunk(0, seq[start:start + chunk])]).logits)
+    chunked = torch.cat(parts)  # [n, V]
+    noise = (one - chunked).abs().max().item()
+    emitted = torch.tensor(output_ids, device=one.device)
+    gap = one.max(-1).values - one.gather(1, emitted[:, None])[:, 0]  # [n] ≥ 0
+    off = torch.nonzero(gap > 0).flatten().tolist()
+    dtype = str(target.model.dtype).removeprefix("torch.")
+    return GreedyAudit(len(output_ids), off, gap[off].tolist(), noise, dtype)
+
