@@ -198,3 +198,40 @@ def test_profile_times_each_proposal_after_a_steps_commit():
     assert (table.verify_context, table.short_context) == (16, 4)
     assert [len(r) for r in table.short_steps_per_s] == [len(r) for r in table.verify_steps_per_s]
     assert table.loop_rows == [1, 2, 4] and all(s > 0 for s in table.loop_seconds)
+    # every curve is monotone: more requests, tokens or drafts never cost less (`monotone_envelope`)
+    per_s = (table.verify_steps_per_s, table.short_steps_per_s, [table.steps_per_s])
+    seconds = [table.draft_seconds] + [[[1 / sps for sps in row] for row in grid] for grid in per_s]
+    for grid in seconds:
+        assert all(row == sorted(row) for row in grid)
+        assert all(list(column) == sorted(column) for column in zip(*grid, strict=True))
+
+
+def test_monotone_envelope_removes_slow_outliers_and_keeps_what_was_measured():
+    """Interference only adds time: on a grid whose work grows along both axes, the envelope of a
+    measurement with slow outliers is monotone, lies between the true grid and the measurement,
+    is exact at every cell measured cleanly, and a slow cell costs at most its clean neighbours."""
+    import itertools
+    import random
+
+    from trtspec.bench.profile import monotone_envelope
+
+    rng = random.Random(5)
+    for _ in range(50):
+        rows, cols = rng.randint(1, 6), rng.randint(1, 10)
+        by_row = list(itertools.accumulate(rng.uniform(0, 2e-3) for _ in range(rows)))
+        by_col = list(itertools.accumulate(rng.uniform(0, 5e-4) for _ in range(cols)))
+        true = [[1e-3 + a + b for b in by_col] for a in by_row]  # [rows, cols] seconds, increasing
+        assert monotone_envelope(true) == true
+        slow = {(rng.randrange(rows), rng.randrange(cols)) for _ in range(rng.randint(1, 3))}
+        measured = [[t * (rng.uniform(1.5, 3) if (i, j) in slow else 1) for j, t in enumerate(row)]
+                    for i, row in enumerate(true)]
+        env = monotone_envelope(measured)
+        for i, j in itertools.product(range(rows), range(cols)):
+            assert true[i][j] <= env[i][j] <= measured[i][j]
+            assert j + 1 == cols or env[i][j] <= env[i][j + 1]
+            assert i + 1 == rows or env[i][j] <= env[i + 1][j]
+            if (i, j) not in slow:
+                assert env[i][j] == true[i][j]
+            for beyond in ((i, j + 1), (i + 1, j)):
+                if beyond not in slow and beyond[0] < rows and beyond[1] < cols:
+                    assert env[i][j] <= true[beyond[0]][beyond[1]]

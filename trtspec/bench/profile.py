@@ -25,6 +25,13 @@ a commit of CATCH_UP_POSITIONS positions each against one of ACCEPTED_PER_STEP +
 `catch_up_seconds` is the difference per further position and request, which adaptive speculation
 adds to a step for every request it would make draft again.
 
+On a shared machine a burst of other work slows whatever cell is being timed, and a median of a
+few repetitions can keep it (a bench run whose cost table was timed beside a test run read 16.5 ms
+for 4 requests × 4 tokens each, against 7.7 and 9.2 ms for 3 and 5 tokens). Interference only ever
+adds time, and more work never takes less, so each measured curve is replaced by its monotone
+lower envelope (`monotone_envelope`): a cell costs at most what any cell with as many or more
+requests, tokens or drafts cost.
+
 Last, the serving loop's own time per step at each R (`loop_seconds`): R requests decoded plainly
 through `SpeculativeDecoder`, minus the time inside the target's forward. Verification, emission and
 bookkeeping cost 0.2–0.3 ms a step on a 2-core CPU (about 6 % of a plain step at R = 8); a cost
@@ -189,28 +196,48 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
     machine = (f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} "
                f"({torch.get_num_threads()} threads) on {device}, {requests} requests × {context} "
                "cached tokens")
+    step_times = monotone_envelope([[statistics.median(times[b]) for b in batch_tokens]])[0]
     return SPSTable(
         batch_tokens=batch_tokens,
-        steps_per_s=[round(1.0 / statistics.median(times[b]), 3) for b in batch_tokens],
+        steps_per_s=[round(1.0 / t, 3) for t in step_times],
         machine=machine,
         draft_batches=draft_batches if lens else [],
         draft_lens=lens,
-        draft_seconds=[[round(statistics.median(draft_times[(r, k)]), 6) for k in lens]
-                       for r in draft_batches] if lens else [],
+        draft_seconds=[[round(t, 6) for t in row] for row in _medians(draft_times, draft_batches, lens)]
+        if lens else [],
         drafter=drafter.method,
         draft_catch_up=ACCEPTED_PER_STEP + 1 if lens else 0,
         catch_up_seconds=catch_up,
         verify_rows=draft_batches if per_row else [],
         verify_tokens_per_row=per_row,
-        verify_steps_per_s=[[round(1.0 / statistics.median(grid[(r, t)]), 3) for t in per_row]
-                            for r in draft_batches] if per_row else [],
+        verify_steps_per_s=[[round(1.0 / t, 3) for t in row]
+                            for row in _medians(grid, draft_batches, per_row)] if per_row else [],
         verify_context=context if per_row else 0,
         short_context=short if per_row else 0,
-        short_steps_per_s=[[round(1.0 / statistics.median(short_grid[(r, t)]), 3) for t in per_row]
-                           for r in draft_batches] if per_row else [],
+        short_steps_per_s=[[round(1.0 / t, 3) for t in row]
+                           for row in _medians(short_grid, draft_batches, per_row)] if per_row else [],
         loop_rows=loop_rows,
         loop_seconds=loop,
     )
+
+
+def monotone_envelope(seconds: list[list[float]]) -> list[list[float]]:
+    """seconds[i][j] of a grid whose work grows with i and with j: each cell becomes the least of
+    itself and every cell at or beyond it in both (interference only adds time; more work never
+    takes less), which removes a slow outlier and keeps every cell measured or a larger one."""
+    out = [list(row) for row in seconds]
+    for i in reversed(range(len(out))):
+        for j in reversed(range(len(out[i]))):
+            if j + 1 < len(out[i]):
+                out[i][j] = min(out[i][j], out[i][j + 1])
+            if i + 1 < len(out):
+                out[i][j] = min(out[i][j], out[i + 1][j])
+    return out
+
+
+def _medians(cells: dict, rows: list, cols: list) -> list[list[float]]:
+    """The median of each (row, col) cell's timings, as a grid made monotone (`monotone_envelope`)."""
+    return monotone_envelope([[statistics.median(cells[(r, c)]) for c in cols] for r in rows])
 
 
 def loop_seconds(target, batches: list[int], context: int, steps: int, seed: int = 0) -> list[float]:
