@@ -38,6 +38,7 @@ from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.decoder import Request, SpeculativeDecoder
 from trtspec.spec.metrics import GenerationResult
+from trtspec.spec.near_ties import MISMATCH, NEAR_TIE, GreedyJudge
 from trtspec.spec.schedule import SPSTable
 
 THRESHOLDS = (0.3, 0.5, 0.7)
@@ -53,6 +54,7 @@ class _Point:
     user_tps: list[float] = field(default_factory=list)
     cycles: int = 0
     mismatches: int = 0
+    near_ties: int = 0  # outputs that part from the first method's at near-ties only (`near_ties`)
     offered: int = 0
     admitted: int = 0
     draft_lens: dict[int, int] = field(default_factory=dict)
@@ -68,6 +70,7 @@ class _Point:
             "admitted_share": round(self.admitted / self.offered, 3) if self.offered else None,
             "mean_draft_len": round(mean_k, 2),
             "greedy_mismatches": self.mismatches,
+            "greedy_near_ties": self.near_ties,
             "tokens": self.tokens,
             "wall_s": round(self.wall_s, 3),
             "steady_tokens": self.steady_tokens,
@@ -111,6 +114,7 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
     decoders = _decoders(pipelines, max(concurrency), tables)
     tok = pipelines["none"].tokenizer
     prompts = [tok.encode(p) for t in tasks for p in load_prompts(t)[:prompts_per_task]]
+    judge = GreedyJudge(first.target, pipelines["none"].target)
     points = {m: {r: _Point() for r in concurrency} for m in decoders}
     bar = tqdm(total=len(concurrency) * len(decoders) * len(prompts), desc="concurrency", unit="request")
     for r in concurrency:
@@ -136,8 +140,10 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
             tokens = [res.token_ids for res in results]
             if expected is None:
                 expected = tokens
-            elif tokens != expected:
-                pt.mismatches += sum(a != b for a, b in zip(tokens, expected, strict=True))
+            else:
+                verdicts = [judge(ids, a, b) for ids, a, b in zip(prompts, tokens, expected, strict=True)]
+                pt.mismatches += verdicts.count(MISMATCH)
+                pt.near_ties += verdicts.count(NEAR_TIE)
     bar.close()
     return {
         "max_tokens": max_tokens,

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from trtspec.bench.run import markdown_table  # noqa: E402
+from trtspec.bench.run import greedy_cell, markdown_table  # noqa: E402
 
 SPEC_METHODS_ORDER = ("dflash", "dspark", "eagle3", "draft_model")
 
@@ -113,7 +113,7 @@ def concurrency_table(conc: dict) -> str:
             lines.append(f"| {method} | {r} | {row['per_user_tokens_per_s']:.1f} | "
                          f"{row['total_tokens_per_s']:.1f} | {ratio:.2f} | {run} | "
                          f"{row['tokens_per_cycle']:.2f} | {row.get('mean_draft_len', 0.0):.1f} | {share} | "
-                         f"{row['greedy_mismatches']} |")
+                         f"{greedy_cell(row)} |")
     return "\n".join(lines)
 
 

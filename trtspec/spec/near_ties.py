@@ -21,11 +21,16 @@ token (a verifier bug, another model) sits far off the argmax, so it fails even 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from trtspec.models.target import Chunk, TargetModel
 
+if TYPE_CHECKING:
+    from trtspec.config import TargetConfig
+
+IDENTICAL, NEAR_TIE, MISMATCH = "identical", "near-tie", "mismatch"  # GreedyJudge's verdicts
 TIE_FACTOR = 2.0  # a gap within this many times the measured rounding noise is a near-tie
 CHUNK = 16  # the second pass's chunk: a verify step's size (DFlash block 16)
 
@@ -88,3 +93,30 @@ def audit_greedy(target: TargetModel, prompt_ids: list[int], output_ids: list[in
     dtype = str(target.model.dtype).removeprefix("torch.")
     return GreedyAudit(len(output_ids), off, gap[off].tolist(), noise, dtype)
 
+
+
+class GreedyJudge:
+    """Sorts greedy outputs against the reference decoding of the same prompt: IDENTICAL,
+    NEAR_TIE (they part, and every token of the output is the target's argmax up to rounding) or
+    MISMATCH. The auditing target is made at the first difference: over the same weights when
+    `target` is a torch `TargetModel`, else (an engine) the checkpoint in the config's dtype."""
+
+    def __init__(self, config: TargetConfig, target=None):
+        self.config, self.target = config, target
+        self._auditor: TargetModel | None = None
+
+    def audit(self, prompt_ids: list[int], output_ids: list[int]) -> GreedyAudit:
+        if self._auditor is None:
+            if isinstance(self.target, TargetModel):  # its own K/V buffers, the same weights
+                self._auditor = TargetModel(self.target.model)
+            else:
+                self._auditor = TargetModel.from_pretrained(self.config.resolved_path, self.config.dtype,
+                                                            device=self.config.device)
+        return audit_greedy(self._auditor, prompt_ids, output_ids)
+
+    def __call__(self, prompt_ids: list[int], output_ids: list[int], reference_ids: list[int]) -> str:
+        if output_ids == reference_ids:
+            return IDENTICAL
+        if not output_ids:
+            return MISMATCH
+        return NEAR_TIE if self.audit(prompt_ids, output_ids).near_ties_only else MISMATCH

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import torch
 
 from trtspec.config import BuildConfig
-from trtspec.models.target import TargetModel, load_causal_lm
+from trtspec.models.target import load_causal_lm
 from trtspec.pipeline import load_pipeline
-from trtspec.spec.near_ties import GreedyAudit, audit_greedy
+from trtspec.spec.near_ties import GreedyAudit, GreedyJudge
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
 from trtspec.triton.client import (
     Completion,
@@ -158,7 +158,7 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
     tokenizer = reference.tokenizer
     text_only = split_url(url)[0] == "openai"
     cert = Certificate()
-    auditor: TargetModel | None = None  # the checkpoint in torch, loaded at the first difference
+    judge = GreedyJudge(config.target)  # the checkpoint in torch, loaded at the first difference
     for prompt in prompts:
         served = generate(url, model, prompt, GenerateParams(max_tokens=max_tokens), api_key=api_key)
         prompt_ids = tokenizer.encode(prompt)
@@ -170,10 +170,7 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         check = GreedyCheck(prompt, diff is None, diff, served.tau, "character" if text_only else "token")
         served_ids = tokenizer.encode(served.text) if text_only else served.token_ids
         if diff is not None and served_ids:
-            if auditor is None:
-                auditor = TargetModel.from_pretrained(config.target.resolved_path, config.target.dtype,
-                                                      device=config.target.device)
-            check.audit = audit_greedy(auditor, prompt_ids, served_ids)
+            check.audit = judge.audit(prompt_ids, served_ids)
         cert.greedy.append(check)
     if samples > 0:
         prompt = prompts[0]
