@@ -42,6 +42,13 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 TAU_BUCKETS = [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0]
 SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 ERROR_REASONS = ("invalid_request", "generation_failed")
+# Every metric update and every cancellation question crosses from this stub to Triton's process
+# (0.1-0.2 ms each on a 2-core CPU; the stream's own response costs 0.4). Once per step they added
+# about 0.4 ms to a 10-14 ms step, so the loop sends the gauges only when they change, the step
+# counter at most every STEPS_FLUSH_S (and whenever a request ends or the loop idles), and a
+# streaming request asks whether its client is still there at most every CANCEL_POLL_S.
+STEPS_FLUSH_S = 0.25
+CANCEL_POLL_S = 0.05
 
 
 class Metrics:
@@ -88,8 +95,12 @@ class Metrics:
         self.in_flight = in_flight.Metric(labels=labels)
         self.waiting = waiting.Metric(labels=labels)
         self.errors = {reason: errors.Metric(labels={**labels, "reason": reason}) for reason in ERROR_REASONS}
+        self._load: tuple[int, int] | None = None  # the gauges as last sent
+        self._steps = 0  # steps not yet added to the counter
+        self._steps_sent_at = time.monotonic()
 
     def record(self, result: GenerationResult) -> None:
+        self.flush_steps()
         self.requests.increment(1)
         self.generated.increment(len(result.token_ids))
         self.accepted.increment(result.num_accepted)
@@ -98,8 +109,21 @@ class Metrics:
         self.tau.observe(result.tau)
 
     def load(self, running: int, waiting: int) -> None:
-        self.in_flight.set(running)
-        self.waiting.set(waiting)
+        if (running, waiting) != self._load:
+            self._load = (running, waiting)
+            self.in_flight.set(running)
+            self.waiting.set(waiting)
+
+    def count_step(self) -> None:
+        self._steps += 1
+        if time.monotonic() - self._steps_sent_at >= STEPS_FLUSH_S:
+            self.flush_steps()
+
+    def flush_steps(self) -> None:
+        if self._steps:
+            self.steps.increment(self._steps)
+            self._steps = 0
+        self._steps_sent_at = time.monotonic()
 
 
 def _tensor(name: str, value) -> pb_utils.Tensor:
@@ -142,6 +166,15 @@ class _Stream:
     prompt_ids: list[int] | None = None  # owed at the front of the output (exclude_input_in_output false)
     queued_at: float = field(default_factory=time.monotonic)
     got_first_token: bool = False
+    polled_at: float = float("-inf")  # when `cancelled` last asked Triton
+    was_cancelled: bool = False
+
+    def cancelled(self) -> bool:
+        """Whether the client cancelled or went away, asked of Triton at most every CANCEL_POLL_S."""
+        now = time.monotonic()
+        if now - self.polled_at >= CANCEL_POLL_S:
+            self.polled_at, self.was_cancelled = now, self.sender.is_cancelled()
+        return self.was_cancelled
 
     def _with_prompt(self, text: str, ids: list[int]) -> tuple[str, list[int]]:
         if self.prompt_ids is None:
@@ -156,11 +189,11 @@ class _Stream:
             self.metrics.ttft.observe(time.monotonic() - self.queued_at)
         delta, kept = self.text.push(new_ids)
         if self.request.stream and (delta or kept):
-            # _send_quietly asks whether the client is still there before it sends: once per step
-            if not _send_quietly(self.sender, _response(*self._with_prompt(delta, kept), 0, 0), 0):
+            response = _response(*self._with_prompt(delta, kept), 0, 0)
+            if self.cancelled() or not _send(self.sender, response, 0):
                 return True  # the client is gone: free its slot
             return self.text.stopped
-        return self.text.stopped or self.sender.is_cancelled()
+        return self.text.stopped or self.cancelled()
 
     def finish(self, result: GenerationResult) -> None:
         if self.request.stream:
@@ -240,9 +273,10 @@ class TritonPythonModel:
                 self._admit(running)
                 self.metrics.load(len(running), self.waiting.qsize())
                 if not running:
+                    self.metrics.flush_steps()
                     continue
                 finished = self.decoder.step()
-                self.metrics.steps.increment(1)
+                self.metrics.count_step()
                 for rid, result in finished.items():
                     self.metrics.record(result)
                     running.pop(rid).finish(result)
@@ -275,6 +309,11 @@ def _send_quietly(sender, response, flags: int) -> bool:
             except Exception:  # noqa: BLE001
                 return False
         return False
+    return _send(sender, response, flags)
+
+
+def _send(sender, response, flags: int) -> bool:
+    """Send without asking first; False when the client went away."""
     try:
         sender.send(response, flags=flags)
     except Exception as exc:  # noqa: BLE001 - a dropped client must not end the instance
