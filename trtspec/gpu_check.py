@@ -184,7 +184,7 @@ def _lossless_rows(run: Run, dtype: str) -> None:
     (`trtspec.spec.near_ties`)."""
     from trtspec.bench.loop_overhead import tiny_pipeline
     from trtspec.spec.decoder import Request
-    from trtspec.spec.near_ties import audit_greedy
+    from trtspec.spec.near_ties import GreedyJudge
 
     spec = tiny_pipeline(run.device, dtype=dtype)
     plain = tiny_pipeline(run.device, use_drafter=False, dtype=dtype)
@@ -193,12 +193,11 @@ def _lossless_rows(run: Run, dtype: str) -> None:
     one = [spec.decoder.generate(ids, max_tokens).token_ids for ids in prompts]
     batch = spec.decoder_for(4).generate_batch([Request(ids, max_tokens) for ids in prompts])
     four = [r.token_ids for r in batch]
-    auditor = tiny_pipeline(run.device, use_drafter=False, cuda_graphs=False, dtype=dtype).decoder.target
+    judge = GreedyJudge(plain.config.target, plain.target)
 
     def verdict(outputs: list[list[int]]) -> tuple[bool, str]:
         same = sum(o == a for o, a in zip(outputs, alone, strict=True))
-        audits = [audit_greedy(auditor, ids, o) for ids, o, a in zip(prompts, outputs, alone, strict=True)
-                  if o != a]
+        audits = [judge.audit(ids, o) for ids, o, a in zip(prompts, outputs, alone, strict=True) if o != a]
         detail = f"{same}/{len(prompts)} prompts identical"
         if audits:
             worst = max(audits, key=lambda a: (not a.near_ties_only, max(a.gaps, default=0.0)))

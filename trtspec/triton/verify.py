@@ -168,9 +168,10 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         else:
             diff = _first_difference(served.token_ids, expected)
         check = GreedyCheck(prompt, diff is None, diff, served.tau, "character" if text_only else "token")
-        served_ids = tokenizer.encode(served.text) if text_only else served.token_ids
-        if diff is not None and served_ids:
-            check.audit = judge.audit(prompt_ids, served_ids)
+        if diff is not None:
+            served_ids = tokenizer.encode(served.text) if text_only else served.token_ids
+            if served_ids:
+                check.audit = judge.audit(prompt_ids, served_ids)
         cert.greedy.append(check)
     if samples > 0:
         prompt = prompts[0]
