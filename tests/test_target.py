@@ -216,3 +216,24 @@ def test_a_failed_capture_leaves_decoding_exact_and_eager(random_qwen3_dir):
                                    atol=1e-5, rtol=1e-4)
     assert padded.graphed.failed and not padded.graphed.graphs
     assert padded.graphed.num_steps == 1  # the step whose capture failed; the next two ran packed
+
+
+def test_taps_hook_only_the_tapped_layers_once_per_model(random_qwen3_dir):
+    """Two TargetModels with the same taps over one model share one set of hooks, on the tapped
+    layers alone (the last layer's tap on the final norm); a TargetModel without taps over the same
+    weights catches nothing, and the tapped one's taps equal transformers' hidden_states."""
+    model = load_causal_lm(random_qwen3_dir)
+    last = model.config.num_hidden_layers - 1
+    a, b = TargetModel(model, (0, last)), TargetModel(model, (0, last))
+    plain = TargetModel(model)
+    assert a.taps is b.taps and plain.taps is None
+    hooked = [name for name, m in model.named_modules() if m._forward_hooks]
+    assert hooked == ["model.layers.0", "model.norm"]
+    ids = torch.randint(0, 256, (11,), generator=torch.Generator().manual_seed(7))
+    for t in (a, plain):
+        t.allocate(1, 32)
+    assert plain.forward([Chunk(0, ids)]).hidden is None
+    ref = _reference(model, ids)
+    torch.testing.assert_close(a.forward([Chunk(0, ids)]).hidden,
+                               torch.cat([ref.hidden_states[1][0], ref.hidden_states[last + 1][0]], -1),
+                               atol=1e-5, rtol=1e-4)

@@ -3,9 +3,10 @@
 One `forward` feeds every request's new tokens (a prompt to prefill, or `[last, x_1..x_k]` to
 verify) in ONE packed pass and returns the logits asked for and, in the same pass, the hidden
 states of the layers a drafter reads (`tap_layer_ids`; layer i's output is `hidden_states[i + 1]`
-because index 0 is the embedding output). Each request lives in a slot of preallocated buffers
-(`trtspec.models.kv_slots`): after verification the loop calls `rewind(slot, num_rejected)`, a
-non-negative count of slots that only shortens the request's length.
+because index 0 is the embedding output; caught by hooks on those layers alone, `models.taps`).
+Each request lives in a slot of preallocated buffers (`trtspec.models.kv_slots`): after
+verification the loop calls `rewind(slot, num_rejected)`, a non-negative count of slots that only
+shortens the request's length.
 
 A chunk may be a token tree (draft trees, `trtspec.spec.tree`): `parents` gives each token the one
 it extends, so a node sees the committed context and its ancestors only, at RoPE position
@@ -35,6 +36,7 @@ from trtspec.models.kv_slots import (
     hf_slot_buffers,
     use_slot_attention,
 )
+from trtspec.models.taps import LayerTaps
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +142,7 @@ class TargetModel:
             if not 0 <= i < num_layers:
                 raise ValueError(f"tap layer {i} is out of range for a target with {num_layers} layers")
         self.tap_layer_ids = tuple(tap_layer_ids)
+        self.taps = LayerTaps.for_model(model, self.tap_layer_ids) if tap_layer_ids else None
         self.device = model.device
         use_slot_attention(model)
         self.cuda_graphs = cuda_graphs
@@ -208,12 +211,11 @@ class TargetModel:
               logits_at: torch.Tensor | None = None) -> tuple:
         """The model over the slot buffers as `layout` places the tokens (packed, or padded for a
         graph).  input_ids [T] -> logits [T or len(logits_at), V], taps [T, D] (None without taps)"""
-        out = hf_forward(self.model, self.cache, layout, input_ids, logits_at,
-                         output_hidden_states=bool(self.tap_layer_ids))
-        taps = None
-        if self.tap_layer_ids:
-            taps = torch.cat([out.hidden_states[i + 1][0] for i in self.tap_layer_ids], -1)
-        return out.logits[0], taps
+        if self.taps is None:
+            return hf_forward(self.model, self.cache, layout, input_ids, logits_at).logits[0], None
+        with self.taps.catching() as caught:
+            out = hf_forward(self.model, self.cache, layout, input_ids, logits_at)
+        return out.logits[0], LayerTaps.concat(caught)
 
     def rewind(self, slot: int, num_rejected: int) -> None:
         """Drop the last `num_rejected` positions of a slot (its rejected drafts)."""
