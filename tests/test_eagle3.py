@@ -251,7 +251,8 @@ def test_cached_context_equals_from_scratch(target, drafter_model):
 
 def test_long_catch_up_restarts_from_the_newest_positions(target, drafter_model, monkeypatch):
     """A row whose pending positions exceed CATCH_UP_WINDOW drafts exactly as a fresh drafter begun
-    at the window: the same tokens and taps, stored from drafter slot 0 (RoPE sees distances only)."""
+    at the window: the same tokens and taps, stored from drafter slot 0 (RoPE sees distances only).
+    While the plain steps pile up, only the window's taps are held."""
     w, n = CATCH_UP_WINDOW, CATCH_UP_WINDOW + 29
     ids = _ids(n + 1, 7)  # the target caches ids[:n]; ids[n] is the last committed token
     taps = _taps(target, ids)[0]
@@ -260,7 +261,9 @@ def test_long_catch_up_restarts_from_the_newest_positions(target, drafter_model,
     caught_up.begin(1, ids[0, :12].tolist(), taps[:12])  # 12 positions: absorbed whole
     caught_up.draft_chain(draft_rows([], ids[0, :13].tolist())[1:], 3, greedy)
     assert caught_up.dropped[1] == 0 and caught_up.ctx_len[1] == 12
-    caught_up.commit(1, 0, taps[12:n])  # plain steps piled up n − 12 > w positions
+    for j in range(12, n):  # plain steps pile up n − 12 > w positions, one a step
+        caught_up.commit(1, 0, taps[j : j + 1])
+        assert caught_up.pending.kept[1] == min(j - 11, w)
     assert caught_up.catch_up(1, n + 1) == w  # what the next proposal absorbs: the window
     a = torch.stack(caught_up.draft_chain(draft_rows([], ids[0].tolist())[1:], 5, greedy), 1)
     assert caught_up.dropped[1] == n - w and caught_up.ctx_len[1] == w and caught_up.catch_up(1, n + 1) == 0

@@ -115,20 +115,35 @@ class NoDrafter(Drafter):
 
 class PendingTaps:
     """The target taps a drafter has received but not yet consumed, per slot (several commits
-    can pile up when steps run without drafting), and how many positions they hold."""
+    can pile up when steps run without drafting), and how many positions they stand for.
 
-    def __init__(self):
+    `window`: the drafter reads only the newest `window` positions of a pile (EAGLE-3 restarts
+    from them); older commits are dropped as newer ones cover the window, so a long stretch of
+    plain decoding holds at most about `window` positions of taps per request, not all of them
+    (on an 8B target 24 KB a position)."""
+
+    def __init__(self, window: int | None = None):
+        self.window = window
         self.by_slot: dict[int, list[torch.Tensor]] = {}
-        self.positions: dict[int, int] = {}
+        self.positions: dict[int, int] = {}  # the pile, dropped commits included
+        self.kept: dict[int, int] = {}  # positions the slot's kept commits hold
 
     def add(self, slot: int, hidden: torch.Tensor | None) -> None:
-        if hidden is not None and hidden.shape[0]:
-            self.by_slot.setdefault(slot, []).append(hidden)
-            self.positions[slot] = self.positions.get(slot, 0) + hidden.shape[0]
+        if hidden is None or not hidden.shape[0]:
+            return
+        parts = self.by_slot.setdefault(slot, [])
+        parts.append(hidden)
+        self.positions[slot] = self.positions.get(slot, 0) + hidden.shape[0]
+        kept = self.kept.get(slot, 0) + hidden.shape[0]
+        while self.window is not None and kept - parts[0].shape[0] >= self.window:
+            kept -= parts.pop(0).shape[0]
+        self.kept[slot] = kept
 
     def take(self, slot: int) -> torch.Tensor | None:
-        """The slot's pending taps [n, D] in order (None if there are none), now consumed."""
+        """The slot's kept taps [n, D] in order, the newest of its pile (all of it without a
+        window; None if there are none), now consumed."""
         self.positions.pop(slot, None)
+        self.kept.pop(slot, None)
         parts = self.by_slot.pop(slot, None)
         if not parts:
             return None
@@ -138,18 +153,22 @@ class PendingTaps:
         if slot is None:
             self.by_slot.clear()
             self.positions.clear()
+            self.kept.clear()
         else:
             self.by_slot.pop(slot, None)
             self.positions.pop(slot, None)
+            self.kept.pop(slot, None)
 
 
 class TapsDrafter(Drafter):
     """A drafter fed by the target's taps: per slot, how many target positions it has absorbed
     (`ctx_len`) and the taps it has received since (`pending`), absorbed by its next proposal."""
 
+    pending_window: int | None = None  # the newest positions of a pile the drafter reads (None: all)
+
     def allocate(self, num_slots, capacity):
         self.ctx_len: dict[int, int] = {}
-        self.pending = PendingTaps()
+        self.pending = PendingTaps(self.pending_window)
         self.num_forwards = 0
 
     def begin(self, slot, prompt, hidden):

@@ -43,6 +43,7 @@ CATCH_UP_WINDOW = 32
 
 class Eagle3Drafter(TapsDrafter):
     method = "eagle3"
+    pending_window = CATCH_UP_WINDOW
 
     def __init__(self, model: Eagle3DraftModel, num_draft_tokens: int | None = None,
                  cuda_graphs: bool = False):
@@ -91,14 +92,15 @@ class Eagle3Drafter(TapsDrafter):
         """Cache the drafter slots of every row's pending taps in one packed causal pass."""
         segments, tokens, taps = [], [], []
         for row in rows:
-            new = self.pending.take(row.slot)
+            pile = self.pending.positions.get(row.slot, 0)
+            new = self.pending.take(row.slot)  # the pile's newest positions, CATCH_UP_WINDOW or more
             if new is None:
                 continue
             first, n = self._absorbed(row.slot), len(row.committed) - 1  # the target caches committed[:n]
-            if first + len(new) != n:
-                raise RuntimeError(f"EAGLE-3 slot {row.slot} holds {first} + {len(new)} pending positions, "
+            if first + pile != n:
+                raise RuntimeError(f"EAGLE-3 slot {row.slot} holds {first} + {pile} pending positions, "
                                    f"the target caches {n}")
-            if len(new) > CATCH_UP_WINDOW:  # restart from the newest positions
+            if pile > CATCH_UP_WINDOW:  # restart from the newest positions
                 new, first = new[-CATCH_UP_WINDOW:], n - CATCH_UP_WINDOW
                 self.dropped[row.slot], self.ctx_len[row.slot] = first, 0
                 self.last_h.pop(row.slot, None)
