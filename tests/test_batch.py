@@ -279,6 +279,26 @@ def test_catch_up_is_what_plain_steps_piled_up_and_adaptive_pays_it(pipeline):
     assert runs["priced"][1] == 0 < runs["free"][1] and runs["priced"][0] == runs["free"][0]
 
 
+def test_catch_up_is_spread_over_the_steps_a_request_will_draft():
+    """A catch-up is paid once, then the request drafts on: adaptive spreads it over the steps the
+    request is expected to draft. EAGLE-3 starts each request with its window's 32 positions to
+    absorb; at 1 ms a position that whole pile costs more than drafting gains in a step, spread
+    over 8 steps it does not. So a request with 40 tokens to go drafts (charged whole, it never
+    would: the pile never shrinks without drafting), and one with 5 tokens to go, which would
+    repay the catch-up over at most two steps, decodes plainly; both emit the target's tokens."""
+    pipeline = load_pipeline(_config("tiny-eagle3"))
+    prompts = [list(p.encode()) for p in PROMPTS[:2]]
+    assert all(len(p) >= 32 for p in prompts)
+    table = SPS.model_copy(update={"draft_catch_up": 2, "catch_up_seconds": [1e-3, 1e-3]})
+    plain = load_pipeline(_config("tiny-eagle3"), use_drafter=False).decoder_for(2, FULL)
+    for n, drafts in ((40, True), (5, False)):
+        decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive", probe_every=0), slots=2,
+                           table=table)
+        tokens = [r.token_ids for r in decoder.generate_batch([Request(p, n) for p in prompts])]
+        assert (decoder.offered_drafts > 0) == drafts, n
+        assert tokens == [r.token_ids for r in plain.generate_batch([Request(p, n) for p in prompts])]
+
+
 def test_probes_switch_drafting_on_where_the_prior_says_it_cannot_pay():
     """A prior that says almost nothing is accepted keeps adaptive from ever drafting, though the
     batch's requests are easy ones; probing learns their acceptance from the verdicts and drafting

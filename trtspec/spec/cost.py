@@ -11,7 +11,9 @@ no drafting, plain decoding; T_loop is the loop's own verification and bookkeepi
 about 6 % of a plain step at R = 8 on the 2-core CPU, shared by all the tokens a step emits). A
 request that drafts again after steps without drafting also makes the drafter catch up first (absorb
 what those steps cached: EAGLE-3 up to 32 positions at 25 µs each at R = 8, a probe's whole batch
-6 ms against a 5 ms plain step), and that time is added for each such request. The
+6 ms against a 5 ms plain step), and that time is added for each such request, spread over the
+steps it is then expected to draft (at most 8, `SpeculativeDecoder._catch_up_seconds`): paid once,
+it lets the request draft on, and charged whole to one step it would keep a batch plain. The
 best draft length for the batch maximises Σ_r E_k(r) / T(R, k).
 Only acceptance history and confidences enter, never the current drafts' verdict, so the choice
 cannot bias the output (`spec.schedule` explains why that matters).

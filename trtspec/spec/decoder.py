@@ -43,10 +43,11 @@ PROBE_LEN = 4  # drafts per request of a probe step (a drafter with confidences:
 PROBE_BACKOFF = 32  # the probe interval grows up to this many times schedule.probe_every
 CONTEXT_STEP = 32  # the cost model reads the step's context rounded up to a multiple of this
 CATCH_UP_STEP = 8  # ... and each request's drafter catch-up rounded up to a multiple of this
-# the cost model charges a drafting step the catch-up of each request up to this many positions: a
-# longer pile (a draft model's or DFlash's after a long plain stretch) is paid once and lets the
-# request draft for the rest of its life, so charging all of it to one step would keep it plain
-CATCH_UP_PRICED = 32
+# a request's catch-up is paid once and lets it draft on: the cost model spreads it over the steps
+# the request is expected to draft, at most this many (charged whole to one step, EAGLE-3's 32
+# positions at R = 8 cost about 7 ms beside an 8 ms plain step and kept a batch plain for good
+# while fixed k = 1 served 1.08-1.10x the target alone)
+CATCH_UP_HORIZON = 8
 
 
 @dataclass(slots=True)
@@ -243,7 +244,7 @@ class SpeculativeDecoder:
             # with confidences the best single k from history is a lower bound on what Algorithm 1's
             # per-row cut of the whole block gains (it sees this step's confidences): no further margin
             min_gain = 0.0 if self.drafter.has_confidence else self.schedule.min_gain
-            seconds = self._catch_up_seconds(catch_up)
+            seconds = self._catch_up_seconds(running, catch_up, [1.0 + sum(a) for a in raw])
             k, rows = admit_rows(self.cost, [self.calibration.scale(s) for s in raw], k_max, min_gain,
                                  context, seconds)
             self._plan_key, self._plan = key, (k, rows, sum(sum(raw[r][:k]) for r in rows))
@@ -259,10 +260,16 @@ class SpeculativeDecoder:
         return [_round_up(self.drafter.catch_up(lv.slot, len(lv.request.prompt) + len(lv.generated)),
                           CATCH_UP_STEP) for lv in running]
 
-    def _catch_up_seconds(self, catch_ups: list[int]) -> list[float]:
-        """What each catch-up adds to a step's time, up to CATCH_UP_PRICED positions (a longer pile
-        is paid once and then lets the request draft for good)."""
-        return [self.cost_table.catch_up_time(len(catch_ups), min(n, CATCH_UP_PRICED)) for n in catch_ups]
+    def _catch_up_seconds(self, running: list[_Live], catch_ups: list[int],
+                          tokens_per_step: list[float]) -> list[float]:
+        """What each request's catch-up adds to a step it drafts in: the time to absorb its pile,
+        spread over the steps it is then expected to draft (its remaining budget at the tokens a
+        step emits for it, `tokens_per_step`, at most CATCH_UP_HORIZON, at least one)."""
+        seconds = []
+        for lv, n, tokens in zip(running, catch_ups, tokens_per_step, strict=True):
+            steps = min(CATCH_UP_HORIZON, max(1.0, lv.budget / tokens))
+            seconds.append(self.cost_table.catch_up_time(len(catch_ups), n) / steps)
+        return seconds
 
     def _context(self, running: list[_Live]) -> int:
         """Cached tokens the step's attention reads per request, as the cost model prices it: the
@@ -412,11 +419,10 @@ class SpeculativeDecoder:
         from trtspec.spec.cost import tree_rows
 
         scale = self.calibration.scale
-        expected = [1.0 + sum(scale(lv.acceptance.survival(min(depth, lv.budget))))
-                    for lv in (running[i] for i in may)]
+        tokens = [1.0 + sum(scale(lv.acceptance.survival(min(depth, max(lv.budget, 0))))) for lv in running]
         one_pass = self.drafter.method in ("dflash", "dspark")
-        seconds = self._catch_up_seconds(self._catch_ups(running))
-        chosen = tree_rows(self.cost_table, expected, len(running), self.tree.nodes, depth,
+        seconds = self._catch_up_seconds(running, self._catch_ups(running), tokens)
+        chosen = tree_rows(self.cost_table, [tokens[i] for i in may], len(running), self.tree.nodes, depth,
                            per_depth_forward=not one_pass, topk=self.tree.topk,
                            min_gain=self.schedule.min_gain, context=self._context(running),
                            catch_up=[seconds[i] for i in may])
