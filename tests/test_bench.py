@@ -237,6 +237,31 @@ def test_monotone_envelope_removes_slow_outliers_and_keeps_what_was_measured():
                     assert env[i][j] <= true[beyond[0]][beyond[1]]
 
 
+def test_paired_medians_cancel_the_machines_drift_between_repetitions():
+    """Each repetition times every cell within a second or two; between repetitions the machine's
+    speed drifts (here by up to 2x). Timed against the plain step of the same repetition, every
+    cell's ratio to the plain step keeps only its own jitter (here at most 3 % each way), whatever
+    the drift; medians taken cell by cell mix repetitions and do not (the explicit case below)."""
+    import random
+
+    from trtspec.bench.profile import _paired_medians
+
+    rng = random.Random(11)
+    for _ in range(50):
+        reps, cols = rng.choice([3, 5, 15]), rng.randint(2, 8)
+        true = sorted(rng.uniform(1e-3, 5e-3) for _ in range(cols))  # one row, true[0]: the plain step
+        drift = [rng.uniform(1.0, 2.0) for _ in range(reps)]
+        cells = {(0, c): [true[c] * d * rng.uniform(0.97, 1.03) for d in drift] for c in range(cols)}
+        got = _paired_medians(cells, [0], list(range(cols)), {0: cells[(0, 0)]})[0]
+        bound = (1.03 / 0.97) ** 2
+        for c in range(1, cols):
+            assert 1 / bound <= (got[c] / got[0]) / (true[c] / true[0]) <= bound
+    # three repetitions, the machine 10 % and 20 % slower in the second and third, the second
+    # timing of cell 1 with 10 % jitter: the ratios say 1.0, cell-by-cell medians 1.0 / 1.1
+    cells = {(0, 0): [1.0, 1.1, 1.2], (0, 1): [1.0, 0.99, 1.2]}
+    assert _paired_medians(cells, [0], [0, 1], {0: cells[(0, 0)]}) == [[1.1, 1.1]]
+
+
 def test_bench_counts_bfloat16_partings_at_near_ties_apart_from_mismatches():
     """In bfloat16 DFlash parts from the target alone on some math prompts (its 16-token verify
     rounds differently): the bench counts those as near-ties after auditing them, not as greedy

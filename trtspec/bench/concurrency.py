@@ -44,6 +44,11 @@ from trtspec.spec.schedule import SPSTable
 THRESHOLDS = (0.3, 0.5, 0.7)
 TURN_STEPS = 16  # steps a method runs before the next takes its turn (tens of ms: caches stay warm)
 
+# repetitions of each cost table's timings (`trtspec profile`'s default): with 5, single cells of
+# one run's EAGLE-3 table were 8 % apart from the same cells of its EAGLE-3 k16 twin, enough to
+# flip adaptive's choice at R = 8 between drafting one token a step and none
+PROFILE_REPS = 15
+
 
 @dataclass
 class _Point:
@@ -109,7 +114,7 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
         if table is not None or cfg.drafter.resolved_sps_table is not None:
             tables[name] = table or pipelines[name].cost_table
         else:
-            tables[name] = profile_cost(pipelines[name].target, pipelines[name].drafter, reps=5,
+            tables[name] = profile_cost(pipelines[name].target, pipelines[name].drafter, reps=PROFILE_REPS,
                                         max_batch=max(concurrency))
     decoders = _decoders(pipelines, max(concurrency), tables)
     tok = pipelines["none"].tokenizer

@@ -196,26 +196,31 @@ def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int]
     machine = (f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} "
                f"({torch.get_num_threads()} threads) on {device}, {requests} requests × {context} "
                "cached tokens")
-    step_times = monotone_envelope([[statistics.median(times[b]) for b in batch_tokens]])[0]
+    step_times = _paired_medians({(0, b): times[b] for b in batch_tokens}, [0], batch_tokens,
+                                 {0: times[batch_tokens[0]]})[0]
+    verify_s = short_s = draft_s = []
+    if per_row:  # each anchored on the plain step (1 token a row) at its R, timed in the same rep
+        plain = {r: grid[(r, 1)] for r in draft_batches}
+        verify_s = _paired_medians(grid, draft_batches, per_row, plain)
+        short_plain = {r: short_grid[(r, 1)] for r in draft_batches}
+        short_s = _paired_medians(short_grid, draft_batches, per_row, short_plain)
+        draft_s = _paired_medians(draft_times, draft_batches, lens, plain)
     return SPSTable(
         batch_tokens=batch_tokens,
         steps_per_s=[round(1.0 / t, 3) for t in step_times],
         machine=machine,
         draft_batches=draft_batches if lens else [],
         draft_lens=lens,
-        draft_seconds=[[round(t, 6) for t in row] for row in _medians(draft_times, draft_batches, lens)]
-        if lens else [],
+        draft_seconds=[[round(t, 6) for t in row] for row in draft_s],
         drafter=drafter.method,
         draft_catch_up=ACCEPTED_PER_STEP + 1 if lens else 0,
         catch_up_seconds=catch_up,
         verify_rows=draft_batches if per_row else [],
         verify_tokens_per_row=per_row,
-        verify_steps_per_s=[[round(1.0 / t, 3) for t in row]
-                            for row in _medians(grid, draft_batches, per_row)] if per_row else [],
+        verify_steps_per_s=[[round(1.0 / t, 3) for t in row] for row in verify_s],
         verify_context=context if per_row else 0,
         short_context=short if per_row else 0,
-        short_steps_per_s=[[round(1.0 / t, 3) for t in row]
-                           for row in _medians(short_grid, draft_batches, per_row)] if per_row else [],
+        short_steps_per_s=[[round(1.0 / t, 3) for t in row] for row in short_s],
         loop_rows=loop_rows,
         loop_seconds=loop,
     )
@@ -235,9 +240,17 @@ def monotone_envelope(seconds: list[list[float]]) -> list[list[float]]:
     return out
 
 
-def _medians(cells: dict, rows: list, cols: list) -> list[list[float]]:
-    """The median of each (row, col) cell's timings, as a grid made monotone (`monotone_envelope`)."""
-    return monotone_envelope([[statistics.median(cells[(r, c)]) for c in cols] for r in rows])
+def _paired_medians(cells: dict, rows: list, cols: list, anchor: dict) -> list[list[float]]:
+    """Each (row, col) cell's time as the median, over repetitions, of its ratio to the row's
+    anchor timed in the same repetition (a plain step), times the anchor's median; the grid made
+    monotone (`monotone_envelope`). Every cell of a repetition is timed within a second or two,
+    so a drift of the machine's speed between repetitions scales them together and cancels in
+    the ratio: the ratios adaptive speculation decides on (a drafting step against a plain one)
+    keep only each timing's own jitter. cells[(row, col)], anchor[row]: one timing per repetition."""
+    def cell(r, c) -> float:
+        ratios = [x / a for x, a in zip(cells[(r, c)], anchor[r], strict=True)]
+        return statistics.median(ratios) * statistics.median(anchor[r])
+    return monotone_envelope([[cell(r, c) for c in cols] for r in rows])
 
 
 def loop_seconds(target, batches: list[int], context: int, steps: int, seed: int = 0) -> list[float]:
