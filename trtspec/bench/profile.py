@@ -30,7 +30,9 @@ few repetitions can keep it (a bench run whose cost table was timed beside a tes
 for 4 requests × 4 tokens each, against 7.7 and 9.2 ms for 3 and 5 tokens). Interference only ever
 adds time, and more work never takes less, so each measured curve is replaced by its monotone
 lower envelope (`monotone_envelope`): a cell costs at most what any cell with as many or more
-requests, tokens or drafts cost.
+requests, tokens or drafts cost. Slower drifts of the machine's speed (it runs 1.5-2x slower for
+minutes at a time) scale every cell of a repetition alike, so each cell is the median of its ratio
+to the plain step timed in the same repetition, times the plain step's median (`_paired_medians`).
 
 Last, the serving loop's own time per step at each R (`loop_seconds`): R requests decoded plainly
 through `SpeculativeDecoder`, minus the time inside the target's forward. Verification, emission and
