@@ -364,7 +364,7 @@ def hf_slot_buffers(config, num_slots: int, capacity: int, dtype: torch.dtype,
 
 @torch.inference_mode()
 def hf_forward(model, cache: SlotKVCache, layout: StepLayout, input_ids: torch.Tensor,
-               logits_at: torch.Tensor | None, output_hidden_states: bool = False):
+               logits_at: torch.Tensor | None):
     """One forward of a Hugging Face causal LM over packed tokens.  input_ids [T]; logits_at [n]
     packed indices whose logits to compute (None = all).  -> model output (logits [1, n, V])."""
     cache.layout = layout
@@ -374,7 +374,6 @@ def hf_forward(model, cache: SlotKVCache, layout: StepLayout, input_ids: torch.T
         attention_mask=_NO_MASK,  # a 4D mask is taken as given: transformers builds none
         **{cache_argument(type(model)): cache},
         use_cache=True,
-        output_hidden_states=output_hidden_states,
         logits_to_keep=0 if logits_at is None else logits_at,
         trtspec_layout=layout,  # reaches every attention call
     )

@@ -2,7 +2,7 @@
 
 `output_hidden_states=True` makes transformers keep every layer's output of the step, L + 1
 tensors of [T, H], of which a drafter reads two to five: on an 8B target (36 layers, H = 4096,
-bf16) an 8k-token prefill holds 2.4 GB of hidden states it never reads, and each layer pays a
+bf16) an 8k-token prefill holds 2.5 GB of hidden states it never reads, and each layer pays a
 hook. `LayerTaps` hooks only the tapped layers, and keeps their outputs only while a forward of
 the `TargetModel` that asked for them runs (`catching`): a model shared with a TargetModel that
 reads no taps (an auditor over the same weights) pays nothing.
@@ -49,7 +49,7 @@ class LayerTaps:
 
     @contextmanager
     def catching(self) -> Iterator[list[torch.Tensor | None]]:
-        """Within: each tapped layer's output [1, T, H] lands at its index in the yielded list."""
+        """Within: each tapped layer's output [B, T, H] lands at its index in the yielded list."""
         self._caught = caught = [None] * len(self.layer_ids)
         try:
             yield caught
@@ -58,7 +58,7 @@ class LayerTaps:
 
     @staticmethod
     def concat(caught: list[torch.Tensor | None]) -> torch.Tensor:
-        """The taps of one forward side by side.  -> [T, n_taps * H]"""
+        """The taps of one forward side by side.  each [B, T, H] -> [B, T, n_taps * H]"""
         if any(t is None for t in caught):
             raise RuntimeError("a tapped layer did not run in the forward")
-        return torch.cat(caught, -1)[0]
+        return torch.cat(caught, -1)

@@ -215,7 +215,7 @@ class TargetModel:
             return hf_forward(self.model, self.cache, layout, input_ids, logits_at).logits[0], None
         with self.taps.catching() as caught:
             out = hf_forward(self.model, self.cache, layout, input_ids, logits_at)
-        return out.logits[0], LayerTaps.concat(caught)
+        return out.logits[0], LayerTaps.concat(caught)[0]
 
     def rewind(self, slot: int, num_rejected: int) -> None:
         """Drop the last `num_rejected` positions of a slot (its rejected drafts)."""

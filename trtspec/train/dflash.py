@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from trtspec.errors import TrtspecError
 from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, build_target_layer_ids, save_dflash
+from trtspec.models.taps import LayerTaps
 from trtspec.models.target import load_causal_lm
 
 log = logging.getLogger(__name__)
@@ -128,11 +129,13 @@ def regenerated_data(target, prompts_path: Path, response_tokens: int, data_file
 
 @torch.no_grad()
 def target_taps(model, seqs: torch.Tensor, layer_ids: list[int], batch: int = 32) -> torch.Tensor:
-    """Teacher-forced taps of every position.  seqs [N, S] -> [N, S, n_taps*H]"""
-    out = []
+    """Teacher-forced taps of every position (as the serving target catches them, `models.taps`).
+    seqs [N, S] -> [N, S, n_taps*H]"""
+    taps, out = LayerTaps.for_model(model, tuple(layer_ids)), []
     for i in tqdm(range(0, len(seqs), batch), desc="target features", unit="batch"):
-        hs = model(seqs[i : i + batch], output_hidden_states=True).hidden_states
-        out.append(torch.cat([hs[j + 1] for j in layer_ids], -1))
+        with taps.catching() as caught:
+            model(seqs[i : i + batch])
+        out.append(LayerTaps.concat(caught))
     return torch.cat(out)
 
 
