@@ -12,6 +12,7 @@ from trtspec.config import ScheduleConfig, load_build_config
 from trtspec.errors import ConfigError
 from trtspec.models.draft_model import DraftModelDrafter
 from trtspec.models.drafter import Drafter, NoDrafter, Proposal
+from trtspec.models.graph_audit import CaptureAudit
 from trtspec.models.target import Chunk, TargetModel
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
@@ -403,7 +404,8 @@ def test_target_steps_padded_for_cuda_graphs_decode_the_same(pipeline, alone, sc
     """cuda_graphs: the target's decode steps, a draft model's and EAGLE-3's chain steps and a
     DFlash/DSpark block forward padded to static shapes (what a CUDA graph replays; eagerly here) decode every
     request's one-request tokens, with requests joining as others leave (their prefill steps run
-    packed) and, adaptive, rows of different chain lengths and rows that do not draft."""
+    packed) and, adaptive, rows of different chain lengths and rows that do not draft; and a graph
+    would capture every padded step and replay it faithfully (`CaptureAudit`)."""
     if not isinstance(pipeline.target, TargetModel):
         pytest.skip("engine flavour: its target is onnxruntime sessions")
     target = TargetModel(pipeline.target.model, pipeline.target.tap_layer_ids, cuda_graphs=True)
@@ -415,8 +417,10 @@ def test_target_steps_padded_for_cuda_graphs_decode_the_same(pipeline, alone, sc
         drafter.cuda_graphs = True
     decoder = SpeculativeDecoder(target, drafter, pipeline.tokenizer.eos_id, pipeline.verifier,
                                  schedule, SPS, 3, 512)
-    got = decoder.generate_batch([Request(list(p.encode()), 40) for p in PROMPTS[:6]])
+    with CaptureAudit() as audit:  # each padded step run as a CUDA graph's capture and replays would
+        got = decoder.generate_batch([Request(list(p.encode()), 40) for p in PROMPTS[:6]])
     assert [r.token_ids for r in got] == alone[40][:6]
+    assert audit.problems == [] and audit.replays > audit.captures > 0
     assert 0 < decoder.target.graphed.num_steps < decoder.num_steps
     if drafter.method == "draft_model":
         assert decoder.drafter.lm.graphed.num_steps > decoder.num_steps

@@ -29,8 +29,10 @@ eagerly, as the packed forward: a step with a token tree, a chain longer than MA
 prefill) or a slot fed twice.
 
 The padded step is plain torch, so on the CPU it runs eagerly (`capture=False`), which is how the
-tests prove it equals the packed forward; on CUDA `gpu_check` proves the replay decodes what the
-eager loop decodes. A capture that fails logs why and leaves the model eager for good.
+tests prove it equals the packed forward, and, under `CaptureAudit` (`graph_audit`), that a
+capture would accept it and its replays run what the capture recorded; on CUDA `gpu_check` proves
+the replay decodes what the eager loop decodes. A capture that fails logs why and leaves the model
+eager for good.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trtspec.models.graph_audit import current_audit
 from trtspec.models.kv_slots import AttentionGroup, Segment
 
 log = logging.getLogger(__name__)
@@ -173,7 +176,12 @@ class GraphedSteps:
         for x, buffer in zip(inputs, g.inputs, strict=True):
             torch.index_select(x, 0, source, out=buffer)
         g.layout.positions.copy_(torch.tensor(positions))
-        if not self.capture:
+        audit = None if self.capture else current_audit()
+        if audit is not None:  # on the CPU, run as a capture and its replays would (graph_audit)
+            others = [h.outputs for h in self.graphs.values() if h is not g]
+            g.outputs = audit.step(f"{self.step.__qualname__} {shape}", g, g.outputs, lambda: self._run(g),
+                                   others)
+        elif not self.capture:
             g.outputs = self._run(g)
         elif g.graph is None:
             self._capture(g)

@@ -1,0 +1,109 @@
+"""CaptureAudit: on the CPU, the padded decode steps run as a CUDA graph's capture and replays
+would, and what a graph would refuse or replay stale is named. The serving models' own steps are
+audited in tests/test_batch.py (every drafter, requests joining and leaving, adaptive rows)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtspec.models.cuda_graphs import GraphedSteps
+from trtspec.models.graph_audit import CaptureAudit
+from trtspec.models.kv_slots import Segment
+
+VOCAB, WIDTH = 50, 8
+
+
+def _steps(step) -> GraphedSteps:
+    return GraphedSteps(step, torch.device("cpu"), num_slots=2, capacity=64, capture=False)
+
+
+def _decode(steps: GraphedSteps, tokens: list[int], between=lambda i: None) -> list[torch.Tensor]:
+    """Feed slot 0 one token a step; each step's output row of its token (a copy, read at once)."""
+    rows = []
+    for i, token in enumerate(tokens):
+        between(i)
+        (out,), index = steps.run([Segment(0, i, 1)], torch.tensor([token]))
+        rows.append(out[index].clone())
+    return rows
+
+
+@pytest.fixture
+def weights():
+    gen = torch.Generator().manual_seed(17)
+    return torch.randn(VOCAB, WIDTH, generator=gen), torch.randn(WIDTH, WIDTH, generator=gen)
+
+
+@pytest.fixture
+def tokens():
+    return torch.randint(0, VOCAB, (6,), generator=torch.Generator().manual_seed(3)).tolist()
+
+
+def test_a_step_a_graph_replays_faithfully_passes_and_decodes_the_same(weights, tokens):
+    table, w = weights
+
+    def step(layout, ids):  # ids [B·n] -> ([B·n, W],)
+        return (torch.tanh(table[ids] @ w) + layout.positions[:, None],)
+
+    eager = _decode(_steps(step), tokens)
+    with CaptureAudit() as audit:
+        audited = _decode(_steps(step), tokens)
+    assert audit.problems == []
+    assert (audit.captures, audit.replays) == (1, len(tokens) - 1)
+    assert all(torch.equal(a, b) for a, b in zip(audited, eager, strict=True))
+
+
+def _problems(step, between=lambda i: None, tokens=(4, 9, 4, 31)) -> list[str]:
+    with CaptureAudit() as audit:
+        _decode(_steps(step), list(tokens), between)
+    return audit.problems
+
+
+def test_host_reads_and_host_tensors_inside_the_step_are_named(weights):
+    table, w = weights
+    assert any("_local_scalar_dense" in p
+               for p in _problems(lambda layout, ids: (table[ids] * float(ids.max()),)))
+    assert any("boolean mask" in p
+               for p in _problems(lambda layout, ids: (table[ids][ids > 5].sum(0, keepdim=True),)))
+    assert any("torch.arange names no device" in p
+               for p in _problems(lambda layout, ids: (table[ids] + torch.arange(WIDTH),)))
+    assert any("lift_fresh" in p
+               for p in _problems(lambda layout, ids: (table[ids] + torch.tensor([1.0], device=ids.device),)))
+
+
+def test_a_python_value_that_changes_between_steps_would_be_frozen_in_the_graph(weights):
+    table, w = weights
+    calls = [0]
+
+    def step(layout, ids):
+        calls[0] += 1
+        return (table[ids] * calls[0],)  # a scalar the capture freezes
+
+    problems = _problems(step)
+    assert len(problems) == 1 and "a replay differs from the capture" in problems[0]
+    # 2 warm-ups, then the capture: the first replay multiplies by 4
+    assert "aten.mul.Tensor argument 1 is 4, frozen in the graph as 3" in problems[0]
+
+
+def test_a_tensor_made_outside_the_step_each_time_would_be_read_at_its_old_address(weights):
+    table, w = weights
+    made = []  # every one kept alive, so each sits at a new address
+
+    def step(layout, ids):
+        return (table[ids] + made[-1],)
+
+    problems = _problems(step, between=lambda i: made.append(torch.randn(WIDTH)))
+    assert len(problems) == 1 and "argument 1 is ('outside'" in problems[0]
+
+
+def test_an_output_read_after_the_models_next_step_reads_garbage_as_a_graph_might(weights):
+    """A graph's outputs live in the pool the model's graphs share: the audit overwrites them
+    before the next replay of another shape, so a caller that keeps them decodes NaN here."""
+    table, w = weights
+    steps = _steps(lambda layout, ids: (table[ids] @ w,))
+    with CaptureAudit():
+        kept = []
+        for i, n in enumerate((1, 2, 1)):  # two shapes, (1, 1, 64) and (1, 2, 64): the third step replays
+            (out,), _ = steps.run([Segment(0, 3 * i, n)], torch.arange(n) + i)
+            kept.append(out[:n])  # a view into the graph's outputs, not a copy (index is 0..n-1)
+    assert kept[2].isfinite().all() and kept[1].isnan().all()
