@@ -128,10 +128,13 @@ def test_gpu_check_script_rehearses_on_cpu_with_image_packages_only(tmp_path):
     assert rows["TensorRT engines (engine flavour)"]["detail"] == "skipped: TensorRT not installed"
     assert any(name.startswith("kv_injection_attention[triton]") for name in rows)
     assert "DFlash greedy == target alone (cpu fp32)" in rows
+    audited = rows["DFlash greedy, padded steps under a capture audit (cpu fp32)"]["detail"]
+    assert audited.startswith("4/4 prompts == packed;") and "replays audited: no problems" in audited
     profile = report["synthetic"]["qwen3-8b"]
     assert profile["scale_label"] == "SMALL scaled-down shape" and profile["device"] == "cpu"
     assert profile["cuda_graphs"].startswith("skipped: CUDA graphs need a CUDA device")
     assert profile["target_forward"] and profile["draft"] and profile["plugins"] and not profile["skipped"]
+    assert profile["capture_audit"] == {"target forward": [], "draft step": [], "serving padded step": []}
     tasks = [p["task"] for p in profile["projections"][:5]]
     assert tasks == ["GSM8K", "MATH500", "HumanEval", "MBPP", "MT-Bench"]
     markdown = (out / "gpu_check.md").read_text()

@@ -12,6 +12,7 @@ from trtspec.models.graph_audit import CaptureAudit
 from trtspec.models.kv_slots import Segment
 
 VOCAB, WIDTH = 50, 8
+TABLE = torch.randn(VOCAB, WIDTH, generator=torch.Generator().manual_seed(5))
 
 
 def _steps(step) -> GraphedSteps:
@@ -53,25 +54,28 @@ def test_a_step_a_graph_replays_faithfully_passes_and_decodes_the_same(weights, 
     assert all(torch.equal(a, b) for a, b in zip(audited, eager, strict=True))
 
 
-def _problems(step, between=lambda i: None, tokens=(4, 9, 4, 31)) -> list[str]:
-    with CaptureAudit() as audit:
+def _problems(step, between=lambda i: None, tokens=(4, 9, 4, 31), inference: bool = False) -> list[str]:
+    with CaptureAudit() as audit, torch.inference_mode(inference):
         _decode(_steps(step), list(tokens), between)
     return audit.problems
 
 
-def test_host_reads_and_host_tensors_inside_the_step_are_named(weights):
-    table, w = weights
-    assert any("_local_scalar_dense" in p
-               for p in _problems(lambda layout, ids: (table[ids] * float(ids.max()),)))
-    assert any("boolean mask" in p
-               for p in _problems(lambda layout, ids: (table[ids][ids > 5].sum(0, keepdim=True),)))
-    assert any("torch.arange names no device" in p
-               for p in _problems(lambda layout, ids: (table[ids] + torch.arange(WIDTH),)))
-    assert any("lift_fresh" in p
-               for p in _problems(lambda layout, ids: (table[ids] + torch.tensor([1.0], device=ids.device),)))
+@pytest.mark.parametrize("inference", [False, True], ids=["grad", "inference_mode"])
+@pytest.mark.parametrize("step,named", [
+    (lambda layout, ids: (TABLE[ids] * float(ids.max()),), "reads a device value on the host"),
+    (lambda layout, ids: (TABLE[ids] * len(ids.tolist()),), "Tensor.tolist reads a device value on the host"),
+    (lambda layout, ids: (TABLE[ids] * (2 if ids.any() else 1),), "Tensor.__bool__ reads"),
+    (lambda layout, ids: (TABLE[ids][ids > 5].sum(0, keepdim=True),), "with a boolean mask"),
+    (lambda layout, ids: (TABLE[ids] + torch.arange(WIDTH),), "torch.arange names no device"),
+    (lambda layout, ids: (TABLE[ids] + torch.tensor([1.0], device=ids.device),), "lift_fresh"),
+], ids=["item", "tolist", "bool", "mask-index", "arange", "torch.tensor"])
+def test_host_reads_and_host_tensors_inside_the_step_are_named(step, named, inference):
+    """Under inference mode too, as the serving loop runs (there `.item()` dispatches as aten.item)."""
+    assert any(named in p for p in _problems(step, inference=inference))
 
 
-def test_a_python_value_that_changes_between_steps_would_be_frozen_in_the_graph(weights):
+@pytest.mark.parametrize("inference", [False, True], ids=["grad", "inference_mode"])
+def test_a_python_value_that_changes_between_steps_would_be_frozen_in_the_graph(weights, inference):
     table, w = weights
     calls = [0]
 
@@ -79,20 +83,21 @@ def test_a_python_value_that_changes_between_steps_would_be_frozen_in_the_graph(
         calls[0] += 1
         return (table[ids] * calls[0],)  # a scalar the capture freezes
 
-    problems = _problems(step)
+    problems = _problems(step, inference=inference)
     assert len(problems) == 1 and "a replay differs from the capture" in problems[0]
     # 2 warm-ups, then the capture: the first replay multiplies by 4
     assert "aten.mul.Tensor argument 1 is 4, frozen in the graph as 3" in problems[0]
 
 
-def test_a_tensor_made_outside_the_step_each_time_would_be_read_at_its_old_address(weights):
+@pytest.mark.parametrize("inference", [False, True], ids=["grad", "inference_mode"])
+def test_a_tensor_made_outside_the_step_each_time_would_be_read_at_its_old_address(weights, inference):
     table, w = weights
     made = []  # every one kept alive, so each sits at a new address
 
     def step(layout, ids):
         return (table[ids] + made[-1],)
 
-    problems = _problems(step, between=lambda i: made.append(torch.randn(WIDTH)))
+    problems = _problems(step, between=lambda i: made.append(torch.randn(WIDTH)), inference=inference)
     assert len(problems) == 1 and "argument 1 is ('outside'" in problems[0]
 
 

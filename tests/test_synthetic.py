@@ -119,6 +119,10 @@ def test_cli_synthetic_profile_small_on_cpu(tmp_path):
     assert markdown.startswith("### llama3.1-8b on cpu (float32, SMALL scaled-down shape)")
     assert "CUDA-graph decode step not measured (skipped: CUDA graphs need a CUDA device" in markdown
     assert "Kernel column: GPU-only" in markdown and markdown in run.output
+    # what the GPU run captures, audited here as a capture and a replay (trtspec.models.graph_audit)
+    assert result["capture_audit"] == {"target forward": [], "draft step": [], "serving padded step": []}
+    assert "CUDA-graph capture audit on the CPU (target forward, draft step, serving padded step): " \
+        "a capture would take each and replay it faithfully." in markdown
 
 
 @pytest.mark.parametrize("args,message", [

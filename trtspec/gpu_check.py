@@ -229,12 +229,13 @@ def check_decoding(run: Run) -> None:
 
 def check_graphs(run: Run) -> None:
     """On CUDA, the decode steps replayed as CUDA graphs decode what the same loop decodes eagerly
-    (`cuda_graphs: false`), and the graphs' decode speed is measured beside the eager one."""
+    (`cuda_graphs: false`), and the graphs' decode speed is measured beside the eager one. On the
+    CPU, the padded steps (eager there) at R = 4 under `CaptureAudit`: what a capture would refuse
+    or replay stale."""
     from trtspec.bench.loop_overhead import tiny_pipeline
 
     if not run.cuda:
-        run.rows.append({"check": "DFlash greedy, CUDA graphs == eager", "dtype": "float32", "ok": True,
-                         "detail": "skipped: no CUDA device"})
+        _audit_graphs(run)
         return
     graphs, eager = tiny_pipeline(run.device), tiny_pipeline(run.device, cuda_graphs=False)
     prompts, max_tokens = _decoding_prompts(run, graphs.tokenizer)
@@ -248,6 +249,32 @@ def check_graphs(run: Run) -> None:
                      "ok": same == len(prompts),
                      "detail": f"{same}/{len(prompts)} prompts; decode {speed['graphs']:.0f} tokens/s "
                                f"with graphs, {speed['eager']:.0f} eager"})
+
+
+def _audit_graphs(run: Run) -> None:
+    from trtspec.bench.loop_overhead import tiny_pipeline
+    from trtspec.models.graph_audit import CaptureAudit
+    from trtspec.spec.decoder import Request
+
+    eager, padded = tiny_pipeline(run.device), tiny_pipeline(run.device)
+    padded.target.cuda_graphs = padded.drafter.cuda_graphs = True  # padded on the CPU too (eagerly)
+    prompts, max_tokens = _decoding_prompts(run, eager.tokenizer)
+    prompts = prompts * 2  # 4 requests through R = 4: idle rows once some finish
+    def decode(pipeline) -> list[list[int]]:
+        batch = pipeline.decoder_for(4).generate_batch([Request(p, max_tokens) for p in prompts])
+        return [r.token_ids for r in batch]
+
+    expected = decode(eager)
+    with CaptureAudit() as audit:
+        got = decode(padded)
+    same = sum(g == e for g, e in zip(got, expected, strict=True))
+    run.rows.append({"check": "DFlash greedy, padded steps under a capture audit (cpu fp32)",
+                     "dtype": "float32",
+                     "ok": same == len(prompts) and not audit.problems,
+                     "detail": f"{same}/{len(prompts)} prompts == packed; {audit.captures} captures, "
+                               f"{audit.replays} replays audited: "
+                               + ("; ".join(audit.problems) if audit.problems else "no problems")
+                               + " (CUDA graphs themselves: no CUDA device)"})
 
 
 ENGINE_CHECKS = (("tiny-dflash", "float32"), ("tiny-dspark", "float32"), ("tiny-dflash", "float16"))

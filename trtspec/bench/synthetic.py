@@ -13,7 +13,11 @@ the serving dtype (bfloat16 on a GPU; no checkpoint, no download), then timed:
 - the two plugin kernels at the model's shapes (`plugins.bench`);
 - the decode loop's own per-cycle overhead (`loop_overhead`).
 `synthetic_report` turns this into projected speedups and Markdown. On the CPU the same code runs a
-scaled-down architecture (`scale: small`) so CI exercises every line but the graph capture.
+scaled-down architecture (`scale: small`) so CI exercises every line but the graph capture; there,
+each kind of callable the GPU run captures (the static target's forward, the draft step, the
+serving target's padded step) runs once as a capture and a replay would under
+`models.graph_audit.CaptureAudit`, and `capture_audit` lists what a capture would refuse or replay
+stale (nothing, when it is ready for the GPU).
 Work runs in priority order under a time budget; what the budget cuts is listed as skipped.
 """
 
@@ -35,6 +39,7 @@ from trtspec.bench.device_timer import Deadline, DeviceTimer
 from trtspec.bench.static_target import StaticKVTarget
 from trtspec.bench.synthetic_report import finish
 from trtspec.errors import ConfigError
+from trtspec.models.graph_audit import CaptureAudit
 from trtspec.plan.gpus import gpu_for_device
 from trtspec.plan.models import DRAFTERS, TARGETS, Architecture
 
@@ -193,6 +198,7 @@ class _Profile:
             else "skipped: cuda_graphs is off")
         lists = ("target_forward", "hf_forward", "serving", "draft", "plugins", "skipped")
         self.result: dict = {key: [] for key in lists}
+        self.result["capture_audit"] = {}  # on the CPU: kind of captured callable -> problems
 
     # -- set-up -----------------------------------------------------------------------------
     def build(self) -> None:
@@ -236,7 +242,18 @@ class _Profile:
     def floor_ms(self, nbytes: int) -> float:
         return nbytes / (self.floor_gbs * 1e9) * 1e3
 
-    def _timed(self, fn: Callable[[], object]) -> tuple[float, float | None, str | None]:
+    def _audit(self, kind: str, fn: Callable[[], object]) -> None:
+        """On the CPU, the first callable of each kind run as a CUDA graph's capture and one replay."""
+        if self.cuda or kind in self.result["capture_audit"]:
+            return
+        graph = object()  # what the audit knows this callable's capture by
+        with CaptureAudit() as audit:
+            outputs = audit.step(kind, graph, None, lambda: (fn(),), [])
+            audit.step(kind, graph, outputs, lambda: (fn(),), [])
+        self.result["capture_audit"][kind] = audit.problems
+
+    def _timed(self, kind: str, fn: Callable[[], object]) -> tuple[float, float | None, str | None]:
+        self._audit(kind, fn)
         eager = self.timer.median_ms(fn)
         if self.graphs_skipped:
             return eager, None, None
@@ -253,7 +270,8 @@ class _Profile:
         e = self.target.get_input_embeddings().weight.element_size()
         ids = torch.randint(0, self.arch.vocab, (b, n), generator=self.gen, device=self.device)
         positions = (c + torch.arange(n, device=self.device)).expand(b, n).contiguous()
-        eager, graph, graph_error = self._timed(lambda: self.static.forward(ids, positions, c + n))
+        eager, graph, graph_error = self._timed("target forward",
+                                                lambda: self.static.forward(ids, positions, c + n))
         kv = self.static.kv_bytes_per_token
         nbytes = self.target_weight_bytes + b * n * self.arch.hidden * e + b * (c + n) * kv + b * n * kv \
             + b * n * self.arch.vocab * e  # weights, embedding rows, KV read + written, logits
@@ -298,6 +316,10 @@ class _Profile:
                 target.lengths = dict.fromkeys(range(b), c)
                 return target.forward(chunks)
 
+            if graphs and not self.cuda and "serving padded step" not in self.result["capture_audit"]:
+                with CaptureAudit() as audit:  # a capture and a replay of its padded step
+                    verify(), verify()
+                self.result["capture_audit"]["serving padded step"] = audit.problems
             row[label] = self.timer.median_ms(verify)
             if graphs and target.graphed.failed:
                 row["padded"] = f"eager after a failed capture: {target.graphed.failed}"
@@ -325,7 +347,7 @@ class _Profile:
             return head(hidden[:, 1:]).argmax(-1)
 
         layers_ms = self.timer.median_ms(layers)
-        eager, graph, graph_error = self._timed(step)
+        eager, graph, graph_error = self._timed("draft step", step)
         e = head.weight.element_size()
         kv = 2 * len(drafter.layers) * self.arch.kv_heads * self.arch.head_dim * e
         nbytes = self.drafter_weight_bytes + self.lm_head_bytes + b * c * kv + b * block * kv \

@@ -90,6 +90,12 @@ def headline(result: dict) -> list[str]:
         lines.append(f"DFlash draft step (B = {block}) = {share:.1%} of one target forward of {block} tokens "
                      f"(its layers alone {draft['layers_ms'] / many['eager_ms']:.1%}, eager; "
                      f"floors: {draft['floor_ms'] / many['floor_ms']:.1%}).")
+    audited = result.get("capture_audit") or {}
+    if audited:
+        problems = [p for found in audited.values() for p in found]
+        lines.append(f"CUDA-graph capture audit on the CPU ({', '.join(audited)}): "
+                     + ("a capture would take each and replay it faithfully." if not problems
+                        else f"{len(problems)} problem(s): " + "; ".join(problems)))
     return lines
 
 

@@ -14,9 +14,9 @@ decodes correctly here. `CaptureAudit` runs the padded steps the way a graph wou
   must equal the capture's. A scalar that changes between runs (a Python int read from the data)
   or an outside tensor at a new address (made per step, outside the step) would be frozen into the
   graph and replayed stale: the audit names the op and both arguments;
-- ops a capture refuses are problems in any run: a read of a value on the host
-  (`.item()`, `bool(tensor)`, `nonzero`, a boolean-mask index: the host waits for the device) and
-  a tensor built from host data (`torch.tensor(...)`: a copy from pageable memory). A factory
+- what a capture refuses is a problem in any run: a read of a value on the host (`.item()`,
+  `.tolist()`, `bool(tensor)`, `nonzero`, a boolean-mask index: the host waits for the device)
+  and a tensor built from host data (`torch.tensor(...)`: a copy from pageable memory). A factory
   that names no device (`torch.arange(n)`) is one too: on a GPU it makes a host tensor;
 - a replay returns the capture's output tensors, rewritten in place, after every output of the
   model's other shapes was overwritten with garbage: on CUDA they sit in the graphs' shared memory
@@ -41,9 +41,10 @@ from torch.utils._pytree import tree_flatten
 WARMUP = 2  # as GraphedSteps: eager runs before the capture
 
 # ops a capture refuses: each makes the host wait for the device's data
-HOST_READS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2",
+HOST_READS = {"_local_scalar_dense", "item", "nonzero", "masked_select", "unique", "_unique", "_unique2",
               "unique_consecutive", "unique_dim", "equal", "is_nonzero", "repeat_interleave"}
 HOST_DATA = {"lift_fresh", "lift_fresh_copy"}  # a tensor made from host data (torch.tensor)
+HOST_CALLS = {"tolist", "item", "numpy", "__int__", "__float__", "__bool__", "__index__", "__array__"}
 
 _CURRENT: contextvars.ContextVar[CaptureAudit | None] = contextvars.ContextVar("trtspec_capture_audit",
                                                                                default=None)
@@ -56,8 +57,10 @@ def current_audit() -> CaptureAudit | None:
     return _CURRENT.get()
 
 
-class _Factories(TorchFunctionMode):
-    """Catches a factory (torch.zeros, torch.arange, torch.tensor ...) called with no device=."""
+class _HostCalls(TorchFunctionMode):
+    """Catches, at the Python level, a factory (torch.zeros, torch.arange, torch.tensor ...) called
+    with no device= and a tensor read on the host (`tolist` never reaches the dispatcher, and under
+    inference mode `.item()` reaches it as aten.item, not aten._local_scalar_dense)."""
 
     def __init__(self, refused: list[str]):
         super().__init__()
@@ -65,8 +68,11 @@ class _Factories(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
         if func in _device_constructors() and kwargs.get("device") is None:
-            self.refused.append(f"torch.{func.__name__} names no device: on a GPU it makes a host tensor")
+            self.refused.append(f"torch.{name} names no device: on a GPU it makes a host tensor")
+        elif name in HOST_CALLS:
+            self.refused.append(f"Tensor.{name} reads a device value on the host")
         return func(*args, **kwargs)
 
 
@@ -148,7 +154,7 @@ class CaptureAudit:
 
     def _traced(self, label: str, run: Callable[[], Outputs]) -> tuple[Outputs, _Trace]:
         trace = _Trace()
-        with _Factories(trace.refused), trace:
+        with _HostCalls(trace.refused), trace:
             outputs = run()
         for why in dict.fromkeys(trace.refused):
             self._problem(f"{label}: {why}")
