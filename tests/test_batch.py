@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from trtspec.config import ScheduleConfig, load_build_config
+from trtspec.config import ScheduleConfig, TreeConfig, load_build_config
 from trtspec.errors import ConfigError
 from trtspec.models.draft_model import DraftModelDrafter
 from trtspec.models.drafter import Drafter, NoDrafter, Proposal
@@ -399,13 +399,16 @@ def test_cuda_device_without_a_gpu_is_one_line_naming_the_field():
         load_pipeline(config)
 
 
-@pytest.mark.parametrize("schedule", [FULL, ScheduleConfig(mode="adaptive")])
-def test_target_steps_padded_for_cuda_graphs_decode_the_same(pipeline, alone, schedule):
+@pytest.mark.parametrize("schedule,tree", [(FULL, None), (ScheduleConfig(mode="adaptive"), None),
+                                           (FULL, TreeConfig(nodes=12, topk=3))],
+                         ids=["full", "adaptive", "tree"])
+def test_target_steps_padded_for_cuda_graphs_decode_the_same(pipeline, alone, schedule, tree):
     """cuda_graphs: the target's decode steps, a draft model's and EAGLE-3's chain steps and a
     DFlash/DSpark block forward padded to static shapes (what a CUDA graph replays; eagerly here) decode every
     request's one-request tokens, with requests joining as others leave (their prefill steps run
-    packed) and, adaptive, rows of different chain lengths and rows that do not draft; and a graph
-    would capture every padded step and replay it faithfully (`CaptureAudit`)."""
+    packed) and, adaptive, rows of different chain lengths and rows that do not draft; with draft
+    trees, the target's tree verification and EAGLE-3's and a draft model's tree steps padded too;
+    and a graph would capture every padded step and replay it faithfully (`CaptureAudit`)."""
     if not isinstance(pipeline.target, TargetModel):
         pytest.skip("engine flavour: its target is onnxruntime sessions")
     target = TargetModel(pipeline.target.model, pipeline.target.tap_layer_ids, cuda_graphs=True)
@@ -416,12 +419,13 @@ def test_target_steps_padded_for_cuda_graphs_decode_the_same(pipeline, alone, sc
         drafter = copy.copy(drafter)
         drafter.cuda_graphs = True
     decoder = SpeculativeDecoder(target, drafter, pipeline.tokenizer.eos_id, pipeline.verifier,
-                                 schedule, SPS, 3, 512)
+                                 schedule, SPS, 3, 512, tree=tree)
     with CaptureAudit() as audit:  # each padded step run as a CUDA graph's capture and replays would
         got = decoder.generate_batch([Request(list(p.encode()), 40) for p in PROMPTS[:6]])
     assert [r.token_ids for r in got] == alone[40][:6]
     assert audit.problems == [] and audit.replays > audit.captures > 0
     assert 0 < decoder.target.graphed.num_steps < decoder.num_steps
+    assert any(trees for *_, trees in decoder.target.graphed.graphs) == (tree is not None)
     if drafter.method == "draft_model":
         assert decoder.drafter.lm.graphed.num_steps > decoder.num_steps
     else:  # every block forward, catch-up and chain step padded

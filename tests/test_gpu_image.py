@@ -128,8 +128,9 @@ def test_gpu_check_script_rehearses_on_cpu_with_image_packages_only(tmp_path):
     assert rows["TensorRT engines (engine flavour)"]["detail"] == "skipped: TensorRT not installed"
     assert any(name.startswith("kv_injection_attention[triton]") for name in rows)
     assert "DFlash greedy == target alone (cpu fp32)" in rows
-    audited = rows["DFlash greedy, padded steps under a capture audit (cpu fp32)"]["detail"]
-    assert audited.startswith("4/4 prompts == packed;") and "replays audited: no problems" in audited
+    for label in ("DFlash greedy", "DFlash tree greedy"):
+        audited = rows[f"{label}, padded steps under a capture audit (cpu fp32)"]["detail"]
+        assert audited.startswith("4/4 prompts == packed;") and "replays audited: no problems" in audited
     profile = report["synthetic"]["qwen3-8b"]
     assert profile["scale_label"] == "SMALL scaled-down shape" and profile["device"] == "cpu"
     assert profile["cuda_graphs"].startswith("skipped: CUDA graphs need a CUDA device")

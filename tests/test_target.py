@@ -163,7 +163,7 @@ def test_steps_padded_for_cuda_graphs_equal_the_packed_forward(family, request):
         both(chunks, torch.randperm(total, generator=gen)[: total // 2])
         bucket = 4 if 3 in fed else 2 if 1 in fed else 1  # a power of two past the highest slot fed
         longest = max(len(c.input_ids) for c in chunks)
-        shapes.add((bucket, next(n for n in TOKEN_BUCKETS if n >= longest), 256))
+        shapes.add((bucket, next(n for n in TOKEN_BUCKETS if n >= longest), 256, False))
         for c in chunks:
             back = int(torch.randint(0, len(c.input_ids), (1,), generator=gen))
             packed.rewind(c.slot, back)
@@ -175,22 +175,78 @@ def test_steps_padded_for_cuda_graphs_equal_the_packed_forward(family, request):
     assert padded.seq_len(0) == packed.seq_len(0) and padded.seq_len(2) == 0
 
 
-def test_padded_steps_refuse_what_a_static_shape_cannot_hold(random_qwen3_dir, monkeypatch):
-    """The graph plan is None (eager) for a tree, a chain past MAX_TOKENS and a slot fed twice;
-    otherwise (B, n, K): the batch bucket past the highest slot (at most the slot count), the
-    longest chain's token bucket, the context bucket past the real tokens (at most the capacity).
-    Past MAX_GRAPHS shapes the least recently used graph goes."""
-    from trtspec.models import cuda_graphs
+def _random_tree(n: int, gen: torch.Generator) -> tuple[int, ...]:
+    """Parents of n nodes: node 0 the root, each later one under a random earlier one."""
+    return (-1, *(int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)))
+
+
+def test_tree_steps_padded_for_cuda_graphs_equal_the_packed_forward(random_qwen3_dir):
+    """Draft trees in padded steps (the tree's shape is data, so trees of any shape share a graph):
+    a target verifying trees in slots 0 and 3 beside a chain in slot 1, each tree's accepted path
+    kept (`keep_paths`), and a tree fed depth by depth (a later forward's nodes see ancestors of an
+    earlier one, the span past MAX_TOKENS nodes) give the packed forward's logits and taps."""
     from trtspec.models.cuda_graphs import MAX_TOKENS
+    from trtspec.models.target import PathKeep
+
+    packed = TargetModel.from_pretrained(random_qwen3_dir, tap_layer_ids=(0, 2))
+    padded = TargetModel(packed.model, (0, 2), cuda_graphs=True)
+    for t in (packed, padded):
+        t.allocate(4, 400)
+    gen = torch.Generator().manual_seed(23)
+
+    def rand(n):
+        return torch.randint(0, 256, (n,), generator=gen)
+
+    def both(chunks):
+        a, b = packed.forward(chunks), padded.forward(chunks)
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(b.hidden, a.hidden, atol=1e-5, rtol=1e-4)
+
+    both([Chunk(s, rand(40 + 7 * s)) for s in (0, 1, 3)])  # prefills: packed
+    for _ in range(5):
+        trees = {s: _random_tree(int(torch.randint(2, 20, (1,), generator=gen)), gen) for s in (0, 3)}
+        starts = {s: packed.seq_len(s) for s in trees}
+        chain = rand(int(torch.randint(1, 5, (1,), generator=gen)))
+        both([Chunk(0, rand(len(trees[0])), trees[0]), Chunk(1, chain),
+              Chunk(3, rand(len(trees[3])), trees[3])])
+        keeps = []
+        for s, parents in trees.items():  # a random node's root path is the accepted one
+            path, node = [], int(torch.randint(0, len(parents), (1,), generator=gen))
+            while node >= 0:
+                path.insert(0, node)
+                node = parents[node]
+            keeps.append(PathKeep(s, starts[s], path))
+        for t in (packed, padded):
+            t.keep_paths(keeps)
+            t.rewind(1, 1)
+    deep = _random_tree(MAX_TOKENS + 8, gen)  # fed as 3 forwards: nodes 0..15, 16..31, 32..39
+    start = packed.seq_len(0)
+    for a, b in ((0, 16), (16, 32), (32, MAX_TOKENS + 8)):
+        both([Chunk(0, rand(b - a), deep[:b], tree_start=start)])
+    assert padded.graphed.num_steps == 8 and all(trees for *_, trees in padded.graphed.graphs)
+
+
+def test_padded_steps_refuse_what_a_static_shape_cannot_hold(random_qwen3_dir, monkeypatch):
+    """The graph plan is None (eager) for a tree past TREE_WINDOW nodes or a segment outside its
+    tree, a chain past MAX_TOKENS and a slot fed twice; otherwise (B, n, K, trees): the batch bucket
+    past the highest slot (at most the slot count), the longest chain's token bucket, the context
+    bucket past the real tokens (at most the capacity), whether a row holds tree nodes. Past
+    MAX_GRAPHS shapes the least recently used graph goes."""
+    from trtspec.models import cuda_graphs
+    from trtspec.models.cuda_graphs import MAX_TOKENS, TREE_WINDOW
     from trtspec.models.kv_slots import Segment, TreeSpan
 
     target = TargetModel.from_pretrained(random_qwen3_dir, cuda_graphs=True)
     target.allocate(6, 300)
     plan = target.graphed.plan
-    assert plan([Segment(2, 10, 3)]) == (4, 3, 256)
-    assert plan([Segment(0, 270, 5), Segment(4, 10, 1)]) == (6, 6, 300)  # 5 tokens: bucket 6
-    assert plan([Segment(1, 296, 4)]) == (2, 4, 300)
-    assert plan([Segment(0, 10, 3, TreeSpan(10, (-1, 0, 0)))]) is None
+    assert plan([Segment(2, 10, 3)]) == (4, 3, 256, False)
+    assert plan([Segment(0, 270, 5), Segment(4, 10, 1)]) == (6, 6, 300, False)  # 5 tokens: bucket 6
+    assert plan([Segment(1, 296, 4)]) == (2, 4, 300, False)
+    assert plan([Segment(0, 10, 3, TreeSpan(10, (-1, 0, 0))), Segment(1, 5, 1)]) == (2, 3, 256, True)
+    wide = tuple([-1] + [0] * (TREE_WINDOW - 1))  # TREE_WINDOW nodes; their last 8 fed
+    assert plan([Segment(0, 10 + TREE_WINDOW - 8, 8, TreeSpan(10, wide))]) == (1, 8, 256, True)
+    assert plan([Segment(0, 10 + TREE_WINDOW - 7, 8, TreeSpan(10, (*wide, 0)))]) is None
+    assert plan([Segment(0, 12, 3, TreeSpan(10, (-1, 0, 0)))]) is None  # past its tree's end
     assert plan([Segment(0, 10, MAX_TOKENS + 1)]) is None
     assert plan([Segment(0, 10, 2), Segment(0, 12, 1)]) is None
     target.lengths = {0: 10}
@@ -198,7 +254,8 @@ def test_padded_steps_refuse_what_a_static_shape_cannot_hold(random_qwen3_dir, m
     for n in (1, 2, 1, 3):
         target.forward([Chunk(0, torch.zeros(n, dtype=torch.long))])
         target.rewind(0, n)
-    assert list(target.graphed.graphs) == [(1, 1, 256), (1, 3, 256)]  # (1, 2, 256) least recently used
+    # (1, 2, 256) least recently used
+    assert list(target.graphed.graphs) == [(1, 1, 256, False), (1, 3, 256, False)]
 
 
 def test_a_failed_capture_leaves_decoding_exact_and_eager(random_qwen3_dir):

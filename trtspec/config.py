@@ -49,10 +49,12 @@ class _HasPath(_Strict):
     device: str = Field("cpu", description="where the model and every tensor of the decode loop live: "
                                            "cpu, cuda or cuda:N")
     cuda_graphs: bool = Field(True, description="on a CUDA device, replay this model's decode steps (the "
-                                                "target's verify steps; a drafter's block forwards or "
-                                                "chain steps) as CUDA graphs, one per padded shape (batch "
-                                                "bucket, fed tokens, context bucket), captured on first "
-                                                "use; prefills, trees and a failed capture run eagerly. "
+                                                "target's verify steps, chains and draft trees; a "
+                                                "drafter's block forwards, chain and tree steps) as CUDA "
+                                                "graphs, one per padded shape (batch bucket, fed tokens, "
+                                                "context bucket, trees or not), captured on first use; "
+                                                "prefills, trees of over 64 nodes and a failed capture "
+                                                "run eagerly. "
                                                 "Ignored on cpu. Flavour trtllm: the target's sets "
                                                 "TensorRT-LLM's cuda_graph_config (null when false)")
     _base: Path = PrivateAttr(default=Path("."))

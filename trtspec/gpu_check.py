@@ -249,9 +249,26 @@ def check_graphs(run: Run) -> None:
                      "ok": same == len(prompts),
                      "detail": f"{same}/{len(prompts)} prompts; decode {speed['graphs']:.0f} tokens/s "
                                f"with graphs, {speed['eager']:.0f} eager"})
+    tree_graphs, tree_eager = (p.decoder_for(1, tree=_graph_tree()) for p in (graphs, eager))
+    same = sum(tree_graphs.generate(ids, max_tokens).token_ids
+               == tree_eager.generate(ids, max_tokens).token_ids for ids in prompts)
+    graphed = tree_graphs.target.graphed
+    captured = "capture failed: " + graphed.failed if graphed.failed else \
+        f"{sum(1 for *_, tree in graphed.graphs if tree)} target graphs with trees"
+    run.rows.append({"check": "DFlash tree greedy, CUDA graphs == eager (cuda fp32)", "dtype": "float32",
+                     "ok": same == len(prompts), "detail": f"{same}/{len(prompts)} prompts; {captured}"})
+
+
+def _graph_tree():
+    """A draft tree of 12 nodes (13 tokens a row: the target's tree steps fit a graph)."""
+    from trtspec.config import TreeConfig
+
+    return TreeConfig(nodes=12, topk=3)
 
 
 def _audit_graphs(run: Run) -> None:
+    """On the CPU: the tiny DFlash pipeline at R = 4, chains and trees, its padded steps (eager
+    here) under `CaptureAudit`, against the packed steps."""
     from trtspec.bench.loop_overhead import tiny_pipeline
     from trtspec.models.graph_audit import CaptureAudit
     from trtspec.spec.decoder import Request
@@ -260,21 +277,23 @@ def _audit_graphs(run: Run) -> None:
     padded.target.cuda_graphs = padded.drafter.cuda_graphs = True  # padded on the CPU too (eagerly)
     prompts, max_tokens = _decoding_prompts(run, eager.tokenizer)
     prompts = prompts * 2  # 4 requests through R = 4: idle rows once some finish
-    def decode(pipeline) -> list[list[int]]:
-        batch = pipeline.decoder_for(4).generate_batch([Request(p, max_tokens) for p in prompts])
+
+    def decode(pipeline, tree) -> list[list[int]]:
+        batch = pipeline.decoder_for(4, tree=tree).generate_batch([Request(p, max_tokens) for p in prompts])
         return [r.token_ids for r in batch]
 
-    expected = decode(eager)
-    with CaptureAudit() as audit:
-        got = decode(padded)
-    same = sum(g == e for g, e in zip(got, expected, strict=True))
-    run.rows.append({"check": "DFlash greedy, padded steps under a capture audit (cpu fp32)",
-                     "dtype": "float32",
-                     "ok": same == len(prompts) and not audit.problems,
-                     "detail": f"{same}/{len(prompts)} prompts == packed; {audit.captures} captures, "
-                               f"{audit.replays} replays audited: "
-                               + ("; ".join(audit.problems) if audit.problems else "no problems")
-                               + " (CUDA graphs themselves: no CUDA device)"})
+    for label, tree in (("DFlash greedy", None), ("DFlash tree greedy", _graph_tree())):
+        expected = decode(eager, tree)
+        with CaptureAudit() as audit:
+            got = decode(padded, tree)
+        same = sum(g == e for g, e in zip(got, expected, strict=True))
+        run.rows.append({"check": f"{label}, padded steps under a capture audit (cpu fp32)",
+                         "dtype": "float32",
+                         "ok": same == len(prompts) and not audit.problems,
+                         "detail": f"{same}/{len(prompts)} prompts == packed; {audit.captures} captures, "
+                                   f"{audit.replays} replays audited: "
+                                   + ("; ".join(audit.problems) if audit.problems else "no problems")
+                                   + " (CUDA graphs themselves: no CUDA device)"})
 
 
 ENGINE_CHECKS = (("tiny-dflash", "float32"), ("tiny-dspark", "float32"), ("tiny-dflash", "float16"))

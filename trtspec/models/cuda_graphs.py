@@ -1,5 +1,6 @@
 """Decode steps replayed as CUDA graphs (the gpt-fast / TensorRT-LLM pattern): the target's
-verify step, a draft model's and EAGLE-3's chain steps, and DFlash/DSpark's block forward.
+verify step (chains and draft trees), a draft model's and EAGLE-3's chain and tree steps, and
+DFlash/DSpark's block forward.
 
 A decode step feeds each running request a short chain ([last] or [last, x_1..x_k]; a DFlash
 block: [anchor, MASK × (B−1)]) and launches the same few hundred kernels every time; on a GPU at
@@ -19,14 +20,19 @@ use:
              MIN_CONTEXT) past the longest row, at most the capacity, under a mask the graph
              builds from the positions: causal (a query at position p sees positions <= p of its
              slot) or, for a DFlash block, each query sees its whole row and what precedes it.
+    trees    whether a row holds tree nodes (`kv_slots.TreeSpan`, trees of at most TREE_WINDOW
+             nodes). Then the mask is built from per-token inputs that say, for chains and
+             nodes alike, which context a token sees and which of its tree's nodes are its
+             ancestors (one 64-bit word a token), and each node rotates by its depth
+             (`StaticLayout`): the tree's shape is data, so one graph serves every tree.
 
-So a graph is keyed by (B, n, K), and at most MAX_GRAPHS are kept (the least recently replayed
+So a graph is keyed by (B, n, K, trees), and at most MAX_GRAPHS are kept (the least recently replayed
 goes first: each holds its output buffers, the logits of B·n tokens for a target). Before a replay
 the step's inputs (tokens; EAGLE-3 also feeds a hidden state per token) and positions are gathered
 into the graph's input buffers; after it the real tokens' outputs (logits, hidden states) are
 gathered out of its output buffers (copies: the next replay overwrites them). Everything else runs
-eagerly, as the packed forward: a step with a token tree, a chain longer than MAX_TOKENS (a
-prefill) or a slot fed twice.
+eagerly, as the packed forward: a chain or tree segment longer than MAX_TOKENS (a prefill, a large
+tree's verification), a tree of more than TREE_WINDOW nodes, or a slot fed twice.
 
 The padded step is plain torch, so on the CPU it runs eagerly (`capture=False`), which is how the
 tests prove it equals the packed forward, and, under `CaptureAudit` (`graph_audit`), that a
@@ -44,17 +50,39 @@ from dataclasses import dataclass
 import torch
 
 from trtspec.models.graph_audit import current_audit
-from trtspec.models.kv_slots import AttentionGroup, Segment
+from trtspec.models.kv_slots import AttentionGroup, Segment, tree_depths
 
 log = logging.getLogger(__name__)
 
 MAX_TOKENS = 32  # the longest chain a graph step feeds per row: longer ones are prefills
+TREE_WINDOW = 64  # the most nodes a tree of a graph step may hold, one bit each in a 64-bit word
 TOKEN_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, MAX_TOKENS)  # n of a causal step's graphs
 MAX_GRAPHS = 48  # graphs kept per model
 MIN_CONTEXT = 256  # the smallest context bucket K
 WARMUP = 2  # eager runs on a side stream before a capture (allocator and lazy-init settle)
 
 Outputs = tuple[torch.Tensor | None, ...]  # each [B·n, ...] (or None), one row per padded token
+Shape = tuple[int, int, int, bool]  # (B, n, K, trees): what a graph is keyed by
+
+
+def _tree_rows(segments: list[Segment], positions: list[int], n: int) -> list[list[int]]:
+    """rope_positions, prefix, window and ancestors (`StaticLayout`) of each padded token of a step
+    with trees; `positions` its storage indices. A chain token (and a padded one) is causal."""
+    rope, prefix, window, ancestors = list(positions), [p + 1 for p in positions], [0] * len(positions), \
+        [0] * len(positions)
+    for s in segments:
+        if s.tree is None:
+            continue
+        words: list[int] = []  # per node: itself and its ancestors, one bit each
+        for i, p in enumerate(s.tree.parents):
+            words.append((1 << i) | (words[p] if p >= 0 else 0))
+        depths, first, base = tree_depths(s.tree.parents), s.start - s.tree.start, s.slot * n
+        for i in range(s.length):
+            word = words[first + i]
+            rope[base + i] = s.tree.start + depths[first + i]
+            prefix[base + i] = window[base + i] = s.tree.start
+            ancestors[base + i] = word - (1 << 64) if word >> 63 else word  # as a signed 64-bit int
+    return [rope, prefix, window, ancestors]
 
 
 def graphs_wanted(enabled: bool, device: torch.device) -> bool:
@@ -75,27 +103,48 @@ class StaticLayout:
     """A `StepLayout` of static shape: B rows of n tokens, row r in slot r, attention over K
     positions as one group. Its tensors are buffers a graph reads at fixed addresses.
 
-    slots, positions, rope_positions [B·n]; mask [B, 1, n, K] (rebuilt from `positions` inside the
-    step, so a replay rebuilds it too)."""
+    slots, positions, rope_positions [B·n]; mask [B, 1, n, K] (rebuilt inside the step, so a
+    replay rebuilds it too): from `positions` for chains; for a step with trees (`trees`) from
+    per-token inputs that describe chains and tree nodes alike:
 
-    has_trees = False
+        prefix [B·n]      keys < prefix are seen (a chain token: its position + 1; a tree node:
+                          its tree's start, the context before the tree)
+        window [B·n]      the storage index of the token's tree's node 0
+        ancestors [B·n]   a 64-bit word, bit j set when the tree's node j (at window + j) is the
+                          token itself or an ancestor of it (a chain token: 0)
 
-    def __init__(self, rows: int, tokens: int, kv_len: int, device: torch.device, causal: bool = True):
-        self.shape, self.causal = (rows, tokens, kv_len), causal
+    and `rope_positions` its own buffer (a node rotates by its tree start + depth). All of them are
+    rows of one buffer, `per_token` [5, B·n] (chains: [1, B·n], the positions), filled by one copy."""
+
+    def __init__(self, rows: int, tokens: int, kv_len: int, device: torch.device, causal: bool = True,
+                 trees: bool = False):
+        self.shape, self.causal, self.has_trees = (rows, tokens, kv_len), causal, trees
         self.num_tokens = rows * tokens
         flat = torch.arange(self.num_tokens, device=device)
         self.slots = flat // tokens  # [B·n]
-        self.positions = torch.zeros(self.num_tokens, dtype=torch.long, device=device)  # [B·n]
-        self.rope_positions = self.positions
+        self.per_token = torch.zeros(5 if trees else 1, self.num_tokens, dtype=torch.long, device=device)
+        self.positions = self.per_token[0]  # [B·n]
+        self.rope_positions = self.per_token[1] if trees else self.positions  # [B·n]
+        if trees:
+            self.prefix, self.window, self.ancestors = self.per_token[2:]  # [B·n] each
         self._keys = torch.arange(kv_len, device=device)  # [K]
         self._visible = torch.zeros(rows, tokens, kv_len, dtype=torch.bool, device=device)  # [B, n, K]
         self.groups = [AttentionGroup(slice(0, rows), flat.view(rows, tokens), flat, self._visible[:, None],
                                       kv_len)]
 
     def rebuild_mask(self) -> None:
-        """The mask from the current positions, in place: a query sees the slots up to its own
-        position (causal) or up to its row's last one."""
-        rows, tokens, _ = self.shape
+        """The mask from the current per-token inputs, in place: a chain query sees the slot up to
+        its own position (causal) or up to its row's last one; a tree node its context and its
+        ancestors (see the class doc)."""
+        rows, tokens, kv_len = self.shape
+        if self.has_trees:
+            keys = self._keys[None, :]  # [1, K]
+            visible = self._visible.view(self.num_tokens, kv_len)  # [B·n, K]
+            torch.lt(keys, self.prefix[:, None], out=visible)
+            rel = keys - self.window[:, None]  # [B·n, K]: node index of each key in the token's tree
+            bit = (self.ancestors[:, None] >> rel.clamp(0, TREE_WINDOW - 1)) & 1  # [B·n, K]
+            visible |= bit.bool() & (rel >= 0) & (rel < TREE_WINDOW)
+            return
         seen = self.positions.view(rows, tokens, 1)  # [B, n, 1]
         if not self.causal:
             seen = seen[:, -1:].expand(rows, tokens, 1)  # each row's last position
@@ -123,36 +172,42 @@ class GraphedSteps:
                  num_slots: int, capacity: int, capture: bool, causal: bool = True):
         self.step, self.device, self.causal = step, torch.device(device), causal
         self.num_slots, self.capacity, self.capture = num_slots, capacity, capture
-        self.graphs: dict[tuple[int, int, int], _Graph] = {}
+        self.graphs: dict[Shape, _Graph] = {}
         self.pool = None  # the memory pool every captured graph shares
         self.num_steps = 0  # steps run padded (replays on CUDA)
         self.failed: str | None = None  # why capturing failed (then every step runs eagerly)
 
-    def plan(self, segments: list[Segment]) -> tuple[int, int, int] | None:
-        """(B, n, K) for a step of `segments` (each within the capacity), or None when the step
-        must run eagerly."""
+    def plan(self, segments: list[Segment]) -> Shape | None:
+        """(B, n, K, trees) for a step of `segments` (each within the capacity), or None when the
+        step must run eagerly."""
         if self.failed is not None or not segments:
             return None
         fed = [s.slot for s in segments]
         n = max(s.length for s in segments)
-        if len(set(fed)) != len(fed) or n > MAX_TOKENS or any(s.tree is not None for s in segments):
+        trees = [s for s in segments if s.tree is not None]
+        if len(set(fed)) != len(fed) or n > MAX_TOKENS or (trees and not self.causal):
             return None
+        for s in trees:  # a tree past the window, or a segment outside its tree (StepLayout says why)
+            first = s.start - s.tree.start
+            if len(s.tree.parents) > TREE_WINDOW or first < 0 or first + s.length > len(s.tree.parents):
+                return None
         if self.causal:  # a DFlash block's queries see its whole row: no padding past its block
             n = next(b for b in TOKEN_BUCKETS if b >= n)
         end = max(s.start + s.length for s in segments)  # what the real tokens must see
-        return _bucket(max(fed) + 1, 1, self.num_slots), n, _bucket(end, MIN_CONTEXT, self.capacity)
+        rows, kv_len = _bucket(max(fed) + 1, 1, self.num_slots), _bucket(end, MIN_CONTEXT, self.capacity)
+        return rows, n, kv_len, bool(trees)
 
     def run(self, segments: list[Segment], *inputs: torch.Tensor) -> tuple[Outputs, torch.Tensor] | None:
         """`forward` at the step's `plan`, or None when the step must run eagerly."""
         shape = self.plan(segments)
         return None if shape is None else self.forward(shape, segments, *inputs)
 
-    def forward(self, shape: tuple[int, int, int], segments: list[Segment], *inputs: torch.Tensor,
+    def forward(self, shape: Shape, segments: list[Segment], *inputs: torch.Tensor,
                 ) -> tuple[Outputs, torch.Tensor]:
         """Run the padded step.  inputs: each [T, ...], packed as `segments` (the token ids first).
         -> the step's outputs (static buffers on CUDA: read them before the next step) and
         index [T]: the padded row of each packed token."""
-        rows, n, _ = shape
+        rows, n, kv_len, trees = shape
         # source (packed index) and position of each padded token; a slot with nothing to feed:
         # a dummy chain (any token) in its scratch tail
         source, positions, index = [0] * (rows * n), list(range(self.capacity, self.capacity + n)) * rows, []
@@ -168,14 +223,15 @@ class GraphedSteps:
         if g is None:
             if len(self.graphs) >= MAX_GRAPHS:
                 del self.graphs[next(iter(self.graphs))]
-            g = _Graph(StaticLayout(*shape, self.device, self.causal),
+            g = _Graph(StaticLayout(rows, n, kv_len, self.device, self.causal, trees),
                        [x.new_zeros(rows * n, *x.shape[1:]) for x in inputs])
         self.graphs[shape] = g
         # gathered on the device, no wait for the host: the inputs never leave it
         source = torch.tensor(source, device=self.device)
         for x, buffer in zip(inputs, g.inputs, strict=True):
             torch.index_select(x, 0, source, out=buffer)
-        g.layout.positions.copy_(torch.tensor(positions))
+        per_token = [positions] + (_tree_rows(segments, positions, n) if trees else [])
+        g.layout.per_token.copy_(torch.tensor(per_token))
         audit = None if self.capture else current_audit()
         if audit is not None:  # on the CPU, run as a capture and its replays would (graph_audit)
             others = [h.outputs for h in self.graphs.values() if h is not g]

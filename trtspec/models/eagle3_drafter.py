@@ -119,7 +119,7 @@ class Eagle3Drafter(TapsDrafter):
             self.last_h[s.slot] = h[end - 1]
 
     def _forward(self, segments: list[Segment], ids: torch.Tensor, h_in: torch.Tensor) -> torch.Tensor:
-        """The drafter layer over packed chains (causal), padded when `cuda_graphs` lets it.
+        """The drafter layer over packed chains or tree nodes, padded when `cuda_graphs` lets it.
         ids [N], h_in [N, H] (fused taps, or the previous step's outputs)  -> [N, H]"""
         padded = self.graphed.run(segments, ids, h_in) if self.graphed is not None else None
         if padded is not None:  # out of the graph's buffers by packed index
@@ -130,7 +130,7 @@ class Eagle3Drafter(TapsDrafter):
     def _step(self, layout: StepLayout | StaticLayout, ids: torch.Tensor, h_in: torch.Tensor) -> tuple:
         """The drafter layer over the slot buffers as `layout` places the tokens (packed, or padded
         for a graph).  ids [T], h_in [T, H] -> ([T, H],)"""
-        h, _ = self.model(ids[None], h_in[None], layout.positions[None], SlotView(self.kv, layout))
+        h, _ = self.model(ids[None], h_in[None], layout.rope_positions[None], SlotView(self.kv, layout))
         return (h[0],)
 
     def _check_absorbed(self, rows: list[DraftRow]) -> None:
@@ -162,9 +162,7 @@ class Eagle3Drafter(TapsDrafter):
             segments = [Segment(row.slot, self.ctx_len[row.slot] + base, f,
                                 TreeSpan(self.ctx_len[row.slot], tuple(par)))
                         for row, par in zip(rows, parents, strict=True)]
-            layout = StepLayout(segments, self.device)
-            h, _ = self.model(frontier.reshape(1, r * f), h_in.reshape(1, r * f, -1),
-                              layout.rope_positions[None], SlotView(self.kv, layout))  # [1, R·F, H]
+            h = self._forward(segments, frontier.reshape(r * f), h_in.reshape(r * f, -1))  # [R·F, H]
             self.num_forwards += 1
             state["h"], state["first"] = h.view(r, f, -1), base
             return scores(state["h"])
