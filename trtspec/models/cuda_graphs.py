@@ -34,6 +34,12 @@ gathered out of its output buffers (copies: the next replay overwrites them). Ev
 eagerly, as the packed forward: a chain or tree segment longer than MAX_TOKENS (a prefill, a large
 tree's verification), a tree of more than TREE_WINDOW nodes, or a slot fed twice.
 
+Graphs are captured on first use, not at start-up as vLLM and TensorRT-LLM do: their attention
+kernels read each row's length from device memory, so a graph is keyed by batch size alone,
+while here the context bucket K is part of the shape (SDPA over a static slice of the slot
+buffers), and a start-up capture of every (B, n, K) would pass MAX_GRAPHS. The first step of each
+shape pays its capture (WARMUP eager runs, then the capture).
+
 The padded step is plain torch, so on the CPU it runs eagerly (`capture=False`), which is how the
 tests prove it equals the packed forward, and, under `CaptureAudit` (`graph_audit`), that a
 capture would accept it and its replays run what the capture recorded; on CUDA `gpu_check` proves
