@@ -127,7 +127,7 @@ def test_gpu_check_script_rehearses_on_cpu_with_image_packages_only(tmp_path):
     assert all(r["ok"] for r in report["rows"]), [r for r in report["rows"] if not r["ok"]]
     assert rows["TensorRT engines (engine flavour)"]["detail"] == "skipped: TensorRT not installed"
     assert any(name.startswith("kv_injection_attention[triton]") for name in rows)
-    assert "DFlash greedy == target alone (cpu fp32)" in rows
+    assert {f"DFlash greedy == target alone (cpu {d})" for d in ("fp32", "bf16", "fp16")} <= set(rows)
     for label in ("DFlash greedy", "DFlash tree greedy"):
         audited = rows[f"{label}, padded steps under a capture audit (cpu fp32)"]["detail"]
         assert audited.startswith("4/4 prompts == packed;") and "replays audited: no problems" in audited
@@ -142,3 +142,15 @@ def test_gpu_check_script_rehearses_on_cpu_with_image_packages_only(tmp_path):
     trt_row = "| TensorRT engines (engine flavour) | - |  |  | yes | skipped: TensorRT not installed |"
     assert trt_row in markdown
     assert "### qwen3-8b on cpu (float32, SMALL scaled-down shape)" in markdown
+
+
+def test_cost_curves_get_what_the_run_has_left_after_the_checks():
+    """On a GPU the parity checks' time comes out of the cost curves' budget, so the run ends
+    within scripts/gpu_check.sh's timeout; never below 30 s, and the CPU rehearsal keeps its own."""
+    from trtspec.gpu_check import PROFILE_MARGIN_S, RUN_SECONDS, profile_budget
+
+    assert profile_budget(None, False, 60.0) == 300.0
+    assert profile_budget(None, False, 200.0) == RUN_SECONDS - 200.0 - PROFILE_MARGIN_S
+    assert profile_budget(120.0, False, 200.0) == 120.0
+    assert profile_budget(None, False, 430.0) == 30.0
+    assert profile_budget(None, True, 1000.0) == 30.0 and profile_budget(600.0, True, 1000.0) == 600.0

@@ -3,7 +3,9 @@
 Parity, each check guarded so one failure cannot hide the others:
 - the `kv_injection_attention` torch reference and its Triton kernel (plugins/), fp32/bf16/fp16 on
   the GPU vs fp32 on the CPU; the `confidence_verify` kernels vs their torch references;
-- the embedded target + DFlash drafter, greedy, token-identical to the target alone (fp32);
+- the embedded target + DFlash drafter, greedy, token-identical to the target alone in fp32, and
+  in bf16 and fp16 up to near-ties of the target's own rounding; its decode steps replayed as
+  CUDA graphs (chains and draft trees) against the same loop eager;
 - where TensorRT is installed, the engine flavour's engines built from the exported ONNX graphs,
   decoding like the same graphs on onnxruntime ("skipped: TensorRT not installed" elsewhere).
 Then the real-size cost curve of each model (`trtspec.bench.synthetic`: target forwards eager and
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 MODELS = ("qwen3-8b", "llama3.1-8b")
+RUN_SECONDS = 440  # the whole run on a GPU (scripts/gpu_check.sh stops it at 470)
+PROFILE_MARGIN_S = 40  # what the cost curves need beyond their budget: loop overhead, writing
 CONFIGS = Path(__file__).parents[1] / "build_configs"
 
 
@@ -212,7 +216,7 @@ def _lossless_rows(run: Run, dtype: str) -> None:
         if graphed is not None:
             how += f"; {name}: {graphed.num_steps} steps padded, " + \
                 (f"capture failed: {graphed.failed}" if graphed.failed else f"{len(graphed.graphs)} graphs")
-    short = {"float32": "fp32", "bfloat16": "bf16"}[dtype]
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype]
     ok, detail = verdict(one)
     run.rows.append({"check": f"DFlash greedy == target alone ({run.device.type} {short})", "dtype": dtype,
                      "ok": ok, "detail": detail + how})
@@ -222,8 +226,8 @@ def _lossless_rows(run: Run, dtype: str) -> None:
 
 
 def check_decoding(run: Run) -> None:
-    """Speculative decoding on the device is lossless, in float32 and in bfloat16."""
-    for dtype in ("float32", "bfloat16"):
+    """Speculative decoding on the device is lossless, in float32, bfloat16 and float16."""
+    for dtype in ("float32", "bfloat16", "float16"):
         _lossless_rows(run, dtype)
 
 
@@ -404,6 +408,15 @@ def summary(run: Run) -> str:
     return "\n".join(lines)
 
 
+def profile_budget(asked: float | None, small: bool, elapsed: float) -> float:
+    """Seconds for the cost curves: `asked` (default 300, 30 when small), on a GPU cut to what the
+    run has left after `elapsed` seconds of parity checks, at least 30."""
+    budget = asked or (30.0 if small else 300.0)
+    if small:
+        return budget
+    return max(30.0, min(budget, RUN_SECONDS - elapsed - PROFILE_MARGIN_S))
+
+
 @click.command()
 @click.option("--small", is_flag=True, help="CPU rehearsal: the same checks at small shapes.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
@@ -411,7 +424,8 @@ def summary(run: Run) -> str:
 @click.option("--models", default=",".join(MODELS), show_default=True,
               help="Comma-separated models for the cost curve (trtspec profile --synthetic names).")
 @click.option("--budget-s", default=None, type=float,
-              help="Seconds for all cost curves together; default 300 (30 with --small).")
+              help="Seconds for all cost curves together; default 300 (30 with --small), cut to what "
+                   "the 440-second run has left after the parity checks.")
 def main(small: bool, out_dir: Path | None, models: str, budget_s: float | None) -> None:
     """Parity checks and the real-size cost curve on this machine's GPU (see the module docstring)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -437,10 +451,14 @@ def main(small: bool, out_dir: Path | None, models: str, budget_s: float | None)
               ("confidence_verify parity", check_verify), ("DFlash decoding parity", check_decoding),
               ("CUDA graphs against eager", check_graphs),
               ("TensorRT engines (engine flavour)", check_engines))
+    t0 = time.perf_counter()
     for label, check in checks:
         run.guarded(label, lambda c=check: c(run))
     if names:
-        profile_models(run, names, budget_s or (30.0 if small else 300.0))
+        budget = profile_budget(budget_s, small, time.perf_counter() - t0)
+        if budget < (budget_s or 300.0) and not small:
+            log.warning("cost curves get %.0f s: the checks took %.0f s", budget, time.perf_counter() - t0)
+        profile_models(run, names, budget)
     run.write()
     click.echo(summary(run))
     click.echo(f"\nwrote {run.out_dir / 'gpu_check.json'} and {run.out_dir / 'gpu_check.md'}")
