@@ -430,6 +430,8 @@ def test_target_steps_padded_for_cuda_graphs_decode_the_same(pipeline, alone, sc
         assert decoder.drafter.lm.graphed.num_steps > decoder.num_steps
     else:  # every block forward, catch-up and chain step padded
         assert decoder.drafter.graphed.num_steps == decoder.drafter.num_forwards > 0
+    if drafter.method in ("dflash", "dspark"):  # and its context projections, but the prompts'
+        assert decoder.drafter.projections.num_steps > 0
 
 
 def test_requests_joining_mid_flight_identical_to_alone(pipeline, alone):

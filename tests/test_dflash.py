@@ -115,15 +115,18 @@ def test_misfits_refused(tmp_path, target, drafter_model, edit, message):
         load_dflash(tmp_path, target.config)
 
 
-def test_cached_context_equals_from_scratch(target, drafter_model):
+@pytest.mark.parametrize("graphs", [False, True], ids=["packed", "padded"])
+def test_cached_context_equals_from_scratch(target, drafter_model, graphs):
     """Absorbing context over several cycles (and several commits piled up between proposals)
-    gives the drafts of one fresh pass; another request in another slot changes nothing."""
+    gives the drafts of one fresh pass; another request in another slot changes nothing. Padded
+    (`cuda_graphs`: the context projections and block forwards in static shapes, what CUDA
+    graphs replay; eagerly here) as well."""
     ids = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(2))
     other = torch.randint(0, 256, (1, 25), generator=torch.Generator().manual_seed(9))
     layer_ids = drafter_model.spec.target_layer_ids
     taps, other_taps = _taps(target, ids, layer_ids), _taps(target, other, layer_ids)
     emb, head = target.get_input_embeddings(), target.get_output_embeddings()
-    incremental = with_slots(DFlashDrafter(drafter_model, emb, head), 3)
+    incremental = with_slots(DFlashDrafter(drafter_model, emb, head, cuda_graphs=graphs), 3)
     ctx = 10
     incremental.begin(2, ids[0, :ctx].tolist(), taps[:ctx])
     incremental.begin(0, other[0, :20].tolist(), other_taps[:20])
@@ -139,6 +142,8 @@ def test_cached_context_equals_from_scratch(target, drafter_model):
     a = incremental.draft_logits([draft_rows([], [], ids[0, :23].tolist())[2]], 5)
     b = fresh.draft_logits(draft_rows(ids[0, :23].tolist()), 5)
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    if graphs:  # every projection padded (the prompts' 10 and 20 positions fit a graph's 32)
+        assert incremental.projections.num_steps == 4 and incremental.graphed.num_steps == 4
 
 
 def test_training_blocks_equal_inference_blocks(target, drafter_model):

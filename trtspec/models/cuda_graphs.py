@@ -1,6 +1,6 @@
 """Decode steps replayed as CUDA graphs (the gpt-fast / TensorRT-LLM pattern): the target's
 verify step (chains and draft trees), a draft model's and EAGLE-3's chain and tree steps, and
-DFlash/DSpark's block forward.
+DFlash/DSpark's block forward and context projection (the accepted tokens' taps into its K/V).
 
 A decode step feeds each running request a short chain ([last] or [last, x_1..x_k]; a DFlash
 block: [anchor, MASK × (B−1)]) and launches the same few hundred kernels every time; on a GPU at
@@ -175,8 +175,11 @@ class GraphedSteps:
     buffers hold `capacity` + MAX_TOKENS positions per slot, the last MAX_TOKENS scratch."""
 
     def __init__(self, step: Callable[..., Outputs], device: torch.device,
-                 num_slots: int, capacity: int, capture: bool, causal: bool = True):
-        self.step, self.device, self.causal = step, torch.device(device), causal
+                 num_slots: int, capacity: int, capture: bool, causal: bool = True, attends: bool = True):
+        """`causal`: chains (n bucketed) rather than DFlash blocks (whole rows see each other);
+        `attends`: False for a step that only writes K/V (DFlash's context projection): no
+        context bucket then, K is 1."""
+        self.step, self.device, self.causal, self.attends = step, torch.device(device), causal, attends
         self.num_slots, self.capacity, self.capture = num_slots, capacity, capture
         self.graphs: dict[Shape, _Graph] = {}
         self.pool = None  # the memory pool every captured graph shares
@@ -200,7 +203,8 @@ class GraphedSteps:
         if self.causal:  # a DFlash block's queries see its whole row: no padding past its block
             n = next(b for b in TOKEN_BUCKETS if b >= n)
         end = max(s.start + s.length for s in segments)  # what the real tokens must see
-        rows, kv_len = _bucket(max(fed) + 1, 1, self.num_slots), _bucket(end, MIN_CONTEXT, self.capacity)
+        rows = _bucket(max(fed) + 1, 1, self.num_slots)
+        kv_len = _bucket(end, MIN_CONTEXT, self.capacity) if self.attends else 1
         return rows, n, kv_len, bool(trees)
 
     def run(self, segments: list[Segment], *inputs: torch.Tensor) -> tuple[Outputs, torch.Tensor] | None:

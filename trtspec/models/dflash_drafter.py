@@ -65,8 +65,9 @@ class DFlashDrafter(BlockDrafter):
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module,
                  num_draft_tokens: int | None = None, cuda_graphs: bool = False):
-        """`cuda_graphs`: block forwards padded to static shapes (`trtspec.models.cuda_graphs`),
-        replayed as CUDA graphs on a CUDA device and eagerly elsewhere."""
+        """`cuda_graphs`: block forwards and context projections padded to static shapes
+        (`trtspec.models.cuda_graphs`), replayed as CUDA graphs on a CUDA device and eagerly
+        elsewhere."""
         self.model = model
         self.embed_tokens, self.lm_head = embed_tokens, lm_head  # the target's, frozen
         self.tap_layer_ids = tuple(model.spec.target_layer_ids)
@@ -75,7 +76,8 @@ class DFlashDrafter(BlockDrafter):
         self.device, self.dtype = model.fc.weight.device, model.fc.weight.dtype
         self.ctx: list[SlotKV] = []
         self.cuda_graphs = cuda_graphs
-        self.graphed: GraphedSteps | None = None
+        self.graphed: GraphedSteps | None = None  # block forwards
+        self.projections: GraphedSteps | None = None  # context projections
 
     def allocate(self, num_slots, capacity):
         super().allocate(num_slots, capacity)
@@ -84,9 +86,11 @@ class DFlashDrafter(BlockDrafter):
         scratch = MAX_TOKENS if self.cuda_graphs else 0  # the padded steps' dummy rows write there
         self.ctx = [SlotKV(num_slots, cfg.num_key_value_heads, room + scratch, cfg.head_dim,
                            self.dtype, self.device) for _ in self.model.layers]
+        capture = self.device.type == "cuda"
         self.graphed = None if not self.cuda_graphs else \
-            GraphedSteps(self._block, self.device, num_slots, room,
-                         capture=self.device.type == "cuda", causal=False)
+            GraphedSteps(self._block, self.device, num_slots, room, capture, causal=False)
+        self.projections = None if not self.cuda_graphs else \
+            GraphedSteps(self._project, self.device, num_slots, room, capture, attends=False)
 
     @torch.inference_mode()
     def _absorb_pending(self, slots: list[int]) -> None:
@@ -99,12 +103,20 @@ class DFlashDrafter(BlockDrafter):
                 taps.append(new)
         if not segments:
             return
-        layout = StepLayout(segments, self.device)
-        x = torch.cat(taps).to(self.device, self.dtype)[None]  # [1, N, n_taps·H]
-        for kv, (k, v) in zip(self.ctx, self.model.project_context(x, layout.positions[None]), strict=True):
-            kv.write(layout, k[0].transpose(0, 1), v[0].transpose(0, 1))  # [N, kvh, d]
+        x = torch.cat(taps).to(self.device, self.dtype)  # [N, n_taps·H]
+        padded = self.projections.run(segments, x) if self.projections is not None else None
+        if padded is None:  # a prefill's taps (or no graphs): packed
+            self._project(StepLayout(segments, self.device), x)
         for s in segments:
             self.ctx_len[s.slot] += s.length
+
+    def _project(self, layout: StepLayout | StaticLayout, taps: torch.Tensor) -> tuple[()]:
+        """The context K/V of every layer from `taps` [T, n_taps·H], written where `layout` places
+        them (packed, or padded for a graph). -> no outputs"""
+        for kv, (k, v) in zip(self.ctx, self.model.project_context(taps[None], layout.positions[None]),
+                              strict=True):
+            kv.write(layout, k[0].transpose(0, 1), v[0].transpose(0, 1))  # [T, kvh, d]
+        return ()
 
     @torch.inference_mode()
     def block_hidden(self, rows: list[DraftRow]) -> torch.Tensor:
