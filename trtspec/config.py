@@ -50,7 +50,8 @@ class _HasPath(_Strict):
                                            "cpu, cuda or cuda:N")
     cuda_graphs: bool = Field(True, description="on a CUDA device, replay this model's decode steps (the "
                                                 "target's verify steps, chains and draft trees; a "
-                                                "drafter's block forwards, chain and tree steps) as CUDA "
+                                                "drafter's block forwards and context projections, "
+                                                "chain and tree steps) as CUDA "
                                                 "graphs, one per padded shape (batch bucket, fed tokens, "
                                                 "context bucket, trees or not), captured on first use; "
                                                 "prefills, trees of over 64 nodes and a failed capture "
