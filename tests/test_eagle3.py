@@ -319,3 +319,56 @@ def test_greedy_lossless_with_untrained_drafter(target, tmp_path, draft_vocab_si
     for seed in range(3):
         ids = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
         assert spec.generate(ids, 50).token_ids == plain.generate(ids, 50).token_ids
+
+
+def test_tree_steps_score_what_chains_along_their_paths_score_packed_and_padded(target, drafter_model,
+                                                                              monkeypatch):
+    """EAGLE-3's tree steps, fed depth by depth (each node sees the context and its ancestors,
+    some in earlier forwards, at RoPE position context + depth), score each frontier node's children
+    as a chain forced along the node's path scores its next step, for two requests side by side;
+    packed and padded for CUDA graphs (`cuda_graphs`, eager here) alike, and the padded catch-ups,
+    chain steps and trees draft what the packed ones draft. A drafter's mistake would not show in
+    the target's tokens: only here."""
+    from trtspec.config import TreeConfig
+
+    ids = [_ids(26, 11), _ids(19, 12)]
+    taps = [_taps(target, x)[0] for x in ids]
+    grow = eagle3_drafter.grow_tree
+    # per drafter: depth -> (frontier [R, F], from_prev [R, F], scores [R, F, V])
+    seen: list[dict[int, tuple]] = []
+
+    def spy(root_scores, expand, *args):
+        def recorded(d, frontier, from_prev):
+            scores = expand(d, frontier, from_prev)
+            seen[-1][d] = (frontier.clone(), from_prev.clone(), scores.clone())
+            return scores
+        return grow(root_scores, recorded, *args)
+
+    monkeypatch.setattr(eagle3_drafter, "grow_tree", spy)
+    drafters, trees = [], []
+    for graphs in (False, True):
+        d = with_slots(Eagle3Drafter(drafter_model, cuda_graphs=graphs), 2)
+        for slot in (0, 1):
+            d.begin(slot, ids[slot][0, :-1].tolist(), taps[slot][:-1])
+        seen.append({})
+        trees.append(d.propose_tree(draft_rows(ids[0][0].tolist(), ids[1][0].tolist()),
+                                    TreeConfig(nodes=20, topk=3, depth=4)))
+        drafters.append(d)
+    assert torch.equal(trees[1].tokens, trees[0].tokens) and torch.equal(trees[1].parents, trees[0].parents)
+    assert sorted(seen[0]) == sorted(seen[1]) == [1, 2, 3]
+    for r in (0, 1):
+        for record in seen:
+            paths = [[]]  # the tokens from the root to each node of the previous frontier
+            for d in (1, 2, 3):
+                frontier, from_prev, scores = record[d]
+                paths = [paths[max(p, 0)] + [t] for t, p in zip(frontier[r].tolist(), from_prev[r].tolist(),
+                                                                 strict=True)]
+                for path, got in zip(paths, scores[r], strict=True):
+                    forced = [torch.tensor(t) for t in path]
+                    want = _chain_logits(drafter_model, target, ids[r], d + 1, forced)[0, d].log_softmax(-1)
+                    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    rows = draft_rows(ids[0][0].tolist(), ids[1][0].tolist())
+    chains = [torch.stack(d.draft_chain(rows, 4, lambda lg: lg.argmax(-1)), 1) for d in drafters]
+    torch.testing.assert_close(chains[1], chains[0], atol=1e-5, rtol=1e-4)
+    padded = drafters[1].graphed
+    assert padded.num_steps == drafters[1].num_forwards and any(trees for *_, trees in padded.graphs)
