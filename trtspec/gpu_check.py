@@ -390,12 +390,13 @@ def profile_models(run: Run, models: list[str], budget_s: float) -> None:
 def summary(run: Run) -> str:
     from trtspec.bench.synthetic_report import headline
 
-    lines = [f"\n{'check':<60} {'dtype':<9} {'rel_err':>9} {'ms':>9}  ok   detail"]
+    width = max([len(r["check"]) for r in run.rows] + [5])
+    lines = [f"\n{'check':<{width}} {'dtype':<9} {'rel_err':>9} {'ms':>9}  ok   detail"]
     for r in run.rows:
         err = f"{r['rel_err']:.2e}" if r.get("rel_err") is not None else ""
         ms = f"{r['ms']:.3f}" if r.get("ms") is not None else ""
-        lines.append(f"{r['check']:<60} {r['dtype']:<9} {err:>9} {ms:>9}  {'yes' if r['ok'] else 'NO '}  "
-                     f"{r.get('detail', '')}")
+        ok = "yes" if r["ok"] else "NO "
+        lines.append(f"{r['check']:<{width}} {r['dtype']:<9} {err:>9} {ms:>9}  {ok}  {r.get('detail', '')}")
     for model, result in run.synthetic.items():
         lines += ["", f"{model} ({result['scale_label']}, {result['device']}):"]
         lines += [f"  {line}" for line in headline(result)]
