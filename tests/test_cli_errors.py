@@ -183,16 +183,29 @@ def test_train_target_needs_an_out_folder():
     assert "default: trtspec/assets" not in invoke("train", "target", "--help").output
 
 
-def test_train_dflash_max_steps(tmp_path):
+@pytest.mark.parametrize("method", ["dflash", "dspark", "eagle3"])
+def test_train_max_steps(tmp_path, method):
+    """Each drafter trains for --max-steps and writes a checkpoint its loader takes."""
+    from transformers import AutoConfig
+
+    from trtspec.models.dflash import load_dflash
+    from trtspec.models.dspark import load_dspark
+    from trtspec.models.eagle3 import load_eagle3
+
     prompts = tmp_path / "p.txt"
     prompts.write_text("def add(a, b):\nimport os\nQ: 2 + 3\n")
-    out = tmp_path / "dflash"
-    proc = run("train", "dflash", "--target", ASSETS_DIR / "tiny-target", "--prompts", prompts, "--out", out,
-               "--block-size", "4", "--layers", "1", "--response-tokens", "16", "--max-steps", "2")
+    out = tmp_path / method
+    shape = ["--block-size", "4", "--layers", "1"] if method != "eagle3" else []
+    proc = run("train", method, "--target", ASSETS_DIR / "tiny-target", "--prompts", prompts, "--out", out,
+               *shape, "--response-tokens", "16", "--max-steps", "2")
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     report = json.loads((out / "training.json").read_text())
-    assert report["recipe"]["max_steps"] == 2 and report["history"][-1]["step"] == 2
+    # 3 prompts: DSpark's and EAGLE-3's default epochs and batch run out of data after 1 step
+    assert report["recipe"]["max_steps"] == 2
+    assert report["history"][-1]["step"] == (2 if method == "dflash" else 1)
     assert b"attention mask" not in proc.stderr  # transformers' warning about pad == eos
+    load = {"dflash": load_dflash, "dspark": load_dspark, "eagle3": load_eagle3}[method]
+    assert load(out, AutoConfig.from_pretrained(ASSETS_DIR / "tiny-target")) is not None
 
 
 def test_calibrate_takes_any_response_length(tmp_path):

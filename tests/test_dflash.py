@@ -115,6 +115,20 @@ def test_misfits_refused(tmp_path, target, drafter_model, edit, message):
         load_dflash(tmp_path, target.config)
 
 
+def test_unreadable_checkpoint_folders_refused(tmp_path, target, drafter_model):
+    """Each names the file: no config.json, config.json that is not JSON, no weights."""
+    with pytest.raises(CheckpointError, match=r"config.json is missing: not a DFlash checkpoint directory"):
+        load_dflash(tmp_path, target.config)
+    save_dflash(drafter_model, tmp_path)
+    (tmp_path / "config.json").write_text('{"block_size": 6,')
+    with pytest.raises(CheckpointError, match=rf"{tmp_path}/config.json is not valid JSON"):
+        load_dflash(tmp_path, target.config)
+    save_dflash(drafter_model, tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"has no \*.safetensors weights"):
+        load_dflash(tmp_path, target.config)
+
+
 @pytest.mark.parametrize("graphs", [False, True], ids=["packed", "padded"])
 def test_cached_context_equals_from_scratch(target, drafter_model, graphs):
     """Absorbing context over several cycles (and several commits piled up between proposals)

@@ -16,18 +16,17 @@ self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, post_attention_layernorm, mlp.{g
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from trtspec.errors import CheckpointError
+from trtspec.models.checkpoint import load_weights, read_checkpoint, write_checkpoint
 from trtspec.models.kv_slots import SlotView
 
 ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [b, kv_heads, c, head_dim]
@@ -183,45 +182,44 @@ def dflash_config_dict(config: Qwen3Config, spec: DFlashSpec) -> dict:
 
 
 def save_dflash(model: DFlashDraftModel, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(dflash_config_dict(model.config, model.spec), indent=2))
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if "rotary_emb" not in k}
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    write_checkpoint(model, dflash_config_dict(model.config, model.spec), out_dir)
 
 
-def check_fits_target(spec: DFlashSpec, config: Qwen3Config, target_config, where: str) -> None:
-    """Refuse a drafter that does not fit its target, naming the field and both values."""
-    checks = [
-        ("hidden_size", config.hidden_size, target_config.hidden_size),
-        ("num_target_layers", spec.num_target_layers, target_config.num_hidden_layers),
-    ]
+def check_block_drafter_fits(spec: DFlashSpec, config: Qwen3Config, target_config, where: str,
+                             prefix: str = "", same_vocab: bool = False) -> None:
+    """Refuse a DFlash-style drafter (DFlash, DSpark) that does not fit its target, naming the
+    field and both values. `prefix`: where the spec's fields sit in config.json (DFlash:
+    "dflash_config."); `same_vocab`: the drafter has its own vocabulary, which must be the target's."""
+    checks = [("hidden_size", config.hidden_size, target_config.hidden_size)]
+    if same_vocab:
+        checks.append(("vocab_size", config.vocab_size, target_config.vocab_size))
+    checks.append(("num_target_layers", spec.num_target_layers, target_config.num_hidden_layers))
     for field, mine, theirs in checks:
         if mine != theirs:
             raise CheckpointError(f"{where}: {field} is {mine} but the target has {theirs}")
     bad = [i for i in spec.target_layer_ids if not 0 <= i < target_config.num_hidden_layers]
     if bad:
         raise CheckpointError(
-            f"{where}: dflash_config.target_layer_ids {spec.target_layer_ids} has {bad} out of range "
+            f"{where}: {prefix}target_layer_ids {spec.target_layer_ids} has {bad} out of range "
             f"for a target with {target_config.num_hidden_layers} layers"
         )
     if not 0 <= spec.mask_token_id < target_config.vocab_size:
         raise CheckpointError(
-            f"{where}: dflash_config.mask_token_id {spec.mask_token_id} is outside the target's "
+            f"{where}: {prefix}mask_token_id {spec.mask_token_id} is outside the target's "
             f"vocabulary of {target_config.vocab_size}"
         )
+
+
+def check_fits_target(spec: DFlashSpec, config: Qwen3Config, target_config, where: str) -> None:
+    """Refuse a DFlash drafter that does not fit its target, naming the field and both values."""
+    check_block_drafter_fits(spec, config, target_config, where, prefix="dflash_config.")
     if spec.block_size < 2:
         raise CheckpointError(f"{where}: block_size is {spec.block_size}; DFlash needs at least 2")
 
 
 def load_dflash(path: Path, target_config=None, dtype=torch.float32) -> DFlashDraftModel:
     """Load a DFlash checkpoint (z-lab layout); with `target_config`, refuse one that does not fit."""
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{config_file} is missing: not a DFlash checkpoint directory")
-    raw = json.loads(config_file.read_text())
-    weights = sorted(path.glob("*.safetensors"))
-    if not weights:
-        raise CheckpointError(f"{path} has no *.safetensors weights")
+    config_file, raw, weights = read_checkpoint(path, "a DFlash")
     spec = DFlashSpec.from_config_dict(raw, str(config_file))
     dflash_keys = ("dflash_config", "block_size", "num_target_layers")
     qwen_fields = {k: v for k, v in raw.items() if k not in dflash_keys}
@@ -229,10 +227,7 @@ def load_dflash(path: Path, target_config=None, dtype=torch.float32) -> DFlashDr
     if target_config is not None:
         check_fits_target(spec, config, target_config, str(config_file))
     model = DFlashDraftModel(config, spec)
-    state: dict[str, torch.Tensor] = {}
-    for file in weights:
-        state.update(load_file(str(file)))
-    state = {k.removeprefix("model."): v for k, v in state.items()}
+    state = {k.removeprefix("model."): v for k, v in load_weights(weights).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if "rotary_emb" not in k]
     if missing or unexpected:

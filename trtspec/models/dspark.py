@@ -22,18 +22,17 @@ prefix, as DeepSpec's `save_pretrained` writes them): the DFlash names (`fc`, `h
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import Qwen3Config
 
 from trtspec.errors import CheckpointError
-from trtspec.models.dflash import DFlashDraftModel, DFlashSpec
+from trtspec.models.checkpoint import load_weights, read_checkpoint, write_checkpoint
+from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, check_block_drafter_fits
 
 ARCHITECTURE = "Qwen3DSparkModel"
 MARKOV_HEAD_TYPES = ("vanilla",)  # DeepSpec also has "gated" and "rnn"; not implemented here
@@ -186,34 +185,13 @@ def dspark_config_dict(config: Qwen3Config, spec: DSparkSpec) -> dict:
 
 
 def save_dspark(model: DSparkDraftModel, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(dspark_config_dict(model.config, model.spec), indent=2))
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if "rotary_emb" not in k}
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    write_checkpoint(model, dspark_config_dict(model.config, model.spec), out_dir)
 
 
 def check_dspark_fits(spec: DSparkSpec, config: Qwen3Config, target_config, where: str) -> None:
-    """Refuse a drafter that does not fit its target, naming the field and both values."""
-    checks = [
-        ("hidden_size", config.hidden_size, target_config.hidden_size),
-        ("vocab_size", config.vocab_size, target_config.vocab_size),
-        ("num_target_layers", spec.num_target_layers, target_config.num_hidden_layers),
-    ]
-    for field, mine, theirs in checks:
-        if mine != theirs:
-            raise CheckpointError(f"{where}: {field} is {mine} but the target has {theirs}")
-    # DeepSpec also allows -1 (the embedding output); TargetModel taps decoder layers only
-    bad = [i for i in spec.target_layer_ids if not 0 <= i < target_config.num_hidden_layers]
-    if bad:
-        raise CheckpointError(
-            f"{where}: target_layer_ids {spec.target_layer_ids} has {bad} out of range "
-            f"for a target with {target_config.num_hidden_layers} layers"
-        )
-    if not 0 <= spec.mask_token_id < target_config.vocab_size:
-        raise CheckpointError(
-            f"{where}: mask_token_id {spec.mask_token_id} is outside the target's "
-            f"vocabulary of {target_config.vocab_size}"
-        )
+    """Refuse a drafter that does not fit its target, naming the field and both values (DeepSpec
+    also allows tap layer -1, the embedding output; TargetModel taps decoder layers only)."""
+    check_block_drafter_fits(spec, config, target_config, where, same_vocab=True)
 
 
 def _check_spec(spec: DSparkSpec, where: str) -> None:
@@ -232,13 +210,7 @@ def _check_spec(spec: DSparkSpec, where: str) -> None:
 
 def load_dspark(path: Path, target_config=None, dtype=torch.float32) -> DSparkDraftModel:
     """Load a DSpark checkpoint (DeepSpec layout); with `target_config`, refuse one that does not fit."""
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{config_file} is missing: not a DSpark checkpoint directory")
-    raw = json.loads(config_file.read_text())
-    weights = sorted(path.glob("*.safetensors"))
-    if not weights:
-        raise CheckpointError(f"{path} has no *.safetensors weights")
+    config_file, raw, weights = read_checkpoint(path, "a DSpark")
     if ARCHITECTURE not in (raw.get("architectures") or []):
         raise CheckpointError(
             f"{config_file}: architectures is {raw.get('architectures')}; a DSpark checkpoint has "
@@ -250,10 +222,7 @@ def load_dspark(path: Path, target_config=None, dtype=torch.float32) -> DSparkDr
     if target_config is not None:
         check_dspark_fits(spec, config, target_config, str(config_file))
     model = DSparkDraftModel(config, spec)
-    state: dict[str, torch.Tensor] = {}
-    for file in weights:
-        state.update(load_file(str(file)))
-    state = {k.removeprefix("_orig_mod.").removeprefix("model."): v for k, v in state.items()}
+    state = {k.removeprefix("_orig_mod.").removeprefix("model."): v for k, v in load_weights(weights).items()}
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # a shape differs from what config.json implies

@@ -22,18 +22,17 @@ writes them. Config: a Llama config with `architectures: ["LlamaForCausalLMEagle
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from trtspec.errors import CheckpointError
+from trtspec.models.checkpoint import load_weights, read_checkpoint, write_checkpoint
 from trtspec.models.dflash import apply_rope
 from trtspec.models.kv_slots import SlotView
 
@@ -206,11 +205,7 @@ def eagle3_config_dict(model: Eagle3DraftModel, num_target_layers: int) -> dict:
 
 
 def save_eagle3(model: Eagle3DraftModel, out_dir: Path, num_target_layers: int) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config = eagle3_config_dict(model, num_target_layers)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if "rotary_emb" not in k}
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    write_checkpoint(model, eagle3_config_dict(model, num_target_layers), out_dir)
 
 
 def check_fits_target(spec: Eagle3Spec, config: LlamaConfig, target_config, where: str) -> None:
@@ -262,16 +257,10 @@ def load_eagle3(path: Path, target_config=None, target_embed: nn.Embedding | Non
                 dtype=torch.float32) -> Eagle3DraftModel:
     """Load an EAGLE-3 checkpoint (SafeAILab/SpecForge layout); with `target_config`, refuse one
     that does not fit. A checkpoint without `embed_tokens.weight` borrows `target_embed`."""
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{config_file} is missing: not an EAGLE-3 checkpoint directory")
-    raw = json.loads(config_file.read_text())
+    config_file, raw, weights = read_checkpoint(path, "an EAGLE-3")
     if "speculators_config" in raw:
         raise CheckpointError(f"{config_file}: the speculators layout is not supported; use the "
                               "SafeAILab/SpecForge layout (`midlayer.*`)")
-    weights = sorted(path.glob("*.safetensors"))
-    if not weights:
-        raise CheckpointError(f"{path} has no *.safetensors weights")
     where = str(config_file)
     spec = Eagle3Spec.from_config_dict(raw, where)
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in _EAGLE_KEYS})
@@ -281,10 +270,7 @@ def load_eagle3(path: Path, target_config=None, target_embed: nn.Embedding | Non
         if spec.aux_layer_ids is None:
             spec.aux_layer_ids = default_aux_layer_ids(target_config.num_hidden_layers)
     model = Eagle3DraftModel(config, spec)
-    state: dict[str, torch.Tensor] = {}
-    for file in weights:
-        state.update(load_file(str(file)))
-    state = {k.removeprefix("model."): v for k, v in state.items()}
+    state = {k.removeprefix("model."): v for k, v in load_weights(weights).items()}
     if "embed_tokens.weight" not in state and target_embed is not None:
         state["embed_tokens.weight"] = target_embed.weight.detach()
     shape_errors = [

@@ -16,7 +16,6 @@ path's storage indices are not contiguous); for a chain the path is a prefix and
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from trtspec.errors import CheckpointError
+from trtspec.models.checkpoint import read_config
 from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout
 from trtspec.models.kv_slots import (
     Segment,
@@ -48,13 +48,7 @@ def check_checkpoint_dir(path: Path) -> dict:
     """Refuse a directory that is not a loadable HF checkpoint; return its config.json."""
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {path} does not exist")
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{config_file} is missing: not a Hugging Face checkpoint directory")
-    try:
-        config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{config_file} is not valid JSON: {exc}") from None
+    _, config = read_config(path, "a Hugging Face")
     weights = list(path.glob("*.safetensors")) + list(path.glob("pytorch_model*.bin"))
     if not weights:
         raise CheckpointError(

@@ -239,16 +239,30 @@ def sample_anchors(usable: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bat
     return rows, (lo[rows, None] + (u * span[:, None]).long()).sort(-1).values
 
 
-def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlashTrainConfig,
-                 mask_token_id: int | None = None) -> dict:
-    torch.manual_seed(cfg.seed)
+def frozen_target(target_dir: Path, seed: int):
+    """The target with its weights frozen, torch seeded with the run's seed first."""
+    torch.manual_seed(seed)
     target = load_causal_lm(target_dir)
     for p in target.parameters():
         p.requires_grad_(False)
+    return target
+
+
+def block_drafter_start(target_dir: Path, prompts_path: Path, out_dir: Path, cfg,
+                        mask_token_id: int | None) -> tuple[object, int, dict]:
+    """What training a DFlash-style drafter (DFlash, DSpark) starts from: the frozen target, the
+    mask id, and the target's own continuations of the prompts (`regenerated_data`); the tap layers
+    checked first. cfg: the drafter's train config (seed, target_layer_ids, response_tokens)."""
+    target = frozen_target(target_dir, cfg.seed)
     mask_token_id = resolve_mask_token(target, target_dir, mask_token_id)
     check_layer_ids(cfg.target_layer_ids, target.config.num_hidden_layers)
     data = regenerated_data(target, prompts_path, cfg.response_tokens, out_dir / "checkpoint" / "data.pt")
+    return target, mask_token_id, data
 
+
+def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlashTrainConfig,
+                 mask_token_id: int | None = None) -> dict:
+    target, mask_token_id, data = block_drafter_start(target_dir, prompts_path, out_dir, cfg, mask_token_id)
     model = new_drafter(target, mask_token_id, cfg)
     taps = target_taps(target, data["seqs"], model.spec.target_layer_ids)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()

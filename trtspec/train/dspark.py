@@ -29,14 +29,11 @@ from tqdm import tqdm
 from trtspec.errors import TrtspecError
 from trtspec.models.dflash import build_target_layer_ids
 from trtspec.models.dspark import DSparkDraftModel, DSparkSpec, save_dspark
-from trtspec.models.target import load_causal_lm
 from trtspec.train.dflash import (
     DEFAULT_GAMMA,
     _lr_at,
+    block_drafter_start,
     block_mask,
-    check_layer_ids,
-    regenerated_data,
-    resolve_mask_token,
     resume_state,
     sample_anchors,
     save_state,
@@ -161,14 +158,7 @@ def target_logits_all(model, seqs: torch.Tensor, batch: int = 32) -> torch.Tenso
 
 def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSparkTrainConfig,
                  mask_token_id: int | None = None) -> dict:
-    torch.manual_seed(cfg.seed)
-    target = load_causal_lm(target_dir)
-    for p in target.parameters():
-        p.requires_grad_(False)
-    mask_token_id = resolve_mask_token(target, target_dir, mask_token_id)
-    check_layer_ids(cfg.target_layer_ids, target.config.num_hidden_layers)
-    data = regenerated_data(target, prompts_path, cfg.response_tokens, out_dir / "checkpoint" / "data.pt")
-
+    target, mask_token_id, data = block_drafter_start(target_dir, prompts_path, out_dir, cfg, mask_token_id)
     model = new_dspark(target, mask_token_id, cfg)
     taps = target_taps(target, data["seqs"], model.spec.target_layer_ids)
     p_logits = target_logits_all(target, data["seqs"])  # [N, S, V]

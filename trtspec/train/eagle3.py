@@ -29,8 +29,14 @@ from transformers import LlamaConfig
 
 from trtspec.errors import TrtspecError
 from trtspec.models.eagle3 import Eagle3DraftModel, Eagle3Spec, default_aux_layer_ids, save_eagle3
-from trtspec.models.target import load_causal_lm
-from trtspec.train.dflash import _lr_at, regenerated_data, resume_state, save_state, target_taps
+from trtspec.train.dflash import (
+    _lr_at,
+    frozen_target,
+    regenerated_data,
+    resume_state,
+    save_state,
+    target_taps,
+)
 
 log = logging.getLogger(__name__)
 
@@ -159,10 +165,7 @@ def _features(target, seqs: torch.Tensor, layer_ids: list[int], chunk: int = 256
 
 
 def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle3TrainConfig) -> dict:
-    torch.manual_seed(cfg.seed)
-    target = load_causal_lm(target_dir)
-    for p in target.parameters():
-        p.requires_grad_(False)
+    target = frozen_target(target_dir, cfg.seed)
     num_layers, hidden_size = target.config.num_hidden_layers, target.config.hidden_size
     bad = [i for i in cfg.aux_layer_ids or [] if not 0 <= i < num_layers]
     if cfg.aux_layer_ids is not None and (len(cfg.aux_layer_ids) != 3 or bad):

@@ -1,0 +1,53 @@
+"""A checkpoint folder: `config.json` beside weight files, as Hugging Face targets and the DFlash
+(z-lab), DSpark (DeepSpec) and EAGLE-3 (SpecForge) drafters publish them (drafters: one or more
+`*.safetensors`). What each format's config holds, and how its weights are named, is the format's
+own module (`target`, `dflash`, `dspark`, `eagle3`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from trtspec.errors import CheckpointError
+
+
+def read_config(path: Path, kind: str) -> tuple[Path, dict]:
+    """(config.json's path, its contents) of a `kind` checkpoint folder, or a CheckpointError
+    naming the file."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{config_file} is missing: not {kind} checkpoint directory")
+    try:
+        return config_file, json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{config_file} is not valid JSON: {exc}") from None
+
+
+def read_checkpoint(path: Path, kind: str) -> tuple[Path, dict, list[Path]]:
+    """(config.json's path, its contents, the *.safetensors files) of a `kind` drafter checkpoint
+    folder, or a CheckpointError naming what is missing."""
+    config_file, raw = read_config(path, kind)
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        raise CheckpointError(f"{path} has no *.safetensors weights")
+    return config_file, raw, weights
+
+
+def load_weights(weights: list[Path]) -> dict[str, torch.Tensor]:
+    """Every tensor of the weight files, by name."""
+    state: dict[str, torch.Tensor] = {}
+    for file in weights:
+        state.update(load_file(str(file)))
+    return state
+
+
+def write_checkpoint(model: nn.Module, config: dict, out_dir: Path) -> None:
+    """config.json and model.safetensors (the rotary buffers left out: loading recomputes them)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if "rotary_emb" not in k}
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
