@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterable
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -57,6 +56,14 @@ def current_audit() -> CaptureAudit | None:
     return _CURRENT.get()
 
 
+def _factories() -> set:
+    """torch's functions that take a device= (what `with torch.device(...)` fills in); imported
+    here, not with this module, which the serving models import on every machine."""
+    from torch.utils._device import _device_constructors
+
+    return _device_constructors()
+
+
 class _HostCalls(TorchFunctionMode):
     """Catches, at the Python level, a factory (torch.zeros, torch.arange, torch.tensor ...) called
     with no device= and a tensor read on the host (`tolist` never reaches the dispatcher, and under
@@ -69,7 +76,7 @@ class _HostCalls(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if func in _device_constructors() and kwargs.get("device") is None:
+        if func in _factories() and kwargs.get("device") is None:
             self.refused.append(f"torch.{name} names no device: on a GPU it makes a host tensor")
         elif name in HOST_CALLS:
             self.refused.append(f"Tensor.{name} reads a device value on the host")
