@@ -8,6 +8,7 @@ import torch
 
 from trtspec.errors import CheckpointError
 from trtspec.models.cuda_graphs import TOKEN_BUCKETS
+from trtspec.models.graph_audit import CaptureAudit
 from trtspec.models.target import Chunk, TargetModel, load_causal_lm
 
 
@@ -294,3 +295,65 @@ def test_taps_hook_only_the_tapped_layers_once_per_model(random_qwen3_dir):
     torch.testing.assert_close(a.forward([Chunk(0, ids)]).hidden,
                                torch.cat([ref.hidden_states[1][0], ref.hidden_states[last + 1][0]], -1),
                                atol=1e-5, rtol=1e-4)
+
+
+def _sliding_model(model_type: str):
+    """A random model whose layers slide over 8 positions: Mistral (every layer), Qwen3 with
+    use_sliding_window past layer 0 (layer 0 full, layers 1-2 sliding)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    extra = {"mistral": {}, "qwen3": dict(use_sliding_window=True, max_window_layers=1)}[model_type]
+    config = AutoConfig.for_model(model_type, vocab_size=264, hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                  head_dim=16, max_position_embeddings=512, sliding_window=8, **extra)
+    torch.manual_seed(13)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("model_type", ["mistral", "qwen3"])
+def test_sliding_window_layers_attend_within_their_window(model_type):
+    """A target with sliding-window layers (transformers' rule: position p sees p - 8 < j <= p)
+    gives the logits of the model's own forward, packed and padded for CUDA graphs: a prefill past
+    the window in two chunks, chain steps, and a draft tree whose nodes see the window of their
+    path (each node's logits are those of its root path appended to the context)."""
+    model = _sliding_model(model_type)
+    packed = TargetModel(model)
+    padded = TargetModel(model, cuda_graphs=True)
+    assert packed.sliding_window == 8
+    for t in (packed, padded):
+        t.allocate(2, 128)
+    gen = torch.Generator().manual_seed(6)
+    seq = torch.randint(0, 256, (40,), generator=gen)
+    ref = _reference(model, seq).logits[0]  # [40, V]
+    got = []
+    parents = (-1, 0, 0, 1, 3, 2)  # the root is seq's next token; depths 0 1 1 2 3 2
+    nodes = torch.randint(0, 256, (6,), generator=gen)
+    with CaptureAudit() as audit:  # the padded steps as a CUDA graph would capture and replay them
+        for a, b in ((0, 20), (20, 30), (30, 31), (31, 32), (32, 35), (35, 40)):
+            out = [t.forward([Chunk(1, seq[a:b])]).logits for t in (packed, padded)]
+            torch.testing.assert_close(out[1], out[0], atol=1e-5, rtol=1e-4)
+            got.append(out[0])
+        trees = [t.forward([Chunk(1, nodes, parents)]).logits for t in (packed, padded)]
+    assert audit.problems == [] and audit.replays > 0
+    torch.testing.assert_close(torch.cat(got), ref, atol=1e-5, rtol=1e-4)
+    assert padded.graphed.num_steps == 7  # every step fits a graph's 32 tokens a row
+    torch.testing.assert_close(trees[1], trees[0], atol=1e-5, rtol=1e-4)
+    for i in range(6):
+        path, node = [], i
+        while node >= 0:
+            path.insert(0, int(nodes[node]))
+            node = parents[node]
+        alone = _reference(model, torch.cat([seq, torch.tensor(path)])).logits[0, -1]
+        torch.testing.assert_close(trees[0][i], alone, atol=1e-5, rtol=1e-4)
+
+
+def test_a_tree_as_deep_as_the_sliding_window_is_refused():
+    from trtspec.config import TreeConfig
+    from trtspec.models.draft_model import DraftModelDrafter
+    from trtspec.spec.decoder import SpeculativeDecoder
+
+    model = _sliding_model("mistral")
+    target, drafter = TargetModel(model), DraftModelDrafter(model, 8)
+    with pytest.raises(ValueError, match="drafter.tree depth 8 reaches the target's sliding window of 8"):
+        SpeculativeDecoder(target, drafter, None, tree=TreeConfig(nodes=12, topk=2), capacity=64)
+    SpeculativeDecoder(target, drafter, None, tree=TreeConfig(nodes=12, topk=2, depth=7), capacity=64)

@@ -135,10 +135,18 @@ def _first_difference(captured: list[tuple], replayed: list[tuple]) -> str:
     return f"{len(replayed)} ops, the graph has {len(captured)}"
 
 
+@torch.inference_mode()  # outputs made under inference mode (the models' forwards) are written there
 def _poison(outputs: Outputs | None) -> None:
     for y in outputs or ():
         if y is not None:
             y.fill_(float("nan") if y.is_floating_point() else -1)
+
+
+@torch.inference_mode()
+def _rewrite(outputs: Outputs, fresh: Outputs) -> None:
+    for y, new in zip(outputs, fresh, strict=True):
+        if y is not None:
+            y.copy_(new)
 
 
 class CaptureAudit:
@@ -191,8 +199,6 @@ class CaptureAudit:
             self._differed.add(id(graph))
             why = _first_difference(captured, trace.ops)
             self._problem(f"{label}: a replay differs from the capture: {why}")
-        for y, new in zip(outputs, fresh, strict=True):
-            if y is not None:
-                y.copy_(new)
+        _rewrite(outputs, fresh)  # the capture's outputs, as a replay rewrites them
         self.replays += 1
         return outputs

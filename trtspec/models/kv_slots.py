@@ -274,14 +274,24 @@ class SlotKV:
 
 
 def slot_attention(query: torch.Tensor, kv: SlotKV, layout: StepLayout,
-                   scale: float | None = None) -> torch.Tensor:
-    """Attention of the packed queries over their slots.  query [T, heads, d] -> [T, heads, d]"""
+                   scale: float | None = None, window: int | None = None) -> torch.Tensor:
+    """Attention of the packed queries over their slots.  query [T, heads, d] -> [T, heads, d]
+
+    `window`: a sliding-window layer's (transformers' rule: a query at position p sees keys at
+    p − window < position <= p). Keys are banded by storage index, which is their position except
+    for tree nodes: a node's ancestors stay in its window while the tree is shallower than the
+    window (`TargetModel` refuses deeper trees)."""
     out = query.new_empty(query.shape)
     for g in layout.groups:
         q = query[g.gather].transpose(1, 2)  # [G, h, L, d]
         k = kv.keys[g.slots, :, : g.kv_len]  # [G, kvh, K, d]
         v = kv.values[g.slots, :, : g.kv_len]
-        o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=g.mask, scale=scale,
+        mask = g.mask  # [G, 1, L, K]
+        if window is not None:
+            keys = torch.arange(g.kv_len, device=query.device)  # [K]
+            oldest = layout.rope_positions[g.gather] - window  # [G, L]: keys past it are in the window
+            mask = mask & (keys > oldest[..., None])[:, None]
+        o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale,
                                            enable_gqa=k.shape[1] != q.shape[1])  # [G, h, L, d]
         flat = o.transpose(1, 2).reshape(-1, o.shape[1], o.shape[3])  # [G·L, h, d]
         out[g.gather.flatten()[g.valid]] = flat[g.valid]
@@ -331,15 +341,16 @@ class SlotKVCache:
 
 
 def hf_slot_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                      trtspec_layout: StepLayout | None = None, **kwargs):
+                      trtspec_layout: StepLayout | None = None, sliding_window: int | None = None, **kwargs):
     """The "trtspec_slots" attention implementation: packed queries over `SlotKV` when the model
-    is called with a `trtspec_layout`, transformers' SDPA otherwise."""
+    is called with a `trtspec_layout`, transformers' SDPA otherwise. `sliding_window`: what a
+    sliding-window layer of the model passes (None for full attention)."""
     if trtspec_layout is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
-    out = slot_attention(query[0].transpose(0, 1), key, trtspec_layout, scaling)  # [T, h, d]
+                                      scaling=scaling, sliding_window=sliding_window, **kwargs)
+    out = slot_attention(query[0].transpose(0, 1), key, trtspec_layout, scaling, sliding_window)  # [T, h, d]
     return out[None], None  # [1, T, h, d], as transformers' attention functions return
 
 

@@ -114,6 +114,16 @@ class TargetOutput:
     hidden: torch.Tensor | None  # [T, n_taps * H] taps of every packed token, None without taps
 
 
+def sliding_window_of(config) -> int | None:
+    """The window of a model's sliding-window layers (transformers' configs set `sliding_window`
+    to None when none slides; Qwen2/Qwen3 name each layer's kind in `layer_types`), else None."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is not None and "sliding_attention" not in types:
+        return None
+    return window or None
+
+
 def chunk_offsets(chunks: list[Chunk]) -> list[int]:
     """Packed index of each chunk's first token, then the total."""
     offsets = [0]
@@ -137,6 +147,7 @@ class TargetModel:
                 raise ValueError(f"tap layer {i} is out of range for a target with {num_layers} layers")
         self.tap_layer_ids = tuple(tap_layer_ids)
         self.taps = LayerTaps.for_model(model, self.tap_layer_ids) if tap_layer_ids else None
+        self.sliding_window = sliding_window_of(model.config)  # its layers attend within it
         self.device = model.device
         use_slot_attention(model)
         self.cuda_graphs = cuda_graphs

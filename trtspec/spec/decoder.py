@@ -132,6 +132,11 @@ class SpeculativeDecoder:
                              "`trtspec profile` first")
         self.cost_table = cost_table
         self.cost = None if cost_table is None else MeasuredCost(cost_table)
+        window = getattr(self.target, "sliding_window", None)
+        if self.tree is not None and window is not None and self.num_draft_tokens >= window:
+            # the slot attention bands keys by where they are stored, a tree node's by its node index
+            raise ValueError(f"drafter.tree depth {self.num_draft_tokens} reaches the target's sliding "
+                             f"window of {window} positions; set drafter.tree.depth below {window}")
         self.max_slots = max_slots
         self.capacity = capacity or self.target.max_positions
         # a tree's nodes may outnumber the tokens a request has left, and EAGLE-3 / draft models
