@@ -10,6 +10,7 @@ import torch
 from trtspec.models.cuda_graphs import GraphedSteps
 from trtspec.models.graph_audit import CaptureAudit
 from trtspec.models.kv_slots import Segment
+from trtspec.models.target import SUPPORTED_MODEL_TYPES
 
 VOCAB, WIDTH = 50, 8
 TABLE = torch.randn(VOCAB, WIDTH, generator=torch.Generator().manual_seed(5))
@@ -112,3 +113,32 @@ def test_an_output_read_after_the_models_next_step_reads_garbage_as_a_graph_migh
             (out,), _ = steps.run([Segment(0, 3 * i, n)], torch.arange(n) + i)
             kept.append(out[:n])  # a view into the graph's outputs, not a copy (index is 0..n-1)
     assert kept[2].isfinite().all() and kept[1].isnan().all()
+
+
+@pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
+def test_every_supported_target_architecture_s_padded_steps_capture_faithfully(model_type):
+    """Each model_type the serving target takes (its own transformers modules over slot buffers;
+    qwen3_moe routes its experts with grouped matmuls): prefills, then padded chain steps of two
+    requests equal the packed ones, and a CUDA graph could capture and replay every padded step."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trtspec.models.target import Chunk, TargetModel
+
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1,
+               mlp_only_layers=[]) if model_type == "qwen3_moe" else {}
+    config = AutoConfig.for_model(model_type, vocab_size=300, hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  head_dim=16, max_position_embeddings=512, **moe)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    packed, padded = TargetModel(model), TargetModel(model, cuda_graphs=True)
+    for t in (packed, padded):
+        t.allocate(2, 128)
+    gen = torch.Generator().manual_seed(1)
+    steps = [[Chunk(s, torch.randint(0, 300, (n,), generator=gen)) for s, n in ((0, 40), (1, 35))]]
+    steps += [[Chunk(s, torch.randint(0, 300, (n,), generator=gen)) for s in (0, 1)] for n in (1, 3, 1, 3, 2)]
+    with CaptureAudit() as audit, torch.inference_mode():
+        for chunks in steps:
+            torch.testing.assert_close(padded.forward(chunks).logits, packed.forward(chunks).logits,
+                                       atol=1e-5, rtol=1e-4)
+    assert audit.problems == [] and (audit.captures, audit.replays) == (3, 2)
