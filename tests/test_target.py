@@ -357,3 +357,36 @@ def test_a_tree_as_deep_as_the_sliding_window_is_refused():
     with pytest.raises(ValueError, match="drafter.tree depth 8 reaches the target's sliding window of 8"):
         SpeculativeDecoder(target, drafter, None, tree=TreeConfig(nodes=12, topk=2), capacity=64)
     SpeculativeDecoder(target, drafter, None, tree=TreeConfig(nodes=12, topk=2, depth=7), capacity=64)
+
+
+@pytest.mark.parametrize("rope,refused", [
+    ({"rope_type": "dynamic", "factor": 2.0}, True),
+    ({"rope_type": "linear", "factor": 2.0}, False),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 64}, False),
+])
+def test_rope_that_rescales_per_forward_is_refused_and_static_rope_serves(tmp_path, rope, refused):
+    """A RoPE whose frequencies follow each forward's longest position (dynamic NTK) would rotate a
+    request of a packed forward by another's length: refused by the serving target and the ONNX
+    exporter alike, naming the file; a static one (fixed at load) gives the model's own logits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trtspec.export.target import check_exportable
+
+    config = LlamaConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         rope_parameters={"rope_theta": 10000.0, **rope})
+    torch.manual_seed(2)
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    if refused:
+        message = rf"{tmp_path}/config.json: rope_parameters.rope_type 'dynamic' rescales RoPE"
+        with pytest.raises(CheckpointError, match=message):
+            TargetModel.from_pretrained(tmp_path)
+        with pytest.raises(CheckpointError, match="rope_type 'dynamic' cannot be exported"):
+            check_exportable(load_causal_lm(tmp_path).config)
+        return
+    target = TargetModel.from_pretrained(tmp_path)
+    target.allocate(1, 128)
+    ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(8))
+    want = _reference(target.model, ids).logits[0]
+    torch.testing.assert_close(target.forward([Chunk(0, ids)]).logits, want, atol=1e-5, rtol=1e-4)

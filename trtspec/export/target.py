@@ -24,9 +24,9 @@ from transformers import PretrainedConfig, PreTrainedModel
 from trtspec.errors import CheckpointError
 from trtspec.export.graph import BOOL, FLOAT, INT64, GraphBuilder
 from trtspec.export.layers import apply_rope, heads, linear, merge_heads, rms_norm, rope_tables, silu_mlp
+from trtspec.models.target import STATIC_ROPE_TYPES, rope_type_of, sliding_window_of
 
 EXPORTABLE_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load time
 
 
 def check_exportable(config: PretrainedConfig, where: str = "config.json") -> None:
@@ -42,10 +42,9 @@ def check_exportable(config: PretrainedConfig, where: str = "config.json") -> No
     if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
         raise CheckpointError(f"{where}: layer_types has sliding-window layers; the exporter writes full "
                               "attention only")
-    if getattr(config, "use_sliding_window", False) or (model_type == "mistral" and config.sliding_window):
+    if sliding_window_of(config):
         raise CheckpointError(f"{where}: sliding_window is set; the exporter writes full attention only")
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    rope_type = rope_type_of(config)
     if rope_type not in STATIC_ROPE_TYPES:
         raise CheckpointError(f"{where}: rope_parameters.rope_type {rope_type!r} cannot be exported; "
                               f"supported: {', '.join(STATIC_ROPE_TYPES)}")

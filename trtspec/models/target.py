@@ -114,6 +114,15 @@ class TargetOutput:
     hidden: torch.Tensor | None  # [T, n_taps * H] taps of every packed token, None without taps
 
 
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load time
+
+
+def rope_type_of(config) -> str:
+    """The model's RoPE variant (transformers' rope_parameters, or the older rope_scaling)."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return rope.get("rope_type", rope.get("type", "default"))
+
+
 def sliding_window_of(config) -> int | None:
     """The window of a model's sliding-window layers (transformers' configs set `sliding_window`
     to None when none slides; Qwen2/Qwen3 name each layer's kind in `layer_types`), else None."""
@@ -146,6 +155,14 @@ class TargetModel:
             if not 0 <= i < num_layers:
                 raise ValueError(f"tap layer {i} is out of range for a target with {num_layers} layers")
         self.tap_layer_ids = tuple(tap_layer_ids)
+        rope_type = rope_type_of(model.config)
+        if rope_type not in STATIC_ROPE_TYPES:
+            source = getattr(model.config, "_name_or_path", "")
+            where = f"{source}/config.json" if source else "the model's config"
+            raise CheckpointError(
+                f"{where}: rope_parameters.rope_type {rope_type!r} rescales RoPE by each forward's longest "
+                f"position, so in a packed forward one request would rotate by another's length; "
+                f"supported: {', '.join(STATIC_ROPE_TYPES)}")
         self.taps = LayerTaps.for_model(model, self.tap_layer_ids) if tap_layer_ids else None
         self.sliding_window = sliding_window_of(model.config)  # its layers attend within it
         self.device = model.device
