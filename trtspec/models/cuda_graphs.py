@@ -74,8 +74,8 @@ Shape = tuple[int, int, int, bool]  # (B, n, K, trees): what a graph is keyed by
 def _tree_rows(segments: list[Segment], positions: list[int], n: int) -> list[list[int]]:
     """rope_positions, prefix, window and ancestors (`StaticLayout`) of each padded token of a step
     with trees; `positions` its storage indices. A chain token (and a padded one) is causal."""
-    rope, prefix, window, ancestors = list(positions), [p + 1 for p in positions], [0] * len(positions), \
-        [0] * len(positions)
+    rope, prefix = list(positions), [p + 1 for p in positions]
+    window, ancestors = [0] * len(positions), [0] * len(positions)
     for s in segments:
         if s.tree is None:
             continue
