@@ -119,7 +119,8 @@ def test_an_output_read_after_the_models_next_step_reads_garbage_as_a_graph_migh
 def test_every_supported_target_architecture_s_padded_steps_capture_faithfully(model_type):
     """Each model_type the serving target takes (its own transformers modules over slot buffers;
     qwen3_moe routes its experts with grouped matmuls): prefills, then padded chain steps of two
-    requests equal the packed ones, and a CUDA graph could capture and replay every padded step."""
+    requests equal the packed ones, both equal the model's own forward over each request's tokens,
+    and a CUDA graph could capture and replay every padded step."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from trtspec.models.target import Chunk, TargetModel
@@ -137,8 +138,18 @@ def test_every_supported_target_architecture_s_padded_steps_capture_faithfully(m
     gen = torch.Generator().manual_seed(1)
     steps = [[Chunk(s, torch.randint(0, 300, (n,), generator=gen)) for s, n in ((0, 40), (1, 35))]]
     steps += [[Chunk(s, torch.randint(0, 300, (n,), generator=gen)) for s in (0, 1)] for n in (1, 3, 1, 3, 2)]
+    fed: dict[int, list[torch.Tensor]] = {0: [], 1: []}  # per slot: tokens, then the logits returned
+    got: dict[int, list[torch.Tensor]] = {0: [], 1: []}
     with CaptureAudit() as audit, torch.inference_mode():
         for chunks in steps:
-            torch.testing.assert_close(padded.forward(chunks).logits, packed.forward(chunks).logits,
-                                       atol=1e-5, rtol=1e-4)
+            logits = packed.forward(chunks).logits
+            torch.testing.assert_close(padded.forward(chunks).logits, logits, atol=1e-5, rtol=1e-4)
+            at = 0
+            for c in chunks:
+                fed[c.slot].append(c.input_ids)
+                got[c.slot].append(logits[at : at + len(c.input_ids)])
+                at += len(c.input_ids)
+        for slot in (0, 1):
+            alone = model(torch.cat(fed[slot])[None]).logits[0]
+            torch.testing.assert_close(torch.cat(got[slot]), alone, atol=1e-5, rtol=1e-4)
     assert audit.problems == [] and (audit.captures, audit.replays) == (3, 2)
