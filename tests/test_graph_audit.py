@@ -65,11 +65,12 @@ def _problems(step, between=lambda i: None, tokens=(4, 9, 4, 31), inference: boo
 @pytest.mark.parametrize("step,named", [
     (lambda layout, ids: (TABLE[ids] * float(ids.max()),), "reads a device value on the host"),
     (lambda layout, ids: (TABLE[ids] * len(ids.tolist()),), "Tensor.tolist reads a device value on the host"),
+    (lambda layout, ids: (TABLE[ids.cpu()],), "Tensor.cpu reads a device value on the host"),
     (lambda layout, ids: (TABLE[ids] * (2 if ids.any() else 1),), "Tensor.__bool__ reads"),
     (lambda layout, ids: (TABLE[ids][ids > 5].sum(0, keepdim=True),), "with a boolean mask"),
     (lambda layout, ids: (TABLE[ids] + torch.arange(WIDTH),), "torch.arange names no device"),
     (lambda layout, ids: (TABLE[ids] + torch.tensor([1.0], device=ids.device),), "lift_fresh"),
-], ids=["item", "tolist", "bool", "mask-index", "arange", "torch.tensor"])
+], ids=["item", "tolist", "cpu", "bool", "mask-index", "arange", "torch.tensor"])
 def test_host_reads_and_host_tensors_inside_the_step_are_named(step, named, inference):
     """Under inference mode too, as the serving loop runs (there `.item()` dispatches as aten.item)."""
     assert any(named in p for p in _problems(step, inference=inference))

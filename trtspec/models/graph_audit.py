@@ -15,9 +15,9 @@ decodes correctly here. `CaptureAudit` runs the padded steps the way a graph wou
   or an outside tensor at a new address (made per step, outside the step) would be frozen into the
   graph and replayed stale: the audit names the op and both arguments;
 - what a capture refuses is a problem in any run: a read of a value on the host (`.item()`,
-  `.tolist()`, `bool(tensor)`, `nonzero`, a boolean-mask index: the host waits for the device)
-  and a tensor built from host data (`torch.tensor(...)`: a copy from pageable memory). A factory
-  that names no device (`torch.arange(n)`) is one too: on a GPU it makes a host tensor;
+  `.tolist()`, `.cpu()`, `bool(tensor)`, `nonzero`, a boolean-mask index: the host waits for the
+  device) and a tensor built from host data (`torch.tensor(...)`: a copy from pageable memory). A
+  factory that names no device (`torch.arange(n)`) is one too: on a GPU it makes a host tensor;
 - a replay returns the capture's output tensors, rewritten in place, after every output of the
   model's other shapes was overwritten with garbage: on CUDA they sit in the graphs' shared memory
   pool, and a later replay may overwrite them. A caller that reads an output after the model's
@@ -43,7 +43,7 @@ WARMUP = 2  # as GraphedSteps: eager runs before the capture
 HOST_READS = {"_local_scalar_dense", "item", "nonzero", "masked_select", "unique", "_unique", "_unique2",
               "unique_consecutive", "unique_dim", "equal", "is_nonzero", "repeat_interleave"}
 HOST_DATA = {"lift_fresh", "lift_fresh_copy"}  # a tensor made from host data (torch.tensor)
-HOST_CALLS = {"tolist", "item", "numpy", "__int__", "__float__", "__bool__", "__index__", "__array__"}
+HOST_CALLS = {"tolist", "item", "numpy", "cpu", "__int__", "__float__", "__bool__", "__index__", "__array__"}
 
 _CURRENT: contextvars.ContextVar[CaptureAudit | None] = contextvars.ContextVar("trtspec_capture_audit",
                                                                                default=None)
