@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 MODELS = ("qwen3-8b", "llama3.1-8b")
 RUN_SECONDS = 440  # the whole run on a GPU (scripts/gpu_check.sh stops it at 470)
+PROFILE_BUDGET_S = {False: 300.0, True: 30.0}  # the cost curves' seconds asked by default (by --small)
 PROFILE_MARGIN_S = 40  # what the cost curves need beyond their budget: loop overhead, writing
 CONFIGS = Path(__file__).parents[1] / "build_configs"
 
@@ -412,7 +413,7 @@ def summary(run: Run) -> str:
 def profile_budget(asked: float | None, small: bool, elapsed: float) -> float:
     """Seconds for the cost curves: `asked` (default 300, 30 when small), on a GPU cut to what the
     run has left after `elapsed` seconds of parity checks, at least 30."""
-    budget = asked or (30.0 if small else 300.0)
+    budget = asked or PROFILE_BUDGET_S[small]
     if small:
         return budget
     return max(30.0, min(budget, RUN_SECONDS - elapsed - PROFILE_MARGIN_S))
@@ -456,9 +457,10 @@ def main(small: bool, out_dir: Path | None, models: str, budget_s: float | None)
     for label, check in checks:
         run.guarded(label, lambda c=check: c(run))
     if names:
-        budget = profile_budget(budget_s, small, time.perf_counter() - t0)
-        if budget < (budget_s or 300.0) and not small:
-            log.warning("cost curves get %.0f s: the checks took %.0f s", budget, time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        budget = profile_budget(budget_s, small, elapsed)
+        if budget < (budget_s or PROFILE_BUDGET_S[small]):
+            log.warning("cost curves get %.0f s: the checks took %.0f s", budget, elapsed)
         profile_models(run, names, budget)
     run.write()
     click.echo(summary(run))

@@ -72,10 +72,10 @@ Shape = tuple[int, int, int, bool]  # (B, n, K, trees): what a graph is keyed by
 
 
 def _tree_rows(segments: list[Segment], positions: list[int], n: int) -> list[list[int]]:
-    """rope_positions, prefix, window and ancestors (`StaticLayout`) of each padded token of a step
+    """rope_positions, prefix, tree_start and ancestors (`StaticLayout`) of each padded token of a step
     with trees; `positions` its storage indices. A chain token (and a padded one) is causal."""
     rope, prefix = list(positions), [p + 1 for p in positions]
-    window, ancestors = [0] * len(positions), [0] * len(positions)
+    tree_start, ancestors = [0] * len(positions), [0] * len(positions)
     for s in segments:
         if s.tree is None:
             continue
@@ -86,9 +86,9 @@ def _tree_rows(segments: list[Segment], positions: list[int], n: int) -> list[li
         for i in range(s.length):
             word = words[first + i]
             rope[base + i] = s.tree.start + depths[first + i]
-            prefix[base + i] = window[base + i] = s.tree.start
+            prefix[base + i] = tree_start[base + i] = s.tree.start
             ancestors[base + i] = word - (1 << 64) if word >> 63 else word  # as a signed 64-bit int
-    return [rope, prefix, window, ancestors]
+    return [rope, prefix, tree_start, ancestors]
 
 
 def graphs_wanted(enabled: bool, device: torch.device) -> bool:
@@ -115,8 +115,8 @@ class StaticLayout:
 
         prefix [B·n]      keys < prefix are seen (a chain token: its position + 1; a tree node:
                           its tree's start, the context before the tree)
-        window [B·n]      the storage index of the token's tree's node 0
-        ancestors [B·n]   a 64-bit word, bit j set when the tree's node j (at window + j) is the
+        tree_start [B·n]  the storage index of the token's tree's node 0
+        ancestors [B·n]   a 64-bit word, bit j set when the tree's node j (at tree_start + j) is the
                           token itself or an ancestor of it (a chain token: 0)
 
     and `rope_positions` its own buffer (a node rotates by its tree start + depth). All of them are
@@ -132,7 +132,7 @@ class StaticLayout:
         self.positions = self.per_token[0]  # [B·n]
         self.rope_positions = self.per_token[1] if trees else self.positions  # [B·n]
         if trees:
-            self.prefix, self.window, self.ancestors = self.per_token[2:]  # [B·n] each
+            self.prefix, self.tree_start, self.ancestors = self.per_token[2:]  # [B·n] each
         self._keys = torch.arange(kv_len, device=device)  # [K]
         self._visible = torch.zeros(rows, tokens, kv_len, dtype=torch.bool, device=device)  # [B, n, K]
         self.groups = [AttentionGroup(slice(0, rows), flat.view(rows, tokens), flat, self._visible[:, None],
@@ -147,7 +147,7 @@ class StaticLayout:
             keys = self._keys[None, :]  # [1, K]
             visible = self._visible.view(self.num_tokens, kv_len)  # [B·n, K]
             torch.lt(keys, self.prefix[:, None], out=visible)
-            rel = keys - self.window[:, None]  # [B·n, K]: node index of each key in the token's tree
+            rel = keys - self.tree_start[:, None]  # [B·n, K]: node index of each key in the token's tree
             bit = (self.ancestors[:, None] >> rel.clamp(0, TREE_WINDOW - 1)) & 1  # [B·n, K]
             visible |= bit.bool() & (rel >= 0) & (rel < TREE_WINDOW)
             return
@@ -196,7 +196,7 @@ class GraphedSteps:
         trees = [s for s in segments if s.tree is not None]
         if len(set(fed)) != len(fed) or n > MAX_TOKENS or (trees and not self.causal):
             return None
-        for s in trees:  # a tree past the window, or a segment outside its tree (StepLayout says why)
+        for s in trees:  # a tree past TREE_WINDOW, or a segment outside its tree (StepLayout says why)
             first = s.start - s.tree.start
             if len(s.tree.parents) > TREE_WINDOW or first < 0 or first + s.length > len(s.tree.parents):
                 return None
@@ -259,8 +259,9 @@ class GraphedSteps:
         return g.outputs, torch.tensor(index, dtype=torch.long, device=self.device)
 
     def _run(self, g: _Graph) -> Outputs:
-        """The padded forward: every kernel a replay runs."""
-        g.layout.rebuild_mask()
+        """The padded forward: every kernel a replay runs (a step that attends to nothing reads no mask)."""
+        if self.attends:
+            g.layout.rebuild_mask()
         return self.step(g.layout, *g.inputs)
 
     def _capture(self, g: _Graph) -> None:

@@ -280,7 +280,7 @@ def slot_attention(query: torch.Tensor, kv: SlotKV, layout: StepLayout,
     `window`: a sliding-window layer's (transformers' rule: a query at position p sees keys at
     p − window < position <= p). Keys are banded by storage index, which is their position except
     for tree nodes: a node's ancestors stay in its window while the tree is shallower than the
-    window (`TargetModel` refuses deeper trees)."""
+    window (`SpeculativeDecoder` refuses deeper trees)."""
     out = query.new_empty(query.shape)
     for g in layout.groups:
         q = query[g.gather].transpose(1, 2)  # [G, h, L, d]
