@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 # OpenAI Triton kernels run on the CPU through the interpreter; this must be set before anything
@@ -106,3 +111,53 @@ def with_slots(drafter, num_slots: int = 1, capacity: int = 256):
     """A drafter with its slot buffers allocated."""
     drafter.allocate(num_slots, capacity)
     return drafter
+
+
+class Served:
+    """A running `trtspec serve`: its Triton ports and OpenAI frontend."""
+
+    def __init__(self, ports, openai_port: int, log: str, key: str | None):
+        self.ports, self.openai_port, self.log, self.key = ports, openai_port, log, key
+        self.base = f"http://127.0.0.1:{openai_port}"
+        self.url = f"openai://127.0.0.1:{openai_port}"
+        self.grpc = f"127.0.0.1:{ports.grpc}"
+        self.http = f"http://127.0.0.1:{ports.http}"
+
+    def client(self, key: str | None = None):
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.base}/v1", api_key=key or self.key or "none", max_retries=0,
+                             timeout=120)
+
+    def metric(self, name: str) -> float:
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.ports.metrics}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+@contextlib.contextmanager
+def serve_cli(build_dir: Path, key: str | None = None):
+    """`trtspec serve BUILD_DIR` itself (the CLI, in a subprocess) on free loopback ports, with an
+    OpenAI frontend (and API key); stopped by SIGTERM, which must end it cleanly."""
+    from trtspec.triton.server import Ports, free_port
+
+    ports, openai_port = Ports.free(), free_port()
+    log = build_dir / "serve.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "trtspec.cli", "serve", str(build_dir), "--http-port", str(ports.http),
+               "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--openai-port",
+               str(openai_port)] + (["--api-key", key] if key else [])
+    with open(log, "w") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while "serving" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.3)
+        assert f"http://127.0.0.1:{openai_port}/v1" in log.read_text()
+        yield Served(ports, openai_port, str(log), key)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()

@@ -53,7 +53,7 @@ def alone():
 
 def _decoder(pipeline, drafter=None, schedule=FULL, slots=8, table=None) -> SpeculativeDecoder:
     drafter = pipeline.drafter if drafter is None else drafter
-    return SpeculativeDecoder(pipeline.target, drafter, pipeline.tokenizer.eos_id, pipeline.verifier,
+    return SpeculativeDecoder(pipeline.target, drafter, pipeline.end_ids, pipeline.verifier,
                               schedule, table, slots, 512)
 
 
@@ -310,7 +310,7 @@ def test_probes_switch_drafting_on_where_the_prior_says_it_cannot_pay():
 
     def run(probe_every: int):
         schedule = ScheduleConfig(mode="adaptive", probe_every=probe_every)
-        decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pipeline.tokenizer.eos_id,
+        decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pipeline.end_ids,
                                      pipeline.verifier, schedule, SPS, 4, 512, acceptance_prior=pessimist)
         return decoder, [r.token_ids for r in decoder.generate_batch([Request(p, 80) for p in prompts])]
 
@@ -378,6 +378,33 @@ def test_end_id_and_min_tokens():
     assert longer[m] == int(logits.argmax())
 
 
+@pytest.mark.parametrize("tree", [None, TreeConfig(nodes=12, topk=2)], ids=["chains", "trees"])
+def test_every_end_id_ends_a_request_as_generate_does(tree):
+    """With several end ids (generation_config.json's list), a request ends at the first of any of
+    them, and min_new_tokens holds back all of them: what transformers' `generate` gives with the
+    same `eos_token_id` list, for DFlash's long accepted blocks and for trees."""
+    pipeline = load_pipeline(_config("tiny-dflash"))
+    model = pipeline.target.model
+    prompts = [list(p.encode()) for p in PROMPTS[:3]]
+    free = SpeculativeDecoder(pipeline.target, pipeline.drafter, (), pipeline.verifier, FULL, None, 3, 512,
+                              tree=tree).generate_batch([Request(p, 60) for p in prompts])
+    # two ends each request meets: its 12th and 20th tokens' first uses, whichever comes first
+    ends = [(out.token_ids[11], out.token_ids[19]) for out in free]
+    for prompt, out, pair in zip(prompts, free, ends, strict=True):
+        decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pair, pipeline.verifier, FULL, None,
+                                     1, 512, tree=tree)
+        first = min(out.token_ids.index(t) for t in pair)
+        got = decoder.generate_batch([Request(prompt, 60), Request(prompt, 60, min_new_tokens=first + 4)])
+        assert got[0].token_ids == out.token_ids[: first + 1]
+        assert not set(pair) & set(got[1].token_ids[: first + 4])
+        for result, at_least in zip(got, (0, first + 4), strict=True):
+            ids = torch.tensor([prompt])
+            want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                  max_new_tokens=60, min_new_tokens=at_least, eos_token_id=list(pair),
+                                  pad_token_id=pair[0])
+            assert result.token_ids == want[0, len(prompt):].tolist()
+
+
 def test_bad_requests_are_named():
     pipeline = load_pipeline(_config("tiny-dflash"))
     decoder = _decoder(pipeline, slots=2)
@@ -418,7 +445,7 @@ def test_target_steps_padded_for_cuda_graphs_decode_the_same(pipeline, alone, sc
     elif drafter.method in ("dflash", "dspark", "eagle3"):  # its block forwards / chain steps too
         drafter = copy.copy(drafter)
         drafter.cuda_graphs = True
-    decoder = SpeculativeDecoder(target, drafter, pipeline.tokenizer.eos_id, pipeline.verifier,
+    decoder = SpeculativeDecoder(target, drafter, pipeline.end_ids, pipeline.verifier,
                                  schedule, SPS, 3, 512, tree=tree)
     with CaptureAudit() as audit:  # each padded step run as a CUDA graph's capture and replays would
         got = decoder.generate_batch([Request(list(p.encode()), 40) for p in PROMPTS[:6]])

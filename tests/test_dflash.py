@@ -190,8 +190,8 @@ def test_greedy_lossless_with_untrained_drafter(random_qwen3_dir, target, drafte
     model = load_dflash(tmp_path, target.config)
     tgt = TargetModel(target, tuple(model.spec.target_layer_ids))
     drafter = DFlashDrafter(model, target.get_input_embeddings(), target.get_output_embeddings())
-    spec = SpeculativeDecoder(tgt, drafter, eos_id=256)
-    plain = SpeculativeDecoder(TargetModel(target), None, eos_id=256)
+    spec = SpeculativeDecoder(tgt, drafter, end_ids=(256,))
+    plain = SpeculativeDecoder(TargetModel(target), None, end_ids=(256,))
     for seed in range(3):
         ids = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
         assert spec.generate(ids, 50).token_ids == plain.generate(ids, 50).token_ids

@@ -291,8 +291,8 @@ def test_greedy_lossless_with_untrained_drafter(target, drafter_model, tmp_path)
     save_dspark(drafter_model, tmp_path)
     model = load_dspark(tmp_path, target.config)
     tgt = TargetModel(target, tuple(model.spec.target_layer_ids))
-    spec = SpeculativeDecoder(tgt, DSparkDrafter(model), eos_id=256)
-    plain = SpeculativeDecoder(TargetModel(target), None, eos_id=256)
+    spec = SpeculativeDecoder(tgt, DSparkDrafter(model), end_ids=(256,))
+    plain = SpeculativeDecoder(TargetModel(target), None, end_ids=(256,))
     for seed in range(3):
         ids = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
         assert spec.generate(ids, 50).token_ids == plain.generate(ids, 50).token_ids

@@ -314,8 +314,8 @@ def test_greedy_lossless_with_untrained_drafter(target, tmp_path, draft_vocab_si
     save_eagle3(model, tmp_path, target.config.num_hidden_layers)
     loaded = load_eagle3(tmp_path, target.config)
     drafter = Eagle3Drafter(loaded, 4)
-    spec = SpeculativeDecoder(TargetModel(target, drafter.tap_layer_ids), drafter, eos_id=256)
-    plain = SpeculativeDecoder(TargetModel(target), None, eos_id=256)
+    spec = SpeculativeDecoder(TargetModel(target, drafter.tap_layer_ids), drafter, end_ids=(256,))
+    plain = SpeculativeDecoder(TargetModel(target), None, end_ids=(256,))
     for seed in range(3):
         ids = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
         assert spec.generate(ids, 50).token_ids == plain.generate(ids, 50).token_ids

@@ -30,7 +30,7 @@ def _decoders(target_dir, draft_dir, k=4):
     target = TargetModel(model)
     cfg = DrafterConfig(method="draft_model", path=str(draft_dir), num_draft_tokens=k)
     drafter = build_drafter(cfg, target)
-    return model, SpeculativeDecoder(target, drafter, eos), SpeculativeDecoder(target, None, eos)
+    return model, SpeculativeDecoder(target, drafter, (eos,)), SpeculativeDecoder(target, None, (eos,))
 
 
 SHIPPED = ["tiny-draft-model", "tiny-dflash", "tiny-eagle3", "tiny-dspark"]

@@ -7,8 +7,6 @@ the module; a second server with a deliberately biased verifier for `verify`'s f
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +32,7 @@ from trtspec.triton.client import ClientError, array_input, grpc_generate
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
 from trtspec.triton.server import GRPC_ADMIN_HEADER, Ports, TritonServer, free_port
 
-from .conftest import REPO
+from .conftest import REPO, serve_cli
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 KEY = "test-key-0123"
@@ -58,47 +56,13 @@ def _greedy(pipeline, prompt: str, max_tokens: int = MAX_TOKENS) -> tuple[str, l
     return text, result.token_ids
 
 
-class Served:
-    def __init__(self, ports: Ports, openai_port: int, log: str):
-        self.ports, self.openai_port, self.log = ports, openai_port, log
-        self.base = f"http://127.0.0.1:{openai_port}"
-        self.url = f"openai://127.0.0.1:{openai_port}"
-        self.grpc = f"127.0.0.1:{ports.grpc}"
-        self.http = f"http://127.0.0.1:{ports.http}"
-
-    def client(self, key: str = KEY) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.base}/v1", api_key=key, max_retries=0, timeout=120)
-
-    def metric(self, name: str) -> float:
-        url = f"http://127.0.0.1:{self.ports.metrics}/metrics"
-        text = urllib.request.urlopen(url, timeout=10).read().decode()
-        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """`trtspec serve` itself (the CLI, in a subprocess) with an API key on loopback ports."""
     out = tmp_path_factory.mktemp("openai-build")
     assert CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(out)]).exit_code == 0
-    ports, openai_port = Ports.free(), free_port()
-    log = out / "serve.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    with open(log, "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trtspec.cli", "serve", str(out), "--http-port", str(ports.http),
-             "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--openai-port",
-             str(openai_port), "--api-key", KEY], stdout=subprocess.DEVNULL, stderr=err, env=env,
-        )
-    try:
-        deadline = time.monotonic() + 240
-        while "serving" not in log.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.3)
-        assert f"http://127.0.0.1:{openai_port}/v1" in log.read_text()
-        yield Served(ports, openai_port, str(log))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, log.read_text()
+    with serve_cli(out, KEY) as served:
+        yield served
 
 
 def test_models_and_health(served):

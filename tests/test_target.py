@@ -355,8 +355,8 @@ def test_a_tree_as_deep_as_the_sliding_window_is_refused():
     model = _sliding_model("mistral")
     target, drafter = TargetModel(model), DraftModelDrafter(model, 8)
     with pytest.raises(ValueError, match="drafter.tree depth 8 reaches the target's sliding window of 8"):
-        SpeculativeDecoder(target, drafter, None, tree=TreeConfig(nodes=12, topk=2), capacity=64)
-    SpeculativeDecoder(target, drafter, None, tree=TreeConfig(nodes=12, topk=2, depth=7), capacity=64)
+        SpeculativeDecoder(target, drafter, (), tree=TreeConfig(nodes=12, topk=2), capacity=64)
+    SpeculativeDecoder(target, drafter, (), tree=TreeConfig(nodes=12, topk=2, depth=7), capacity=64)
 
 
 @pytest.mark.parametrize("rope,refused", [

@@ -348,9 +348,9 @@ def _check_engine_config(run: Run, name: str, dtype: str) -> None:
         for backend in ("onnxruntime", "tensorrt"):
             target, drafter, verifier = load_engine_models(config, folder=folder, backend=backend)
             tok = ByteTokenizer.from_config(target.config)
-            decoders[backend] = SpeculativeDecoder(target, drafter, tok.eos_id, verifier)
+            decoders[backend] = SpeculativeDecoder(target, drafter, (tok.eos_id,), verifier)
         trt_decoder = decoders["tensorrt"]
-        plain = SpeculativeDecoder(trt_decoder.target, None, tok.eos_id, trt_decoder.verifier)
+        plain = SpeculativeDecoder(trt_decoder.target, None, (tok.eos_id,), trt_decoder.verifier)
         prompts = load_prompts("code")[:4] + load_prompts("math")[:4]
         same = lossless = 0
         tps: dict[str, list[float]] = {}

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from trtspec.config import BuildConfig, EngineConfig, ScheduleConfig, TreeConfig
-from trtspec.errors import ConfigError
+from trtspec.errors import CheckpointError, ConfigError
+from trtspec.models.checkpoint import read_end_ids
 from trtspec.models.cuda_graphs import graphs_wanted
 from trtspec.models.drafter import Drafter, build_drafter
 from trtspec.models.target import TargetModel, load_causal_lm
@@ -39,21 +40,36 @@ log = logging.getLogger(__name__)
 class TextTokenizer(Protocol):
     eos_id: int | None
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
 
 
 class HFTokenizer:
-    """A Hugging Face tokenizer stored beside the target's weights."""
+    """A Hugging Face tokenizer stored beside the target's weights.
 
-    def __init__(self, path: Path):
+    `encode` adds the tokenizer's own special tokens (Llama 3's `<|begin_of_text|>`) as
+    `tokenizer(text)`, vLLM's and TensorRT-LLM's completions do; a rendered chat template already
+    holds them, so chat prompts are encoded with `add_special_tokens=False`."""
+
+    def __init__(self, path: Path, vocab_size: int):
         from transformers import AutoTokenizer
 
-        self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        missing = (f"{path} has no tokenizer that loads (tokenizer.json, tokenizer.model or vocab.json + "
+                   "merges.txt): copy the checkpoint's tokenizer files beside its weights")
+        try:
+            self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad folder
+            raise CheckpointError(f"{missing}; transformers says: {' '.join(str(exc).split())}") from None
+        # transformers 5 builds an empty tokenizer from a folder that has no tokenizer files
+        if len(self._tok) < 2 or not self._tok.encode("Hello, world", add_special_tokens=False):
+            raise CheckpointError(missing)
+        if len(self._tok) > vocab_size:
+            raise CheckpointError(f"{path}: the tokenizer has {len(self._tok)} tokens but config.json's "
+                                  f"vocab_size is {vocab_size}: they are not the same model's")
         self.eos_id = self._tok.eos_token_id
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
@@ -62,7 +78,14 @@ class HFTokenizer:
 def load_tokenizer(path: Path, hf_config) -> TextTokenizer:
     if getattr(hf_config, "trtspec_special_tokens", None) is not None:
         return ByteTokenizer.from_config(hf_config)
-    return HFTokenizer(path)
+    return HFTokenizer(path, hf_config.vocab_size)
+
+
+def end_ids_of(path: Path, tokenizer: TextTokenizer, vocab_size: int) -> tuple[int, ...]:
+    """What ends a request, as `generate` and vLLM end it: the tokenizer's end of sequence, then
+    every other `eos_token_id` of the checkpoint's generation_config.json."""
+    own = () if tokenizer.eos_id is None else (tokenizer.eos_id,)
+    return tuple(dict.fromkeys(own + read_end_ids(path, vocab_size)))
 
 
 def check_device(config: BuildConfig) -> None:
@@ -89,6 +112,8 @@ class Pipeline:
     tokenizer: TextTokenizer
     target: TargetModel | EngineTarget
     drafter: Drafter
+    # the ids that end a request: the tokenizer's end of sequence and generation_config.json's
+    end_ids: tuple[int, ...]
     verifier: Verifier = field(default_factory=Verifier)
 
     @property
@@ -128,7 +153,7 @@ class Pipeline:
             cost_table = self.cost_table
         if tree == "config":
             tree = self.config.drafter.tree if self.config.drafter else None
-        return SpeculativeDecoder(self.target, drafter, self.tokenizer.eos_id, self.verifier, schedule,
+        return SpeculativeDecoder(self.target, drafter, self.end_ids, self.verifier, schedule,
                                   cost_table, max_slots, self.capacity, prior,
                                   self.config.limits.max_input_tokens, tree)
 
@@ -202,7 +227,9 @@ def load_pipeline(config: BuildConfig, use_drafter: bool = True) -> Pipeline:
         log.warning("config %r: test_only.biased_acceptance, sampling is deliberately biased", config.name)
         verifier = BiasedVerifier()
     graphs = graphs_wanted(config.target.cuda_graphs, model.device)
-    return Pipeline(config, tokenizer, TargetModel(model, drafter.tap_layer_ids, graphs), drafter, verifier)
+    end_ids = end_ids_of(config.target.resolved_path, tokenizer, model.config.vocab_size)
+    return Pipeline(config, tokenizer, TargetModel(model, drafter.tap_layer_ids, graphs), drafter, end_ids,
+                    verifier)
 
 
 def _load_engine_pipeline(config: BuildConfig, use_drafter: bool) -> Pipeline:
@@ -215,4 +242,5 @@ def _load_engine_pipeline(config: BuildConfig, use_drafter: bool) -> Pipeline:
                                                    backend=engine.backend)
     hf_config = AutoConfig.from_pretrained(config.target.resolved_path, local_files_only=True)
     tokenizer = load_tokenizer(config.target.resolved_path, hf_config)
-    return Pipeline(config, tokenizer, target, drafter, verifier)
+    end_ids = end_ids_of(config.target.resolved_path, tokenizer, hf_config.vocab_size)
+    return Pipeline(config, tokenizer, target, drafter, end_ids, verifier)

@@ -47,7 +47,9 @@ class ByteTokenizer:
     def mask_id(self) -> int:
         return self.specials["mask"]
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The text's bytes; a byte-level model's prompts carry no special tokens (the flag is
+        `TextTokenizer`'s, for the Hugging Face tokenizers that add a BOS)."""
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:

@@ -261,7 +261,7 @@ def loop_seconds(target, batches: list[int], context: int, steps: int, seed: int
     from trtspec.bench.loop_overhead import timed_calls
     from trtspec.spec.decoder import Request, SpeculativeDecoder
 
-    decoder = SpeculativeDecoder(target, None, eos_id=None, max_slots=max(batches),
+    decoder = SpeculativeDecoder(target, None, end_ids=(), max_slots=max(batches),
                                  capacity=context + steps + 2)
     device = decoder.target.device
     inside: list[float] = []  # seconds of each target forward of the current step

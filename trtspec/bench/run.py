@@ -69,11 +69,12 @@ class MethodStats:
 
 def _hf_generate(pipeline: Pipeline, ids: list[int], max_tokens: int, assistant=None) -> list[int]:
     model = pipeline.target.model
-    eos = pipeline.tokenizer.eos_id
+    ends = list(pipeline.end_ids)
     prompt = torch.tensor([ids])
     # one unpadded prompt: say so, rather than let transformers guess a mask from pad == eos
     out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                         max_new_tokens=max_tokens, eos_token_id=eos, pad_token_id=eos,
+                         max_new_tokens=max_tokens, eos_token_id=ends or None,
+                         pad_token_id=ends[0] if ends else None,
                          assistant_model=assistant)
     return out[0, len(ids) :].tolist()
 

@@ -51,3 +51,23 @@ def write_checkpoint(model: nn.Module, config: dict, out_dir: Path) -> None:
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if "rotary_emb" not in k}
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def read_end_ids(path: Path, vocab_size: int) -> tuple[int, ...]:
+    """The ids that end generation by the checkpoint's `generation_config.json` (`eos_token_id`: one
+    id or a list, as Qwen3's `[<|im_end|>, <|endoftext|>]` and Llama 3.1's three ends), or () when
+    it has none; a CheckpointError naming the file and field when they are not ids of the model."""
+    config_file = path / "generation_config.json"
+    if not config_file.is_file():
+        return ()
+    try:
+        ids = json.loads(config_file.read_text()).get("eos_token_id")
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise CheckpointError(f"{config_file} is not a JSON object: {exc}") from None
+    if ids is None:
+        return ()
+    ids = ids if isinstance(ids, list) else [ids]
+    if not all(type(i) is int and 0 <= i < vocab_size for i in ids):
+        raise CheckpointError(f"{config_file}: eos_token_id must be a token id or a list of token ids in "
+                              f"[0, {vocab_size}) (the model's vocab_size), got {ids!r}")
+    return tuple(ids)

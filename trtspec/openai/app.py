@@ -56,7 +56,8 @@ class Frontend:
         if req.model != model.name:
             raise ApiError(f"The model `{req.model}` does not exist.", "model", status=404,
                            code="model_not_found")
-        prompt_tokens = model.count(prompt)
+        specials = (not chat) if req.add_special_tokens is None else req.add_special_tokens
+        prompt_tokens = model.count(prompt, specials)
         param = "messages" if chat else "prompt"
         room = model.context_length - prompt_tokens
         if room < 1:
@@ -83,7 +84,7 @@ class Frontend:
         gen = Generation(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
                          top_p=1.0 if req.top_p is None else req.top_p, top_k=max(0, req.top_k or 0),
                          seed=req.seed, min_tokens=req.min_tokens or 0, stop_words=tuple(stops),
-                         stream=bool(req.stream))
+                         stream=bool(req.stream), add_special_tokens=specials)
         return gen, prompt_tokens
 
 

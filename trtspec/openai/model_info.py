@@ -23,8 +23,8 @@ class ServedModel:
     context_length: int  # prompt + generated tokens the target can attend over
     max_tokens: int  # the deployment's limits.max_tokens
 
-    def count(self, text: str) -> int:
-        return len(self.tokenizer.encode(text))
+    def count(self, text: str, add_special_tokens: bool = True) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens))
 
 
 def served_model(config: BuildConfig) -> ServedModel:

@@ -60,6 +60,9 @@ class _Common(_Forbid):
     logprobs: Any = Field(None, description="only false / null: no log-probabilities are returned")
     user: str | None = Field(None, description="end-user id; accepted, not used")
     ignore_eos: bool | None = Field(False, description="only false (vLLM extension)")
+    add_special_tokens: bool | None = Field(None, description="add the tokenizer's special tokens (a BOS) to "
+                                            "the prompt (vLLM extension); default true for completions, "
+                                            "false for chat, whose template holds them")
 
 
 class CompletionRequest(_Common):

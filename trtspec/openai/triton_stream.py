@@ -41,6 +41,7 @@ class Generation:
     min_tokens: int = 0
     stop_words: tuple[str, ...] = ()
     stream: bool = True
+    add_special_tokens: bool = True  # false for a rendered chat template: it holds them already
 
     def arrays(self) -> dict[str, np.ndarray]:
         arrays = {
@@ -55,6 +56,8 @@ class Generation:
             arrays["random_seed"] = np.array([self.seed], dtype=np.uint64)
         if self.min_tokens:
             arrays["min_tokens"] = np.array([self.min_tokens], dtype=np.int32)
+        if not self.add_special_tokens:
+            arrays["add_special_tokens"] = np.array([False], dtype=bool)
         if self.stop_words:
             arrays["stop_words"] = np.array([w.encode("utf-8") for w in self.stop_words], dtype=np.object_)
         return arrays

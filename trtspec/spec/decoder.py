@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -55,8 +55,8 @@ class Request:
     prompt: list[int]
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    min_new_tokens: int = 0  # the end id is not emitted before this many tokens
-    end_id: int | None = None  # None: the tokenizer's end of sequence
+    min_new_tokens: int = 0  # no end id is emitted before this many tokens
+    end_id: int | None = None  # the one id that ends this request; None: the decoder's end ids
 
 
 @dataclass(slots=True)
@@ -115,7 +115,7 @@ class SpeculativeDecoder:
     """Serves up to `max_slots` requests at once over a target and a drafter (both copied and given
     their own slot buffers, so several decoders can share one loaded pipeline)."""
 
-    def __init__(self, target: TargetModel, drafter: Drafter | None, eos_id: int | None,
+    def __init__(self, target: TargetModel, drafter: Drafter | None, end_ids: Iterable[int],
                  verifier: Verifier | None = None, schedule: ScheduleConfig | None = None,
                  cost_table: SPSTable | None = None, max_slots: int = 1, capacity: int | None = None,
                  acceptance_prior: list[float] | None = None, max_prompt: int | None = None,
@@ -123,7 +123,7 @@ class SpeculativeDecoder:
         self.target = copy.copy(target)
         self.drafter = copy.copy(drafter or NoDrafter())
         self.tree = tree if self.drafter.num_draft_tokens else None
-        self.eos_id = eos_id
+        self.end_ids = frozenset(end_ids)  # a request ends at the first of these it emits
         self.verifier = verifier or Verifier()
         self.schedule = schedule or ScheduleConfig(mode="full")
         needs_table = self.schedule.mode in ("scheduler", "argmax", "adaptive")
@@ -325,29 +325,29 @@ class SpeculativeDecoder:
                                 plain_rows, context)
 
     def _ban_end(self, logits: torch.Tensor, rows: list[_Live], tree: DraftTree | None = None) -> None:
-        """The end id may not be emitted before a request's min_new_tokens: it is removed from p
-        at every position whose token would come earlier.  logits [R, s, V], one row per request;
+        """No end id may be emitted before a request's min_new_tokens: they are removed from p at
+        every position whose token would come earlier.  logits [R, s, V], one row per request;
         `tree`: the rows' draft trees (node i of depth d gives the token d after the last one)."""
         for r, (lv, row) in enumerate(zip(rows, logits, strict=True)):
             short = lv.request.min_new_tokens - len(lv.generated)
-            end = self._end_id(lv)
-            if short > 0 and end is not None:
-                if tree is None:
-                    row[:short, end] = float("-inf")
-                else:
-                    row[tree.depths()[r, : row.shape[0]] < short, end] = float("-inf")
+            if short <= 0:
+                continue
+            early = slice(short) if tree is None else tree.depths()[r, : row.shape[0]] < short
+            for end in self._end_ids(lv):
+                row[early, end] = float("-inf")
 
-    def _end_id(self, lv: _Live) -> int | None:
-        return self.eos_id if lv.request.end_id is None else lv.request.end_id
+    def _end_ids(self, lv: _Live) -> frozenset[int]:
+        return self.end_ids if lv.request.end_id is None else frozenset((lv.request.end_id,))
 
     def _emit(self, lv: _Live, emitted: list[int]) -> None:
-        end = self._end_id(lv)
-        if end in emitted:
-            emitted = emitted[: emitted.index(end) + 1]
+        ends = self._end_ids(lv)
         emitted = emitted[: lv.request.max_new_tokens - len(lv.generated)]
+        first_end = next((i for i, token in enumerate(emitted) if token in ends), None)
+        if first_end is not None:
+            emitted = emitted[: first_end + 1]
         lv.generated.extend(emitted)
         stop = lv.on_tokens is not None and bool(lv.on_tokens(emitted))
-        if stop or len(lv.generated) >= lv.request.max_new_tokens or lv.generated[-1] == end:
+        if stop or len(lv.generated) >= lv.request.max_new_tokens or lv.generated[-1] in ends:
             lv.done = True
 
     def _draft_chains(self, running: list[_Live]) -> _Drafts:

@@ -105,7 +105,7 @@ def main(target: Path = ASSETS_DIR / "tiny-target", out: Path = Path("docs/EMBED
     torch.manual_seed(0)
     model = load_causal_lm(target)
     tok = ByteTokenizer.from_config(model.config)
-    decoder = SpeculativeDecoder(TargetModel(model), None, tok.eos_id)
+    decoder = SpeculativeDecoder(TargetModel(model), None, (tok.eos_id,))
 
     def complete_ids(ids: list[int], n: int) -> list[int]:
         return decoder.generate(ids, n).token_ids

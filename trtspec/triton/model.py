@@ -233,7 +233,7 @@ class TritonPythonModel:
                 parsed = parse_request(lambda name, r=request: _input(r, name), self.limit,
                                        _parameters(request))
                 # tokenized and checked against the context here, before it waits in the queue
-                ids = self.pipeline.tokenizer.encode(parsed.prompt)
+                ids = self.pipeline.tokenizer.encode(parsed.prompt, parsed.add_special_tokens)
                 decode = Request(ids, parsed.max_tokens, parsed.sampling, parsed.min_tokens, parsed.end_id)
                 self.decoder.check(decode)
             except (RequestError, ValueError) as exc:

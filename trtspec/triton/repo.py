@@ -37,6 +37,8 @@ INPUTS = (
     ("random_seed", "TYPE_UINT64", (1,), True),
     ("stream", "TYPE_BOOL", (1,), True),
     ("stop_words", "TYPE_STRING", (-1,), True),
+    # false: text_input already holds the tokenizer's special tokens (a rendered chat template)
+    ("add_special_tokens", "TYPE_BOOL", (1,), True),
 ) + tuple((i.name, i.dtype, i.dims, True) for i in TRTLLM_INPUTS)  # what NVIDIA's clients send TensorRT-LLM
 OUTPUTS = (
     ("text_output", "TYPE_STRING", (1,)),

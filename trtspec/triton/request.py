@@ -43,6 +43,7 @@ class GenerateRequest:
     min_tokens: int = 0  # TensorRT-LLM's min_length / min_tokens: no end before this many tokens
     end_id: int | None = None  # the id that ends generation; None = the tokenizer's eos
     include_input: bool = False  # exclude_input_in_output sent as false: outputs start with the prompt
+    add_special_tokens: bool = True  # encode the prompt as tokenizer(text) does (Llama's BOS)
 
 
 def _scalar(get: InputGetter, name: str):
@@ -125,6 +126,7 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     if end_id is not None and int(end_id) < 0:
         raise RequestError(f"end_id must be a token id >= 0, got {int(end_id)}")
     exclude_input = _scalar(get, "exclude_input_in_output")
+    add_special_tokens = _scalar(get, "add_special_tokens")
     _scalar(get, "pad_id")  # one value; outputs are never padded, so it needs nothing more
     try:
         check_refused(get)
@@ -134,7 +136,8 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     return GenerateRequest(prompt, max_tokens, sampling, bool(stream), tuple(stop_words), min_tokens,
                            None if end_id is None else int(end_id),
-                           exclude_input is not None and not bool(exclude_input))
+                           exclude_input is not None and not bool(exclude_input),
+                           add_special_tokens is None or bool(add_special_tokens))
 
 
 def _one_of(get: InputGetter, name: str, alias: str) -> tuple[str, object]:

@@ -1,0 +1,73 @@
+"""A target laid out as Llama-3.1-8B-Instruct is on the Hub, in miniature: a byte-level BPE
+`tokenizer.json` whose post-processor puts `<|begin_of_text|>` before every text, a chat template
+that writes it itself, the tokenizer's end `<|eot_id|>`, and a `generation_config.json` whose
+`eos_token_id` lists three ends (`<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`); random Llama
+weights, and a draft model cut from the target's first layers. Made here, offline, in a second.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from trtspec.prompts import load_prompts
+
+BOS, END_OF_TEXT, EOM, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"
+SPECIALS = (BOS, END_OF_TEXT, EOM, EOT, "<|start_header_id|>", "<|end_header_id|>")
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+VOCAB = 400
+
+
+def _meet_the_ends(model: LlamaForCausalLM, tokenizer, ends: list[int]) -> None:
+    """Random weights would rarely pick a special token, so each end takes the output row of one of
+    the tokens greedy decoding picks most, plus noise: it then wins about every other time that
+    token would, and the prompts end on each of them."""
+    emitted: list[int] = []
+    with torch.no_grad():
+        for prompt in load_prompts("code")[:4] + load_prompts("math")[:4] + load_prompts("chat")[:4]:
+            ids = torch.tensor([tokenizer(prompt).input_ids])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
+                                 eos_token_id=None, pad_token_id=0)
+            emitted += out[0, ids.shape[1]:].tolist()
+        head = model.lm_head.weight  # [V, hidden]
+        common = [t for t, _ in Counter(emitted).most_common() if t not in ends]
+        for end, token in zip(ends, common, strict=False):
+            head[end] = head[token] + 0.05 * head[token].abs().mean() * torch.randn_like(head[token])
+
+
+def write_bpe_target(target_dir: Path, draft_dir: Path, seed: int = 0) -> dict[str, int]:
+    """Write the target and its draft model; -> the special tokens' ids."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=list(SPECIALS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(load_prompts("code") + load_prompts("math") + load_prompts("chat"), trainer)
+    ids = {name: bpe.token_to_id(name) for name in SPECIALS}
+    bpe.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, ids[BOS])])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=BOS, eos_token=EOT)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(target_dir)
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=ids[BOS],
+                         eos_token_id=ids[EOT])
+    target = LlamaForCausalLM(config)
+    _meet_the_ends(target, tokenizer, [ids[END_OF_TEXT], ids[EOM], ids[EOT]])
+    target.generation_config.eos_token_id = [ids[END_OF_TEXT], ids[EOM], ids[EOT]]
+    target.save_pretrained(target_dir)
+
+    target.model.layers = target.model.layers[:2]  # the draft: the target's first two layers
+    target.config.num_hidden_layers = 2
+    target.save_pretrained(draft_dir)
+    return ids

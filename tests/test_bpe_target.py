@@ -1,0 +1,144 @@
+"""A target with a Hugging Face tokenizer, laid out as Llama-3.1-8B-Instruct is
+(`tests/bpe_checkpoint.py`): a BOS the tokenizer adds to every text, a chat template that writes
+it itself, and three end ids in generation_config.json. What trtspec decodes, in process and
+served over the OpenAI API, must be what transformers' `generate` gives for the same prompt ids,
+ending where `generate` ends.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+from transformers import AutoTokenizer
+
+from trtspec.cli import main
+from trtspec.config import load_build_config
+from trtspec.pipeline import load_pipeline
+from trtspec.prompts import load_prompts
+
+from .bpe_checkpoint import BOS, END_OF_TEXT, EOM, EOT, write_bpe_target
+from .conftest import serve_cli
+from .test_cli_errors import assert_run_error
+
+PROMPTS = load_prompts("code")[:4] + load_prompts("math")[:4] + load_prompts("chat")[:4]
+MAX_TOKENS = 48
+
+
+def _write_config(root, target_dir, draft_dir) -> str:
+    config = {"name": "bpe", "flavour": "torch", "target": {"path": str(target_dir)},
+              "drafter": {"method": "draft_model", "path": str(draft_dir), "num_draft_tokens": 4,
+                          "schedule": {"mode": "full"}},
+              "limits": {"max_tokens": 256}}
+    path = root / "bpe.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bpe")
+    ids = write_bpe_target(root / "target", root / "draft")
+    return root, ids, _write_config(root, root / "target", root / "draft")
+
+
+@pytest.fixture(scope="module")
+def pipeline(checkpoint):
+    return load_pipeline(load_build_config(checkpoint[2]))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(checkpoint):
+    return AutoTokenizer.from_pretrained(checkpoint[0] / "target", local_files_only=True)
+
+
+def _generate(pipeline, ids: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
+    """transformers' greedy `generate` with the checkpoint's own generation config (its end ids)."""
+    prompt = torch.tensor([ids])
+    with torch.no_grad():
+        out = pipeline.target.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                             max_new_tokens=max_tokens)
+    return out[0, len(ids):].tolist()
+
+
+def test_the_tokenizer_adds_its_bos_and_every_end_of_generation_config_ends(checkpoint, pipeline, tokenizer):
+    ids = checkpoint[1]
+    assert pipeline.end_ids == (ids[EOT], ids[END_OF_TEXT], ids[EOM])  # the tokenizer's first
+    assert pipeline.tokenizer.encode("Hello") == tokenizer("Hello").input_ids
+    assert pipeline.tokenizer.encode("Hello")[0] == ids[BOS]
+    assert pipeline.tokenizer.encode("Hello", add_special_tokens=False)[0] != ids[BOS]
+
+
+def test_speculative_decoding_ends_where_generate_ends(checkpoint, pipeline, tokenizer):
+    ends = set(pipeline.end_ids)
+    endings = []
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt).input_ids
+        got = pipeline.decoder.generate(ids, MAX_TOKENS).token_ids
+        assert got == _generate(pipeline, ids), prompt
+        endings.append(got[-1] if got[-1] in ends else None)
+    # the prompts end on generation_config's other ends too, not only on the tokenizer's
+    assert {checkpoint[1][END_OF_TEXT], checkpoint[1][EOM]} & set(endings), endings
+
+
+def test_a_checkpoint_without_its_tokenizer_or_with_bad_end_ids_is_one_line(checkpoint, tmp_path):
+    root, _, _ = checkpoint
+    bare = tmp_path / "target"
+    shutil.copytree(root / "target", bare)
+    config = _write_config(tmp_path, bare, root / "draft")
+    args = ["generate", "--config", config, "--prompt", "Hello", "--max-tokens", "4"]
+
+    (bare / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 4000]}))
+    assert_run_error(CliRunner().invoke(main, args), "generation_config.json", "eos_token_id", "4000")
+    (bare / "generation_config.json").write_text("{not json")
+    assert_run_error(CliRunner().invoke(main, args), "generation_config.json", "not a JSON object")
+    (bare / "generation_config.json").unlink()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (bare / name).unlink()
+    # transformers alone would build an empty tokenizer here, and every prompt would encode to []
+    assert_run_error(CliRunner().invoke(main, args), str(bare), "has no tokenizer")
+
+
+def _ask(client, route: str, body: dict, stream: bool) -> tuple[str, str, object]:
+    """(text, finish_reason, usage) of one OpenAI request, whole or streamed."""
+    api = client.chat.completions if route == "chat" else client.completions
+    if not stream:
+        reply = api.create(model="bpe", max_tokens=MAX_TOKENS, temperature=0, **body)
+        choice = reply.choices[0]
+        return choice.message.content if route == "chat" else choice.text, choice.finish_reason, reply.usage
+    chunks = [c.choices[0] for c in api.create(model="bpe", max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                                               **body) if c.choices]
+    text = "".join((c.delta.content or "") if route == "chat" else c.text for c in chunks)
+    return text, chunks[-1].finish_reason, None
+
+
+def test_served_chat_and_completions_equal_generate(checkpoint, pipeline, tokenizer, tmp_path):
+    """Chat: the template's own BOS, not a second one; completions: the tokenizer's BOS, or none
+    with vLLM's `add_special_tokens: false`; all end where `generate` ends, streaming or not, with
+    OpenAI's finish_reason and token counts."""
+    out = tmp_path / "build"
+    assert CliRunner().invoke(main, ["build", checkpoint[2], "--out", str(out)]).exit_code == 0
+    ends = set(pipeline.end_ids)
+    with serve_cli(out) as served:
+        client = served.client()
+        for prompt in PROMPTS[:6]:
+            messages = [{"role": "user", "content": prompt}]
+            chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            cases = [
+                ("chat", chat_ids["input_ids"], dict(messages=messages)),
+                ("completions", tokenizer(prompt).input_ids, dict(prompt=prompt)),
+                ("completions", tokenizer(prompt, add_special_tokens=False).input_ids,
+                 dict(prompt=prompt, extra_body={"add_special_tokens": False})),
+            ]
+            for route, ids, body in cases:
+                want = _generate(pipeline, ids)
+                text = tokenizer.decode(want, skip_special_tokens=True)
+                finish = "stop" if want[-1] in ends else "length"
+                got, got_finish, usage = _ask(client, route, body, stream=False)
+                assert (got, got_finish) == (text, finish), (route, body, prompt)
+                assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), len(want))
+                assert _ask(client, route, body, stream=True)[:2] == (text, finish)
