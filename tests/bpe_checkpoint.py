@@ -2,7 +2,8 @@
 `tokenizer.json` whose post-processor puts `<|begin_of_text|>` before every text, a chat template
 that writes it itself, the tokenizer's end `<|eot_id|>`, and a `generation_config.json` whose
 `eos_token_id` lists three ends (`<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`); random Llama
-weights, and a draft model cut from the target's first layers. Made here, offline, in a second.
+weights whose vocabulary is padded past the tokenizer's (as Qwen's is; MASK_ID lies in the padding,
+for DFlash), and a draft model cut from the target's first layers. Made here, offline, in a second.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ CHAT_TEMPLATE = (
     "{{ m['content'] }}<|eot_id|>{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
-VOCAB = 400
+VOCAB = 400  # the tokenizer's
+MASK_ID = VOCAB  # the model's vocabulary has 8 more ids
 
 
 def _meet_the_ends(model: LlamaForCausalLM, tokenizer, ends: list[int]) -> None:
@@ -58,7 +60,7 @@ def write_bpe_target(target_dir: Path, draft_dir: Path, seed: int = 0) -> dict[s
     tokenizer.save_pretrained(target_dir)
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+    config = LlamaConfig(vocab_size=len(tokenizer) + 8, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                          max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=ids[BOS],
                          eos_token_id=ids[EOT])

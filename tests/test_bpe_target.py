@@ -21,7 +21,7 @@ from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
 
-from .bpe_checkpoint import BOS, END_OF_TEXT, EOM, EOT, write_bpe_target
+from .bpe_checkpoint import BOS, END_OF_TEXT, EOM, EOT, MASK_ID, write_bpe_target
 from .conftest import serve_cli
 from .test_cli_errors import assert_run_error
 
@@ -142,3 +142,35 @@ def test_served_chat_and_completions_equal_generate(checkpoint, pipeline, tokeni
                 assert (got, got_finish) == (text, finish), (route, body, prompt)
                 assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), len(want))
                 assert _ask(client, route, body, stream=True)[:2] == (text, finish)
+
+
+def test_a_drafter_trains_on_the_targets_tokens_and_chat(checkpoint, pipeline, tokenizer, tmp_path):
+    """`trtspec train dflash` regenerates from the prompts as the target's tokenizer encodes them
+    (text with its BOS, conversations through its chat template) and stops each continuation at
+    the target's end ids, as `generate` does; the drafter it writes serves losslessly."""
+    root = checkpoint[0]
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPTS[8]}]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(row) for row in [
+        {"prompt": PROMPTS[0]}, {"messages": conversation}, {"prompt": PROMPTS[4]}]) + "\n")
+    out = tmp_path / "dflash"
+    result = CliRunner().invoke(main, ["train", "dflash", "--target", str(root / "target"), "--prompts",
+                                       str(prompts), "--out", str(out), "--block-size", "4", "--layers", "1",
+                                       "--target-layer-ids", "1", "--response-tokens", "24", "--max-steps",
+                                       "2", "--mask-token-id", str(MASK_ID)])
+    assert result.exit_code == 0, result.output
+    data = torch.load(out / "checkpoint" / "data.pt")
+    chat_ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    for row, ids in enumerate([tokenizer(PROMPTS[0]).input_ids, chat_ids["input_ids"],
+                               tokenizer(PROMPTS[4]).input_ids]):
+        n, length = int(data["prompt_lens"][row]), int(data["lens"][row])
+        assert data["seqs"][row, :n].tolist() == ids
+        assert data["seqs"][row, n:length].tolist() == _generate(pipeline, ids, 24)
+
+    config = yaml.safe_load(open(checkpoint[2]))
+    config["drafter"] = {"method": "dflash", "path": str(out), "schedule": {"mode": "full"}}
+    (tmp_path / "dflash.yaml").write_text(yaml.safe_dump(config))
+    served = load_pipeline(load_build_config(tmp_path / "dflash.yaml"))
+    for prompt in PROMPTS[:4]:
+        ids = tokenizer(prompt).input_ids
+        assert served.decoder.generate(ids, MAX_TOKENS).token_ids == _generate(pipeline, ids)

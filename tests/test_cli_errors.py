@@ -94,6 +94,14 @@ def test_usage_errors_name_the_option(tmp_path):
     for bad, message in ((latin1, "is not UTF-8 text (byte 3)"), (number, ":1: expected a JSON object")):
         result = invoke("verify", "--url", "grpc://127.0.0.1:1", "--config", CONFIG, "--prompts", bad)
         assert_usage_error(result, "--prompts", str(bad), message)
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"prompt": "hi"}\n{"messages": [{"role": "user"}]}\n')
+    result = invoke("train", "dflash", "--target", ASSETS_DIR / "tiny-target", "--prompts", chat, "--out",
+                    tmp_path / "d")
+    assert_usage_error(result, "--prompts", f"{chat}:2: messages[0] must be an object with 'role' and")
+    chat.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')  # training only: verify sends text
+    result = invoke("verify", "--url", "grpc://127.0.0.1:1", "--config", CONFIG, "--prompts", chat)
+    assert_usage_error(result, "--prompts", f"{chat}:1: expected a JSON object with a 'prompt' string")
 
 
 @pytest.mark.parametrize(
@@ -226,11 +234,11 @@ def test_regenerated_rows_follow_the_prompts():
     """Prompts are batched by length; row r must still continue prompt r (anchors and loss masks
     are placed with prompt r's length)."""
     from trtspec.models.target import load_causal_lm
-    from trtspec.train.dflash import regenerate
+    from trtspec.train.prompts import regenerate
 
     target = load_causal_lm(ASSETS_DIR / "tiny-target")
     prompts = [list(b"def f(x):\n"), list(b"Q: 1 + 2\nA:"), list(b"import os\n"), list(b"Q: 10 + 20\nA:")]
-    seqs, lens = regenerate(target, prompts, 4, target.config.eos_token_id)
+    seqs, lens = regenerate(target, prompts, 4, (target.config.eos_token_id,))
     assert [seqs[r, : len(p)].tolist() for r, p in enumerate(prompts)] == prompts
     assert all(len(p) < n <= len(p) + 4 for p, n in zip(prompts, lens.tolist(), strict=True))
 

@@ -221,7 +221,7 @@ def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: f
 @click.option("--target", "target_dir", required=True, type=EXISTING_DIR,
               help="Target checkpoint directory.")
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
-              help="JSONL with a `prompt` per line (or text, one per line) for the target to continue.")
+              help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
 @click.option("--block-size", default=16, show_default=True, type=int, help="DFlash block size B.")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Output folder (z-lab layout; `checkpoint/` inside makes it resumable).")
@@ -252,7 +252,7 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
 @click.option("--target", "target_dir", required=True, type=EXISTING_DIR,
               help="Target checkpoint directory.")
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
-              help="JSONL with a `prompt` per line (or text, one per line) for the target to continue.")
+              help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Output folder (SafeAILab/SpecForge layout; `checkpoint/` inside makes it resumable).")
 @click.option("--ttt-steps", default=7, show_default=True, type=int, help="Training-time-test steps.")
@@ -283,7 +283,7 @@ def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_s
 @click.option("--target", "target_dir", required=True, type=EXISTING_DIR,
               help="Target checkpoint directory.")
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
-              help="JSONL with a `prompt` per line (or text, one per line) for the target to continue.")
+              help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Output folder (DeepSpec layout; `checkpoint/` inside makes it resumable).")
 @click.option("--block-size", default=15, show_default=True, type=int, help="γ: drafts per block.")
@@ -816,7 +816,7 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
                                      f"{len(found)}", param_hint="DIR")
         config_path = found[0]
     config = load_config_arg(config_path, "--config")
-    prompts = load_prompts_arg(prompts_path) if prompts_path else list(DEFAULT_PROMPTS)
+    prompts = load_prompts_arg(prompts_path, chat=False) if prompts_path else list(DEFAULT_PROMPTS)
     model_name = model_name or config.name
     configure_threads(config)
     server = None

@@ -62,12 +62,13 @@ def load_config_arg(path: Path, hint: str):
         raise click.BadParameter(str(exc), param_hint=hint) from None
 
 
-def load_prompts_arg(path: Path, hint: str = "--prompts") -> list[str]:
-    """A prompts file given as an option: missing, unreadable or malformed is a usage error."""
-    from trtspec.train.dflash import load_prompt_file
+def load_prompts_arg(path: Path, hint: str = "--prompts", chat: bool = True) -> list:
+    """A prompts file given as an option (`chat`: its lines may hold `messages`): missing,
+    unreadable or malformed is a usage error."""
+    from trtspec.train.prompts import load_prompt_file
 
     try:
-        return load_prompt_file(path)
+        return load_prompt_file(path, chat)
     except (TrtspecError, OSError) as exc:
         raise click.BadParameter(first_line(exc), param_hint=hint) from None
 

@@ -12,14 +12,12 @@ import functools
 import json
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 from trtspec.config import BuildConfig, EngineConfig, ScheduleConfig, TreeConfig
-from trtspec.errors import CheckpointError, ConfigError
-from trtspec.models.checkpoint import read_end_ids
+from trtspec.errors import ConfigError
 from trtspec.models.cuda_graphs import graphs_wanted
 from trtspec.models.drafter import Drafter, build_drafter
 from trtspec.models.target import TargetModel, load_causal_lm
@@ -29,63 +27,12 @@ from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.schedule import SPSTable
 from trtspec.spec.verify import Verifier
-from trtspec.tokenizer import ByteTokenizer
+from trtspec.tokenizer import TextTokenizer, end_ids_of, load_tokenizer
 
 if TYPE_CHECKING:
     from trtspec.engine.target import EngineTarget
 
 log = logging.getLogger(__name__)
-
-
-class TextTokenizer(Protocol):
-    eos_id: int | None
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
-    def decode(self, ids: list[int]) -> str: ...
-
-
-class HFTokenizer:
-    """A Hugging Face tokenizer stored beside the target's weights.
-
-    `encode` adds the tokenizer's own special tokens (Llama 3's `<|begin_of_text|>`) as
-    `tokenizer(text)`, vLLM's and TensorRT-LLM's completions do; a rendered chat template already
-    holds them, so chat prompts are encoded with `add_special_tokens=False`."""
-
-    def __init__(self, path: Path, vocab_size: int):
-        from transformers import AutoTokenizer
-
-        missing = (f"{path} has no tokenizer that loads (tokenizer.json, tokenizer.model or vocab.json + "
-                   "merges.txt): copy the checkpoint's tokenizer files beside its weights")
-        try:
-            self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad folder
-            raise CheckpointError(f"{missing}; transformers says: {' '.join(str(exc).split())}") from None
-        # transformers 5 builds an empty tokenizer from a folder that has no tokenizer files
-        if len(self._tok) < 2 or not self._tok.encode("Hello, world", add_special_tokens=False):
-            raise CheckpointError(missing)
-        if len(self._tok) > vocab_size:
-            raise CheckpointError(f"{path}: the tokenizer has {len(self._tok)} tokens but config.json's "
-                                  f"vocab_size is {vocab_size}: they are not the same model's")
-        self.eos_id = self._tok.eos_token_id
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens)
-
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
-
-
-def load_tokenizer(path: Path, hf_config) -> TextTokenizer:
-    if getattr(hf_config, "trtspec_special_tokens", None) is not None:
-        return ByteTokenizer.from_config(hf_config)
-    return HFTokenizer(path, hf_config.vocab_size)
-
-
-def end_ids_of(path: Path, tokenizer: TextTokenizer, vocab_size: int) -> tuple[int, ...]:
-    """What ends a request, as `generate` and vLLM end it: the tokenizer's end of sequence, then
-    every other `eos_token_id` of the checkpoint's generation_config.json."""
-    own = () if tokenizer.eos_id is None else (tokenizer.eos_id,)
-    return tuple(dict.fromkeys(own + read_end_ids(path, vocab_size)))
 
 
 def check_device(config: BuildConfig) -> None:

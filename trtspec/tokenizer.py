@@ -1,12 +1,20 @@
-"""Byte-level tokenizer of the embedded models: ids 0–255 are raw bytes, specials come after.
+"""Tokenizers of targets, and the ids that end generation.
 
-The special ids are stored in the model's `config.json` under `trtspec_special_tokens`, so a
-checkpoint says which of its ids are which; `ByteTokenizer.from_config` reads them back.
+- `ByteTokenizer`: the embedded models' byte-level one: ids 0–255 are raw bytes, specials come
+  after. The special ids are stored in the model's `config.json` under `trtspec_special_tokens`,
+  so a checkpoint says which of its ids are which; `ByteTokenizer.from_config` reads them back.
+- `HFTokenizer`: a Hugging Face tokenizer stored beside a target's weights (every Hub checkpoint).
+- `end_ids_of`: what ends a request, the tokenizer's end of sequence and generation_config.json's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from trtspec.errors import CheckpointError
+from trtspec.models.checkpoint import read_end_ids
 
 NUM_BYTES = 256
 DEFAULT_SPECIALS = {"eos": 256, "pad": 257, "mask": 258, "bos": 259}
@@ -63,3 +71,54 @@ class ByteTokenizer:
             "pad_token_id": self.specials["pad"],
             "bos_token_id": self.specials["bos"],
         }
+
+
+class TextTokenizer(Protocol):
+    eos_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer stored beside the target's weights.
+
+    `encode` adds the tokenizer's own special tokens (Llama 3's `<|begin_of_text|>`) as
+    `tokenizer(text)`, vLLM's and TensorRT-LLM's completions do; a rendered chat template already
+    holds them, so chat prompts are encoded with `add_special_tokens=False`."""
+
+    def __init__(self, path: Path, vocab_size: int):
+        from transformers import AutoTokenizer
+
+        missing = (f"{path} has no tokenizer that loads (tokenizer.json, tokenizer.model or vocab.json + "
+                   "merges.txt): copy the checkpoint's tokenizer files beside its weights")
+        try:
+            self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad folder
+            raise CheckpointError(f"{missing}; transformers says: {' '.join(str(exc).split())}") from None
+        # transformers 5 builds an empty tokenizer from a folder that has no tokenizer files
+        if len(self._tok) < 2 or not self._tok.encode("Hello, world", add_special_tokens=False):
+            raise CheckpointError(missing)
+        if len(self._tok) > vocab_size:
+            raise CheckpointError(f"{path}: the tokenizer has {len(self._tok)} tokens but config.json's "
+                                  f"vocab_size is {vocab_size}: they are not the same model's")
+        self.eos_id = self._tok.eos_token_id
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+
+def load_tokenizer(path: Path, hf_config) -> TextTokenizer:
+    if getattr(hf_config, "trtspec_special_tokens", None) is not None:
+        return ByteTokenizer.from_config(hf_config)
+    return HFTokenizer(path, hf_config.vocab_size)
+
+
+def end_ids_of(path: Path, tokenizer: TextTokenizer, vocab_size: int) -> tuple[int, ...]:
+    """What ends a request, as `generate` and vLLM end it: the tokenizer's end of sequence, then
+    every other `eos_token_id` of the checkpoint's generation_config.json."""
+    own = () if tokenizer.eos_id is None else (tokenizer.eos_id,)
+    return tuple(dict.fromkeys(own + read_end_ids(path, vocab_size)))

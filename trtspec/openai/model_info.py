@@ -7,9 +7,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtspec.chat import ChatTemplate, load_chat_template
 from trtspec.config import BuildConfig, load_build_config
 from trtspec.errors import ConfigError
-from trtspec.openai.chat import ChatTemplate, load_chat_template
 from trtspec.triton.repo import BUILD_CONFIG_FILE, VERSION
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class ServedModel:
 def served_model(config: BuildConfig) -> ServedModel:
     from transformers import AutoConfig
 
-    from trtspec.pipeline import load_tokenizer
+    from trtspec.tokenizer import load_tokenizer
 
     target_dir = config.target.resolved_path
     hf_config = AutoConfig.from_pretrained(target_dir, local_files_only=True)

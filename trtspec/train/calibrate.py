@@ -26,8 +26,9 @@ from trtspec.models.dspark import DSparkDraftModel, load_dspark
 from trtspec.models.target import load_causal_lm
 from trtspec.prompts import load_prompts
 from trtspec.spec.sts import STSCalibration, fit_sts, save_sts, survival_ece
-from trtspec.train.dflash import regenerate, target_taps
+from trtspec.train.dflash import target_taps
 from trtspec.train.dspark import block_forward
+from trtspec.train.prompts import encode_prompts, end_ids_of_target, regenerate
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,9 @@ def calibrate(drafter_dir: Path, target_dir: Path, tasks: list[str], response_to
     if model.confidence_head is None:
         raise TrtspecError(f"{drafter_dir}/config.json: enable_confidence_head is false; "
                            "nothing to calibrate")
-    prompts = [list(p.encode()) for task in tasks for p in load_prompts(task)]
-    seqs, lens = regenerate(target, prompts, response_tokens, target.config.eos_token_id)
+    texts: list = [p for task in tasks for p in load_prompts(task)]
+    prompts = encode_prompts(target_dir, target.config, texts, Path(f"--tasks {','.join(tasks)}"))
+    seqs, lens = regenerate(target, prompts, response_tokens, end_ids_of_target(target_dir, target.config))
     taps = target_taps(target, seqs, model.spec.target_layer_ids)
     out = greedy_outcomes(model, seqs, lens, torch.tensor([len(p) for p in prompts]), taps)
     fit, held = out.prompt_index % 2 == 0, out.prompt_index % 2 == 1

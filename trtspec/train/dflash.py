@@ -28,6 +28,7 @@ from trtspec.errors import TrtspecError
 from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, build_target_layer_ids, save_dflash
 from trtspec.models.taps import LayerTaps
 from trtspec.models.target import load_causal_lm
+from trtspec.train.prompts import regenerated_data
 
 log = logging.getLogger(__name__)
 
@@ -54,77 +55,6 @@ class DFlashTrainConfig(BaseModel):
 
     def decay(self) -> float:
         return self.gamma or DEFAULT_GAMMA.get(self.block_size, self.block_size / 2.3)
-
-
-def load_prompt_file(path: Path) -> list[str]:
-    """JSONL with a `prompt` field per line, or plain text with one prompt per line."""
-    if not path.is_file():
-        raise TrtspecError(f"prompts file {path} does not exist")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise TrtspecError(f"prompts file {path} is not UTF-8 text (byte {exc.start})") from None
-    prompts = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                prompt = json.loads(line)["prompt"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                prompt = None
-            if not isinstance(prompt, str):
-                raise TrtspecError(f"{path}:{n}: expected a JSON object with a 'prompt' string")
-            prompts.append(prompt)
-        else:
-            prompts.append(line)
-    if not prompts:
-        raise TrtspecError(f"prompts file {path} holds no prompts")
-    return prompts
-
-
-@torch.inference_mode()
-def regenerate(model, prompts: list[list[int]], response_tokens: int, eos_id: int, batch: int = 64):
-    """Greedy continuations by the target, row r continuing prompts[r].
-    Returns (sequences [N, P+R], valid lengths [N])."""
-    by_len: dict[int, list[int]] = {}  # prompts of one length batch without padding
-    for r, p in enumerate(prompts):
-        by_len.setdefault(len(p), []).append(r)
-    seqs: list[torch.Tensor | None] = [None] * len(prompts)
-    lens = [0] * len(prompts)
-    bar = tqdm(total=len(prompts), desc="regenerate", unit="prompt")
-    for rows in by_len.values():
-        for i in range(0, len(rows), batch):
-            chunk = rows[i : i + batch]
-            ids = torch.tensor([prompts[r] for r in chunk])
-            # an explicit mask keeps transformers from guessing one from pad == eos (and warning)
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=response_tokens, eos_token_id=eos_id, pad_token_id=eos_id)
-            for r, row in zip(chunk, out, strict=True):
-                seqs[r] = row
-                hit = (row[ids.shape[1] :] == eos_id).nonzero()
-                lens[r] = ids.shape[1] + (int(hit[0]) + 1 if len(hit) else response_tokens)
-            bar.update(len(ids))
-    bar.close()
-    width = max(len(s) for s in seqs)
-    padded = torch.full((len(seqs), width), eos_id, dtype=torch.long)
-    for r, s in enumerate(seqs):
-        padded[r, : len(s)] = s
-    return padded, torch.tensor(lens)
-
-
-@torch.inference_mode()
-def regenerated_data(target, prompts_path: Path, response_tokens: int, data_file: Path) -> dict:
-    """The target's own continuations of the prompts, cached in `data_file` (resumable runs and
-    drafters trained from one regeneration share it): seqs [N, S], lens [N], prompt_lens [N]."""
-    if data_file.is_file():
-        return torch.load(data_file)
-    prompts = [list(p.encode()) for p in load_prompt_file(prompts_path)]  # byte-level targets
-    seqs, lens = regenerate(target, prompts, response_tokens, target.config.eos_token_id)
-    data = {"seqs": seqs, "lens": lens, "prompt_lens": torch.tensor([len(p) for p in prompts])}
-    data_file.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(data, data_file)
-    return data
 
 
 @torch.no_grad()
@@ -256,7 +186,8 @@ def block_drafter_start(target_dir: Path, prompts_path: Path, out_dir: Path, cfg
     target = frozen_target(target_dir, cfg.seed)
     mask_token_id = resolve_mask_token(target, target_dir, mask_token_id)
     check_layer_ids(cfg.target_layer_ids, target.config.num_hidden_layers)
-    data = regenerated_data(target, prompts_path, cfg.response_tokens, out_dir / "checkpoint" / "data.pt")
+    data = regenerated_data(target, target_dir, prompts_path, cfg.response_tokens,
+                            out_dir / "checkpoint" / "data.pt")
     return target, mask_token_id, data
 
 

@@ -32,11 +32,11 @@ from trtspec.models.eagle3 import Eagle3DraftModel, Eagle3Spec, default_aux_laye
 from trtspec.train.dflash import (
     _lr_at,
     frozen_target,
-    regenerated_data,
     resume_state,
     save_state,
     target_taps,
 )
+from trtspec.train.prompts import regenerated_data
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,8 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
     if cfg.draft_vocab_size is not None and cfg.draft_vocab_size > vocab:
         raise TrtspecError(f"--draft-vocab-size {cfg.draft_vocab_size} exceeds the target's vocabulary of "
                            f"{vocab}")
-    data = regenerated_data(target, prompts_path, cfg.response_tokens, out_dir / "checkpoint" / "data.pt")
+    data = regenerated_data(target, target_dir, prompts_path, cfg.response_tokens,
+                            out_dir / "checkpoint" / "data.pt")
 
     model = new_drafter(target, cfg)
     with torch.no_grad():

@@ -30,7 +30,7 @@ from trtspec.train.pretrain import PretrainConfig, heldout_windows
 LINE_SAMPLE = 200  # held-out lines of each kind (aligned, block) whose indentation is decoded
 
 
-# how the embedded models are spoken to over /v1/chat/completions (trtspec.openai.chat)
+# how the embedded models are spoken to over /v1/chat/completions (trtspec.chat)
 CHAT_FORMAT = (
     'The models never saw a chat transcript: their only question-and-answer text is the generated '
     'arithmetic, `Q: <question>\\nA: <worked answer>\\n`, one problem after another. The recipe writes '

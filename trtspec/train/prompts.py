@@ -1,0 +1,146 @@
+"""What a drafter is trained on: prompts for the target to continue, and the target's own
+continuations of them (the data every recipe here distils from).
+
+A prompts file is JSONL, one object per line, either `{"prompt": "text"}` (continued as text,
+encoded as `tokenizer(text)` encodes it) or `{"messages": [{"role": ..., "content": ...}, ...]}`
+(rendered by the target's chat template with the assistant's turn opened, as the server renders
+a chat request: a drafter for a chat model learns the answers it will be asked to draft); or
+plain text, one prompt per line. Prompts are encoded by the target's own tokenizer, and each
+continuation ends at the first of the target's end ids (`trtspec.tokenizer.end_ids_of`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from trtspec.errors import TrtspecError
+
+Messages = list[dict]
+Prompt = str | Messages  # text to continue, or a conversation to answer
+
+
+def _messages(value, where: str) -> Messages:
+    if not isinstance(value, list) or not value:
+        raise TrtspecError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    for i, message in enumerate(value):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise TrtspecError(f"{where}: messages[{i}] must be an object with 'role' and 'content' strings")
+    return value
+
+
+def load_prompt_file(path: Path, chat: bool = True) -> list[Prompt]:
+    """The prompts of a JSONL file (`prompt` or, when `chat`, `messages` per line) or of a text
+    file (one per line); a TrtspecError naming the file and line for anything else."""
+    if not path.is_file():
+        raise TrtspecError(f"prompts file {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TrtspecError(f"prompts file {path} is not UTF-8 text (byte {exc.start})") from None
+    fields = "a 'prompt' string or 'messages'" if chat else "a 'prompt' string"
+    prompts: list[Prompt] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if path.suffix != ".jsonl":
+            prompts.append(line)
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("prompt"), str):
+            prompts.append(row["prompt"])
+        elif chat and isinstance(row, dict) and "messages" in row:
+            prompts.append(_messages(row["messages"], f"{path}:{n}"))
+        else:
+            raise TrtspecError(f"{path}:{n}: expected a JSON object with {fields}")
+    if not prompts:
+        raise TrtspecError(f"prompts file {path} holds no prompts")
+    return prompts
+
+
+def encode_prompts(target_dir: Path, hf_config, prompts: list[Prompt], source: Path) -> list[list[int]]:
+    """Each prompt as the target's token ids: text as `tokenizer(text)`, a conversation through
+    the target's chat template (which writes its own special tokens)."""
+    from trtspec.chat import load_chat_template
+    from trtspec.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(target_dir, hf_config)
+    template = None
+    if any(not isinstance(p, str) for p in prompts):
+        template = load_chat_template(target_dir, hf_config)
+        if template is None:
+            raise TrtspecError(f"{source} holds 'messages' but the target {target_dir} has no chat template; "
+                               "give 'prompt' text instead")
+    encoded = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            ids = tokenizer.encode(prompt)
+        else:
+            ids = tokenizer.encode(template.render(prompt), add_special_tokens=False)
+        if not ids:
+            raise TrtspecError(f"{source}: prompt {i + 1} encodes to no tokens")
+        encoded.append(ids)
+    return encoded
+
+
+def end_ids_of_target(target_dir: Path, hf_config) -> tuple[int, ...]:
+    """The ids that end the target's continuations, as they end a served request."""
+    from trtspec.tokenizer import end_ids_of, load_tokenizer
+
+    return end_ids_of(target_dir, load_tokenizer(target_dir, hf_config), hf_config.vocab_size)
+
+
+@torch.inference_mode()
+def regenerate(model, prompts: list[list[int]], response_tokens: int, end_ids: tuple[int, ...],
+               batch: int = 64):
+    """Greedy continuations by the target, row r continuing prompts[r] up to and including the
+    first of `end_ids`. Returns (sequences [N, P+R] padded with end_ids[0], valid lengths [N])."""
+    ends = torch.tensor(end_ids or (-1,))
+    by_len: dict[int, list[int]] = {}  # prompts of one length batch without padding
+    for r, p in enumerate(prompts):
+        by_len.setdefault(len(p), []).append(r)
+    seqs: list[torch.Tensor | None] = [None] * len(prompts)
+    lens = [0] * len(prompts)
+    pad = end_ids[0] if end_ids else 0
+    bar = tqdm(total=len(prompts), desc="regenerate", unit="prompt")
+    for rows in by_len.values():
+        for i in range(0, len(rows), batch):
+            chunk = rows[i : i + batch]
+            ids = torch.tensor([prompts[r] for r in chunk])
+            # an explicit mask keeps transformers from guessing one from pad == eos (and warning)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=response_tokens, eos_token_id=list(end_ids) or None,
+                                 pad_token_id=pad)
+            for r, row in zip(chunk, out, strict=True):
+                seqs[r] = row
+                hit = torch.isin(row[ids.shape[1] :], ends).nonzero()
+                lens[r] = ids.shape[1] + (int(hit[0]) + 1 if len(hit) else response_tokens)
+            bar.update(len(ids))
+    bar.close()
+    width = max(len(s) for s in seqs)
+    padded = torch.full((len(seqs), width), pad, dtype=torch.long)
+    for r, s in enumerate(seqs):
+        padded[r, : len(s)] = s
+    return padded, torch.tensor(lens)
+
+
+@torch.inference_mode()
+def regenerated_data(target, target_dir: Path, prompts_path: Path, response_tokens: int,
+                     data_file: Path) -> dict:
+    """The target's own continuations of the prompts, cached in `data_file` (resumable runs and
+    drafters trained from one regeneration share it): seqs [N, S], lens [N], prompt_lens [N]."""
+    if data_file.is_file():
+        return torch.load(data_file)
+    prompts = encode_prompts(target_dir, target.config, load_prompt_file(prompts_path), prompts_path)
+    seqs, lens = regenerate(target, prompts, response_tokens, end_ids_of_target(target_dir, target.config))
+    data = {"seqs": seqs, "lens": lens, "prompt_lens": torch.tensor([len(p) for p in prompts])}
+    data_file.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(data, data_file)
+    return data
