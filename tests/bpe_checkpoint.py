@@ -73,3 +73,16 @@ def write_bpe_target(target_dir: Path, draft_dir: Path, seed: int = 0) -> dict[s
     target.config.num_hidden_layers = 2
     target.save_pretrained(draft_dir)
     return ids
+
+
+def metaspace_tokenizer() -> PreTrainedTokenizerFast:
+    """A BPE tokenizer in SentencePiece's manner (Llama 2's, Mistral's): spaces are "▁" in the
+    pieces and decoding drops the space a text starts with, so a piece decoded alone loses the
+    space it has in context."""
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    bpe.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"],
+                                  show_progress=False)
+    bpe.train_from_iterator(load_prompts("code") + load_prompts("math") + load_prompts("chat"), trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>")

@@ -7,7 +7,9 @@ ending where `generate` ends.
 
 from __future__ import annotations
 
+import functools
 import json
+import random
 import shutil
 
 import pytest
@@ -20,8 +22,10 @@ from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
+from trtspec.tokenizer import ByteTokenizer
+from trtspec.triton.request import TextStream
 
-from .bpe_checkpoint import BOS, END_OF_TEXT, EOM, EOT, MASK_ID, write_bpe_target
+from .bpe_checkpoint import BOS, END_OF_TEXT, EOM, EOT, MASK_ID, VOCAB, metaspace_tokenizer, write_bpe_target
 from .conftest import serve_cli
 from .test_cli_errors import assert_run_error
 
@@ -174,3 +178,39 @@ def test_a_drafter_trains_on_the_targets_tokens_and_chat(checkpoint, pipeline, t
     for prompt in PROMPTS[:4]:
         ids = tokenizer(prompt).input_ids
         assert served.decoder.generate(ids, MAX_TOKENS).token_ids == _generate(pipeline, ids)
+
+
+@pytest.mark.parametrize("kind", ["bpe", "metaspace", "bytes"])
+def test_text_streams_incrementally_what_decoding_all_gives(pipeline, kind):
+    """Random ids (special tokens, split multi-byte characters, BPE merges, SentencePiece spaces
+    that a piece decoded alone loses) pushed a few at a time: the streamed text is
+    `decode(all)`, and with a stop word the stream ends at the first id after which `decode` of
+    the ids so far holds it, as decoding everything at every id would."""
+    if kind == "metaspace":
+        metaspace = metaspace_tokenizer()
+        decode = functools.partial(metaspace.decode, skip_special_tokens=True)
+    else:
+        decode = pipeline.tokenizer.decode if kind == "bpe" else ByteTokenizer().decode
+    vocab = 260 if kind == "bytes" else VOCAB
+    rng = random.Random(0)
+    for _ in range(300):
+        ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
+        stream, pieces, i = TextStream(decode), [], 0
+        while i < len(ids):
+            n = rng.randint(1, 4)
+            pieces.append(stream.push(ids[i : i + n])[0])
+            i += n
+        assert "".join(pieces) + stream.finish() == decode(ids)
+
+        text = max(decode(ids).split("\ufffd"), key=len)  # a word with no incomplete character in it
+        if not text:
+            continue
+        start = rng.randrange(len(text))
+        word = text[start : start + rng.randint(1, 3)]
+        end = next(n for n in range(1, len(ids) + 1) if word in decode(ids[:n]))
+        stream, streamed, i = TextStream(decode, (word,)), "", 0
+        while i < len(ids) and not stream.stopped:
+            streamed += stream.push(ids[i : i + 3])[0]
+            i += 3
+        assert stream.stopped and stream.ids == ids[:end]
+        assert streamed + stream.finish() == decode(ids[:end])
