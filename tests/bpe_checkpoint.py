@@ -1,7 +1,8 @@
 """A target laid out as Llama-3.1-8B-Instruct is on the Hub, in miniature: a byte-level BPE
 `tokenizer.json` whose post-processor puts `<|begin_of_text|>` before every text, a chat template
 that writes it itself, the tokenizer's end `<|eot_id|>`, and a `generation_config.json` whose
-`eos_token_id` lists three ends (`<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`); random Llama
+`eos_token_id` lists three ends (`<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`) and which
+recommends sampling at temperature 0.6, top_p 0.9 (SAMPLING, as Llama 3.1's does); random Llama
 weights whose vocabulary is padded past the tokenizer's (as Qwen's is; MASK_ID lies in the padding,
 for DFlash), and a draft model cut from the target's first layers. Made here, offline, in a second.
 """
@@ -26,6 +27,7 @@ CHAT_TEMPLATE = (
 )
 VOCAB = 400  # the tokenizer's
 MASK_ID = VOCAB  # the model's vocabulary has 8 more ids
+SAMPLING = {"temperature": 0.6, "top_p": 0.9}
 
 
 def _meet_the_ends(model: LlamaForCausalLM, tokenizer, ends: list[int]) -> None:
@@ -67,6 +69,7 @@ def write_bpe_target(target_dir: Path, draft_dir: Path, seed: int = 0) -> dict[s
     target = LlamaForCausalLM(config)
     _meet_the_ends(target, tokenizer, [ids[END_OF_TEXT], ids[EOM], ids[EOT]])
     target.generation_config.eos_token_id = [ids[END_OF_TEXT], ids[EOM], ids[EOT]]
+    target.generation_config.update(do_sample=True, **SAMPLING)
     target.save_pretrained(target_dir)
 
     target.model.layers = target.model.layers[:2]  # the draft: the target's first two layers

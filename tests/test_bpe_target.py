@@ -25,7 +25,17 @@ from trtspec.prompts import load_prompts
 from trtspec.tokenizer import ByteTokenizer
 from trtspec.triton.request import TextStream
 
-from .bpe_checkpoint import BOS, END_OF_TEXT, EOM, EOT, MASK_ID, VOCAB, metaspace_tokenizer, write_bpe_target
+from .bpe_checkpoint import (
+    BOS,
+    END_OF_TEXT,
+    EOM,
+    EOT,
+    MASK_ID,
+    SAMPLING,
+    VOCAB,
+    metaspace_tokenizer,
+    write_bpe_target,
+)
 from .conftest import serve_cli
 from .test_cli_errors import assert_run_error
 
@@ -100,6 +110,10 @@ def test_a_checkpoint_without_its_tokenizer_or_with_bad_end_ids_is_one_line(chec
     assert_run_error(CliRunner().invoke(main, args), "generation_config.json", "eos_token_id", "4000")
     (bare / "generation_config.json").write_text("{not json")
     assert_run_error(CliRunner().invoke(main, args), "generation_config.json", "not a JSON object")
+    (bare / "generation_config.json").write_text(json.dumps({"temperature": -1}))
+    build = ["build", config, "--out", str(tmp_path / "out")]
+    assert_run_error(CliRunner().invoke(main, build), "generation_config.json", "temperature must be", "-1")
+    assert not (tmp_path / "out").exists()
     (bare / "generation_config.json").unlink()
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         (bare / name).unlink()
@@ -146,6 +160,13 @@ def test_served_chat_and_completions_equal_generate(checkpoint, pipeline, tokeni
                 assert (got, got_finish) == (text, finish), (route, body, prompt)
                 assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), len(want))
                 assert _ask(client, route, body, stream=True)[:2] == (text, finish)
+
+        # a request that leaves the sampling parameters out gets generation_config.json's, as vLLM's do
+        def sampled(**params) -> str:
+            return client.completions.create(model="bpe", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, seed=7,
+                                             **params).choices[0].text
+
+        assert sampled() == sampled(**SAMPLING) != sampled(temperature=1.0, top_p=1.0)
 
 
 def test_a_drafter_trains_on_the_targets_tokens_and_chat(checkpoint, pipeline, tokenizer, tmp_path):

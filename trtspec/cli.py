@@ -682,12 +682,14 @@ def build(config_path, out_dir, flavour=None) -> None:
         written, note = build_engine_flavour(config, out_dir)
         notes = [note] if note else []
     elif config.flavour == "torch":
+        from trtspec.openai.model_info import served_model
         from trtspec.pipeline import load_pipeline
         from trtspec.runtime import configure_threads
         from trtspec.triton.repo import write_triton_repo
 
         configure_threads(config)
         load_pipeline(config)  # the served model loads exactly this: a drafter that does not fit fails now
+        served_model(config)  # ... and the OpenAI frontend this (the chat template, generation_config)
         with staged_output(out_dir) as staged:
             written = moved(write_triton_repo(config, staged), staged, out_dir)
         notes = []

@@ -53,17 +53,45 @@ def write_checkpoint(model: nn.Module, config: dict, out_dir: Path) -> None:
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
+def _generation_config(path: Path) -> tuple[Path, dict]:
+    """(generation_config.json's path, its contents; {} when there is none)."""
+    config_file = path / "generation_config.json"
+    if not config_file.is_file():
+        return config_file, {}
+    try:
+        raw = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{config_file} is not a JSON object: {exc}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{config_file} is not a JSON object")
+    return config_file, raw
+
+
+def read_sampling_defaults(path: Path) -> dict[str, float | int]:
+    """The sampling parameters the checkpoint's generation_config.json recommends, those it gives
+    (Qwen3's: temperature 0.6, top_p 0.95, top_k 20); a CheckpointError naming the file and field
+    for a value a request could not take."""
+    config_file, raw = _generation_config(path)
+    checks = {"temperature": (lambda t: 0 <= t <= 2, "a number in [0, 2]"),
+              "top_p": (lambda p: 0 < p <= 1, "a number in (0, 1]"),
+              "top_k": (lambda k: isinstance(k, int) and k >= 0, "an integer >= 0")}
+    defaults: dict[str, float | int] = {}
+    for name, (valid, what) in checks.items():
+        value = raw.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not valid(value):
+            raise CheckpointError(f"{config_file}: {name} must be {what}, got {value!r}")
+        defaults[name] = value
+    return defaults
+
+
 def read_end_ids(path: Path, vocab_size: int) -> tuple[int, ...]:
     """The ids that end generation by the checkpoint's `generation_config.json` (`eos_token_id`: one
     id or a list, as Qwen3's `[<|im_end|>, <|endoftext|>]` and Llama 3.1's three ends), or () when
     it has none; a CheckpointError naming the file and field when they are not ids of the model."""
-    config_file = path / "generation_config.json"
-    if not config_file.is_file():
-        return ()
-    try:
-        ids = json.loads(config_file.read_text()).get("eos_token_id")
-    except (json.JSONDecodeError, AttributeError) as exc:
-        raise CheckpointError(f"{config_file} is not a JSON object: {exc}") from None
+    config_file, raw = _generation_config(path)
+    ids = raw.get("eos_token_id")
     if ids is None:
         return ()
     ids = ids if isinstance(ids, list) else [ids]

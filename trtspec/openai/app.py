@@ -80,11 +80,14 @@ class Frontend:
             raise ApiError(f"Invalid 'min_tokens': {req.min_tokens}; expected 0 to {name}={max_tokens}.",
                            "min_tokens", code="invalid_value")
         stops = stop_list(req.stop) + list(model.chat.stop if chat else ())
-        temperature = 1.0 if req.temperature is None else req.temperature  # OpenAI's default
-        gen = Generation(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
-                         top_p=1.0 if req.top_p is None else req.top_p, top_k=max(0, req.top_k or 0),
-                         seed=req.seed, min_tokens=req.min_tokens or 0, stop_words=tuple(stops),
-                         stream=bool(req.stream), add_special_tokens=specials)
+        # what the request leaves out: the checkpoint's recommendation, else OpenAI's defaults
+        defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, **model.sampling_defaults}
+        temperature = defaults["temperature"] if req.temperature is None else req.temperature
+        top_p = defaults["top_p"] if req.top_p is None else req.top_p
+        top_k = defaults["top_k"] if req.top_k is None else max(0, req.top_k)
+        gen = Generation(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                         top_k=top_k, seed=req.seed, min_tokens=req.min_tokens or 0,
+                         stop_words=tuple(stops), stream=bool(req.stream), add_special_tokens=specials)
         return gen, prompt_tokens
 
 

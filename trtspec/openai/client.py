@@ -37,7 +37,7 @@ def request_body(model: str, prompt: str, params: GenerateParams, chat: bool) ->
         body["prompt"] = prompt
     if params.stream:
         body["stream_options"] = {"include_usage": True}
-    if params.top_p is not None and params.top_p != 1.0:
+    if params.top_p is not None:  # always: a server's default may be the model's recommendation
         body["top_p"] = params.top_p
     if params.top_k:  # an extension (vLLM, SGLang, trtllm-serve, trtspec): only sent when it matters
         body["top_k"] = params.top_k

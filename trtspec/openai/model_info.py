@@ -1,15 +1,19 @@
 """What the frontend knows of the served model without loading its weights: name, tokenizer (to
-count tokens and check lengths), chat template, context length and the deployment's limit."""
+count tokens and check lengths), chat template, context length, the deployment's limit, and the
+sampling parameters the checkpoint's generation_config.json recommends (a request that leaves
+`temperature`, `top_p` or `top_k` out gets them, as vLLM's default `--generation-config auto`
+does)."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.chat import ChatTemplate, load_chat_template
 from trtspec.config import BuildConfig, load_build_config
 from trtspec.errors import ConfigError
+from trtspec.models.checkpoint import read_sampling_defaults
 from trtspec.triton.repo import BUILD_CONFIG_FILE, VERSION
 
 log = logging.getLogger(__name__)
@@ -22,6 +26,7 @@ class ServedModel:
     chat: ChatTemplate | None
     context_length: int  # prompt + generated tokens the target can attend over
     max_tokens: int  # the deployment's limits.max_tokens
+    sampling_defaults: dict = field(default_factory=dict)  # generation_config.json's temperature, top_p, …
 
     def count(self, text: str, add_special_tokens: bool = True) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens))
@@ -38,8 +43,12 @@ def served_model(config: BuildConfig) -> ServedModel:
     if chat is None:
         log.warning("%s has no chat template: /v1/chat/completions will refuse requests", target_dir)
     context = getattr(hf_config, "max_position_embeddings", None) or config.limits.max_tokens
+    defaults = read_sampling_defaults(target_dir)
+    if defaults:
+        log.info("requests without them sample with %s/generation_config.json's %s", target_dir,
+                 ", ".join(f"{k} {v}" for k, v in defaults.items()))
     return ServedModel(config.name, load_tokenizer(target_dir, hf_config), chat, int(context),
-                       config.limits.max_tokens)
+                       config.limits.max_tokens, defaults)
 
 
 def served_model_of_repo(repo: Path) -> ServedModel:
