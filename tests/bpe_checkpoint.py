@@ -23,7 +23,9 @@ SPECIALS = (BOS, END_OF_TEXT, EOM, EOT, "<|start_header_id|>", "<|end_header_id|
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
     "{{ m['content'] }}<|eot_id|>{% endfor %}"
-    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"  # Qwen3's switch, set by a request's chat_template_kwargs
 )
 VOCAB = 400  # the tokenizer's
 MASK_ID = VOCAB  # the model's vocabulary has 8 more ids

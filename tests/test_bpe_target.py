@@ -146,8 +146,12 @@ def test_served_chat_and_completions_equal_generate(checkpoint, pipeline, tokeni
         for prompt in PROMPTS[:6]:
             messages = [{"role": "user", "content": prompt}]
             chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            quick = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  enable_thinking=False)
+            no_thinking = {"chat_template_kwargs": {"enable_thinking": False}}  # vLLM's extension
             cases = [
                 ("chat", chat_ids["input_ids"], dict(messages=messages)),
+                ("chat", quick["input_ids"], dict(messages=messages, extra_body=no_thinking)),
                 ("completions", tokenizer(prompt).input_ids, dict(prompt=prompt)),
                 ("completions", tokenizer(prompt, add_special_tokens=False).input_ids,
                  dict(prompt=prompt, extra_body={"add_special_tokens": False})),

@@ -21,7 +21,8 @@ Messages = list[dict]
 
 @dataclass(frozen=True, slots=True)
 class ChatTemplate:
-    render: Callable[[Messages], str]  # messages -> prompt text ending where the assistant answers
+    # (messages, extra template variables) -> prompt text ending where the assistant answers
+    render: Callable[..., str]
     stop: tuple[str, ...]  # added to every chat request's stop sequences
     source: str  # where the template came from, for logs and errors
 
@@ -34,8 +35,9 @@ def _byte_model_template(target_dir: Path, hf_config) -> ChatTemplate | None:
 
     template = path.read_text()
 
-    def render(messages: Messages) -> str:
-        rendered, _ = render_jinja_template([messages], chat_template=template, add_generation_prompt=True)
+    def render(messages: Messages, **variables) -> str:
+        rendered, _ = render_jinja_template([messages], chat_template=template, add_generation_prompt=True,
+                                            **variables)
         return rendered[0]
 
     return ChatTemplate(render, tuple(getattr(hf_config, "trtspec_chat_stop", None) or ()), str(path))
@@ -48,8 +50,9 @@ def _tokenizer_template(target_dir: Path) -> ChatTemplate | None:
     if not getattr(tokenizer, "chat_template", None):
         return None
 
-    def render(messages: Messages) -> str:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def render(messages: Messages, **variables) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **variables)
 
     return ChatTemplate(render, (), f"{target_dir} tokenizer")
 

@@ -187,7 +187,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         if model.chat is None:
             raise ApiError(f"model `{model.name}` has no chat template; use /v1/completions", "messages")
         try:
-            prompt = model.chat.render(messages)
+            prompt = model.chat.render(messages, **(req.chat_template_kwargs or {}))
         except Exception as exc:  # noqa: BLE001 - a template's raise_exception or a rendering error
             raise ApiError(f"the chat template refused the messages: {exc}", "messages") from None
         gen, prompt_tokens = front.generation(req, prompt, True, None)

@@ -96,6 +96,8 @@ class ChatRequest(_Common):
     store: bool | None = Field(None, description="accepted, nothing is stored")
     service_tier: str | None = Field(None, description="accepted, one tier")
     modalities: list[str] | None = Field(None, description='only ["text"]')
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="variables for the chat template, e.g. Qwen3's enable_thinking (vLLM extension)")
 
 
 def parse(model: type[BaseModel], body: Any):
@@ -190,6 +192,9 @@ def check_completion(req: CompletionRequest) -> str:
 
 
 ROLES = ("system", "developer", "user", "assistant")
+# what rendering a chat template sets itself: a request's chat_template_kwargs may not
+TEMPLATE_ARGUMENTS = frozenset({"messages", "conversation", "tools", "documents", "add_generation_prompt",
+                                "continue_final_message", "tokenize", "chat_template", "return_dict"})
 
 
 def check_chat(req: ChatRequest) -> list[dict]:
@@ -209,6 +214,10 @@ def check_chat(req: ChatRequest) -> list[dict]:
         raise _refuse("response_format", req.response_format, "no structured output")
     if req.modalities not in (None, ["text"]):
         raise _refuse("modalities", req.modalities, "text only")
+    taken = sorted(set(req.chat_template_kwargs or {}) & TEMPLATE_ARGUMENTS)
+    if taken:
+        raise ApiError(f"'chat_template_kwargs.{taken[0]}' is set by the server, not the request.",
+                       f"chat_template_kwargs.{taken[0]}", code="invalid_value")
     if not req.messages:
         raise ApiError("'messages' must hold at least one message.", "messages", code="invalid_value")
     messages = []
