@@ -280,6 +280,37 @@ def test_catch_up_is_what_plain_steps_piled_up_and_adaptive_pays_it(pipeline):
     assert runs["priced"][1] == 0 < runs["free"][1] and runs["priced"][0] == runs["free"][0]
 
 
+def test_plain_steps_hold_a_bounded_pile_of_taps_and_draft_as_before(pipeline, monkeypatch):
+    """A block drafter (DFlash, DSpark; torch and engine) projects what plain steps pile up once it
+    reaches ABSORB_AT positions, so a request that does not draft holds few taps (it held its
+    whole prompt and output); its next drafts are those of a drafter that kept the whole pile."""
+    from trtspec.models import dflash_drafter
+    from trtspec.spec.decoder import _draft_row
+
+    if not isinstance(pipeline.drafter, dflash_drafter.BlockDrafter):
+        pytest.skip("only block drafters keep every position's taps (EAGLE-3 keeps a window)")
+    never_pays = SPS.model_copy(update={"draft_seconds": [[9.0, 9.0], [9.0, 9.0]]})
+
+    def plain_run(absorb_at: int):
+        monkeypatch.setattr(dflash_drafter, "ABSORB_AT", absorb_at)
+        decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive", probe_every=0), slots=2,
+                           table=never_pays)
+        for p in PROMPTS[:2]:
+            decoder.add(Request(list(p.encode()), 350))
+        piles = []
+        for _ in range(300):
+            decoder.step()
+            piles.append(max(decoder.drafter.pending.positions.values(), default=0))
+        assert decoder.offered_drafts == 0
+        return piles, decoder.drafter.propose([_draft_row(lv) for lv in decoder.lives.values()], 4)
+
+    absorb_at = dflash_drafter.ABSORB_AT
+    bounded, drafts = plain_run(absorb_at)
+    kept, kept_drafts = plain_run(10**9)
+    assert max(bounded) < absorb_at < max(kept)
+    assert torch.equal(drafts.tokens, kept_drafts.tokens)
+
+
 def test_catch_up_is_spread_over_the_steps_a_request_will_draft():
     """A catch-up is paid once, then the request drafts on: adaptive spreads it over the steps the
     request is expected to draft. EAGLE-3 starts each request with its window's 32 positions to

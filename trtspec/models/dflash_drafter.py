@@ -26,12 +26,29 @@ from trtspec.models.target import DTYPES
 from trtspec.spec.sampling import row_probs
 from trtspec.spec.tree import DraftTree, grow_tree, log_scores
 
+# a block drafter projects a slot's pending taps once they stand for this many positions, drafting
+# or not: a request decoding plainly (adaptive speculation at a large batch) would otherwise hold
+# the taps of its whole prompt and output, 40 KB a position on an 8B target with 5 taps in bf16
+ABSORB_AT = 256
+
 
 class BlockDrafter(TapsDrafter):
     """A drafter whose ONE block pass gives logits for every draft slot (DFlash, and DSpark's
     backbone; torch and engine): chains and trees both come from those per-slot logits."""
 
     block_size: int  # the anchor and block_size - 1 draft slots
+
+    def _absorb_pending(self, slots: list[int]) -> None:
+        """Project every pending tap of these slots in one pass and append it to their context."""
+        raise NotImplementedError
+
+    def tidy(self) -> None:
+        """Project the piles of ABSORB_AT positions or more, all in one pass: the context they
+        stand for must be projected before the slot drafts anyway, so this moves that work earlier
+        (a new prompt's: to the step that prefilled it) and bounds the taps a slot holds."""
+        piled = [slot for slot, n in self.pending.positions.items() if n >= ABSORB_AT]
+        if piled:
+            self._absorb_pending(piled)
 
     def anchor_starts(self, rows: list[DraftRow]) -> list[int]:
         """Each row's anchor position, which must be where its absorbed context ends."""

@@ -79,6 +79,10 @@ class Drafter(ABC):
     def release(self, slot: int) -> None:
         """The request in `slot` finished."""
 
+    def tidy(self) -> None:
+        """Called once per step, after its commits: time to bound what requests that do not draft
+        pile up (their taps)."""
+
     def catch_up(self, slot: int, committed: int) -> int:
         """Positions the next proposal for `slot` (a request with `committed` tokens) must absorb
         before it drafts: one step's accepted tokens, or all that steps without drafting (and the

@@ -547,6 +547,7 @@ class SpeculativeDecoder:
             target.release(lv.slot)
             drafter.release(lv.slot)
             finished[rid] = lv.result
+        drafter.tidy()
         return finished
 
     # -- whole generations ------------------------------------------------------------------
