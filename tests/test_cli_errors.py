@@ -319,6 +319,31 @@ def test_build_runs_the_drafter_fit_checks_of_generate(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_kv_slots_larger_than_the_machine_are_refused_before_allocating(tmp_path):
+    """A target whose positions (max_position_embeddings, unbounded by limits.max_input_tokens)
+    times limits.max_concurrency need more K/V than the machine has free: `build` and `generate`
+    say so in one line naming the limits, instead of an out-of-memory crash; bounded, it builds."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from .conftest import _small_kwargs
+
+    long_context = {**_small_kwargs(3), "max_position_embeddings": 1 << 30}  # 768 GiB a slot
+    Qwen3ForCausalLM(Qwen3Config(**long_context)).save_pretrained(tmp_path / "long")
+    config = {"name": "long", "flavour": "torch", "target": {"path": str(tmp_path / "long")},
+              "limits": {"max_tokens": 64}}
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(config))
+    line = assert_run_error(invoke("build", tmp_path / "long.yaml", "--out", tmp_path / "out"),
+                            "8 requests (limits.max_concurrency) of 1,073,741,824 positions", "6144.0 GiB",
+                            "set limits.max_input_tokens", "or lower limits.max_concurrency")
+    assert not (tmp_path / "out").exists(), line
+    generate = invoke("generate", "--config", tmp_path / "long.yaml", "--prompt", "hi", "--max-tokens", 8)
+    line = assert_run_error(generate, "1 request of 1,073,741,824 positions", "set limits.max_input_tokens")
+    assert "max_concurrency" not in line
+    config["limits"]["max_input_tokens"] = 1000
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(config))
+    assert invoke("build", tmp_path / "long.yaml", "--out", tmp_path / "out").exit_code == 0
+
+
 @pytest.mark.parametrize("flavour", ["engine", "torch"])
 def test_build_into_a_read_only_place_names_the_users_folder(tmp_path, flavour):
     if os.geteuid() == 0:  # root writes through permission bits; sysfs refuses everyone

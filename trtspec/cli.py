@@ -128,8 +128,9 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
                                  f"{config_path}), got {max_tokens}", param_hint="--max-tokens")
     configure_threads(config)
     pipeline = load_pipeline(config, use_drafter=drafter_choice != "none")
+    decoder = pipeline.decoder
     try:
-        pipeline.decoder.check(Request(pipeline.tokenizer.encode(prompt), max_tokens))
+        decoder.check(Request(pipeline.tokenizer.encode(prompt), max_tokens))
     except ValueError as exc:  # prompt + max_tokens beyond the deployment's context, with the numbers
         raise click.BadParameter(str(exc), param_hint="--prompt / --max-tokens") from None
     text, result = pipeline.generate(prompt, max_tokens, sampling)
@@ -688,7 +689,8 @@ def build(config_path, out_dir, flavour=None) -> None:
         from trtspec.triton.repo import write_triton_repo
 
         configure_threads(config)
-        load_pipeline(config)  # the served model loads exactly this: a drafter that does not fit fails now
+        # the served model loads exactly this: a drafter that does not fit, or K/V slots that do not, fail now
+        load_pipeline(config).check_buffers(config.limits.max_concurrency)
         served_model(config)  # ... and the OpenAI frontend this (the chat template, generation_config)
         with staged_output(out_dir) as staged:
             written = moved(write_triton_repo(config, staged), staged, out_dir)

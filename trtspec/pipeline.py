@@ -18,6 +18,7 @@ import torch
 
 from trtspec.config import BuildConfig, EngineConfig, ScheduleConfig, TreeConfig
 from trtspec.errors import ConfigError
+from trtspec.memory import check_slot_buffers
 from trtspec.models.cuda_graphs import graphs_wanted
 from trtspec.models.drafter import Drafter, build_drafter
 from trtspec.models.target import TargetModel, load_causal_lm
@@ -82,12 +83,20 @@ class Pipeline:
             return SPSTable.load(drafter_config.resolved_sps_table)
         return _cached_cost_table(self)
 
+    def check_buffers(self, max_slots: int) -> None:
+        """Refuse, naming the limits, K/V slot buffers for `max_slots` requests that the target's
+        device cannot hold (`trtspec.memory`), before anything is allocated."""
+        if isinstance(self.target, TargetModel):
+            check_slot_buffers(self.target.config, self.target.model.dtype, self.target.device, max_slots,
+                               self.capacity, self.config.limits.max_input_tokens)
+
     def decoder_for(self, max_slots: int, schedule: ScheduleConfig | None = None, use_drafter: bool = True,
                     cost_table: SPSTable | None = None,
                     tree: TreeConfig | None | str = "config") -> SpeculativeDecoder:
         """A decoder over this pipeline's models with its own slots (`schedule`: the config's;
         `cost_table`: this pipeline's measured one; `tree`: the config's `drafter.tree`, or a tree
         config, or None for chains)."""
+        self.check_buffers(max_slots)
         drafter = self.drafter if use_drafter else None
         if schedule is None:
             schedule = self.config.drafter.schedule if self.config.drafter else ScheduleConfig(mode="full")

@@ -1,0 +1,70 @@
+"""Whether a deployment's K/V slot buffers fit the device, checked before they are allocated.
+
+Each request in flight holds a slot of preallocated K/V buffers as long as its whole context (the
+target's `max_position_embeddings` unless `limits.max_input_tokens` bounds it), so a deployment
+needs limits.max_concurrency × positions × (2 · layers · kv heads · head_dim · dtype bytes) for
+the target alone: Qwen3-8B in bf16 takes 144 KiB a position, so 8 slots of its 40,960 positions
+take 45 GiB and 32 slots 180 GiB, more than an H200 holds. Allocating that would end in a CUDA
+out-of-memory traceback inside the model's start (or, on the CPU, the kernel's OOM killer), so it
+is refused first, naming the limits that set it and what they would need.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from trtspec.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MEMINFO = Path("/proc/meminfo")
+CGROUP_V2_MEMORY = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory.current"))
+GIB = 1 << 30
+
+
+def slot_bytes_per_position(config, dtype: torch.dtype) -> int:
+    """K and V of one position in every decoder layer of a Hugging Face causal LM config."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * dtype.itemsize
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory free for new buffers on `device`: the GPU's free memory, or on the CPU what the
+    kernel reports available (MemAvailable) within the cgroup's limit; None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    free = None
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+        limit, used = (p.read_text().strip() for p in CGROUP_V2_MEMORY)
+        if limit != "max":
+            room = int(limit) - int(used)
+            free = room if free is None else min(free, room)
+    except (OSError, ValueError):
+        log.debug("unreadable memory figures", exc_info=True)
+    return free
+
+
+def check_slot_buffers(config, dtype: torch.dtype, device: torch.device, num_slots: int, positions: int,
+                       max_input_tokens: int | None) -> None:
+    """Refuse, naming `limits.*`, K/V slot buffers larger than what `device` has free."""
+    per_position = slot_bytes_per_position(config, dtype)
+    need, free = num_slots * positions * per_position, free_bytes(device)
+    if free is None or need <= free:
+        return
+    fits = free // (num_slots * per_position)
+    where = f"limits.max_input_tokens {max_input_tokens} + limits.max_tokens" if max_input_tokens else \
+        "the target's max_position_embeddings, as limits.max_input_tokens is unset"
+    requests = f"{num_slots} requests (limits.max_concurrency)" if num_slots > 1 else "1 request"
+    raise ConfigError(
+        f"the target's K/V buffers for {requests} of {positions:,} positions each ({where}) need "
+        f"{need / GIB:.1f} GiB, {per_position:,} bytes a position, but {device} has {free / GIB:.1f} GiB "
+        f"free: set limits.max_input_tokens so that it + limits.max_tokens <= {fits:,}"
+        + (" or lower limits.max_concurrency" if num_slots > 1 else ""))
