@@ -70,12 +70,13 @@ def tokenizer(checkpoint):
     return AutoTokenizer.from_pretrained(checkpoint[0] / "target", local_files_only=True)
 
 
-def _generate(pipeline, ids: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
-    """transformers' greedy `generate` with the checkpoint's own generation config (its end ids)."""
+def _generate(pipeline, ids: list[int], max_tokens: int = MAX_TOKENS, **options) -> list[int]:
+    """transformers' greedy `generate` with the checkpoint's own generation config (its end ids),
+    and `options` over it."""
     prompt = torch.tensor([ids])
     with torch.no_grad():
         out = pipeline.target.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                                             max_new_tokens=max_tokens)
+                                             max_new_tokens=max_tokens, **options)
     return out[0, len(ids):].tolist()
 
 
@@ -164,6 +165,23 @@ def test_served_chat_and_completions_equal_generate(checkpoint, pipeline, tokeni
                 assert (got, got_finish) == (text, finish), (route, body, prompt)
                 assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), len(want))
                 assert _ask(client, route, body, stream=True)[:2] == (text, finish)
+
+        # vLLM's stop_token_ids end a request too, and min_tokens holds them back like the end ids
+        for prompt in PROMPTS:
+            ids = tokenizer(prompt).input_ids
+            free = _generate(pipeline, ids)
+            stops = [t for i, t in enumerate(free) if i >= 3 and t not in free[:i] and t not in ends]
+            if stops:
+                break
+        stop = stops[0]
+        for at_least in (0, free.index(stop) + 3):
+            want = _generate(pipeline, ids, min_new_tokens=at_least, eos_token_id=[*pipeline.end_ids, stop])
+            extra = {"stop_token_ids": [stop], "min_tokens": at_least}
+            reply = client.completions.create(model="bpe", prompt=prompt, max_tokens=MAX_TOKENS,
+                                              temperature=0, extra_body=extra)
+            assert reply.choices[0].text == tokenizer.decode(want, skip_special_tokens=True), at_least
+            assert reply.usage.completion_tokens == len(want)
+            assert at_least or (want[-1] == stop and reply.choices[0].finish_reason == "stop")
 
         # a request that leaves the sampling parameters out gets generation_config.json's, as vLLM's do
         def sampled(**params) -> str:

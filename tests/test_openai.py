@@ -206,6 +206,7 @@ BAD = [
     ("completions", {"prompt": [1, 2, 3]}, "prompt"),
     ("completions", {"prompt": "x" * 5000}, "prompt"),  # over the 4,096-token context
     ("completions", {"seed": -1}, "seed"),
+    ("completions", {"stop_token_ids": [10, -3]}, "stop_token_ids"),
     ("completions", {"min_tokens": 9}, "min_tokens"),
     ("completions", {"stream_options": {"bogus": True}}, "stream_options.bogus"),
     ("chat/completions", {"messages": []}, "messages"),

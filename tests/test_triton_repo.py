@@ -129,11 +129,14 @@ def test_parse_request_defaults_and_values():
         random_seed=np.array([2**64 - 1], dtype=np.uint64),
         stream=np.array([True]),
         stop_words=np.array([b"\n", b"x"], dtype=object),
+        stop_token_ids=np.array([7, 263], dtype=np.int32),
+        add_special_tokens=np.array([False]),
     )
-    req = parse_request(_getter(**GOOD, **inputs), 16)
+    req = parse_request(_getter(**GOOD, **inputs), 16, vocab_size=264)
     top_p = float(np.float32(0.9))
     assert req.sampling == SamplingParams(temperature=0.5, top_p=top_p, top_k=3, seed=2**64 - 1)
     assert req.stream and req.stop_words == ("\n", "x")
+    assert req.stop_token_ids == (7, 263) and not req.add_special_tokens
 
 
 @pytest.mark.parametrize(
@@ -153,12 +156,16 @@ def test_parse_request_defaults_and_values():
         (dict(top_k=[-1]), "top_k must be >= 0"),
         (dict(stop_words=np.array([b""], dtype=object)), "stop_words must not contain an empty string"),
         (dict(stop_words=np.array([b"\xc3"], dtype=object)), "stop_words is not valid UTF-8"),
+        (dict(stop_token_ids=np.array([3, -1], dtype=np.int32)),
+         r"stop_token_ids must be token ids in \[0, 264\), got \[3, -1\]"),
+        (dict(stop_token_ids=np.array([264], dtype=np.int32)), r"stop_token_ids must be .*got \[264\]"),
+        (dict(end_id=np.array([264], dtype=np.int32)), r"end_id must be a token id in \[0, 264\), got 264"),
     ],
 )
 def test_parse_request_names_the_bad_parameter(change, message):
     inputs = {**GOOD, **change}
     with pytest.raises(RequestError, match=message):
-        parse_request(_getter(**{k: v for k, v in inputs.items() if v is not None}), 16)
+        parse_request(_getter(**{k: v for k, v in inputs.items() if v is not None}), 16, vocab_size=264)
 
 
 def test_parse_request_trtllm_inputs_honoured_and_defaults_pass():

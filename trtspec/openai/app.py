@@ -87,7 +87,8 @@ class Frontend:
         top_k = defaults["top_k"] if req.top_k is None else max(0, req.top_k)
         gen = Generation(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                          top_k=top_k, seed=req.seed, min_tokens=req.min_tokens or 0,
-                         stop_words=tuple(stops), stream=bool(req.stream), add_special_tokens=specials)
+                         stop_words=tuple(stops), stream=bool(req.stream), add_special_tokens=specials,
+                         stop_token_ids=tuple(req.stop_token_ids or ()))
         return gen, prompt_tokens
 
 

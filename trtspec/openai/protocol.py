@@ -50,6 +50,8 @@ class _Common(_Forbid):
     min_tokens: int | None = Field(None, description="no end of sequence before this many tokens (vLLM's)")
     seed: int | None = Field(None, description="sampling seed: the same seed gives the same text")
     stop: str | list[str] | None = Field(None, description="up to 4 sequences that end generation, not sent")
+    stop_token_ids: list[int] | None = Field(None, description="ids that end generation besides the model's "
+                                             "end ids (vLLM extension)")
     stream: bool | None = Field(False, description="server-sent events, one chunk per decode step")
     stream_options: StreamOptions | None = Field(None, description="streaming options")
     n: int | None = Field(1, description="choices per request: only 1")
@@ -164,6 +166,9 @@ def check_common(req: _Common) -> None:
     if req.seed is not None and not 0 <= req.seed < 2**64:
         raise ApiError(f"Invalid 'seed': {req.seed}; expected an integer in [0, 2^64).", "seed",
                        code="invalid_value")
+    if any(i < 0 for i in req.stop_token_ids or ()):
+        raise ApiError(f"Invalid 'stop_token_ids': {req.stop_token_ids}; expected token ids >= 0.",
+                       "stop_token_ids", code="invalid_value")
     stops = stop_list(req.stop)
     if len(stops) > MAX_STOP or any(not s for s in stops):
         raise ApiError(f"Invalid 'stop': up to {MAX_STOP} non-empty strings, got {req.stop!r}.", "stop",

@@ -42,6 +42,7 @@ class Generation:
     stop_words: tuple[str, ...] = ()
     stream: bool = True
     add_special_tokens: bool = True  # false for a rendered chat template: it holds them already
+    stop_token_ids: tuple[int, ...] = ()
 
     def arrays(self) -> dict[str, np.ndarray]:
         arrays = {
@@ -56,6 +57,8 @@ class Generation:
             arrays["random_seed"] = np.array([self.seed], dtype=np.uint64)
         if self.min_tokens:
             arrays["min_tokens"] = np.array([self.min_tokens], dtype=np.int32)
+        if self.stop_token_ids:
+            arrays["stop_token_ids"] = np.array(self.stop_token_ids, dtype=np.int32)
         if not self.add_special_tokens:
             arrays["add_special_tokens"] = np.array([False], dtype=bool)
         if self.stop_words:

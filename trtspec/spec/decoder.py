@@ -57,6 +57,7 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     min_new_tokens: int = 0  # no end id is emitted before this many tokens
     end_id: int | None = None  # the one id that ends this request; None: the decoder's end ids
+    stop_ids: tuple[int, ...] = ()  # more ids that end this request (vLLM's stop_token_ids)
 
 
 @dataclass(slots=True)
@@ -337,7 +338,8 @@ class SpeculativeDecoder:
                 row[early, end] = float("-inf")
 
     def _end_ids(self, lv: _Live) -> frozenset[int]:
-        return self.end_ids if lv.request.end_id is None else frozenset((lv.request.end_id,))
+        ends = self.end_ids if lv.request.end_id is None else frozenset((lv.request.end_id,))
+        return ends.union(lv.request.stop_ids) if lv.request.stop_ids else ends
 
     def _emit(self, lv: _Live, emitted: list[int]) -> None:
         ends = self._end_ids(lv)

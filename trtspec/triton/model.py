@@ -231,10 +231,11 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 parsed = parse_request(lambda name, r=request: _input(r, name), self.limit,
-                                       _parameters(request))
+                                       _parameters(request), self.pipeline.target.vocab_size)
                 # tokenized and checked against the context here, before it waits in the queue
                 ids = self.pipeline.tokenizer.encode(parsed.prompt, parsed.add_special_tokens)
-                decode = Request(ids, parsed.max_tokens, parsed.sampling, parsed.min_tokens, parsed.end_id)
+                decode = Request(ids, parsed.max_tokens, parsed.sampling, parsed.min_tokens, parsed.end_id,
+                                 parsed.stop_token_ids)
                 self.decoder.check(decode)
             except (RequestError, ValueError) as exc:
                 self.metrics.errors["invalid_request"].increment(1)

@@ -39,6 +39,7 @@ INPUTS = (
     ("stop_words", "TYPE_STRING", (-1,), True),
     # false: text_input already holds the tokenizer's special tokens (a rendered chat template)
     ("add_special_tokens", "TYPE_BOOL", (1,), True),
+    ("stop_token_ids", "TYPE_INT32", (-1,), True),  # more ids that end the request (vLLM's)
 ) + tuple((i.name, i.dtype, i.dims, True) for i in TRTLLM_INPUTS)  # what NVIDIA's clients send TensorRT-LLM
 OUTPUTS = (
     ("text_output", "TYPE_STRING", (1,)),

@@ -44,6 +44,7 @@ class GenerateRequest:
     end_id: int | None = None  # the id that ends generation; None = the tokenizer's eos
     include_input: bool = False  # exclude_input_in_output sent as false: outputs start with the prompt
     add_special_tokens: bool = True  # encode the prompt as tokenizer(text) does (Llama's BOS)
+    stop_token_ids: tuple[int, ...] = ()  # ids that end the request besides the model's end ids
 
 
 def _scalar(get: InputGetter, name: str):
@@ -77,8 +78,10 @@ def check_parameters(parameters: dict) -> None:
                            f"takes {', '.join(OWN_INPUTS)} and TensorRT-LLM's optional inputs")
 
 
-def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | None = None) -> GenerateRequest:
-    """Read and check every input and parameter; raises RequestError naming the first bad one."""
+def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | None = None,
+                  vocab_size: int | None = None) -> GenerateRequest:
+    """Read and check every input and parameter; raises RequestError naming the first bad one.
+    `vocab_size`: the target's, which token ids (end_id, stop_token_ids) must lie under."""
     check_parameters(parameters or {})
     raw = _scalar(get, "text_input")
     if raw is None:
@@ -122,9 +125,14 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     min_tokens = 0 if min_tokens is None else int(min_tokens)
     if not 0 <= min_tokens <= max_tokens:
         raise RequestError(f"{min_name} must be in [0, max_tokens={max_tokens}], got {min_tokens}")
+    span = f"in [0, {vocab_size})" if vocab_size else ">= 0"  # a token id of the target
     end_id = _scalar(get, "end_id")
-    if end_id is not None and int(end_id) < 0:
-        raise RequestError(f"end_id must be a token id >= 0, got {int(end_id)}")
+    if end_id is not None and not 0 <= int(end_id) < (vocab_size or 2**31):
+        raise RequestError(f"end_id must be a token id {span}, got {int(end_id)}")
+    stops = get("stop_token_ids")
+    stop_token_ids = () if stops is None else tuple(int(i) for i in stops.reshape(-1))
+    if any(not 0 <= i < (vocab_size or 2**31) for i in stop_token_ids):
+        raise RequestError(f"stop_token_ids must be token ids {span}, got {list(stop_token_ids)}")
     exclude_input = _scalar(get, "exclude_input_in_output")
     add_special_tokens = _scalar(get, "add_special_tokens")
     _scalar(get, "pad_id")  # one value; outputs are never padded, so it needs nothing more
@@ -137,7 +145,7 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     return GenerateRequest(prompt, max_tokens, sampling, bool(stream), tuple(stop_words), min_tokens,
                            None if end_id is None else int(end_id),
                            exclude_input is not None and not bool(exclude_input),
-                           add_special_tokens is None or bool(add_special_tokens))
+                           add_special_tokens is None or bool(add_special_tokens), stop_token_ids)
 
 
 def _one_of(get: InputGetter, name: str, alias: str) -> tuple[str, object]:
