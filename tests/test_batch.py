@@ -311,6 +311,30 @@ def test_plain_steps_hold_a_bounded_pile_of_taps_and_draft_as_before(pipeline, m
     assert torch.equal(drafts.tokens, kept_drafts.tokens)
 
 
+def test_kv_bytes_per_position_is_what_allocate_takes(pipeline, monkeypatch):
+    """The memory check (`trtspec.memory`) adds target's and drafter's `kv_bytes_per_position`:
+    each must be what their `allocate` really takes per slot position."""
+    from trtspec.models import kv_slots
+
+    allocated = []
+    make = kv_slots.SlotKV.__init__
+
+    def counting(self, *args, **kwargs):
+        make(self, *args, **kwargs)
+        allocated.append(self.keys.nbytes + self.values.nbytes)
+
+    monkeypatch.setattr(kv_slots.SlotKV, "__init__", counting)
+    models = [copy.copy(pipeline.drafter)] + ([copy.copy(pipeline.target)]
+                                              if isinstance(pipeline.target, TargetModel) else [])
+    for model in models:
+        taken = []
+        for capacity in (64, 96):
+            allocated.clear()
+            model.allocate(3, capacity)
+            taken.append(sum(allocated))
+        assert (taken[1] - taken[0]) // (3 * 32) == model.kv_bytes_per_position, type(model).__name__
+
+
 def test_catch_up_is_spread_over_the_steps_a_request_will_draft():
     """A catch-up is paid once, then the request drafts on: adaptive spreads it over the steps the
     request is expected to draft. EAGLE-3 starts each request with its window's 32 positions to

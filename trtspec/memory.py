@@ -1,14 +1,14 @@
 """Whether a deployment's K/V slot buffers fit the device, checked before they are allocated.
 
 Each request in flight holds a slot of preallocated K/V buffers as long as its whole context (the
-target's `max_position_embeddings` unless `limits.max_input_tokens` bounds it), so a deployment
-needs limits.max_concurrency × positions × (2 · layers · kv heads · head_dim · dtype bytes) for
-the target alone: Qwen3-8B in bf16 takes 144 KiB a position, so 8 slots of its 40,960 positions
-take 45 GiB and 32 slots 180 GiB, more than an H200 holds. Allocating that would end in a CUDA
-out-of-memory traceback inside the model's start (or, on the CPU, the kernel's OOM killer), so it
-is refused first, naming the limits that set it and what they would need.
+target's `max_position_embeddings` unless `limits.max_input_tokens` bounds it), in the target and
+in the drafter: limits.max_concurrency × positions × `kv_bytes_per_position` of both models
+(2 · layers · kv heads · head_dim · dtype bytes). Qwen3-8B in bf16 alone takes 144 KiB a position,
+so 8 slots of its 40,960 positions take 45 GiB and 32 slots 180 GiB, more than an H200 holds.
+Allocating that would end in a CUDA out-of-memory traceback inside the model's start (or, on the
+CPU, the kernel's OOM killer), so it is refused first, naming the limits that set it and what
+they would need.
 """
-
 from __future__ import annotations
 
 import logging
@@ -23,12 +23,6 @@ log = logging.getLogger(__name__)
 MEMINFO = Path("/proc/meminfo")
 CGROUP_V2_MEMORY = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory.current"))
 GIB = 1 << 30
-
-
-def slot_bytes_per_position(config, dtype: torch.dtype) -> int:
-    """K and V of one position in every decoder layer of a Hugging Face causal LM config."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * dtype.itemsize
 
 
 def free_bytes(device: torch.device) -> int | None:
@@ -52,10 +46,10 @@ def free_bytes(device: torch.device) -> int | None:
     return free
 
 
-def check_slot_buffers(config, dtype: torch.dtype, device: torch.device, num_slots: int, positions: int,
+def check_slot_buffers(per_position: int, device: torch.device, num_slots: int, positions: int,
                        max_input_tokens: int | None) -> None:
-    """Refuse, naming `limits.*`, K/V slot buffers larger than what `device` has free."""
-    per_position = slot_bytes_per_position(config, dtype)
+    """Refuse, naming `limits.*`, K/V slot buffers (`per_position` bytes a slot position: the
+    target's and the drafter's) larger than what `device` has free."""
     need, free = num_slots * positions * per_position, free_bytes(device)
     if free is None or need <= free:
         return
@@ -64,7 +58,7 @@ def check_slot_buffers(config, dtype: torch.dtype, device: torch.device, num_slo
         "the target's max_position_embeddings, as limits.max_input_tokens is unset"
     requests = f"{num_slots} requests (limits.max_concurrency)" if num_slots > 1 else "1 request"
     raise ConfigError(
-        f"the target's K/V buffers for {requests} of {positions:,} positions each ({where}) need "
-        f"{need / GIB:.1f} GiB, {per_position:,} bytes a position, but {device} has {free / GIB:.1f} GiB "
-        f"free: set limits.max_input_tokens so that it + limits.max_tokens <= {fits:,}"
+        f"the K/V buffers (target and drafter) for {requests} of {positions:,} positions each ({where}) "
+        f"need {need / GIB:.1f} GiB, {per_position:,} bytes a position, but {device} has {free / GIB:.1f} "
+        f"GiB free: set limits.max_input_tokens so that it + limits.max_tokens <= {fits:,}"
         + (" or lower limits.max_concurrency" if num_slots > 1 else ""))

@@ -87,8 +87,9 @@ class Pipeline:
         """Refuse, naming the limits, K/V slot buffers for `max_slots` requests that the target's
         device cannot hold (`trtspec.memory`), before anything is allocated."""
         if isinstance(self.target, TargetModel):
-            check_slot_buffers(self.target.config, self.target.model.dtype, self.target.device, max_slots,
-                               self.capacity, self.config.limits.max_input_tokens)
+            per_position = self.target.kv_bytes_per_position + self.drafter.kv_bytes_per_position
+            check_slot_buffers(per_position, self.target.device, max_slots, self.capacity,
+                               self.config.limits.max_input_tokens)
 
     def decoder_for(self, max_slots: int, schedule: ScheduleConfig | None = None, use_drafter: bool = True,
                     cost_table: SPSTable | None = None,

@@ -96,6 +96,11 @@ class DFlashDrafter(BlockDrafter):
         self.graphed: GraphedSteps | None = None  # block forwards
         self.projections: GraphedSteps | None = None  # context projections
 
+    @property
+    def kv_bytes_per_position(self) -> int:
+        cfg = self.model.config
+        return 2 * len(self.model.layers) * cfg.num_key_value_heads * cfg.head_dim * self.dtype.itemsize
+
     def allocate(self, num_slots, capacity):
         super().allocate(num_slots, capacity)
         cfg = self.model.config

@@ -36,6 +36,10 @@ class DraftModelDrafter(Drafter):
         self.fed_drafts: dict[int, torch.Tensor] = {}  # slot -> drafts fed in the last proposal
         self.fed_tree: dict[int, tuple[list[int], list[int]]] = {}  # slot -> (tokens, parents) fed as a tree
 
+    @property
+    def kv_bytes_per_position(self) -> int:
+        return self.lm.kv_bytes_per_position
+
     def allocate(self, num_slots, capacity):
         # drafts are fed after the committed tokens, hence the extra room; a copy gets its own cache
         self.lm = copy.copy(self.lm)

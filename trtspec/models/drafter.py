@@ -65,6 +65,11 @@ class Drafter(ABC):
     # and lets Algorithm 1 cut each request's verified prefix from this step's confidences
     has_confidence: ClassVar[bool] = False
 
+    @property
+    def kv_bytes_per_position(self) -> int:
+        """Bytes of the K/V slot buffers `allocate` makes per slot position (0: none of its own)."""
+        return 0
+
     def allocate(self, num_slots: int, capacity: int) -> None:
         """Per-slot state for `num_slots` requests of up to `capacity` positions (forgets all).
         The loop calls it on its own copy of the drafter, so buffers made here are that copy's."""

@@ -28,7 +28,7 @@ import torch
 from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout, graphs_wanted
 from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
 from trtspec.models.eagle3 import Eagle3DraftModel, load_eagle3
-from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout, TreeSpan
+from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout, TreeSpan, slot_bytes_per_position
 from trtspec.models.target import DTYPES
 from trtspec.spec.sampling import choose_tokens
 from trtspec.spec.tree import grow_tree, log_scores
@@ -58,6 +58,10 @@ class Eagle3Drafter(TapsDrafter):
         self.dropped: dict[int, int] = {}  # slot -> positions before drafter slot 0 (a restart's)
         self.cuda_graphs = cuda_graphs
         self.graphed: GraphedSteps | None = None
+
+    @property
+    def kv_bytes_per_position(self) -> int:
+        return slot_bytes_per_position(self.model.config, self.dtype, num_layers=1)  # its one midlayer
 
     def allocate(self, num_slots, capacity):
         super().allocate(num_slots, capacity)

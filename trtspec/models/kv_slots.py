@@ -365,6 +365,13 @@ def use_slot_attention(model) -> None:
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
 
 
+def slot_bytes_per_position(config, dtype: torch.dtype, num_layers: int | None = None) -> int:
+    """K and V of one position in every decoder layer (or `num_layers`) of a Hugging Face config."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    layers = config.num_hidden_layers if num_layers is None else num_layers
+    return 2 * layers * config.num_key_value_heads * head_dim * dtype.itemsize
+
+
 def hf_slot_buffers(config, num_slots: int, capacity: int, dtype: torch.dtype,
                     device: torch.device | str) -> list[SlotKV]:
     """One `SlotKV` per decoder layer of a Hugging Face causal LM config."""

@@ -34,6 +34,7 @@ from trtspec.models.kv_slots import (
     TreeSpan,
     hf_forward,
     hf_slot_buffers,
+    slot_bytes_per_position,
     use_slot_attention,
 )
 from trtspec.models.taps import LayerTaps
@@ -185,6 +186,11 @@ class TargetModel:
     @property
     def max_positions(self) -> int:
         return int(getattr(self.config, "max_position_embeddings", 0) or 1 << 20)
+
+    @property
+    def kv_bytes_per_position(self) -> int:
+        """Bytes of the K/V slot buffers per slot position, every layer."""
+        return slot_bytes_per_position(self.config, self.model.dtype)
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         """Buffers for `num_slots` requests of up to `capacity` positions each (forgets all)."""
