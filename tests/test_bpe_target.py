@@ -100,6 +100,17 @@ def test_speculative_decoding_ends_where_generate_ends(checkpoint, pipeline, tok
     assert {checkpoint[1][END_OF_TEXT], checkpoint[1][EOM]} & set(endings), endings
 
 
+def test_chat_in_process_is_generate_on_the_templates_ids(pipeline, tokenizer):
+    for prompt in PROMPTS[:4]:
+        messages = [{"role": "user", "content": prompt}]
+        for variables in ({}, {"enable_thinking": False}):
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                **variables)["input_ids"]
+            text, result = pipeline.chat(messages, MAX_TOKENS, **variables)
+            want = _generate(pipeline, ids)
+            assert (text, result.token_ids) == (tokenizer.decode(want, skip_special_tokens=True), want)
+
+
 def test_a_checkpoint_without_its_tokenizer_or_with_bad_end_ids_is_one_line(checkpoint, tmp_path):
     root, _, _ = checkpoint
     bare = tmp_path / "target"

@@ -383,3 +383,10 @@ def test_prompt_beyond_the_context_is_refused_with_the_numbers(tmp_path):
     assert_usage_error(result, "prompt of 65 tokens exceeds limits.max_input_tokens 64")
     ok = invoke("generate", "--config", limited, "--prompt", "y" * 64, "--max-tokens", "4", "--json")
     assert ok.exit_code == 0, ok.output
+
+
+def test_chat_with_a_target_that_has_no_chat_template_is_one_line(random_qwen3_dir, tmp_path):
+    config = tmp_path / "plain.yaml"
+    config.write_text(yaml.safe_dump({"name": "plain", "target": {"path": str(random_qwen3_dir)}}))
+    result = invoke("generate", "--config", config, "--chat", "--prompt", "hi", "--max-tokens", 4)
+    assert_run_error(result, str(random_qwen3_dir), "has no chat template")

@@ -323,6 +323,19 @@ def test_generate_and_bench_cli_over_openai(served, pipeline, tmp_path, monkeypa
         assert row["per_user_tokens_per_s"] == pytest.approx(1e3 / row["itl_ms"], rel=0.01)
 
 
+def test_local_chat_is_the_served_chat(served):
+    """`trtspec generate --config --chat` renders the template and stops at the turn's end as the
+    server's /v1/chat/completions does."""
+    for question in ("482 + 356", "Explain what a generator is."):
+        served_text = served.client().chat.completions.create(
+            model="trtspec", messages=[{"role": "user", "content": question}], max_tokens=48,
+            temperature=0).choices[0].message.content
+        local = CliRunner().invoke(main, ["generate", "--config", str(CONFIG), "--chat", "--json", "--prompt",
+                                          question, "--max-tokens", "48"])
+        assert local.exit_code == 0, local.output
+        assert json.loads(local.output)["text"] == served_text
+
+
 def test_verify_over_openai_passes_on_the_server(served, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     result = CliRunner().invoke(main, ["verify", "--url", served.url, "--config", str(CONFIG), "--max-tokens",

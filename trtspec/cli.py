@@ -67,8 +67,8 @@ def main(verbose: bool) -> None:
 @click.option("--model", "model_name", default="trtspec", show_default=True,
               help="Served model name (with --url).")
 @click.option("--stream", is_flag=True, help="With --url: print text as the server streams it.")
-@click.option("--chat", is_flag=True, help="With openai://: send the prompt as one user message to "
-              "/v1/chat/completions (the server's chat template) instead of /v1/completions.")
+@click.option("--chat", is_flag=True, help="Send the prompt as one user message: through the target's "
+              "chat template (--config), or to /v1/chat/completions (openai://).")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
               help="With openai://: bearer token (env OPENAI_API_KEY).")
 @click.option("--wait", "wait_s", default=0.0, show_default=True, type=float,
@@ -115,9 +115,6 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
         _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json, chat,
                          api_key)
         return
-    if chat:
-        raise click.BadParameter("chats only with a served model: add --url openai://HOST:PORT",
-                                 param_hint="--chat")
     if stream:
         raise click.BadParameter("streams only from a served model: add --url", param_hint="--stream")
     config = load_config_arg(config_path, "--config")
@@ -133,7 +130,10 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
         decoder.check(Request(pipeline.tokenizer.encode(prompt), max_tokens))
     except ValueError as exc:  # prompt + max_tokens beyond the deployment's context, with the numbers
         raise click.BadParameter(str(exc), param_hint="--prompt / --max-tokens") from None
-    text, result = pipeline.generate(prompt, max_tokens, sampling)
+    if chat:
+        text, result = pipeline.chat([{"role": "user", "content": prompt}], max_tokens, sampling)
+    else:
+        text, result = pipeline.generate(prompt, max_tokens, sampling)
     if as_json:
         click.echo(json.dumps({"text": text, "drafter": pipeline.drafter.method, **result.to_dict()}))
     else:

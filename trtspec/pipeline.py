@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trtspec.chat import ChatTemplate, load_chat_template
 from trtspec.config import BuildConfig, EngineConfig, ScheduleConfig, TreeConfig
 from trtspec.errors import ConfigError
 from trtspec.memory import check_slot_buffers
@@ -133,6 +134,30 @@ class Pipeline:
             raise ValueError(f"max_tokens must be in [1, {limit}], got {max_tokens}")
         result = self.decoder.generate(self.tokenizer.encode(prompt), max_tokens, sampling)
         return self.tokenizer.decode(result.token_ids), result
+
+    @functools.cached_property
+    def chat_template(self) -> ChatTemplate | None:
+        return load_chat_template(self.config.target.resolved_path, self.target.config)
+
+    def chat(self, messages: list[dict], max_tokens: int, sampling: SamplingParams | None = None,
+             **variables) -> tuple[str, GenerationResult]:
+        """Answer a conversation as the OpenAI frontend does: rendered by the target's chat template
+        (with `variables`), ended by an end id or the template's stop sequence (not returned)."""
+        from trtspec.openai.stops import StopTrimmer
+        from trtspec.triton.request import TextStream
+
+        if self.chat_template is None:
+            raise ConfigError(f"{self.config.target.resolved_path} has no chat template: send text instead")
+        prompt = self.chat_template.render(messages, **variables)
+        stream = TextStream(self.tokenizer.decode, self.chat_template.stop)
+
+        def stop_at_the_turns_end(ids: list[int]) -> bool:
+            stream.push(ids)
+            return stream.stopped
+
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False)  # the template wrote its specials
+        result = self.decoder.generate(ids, max_tokens, sampling, on_tokens=stop_at_the_turns_end)
+        return StopTrimmer(list(self.chat_template.stop)).push(stream.text, final=True), result
 
 
 def _cached_cost_table(pipeline: Pipeline) -> SPSTable:
