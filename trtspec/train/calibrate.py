@@ -28,7 +28,7 @@ from trtspec.prompts import load_prompts
 from trtspec.spec.sts import STSCalibration, fit_sts, save_sts, survival_ece
 from trtspec.train.dflash import target_taps
 from trtspec.train.dspark import block_forward
-from trtspec.train.prompts import encode_prompts, end_ids_of_target, regenerate
+from trtspec.train.prompts import encode_prompts, regenerate
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,8 @@ def calibrate(drafter_dir: Path, target_dir: Path, tasks: list[str], response_to
         raise TrtspecError(f"{drafter_dir}/config.json: enable_confidence_head is false; "
                            "nothing to calibrate")
     texts: list = [p for task in tasks for p in load_prompts(task)]
-    prompts = encode_prompts(target_dir, target.config, texts, Path(f"--tasks {','.join(tasks)}"))
-    seqs, lens = regenerate(target, prompts, response_tokens, end_ids_of_target(target_dir, target.config))
+    prompts, end_ids = encode_prompts(target_dir, target.config, texts, Path(f"--tasks {','.join(tasks)}"))
+    seqs, lens = regenerate(target, prompts, response_tokens, end_ids)
     taps = target_taps(target, seqs, model.spec.target_layer_ids)
     out = greedy_outcomes(model, seqs, lens, torch.tensor([len(p) for p in prompts]), taps)
     fit, held = out.prompt_index % 2 == 0, out.prompt_index % 2 == 1

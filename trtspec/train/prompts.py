@@ -65,11 +65,13 @@ def load_prompt_file(path: Path, chat: bool = True) -> list[Prompt]:
     return prompts
 
 
-def encode_prompts(target_dir: Path, hf_config, prompts: list[Prompt], source: Path) -> list[list[int]]:
-    """Each prompt as the target's token ids: text as `tokenizer(text)`, a conversation through
-    the target's chat template (which writes its own special tokens)."""
+def encode_prompts(target_dir: Path, hf_config, prompts: list[Prompt],
+                   source: Path) -> tuple[list[list[int]], tuple[int, ...]]:
+    """Each prompt as the target's token ids (text as `tokenizer(text)`, a conversation through
+    the target's chat template, which writes its own special tokens), and the ids that end the
+    target's continuations, as they end a served request; one tokenizer load for both."""
     from trtspec.chat import load_chat_template
-    from trtspec.tokenizer import load_tokenizer
+    from trtspec.tokenizer import end_ids_of, load_tokenizer
 
     tokenizer = load_tokenizer(target_dir, hf_config)
     template = None
@@ -87,14 +89,7 @@ def encode_prompts(target_dir: Path, hf_config, prompts: list[Prompt], source: P
         if not ids:
             raise TrtspecError(f"{source}: prompt {i + 1} encodes to no tokens")
         encoded.append(ids)
-    return encoded
-
-
-def end_ids_of_target(target_dir: Path, hf_config) -> tuple[int, ...]:
-    """The ids that end the target's continuations, as they end a served request."""
-    from trtspec.tokenizer import end_ids_of, load_tokenizer
-
-    return end_ids_of(target_dir, load_tokenizer(target_dir, hf_config), hf_config.vocab_size)
+    return encoded, end_ids_of(target_dir, tokenizer, hf_config.vocab_size)
 
 
 @torch.inference_mode()
@@ -138,8 +133,8 @@ def regenerated_data(target, target_dir: Path, prompts_path: Path, response_toke
     drafters trained from one regeneration share it): seqs [N, S], lens [N], prompt_lens [N]."""
     if data_file.is_file():
         return torch.load(data_file)
-    prompts = encode_prompts(target_dir, target.config, load_prompt_file(prompts_path), prompts_path)
-    seqs, lens = regenerate(target, prompts, response_tokens, end_ids_of_target(target_dir, target.config))
+    prompts, end_ids = encode_prompts(target_dir, target.config, load_prompt_file(prompts_path), prompts_path)
+    seqs, lens = regenerate(target, prompts, response_tokens, end_ids)
     data = {"seqs": seqs, "lens": lens, "prompt_lens": torch.tensor([len(p) for p in prompts])}
     data_file.parent.mkdir(parents=True, exist_ok=True)
     torch.save(data, data_file)
