@@ -21,7 +21,7 @@ from trtspec.errors import CheckpointError
 from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout, graphs_wanted
 from trtspec.models.dflash import DFlashDraftModel, load_dflash
 from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
-from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout
+from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout, slot_bytes_per_position
 from trtspec.models.target import DTYPES
 from trtspec.spec.sampling import row_probs
 from trtspec.spec.tree import DraftTree, grow_tree, log_scores
@@ -98,8 +98,7 @@ class DFlashDrafter(BlockDrafter):
 
     @property
     def kv_bytes_per_position(self) -> int:
-        cfg = self.model.config
-        return 2 * len(self.model.layers) * cfg.num_key_value_heads * cfg.head_dim * self.dtype.itemsize
+        return slot_bytes_per_position(self.model.config, self.dtype, num_layers=len(self.model.layers))
 
     def allocate(self, num_slots, capacity):
         super().allocate(num_slots, capacity)

@@ -28,7 +28,15 @@ import torch
 from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout, graphs_wanted
 from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
 from trtspec.models.eagle3 import Eagle3DraftModel, load_eagle3
-from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout, TreeSpan, slot_bytes_per_position
+from trtspec.models.kv_slots import (
+    Segment,
+    SlotKV,
+    SlotView,
+    StepLayout,
+    TreeSpan,
+    head_dim_of,
+    slot_bytes_per_position,
+)
 from trtspec.models.target import DTYPES
 from trtspec.spec.sampling import choose_tokens
 from trtspec.spec.tree import grow_tree, log_scores
@@ -66,10 +74,9 @@ class Eagle3Drafter(TapsDrafter):
     def allocate(self, num_slots, capacity):
         super().allocate(num_slots, capacity)
         cfg = self.model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         room = capacity + self.num_draft_tokens  # the chain's k − 1 steps follow the committed slots
         scratch = MAX_TOKENS if self.cuda_graphs else 0  # the padded steps' dummy rows write there
-        self.kv = SlotKV(num_slots, cfg.num_key_value_heads, room + scratch, head_dim, self.dtype,
+        self.kv = SlotKV(num_slots, cfg.num_key_value_heads, room + scratch, head_dim_of(cfg), self.dtype,
                          self.device)
         self.last_h, self.dropped = {}, {}
         self.graphed = None if not self.cuda_graphs else \

@@ -365,18 +365,21 @@ def use_slot_attention(model) -> None:
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
 
 
+def head_dim_of(config) -> int:
+    """A Hugging Face config's attention head width (`head_dim`, else hidden_size / heads)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def slot_bytes_per_position(config, dtype: torch.dtype, num_layers: int | None = None) -> int:
     """K and V of one position in every decoder layer (or `num_layers`) of a Hugging Face config."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     layers = config.num_hidden_layers if num_layers is None else num_layers
-    return 2 * layers * config.num_key_value_heads * head_dim * dtype.itemsize
+    return 2 * layers * config.num_key_value_heads * head_dim_of(config) * dtype.itemsize
 
 
 def hf_slot_buffers(config, num_slots: int, capacity: int, dtype: torch.dtype,
                     device: torch.device | str) -> list[SlotKV]:
     """One `SlotKV` per decoder layer of a Hugging Face causal LM config."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return [SlotKV(num_slots, config.num_key_value_heads, capacity, head_dim, dtype, device)
+    return [SlotKV(num_slots, config.num_key_value_heads, capacity, head_dim_of(config), dtype, device)
             for _ in range(config.num_hidden_layers)]
 
 
