@@ -43,10 +43,7 @@ def _byte_model_template(target_dir: Path, hf_config) -> ChatTemplate | None:
     return ChatTemplate(render, tuple(getattr(hf_config, "trtspec_chat_stop", None) or ()), str(path))
 
 
-def _tokenizer_template(target_dir: Path) -> ChatTemplate | None:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+def _tokenizer_template(target_dir: Path, tokenizer) -> ChatTemplate | None:
     if not getattr(tokenizer, "chat_template", None):
         return None
 
@@ -57,8 +54,9 @@ def _tokenizer_template(target_dir: Path) -> ChatTemplate | None:
     return ChatTemplate(render, (), f"{target_dir} tokenizer")
 
 
-def load_chat_template(target_dir: Path, hf_config) -> ChatTemplate | None:
-    """The chat template of the checkpoint in `target_dir`, or None when it has none."""
+def load_chat_template(target_dir: Path, hf_config, tokenizer) -> ChatTemplate | None:
+    """The chat template of the checkpoint in `target_dir`, or None when it has none.
+    `tokenizer`: the target's, as `trtspec.tokenizer.load_tokenizer` loaded it."""
     if getattr(hf_config, "trtspec_special_tokens", None) is not None:
         return _byte_model_template(target_dir, hf_config)
-    return _tokenizer_template(target_dir)
+    return _tokenizer_template(target_dir, tokenizer.hf)

@@ -137,7 +137,7 @@ class Pipeline:
 
     @functools.cached_property
     def chat_template(self) -> ChatTemplate | None:
-        return load_chat_template(self.config.target.resolved_path, self.target.config)
+        return load_chat_template(self.config.target.resolved_path, self.target.config, self.tokenizer)
 
     def chat(self, messages: list[dict], max_tokens: int, sampling: SamplingParams | None = None,
              **variables) -> tuple[str, GenerationResult]:

@@ -93,22 +93,22 @@ class HFTokenizer:
         missing = (f"{path} has no tokenizer that loads (tokenizer.json, tokenizer.model or vocab.json + "
                    "merges.txt): copy the checkpoint's tokenizer files beside its weights")
         try:
-            self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            self.hf = AutoTokenizer.from_pretrained(path, local_files_only=True)  # its chat template too
         except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad folder
             raise CheckpointError(f"{missing}; transformers says: {' '.join(str(exc).split())}") from None
         # transformers 5 builds an empty tokenizer from a folder that has no tokenizer files
-        if len(self._tok) < 2 or not self._tok.encode("Hello, world", add_special_tokens=False):
+        if len(self.hf) < 2 or not self.hf.encode("Hello, world", add_special_tokens=False):
             raise CheckpointError(missing)
-        if len(self._tok) > vocab_size:
-            raise CheckpointError(f"{path}: the tokenizer has {len(self._tok)} tokens but config.json's "
+        if len(self.hf) > vocab_size:
+            raise CheckpointError(f"{path}: the tokenizer has {len(self.hf)} tokens but config.json's "
                                   f"vocab_size is {vocab_size}: they are not the same model's")
-        self.eos_id = self._tok.eos_token_id
+        self.eos_id = self.hf.eos_token_id
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens)
+        return self.hf.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+        return self.hf.decode(ids, skip_special_tokens=True)
 
 
 def load_tokenizer(path: Path, hf_config) -> TextTokenizer:

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class ServedModel:
     name: str
-    tokenizer: object  # trtspec.pipeline.TextTokenizer
+    tokenizer: object  # trtspec.tokenizer.TextTokenizer
     chat: ChatTemplate | None
     context_length: int  # prompt + generated tokens the target can attend over
     max_tokens: int  # the deployment's limits.max_tokens
@@ -39,7 +39,8 @@ def served_model(config: BuildConfig) -> ServedModel:
 
     target_dir = config.target.resolved_path
     hf_config = AutoConfig.from_pretrained(target_dir, local_files_only=True)
-    chat = load_chat_template(target_dir, hf_config)
+    tokenizer = load_tokenizer(target_dir, hf_config)
+    chat = load_chat_template(target_dir, hf_config, tokenizer)
     if chat is None:
         log.warning("%s has no chat template: /v1/chat/completions will refuse requests", target_dir)
     context = getattr(hf_config, "max_position_embeddings", None) or config.limits.max_tokens
@@ -47,7 +48,7 @@ def served_model(config: BuildConfig) -> ServedModel:
     if defaults:
         log.info("requests without them sample with %s/generation_config.json's %s", target_dir,
                  ", ".join(f"{k} {v}" for k, v in defaults.items()))
-    return ServedModel(config.name, load_tokenizer(target_dir, hf_config), chat, int(context),
+    return ServedModel(config.name, tokenizer, chat, int(context),
                        config.limits.max_tokens, defaults)
 
 

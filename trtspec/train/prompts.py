@@ -76,7 +76,7 @@ def encode_prompts(target_dir: Path, hf_config, prompts: list[Prompt],
     tokenizer = load_tokenizer(target_dir, hf_config)
     template = None
     if any(not isinstance(p, str) for p in prompts):
-        template = load_chat_template(target_dir, hf_config)
+        template = load_chat_template(target_dir, hf_config, tokenizer)
         if template is None:
             raise TrtspecError(f"{source} holds 'messages' but the target {target_dir} has no chat template; "
                                "give 'prompt' text instead")
