@@ -194,6 +194,17 @@ def test_served_chat_and_completions_equal_generate(checkpoint, pipeline, tokeni
             assert reply.usage.completion_tokens == len(want)
             assert at_least or (want[-1] == stop and reply.choices[0].finish_reason == "stop")
 
+        # logprobs: each token named as it decodes alone, special tokens shown (the end id too)
+        ended = [(p, tokenizer(p).input_ids) for p in PROMPTS]
+        prompt, ids, want = next((p, i, w) for p, i in ended if (w := _generate(pipeline, i))[-1] in ends)
+        got = client.completions.create(model="bpe", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                        logprobs=2).choices[0].logprobs
+        assert got.tokens == [tokenizer.decode([i], skip_special_tokens=False) for i in want]
+        with torch.no_grad():
+            logits = pipeline.target.model(torch.tensor([ids + want])).logits[0, len(ids) - 1 : -1]
+        logp = torch.log_softmax(logits.float(), -1)[torch.arange(len(want)), want]
+        assert torch.allclose(torch.tensor(got.token_logprobs), logp, atol=1e-4)
+
         # a request that leaves the sampling parameters out gets generation_config.json's, as vLLM's do
         def sampled(**params) -> str:
             return client.completions.create(model="bpe", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, seed=7,

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import openai
 import pytest
+import torch
 import tritonclient.grpc as grpcclient
 from click.testing import CliRunner
 from tritonclient.grpc import InferInput
@@ -199,7 +200,7 @@ BAD = [
     ("completions", {"max_tokens": 0}, "max_tokens"),
     ("completions", {"max_tokens": 5000}, "max_tokens"),
     ("completions", {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ("completions", {"logprobs": 2}, "logprobs"),
+    ("completions", {"logprobs": 21}, "logprobs"),
     ("completions", {"echo": True}, "echo"),
     ("completions", {"presence_penalty": 0.5}, "presence_penalty"),
     ("completions", {"prompt": ""}, "prompt"),
@@ -214,6 +215,8 @@ BAD = [
     ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("chat/completions", {"max_completion_tokens": 5000}, "max_completion_tokens"),
     ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+    ("chat/completions", {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ("chat/completions", {"chat_template_kwargs": {"add_generation_prompt": False}},
      "chat_template_kwargs.add_generation_prompt"),
     ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
@@ -299,6 +302,12 @@ def test_triton_takes_tensorrt_llm_inputs(served, pipeline):
     want = pipeline.decoder.generate_batch([Request(list(prompt.encode()), 60, min_new_tokens=at_least,
                                                     end_id=newline)])[0].token_ids
     assert got.token_ids == want and newline not in want[:at_least] and want != ids
+    # vLLM's ignore_eos: the end id no longer ends it; a stop_token_id still does
+    got = _trtllm_request(served, end_id=np.array([newline], dtype=np.int32), ignore_eos=np.array([True]))
+    assert got.token_ids == ids
+    got = _trtllm_request(served, ignore_eos=np.array([True]),
+                          stop_token_ids=np.array([newline], dtype=np.int32))
+    assert got.token_ids == ids[: ids.index(newline) + 1]
     with pytest.raises(ClientError, match="beam_width=4 is not supported by trtspec"):
         _trtllm_request(served, beam_width=np.array([4], dtype=np.int32))
     assert _trtllm_request(served).token_ids == ids  # and the next request is served
@@ -408,3 +417,58 @@ def test_stop_sequences_are_cut_and_held_back_while_streaming():
     assert sent == ["= 8", "38", "", ""] and trim.stopped  # "\n" then "Q" held until decided
     trim = StopTrimmer(["\nQ:"])
     assert [trim.push("a\n"), trim.push("b"), trim.push("\n", final=True)] == ["a", "\nb", "\n"]
+
+
+def _raw_logprobs(pipeline, prompt_ids: list[int], ids: list[int]) -> torch.Tensor:
+    """The target's own log_softmax at the positions that predict `ids` [n, V]."""
+    with torch.inference_mode():
+        logits = pipeline.target.model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1]
+    return torch.log_softmax(logits.float(), -1)
+
+
+def test_logprobs_are_the_targets_raw_log_p(served, pipeline):
+    """completions `logprobs: 3` and chat `logprobs` / `top_logprobs: 2`, sync and streamed, greedy
+    and sampled: every token's value and its best alternatives are log_softmax(model(ids)) there."""
+    client, tok = served.client(), pipeline.tokenizer
+    name = {i: tok.token_bytes(i).decode("utf-8", errors="replace") for i in range(256)}
+    prompt = PROMPTS[0]
+    _, ids = _greedy(pipeline, prompt)
+    want = _raw_logprobs(pipeline, list(prompt.encode()), ids)
+    got = client.completions.create(model="trtspec", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                    logprobs=3).choices[0].logprobs
+    assert got.tokens == [name[i] for i in ids]
+    assert np.allclose(got.token_logprobs, want[torch.arange(len(ids)), ids].numpy(), atol=1e-4)
+    assert got.text_offset == [sum(len(name[i]) for i in ids[:n]) for n in range(len(ids))]
+    for n, top in enumerate(got.top_logprobs):  # the chosen token and the best 3 (greedy: the same one first)
+        best = want[n].topk(3)
+        assert list(top) == [name[i] for i in best.indices.tolist()]
+        assert np.allclose(list(top.values()), best.values.numpy(), atol=1e-4)
+    chunks = list(client.completions.create(model="trtspec", prompt=prompt, max_tokens=MAX_TOKENS,
+                                            temperature=0, logprobs=3, stream=True))
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    assert len(streamed) > 2 and sum((s.tokens for s in streamed), []) == got.tokens
+    # the same values up to float rounding: the schedule may verify other block lengths this time
+    assert np.allclose(sum((s.token_logprobs for s in streamed), []), got.token_logprobs, atol=1e-4)
+    assert sum((s.text_offset for s in streamed), []) == got.text_offset
+
+    # chat, sampled: the bytes name each byte-level id exactly
+    messages = [{"role": "user", "content": "482 + 356"}]
+    asked = dict(model="trtspec", messages=messages, max_tokens=40, temperature=0.9, seed=11, logprobs=True,
+                 top_logprobs=2)
+    by_bytes = {tuple(tok.token_bytes(i)): i for i in range(pipeline.target.vocab_size)}
+
+    def check(content) -> None:
+        ids = [by_bytes[tuple(c.bytes)] for c in content]
+        assert len(ids) > 5
+        want = _raw_logprobs(pipeline, list(b"Q: 482 + 356\nA: "), ids)
+        assert np.allclose([c.logprob for c in content], want[torch.arange(len(ids)), ids].numpy(), atol=1e-4)
+        for n, c in enumerate(content):
+            best = want[n].topk(2)
+            assert [by_bytes[tuple(t.bytes)] for t in c.top_logprobs] == best.indices.tolist()
+            assert np.allclose([t.logprob for t in c.top_logprobs], best.values.numpy(), atol=1e-4)
+
+    check(client.chat.completions.create(**asked).choices[0].logprobs.content)
+    chunks = list(client.chat.completions.create(**asked, stream=True))
+    check(sum((c.choices[0].logprobs.content for c in chunks if c.choices[0].logprobs), []))
+    plain = client.chat.completions.create(**{**asked, "logprobs": False, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None

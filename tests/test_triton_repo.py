@@ -186,6 +186,15 @@ def test_parse_request_trtllm_inputs_honoured_and_defaults_pass():
     req = parse_request(_getter(**GOOD, **honoured), 16)
     assert (req.min_tokens, req.end_id, req.include_input, req.sampling.seed) == (5, 10, True, 7)
     assert parse_request(_getter(**GOOD, min_tokens=np.array([3], dtype=np.int32)), 16).min_tokens == 3
+    # log-probabilities: none by default, the chosen tokens' with return_log_probs, the k best's too
+    # with num_top_log_probs
+    assert (req.logprobs, req.ignore_eos) == (None, False)
+    yes, top = np.array([True]), lambda k: np.array([k], dtype=np.int32)
+    for asked, want in [(dict(return_log_probs=yes), 0), (dict(num_top_log_probs=top(4)), 4),
+                        (dict(return_log_probs=yes, num_top_log_probs=top(0)), 0),
+                        (dict(num_top_log_probs=top(0)), None)]:
+        assert parse_request(_getter(**GOOD, **asked), 16).logprobs == want
+    assert parse_request(_getter(**GOOD, ignore_eos=np.array([True])), 16).ignore_eos
 
 
 @pytest.mark.parametrize(
@@ -193,7 +202,10 @@ def test_parse_request_trtllm_inputs_honoured_and_defaults_pass():
     [
         (dict(beam_width=np.array([4], dtype=np.int32)), r"beam_width=4 is not supported .* only 1 is"),
         (dict(repetition_penalty=np.array([1.5], dtype=np.float32)), r"repetition_penalty=1.5 is not"),
-        (dict(return_log_probs=np.array([True])), "return_log_probs=True is not supported"),
+        (dict(return_context_logits=np.array([True])), "return_context_logits=True is not supported"),
+        (dict(num_top_log_probs=np.array([21], dtype=np.int32)), r"num_top_log_probs must be in \[0, 20\]"),
+        (dict(num_top_log_probs=np.array([2], dtype=np.int32), return_log_probs=np.array([False])),
+         "num_top_log_probs=2 asks for log-probabilities that return_log_probs=false turns off"),
         (dict(bad_words=np.array([b"x"], dtype=object)), r"bad_words=\['x'\] is not supported"),
         (dict(lora_task_id=np.array([3], dtype=np.uint64)), "lora_task_id=3 is not supported by trtspec"),
         (dict(num_return_sequences=np.array([2], dtype=np.int32)), "num_return_sequences=2"),
@@ -236,7 +248,7 @@ def pipeline():
 
 def test_on_tokens_streams_exactly_the_output(pipeline):
     prompt, steps = pipeline.tokenizer.encode("Q: 482 + 356\nA:"), []
-    result = pipeline.decoder.generate(prompt, 60, on_tokens=lambda ids: steps.append(ids))
+    result = pipeline.decoder.generate(prompt, 60, on_tokens=lambda ids, _: steps.append(ids))
     assert [t for step in steps for t in step] == result.token_ids
     assert len(steps) == result.num_target_calls  # one step per target forward, prefill included
     assert pipeline.decoder.generate(prompt, 60).token_ids == result.token_ids
@@ -245,7 +257,7 @@ def test_on_tokens_streams_exactly_the_output(pipeline):
 def test_on_tokens_returning_true_stops(pipeline):
     prompt = pipeline.tokenizer.encode("def parse(self, text):\n")
     full = pipeline.decoder.generate(prompt, 80).token_ids
-    stopped = pipeline.decoder.generate(prompt, 80, on_tokens=lambda ids: True)
+    stopped = pipeline.decoder.generate(prompt, 80, on_tokens=lambda ids, _: True)
     assert stopped.token_ids == full[:1] and stopped.num_target_calls == 1
 
 

@@ -151,7 +151,7 @@ class Pipeline:
         prompt = self.chat_template.render(messages, **variables)
         stream = TextStream(self.tokenizer.decode, self.chat_template.stop)
 
-        def stop_at_the_turns_end(ids: list[int]) -> bool:
+        def stop_at_the_turns_end(ids: list[int], _logprobs) -> bool:
             stream.push(ids)
             return stream.stopped
 

@@ -63,6 +63,13 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < NUM_BYTES).decode("utf-8", errors="replace")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """One id's own bytes (a special id: its name, as `<|eos|>`)."""
+        if token_id < NUM_BYTES:
+            return bytes((token_id,))
+        name = next((n for n, i in self.specials.items() if i == token_id), str(token_id))
+        return f"<|{name}|>".encode()
+
     def config_entries(self) -> dict:
         """What to put in a model's `config.json` so `from_config` can read it back."""
         return {
@@ -78,6 +85,7 @@ class TextTokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
+    def token_bytes(self, token_id: int) -> bytes: ...  # one id's text as a log-probability names it
 
 
 class HFTokenizer:
@@ -109,6 +117,11 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """One id decoded alone, special tokens shown (`<|eot_id|>`), as vLLM names log-probabilities'
+        tokens; a piece of a multi-byte character decodes to U+FFFD, as there."""
+        return self.hf.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
 
 def load_tokenizer(path: Path, hf_config) -> TextTokenizer:

@@ -183,7 +183,7 @@ class StreamRun:
         return not self.waiting and not self.decoder.num_running
 
     def _on_tokens(self, i: int):
-        def emitted(ids: list[int]) -> None:
+        def emitted(ids: list[int], _logprobs) -> None:
             if i not in self.first:
                 self._started.append(i)
             self.emitted += len(ids)

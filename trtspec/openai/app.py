@@ -5,6 +5,7 @@ the Triton model over one gRPC stream (`triton_stream`). Streaming answers are s
 as OpenAI's clients parse them: `data: {chunk}` per decode step (the first chat chunk carries the
 role), a chunk with `finish_reason`, a usage chunk when `stream_options.include_usage`, then
 `data: [DONE]`. Speculative figures ride in a `trtspec` field: `accepted_tokens`, `draft_tokens`.
+Log-probabilities (`logprobs`) come with the text they belong to, a step's tokens per chunk.
 A client that disconnects ends its Triton request. With an API key, every `/v1` route needs
 `Authorization: Bearer KEY` and answers 401 before anything runs.
 """
@@ -22,6 +23,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from trtspec.openai.logprobs import LogprobsBody
 from trtspec.openai.model_info import ServedModel
 from trtspec.openai.protocol import (
     ApiError,
@@ -29,6 +31,7 @@ from trtspec.openai.protocol import (
     CompletionRequest,
     check_chat,
     check_completion,
+    logprobs_wanted,
     parse,
     stop_list,
 )
@@ -88,7 +91,8 @@ class Frontend:
         gen = Generation(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                          top_k=top_k, seed=req.seed, min_tokens=req.min_tokens or 0,
                          stop_words=tuple(stops), stream=bool(req.stream), add_special_tokens=specials,
-                         stop_token_ids=tuple(req.stop_token_ids or ()))
+                         stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=bool(req.ignore_eos),
+                         logprobs=logprobs_wanted(req))
         return gen, prompt_tokens
 
 
@@ -104,11 +108,13 @@ async def _watch_disconnect(request: Request, task: asyncio.Task) -> None:
 class _Run:
     """One request's figures while its steps arrive."""
 
-    def __init__(self, gen: Generation, prompt_tokens: int):
+    def __init__(self, gen: Generation, prompt_tokens: int, logprobs: LogprobsBody | None = None):
         self.gen, self.prompt_tokens = gen, prompt_tokens
         self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)))
         self.completion_tokens = self.accepted = self.drafted = 0
         self.last_id: int | None = None
+        self.logprobs = logprobs  # None: the request asked for no log-probabilities
+        self.scored: tuple[list, list, list, list] = ([], [], [], [])  # ids, log p, top ids, top log p
 
     def take(self, step) -> str:
         self.completion_tokens += len(step.ids)
@@ -116,7 +122,19 @@ class _Run:
             self.last_id = step.ids[-1]
         self.accepted = max(self.accepted, step.accepted_tokens)
         self.drafted = max(self.drafted, step.draft_tokens)
+        if self.logprobs is not None:
+            for kept, new in zip(self.scored, (step.ids, step.logprobs, step.top_ids, step.top_logprobs),
+                                 strict=True):
+                kept += new
         return self.trimmer.push(step.text, final=step.final)
+
+    def logprobs_body(self) -> dict | None:
+        """The logprobs of the tokens taken since the last call (None: none asked for, or none new)."""
+        if self.logprobs is None or not self.scored[0]:
+            return None
+        body = self.logprobs.body(*self.scored)
+        self.scored = ([], [], [], [])
+        return body
 
     def finish_reason(self) -> str:
         if self.trimmer.stopped or self.completion_tokens < self.gen.max_tokens:
@@ -195,7 +213,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         return await respond(request, req, gen, prompt_tokens, chat=True)
 
     async def respond(request: Request, req, gen: Generation, prompt_tokens: int, chat: bool):
-        run = _Run(gen, prompt_tokens)
+        run = _Run(gen, prompt_tokens, None if gen.logprobs is None else LogprobsBody(model.tokenizer, chat))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
         if not gen.stream:
@@ -235,11 +253,12 @@ async def _whole(request: Request, front: Frontend, run: _Run, rid: str, created
     finally:
         watcher.cancel()
     finish = run.finish_reason()
+    logprobs = run.logprobs_body()
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                   "finish_reason": finish}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": front.model.name, "choices": [choice], "usage": run.usage(), "trtspec": run.figures()}
 
@@ -249,14 +268,15 @@ async def _events(first, steps: AsyncIterator, run: _Run, rid: str, created: int
     kind = "chat.completion.chunk" if chat else "text_completion"
     usage = {"usage": None} if include_usage else {}
 
-    def chunk(text: str | None, finish: str | None, role: bool = False, extra: dict | None = None) -> bytes:
+    def chunk(text: str | None, finish: str | None, role: bool = False, extra: dict | None = None,
+              logprobs: dict | None = None) -> bytes:
         if chat:
             delta = {} if text is None else {"content": text}
             if role:
                 delta = {"role": "assistant", "content": ""}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return _sse({"id": rid, "object": kind, "created": created, "model": model, "choices": [choice],
                      **usage, **(extra or {})})
 
@@ -266,8 +286,9 @@ async def _events(first, steps: AsyncIterator, run: _Run, rid: str, created: int
         step = first
         while True:
             text = run.take(step)
-            if text:
-                yield chunk(text, None)
+            logprobs = run.logprobs_body()  # this step's tokens', also when their text is held back
+            if text or logprobs:
+                yield chunk(text, None, logprobs=logprobs)
             if step.final:
                 break
             step = await anext(steps)

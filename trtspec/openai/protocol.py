@@ -2,7 +2,7 @@
 
 Requests are pydantic models that forbid unknown fields (OpenAI itself answers
 "Unrecognized request argument supplied: X"). Fields OpenAI clients commonly send that change
-nothing here (`user`, `metadata`, `store`, `n: 1`, zero penalties, `logprobs: false`, …) are
+nothing here (`user`, `metadata`, `store`, `n: 1`, zero penalties, …) are
 accepted; fields whose non-default values trtspec cannot honour are checked in `check_*` and
 refused by name. Any refusal is an `ApiError`, answered as HTTP 400 in OpenAI's error shape
 `{"error": {"message", "type", "param", "code"}}`.
@@ -14,6 +14,8 @@ import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 
@@ -59,9 +61,9 @@ class _Common(_Forbid):
     frequency_penalty: float | None = Field(0.0, description="only 0: penalties change the target's law")
     repetition_penalty: float | None = Field(None, description="only 1 (vLLM extension)")
     logit_bias: dict[str, float] | None = Field(None, description="only empty")
-    logprobs: Any = Field(None, description="only false / null: no log-probabilities are returned")
     user: str | None = Field(None, description="end-user id; accepted, not used")
-    ignore_eos: bool | None = Field(False, description="only false (vLLM extension)")
+    ignore_eos: bool | None = Field(False, description="the end of sequence does not end generation; "
+                                    "stop and stop_token_ids still do (vLLM extension)")
     add_special_tokens: bool | None = Field(None, description="add the tokenizer's special tokens (a BOS) to "
                                             "the prompt (vLLM extension); default true for completions, "
                                             "false for chat, whose template holds them")
@@ -69,6 +71,8 @@ class _Common(_Forbid):
 
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(description="one text prompt")
+    logprobs: int | None = Field(None, description=f"return each token's log-probability and the 0 to "
+                                 f"{MAX_TOP_LOGPROBS} most likely tokens' (the target's raw distribution)")
     echo: bool | None = Field(False, description="only false")
     suffix: str | None = Field(None, description="only null")
     best_of: int | None = Field(None, description="only 1")
@@ -89,7 +93,10 @@ class ChatMessage(BaseModel):
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(description="the conversation so far")
     max_completion_tokens: int | None = Field(None, description="OpenAI's newer name for max_tokens")
-    top_logprobs: int | None = Field(None, description="only null")
+    logprobs: bool | None = Field(None, description="return each token's log-probability (the target's raw "
+                                  "distribution)")
+    top_logprobs: int | None = Field(None, description=f"with logprobs: the 0 to {MAX_TOP_LOGPROBS} most "
+                                     "likely tokens at each position too")
     response_format: dict | None = Field(None, description='only {"type": "text"}')
     tools: list | None = Field(None, description="only empty: no tool calling")
     tool_choice: Any = Field(None, description='only "none" / null')
@@ -150,10 +157,6 @@ def check_common(req: _Common) -> None:
         raise _refuse("repetition_penalty", req.repetition_penalty, "penalties change the target's law")
     if req.logit_bias:
         raise _refuse("logit_bias", req.logit_bias, "biases change the target's distribution")
-    if req.logprobs not in (None, False, 0):
-        raise _refuse("logprobs", req.logprobs, "no log-probabilities are returned")
-    if req.ignore_eos:
-        raise _refuse("ignore_eos", True, "the end of sequence always ends a request")
     if req.temperature is not None and not (math.isfinite(req.temperature) and 0 <= req.temperature <= 2):
         raise ApiError(f"Invalid 'temperature': {req.temperature}; expected a number in [0, 2].",
                        "temperature", code="invalid_value")
@@ -180,6 +183,7 @@ def check_completion(req: CompletionRequest) -> str:
     check_common(req)
     if req.echo:
         raise _refuse("echo", True, "the prompt is not returned")
+    _check_top(req.logprobs, "logprobs")
     if req.suffix is not None:
         raise _refuse("suffix", req.suffix, "no insertion")
     if req.best_of not in (None, 1):
@@ -213,8 +217,9 @@ def check_chat(req: ChatRequest) -> list[dict]:
         raise _refuse("tools", f"{len(req.tools)} tools", "no tool calling")
     if req.tool_choice not in (None, "none"):
         raise _refuse("tool_choice", req.tool_choice, "no tool calling")
-    if req.top_logprobs is not None:
-        raise _refuse("top_logprobs", req.top_logprobs, "no log-probabilities are returned")
+    _check_top(req.top_logprobs, "top_logprobs")
+    if req.top_logprobs and not req.logprobs:
+        raise ApiError("'top_logprobs' needs 'logprobs': true.", "top_logprobs", code="invalid_value")
     if req.response_format not in (None, {"type": "text"}):
         raise _refuse("response_format", req.response_format, "no structured output")
     if req.modalities not in (None, ["text"]):
@@ -241,6 +246,20 @@ def check_chat(req: ChatRequest) -> list[dict]:
                            code="invalid_value")
         messages.append({"role": "system" if msg.role == "developer" else msg.role, "content": content})
     return messages
+
+
+def _check_top(k: int | None, param: str) -> None:
+    if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise ApiError(f"Invalid '{param}': {k}; expected an integer in [0, {MAX_TOP_LOGPROBS}].", param,
+                       code="invalid_value")
+
+
+def logprobs_wanted(req: _Common) -> int | None:
+    """None: no log-probabilities; k: each token's and the k most likely tokens' at each position
+    (completions: `logprobs: k`; chat: `logprobs: true` with `top_logprobs: k`)."""
+    if isinstance(req, ChatRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:

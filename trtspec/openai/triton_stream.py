@@ -43,6 +43,8 @@ class Generation:
     stream: bool = True
     add_special_tokens: bool = True  # false for a rendered chat template: it holds them already
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k: each token's log p and the k most likely tokens'
 
     def arrays(self) -> dict[str, np.ndarray]:
         arrays = {
@@ -59,6 +61,12 @@ class Generation:
             arrays["min_tokens"] = np.array([self.min_tokens], dtype=np.int32)
         if self.stop_token_ids:
             arrays["stop_token_ids"] = np.array(self.stop_token_ids, dtype=np.int32)
+        if self.ignore_eos:
+            arrays["ignore_eos"] = np.array([True], dtype=bool)
+        if self.logprobs is not None:
+            arrays["return_log_probs"] = np.array([True], dtype=bool)
+            if self.logprobs:
+                arrays["num_top_log_probs"] = np.array([self.logprobs], dtype=np.int32)
         if not self.add_special_tokens:
             arrays["add_special_tokens"] = np.array([False], dtype=bool)
         if self.stop_words:
@@ -75,6 +83,9 @@ class Step:
     accepted_tokens: int = 0
     draft_tokens: int = 0
     final: bool = False
+    logprobs: list[float] = field(default_factory=list)  # one per id, when the request asked for them
+    top_ids: list[list[int]] = field(default_factory=list)  # [n][k]
+    top_logprobs: list[list[float]] = field(default_factory=list)  # [n][k]
 
 
 def infer_request(model: str, arrays: dict[str, np.ndarray], request_id: str):
@@ -106,6 +117,12 @@ def _step(response: service_pb2.ModelStreamInferResponse) -> Step:
     if "accepted_tokens" in names:
         step.accepted_tokens = int(result.as_numpy("accepted_tokens").reshape(-1)[0])
         step.draft_tokens = int(result.as_numpy("draft_tokens").reshape(-1)[0])
+    if "output_log_probs" in names:
+        step.logprobs = result.as_numpy("output_log_probs").reshape(-1).tolist()
+        step.top_ids, step.top_logprobs = [[] for _ in step.logprobs], [[] for _ in step.logprobs]
+    if "top_log_probs" in names:
+        step.top_logprobs = result.as_numpy("top_log_probs").tolist()
+        step.top_ids = result.as_numpy("top_log_prob_ids").tolist()
     return step
 
 

@@ -32,6 +32,7 @@ from trtspec.config import ScheduleConfig, TreeConfig
 from trtspec.models.drafter import Drafter, DraftRow, NoDrafter, Proposal
 from trtspec.models.target import Chunk, PathKeep, TargetModel
 from trtspec.spec.cost import AcceptanceTracker, GainCalibration, MeasuredCost, admit_rows
+from trtspec.spec.logprobs import TokenLogprobs, step_logprobs
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams, choose_tokens
 from trtspec.spec.schedule import SPSTable, schedule_lengths, survival
@@ -58,6 +59,9 @@ class Request:
     min_new_tokens: int = 0  # no end id is emitted before this many tokens
     end_id: int | None = None  # the one id that ends this request; None: the decoder's end ids
     stop_ids: tuple[int, ...] = ()  # more ids that end this request (vLLM's stop_token_ids)
+    ignore_eos: bool = False  # the end ids (the decoder's or end_id) do not end it; stop_ids still do
+    # None: no log-probabilities; n >= 0: each emitted token's log p and the n most likely tokens'
+    logprobs: int | None = None
 
 
 @dataclass(slots=True)
@@ -84,8 +88,9 @@ def _draft_row(lv: _Live) -> DraftRow:
     return DraftRow(lv.slot, lv.committed, lv.request.sampling, lv.generator)
 
 
-# streaming: called with the ids a step emitted for a request; True ends that request after them
-OnTokens = Callable[[list[int]], bool | None]
+# streaming: called with the ids a step emitted for a request and, when it asked for them, their
+# log-probabilities; True ends that request after them
+OnTokens = Callable[[list[int], TokenLogprobs | None], bool | None]
 
 
 @dataclass(slots=True)
@@ -100,6 +105,7 @@ class _Live:
     on_tokens: OnTokens | None = None
     added_at: float = 0.0
     generated: list[int] = field(default_factory=list)
+    logprobs: TokenLogprobs | None = None  # of `generated`, when the request asked for them
     done: bool = False
 
     @property
@@ -210,8 +216,11 @@ class SpeculativeDecoder:
         rid, self._next_id = self._next_id, self._next_id + 1
         result = GenerationResult(prompt_len=len(request.prompt), num_draft_tokens=self.num_draft_tokens)
         tracker = AcceptanceTracker(self.num_draft_tokens, prior=self.population, decay=REQUEST_DECAY)
-        self.lives[rid] = _Live(request, free[0], request.sampling.generator(self.target.device), result,
-                                tracker, on_tokens, time.perf_counter())
+        live = _Live(request, free[0], request.sampling.generator(self.target.device), result, tracker,
+                     on_tokens, time.perf_counter())
+        if request.logprobs is not None:
+            live.logprobs = TokenLogprobs(request.logprobs)
+        self.lives[rid] = live
         return rid
 
     @property
@@ -337,18 +346,48 @@ class SpeculativeDecoder:
             for end in self._end_ids(lv):
                 row[early, end] = float("-inf")
 
-    def _end_ids(self, lv: _Live) -> frozenset[int]:
-        ends = self.end_ids if lv.request.end_id is None else frozenset((lv.request.end_id,))
-        return ends.union(lv.request.stop_ids) if lv.request.stop_ids else ends
+    @staticmethod
+    def _wanting_logprobs(logits: torch.Tensor, rows: list[_Live]) -> tuple[list[int], torch.Tensor] | None:
+        """The rows that asked for log-probabilities and a copy of their logits [W, s, V] (the
+        min_tokens ban writes into the step's), or None when no row did.  logits [R, s, V]."""
+        wanted = [r for r, lv in enumerate(rows) if lv.logprobs is not None]
+        if not wanted:
+            return None
+        return wanted, logits[torch.tensor(wanted, device=logits.device)]  # indexing copies
 
-    def _emit(self, lv: _Live, emitted: list[int]) -> None:
+    @staticmethod
+    def _logprobs(raw: tuple[list[int], torch.Tensor] | None, rows: list[_Live], positions: list[list[int]],
+                  emitted: list[list[int]]) -> dict[int, TokenLogprobs]:
+        """Each wanting row's emitted tokens' log-probabilities, by row (`spec.logprobs`): token j
+        of row r was predicted at positions[r][j] among the row's logits."""
+        if raw is None:
+            return {}
+        wanted, logits = raw
+        found = step_logprobs(logits, [positions[r] for r in wanted], [emitted[r] for r in wanted],
+                              [rows[r].logprobs.top for r in wanted])
+        return dict(zip(wanted, found, strict=True))
+
+    def _end_ids(self, lv: _Live) -> frozenset[int]:
+        request = lv.request
+        if request.ignore_eos:
+            ends = frozenset()
+        else:
+            ends = self.end_ids if request.end_id is None else frozenset((request.end_id,))
+        return ends.union(request.stop_ids) if request.stop_ids else ends
+
+    def _emit(self, lv: _Live, emitted: list[int], logprobs: TokenLogprobs | None = None) -> None:
+        """Append a step's tokens (cut at max_new_tokens and the first end id) and stream them;
+        `logprobs`: theirs, when the request asked for them."""
         ends = self._end_ids(lv)
         emitted = emitted[: lv.request.max_new_tokens - len(lv.generated)]
         first_end = next((i for i, token in enumerate(emitted) if token in ends), None)
         if first_end is not None:
             emitted = emitted[: first_end + 1]
         lv.generated.extend(emitted)
-        stop = lv.on_tokens is not None and bool(lv.on_tokens(emitted))
+        if logprobs is not None:
+            logprobs = logprobs.head(len(emitted))
+            lv.logprobs.extend(logprobs)
+        stop = lv.on_tokens is not None and bool(lv.on_tokens(emitted, logprobs))
         if stop or len(lv.generated) >= lv.request.max_new_tokens or lv.generated[-1] in ends:
             lv.done = True
 
@@ -484,15 +523,18 @@ class SpeculativeDecoder:
         # 3a. new requests: their first token
         if new:
             first_logits = out.logits[: len(new)]  # [N, V]
+            raw = self._wanting_logprobs(first_logits[:, None], new)  # before the min_tokens ban
             self._ban_end(first_logits[:, None], new)
             first, _ = choose_tokens(first_logits, [lv.request.sampling for lv in new],
                                      [lv.generator for lv in new])
-            for i, (lv, token) in enumerate(zip(new, first.tolist(), strict=True)):
+            first = first.tolist()
+            logprobs = self._logprobs(raw, new, [[0]] * len(new), [[t] for t in first])
+            for i, (lv, token) in enumerate(zip(new, first, strict=True)):
                 hidden = None if out.hidden is None else out.hidden[starts[i] : starts[i + 1]]
                 drafter.begin(lv.slot, lv.request.prompt, hidden)
                 lv.result.prefill_s = now - lv.added_at
                 lv.result.num_target_calls = 1
-                self._emit(lv, [token])
+                self._emit(lv, [token], logprobs.get(i))
 
         # 3b. running requests: verify every row at once, keep each slot's accepted path, emit
         if running:
@@ -502,9 +544,10 @@ class SpeculativeDecoder:
             logit_starts = [len(new)]
             for n in lengths:
                 logit_starts.append(logit_starts[-1] + n + 1)
-            gather = torch.tensor([[logit_starts[i] + min(j, lengths[i]) for j in range(width + 1)]
+            rows_at = torch.tensor([[logit_starts[i] + min(j, lengths[i]) for j in range(width + 1)]
                                    for i in range(len(running))], device=device)  # [R, width+1]
-            logits = out.logits[gather]  # [R, width+1, V]
+            logits = out.logits[rows_at]  # [R, width+1, V]
+            raw = self._wanting_logprobs(logits, running)  # before the min_tokens ban
             params, generators = [lv.request.sampling for lv in running], [lv.generator for lv in running]
             if plan.tree is None:
                 self._ban_end(logits, running)
@@ -522,6 +565,8 @@ class SpeculativeDecoder:
                 target.keep_paths([PathKeep(lv.slot, start, path)
                                    for lv, start, path in zip(running, tree_starts, paths, strict=True)])
             tokens = verdict.tokens.tolist()
+            emitted = [row[: a + 1] for row, a in zip(tokens, accepted, strict=True)]
+            logprobs = self._logprobs(raw, running, paths, emitted)
             if self.schedule.mode == "adaptive":  # only adaptive reads the calibration
                 self._calibrate(plan, running, accepted)
             for i, lv in enumerate(running):
@@ -539,13 +584,14 @@ class SpeculativeDecoder:
                 if depth:
                     lv.acceptance.observe(depth, a)
                     self.population.observe(depth, a)
-                self._emit(lv, tokens[i][: a + 1])
+                self._emit(lv, emitted[i], logprobs.get(i))
 
         finished = {}
         for rid in [rid for rid, lv in self.lives.items() if lv.done]:
             lv = self.lives.pop(rid)
             lv.result.total_s = time.perf_counter() - lv.added_at
             lv.result.token_ids = lv.generated
+            lv.result.logprobs = lv.logprobs
             target.release(lv.slot)
             drafter.release(lv.slot)
             finished[rid] = lv.result

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trtspec.spec.logprobs import TokenLogprobs
+
 
 @dataclass(slots=True)
 class GenerationResult:
@@ -18,6 +20,7 @@ class GenerationResult:
     prefill_s: float = 0.0
     draft_s: float = 0.0
     total_s: float = 0.0
+    logprobs: TokenLogprobs | None = None  # of token_ids, when the request asked for them
 
     def record_cycle(self, num_drafted: int, num_accepted: int) -> None:
         self.num_drafted += num_drafted

@@ -12,7 +12,10 @@ Requests leave when done, stopped or cancelled; the rest keep going.
 Responses. `stream` false: one response with the whole `text_output`, `output_ids`,
 `accepted_tokens`, `draft_tokens`. `stream` true: one response per decode step with the new
 `text_output` / `output_ids`, then a last one with the request's `accepted_tokens` /
-`draft_tokens` totals (and any text held back). Any bad parameter gets one error response naming it.
+`draft_tokens` totals (and any text held back). With `return_log_probs` (or `num_top_log_probs`)
+every response that carries generated ids also carries `output_log_probs` (one per generated id),
+`cum_log_probs` (their sum so far) and, for k > 0, `top_log_probs` / `top_log_prob_ids` [n, k].
+Any bad parameter gets one error response naming it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.runtime import configure_threads
 from trtspec.spec.decoder import Request
+from trtspec.spec.logprobs import TokenLogprobs
 from trtspec.spec.metrics import GenerationResult
 from trtspec.triton.repo import BUILD_CONFIG_FILE, instances_on_this_machine, placed_on_instance
 from trtspec.triton.request import GenerateRequest, RequestError, TextStream, parse_request
@@ -130,15 +134,26 @@ def _tensor(name: str, value) -> pb_utils.Tensor:
     return pb_utils.Tensor(name, np.asarray(value))
 
 
-def _response(text: str, ids: list[int], accepted: int, drafted: int) -> pb_utils.InferenceResponse:
-    return pb_utils.InferenceResponse(
-        output_tensors=[
-            _tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),  # [1]
-            _tensor("output_ids", np.array(ids, dtype=np.int32)),  # [n]
-            _tensor("accepted_tokens", np.array([accepted], dtype=np.int32)),  # [1]
-            _tensor("draft_tokens", np.array([drafted], dtype=np.int32)),  # [1]
+def _response(text: str, ids: list[int], accepted: int, drafted: int, logprobs: TokenLogprobs | None = None,
+              cumulative: float = 0.0) -> pb_utils.InferenceResponse:
+    tensors = [
+        _tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),  # [1]
+        _tensor("output_ids", np.array(ids, dtype=np.int32)),  # [n]
+        _tensor("accepted_tokens", np.array([accepted], dtype=np.int32)),  # [1]
+        _tensor("draft_tokens", np.array([drafted], dtype=np.int32)),  # [1]
+    ]
+    if logprobs is not None:
+        n, k = len(logprobs), logprobs.top
+        tensors += [
+            _tensor("output_log_probs", np.array(logprobs.values, dtype=np.float32)),  # [n]
+            _tensor("cum_log_probs", np.array([cumulative], dtype=np.float32)),  # [1]
         ]
-    )
+        if k:
+            tensors += [
+                _tensor("top_log_probs", np.array(logprobs.top_values, dtype=np.float32).reshape(n, k)),
+                _tensor("top_log_prob_ids", np.array(logprobs.top_ids, dtype=np.int32).reshape(n, k)),
+            ]
+    return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
 def _error(message: str, bad_request: bool = True) -> pb_utils.InferenceResponse:
@@ -164,6 +179,7 @@ class _Stream:
     metrics: Metrics
     decode: Request  # what the decoder runs: the tokenized prompt and limits
     prompt_ids: list[int] | None = None  # owed at the front of the output (exclude_input_in_output false)
+    logprobs: TokenLogprobs | None = None  # of the ids kept so far, when the request asked for them
     queued_at: float = field(default_factory=time.monotonic)
     got_first_token: bool = False
     polled_at: float = float("-inf")  # when `cancelled` last asked Triton
@@ -182,14 +198,18 @@ class _Stream:
         prompt_ids, self.prompt_ids = self.prompt_ids, None
         return self.request.prompt + text, prompt_ids + ids
 
-    def on_tokens(self, new_ids: list[int]) -> bool:
+    def on_tokens(self, new_ids: list[int], logprobs: TokenLogprobs | None) -> bool:
         """The decoder's callback: stream the new text; True ends the request."""
         if new_ids and not self.got_first_token:
             self.got_first_token = True
             self.metrics.ttft.observe(time.monotonic() - self.queued_at)
         delta, kept = self.text.push(new_ids)
+        if logprobs is not None:  # a stop word may end the output before the step's last id
+            logprobs = logprobs.head(len(kept))
+            self.logprobs.extend(logprobs)
         if self.request.stream and (delta or kept):
-            response = _response(*self._with_prompt(delta, kept), 0, 0)
+            cumulative = 0.0 if logprobs is None else self.logprobs.cumulative()
+            response = _response(*self._with_prompt(delta, kept), 0, 0, logprobs, cumulative)
             if self.cancelled() or not _send(self.sender, response, 0):
                 return True  # the client is gone: free its slot
             return self.text.stopped
@@ -198,9 +218,13 @@ class _Stream:
     def finish(self, result: GenerationResult) -> None:
         if self.request.stream:
             text, ids = self._with_prompt(self.text.finish(), [])
+            logprobs = None  # every id's went with its step
         else:
             text, ids = self._with_prompt(self.text.text, self.text.ids)
-        _send_quietly(self.sender, _response(text, ids, result.num_accepted, result.num_drafted), FINAL)
+            logprobs = self.logprobs
+        cumulative = 0.0 if logprobs is None else logprobs.cumulative()
+        _send_quietly(self.sender, _response(text, ids, result.num_accepted, result.num_drafted, logprobs,
+                                             cumulative), FINAL)
 
 
 class TritonPythonModel:
@@ -235,7 +259,7 @@ class TritonPythonModel:
                 # tokenized and checked against the context here, before it waits in the queue
                 ids = self.pipeline.tokenizer.encode(parsed.prompt, parsed.add_special_tokens)
                 decode = Request(ids, parsed.max_tokens, parsed.sampling, parsed.min_tokens, parsed.end_id,
-                                 parsed.stop_token_ids)
+                                 parsed.stop_token_ids, parsed.ignore_eos, parsed.logprobs)
                 self.decoder.check(decode)
             except (RequestError, ValueError) as exc:
                 self.metrics.errors["invalid_request"].increment(1)
@@ -243,7 +267,10 @@ class TritonPythonModel:
                 sender.send(_error(f"{name}{exc}"), flags=FINAL)
                 continue
             text = TextStream(self.pipeline.tokenizer.decode, parsed.stop_words)
-            self.waiting.put(_Stream(parsed, sender, text, self.metrics, decode))
+            stream = _Stream(parsed, sender, text, self.metrics, decode)
+            if parsed.logprobs is not None:
+                stream.logprobs = TokenLogprobs(parsed.logprobs)
+            self.waiting.put(stream)
         return None
 
     def _admit(self, running: dict[int, _Stream]) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtspec.errors import TrtspecError
+from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
 from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.repo import INPUTS
 from trtspec.triton.trtllm_inputs import TRTLLM_INPUTS, UnsupportedInput, check_refused
@@ -45,6 +46,8 @@ class GenerateRequest:
     include_input: bool = False  # exclude_input_in_output sent as false: outputs start with the prompt
     add_special_tokens: bool = True  # encode the prompt as tokenizer(text) does (Llama's BOS)
     stop_token_ids: tuple[int, ...] = ()  # ids that end the request besides the model's end ids
+    ignore_eos: bool = False  # the end ids do not end the request (stop_token_ids still do)
+    logprobs: int | None = None  # None: none returned; k: each token's log p and the top k's
 
 
 def _scalar(get: InputGetter, name: str):
@@ -134,6 +137,16 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     if any(not 0 <= i < (vocab_size or 2**31) for i in stop_token_ids):
         raise RequestError(f"stop_token_ids must be token ids {span}, got {list(stop_token_ids)}")
     exclude_input = _scalar(get, "exclude_input_in_output")
+    ignore_eos = _scalar(get, "ignore_eos")
+    top = _scalar(get, "num_top_log_probs")
+    if top is not None and not 0 <= int(top) <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"num_top_log_probs must be in [0, {MAX_TOP_LOGPROBS}], got {int(top)}")
+    top = 0 if top is None else int(top)
+    wants = _scalar(get, "return_log_probs")
+    if wants is not None and not bool(wants) and top:
+        raise RequestError(f"num_top_log_probs={top} asks for log-probabilities that return_log_probs=false "
+                           "turns off; drop one")
+    logprobs = top if top or (wants is not None and bool(wants)) else None
     add_special_tokens = _scalar(get, "add_special_tokens")
     _scalar(get, "pad_id")  # one value; outputs are never padded, so it needs nothing more
     try:
@@ -145,7 +158,8 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     return GenerateRequest(prompt, max_tokens, sampling, bool(stream), tuple(stop_words), min_tokens,
                            None if end_id is None else int(end_id),
                            exclude_input is not None and not bool(exclude_input),
-                           add_special_tokens is None or bool(add_special_tokens), stop_token_ids)
+                           add_special_tokens is None or bool(add_special_tokens), stop_token_ids,
+                           ignore_eos is not None and bool(ignore_eos), logprobs)
 
 
 def _one_of(get: InputGetter, name: str, alias: str) -> tuple[str, object]:

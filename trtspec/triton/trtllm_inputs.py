@@ -42,7 +42,7 @@ class TrtllmInput:
 
 
 _PENALTY = "penalties change the target's distribution; trtspec's output is the target's own"
-_SCORES = "trtspec returns no log-probabilities or logits"
+_LOGITS = "trtspec returns log-probabilities (return_log_probs), not logits"
 
 # Honoured inputs (read by trtspec.triton.request), then the refused ones.
 HONOURED = (
@@ -52,6 +52,7 @@ HONOURED = (
     TrtllmInput("end_id", "TYPE_INT32", (1,)),
     TrtllmInput("seed", "TYPE_UINT64", (1,)),  # current name of random_seed
     TrtllmInput("pad_id", "TYPE_INT32", (1,)),  # outputs are never padded, so any pad id holds
+    TrtllmInput("return_log_probs", "TYPE_BOOL", (1,)),  # output_log_probs, cum_log_probs
 )
 REFUSED = (
     TrtllmInput("decoder_text_input", "TYPE_STRING", (1,), "", "trtspec serves decoder-only targets"),
@@ -62,9 +63,8 @@ REFUSED = (
     TrtllmInput("repetition_penalty", "TYPE_FP32", (1,), 1.0, _PENALTY),
     TrtllmInput("presence_penalty", "TYPE_FP32", (1,), 0.0, _PENALTY),
     TrtllmInput("frequency_penalty", "TYPE_FP32", (1,), 0.0, _PENALTY),
-    TrtllmInput("return_log_probs", "TYPE_BOOL", (1,), False, _SCORES),
-    TrtllmInput("return_context_logits", "TYPE_BOOL", (1,), False, _SCORES),
-    TrtllmInput("return_generation_logits", "TYPE_BOOL", (1,), False, _SCORES),
+    TrtllmInput("return_context_logits", "TYPE_BOOL", (1,), False, _LOGITS),
+    TrtllmInput("return_generation_logits", "TYPE_BOOL", (1,), False, _LOGITS),
     TrtllmInput("return_perf_metrics", "TYPE_BOOL", (1,), False, "see the metrics port instead"),
     TrtllmInput("return_num_input_tokens", "TYPE_BOOL", (1,), False, "not returned"),
     TrtllmInput("return_num_output_tokens", "TYPE_BOOL", (1,), False, "count `output_ids` instead"),

@@ -1,0 +1,61 @@
+"""OpenAI's `logprobs` bodies, from the served model's generated ids and their log-probabilities.
+
+The values are the target's raw log p (`trtspec.spec.logprobs`). Each token is named by its id
+decoded alone, special tokens shown, as vLLM names them (`tokenizer.token_bytes`); a piece of a
+multi-byte character is U+FFFD there, and `bytes` are that text's UTF-8 (exact for the byte-level
+models). -inf is sent as -9999.0, as vLLM does: JSON has no infinity.
+
+    completions: {"tokens": [str], "token_logprobs": [float], "top_logprobs": [{str: float}],
+                  "text_offset": [int]}      each top dict holds the chosen token and the k best
+    chat:        {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+FLOOR = -9999.0
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else FLOOR
+
+
+@dataclass(slots=True)
+class LogprobsBody:
+    """Builds the `logprobs` of a choice, a step's tokens at a time (streamed) or all at once."""
+
+    tokenizer: object  # trtspec.tokenizer.TextTokenizer
+    chat: bool
+    text_offset: int = 0  # completions: where the next token's text starts in the completion
+
+    def _token(self, token_id: int) -> tuple[str, list[int]]:
+        raw = self.tokenizer.token_bytes(token_id)
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def body(self, ids: list[int], values: list[float], top_ids: list[list[int]],
+             top_values: list[list[float]]) -> dict:
+        """The logprobs object for `ids` (the next ones of the choice) and their log p."""
+        if self.chat:
+            content = []
+            for token_id, value, alt_ids, alt_values in zip(ids, values, top_ids, top_values, strict=True):
+                token, raw = self._token(token_id)
+                top = []
+                for alt, alt_value in zip(alt_ids, alt_values, strict=True):
+                    alt_token, alt_raw = self._token(alt)
+                    top.append({"token": alt_token, "logprob": _finite(alt_value), "bytes": alt_raw})
+                content.append({"token": token, "logprob": _finite(value), "bytes": raw, "top_logprobs": top})
+            return {"content": content}
+        tokens, offsets, tops = [], [], []
+        for token_id, value, alt_ids, alt_values in zip(ids, values, top_ids, top_values, strict=True):
+            token, _ = self._token(token_id)
+            tokens.append(token)
+            offsets.append(self.text_offset)
+            self.text_offset += len(token)
+            top = {token: _finite(value)}
+            for alt, alt_value in zip(alt_ids, alt_values, strict=True):
+                top.setdefault(self._token(alt)[0], _finite(alt_value))
+            tops.append(top)
+        return {"tokens": tokens, "token_logprobs": [_finite(v) for v in values], "top_logprobs": tops,
+                "text_offset": offsets}
