@@ -528,13 +528,13 @@ def test_requests_joining_mid_flight_identical_to_alone(pipeline, alone):
         if step in (0, 1, 3):  # joins at steps 0, 1 and 3, one each
             i = len(ids)
 
-            def on_tokens(new, _logprobs, i=i):
-                streamed.setdefault(i, []).extend(new)
+            def on_tokens(emitted, i=i):
+                streamed.setdefault(i, []).extend(emitted.ids)
             ids.append(decoder.add(Request(list(prompts[i].encode()), 40), on_tokens))
         if step == 4:  # a request that stops itself after 7 tokens, and one cancelled later
-            def stop_after_7(new, _logprobs):
+            def stop_after_7(emitted):
                 got = streamed.setdefault(3, [])
-                got.extend(new)
+                got.extend(emitted.ids)
                 return len(got) >= 7
             ids.append(decoder.add(Request(list(prompts[3].encode()), 40), stop_after_7))
             cancelled = decoder.add(Request(list(prompts[4].encode()), 40))

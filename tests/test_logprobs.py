@@ -100,10 +100,11 @@ def test_logprobs_are_the_targets_own_in_every_step(model, name, tree):
             while waiting and decoder.num_running < 4:
                 i, request = waiting.pop(0)
 
-                def on_tokens(new, logprobs, i=i):
+                def on_tokens(emitted, i=i):
+                    logprobs = emitted.logprobs
                     assert (logprobs is None) == (requests[i].logprobs is None)
                     if logprobs is not None:
-                        assert len(logprobs) == len(new)
+                        assert len(logprobs) == len(emitted.ids)
                         streamed.setdefault(i, TokenLogprobs(requests[i].logprobs)).extend(logprobs)
                 ids[decoder.add(request, on_tokens)] = i
             results.update({ids[rid]: out for rid, out in decoder.step().items()})
@@ -167,3 +168,36 @@ def test_logprobs_show_the_raw_distribution_under_min_tokens(model, tree):
     result = decoder.generate_batch([request])[0]
     assert result.token_ids[first] != end and result.logprobs.top_ids[first][0] == end
     _check(model, request, result.logprobs, result.token_ids, 1e-4)
+
+
+def test_prompt_logprobs_come_with_the_first_token_and_change_nothing_else(model):
+    """prompt_logprobs: the prompt's tokens after its first, log_softmax(model(prompt)) at positions
+    0..P-2, handed over with the first token; requests prefilled in the same step as others decode
+    (two join mid-flight) get theirs, and every request's tokens are those it gets without."""
+    pipeline = load_pipeline(_config("tiny-dflash"))
+    decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pipeline.end_ids, pipeline.verifier,
+                                 FULL, None, 5, 512)
+    prompts = [list(p.encode()) for p in PROMPTS[:4]] + [[65]]  # and a one-token prompt: nothing to score
+    plain = decoder.generate_batch([Request(p, 20) for p in prompts])
+    firsts: dict[int, list] = {}
+    ids, results = {}, {}
+    for step in range(200):
+        for i in {0: [0, 1], 2: [2, 3, 4]}.get(step, []):  # three join while two decode
+            top = None if i == 1 else i % 3
+
+            def on_tokens(emitted, i=i):
+                firsts.setdefault(i, []).append(emitted.prompt_logprobs)
+            ids[decoder.add(Request(prompts[i], 20, prompt_logprobs=top), on_tokens)] = i
+        results.update({ids[rid]: out for rid, out in decoder.step().items()})
+        if len(results) == len(prompts):
+            break
+    for i, prompt in enumerate(prompts):
+        assert results[i].token_ids == plain[i].token_ids
+        if i == 1:
+            assert results[i].prompt_logprobs is None and set(firsts[i]) == {None}
+            continue
+        got = results[i].prompt_logprobs
+        assert firsts[i][0] is got and set(firsts[i][1:]) <= {None}
+        assert got.top == i % 3 and len(got) == len(prompt) - 1
+        if len(prompt) > 1:
+            _check(model, Request(prompt[:1], 1, logprobs=i % 3), got, prompt[1:], 1e-4)

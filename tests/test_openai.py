@@ -199,12 +199,14 @@ BAD = [
     ("completions", {"top_k": -2}, "top_k"),
     ("completions", {"max_tokens": 0}, "max_tokens"),
     ("completions", {"max_tokens": 5000}, "max_tokens"),
-    ("completions", {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ("completions", {"stop": [f"s{i}" for i in range(33)]}, "stop"),
     ("completions", {"logprobs": 21}, "logprobs"),
-    ("completions", {"echo": True}, "echo"),
+    ("completions", {"prompt": ["a", "b"], "stream": True}, "stream"),
+    ("completions", {"prompt": ["a", ""]}, "prompt[1]"),
     ("completions", {"presence_penalty": 0.5}, "presence_penalty"),
     ("completions", {"prompt": ""}, "prompt"),
-    ("completions", {"prompt": [1, 2, 3]}, "prompt"),
+    ("completions", {"prompt": [1, 2, 264]}, "prompt"),  # a token id outside the vocabulary
+    ("completions", {"prompt": [[1, 2], [3, -1]]}, "prompt[1]"),
     ("completions", {"prompt": "x" * 5000}, "prompt"),  # over the 4,096-token context
     ("completions", {"seed": -1}, "seed"),
     ("completions", {"stop_token_ids": [10, -3]}, "stop_token_ids"),
@@ -472,3 +474,86 @@ def test_logprobs_are_the_targets_raw_log_p(served, pipeline):
     check(sum((c.choices[0].logprobs.content for c in chunks if c.choices[0].logprobs), []))
     plain = client.chat.completions.create(**{**asked, "logprobs": False, "top_logprobs": None})
     assert plain.choices[0].logprobs is None
+
+
+def _lm_eval_loglikelihood(choice: dict, ctxlen: int) -> tuple[float, bool]:
+    """lm-evaluation-harness's `LocalCompletionsAPI.parse_logprobs` for one choice: the
+    continuation's summed log p (the last token is the one generated) and whether each of its
+    tokens was the most likely."""
+    values = choice["logprobs"]["token_logprobs"][ctxlen:-1]
+    tops = choice["logprobs"]["top_logprobs"][ctxlen:-1]
+    return sum(values), all(v == max(top.values()) for v, top in zip(values, tops, strict=True))
+
+
+def test_token_prompts_several_prompts_and_echo_with_prompt_logprobs(served, pipeline):
+    """vLLM's completions extras: token-id prompts, a choice per prompt, and echo, whose logprobs
+    score the prompt's tokens too (its first null): what lm-evaluation-harness's local-completions
+    sends for a loglikelihood task, and what it computes from the answer."""
+    client, tok = served.client(), pipeline.tokenizer
+    texts = [PROMPTS[0], PROMPTS[1], "x"]
+    alone = [_greedy(pipeline, p, 12) for p in texts]
+    ids = [list(p.encode()) for p in texts]
+    got = client.completions.create(model="trtspec", prompt=ids, max_tokens=12, temperature=0)
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    assert [c.text for c in got.choices] == [text for text, _ in alone]
+    assert got.usage.prompt_tokens == sum(map(len, ids))
+    assert got.usage.completion_tokens == sum(len(i) for _, i in alone)
+    mixed = client.completions.create(model="trtspec", prompt=[texts[2], texts[0]], max_tokens=12,
+                                      temperature=0)
+    assert [c.text for c in mixed.choices] == [alone[2][0], alone[0][0]]
+
+    # echo with logprobs, the way lm-eval asks: token ids, greedy, one token, one alternative
+    name = {i: tok.token_bytes(i).decode("utf-8", errors="replace") for i in range(256)}
+    contexts = [list(b"Q: 482 + 356\nA: "), list(b"def parse(self, ")]
+    continuations = [list(b"838"), list(b"text):")]
+    status, body = _post(f"{served.base}/v1/completions", {
+        "model": "trtspec", "prompt": [c + x for c, x in zip(contexts, continuations, strict=True)],
+        "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True})
+    assert status == 200, body
+    for choice, context, continuation in zip(body["choices"], contexts, continuations, strict=True):
+        whole = context + continuation
+        generated = _greedy(pipeline, bytes(whole).decode(), 1)[1]
+        assert choice["text"] == bytes(whole).decode() + tok.decode(generated)
+        logprobs = choice["logprobs"]
+        assert logprobs["tokens"] == [name[i] for i in whole + generated]
+        assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+        want = _raw_logprobs(pipeline, whole[:1], whole[1:] + generated)  # every position after the first
+        chosen = want[torch.arange(len(whole) - 1 + 1), whole[1:] + generated]
+        assert np.allclose(logprobs["token_logprobs"][1:], chosen.numpy(), atol=1e-4)
+        assert logprobs["text_offset"] == list(range(len(whole) + 1))  # one byte a token
+        total, greedy = _lm_eval_loglikelihood(choice, len(context))
+        at = torch.arange(len(context) - 1, len(whole) - 1)
+        assert abs(total - float(want[at, torch.tensor(continuation)].sum())) < 1e-3
+        assert greedy == bool((want[at].argmax(-1) == torch.tensor(continuation)).all())
+    # streamed echo: the prompt comes first, with its log-probabilities
+    chunks = list(client.completions.create(model="trtspec", prompt=texts[0], max_tokens=8, temperature=0,
+                                            echo=True, logprobs=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == texts[0] + alone[0][0][:8]
+    first = chunks[0].choices[0].logprobs
+    assert first.tokens[: len(ids[0])] == [name[i] for i in ids[0]] and first.token_logprobs[0] is None
+
+
+def test_vllm_tokenizer_routes(served, pipeline):
+    """/tokenize (a prompt, or messages as chat renders them), /detokenize and /tokenizer_info, as
+    vLLM serves them (lm-eval's remote tokenizer reads them); behind the API key."""
+    prompt = "Q: 482 + 356\nA:"
+    status, body = _post(f"{served.base}/tokenize", {"prompt": prompt, "return_token_strs": True})
+    assert status == 200 and body["tokens"] == list(prompt.encode()) and body["count"] == len(prompt)
+    assert body["max_model_len"] == 4096 and "".join(body["token_strs"]) == prompt
+    status, body = _post(f"{served.base}/tokenize", {"model": "trtspec",
+                                                      "messages": [{"role": "user", "content": "482 + 356"}]})
+    assert status == 200 and body["tokens"] == list(b"Q: 482 + 356\nA: ")
+    status, body = _post(f"{served.base}/detokenize", {"tokens": list(prompt.encode())})
+    assert (status, body) == (200, {"prompt": prompt})
+    status, body = _post(f"{served.base}/detokenize", {"tokens": [65, 9999]})
+    assert status == 400 and body["error"]["param"] == "tokens" and "9999" in body["error"]["message"]
+    status, body = _post(f"{served.base}/tokenize", {"prompt": "a", "messages": []})
+    assert status == 400 and body["error"]["param"] == "prompt"
+    status, body = _post(f"{served.base}/tokenize", {"prompt": "a", "model": "gpt-4"})
+    assert status == 404
+    req = urllib.request.Request(f"{served.base}/tokenizer_info", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        info = json.loads(resp.read())
+    assert info["model_max_length"] == 4096 and info["vocab_size"] == 264 and "eos_token" in info
+    assert "Q: " in info["chat_template"]
+    assert _post(f"{served.base}/tokenize", {"prompt": "a"}, key=None)[0] == 401

@@ -179,7 +179,11 @@ GOOD = {"text_input": np.array([b"Q: 1 + 2\nA:"], dtype=object), "max_tokens": n
 @pytest.mark.parametrize(
     "inputs, message",
     [
-        ({"max_tokens": GOOD["max_tokens"]}, "missing required input.*text_input"),
+        ({"max_tokens": GOOD["max_tokens"]}, r"text_input is required \(or input_ids"),
+        ({"max_tokens": GOOD["max_tokens"], "input_ids": np.array([7, 300], dtype=np.int32)},
+         r"input_ids must be token ids in \[0, 264\), got 300 at position 1"),
+        ({"max_tokens": GOOD["max_tokens"], "input_ids": np.full(5000, 65, dtype=np.int32)},
+         r"input_ids: prompt of 5000 tokens \+ max_tokens 4"),
         ({**GOOD, "max_tokens": np.array([0], dtype=np.int32)}, r"max_tokens must be in \[1, 2048\], got 0"),
         ({**GOOD, "max_tokens": np.array([5000], dtype=np.int32)}, r"max_tokens must be in \[1, 2048\]"),
         ({**GOOD, "max_tokens": np.array([4], dtype=np.int64)}, "'max_tokens' data-type is 'INT64'.*'INT32'"),
@@ -191,7 +195,8 @@ GOOD = {"text_input": np.array([b"Q: 1 + 2\nA:"], dtype=object), "max_tokens": n
          r"text_input: prompt of 1000000 tokens \+ max_tokens 4 = 1000004 tokens exceeds this deployment's "
          r"context of 4096"),
     ],
-    ids=["missing-text", "max-tokens-0", "max-tokens-over-limit", "wrong-dtype", "neg-temperature",
+    ids=["missing-text", "bad-input-ids", "input-ids-beyond-context", "max-tokens-0", "max-tokens-over-limit",
+         "wrong-dtype", "neg-temperature",
          "nan-temperature", "top-p", "invalid-utf8", "prompt-beyond-context"],
 )
 def test_bad_grpc_request_is_named_and_server_goes_on(served, config, expected, inputs, message):
@@ -221,7 +226,7 @@ def _post(url: str, body: dict) -> tuple[int, str]:
         ({"text_input": "hi", "max_tokens": 4, "temperature": -2}, "temperature must be"),
         # a field Triton's /generate does not map to an input reaches the model as a parameter
         ({"text_input": "hi", "max_tokens": 4, "foo": 1},
-         "unknown request field 'foo'; this model takes text_input, max_tokens, temperature"),
+         "unknown request field 'foo'; this model takes text_input, input_ids, max_tokens, temperature"),
         ({"text_input": "hi", "max_tokens": 4, "max_token": 4, "temprature": 0.5},
          "unknown request fields 'max_token', 'temprature'"),
         ({"text_input": "hi", "max_tokens": 4, "parameters": {"sed": 3}}, "unknown request field 'sed'"),

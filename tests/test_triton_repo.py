@@ -50,7 +50,7 @@ def test_config_pbtxt_parses_back(tmp_path):
     assert parsed.model_transaction_policy.decoupled and parsed.backend == "python"
     assert [i.name for i in parsed.input] == [name for name, *_ in INPUTS]
     assert [o.name for o in parsed.output] == [name for name, *_ in OUTPUTS]
-    assert [i.name for i in parsed.input if not i.optional] == ["text_input", "max_tokens"]
+    assert [i.name for i in parsed.input if not i.optional] == ["max_tokens"]  # and text_input or input_ids
     (group,) = parsed.instance_group
     assert group.kind == mc.ModelInstanceGroup.KIND_CPU and group.count == 1
 
@@ -142,7 +142,11 @@ def test_parse_request_defaults_and_values():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(text_input=None), "text_input is required"),
+        (dict(text_input=None), r"text_input is required \(or input_ids"),
+        (dict(input_ids=np.array([1, 2], dtype=np.int32)), "give one of text_input .* or input_ids"),
+        (dict(text_input=None, input_ids=np.array([], dtype=np.int32)), "input_ids must not be empty"),
+        (dict(text_input=None, input_ids=np.array([1, 264, 3], dtype=np.int32)),
+         r"input_ids must be token ids in \[0, 264\), got 264 at position 1"),
         (dict(text_input=np.array([b""], dtype=object)), "text_input must not be empty"),
         (dict(text_input=np.array([b"\xffab"], dtype=object)), r"text_input is not valid UTF-8 \(byte 0\)"),
         (dict(text_input=np.array([b"a", b"b"], dtype=object)), "text_input must hold exactly one value"),
@@ -248,7 +252,7 @@ def pipeline():
 
 def test_on_tokens_streams_exactly_the_output(pipeline):
     prompt, steps = pipeline.tokenizer.encode("Q: 482 + 356\nA:"), []
-    result = pipeline.decoder.generate(prompt, 60, on_tokens=lambda ids, _: steps.append(ids))
+    result = pipeline.decoder.generate(prompt, 60, on_tokens=lambda emitted: steps.append(emitted.ids))
     assert [t for step in steps for t in step] == result.token_ids
     assert len(steps) == result.num_target_calls  # one step per target forward, prefill included
     assert pipeline.decoder.generate(prompt, 60).token_ids == result.token_ids
@@ -257,7 +261,7 @@ def test_on_tokens_streams_exactly_the_output(pipeline):
 def test_on_tokens_returning_true_stops(pipeline):
     prompt = pipeline.tokenizer.encode("def parse(self, text):\n")
     full = pipeline.decoder.generate(prompt, 80).token_ids
-    stopped = pipeline.decoder.generate(prompt, 80, on_tokens=lambda ids, _: True)
+    stopped = pipeline.decoder.generate(prompt, 80, on_tokens=lambda emitted: True)
     assert stopped.token_ids == full[:1] and stopped.num_target_calls == 1
 
 

@@ -25,6 +25,7 @@ class ChatTemplate:
     render: Callable[..., str]
     stop: tuple[str, ...]  # added to every chat request's stop sequences
     source: str  # where the template came from, for logs and errors
+    text: str | None = None  # the Jinja template itself (vLLM's /tokenizer_info shows it)
 
 
 def _byte_model_template(target_dir: Path, hf_config) -> ChatTemplate | None:
@@ -40,7 +41,8 @@ def _byte_model_template(target_dir: Path, hf_config) -> ChatTemplate | None:
                                             **variables)
         return rendered[0]
 
-    return ChatTemplate(render, tuple(getattr(hf_config, "trtspec_chat_stop", None) or ()), str(path))
+    stop = tuple(getattr(hf_config, "trtspec_chat_stop", None) or ())
+    return ChatTemplate(render, stop, str(path), template)
 
 
 def _tokenizer_template(target_dir: Path, tokenizer) -> ChatTemplate | None:
@@ -51,7 +53,8 @@ def _tokenizer_template(target_dir: Path, tokenizer) -> ChatTemplate | None:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                              **variables)
 
-    return ChatTemplate(render, (), f"{target_dir} tokenizer")
+    text = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+    return ChatTemplate(render, (), f"{target_dir} tokenizer", text)
 
 
 def load_chat_template(target_dir: Path, hf_config, tokenizer) -> ChatTemplate | None:

@@ -24,7 +24,7 @@ from trtspec.models.cuda_graphs import graphs_wanted
 from trtspec.models.drafter import Drafter, build_drafter
 from trtspec.models.target import TargetModel, load_causal_lm
 from trtspec.spec.cost import load_acceptance
-from trtspec.spec.decoder import SpeculativeDecoder
+from trtspec.spec.decoder import Emitted, SpeculativeDecoder
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.schedule import SPSTable
@@ -151,8 +151,8 @@ class Pipeline:
         prompt = self.chat_template.render(messages, **variables)
         stream = TextStream(self.tokenizer.decode, self.chat_template.stop)
 
-        def stop_at_the_turns_end(ids: list[int], _logprobs) -> bool:
-            stream.push(ids)
+        def stop_at_the_turns_end(emitted: Emitted) -> bool:
+            stream.push(emitted.ids)
             return stream.stopped
 
         ids = self.tokenizer.encode(prompt, add_special_tokens=False)  # the template wrote its specials

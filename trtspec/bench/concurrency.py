@@ -36,7 +36,7 @@ from trtspec.bench.profile import profile_cost
 from trtspec.config import BuildConfig, ScheduleConfig
 from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
-from trtspec.spec.decoder import Request, SpeculativeDecoder
+from trtspec.spec.decoder import Emitted, Request, SpeculativeDecoder
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.near_ties import MISMATCH, NEAR_TIE, GreedyJudge
 from trtspec.spec.schedule import SPSTable
@@ -183,10 +183,10 @@ class StreamRun:
         return not self.waiting and not self.decoder.num_running
 
     def _on_tokens(self, i: int):
-        def emitted(ids: list[int], _logprobs) -> None:
+        def emitted(step: Emitted) -> None:
             if i not in self.first:
                 self._started.append(i)
-            self.emitted += len(ids)
+            self.emitted += len(step.ids)
 
         return emitted
 

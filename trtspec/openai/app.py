@@ -29,8 +29,11 @@ from trtspec.openai.protocol import (
     ApiError,
     ChatRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     check_chat,
     check_completion,
+    check_messages,
     logprobs_wanted,
     parse,
     stop_list,
@@ -41,6 +44,7 @@ from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
 log = logging.getLogger(__name__)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+TOKENIZER_ROUTES = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's; behind the key like /v1
 
 
 def _error(exc: ApiError) -> JSONResponse:
@@ -53,15 +57,14 @@ class Frontend:
     def __init__(self, model: ServedModel, triton: TritonStream):
         self.model, self.triton = model, triton
 
-    def generation(self, req, prompt: str, chat: bool, default_max: int | None) -> tuple[Generation, int]:
-        """The Triton request for `req` on `prompt`, and the prompt's token count."""
+    def generation(self, req, prompt: str | list[int], chat: bool, default_max: int | None,
+                   param: str) -> tuple[Generation, list[int]]:
+        """The Triton request for `req` on `prompt` (text, or token ids sent as they are), and the
+        prompt's token ids. `param`: the request parameter that holds the prompt."""
         model = self.model
-        if req.model != model.name:
-            raise ApiError(f"The model `{req.model}` does not exist.", "model", status=404,
-                           code="model_not_found")
         specials = (not chat) if req.add_special_tokens is None else req.add_special_tokens
-        prompt_tokens = model.count(prompt, specials)
-        param = "messages" if chat else "prompt"
+        prompt_ids = prompt if isinstance(prompt, list) else model.encode(prompt, specials)
+        prompt_tokens = len(prompt_ids)
         room = model.context_length - prompt_tokens
         if room < 1:
             raise ApiError(f"This model's maximum context length is {model.context_length} tokens. "
@@ -88,12 +91,20 @@ class Frontend:
         temperature = defaults["temperature"] if req.temperature is None else req.temperature
         top_p = defaults["top_p"] if req.top_p is None else req.top_p
         top_k = defaults["top_k"] if req.top_k is None else max(0, req.top_k)
-        gen = Generation(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                         top_k=top_k, seed=req.seed, min_tokens=req.min_tokens or 0,
-                         stop_words=tuple(stops), stream=bool(req.stream), add_special_tokens=specials,
-                         stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=bool(req.ignore_eos),
-                         logprobs=logprobs_wanted(req))
-        return gen, prompt_tokens
+        logprobs = logprobs_wanted(req)
+        echo = bool(getattr(req, "echo", False))
+        gen = Generation(prompt=prompt if isinstance(prompt, str) else "", max_tokens=max_tokens,
+                         temperature=temperature, top_p=top_p, top_k=top_k, seed=req.seed,
+                         min_tokens=req.min_tokens or 0, stop_words=tuple(stops), stream=bool(req.stream),
+                         add_special_tokens=specials, stop_token_ids=tuple(req.stop_token_ids or ()),
+                         ignore_eos=bool(req.ignore_eos), logprobs=logprobs,
+                         prompt_ids=tuple(prompt) if isinstance(prompt, list) else None,
+                         prompt_logprobs=echo and logprobs is not None)
+        return gen, prompt_ids
+
+    def check_model(self, name: str | None, required: bool = True) -> None:
+        if (required or name is not None) and name != self.model.name:
+            raise ApiError(f"The model `{name}` does not exist.", "model", status=404, code="model_not_found")
 
 
 async def _watch_disconnect(request: Request, task: asyncio.Task) -> None:
@@ -106,15 +117,17 @@ async def _watch_disconnect(request: Request, task: asyncio.Task) -> None:
 
 
 class _Run:
-    """One request's figures while its steps arrive."""
+    """One choice's figures while its steps arrive."""
 
-    def __init__(self, gen: Generation, prompt_tokens: int, logprobs: LogprobsBody | None = None):
-        self.gen, self.prompt_tokens = gen, prompt_tokens
+    def __init__(self, gen: Generation, prompt_ids: list[int], logprobs: LogprobsBody | None = None,
+                 echo: str | None = None):
+        self.gen, self.prompt_ids, self.prompt_tokens = gen, prompt_ids, len(prompt_ids)
         self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)))
         self.completion_tokens = self.accepted = self.drafted = 0
         self.last_id: int | None = None
         self.logprobs = logprobs  # None: the request asked for no log-probabilities
         self.scored: tuple[list, list, list, list] = ([], [], [], [])  # ids, log p, top ids, top log p
+        self.echo = echo  # the prompt's text, owed before the first text (echo)
 
     def take(self, step) -> str:
         self.completion_tokens += len(step.ids)
@@ -122,11 +135,17 @@ class _Run:
             self.last_id = step.ids[-1]
         self.accepted = max(self.accepted, step.accepted_tokens)
         self.drafted = max(self.drafted, step.draft_tokens)
+        echo, self.echo = self.echo, None
         if self.logprobs is not None:
-            for kept, new in zip(self.scored, (step.ids, step.logprobs, step.top_ids, step.top_logprobs),
-                                 strict=True):
-                kept += new
-        return self.trimmer.push(step.text, final=step.final)
+            if echo is not None:  # the prompt's tokens first; nothing scores its first
+                self._score(self.prompt_ids, [None, *step.prompt_logprobs], [None, *step.prompt_top_ids],
+                            [None, *step.prompt_top_logprobs])
+            self._score(step.ids, step.logprobs, step.top_ids, step.top_logprobs)
+        return (echo or "") + self.trimmer.push(step.text, final=step.final)
+
+    def _score(self, *columns: list) -> None:
+        for kept, new in zip(self.scored, columns, strict=True):
+            kept += new
 
     def logprobs_body(self) -> dict | None:
         """The logprobs of the tokens taken since the last call (None: none asked for, or none new)."""
@@ -160,7 +179,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
 
     @app.middleware("http")
     async def authorize(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1"):
+        if api_key and (request.url.path.startswith("/v1") or request.url.path in TOKENIZER_ROUTES):
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                 return _error(ApiError("Incorrect API key provided." if given else
@@ -195,31 +214,82 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = parse(CompletionRequest, await body_of(request))
-        prompt = check_completion(req)
-        gen, prompt_tokens = front.generation(req, prompt, False, COMPLETION_DEFAULT_MAX_TOKENS)
-        return await respond(request, req, gen, prompt_tokens, chat=False)
+        front.check_model(req.model)
+        prompts = check_completion(req, model.vocab_size)
+        return await respond(request, req, prompts, False, COMPLETION_DEFAULT_MAX_TOKENS)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = parse(ChatRequest, await body_of(request))
-        messages = check_chat(req)
+        front.check_model(req.model)
+        prompt = render_chat(check_chat(req), req.chat_template_kwargs)
+        return await respond(request, req, [prompt], True, None)
+
+    def render_chat(messages: list[dict], variables: dict | None) -> str:
         if model.chat is None:
             raise ApiError(f"model `{model.name}` has no chat template; use /v1/completions", "messages")
         try:
-            prompt = model.chat.render(messages, **(req.chat_template_kwargs or {}))
+            return model.chat.render(messages, **(variables or {}))
         except Exception as exc:  # noqa: BLE001 - a template's raise_exception or a rendering error
             raise ApiError(f"the chat template refused the messages: {exc}", "messages") from None
-        gen, prompt_tokens = front.generation(req, prompt, True, None)
-        return await respond(request, req, gen, prompt_tokens, chat=True)
 
-    async def respond(request: Request, req, gen: Generation, prompt_tokens: int, chat: bool):
-        run = _Run(gen, prompt_tokens, None if gen.logprobs is None else LogprobsBody(model.tokenizer, chat))
+    # vLLM's tokenizer routes (lm-evaluation-harness's remote tokenizer uses them)
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        req = parse(TokenizeRequest, await body_of(request))
+        front.check_model(req.model, required=False)
+        if (req.prompt is None) == (req.messages is None):
+            raise ApiError("give one of 'prompt' (text) or 'messages' (a conversation).", "prompt")
+        if req.messages is not None:
+            if req.add_generation_prompt is False:
+                raise ApiError("'add_generation_prompt'=False is not supported by trtspec: the chat template "
+                               "opens the assistant's turn.", "add_generation_prompt",
+                               code="unsupported_value")
+            variables = req.chat_template_kwargs
+            text = render_chat(check_messages(req.messages, variables), variables)
+            specials = bool(req.add_special_tokens)
+        else:
+            text, specials = req.prompt, req.add_special_tokens is not False
+        ids = model.encode(text, specials)
+        strs = [model.tokenizer.token_bytes(i).decode("utf-8", errors="replace") for i in ids] \
+            if req.return_token_strs else None
+        return {"count": len(ids), "max_model_len": model.context_length, "tokens": ids, "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        req = parse(DetokenizeRequest, await body_of(request))
+        front.check_model(req.model, required=False)
+        bad = [t for t in req.tokens if not 0 <= t < model.vocab_size]
+        if bad:
+            raise ApiError(f"Invalid 'tokens': token id {bad[0]} is outside the vocabulary "
+                           f"[0, {model.vocab_size}).", "tokens", code="invalid_value")
+        return {"prompt": model.tokenizer.decode(req.tokens)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        hf = getattr(model.tokenizer, "hf", None)
+        return {"tokenizer_class": type(hf or model.tokenizer).__name__,
+                "model_max_length": model.context_length, "vocab_size": model.vocab_size,
+                **{f"{name}_token": model.special_token(name) for name in ("eos", "bos", "pad")},
+                "chat_template": None if model.chat is None else model.chat.text}
+
+    async def respond(request: Request, req, prompts: list[str | list[int]], chat: bool,
+                      default_max: int | None):
+        runs = []
+        for i, prompt in enumerate(prompts):
+            param = "messages" if chat else "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            gen, prompt_ids = front.generation(req, prompt, chat, default_max, param)
+            body = None if gen.logprobs is None else LogprobsBody(model.tokenizer, chat)
+            echo = None
+            if getattr(req, "echo", False):
+                echo = prompt if isinstance(prompt, str) else model.tokenizer.decode(prompt)
+            runs.append(_Run(gen, prompt_ids, body, echo))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
-        if not gen.stream:
-            return await _whole(request, front, run, rid, created, chat)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        steps = triton.generate(gen)
+        if not req.stream:
+            return await _whole(request, front, runs, rid, created, chat)
+        run, include_usage = runs[0], bool(req.stream_options and req.stream_options.include_usage)
+        steps = triton.generate(run.gen)
         try:  # a refused request is an HTTP error, not a stream: wait for its first response
             first = await anext(steps)
         except TritonError as exc:
@@ -237,30 +307,37 @@ def _triton_error(exc: TritonError) -> ApiError:
     return ApiError(str(exc), code="invalid_value")
 
 
-async def _whole(request: Request, front: Frontend, run: _Run, rid: str, created: int, chat: bool):
-    async def collect() -> str:
+async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, created: int, chat: bool):
+    """One response with a choice per prompt, their Triton requests in flight together."""
+    async def collect(run: _Run) -> str:
         text = ""
         async for step in front.triton.generate(run.gen):
             text += run.take(step)
         return text
 
-    task = asyncio.ensure_future(collect())
+    each = [asyncio.ensure_future(collect(run)) for run in runs]
+    task = asyncio.ensure_future(asyncio.gather(*each))
     watcher = asyncio.ensure_future(_watch_disconnect(request, task))
     try:
-        text = await task
+        texts = await task
     except TritonError as exc:
         raise _triton_error(exc) from None
     finally:
         watcher.cancel()
-    finish = run.finish_reason()
-    logprobs = run.logprobs_body()
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                  "finish_reason": finish}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        for one in each:  # one prompt refused: the others' Triton requests end too
+            one.cancel()
+    choices = []
+    for i, (run, text) in enumerate(zip(runs, texts, strict=True)):
+        finish, logprobs = run.finish_reason(), run.logprobs_body()
+        if chat:
+            message = {"role": "assistant", "content": text}
+            choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
+        else:
+            choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish})
+    usage = {key: sum(run.usage()[key] for run in runs) for key in runs[0].usage()}
+    figures = {key: sum(run.figures()[key] for run in runs) for key in runs[0].figures()}
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": front.model.name, "choices": [choice], "usage": run.usage(), "trtspec": run.figures()}
+            "model": front.model.name, "choices": choices, "usage": usage, "trtspec": figures}
 
 
 async def _events(first, steps: AsyncIterator, run: _Run, rid: str, created: int, model: str, chat: bool,

@@ -6,7 +6,8 @@ multi-byte character is U+FFFD there, and `bytes` are that text's UTF-8 (exact f
 models). -inf is sent as -9999.0, as vLLM does: JSON has no infinity.
 
     completions: {"tokens": [str], "token_logprobs": [float], "top_logprobs": [{str: float}],
-                  "text_offset": [int]}      each top dict holds the chosen token and the k best
+                  "text_offset": [int]}      each top dict holds the chosen token and the k best;
+                  with echo the prompt's tokens come first, its first with null log p and top
     chat:        {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
 """
 
@@ -34,9 +35,10 @@ class LogprobsBody:
         raw = self.tokenizer.token_bytes(token_id)
         return raw.decode("utf-8", errors="replace"), list(raw)
 
-    def body(self, ids: list[int], values: list[float], top_ids: list[list[int]],
-             top_values: list[list[float]]) -> dict:
-        """The logprobs object for `ids` (the next ones of the choice) and their log p."""
+    def body(self, ids: list[int], values: list[float | None], top_ids: list[list[int] | None],
+             top_values: list[list[float] | None]) -> dict:
+        """The logprobs object for `ids` (the next ones of the choice) and their log p (None: a
+        prompt's first token, which nothing predicts)."""
         if self.chat:
             content = []
             for token_id, value, alt_ids, alt_values in zip(ids, values, top_ids, top_values, strict=True):
@@ -53,9 +55,12 @@ class LogprobsBody:
             tokens.append(token)
             offsets.append(self.text_offset)
             self.text_offset += len(token)
+            if value is None:
+                tops.append(None)
+                continue
             top = {token: _finite(value)}
             for alt, alt_value in zip(alt_ids, alt_values, strict=True):
                 top.setdefault(self._token(alt)[0], _finite(alt_value))
             tops.append(top)
-        return {"tokens": tokens, "token_logprobs": [_finite(v) for v in values], "top_logprobs": tops,
-                "text_offset": offsets}
+        return {"tokens": tokens, "token_logprobs": [None if v is None else _finite(v) for v in values],
+                "top_logprobs": tops, "text_offset": offsets}

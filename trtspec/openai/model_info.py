@@ -26,10 +26,17 @@ class ServedModel:
     chat: ChatTemplate | None
     context_length: int  # prompt + generated tokens the target can attend over
     max_tokens: int  # the deployment's limits.max_tokens
+    vocab_size: int  # the target's: token ids in prompts lie under it
     sampling_defaults: dict = field(default_factory=dict)  # generation_config.json's temperature, top_p, …
 
-    def count(self, text: str, add_special_tokens: bool = True) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens)
+
+    def special_token(self, name: str) -> str | None:
+        """The text of the tokenizer's `eos` / `bos` / `pad` token (None: it has none, or no text
+        form, as the byte-level models' specials)."""
+        hf = getattr(self.tokenizer, "hf", None)
+        return None if hf is None else getattr(hf, f"{name}_token", None)
 
 
 def served_model(config: BuildConfig) -> ServedModel:
@@ -48,8 +55,8 @@ def served_model(config: BuildConfig) -> ServedModel:
     if defaults:
         log.info("requests without them sample with %s/generation_config.json's %s", target_dir,
                  ", ".join(f"{k} {v}" for k, v in defaults.items()))
-    return ServedModel(config.name, tokenizer, chat, int(context),
-                       config.limits.max_tokens, defaults)
+    return ServedModel(config.name, tokenizer, chat, int(context), config.limits.max_tokens,
+                       int(hf_config.vocab_size), defaults)
 
 
 def served_model_of_repo(repo: Path) -> ServedModel:

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
 
-MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_STOP = 32  # stop sequences per request (OpenAI allows 4, vLLM any number; lm-eval sends a task's all)
+MAX_PROMPTS = 64  # prompts in one completions request (each a choice)
 
 
 class ApiError(Exception):
@@ -51,7 +52,8 @@ class _Common(_Forbid):
     top_k: int | None = Field(None, description="keep the k most likely (vLLM/SGLang extension); -1, 0 = all")
     min_tokens: int | None = Field(None, description="no end of sequence before this many tokens (vLLM's)")
     seed: int | None = Field(None, description="sampling seed: the same seed gives the same text")
-    stop: str | list[str] | None = Field(None, description="up to 4 sequences that end generation, not sent")
+    stop: str | list[str] | None = Field(None, description=f"up to {MAX_STOP} sequences that end generation, "
+                                         "not sent")
     stop_token_ids: list[int] | None = Field(None, description="ids that end generation besides the model's "
                                              "end ids (vLLM extension)")
     stream: bool | None = Field(False, description="server-sent events, one chunk per decode step")
@@ -70,10 +72,12 @@ class _Common(_Forbid):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(description="one text prompt")
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a text prompt or token ids, or a list of them: a choice each")
     logprobs: int | None = Field(None, description=f"return each token's log-probability and the 0 to "
                                  f"{MAX_TOP_LOGPROBS} most likely tokens' (the target's raw distribution)")
-    echo: bool | None = Field(False, description="only false")
+    echo: bool | None = Field(False, description="return the prompt before the completion (with logprobs: "
+                              "its tokens' too, the first null)")
     suffix: str | None = Field(None, description="only null")
     best_of: int | None = Field(None, description="only 1")
 
@@ -178,26 +182,35 @@ def check_common(req: _Common) -> None:
                        code="invalid_value")
 
 
-def check_completion(req: CompletionRequest) -> str:
-    """The single text prompt of a completion request."""
+def check_completion(req: CompletionRequest, vocab_size: int) -> list[str | list[int]]:
+    """The prompts of a completion request, each a text or token ids (under `vocab_size`)."""
     check_common(req)
-    if req.echo:
-        raise _refuse("echo", True, "the prompt is not returned")
     _check_top(req.logprobs, "logprobs")
     if req.suffix is not None:
         raise _refuse("suffix", req.suffix, "no insertion")
     if req.best_of not in (None, 1):
         raise _refuse("best_of", req.best_of, "one candidate per request")
     prompt = req.prompt
-    if isinstance(prompt, list):
-        if len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        else:
-            raise ApiError("'prompt' must be one text string here (no token ids, one prompt per request).",
-                           "prompt", code="invalid_value")
-    if not prompt:
-        raise ApiError("'prompt' must not be empty.", "prompt", code="invalid_value")
-    return prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt)
+    if not prompts:
+        raise ApiError("'prompt' must hold at least one prompt.", "prompt", code="invalid_value")
+    if len(prompts) > MAX_PROMPTS:
+        raise ApiError(f"'prompt' holds {len(prompts)} prompts; send at most {MAX_PROMPTS} per request.",
+                       "prompt", code="invalid_value")
+    if len(prompts) > 1 and req.stream:
+        raise _refuse("stream", True, f"streams one prompt per request, got {len(prompts)}")
+    for i, one in enumerate(prompts):
+        param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if not one:
+            raise ApiError(f"'{param}' must not be empty.", param, code="invalid_value")
+        bad = [t for t in one if not 0 <= t < vocab_size] if isinstance(one, list) else []
+        if bad:
+            raise ApiError(f"Invalid '{param}': token id {bad[0]} is outside the vocabulary "
+                           f"[0, {vocab_size}).", param, code="invalid_value")
+    return prompts
 
 
 ROLES = ("system", "developer", "user", "assistant")
@@ -224,14 +237,20 @@ def check_chat(req: ChatRequest) -> list[dict]:
         raise _refuse("response_format", req.response_format, "no structured output")
     if req.modalities not in (None, ["text"]):
         raise _refuse("modalities", req.modalities, "text only")
-    taken = sorted(set(req.chat_template_kwargs or {}) & TEMPLATE_ARGUMENTS)
+    return check_messages(req.messages, req.chat_template_kwargs)
+
+
+def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> list[dict]:
+    """The conversation as plain {role, content} dicts, text only; template variables the server
+    sets itself refused by name."""
+    taken = sorted(set(template_kwargs or {}) & TEMPLATE_ARGUMENTS)
     if taken:
         raise ApiError(f"'chat_template_kwargs.{taken[0]}' is set by the server, not the request.",
                        f"chat_template_kwargs.{taken[0]}", code="invalid_value")
-    if not req.messages:
+    if not given:
         raise ApiError("'messages' must hold at least one message.", "messages", code="invalid_value")
     messages = []
-    for i, msg in enumerate(req.messages):
+    for i, msg in enumerate(given):
         if msg.role not in ROLES:
             raise ApiError(f"Invalid value for 'messages[{i}].role': {msg.role!r}; expected one of "
                            f"{', '.join(ROLES)}.", f"messages[{i}].role", code="invalid_value")
@@ -260,6 +279,25 @@ def logprobs_wanted(req: _Common) -> int | None:
     if isinstance(req, ChatRequest):
         return (req.top_logprobs or 0) if req.logprobs else None
     return req.logprobs
+
+
+class TokenizeRequest(_Forbid):
+    """vLLM's /tokenize: a text prompt, or a conversation through the chat template."""
+
+    model: str | None = Field(None, description="served model name (optional)")
+    prompt: str | None = Field(None, description="text to tokenize")
+    messages: list[ChatMessage] | None = Field(None, description="a conversation, rendered as chat does")
+    add_special_tokens: bool | None = Field(None, description="default true for a prompt, false for messages")
+    add_generation_prompt: bool | None = Field(True, description="only true: the assistant's turn is opened")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="variables for the chat template")
+    return_token_strs: bool | None = Field(False, description="also each token's text")
+
+
+class DetokenizeRequest(_Forbid):
+    """vLLM's /detokenize."""
+
+    model: str | None = Field(None, description="served model name (optional)")
+    tokens: list[int] = Field(description="token ids to decode")
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:

@@ -32,7 +32,7 @@ class TritonError(Exception):
 class Generation:
     """One request's parameters in the served model's inputs."""
 
-    prompt: str
+    prompt: str  # text ("" when it goes as prompt_ids)
     max_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
@@ -45,10 +45,15 @@ class Generation:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k: each token's log p and the k most likely tokens'
+    prompt_ids: tuple[int, ...] | None = None  # the prompt as token ids (instead of text)
+    prompt_logprobs: bool = False  # the prompt's tokens' log p too (with logprobs' k)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        arrays = {
-            "text_input": np.array([self.prompt.encode("utf-8")], dtype=np.object_),
+        if self.prompt_ids is None:
+            arrays = {"text_input": np.array([self.prompt.encode("utf-8")], dtype=np.object_)}
+        else:
+            arrays = {"input_ids": np.array(self.prompt_ids, dtype=np.int32)}
+        arrays |= {
             "max_tokens": np.array([self.max_tokens], dtype=np.int32),
             "temperature": np.array([self.temperature], dtype=np.float32),
             "top_p": np.array([self.top_p], dtype=np.float32),
@@ -67,6 +72,8 @@ class Generation:
             arrays["return_log_probs"] = np.array([True], dtype=bool)
             if self.logprobs:
                 arrays["num_top_log_probs"] = np.array([self.logprobs], dtype=np.int32)
+        if self.prompt_logprobs:
+            arrays["return_prompt_log_probs"] = np.array([True], dtype=bool)
         if not self.add_special_tokens:
             arrays["add_special_tokens"] = np.array([False], dtype=bool)
         if self.stop_words:
@@ -86,6 +93,10 @@ class Step:
     logprobs: list[float] = field(default_factory=list)  # one per id, when the request asked for them
     top_ids: list[list[int]] = field(default_factory=list)  # [n][k]
     top_logprobs: list[list[float]] = field(default_factory=list)  # [n][k]
+    # with the first response, when asked: the prompt's tokens after its first, as above
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_ids: list[list[int]] = field(default_factory=list)
+    prompt_top_logprobs: list[list[float]] = field(default_factory=list)
 
 
 def infer_request(model: str, arrays: dict[str, np.ndarray], request_id: str):
@@ -117,12 +128,18 @@ def _step(response: service_pb2.ModelStreamInferResponse) -> Step:
     if "accepted_tokens" in names:
         step.accepted_tokens = int(result.as_numpy("accepted_tokens").reshape(-1)[0])
         step.draft_tokens = int(result.as_numpy("draft_tokens").reshape(-1)[0])
-    if "output_log_probs" in names:
-        step.logprobs = result.as_numpy("output_log_probs").reshape(-1).tolist()
-        step.top_ids, step.top_logprobs = [[] for _ in step.logprobs], [[] for _ in step.logprobs]
-    if "top_log_probs" in names:
-        step.top_logprobs = result.as_numpy("top_log_probs").tolist()
-        step.top_ids = result.as_numpy("top_log_prob_ids").tolist()
+    for prefix, values in (("", "output_log_probs"), ("prompt_", "prompt_log_probs")):
+        if values in names:
+            got = result.as_numpy(values).reshape(-1).tolist()
+            if f"{prefix}top_log_probs" in names:
+                top_values = result.as_numpy(f"{prefix}top_log_probs").tolist()
+                top_ids = result.as_numpy(f"{prefix}top_log_prob_ids").tolist()
+            else:
+                top_values, top_ids = [[] for _ in got], [[] for _ in got]
+            target = ("logprobs", "top_ids", "top_logprobs") if not prefix else \
+                ("prompt_logprobs", "prompt_top_ids", "prompt_top_logprobs")
+            for name, value in zip(target, (got, top_ids, top_values), strict=True):
+                setattr(step, name, value)
     return step
 
 

@@ -32,7 +32,7 @@ from trtspec.config import ScheduleConfig, TreeConfig
 from trtspec.models.drafter import Drafter, DraftRow, NoDrafter, Proposal
 from trtspec.models.target import Chunk, PathKeep, TargetModel
 from trtspec.spec.cost import AcceptanceTracker, GainCalibration, MeasuredCost, admit_rows
-from trtspec.spec.logprobs import TokenLogprobs, step_logprobs
+from trtspec.spec.logprobs import TokenLogprobs, prompt_logprobs, step_logprobs
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams, choose_tokens
 from trtspec.spec.schedule import SPSTable, schedule_lengths, survival
@@ -62,6 +62,7 @@ class Request:
     ignore_eos: bool = False  # the end ids (the decoder's or end_id) do not end it; stop_ids still do
     # None: no log-probabilities; n >= 0: each emitted token's log p and the n most likely tokens'
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens after its first
 
 
 @dataclass(slots=True)
@@ -88,9 +89,17 @@ def _draft_row(lv: _Live) -> DraftRow:
     return DraftRow(lv.slot, lv.committed, lv.request.sampling, lv.generator)
 
 
-# streaming: called with the ids a step emitted for a request and, when it asked for them, their
-# log-probabilities; True ends that request after them
-OnTokens = Callable[[list[int], TokenLogprobs | None], bool | None]
+@dataclass(slots=True)
+class Emitted:
+    """What one step gave one request."""
+
+    ids: list[int]  # its new tokens
+    logprobs: TokenLogprobs | None = None  # theirs, when the request asked for them
+    prompt_logprobs: TokenLogprobs | None = None  # with its first token: its prompt's, when asked
+
+
+# streaming: called with what each step emitted for a request; True ends that request after it
+OnTokens = Callable[[Emitted], bool | None]
 
 
 @dataclass(slots=True)
@@ -377,7 +386,7 @@ class SpeculativeDecoder:
 
     def _emit(self, lv: _Live, emitted: list[int], logprobs: TokenLogprobs | None = None) -> None:
         """Append a step's tokens (cut at max_new_tokens and the first end id) and stream them;
-        `logprobs`: theirs, when the request asked for them."""
+        `logprobs`: theirs, when the request asked for them (and its prompt's with the first)."""
         ends = self._end_ids(lv)
         emitted = emitted[: lv.request.max_new_tokens - len(lv.generated)]
         first_end = next((i for i, token in enumerate(emitted) if token in ends), None)
@@ -387,7 +396,8 @@ class SpeculativeDecoder:
         if logprobs is not None:
             logprobs = logprobs.head(len(emitted))
             lv.logprobs.extend(logprobs)
-        stop = lv.on_tokens is not None and bool(lv.on_tokens(emitted, logprobs))
+        prompt = lv.result.prompt_logprobs if len(lv.generated) == len(emitted) else None
+        stop = lv.on_tokens is not None and bool(lv.on_tokens(Emitted(emitted, logprobs, prompt)))
         if stop or len(lv.generated) >= lv.request.max_new_tokens or lv.generated[-1] in ends:
             lv.done = True
 
@@ -513,7 +523,15 @@ class SpeculativeDecoder:
         starts = [0]
         for c in chunks:
             starts.append(starts[-1] + len(c.input_ids))
-        keep = [starts[i + 1] - 1 for i in range(len(new))]  # a new prompt's last token
+        # a new prompt's last token, after all its others when its prompt's log-probabilities are asked
+        keep, prompt_at, first_at = [], {}, []
+        for i, lv in enumerate(new):
+            if lv.request.prompt_logprobs is not None:
+                prompt_at[i] = len(keep)
+                keep += range(starts[i], starts[i + 1] - 1)
+            first_at.append(len(keep))
+            keep.append(starts[i + 1] - 1)
+        new_logits = len(keep)  # the running rows' logits come after these
         for i in range(len(running)):
             keep += range(starts[len(new) + i], starts[len(new) + i + 1])
         out = target.forward(chunks, torch.tensor(keep, device=device))
@@ -522,7 +540,11 @@ class SpeculativeDecoder:
 
         # 3a. new requests: their first token
         if new:
-            first_logits = out.logits[: len(new)]  # [N, V]
+            first_logits = out.logits[first_at]  # [N, V]
+            for i, at in prompt_at.items():  # positions 0..P-2 predict the prompt's tokens 1..P-1
+                lv = new[i]
+                lv.result.prompt_logprobs = prompt_logprobs(out.logits[at : first_at[i]], lv.request.prompt,
+                                                            lv.request.prompt_logprobs)
             raw = self._wanting_logprobs(first_logits[:, None], new)  # before the min_tokens ban
             self._ban_end(first_logits[:, None], new)
             first, _ = choose_tokens(first_logits, [lv.request.sampling for lv in new],
@@ -541,7 +563,7 @@ class SpeculativeDecoder:
             self.num_cycles += 1
             lengths = plan.lengths
             width = max(lengths)
-            logit_starts = [len(new)]
+            logit_starts = [new_logits]
             for n in lengths:
                 logit_starts.append(logit_starts[-1] + n + 1)
             rows_at = torch.tensor([[logit_starts[i] + min(j, lengths[i]) for j in range(width + 1)]

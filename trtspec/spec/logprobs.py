@@ -72,3 +72,11 @@ def step_logprobs(logits: torch.Tensor, positions: list[list[int]], tokens: list
         row.top_values = [best_values[r][j][:k] if k else [] for j in range(len(t))]
         out.append(row)
     return out
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt: list[int], top: int) -> TokenLogprobs:
+    """logits [P-1, V] at the prompt's positions 0..P-2 -> the log-probabilities of its tokens 1..P-1
+    (the first token has none: nothing predicts it)."""
+    if len(prompt) < 2:
+        return TokenLogprobs(top)
+    return step_logprobs(logits[None], [list(range(len(prompt) - 1))], [prompt[1:]], [top])[0]

@@ -21,6 +21,7 @@ class GenerationResult:
     draft_s: float = 0.0
     total_s: float = 0.0
     logprobs: TokenLogprobs | None = None  # of token_ids, when the request asked for them
+    prompt_logprobs: TokenLogprobs | None = None  # of the prompt's tokens after its first, when asked
 
     def record_cycle(self, num_drafted: int, num_accepted: int) -> None:
         self.num_drafted += num_drafted

@@ -15,7 +15,9 @@ Responses. `stream` false: one response with the whole `text_output`, `output_id
 `draft_tokens` totals (and any text held back). With `return_log_probs` (or `num_top_log_probs`)
 every response that carries generated ids also carries `output_log_probs` (one per generated id),
 `cum_log_probs` (their sum so far) and, for k > 0, `top_log_probs` / `top_log_prob_ids` [n, k].
-Any bad parameter gets one error response naming it.
+With `return_prompt_log_probs` the first response carries the prompt's: `prompt_log_probs` for its
+tokens after the first (and `prompt_top_log_probs` / `prompt_top_log_prob_ids`). Any bad
+parameter gets one error response naming it.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import triton_python_backend_utils as pb_utils
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.runtime import configure_threads
-from trtspec.spec.decoder import Request
+from trtspec.spec.decoder import Emitted, Request
 from trtspec.spec.logprobs import TokenLogprobs
 from trtspec.spec.metrics import GenerationResult
 from trtspec.triton.repo import BUILD_CONFIG_FILE, instances_on_this_machine, placed_on_instance
@@ -134,8 +136,21 @@ def _tensor(name: str, value) -> pb_utils.Tensor:
     return pb_utils.Tensor(name, np.asarray(value))
 
 
+def _logprob_tensors(prefix: str, values: str, logprobs: TokenLogprobs) -> list[pb_utils.Tensor]:
+    """`values` [n], then `{prefix}top_log_probs` / `{prefix}top_log_prob_ids` [n, k] for k > 0."""
+    n, k = len(logprobs), logprobs.top
+    tensors = [_tensor(values, np.array(logprobs.values, dtype=np.float32))]  # [n]
+    if k:
+        tensors += [
+            _tensor(f"{prefix}top_log_probs", np.array(logprobs.top_values, dtype=np.float32).reshape(n, k)),
+            _tensor(f"{prefix}top_log_prob_ids", np.array(logprobs.top_ids, dtype=np.int32).reshape(n, k)),
+        ]
+    return tensors
+
+
 def _response(text: str, ids: list[int], accepted: int, drafted: int, logprobs: TokenLogprobs | None = None,
-              cumulative: float = 0.0) -> pb_utils.InferenceResponse:
+              cumulative: float = 0.0,
+              prompt_logprobs: TokenLogprobs | None = None) -> pb_utils.InferenceResponse:
     tensors = [
         _tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),  # [1]
         _tensor("output_ids", np.array(ids, dtype=np.int32)),  # [n]
@@ -143,16 +158,10 @@ def _response(text: str, ids: list[int], accepted: int, drafted: int, logprobs: 
         _tensor("draft_tokens", np.array([drafted], dtype=np.int32)),  # [1]
     ]
     if logprobs is not None:
-        n, k = len(logprobs), logprobs.top
-        tensors += [
-            _tensor("output_log_probs", np.array(logprobs.values, dtype=np.float32)),  # [n]
-            _tensor("cum_log_probs", np.array([cumulative], dtype=np.float32)),  # [1]
-        ]
-        if k:
-            tensors += [
-                _tensor("top_log_probs", np.array(logprobs.top_values, dtype=np.float32).reshape(n, k)),
-                _tensor("top_log_prob_ids", np.array(logprobs.top_ids, dtype=np.int32).reshape(n, k)),
-            ]
+        tensors += _logprob_tensors("", "output_log_probs", logprobs)
+        tensors.append(_tensor("cum_log_probs", np.array([cumulative], dtype=np.float32)))  # [1]
+    if prompt_logprobs is not None:
+        tensors += _logprob_tensors("prompt_", "prompt_log_probs", prompt_logprobs)
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
@@ -178,8 +187,10 @@ class _Stream:
     text: TextStream
     metrics: Metrics
     decode: Request  # what the decoder runs: the tokenized prompt and limits
+    prompt_text: str = ""  # the prompt as text (input_ids decoded)
     prompt_ids: list[int] | None = None  # owed at the front of the output (exclude_input_in_output false)
     logprobs: TokenLogprobs | None = None  # of the ids kept so far, when the request asked for them
+    prompt_logprobs: TokenLogprobs | None = None  # the prompt's, when asked, until sent
     queued_at: float = field(default_factory=time.monotonic)
     got_first_token: bool = False
     polled_at: float = float("-inf")  # when `cancelled` last asked Triton
@@ -196,20 +207,24 @@ class _Stream:
         if self.prompt_ids is None:
             return text, ids
         prompt_ids, self.prompt_ids = self.prompt_ids, None
-        return self.request.prompt + text, prompt_ids + ids
+        return self.prompt_text + text, prompt_ids + ids
 
-    def on_tokens(self, new_ids: list[int], logprobs: TokenLogprobs | None) -> bool:
+    def on_tokens(self, emitted: Emitted) -> bool:
         """The decoder's callback: stream the new text; True ends the request."""
-        if new_ids and not self.got_first_token:
+        if emitted.ids and not self.got_first_token:
             self.got_first_token = True
             self.metrics.ttft.observe(time.monotonic() - self.queued_at)
-        delta, kept = self.text.push(new_ids)
+        if emitted.prompt_logprobs is not None:
+            self.prompt_logprobs = emitted.prompt_logprobs
+        delta, kept = self.text.push(emitted.ids)
+        logprobs = emitted.logprobs
         if logprobs is not None:  # a stop word may end the output before the step's last id
             logprobs = logprobs.head(len(kept))
             self.logprobs.extend(logprobs)
         if self.request.stream and (delta or kept):
             cumulative = 0.0 if logprobs is None else self.logprobs.cumulative()
-            response = _response(*self._with_prompt(delta, kept), 0, 0, logprobs, cumulative)
+            prompt, self.prompt_logprobs = self.prompt_logprobs, None  # with the first response
+            response = _response(*self._with_prompt(delta, kept), 0, 0, logprobs, cumulative, prompt)
             if self.cancelled() or not _send(self.sender, response, 0):
                 return True  # the client is gone: free its slot
             return self.text.stopped
@@ -223,8 +238,9 @@ class _Stream:
             text, ids = self._with_prompt(self.text.text, self.text.ids)
             logprobs = self.logprobs
         cumulative = 0.0 if logprobs is None else logprobs.cumulative()
-        _send_quietly(self.sender, _response(text, ids, result.num_accepted, result.num_drafted, logprobs,
-                                             cumulative), FINAL)
+        response = _response(text, ids, result.num_accepted, result.num_drafted, logprobs, cumulative,
+                             self.prompt_logprobs)
+        _send_quietly(self.sender, response, FINAL)
 
 
 class TritonPythonModel:
@@ -257,17 +273,24 @@ class TritonPythonModel:
                 parsed = parse_request(lambda name, r=request: _input(r, name), self.limit,
                                        _parameters(request), self.pipeline.target.vocab_size)
                 # tokenized and checked against the context here, before it waits in the queue
-                ids = self.pipeline.tokenizer.encode(parsed.prompt, parsed.add_special_tokens)
+                tokenizer = self.pipeline.tokenizer
+                if parsed.prompt_ids is None:
+                    prompt_text = parsed.prompt
+                    ids = tokenizer.encode(prompt_text, parsed.add_special_tokens)
+                else:
+                    ids = list(parsed.prompt_ids)
+                    prompt_text = tokenizer.decode(ids)
                 decode = Request(ids, parsed.max_tokens, parsed.sampling, parsed.min_tokens, parsed.end_id,
-                                 parsed.stop_token_ids, parsed.ignore_eos, parsed.logprobs)
+                                 parsed.stop_token_ids, parsed.ignore_eos, parsed.logprobs,
+                                 parsed.prompt_logprobs)
                 self.decoder.check(decode)
             except (RequestError, ValueError) as exc:
                 self.metrics.errors["invalid_request"].increment(1)
-                name = "" if isinstance(exc, RequestError) else "text_input: "
+                name = "" if isinstance(exc, RequestError) else f"{parsed.prompt_input}: "
                 sender.send(_error(f"{name}{exc}"), flags=FINAL)
                 continue
             text = TextStream(self.pipeline.tokenizer.decode, parsed.stop_words)
-            stream = _Stream(parsed, sender, text, self.metrics, decode)
+            stream = _Stream(parsed, sender, text, self.metrics, decode, prompt_text)
             if parsed.logprobs is not None:
                 stream.logprobs = TokenLogprobs(parsed.logprobs)
             self.waiting.put(stream)
@@ -289,7 +312,7 @@ class TritonPythonModel:
                     stream.prompt_ids = stream.decode.prompt
             except ValueError as exc:
                 self.metrics.errors["invalid_request"].increment(1)
-                _send_quietly(stream.sender, _error(f"text_input: {exc}"), FINAL)
+                _send_quietly(stream.sender, _error(f"{stream.request.prompt_input}: {exc}"), FINAL)
                 continue
             self.metrics.queue.observe(time.monotonic() - stream.queued_at)
             running[rid] = stream

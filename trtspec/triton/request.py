@@ -36,7 +36,7 @@ InputGetter = Callable[[str], "np.ndarray | None"]
 
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
-    prompt: str
+    prompt: str  # text_input ("" when the prompt came as input_ids)
     max_tokens: int
     sampling: SamplingParams
     stream: bool = False
@@ -48,6 +48,13 @@ class GenerateRequest:
     stop_token_ids: tuple[int, ...] = ()  # ids that end the request besides the model's end ids
     ignore_eos: bool = False  # the end ids do not end the request (stop_token_ids still do)
     logprobs: int | None = None  # None: none returned; k: each token's log p and the top k's
+    prompt_ids: tuple[int, ...] | None = None  # input_ids: the prompt already tokenized
+    prompt_logprobs: int | None = None  # None: none returned; k: the prompt's tokens' (after its first)
+
+    @property
+    def prompt_input(self) -> str:
+        """The input the prompt came in, to name it in an error."""
+        return "text_input" if self.prompt_ids is None else "input_ids"
 
 
 def _scalar(get: InputGetter, name: str):
@@ -86,12 +93,24 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     """Read and check every input and parameter; raises RequestError naming the first bad one.
     `vocab_size`: the target's, which token ids (end_id, stop_token_ids) must lie under."""
     check_parameters(parameters or {})
-    raw = _scalar(get, "text_input")
-    if raw is None:
-        raise RequestError("text_input is required")
-    prompt = _utf8(raw, "text_input")
-    if not prompt:
-        raise RequestError("text_input must not be empty")
+    raw, given_ids = _scalar(get, "text_input"), get("input_ids")
+    if (raw is None) == (given_ids is None):
+        raise RequestError("give one of text_input (text) or input_ids (token ids)" if raw is not None else
+                           "text_input is required (or input_ids: the prompt as token ids)")
+    prompt, prompt_ids = "", None
+    if raw is not None:
+        prompt = _utf8(raw, "text_input")
+        if not prompt:
+            raise RequestError("text_input must not be empty")
+    else:
+        prompt_ids = tuple(int(i) for i in given_ids.reshape(-1))
+        if not prompt_ids:
+            raise RequestError("input_ids must not be empty")
+        bad = [i for i in prompt_ids if not 0 <= i < (vocab_size or 2**31)]
+        if bad:
+            span = f"in [0, {vocab_size})" if vocab_size else ">= 0"
+            raise RequestError(f"input_ids must be token ids {span}, got {bad[0]} at position "
+                               f"{prompt_ids.index(bad[0])}")
 
     max_tokens = _scalar(get, "max_tokens")
     if max_tokens is None:
@@ -147,6 +166,8 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
         raise RequestError(f"num_top_log_probs={top} asks for log-probabilities that return_log_probs=false "
                            "turns off; drop one")
     logprobs = top if top or (wants is not None and bool(wants)) else None
+    of_prompt = _scalar(get, "return_prompt_log_probs")
+    prompt_logprobs = top if of_prompt is not None and bool(of_prompt) else None
     add_special_tokens = _scalar(get, "add_special_tokens")
     _scalar(get, "pad_id")  # one value; outputs are never padded, so it needs nothing more
     try:
@@ -159,7 +180,7 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
                            None if end_id is None else int(end_id),
                            exclude_input is not None and not bool(exclude_input),
                            add_special_tokens is None or bool(add_special_tokens), stop_token_ids,
-                           ignore_eos is not None and bool(ignore_eos), logprobs)
+                           ignore_eos is not None and bool(ignore_eos), logprobs, prompt_ids, prompt_logprobs)
 
 
 def _one_of(get: InputGetter, name: str, alias: str) -> tuple[str, object]:
