@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 # OpenAI Triton kernels run on the CPU through the interpreter; this must be set before anything
@@ -113,6 +116,17 @@ def with_slots(drafter, num_slots: int = 1, capacity: int = 256):
     return drafter
 
 
+def post_json(url: str, body: dict, key: str | None = None) -> tuple[int, dict]:
+    """POST a JSON body (with `Authorization: Bearer key`); the status and the JSON answer."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
 class Served:
     """A running `trtspec serve`: its Triton ports and OpenAI frontend."""
 
@@ -129,9 +143,11 @@ class Served:
         return openai.OpenAI(base_url=f"{self.base}/v1", api_key=key or self.key or "none", max_retries=0,
                              timeout=120)
 
-    def metric(self, name: str) -> float:
-        import urllib.request
+    def post(self, path: str, body: dict) -> tuple[int, dict]:
+        """POST to the frontend (`/tokenize`, `/v1/completions`, ...) with the server's key."""
+        return post_json(self.base + path, body, self.key)
 
+    def metric(self, name: str) -> float:
         url = f"http://127.0.0.1:{self.ports.metrics}/metrics"
         text = urllib.request.urlopen(url, timeout=10).read().decode()
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))

@@ -11,6 +11,7 @@ import functools
 import json
 import random
 import shutil
+import urllib.request
 
 import pytest
 import torch
@@ -204,6 +205,31 @@ def test_served_chat_and_completions_equal_generate(checkpoint, pipeline, tokeni
             logits = pipeline.target.model(torch.tensor([ids + want])).logits[0, len(ids) - 1 : -1]
         logp = torch.log_softmax(logits.float(), -1)[torch.arange(len(want)), want]
         assert torch.allclose(torch.tensor(got.token_logprobs), logp, atol=1e-4)
+        # echo: the prompt's tokens first, the tokenizer's BOS among them, its first scored by nothing
+        status, body = served.post("/v1/completions", {"model": "bpe", "prompt": prompt, "max_tokens": 2,
+                                                       "temperature": 0, "echo": True, "logprobs": 0})
+        assert status == 200 and body["choices"][0]["text"].startswith(prompt)
+        echoed = body["choices"][0]["logprobs"]
+        assert echoed["tokens"][: len(ids)] == [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+        assert echoed["tokens"][0] == tokenizer.bos_token and echoed["token_logprobs"][0] is None
+        with torch.no_grad():
+            logits = pipeline.target.model(torch.tensor([ids])).logits[0, :-1]
+        want = torch.log_softmax(logits.float(), -1)[torch.arange(len(ids) - 1), ids[1:]]
+        assert torch.allclose(torch.tensor(echoed["token_logprobs"][1 : len(ids)]), want, atol=1e-4)
+
+        # vLLM's tokenizer routes, on a Hugging Face tokenizer
+        assert served.post("/tokenize", {"prompt": prompt})[1]["tokens"] == tokenizer(prompt).input_ids
+        assert served.post("/tokenize", {"prompt": prompt, "add_special_tokens": False})[1]["tokens"] == \
+            tokenizer(prompt, add_special_tokens=False).input_ids
+        messages = [{"role": "user", "content": prompt}]
+        assert served.post("/tokenize", {"messages": messages})[1]["tokens"] == \
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+        assert served.post("/detokenize", {"tokens": ids})[1]["prompt"] == tokenizer.decode(ids,
+                                                                                            skip_special_tokens=True)
+        with urllib.request.urlopen(f"{served.base}/tokenizer_info", timeout=10) as resp:
+            info = json.loads(resp.read())
+        assert (info["eos_token"], info["bos_token"]) == (tokenizer.eos_token, tokenizer.bos_token)
+        assert info["chat_template"] == tokenizer.chat_template and info["tokenizer_class"]
 
         # a request that leaves the sampling parameters out gets generation_config.json's, as vLLM's do
         def sampled(**params) -> str:

@@ -33,7 +33,7 @@ from trtspec.triton.client import ClientError, array_input, grpc_generate
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
 from trtspec.triton.server import GRPC_ADMIN_HEADER, Ports, TritonServer, free_port
 
-from .conftest import REPO, serve_cli
+from .conftest import REPO, post_json, serve_cli
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 KEY = "test-key-0123"
@@ -227,13 +227,7 @@ BAD = [
 
 
 def _post(url: str, body: dict, key: str | None = KEY) -> tuple[int, dict]:
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return post_json(url, body, key)
 
 
 @pytest.mark.parametrize("endpoint, change, param", BAD, ids=[f"{e}-{p}" for e, _, p in BAD])
