@@ -201,7 +201,6 @@ BAD = [
     ("completions", {"max_tokens": 5000}, "max_tokens"),
     ("completions", {"stop": [f"s{i}" for i in range(33)]}, "stop"),
     ("completions", {"logprobs": 21}, "logprobs"),
-    ("completions", {"prompt": ["a", "b"], "stream": True}, "stream"),
     ("completions", {"prompt": ["a", ""]}, "prompt[1]"),
     ("completions", {"presence_penalty": 0.5}, "presence_penalty"),
     ("completions", {"prompt": ""}, "prompt"),
@@ -495,6 +494,16 @@ def test_token_prompts_several_prompts_and_echo_with_prompt_logprobs(served, pip
     mixed = client.completions.create(model="trtspec", prompt=[texts[2], texts[0]], max_tokens=12,
                                       temperature=0)
     assert [c.text for c in mixed.choices] == [alone[2][0], alone[0][0]]
+    # streamed: the choices' chunks interleave, each tagged with its index, one finish each, usage summed
+    chunks = list(client.completions.create(model="trtspec", prompt=ids, max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    by_index: dict[int, str] = {}
+    for c in chunks[:-1]:
+        by_index[c.choices[0].index] = by_index.get(c.choices[0].index, "") + c.choices[0].text
+    assert by_index == {i: text for i, (text, _) in enumerate(alone)}
+    finishes = sorted(c.choices[0].index for c in chunks[:-1] if c.choices[0].finish_reason)
+    assert finishes == [0, 1, 2] and chunks[-1].usage.completion_tokens == got.usage.completion_tokens
+    assert len({c.choices[0].index for c in chunks[:4]}) > 1, "the choices' steps interleave"
 
     # echo with logprobs, the way lm-eval asks: token ids, greedy, one token, one alternative
     name = {i: tok.token_bytes(i).decode("utf-8", errors="replace") for i in range(256)}
@@ -519,6 +528,11 @@ def test_token_prompts_several_prompts_and_echo_with_prompt_logprobs(served, pip
         at = torch.arange(len(context) - 1, len(whole) - 1)
         assert abs(total - float(want[at, torch.tensor(continuation)].sum())) < 1e-3
         assert greedy == bool((want[at].argmax(-1) == torch.tensor(continuation)).all())
+    # a one-token prompt: nothing scores it, so its only entry is null
+    one = client.completions.create(model="trtspec", prompt="x", max_tokens=3, temperature=0, echo=True,
+                                    logprobs=2).choices[0]
+    assert one.text == "x" + alone[2][0][:3] and one.logprobs.tokens[0] == "x"
+    assert one.logprobs.token_logprobs[0] is None and len(one.logprobs.tokens) == 4
     # streamed echo: the prompt comes first, with its log-probabilities
     chunks = list(client.completions.create(model="trtspec", prompt=texts[0], max_tokens=8, temperature=0,
                                             echo=True, logprobs=0, stream=True))

@@ -288,15 +288,20 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         created = int(time.time())
         if not req.stream:
             return await _whole(request, front, runs, rid, created, chat)
-        run, include_usage = runs[0], bool(req.stream_options and req.stream_options.include_usage)
-        steps = triton.generate(run.gen)
-        try:  # a refused request is an HTTP error, not a stream: wait for its first response
-            first = await anext(steps)
-        except TritonError as exc:
-            await steps.aclose()
-            raise _triton_error(exc) from None
-        return StreamingResponse(_events(first, steps, run, rid, created, model.name, chat, include_usage),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        streams = [triton.generate(run.gen) for run in runs]
+        # a refused request is an HTTP error, not a stream: wait for every choice's first response
+        firsts = await asyncio.gather(*(anext(steps) for steps in streams), return_exceptions=True)
+        refused = next((f for f in firsts if isinstance(f, BaseException)), None)
+        if refused is not None:
+            for steps in streams:
+                await steps.aclose()
+            if isinstance(refused, TritonError):
+                raise _triton_error(refused) from None
+            raise refused
+        events = _events(firsts, streams, runs, rid, created, model.name, chat, include_usage)
+        return StreamingResponse(events, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
 
     return app
 
@@ -334,47 +339,93 @@ async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, 
             choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
         else:
             choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish})
-    usage = {key: sum(run.usage()[key] for run in runs) for key in runs[0].usage()}
-    figures = {key: sum(run.figures()[key] for run in runs) for key in runs[0].figures()}
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": front.model.name, "choices": choices, "usage": usage, "trtspec": figures}
+            "model": front.model.name, "choices": choices, "usage": _summed(run.usage() for run in runs),
+            "trtspec": _summed(run.figures() for run in runs)}
 
 
-async def _events(first, steps: AsyncIterator, run: _Run, rid: str, created: int, model: str, chat: bool,
-                  include_usage: bool) -> AsyncIterator[bytes]:
+async def _merged(firsts: list, streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:
+    """(choice index, step) as the choices' Triton responses arrive, each choice's in order."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, first, steps: AsyncIterator) -> None:
+        try:
+            await queue.put((i, first))
+            if not first.final:
+                async for step in steps:
+                    await queue.put((i, step))
+        except TritonError as exc:
+            await queue.put((i, exc))
+        finally:
+            await queue.put((i, done))
+
+    pairs = enumerate(zip(firsts, streams, strict=True))
+    pumps = [asyncio.ensure_future(pump(i, first, steps)) for i, (first, steps) in pairs]
+    try:
+        left = len(pumps)
+        while left:
+            i, item = await queue.get()
+            if item is done:
+                left -= 1
+            elif isinstance(item, TritonError):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for one in pumps:
+            one.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)  # each stops reading its stream
+        for steps in streams:
+            await steps.aclose()  # also when the client went away: cancels the Triton requests
+
+
+async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], rid: str, created: int,
+                  model: str, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    """Server-sent events of every choice (a prompt each), chunks tagged by choice index."""
     kind = "chat.completion.chunk" if chat else "text_completion"
     usage = {"usage": None} if include_usage else {}
 
-    def chunk(text: str | None, finish: str | None, role: bool = False, extra: dict | None = None,
+    def chunk(i: int, text: str | None, finish: str | None, role: bool = False, extra: dict | None = None,
               logprobs: dict | None = None) -> bytes:
         if chat:
             delta = {} if text is None else {"content": text}
             if role:
                 delta = {"role": "assistant", "content": ""}
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": i, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return _sse({"id": rid, "object": kind, "created": created, "model": model, "choices": [choice],
                      **usage, **(extra or {})})
 
+    steps = _merged(firsts, streams)
     try:
         if chat:
-            yield chunk(None, None, role=True)
-        step = first
-        while True:
+            for i in range(len(runs)):
+                yield chunk(i, None, None, role=True)
+        async for i, step in steps:
+            run = runs[i]
             text = run.take(step)
             logprobs = run.logprobs_body()  # this step's tokens', also when their text is held back
             if text or logprobs:
-                yield chunk(text, None, logprobs=logprobs)
+                yield chunk(i, text, None, logprobs=logprobs)
             if step.final:
-                break
-            step = await anext(steps)
-        yield chunk(None if chat else "", run.finish_reason(), extra={"trtspec": run.figures()})
+                yield chunk(i, None if chat else "", run.finish_reason(), extra={"trtspec": run.figures()})
         if include_usage:
             yield _sse({"id": rid, "object": kind, "created": created, "model": model, "choices": [],
-                        "usage": run.usage(), "trtspec": run.figures()})
+                        "usage": _summed(run.usage() for run in runs),
+                        "trtspec": _summed(run.figures() for run in runs)})
     except TritonError as exc:  # mid-stream: an error event in OpenAI's shape, then the end
         yield _sse(_triton_error(exc).body())
     finally:
-        await steps.aclose()  # also when the client went away: cancels the Triton request
+        await steps.aclose()
     yield _sse("[DONE]")
+
+
+def _summed(parts) -> dict:
+    """Figures of several choices added up, key by key."""
+    total: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            total[key] = total.get(key, 0) + value
+    return total

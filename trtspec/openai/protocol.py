@@ -200,8 +200,6 @@ def check_completion(req: CompletionRequest, vocab_size: int) -> list[str | list
     if len(prompts) > MAX_PROMPTS:
         raise ApiError(f"'prompt' holds {len(prompts)} prompts; send at most {MAX_PROMPTS} per request.",
                        "prompt", code="invalid_value")
-    if len(prompts) > 1 and req.stream:
-        raise _refuse("stream", True, f"streams one prompt per request, got {len(prompts)}")
     for i, one in enumerate(prompts):
         param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if not one:
