@@ -191,7 +191,8 @@ def test_client_dropped_mid_stream_is_cancelled(served, pipeline):
 GOOD_COMPLETION = {"model": "trtspec", "prompt": "Q: 1 + 2\nA:", "max_tokens": 4}
 GOOD_CHAT = {"model": "trtspec", "messages": [{"role": "user", "content": "1 + 2"}], "max_tokens": 4}
 BAD = [
-    ("completions", {"n": 2}, "n"),
+    ("completions", {"n": 0}, "n"),
+    ("completions", {"prompt": ["a", "b"], "n": 40}, "prompt"),  # 80 choices
     ("completions", {"logit_bias": {"65": 5}}, "logit_bias"),
     ("completions", {"foo": 1}, "foo"),
     ("completions", {"temperature": -1}, "temperature"),
@@ -565,3 +566,28 @@ def test_vllm_tokenizer_routes(served, pipeline):
     assert info["model_max_length"] == 4096 and info["vocab_size"] == 264 and "eos_token" in info
     assert "Q: " in info["chat_template"]
     assert _post(f"{served.base}/tokenize", {"prompt": "a"}, key=None)[0] == 401
+
+
+def test_n_choices_per_prompt(served, pipeline):
+    """`n`: choices per prompt in vLLM's order (prompt × n + j), each its own request: sampled, a
+    prompt's choices differ; greedy, each is the greedy text; chat and completions, streamed or not."""
+    client = served.client()
+    prompts = [PROMPTS[1], PROMPTS[2]]  # code: two samples differ
+    got = client.completions.create(model="trtspec", prompt=prompts, n=2, seed=7, max_tokens=16,
+                                    temperature=1.0)
+    assert [c.index for c in got.choices] == [0, 1, 2, 3]
+    assert got.choices[0].text != got.choices[1].text and got.choices[2].text != got.choices[3].text
+    greedy = client.completions.create(model="trtspec", prompt=prompts, n=3, max_tokens=16, temperature=0)
+    assert [c.text for c in greedy.choices] == [_greedy(pipeline, p, 16)[0] for p in prompts for _ in "abc"]
+    messages = [{"role": "user", "content": "12 + 34"}]
+    text, _ = _chat_expected(pipeline, "Q: 12 + 34\nA: ", 24)
+    chat = client.chat.completions.create(model="trtspec", messages=messages, n=3, max_tokens=24,
+                                          temperature=0)
+    assert [c.message.content for c in chat.choices] == [text] * 3
+    chunks = list(client.chat.completions.create(model="trtspec", messages=messages, n=3, max_tokens=24,
+                                                 temperature=0, stream=True))
+    streamed: dict[int, str] = {}
+    for c in chunks:
+        i = c.choices[0].index
+        streamed[i] = streamed.get(i, "") + (c.choices[0].delta.content or "")
+    assert streamed == {0: text, 1: text, 2: text}

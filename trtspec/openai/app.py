@@ -13,6 +13,7 @@ A client that disconnects ends its Triton request. With an API key, every `/v1` 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -275,15 +276,17 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
 
     async def respond(request: Request, req, prompts: list[str | list[int]], chat: bool,
                       default_max: int | None):
-        runs = []
+        runs = []  # a choice per prompt and sample, index = prompt × n + sample (vLLM's order)
         for i, prompt in enumerate(prompts):
             param = "messages" if chat else "prompt" if len(prompts) == 1 else f"prompt[{i}]"
             gen, prompt_ids = front.generation(req, prompt, chat, default_max, param)
-            body = None if gen.logprobs is None else LogprobsBody(model.tokenizer, chat)
             echo = None
             if getattr(req, "echo", False):
                 echo = prompt if isinstance(prompt, str) else model.tokenizer.decode(prompt)
-            runs.append(_Run(gen, prompt_ids, body, echo))
+            for j in range(req.n or 1):
+                seeded = gen if gen.seed is None else dataclasses.replace(gen, seed=(gen.seed + j) % 2**64)
+                body = None if gen.logprobs is None else LogprobsBody(model.tokenizer, chat)
+                runs.append(_Run(seeded, prompt_ids, body, echo))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
         if not req.stream:

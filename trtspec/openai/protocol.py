@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
 
 MAX_STOP = 32  # stop sequences per request (OpenAI allows 4, vLLM any number; lm-eval sends a task's all)
-MAX_PROMPTS = 64  # prompts in one completions request (each a choice)
+MAX_CHOICES = 64  # choices in one request: prompts × n
 
 
 class ApiError(Exception):
@@ -58,7 +58,8 @@ class _Common(_Forbid):
                                              "end ids (vLLM extension)")
     stream: bool | None = Field(False, description="server-sent events, one chunk per decode step")
     stream_options: StreamOptions | None = Field(None, description="streaming options")
-    n: int | None = Field(1, description="choices per request: only 1")
+    n: int | None = Field(1, description="choices per prompt, sampled independently (with a seed s, choice j "
+                          "samples with seed s + j)")
     presence_penalty: float | None = Field(0.0, description="only 0: penalties change the target's law")
     frequency_penalty: float | None = Field(0.0, description="only 0: penalties change the target's law")
     repetition_penalty: float | None = Field(None, description="only 1 (vLLM extension)")
@@ -152,8 +153,9 @@ def _refuse(param: str, value, why: str) -> ApiError:
 
 def check_common(req: _Common) -> None:
     """Refuse values trtspec cannot honour, naming the parameter."""
-    if req.n not in (None, 1):
-        raise _refuse("n", req.n, "one choice per request")
+    if req.n is not None and not 1 <= req.n <= MAX_CHOICES:
+        raise ApiError(f"Invalid 'n': {req.n}; expected 1 to {MAX_CHOICES} choices.", "n",
+                       code="invalid_value")
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(req, name) not in (None, 0, 0.0):
             raise _refuse(name, getattr(req, name), "penalties change the target's distribution")
@@ -197,9 +199,9 @@ def check_completion(req: CompletionRequest, vocab_size: int) -> list[str | list
         prompts = list(prompt)
     if not prompts:
         raise ApiError("'prompt' must hold at least one prompt.", "prompt", code="invalid_value")
-    if len(prompts) > MAX_PROMPTS:
-        raise ApiError(f"'prompt' holds {len(prompts)} prompts; send at most {MAX_PROMPTS} per request.",
-                       "prompt", code="invalid_value")
+    if len(prompts) * (req.n or 1) > MAX_CHOICES:
+        raise ApiError(f"'prompt' holds {len(prompts)} prompts, {len(prompts) * (req.n or 1)} choices with "
+                       f"n={req.n or 1}; at most {MAX_CHOICES} per request.", "prompt", code="invalid_value")
     for i, one in enumerate(prompts):
         param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if not one:
