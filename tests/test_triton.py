@@ -321,7 +321,8 @@ def _metric(served, name: str) -> float:
 
 
 def test_client_dropping_mid_stream_does_not_wedge_the_model(served, config, expected):
-    before = _metric(served, "trtspec_generated_tokens_total")
+    """The dropped request leaves the decoder within 2 s (its 2,048 tokens would take several), and
+    the next request is served."""
     proc = subprocess.Popen(
         [sys.executable, "-c", DROPPING_CLIENT, served.grpc_url.removeprefix("grpc://"), config.name],
         stdout=subprocess.PIPE, text=True,
@@ -331,13 +332,13 @@ def test_client_dropping_mid_stream_does_not_wedge_the_model(served, config, exp
     finally:
         proc.kill()  # the connection drops without a goodbye
         proc.wait()
-    t0 = time.perf_counter()
+    deadline = time.monotonic() + 2.0
+    while _metric(served, "trtspec_requests_in_flight") > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _metric(served, "trtspec_requests_in_flight") == 0, "the dropped request is still decoding"
     params = GenerateParams(max_tokens=MAX_TOKENS, stream=True)
     got = generate(served.grpc_url, config.name, PROMPTS[0], params)
     assert got.token_ids == expected[PROMPTS[0]][0]
-    assert time.perf_counter() - t0 < 60
-    dropped = _metric(served, "trtspec_generated_tokens_total") - before - len(got.token_ids)
-    assert dropped < 2048, "the dropped request ran to its end instead of being cancelled"
 
 
 def test_acceptance_metrics_are_exported(served, config):
