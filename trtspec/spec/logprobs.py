@@ -58,8 +58,8 @@ def step_logprobs(logits: torch.Tensor, positions: list[list[int]], tokens: list
     for r, (p, t) in enumerate(zip(positions, tokens, strict=True)):
         pos[r, : len(p)] = torch.tensor(p, device=device)
         ids[r, : len(t)] = torch.tensor(t, device=device)
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [W, s, V]
-    at = logp[torch.arange(w, device=device)[:, None], pos]  # [W, n, V]
+    # only the rows that predicted an emitted token (a block of 16 drafts emits a + 1 of its 17)
+    at = torch.log_softmax(logits[torch.arange(w, device=device)[:, None], pos].float(), dim=-1)  # [W, n, V]
     values = at.gather(2, ids[..., None])[..., 0].tolist()  # [W][n]
     top = min(max(tops), at.shape[-1])
     best = at.topk(top, dim=-1) if top else None  # [W, n, top]
