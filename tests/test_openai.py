@@ -285,9 +285,9 @@ def test_triton_admin_apis_need_the_key(served):
 
 def _trtllm_request(served, **inputs) -> tuple:
     arrays = {"text_input": np.array([b"Q: 482 + 356\nA:"], dtype=object),
-              "max_tokens": np.array([60], dtype=np.int32), **inputs}
-    return grpc_generate(served.grpc, "trtspec", [array_input(InferInput, k, v) for k, v in arrays.items()],
-                         timeout_s=60)
+              "max_tokens": np.array([60], dtype=np.int32), **inputs}  # text_input=None: input_ids instead
+    given = [array_input(InferInput, k, v) for k, v in arrays.items() if v is not None]
+    return grpc_generate(served.grpc, "trtspec", given, timeout_s=60)
 
 
 def test_triton_takes_tensorrt_llm_inputs(served, pipeline):
@@ -298,6 +298,9 @@ def test_triton_takes_tensorrt_llm_inputs(served, pipeline):
     got = _trtllm_request(served, exclude_input_in_output=np.array([False]),
                           beam_width=np.array([1], dtype=np.int32), pad_id=np.array([0], dtype=np.int32),
                           repetition_penalty=np.array([1.0], dtype=np.float32))
+    assert got.text == prompt + text and got.token_ids == list(prompt.encode()) + ids
+    got = _trtllm_request(served, text_input=None, input_ids=np.array(list(prompt.encode()), dtype=np.int32),
+                          exclude_input_in_output=np.array([False]))  # the prompt's text decoded from its ids
     assert got.text == prompt + text and got.token_ids == list(prompt.encode()) + ids
     newline = ord("\n")
     got = _trtllm_request(served, end_id=np.array([newline], dtype=np.int32))

@@ -46,30 +46,30 @@ class TokenLogprobs:
 
 def step_logprobs(logits: torch.Tensor, positions: list[list[int]], tokens: list[list[int]],
                   tops: list[int]) -> list[TokenLogprobs]:
-    """One step's log-probabilities for W requests at once, one transfer to the host.
+    """One step's log-probabilities for W requests at once: the values come to the host in one
+    copy, the alternatives' ids in a second (none when no request wants alternatives).
 
     logits [W, s, V]: each request's target logits this step (taken before the min_tokens ban);
     positions[w]: where each of its emitted tokens[w] was predicted among its s rows (a chain:
     0..a; a tree: the root, then the accepted path's nodes); tops[w]: its alternatives per token."""
     w, n = len(tokens), max(len(t) for t in tokens)
     device = logits.device
-    pos = torch.zeros(w, n, dtype=torch.long, device=device)  # [W, n], padded with position 0
-    ids = torch.zeros(w, n, dtype=torch.long, device=device)
-    for r, (p, t) in enumerate(zip(positions, tokens, strict=True)):
-        pos[r, : len(p)] = torch.tensor(p, device=device)
-        ids[r, : len(t)] = torch.tensor(t, device=device)
+    pos = torch.tensor([p + [0] * (n - len(p)) for p in positions], device=device)  # [W, n], 0-padded
+    ids = torch.tensor([t + [0] * (n - len(t)) for t in tokens], device=device)  # [W, n]
     # only the rows that predicted an emitted token (a block of 16 drafts emits a + 1 of its 17)
     at = torch.log_softmax(logits[torch.arange(w, device=device)[:, None], pos].float(), dim=-1)  # [W, n, V]
-    values = at.gather(2, ids[..., None])[..., 0].tolist()  # [W][n]
+    chosen = at.gather(2, ids[..., None])  # [W, n, 1]
     top = min(max(tops), at.shape[-1])
-    best = at.topk(top, dim=-1) if top else None  # [W, n, top]
-    best_ids = best.indices.tolist() if top else None
-    best_values = best.values.tolist() if top else None
+    best_ids = None
+    if top:
+        best = at.topk(top, dim=-1)  # [W, n, top]
+        chosen, best_ids = torch.cat([chosen, best.values], -1), best.indices.tolist()
+    floats = chosen.tolist()  # [W][n][1 + top]: the token's log p, then the best ones'
     out = []
     for r, (t, k) in enumerate(zip(tokens, tops, strict=True)):
-        row = TokenLogprobs(k, values[r][: len(t)])
+        row = TokenLogprobs(k, [floats[r][j][0] for j in range(len(t))])
+        row.top_values = [floats[r][j][1 : 1 + k] for j in range(len(t))]
         row.top_ids = [best_ids[r][j][:k] if k else [] for j in range(len(t))]
-        row.top_values = [best_values[r][j][:k] if k else [] for j in range(len(t))]
         out.append(row)
     return out
 

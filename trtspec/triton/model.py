@@ -187,7 +187,6 @@ class _Stream:
     text: TextStream
     metrics: Metrics
     decode: Request  # what the decoder runs: the tokenized prompt and limits
-    prompt_text: str = ""  # the prompt as text (input_ids decoded)
     prompt_ids: list[int] | None = None  # owed at the front of the output (exclude_input_in_output false)
     logprobs: TokenLogprobs | None = None  # of the ids kept so far, when the request asked for them
     prompt_logprobs: TokenLogprobs | None = None  # the prompt's, when asked, until sent
@@ -207,7 +206,8 @@ class _Stream:
         if self.prompt_ids is None:
             return text, ids
         prompt_ids, self.prompt_ids = self.prompt_ids, None
-        return self.prompt_text + text, prompt_ids + ids
+        given = self.request.prompt if self.request.prompt_ids is None else self.text.decode(prompt_ids)
+        return given + text, prompt_ids + ids
 
     def on_tokens(self, emitted: Emitted) -> bool:
         """The decoder's callback: stream the new text; True ends the request."""
@@ -273,13 +273,8 @@ class TritonPythonModel:
                 parsed = parse_request(lambda name, r=request: _input(r, name), self.limit,
                                        _parameters(request), self.pipeline.target.vocab_size)
                 # tokenized and checked against the context here, before it waits in the queue
-                tokenizer = self.pipeline.tokenizer
-                if parsed.prompt_ids is None:
-                    prompt_text = parsed.prompt
-                    ids = tokenizer.encode(prompt_text, parsed.add_special_tokens)
-                else:
-                    ids = list(parsed.prompt_ids)
-                    prompt_text = tokenizer.decode(ids)
+                ids = list(parsed.prompt_ids) if parsed.prompt_ids is not None else \
+                    self.pipeline.tokenizer.encode(parsed.prompt, parsed.add_special_tokens)
                 decode = Request(ids, parsed.max_tokens, parsed.sampling, parsed.min_tokens, parsed.end_id,
                                  parsed.stop_token_ids, parsed.ignore_eos, parsed.logprobs,
                                  parsed.prompt_logprobs)
@@ -290,7 +285,7 @@ class TritonPythonModel:
                 sender.send(_error(f"{name}{exc}"), flags=FINAL)
                 continue
             text = TextStream(self.pipeline.tokenizer.decode, parsed.stop_words)
-            stream = _Stream(parsed, sender, text, self.metrics, decode, prompt_text)
+            stream = _Stream(parsed, sender, text, self.metrics, decode)
             if parsed.logprobs is not None:
                 stream.logprobs = TokenLogprobs(parsed.logprobs)
             self.waiting.put(stream)

@@ -91,8 +91,9 @@ def check_parameters(parameters: dict) -> None:
 def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | None = None,
                   vocab_size: int | None = None) -> GenerateRequest:
     """Read and check every input and parameter; raises RequestError naming the first bad one.
-    `vocab_size`: the target's, which token ids (end_id, stop_token_ids) must lie under."""
+    `vocab_size`: the target's, which token ids (input_ids, end_id, stop_token_ids) must lie under."""
     check_parameters(parameters or {})
+    span = f"in [0, {vocab_size})" if vocab_size else ">= 0"  # a token id of the target
     raw, given_ids = _scalar(get, "text_input"), get("input_ids")
     if (raw is None) == (given_ids is None):
         raise RequestError("give one of text_input (text) or input_ids (token ids)" if raw is not None else
@@ -108,7 +109,6 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
             raise RequestError("input_ids must not be empty")
         bad = [i for i in prompt_ids if not 0 <= i < (vocab_size or 2**31)]
         if bad:
-            span = f"in [0, {vocab_size})" if vocab_size else ">= 0"
             raise RequestError(f"input_ids must be token ids {span}, got {bad[0]} at position "
                                f"{prompt_ids.index(bad[0])}")
 
@@ -147,7 +147,6 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     min_tokens = 0 if min_tokens is None else int(min_tokens)
     if not 0 <= min_tokens <= max_tokens:
         raise RequestError(f"{min_name} must be in [0, max_tokens={max_tokens}], got {min_tokens}")
-    span = f"in [0, {vocab_size})" if vocab_size else ">= 0"  # a token id of the target
     end_id = _scalar(get, "end_id")
     if end_id is not None and not 0 <= int(end_id) < (vocab_size or 2**31):
         raise RequestError(f"end_id must be a token id {span}, got {int(end_id)}")
