@@ -226,6 +226,54 @@ def test_adaptive_batched_sampling_follows_target(name):
         assert tv < 0.06, (pos, tv)
 
 
+COUPLED = [SamplingParams(temperature=1.0, seed=5, coupling="gumbel"),
+           SamplingParams(temperature=0.7, top_k=8, seed=6, coupling="gumbel"),
+           SamplingParams(temperature=1.2, top_p=0.9, seed=2**63 + 7, coupling="gumbel")]
+
+
+@pytest.fixture(scope="module")
+def coupled_alone():
+    """Six Gumbel-coupled sampled requests, each decoded alone by the torch target alone."""
+    decoder = load_pipeline(_config("tiny-dflash"), use_drafter=False).decoder_for(1, FULL)
+    return [decoder.generate(list(p.encode()), 50, s).token_ids
+            for p, s in zip(PROMPTS[:6], COUPLED * 2, strict=True)]
+
+
+@pytest.mark.parametrize("tree", [None, TreeConfig(nodes=10, topk=4)], ids=["chain", "tree"])
+def test_gumbel_coupled_sampling_is_what_the_target_alone_samples(pipeline, coupled_alone, tree):
+    """Sampling with Gumbel coupling: every request's tokens equal what the target alone samples
+    with its seed, the equality greedy decoding has, under sampling, whatever the drafter, chain or
+    tree, flavour, batch or schedule: alone with whole blocks, and eight at a time under the
+    adaptive schedule beside greedy and rejection-sampled requests."""
+    reqs = [Request(list(p.encode()), 50, s) for p, s in zip(PROMPTS[:6], COUPLED * 2, strict=True)]
+    others = [Request(list(PROMPTS[6].encode()), 30),
+              Request(list(PROMPTS[7].encode()), 30, SamplingParams(temperature=1.0, seed=9))]
+    for slots, schedule, batch in ((1, FULL, reqs[:2]), (8, ScheduleConfig(mode="adaptive"), reqs + others)):
+        decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pipeline.end_ids, pipeline.verifier,
+                                     schedule, SPS, slots, 512, tree=tree)
+        got = decoder.generate_batch(batch)
+        n = sum(r.sampling.gumbel for r in batch)  # the coupled requests come first
+        assert [r.token_ids for r in got[:n]] == coupled_alone[:n]
+        assert sum(r.num_accepted for r in got) > 0  # drafts were accepted, not only bonus tokens
+
+
+# topk 1: the tree holds only each node's best child, the coupled chain (wider trees may stop it
+# short of a deeper alternative, which counts as drafted and not accepted)
+@pytest.mark.parametrize("tree", [None, TreeConfig(nodes=4, topk=1)], ids=["chain", "tree"])
+def test_a_drafter_that_is_the_target_gets_every_coupled_draft_accepted(tree):
+    """The drafter draws its coupled drafts with the noise of the very positions the verifier keys
+    them at: a drafter that is the target itself proposes what the target samples, every time. (Off by
+    one position, texts still equal the target alone's, but drafts would match only by chance.)"""
+    pipeline = load_pipeline(_config("tiny-draft-model"), use_drafter=False)
+    drafter = DraftModelDrafter(pipeline.target.model, 4)
+    decoder = SpeculativeDecoder(pipeline.target, drafter, pipeline.end_ids, pipeline.verifier, FULL, None,
+                                 3, 512, tree=tree)
+    got = decoder.generate_batch([Request(list(p.encode()), 40, s)
+                                  for p, s in zip(PROMPTS[3:6], COUPLED, strict=True)])
+    drafted = sum(r.num_drafted for r in got)
+    assert drafted > 40 and sum(r.num_accepted for r in got) == drafted
+
+
 def test_adaptive_turns_speculation_off_where_it_cannot_pay():
     """A machine where drafting costs more than a target step: adaptive decodes plainly (k = 0)
     but for its probes, which come ever rarer, and still gives the target's tokens; where verifying

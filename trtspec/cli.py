@@ -124,6 +124,7 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
         raise click.BadParameter(f"must be in [1, {config.limits.max_tokens}] (limits.max_tokens of "
                                  f"{config_path}), got {max_tokens}", param_hint="--max-tokens")
     configure_threads(config)
+    sampling = sampling.model_copy(update={"coupling": config.sampling.coupling})
     pipeline = load_pipeline(config, use_drafter=drafter_choice != "none")
     decoder = pipeline.decoder
     try:

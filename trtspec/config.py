@@ -192,6 +192,19 @@ class RuntimeConfig(_Strict):
         raise ValueError("expected 'auto' or an integer >= 1")
 
 
+class SamplingConfig(_Strict):
+    """How the deployment samples the requests it serves with temperature > 0."""
+
+    coupling: Literal["rejection", "gumbel"] = Field(
+        "rejection",
+        description="rejection = Leviathan et al.'s rule: the highest acceptance, and the text's law is the "
+                    "target's, but a seed repeats a text only under the same schedule; gumbel = every "
+                    "sampled token is argmax(log p + g(seed, position)) (`trtspec.spec.coupling`): the "
+                    "text is token for token what the target alone samples with that seed, whatever the "
+                    "batch, schedule, drafter or tree (acceptance at least (1 − TV)/(1 + TV) per draft "
+                    "instead of 1 − TV)")
+
+
 class TestOnlyConfig(_Strict):
     """Deliberate faults that let the test suite check its own checks. Never set in a deployment."""
 
@@ -212,6 +225,8 @@ class BuildConfig(_Strict):
     engine: EngineConfig | None = Field(None, description="graphs and backend of flavour engine")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig,
                                    description="threads of the decoding process")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig,
+                                     description="how requests with temperature > 0 are sampled and verified")
     gpus: list[int] = Field(
         default_factory=list,
         description="GPU ids of a Triton node: one orchestrator instance on each; empty = one CPU instance",
@@ -220,6 +235,13 @@ class BuildConfig(_Strict):
         None, description="GPUs, parallelism and KV policy for planning and TensorRT-LLM artifacts")
     test_only: TestOnlyConfig | None = Field(
         None, description="TEST ONLY: deliberate faults (flavour torch) for testing `trtspec verify`")
+
+    @model_validator(mode="after")
+    def _coupling_flavour(self) -> BuildConfig:
+        if self.sampling.coupling == "gumbel" and self.flavour == "trtllm":
+            raise ValueError("sampling.coupling gumbel needs flavour torch or engine: TensorRT-LLM verifies "
+                             "sampled drafts with its own rejection sampler")
+        return self
 
     @model_validator(mode="after")
     def _test_only_in_torch(self) -> BuildConfig:

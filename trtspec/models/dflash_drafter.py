@@ -20,9 +20,10 @@ import torch
 from trtspec.errors import CheckpointError
 from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout, graphs_wanted
 from trtspec.models.dflash import DFlashDraftModel, load_dflash
-from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
+from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, draft_positions, register_drafter
 from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout, slot_bytes_per_position
 from trtspec.models.target import DTYPES
+from trtspec.spec.coupling import perturb
 from trtspec.spec.sampling import row_probs
 from trtspec.spec.tree import DraftTree, grow_tree, log_scores
 
@@ -175,22 +176,26 @@ class DFlashDrafter(BlockDrafter):
 
 def marginal_tree(logits: torch.Tensor, rows: list[DraftRow], tree, depth: int) -> DraftTree:
     """A tree from per-slot marginals logits [R, depth, V]: depth-d children are slot d's best."""
-    scores = log_scores(logits, [row.sampling for row in rows])  # [R, D, V]
+    at = draft_positions(rows, logits.device, count=logits.shape[1])  # [R, D]
+    scores = log_scores(logits, [row.sampling for row in rows], at)  # [R, D, V]
     best, tokens = scores.topk(min(tree.topk, scores.shape[-1]), -1)  # [R, D, K], once for every depth
     return grow_tree(scores[:, 0], lambda d, frontier, _: (best[:, d, None], tokens[:, d, None]), tree.topk,
                      tree.nodes, depth)
 
 
 def propose_block(logits: torch.Tensor, rows: list[DraftRow]) -> Proposal:
-    """Drafts from every row's block logits [R, k, V]: argmax for greedy rows; each slot of a
-    sampling row drawn independently from its q under the row's own parameters."""
-    tokens = logits.argmax(-1)  # [R, k]
-    sampled = [r for r, row in enumerate(rows) if not row.sampling.greedy]
-    if not sampled:
-        return Proposal(tokens=tokens, q_probs=None)
-    q = row_probs(logits, [row.sampling for row in rows])  # [R, k, V]
-    for r in sampled:
-        tokens[r] = torch.multinomial(q[r], 1, generator=rows[r].generator)[:, 0]  # [k]
+    """Drafts from every row's block logits [R, k, V]: argmax for greedy rows, the coupled draft at
+    each slot's position for Gumbel-coupled rows; each slot of a sampling row drawn independently
+    from its q under the row's own parameters."""
+    params = [row.sampling for row in rows]
+    if all(p.greedy for p in params):
+        return Proposal(tokens=logits.argmax(-1), q_probs=None)
+    at = draft_positions(rows, logits.device, count=logits.shape[1])  # [R, k]
+    tokens = perturb(logits, params, at).argmax(-1)  # [R, k]
+    q = row_probs(logits, params)  # [R, k, V]
+    for r, p in enumerate(params):
+        if not p.greedy and not p.gumbel:
+            tokens[r] = torch.multinomial(q[r], 1, generator=rows[r].generator)[:, 0]  # [k]
     return Proposal(tokens=tokens, q_probs=q)
 
 

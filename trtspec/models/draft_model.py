@@ -20,7 +20,7 @@ import torch
 
 from trtspec.errors import CheckpointError
 from trtspec.models.cuda_graphs import graphs_wanted
-from trtspec.models.drafter import Drafter, DraftRow, Proposal, register_drafter
+from trtspec.models.drafter import Drafter, DraftRow, Proposal, draft_positions, register_drafter
 from trtspec.models.target import Chunk, PathKeep, TargetModel, chunk_offsets, load_causal_lm
 from trtspec.spec.sampling import choose_tokens
 from trtspec.spec.tree import grow_tree, log_scores
@@ -106,7 +106,7 @@ class DraftModelDrafter(Drafter):
         for i in range(k):
             last = torch.tensor(chunk_offsets(chunks)[1:], device=device) - 1  # each row's last token
             logits = self.lm.forward(chunks, logits_at=last).logits  # [R, V]
-            token, q = choose_tokens(logits, params, generators)  # [R], [R, V] | None
+            token, q = choose_tokens(logits, params, generators, [row.position(i) for row in rows])
             tokens.append(token)
             if q is not None:
                 q_rows.append(q)
@@ -128,7 +128,8 @@ class DraftModelDrafter(Drafter):
             self.fed[row.slot] += missing
             chunks.append(Chunk(row.slot, torch.tensor(missing, device=device)))
         last = torch.tensor(chunk_offsets(chunks)[1:], device=device) - 1
-        first = log_scores(self.lm.forward(chunks, logits_at=last).logits, params)  # [R, V]
+        first = log_scores(self.lm.forward(chunks, logits_at=last).logits, params,
+                           draft_positions(rows, device)[:, 0])  # [R, V]
         starts = [len(self.fed[row.slot]) for row in rows]
         fed = {row.slot: ([], []) for row in rows}  # slot -> (tokens, parents) of the nodes fed
         state = {"first": 0}
@@ -143,7 +144,8 @@ class DraftModelDrafter(Drafter):
                 tokens += frontier[i].tolist()
                 parents += [-1 if d == 1 else prev + j for j in up]
                 chunks.append(Chunk(row.slot, frontier[i], tuple(parents), start))
-            return log_scores(self.lm.forward(chunks).logits.view(r, f, -1), params)  # [R, F, V]
+            return log_scores(self.lm.forward(chunks).logits.view(r, f, -1), params,
+                              draft_positions(rows, device, d))  # [R, F, V]
 
         drafted = grow_tree(first, expand, tree.topk, tree.nodes, self.tree_depth(tree))
         self.fed_tree.update(fed)

@@ -42,6 +42,16 @@ class DraftRow:
     sampling: SamplingParams
     generator: torch.Generator
 
+    def position(self, depth: int = 0) -> int:
+        """Sequence position of this row's draft at `depth` (0: the first draft, after the anchor)."""
+        return len(self.committed) + depth
+
+
+def draft_positions(rows: list[DraftRow], device, depth: int = 0, count: int = 1) -> torch.Tensor:
+    """Positions of each row's drafts at depths depth..depth+count-1.  -> [R, count]"""
+    first = torch.tensor([row.position(depth) for row in rows], device=device)
+    return first[:, None] + torch.arange(count, device=device)
+
 
 @dataclass(slots=True)
 class Proposal:

@@ -22,7 +22,7 @@ import torch
 from trtspec.errors import CheckpointError
 from trtspec.models.cuda_graphs import graphs_wanted
 from trtspec.models.dflash_drafter import DFlashDrafter
-from trtspec.models.drafter import Drafter, DraftRow, Proposal, register_drafter
+from trtspec.models.drafter import Drafter, DraftRow, Proposal, draft_positions, register_drafter
 from trtspec.models.dspark import ChooseToken, DraftBlock, DSparkDraftModel, load_dspark
 from trtspec.models.target import DTYPES
 from trtspec.spec.sampling import choose_tokens
@@ -51,7 +51,7 @@ class MarkovProposer(Drafter):
 
         def survival_scores(d: int, prev: torch.Tensor) -> torch.Tensor:  # children of prev at slot d
             logits, conf = heads(d, prev)
-            logq = log_scores(logits, params)  # [R, F, V]
+            logq = log_scores(logits, params, draft_positions(rows, logits.device, d))  # [R, F, V]
             if conf is None:
                 return logq
             temps = None if self.sts_temperatures is None else self.sts_temperatures[d : d + 1]
@@ -71,8 +71,8 @@ class MarkovProposer(Drafter):
         generators = [row.generator for row in rows]
         qs: list[torch.Tensor] = []
 
-        def choose(_: int, logits: torch.Tensor) -> torch.Tensor:
-            tokens, q = choose_tokens(logits, params, generators)  # [R], [R, V] | None
+        def choose(j: int, logits: torch.Tensor) -> torch.Tensor:
+            tokens, q = choose_tokens(logits, params, generators, [row.position(j) for row in rows])
             if q is not None:
                 qs.append(q)
             return tokens

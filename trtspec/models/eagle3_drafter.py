@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout, graphs_wanted
-from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, register_drafter
+from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, draft_positions, register_drafter
 from trtspec.models.eagle3 import Eagle3DraftModel, load_eagle3
 from trtspec.models.kv_slots import (
     Segment,
@@ -160,8 +160,10 @@ class Eagle3Drafter(TapsDrafter):
         parents: list[list[int]] = [[] for _ in rows]  # per row: the tree of forwarded nodes
         state = {"h": h0[:, None], "first": 0}  # the last frontier's outputs [R, F, H]
 
-        def scores(h: torch.Tensor) -> torch.Tensor:
-            return log_scores(self.model.to_target_logits(self.model.draft_logits(h)), params)
+        def scores(h: torch.Tensor, depth: int) -> torch.Tensor:  # h [R, H] or [R, F, H]
+            at = draft_positions(rows, h.device, depth)  # [R, 1]
+            return log_scores(self.model.to_target_logits(self.model.draft_logits(h)), params,
+                              at if h.dim() == 3 else at[:, 0])
 
         def expand(d: int, frontier: torch.Tensor, from_prev: torch.Tensor) -> torch.Tensor:
             """Forward the depth-d frontier [R, F] (each on its parent's h) -> children scores."""
@@ -176,9 +178,9 @@ class Eagle3Drafter(TapsDrafter):
             h = self._forward(segments, frontier.reshape(r * f), h_in.reshape(r * f, -1))  # [R·F, H]
             self.num_forwards += 1
             state["h"], state["first"] = h.view(r, f, -1), base
-            return scores(state["h"])
+            return scores(state["h"], d)
 
-        return grow_tree(scores(h0), expand, tree.topk, tree.nodes, self.tree_depth(tree))
+        return grow_tree(scores(h0, 0), expand, tree.topk, tree.nodes, self.tree_depth(tree))
 
     @torch.inference_mode()
     def draft_chain(self, rows: list[DraftRow], k: int, choose) -> list[torch.Tensor]:
@@ -205,7 +207,8 @@ class Eagle3Drafter(TapsDrafter):
         q_rows: list[torch.Tensor] = []
 
         def choose(logits: torch.Tensor) -> torch.Tensor:
-            tokens, q = choose_tokens(logits, params, generators)  # [R], [R, V] | None
+            depth = len(chosen)
+            tokens, q = choose_tokens(logits, params, generators, [row.position(depth) for row in rows])
             chosen.append(tokens)
             if q is not None:
                 q_rows.append(q)

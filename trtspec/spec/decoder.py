@@ -32,6 +32,7 @@ from trtspec.config import ScheduleConfig, TreeConfig
 from trtspec.models.drafter import Drafter, DraftRow, NoDrafter, Proposal
 from trtspec.models.target import Chunk, PathKeep, TargetModel
 from trtspec.spec.cost import AcceptanceTracker, GainCalibration, MeasuredCost, admit_rows
+from trtspec.spec.coupling import fresh_seed
 from trtspec.spec.logprobs import TokenLogprobs, prompt_logprobs, step_logprobs
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams, choose_tokens
@@ -218,6 +219,9 @@ class SpeculativeDecoder:
     def add(self, request: Request, on_tokens: OnTokens | None = None) -> int:
         """Queue `request`; it is prefilled in the next `step`. Returns its id."""
         self.check(request)
+        if request.sampling.gumbel and request.sampling.seed is None:  # its noise needs a key
+            request = copy.copy(request)
+            request.sampling = request.sampling.model_copy(update={"seed": fresh_seed()})
         used = {lv.slot for lv in self.lives.values()}
         free = [s for s in range(self.max_slots) if s not in used]
         if not free:
@@ -548,7 +552,7 @@ class SpeculativeDecoder:
             raw = self._wanting_logprobs(first_logits[:, None], new)  # before the min_tokens ban
             self._ban_end(first_logits[:, None], new)
             first, _ = choose_tokens(first_logits, [lv.request.sampling for lv in new],
-                                     [lv.generator for lv in new])
+                                     [lv.generator for lv in new], [len(lv.request.prompt) for lv in new])
             first = first.tolist()
             logprobs = self._logprobs(raw, new, [[0]] * len(new), [[t] for t in first])
             for i, (lv, token) in enumerate(zip(new, first, strict=True)):
@@ -571,17 +575,19 @@ class SpeculativeDecoder:
             logits = out.logits[rows_at]  # [R, width+1, V]
             raw = self._wanting_logprobs(logits, running)  # before the min_tokens ban
             params, generators = [lv.request.sampling for lv in running], [lv.generator for lv in running]
+            # the position each row's logits row 0 predicts (Gumbel-coupled rows key their noise by it)
+            positions = torch.tensor([len(lv.committed) for lv in running], device=device)
             if plan.tree is None:
                 self._ban_end(logits, running)
                 q = None if plan.q is None else plan.q[:, :width]
                 lens = torch.tensor(lengths, device=device)
                 drafts = plan.fed[:, 1 : width + 1]
-                verdict = self.verifier.verify(drafts, lens, q, logits, params, generators)
+                verdict = self.verifier.verify(drafts, lens, q, logits, params, generators, positions)
                 accepted = verdict.num_accepted.tolist()  # the step's one host sync
                 paths = [list(range(a + 1)) for a in accepted]
             else:
                 self._ban_end(logits, running, plan.tree)
-                verdict = self.verifier.verify_tree(plan.tree, logits, params, generators)
+                verdict = self.verifier.verify_tree(plan.tree, logits, params, generators, positions)
                 accepted = verdict.num_accepted.tolist()  # the step's one host sync
                 paths = [[0] + p[:a] for p, a in zip(verdict.path.tolist(), accepted, strict=True)]
                 target.keep_paths([PathKeep(lv.slot, start, path)

@@ -8,6 +8,7 @@ before the accept test, as vLLM and TensorRT-LLM do.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,10 +25,21 @@ class SamplingParams(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**64 - 1,
                              description="seed of the request's random generator (a UINT64, as Triton's "
                                          "random_seed)")
+    coupling: Literal["rejection", "gumbel"] = Field(
+        "rejection",
+        description="how sampled drafts are verified: rejection = Leviathan et al.'s rule (the highest "
+                    "acceptance; a seed repeats a text only under the same schedule); gumbel = every token "
+                    "is argmax(log p + g(seed, position)) (`trtspec.spec.coupling`): the text is exactly "
+                    "what the target alone samples with that seed, under any batch or schedule")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def gumbel(self) -> bool:
+        """A sampled request whose tokens are fixed by its seed and their positions."""
+        return self.coupling == "gumbel" and not self.greedy
 
     def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
         gen = torch.Generator(device=device)
@@ -95,15 +107,24 @@ def sample_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> t
 
 
 def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
-                  generators: Sequence[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Pick one token per row: argmax for greedy rows, a draw from the processed distribution q
-    otherwise.  logits [R, V] -> tokens [R], q [R, V] (None when every row is greedy; a greedy
+                  generators: Sequence[torch.Generator],
+                  positions: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Pick one token per row: argmax for greedy rows, the coupled sample at the row's position for
+    Gumbel-coupled rows (`spec.coupling`), a draw from the processed distribution q otherwise.
+    logits [R, V], positions [R] -> tokens [R], q [R, V] (None when every row is greedy; a greedy
     row's q is one-hot on its argmax)."""
-    tokens = logits.argmax(-1)  # [R]
-    sampled = [r for r, p in enumerate(params) if not p.greedy]
-    if not sampled:
+    from trtspec.spec.coupling import perturb
+
+    if any(p.gumbel for p in params):
+        at = None if positions is None else torch.tensor(positions, device=logits.device)[:, None]  # [R, 1]
+        tokens = perturb(logits[:, None], params, at)[:, 0].argmax(-1)  # [R]
+    else:
+        tokens = logits.argmax(-1)  # [R]
+    sampled = [r for r, p in enumerate(params) if not p.greedy and not p.gumbel]
+    if all(p.greedy for p in params):
         return tokens, None
     q = row_probs(logits, params)  # [R, V]
-    idx = torch.tensor(sampled, device=logits.device)
-    tokens[idx] = sample_rows(q[idx], [generators[r] for r in sampled])
+    if sampled:
+        idx = torch.tensor(sampled, device=logits.device)
+        tokens[idx] = sample_rows(q[idx], [generators[r] for r in sampled])
     return tokens, q

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trtspec.spec.coupling import coupled_rows, gumbel_noise
 from trtspec.spec.sampling import SamplingParams, row_probs
 
 # the children's log-scores of a frontier: (depth d of the frontier, tokens [R, F], index of each
@@ -93,12 +94,29 @@ class DraftTree:
         return DraftTree(self.tokens, self.parents, sizes, self.q_probs, self.node_depths)
 
 
-def log_scores(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """log q under each row's processed distribution (greedy rows: temperature 1).  logits [R, ..., V]"""
+def log_scores(logits: torch.Tensor, params: Sequence[SamplingParams],
+               positions: torch.Tensor | None = None) -> torch.Tensor:
+    """log q under each row's processed distribution (greedy rows: temperature 1).  logits [R, ..., V]
+    Gumbel-coupled rows score log_softmax(log q + g), g their noise at the positions of the drafts
+    these logits choose (`positions`, broadcastable to logits [R, ...] without V;
+    `drafter.draft_positions`): a node's best child is its coupled draft, and scores stay ≤ 0, so
+    they never grow along a path (a child never outranks its parent, which `grow_tree` relies on;
+    log q + g alone, often positive, grew trees of orphans)."""
     if all(p.greedy for p in params):
         return torch.log_softmax(logits.float(), -1)
     as_sampled = [SamplingParams(temperature=1.0) if p.greedy else p for p in params]
-    return row_probs(logits, as_sampled).log()
+    scores = row_probs(logits, as_sampled).log()
+    coupled = coupled_rows(params)
+    if coupled:
+        if positions is None:
+            raise ValueError("Gumbel-coupled rows need the positions of the drafts they score")
+        r = logits.shape[0]
+        at = positions.expand(logits.shape[:-1]).reshape(r, -1)  # [R, n]
+        idx = torch.tensor(coupled, device=logits.device)
+        noise = gumbel_noise([params[i].seed for i in coupled], at[idx], logits.shape[-1])  # [C, n, V]
+        perturbed = scores[idx] + noise.view(len(coupled), *logits.shape[1:])
+        scores[idx] = torch.log_softmax(perturbed, -1)
+    return scores
 
 
 def grow_tree(first: torch.Tensor, expand: Expand, topk: int, nodes: int, depth: int) -> DraftTree:

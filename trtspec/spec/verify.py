@@ -13,8 +13,9 @@ min(1, p_i(x_i) / q_i(x_i)); the emitted sequence is then distributed exactly as
 
 `Verifier.verify` decides a whole step at once: every running request is a row, with its own
 number of drafts to consider (`draft_lens`, ragged), its own sampling parameters (greedy and
-sampling rows in the same step) and its own random generator. `Verifier.verify_tree` does the same
-for draft trees (the rules: `trtspec.spec.tree_verify`).
+sampling rows in the same step) and its own random generator; Gumbel-coupled rows
+(`trtspec.spec.coupling`) take the greedy rule on their perturbed logits. `Verifier.verify_tree`
+does the same for draft trees (the rules: `trtspec.spec.tree_verify`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trtspec.spec.coupling import coupled_rows, perturb
 from trtspec.spec.sampling import SamplingParams, row_probs
 
 if TYPE_CHECKING:
@@ -136,11 +138,17 @@ class Verifier:
 
     def verify(self, draft_tokens: torch.Tensor, draft_lens: torch.Tensor, q_probs: torch.Tensor | None,
                target_logits: torch.Tensor, params: Sequence[SamplingParams],
-               generators: Sequence[torch.Generator]) -> VerifyOutput:
+               generators: Sequence[torch.Generator], positions: torch.Tensor | None = None) -> VerifyOutput:
         """One step's verdict for every row, each under its own request's sampling parameters:
-        drafts [R, k] of which the first draft_lens [R] count, q_probs [R, k, V] (read for sampling
-        rows only), target logits [R, k+1, V]."""
-        sampled = [r for r, p in enumerate(params) if not p.greedy]
+        drafts [R, k] of which the first draft_lens [R] count, q_probs [R, k, V] (read for
+        rejection-sampled rows only), target logits [R, k+1, V]. Gumbel-coupled rows (`spec.coupling`)
+        take the greedy rule on their perturbed logits, row j of row r predicting position
+        positions[r] + j."""
+        if coupled_rows(params):
+            at = None if positions is None else positions[:, None] + torch.arange(
+                target_logits.shape[1], device=target_logits.device)  # [R, k+1]
+            target_logits = perturb(target_logits, params, at)
+        sampled = [r for r, p in enumerate(params) if not p.greedy and not p.gumbel]
         if len(sampled) < len(params):
             verdict = self.greedy(draft_tokens, target_logits, draft_lens)
             if not sampled:
@@ -174,10 +182,16 @@ class Verifier:
         return verify_sampling(draft_tokens, q_probs, p_probs, uniforms, u_last, draft_lens)
 
     def verify_tree(self, tree: DraftTree, target_logits: torch.Tensor, params: Sequence[SamplingParams],
-                    generators: Sequence[torch.Generator]) -> TreeVerdict:
+                    generators: Sequence[torch.Generator],
+                    positions: torch.Tensor | None = None) -> TreeVerdict:
         """One step's verdict for every row's draft tree, each under its own request's parameters:
-        target logits [R, N+1, V] at every row's root and nodes."""
-        sampled = [r for r, p in enumerate(params) if not p.greedy]
+        target logits [R, N+1, V] at every row's root and nodes. Gumbel-coupled rows take the greedy
+        rule on their perturbed logits, a node at depth d of row r predicting position positions[r] + d."""
+        if coupled_rows(params):
+            depths = tree.depths()[:, : target_logits.shape[1]]  # [R, N+1]
+            at = None if positions is None else positions[:, None] + depths
+            target_logits = perturb(target_logits, params, at)
+        sampled = [r for r, p in enumerate(params) if not p.greedy and not p.gumbel]
         sizes = list(tree.sizes)
         if len(sampled) < len(params):
             verdict = self.tree_greedy(tree.tokens, tree.parents, sizes, target_logits)

@@ -271,7 +271,8 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 parsed = parse_request(lambda name, r=request: _input(r, name), self.limit,
-                                       _parameters(request), self.pipeline.target.vocab_size)
+                                       _parameters(request), self.pipeline.target.vocab_size,
+                                       self.config.sampling.coupling)
                 # tokenized and checked against the context here, before it waits in the queue
                 ids = list(parsed.prompt_ids) if parsed.prompt_ids is not None else \
                     self.pipeline.tokenizer.encode(parsed.prompt, parsed.add_special_tokens)

@@ -89,9 +89,10 @@ def check_parameters(parameters: dict) -> None:
 
 
 def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | None = None,
-                  vocab_size: int | None = None) -> GenerateRequest:
+                  vocab_size: int | None = None, coupling: str = "rejection") -> GenerateRequest:
     """Read and check every input and parameter; raises RequestError naming the first bad one.
-    `vocab_size`: the target's, which token ids (input_ids, end_id, stop_token_ids) must lie under."""
+    `vocab_size`: the target's, which token ids (input_ids, end_id, stop_token_ids) must lie under;
+    `coupling`: the deployment's `sampling.coupling`."""
     check_parameters(parameters or {})
     span = f"in [0, {vocab_size})" if vocab_size else ">= 0"  # a token id of the target
     raw, given_ids = _scalar(get, "text_input"), get("input_ids")
@@ -174,7 +175,7 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     except UnsupportedInput as exc:
         raise RequestError(str(exc)) from None
 
-    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, coupling=coupling)
     return GenerateRequest(prompt, max_tokens, sampling, bool(stream), tuple(stop_words), min_tokens,
                            None if end_id is None else int(end_id),
                            exclude_input is not None and not bool(exclude_input),

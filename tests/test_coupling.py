@@ -1,0 +1,97 @@
+"""Gumbel coupling (`trtspec.spec.coupling`): each sampled token is argmax(log p + g(seed, position)),
+a draw from p, independent across positions and seeds; the hash is exact integer arithmetic."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from trtspec.spec.coupling import MASK32, coupled_logits, fmix32, gumbel_noise
+from trtspec.spec.sampling import SamplingParams, probs_from_logits
+
+DRAWS = 40_000
+
+
+def _reference_fmix32(x: int) -> int:
+    """murmur3's finaliser on Python's unbounded ints, the plain way."""
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & MASK32
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & MASK32
+    return x ^ (x >> 16)
+
+
+def test_the_hash_is_murmur3_s_finaliser_without_int64_overflow():
+    rng = random.Random(7)
+    values = [0, 1, 0xFFFF, 0x10000, MASK32, MASK32 - 1, 2**31, 2**31 - 1] + \
+        [rng.getrandbits(32) for _ in range(2000)]
+    got = fmix32(torch.tensor(values, dtype=torch.int64)).tolist()
+    assert got == [_reference_fmix32(v) for v in values]
+    assert [fmix32(v) for v in values[:50]] == got[:50]  # the same function on Python ints
+
+
+def _uniforms(g: torch.Tensor) -> torch.Tensor:
+    return torch.exp(-torch.exp(-g.double()))  # Gumbel -> its uniform
+
+
+def test_noise_is_uniform_and_uncorrelated_across_tokens_positions_and_seeds():
+    rng = random.Random(3)
+    seeds = [rng.getrandbits(64) for _ in range(2)] + list(range(62))
+    positions = torch.arange(100)[None].expand(len(seeds), 100)
+    u = _uniforms(gumbel_noise(seeds, positions, 64))  # [S, T, V]
+    assert torch.isfinite(u).all() and (u > 0).all() and (u < 1).all()
+    counts = torch.histc(u.flatten(), bins=20, min=0.0, max=1.0)
+    expected = u.numel() / 20
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi2 < 60, chi2  # 19 degrees of freedom: 60 is far in the tail
+
+    def corr(a, b):
+        return torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1].abs().item()
+
+    assert corr(u[:, :, 1:], u[:, :, :-1]) < 0.01  # neighbouring tokens
+    assert corr(u[:, 1:], u[:, :-1]) < 0.01  # neighbouring positions
+    assert corr(u[1:], u[:-1]) < 0.01  # neighbouring seeds
+    again = gumbel_noise(seeds[:3], positions[:3], 64)
+    assert torch.equal(again, gumbel_noise(seeds[:3], positions[:3], 64))
+
+
+def tv(a: torch.Tensor, b: torch.Tensor) -> float:
+    return 0.5 * (a - b).abs().sum().item()
+
+
+PARAMS = [SamplingParams(temperature=1.0, coupling="gumbel"),
+          SamplingParams(temperature=0.7, top_k=4, coupling="gumbel"),
+          SamplingParams(temperature=1.3, top_p=0.8, coupling="gumbel")]
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["t1", "t0.7-k4", "t1.3-p0.8"])
+def test_coupled_samples_follow_the_processed_target_jointly_over_positions(params):
+    """Over 40k seeds, (x_t, x_t+1) is distributed as p_t ⊗ p_t+1 under the request's temperature,
+    top-k and top-p: each a draw from p, and the two independent."""
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(2, 6, generator=gen) * 1.5  # [positions, V]
+    seeds = [random.Random(5).getrandbits(64)] + list(range(1, DRAWS))
+    rows = [params.model_copy(update={"seed": s}) for s in seeds]
+    positions = torch.tensor([[40, 41]]).expand(DRAWS, 2)
+    tokens = coupled_logits(logits.expand(DRAWS, 2, 6), rows, positions).argmax(-1)  # [N, 2]
+    p = probs_from_logits(logits, params)  # [2, V]
+    joint = torch.bincount(tokens[:, 0] * 6 + tokens[:, 1], minlength=36).double() / DRAWS
+    assert tv(joint, (p[0][:, None] * p[1][None, :]).flatten().double()) < 0.03
+    for t in range(2):
+        assert tv(torch.bincount(tokens[:, t], minlength=6).double() / DRAWS, p[t].double()) < 0.015
+
+
+def test_a_draft_matches_at_least_as_often_as_the_coupling_bound_says():
+    """P(argmax(log q + g) = argmax(log p + g)) ≥ (1 − TV)/(1 + TV), the acceptance the docs promise."""
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(4):
+        p_logits, q_logits = torch.randn(2, 8, generator=gen) * 2
+        rows = [SamplingParams(temperature=1.0, coupling="gumbel", seed=s) for s in range(DRAWS)]
+        positions = torch.full((DRAWS, 1), 9)
+        both = torch.stack([p_logits, q_logits])[:, None, None].expand(2, DRAWS, 1, 8)
+        x_p = coupled_logits(both[0], rows, positions).argmax(-1)
+        x_q = coupled_logits(both[1], rows, positions).argmax(-1)
+        distance = tv(torch.softmax(p_logits, -1), torch.softmax(q_logits, -1))
+        assert (x_p == x_q).double().mean().item() >= (1 - distance) / (1 + distance) - 0.01
