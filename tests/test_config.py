@@ -33,6 +33,10 @@ def test_shipped_configs_load(path):
         ("target: {path: x, weights: z}\n", r"field `target.weights`: Extra inputs are not permitted"),
         ("target: [unclosed\n", r"not valid YAML at line"),
         ("- a\n- b\n", r"expected a mapping"),
+        ("target: {path: x}\nsampling: {coupling: gumble}\n",
+         r"field `sampling.coupling`: Input should be 'rejection' or 'gumbel'"),
+        ("target: {path: x}\nflavour: trtllm\nsampling: {coupling: gumbel}\n",
+         r"sampling.coupling gumbel needs flavour torch or engine: TensorRT-LLM verifies"),
     ],
 )
 def test_bad_configs(tmp_path, text, message):

@@ -29,6 +29,7 @@ from trtspec.openai.model_info import served_model_of_repo
 from trtspec.openai.server import OpenAIFrontend
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.decoder import Request
+from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.client import ClientError, array_input, grpc_generate
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
 from trtspec.triton.server import GRPC_ADMIN_HEADER, Ports, TritonServer, free_port
@@ -59,9 +60,12 @@ def _greedy(pipeline, prompt: str, max_tokens: int = MAX_TOKENS) -> tuple[str, l
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """`trtspec serve` itself (the CLI, in a subprocess) with an API key on loopback ports."""
+    """`trtspec serve` itself (the CLI, in a subprocess) with an API key on loopback ports; it
+    samples with Gumbel coupling (`sampling.coupling: gumbel`, test_triton's server with rejection)."""
     out = tmp_path_factory.mktemp("openai-build")
-    assert CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(out)]).exit_code == 0
+    yaml = out.parent / "openai-gumbel.yaml"
+    yaml.write_text(CONFIG.read_text() + "sampling:\n  coupling: gumbel\n")
+    assert CliRunner().invoke(main, ["build", str(yaml), "--out", str(out)]).exit_code == 0
     with serve_cli(out, KEY) as served:
         yield served
 
@@ -579,6 +583,30 @@ def test_vllm_tokenizer_routes(served, pipeline):
     assert info["model_max_length"] == 4096 and info["vocab_size"] == 264 and "eos_token" in info
     assert "Q: " in info["chat_template"]
     assert _post(f"{served.base}/tokenize", {"prompt": "a"}, key=None)[0] == 401
+
+
+def test_seeded_samples_are_what_the_target_alone_samples_under_load(served, config):
+    """Gumbel coupling served: seeded sampled choices, two prompts × n = 3 decoded side by side
+    (choice j seeded s + j) and streamed or not, are each token for token what the target alone
+    samples with that seed, one request at a time in process."""
+    alone = load_pipeline(config, use_drafter=False)  # each request says its coupling
+    prompts = [PROMPTS[1], PROMPTS[2]]
+    expected = []
+    for p in prompts:
+        for j in range(3):
+            sampling = SamplingParams(temperature=0.9, top_p=0.95, seed=21 + j, coupling="gumbel")
+            expected.append(alone.generate(p, 24, sampling)[0])
+    assert len(set(expected)) == 6  # the seeds really sample different texts
+    client = served.client()
+    got = client.completions.create(model="trtspec", prompt=prompts, n=3, seed=21, max_tokens=24,
+                                    temperature=0.9, top_p=0.95)
+    assert [c.text for c in got.choices] == expected
+    streamed: dict[int, str] = {}
+    for chunk in client.completions.create(model="trtspec", prompt=prompts, n=3, seed=21, max_tokens=24,
+                                           temperature=0.9, top_p=0.95, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert [streamed[i] for i in range(6)] == expected
 
 
 def test_n_choices_per_prompt(served, pipeline):
