@@ -366,6 +366,18 @@ def test_verify_over_openai_passes_on_the_server(served, monkeypatch):
     assert result.output.count("identical") == 5 and "PASS: lossless" in result.output
 
 
+def test_verify_certifies_gumbel_coupled_samples_by_identity(served, tmp_path, monkeypatch):
+    """This server samples with Gumbel coupling: `verify` with its config also holds every prompt's
+    seeded sample to the target alone's, text for text."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    gumbel = tmp_path / "gumbel.yaml"
+    gumbel.write_text(CONFIG.read_text() + "sampling:\n  coupling: gumbel\n")
+    result = CliRunner().invoke(main, ["verify", "--url", served.url, "--config", str(gumbel), "--max-tokens",
+                                       "24", "--samples", "0"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("sampled identical") == 5 and "PASS: lossless" in result.output
+
+
 def test_verify_over_openai_fails_on_a_biased_server(tmp_path):
     """A server whose speculative sampling accepts with min(1, p/2q) (test_only.biased_acceptance):
     greedy is still identical, the sampling law test must fail it."""

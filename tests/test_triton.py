@@ -364,6 +364,17 @@ def test_verify_certifies_the_server(served, tmp_path):
     bad = runner.invoke(main, ["verify", "--url", served.http_url, "--config", str(other), "--model",
                                "trtspec", "--prompts", str(prompts), "--samples", "0"])
     assert bad.exit_code == 1 and bad.output.count("MISMATCH") == 2 and "FAIL" in bad.output
+    # a config that says Gumbel coupling, against this server that samples by rejection: greedy
+    # passes, and the seeded samples are not the target alone's (open-ended prompts: at temperature
+    # 1 the tiny target answers sums the same whichever way it samples)
+    gumbel = tmp_path / "gumbel.yaml"
+    gumbel.write_text(CONFIG.read_text() + "sampling:\n  coupling: gumbel\n")
+    open_ended = tmp_path / "open.txt"
+    open_ended.write_text("import os\ndef parse(self, text):\n")
+    coupled = runner.invoke(main, ["verify", "--url", served.grpc_url, "--config", str(gumbel),
+                                   "--prompts", str(open_ended), "--samples", "0", "--max-tokens", "24"])
+    assert coupled.exit_code == 1 and coupled.output.count("greedy  identical") == 2
+    assert coupled.output.count("sampled MISMATCH") == 2 and "FAIL" in coupled.output
 
 
 def test_verify_dir_starts_and_stops_its_own_server(tmp_path):

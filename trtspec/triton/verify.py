@@ -19,6 +19,10 @@
    probability < δ per position whatever n is. OpenAI servers' texts are tokenized with the
    reference's tokenizer (exact for the byte-level models; for a BPE tokenizer a sampled text can
    split differently from how it was generated, which can only add distance).
+3. Seeded samples, for a deployment that samples with Gumbel coupling (`sampling.coupling:
+   gumbel` in the config): every prompt once more at temperature 1, seed COUPLED_SEED + i; the
+   served sample must equal, token for token (character for character over OpenAI), what the
+   target alone samples with that seed (`trtspec.spec.coupling`): the greedy check, for sampling.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ DEFAULT_PROMPTS = (
 )
 SAMPLING = SamplingParams(temperature=1.0, top_k=3)
 SAMPLE_TOKENS = 8  # per sampling request: the first cycle drafts up to 6 tokens before position 3
+COUPLED_SEED = 100  # Gumbel coupling: prompt i's seeded sample uses seed COUPLED_SEED + i
 
 
 @dataclass(slots=True)
@@ -66,6 +71,16 @@ class GreedyCheck:
     @property
     def passed(self) -> bool:
         return self.identical or (self.audit is not None and self.audit.near_ties_only)
+
+
+@dataclass(slots=True)
+class CoupledCheck:
+    prompt: str
+    seed: int
+    identical: bool
+    first_difference: int | None  # index of the first differing token (character, for text)
+    served_tau: float
+    unit: str = "token"
 
 
 @dataclass(slots=True)
@@ -84,11 +99,12 @@ class SamplingCheck:
 class Certificate:
     greedy: list[GreedyCheck] = field(default_factory=list)
     sampling: SamplingCheck | None = None
+    coupled: list[CoupledCheck] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         sampling_ok = self.sampling is None or self.sampling.passed
-        return sampling_ok and all(g.passed for g in self.greedy)
+        return sampling_ok and all(g.passed for g in self.greedy) and all(c.identical for c in self.coupled)
 
     def lines(self) -> list[str]:
         out = []
@@ -100,6 +116,9 @@ class Certificate:
             out.append(f"greedy  {verdict:<24} tau={g.served_tau:.2f}  {g.prompt[:40]!r}")
             if g.audit is not None:
                 out.append(f"        served tokens: {g.audit.describe()}")
+        for c in self.coupled:
+            verdict = "identical" if c.identical else f"MISMATCH at {c.unit} {c.first_difference}"
+            out.append(f"sampled {verdict:<24} tau={c.served_tau:.2f}  seed {c.seed}  {c.prompt[:40]!r}")
         if self.sampling is not None:
             s = self.sampling
             for pos, (tv, bound) in enumerate(zip(s.tv, s.bound, strict=True)):
@@ -173,6 +192,19 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
             if served_ids:
                 check.audit = judge.audit(prompt_ids, served_ids)
         cert.greedy.append(check)
+    if config.sampling.coupling == "gumbel":
+        for i, prompt in enumerate(prompts):
+            seed = COUPLED_SEED + i
+            params = GenerateParams(max_tokens=max_tokens, temperature=1.0, top_p=1.0, top_k=0, seed=seed)
+            served = generate(url, model, prompt, params, api_key=api_key)
+            sampling = SamplingParams(temperature=1.0, seed=seed, coupling="gumbel")
+            expected = reference.decoder.generate(tokenizer.encode(prompt), max_tokens, sampling).token_ids
+            if text_only:
+                diff = _first_difference(served.text, tokenizer.decode(expected))
+            else:
+                diff = _first_difference(served.token_ids, expected)
+            cert.coupled.append(CoupledCheck(prompt, seed, diff is None, diff, served.tau,
+                                             "character" if text_only else "token"))
     if samples > 0:
         prompt = prompts[0]
         # the law is the checkpoint's, whatever the flavour served: torch is the reference
