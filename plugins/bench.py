@@ -1,6 +1,6 @@
 """Timings of the plugin kernels against their torch references, with the bandwidth floor.
 
-Both kernels are memory-bound at serving shapes, so the floor is bytes moved / bandwidth;
+The kernels are memory-bound at serving shapes, so the floor is bytes moved / bandwidth;
 `peak_gbps` is measured with a device-to-device copy unless given. On a CUDA device both the
 Triton kernel and the torch reference are timed; on the CPU only the reference is (the kernels run
 there only inside the Triton interpreter, whose speed says nothing), and `kernel_ms` is None.
@@ -43,6 +43,13 @@ def _row(kernel: str, shape: str, dtype: torch.dtype, kernel_ms: float | None, t
             "of_floor": None if kernel_ms is None else floor_ms / kernel_ms}
 
 
+def _coupled_reference(weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """`coupled_argmax` as torch computes it: the [rows, V] noise written, then added and reduced."""
+    from trtspec.spec.coupling import noise_of_keys
+
+    return (weights.float() + noise_of_keys(keys, weights.shape[-1])).argmax(-1)
+
+
 def bench_kernels(
     peak_gbps: float | None = None,
     dtypes: Sequence[torch.dtype] = (torch.bfloat16, torch.float16),
@@ -60,8 +67,10 @@ def bench_kernels(
     if not on_gpu and (median_ms is None or peak_gbps is None):
         raise TrtspecError("bench_kernels off CUDA needs median_ms and peak_gbps (no do_bench there)")
     from plugins.confidence_verify import verify_greedy, verify_sampling, verify_sampling_explicit
+    from plugins.coupled_argmax import coupled_argmax
     from plugins.kv_injection_attention import kv_injection_attention, kv_injection_attention_reference
     from trtspec.spec import verify as torch_verify
+    from trtspec.spec.coupling import row_keys
 
     if median_ms is None:
         import triton.testing
@@ -100,4 +109,11 @@ def bench_kernels(
                              *both(partial(verify_sampling, draft, q, p, *randomness),
                                    partial(verify_sampling_explicit, draft, q, p, *randomness)),
                              nbytes, peak_gbps))
+            # Gumbel coupling: the target's coupled sample at every row (fused vs noise written)
+            at = torch.arange(k + 1, device=device) + 1000
+            keys = row_keys(list(range(b)), at.expand(b, k + 1)).reshape(-1)  # [b·(k+1)]
+            flat = logits.view(-1, vocab)
+            timed = both(partial(coupled_argmax, flat, keys), partial(_coupled_reference, flat, keys))
+            rows.append(_row("coupled_argmax", f"b{b} k{k} V{vocab}", dtype, *timed,
+                             logits.numel() * logits.element_size(), peak_gbps))
     return rows

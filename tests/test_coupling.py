@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from trtspec.spec.coupling import MASK32, coupled_logits, fmix32, gumbel_noise
+from trtspec.spec.coupling import MASK32, coupled_choice, fmix32, gumbel_noise
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
 
 DRAWS = 40_000
@@ -75,7 +75,7 @@ def test_coupled_samples_follow_the_processed_target_jointly_over_positions(para
     seeds = [random.Random(5).getrandbits(64)] + list(range(1, DRAWS))
     rows = [params.model_copy(update={"seed": s}) for s in seeds]
     positions = torch.tensor([[40, 41]]).expand(DRAWS, 2)
-    tokens = coupled_logits(logits.expand(DRAWS, 2, 6), rows, positions).argmax(-1)  # [N, 2]
+    tokens = coupled_choice(logits.expand(DRAWS, 2, 6), rows, positions)  # [N, 2]
     p = probs_from_logits(logits, params)  # [2, V]
     joint = torch.bincount(tokens[:, 0] * 6 + tokens[:, 1], minlength=36).double() / DRAWS
     assert tv(joint, (p[0][:, None] * p[1][None, :]).flatten().double()) < 0.03
@@ -91,7 +91,7 @@ def test_a_draft_matches_at_least_as_often_as_the_coupling_bound_says():
         rows = [SamplingParams(temperature=1.0, coupling="gumbel", seed=s) for s in range(DRAWS)]
         positions = torch.full((DRAWS, 1), 9)
         both = torch.stack([p_logits, q_logits])[:, None, None].expand(2, DRAWS, 1, 8)
-        x_p = coupled_logits(both[0], rows, positions).argmax(-1)
-        x_q = coupled_logits(both[1], rows, positions).argmax(-1)
+        x_p = coupled_choice(both[0], rows, positions)
+        x_q = coupled_choice(both[1], rows, positions)
         distance = tv(torch.softmax(p_logits, -1), torch.softmax(q_logits, -1))
         assert (x_p == x_q).double().mean().item() >= (1 - distance) / (1 + distance) - 0.01

@@ -44,6 +44,7 @@ from plugins.confidence_verify import (  # noqa: E402
     verify_tree_greedy,
     verify_tree_sampling,
 )
+from plugins.coupled_argmax import coupled_argmax  # noqa: E402
 from plugins.kv_injection_attention import (  # noqa: E402
     kv_injection_attention,
     kv_injection_attention_concat,
@@ -53,6 +54,7 @@ from trtspec.errors import TrtspecError  # noqa: E402
 from trtspec.models import dflash  # noqa: E402
 from trtspec.spec import tree_verify  # noqa: E402
 from trtspec.spec import verify as torch_verify  # noqa: E402
+from trtspec.spec.coupling import noise_of_keys, row_keys  # noqa: E402
 from trtspec.spec.tree import DraftTree, grow_tree  # noqa: E402
 from trtspec.spec.verify import PAD  # noqa: E402
 
@@ -188,6 +190,24 @@ def test_greedy_kernel_half_precision_logits(dtype):
     got = verify_greedy(draft.int(), logits, lens, block_v=128, out=_poisoned(6, 7))
     want = torch_verify.verify_greedy(draft, logits, lens)
     assert torch.equal(got.tokens, want.tokens)
+
+
+@pytest.mark.parametrize("vocab,block_v,dtype", [(300, 64, torch.float32), (33, 16, torch.float32),
+                                                 (1000, 256, torch.bfloat16)])
+def test_coupled_argmax_kernel_equals_the_torch_reference(vocab, block_v, dtype):
+    """The fused kernel hashes the reference's very bits: every row (seeds up to 2^64 − 1, positions
+    up to 2^32 − 1, tokens cut to −inf by top-k) picks the reference's token."""
+    gen = torch.Generator().manual_seed(vocab)
+    seeds = [0, 1, 2**64 - 1, 12345678901234567890, 7, 99]
+    positions = torch.tensor([0, 1, 2**32 - 1, 17, 4096, 5])[:, None] + torch.arange(3)  # [6, 3]
+    keys = row_keys(seeds, positions)  # [6, 3]
+    weights = (torch.randn(6, 3, vocab, generator=gen) * 3).to(dtype)
+    weights[0, :, : vocab // 2] = float("-inf")  # a row whose first half top-k removed
+    weights[1, 0] = float("-inf")  # nothing left: torch.argmax says 0 (a tie over every block)
+    want = (weights.float() + noise_of_keys(keys, vocab)).argmax(-1)  # [6, 3]
+    got = coupled_argmax(weights.view(-1, vocab), keys.view(-1), block_v=block_v).view(6, 3)
+    assert torch.equal(got, want)
+    assert bool((got[0] >= vocab // 2).all())
 
 
 def test_greedy_truncation_by_draft_lens():

@@ -173,6 +173,38 @@ def check_verify(run: Run) -> None:
                      "ok": same, "detail": "tokens equal" if same else "TOKENS DIFFER"})
 
 
+def check_coupling(run: Run) -> None:
+    """Gumbel coupling on the device: the fused `coupled_argmax` kernel picks the torch reference's
+    tokens (computed on the CPU), and seeded sampled requests of the tiny DFlash pipeline, four at a
+    time, are token for token what the target alone samples on the device."""
+    from plugins.coupled_argmax import coupled_argmax
+    from trtspec.bench.loop_overhead import tiny_pipeline
+    from trtspec.spec.coupling import noise_of_keys, row_keys
+    from trtspec.spec.decoder import Request
+    from trtspec.spec.sampling import SamplingParams
+
+    gen = torch.Generator().manual_seed(0)
+    rows, vocab = (64, 1000) if run.small else (256, 151_936)
+    weights = torch.randn(rows, vocab, generator=gen) * 2
+    keys = row_keys(list(range(rows)), torch.arange(rows)[:, None] + 100)[:, 0]  # [rows]
+    want = (weights + noise_of_keys(keys, vocab)).argmax(-1)
+    got = coupled_argmax(weights.to(run.device), keys.to(run.device)).cpu()
+    same = int((got == want).sum())
+    run.rows.append({"check": f"coupled_argmax {rows} rows V{vocab}", "dtype": "float32", "ok": same == rows,
+                     "detail": f"{same}/{rows} rows pick the torch reference's token"})
+    spec = tiny_pipeline(run.device)
+    plain = tiny_pipeline(run.device, use_drafter=False)
+    prompts, max_tokens = _decoding_prompts(run, spec.tokenizer)
+    requests = [Request(ids, max_tokens, SamplingParams(temperature=0.8, seed=7 + i, coupling="gumbel"))
+                for i, ids in enumerate(prompts)]
+    alone = [plain.decoder.generate(r.prompt, max_tokens, r.sampling).token_ids for r in requests]
+    batch = spec.decoder_for(4).generate_batch(requests)
+    same = sum(r.token_ids == a for r, a in zip(batch, alone, strict=True))
+    run.rows.append({"check": f"DFlash Gumbel-coupled sampling at R = 4 == target alone ({run.device.type})",
+                     "dtype": "float32", "ok": same == len(prompts),
+                     "detail": f"{same}/{len(prompts)} seeded samples identical"})
+
+
 def _decoding_prompts(run: Run, tokenizer) -> tuple[list[list[int]], int]:
     """Code and math prompts (token ids) and the tokens to decode for each."""
     from trtspec.prompts import load_prompts
@@ -451,6 +483,7 @@ def main(small: bool, out_dir: Path | None, models: str, budget_s: float | None)
     run = Run(torch.device("cuda" if cuda else "cpu"), small, out_dir or Path(os.environ.get("OUT", ".")))
     checks = (("environment", check_environment), ("kv_injection_attention parity", check_attention),
               ("confidence_verify parity", check_verify), ("DFlash decoding parity", check_decoding),
+              ("Gumbel coupling parity", check_coupling),
               ("CUDA graphs against eager", check_graphs),
               ("TensorRT engines (engine flavour)", check_engines))
     t0 = time.perf_counter()

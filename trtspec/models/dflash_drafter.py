@@ -23,7 +23,7 @@ from trtspec.models.dflash import DFlashDraftModel, load_dflash
 from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, draft_positions, register_drafter
 from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout, slot_bytes_per_position
 from trtspec.models.target import DTYPES
-from trtspec.spec.coupling import perturb
+from trtspec.spec.coupling import coupled_choice, coupled_rows
 from trtspec.spec.sampling import row_probs
 from trtspec.spec.tree import DraftTree, grow_tree, log_scores
 
@@ -190,8 +190,12 @@ def propose_block(logits: torch.Tensor, rows: list[DraftRow]) -> Proposal:
     params = [row.sampling for row in rows]
     if all(p.greedy for p in params):
         return Proposal(tokens=logits.argmax(-1), q_probs=None)
-    at = draft_positions(rows, logits.device, count=logits.shape[1])  # [R, k]
-    tokens = perturb(logits, params, at).argmax(-1)  # [R, k]
+    tokens = logits.argmax(-1)  # [R, k]
+    coupled = coupled_rows(params)
+    if coupled:
+        idx = torch.tensor(coupled, device=logits.device)
+        at = draft_positions([rows[r] for r in coupled], logits.device, count=logits.shape[1])  # [C, k]
+        tokens[idx] = coupled_choice(logits[idx], [params[r] for r in coupled], at)
     q = row_probs(logits, params)  # [R, k, V]
     for r, p in enumerate(params):
         if not p.greedy and not p.gumbel:

@@ -71,43 +71,64 @@ def _vocab_keys(vocab: int, device: torch.device) -> torch.Tensor:
     return _VOCAB_KEYS[key]
 
 
-def gumbel_noise(seeds: Sequence[int], positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """g(seed_r, position, v) for every row's positions and every token.
-    seeds [R], positions [R, n] (int) -> [R, n, V] float32 standard Gumbel."""
+def row_keys(seeds: Sequence[int | None], positions: torch.Tensor) -> torch.Tensor:
+    """The 32-bit key of every (request, position): seeds [R], positions [R, n] -> [R, n] int64."""
     if any(s is None for s in seeds):
         raise ValueError("a Gumbel-coupled request needs a seed (SpeculativeDecoder.add gives one)")
-    device = positions.device
-    keys = torch.tensor([seed_key(s) for s in seeds], dtype=torch.int64, device=device)  # [R]
-    at = fmix32(keys[:, None] ^ fmix32((positions.long() & MASK32) ^ _POSITION_SALT))  # [R, n]
-    bits = fmix32(at[..., None] ^ _vocab_keys(vocab, device))  # [R, n, V]
+    keys = torch.tensor([seed_key(s) for s in seeds], dtype=torch.int64, device=positions.device)  # [R]
+    return fmix32(keys[:, None] ^ fmix32((positions.long() & MASK32) ^ _POSITION_SALT))
+
+
+def noise_of_keys(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Standard Gumbel noise of every token under each key.  keys [...] -> [..., V] float32"""
+    bits = fmix32(keys[..., None] ^ _vocab_keys(vocab, keys.device))  # [..., V]
     # 23 bits: u = (2m + 1) / 2^24 is exact in float32 and never 0 or 1, so g stays finite
     u = ((bits >> 9) * 2 + 1).float() * 2.0**-24
     return -torch.log(-torch.log(u))
 
 
+def gumbel_noise(seeds: Sequence[int | None], positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """g(seed_r, position, v) for every row's positions and every token.
+    seeds [R], positions [R, n] (int) -> [R, n, V] float32 standard Gumbel."""
+    return noise_of_keys(row_keys(seeds, positions), vocab)
+
+
+def log_weights(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """log p up to a constant per row under each row's temperature/top-k/top-p (−inf where p is 0):
+    logits / T where nothing is cut, log of the processed probabilities otherwise.  [R, ..., V]"""
+    if all(p.top_k == 0 and p.top_p == 1.0 for p in params):
+        temps = torch.tensor([p.temperature for p in params], device=logits.device)
+        return logits.float() / temps.view(-1, *[1] * (logits.dim() - 1))
+    return row_probs(logits, params).log()
+
+
 def coupled_logits(logits: torch.Tensor, params: Sequence[SamplingParams],
                    positions: torch.Tensor) -> torch.Tensor:
-    """log p + g under each row's temperature/top-k/top-p: its argmax is the coupled sample.
-    logits [R, n, V], positions [R, n] -> [R, n, V] (−inf where p is 0)."""
-    noise = gumbel_noise([p.seed for p in params], positions, logits.shape[-1])
-    return row_probs(logits, params).log() + noise
+    """log p + g (up to a constant per row): its argmax is the coupled sample.
+    logits [R, n, V], positions [R, n] -> [R, n, V]. The reference of `coupled_choice`."""
+    return log_weights(logits, params) + gumbel_noise([p.seed for p in params], positions, logits.shape[-1])
+
+
+def coupled_choice(logits: torch.Tensor, params: Sequence[SamplingParams],
+                   positions: torch.Tensor) -> torch.Tensor:
+    """The coupled sample of every row and position: argmax_v(log p(v) + g(seed, position, v)).
+    logits [R, n, V], positions [R, n] -> tokens [R, n]. On CUDA one fused OpenAI Triton kernel
+    (`plugins.coupled_argmax`) hashes, adds and reduces without writing the [R, n, V] noise."""
+    weights = log_weights(logits, params)  # [R, n, V]
+    keys = row_keys([p.seed for p in params], positions)  # [R, n]
+    if weights.is_cuda and _fused_kernel() is not None:
+        v = weights.shape[-1]
+        return _fused_kernel()(weights.reshape(-1, v), keys.reshape(-1)).view(keys.shape)
+    return (weights + noise_of_keys(keys, weights.shape[-1])).argmax(-1)
+
+
+def _fused_kernel():
+    try:
+        from plugins.coupled_argmax import coupled_argmax
+    except ImportError:  # no OpenAI Triton (or no plugins folder): the torch reference
+        return None
+    return coupled_argmax
 
 
 def coupled_rows(params: Sequence[SamplingParams]) -> list[int]:
     return [r for r, p in enumerate(params) if p.gumbel]
-
-
-def perturb(logits: torch.Tensor, params: Sequence[SamplingParams],
-            positions: torch.Tensor | None) -> torch.Tensor:
-    """`logits` [R, n, V] with every Gumbel-coupled row replaced by its `coupled_logits` (positions
-    [R, n] of the tokens each row predicts); other rows as they are. The greedy rules on the result
-    pick the argmax of greedy rows and the coupled sample of coupled rows."""
-    rows = coupled_rows(params)
-    if not rows:
-        return logits
-    if positions is None:
-        raise ValueError("Gumbel-coupled rows need the positions of the tokens they choose")
-    idx = torch.tensor(rows, device=logits.device)
-    out = logits.float().clone()
-    out[idx] = coupled_logits(logits[idx], [params[r] for r in rows], positions[idx])
-    return out

@@ -113,13 +113,16 @@ def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
     Gumbel-coupled rows (`spec.coupling`), a draw from the processed distribution q otherwise.
     logits [R, V], positions [R] -> tokens [R], q [R, V] (None when every row is greedy; a greedy
     row's q is one-hot on its argmax)."""
-    from trtspec.spec.coupling import perturb
+    from trtspec.spec.coupling import coupled_choice, coupled_rows
 
-    if any(p.gumbel for p in params):
-        at = None if positions is None else torch.tensor(positions, device=logits.device)[:, None]  # [R, 1]
-        tokens = perturb(logits[:, None], params, at)[:, 0].argmax(-1)  # [R]
-    else:
-        tokens = logits.argmax(-1)  # [R]
+    tokens = logits.argmax(-1)  # [R]
+    coupled = coupled_rows(params)
+    if coupled:
+        if positions is None:
+            raise ValueError("Gumbel-coupled rows need the positions of the tokens they choose")
+        idx = torch.tensor(coupled, device=logits.device)
+        at = torch.tensor([positions[r] for r in coupled], device=logits.device)[:, None]  # [C, 1]
+        tokens[idx] = coupled_choice(logits[idx, None], [params[r] for r in coupled], at)[:, 0]
     sampled = [r for r, p in enumerate(params) if not p.greedy and not p.gumbel]
     if all(p.greedy for p in params):
         return tokens, None

@@ -93,7 +93,15 @@ def _verdict(paths: list[list[int]], last: list[int], tokens: list[list[int]], w
 def verify_tree_greedy(tokens: torch.Tensor, parents: torch.Tensor, sizes: Sequence[int],
                        target_logits: torch.Tensor) -> TreeVerdict:
     """tokens, parents [R, N]; sizes [R]; target_logits [R, N+1, V] at the root and every node."""
-    argmax = target_logits.argmax(-1).tolist()  # [R, N+1]
+    return verify_tree_chosen(tokens, parents, sizes, target_logits.argmax(-1))
+
+
+def verify_tree_chosen(tokens: torch.Tensor, parents: torch.Tensor, sizes: Sequence[int],
+                       target_choice: torch.Tensor) -> TreeVerdict:
+    """The greedy rule with the target's pick at the root and every node given, target_choice
+    [R, N+1] (greedy: its argmax; Gumbel coupling: its coupled sample): follow the child that is
+    the pick while there is one, then emit the pick there."""
+    argmax = target_choice.tolist()  # [R, N+1]
     toks, pars = tokens.tolist(), parents.tolist()
     paths, last = [], []
     for row in range(len(toks)):

@@ -14,8 +14,8 @@ min(1, p_i(x_i) / q_i(x_i)); the emitted sequence is then distributed exactly as
 `Verifier.verify` decides a whole step at once: every running request is a row, with its own
 number of drafts to consider (`draft_lens`, ragged), its own sampling parameters (greedy and
 sampling rows in the same step) and its own random generator; Gumbel-coupled rows
-(`trtspec.spec.coupling`) take the greedy rule on their perturbed logits. `Verifier.verify_tree`
-does the same for draft trees (the rules: `trtspec.spec.tree_verify`).
+(`trtspec.spec.coupling`) take the greedy rule with the target's coupled samples for its argmax.
+`Verifier.verify_tree` does the same for draft trees (the rules: `trtspec.spec.tree_verify`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trtspec.spec.coupling import coupled_rows, perturb
+from trtspec.spec.coupling import coupled_choice, coupled_rows
 from trtspec.spec.sampling import SamplingParams, row_probs
 
 if TYPE_CHECKING:
@@ -72,11 +72,20 @@ def verify_greedy(
     draft_lens: torch.Tensor | None = None,  # [b] drafts to consider per row (<= k); None = all
 ) -> VerifyOutput:
     """Accept the longest prefix equal to the target's argmax, then emit argmax p_{a+1}."""
-    target_argmax = target_logits.argmax(-1)  # [b, k+1]
+    return verify_chosen(draft_tokens, target_logits.argmax(-1), draft_lens)
+
+
+def verify_chosen(
+    draft_tokens: torch.Tensor,  # [b, k]
+    target_choice: torch.Tensor,  # [b, k+1] the token the target picks at each position
+    draft_lens: torch.Tensor | None = None,  # [b] drafts to consider per row (<= k); None = all
+) -> VerifyOutput:
+    """The greedy rule with the target's picks given: accept the longest prefix equal to them, then
+    emit the target's pick after it (greedy: its argmax; Gumbel coupling: its coupled sample)."""
     k = draft_tokens.shape[1]
-    match = (draft_tokens == target_argmax[:, :k]) & _draft_valid(draft_tokens, draft_lens)
+    match = (draft_tokens == target_choice[:, :k]) & _draft_valid(draft_tokens, draft_lens)
     num_accepted = match.long().cumprod(-1).sum(-1)  # [b]
-    last = target_argmax.gather(1, num_accepted[:, None]).squeeze(1)
+    last = target_choice.gather(1, num_accepted[:, None]).squeeze(1)
     return _assemble(draft_tokens, num_accepted, last)
 
 
@@ -132,6 +141,12 @@ def verify_sampling(
     return _assemble(draft_tokens, num_accepted, inverse_cdf(dist, u_last))
 
 
+def _positions(positions: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor:
+    if positions is None:
+        raise ValueError("Gumbel-coupled rows need the positions their logits predict")
+    return positions[idx, None]  # [C, 1]
+
+
 class Verifier:
     """Where a decoder's verification runs: these torch rules by default; the engine flavour
     substitutes its exported `confidence_verify_*` graphs (`trtspec.engine.verify.GraphVerifier`)."""
@@ -142,34 +157,39 @@ class Verifier:
         """One step's verdict for every row, each under its own request's sampling parameters:
         drafts [R, k] of which the first draft_lens [R] count, q_probs [R, k, V] (read for
         rejection-sampled rows only), target logits [R, k+1, V]. Gumbel-coupled rows (`spec.coupling`)
-        take the greedy rule on their perturbed logits, row j of row r predicting position
-        positions[r] + j."""
-        if coupled_rows(params):
-            at = None if positions is None else positions[:, None] + torch.arange(
-                target_logits.shape[1], device=target_logits.device)  # [R, k+1]
-            target_logits = perturb(target_logits, params, at)
+        take the greedy rule with the target's coupled samples for its argmax, row j of row r
+        predicting position positions[r] + j."""
         sampled = [r for r, p in enumerate(params) if not p.greedy and not p.gumbel]
-        if len(sampled) < len(params):
-            verdict = self.greedy(draft_tokens, target_logits, draft_lens)
-            if not sampled:
-                return verdict
-        idx = torch.tensor(sampled, device=draft_tokens.device)
-        k = draft_tokens.shape[1]
-        p_probs = row_probs(target_logits[idx], [params[r] for r in sampled])  # [S, k+1, V]
-        if q_probs is None:  # no sampling row drafted this step (their draft_lens are 0)
-            if bool((draft_lens[idx] > 0).any()):
-                raise RuntimeError("sampling rows with drafts need their q_probs")
-            q = p_probs.new_zeros(len(sampled), k, p_probs.shape[-1])
-        else:
-            q = q_probs[idx]  # [S, k, V]
-        draws = [draw_uniforms(1, k, generators[r]) for r in sampled]
-        uniforms = torch.cat([u for u, _ in draws])  # [S, k]
-        u_last = torch.cat([u for _, u in draws])  # [S]
-        sampled_verdict = self.sampling(draft_tokens[idx], q, p_probs, uniforms, u_last, draft_lens[idx])
-        if len(sampled) == len(params):
-            return sampled_verdict
-        verdict.num_accepted[idx] = sampled_verdict.num_accepted
-        verdict.tokens[idx] = sampled_verdict.tokens
+        coupled = coupled_rows(params)
+        parts: list[tuple[list[int], VerifyOutput]] = []
+        if sampled:
+            idx = torch.tensor(sampled, device=draft_tokens.device)
+            k = draft_tokens.shape[1]
+            p_probs = row_probs(target_logits[idx], [params[r] for r in sampled])  # [S, k+1, V]
+            if q_probs is None:  # no sampling row drafted this step (their draft_lens are 0)
+                if bool((draft_lens[idx] > 0).any()):
+                    raise RuntimeError("sampling rows with drafts need their q_probs")
+                q = p_probs.new_zeros(len(sampled), k, p_probs.shape[-1])
+            else:
+                q = q_probs[idx]  # [S, k, V]
+            draws = [draw_uniforms(1, k, generators[r]) for r in sampled]
+            uniforms = torch.cat([u for u, _ in draws])  # [S, k]
+            u_last = torch.cat([u for _, u in draws])  # [S]
+            parts.append((sampled, self.sampling(draft_tokens[idx], q, p_probs, uniforms, u_last,
+                                                 draft_lens[idx])))
+        if coupled:
+            idx = torch.tensor(coupled, device=draft_tokens.device)
+            ahead = torch.arange(target_logits.shape[1], device=idx.device)
+            at = _positions(positions, idx) + ahead  # [C, k+1]
+            choice = coupled_choice(target_logits[idx], [params[r] for r in coupled], at)  # [C, k+1]
+            parts.append((coupled, verify_chosen(draft_tokens[idx], choice, draft_lens[idx])))
+        if len(parts) == 1 and len(parts[0][0]) == len(params):
+            return parts[0][1]
+        verdict = self.greedy(draft_tokens, target_logits, draft_lens)  # greedy rows; the rest overwritten
+        for rows, part in parts:
+            idx = torch.tensor(rows, device=draft_tokens.device)
+            verdict.num_accepted[idx] = part.num_accepted
+            verdict.tokens[idx] = part.tokens
         return verdict
 
     def greedy(self, draft_tokens: torch.Tensor, target_logits: torch.Tensor,
@@ -186,30 +206,38 @@ class Verifier:
                     positions: torch.Tensor | None = None) -> TreeVerdict:
         """One step's verdict for every row's draft tree, each under its own request's parameters:
         target logits [R, N+1, V] at every row's root and nodes. Gumbel-coupled rows take the greedy
-        rule on their perturbed logits, a node at depth d of row r predicting position positions[r] + d."""
-        if coupled_rows(params):
-            depths = tree.depths()[:, : target_logits.shape[1]]  # [R, N+1]
-            at = None if positions is None else positions[:, None] + depths
-            target_logits = perturb(target_logits, params, at)
+        rule with the target's coupled samples, a node at depth d of row r predicting position
+        positions[r] + d."""
+        from trtspec.spec.tree_verify import verify_tree_chosen
+
         sampled = [r for r, p in enumerate(params) if not p.greedy and not p.gumbel]
+        coupled = coupled_rows(params)
         sizes = list(tree.sizes)
-        if len(sampled) < len(params):
-            verdict = self.tree_greedy(tree.tokens, tree.parents, sizes, target_logits)
-            if not sampled:
-                return verdict
-        idx = torch.tensor(sampled, device=tree.tokens.device)
-        n = tree.width
-        p_probs = row_probs(target_logits[idx], [params[r] for r in sampled])  # [S, N+1, V]
-        draws = [draw_uniforms(1, n, generators[r]) for r in sampled]
-        uniforms = torch.cat([u for u, _ in draws])  # [S, N]
-        u_last = torch.cat([u for _, u in draws])  # [S]
-        q = None if tree.q_probs is None else tree.q_probs[idx]
-        sampled_verdict = self.tree_sampling(tree.tokens[idx], tree.parents[idx], [sizes[r] for r in sampled],
-                                             p_probs, uniforms, u_last, q)
-        if len(sampled) == len(params):
-            return sampled_verdict
-        for name in ("num_accepted", "path", "tokens"):
-            getattr(verdict, name)[idx] = getattr(sampled_verdict, name)
+        parts: list[tuple[list[int], TreeVerdict]] = []
+        if sampled:
+            idx = torch.tensor(sampled, device=tree.tokens.device)
+            n = tree.width
+            p_probs = row_probs(target_logits[idx], [params[r] for r in sampled])  # [S, N+1, V]
+            draws = [draw_uniforms(1, n, generators[r]) for r in sampled]
+            uniforms = torch.cat([u for u, _ in draws])  # [S, N]
+            u_last = torch.cat([u for _, u in draws])  # [S]
+            q = None if tree.q_probs is None else tree.q_probs[idx]
+            parts.append((sampled, self.tree_sampling(tree.tokens[idx], tree.parents[idx],
+                                                      [sizes[r] for r in sampled], p_probs, uniforms,
+                                                      u_last, q)))
+        if coupled:
+            idx = torch.tensor(coupled, device=tree.tokens.device)
+            at = _positions(positions, idx) + tree.depths()[idx, : target_logits.shape[1]]  # [C, N+1]
+            choice = coupled_choice(target_logits[idx], [params[r] for r in coupled], at)  # [C, N+1]
+            parts.append((coupled, verify_tree_chosen(tree.tokens[idx], tree.parents[idx],
+                                                      [sizes[r] for r in coupled], choice)))
+        if len(parts) == 1 and len(parts[0][0]) == len(params):
+            return parts[0][1]
+        verdict = self.tree_greedy(tree.tokens, tree.parents, sizes, target_logits)  # the rest overwritten
+        for rows, part in parts:
+            idx = torch.tensor(rows, device=tree.tokens.device)
+            for name in ("num_accepted", "path", "tokens"):
+                getattr(verdict, name)[idx] = getattr(part, name)
         return verdict
 
     def tree_greedy(self, tokens: torch.Tensor, parents: torch.Tensor, sizes: list[int],
