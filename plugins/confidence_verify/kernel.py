@@ -27,6 +27,16 @@ from trtspec.spec.verify import PAD, VerifyOutput
 
 
 @triton.jit
+def argmax_step(x, idx, in_range, vocab, best_val, best_idx):
+    """One block of a running argmax over a row: x [BLOCK_V] at token ids idx (in_range marks the
+    real ones) -> the updated (best value, its first index), ties to the first index as torch.argmax."""
+    chunk_max = tl.max(x, 0)
+    chunk_idx = tl.min(tl.where(in_range & (x == chunk_max), idx, vocab), 0)
+    better = chunk_max > best_val  # strict: an earlier chunk keeps a tie
+    return tl.where(better, chunk_max, best_val), tl.where(better, chunk_idx, best_idx)
+
+
+@triton.jit
 def _row_argmax(ptr, vocab, BLOCK_V: tl.constexpr):
     offs = tl.arange(0, BLOCK_V)
     best_val = float("-inf")
@@ -35,11 +45,7 @@ def _row_argmax(ptr, vocab, BLOCK_V: tl.constexpr):
         idx = start + offs
         in_range = idx < vocab
         x = tl.load(ptr + idx, mask=in_range, other=float("-inf")).to(tl.float32)
-        chunk_max = tl.max(x, 0)
-        chunk_idx = tl.min(tl.where(in_range & (x == chunk_max), idx, vocab), 0)
-        better = chunk_max > best_val  # strict: an earlier chunk keeps a tie, as torch.argmax does
-        best_idx = tl.where(better, chunk_idx, best_idx)
-        best_val = tl.where(better, chunk_max, best_val)
+        best_val, best_idx = argmax_step(x, idx, in_range, vocab, best_val, best_idx)
     return best_idx
 
 

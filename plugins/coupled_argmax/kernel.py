@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from plugins._common import check_launchable
+from plugins.confidence_verify.kernel import argmax_step
 from trtspec.spec.coupling import _VOCAB_SALT
 
 
@@ -49,13 +50,8 @@ def coupled_argmax_kernel(
         token_key = _fmix32(idx.to(tl.uint32) ^ VOCAB_SALT)
         bits = _fmix32(key ^ token_key)
         u = ((bits >> 9) * 2 + 1).to(tl.float32) * (1.0 / 16777216.0)  # (2m + 1) / 2^24, exact
-        z = w - tl.log(-tl.log(u))
-        z = tl.where(in_range, z, float("-inf"))
-        chunk_max = tl.max(z, 0)
-        chunk_idx = tl.min(tl.where(in_range & (z == chunk_max), idx, vocab), 0)
-        better = chunk_max > best_val  # strict: an earlier block keeps a tie
-        best_idx = tl.where(better, chunk_idx, best_idx)
-        best_val = tl.where(better, chunk_max, best_val)
+        z = tl.where(in_range, w - tl.log(-tl.log(u)), float("-inf"))
+        best_val, best_idx = argmax_step(z, idx, in_range, vocab, best_val, best_idx)
     tl.store(OUT + row, best_idx.to(tl.int64))
 
 
