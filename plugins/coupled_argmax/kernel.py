@@ -49,7 +49,7 @@ def coupled_argmax_kernel(
         w = tl.load(WEIGHTS + row * vocab + idx, mask=in_range, other=float("-inf")).to(tl.float32)
         token_key = _fmix32(idx.to(tl.uint32) ^ VOCAB_SALT)
         bits = _fmix32(key ^ token_key)
-        u = ((bits >> 9) * 2 + 1).to(tl.float32) * (1.0 / 16777216.0)  # (2m + 1) / 2^24, exact
+        u = ((bits >> 8) | 1).to(tl.float32) * (1.0 / 16777216.0)  # (2m + 1) / 2^24, exact
         z = tl.where(in_range, w - tl.log(-tl.log(u)), float("-inf"))
         best_val, best_idx = argmax_step(z, idx, in_range, vocab, best_val, best_idx)
     tl.store(OUT + row, best_idx.to(tl.int64))

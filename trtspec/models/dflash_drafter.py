@@ -176,7 +176,7 @@ class DFlashDrafter(BlockDrafter):
 
 def marginal_tree(logits: torch.Tensor, rows: list[DraftRow], tree, depth: int) -> DraftTree:
     """A tree from per-slot marginals logits [R, depth, V]: depth-d children are slot d's best."""
-    at = draft_positions(rows, logits.device, count=logits.shape[1])  # [R, D]
+    at = draft_positions(rows, count=logits.shape[1])  # [R, D]
     scores = log_scores(logits, [row.sampling for row in rows], at)  # [R, D, V]
     best, tokens = scores.topk(min(tree.topk, scores.shape[-1]), -1)  # [R, D, K], once for every depth
     return grow_tree(scores[:, 0], lambda d, frontier, _: (best[:, d, None], tokens[:, d, None]), tree.topk,
@@ -194,7 +194,7 @@ def propose_block(logits: torch.Tensor, rows: list[DraftRow]) -> Proposal:
     coupled = coupled_rows(params)
     if coupled:
         idx = torch.tensor(coupled, device=logits.device)
-        at = draft_positions([rows[r] for r in coupled], logits.device, count=logits.shape[1])  # [C, k]
+        at = [[rows[r].position(j) for j in range(logits.shape[1])] for r in coupled]  # [C, k]
         tokens[idx] = coupled_choice(logits[idx], [params[r] for r in coupled], at)
     q = row_probs(logits, params)  # [R, k, V]
     for r, p in enumerate(params):

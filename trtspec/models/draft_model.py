@@ -129,7 +129,7 @@ class DraftModelDrafter(Drafter):
             chunks.append(Chunk(row.slot, torch.tensor(missing, device=device)))
         last = torch.tensor(chunk_offsets(chunks)[1:], device=device) - 1
         first = log_scores(self.lm.forward(chunks, logits_at=last).logits, params,
-                           draft_positions(rows, device)[:, 0])  # [R, V]
+                           draft_positions(rows)[:, 0])  # [R, V]
         starts = [len(self.fed[row.slot]) for row in rows]
         fed = {row.slot: ([], []) for row in rows}  # slot -> (tokens, parents) of the nodes fed
         state = {"first": 0}
@@ -145,7 +145,7 @@ class DraftModelDrafter(Drafter):
                 parents += [-1 if d == 1 else prev + j for j in up]
                 chunks.append(Chunk(row.slot, frontier[i], tuple(parents), start))
             return log_scores(self.lm.forward(chunks).logits.view(r, f, -1), params,
-                              draft_positions(rows, device, d))  # [R, F, V]
+                              draft_positions(rows, d))  # [R, F, V]
 
         drafted = grow_tree(first, expand, tree.topk, tree.nodes, self.tree_depth(tree))
         self.fed_tree.update(fed)

@@ -47,10 +47,11 @@ class DraftRow:
         return len(self.committed) + depth
 
 
-def draft_positions(rows: list[DraftRow], device, depth: int = 0, count: int = 1) -> torch.Tensor:
-    """Positions of each row's drafts at depths depth..depth+count-1.  -> [R, count]"""
-    first = torch.tensor([row.position(depth) for row in rows], device=device)
-    return first[:, None] + torch.arange(count, device=device)
+def draft_positions(rows: list[DraftRow], depth: int = 0, count: int = 1) -> torch.Tensor:
+    """Positions of each row's drafts at depths depth..depth+count-1, on the host (they key Gumbel
+    coupling's noise, hashed there).  -> [R, count]"""
+    first = torch.tensor([row.position(depth) for row in rows])
+    return first[:, None] + torch.arange(count)
 
 
 @dataclass(slots=True)

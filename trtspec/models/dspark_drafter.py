@@ -51,7 +51,7 @@ class MarkovProposer(Drafter):
 
         def survival_scores(d: int, prev: torch.Tensor) -> torch.Tensor:  # children of prev at slot d
             logits, conf = heads(d, prev)
-            logq = log_scores(logits, params, draft_positions(rows, logits.device, d))  # [R, F, V]
+            logq = log_scores(logits, params, draft_positions(rows, d))  # [R, F, V]
             if conf is None:
                 return logq
             temps = None if self.sts_temperatures is None else self.sts_temperatures[d : d + 1]

@@ -161,7 +161,7 @@ class Eagle3Drafter(TapsDrafter):
         state = {"h": h0[:, None], "first": 0}  # the last frontier's outputs [R, F, H]
 
         def scores(h: torch.Tensor, depth: int) -> torch.Tensor:  # h [R, H] or [R, F, H]
-            at = draft_positions(rows, h.device, depth)  # [R, 1]
+            at = draft_positions(rows, depth)  # [R, 1]
             return log_scores(self.model.to_target_logits(self.model.draft_logits(h)), params,
                               at if h.dim() == 3 else at[:, 0])
 

@@ -24,6 +24,7 @@ CPU and CUDA give the same bits; u takes 23 of them, exactly representable in fl
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Sequence
 
@@ -36,10 +37,9 @@ _SEED_SALT, _POSITION_SALT, _VOCAB_SALT, _FINAL_SALT = 0x243F6A88, 0x85A308D3, 0
 
 
 def _mul32(x, m: int):
-    """(x · m) mod 2^32 for x in [0, 2^32) (int or int64 tensor), in 16-bit halves: no int64 overflow."""
-    low = (x & 0xFFFF) * m  # < 2^48
-    high = ((x >> 16) * m) & 0xFFFF  # (high half · m) mod 2^16
-    return (low + (high << 16)) & MASK32
+    """(x · m) mod 2^32 for x in [0, 2^32) (int or int64 tensor) and m in [2^31, 2^32), with no int64
+    overflow: x · m = x · (m − 2^31) + x · 2^31, the first below 2^63, the second (x & 1) · 2^31 mod 2^32."""
+    return (x * (m - 2**31) + ((x & 1) << 31)) & MASK32
 
 
 def fmix32(x):
@@ -51,9 +51,15 @@ def fmix32(x):
     return x ^ (x >> 16)
 
 
+@functools.lru_cache(maxsize=4096)
 def seed_key(seed: int) -> int:
     """A request's 64-bit seed folded into 32 bits of key."""
     return fmix32(fmix32((seed & MASK32) ^ _SEED_SALT) ^ (seed >> 32))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _position_key(position: int) -> int:
+    return fmix32((position & MASK32) ^ _POSITION_SALT)
 
 
 def fresh_seed() -> int:
@@ -71,26 +77,35 @@ def _vocab_keys(vocab: int, device: torch.device) -> torch.Tensor:
     return _VOCAB_KEYS[key]
 
 
-def row_keys(seeds: Sequence[int | None], positions: torch.Tensor) -> torch.Tensor:
-    """The 32-bit key of every (request, position): seeds [R], positions [R, n] -> [R, n] int64."""
+Positions = torch.Tensor | Sequence[Sequence[int]]  # [R, n]: host lists spare a device its round trip
+
+
+def row_keys(seeds: Sequence[int | None], positions: Positions, device=None) -> torch.Tensor:
+    """The 32-bit key of every (request, position), hashed on the host (a handful of ints: a device
+    would spend a kernel launch per operation on them).  seeds [R], positions [R, n] -> [R, n] int64"""
     if any(s is None for s in seeds):
         raise ValueError("a Gumbel-coupled request needs a seed (SpeculativeDecoder.add gives one)")
-    keys = torch.tensor([seed_key(s) for s in seeds], dtype=torch.int64, device=positions.device)  # [R]
-    return fmix32(keys[:, None] ^ fmix32((positions.long() & MASK32) ^ _POSITION_SALT))
+    if isinstance(positions, torch.Tensor):
+        device = device or positions.device
+        positions = positions.tolist()
+    keys = [[fmix32(seed_key(s) ^ _position_key(t)) for t in row]
+            for s, row in zip(seeds, positions, strict=True)]
+    return torch.tensor(keys, dtype=torch.int64, device=device)
 
 
 def noise_of_keys(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     """Standard Gumbel noise of every token under each key.  keys [...] -> [..., V] float32"""
     bits = fmix32(keys[..., None] ^ _vocab_keys(vocab, keys.device))  # [..., V]
-    # 23 bits: u = (2m + 1) / 2^24 is exact in float32 and never 0 or 1, so g stays finite
-    u = ((bits >> 9) * 2 + 1).float() * 2.0**-24
+    # the top 23 bits m: u = (2m + 1) / 2^24 (= (bits >> 8) | 1 over 2^24) is exact in float32 and
+    # never 0 or 1, so g stays finite
+    u = ((bits >> 8) | 1).float() * 2.0**-24
     return -torch.log(-torch.log(u))
 
 
-def gumbel_noise(seeds: Sequence[int | None], positions: torch.Tensor, vocab: int) -> torch.Tensor:
+def gumbel_noise(seeds: Sequence[int | None], positions: Positions, vocab: int, device=None) -> torch.Tensor:
     """g(seed_r, position, v) for every row's positions and every token.
     seeds [R], positions [R, n] (int) -> [R, n, V] float32 standard Gumbel."""
-    return noise_of_keys(row_keys(seeds, positions), vocab)
+    return noise_of_keys(row_keys(seeds, positions, device), vocab)
 
 
 def log_weights(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
@@ -102,20 +117,13 @@ def log_weights(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch
     return row_probs(logits, params).log()
 
 
-def coupled_logits(logits: torch.Tensor, params: Sequence[SamplingParams],
-                   positions: torch.Tensor) -> torch.Tensor:
-    """log p + g (up to a constant per row): its argmax is the coupled sample.
-    logits [R, n, V], positions [R, n] -> [R, n, V]. The reference of `coupled_choice`."""
-    return log_weights(logits, params) + gumbel_noise([p.seed for p in params], positions, logits.shape[-1])
-
-
 def coupled_choice(logits: torch.Tensor, params: Sequence[SamplingParams],
-                   positions: torch.Tensor) -> torch.Tensor:
+                   positions: Positions) -> torch.Tensor:
     """The coupled sample of every row and position: argmax_v(log p(v) + g(seed, position, v)).
     logits [R, n, V], positions [R, n] -> tokens [R, n]. On CUDA one fused OpenAI Triton kernel
     (`plugins.coupled_argmax`) hashes, adds and reduces without writing the [R, n, V] noise."""
     weights = log_weights(logits, params)  # [R, n, V]
-    keys = row_keys([p.seed for p in params], positions)  # [R, n]
+    keys = row_keys([p.seed for p in params], positions, logits.device)  # [R, n]
     if weights.is_cuda and _fused_kernel() is not None:
         v = weights.shape[-1]
         return _fused_kernel()(weights.reshape(-1, v), keys.reshape(-1)).view(keys.shape)

@@ -576,7 +576,7 @@ class SpeculativeDecoder:
             raw = self._wanting_logprobs(logits, running)  # before the min_tokens ban
             params, generators = [lv.request.sampling for lv in running], [lv.generator for lv in running]
             # the position each row's logits row 0 predicts (Gumbel-coupled rows key their noise by it)
-            positions = torch.tensor([len(lv.committed) for lv in running], device=device)
+            positions = [len(lv.committed) for lv in running]
             if plan.tree is None:
                 self._ban_end(logits, running)
                 q = None if plan.q is None else plan.q[:, :width]

@@ -121,7 +121,7 @@ def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
         if positions is None:
             raise ValueError("Gumbel-coupled rows need the positions of the tokens they choose")
         idx = torch.tensor(coupled, device=logits.device)
-        at = torch.tensor([positions[r] for r in coupled], device=logits.device)[:, None]  # [C, 1]
+        at = [[positions[r]] for r in coupled]  # [C, 1]
         tokens[idx] = coupled_choice(logits[idx, None], [params[r] for r in coupled], at)[:, 0]
     sampled = [r for r, p in enumerate(params) if not p.greedy and not p.gumbel]
     if all(p.greedy for p in params):

@@ -111,9 +111,10 @@ def log_scores(logits: torch.Tensor, params: Sequence[SamplingParams],
         if positions is None:
             raise ValueError("Gumbel-coupled rows need the positions of the drafts they score")
         r = logits.shape[0]
-        at = positions.expand(logits.shape[:-1]).reshape(r, -1)  # [R, n]
+        at = positions.expand(logits.shape[:-1]).reshape(r, -1)  # [R, n], on the host
         idx = torch.tensor(coupled, device=logits.device)
-        noise = gumbel_noise([params[i].seed for i in coupled], at[idx], logits.shape[-1])  # [C, n, V]
+        noise = gumbel_noise([params[i].seed for i in coupled], at[coupled], logits.shape[-1],
+                             logits.device)  # [C, n, V]
         perturbed = scores[idx] + noise.view(len(coupled), *logits.shape[1:])
         scores[idx] = torch.log_softmax(perturbed, -1)
     return scores

@@ -141,10 +141,10 @@ def verify_sampling(
     return _assemble(draft_tokens, num_accepted, inverse_cdf(dist, u_last))
 
 
-def _positions(positions: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor:
+def _position(positions: Sequence[int] | None, row: int) -> int:
     if positions is None:
         raise ValueError("Gumbel-coupled rows need the positions their logits predict")
-    return positions[idx, None]  # [C, 1]
+    return positions[row]
 
 
 class Verifier:
@@ -153,7 +153,7 @@ class Verifier:
 
     def verify(self, draft_tokens: torch.Tensor, draft_lens: torch.Tensor, q_probs: torch.Tensor | None,
                target_logits: torch.Tensor, params: Sequence[SamplingParams],
-               generators: Sequence[torch.Generator], positions: torch.Tensor | None = None) -> VerifyOutput:
+               generators: Sequence[torch.Generator], positions: Sequence[int] | None = None) -> VerifyOutput:
         """One step's verdict for every row, each under its own request's sampling parameters:
         drafts [R, k] of which the first draft_lens [R] count, q_probs [R, k, V] (read for
         rejection-sampled rows only), target logits [R, k+1, V]. Gumbel-coupled rows (`spec.coupling`)
@@ -179,8 +179,8 @@ class Verifier:
                                                  draft_lens[idx])))
         if coupled:
             idx = torch.tensor(coupled, device=draft_tokens.device)
-            ahead = torch.arange(target_logits.shape[1], device=idx.device)
-            at = _positions(positions, idx) + ahead  # [C, k+1]
+            width = target_logits.shape[1]
+            at = [[_position(positions, r) + j for j in range(width)] for r in coupled]  # [C, k+1]
             choice = coupled_choice(target_logits[idx], [params[r] for r in coupled], at)  # [C, k+1]
             parts.append((coupled, verify_chosen(draft_tokens[idx], choice, draft_lens[idx])))
         if len(parts) == 1 and len(parts[0][0]) == len(params):
@@ -203,7 +203,7 @@ class Verifier:
 
     def verify_tree(self, tree: DraftTree, target_logits: torch.Tensor, params: Sequence[SamplingParams],
                     generators: Sequence[torch.Generator],
-                    positions: torch.Tensor | None = None) -> TreeVerdict:
+                    positions: Sequence[int] | None = None) -> TreeVerdict:
         """One step's verdict for every row's draft tree, each under its own request's parameters:
         target logits [R, N+1, V] at every row's root and nodes. Gumbel-coupled rows take the greedy
         rule with the target's coupled samples, a node at depth d of row r predicting position
@@ -227,7 +227,8 @@ class Verifier:
                                                       u_last, q)))
         if coupled:
             idx = torch.tensor(coupled, device=tree.tokens.device)
-            at = _positions(positions, idx) + tree.depths()[idx, : target_logits.shape[1]]  # [C, N+1]
+            depths = tree.depths()[idx, : target_logits.shape[1]].tolist()
+            at = [[_position(positions, r) + d for d in row] for r, row in zip(coupled, depths, strict=True)]
             choice = coupled_choice(target_logits[idx], [params[r] for r in coupled], at)  # [C, N+1]
             parts.append((coupled, verify_tree_chosen(tree.tokens[idx], tree.parents[idx],
                                                       [sizes[r] for r in coupled], choice)))
