@@ -9,17 +9,20 @@ token at position t of a request with seed s is
 
 (the Gumbel-max trick: with u i.i.d. uniform, x_t is a draw from p_t, independent of the earlier
 positions). The drafter proposes with the same noise, argmax_v(log q_t(v) + g(s, t, v)), and the
-verifier is the greedy rule on the perturbed target logits: a draft is accepted iff it equals the
-token the target would sample there. So the emitted text is, token for token, what the target
-alone samples with seed s, under any batch, schedule, drafter, tree or flavour: lossless holds
-the way it holds for greedy decoding, and it can be checked the same way, by equality.
+verifier is the greedy rule with the target's coupled sample in place of its argmax: a draft is
+accepted iff it equals the token the target samples there. So the emitted text is, token for
+token, what the target alone samples with seed s, under any batch, schedule, drafter, tree or
+flavour: lossless holds the way it holds for greedy decoding, and it can be checked the same way,
+by equality.
 
 The price is acceptance: a draft matches with probability P(argmax(log q + g) = argmax(log p + g)),
 at least (1 − TV) / (1 + TV) where rejection sampling accepts 1 − TV (TV: total variation between
-p and q); `trtspec bench --temperature` measures both.
+p and q); `scripts/coupling_bench.py` measures both (docs/SAMPLING.md).
 
 The hash is murmur3's 32-bit finaliser (`fmix32`) in int64 arithmetic that never overflows, so
-CPU and CUDA give the same bits; u takes 23 of them, exactly representable in float32.
+CPU and CUDA give the same bits; u takes 23 of them, exactly representable in float32. The keys of
+(seed, position) are hashed on the host, the V per-token hashes where the logits are (on CUDA in
+the fused kernel `plugins.coupled_argmax`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import torch
 from trtspec.spec.sampling import SamplingParams, row_probs
 
 MASK32 = 0xFFFFFFFF
-_SEED_SALT, _POSITION_SALT, _VOCAB_SALT, _FINAL_SALT = 0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344
+_SEED_SALT, _POSITION_SALT, _VOCAB_SALT = 0x243F6A88, 0x85A308D3, 0x13198A2E
 
 
 def _mul32(x, m: int):
