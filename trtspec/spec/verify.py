@@ -20,9 +20,10 @@ sampling rows in the same step) and its own random generator; Gumbel-coupled row
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from trtspec.spec.tree_verify import TreeVerdict
 
 PAD = -1
+Verdict = TypeVar("Verdict")  # a chain's VerifyOutput or a tree's TreeVerdict
 
 
 @dataclass(slots=True)
@@ -141,6 +143,25 @@ def verify_sampling(
     return _assemble(draft_tokens, num_accepted, inverse_cdf(dist, u_last))
 
 
+def _groups(params: Sequence[SamplingParams]) -> tuple[list[int], list[int]]:
+    """The rows verified by rejection sampling, and the Gumbel-coupled rows; the rest are greedy."""
+    return [r for r, p in enumerate(params) if not p.greedy and not p.gumbel], coupled_rows(params)
+
+
+def _merged(parts: list, num_rows: int, greedy: Callable[[], Verdict], fields: tuple[str, ...]) -> Verdict:
+    """One step's verdict from its row groups' (rows, verdict) parts: a part that covers every row
+    is the verdict; otherwise the greedy verdict of all rows (right for the greedy rows) with each
+    part's rows overwritten by the part's `fields`."""
+    if len(parts) == 1 and len(parts[0][0]) == num_rows:
+        return parts[0][1]
+    verdict = greedy()
+    for rows, part in parts:
+        idx = torch.tensor(rows, device=part.num_accepted.device)
+        for name in fields:
+            getattr(verdict, name)[idx] = getattr(part, name)
+    return verdict
+
+
 def _position(positions: Sequence[int] | None, row: int) -> int:
     if positions is None:
         raise ValueError("Gumbel-coupled rows need the positions their logits predict")
@@ -159,8 +180,7 @@ class Verifier:
         rejection-sampled rows only), target logits [R, k+1, V]. Gumbel-coupled rows (`spec.coupling`)
         take the greedy rule with the target's coupled samples for its argmax, row j of row r
         predicting position positions[r] + j."""
-        sampled = [r for r, p in enumerate(params) if not p.greedy and not p.gumbel]
-        coupled = coupled_rows(params)
+        sampled, coupled = _groups(params)
         parts: list[tuple[list[int], VerifyOutput]] = []
         if sampled:
             idx = torch.tensor(sampled, device=draft_tokens.device)
@@ -183,14 +203,8 @@ class Verifier:
             at = [[_position(positions, r) + j for j in range(width)] for r in coupled]  # [C, k+1]
             choice = coupled_choice(target_logits[idx], [params[r] for r in coupled], at)  # [C, k+1]
             parts.append((coupled, verify_chosen(draft_tokens[idx], choice, draft_lens[idx])))
-        if len(parts) == 1 and len(parts[0][0]) == len(params):
-            return parts[0][1]
-        verdict = self.greedy(draft_tokens, target_logits, draft_lens)  # greedy rows; the rest overwritten
-        for rows, part in parts:
-            idx = torch.tensor(rows, device=draft_tokens.device)
-            verdict.num_accepted[idx] = part.num_accepted
-            verdict.tokens[idx] = part.tokens
-        return verdict
+        greedy = partial(self.greedy, draft_tokens, target_logits, draft_lens)
+        return _merged(parts, len(params), greedy, ("num_accepted", "tokens"))
 
     def greedy(self, draft_tokens: torch.Tensor, target_logits: torch.Tensor,
                draft_lens: torch.Tensor | None = None) -> VerifyOutput:
@@ -210,8 +224,7 @@ class Verifier:
         positions[r] + d."""
         from trtspec.spec.tree_verify import verify_tree_chosen
 
-        sampled = [r for r, p in enumerate(params) if not p.greedy and not p.gumbel]
-        coupled = coupled_rows(params)
+        sampled, coupled = _groups(params)
         sizes = list(tree.sizes)
         parts: list[tuple[list[int], TreeVerdict]] = []
         if sampled:
@@ -232,14 +245,8 @@ class Verifier:
             choice = coupled_choice(target_logits[idx], [params[r] for r in coupled], at)  # [C, N+1]
             parts.append((coupled, verify_tree_chosen(tree.tokens[idx], tree.parents[idx],
                                                       [sizes[r] for r in coupled], choice)))
-        if len(parts) == 1 and len(parts[0][0]) == len(params):
-            return parts[0][1]
-        verdict = self.tree_greedy(tree.tokens, tree.parents, sizes, target_logits)  # the rest overwritten
-        for rows, part in parts:
-            idx = torch.tensor(rows, device=tree.tokens.device)
-            for name in ("num_accepted", "path", "tokens"):
-                getattr(verdict, name)[idx] = getattr(part, name)
-        return verdict
+        greedy = partial(self.tree_greedy, tree.tokens, tree.parents, sizes, target_logits)
+        return _merged(parts, len(params), greedy, ("num_accepted", "path", "tokens"))
 
     def tree_greedy(self, tokens: torch.Tensor, parents: torch.Tensor, sizes: list[int],
                     target_logits: torch.Tensor) -> TreeVerdict:
