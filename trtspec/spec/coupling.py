@@ -70,14 +70,10 @@ def fresh_seed() -> int:
     return secrets.randbits(63)
 
 
-_VOCAB_KEYS: dict[tuple[int, str], torch.Tensor] = {}
-
-
+@functools.cache
 def _vocab_keys(vocab: int, device: torch.device) -> torch.Tensor:
-    key = (vocab, str(device))
-    if key not in _VOCAB_KEYS:
-        _VOCAB_KEYS[key] = fmix32(torch.arange(vocab, dtype=torch.int64, device=device) ^ _VOCAB_SALT)
-    return _VOCAB_KEYS[key]
+    """Every token's own key (the same for every row: hashed once per vocabulary and device)."""
+    return fmix32(torch.arange(vocab, dtype=torch.int64, device=device) ^ _VOCAB_SALT)
 
 
 Positions = torch.Tensor | Sequence[Sequence[int]]  # [R, n]: host lists spare a device its round trip
@@ -127,12 +123,13 @@ def coupled_choice(logits: torch.Tensor, params: Sequence[SamplingParams],
     (`plugins.coupled_argmax`) hashes, adds and reduces without writing the [R, n, V] noise."""
     weights = log_weights(logits, params)  # [R, n, V]
     keys = row_keys([p.seed for p in params], positions, logits.device)  # [R, n]
-    if weights.is_cuda and _fused_kernel() is not None:
-        v = weights.shape[-1]
-        return _fused_kernel()(weights.reshape(-1, v), keys.reshape(-1)).view(keys.shape)
+    kernel = _fused_kernel() if weights.is_cuda else None
+    if kernel is not None:
+        return kernel(weights.reshape(-1, weights.shape[-1]), keys.reshape(-1)).view(keys.shape)
     return (weights + noise_of_keys(keys, weights.shape[-1])).argmax(-1)
 
 
+@functools.cache
 def _fused_kernel():
     try:
         from plugins.coupled_argmax import coupled_argmax
