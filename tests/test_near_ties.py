@@ -68,6 +68,39 @@ def test_a_token_off_the_argmax_fails_the_audit(dtype):
     assert f"token {j} is off the target's argmax" in audit.describe()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_audit_holds_a_coupled_text_to_its_seeds_scores(dtype):
+    """Gumbel-coupled sampling is greedy decoding of log p + g(seed, position): its text passes the
+    audit under its own sampling parameters, and fails as greedy, under another seed, or with one
+    token swapped for the runner-up of those scores."""
+    from trtspec.spec.coupling import gumbel_noise, log_weights
+    from trtspec.spec.sampling import SamplingParams
+
+    plain = tiny_pipeline(CPU, use_drafter=False, dtype=dtype, cuda_graphs=False)
+    target = tiny_pipeline(CPU, use_drafter=False, dtype=dtype, cuda_graphs=False).decoder.target
+    rng = random.Random(23)
+    ids = plain.tokenizer.encode(rng.choice(load_prompts("chat")))
+    sampling = SamplingParams(temperature=0.8, top_k=40, seed=rng.randrange(2**63), coupling="gumbel")
+    output = plain.decoder.generate(ids, 64, sampling).token_ids
+    clean = audit_greedy(target, ids, output, sampling=sampling)
+    assert clean.off_argmax == [] and clean.choice == "coupled sample", clean.describe()
+    assert not audit_greedy(target, ids, output).near_ties_only  # a sample is not the argmax
+    reseeded = sampling.model_copy(update={"seed": sampling.seed + 1})
+    assert not audit_greedy(target, ids, output, sampling=reseeded).near_ties_only
+    target.allocate(1, len(ids) + len(output))
+    logits = target.forward([Chunk(0, torch.tensor(ids + output[:-1]))]).logits[len(ids) - 1:]  # [n, V]
+    positions = [list(range(len(ids), len(ids) + len(output)))]
+    noise = gumbel_noise([sampling.seed], positions, logits.shape[-1])  # [1, n, V]
+    scores = (log_weights(logits[None], [sampling]) + noise)[0]
+    top2 = scores.topk(2, -1)
+    assert top2.indices[:, 0].tolist() == output  # the convention: output[j] is chosen at position P + j
+    clear = [j for j in range(len(output)) if top2.values[j, 0] - top2.values[j, 1] > 1.0]
+    j = rng.choice(clear)
+    wrong = output[:j] + [int(top2.indices[j, 1])] + output[j + 1:]
+    audit = audit_greedy(target, ids, wrong, sampling=sampling)
+    assert audit.first_wrong == j and f"token {j} is off the target's coupled sample" in audit.describe()
+
+
 def test_a_difference_passes_certification_only_when_the_audit_finds_near_ties():
     tie = GreedyAudit(tokens=48, off_argmax=[20], gaps=[0.03], noise=0.1, dtype="bfloat16")
     wrong = GreedyAudit(tokens=48, off_argmax=[20], gaps=[0.3], noise=0.1, dtype="bfloat16")

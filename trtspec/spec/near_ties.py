@@ -15,6 +15,10 @@ decoded continuation twice, in one forward and in chunks of a verify step's size
 
 The continuation is greedy up to rounding when every gap is at most `TIE_FACTOR` × noise. A wrong
 token (a verifier bug, another model) sits far off the argmax, so it fails even in bfloat16.
+
+Gumbel-coupled sampling (`trtspec.spec.coupling`) is greedy decoding of the scores
+log p(v) + g(seed, position, v), so the same audit holds a coupled text to them: the gap is taken
+over those scores, and the noise is the logits' over the temperature (the scale they enter at).
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from trtspec.models.target import Chunk, TargetModel
+from trtspec.spec.coupling import gumbel_noise, log_weights
 
 if TYPE_CHECKING:
     from trtspec.config import TargetConfig
+    from trtspec.spec.sampling import SamplingParams
 
 IDENTICAL, NEAR_TIE, MISMATCH = "identical", "near-tie", "mismatch"  # GreedyJudge's verdicts
 TIE_FACTOR = 2.0  # a gap within this many times the measured rounding noise is a near-tie
@@ -39,8 +45,9 @@ class GreedyAudit:
     tokens: int  # emitted tokens audited
     off_argmax: list[int]  # positions (0 = first emitted token) whose token is not the strict argmax
     gaps: list[float]  # best logit − emitted token's logit at each of those positions
-    noise: float  # max |logits of one forward − logits in chunks| over the sequence
+    noise: float  # max |logits of one forward − logits in chunks| over the sequence (/ T: coupled)
     dtype: str
+    choice: str = "argmax"  # what each token should be: the target's "argmax" or "coupled sample"
 
     @property
     def tolerance(self) -> float:
@@ -58,22 +65,33 @@ class GreedyAudit:
 
     def describe(self) -> str:
         if not self.off_argmax:
-            return f"every one of {self.tokens} tokens is the target's argmax"
+            return f"every one of {self.tokens} tokens is the target's {self.choice}"
         worst = max(self.gaps)
         if self.near_ties_only:
             return (f"{len(self.off_argmax)} of {self.tokens} tokens at near-ties (largest gap "
                     f"{worst:.3g} ≤ {TIE_FACTOR:g} × {self.dtype} rounding noise {self.noise:.3g}): "
-                    "greedy up to rounding")
+                    f"the target's {self.choice} up to rounding")
         p = self.first_wrong
-        return (f"token {p} is off the target's argmax by {self.gaps[self.off_argmax.index(p)]:.3g}, "
+        return (f"token {p} is off the target's {self.choice} by {self.gaps[self.off_argmax.index(p)]:.3g}, "
                 f"more than {TIE_FACTOR:g} × {self.dtype} rounding noise {self.noise:.3g}")
+
+
+def _scores(logits: torch.Tensor, sampling: SamplingParams | None, first: int) -> torch.Tensor:
+    """What a decoding takes the argmax of: the logits (greedy), or log p + g at the positions
+    first, first + 1, … (Gumbel-coupled).  logits [n, V] -> [n, V] float32"""
+    if sampling is None or not sampling.gumbel:
+        return logits.float()
+    positions = [list(range(first, first + logits.shape[0]))]
+    noise = gumbel_noise([sampling.seed], positions, logits.shape[-1], logits.device)  # [1, n, V]
+    return (log_weights(logits[None], [sampling]) + noise)[0]
 
 
 @torch.inference_mode()
 def audit_greedy(target: TargetModel, prompt_ids: list[int], output_ids: list[int],
-                 chunk: int = CHUNK) -> GreedyAudit:
+                 chunk: int = CHUNK, sampling: SamplingParams | None = None) -> GreedyAudit:
     """Is every token of `output_ids` the target's argmax after `prompt_ids` and the tokens before
-    it, up to the target's rounding? (See the module docstring.)"""
+    it — or, for a Gumbel-coupled `sampling`, its coupled sample — up to the target's rounding?
+    (See the module docstring.)"""
     if not prompt_ids or not output_ids:
         raise ValueError("audit_greedy needs a non-empty prompt and output")
     seq = torch.tensor(prompt_ids + output_ids[:-1], device=target.device)  # [T]
@@ -86,35 +104,42 @@ def audit_greedy(target: TargetModel, prompt_ids: list[int], output_ids: list[in
         parts.append(target.forward([Chunk(0, seq[start:start + chunk])]).logits)
     chunked = torch.cat(parts)  # [n, V]
     noise = (one - chunked).abs().max().item()
+    if sampling is not None and sampling.gumbel:
+        noise /= sampling.temperature
+    scores = _scores(one, sampling, len(prompt_ids))  # [n, V]; output_ids[j] sits at P + j
     emitted = torch.tensor(output_ids, device=one.device)
-    gap = one.max(-1).values - one.gather(1, emitted[:, None])[:, 0]  # [n] ≥ 0
+    gap = scores.max(-1).values - scores.gather(1, emitted[:, None])[:, 0]  # [n] ≥ 0 (inf: cut by top-k/p)
     off = torch.nonzero(gap > 0).flatten().tolist()
     dtype = str(target.model.dtype).removeprefix("torch.")
-    return GreedyAudit(len(output_ids), off, gap[off].tolist(), noise, dtype)
+    choice = "coupled sample" if sampling is not None and sampling.gumbel else "argmax"
+    return GreedyAudit(len(output_ids), off, gap[off].tolist(), noise, dtype, choice)
 
 
 class GreedyJudge:
-    """Sorts greedy outputs against the reference decoding of the same prompt: IDENTICAL,
-    NEAR_TIE (they part, and every token of the output is the target's argmax up to rounding) or
-    MISMATCH. The auditing target is made at the first difference: over the same weights when
-    `target` is a torch `TargetModel`, else (an engine) the checkpoint in the config's dtype."""
+    """Sorts greedy (or Gumbel-coupled) outputs against the reference decoding of the same prompt:
+    IDENTICAL, NEAR_TIE (they part, and every token of the output is the target's argmax — coupled
+    sample — up to rounding) or MISMATCH. The auditing target is made at the first difference: over
+    the same weights when `target` is a torch `TargetModel`, else (an engine) the checkpoint in the
+    config's dtype."""
 
     def __init__(self, config: TargetConfig, target=None):
         self.config, self.target = config, target
         self._auditor: TargetModel | None = None
 
-    def audit(self, prompt_ids: list[int], output_ids: list[int]) -> GreedyAudit:
+    def audit(self, prompt_ids: list[int], output_ids: list[int],
+              sampling: SamplingParams | None = None) -> GreedyAudit:
         if self._auditor is None:
             if isinstance(self.target, TargetModel):  # its own K/V buffers, the same weights
                 self._auditor = TargetModel(self.target.model)
             else:
                 self._auditor = TargetModel.from_pretrained(self.config.resolved_path, self.config.dtype,
                                                             device=self.config.device)
-        return audit_greedy(self._auditor, prompt_ids, output_ids)
+        return audit_greedy(self._auditor, prompt_ids, output_ids, sampling=sampling)
 
-    def __call__(self, prompt_ids: list[int], output_ids: list[int], reference_ids: list[int]) -> str:
+    def __call__(self, prompt_ids: list[int], output_ids: list[int], reference_ids: list[int],
+                 sampling: SamplingParams | None = None) -> str:
         if output_ids == reference_ids:
             return IDENTICAL
         if not output_ids:
             return MISMATCH
-        return NEAR_TIE if self.audit(prompt_ids, output_ids).near_ties_only else MISMATCH
+        return NEAR_TIE if self.audit(prompt_ids, output_ids, sampling).near_ties_only else MISMATCH
