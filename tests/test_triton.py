@@ -375,6 +375,7 @@ def test_verify_certifies_the_server(served, tmp_path):
                                    "--prompts", str(open_ended), "--samples", "0", "--max-tokens", "24"])
     assert coupled.exit_code == 1 and coupled.output.count("greedy  identical") == 2
     assert coupled.output.count("sampled MISMATCH") == 2 and "FAIL" in coupled.output
+    assert coupled.output.count("off the target's coupled sample") == 2  # audited, not near-ties
 
 
 def test_verify_dir_starts_and_stops_its_own_server(tmp_path):

@@ -22,7 +22,8 @@
 3. Seeded samples, for a deployment that samples with Gumbel coupling (`sampling.coupling:
    gumbel` in the config): every prompt once more at temperature 1, seed COUPLED_SEED + i; the
    served sample must equal, token for token (character for character over OpenAI), what the
-   target alone samples with that seed (`trtspec.spec.coupling`): the greedy check, for sampling.
+   target alone samples with that seed (`trtspec.spec.coupling`): the greedy check, for sampling,
+   audited the same way where they differ (a coupled sample is the argmax of log p + g).
 """
 
 from __future__ import annotations
@@ -61,26 +62,30 @@ COUPLED_SEED = 100  # Gumbel coupling: prompt i's seeded sample uses seed COUPLE
 
 @dataclass(slots=True)
 class GreedyCheck:
+    """One served text against the target alone's: greedy, or a Gumbel-coupled sample (`seed`)."""
+
     prompt: str
     identical: bool
     first_difference: int | None  # index of the first differing token (character, for text)
     served_tau: float
     unit: str = "token"
     audit: GreedyAudit | None = None  # the served tokens audited where they differ
+    seed: int | None = None  # a coupled sample's seed; None: greedy
 
     @property
     def passed(self) -> bool:
         return self.identical or (self.audit is not None and self.audit.near_ties_only)
 
-
-@dataclass(slots=True)
-class CoupledCheck:
-    prompt: str
-    seed: int
-    identical: bool
-    first_difference: int | None  # index of the first differing token (character, for text)
-    served_tau: float
-    unit: str = "token"
+    def lines(self) -> list[str]:
+        if self.identical:
+            verdict = "identical"
+        else:
+            verdict = f"{'differs' if self.passed else 'MISMATCH'} at {self.unit} {self.first_difference}"
+        kind, seed = ("greedy ", "") if self.seed is None else ("sampled", f"  seed {self.seed}")
+        out = [f"{kind} {verdict:<24} tau={self.served_tau:.2f}{seed}  {self.prompt[:40]!r}"]
+        if self.audit is not None:
+            out.append(f"        served tokens: {self.audit.describe()}")
+        return out
 
 
 @dataclass(slots=True)
@@ -99,26 +104,15 @@ class SamplingCheck:
 class Certificate:
     greedy: list[GreedyCheck] = field(default_factory=list)
     sampling: SamplingCheck | None = None
-    coupled: list[CoupledCheck] = field(default_factory=list)
+    coupled: list[GreedyCheck] = field(default_factory=list)  # seeded, Gumbel-coupled samples
 
     @property
     def passed(self) -> bool:
         sampling_ok = self.sampling is None or self.sampling.passed
-        return sampling_ok and all(g.passed for g in self.greedy) and all(c.identical for c in self.coupled)
+        return sampling_ok and all(g.passed for g in self.greedy + self.coupled)
 
     def lines(self) -> list[str]:
-        out = []
-        for g in self.greedy:
-            if g.identical:
-                verdict = "identical"
-            else:
-                verdict = f"{'differs' if g.passed else 'MISMATCH'} at {g.unit} {g.first_difference}"
-            out.append(f"greedy  {verdict:<24} tau={g.served_tau:.2f}  {g.prompt[:40]!r}")
-            if g.audit is not None:
-                out.append(f"        served tokens: {g.audit.describe()}")
-        for c in self.coupled:
-            verdict = "identical" if c.identical else f"MISMATCH at {c.unit} {c.first_difference}"
-            out.append(f"sampled {verdict:<24} tau={c.served_tau:.2f}  seed {c.seed}  {c.prompt[:40]!r}")
+        out = [line for check in self.greedy + self.coupled for line in check.lines()]
         if self.sampling is not None:
             s = self.sampling
             for pos, (tv, bound) in enumerate(zip(s.tv, s.bound, strict=True)):
@@ -178,33 +172,33 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
     text_only = split_url(url)[0] == "openai"
     cert = Certificate()
     judge = GreedyJudge(config.target)  # the checkpoint in torch, loaded at the first difference
-    for prompt in prompts:
-        served = generate(url, model, prompt, GenerateParams(max_tokens=max_tokens), api_key=api_key)
+
+    def check(prompt: str, sampling: SamplingParams) -> GreedyCheck:
+        """The served text of `prompt` under `sampling` against the target alone's, audited where
+        they differ."""
+        params = GenerateParams(max_tokens=max_tokens)
+        if not sampling.greedy:
+            params = GenerateParams(max_tokens=max_tokens, temperature=sampling.temperature,
+                                    top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed)
+        served = generate(url, model, prompt, params, api_key=api_key)
         prompt_ids = tokenizer.encode(prompt)
-        expected = reference.decoder.generate(prompt_ids, max_tokens).token_ids
+        expected = reference.decoder.generate(prompt_ids, max_tokens, sampling).token_ids
         if text_only:
             diff = _first_difference(served.text, tokenizer.decode(expected))
         else:
             diff = _first_difference(served.token_ids, expected)
-        check = GreedyCheck(prompt, diff is None, diff, served.tau, "character" if text_only else "token")
+        result = GreedyCheck(prompt, diff is None, diff, served.tau, "character" if text_only else "token",
+                             seed=None if sampling.greedy else sampling.seed)
         if diff is not None:
             served_ids = tokenizer.encode(served.text) if text_only else served.token_ids
             if served_ids:
-                check.audit = judge.audit(prompt_ids, served_ids)
-        cert.greedy.append(check)
+                result.audit = judge.audit(prompt_ids, served_ids, sampling)
+        return result
+
+    cert.greedy = [check(prompt, SamplingParams()) for prompt in prompts]
     if config.sampling.coupling == "gumbel":
-        for i, prompt in enumerate(prompts):
-            seed = COUPLED_SEED + i
-            params = GenerateParams(max_tokens=max_tokens, temperature=1.0, top_p=1.0, top_k=0, seed=seed)
-            served = generate(url, model, prompt, params, api_key=api_key)
-            sampling = SamplingParams(temperature=1.0, seed=seed, coupling="gumbel")
-            expected = reference.decoder.generate(tokenizer.encode(prompt), max_tokens, sampling).token_ids
-            if text_only:
-                diff = _first_difference(served.text, tokenizer.decode(expected))
-            else:
-                diff = _first_difference(served.token_ids, expected)
-            cert.coupled.append(CoupledCheck(prompt, seed, diff is None, diff, served.tau,
-                                             "character" if text_only else "token"))
+        cert.coupled = [check(prompt, SamplingParams(temperature=1.0, seed=COUPLED_SEED + i,
+                                                     coupling="gumbel")) for i, prompt in enumerate(prompts)]
     if samples > 0:
         prompt = prompts[0]
         # the law is the checkpoint's, whatever the flavour served: torch is the reference
