@@ -278,3 +278,69 @@ def test_bench_counts_bfloat16_partings_at_near_ties_apart_from_mismatches():
     # prompts 4 and 7 part on this CPU's bfloat16 kernels (at tokens 32 and 43 when written)
     assert row["greedy_mismatches"] == 0 and row["greedy_near_ties"] >= 1
     assert f"| 0 (+{row['greedy_near_ties']} at near-ties) |" in markdown_table(results)
+
+
+def test_sampled_bench_checks_coupled_texts_and_seeds_every_prompt(tmp_path):
+    """--temperature samples every method with prompt i seeded SEED + i; --coupling both runs each
+    drafter twice: NAME (rejection: its texts cannot be compared one by one) and NAME+gumbel, whose
+    every text must be the target alone's Gumbel-max sample (none+gumbel), trees and concurrent
+    requests included."""
+    configs = [str(REPO / "build_configs" / f"{n}.yaml") for n in ("tiny-dflash", "tiny-draft-model")]
+    result = CliRunner().invoke(main, ["bench", *configs, "--tasks", "code,chat", "--prompts", "2",
+                                       "--max-tokens", "24", "--no-hf", "--temperature", "0.8", "--top-k",
+                                       "50", "--seed", "11", "--coupling", "both", "--tree", "8,2",
+                                       "--concurrency", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["sampling"] == {"temperature": 0.8, "top_p": 1.0, "top_k": 50, "seed": 11}
+    coupled = {"none+gumbel", "dflash+gumbel", "draft_model+gumbel", "dflash+gumbel+tree",
+               "draft_model+gumbel+tree"}
+    for rows in results["tasks"].values():
+        assert set(rows) == coupled | {"none", "dflash", "draft_model", "dflash+tree", "draft_model+tree"}
+        for name, row in rows.items():
+            assert "greedy_mismatches" not in row, name
+            if name in coupled:
+                assert row["sampled_mismatches"] == 0 and row["sampled_near_ties"] == 0, name
+                assert row["tokens"] == rows["none+gumbel"]["tokens"], name
+            else:
+                assert "sampled_mismatches" not in row, name
+        assert rows["draft_model+gumbel"]["tau"] > 1.0
+    conc = results["concurrency"]["methods"]
+    assert {"none+gumbel", "dflash+gumbel+adaptive", "draft_model+adaptive"} <= set(conc)
+    for method, by_r in conc.items():
+        row = by_r["2"]
+        assert ("sampled_mismatches" in row) == ("gumbel" in method), method
+        assert row.get("sampled_mismatches", 0) == 0, method
+    table = (tmp_path / "results.md").read_text()
+    assert "texts ≠ the target alone's (coupled)" in table and "| chat | dflash | " in table
+
+
+def test_sampled_bench_tells_a_coupled_text_that_is_not_the_targets(tmp_path):
+    """The coupled check can fail: a drafter whose target is another model (the draft model as
+    target) samples other texts under the same seeds, and every one is counted."""
+    from trtspec.bench.run import run_bench
+    from trtspec.bench.sampled import with_couplings
+    from trtspec.config import load_build_config
+    from trtspec.spec.sampling import SamplingParams
+
+    reference = load_build_config(REPO / "build_configs" / "tiny-dflash.yaml")
+    other = load_build_config(REPO / "build_configs" / "tiny-draft-model.yaml")
+    wrong = other.model_copy(update={"target": other.target.model_copy(
+        update={"path": str(other.drafter.resolved_path)})})
+    sampling = SamplingParams(temperature=1.0, seed=3)
+    configs = with_couplings({"dflash": reference, "draft_model": wrong}, sampling, "gumbel")
+    results = run_bench(configs, ["math"], prompts_per_task=2, max_tokens=24, hf_reference=False,
+                        sampling=sampling)
+    rows = results["tasks"]["math"]
+    assert rows["dflash+gumbel"]["sampled_mismatches"] == 0
+    assert rows["draft_model+gumbel"]["sampled_mismatches"] == 2
+
+
+def test_remote_requests_carry_each_prompts_seed():
+    from trtspec.bench.remote import _params
+    from trtspec.spec.sampling import SamplingParams
+
+    greedy = _params(24, SamplingParams(), 3)
+    assert (greedy.temperature, greedy.seed, greedy.max_tokens, greedy.stream) == (None, None, 24, True)
+    sampled = _params(24, SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=40), 3)
+    assert (sampled.temperature, sampled.top_p, sampled.top_k, sampled.seed) == (0.7, 0.9, 5, 43)

@@ -343,6 +343,13 @@ def test_generate_and_bench_cli_over_openai(served, pipeline, tmp_path, monkeypa
     for row in remote["levels"].values():
         assert row["tokens"] > 4 and row["tau"] > 1 and 0 < row["ttft_ms"] < 1e3 * row["wall_s"]
         assert row["per_user_tokens_per_s"] == pytest.approx(1e3 / row["itl_ms"], rel=0.01)
+    # sampled: each prompt seeded, the server's coupling verifying
+    result = CliRunner().invoke(main, ["bench", "--url", served.url, "--tasks", "math", "--prompts", "2",
+                                       "--max-tokens", "24", "--temperature", "1", "--seed", "40",
+                                       "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    remote = json.loads((tmp_path / "results.json").read_text())["remote"]
+    assert remote["decoding"].startswith("sampling at temperature 1") and remote["levels"]["1"]["tokens"] > 4
 
 
 def test_local_chat_is_the_served_chat(served):

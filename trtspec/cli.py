@@ -376,14 +376,26 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
 @click.option("--write-acceptance", is_flag=True,
               help="Store each drafter's measured acceptance by position as acceptance.json beside its "
                    "weights (the cost model of `trtspec build`/`inspect` and adaptive serving reads it).")
+@click.option("--temperature", default=0.0, show_default=True, type=float,
+              help="0 = greedy; > 0 samples every method at this temperature, prompt i with seed SEED + i.")
+@click.option("--top-p", default=1.0, show_default=True, type=float, help="Nucleus mass, (0, 1].")
+@click.option("--top-k", default=0, show_default=True, type=int, help="Keep k most likely; 0 = all.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**63 - 1),
+              help="Seed of the first prompt when sampling.")
+@click.option("--coupling", type=click.Choice(["rejection", "gumbel", "both"]), default=None,
+              help="When sampling: how every drafter verifies (default: each config's sampling.coupling); "
+                   "both = each drafter twice, NAME (rejection) and NAME+gumbel. Gumbel-coupled texts must "
+                   "equal the target alone's (method none+gumbel) token for token.")
 @run_errors
 def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir, doc_path, concurrency,
           min_user_tps, max_users, sps_path, url, model_name, chat, api_key, tree_spec,
-          write_acceptance) -> None:
+          write_acceptance, temperature, top_p, top_k, seed, coupling) -> None:
     """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side;
     or, with --url, a running server as its users see it."""
     from trtspec.bench.run import markdown_table, run_bench
+    from trtspec.bench.sampled import with_couplings
     from trtspec.runtime import configure_threads
+    from trtspec.spec.sampling import SamplingParams
 
     levels = _int_list(concurrency, "--concurrency") if concurrency else []
     task_names = _tasks_arg(tasks)
@@ -395,10 +407,19 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
                         ("--repeats", repeats)):
         check_range(value, name, low=1)
     tree = tree_spec if tree_spec in (None, "auto") else _tree_option(tree_spec)
+    sampling = options_model(SamplingParams, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    if coupling is not None and sampling.greedy:
+        raise click.BadParameter("applies when sampling: give --temperature > 0 too", param_hint="--coupling")
+    if write_acceptance and not sampling.greedy:
+        raise click.BadParameter("stores the greedy acceptance that adaptive serving's cost model reads: "
+                                 "measure it at --temperature 0", param_hint="--write-acceptance")
     if url is not None:
         if write_acceptance:
             raise click.BadParameter("measures drafters run here, not a server",
                                      param_hint="--write-acceptance")
+        if coupling is not None:
+            raise click.BadParameter("a server verifies by its build config's sampling.coupling",
+                                     param_hint="--coupling")
         from trtspec.bench.remote import remote_table, run_remote
 
         _url_arg(url)
@@ -408,7 +429,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
             raise click.BadParameter("chat needs an OpenAI-compatible server (openai://HOST:PORT)",
                                      param_hint="--chat")
         remote = run_remote(url, model_name, task_names, prompts_per_task, max_tokens, levels or [1],
-                            chat, api_key)
+                            chat, api_key, sampling)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "results.json").write_text(json.dumps({"remote": remote}, indent=1))
         (out_dir / "results.md").write_text(remote_table(remote) + "\n")
@@ -427,6 +448,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         if name in loaded:
             raise click.BadParameter(f"{path} repeats the drafter of another config", param_hint="CONFIGS")
         loaded[name] = cfg
+    loaded = with_couplings(loaded, sampling, coupling)
     if write_acceptance:
         dirs = [c.drafter.resolved_path for c in loaded.values()]
         if len(set(dirs)) != len(dirs):
@@ -434,12 +456,12 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
                                      param_hint="--write-acceptance")
     sps = _sps_arg(sps_path) if levels and sps_path is not None else None  # before the long run
     configure_threads(next(iter(loaded.values())))  # the configs share their target
-    results = run_bench(loaded, task_names, prompts_per_task, max_tokens, repeats, not no_hf, tree)
+    results = run_bench(loaded, task_names, prompts_per_task, max_tokens, repeats, not no_hf, tree, sampling)
     if levels:
         from trtspec.bench.concurrency import recommendation_text, run_concurrency
 
         results["concurrency"] = run_concurrency(loaded, task_names, prompts_per_task, max_tokens,
-                                                 levels, sps)
+                                                 levels, sps, sampling)
         if min_user_tps is None:
             min_user_tps = results["concurrency"]["methods"]["none"][str(levels[0])]["per_user_tokens_per_s"]
         results["recommendation"] = recommendation_text(results["concurrency"], min_user_tps, max_users)

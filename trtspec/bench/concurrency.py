@@ -33,12 +33,14 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from trtspec.bench.profile import profile_cost
+from trtspec.bench.sampled import check_fields, check_key, reference_of, request_params
 from trtspec.config import BuildConfig, ScheduleConfig
 from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.decoder import Emitted, Request, SpeculativeDecoder
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.near_ties import MISMATCH, NEAR_TIE, GreedyJudge
+from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.schedule import SPSTable
 
 THRESHOLDS = (0.3, 0.5, 0.7)
@@ -58,8 +60,9 @@ class _Point:
     tokens: int = 0
     user_tps: list[float] = field(default_factory=list)
     cycles: int = 0
-    mismatches: int = 0
-    near_ties: int = 0  # outputs that part from the first method's at near-ties only (`near_ties`)
+    mismatches: int = 0  # texts that differ from the reference's (`reference_of`), where there is one
+    near_ties: int = 0  # greedy outputs that part from the target alone's at near-ties only (`near_ties`)
+    checked: str | None = None  # the check's field prefix (`check_key`); None: texts not compared
     offered: int = 0
     admitted: int = 0
     draft_lens: dict[int, int] = field(default_factory=dict)
@@ -74,8 +77,7 @@ class _Point:
             "tokens_per_cycle": round(self.tokens / self.cycles, 3) if self.cycles else 0.0,
             "admitted_share": round(self.admitted / self.offered, 3) if self.offered else None,
             "mean_draft_len": round(mean_k, 2),
-            "greedy_mismatches": self.mismatches,
-            "greedy_near_ties": self.near_ties,
+            **check_fields(self.checked, self.mismatches, self.near_ties),
             "tokens": self.tokens,
             "wall_s": round(self.wall_s, 3),
             "steady_tokens": self.steady_tokens,
@@ -83,13 +85,15 @@ class _Point:
         }
 
 
-def _decoders(pipelines: dict[str, Pipeline], slots: int,
+def _decoders(pipelines: dict[str, Pipeline], couplings: dict[str, str], slots: int,
               tables: dict[str, SPSTable]) -> dict[str, SpeculativeDecoder]:
-    """One decoder per method (all with `slots` slots), each drafter's with its cost table."""
+    """One decoder per method (all with `slots` slots), each drafter's with its cost table; a
+    drafter's schedule variants are added to `couplings` with the drafter's coupling."""
     out = {}
-    for name, p in pipelines.items():
+    for name in list(couplings):
+        p = pipelines.get(name, pipelines["none"])  # none+gumbel: the target alone too
         out[name] = p.decoder_for(slots, ScheduleConfig(mode="full"))
-        if name == "none":
+        if name not in tables:
             continue
         schedules = {"adaptive": ScheduleConfig(mode="adaptive")}
         if p.drafter.method == "dspark":
@@ -98,41 +102,57 @@ def _decoders(pipelines: dict[str, Pipeline], slots: int,
                               for th in THRESHOLDS})
         for label, schedule in schedules.items():
             out[f"{name}+{label}"] = p.decoder_for(slots, schedule, cost_table=tables[name])
+            couplings[f"{name}+{label}"] = couplings[name]
     return out
 
 
 def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_task: int,
-                    max_tokens: int, concurrency: list[int], table: SPSTable | None = None) -> dict:
-    """`configs`: method name -> config (all the same target). Each drafter's cost model is `table`
-    when given, else its config's `schedule.sps_table`, else measured in this run. Returns
-    results['concurrency']."""
+                    max_tokens: int, concurrency: list[int], table: SPSTable | None = None,
+                    sampling: SamplingParams | None = None) -> dict:
+    """`configs`: method name -> config (all the same target; each samples with its config's
+    coupling, `run.method_couplings`). Each drafter's cost model is `table` when given, else its
+    config's `schedule.sps_table`, else measured in this run. `sampling`: greedy by default.
+    Returns results['concurrency']."""
+    from trtspec.bench.run import method_couplings
+
+    sampling = sampling or SamplingParams()
+    couplings = method_couplings(configs, sampling)
     first = next(iter(configs.values()))
     pipelines = {"none": load_pipeline(first, use_drafter=False)}
     pipelines.update({name: load_pipeline(cfg) for name, cfg in configs.items()})
-    tables = {}
+    tables: dict[str, SPSTable] = {}
+    measured: dict = {}  # one profile per drafter (`--coupling both` runs each drafter twice)
     for name, cfg in configs.items():
         if table is not None or cfg.drafter.resolved_sps_table is not None:
             tables[name] = table or pipelines[name].cost_table
-        else:
-            tables[name] = profile_cost(pipelines[name].target, pipelines[name].drafter, reps=PROFILE_REPS,
-                                        max_batch=max(concurrency))
-    decoders = _decoders(pipelines, max(concurrency), tables)
+            continue
+        key = cfg.drafter.model_dump_json()
+        if key not in measured:
+            measured[key] = profile_cost(pipelines[name].target, pipelines[name].drafter, reps=PROFILE_REPS,
+                                         max_batch=max(concurrency))
+        tables[name] = measured[key]
+    decoders = _decoders(pipelines, couplings, max(concurrency), tables)
     tok = pipelines["none"].tokenizer
     prompts = [tok.encode(p) for t in tasks for p in load_prompts(t)[:prompts_per_task]]
     judge = GreedyJudge(first.target, pipelines["none"].target)
-    points = {m: {r: _Point() for r in concurrency} for m in decoders}
+    references = {m: reference_of(sampling, couplings[m]) for m in decoders}
+    points = {m: {r: _Point(checked=check_key(sampling) if references[m] else None)
+                  for r in concurrency} for m in decoders}
     bar = tqdm(total=len(concurrency) * len(decoders) * len(prompts), desc="concurrency", unit="request")
     for r in concurrency:
-        runs = {name: StreamRun(decoder, [Request(ids, max_tokens) for ids in prompts], r)
-                for name, decoder in decoders.items()}
+        runs = {}
+        for name, decoder in decoders.items():
+            requests = [Request(ids, max_tokens, request_params(sampling, i, couplings[name]))
+                        for i, ids in enumerate(prompts)]
+            runs[name] = StreamRun(decoder, requests, r)
         while not all(run.done for run in runs.values()):  # the methods take turns, TURN_STEPS each
             for run in runs.values():
                 before = len(run.finished)
                 run.advance(TURN_STEPS)
                 bar.update(len(run.finished) - before)
-        expected = None
+        texts = {name: [res.token_ids for res in run.results] for name, run in runs.items()}
         for name, run in runs.items():
-            decoder, results = run.decoder, run.results
+            decoder = run.decoder
             pt = points[name][r]
             pt.steady_s, pt.steady_tokens = run.steady
             pt.wall_s, pt.tokens = run.whole
@@ -142,11 +162,9 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
             pt.admitted += decoder.admitted_drafts
             for k, n in decoder.draft_len_counts.items():
                 pt.draft_lens[k] = pt.draft_lens.get(k, 0) + n
-            tokens = [res.token_ids for res in results]
-            if expected is None:
-                expected = tokens
-            else:
-                verdicts = [judge(ids, a, b) for ids, a, b in zip(prompts, tokens, expected, strict=True)]
+            if pt.checked:
+                verdicts = [judge(ids, a, b, request.sampling) for ids, a, b, request in
+                            zip(prompts, texts[name], texts[references[name]], run.requests, strict=True)]
                 pt.mismatches += verdicts.count(MISMATCH)
                 pt.near_ties += verdicts.count(NEAR_TIE)
     bar.close()
@@ -168,6 +186,7 @@ class StreamRun:
     def __init__(self, decoder: SpeculativeDecoder, requests: list[Request], r: int):
         decoder.reset()
         self.decoder, self.r = decoder, r
+        self.requests = requests
         self.waiting = list(enumerate(requests))
         self.index: dict[int, int] = {}  # decoder request id -> position in `requests`
         self.finished: dict[int, GenerationResult] = {}

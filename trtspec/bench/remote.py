@@ -12,18 +12,22 @@ Tokens are the generated ids (Triton) or the server's `usage.completion_tokens` 
 reported only when the server reports drafted tokens (trtspec does, in its `trtspec` field).
 
 and per concurrency level the mean TTFT and ITL, the per-user decode speed 1 / ITL, and the
-total tokens/s of all clients over the wall time of the level.
+total tokens/s of all clients over the wall time of the level. Greedy, or sampled with prompt i
+seeded `seed + i` (`bench.sampled.request_params`; the server verifies by its own coupling).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tqdm import tqdm
 
+from trtspec.bench.sampled import describe, request_params
 from trtspec.prompts import load_prompts
+from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.client import Completion, GenerateParams, generate
 
 
@@ -33,30 +37,43 @@ def _itl(c: Completion) -> float | None:
     return (c.total_s - c.first_response_s) / (c.num_tokens - 1)
 
 
-def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, max_tokens: int,
-               concurrency: list[int], chat: bool = False, api_key: str | None = None) -> dict:
-    prompts = [p for t in tasks for p in load_prompts(t)[:prompts_per_task]]
+def _params(max_tokens: int, sampling: SamplingParams, index: int) -> GenerateParams:
+    """Prompt `index`'s request: streamed; greedy as the server's default, or sampled and seeded."""
     params = GenerateParams(max_tokens=max_tokens, stream=True)
+    if sampling.greedy:
+        return params
+    mine = request_params(sampling, index, sampling.coupling)
+    return dataclasses.replace(params, temperature=mine.temperature, top_p=mine.top_p, top_k=mine.top_k,
+                               seed=mine.seed)
+
+
+def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, max_tokens: int,
+               concurrency: list[int], chat: bool = False, api_key: str | None = None,
+               sampling: SamplingParams | None = None) -> dict:
+    sampling = sampling or SamplingParams()
+    prompts = [p for t in tasks for p in load_prompts(t)[:prompts_per_task]]
     levels: dict[str, dict] = {}
     # closed on the way out of an error too, so the error starts a line of its own
     with tqdm(total=len(prompts) * len(concurrency), desc=f"bench {url}", unit="request") as bar:
 
-        def client(share: list[str]) -> list[Completion]:
+        def client(share: list[tuple[int, str]]) -> list[Completion]:
             done = []
-            for prompt in share:
+            for i, prompt in share:
+                params = _params(max_tokens, sampling, i)
                 done.append(generate(url, model, prompt, params, chat=chat, api_key=api_key))
                 bar.update(1)
             return done
 
         for r in concurrency:
-            shares = [prompts[i::r] for i in range(r)]
+            shares = [list(enumerate(prompts))[i::r] for i in range(r)]
             t0 = time.perf_counter()
             with ThreadPoolExecutor(r) as pool:
                 completions = [c for share in pool.map(client, shares) for c in share]
             wall = time.perf_counter() - t0
             levels[str(r)] = _level_row(completions, wall)
     return {"url": url, "model": model, "endpoint": "chat" if chat else "completions",
-            "max_tokens": max_tokens, "prompts": len(prompts), "levels": levels}
+            "max_tokens": max_tokens, "prompts": len(prompts), "decoding": describe(sampling),
+            "levels": levels}
 
 
 def _level_row(completions: list[Completion], wall: float) -> dict:

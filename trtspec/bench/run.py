@@ -2,10 +2,11 @@
 
 Methods: `none` (the target alone through trtspec's loop), each configured drafter, each
 drafter with a draft tree (`NAME+tree`: the config's `drafter.tree`, or one sized for this machine,
-`resolve_trees`), and — for reference — `transformers` greedy `generate` alone and with assisted
+`resolve_trees`), and — for reference — `transformers` `generate` alone and with assisted
 generation (the `draft_model` drafter as `assistant_model`). Speedups are ratios of wall time
-measured in this run on identical prompts and token budgets; a greedy method whose tokens differ
-from `none` is flagged, never silently averaged.
+measured in this run on identical prompts and token budgets. Greedy, or sampled with seeded prompts
+(`trtspec.bench.sampled`); a method whose tokens must equal its reference's (greedy: `none`'s;
+Gumbel-coupled: `none+gumbel`'s) and differ is flagged, never silently averaged.
 """
 
 from __future__ import annotations
@@ -21,12 +22,22 @@ import torch
 from tqdm import tqdm
 
 from trtspec.bench.acceptance import conditional_acceptance
+from trtspec.bench.sampled import (
+    COUPLED_REFERENCE,
+    COUPLED_SUFFIX,
+    check_fields,
+    check_key,
+    describe,
+    reference_of,
+    request_params,
+)
 from trtspec.config import BuildConfig, ScheduleConfig, TreeConfig
 from trtspec.models.dflash_drafter import DFlashDrafter
 from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.cost import tree_budget
 from trtspec.spec.near_ties import MISMATCH, NEAR_TIE, GreedyJudge
+from trtspec.spec.sampling import SamplingParams
 
 TREE_TOPK = 8  # children per expanded node of the trees `--tree auto` sizes
 
@@ -37,8 +48,9 @@ class MethodStats:
     tokens: int = 0
     target_calls: int = 0
     draft_s: float = 0.0
-    mismatches: int = 0
-    near_ties: int = 0  # outputs that part from the target alone's at near-ties only (`near_ties`)
+    mismatches: int = 0  # texts that differ from the reference's (`reference_of`), where there is one
+    near_ties: int = 0  # greedy outputs that part from the target alone's at near-ties only (`near_ties`)
+    checked: str | None = None  # the check's field prefix (`check_key`); None: texts not compared
     accepted_by_pos: list[list[float]] = field(default_factory=list)
     cycles: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per cycle
 
@@ -53,9 +65,8 @@ class MethodStats:
             "tokens": self.tokens,
             "seconds": round(self.seconds, 6),  # fine enough that speedups recompute from it
             "tokens_per_s": round(self.tokens / self.seconds, 2) if self.seconds else 0.0,
-            "greedy_mismatches": self.mismatches,
-            "greedy_near_ties": self.near_ties,
         }
+        out.update(check_fields(self.checked, self.mismatches, self.near_ties))
         if self.target_calls:
             out["tau"] = round(self.tokens / self.target_calls, 3)
             out["draft_share"] = round(self.draft_s / self.seconds, 3)
@@ -67,12 +78,18 @@ class MethodStats:
         return out
 
 
-def _hf_generate(pipeline: Pipeline, ids: list[int], max_tokens: int, assistant=None) -> list[int]:
+def _hf_generate(pipeline: Pipeline, ids: list[int], max_tokens: int, sampling: SamplingParams,
+                 assistant=None) -> list[int]:
     model = pipeline.target.model
     ends = list(pipeline.end_ids)
     prompt = torch.tensor([ids])
+    how: dict = {"do_sample": False}
+    if not sampling.greedy:  # top_k=0 said outright: transformers' own default would keep 50
+        how = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+               "top_k": sampling.top_k}
+        torch.manual_seed(sampling.seed or 0)
     # one unpadded prompt: say so, rather than let transformers guess a mask from pad == eos
-    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **how,
                          max_new_tokens=max_tokens, eos_token_id=ends or None,
                          pad_token_id=ends[0] if ends else None,
                          assistant_model=assistant)
@@ -128,34 +145,48 @@ def resolve_trees(pipelines: dict[str, Pipeline], tree: str | TreeConfig | None)
     """The tree each drafter's `NAME+tree` method uses: its config's `drafter.tree`; else, with
     `tree` "auto", N = `tree_budget` of the machine's cost table (verifying the tree costs at most
     10 % more than the chain) and K = TREE_TOPK; with a TreeConfig that one. Without a config tree
-    and with `tree` None there is no tree method. One tree per drafter method (the first config of
-    each)."""
+    and with `tree` None there is no tree method. One tree per drafter method and coupling (the
+    first config of each)."""
     out: dict[str, dict] = {}
     methods = set()
     for name, p in pipelines.items():
         if name == "none" or not p.drafter.num_draft_tokens:
             continue
         config_tree = p.config.drafter.tree
+        kind = (p.drafter.method, name.endswith(COUPLED_SUFFIX))
         if config_tree is not None:
             out[name] = {"tree": config_tree, "sized_by": "the config's drafter.tree"}
-        elif tree is not None and p.drafter.method not in methods:
+        elif tree is not None and kind not in methods:
             if tree == "auto":
                 nodes = tree_budget(p.cost_table, p.drafter.num_draft_tokens)
                 out[name] = {"tree": TreeConfig(nodes=nodes, topk=TREE_TOPK),
                              "sized_by": "tree_budget of this machine's cost table (+10 % verify time)"}
             else:
                 out[name] = {"tree": tree, "sized_by": "--tree"}
-        methods.add(p.drafter.method)
+        methods.add(kind)
     return out
+
+
+def method_couplings(configs: dict[str, BuildConfig], sampling: SamplingParams) -> dict[str, str]:
+    """Each method's coupling: `none` samples plainly, a config's method by its `sampling.coupling`,
+    and a sampled run with a coupled method adds its reference `none+gumbel` (`bench.sampled`)."""
+    couplings = {"none": "rejection"}
+    if not sampling.greedy and any(cfg.sampling.coupling == "gumbel" for cfg in configs.values()):
+        couplings[COUPLED_REFERENCE] = "gumbel"  # before the methods checked against it
+    couplings.update({name: cfg.sampling.coupling for name, cfg in configs.items()})
+    return couplings
 
 
 def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_task: int,
               max_tokens: int, repeats: int = 1, hf_reference: bool = True,
-              tree: str | TreeConfig | None = None) -> dict:
-    """`configs` maps a method name to a config whose drafter it uses; all share one target.
-    `tree`: "auto", a TreeConfig or None (`resolve_trees`)."""
+              tree: str | TreeConfig | None = None, sampling: SamplingParams | None = None) -> dict:
+    """`configs` maps a method name to a config whose drafter it uses; all share one target, and at
+    a temperature each samples with its config's coupling (`bench.sampled.with_couplings` names
+    them). `tree`: "auto", a TreeConfig or None (`resolve_trees`). `sampling`: greedy by default."""
     torch.manual_seed(0)
+    sampling = sampling or SamplingParams()
     first = next(iter(configs.values()))
+    couplings = method_couplings(configs, sampling)
     pipelines = {"none": load_pipeline(first, use_drafter=False)}
     pipelines.update({name: load_pipeline(cfg) for name, cfg in configs.items()})
     trees = resolve_trees(pipelines, tree)
@@ -166,43 +197,51 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
     # whole blocks: this table measures each drafter itself (adaptive serving is compared in
     # the concurrency section)
     full = ScheduleConfig(mode="full")
-    decoders = {name: p.decoder_for(1, full, tree=None) for name, p in pipelines.items()}
+    decoders = {name: pipelines[name if name in pipelines else "none"].decoder_for(1, full, tree=None)
+                for name in couplings}
     for name, spec in trees.items():
         decoders[f"{name}+tree"] = pipelines[name].decoder_for(1, full, tree=spec["tree"])
+        couplings[f"{name}+tree"] = couplings[name]
     methods = list(decoders)
     if hf_reference:
         methods += ["hf_generate"] + (["hf_assisted"] if assistant else [])
-    stats = {t: {m: MethodStats() for m in methods} for t in tasks}
-    work = [(t, p) for t in tasks for p in load_prompts(t)[:prompts_per_task]] * repeats
+    references = {m: reference_of(sampling, couplings.get(m)) for m in methods}
+    stats = {t: {m: MethodStats(checked=check_key(sampling) if references[m] else None)
+                 for m in methods} for t in tasks}
+    prompts = [(t, p) for t in tasks for p in load_prompts(t)[:prompts_per_task]]
+    work = list(enumerate(prompts)) * repeats  # prompt i samples with seed + i in every repetition
     ref = pipelines["none"]
     judge = GreedyJudge(first.target, ref.target)
-    for task, prompt in tqdm(work, desc="bench", unit="prompt"):
+    for index, (task, prompt) in tqdm(work, desc="bench", unit="prompt"):
         ids = ref.tokenizer.encode(prompt)
-        expected = None
+        texts: dict[str, list[int]] = {}
         for name in methods:
+            params = request_params(sampling, index, couplings.get(name, "rejection"))
             t0 = time.perf_counter()
             if name.startswith("hf_"):
-                tokens = _hf_generate(ref, ids, max_tokens, assistant if name == "hf_assisted" else None)
+                tokens = _hf_generate(ref, ids, max_tokens, params,
+                                      assistant if name == "hf_assisted" else None)
                 stats[task][name].add(time.perf_counter() - t0, len(tokens))
             else:
-                result = decoders[name].generate(ids, max_tokens)
+                result = decoders[name].generate(ids, max_tokens, params)
                 tokens = result.token_ids
                 st = stats[task][name]
                 st.add(result.total_s, len(tokens), result.num_target_calls, result.draft_s)
                 if result.num_draft_tokens:
                     st.accepted_by_pos.append(result.acceptance_by_position())
                     st.cycles += zip(result.drafted_counts, result.accept_counts, strict=True)
-            if expected is None:
-                expected = tokens
-            else:
-                verdict = judge(ids, tokens, expected)
-                stats[task][name].mismatches += verdict == MISMATCH
-                stats[task][name].near_ties += verdict == NEAR_TIE
+            texts[name] = tokens
+            st = stats[task][name]
+            if st.checked:
+                verdict = judge(ids, tokens, texts[references[name]], params)
+                st.mismatches += verdict == MISMATCH
+                st.near_ties += verdict == NEAR_TIE
 
     machine = f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} " \
               f"({torch.get_num_threads()} threads)"
     results: dict = {"max_tokens": max_tokens, "prompts_per_task": prompts_per_task, "repeats": repeats,
-                     "machine": machine, "tasks": {},
+                     "machine": machine, "sampling": sampling.model_dump(exclude={"coupling"}),
+                     "decoding": describe(sampling), "tasks": {},
                      "trees": {f"{name}+tree": {**spec["tree"].model_dump(), "sized_by": spec["sized_by"]}
                                for name, spec in trees.items()}}
     for task in tasks:
@@ -233,18 +272,30 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
     return results
 
 
-def greedy_cell(row: dict) -> str:
-    """A row's greedy mismatches, with its partings at near-ties (bf16/fp16) when there are any."""
-    ties = row.get("greedy_near_ties", 0)
-    return f"{row['greedy_mismatches']}" + (f" (+{ties} at near-ties)" if ties else "")
+def check_cell(row: dict) -> str:
+    """A row's mismatches against its reference (greedy, or Gumbel-coupled), with its partings at
+    near-ties (bf16/fp16) when there are any; "–" where texts cannot be compared (rejection
+    sampling, transformers' sampled columns)."""
+    key = next((k for k in ("greedy", "sampled") if f"{k}_mismatches" in row), None)
+    if key is None:
+        return "–"
+    ties = row.get(f"{key}_near_ties", 0)
+    return f"{row[f'{key}_mismatches']}" + (f" (+{ties} at near-ties)" if ties else "")
+
+
+def check_header(results: dict) -> str:
+    """The column of `check_cell`."""
+    sampled = results.get("sampling", {}).get("temperature", 0.0) > 0
+    return "texts ≠ the target alone's (coupled)" if sampled else "greedy mismatches"
 
 
 def markdown_table(results: dict) -> str:
-    lines = ["| task | method | τ | tokens/s | speedup | greedy mismatches |", "|---|---|---|---|---|---|"]
+    lines = [f"| task | method | τ | tokens/s | speedup | {check_header(results)} |",
+             "|---|---|---|---|---|---|"]
     for task, rows in results["tasks"].items():
         for name, r in rows.items():
             tau = f"{r['tau']:.2f}" if "tau" in r else "–"
             speedup = f"{r['speedup']:.2f}×" if "speedup" in r else "–"
             lines.append(f"| {task} | {name} | {tau} | {r['tokens_per_s']:.1f} | {speedup} | "
-                         f"{greedy_cell(r)} |")
+                         f"{check_cell(r)} |")
     return "\n".join(lines)
