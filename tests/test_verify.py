@@ -165,3 +165,30 @@ def test_batched_verify_gives_each_row_its_own_rule_and_randomness():
         alone = verifier.verify(draft[row : row + 1], lens[row : row + 1], q[row : row + 1],
                                 logits[row : row + 1], [params[row]], [params[row].generator()])
         assert got.row(row) == alone.row(0)
+
+
+def test_a_step_without_greedy_rows_computes_no_greedy_verdict():
+    """Rejection-sampled and Gumbel-coupled rows in one step, none greedy: each row gets the
+    verdict it gets alone, and no greedy verdict of all rows is computed only to be overwritten."""
+
+    class NoGreedy(Verifier):
+        def greedy(self, *args, **kwargs):
+            raise AssertionError("a greedy verdict was computed for a step without greedy rows")
+
+    gen = torch.Generator().manual_seed(5)
+    r, k, vocab = 4, 3, 10
+    logits = 3 * torch.randn(r, k + 1, vocab, generator=gen)
+    params = [SamplingParams(temperature=0.9, seed=4, coupling="gumbel"),
+              SamplingParams(temperature=0.8, seed=1),
+              SamplingParams(temperature=1.2, top_k=5, seed=9, coupling="gumbel"),
+              SamplingParams(temperature=1.0, seed=2)]
+    q = torch.softmax(torch.randn(r, k, vocab, generator=gen), -1)
+    draft = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).reshape(r, k)
+    lens = torch.tensor([3, 2, 3, 1])
+    positions = [17, 5, 40, 8]
+    got = NoGreedy().verify(draft, lens, q, logits, params, [p.generator() for p in params], positions)
+    for row in range(r):
+        alone = Verifier().verify(draft[row : row + 1], lens[row : row + 1], q[row : row + 1],
+                                  logits[row : row + 1], [params[row]], [params[row].generator()],
+                                  positions[row : row + 1])
+        assert got.row(row) == alone.row(0)

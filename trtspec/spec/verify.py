@@ -150,11 +150,17 @@ def _groups(params: Sequence[SamplingParams]) -> tuple[list[int], list[int]]:
 
 def _merged(parts: list, num_rows: int, greedy: Callable[[], Verdict], fields: tuple[str, ...]) -> Verdict:
     """One step's verdict from its row groups' (rows, verdict) parts: a part that covers every row
-    is the verdict; otherwise the greedy verdict of all rows (right for the greedy rows) with each
-    part's rows overwritten by the part's `fields`."""
+    is the verdict; with greedy rows left, the greedy verdict of all rows (its argmax reads the
+    logits in place, where taking the greedy rows out would copy them) with each part's rows
+    overwritten by the part's `fields`; with none left, the parts scattered into a new verdict."""
     if len(parts) == 1 and len(parts[0][0]) == num_rows:
         return parts[0][1]
-    verdict = greedy()
+    if sum(len(rows) for rows, _ in parts) == num_rows:  # no greedy row: its argmax would go unread
+        like = {name: getattr(parts[0][1], name) for name in fields}
+        verdict = type(parts[0][1])(**{name: t.new_empty((num_rows, *t.shape[1:]))
+                                       for name, t in like.items()})
+    else:
+        verdict = greedy()
     for rows, part in parts:
         idx = torch.tensor(rows, device=part.num_accepted.device)
         for name in fields:
