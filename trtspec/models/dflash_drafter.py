@@ -23,8 +23,7 @@ from trtspec.models.dflash import DFlashDraftModel, load_dflash
 from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, draft_positions, register_drafter
 from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout, slot_bytes_per_position
 from trtspec.models.target import DTYPES
-from trtspec.spec.coupling import coupled_choice, coupled_rows
-from trtspec.spec.sampling import row_probs
+from trtspec.spec.sampling import choose_tokens
 from trtspec.spec.tree import DraftTree, grow_tree, log_scores
 
 # a block drafter projects a slot's pending taps once they stand for this many positions, drafting
@@ -184,22 +183,11 @@ def marginal_tree(logits: torch.Tensor, rows: list[DraftRow], tree, depth: int) 
 
 
 def propose_block(logits: torch.Tensor, rows: list[DraftRow]) -> Proposal:
-    """Drafts from every row's block logits [R, k, V]: argmax for greedy rows, the coupled draft at
-    each slot's position for Gumbel-coupled rows; each slot of a sampling row drawn independently
-    from its q under the row's own parameters."""
-    params = [row.sampling for row in rows]
-    if all(p.greedy for p in params):
-        return Proposal(tokens=logits.argmax(-1), q_probs=None)
-    tokens = logits.argmax(-1)  # [R, k]
-    coupled = coupled_rows(params)
-    if coupled:
-        idx = torch.tensor(coupled, device=logits.device)
-        at = [[rows[r].position(j) for j in range(logits.shape[1])] for r in coupled]  # [C, k]
-        tokens[idx] = coupled_choice(logits[idx], [params[r] for r in coupled], at)
-    q = row_probs(logits, params)  # [R, k, V]
-    for r, p in enumerate(params):
-        if not p.greedy and not p.gumbel:
-            tokens[r] = torch.multinomial(q[r], 1, generator=rows[r].generator)[:, 0]  # [k]
+    """Drafts from every row's block logits [R, k, V] (`choose_tokens`): argmax for greedy rows, the
+    coupled draft at each slot's position for Gumbel-coupled rows; each slot of a sampling row
+    drawn independently from its q under the row's own parameters."""
+    tokens, q = choose_tokens(logits, [row.sampling for row in rows], [row.generator for row in rows],
+                              [row.position(0) for row in rows])
     return Proposal(tokens=tokens, q_probs=q)
 
 

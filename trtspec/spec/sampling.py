@@ -100,34 +100,32 @@ def _key(params: SamplingParams) -> tuple:
     return (params.temperature, params.top_p, params.top_k)
 
 
-def sample_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
-    """One draw per row, each from its own request's generator.  probs [R, V] -> [R]"""
-    return torch.cat([torch.multinomial(probs[r : r + 1], 1, generator=g)[:, 0]
-                      for r, g in enumerate(generators)])
-
-
 def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
                   generators: Sequence[torch.Generator],
                   positions: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Pick one token per row: argmax for greedy rows, the coupled sample at the row's position for
-    Gumbel-coupled rows (`spec.coupling`), a draw from the processed distribution q otherwise.
-    logits [R, V], positions [R] -> tokens [R], q [R, V] (None when every row is greedy; a greedy
-    row's q is one-hot on its argmax)."""
+    """Pick a token per row (and slot): argmax for greedy rows, the coupled sample at the slot's
+    position for Gumbel-coupled rows (`spec.coupling`), otherwise a draw from the processed
+    distribution q, each slot independently, from the row's own generator. logits [R, V] or
+    [R, n, V] (a DFlash block), positions [R]: row r's first slot's (slot j at positions[r] + j)
+    -> tokens [R] or [R, n], q like logits (None when every row is greedy; a greedy row's q is
+    one-hot on its argmax)."""
     from trtspec.spec.coupling import coupled_choice, coupled_rows
 
-    tokens = logits.argmax(-1)  # [R]
+    block = logits if logits.dim() == 3 else logits[:, None]  # [R, n, V]
+    tokens = block.argmax(-1)  # [R, n]
     coupled = coupled_rows(params)
     if coupled:
         if positions is None:
             raise ValueError("Gumbel-coupled rows need the positions of the tokens they choose")
         idx = torch.tensor(coupled, device=logits.device)
-        at = [[positions[r]] for r in coupled]  # [C, 1]
-        tokens[idx] = coupled_choice(logits[idx, None], [params[r] for r in coupled], at)[:, 0]
-    sampled = [r for r, p in enumerate(params) if not p.greedy and not p.gumbel]
-    if all(p.greedy for p in params):
-        return tokens, None
-    q = row_probs(logits, params)  # [R, V]
-    if sampled:
-        idx = torch.tensor(sampled, device=logits.device)
-        tokens[idx] = sample_rows(q[idx], [generators[r] for r in sampled])
+        at = [[positions[r] + j for j in range(block.shape[1])] for r in coupled]  # [C, n]
+        tokens[idx] = coupled_choice(block[idx], [params[r] for r in coupled], at)
+    q = None
+    if not all(p.greedy for p in params):
+        q = row_probs(block, params)  # [R, n, V]
+        for r, p in enumerate(params):
+            if not p.greedy and not p.gumbel:
+                tokens[r] = torch.multinomial(q[r], 1, generator=generators[r])[:, 0]  # [n]
+    if logits.dim() == 2:
+        return tokens[:, 0], None if q is None else q[:, 0]
     return tokens, q
