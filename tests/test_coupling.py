@@ -95,3 +95,22 @@ def test_a_draft_matches_at_least_as_often_as_the_coupling_bound_says():
         x_q = coupled_choice(both[1], rows, positions)
         distance = tv(torch.softmax(p_logits, -1), torch.softmax(q_logits, -1))
         assert (x_p == x_q).double().mean().item() >= (1 - distance) / (1 + distance) - 0.01
+
+
+@pytest.mark.parametrize("coupling", ["gumbel", "rejection"])
+def test_an_unseeded_request_reports_the_seed_that_samples_it_again(coupling):
+    """The decoder draws a seed for a sampled request that gave none and reports it
+    (`GenerationResult.seed`, `trtspec generate --json`): sent again alone, it samples the same
+    text. Greedy requests report none."""
+    from trtspec.bench.loop_overhead import tiny_pipeline
+    from trtspec.prompts import load_prompts
+
+    pipeline = tiny_pipeline(torch.device("cpu"), cuda_graphs=False)
+    ids = pipeline.tokenizer.encode(load_prompts("chat")[2])
+    unseeded = SamplingParams(temperature=1.0, coupling=coupling)
+    first, second = (pipeline.decoder.generate(ids, 32, unseeded) for _ in range(2))
+    assert first.seed is not None and first.seed != second.seed and first.token_ids != second.token_ids
+    again = pipeline.decoder.generate(ids, 32, unseeded.model_copy(update={"seed": first.seed}))
+    assert again.token_ids == first.token_ids and again.seed == first.seed
+    assert first.to_dict()["seed"] == first.seed
+    assert pipeline.decoder.generate(ids, 8).seed is None

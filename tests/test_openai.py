@@ -628,6 +628,24 @@ def test_seeded_samples_are_what_the_target_alone_samples_under_load(served, con
     assert [streamed[i] for i in range(6)] == expected
 
 
+def test_an_unseeded_sample_reports_the_seed_that_samples_it_again(served):
+    """A sampled request without a seed gets one, reported as `trtspec.seed` (in the response, and
+    in the streamed choices' last chunks); sent back as `seed` it samples every choice again (Gumbel
+    coupling: exactly). Greedy requests report none."""
+    client = served.client()
+    ask = dict(model="trtspec", prompt=[PROMPTS[1], PROMPTS[2]], n=2, max_tokens=24, temperature=1.0)
+    first, second = (client.completions.create(**ask) for _ in range(2))
+    seeds = [first.model_extra["trtspec"]["seed"], second.model_extra["trtspec"]["seed"]]
+    assert seeds[0] != seeds[1] and [c.text for c in first.choices] != [c.text for c in second.choices]
+    again = client.completions.create(**ask, seed=seeds[0])
+    assert [c.text for c in again.choices] == [c.text for c in first.choices]
+    assert again.model_extra["trtspec"]["seed"] == seeds[0]
+    finals = [c for c in client.completions.create(**ask, stream=True) if c.choices[0].finish_reason]
+    assert len({c.model_extra["trtspec"]["seed"] for c in finals}) == 1 and len(finals) == 4
+    greedy = client.completions.create(model="trtspec", prompt=PROMPTS[1], max_tokens=8, temperature=0)
+    assert "seed" not in greedy.model_extra["trtspec"]
+
+
 def test_n_choices_per_prompt(served, pipeline):
     """`n`: choices per prompt in vLLM's order (prompt × n + j), each its own request: sampled, a
     prompt's choices differ; greedy, each is the greedy text; chat and completions, streamed or not."""

@@ -167,6 +167,7 @@ def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait
             "tokens_per_s": round(completion.tokens_per_s, 2),
             "decode_tokens_per_s": round(completion.decode_tokens_per_s, 2),
             "responses": completion.num_responses,
+            **({} if completion.seed is None else {"seed": completion.seed}),
         }))
         return
     click.echo("" if stream else completion.text)

@@ -41,6 +41,7 @@ from trtspec.openai.protocol import (
 )
 from trtspec.openai.stops import StopTrimmer
 from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
+from trtspec.spec.coupling import fresh_seed
 
 log = logging.getLogger(__name__)
 
@@ -277,9 +278,13 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     async def respond(request: Request, req, prompts: list[str | list[int]], chat: bool,
                       default_max: int | None):
         runs = []  # a choice per prompt and sample, index = prompt × n + sample (vLLM's order)
+        drawn = None  # a sampled request without a seed gets one, reported in `trtspec.seed`
         for i, prompt in enumerate(prompts):
             param = "messages" if chat else "prompt" if len(prompts) == 1 else f"prompt[{i}]"
             gen, prompt_ids = front.generation(req, prompt, chat, default_max, param)
+            if gen.seed is None and gen.temperature > 0:
+                drawn = fresh_seed() if drawn is None else drawn
+                gen = dataclasses.replace(gen, seed=drawn)
             echo = None
             if getattr(req, "echo", False):
                 echo = prompt if isinstance(prompt, str) else model.tokenizer.decode(prompt)
@@ -344,7 +349,7 @@ async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, 
             choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish})
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": front.model.name, "choices": choices, "usage": _summed(run.usage() for run in runs),
-            "trtspec": _summed(run.figures() for run in runs)}
+            "trtspec": _figures(runs)}
 
 
 async def _merged(firsts: list, streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:
@@ -413,16 +418,27 @@ async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], 
             if text or logprobs:
                 yield chunk(i, text, None, logprobs=logprobs)
             if step.final:
-                yield chunk(i, None if chat else "", run.finish_reason(), extra={"trtspec": run.figures()})
+                figures = {"trtspec": _figures(runs, i)}
+                yield chunk(i, None if chat else "", run.finish_reason(), extra=figures)
         if include_usage:
             yield _sse({"id": rid, "object": kind, "created": created, "model": model, "choices": [],
                         "usage": _summed(run.usage() for run in runs),
-                        "trtspec": _summed(run.figures() for run in runs)})
+                        "trtspec": _figures(runs)})
     except TritonError as exc:  # mid-stream: an error event in OpenAI's shape, then the end
         yield _sse(_triton_error(exc).body())
     finally:
         await steps.aclose()
     yield _sse("[DONE]")
+
+
+def _figures(runs: list[_Run], choice: int | None = None) -> dict:
+    """The `trtspec` field: drafted and accepted tokens of one choice (or all added up), and for a
+    sampled request its seed (the one sent, or the one drawn for it): sent back as `seed`, it
+    samples the same choices again (under Gumbel coupling exactly, under rejection sampling when
+    the batch repeats too)."""
+    figures = _summed(run.figures() for run in (runs if choice is None else [runs[choice]]))
+    first = runs[0].gen  # choice j of a prompt samples with seed + j: the first's is the request's
+    return figures if first.temperature == 0 else {**figures, "seed": first.seed}
 
 
 def _summed(parts) -> dict:

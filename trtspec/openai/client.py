@@ -95,6 +95,8 @@ def _fold(completion: Completion, body: dict, chat: bool, on_text: TextCallback 
     figures = body.get("trtspec") or {}
     completion.accepted_tokens = max(completion.accepted_tokens, int(figures.get("accepted_tokens", 0)))
     completion.draft_tokens = max(completion.draft_tokens, int(figures.get("draft_tokens", 0)))
+    if figures.get("seed") is not None:
+        completion.seed = int(figures["seed"])
 
 
 def openai_generate(url: str, model: str, prompt: str, params: GenerateParams,

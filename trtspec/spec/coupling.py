@@ -66,7 +66,7 @@ def _position_key(position: int) -> int:
 
 
 def fresh_seed() -> int:
-    """A seed for a coupled request that gave none (its text is then reproducible from this seed)."""
+    """A seed for a sampled request that gave none (reported, so that its text can be sampled again)."""
     return secrets.randbits(63)
 
 

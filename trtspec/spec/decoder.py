@@ -219,7 +219,9 @@ class SpeculativeDecoder:
     def add(self, request: Request, on_tokens: OnTokens | None = None) -> int:
         """Queue `request`; it is prefilled in the next `step`. Returns its id."""
         self.check(request)
-        if request.sampling.gumbel and request.sampling.seed is None:  # its noise needs a key
+        if not request.sampling.greedy and request.sampling.seed is None:
+            # drawn here and reported (`GenerationResult.seed`), so the text can be sampled again;
+            # Gumbel coupling's noise needs it as its key
             request = copy.copy(request)
             request.sampling = request.sampling.model_copy(update={"seed": fresh_seed()})
         used = {lv.slot for lv in self.lives.values()}
@@ -227,7 +229,8 @@ class SpeculativeDecoder:
         if not free:
             raise RuntimeError(f"all {self.max_slots} slots are busy; add requests as others finish")
         rid, self._next_id = self._next_id, self._next_id + 1
-        result = GenerationResult(prompt_len=len(request.prompt), num_draft_tokens=self.num_draft_tokens)
+        result = GenerationResult(prompt_len=len(request.prompt), num_draft_tokens=self.num_draft_tokens,
+                                  seed=request.sampling.seed)
         tracker = AcceptanceTracker(self.num_draft_tokens, prior=self.population, decay=REQUEST_DECAY)
         live = _Live(request, free[0], request.sampling.generator(self.target.device), result, tracker,
                      on_tokens, time.perf_counter())

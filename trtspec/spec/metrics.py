@@ -22,6 +22,7 @@ class GenerationResult:
     total_s: float = 0.0
     logprobs: TokenLogprobs | None = None  # of token_ids, when the request asked for them
     prompt_logprobs: TokenLogprobs | None = None  # of the prompt's tokens after its first, when asked
+    seed: int | None = None  # a sampled request's seed, drawn when it gave none; None when greedy
 
     def record_cycle(self, num_drafted: int, num_accepted: int) -> None:
         self.num_drafted += num_drafted
@@ -66,4 +67,5 @@ class GenerationResult:
             "draft_s": round(self.draft_s, 6),
             "decode_s": round(self.decode_s, 6),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
+            **({} if self.seed is None else {"seed": self.seed}),
         }

@@ -40,6 +40,7 @@ class Completion:
     total_s: float = 0.0
     completion_tokens: int | None = None  # the server's count (OpenAI `usage`), where ids are not sent
     finish_reason: str | None = None  # OpenAI servers: stop / length
+    seed: int | None = None  # trtspec's OpenAI server: the sampled request's seed (drawn if none was sent)
 
     @property
     def num_tokens(self) -> int:
