@@ -16,10 +16,21 @@ SPEC_METHODS_ORDER = ("dflash", "dspark", "eagle3", "draft_model")
 
 
 def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # "tight": the legend beside the axes included
     plt.close(fig)
     return path
+
+
+def _colours(methods: list[str]) -> dict[str, tuple]:
+    """A colour of its own for every method (matplotlib's cycle repeats after 10)."""
+    cmap = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
+    return {m: cmap(i % cmap.N) for i, m in enumerate(methods)}
+
+
+def _legend_beside(ax, count: int) -> None:
+    """The legend right of the axes, where it hides no data however many methods there are."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, ncol=1 if count <= 16 else 2,
+              frameon=False)
 
 
 def _spec_methods(results: dict) -> list[str]:
@@ -35,28 +46,34 @@ def plot_tau(results: dict, out: Path) -> Path:
     methods = _spec_methods(results)
     fig, ax = plt.subplots(figsize=(6, 3.2))
     width = 0.8 / max(1, len(methods))
+    colours = _colours(methods)
     for i, m in enumerate(methods):
         taus = [results["tasks"][t][m]["tau"] for t in tasks]
-        ax.bar([x + i * width for x in range(len(tasks))], taus, width, label=m)
+        ax.bar([x + i * width for x in range(len(tasks))], taus, width, label=m, color=colours[m])
     ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(tasks))], tasks)
     ax.set_ylabel("τ (tokens per target forward)")
-    ax.legend()
+    _legend_beside(ax, len(methods))
     ax.set_title("Acceptance length per task")
     return _save(fig, out / "tau.png")
 
 
 def plot_acceptance(results: dict, out: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    for m in _spec_methods(results):
-        for task, rows in results["tasks"].items():
-            curve = rows[m].get("acceptance_by_position")
+    """One panel per task, a curve per method (one colour per method across the panels)."""
+    tasks = list(results["tasks"])
+    methods = _spec_methods(results)
+    colours = _colours(methods)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks), 3.0), sharey=True, squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for m in methods:
+            curve = results["tasks"][task][m].get("acceptance_by_position")
             if curve:
-                ax.plot(range(1, len(curve) + 1), curve, marker=".", label=f"{m} / {task}")
-    ax.set_xlabel("draft position i")
-    ax.set_ylabel("P(accepted | offered)")
-    ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=7)
-    ax.set_title("Acceptance by position (suffix decay)")
+                ax.plot(range(1, len(curve) + 1), curve, marker=".", label=m, color=colours[m])
+        ax.set_xlabel("draft position i")
+        ax.set_title(task)
+        ax.set_ylim(0, 1.02)
+    axes[0][0].set_ylabel("P(accepted | offered)")
+    _legend_beside(axes[0][-1], len(methods))
+    fig.suptitle("Acceptance by position (suffix decay)", y=1.03)
     return _save(fig, out / "acceptance_by_position.png")
 
 
@@ -87,16 +104,17 @@ def plot_interactivity(results: dict, out: Path) -> Path | None:
     if not conc:
         return None
     fig, ax = plt.subplots(figsize=(6.4, 4))
+    colours = _colours(list(conc["methods"]))
     for method, by_r in conc["methods"].items():
         rs = sorted(by_r, key=int)
         xs = [by_r[r]["per_user_tokens_per_s"] for r in rs]
         ys = [by_r[r]["total_tokens_per_s"] for r in rs]
-        ax.plot(xs, ys, marker="o", label=method)
+        ax.plot(xs, ys, marker="o", label=method, color=colours[method])
         for x, y, r in zip(xs, ys, rs, strict=True):
             ax.annotate(f"R={r}", (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points")
     ax.set_xlabel("tokens/s per user (interactivity)")
     ax.set_ylabel("total tokens/s (throughput)")
-    ax.legend(fontsize=7)
+    _legend_beside(ax, len(conc["methods"]))
     ax.set_title("Throughput vs interactivity (R concurrent requests)")
     return _save(fig, out / "interactivity.png")
 
