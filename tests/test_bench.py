@@ -344,3 +344,21 @@ def test_remote_requests_carry_each_prompts_seed():
     assert (greedy.temperature, greedy.seed, greedy.max_tokens, greedy.stream) == (None, None, 24, True)
     sampled = _params(24, SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=40), 3)
     assert (sampled.temperature, sampled.top_p, sampled.top_k, sampled.seed) == (0.7, 0.9, 5, 43)
+
+
+def test_adaptive_is_compared_with_its_own_drafters_fixed_settings_only():
+    """With --coupling both, `dflash+gumbel` and `dflash+gumbel+adaptive` are the other coupling's
+    methods, not fixed settings of `dflash`: adaptive is set against none, whole blocks, the
+    scheduler and thresholds of its own coupling."""
+    from trtspec.bench.report import adaptive_summary
+
+    def row(tps):
+        return {"1": {"total_tokens_per_s": tps, "run_tokens_per_s": tps}}
+
+    conc = {"methods": {"none": row(100.0), "dflash": row(120.0), "dflash+adaptive": row(150.0),
+                        "dflash+gumbel": row(300.0), "dflash+gumbel+adaptive": row(200.0),
+                        "dflash+threshold0.5": row(125.0)}}
+    lines = adaptive_summary(conc)
+    assert lines[0].startswith("- dflash: R=1: full 1.20, adaptive 1.50× none, 1.20× max(none, best fixed)")
+    assert lines[1].startswith("- dflash+gumbel: R=1: full 3.00, adaptive 2.00× none, 0.67× max(none, best "
+                               "fixed)")

@@ -149,7 +149,10 @@ def adaptive_summary(conc: dict) -> list[str]:
     lines = []
     for method in [m for m in methods if m.endswith("+adaptive")]:
         drafter = method.removesuffix("+adaptive")
-        fixed = [m for m in methods if m == drafter or (m.startswith(drafter + "+") and m != method)]
+        # its fixed settings: whole blocks, the prefix scheduler, thresholds (not `drafter+gumbel…`,
+        # the same drafter under the other coupling)
+        fixed = [m for m in methods if m == drafter or m == f"{drafter}+scheduler"
+                 or m.startswith(f"{drafter}+threshold")]
         cells = []
         for r in sorted(methods[method], key=int):
             tps = methods[method][r]["total_tokens_per_s"]
