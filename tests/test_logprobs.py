@@ -170,14 +170,17 @@ def test_logprobs_show_the_raw_distribution_under_min_tokens(model, tree):
     _check(model, request, result.logprobs, result.token_ids, 1e-4)
 
 
+@pytest.mark.parametrize("chunk", [512, 7], ids=["whole", "pieces"])
 @pytest.mark.parametrize("flavour", ["torch", "engine"])
-def test_prompt_logprobs_come_with_the_first_token_and_change_nothing_else(model, flavour):
+def test_prompt_logprobs_come_with_the_first_token_and_change_nothing_else(model, flavour, chunk):
     """prompt_logprobs: the prompt's tokens after its first, log_softmax(model(prompt)) at positions
     0..P-2, handed over with the first token; requests prefilled in the same step as others decode
-    (two join mid-flight) get theirs, and every request's tokens are those it gets without."""
+    (two join mid-flight) get theirs, and every request's tokens are those it gets without. With
+    `prompt_logprobs_chunk` 7 every prompt but the one-token one is fed ahead in pieces of 7 (no
+    forward scores more): the same values, and DFlash's context taps are whole (the same tokens)."""
     pipeline = load_pipeline(_config("tiny-dflash", flavour))
     decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pipeline.end_ids, pipeline.verifier,
-                                 FULL, None, 5, 512)
+                                 FULL, None, 5, 512, prompt_logprobs_chunk=chunk)
     prompts = [list(p.encode()) for p in PROMPTS[:4]] + [[65]]  # and a one-token prompt: nothing to score
     plain = decoder.generate_batch([Request(p, 20) for p in prompts])
     firsts: dict[int, list] = {}
@@ -194,6 +197,7 @@ def test_prompt_logprobs_come_with_the_first_token_and_change_nothing_else(model
             break
     for i, prompt in enumerate(prompts):
         assert results[i].token_ids == plain[i].token_ids
+        assert results[i].accept_counts == plain[i].accept_counts  # the same drafts: the same context
         if i == 1:
             assert results[i].prompt_logprobs is None and set(firsts[i]) == {None}
             continue

@@ -45,6 +45,10 @@ PROBE_LEN = 4  # drafts per request of a probe step (a drafter with confidences:
 PROBE_BACKOFF = 32  # the probe interval grows up to this many times schedule.probe_every
 CONTEXT_STEP = 32  # the cost model reads the step's context rounded up to a multiple of this
 CATCH_UP_STEP = 8  # ... and each request's drafter catch-up rounded up to a multiple of this
+# prompt tokens a forward scores at most for prompt_logprobs: a longer prompt is fed ahead in pieces
+# of this many, so its logits are never all held at once ([P, V] floats: 4.9 GB for 8k tokens of
+# Qwen3's 151,936-token vocabulary, against 0.3 GB per 512)
+PROMPT_LOGPROBS_CHUNK = 512
 # a request's catch-up is paid once and lets it draft on: the cost model spreads it over the steps
 # the request is expected to draft, at most this many (charged whole to one step, EAGLE-3's 32
 # positions at R = 8 cost about 7 ms beside an 8 ms plain step and kept a batch plain for good
@@ -128,6 +132,15 @@ class _Live:
         return self.request.max_new_tokens - len(self.generated) - 1
 
 
+@dataclass(slots=True)
+class _Ahead:
+    """What `_feed_ahead` fed of a new request's prompt before the step's forward."""
+
+    fed: int  # prompt tokens already in the target's cache
+    logprobs: TokenLogprobs  # of the prompt's tokens 1..fed
+    hidden: list[torch.Tensor]  # the target's taps of those tokens, piece by piece ([n, D] each)
+
+
 class SpeculativeDecoder:
     """Serves up to `max_slots` requests at once over a target and a drafter (both copied and given
     their own slot buffers, so several decoders can share one loaded pipeline)."""
@@ -136,7 +149,7 @@ class SpeculativeDecoder:
                  verifier: Verifier | None = None, schedule: ScheduleConfig | None = None,
                  cost_table: SPSTable | None = None, max_slots: int = 1, capacity: int | None = None,
                  acceptance_prior: list[float] | None = None, max_prompt: int | None = None,
-                 tree: TreeConfig | None = None):
+                 tree: TreeConfig | None = None, prompt_logprobs_chunk: int = PROMPT_LOGPROBS_CHUNK):
         self.target = copy.copy(target)
         self.drafter = copy.copy(drafter or NoDrafter())
         self.tree = tree if self.drafter.num_draft_tokens else None
@@ -160,6 +173,7 @@ class SpeculativeDecoder:
         # write each depth's frontier after the committed tokens: room for both
         tree_room = 0 if self.tree is None else self.tree.nodes + self.tree.topk * self.num_draft_tokens
         self.max_prompt = max_prompt  # limits.max_input_tokens
+        self.prompt_logprobs_chunk = prompt_logprobs_chunk
         self.target.allocate(max_slots, self.capacity + tree_room)
         self.drafter.allocate(max_slots, self.capacity + tree_room)
         self.acceptance_prior = acceptance_prior
@@ -502,6 +516,26 @@ class SpeculativeDecoder:
         if expected:
             self.calibration.observe(expected, sum(a for _, _, a in offered))
 
+    def _feed_ahead(self, lv: _Live) -> _Ahead:
+        """For a new request whose prompt log-probabilities are asked: feed its prompt but the last
+        `prompt_logprobs_chunk` tokens to the target, a piece of at most that many per forward, and
+        score each piece (positions predict the next prompt token) as it comes. Other requests, and
+        prompts that short: nothing fed ahead."""
+        prompt, top, size = lv.request.prompt, lv.request.prompt_logprobs, self.prompt_logprobs_chunk
+        ahead = _Ahead(0, TokenLogprobs(top or 0), [])
+        if top is None or len(prompt) <= size:
+            return ahead
+        head = len(prompt) - size  # the step's one forward feeds the rest
+        for start in range(0, head, size):
+            piece = prompt[start : min(start + size, head)]  # [n]
+            out = self.target.forward([Chunk(lv.slot, torch.tensor(piece, device=self.target.device))])
+            ahead.logprobs.extend(step_logprobs(out.logits[None], [list(range(len(piece)))],
+                                                [prompt[start + 1 : start + len(piece) + 1]], [top])[0])
+            if out.hidden is not None:
+                ahead.hidden.append(out.hidden)  # [n, D]
+        ahead.fed = head
+        return ahead
+
     @torch.inference_mode()
     def step(self) -> dict[int, GenerationResult]:
         """One drafter pass, one target forward and one verification for every request; returns the
@@ -521,8 +555,11 @@ class SpeculativeDecoder:
         if running:
             self.draft_len_counts[plan.k] = self.draft_len_counts.get(plan.k, 0) + 1
 
-        # 2. ONE target forward: new prompts, then each running [last, x_1..x_L] (a tree: its nodes)
-        chunks = [Chunk(lv.slot, torch.tensor(lv.request.prompt, device=device)) for lv in new]
+        # 2. ONE target forward: new prompts, then each running [last, x_1..x_L] (a tree: its nodes);
+        # of a long prompt whose log-probabilities are asked, only its last piece (`_feed_ahead`)
+        ahead = [self._feed_ahead(lv) for lv in new]
+        chunks = [Chunk(lv.slot, torch.tensor(lv.request.prompt[a.fed:], device=device))
+                  for lv, a in zip(new, ahead, strict=True)]
         for i, lv in enumerate(running):
             parents = None if plan.tree is None else plan.tree.row_parents(i)
             chunks.append(Chunk(lv.slot, plan.fed[i, : plan.lengths[i] + 1], parents))
@@ -548,10 +585,11 @@ class SpeculativeDecoder:
         # 3a. new requests: their first token
         if new:
             first_logits = out.logits[first_at]  # [N, V]
-            for i, at in prompt_at.items():  # positions 0..P-2 predict the prompt's tokens 1..P-1
-                lv = new[i]
-                lv.result.prompt_logprobs = prompt_logprobs(out.logits[at : first_at[i]], lv.request.prompt,
-                                                            lv.request.prompt_logprobs)
+            for i, at in prompt_at.items():  # positions fed..P-2 predict the prompt's tokens fed+1..P-1
+                lv, scored = new[i], ahead[i].logprobs
+                scored.extend(prompt_logprobs(out.logits[at : first_at[i]], lv.request.prompt[ahead[i].fed:],
+                                              lv.request.prompt_logprobs))
+                lv.result.prompt_logprobs = scored
             raw = self._wanting_logprobs(first_logits[:, None], new)  # before the min_tokens ban
             self._ban_end(first_logits[:, None], new)
             first, _ = choose_tokens(first_logits, [lv.request.sampling for lv in new],
@@ -560,6 +598,8 @@ class SpeculativeDecoder:
             logprobs = self._logprobs(raw, new, [[0]] * len(new), [[t] for t in first])
             for i, (lv, token) in enumerate(zip(new, first, strict=True)):
                 hidden = None if out.hidden is None else out.hidden[starts[i] : starts[i + 1]]
+                if hidden is not None and ahead[i].hidden:  # the taps of the pieces fed ahead first
+                    hidden = torch.cat([*ahead[i].hidden, hidden])
                 drafter.begin(lv.slot, lv.request.prompt, hidden)
                 lv.result.prefill_s = now - lv.added_at
                 lv.result.num_target_calls = 1
