@@ -46,7 +46,7 @@ PROBE_BACKOFF = 32  # the probe interval grows up to this many times schedule.pr
 CONTEXT_STEP = 32  # the cost model reads the step's context rounded up to a multiple of this
 CATCH_UP_STEP = 8  # ... and each request's drafter catch-up rounded up to a multiple of this
 # prompt tokens a forward scores at most for prompt_logprobs: a longer prompt is fed ahead in pieces
-# of this many, so its logits are never all held at once ([P, V] floats: 4.9 GB for 8k tokens of
+# of this many, so its logits are never all held at once ([P, V] floats: 5.0 GB for 8k tokens of
 # Qwen3's 151,936-token vocabulary, against 0.3 GB per 512)
 PROMPT_LOGPROBS_CHUNK = 512
 # a request's catch-up is paid once and lets it draft on: the cost model spreads it over the steps
