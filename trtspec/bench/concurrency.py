@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from trtspec.bench.profile import profile_cost
-from trtspec.bench.sampled import check_fields, check_key, reference_of, request_params
+from trtspec.bench.sampled import check_fields, check_key, method_couplings, reference_of, request_params
 from trtspec.config import BuildConfig, ScheduleConfig
 from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
@@ -110,11 +110,9 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
                     max_tokens: int, concurrency: list[int], table: SPSTable | None = None,
                     sampling: SamplingParams | None = None) -> dict:
     """`configs`: method name -> config (all the same target; each samples with its config's
-    coupling, `run.method_couplings`). Each drafter's cost model is `table` when given, else its
+    coupling, `sampled.method_couplings`). Each drafter's cost model is `table` when given, else its
     config's `schedule.sps_table`, else measured in this run. `sampling`: greedy by default.
     Returns results['concurrency']."""
-    from trtspec.bench.run import method_couplings
-
     sampling = sampling or SamplingParams()
     couplings = method_couplings(configs, sampling)
     first = next(iter(configs.values()))

@@ -23,11 +23,11 @@ from tqdm import tqdm
 
 from trtspec.bench.acceptance import conditional_acceptance
 from trtspec.bench.sampled import (
-    COUPLED_REFERENCE,
     COUPLED_SUFFIX,
     check_fields,
     check_key,
     describe,
+    method_couplings,
     reference_of,
     request_params,
 )
@@ -165,16 +165,6 @@ def resolve_trees(pipelines: dict[str, Pipeline], tree: str | TreeConfig | None)
                 out[name] = {"tree": tree, "sized_by": "--tree"}
         methods.add(kind)
     return out
-
-
-def method_couplings(configs: dict[str, BuildConfig], sampling: SamplingParams) -> dict[str, str]:
-    """Each method's coupling: `none` samples plainly, a config's method by its `sampling.coupling`,
-    and a sampled run with a coupled method adds its reference `none+gumbel` (`bench.sampled`)."""
-    couplings = {"none": "rejection"}
-    if not sampling.greedy and any(cfg.sampling.coupling == "gumbel" for cfg in configs.values()):
-        couplings[COUPLED_REFERENCE] = "gumbel"  # before the methods checked against it
-    couplings.update({name: cfg.sampling.coupling for name, cfg in configs.items()})
-    return couplings
 
 
 def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_task: int,

@@ -43,6 +43,17 @@ def with_couplings(configs: dict[str, BuildConfig], sampling: SamplingParams,
     return out
 
 
+def method_couplings(configs: dict[str, BuildConfig], sampling: SamplingParams) -> dict[str, str]:
+    """Each method's coupling: `none` samples plainly, a config's method by its `sampling.coupling`,
+    and a sampled run with a coupled method adds its reference `none+gumbel` (placed before the
+    methods checked against it)."""
+    couplings = {"none": "rejection"}
+    if not sampling.greedy and any(cfg.sampling.coupling == "gumbel" for cfg in configs.values()):
+        couplings[COUPLED_REFERENCE] = "gumbel"
+    couplings.update({name: cfg.sampling.coupling for name, cfg in configs.items()})
+    return couplings
+
+
 def request_params(sampling: SamplingParams, index: int, coupling: str) -> SamplingParams:
     """Prompt `index`'s parameters: the run's, seeded `sampling.seed + index` (0 + index without a
     seed), verified by `coupling`. Greedy stays greedy."""
