@@ -73,7 +73,7 @@ def test_the_audit_holds_a_coupled_text_to_its_seeds_scores(dtype):
     """Gumbel-coupled sampling is greedy decoding of log p + g(seed, position): its text passes the
     audit under its own sampling parameters, and fails as greedy, under another seed, or with one
     token swapped for the runner-up of those scores."""
-    from trtspec.spec.coupling import gumbel_noise, log_weights
+    from trtspec.spec.coupling import coupled_scores
     from trtspec.spec.sampling import SamplingParams
 
     plain = tiny_pipeline(CPU, use_drafter=False, dtype=dtype, cuda_graphs=False)
@@ -90,8 +90,7 @@ def test_the_audit_holds_a_coupled_text_to_its_seeds_scores(dtype):
     target.allocate(1, len(ids) + len(output))
     logits = target.forward([Chunk(0, torch.tensor(ids + output[:-1]))]).logits[len(ids) - 1:]  # [n, V]
     positions = [list(range(len(ids), len(ids) + len(output)))]
-    noise = gumbel_noise([sampling.seed], positions, logits.shape[-1])  # [1, n, V]
-    scores = (log_weights(logits[None], [sampling]) + noise)[0]
+    scores = coupled_scores(logits[None], [sampling], positions)[0]  # [n, V]
     top2 = scores.topk(2, -1)
     assert top2.indices[:, 0].tolist() == output  # the convention: output[j] is chosen at position P + j
     clear = [j for j in range(len(output)) if top2.values[j, 0] - top2.values[j, 1] > 1.0]

@@ -116,17 +116,26 @@ def log_weights(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch
     return row_probs(logits, params).log()
 
 
+def coupled_scores(logits: torch.Tensor, params: Sequence[SamplingParams],
+                   positions: Positions) -> torch.Tensor:
+    """log p + g (up to a constant per row), written out: its argmax is the coupled sample.
+    logits [R, n, V], positions [R, n] -> [R, n, V] float32"""
+    seeds = [p.seed for p in params]
+    return log_weights(logits, params) + gumbel_noise(seeds, positions, logits.shape[-1], logits.device)
+
+
 def coupled_choice(logits: torch.Tensor, params: Sequence[SamplingParams],
                    positions: Positions) -> torch.Tensor:
     """The coupled sample of every row and position: argmax_v(log p(v) + g(seed, position, v)).
     logits [R, n, V], positions [R, n] -> tokens [R, n]. On CUDA one fused OpenAI Triton kernel
-    (`plugins.coupled_argmax`) hashes, adds and reduces without writing the [R, n, V] noise."""
+    (`plugins.coupled_argmax`) hashes, adds and reduces without writing the [R, n, V] noise;
+    elsewhere the argmax of `coupled_scores`."""
+    kernel = _fused_kernel() if logits.is_cuda else None
+    if kernel is None:
+        return coupled_scores(logits, params, positions).argmax(-1)
     weights = log_weights(logits, params)  # [R, n, V]
     keys = row_keys([p.seed for p in params], positions, logits.device)  # [R, n]
-    kernel = _fused_kernel() if weights.is_cuda else None
-    if kernel is not None:
-        return kernel(weights.reshape(-1, weights.shape[-1]), keys.reshape(-1)).view(keys.shape)
-    return (weights + noise_of_keys(keys, weights.shape[-1])).argmax(-1)
+    return kernel(weights.reshape(-1, weights.shape[-1]), keys.reshape(-1)).view(keys.shape)
 
 
 @functools.cache

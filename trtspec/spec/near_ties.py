@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trtspec.models.target import Chunk, TargetModel
-from trtspec.spec.coupling import gumbel_noise, log_weights
+from trtspec.spec.coupling import coupled_scores
 
 if TYPE_CHECKING:
     from trtspec.config import TargetConfig
@@ -81,9 +81,7 @@ def _scores(logits: torch.Tensor, sampling: SamplingParams | None, first: int) -
     first, first + 1, … (Gumbel-coupled).  logits [n, V] -> [n, V] float32"""
     if sampling is None or not sampling.gumbel:
         return logits.float()
-    positions = [list(range(first, first + logits.shape[0]))]
-    noise = gumbel_noise([sampling.seed], positions, logits.shape[-1], logits.device)  # [1, n, V]
-    return (log_weights(logits[None], [sampling]) + noise)[0]
+    return coupled_scores(logits[None], [sampling], [list(range(first, first + logits.shape[0]))])[0]
 
 
 @torch.inference_mode()
