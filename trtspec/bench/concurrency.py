@@ -61,7 +61,7 @@ class _Point:
     user_tps: list[float] = field(default_factory=list)
     cycles: int = 0
     mismatches: int = 0  # texts that differ from the reference's (`reference_of`), where there is one
-    near_ties: int = 0  # greedy outputs that part from the target alone's at near-ties only (`near_ties`)
+    near_ties: int = 0  # texts that part from the reference's at near-ties only (`near_ties`)
     checked: str | None = None  # the check's field prefix (`check_key`); None: texts not compared
     offered: int = 0
     admitted: int = 0

@@ -18,7 +18,6 @@ seeded `seed + i` (`bench.sampled.request_params`; the server verifies by its ow
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,12 +38,7 @@ def _itl(c: Completion) -> float | None:
 
 def _params(max_tokens: int, sampling: SamplingParams, index: int) -> GenerateParams:
     """Prompt `index`'s request: streamed; greedy as the server's default, or sampled and seeded."""
-    params = GenerateParams(max_tokens=max_tokens, stream=True)
-    if sampling.greedy:
-        return params
-    mine = request_params(sampling, index, sampling.coupling)
-    return dataclasses.replace(params, temperature=mine.temperature, top_p=mine.top_p, top_k=mine.top_k,
-                               seed=mine.seed)
+    return GenerateParams.of(request_params(sampling, index, sampling.coupling), max_tokens, stream=True)
 
 
 def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, max_tokens: int,

@@ -49,7 +49,7 @@ class MethodStats:
     target_calls: int = 0
     draft_s: float = 0.0
     mismatches: int = 0  # texts that differ from the reference's (`reference_of`), where there is one
-    near_ties: int = 0  # greedy outputs that part from the target alone's at near-ties only (`near_ties`)
+    near_ties: int = 0  # texts that part from the reference's at near-ties only (`near_ties`)
     checked: str | None = None  # the check's field prefix (`check_key`); None: texts not compared
     accepted_by_pos: list[list[float]] = field(default_factory=list)
     cycles: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per cycle

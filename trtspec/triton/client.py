@@ -16,11 +16,15 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import numpy as np
 
 from trtspec.errors import TrtspecError
+
+if TYPE_CHECKING:
+    from trtspec.spec.sampling import SamplingParams
 
 TextCallback = Callable[[str], None]
 
@@ -91,6 +95,15 @@ class GenerateParams:
     seed: int | None = None
     stop_words: tuple[str, ...] = ()
     stream: bool = False
+
+    @classmethod
+    def of(cls, sampling: SamplingParams, max_tokens: int, stream: bool = False) -> GenerateParams:
+        """The request for `sampling`: greedy as the server's default (no sampling field sent), else
+        its temperature, top-p, top-k and seed."""
+        if sampling.greedy:
+            return cls(max_tokens=max_tokens, stream=stream)
+        return cls(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                   top_k=sampling.top_k, seed=sampling.seed, stream=stream)
 
     def as_json(self, prompt: str) -> dict:
         body: dict = {"text_input": prompt, "max_tokens": self.max_tokens, "stream": self.stream}

@@ -176,11 +176,7 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
     def check(prompt: str, sampling: SamplingParams) -> GreedyCheck:
         """The served text of `prompt` under `sampling` against the target alone's, audited where
         they differ."""
-        params = GenerateParams(max_tokens=max_tokens)
-        if not sampling.greedy:
-            params = GenerateParams(max_tokens=max_tokens, temperature=sampling.temperature,
-                                    top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed)
-        served = generate(url, model, prompt, params, api_key=api_key)
+        served = generate(url, model, prompt, GenerateParams.of(sampling, max_tokens), api_key=api_key)
         prompt_ids = tokenizer.encode(prompt)
         expected = reference.decoder.generate(prompt_ids, max_tokens, sampling).token_ids
         if text_only:
