@@ -6,6 +6,7 @@ stopped (and checked gone) at its end even when a test fails.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
+from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.client import (
     ClientError,
     GenerateParams,
@@ -106,9 +108,30 @@ def test_output_identical_to_torch_flavour(served, config, expected, scheme, str
         assert got.text == text
         assert (got.accepted_tokens, got.draft_tokens) == (result.num_accepted, result.num_drafted)
         assert got.accepted_tokens > 0
+        assert got.seed is None  # greedy: no sampling_seed
         if stream:  # one response per target forward, and the final one with the totals
             assert got.num_responses == result.num_target_calls + 1
             assert got.tau == pytest.approx(result.tau)
+
+
+@pytest.mark.parametrize("scheme, stream", ENDPOINTS, ids=["grpc-stream", "grpc", "http-generate",
+                                                           "http-generate_stream"])
+def test_sampled_request_reports_its_seed(served, config, scheme, stream):
+    """A sampled request that sent no random_seed gets the one drawn for it in `sampling_seed`:
+    the torch flavour samples the same text with it, and sent back it gives that text again."""
+    url = served.grpc_url if scheme == "grpc" else served.http_url
+    pipeline = load_pipeline(config)
+    prompt = PROMPTS[1]
+    params = GenerateParams(max_tokens=24, temperature=1.0, top_k=8, stream=stream)
+    first, second = (generate(url, config.name, prompt, params) for _ in range(2))
+    assert first.seed is not None and second.seed is not None and first.seed != second.seed
+    for got in (first, second):
+        alone = pipeline.decoder.generate(pipeline.tokenizer.encode(prompt), 24,
+                                          SamplingParams(temperature=1.0, top_k=8, seed=got.seed))
+        assert got.token_ids == alone.token_ids
+    again = generate(url, config.name, prompt, dataclasses.replace(params, seed=first.seed))
+    assert (again.token_ids, again.text, again.seed) == (first.token_ids, first.text, first.seed)
+    assert first.token_ids != second.token_ids  # the seeds make a difference here
 
 
 def test_concurrent_streaming_clients(served, config, expected):

@@ -44,7 +44,7 @@ class Completion:
     total_s: float = 0.0
     completion_tokens: int | None = None  # the server's count (OpenAI `usage`), where ids are not sent
     finish_reason: str | None = None  # OpenAI servers: stop / length
-    seed: int | None = None  # trtspec's OpenAI server: the sampled request's seed (drawn if none was sent)
+    seed: int | None = None  # trtspec's servers: a sampled request's seed (drawn if none was sent)
 
     @property
     def num_tokens(self) -> int:
@@ -84,6 +84,8 @@ class Completion:
         # totals arrive in the only (or the stream's last) response; step responses carry zeros
         self.accepted_tokens = max(self.accepted_tokens, int(outputs.get("accepted_tokens", 0)))
         self.draft_tokens = max(self.draft_tokens, int(outputs.get("draft_tokens", 0)))
+        if outputs.get("sampling_seed") is not None:
+            self.seed = int(outputs["sampling_seed"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +266,7 @@ def _http_outputs(event: dict) -> dict:
     for name, value in event.items():
         if name == "output_ids":
             outputs[name] = value if isinstance(value, list) else [value]
-        elif name in ("text_output", "accepted_tokens", "draft_tokens"):
+        elif name in ("text_output", "accepted_tokens", "draft_tokens", "sampling_seed"):
             # a one-element output may come back as a value or as a list of one
             outputs[name] = value[0] if isinstance(value, list) else value
     return outputs

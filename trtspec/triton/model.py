@@ -12,7 +12,10 @@ Requests leave when done, stopped or cancelled; the rest keep going.
 Responses. `stream` false: one response with the whole `text_output`, `output_ids`,
 `accepted_tokens`, `draft_tokens`. `stream` true: one response per decode step with the new
 `text_output` / `output_ids`, then a last one with the request's `accepted_tokens` /
-`draft_tokens` totals (and any text held back). With `return_log_probs` (or `num_top_log_probs`)
+`draft_tokens` totals (and any text held back). A sampled request's totals come with
+`sampling_seed`: its `random_seed`, or the seed drawn for it when it sent none (sent back as
+`random_seed`, it samples the same text again: always under Gumbel coupling, under the same
+schedule by rejection sampling). With `return_log_probs` (or `num_top_log_probs`)
 every response that carries generated ids also carries `output_log_probs` (one per generated id),
 `cum_log_probs` (their sum so far) and, for k > 0, `top_log_probs` / `top_log_prob_ids` [n, k].
 With `return_prompt_log_probs` the first response carries the prompt's: `prompt_log_probs` for its
@@ -149,14 +152,16 @@ def _logprob_tensors(prefix: str, values: str, logprobs: TokenLogprobs) -> list[
 
 
 def _response(text: str, ids: list[int], accepted: int, drafted: int, logprobs: TokenLogprobs | None = None,
-              cumulative: float = 0.0,
-              prompt_logprobs: TokenLogprobs | None = None) -> pb_utils.InferenceResponse:
+              cumulative: float = 0.0, prompt_logprobs: TokenLogprobs | None = None,
+              seed: int | None = None) -> pb_utils.InferenceResponse:
     tensors = [
         _tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),  # [1]
         _tensor("output_ids", np.array(ids, dtype=np.int32)),  # [n]
         _tensor("accepted_tokens", np.array([accepted], dtype=np.int32)),  # [1]
         _tensor("draft_tokens", np.array([drafted], dtype=np.int32)),  # [1]
     ]
+    if seed is not None:
+        tensors.append(_tensor("sampling_seed", np.array([seed], dtype=np.uint64)))  # [1]
     if logprobs is not None:
         tensors += _logprob_tensors("", "output_log_probs", logprobs)
         tensors.append(_tensor("cum_log_probs", np.array([cumulative], dtype=np.float32)))  # [1]
@@ -239,7 +244,7 @@ class _Stream:
             logprobs = self.logprobs
         cumulative = 0.0 if logprobs is None else logprobs.cumulative()
         response = _response(text, ids, result.num_accepted, result.num_drafted, logprobs, cumulative,
-                             self.prompt_logprobs)
+                             self.prompt_logprobs, result.seed)
         _send_quietly(self.sender, response, FINAL)
 
 

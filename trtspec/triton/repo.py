@@ -51,6 +51,8 @@ OUTPUTS = (
     ("output_ids", "TYPE_INT32", (-1,)),  # generated ids only (this response's, when streaming)
     ("accepted_tokens", "TYPE_INT32", (1,)),  # draft tokens the target accepted
     ("draft_tokens", "TYPE_INT32", (1,)),  # draft tokens proposed
+    # a sampled request's seed, with the totals: random_seed as sent, or the one drawn for it
+    ("sampling_seed", "TYPE_UINT64", (1,)),
     # with return_log_probs: each generated id's log p under the target (raw logits), as output_ids
     ("output_log_probs", "TYPE_FP32", (-1,)),
     ("cum_log_probs", "TYPE_FP32", (1,)),  # their sum so far
