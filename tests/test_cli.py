@@ -51,6 +51,9 @@ def test_every_command_has_help():
         (["--prompt", ""], "--prompt"),
         (["--max-tokens", "0"], "--max-tokens"),
         (["--temperature", "-1"], "--temperature"),
+        # inf would sample uniformly (every draft accepted), nan nothing: neither is a temperature
+        (["--temperature", "inf"], "--temperature: Input should be a finite number, got inf"),
+        (["--temperature", "nan"], "--temperature: Input should be a finite number, got nan"),
         (["--top-p", "0"], "--top-p"),
         (["--top-p", "1.5"], "--top-p"),
         (["--top-k", "-2"], "--top-k"),

@@ -251,12 +251,14 @@ def test_regenerated_rows_follow_the_prompts():
     [
         (["--coupling", "gumbel"], "--coupling", "give --temperature > 0 too"),
         (["--temperature", "-1"], "--temperature", "greater than or equal to 0"),
+        (["--temperature", "inf"], "--temperature", "a finite number, got inf"),
         (["--temperature", "1", "--top-p", "0"], "--top-p", "greater than 0"),
         (["--temperature", "1", "--write-acceptance"], "--write-acceptance", "measure it at --temperature 0"),
         (["--url", "grpc://127.0.0.1:1", "--temperature", "1", "--coupling", "gumbel"], "--coupling",
          "a server verifies by its build config's sampling.coupling"),
     ],
-    ids=["coupling-greedy", "negative-temperature", "top-p-0", "sampled-acceptance", "coupling-of-a-server"],
+    ids=["coupling-greedy", "negative-temperature", "infinite-temperature", "top-p-0", "sampled-acceptance",
+         "coupling-of-a-server"],
 )
 def test_bench_sampling_options_name_the_option(tmp_path, args, option, message):
     """Refused before any model loads or request goes out."""

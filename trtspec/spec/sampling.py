@@ -19,7 +19,8 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    temperature: float = Field(0.0, ge=0.0, description="0 = greedy; otherwise softmax temperature")
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False,
+                               description="0 = greedy; otherwise softmax temperature (finite)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass kept, in (0, 1]")
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0 = all")
     seed: int | None = Field(None, ge=0, le=2**64 - 1,
