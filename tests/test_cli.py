@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -36,6 +37,22 @@ def test_generate_json_speculative_equals_none():
     assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"]
     assert b["tau"] == 1.0 and b["num_target_calls"] == len(b["token_ids"])
     assert a["tau"] > 1.0 and a["drafter"] == "draft_model"
+
+
+def test_sampled_generate_names_the_seed_that_repeats_it():
+    """Without --seed a sampled request draws one; the summary line names it, and --seed repeats
+    the text (the target alone here: under rejection sampling the schedule must repeat too)."""
+    args = ["generate", "--config", CONFIG, "--prompt", "import os", "--max-tokens", "24",
+            "--drafter", "none"]
+    runner = CliRunner()
+    first = runner.invoke(main, [*args, "--temperature", "0.8"])
+    assert first.exit_code == 0, first.output
+    seed = re.fullmatch(r"\[none\] tau=.* seed=(\d+)", first.stderr.strip()).group(1)
+    again = runner.invoke(main, [*args, "--temperature", "0.8", "--seed", seed])
+    assert again.stdout == first.stdout and again.stderr.strip().endswith(f" seed={seed}")
+    other = runner.invoke(main, [*args, "--temperature", "0.8", "--seed", str(int(seed) + 1)])
+    assert other.stdout != first.stdout
+    assert "seed=" not in runner.invoke(main, args).stderr  # greedy: no seed
 
 
 def test_every_command_has_help():

@@ -142,9 +142,14 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
         click.echo(
             f"[{pipeline.drafter.method}] tau={result.tau:.2f} "
             f"target_calls={result.num_target_calls} "
-            f"decode={result.decode_tokens_per_s:.1f} tok/s",
+            f"decode={result.decode_tokens_per_s:.1f} tok/s" + _seed_note(result.seed),
             err=True,
         )
+
+
+def _seed_note(seed: int | None) -> str:
+    """The summary line's seed of a sampled request (drawn when none was given): --seed repeats it."""
+    return "" if seed is None else f" seed={seed}"
 
 
 def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json, chat,
@@ -175,7 +180,8 @@ def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait
         f"[{url}] tau={completion.tau:.2f} tokens={completion.num_tokens} "
         f"accepted={completion.accepted_tokens}/{completion.draft_tokens} "
         f"{completion.tokens_per_s:.1f} tok/s end to end"
-        + (f", decode={completion.decode_tokens_per_s:.1f} tok/s" if completion.decode_tokens_per_s else ""),
+        + (f", decode={completion.decode_tokens_per_s:.1f} tok/s" if completion.decode_tokens_per_s else "")
+        + _seed_note(completion.seed),
         err=True,
     )
 
