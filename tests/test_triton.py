@@ -84,9 +84,14 @@ def served(tmp_path_factory, config):
 
 
 @pytest.fixture(scope="module")
-def expected(config):
+def pipeline(config):
+    """The served config's torch flavour, in this process: the reference of the served texts."""
+    return load_pipeline(config)
+
+
+@pytest.fixture(scope="module")
+def expected(pipeline):
     """The torch flavour's greedy output for each prompt, computed in this process."""
-    pipeline = load_pipeline(config)
     results = {}
     for prompt in PROMPTS:
         result = pipeline.decoder.generate(pipeline.tokenizer.encode(prompt), MAX_TOKENS)
@@ -116,11 +121,10 @@ def test_output_identical_to_torch_flavour(served, config, expected, scheme, str
 
 @pytest.mark.parametrize("scheme, stream", ENDPOINTS, ids=["grpc-stream", "grpc", "http-generate",
                                                            "http-generate_stream"])
-def test_sampled_request_reports_its_seed(served, config, scheme, stream):
+def test_sampled_request_reports_its_seed(served, config, pipeline, scheme, stream):
     """A sampled request that sent no random_seed gets the one drawn for it in `sampling_seed`:
     the torch flavour samples the same text with it, and sent back it gives that text again."""
     url = served.grpc_url if scheme == "grpc" else served.http_url
-    pipeline = load_pipeline(config)
     prompt = PROMPTS[1]
     params = GenerateParams(max_tokens=24, temperature=1.0, top_k=8, stream=stream)
     first, second = (generate(url, config.name, prompt, params) for _ in range(2))
