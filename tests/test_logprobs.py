@@ -177,7 +177,8 @@ def test_prompt_logprobs_come_with_the_first_token_and_change_nothing_else(model
     0..P-2, handed over with the first token; requests prefilled in the same step as others decode
     (two join mid-flight) get theirs, and every request's tokens are those it gets without. With
     `prompt_logprobs_chunk` 7 every prompt but the one-token one is fed ahead in pieces of 7 (no
-    forward scores more): the same values, and DFlash's context taps are whole (the same tokens)."""
+    forward scores more): the same values, each piece counted as a target call, and DFlash's context
+    taps are whole (the same tokens)."""
     pipeline = load_pipeline(_config("tiny-dflash", flavour))
     decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pipeline.end_ids, pipeline.verifier,
                                  FULL, None, 5, 512, prompt_logprobs_chunk=chunk)
@@ -197,6 +198,8 @@ def test_prompt_logprobs_come_with_the_first_token_and_change_nothing_else(model
             break
     for i, prompt in enumerate(prompts):
         assert results[i].token_ids == plain[i].token_ids
+        pieces = -(-(len(prompt) - chunk) // chunk) if i != 1 and len(prompt) > chunk else 0
+        assert results[i].num_target_calls == plain[i].num_target_calls + pieces  # each piece is a forward
         assert results[i].accept_counts == plain[i].accept_counts  # the same drafts: the same context
         if i == 1:
             assert results[i].prompt_logprobs is None and set(firsts[i]) == {None}

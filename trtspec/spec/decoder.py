@@ -139,6 +139,7 @@ class _Ahead:
     fed: int  # prompt tokens already in the target's cache
     logprobs: TokenLogprobs  # of the prompt's tokens 1..fed
     hidden: list[torch.Tensor]  # the target's taps of those tokens, piece by piece ([n, D] each)
+    forwards: int = 0  # target forwards that fed them, one per piece
 
 
 class SpeculativeDecoder:
@@ -197,7 +198,7 @@ class SpeculativeDecoder:
         self.target.num_forwards = 0
         self.lives: dict[int, _Live] = {}  # requests added and not finished, by id
         self._next_id = 0
-        self.num_steps = 0  # target forwards of this decoder (one per step)
+        self.num_steps = 0  # steps of this decoder (one packed target forward each)
         self.num_cycles = 0  # steps that verified running requests
         self.offered_drafts = 0  # drafts proposed, over all steps and requests
         self.admitted_drafts = 0  # drafts the schedule sent to the target
@@ -533,6 +534,7 @@ class SpeculativeDecoder:
                                                 [prompt[start + 1 : start + len(piece) + 1]], [top])[0])
             if out.hidden is not None:
                 ahead.hidden.append(out.hidden)  # [n, D]
+            ahead.forwards += 1
         ahead.fed = head
         return ahead
 
@@ -602,7 +604,7 @@ class SpeculativeDecoder:
                     hidden = torch.cat([*ahead[i].hidden, hidden])
                 drafter.begin(lv.slot, lv.request.prompt, hidden)
                 lv.result.prefill_s = now - lv.added_at
-                lv.result.num_target_calls = 1
+                lv.result.num_target_calls = 1 + ahead[i].forwards
                 self._emit(lv, [token], logprobs.get(i))
 
         # 3b. running requests: verify every row at once, keep each slot's accepted path, emit
