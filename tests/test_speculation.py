@@ -176,3 +176,28 @@ def test_conditional_acceptance_from_cycles():
 def test_schedule_rules_are_enforced(schedule, message):
     with pytest.raises(ConfigError, match=message):
         check_draft_len_schedule(schedule, 5, "test")
+
+
+def test_write_acceptance_keeps_a_stored_file_measured_over_more_cycles(tmp_path):
+    """`bench --write-acceptance` writes beside the drafter; a later run over fewer cycles than the
+    stored file may not overwrite it silently: it exits 1 naming the file and both counts."""
+    drafter = tmp_path / "tiny-dflash-b16"
+    shutil.copytree(REPO / "trtspec" / "assets" / "tiny-dflash-b16", drafter)
+    (drafter / "acceptance.json").unlink()
+    config = yaml.safe_load((REPO / "build_configs" / "tiny-dflash.yaml").read_text())
+    config["drafter"]["path"] = str(drafter)
+    config_path = tmp_path / "dflash.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    args = ["bench", str(config_path), "--tasks", "math", "--prompts", "1", "--max-tokens", "24", "--no-hf",
+            "--out", str(tmp_path / "bench"), "--write-acceptance"]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    body = json.loads((drafter / "acceptance.json").read_text())
+    assert body["cycles"] > 0 and f"({body['cycles']} cycles)" in first.output
+    body["cycles"] += 1000  # as if a larger run had written it
+    (drafter / "acceptance.json").write_text(json.dumps(body))
+    second = CliRunner().invoke(main, args)
+    assert second.exit_code == 1
+    assert f"measured over {body['cycles']} cycles, this run over {body['cycles'] - 1000}" in second.output
+    assert str(drafter / "acceptance.json") in second.output
+    assert json.loads((drafter / "acceptance.json").read_text()) == body

@@ -382,7 +382,8 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
                    "config with drafter.tree always gets its tree row.")
 @click.option("--write-acceptance", is_flag=True,
               help="Store each drafter's measured acceptance by position as acceptance.json beside its "
-                   "weights (the cost model of `trtspec build`/`inspect` and adaptive serving reads it).")
+                   "weights (the cost model of `trtspec build`/`inspect` and adaptive serving reads it); "
+                   "a stored file measured over more cycles is kept.")
 @click.option("--temperature", default=0.0, show_default=True, type=float,
               help="0 = greedy; > 0 samples every method at this temperature, prompt i with seed SEED + i.")
 @click.option("--top-p", default=1.0, show_default=True, type=float, help="Nucleus mass, (0, 1].")
@@ -486,12 +487,20 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     if "recommendation" in results:
         click.echo(results["recommendation"])
     if write_acceptance:
+        from trtspec.bench.acceptance import replace_refusal
         from trtspec.bench.acceptance import write_acceptance as write
 
+        refused = []
         for name, cfg in loaded.items():
             measured = results["acceptance"][name]
+            why = replace_refusal(cfg.drafter.resolved_path, measured["cycles"])
+            if why is not None:
+                refused.append(why)
+                continue
             path = write(cfg.drafter.resolved_path, measured["conditional"], measured["cycles"], command)
-            click.echo(f"wrote {path}")
+            click.echo(f"wrote {path} ({measured['cycles']} cycles)")
+        if refused:
+            raise click.ClickException("\n".join(refused))
 
 
 def _tree_option(text: str):

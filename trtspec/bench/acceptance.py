@@ -28,6 +28,27 @@ def conditional_acceptance(cycles: Iterable[tuple[int, int]], k: int) -> list[fl
     return rates
 
 
+def stored_cycles(drafter_dir: Path) -> int:
+    """Cycles behind the `acceptance.json` stored beside a drafter: 0 when there is none (or it
+    names no count, as a hand-written one)."""
+    path = Path(drafter_dir) / ACCEPTANCE_FILE
+    try:
+        return int(json.loads(path.read_text()).get("cycles", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def replace_refusal(drafter_dir: Path, cycles: int) -> str | None:
+    """Why a measurement of `cycles` draft–verify cycles must not replace the stored one (a smaller
+    sample would overwrite a better estimate silently), or None when it may."""
+    stored = stored_cycles(drafter_dir)
+    if cycles >= stored:
+        return None
+    return (f"{Path(drafter_dir) / ACCEPTANCE_FILE} not replaced: it was measured over {stored} cycles, "
+            f"this run over {cycles}; measure more (--prompts, --max-tokens, --tasks) or delete the "
+            "file to replace it")
+
+
 def write_acceptance(drafter_dir: Path, rates: list[float], cycles: int, measured_with: str) -> Path:
     """Write `acceptance.json` (the format `spec.cost.load_acceptance` reads) into drafter_dir."""
     path = Path(drafter_dir) / ACCEPTANCE_FILE
