@@ -424,9 +424,9 @@ def test_generate_cli_streams_from_the_server(served, config, expected):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "killed"])
-def test_serve_binds_loopback_and_leaves_no_server_behind(tmp_path, sig):
-    repo = tmp_path / "empty-repo"
-    repo.mkdir()
+def test_serve_binds_loopback_and_leaves_no_server_behind(tmp_path, sig, config):
+    repo = tmp_path / "build"
+    write_triton_repo(config, repo)
     ports = Ports.free()
     proc = subprocess.Popen(
         [sys.executable, "-m", "trtspec.cli", "serve", str(repo), "--http-port", str(ports.http),
@@ -434,7 +434,7 @@ def test_serve_binds_loopback_and_leaves_no_server_behind(tmp_path, sig):
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        assert proc.stderr.readline().startswith(f"serving {repo}: http://127.0.0.1:{ports.http}")
+        assert proc.stderr.readline().startswith(f"serving {repo / REPO_DIR}: http://127.0.0.1:{ports.http}")
         status = urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/health/ready", timeout=10).status
         assert status == 200 and len(_server_pids(str(repo))) == 1
         proc.send_signal(sig)
@@ -476,16 +476,37 @@ def _serve(repo, ports: Ports) -> subprocess.CompletedProcess:
     )
 
 
-def test_serve_with_a_taken_port_says_which_and_never_serving(tmp_path):
+def test_serve_with_a_taken_port_says_which_and_never_serving(tmp_path, config):
+    write_triton_repo(config, tmp_path / "out")
     ports = Ports.free()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", ports.grpc))
         taken.listen()
-        proc = _serve(tmp_path, ports)
+        proc = _serve(tmp_path / "out", ports)
     assert proc.returncode == 1 and "serving" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         f"Error: the gRPC port {ports.grpc} on 127.0.0.1 is not available (Address already in use): stop "
         "what holds it or choose another (--grpc-port)"]
+
+
+def test_serve_refuses_what_is_not_a_torch_or_engine_build(tmp_path):
+    """A folder without a model, and a TensorRT-LLM deployment: one line with the fix, exit 1,
+    before any server starts."""
+    (tmp_path / "stray").mkdir()
+    (tmp_path / "stray" / "notes.txt").write_text("x")
+    proc = _serve(tmp_path / "stray", Ports.free())
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"Error: {tmp_path / 'stray'} holds no Triton model (no {REPO_DIR}/, no */config.pbtxt): give the "
+        "output folder of `trtspec build`"]
+    deployment = tmp_path / "gptoss"
+    trtllm_config = REPO / "build_configs" / "gpt-oss-120b-dflash-b300-tp8.yaml"
+    build = CliRunner().invoke(main, ["build", str(trtllm_config), "--out", str(deployment)])
+    assert build.exit_code == 0, build.output
+    proc = _serve(deployment, Ports.free())
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"Error: {deployment} is a TensorRT-LLM deployment (flavour trtllm): serve it on its GPU nodes with "
+        f"{deployment / 'deploy' / 'launch.sh'}; `trtspec serve` serves the torch and engine flavours"]
+    assert "tritonserver" not in proc.stderr
 
 
 def test_serve_prints_the_models_own_load_error(tmp_path):

@@ -746,12 +746,6 @@ def build(config_path, out_dir, flavour=None) -> None:
         click.echo(note, err=True)
 
 
-def _repo_of(build_dir: Path) -> Path:
-    from trtspec.triton.repo import REPO_DIR
-
-    return build_dir / REPO_DIR if (build_dir / REPO_DIR).is_dir() else build_dir
-
-
 @main.command()
 @click.argument("build_dir", metavar="DIR", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -772,7 +766,7 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
     server and its models are ready."""
     import signal
 
-    from trtspec.serve import admin_key_for, start_openai_frontend
+    from trtspec.serve import admin_key_for, model_repository, start_openai_frontend
     from trtspec.triton.server import Ports, TritonServer, check_port_free
 
     if api_key is not None and not api_key:
@@ -790,7 +784,7 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
 
     signal.signal(signal.SIGTERM, _terminate)
     admin_key, generated = admin_key_for(host, api_key)
-    server = TritonServer(_repo_of(build_dir), host, Ports(http_port, grpc_port, metrics_port),
+    server = TritonServer(model_repository(build_dir), host, Ports(http_port, grpc_port, metrics_port),
                           admin_key=admin_key)
     frontend = None
     try:
@@ -839,6 +833,7 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
     sampling distribution test; exits 1 on any mismatch. Give DIR (a `trtspec build` output, served
     here on free loopback ports) or --url of a running server with --config."""
     from trtspec.runtime import configure_threads
+    from trtspec.serve import model_repository
     from trtspec.triton.repo import BUILD_CONFIG_FILE, VERSION
     from trtspec.triton.server import Ports, TritonServer
     from trtspec.triton.verify import DEFAULT_PROMPTS, certify
@@ -853,7 +848,7 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
         if build_dir is None:
             raise click.BadParameter("needed with --url alone: the reference target's config",
                                      param_hint="--config")
-        found = sorted(_repo_of(build_dir).glob(f"*/{VERSION}/{BUILD_CONFIG_FILE}"))
+        found = sorted(model_repository(build_dir).glob(f"*/{VERSION}/{BUILD_CONFIG_FILE}"))
         if len(found) != 1:
             raise click.BadParameter(f"expected one model with {BUILD_CONFIG_FILE} in {build_dir}, found "
                                      f"{len(found)}", param_hint="DIR")
@@ -864,7 +859,7 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
     configure_threads(config)
     server = None
     if url is None:
-        server = TritonServer(_repo_of(build_dir), ports=Ports.free()).start()
+        server = TritonServer(model_repository(build_dir), ports=Ports.free()).start()
         url = server.grpc_url
     try:
         cert = certify(url, model_name, config, prompts, max_tokens=max_tokens, samples=samples,

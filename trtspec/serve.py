@@ -5,9 +5,32 @@ from __future__ import annotations
 import ipaddress
 import secrets
 import socket
+from pathlib import Path
 
 from trtspec.errors import ConfigError
-from trtspec.triton.server import TritonServer
+from trtspec.triton.server import ServeError, TritonServer
+
+
+def model_repository(build_dir: Path) -> Path:
+    """The Triton model repository `trtspec serve DIR` serves: DIR/model_repository (a torch or
+    engine build) or DIR itself (a repository given directly). Refuses, with the fix, a path that is
+    missing, a TensorRT-LLM deployment (served by its own launch script on GPU nodes) and a folder
+    that holds no model."""
+    from trtspec.triton.repo import REPO_DIR
+    from trtspec.trtllm.launch import SERVE_CONFIG
+
+    if not build_dir.is_dir():
+        raise ServeError(f"{build_dir} is not a folder: give the output folder of `trtspec build`"
+                         + ("" if build_dir.exists() else " (run it first)"))
+    if (build_dir / SERVE_CONFIG).is_file():
+        raise ServeError(f"{build_dir} is a TensorRT-LLM deployment (flavour trtllm): serve it on its GPU "
+                         f"nodes with {build_dir / 'deploy' / 'launch.sh'}; `trtspec serve` serves the "
+                         "torch and engine flavours")
+    repo = build_dir / REPO_DIR if (build_dir / REPO_DIR).is_dir() else build_dir
+    if not any(repo.glob("*/config.pbtxt")):
+        raise ServeError(f"{build_dir} holds no Triton model (no {REPO_DIR}/, no */config.pbtxt): give the "
+                         "output folder of `trtspec build`")
+    return repo
 
 
 def is_loopback(host: str) -> bool:
