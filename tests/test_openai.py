@@ -371,6 +371,8 @@ def test_verify_over_openai_passes_on_the_server(served, monkeypatch):
                                        "24", "--samples", "300"])
     assert result.exit_code == 0, result.output
     assert result.output.count("identical") == 5 and "PASS: lossless" in result.output
+    # not the first prompt (its first tokens are near-certain: any server passes): 'import os\n'
+    assert "law of the first 3 tokens of 'import os\\n'" in result.output
 
 
 def test_verify_certifies_gumbel_coupled_samples_by_identity(served, tmp_path, monkeypatch):

@@ -822,7 +822,8 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
               help="JSONL with a `prompt` per line, or text with one prompt per line.")
 @click.option("--max-tokens", default=48, show_default=True, type=int, help="Tokens per greedy prompt.")
 @click.option("--samples", default=400, show_default=True, type=int,
-              help="Seeded sampling requests for the distribution test; 0 skips it.")
+              help="Seeded sampling requests for the distribution test (at least 52: fewer cannot fail "
+                   "it); 0 skips it.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
               help="With openai://: bearer token (env OPENAI_API_KEY).")
 @run_errors
@@ -836,7 +837,7 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
     from trtspec.serve import model_repository
     from trtspec.triton.repo import BUILD_CONFIG_FILE, VERSION
     from trtspec.triton.server import Ports, TritonServer
-    from trtspec.triton.verify import DEFAULT_PROMPTS, certify
+    from trtspec.triton.verify import DEFAULT_PROMPTS, MAX_BOUND, MIN_SAMPLES, certify
 
     if build_dir is None and url is None:
         raise click.UsageError("give DIR (a `trtspec build` output) or --url of a running server")
@@ -844,6 +845,10 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
         _url_arg(url)
     check_range(max_tokens, "--max-tokens", low=1)
     check_range(samples, "--samples", low=0)
+    if 0 < samples < MIN_SAMPLES:
+        raise click.BadParameter(f"must be 0 (no sampling test) or at least {MIN_SAMPLES}, got {samples}: "
+                                 f"fewer draws leave a TV bound over {MAX_BOUND}, a test too weak to fail",
+                                 param_hint="--samples")
     if config_path is None:
         if build_dir is None:
             raise click.BadParameter("needed with --url alone: the reference target's config",

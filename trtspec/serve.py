@@ -1,4 +1,5 @@
-"""What `trtspec serve` puts beside tritonserver: the admin-API key and the OpenAI frontend."""
+"""What `trtspec serve` puts beside tritonserver: the folder it serves, the admin-API key and the OpenAI
+frontend."""
 
 from __future__ import annotations
 

@@ -8,7 +8,10 @@
    bfloat16/float16 deployment may part from plain decoding at a near-tie of the target's two best
    tokens and still be greedy up to rounding, which passes, and says so; any token off the
    target's argmax by more than its rounding noise fails.
-2. Sampling: for one prompt, n requests with seeds 0..n-1 at temperature 1, top-k 3, each
+2. Sampling: for one prompt (of those given, the one whose first `steps` tokens the target is least
+   sure of: the largest summed entropy of their exact laws, so the test has something to measure;
+   a prompt whose tokens are near-certain passes any server), n requests with seeds 0..n-1 at
+   temperature 1, top-k 3, each
    `SAMPLE_TOKENS` long so that the first tokens pass through the verifier's acceptance rule (a
    request of `steps` tokens would leave no room to draft); the empirical law of each of the
    first `steps` tokens is compared with the exact marginal law of the processed target
@@ -16,7 +19,9 @@
    (whatever the flavour served, so an engine deployment is held to the model it was exported
    from). A position fails when the total-variation distance exceeds the Bretagnolle–Huber–Carol
    bound sqrt((K ln 2 + ln(1/δ)) / 2n) (K = support size), so a correct server fails with
-   probability < δ per position whatever n is. OpenAI servers' texts are tokenized with the
+   probability < δ per position whatever n is. n must be at least `MIN_SAMPLES`: with fewer draws the
+   bound at the largest possible support (3 ** steps tokens) exceeds `MAX_BOUND`, a test too weak
+   to fail. OpenAI servers' texts are tokenized with the
    reference's tokenizer (exact for the byte-level models; for a BPE tokenizer a sampled text can
    split differently from how it was generated, which can only add distance).
 3. Seeded samples, for a deployment that samples with Gumbel coupling (`sampling.coupling:
@@ -57,6 +62,9 @@ DEFAULT_PROMPTS = (
 )
 SAMPLING = SamplingParams(temperature=1.0, top_k=3)
 SAMPLE_TOKENS = 8  # per sampling request: the first cycle drafts up to 6 tokens before position 3
+STEPS = 3  # generated tokens whose law the sampling test compares
+DELTA = 1e-3  # probability that a correct server fails a position
+MAX_BOUND = 0.5  # the weakest TV bound the sampling test accepts to run with
 COUPLED_SEED = 100  # Gumbel coupling: prompt i's seeded sample uses seed COUPLED_SEED + i
 
 
@@ -115,6 +123,8 @@ class Certificate:
         out = [line for check in self.greedy + self.coupled for line in check.lines()]
         if self.sampling is not None:
             s = self.sampling
+            out.append(f"sample  law of the first {len(s.tv)} tokens of {s.prompt[:40]!r} (the prompt "
+                       "they are least certain after)")
             for pos, (tv, bound) in enumerate(zip(s.tv, s.bound, strict=True)):
                 verdict = "ok" if tv <= bound else "FAIL"
                 out.append(
@@ -153,6 +163,32 @@ def tv_bound(support: int, n: int, delta: float) -> float:
     return math.sqrt((support * math.log(2) + math.log(1 / delta)) / (2 * n))
 
 
+def min_samples(steps: int = STEPS, delta: float = DELTA, max_bound: float = MAX_BOUND) -> int:
+    """The fewest draws whose TV bound is at most `max_bound` at every position, whatever the law:
+    position `steps` can take top_k ** steps tokens."""
+    support = SAMPLING.top_k ** steps
+    return math.ceil((support * math.log(2) + math.log(1 / delta)) / (2 * max_bound**2))
+
+
+MIN_SAMPLES = min_samples()
+
+
+def entropy(law: dict[int, float]) -> float:
+    return -sum(p * math.log(p) for p in law.values() if p > 0)
+
+
+def sampling_prompt(model, tokenizer, prompts: list[str], steps: int) -> tuple[str, list[dict[int, float]]]:
+    """The prompt whose first `steps` generated tokens are least certain under the processed target
+    (the largest summed entropy of their exact laws; the first of equals), and those laws."""
+    best: tuple[float, str, list] | None = None
+    for prompt in prompts:
+        laws = exact_marginals(model, tokenizer.encode(prompt), SAMPLING, steps)
+        spread = sum(entropy(law) for law in laws)
+        if best is None or spread > best[0]:
+            best = (spread, prompt, laws)
+    return best[1], best[2]
+
+
 def _sample_served(url: str, model: str, prompt: str, n: int, api_key: str | None) -> list[Completion]:
     params = [GenerateParams(max_tokens=SAMPLE_TOKENS, temperature=SAMPLING.temperature,
                              top_k=SAMPLING.top_k, seed=seed) for seed in range(n)]
@@ -164,9 +200,13 @@ def _sample_served(url: str, model: str, prompt: str, n: int, api_key: str | Non
 
 
 def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_tokens: int = 48,
-            samples: int = 400, steps: int = 3, delta: float = 1e-3,
+            samples: int = 400, steps: int = STEPS, delta: float = DELTA,
             api_key: str | None = None) -> Certificate:
-    """Run `prompts` through the server at `url` and through `config`'s target alone."""
+    """Run `prompts` through the server at `url` and through `config`'s target alone; `samples`:
+    0 (no sampling test) or at least `min_samples(steps, delta)`."""
+    if 0 < samples < min_samples(steps, delta):
+        raise ValueError(f"{samples} sampling draws: at least {min_samples(steps, delta)} are needed "
+                         f"(fewer leave a TV bound over {MAX_BOUND})")
     reference = load_pipeline(config, use_drafter=False)
     tokenizer = reference.tokenizer
     text_only = split_url(url)[0] == "openai"
@@ -196,10 +236,9 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         cert.coupled = [check(prompt, SamplingParams(temperature=1.0, seed=COUPLED_SEED + i,
                                                      coupling="gumbel")) for i, prompt in enumerate(prompts)]
     if samples > 0:
-        prompt = prompts[0]
         # the law is the checkpoint's, whatever the flavour served: torch is the reference
         torch_target = load_causal_lm(config.target.resolved_path, config.target.dtype)
-        laws = exact_marginals(torch_target, tokenizer.encode(prompt), SAMPLING, steps)
+        prompt, laws = sampling_prompt(torch_target, tokenizer, prompts, steps)
         counts: list[dict[int, int]] = [{} for _ in range(steps)]
         for completion in _sample_served(url, model, prompt, samples, api_key):
             ids = tokenizer.encode(completion.text) if text_only else completion.token_ids
