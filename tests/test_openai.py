@@ -261,6 +261,33 @@ def test_unknown_model_is_a_404(served):
     assert status == 404 and body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model"
 
 
+def test_usage_counts_each_prompt_once_and_every_choice(served, pipeline):
+    """OpenAI's and vLLM's usage: prompt_tokens = each prompt's length once, whatever `n`;
+    completion_tokens = all choices' tokens; total = their sum. Sync and streamed, completions and chat."""
+    client = served.client()
+    prompt, other = "Q: 2 + 3\nA:", PROMPTS[2]
+    each = {p: len(_greedy(pipeline, p, 5)[1]) for p in (prompt, other)}
+    ask = dict(model="trtspec", max_tokens=5, n=2, temperature=0)
+
+    def check(usage, prompt_tokens: int, completion_tokens: int) -> None:
+        assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == \
+            (prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+
+    check(client.completions.create(**ask, prompt=prompt).usage, 11, 2 * each[prompt])
+    check(client.completions.create(**ask, prompt=[prompt, other]).usage, 11 + len(other),
+          2 * each[prompt] + 2 * each[other])
+    chunks = list(client.completions.create(**ask, prompt=prompt, stream=True,
+                                            stream_options={"include_usage": True}))
+    check(chunks[-1].usage, 11, 2 * each[prompt])
+    rendered = "Q: 2 + 3\nA: "
+    tokens = _chat_expected(pipeline, rendered, 5)[1]
+    messages = [{"role": "user", "content": "2 + 3"}]
+    check(client.chat.completions.create(**ask, messages=messages).usage, len(rendered), 2 * tokens)
+    chunks = list(client.chat.completions.create(**ask, messages=messages, stream=True,
+                                                 stream_options={"include_usage": True}))
+    check(chunks[-1].usage, len(rendered), 2 * tokens)
+
+
 def test_wrong_or_missing_api_key_is_a_401_and_runs_nothing(served):
     before = served.metric("trtspec_requests_total")
     for key in (None, "wrong"):

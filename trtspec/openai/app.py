@@ -121,9 +121,10 @@ async def _watch_disconnect(request: Request, task: asyncio.Task) -> None:
 class _Run:
     """One choice's figures while its steps arrive."""
 
-    def __init__(self, gen: Generation, prompt_ids: list[int], logprobs: LogprobsBody | None = None,
-                 echo: str | None = None):
+    def __init__(self, gen: Generation, prompt_ids: list[int], sample: int = 0,
+                 logprobs: LogprobsBody | None = None, echo: str | None = None):
         self.gen, self.prompt_ids, self.prompt_tokens = gen, prompt_ids, len(prompt_ids)
+        self.sample = sample  # j of the prompt's n choices
         self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)))
         self.completion_tokens = self.accepted = self.drafted = 0
         self.last_id: int | None = None
@@ -161,10 +162,6 @@ class _Run:
         if self.trimmer.stopped or self.completion_tokens < self.gen.max_tokens:
             return "stop"  # a stop sequence or the end of sequence
         return "length"
-
-    def usage(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
 
     def figures(self) -> dict:
         return {"accepted_tokens": self.accepted, "draft_tokens": self.drafted}
@@ -291,7 +288,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             for j in range(req.n or 1):
                 seeded = gen if gen.seed is None else dataclasses.replace(gen, seed=(gen.seed + j) % 2**64)
                 body = None if gen.logprobs is None else LogprobsBody(model.tokenizer, chat)
-                runs.append(_Run(seeded, prompt_ids, body, echo))
+                runs.append(_Run(seeded, prompt_ids, j, body, echo))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
         if not req.stream:
@@ -348,7 +345,7 @@ async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, 
         else:
             choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish})
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": front.model.name, "choices": choices, "usage": _summed(run.usage() for run in runs),
+            "model": front.model.name, "choices": choices, "usage": _usage(runs),
             "trtspec": _figures(runs)}
 
 
@@ -422,13 +419,21 @@ async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], 
                 yield chunk(i, None if chat else "", run.finish_reason(), extra=figures)
         if include_usage:
             yield _sse({"id": rid, "object": kind, "created": created, "model": model, "choices": [],
-                        "usage": _summed(run.usage() for run in runs),
+                        "usage": _usage(runs),
                         "trtspec": _figures(runs)})
     except TritonError as exc:  # mid-stream: an error event in OpenAI's shape, then the end
         yield _sse(_triton_error(exc).body())
     finally:
         await steps.aclose()
     yield _sse("[DONE]")
+
+
+def _usage(runs: list[_Run]) -> dict:
+    """OpenAI's and vLLM's `usage`: each prompt counted once however many choices it has (`n`),
+    every choice's generated tokens."""
+    prompt = sum(run.prompt_tokens for run in runs if run.sample == 0)
+    completion = sum(run.completion_tokens for run in runs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _figures(runs: list[_Run], choice: int | None = None) -> dict:
