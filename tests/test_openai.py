@@ -237,6 +237,9 @@ BAD = [
      "chat_template_kwargs.add_generation_prompt"),
     ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content"),
+    # OpenAI and vLLM: stream_options only with stream: true
+    ("completions", {"stream_options": {"include_usage": True}}, "stream_options"),
+    ("chat/completions", {"stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
 ]
 
 

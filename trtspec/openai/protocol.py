@@ -154,6 +154,9 @@ def _refuse(param: str, value, why: str) -> ApiError:
 
 def check_common(req: _Common) -> None:
     """Refuse values trtspec cannot honour, naming the parameter."""
+    if req.stream_options is not None and not req.stream:
+        raise ApiError("Invalid 'stream_options': only allowed when 'stream' is true.", "stream_options",
+                       code="invalid_value")
     if req.n is not None and not 1 <= req.n <= MAX_CHOICES:
         raise ApiError(f"Invalid 'n': {req.n}; expected 1 to {MAX_CHOICES} choices.", "n",
                        code="invalid_value")
