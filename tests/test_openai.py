@@ -240,6 +240,10 @@ BAD = [
     # OpenAI and vLLM: stream_options only with stream: true
     ("completions", {"stream_options": {"include_usage": True}}, "stream_options"),
     ("chat/completions", {"stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
+    # chat's metadata fields are not the legacy Completions API's (test_chat_accepts_...)
+    ("completions", {"metadata": {"run": "a"}}, "metadata"),
+    ("completions", {"store": False}, "store"),
+    ("completions", {"service_tier": "auto"}, "service_tier"),
 ]
 
 
@@ -262,6 +266,16 @@ def test_bad_parameter_is_a_400_naming_it_and_the_next_request_is_served(served,
 def test_unknown_model_is_a_404(served):
     status, body = _post(f"{served.base}/v1/completions", {**GOOD_COMPLETION, "model": "gpt-4"})
     assert status == 404 and body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model"
+
+
+def test_chat_accepts_and_ignores_openais_metadata_fields(served):
+    """`metadata`, `store`, `service_tier`, `user`, `parallel_tool_calls` on chat completions change
+    nothing (the README says so; /v1/completions refuses the first three, see BAD)."""
+    plain = served.client().chat.completions.create(**{**GOOD_CHAT, "temperature": 0})
+    got = served.client().chat.completions.create(
+        **{**GOOD_CHAT, "temperature": 0}, metadata={"run": "a"}, store=False, service_tier="auto",
+        user="u1", parallel_tool_calls=False)
+    assert got.choices[0].message.content == plain.choices[0].message.content
 
 
 def test_usage_counts_each_prompt_once_and_every_choice(served, pipeline):

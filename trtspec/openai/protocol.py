@@ -2,8 +2,8 @@
 
 Requests are pydantic models that forbid unknown fields (OpenAI itself answers
 "Unrecognized request argument supplied: X"). Fields OpenAI clients commonly send that change
-nothing here (`user`, `metadata`, `store`, `n: 1`, zero penalties, …) are
-accepted; fields whose non-default values trtspec cannot honour are checked in `check_*` and
+nothing here (`user`, zero penalties; on chat only, as in OpenAI's API, `metadata`, `store`, …)
+are accepted; fields whose non-default values trtspec cannot honour are checked in `check_*` and
 refused by name. Any refusal is an `ApiError`, answered as HTTP 400 in OpenAI's error shape
 `{"error": {"message", "type", "param", "code"}}`.
 """
