@@ -268,6 +268,36 @@ def test_unknown_model_is_a_404(served):
     assert status == 404 and body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model"
 
 
+def _request(served, method: str, path: str) -> tuple[int, dict]:
+    """A bodiless request with the server's key: the status and the JSON answer."""
+    req = urllib.request.Request(served.base + path, method=method,
+                                 headers={"Authorization": f"Bearer {KEY}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_retrieve_model_and_unknown_routes_answer_in_openais_shape(served):
+    """`client.models.retrieve` (GET /v1/models/{id}) is the listed card; an unknown id, an unknown
+    route and a wrong method keep their status and answer {"error": {...}} as every other error."""
+    client = served.client()
+    card = client.models.retrieve("trtspec")
+    assert card.model_dump() == client.models.list().data[0].model_dump()
+    assert card.id == "trtspec" and card.model_extra["max_model_len"] == 4096
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4")
+    error = missing.value.body
+    assert error["code"] == "model_not_found" and error["param"] == "model" and "gpt-4" in error["message"]
+    for method, path, status in [("GET", "/v1/nowhere", 404), ("POST", "/v1/embeddings", 404),
+                                 ("GET", "/v1/completions", 405), ("DELETE", "/v1/models/trtspec", 405)]:
+        got, body = _request(served, method, path)
+        assert got == status, (method, path, body)
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+        assert body["error"]["type"] == "invalid_request_error" and path in body["error"]["message"]
+
+
 def test_chat_accepts_and_ignores_openais_metadata_fields(served):
     """`metadata`, `store`, `service_tier`, `user`, `parallel_tool_calls` on chat completions change
     nothing (the README says so; /v1/completions refuses the first three, see BAD)."""

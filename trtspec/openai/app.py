@@ -1,4 +1,5 @@
-"""The OpenAI-compatible routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/health`.
+"""The OpenAI-compatible routes: `/v1/models` (and `/v1/models/{model}`), `/v1/completions`,
+`/v1/chat/completions`, `/health`. Every error, a missing route's too, is in OpenAI's shape.
 
 Each request is checked (`protocol`), its prompt built (chat template) and counted, then sent to
 the Triton model over one gRPC stream (`triton_stream`). Streaming answers are server-sent events
@@ -23,6 +24,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from trtspec.openai.logprobs import LogprobsBody
 from trtspec.openai.model_info import ServedModel
@@ -49,8 +51,8 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 TOKENIZER_ROUTES = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's; behind the key like /v1
 
 
-def _error(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+def _error(exc: ApiError, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 class Frontend:
@@ -190,17 +192,36 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     async def api_error(request: Request, exc: ApiError):
         return _error(exc)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        """Starlette's own answers (no such route, a method the route does not take) in OpenAI's shape."""
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:
+            message = f"Invalid URL ({where}): no such route."
+        elif exc.status_code == 405:
+            message = f"Invalid method ({where}): the route takes {(exc.headers or {}).get('Allow')}."
+        else:
+            message = f"{exc.detail} ({where})"
+        return _error(ApiError(message, status=exc.status_code), exc.headers)
+
     @app.get("/health")
     async def health():
         if await triton.ready():
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "unavailable"}, status_code=503)
 
+    def card() -> dict:
+        return {"id": model.name, "object": "model", "created": int(app.state.started), "owned_by": "trtspec",
+                "max_model_len": model.context_length}
+
     @app.get("/v1/models")
     async def models():
-        card = {"id": model.name, "object": "model", "created": int(app.state.started), "owned_by": "trtspec",
-                "max_model_len": model.context_length}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{name:path}")  # a served name may hold a slash (org/model)
+    async def retrieve_model(name: str):
+        front.check_model(name)
+        return card()
 
     app.state.started = time.time()
 
