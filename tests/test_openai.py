@@ -240,6 +240,9 @@ BAD = [
     # OpenAI and vLLM: stream_options only with stream: true
     ("completions", {"stream_options": {"include_usage": True}}, "stream_options"),
     ("chat/completions", {"stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
+    # a token id outside the 264-token vocabulary
+    ("completions", {"stop_token_ids": [999]}, "stop_token_ids"),
+    ("chat/completions", {"stop_token_ids": [10, 264]}, "stop_token_ids"),
     # chat's metadata fields are not the legacy Completions API's (test_chat_accepts_...)
     ("completions", {"metadata": {"run": "a"}}, "metadata"),
     ("completions", {"store": False}, "store"),

@@ -242,7 +242,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     async def chat_completions(request: Request):
         req = parse(ChatRequest, await body_of(request))
         front.check_model(req.model)
-        prompt = render_chat(check_chat(req), req.chat_template_kwargs)
+        prompt = render_chat(check_chat(req, model.vocab_size), req.chat_template_kwargs)
         return await respond(request, req, [prompt], True, None)
 
     def render_chat(messages: list[dict], variables: dict | None) -> str:

@@ -152,8 +152,8 @@ def _refuse(param: str, value, why: str) -> ApiError:
                     code="unsupported_value")
 
 
-def check_common(req: _Common) -> None:
-    """Refuse values trtspec cannot honour, naming the parameter."""
+def check_common(req: _Common, vocab_size: int) -> None:
+    """Refuse values trtspec cannot honour, naming the parameter; token ids lie under `vocab_size`."""
     if req.stream_options is not None and not req.stream:
         raise ApiError("Invalid 'stream_options': only allowed when 'stream' is true.", "stream_options",
                        code="invalid_value")
@@ -179,9 +179,10 @@ def check_common(req: _Common) -> None:
     if req.seed is not None and not 0 <= req.seed < 2**64:
         raise ApiError(f"Invalid 'seed': {req.seed}; expected an integer in [0, 2^64).", "seed",
                        code="invalid_value")
-    if any(i < 0 for i in req.stop_token_ids or ()):
-        raise ApiError(f"Invalid 'stop_token_ids': {req.stop_token_ids}; expected token ids >= 0.",
-                       "stop_token_ids", code="invalid_value")
+    bad = [i for i in req.stop_token_ids or () if not 0 <= i < vocab_size]
+    if bad:
+        raise ApiError(f"Invalid 'stop_token_ids': token id {bad[0]} is outside the vocabulary "
+                       f"[0, {vocab_size}).", "stop_token_ids", code="invalid_value")
     stops = stop_list(req.stop)
     if len(stops) > MAX_STOP or any(not s for s in stops):
         raise ApiError(f"Invalid 'stop': up to {MAX_STOP} non-empty strings, got {req.stop!r}.", "stop",
@@ -190,7 +191,7 @@ def check_common(req: _Common) -> None:
 
 def check_completion(req: CompletionRequest, vocab_size: int) -> list[str | list[int]]:
     """The prompts of a completion request, each a text or token ids (under `vocab_size`)."""
-    check_common(req)
+    check_common(req, vocab_size)
     _check_top(req.logprobs, "logprobs")
     if req.suffix is not None:
         raise _refuse("suffix", req.suffix, "no insertion")
@@ -223,9 +224,9 @@ TEMPLATE_ARGUMENTS = frozenset({"messages", "conversation", "tools", "documents"
                                 "continue_final_message", "tokenize", "chat_template", "return_dict"})
 
 
-def check_chat(req: ChatRequest) -> list[dict]:
-    """The conversation as plain {role, content} dicts, text only."""
-    check_common(req)
+def check_chat(req: ChatRequest, vocab_size: int) -> list[dict]:
+    """The conversation as plain {role, content} dicts, text only; token ids lie under `vocab_size`."""
+    check_common(req, vocab_size)
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
         raise ApiError("'max_tokens' and 'max_completion_tokens' disagree; give one.",
