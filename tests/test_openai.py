@@ -311,6 +311,24 @@ def test_chat_accepts_and_ignores_openais_metadata_fields(served):
     assert got.choices[0].message.content == plain.choices[0].message.content
 
 
+def test_non_text_content_part_is_refused_as_such(served):
+    """An image (or any non-text) part: a 400 naming messages[i].content that says only text parts
+    are served, on chat and on /tokenize, which render messages alike."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [{"role": "system", "content": "Arithmetic."},
+                {"role": "user", "content": [{"type": "text", "text": "1 + 2"}, image]}]
+    for path, body in [("/v1/chat/completions", {**GOOD_CHAT, "messages": messages}),
+                       ("/tokenize", {"messages": messages})]:
+        status, answer = _post(served.base + path, body)
+        assert status == 400, answer
+        error = answer["error"]
+        assert error["param"] == "messages[1].content" and "'messages[1].content'" in error["message"]
+        assert "image_url" in error["message"] and "only text content parts" in error["message"]
+    status, answer = _post(f"{served.base}/tokenize", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "1 + "}, {"type": "text", "text": "2"}]}]})
+    assert status == 200 and answer["tokens"] == list(b"Q: 1 + 2\nA: ")
+
+
 def test_usage_counts_each_prompt_once_and_every_choice(served, pipeline):
     """OpenAI's and vLLM's usage: prompt_tokens = each prompt's length once, whatever `n`;
     completion_tokens = all choices' tokens; total = their sum. Sync and streamed, completions and chat."""

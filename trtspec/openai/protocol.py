@@ -11,7 +11,7 @@ refused by name. Any refusal is an `ApiError`, answered as HTTP 400 in OpenAI's 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -84,9 +84,12 @@ class CompletionRequest(_Common):
     best_of: int | None = Field(None, description="only 1")
 
 
-class ContentPart(_Forbid):
-    type: Literal["text"] = Field(description="only text parts")
-    text: str = Field(description="the text")
+class ContentPart(BaseModel):
+    # any type parses, so that check_messages can refuse an image or audio part by its type
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description='only "text"')
+    text: str | None = Field(None, description="the text")
 
 
 class ChatMessage(BaseModel):
@@ -264,12 +267,26 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
             raise _refuse(f"messages[{i}].{extra[0]}", msg.model_extra[extra[0]], "text messages only")
         content = msg.content
         if isinstance(content, list):
-            content = "".join(part.text for part in content)
+            content = "".join(_part_text(part, f"messages[{i}].content", k) for k, part in enumerate(content))
         if content is None:
             raise ApiError(f"'messages[{i}].content' is required.", f"messages[{i}].content",
                            code="invalid_value")
         messages.append({"role": "system" if msg.role == "developer" else msg.role, "content": content})
     return messages
+
+
+def _part_text(part: ContentPart, param: str, k: int) -> str:
+    if part.type != "text":
+        raise ApiError(f"Invalid value for '{param}': part {k} is of type {part.type!r}; only text content "
+                       "parts (type 'text') are supported by trtspec.", param, code="unsupported_value")
+    if part.text is None:
+        raise ApiError(f"Missing required parameter: '{param}[{k}].text'.", f"{param}[{k}].text",
+                       code="missing_required_parameter")
+    if part.model_extra:
+        extra = sorted(part.model_extra)[0]
+        where = f"{param}[{k}].{extra}"
+        raise ApiError(f"Unrecognized request argument supplied: {where}", where)
+    return part.text
 
 
 def _check_top(k: int | None, param: str) -> None:
