@@ -237,6 +237,16 @@ BAD = [
      "chat_template_kwargs.add_generation_prompt"),
     ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content"),
+    # OpenAI and vLLM: stream_options only with stream: true
+    ("completions", {"stream_options": {"include_usage": True}}, "stream_options"),
+    ("chat/completions", {"stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
+    # a token id outside the 264-token vocabulary
+    ("completions", {"stop_token_ids": [999]}, "stop_token_ids"),
+    ("chat/completions", {"stop_token_ids": [10, 264]}, "stop_token_ids"),
+    # chat's metadata fields are not the legacy Completions API's (test_chat_accepts_...)
+    ("completions", {"metadata": {"run": "a"}}, "metadata"),
+    ("completions", {"store": False}, "store"),
+    ("completions", {"service_tier": "auto"}, "service_tier"),
 ]
 
 
@@ -259,6 +269,91 @@ def test_bad_parameter_is_a_400_naming_it_and_the_next_request_is_served(served,
 def test_unknown_model_is_a_404(served):
     status, body = _post(f"{served.base}/v1/completions", {**GOOD_COMPLETION, "model": "gpt-4"})
     assert status == 404 and body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model"
+
+
+def _request(served, method: str, path: str) -> tuple[int, dict]:
+    """A bodiless request with the server's key: the status and the JSON answer."""
+    req = urllib.request.Request(served.base + path, method=method,
+                                 headers={"Authorization": f"Bearer {KEY}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_retrieve_model_and_unknown_routes_answer_in_openais_shape(served):
+    """`client.models.retrieve` (GET /v1/models/{id}) is the listed card; an unknown id, an unknown
+    route and a wrong method keep their status and answer {"error": {...}} as every other error."""
+    client = served.client()
+    card = client.models.retrieve("trtspec")
+    assert card.model_dump() == client.models.list().data[0].model_dump()
+    assert card.id == "trtspec" and card.model_extra["max_model_len"] == 4096
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4")
+    error = missing.value.body
+    assert error["code"] == "model_not_found" and error["param"] == "model" and "gpt-4" in error["message"]
+    for method, path, status in [("GET", "/v1/nowhere", 404), ("POST", "/v1/embeddings", 404),
+                                 ("GET", "/v1/completions", 405), ("DELETE", "/v1/models/trtspec", 405)]:
+        got, body = _request(served, method, path)
+        assert got == status, (method, path, body)
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+        assert body["error"]["type"] == "invalid_request_error" and path in body["error"]["message"]
+
+
+def test_chat_accepts_and_ignores_openais_metadata_fields(served):
+    """`metadata`, `store`, `service_tier`, `user`, `parallel_tool_calls` on chat completions change
+    nothing (the README says so; /v1/completions refuses the first three, see BAD)."""
+    plain = served.client().chat.completions.create(**{**GOOD_CHAT, "temperature": 0})
+    got = served.client().chat.completions.create(
+        **{**GOOD_CHAT, "temperature": 0}, metadata={"run": "a"}, store=False, service_tier="auto",
+        user="u1", parallel_tool_calls=False)
+    assert got.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_non_text_content_part_is_refused_as_such(served):
+    """An image (or any non-text) part: a 400 naming messages[i].content that says only text parts
+    are served, on chat and on /tokenize, which render messages alike."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [{"role": "system", "content": "Arithmetic."},
+                {"role": "user", "content": [{"type": "text", "text": "1 + 2"}, image]}]
+    for path, body in [("/v1/chat/completions", {**GOOD_CHAT, "messages": messages}),
+                       ("/tokenize", {"messages": messages})]:
+        status, answer = _post(served.base + path, body)
+        assert status == 400, answer
+        error = answer["error"]
+        assert error["param"] == "messages[1].content" and "'messages[1].content'" in error["message"]
+        assert "image_url" in error["message"] and "only text content parts" in error["message"]
+    status, answer = _post(f"{served.base}/tokenize", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "1 + "}, {"type": "text", "text": "2"}]}]})
+    assert status == 200 and answer["tokens"] == list(b"Q: 1 + 2\nA: ")
+
+
+def test_usage_counts_each_prompt_once_and_every_choice(served, pipeline):
+    """OpenAI's and vLLM's usage: prompt_tokens = each prompt's length once, whatever `n`;
+    completion_tokens = all choices' tokens; total = their sum. Sync and streamed, completions and chat."""
+    client = served.client()
+    prompt, other = "Q: 2 + 3\nA:", PROMPTS[2]
+    each = {p: len(_greedy(pipeline, p, 5)[1]) for p in (prompt, other)}
+    ask = dict(model="trtspec", max_tokens=5, n=2, temperature=0)
+
+    def check(usage, prompt_tokens: int, completion_tokens: int) -> None:
+        assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == \
+            (prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+
+    check(client.completions.create(**ask, prompt=prompt).usage, 11, 2 * each[prompt])
+    check(client.completions.create(**ask, prompt=[prompt, other]).usage, 11 + len(other),
+          2 * each[prompt] + 2 * each[other])
+    chunks = list(client.completions.create(**ask, prompt=prompt, stream=True,
+                                            stream_options={"include_usage": True}))
+    check(chunks[-1].usage, 11, 2 * each[prompt])
+    rendered = "Q: 2 + 3\nA: "
+    tokens = _chat_expected(pipeline, rendered, 5)[1]
+    messages = [{"role": "user", "content": "2 + 3"}]
+    check(client.chat.completions.create(**ask, messages=messages).usage, len(rendered), 2 * tokens)
+    chunks = list(client.chat.completions.create(**ask, messages=messages, stream=True,
+                                                 stream_options={"include_usage": True}))
+    check(chunks[-1].usage, len(rendered), 2 * tokens)
 
 
 def test_wrong_or_missing_api_key_is_a_401_and_runs_nothing(served):

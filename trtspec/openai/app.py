@@ -1,4 +1,5 @@
-"""The OpenAI-compatible routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/health`.
+"""The OpenAI-compatible routes: `/v1/models` (and `/v1/models/{model}`), `/v1/completions`,
+`/v1/chat/completions`, `/health`. Every error, a missing route's too, is in OpenAI's shape.
 
 Each request is checked (`protocol`), its prompt built (chat template) and counted, then sent to
 the Triton model over one gRPC stream (`triton_stream`). Streaming answers are server-sent events
@@ -23,6 +24,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from trtspec.openai.logprobs import LogprobsBody
 from trtspec.openai.model_info import ServedModel
@@ -49,8 +51,8 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 TOKENIZER_ROUTES = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's; behind the key like /v1
 
 
-def _error(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+def _error(exc: ApiError, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 class Frontend:
@@ -121,9 +123,10 @@ async def _watch_disconnect(request: Request, task: asyncio.Task) -> None:
 class _Run:
     """One choice's figures while its steps arrive."""
 
-    def __init__(self, gen: Generation, prompt_ids: list[int], logprobs: LogprobsBody | None = None,
-                 echo: str | None = None):
+    def __init__(self, gen: Generation, prompt_ids: list[int], sample: int = 0,
+                 logprobs: LogprobsBody | None = None, echo: str | None = None):
         self.gen, self.prompt_ids, self.prompt_tokens = gen, prompt_ids, len(prompt_ids)
+        self.sample = sample  # j of the prompt's n choices
         self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)))
         self.completion_tokens = self.accepted = self.drafted = 0
         self.last_id: int | None = None
@@ -162,10 +165,6 @@ class _Run:
             return "stop"  # a stop sequence or the end of sequence
         return "length"
 
-    def usage(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
-
     def figures(self) -> dict:
         return {"accepted_tokens": self.accepted, "draft_tokens": self.drafted}
 
@@ -193,17 +192,36 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     async def api_error(request: Request, exc: ApiError):
         return _error(exc)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        """Starlette's own answers (no such route, a method the route does not take) in OpenAI's shape."""
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:
+            message = f"Invalid URL ({where}): no such route."
+        elif exc.status_code == 405:
+            message = f"Invalid method ({where}): the route takes {(exc.headers or {}).get('Allow')}."
+        else:
+            message = f"{exc.detail} ({where})"
+        return _error(ApiError(message, status=exc.status_code), exc.headers)
+
     @app.get("/health")
     async def health():
         if await triton.ready():
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "unavailable"}, status_code=503)
 
+    def card() -> dict:
+        return {"id": model.name, "object": "model", "created": int(app.state.started), "owned_by": "trtspec",
+                "max_model_len": model.context_length}
+
     @app.get("/v1/models")
     async def models():
-        card = {"id": model.name, "object": "model", "created": int(app.state.started), "owned_by": "trtspec",
-                "max_model_len": model.context_length}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{name:path}")  # a served name may hold a slash (org/model)
+    async def retrieve_model(name: str):
+        front.check_model(name)
+        return card()
 
     app.state.started = time.time()
 
@@ -224,7 +242,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     async def chat_completions(request: Request):
         req = parse(ChatRequest, await body_of(request))
         front.check_model(req.model)
-        prompt = render_chat(check_chat(req), req.chat_template_kwargs)
+        prompt = render_chat(check_chat(req, model.vocab_size), req.chat_template_kwargs)
         return await respond(request, req, [prompt], True, None)
 
     def render_chat(messages: list[dict], variables: dict | None) -> str:
@@ -291,7 +309,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             for j in range(req.n or 1):
                 seeded = gen if gen.seed is None else dataclasses.replace(gen, seed=(gen.seed + j) % 2**64)
                 body = None if gen.logprobs is None else LogprobsBody(model.tokenizer, chat)
-                runs.append(_Run(seeded, prompt_ids, body, echo))
+                runs.append(_Run(seeded, prompt_ids, j, body, echo))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
         if not req.stream:
@@ -348,7 +366,7 @@ async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, 
         else:
             choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish})
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": front.model.name, "choices": choices, "usage": _summed(run.usage() for run in runs),
+            "model": front.model.name, "choices": choices, "usage": _usage(runs),
             "trtspec": _figures(runs)}
 
 
@@ -422,13 +440,21 @@ async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], 
                 yield chunk(i, None if chat else "", run.finish_reason(), extra=figures)
         if include_usage:
             yield _sse({"id": rid, "object": kind, "created": created, "model": model, "choices": [],
-                        "usage": _summed(run.usage() for run in runs),
+                        "usage": _usage(runs),
                         "trtspec": _figures(runs)})
     except TritonError as exc:  # mid-stream: an error event in OpenAI's shape, then the end
         yield _sse(_triton_error(exc).body())
     finally:
         await steps.aclose()
     yield _sse("[DONE]")
+
+
+def _usage(runs: list[_Run]) -> dict:
+    """OpenAI's and vLLM's `usage`: each prompt counted once however many choices it has (`n`),
+    every choice's generated tokens."""
+    prompt = sum(run.prompt_tokens for run in runs if run.sample == 0)
+    completion = sum(run.completion_tokens for run in runs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _figures(runs: list[_Run], choice: int | None = None) -> dict:

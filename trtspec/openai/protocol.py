@@ -2,8 +2,8 @@
 
 Requests are pydantic models that forbid unknown fields (OpenAI itself answers
 "Unrecognized request argument supplied: X"). Fields OpenAI clients commonly send that change
-nothing here (`user`, `metadata`, `store`, `n: 1`, zero penalties, …) are
-accepted; fields whose non-default values trtspec cannot honour are checked in `check_*` and
+nothing here (`user`, zero penalties; on chat only, as in OpenAI's API, `metadata`, `store`, …)
+are accepted; fields whose non-default values trtspec cannot honour are checked in `check_*` and
 refused by name. Any refusal is an `ApiError`, answered as HTTP 400 in OpenAI's error shape
 `{"error": {"message", "type", "param", "code"}}`.
 """
@@ -11,7 +11,7 @@ refused by name. Any refusal is an `ApiError`, answered as HTTP 400 in OpenAI's 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -84,9 +84,12 @@ class CompletionRequest(_Common):
     best_of: int | None = Field(None, description="only 1")
 
 
-class ContentPart(_Forbid):
-    type: Literal["text"] = Field(description="only text parts")
-    text: str = Field(description="the text")
+class ContentPart(BaseModel):
+    # any type parses, so that check_messages can refuse an image or audio part by its type
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description='only "text"')
+    text: str | None = Field(None, description="the text")
 
 
 class ChatMessage(BaseModel):
@@ -152,8 +155,11 @@ def _refuse(param: str, value, why: str) -> ApiError:
                     code="unsupported_value")
 
 
-def check_common(req: _Common) -> None:
-    """Refuse values trtspec cannot honour, naming the parameter."""
+def check_common(req: _Common, vocab_size: int) -> None:
+    """Refuse values trtspec cannot honour, naming the parameter; token ids lie under `vocab_size`."""
+    if req.stream_options is not None and not req.stream:
+        raise ApiError("Invalid 'stream_options': only allowed when 'stream' is true.", "stream_options",
+                       code="invalid_value")
     if req.n is not None and not 1 <= req.n <= MAX_CHOICES:
         raise ApiError(f"Invalid 'n': {req.n}; expected 1 to {MAX_CHOICES} choices.", "n",
                        code="invalid_value")
@@ -176,9 +182,10 @@ def check_common(req: _Common) -> None:
     if req.seed is not None and not 0 <= req.seed < 2**64:
         raise ApiError(f"Invalid 'seed': {req.seed}; expected an integer in [0, 2^64).", "seed",
                        code="invalid_value")
-    if any(i < 0 for i in req.stop_token_ids or ()):
-        raise ApiError(f"Invalid 'stop_token_ids': {req.stop_token_ids}; expected token ids >= 0.",
-                       "stop_token_ids", code="invalid_value")
+    bad = [i for i in req.stop_token_ids or () if not 0 <= i < vocab_size]
+    if bad:
+        raise ApiError(f"Invalid 'stop_token_ids': token id {bad[0]} is outside the vocabulary "
+                       f"[0, {vocab_size}).", "stop_token_ids", code="invalid_value")
     stops = stop_list(req.stop)
     if len(stops) > MAX_STOP or any(not s for s in stops):
         raise ApiError(f"Invalid 'stop': up to {MAX_STOP} non-empty strings, got {req.stop!r}.", "stop",
@@ -187,7 +194,7 @@ def check_common(req: _Common) -> None:
 
 def check_completion(req: CompletionRequest, vocab_size: int) -> list[str | list[int]]:
     """The prompts of a completion request, each a text or token ids (under `vocab_size`)."""
-    check_common(req)
+    check_common(req, vocab_size)
     _check_top(req.logprobs, "logprobs")
     if req.suffix is not None:
         raise _refuse("suffix", req.suffix, "no insertion")
@@ -220,9 +227,9 @@ TEMPLATE_ARGUMENTS = frozenset({"messages", "conversation", "tools", "documents"
                                 "continue_final_message", "tokenize", "chat_template", "return_dict"})
 
 
-def check_chat(req: ChatRequest) -> list[dict]:
-    """The conversation as plain {role, content} dicts, text only."""
-    check_common(req)
+def check_chat(req: ChatRequest, vocab_size: int) -> list[dict]:
+    """The conversation as plain {role, content} dicts, text only; token ids lie under `vocab_size`."""
+    check_common(req, vocab_size)
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
         raise ApiError("'max_tokens' and 'max_completion_tokens' disagree; give one.",
@@ -260,12 +267,26 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
             raise _refuse(f"messages[{i}].{extra[0]}", msg.model_extra[extra[0]], "text messages only")
         content = msg.content
         if isinstance(content, list):
-            content = "".join(part.text for part in content)
+            content = "".join(_part_text(part, f"messages[{i}].content", k) for k, part in enumerate(content))
         if content is None:
             raise ApiError(f"'messages[{i}].content' is required.", f"messages[{i}].content",
                            code="invalid_value")
         messages.append({"role": "system" if msg.role == "developer" else msg.role, "content": content})
     return messages
+
+
+def _part_text(part: ContentPart, param: str, k: int) -> str:
+    if part.type != "text":
+        raise ApiError(f"Invalid value for '{param}': part {k} is of type {part.type!r}; only text content "
+                       "parts (type 'text') are supported by trtspec.", param, code="unsupported_value")
+    if part.text is None:
+        raise ApiError(f"Missing required parameter: '{param}[{k}].text'.", f"{param}[{k}].text",
+                       code="missing_required_parameter")
+    if part.model_extra:
+        extra = sorted(part.model_extra)[0]
+        where = f"{param}[{k}].{extra}"
+        raise ApiError(f"Unrecognized request argument supplied: {where}", where)
+    return part.text
 
 
 def _check_top(k: int | None, param: str) -> None:
