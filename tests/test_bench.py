@@ -362,3 +362,14 @@ def test_adaptive_is_compared_with_its_own_drafters_fixed_settings_only():
     assert lines[0].startswith("- dflash: R=1: full 1.20, adaptive 1.50× none, 1.20× max(none, best fixed)")
     assert lines[1].startswith("- dflash+gumbel: R=1: full 3.00, adaptive 2.00× none, 0.67× max(none, best "
                                "fixed)")
+
+
+def test_prompt_seeds_wrap_as_uint64():
+    """bench --seed takes any UINT64 (as generate and Triton's random_seed): prompt i samples with
+    SEED + i modulo 2^64, never past what a server accepts."""
+    from trtspec.bench.sampled import request_params
+    from trtspec.spec.sampling import SamplingParams
+
+    last = SamplingParams(temperature=1.0, seed=2**64 - 1)
+    assert [request_params(last, i, "rejection").seed for i in range(3)] == [2**64 - 1, 0, 1]
+    assert request_params(SamplingParams(), 5, "rejection").seed is None  # greedy stays greedy

@@ -86,12 +86,21 @@ def test_usage_errors_name_the_option(tmp_path):
                        "--drafter")
     assert_usage_error(invoke("serve", tmp_path, "--http-port", "9000", "--grpc-port", "9000"),
                        "--http-port 9000, --grpc-port 9000")
+    misspelt = invoke("train", "dflash", "--target", "builtin:tiny-tagret", "--prompts", CONFIG, "--out",
+                      tmp_path / "d")
+    assert_usage_error(misspelt, "--target", "'builtin:tiny-tagret' names no shipped model", "tiny-target")
+    # options of a served model, given with a config run here: refused, not silently ignored
+    assert_usage_error(invoke("generate", "--config", CONFIG, "--prompt", "hi", "--model", "foo"), "--model",
+                       "applies to a served model (--url)")
+    assert_usage_error(invoke("bench", CONFIG, "--chat", "--out", tmp_path / "b"), "--chat",
+                       "applies to a served model (--url)")
+    assert not (tmp_path / "b").exists()
     from trtspec.triton.verify import MIN_SAMPLES  # a bound of at most 0.5 at 27 possible tokens
 
     assert MIN_SAMPLES == 52 and "(at least 52:" in " ".join(invoke("verify", "--help").output.split())
     assert_usage_error(invoke("verify", "--url", "grpc://127.0.0.1:1", "--config", CONFIG, "--samples", "10"),
                        "--samples", "must be 0 (no sampling test) or at least 52, got 10")
-    assert_usage_error(invoke("train", "dflash", "--target", ASSETS_DIR / "tiny-target", "--prompts",
+    assert_usage_error(invoke("train", "dflash", "--target", "builtin:tiny-target", "--prompts",
                               CONFIG, "--out", tmp_path / "d", "--block-size", "1"), "--block-size")
     latin1, number = tmp_path / "latin1.txt", tmp_path / "number.jsonl"
     latin1.write_bytes(b"caf\xe9\n")

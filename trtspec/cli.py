@@ -24,6 +24,28 @@ from trtspec.cli_errors import (
 from trtspec.errors import TrtspecError
 
 EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+
+
+class CheckpointDir(click.ParamType):
+    """A checkpoint folder: an existing directory, or `builtin:NAME` (a shipped model in
+    trtspec/assets/NAME), as a build config's `path` takes it."""
+
+    name = "directory"
+
+    def convert(self, value, param, ctx) -> Path:
+        from trtspec.config import ASSETS_DIR, BUILTIN_PREFIX
+
+        if isinstance(value, str) and value.startswith(BUILTIN_PREFIX):
+            name = value[len(BUILTIN_PREFIX) :]
+            shipped = sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
+            if name not in shipped:
+                self.fail(f"{value!r} names no shipped model (builtin: takes one of {', '.join(shipped)})",
+                          param, ctx)
+            return ASSETS_DIR / name
+        return EXISTING_DIR.convert(value, param, ctx)
+
+
+CHECKPOINT_DIR = CheckpointDir()
 EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 PORT = click.IntRange(1, 65535)
 
@@ -117,6 +139,7 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
         return
     if stream:
         raise click.BadParameter("streams only from a served model: add --url", param_hint="--stream")
+    _refuse_given("applies to a served model (--url), not to --config", "model_name", "wait_s", "api_key")
     config = load_config_arg(config_path, "--config")
     if flavour is not None:
         config = config.model_copy(update={"flavour": flavour})
@@ -145,6 +168,16 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
             f"decode={result.decode_tokens_per_s:.1f} tok/s" + _seed_note(result.seed),
             err=True,
         )
+
+
+def _refuse_given(why: str, *names: str) -> None:
+    """A usage error naming the first of the current command's options `names` given on the command
+    line (defaults and environment variables pass): an option that would be silently ignored."""
+    ctx = click.get_current_context()
+    given = click.core.ParameterSource.COMMANDLINE
+    for param in ctx.command.params:
+        if param.name in names and ctx.get_parameter_source(param.name) == given:
+            raise click.BadParameter(why, param_hint=param.opts[0])
 
 
 def _seed_note(seed: int | None) -> str:
@@ -227,7 +260,7 @@ def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: f
 
 
 @train.command("dflash")
-@click.option("--target", "target_dir", required=True, type=EXISTING_DIR,
+@click.option("--target", "target_dir", required=True, type=CHECKPOINT_DIR,
               help="Target checkpoint directory.")
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
@@ -258,7 +291,7 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
 
 
 @train.command("eagle3")
-@click.option("--target", "target_dir", required=True, type=EXISTING_DIR,
+@click.option("--target", "target_dir", required=True, type=CHECKPOINT_DIR,
               help="Target checkpoint directory.")
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
@@ -289,7 +322,7 @@ def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_s
 
 
 @train.command("dspark")
-@click.option("--target", "target_dir", required=True, type=EXISTING_DIR,
+@click.option("--target", "target_dir", required=True, type=CHECKPOINT_DIR,
               help="Target checkpoint directory.")
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
@@ -323,7 +356,7 @@ def train_dspark_cmd(target_dir, prompts_path, out_dir, block_size, layers, targ
 @main.command()
 @click.option("--drafter", "drafter_dir", required=True, type=EXISTING_DIR,
               help="DSpark checkpoint directory; the temperatures are written to its sts.json.")
-@click.option("--target", "target_dir", required=True, type=EXISTING_DIR,
+@click.option("--target", "target_dir", required=True, type=CHECKPOINT_DIR,
               help="Target checkpoint directory the drafter serves.")
 @click.option("--tasks", default="code,math,chat", show_default=True, help="Held-out prompt sets.")
 @click.option("--response-tokens", default=256, show_default=True, type=int,
@@ -388,8 +421,8 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
               help="0 = greedy; > 0 samples every method at this temperature, prompt i with seed SEED + i.")
 @click.option("--top-p", default=1.0, show_default=True, type=float, help="Nucleus mass, (0, 1].")
 @click.option("--top-k", default=0, show_default=True, type=int, help="Keep k most likely; 0 = all.")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**63 - 1),
-              help="Seed of the first prompt when sampling.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**64 - 1),
+              help="Seed of the first prompt when sampling (prompt i: SEED + i, modulo 2^64).")
 @click.option("--coupling", type=click.Choice(["rejection", "gumbel", "both"]), default=None,
               help="When sampling: how every drafter verifies (default: each config's sampling.coupling); "
                    "both = each drafter twice, NAME (rejection) and NAME+gumbel. Gumbel-coupled texts must "
@@ -445,6 +478,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         return
     if not configs:
         raise click.UsageError("give at least one CONFIG (or --url to benchmark a running server)")
+    _refuse_given("applies to a served model (--url), not to CONFIGS", "model_name", "chat", "api_key")
     loaded = {}
     for path in configs:
         cfg = load_config_arg(path, "CONFIGS")

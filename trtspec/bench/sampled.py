@@ -55,11 +55,11 @@ def method_couplings(configs: dict[str, BuildConfig], sampling: SamplingParams) 
 
 
 def request_params(sampling: SamplingParams, index: int, coupling: str) -> SamplingParams:
-    """Prompt `index`'s parameters: the run's, seeded `sampling.seed + index` (0 + index without a
-    seed), verified by `coupling`. Greedy stays greedy."""
+    """Prompt `index`'s parameters: the run's, seeded `sampling.seed + index` modulo 2^64 (a seed is
+    a UINT64; 0 + index without a seed), verified by `coupling`. Greedy stays greedy."""
     if sampling.greedy:
         return sampling
-    return sampling.model_copy(update={"seed": (sampling.seed or 0) + index, "coupling": coupling})
+    return sampling.model_copy(update={"seed": ((sampling.seed or 0) + index) % 2**64, "coupling": coupling})
 
 
 def reference_of(sampling: SamplingParams, coupling: str | None) -> str | None:
