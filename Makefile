@@ -12,7 +12,7 @@ OPENAI_PORT ?= 9000
 
 .PHONY: install demo test bench lint clean
 
-# torch first, pinned to the CPU wheel: an unpinned torch would pull a multi-GB CUDA build
+# torch first, pinned: the CPU wheel where pip's configuration offers it (README, Quick start)
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
