@@ -43,12 +43,6 @@ class StaticKVTarget:
         self.k_cache = [torch.zeros(shape, dtype=param.dtype, device=param.device) for _ in range(layers)]
         self.v_cache = [torch.zeros(shape, dtype=param.dtype, device=param.device) for _ in range(layers)]
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V bytes one cached position takes over all layers."""
-        t = self.k_cache[0]
-        return 2 * len(self.k_cache) * self.num_kv_heads * self.head_dim * t.element_size()
-
     def fill_random(self, generator: torch.Generator) -> None:
         """Random cache contents: timing a forward at context c needs c cached slots, not a prefill."""
         for cache in self.k_cache + self.v_cache:

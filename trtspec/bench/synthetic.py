@@ -173,6 +173,46 @@ def _param_bytes(module: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
+@dataclass(frozen=True)
+class ForwardBytes:
+    """The bytes a forward must move (its HBM floor is these over the bandwidth): the weights it
+    reads, K/V read and written, embedding rows gathered and logits written. From the models as
+    built (any device, `meta` included: no memory)."""
+
+    arch: Architecture  # the target's
+    target_weights: int  # without the embedding table (gathered by row), unless the LM head shares it
+    lm_head: int
+    drafter_weights: int
+    drafter_layers: int
+    element: int  # bytes per activation / cache element
+
+    @classmethod
+    def of(cls, arch: Architecture, target: torch.nn.Module, drafter: torch.nn.Module) -> ForwardBytes:
+        embed = target.get_input_embeddings().weight
+        table = embed.numel() * embed.element_size()
+        tied = target.get_output_embeddings().weight is embed
+        return cls(arch, _param_bytes(target) - (0 if tied else table),
+                   target.get_output_embeddings().weight.numel() * embed.element_size(),
+                   _param_bytes(drafter), len(drafter.layers), embed.element_size())
+
+    def kv_per_token(self, layers: int) -> int:
+        return 2 * layers * self.arch.kv_heads * self.arch.head_dim * self.element
+
+    def target_forward(self, b: int, c: int, n: int) -> int:
+        """b sequences, n new tokens each after c cached: weights, embedding rows, KV read +
+        written, logits."""
+        kv, e = self.kv_per_token(self.arch.num_layers), self.element
+        return self.target_weights + b * n * self.arch.hidden * e + b * (c + n) * kv + b * n * kv \
+            + b * n * self.arch.vocab * e
+
+    def draft_step(self, b: int, c: int, block: int) -> int:
+        """DFlash's step: drafter weights and the target's LM head, its context K/V read and the
+        block's written, the block's embeddings, logits of its B - 1 drafts."""
+        kv, e = self.kv_per_token(self.drafter_layers), self.element
+        return self.drafter_weights + self.lm_head + b * c * kv + b * block * kv \
+            + b * block * self.arch.hidden * e + b * (block - 1) * self.arch.vocab * e
+
+
 def _error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
@@ -215,13 +255,7 @@ class _Profile:
                                             dtype=self.dtype) for _ in range(2)) for _ in self.drafter.layers]
         self.timer.sync()
         self.result["create_s"] = time.perf_counter() - t0
-        embed = self.target.get_input_embeddings().weight
-        tied = self.target.get_output_embeddings().weight is embed
-        # the embedding table is gathered (n rows), not read; a tied one is read by the LM head
-        table_bytes = embed.numel() * embed.element_size()
-        self.target_weight_bytes = _param_bytes(self.target) - (0 if tied else table_bytes)
-        self.lm_head_bytes = self.target.get_output_embeddings().weight.numel() * embed.element_size()
-        self.drafter_weight_bytes = _param_bytes(self.drafter)
+        self.bytes = ForwardBytes.of(self.arch, self.target, self.drafter)
         self.result["params"] = {"target": sum(p.numel() for p in self.target.parameters()),
                                  "drafter": sum(p.numel() for p in self.drafter.parameters())}
 
@@ -267,14 +301,11 @@ class _Profile:
 
     # -- measurements -----------------------------------------------------------------------
     def target_forward(self, b: int, c: int, n: int) -> None:
-        e = self.target.get_input_embeddings().weight.element_size()
         ids = torch.randint(0, self.arch.vocab, (b, n), generator=self.gen, device=self.device)
         positions = (c + torch.arange(n, device=self.device)).expand(b, n).contiguous()
         eager, graph, graph_error = self._timed("target forward",
                                                 lambda: self.static.forward(ids, positions, c + n))
-        kv = self.static.kv_bytes_per_token
-        nbytes = self.target_weight_bytes + b * n * self.arch.hidden * e + b * (c + n) * kv + b * n * kv \
-            + b * n * self.arch.vocab * e  # weights, embedding rows, KV read + written, logits
+        nbytes = self.bytes.target_forward(b, c, n)
         self.result["target_forward"].append(
             {"batch": b, "context": c, "new_tokens": n, "eager_ms": eager, "graph_ms": graph,
              "graph_error": graph_error, "bytes": nbytes, "floor_ms": self.floor_ms(nbytes)})
@@ -348,10 +379,7 @@ class _Profile:
 
         layers_ms = self.timer.median_ms(layers)
         eager, graph, graph_error = self._timed("draft step", step)
-        e = head.weight.element_size()
-        kv = 2 * len(drafter.layers) * self.arch.kv_heads * self.arch.head_dim * e
-        nbytes = self.drafter_weight_bytes + self.lm_head_bytes + b * c * kv + b * block * kv \
-            + b * block * self.arch.hidden * e + b * (block - 1) * self.arch.vocab * e
+        nbytes = self.bytes.draft_step(b, c, block)
         self.result["draft"].append(
             {"batch": b, "context": c, "block": block, "layers_ms": layers_ms, "eager_ms": eager,
              "graph_ms": graph, "graph_error": graph_error, "bytes": nbytes,
