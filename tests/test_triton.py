@@ -138,6 +138,23 @@ def test_sampled_request_reports_its_seed(served, config, pipeline, scheme, stre
     assert first.token_ids != second.token_ids  # the seeds make a difference here
 
 
+def test_finish_reason_is_the_models_not_a_count(served, config, expected):
+    """An end id on the last allowed token is a stop, not a length (the client cannot tell the two
+    from the ids); a stop word ends in a stop too."""
+    ids, text, _ = expected[PROMPTS[0]]
+    n = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
+    params, address = GenerateParams(max_tokens=n + 1), served.grpc_url.removeprefix("grpc://")
+    plain = grpc_generate(address, config.name, grpc_inputs(PROMPTS[0], params))
+    assert (plain.token_ids, plain.finish_reason) == (ids[: n + 1], "length")
+    stop_id = array_input(InferInput, "stop_token_ids", np.array([ids[n]], dtype=np.int32))
+    ended = grpc_generate(address, config.name, [*grpc_inputs(PROMPTS[0], params), stop_id])
+    assert (ended.token_ids, ended.finish_reason) == (ids[: n + 1], "stop")
+    for stream in (False, True):
+        worded = generate(served.http_url, config.name, PROMPTS[0],
+                          GenerateParams(max_tokens=MAX_TOKENS, stop_words=(text[4:7],), stream=stream))
+        assert worded.finish_reason == "stop" and len(worded.token_ids) < MAX_TOKENS
+
+
 def test_concurrent_streaming_clients(served, config, expected):
     def client(worker: int) -> list[tuple[str, list[int]]]:
         done = []

@@ -43,7 +43,7 @@ class Completion:
     first_response_s: float | None = None  # OpenAI servers: the first chunk that carries text
     total_s: float = 0.0
     completion_tokens: int | None = None  # the server's count (OpenAI `usage`), where ids are not sent
-    finish_reason: str | None = None  # OpenAI servers: stop / length
+    finish_reason: str | None = None  # stop / length, as the server names it
     seed: int | None = None  # trtspec's servers: a sampled request's seed (drawn if none was sent)
 
     @property
@@ -84,6 +84,8 @@ class Completion:
         # totals arrive in the only (or the stream's last) response; step responses carry zeros
         self.accepted_tokens = max(self.accepted_tokens, int(outputs.get("accepted_tokens", 0)))
         self.draft_tokens = max(self.draft_tokens, int(outputs.get("draft_tokens", 0)))
+        if outputs.get("finish_reason"):
+            self.finish_reason = outputs["finish_reason"]
         if outputs.get("sampling_seed") is not None:
             self.seed = int(outputs["sampling_seed"])
 
@@ -164,7 +166,7 @@ def _outputs_of(result) -> dict:
     outputs = {}
     for out in result.get_response().outputs:
         value = result.as_numpy(out.name)
-        if out.name == "text_output":
+        if out.name in ("text_output", "finish_reason"):
             outputs[out.name] = b"".join(value.reshape(-1)).decode("utf-8", errors="replace")
         elif out.name == "output_ids":
             outputs[out.name] = value.reshape(-1).tolist()
@@ -266,7 +268,7 @@ def _http_outputs(event: dict) -> dict:
     for name, value in event.items():
         if name == "output_ids":
             outputs[name] = value if isinstance(value, list) else [value]
-        elif name in ("text_output", "accepted_tokens", "draft_tokens", "sampling_seed"):
+        elif name in ("text_output", "accepted_tokens", "draft_tokens", "sampling_seed", "finish_reason"):
             # a one-element output may come back as a value or as a list of one
             outputs[name] = value[0] if isinstance(value, list) else value
     return outputs
