@@ -352,6 +352,23 @@ def test_generate_and_bench_cli_over_openai(served, pipeline, tmp_path, monkeypa
     assert remote["decoding"].startswith("sampling at temperature 1") and remote["levels"]["1"]["tokens"] > 4
 
 
+def test_an_end_on_the_last_allowed_token_finishes_as_a_stop(served, pipeline):
+    """The model's finish_reason, not a count: the same max_tokens tokens are a length, or a stop
+    when the last is a stop_token_id."""
+    _, ids = _greedy(pipeline, PROMPTS[0])
+    n = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
+    client = served.client()
+    for stop, reason in (([], "length"), ([ids[n]], "stop")):
+        for stream in (False, True):
+            ask = {"model": "trtspec", "prompt": PROMPTS[0], "max_tokens": n + 1, "temperature": 0,
+                   "extra_body": {"stop_token_ids": stop}}
+            if stream:
+                chunks = list(client.completions.create(**ask, stream=True))
+                assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reason
+            else:
+                assert client.completions.create(**ask).choices[0].finish_reason == reason
+
+
 def test_local_chat_is_the_served_chat(served):
     """`trtspec generate --config --chat` renders the template and stops at the turn's end as the
     server's /v1/chat/completions does."""
