@@ -333,7 +333,14 @@ def test_generate_and_bench_cli_over_openai(served, pipeline, tmp_path, monkeypa
     assert result.exit_code == 0, result.output
     answer = json.loads(result.output)
     assert answer["text"] == _greedy(pipeline, PROMPTS[0])[0] and answer["tokens"] == MAX_TOKENS
-    assert answer["tau"] > 1
+    assert answer["tau"] > 1 and answer["finish_reason"] == "length" and answer["decode_tokens_per_s"] > 0
+    assert answer["token_ids"] is None  # the OpenAI API sends no ids
+    result = CliRunner().invoke(main, ["generate", "--url", served.url, "--json", "--prompt", PROMPTS[0],
+                                       "--max-tokens", "8"])
+    assert result.exit_code == 0, result.output
+    whole = json.loads(result.output)
+    assert whole["tokens"] == 8 and whole["finish_reason"] == "length" and whole["token_ids"] is None
+    assert whole["decode_tokens_per_s"] is None  # one response: no decode phase to time
     result = CliRunner().invoke(main, ["bench", "--url", served.url, "--tasks", "math", "--prompts", "2",
                                        "--max-tokens", "24", "--concurrency", "1,2", "--chat", "--out",
                                        str(tmp_path)])

@@ -138,6 +138,23 @@ def test_sampled_request_reports_its_seed(served, config, pipeline, scheme, stre
     assert first.token_ids != second.token_ids  # the seeds make a difference here
 
 
+@pytest.mark.parametrize("scheme", ["grpc", "http"])
+def test_generate_json_names_the_finish_and_leaves_what_it_did_not_measure_null(served, expected, scheme):
+    url = served.grpc_url if scheme == "grpc" else served.http_url
+
+    def ask(*extra: str) -> dict:
+        result = CliRunner().invoke(main, ["generate", "--url", url, "--json", "--prompt", PROMPTS[0],
+                                           "--max-tokens", "8", *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    whole, streamed = ask(), ask("--stream")
+    for answer in (whole, streamed):
+        assert answer["token_ids"] == expected[PROMPTS[0]][0][:8] and answer["finish_reason"] == "length"
+    assert whole["decode_tokens_per_s"] is None  # one response: no decode phase to time
+    assert streamed["decode_tokens_per_s"] > 0
+
+
 def test_finish_reason_is_the_models_not_a_count(served, config, expected):
     """An end id on the last allowed token is a stop, not a length (the client cannot tell the two
     from the ids); a stop word ends in a stop too."""
