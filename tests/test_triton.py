@@ -557,6 +557,15 @@ def test_bench_against_the_server_reports_ttft_and_itl(served, config, tmp_path)
     assert bad.exit_code != 0 and "--url" in bad.output
 
 
+def test_bench_of_requests_that_drafted_nothing_reports_tau_one(served, config, tmp_path):
+    """max_tokens 1: the prefill's token only, no drafts; the server says so (draft_tokens 0)."""
+    result = CliRunner().invoke(main, ["bench", "--url", served.grpc_url, "--model", config.name,
+                                       "--tasks", "math", "--prompts", "1", "--max-tokens", "1",
+                                       "--concurrency", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "results.json").read_text())["remote"]["levels"]["1"]["tau"] == 1.0
+
+
 def test_verify_passes_a_bfloat16_deployment_that_parts_only_at_near_ties(tmp_path):
     """In bfloat16 the served DFlash loop parts from the target alone on these two prompts (the
     16-token verify forward rounds differently from the one-token one, and here the plain decoding
