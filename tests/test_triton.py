@@ -537,9 +537,17 @@ def test_serve_prints_the_models_own_load_error(tmp_path):
     assert _server_pids(str(tmp_path / "out")) == []
 
 
-def test_wait_ready_gives_up_with_a_clear_message():
-    with pytest.raises(ClientError, match=r"model 'trtspec' at http://127.0.0.1:\d+ not ready within 1s"):
-        wait_ready(f"http://127.0.0.1:{Ports.free().http}", "trtspec", 1)
+def test_wait_ready_gives_up_with_a_clear_message(served):
+    """Nothing listening is named as such; a server that answers without the model is not."""
+    ports = Ports.free()
+    for url in (f"http://127.0.0.1:{ports.http}", f"grpc://127.0.0.1:{ports.grpc}"):
+        address = url.split("://")[1]
+        with pytest.raises(ClientError, match=rf"model 'trtspec' at {url} not ready within 1s: nothing "
+                                              rf"answered at {address} \(connection refused\)$"):
+            wait_ready(url, "trtspec", 1)
+    for url in (served.grpc_url, served.http_url):
+        with pytest.raises(ClientError, match=rf"model 'nope' at {url} not ready within 1s$"):
+            wait_ready(url, "nope", 1)
 
 
 def test_bench_against_the_server_reports_ttft_and_itl(served, config, tmp_path):

@@ -350,11 +350,23 @@ def wait_ready(url: str, model: str, timeout_s: float, api_key: str | None = Non
     """Poll the server at `url` until `model` is ready (a server still loading its models)."""
     scheme, address = split_url(url)
     deadline = time.monotonic() + timeout_s
+    refused = False  # the last poll found nothing listening
     while time.monotonic() < deadline:
         try:
             if _model_ready(scheme, address, model, api_key):
                 return
-        except Exception:  # noqa: BLE001 - not listening yet, or still loading
-            pass
+            refused = False
+        except Exception as exc:  # noqa: BLE001 - not listening yet, or still loading
+            refused = _is_refused(exc)
         time.sleep(0.5)
-    raise ClientError(f"model {model!r} at {url} not ready within {timeout_s:.0f}s")
+    why = f": nothing answered at {address} (connection refused)" if refused else ""
+    raise ClientError(f"model {model!r} at {url} not ready within {timeout_s:.0f}s{why}")
+
+
+def _is_refused(exc: Exception) -> bool:
+    """Whether a readiness poll failed because nothing listens at the address: urllib's
+    ConnectionRefusedError, or gRPC's "Connection refused" in tritonclient's message."""
+    if any(isinstance(e, ConnectionRefusedError) for e in (exc, getattr(exc, "reason", None))):
+        return True  # urllib wraps it in URLError.reason
+    text = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
+    return "connection refused" in text.lower()
