@@ -346,6 +346,22 @@ def test_remote_requests_carry_each_prompts_seed():
     assert (sampled.temperature, sampled.top_p, sampled.top_k, sampled.seed) == (0.7, 0.9, 5, 43)
 
 
+def test_remote_tau_is_pooled_over_every_request_that_reports_draft_figures():
+    """Σ tokens / Σ target forwards, as the in-process bench pools τ: a request that drafted
+    nothing counts (τ 1), one whose server reports no draft figures (a foreign server) does not."""
+    from trtspec.bench.remote import _level_row
+    from trtspec.triton.client import Completion
+
+    def done(tokens: int, accepted: int | None, drafted: int | None) -> Completion:
+        return Completion(token_ids=list(range(tokens)), accepted_tokens=accepted, draft_tokens=drafted,
+                          first_response_s=0.1, total_s=1.0)
+
+    speculative, plain, foreign = done(30, 20, 32), done(10, 0, 0), done(50, None, None)
+    assert _level_row([speculative, plain, foreign], 1.0)["tau"] == (30 + 10) / (10 + 10)
+    assert _level_row([plain], 1.0)["tau"] == 1.0
+    assert _level_row([foreign], 1.0)["tau"] is None
+
+
 def test_adaptive_is_compared_with_its_own_drafters_fixed_settings_only():
     """With --coupling both, `dflash+gumbel` and `dflash+gumbel+adaptive` are the other coupling's
     methods, not fixed settings of `dflash`: adaptive is set against none, whole blocks, the

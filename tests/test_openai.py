@@ -428,7 +428,14 @@ def test_generate_and_bench_cli_over_openai(served, pipeline, tmp_path, monkeypa
     assert result.exit_code == 0, result.output
     answer = json.loads(result.output)
     assert answer["text"] == _greedy(pipeline, PROMPTS[0])[0] and answer["tokens"] == MAX_TOKENS
-    assert answer["tau"] > 1
+    assert answer["tau"] > 1 and answer["finish_reason"] == "length" and answer["decode_tokens_per_s"] > 0
+    assert answer["token_ids"] is None  # the OpenAI API sends no ids
+    result = CliRunner().invoke(main, ["generate", "--url", served.url, "--json", "--prompt", PROMPTS[0],
+                                       "--max-tokens", "8"])
+    assert result.exit_code == 0, result.output
+    whole = json.loads(result.output)
+    assert whole["tokens"] == 8 and whole["finish_reason"] == "length" and whole["token_ids"] is None
+    assert whole["decode_tokens_per_s"] is None  # one response: no decode phase to time
     result = CliRunner().invoke(main, ["bench", "--url", served.url, "--tasks", "math", "--prompts", "2",
                                        "--max-tokens", "24", "--concurrency", "1,2", "--chat", "--out",
                                        str(tmp_path)])
@@ -445,6 +452,23 @@ def test_generate_and_bench_cli_over_openai(served, pipeline, tmp_path, monkeypa
     assert result.exit_code == 0, result.output
     remote = json.loads((tmp_path / "results.json").read_text())["remote"]
     assert remote["decoding"].startswith("sampling at temperature 1") and remote["levels"]["1"]["tokens"] > 4
+
+
+def test_an_end_on_the_last_allowed_token_finishes_as_a_stop(served, pipeline):
+    """The model's finish_reason, not a count: the same max_tokens tokens are a length, or a stop
+    when the last is a stop_token_id."""
+    _, ids = _greedy(pipeline, PROMPTS[0])
+    n = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
+    client = served.client()
+    for stop, reason in (([], "length"), ([ids[n]], "stop")):
+        for stream in (False, True):
+            ask = {"model": "trtspec", "prompt": PROMPTS[0], "max_tokens": n + 1, "temperature": 0,
+                   "extra_body": {"stop_token_ids": stop}}
+            if stream:
+                chunks = list(client.completions.create(**ask, stream=True))
+                assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reason
+            else:
+                assert client.completions.create(**ask).choices[0].finish_reason == reason
 
 
 def test_local_chat_is_the_served_chat(served):

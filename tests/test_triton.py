@@ -138,6 +138,40 @@ def test_sampled_request_reports_its_seed(served, config, pipeline, scheme, stre
     assert first.token_ids != second.token_ids  # the seeds make a difference here
 
 
+@pytest.mark.parametrize("scheme", ["grpc", "http"])
+def test_generate_json_names_the_finish_and_leaves_what_it_did_not_measure_null(served, expected, scheme):
+    url = served.grpc_url if scheme == "grpc" else served.http_url
+
+    def ask(*extra: str) -> dict:
+        result = CliRunner().invoke(main, ["generate", "--url", url, "--json", "--prompt", PROMPTS[0],
+                                           "--max-tokens", "8", *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    whole, streamed = ask(), ask("--stream")
+    for answer in (whole, streamed):
+        assert answer["token_ids"] == expected[PROMPTS[0]][0][:8] and answer["finish_reason"] == "length"
+    assert whole["decode_tokens_per_s"] is None  # one response: no decode phase to time
+    assert streamed["decode_tokens_per_s"] > 0
+
+
+def test_finish_reason_is_the_models_not_a_count(served, config, expected):
+    """An end id on the last allowed token is a stop, not a length (the client cannot tell the two
+    from the ids); a stop word ends in a stop too."""
+    ids, text, _ = expected[PROMPTS[0]]
+    n = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
+    params, address = GenerateParams(max_tokens=n + 1), served.grpc_url.removeprefix("grpc://")
+    plain = grpc_generate(address, config.name, grpc_inputs(PROMPTS[0], params))
+    assert (plain.token_ids, plain.finish_reason) == (ids[: n + 1], "length")
+    stop_id = array_input(InferInput, "stop_token_ids", np.array([ids[n]], dtype=np.int32))
+    ended = grpc_generate(address, config.name, [*grpc_inputs(PROMPTS[0], params), stop_id])
+    assert (ended.token_ids, ended.finish_reason) == (ids[: n + 1], "stop")
+    for stream in (False, True):
+        worded = generate(served.http_url, config.name, PROMPTS[0],
+                          GenerateParams(max_tokens=MAX_TOKENS, stop_words=(text[4:7],), stream=stream))
+        assert worded.finish_reason == "stop" and len(worded.token_ids) < MAX_TOKENS
+
+
 def test_concurrent_streaming_clients(served, config, expected):
     def client(worker: int) -> list[tuple[str, list[int]]]:
         done = []
@@ -524,9 +558,17 @@ def test_serve_prints_the_models_own_load_error(tmp_path):
     assert _server_pids(str(tmp_path / "out")) == []
 
 
-def test_wait_ready_gives_up_with_a_clear_message():
-    with pytest.raises(ClientError, match=r"model 'trtspec' at http://127.0.0.1:\d+ not ready within 1s"):
-        wait_ready(f"http://127.0.0.1:{Ports.free().http}", "trtspec", 1)
+def test_wait_ready_gives_up_with_a_clear_message(served):
+    """Nothing listening is named as such; a server that answers without the model is not."""
+    ports = Ports.free()
+    for url in (f"http://127.0.0.1:{ports.http}", f"grpc://127.0.0.1:{ports.grpc}"):
+        address = url.split("://")[1]
+        with pytest.raises(ClientError, match=rf"model 'trtspec' at {url} not ready within 1s: nothing "
+                                              rf"answered at {address} \(connection refused\)$"):
+            wait_ready(url, "trtspec", 1)
+    for url in (served.grpc_url, served.http_url):
+        with pytest.raises(ClientError, match=rf"model 'nope' at {url} not ready within 1s$"):
+            wait_ready(url, "nope", 1)
 
 
 def test_bench_against_the_server_reports_ttft_and_itl(served, config, tmp_path):
@@ -542,6 +584,15 @@ def test_bench_against_the_server_reports_ttft_and_itl(served, config, tmp_path)
         assert row["per_user_tokens_per_s"] == pytest.approx(1e3 / row["itl_ms"], rel=0.01)
     bad = CliRunner().invoke(main, ["bench", "--url", "ftp://x", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "--url" in bad.output
+
+
+def test_bench_of_requests_that_drafted_nothing_reports_tau_one(served, config, tmp_path):
+    """max_tokens 1: the prefill's token only, no drafts; the server says so (draft_tokens 0)."""
+    result = CliRunner().invoke(main, ["bench", "--url", served.grpc_url, "--model", config.name,
+                                       "--tasks", "math", "--prompts", "1", "--max-tokens", "1",
+                                       "--concurrency", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "results.json").read_text())["remote"]["levels"]["1"]["tau"] == 1.0
 
 
 def test_verify_passes_a_bfloat16_deployment_that_parts_only_at_near_ties(tmp_path):

@@ -197,23 +197,25 @@ def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait
     )
     on_text = None if as_json or not stream else (lambda text: click.echo(text, nl=False))
     completion = generate(url, model_name, prompt, params, on_text, chat=chat, api_key=api_key)
-    if as_json:
+    tau, decode = completion.tau, completion.decode_tokens_per_s
+    if as_json:  # null: not measured (no draft figures from the server, no decode phase to time)
         click.echo(json.dumps({
             "text": completion.text, "token_ids": completion.token_ids, "tokens": completion.num_tokens,
-            "finish_reason": completion.finish_reason, "tau": round(completion.tau, 4),
+            "finish_reason": completion.finish_reason, "tau": None if tau is None else round(tau, 4),
             "accepted_tokens": completion.accepted_tokens, "draft_tokens": completion.draft_tokens,
             "tokens_per_s": round(completion.tokens_per_s, 2),
-            "decode_tokens_per_s": round(completion.decode_tokens_per_s, 2),
+            "decode_tokens_per_s": None if decode is None else round(decode, 2),
             "responses": completion.num_responses,
             **({} if completion.seed is None else {"seed": completion.seed}),
         }))
         return
     click.echo("" if stream else completion.text)
+    speculative = "" if tau is None else \
+        f" tau={tau:.2f} accepted={completion.accepted_tokens}/{completion.draft_tokens}"
     click.echo(
-        f"[{url}] tau={completion.tau:.2f} tokens={completion.num_tokens} "
-        f"accepted={completion.accepted_tokens}/{completion.draft_tokens} "
+        f"[{url}]{speculative} tokens={completion.num_tokens} "
         f"{completion.tokens_per_s:.1f} tok/s end to end"
-        + (f", decode={completion.decode_tokens_per_s:.1f} tok/s" if completion.decode_tokens_per_s else "")
+        + ("" if decode is None else f", decode={decode:.1f} tok/s")
         + _seed_note(completion.seed),
         err=True,
     )

@@ -9,7 +9,8 @@ AIPerf do:
     ITL  = (end-to-end time − TTFT) / (tokens − 1)   (per-token latency after the first)
 
 Tokens are the generated ids (Triton) or the server's `usage.completion_tokens` (OpenAI); τ is
-reported only when the server reports drafted tokens (trtspec does, in its `trtspec` field).
+reported only when the server reports draft figures (trtspec does, in its `trtspec` field), pooled
+over the level's requests: Σ tokens / Σ target forwards (a forward emits its accepted drafts + 1).
 
 and per concurrency level the mean TTFT and ITL, the per-user decode speed 1 / ITL, and the
 total tokens/s of all clients over the wall time of the level. Greedy, or sampled with prompt i
@@ -70,16 +71,24 @@ def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, ma
             "levels": levels}
 
 
+def pooled_tau(completions: list[Completion]) -> float | None:
+    """Σ tokens / Σ target forwards over the requests whose server reported draft figures, as the
+    in-process bench pools τ (a request that drafted nothing counts at τ = 1); None when none did."""
+    reported = [c for c in completions if c.target_forwards is not None]
+    forwards = sum(c.target_forwards for c in reported)
+    return sum(c.num_tokens for c in reported) / forwards if forwards > 0 else None
+
+
 def _level_row(completions: list[Completion], wall: float) -> dict:
     itls = [x for x in map(_itl, completions) if x]
     tokens = sum(c.num_tokens for c in completions)
-    speculative = [c.tau for c in completions if c.draft_tokens]
+    tau = pooled_tau(completions)
     return {
         "ttft_ms": round(1e3 * statistics.fmean(c.first_response_s for c in completions), 2),
         "itl_ms": round(1e3 * statistics.fmean(itls), 3) if itls else None,
         "per_user_tokens_per_s": round(1 / statistics.fmean(itls), 2) if itls else 0.0,
         "total_tokens_per_s": round(tokens / wall, 2),
-        "tau": round(statistics.fmean(speculative), 3) if speculative else None,
+        "tau": None if tau is None else round(tau, 3),
         "tokens": tokens,
         "wall_s": round(wall, 3),
     }

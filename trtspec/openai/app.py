@@ -130,6 +130,7 @@ class _Run:
         self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)))
         self.completion_tokens = self.accepted = self.drafted = 0
         self.last_id: int | None = None
+        self.finish: str | None = None  # the model's finish_reason, with its totals
         self.logprobs = logprobs  # None: the request asked for no log-probabilities
         self.scored: tuple[list, list, list, list] = ([], [], [], [])  # ids, log p, top ids, top log p
         self.echo = echo  # the prompt's text, owed before the first text (echo)
@@ -140,6 +141,7 @@ class _Run:
             self.last_id = step.ids[-1]
         self.accepted = max(self.accepted, step.accepted_tokens)
         self.drafted = max(self.drafted, step.draft_tokens)
+        self.finish = step.finish_reason or self.finish
         echo, self.echo = self.echo, None
         if self.logprobs is not None:
             if echo is not None:  # the prompt's tokens first; nothing scores its first
@@ -161,9 +163,11 @@ class _Run:
         return body
 
     def finish_reason(self) -> str:
-        if self.trimmer.stopped or self.completion_tokens < self.gen.max_tokens:
-            return "stop"  # a stop sequence or the end of sequence
-        return "length"
+        if self.trimmer.stopped:
+            return "stop"  # a stop sequence
+        if self.finish is not None:  # the model's: an end id on the last allowed token is a stop
+            return self.finish
+        return "stop" if self.completion_tokens < self.gen.max_tokens else "length"
 
     def figures(self) -> dict:
         return {"accepted_tokens": self.accepted, "draft_tokens": self.drafted}

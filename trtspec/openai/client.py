@@ -4,7 +4,8 @@ Standard library only, so `verify` and `bench` need nothing the server side does
 reads the server-sent events line by line and times them as a user sees them: the first chunk
 that carries text is the first token (a chat stream's opening role-only chunk is not). Token
 counts come from `usage` (`stream_options.include_usage`); speculative figures from the
-`trtspec` field when the server is trtspec (other servers leave them at zero).
+`trtspec` field when the server is trtspec (other servers leave them, and τ, at None). No server
+sends token ids here: `token_ids` stays None.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def _fold(completion: Completion, body: dict, chat: bool, on_text: TextCallback 
     for choice in body.get("choices") or []:
         text = _text_of(choice, chat)
         if text:
+            completion.token_responses += 1
             if completion.first_response_s is None:
                 completion.first_response_s = time.perf_counter() - t0
             completion.text += text
@@ -93,8 +95,9 @@ def _fold(completion: Completion, body: dict, chat: bool, on_text: TextCallback 
     if body.get("usage"):
         completion.completion_tokens = body["usage"].get("completion_tokens")
     figures = body.get("trtspec") or {}
-    completion.accepted_tokens = max(completion.accepted_tokens, int(figures.get("accepted_tokens", 0)))
-    completion.draft_tokens = max(completion.draft_tokens, int(figures.get("draft_tokens", 0)))
+    for name in ("accepted_tokens", "draft_tokens"):
+        if figures.get(name) is not None:
+            setattr(completion, name, max(getattr(completion, name) or 0, int(figures[name])))
     if figures.get("seed") is not None:
         completion.seed = int(figures["seed"])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from trtspec.spec.logprobs import TokenLogprobs
 
@@ -23,6 +24,8 @@ class GenerationResult:
     logprobs: TokenLogprobs | None = None  # of token_ids, when the request asked for them
     prompt_logprobs: TokenLogprobs | None = None  # of the prompt's tokens after its first, when asked
     seed: int | None = None  # a sampled request's seed, drawn when it gave none; None when greedy
+    # "stop": it emitted an end or stop id; "length": max_new_tokens; None: its on_tokens ended it
+    finish_reason: Literal["stop", "length"] | None = None
 
     def record_cycle(self, num_drafted: int, num_accepted: int) -> None:
         self.num_drafted += num_drafted

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
@@ -36,35 +36,47 @@ class ClientError(TrtspecError):
 @dataclass(slots=True)
 class Completion:
     text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    accepted_tokens: int = 0
-    draft_tokens: int = 0
+    token_ids: list[int] | None = None  # None: the server sends no ids (OpenAI servers)
+    # None: the server reports no speculative figures (an OpenAI server other than trtspec's)
+    accepted_tokens: int | None = None
+    draft_tokens: int | None = None
     num_responses: int = 0
+    token_responses: int = 0  # the responses that carried generated text or ids
     first_response_s: float | None = None  # OpenAI servers: the first chunk that carries text
     total_s: float = 0.0
     completion_tokens: int | None = None  # the server's count (OpenAI `usage`), where ids are not sent
-    finish_reason: str | None = None  # OpenAI servers: stop / length
+    finish_reason: str | None = None  # stop / length, as the server names it
     seed: int | None = None  # trtspec's servers: a sampled request's seed (drawn if none was sent)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids) if self.completion_tokens is None else self.completion_tokens
+        if self.completion_tokens is not None:
+            return self.completion_tokens
+        return len(self.token_ids) if self.token_ids is not None else 0
 
     @property
-    def tau(self) -> float:
-        """Tokens per target forward: each forward emits its accepted drafts plus one token."""
-        forwards = self.num_tokens - self.accepted_tokens
-        return self.num_tokens / forwards if forwards > 0 else 0.0
+    def target_forwards(self) -> int | None:
+        """Target forwards the request took: each emits its accepted drafts plus one token; None
+        when the server reports no draft figures."""
+        if self.accepted_tokens is None:
+            return None
+        return self.num_tokens - self.accepted_tokens
 
     @property
-    def decode_tokens_per_s(self) -> float:
+    def tau(self) -> float | None:
+        """Tokens per target forward; None when the server reports no draft figures."""
+        forwards = self.target_forwards
+        return self.num_tokens / forwards if forwards else None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
         """Tokens after the first over the time after the first response (the in-process loop's
-        `decode_tokens_per_s`, as a client sees it); 0 unless the tokens came in several responses
-        (a non-streamed answer has no decode phase to time)."""
-        if self.first_response_s is None or len(self.token_ids) < 2 or self.num_responses < 2:
-            return 0.0
+        `decode_tokens_per_s`, as a client sees it); None unless the tokens came in several
+        responses (a non-streamed answer has no decode phase to time)."""
+        if self.first_response_s is None or self.num_tokens < 2 or self.token_responses < 2:
+            return None
         decode = self.total_s - self.first_response_s
-        return (len(self.token_ids) - 1) / decode if decode > 0 else 0.0
+        return (self.num_tokens - 1) / decode if decode > 0 else None
 
     @property
     def tokens_per_s(self) -> float:
@@ -80,10 +92,18 @@ class Completion:
             self.text += text
             if on_text is not None:
                 on_text(text)
-        self.token_ids.extend(int(i) for i in outputs.get("output_ids", []))
+        ids = outputs.get("output_ids", [])
+        if self.token_ids is None:
+            self.token_ids = []
+        self.token_ids.extend(int(i) for i in ids)
+        if text or ids:
+            self.token_responses += 1
         # totals arrive in the only (or the stream's last) response; step responses carry zeros
-        self.accepted_tokens = max(self.accepted_tokens, int(outputs.get("accepted_tokens", 0)))
-        self.draft_tokens = max(self.draft_tokens, int(outputs.get("draft_tokens", 0)))
+        for name in ("accepted_tokens", "draft_tokens"):
+            if name in outputs:
+                setattr(self, name, max(getattr(self, name) or 0, int(outputs[name])))
+        if outputs.get("finish_reason"):
+            self.finish_reason = outputs["finish_reason"]
         if outputs.get("sampling_seed") is not None:
             self.seed = int(outputs["sampling_seed"])
 
@@ -164,7 +184,7 @@ def _outputs_of(result) -> dict:
     outputs = {}
     for out in result.get_response().outputs:
         value = result.as_numpy(out.name)
-        if out.name == "text_output":
+        if out.name in ("text_output", "finish_reason"):
             outputs[out.name] = b"".join(value.reshape(-1)).decode("utf-8", errors="replace")
         elif out.name == "output_ids":
             outputs[out.name] = value.reshape(-1).tolist()
@@ -266,7 +286,7 @@ def _http_outputs(event: dict) -> dict:
     for name, value in event.items():
         if name == "output_ids":
             outputs[name] = value if isinstance(value, list) else [value]
-        elif name in ("text_output", "accepted_tokens", "draft_tokens", "sampling_seed"):
+        elif name in ("text_output", "accepted_tokens", "draft_tokens", "sampling_seed", "finish_reason"):
             # a one-element output may come back as a value or as a list of one
             outputs[name] = value[0] if isinstance(value, list) else value
     return outputs
@@ -330,11 +350,23 @@ def wait_ready(url: str, model: str, timeout_s: float, api_key: str | None = Non
     """Poll the server at `url` until `model` is ready (a server still loading its models)."""
     scheme, address = split_url(url)
     deadline = time.monotonic() + timeout_s
+    refused = False  # the last poll found nothing listening
     while time.monotonic() < deadline:
         try:
             if _model_ready(scheme, address, model, api_key):
                 return
-        except Exception:  # noqa: BLE001 - not listening yet, or still loading
-            pass
+            refused = False
+        except Exception as exc:  # noqa: BLE001 - not listening yet, or still loading
+            refused = _is_refused(exc)
         time.sleep(0.5)
-    raise ClientError(f"model {model!r} at {url} not ready within {timeout_s:.0f}s")
+    why = f": nothing answered at {address} (connection refused)" if refused else ""
+    raise ClientError(f"model {model!r} at {url} not ready within {timeout_s:.0f}s{why}")
+
+
+def _is_refused(exc: Exception) -> bool:
+    """Whether a readiness poll failed because nothing listens at the address: urllib's
+    ConnectionRefusedError, or gRPC's "Connection refused" in tritonclient's message."""
+    if any(isinstance(e, ConnectionRefusedError) for e in (exc, getattr(exc, "reason", None))):
+        return True  # urllib wraps it in URLError.reason
+    text = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
+    return "connection refused" in text.lower()

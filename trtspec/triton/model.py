@@ -12,7 +12,8 @@ Requests leave when done, stopped or cancelled; the rest keep going.
 Responses. `stream` false: one response with the whole `text_output`, `output_ids`,
 `accepted_tokens`, `draft_tokens`. `stream` true: one response per decode step with the new
 `text_output` / `output_ids`, then a last one with the request's `accepted_tokens` /
-`draft_tokens` totals (and any text held back). A sampled request's totals come with
+`draft_tokens` totals (and any text held back). The totals come with `finish_reason`: `stop` (an
+end or stop id, or a stop word) or `length` (`max_tokens`). A sampled request's totals come with
 `sampling_seed`: its `random_seed`, or the seed drawn for it when it sent none (sent back as
 `random_seed`, it samples the same text again: always under Gumbel coupling, under the same
 schedule by rejection sampling). With `return_log_probs` (or `num_top_log_probs`)
@@ -153,7 +154,7 @@ def _logprob_tensors(prefix: str, values: str, logprobs: TokenLogprobs) -> list[
 
 def _response(text: str, ids: list[int], accepted: int, drafted: int, logprobs: TokenLogprobs | None = None,
               cumulative: float = 0.0, prompt_logprobs: TokenLogprobs | None = None,
-              seed: int | None = None) -> pb_utils.InferenceResponse:
+              seed: int | None = None, finish_reason: str | None = None) -> pb_utils.InferenceResponse:
     tensors = [
         _tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),  # [1]
         _tensor("output_ids", np.array(ids, dtype=np.int32)),  # [n]
@@ -162,6 +163,8 @@ def _response(text: str, ids: list[int], accepted: int, drafted: int, logprobs: 
     ]
     if seed is not None:
         tensors.append(_tensor("sampling_seed", np.array([seed], dtype=np.uint64)))  # [1]
+    if finish_reason is not None:
+        tensors.append(_tensor("finish_reason", np.array([finish_reason.encode()], dtype=np.object_)))  # [1]
     if logprobs is not None:
         tensors += _logprob_tensors("", "output_log_probs", logprobs)
         tensors.append(_tensor("cum_log_probs", np.array([cumulative], dtype=np.float32)))  # [1]
@@ -243,8 +246,10 @@ class _Stream:
             text, ids = self._with_prompt(self.text.text, self.text.ids)
             logprobs = self.logprobs
         cumulative = 0.0 if logprobs is None else logprobs.cumulative()
+        # a stop word ends the request from `on_tokens`, which the decoder leaves to us to name
+        reason = "stop" if self.text.stopped else result.finish_reason
         response = _response(text, ids, result.num_accepted, result.num_drafted, logprobs, cumulative,
-                             self.prompt_logprobs, result.seed)
+                             self.prompt_logprobs, result.seed, reason)
         _send_quietly(self.sender, response, FINAL)
 
 

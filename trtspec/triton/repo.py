@@ -53,6 +53,8 @@ OUTPUTS = (
     ("draft_tokens", "TYPE_INT32", (1,)),  # draft tokens proposed
     # a sampled request's seed, with the totals: random_seed as sent, or the one drawn for it
     ("sampling_seed", "TYPE_UINT64", (1,)),
+    # with the totals: "stop" (an end or stop id, a stop word) or "length" (max_tokens reached)
+    ("finish_reason", "TYPE_STRING", (1,)),
     # with return_log_probs: each generated id's log p under the target (raw logits), as output_ids
     ("output_log_probs", "TYPE_FP32", (-1,)),
     ("cum_log_probs", "TYPE_FP32", (1,)),  # their sum so far

@@ -75,7 +75,7 @@ class GreedyCheck:
     prompt: str
     identical: bool
     first_difference: int | None  # index of the first differing token (character, for text)
-    served_tau: float
+    served_tau: float | None  # None: the server reports no draft figures
     unit: str = "token"
     audit: GreedyAudit | None = None  # the served tokens audited where they differ
     seed: int | None = None  # a coupled sample's seed; None: greedy
@@ -90,7 +90,8 @@ class GreedyCheck:
         else:
             verdict = f"{'differs' if self.passed else 'MISMATCH'} at {self.unit} {self.first_difference}"
         kind, seed = ("greedy ", "") if self.seed is None else ("sampled", f"  seed {self.seed}")
-        out = [f"{kind} {verdict:<24} tau={self.served_tau:.2f}{seed}  {self.prompt[:40]!r}"]
+        tau = "–" if self.served_tau is None else f"{self.served_tau:.2f}"
+        out = [f"{kind} {verdict:<24} tau={tau}{seed}  {self.prompt[:40]!r}"]
         if self.audit is not None:
             out.append(f"        served tokens: {self.audit.describe()}")
         return out
