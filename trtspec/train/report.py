@@ -164,14 +164,14 @@ def main(target: Path = ASSETS_DIR / "tiny-target", out: Path = Path("docs/EMBED
         f"| tiny-draft | {draft_hist['parameters']:,} | {last['tiny-draft/heldout_loss']} | "
         f"{last['tiny-draft/train_loss']} |",
         "",
-        f"Python {history['python']}, torch {history['torch']}, corpus SHA-256 "
-        f"`{history['corpus_sha256'][:16]}…` ({history['corpus_bytes']['train']:,} bytes).",
+        f"Python {history['python']}, torch {history['torch']}.",
         "",
     ]
     for i, stage in enumerate(stages, 1):
         recipe = {k: v for k, v in stage["recipe"].items() if k != "init_from"}
         lines += [
             f"Stage {i} of {len(stages)}, {stage['history'][-1]['seconds'] / 60:.0f} min on 2 CPU cores; "
+            f"corpus SHA-256 `{stage['corpus_sha256'][:16]}…` ({stage['corpus_bytes']['train']:,} bytes); "
             f"recipe: `{json.dumps(recipe)}`. Held-out loss during the stage (each stage draws its "
             "held-out arithmetic with its own seed; compare stages by the same-window loss under "
             "Quality):",
