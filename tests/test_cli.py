@@ -37,6 +37,7 @@ def test_generate_json_speculative_equals_none():
     assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"]
     assert b["tau"] == 1.0 and b["num_target_calls"] == len(b["token_ids"])
     assert a["tau"] > 1.0 and a["drafter"] == "draft_model"
+    assert a["finish_reason"] == b["finish_reason"] == "length"  # 40 tokens, no end among them
 
 
 def test_sampled_generate_names_the_seed_that_repeats_it():

@@ -475,13 +475,14 @@ def test_local_chat_is_the_served_chat(served):
     """`trtspec generate --config --chat` renders the template and stops at the turn's end as the
     server's /v1/chat/completions does."""
     for question in ("482 + 356", "Explain what a generator is."):
-        served_text = served.client().chat.completions.create(
+        choice = served.client().chat.completions.create(
             model="trtspec", messages=[{"role": "user", "content": question}], max_tokens=48,
-            temperature=0).choices[0].message.content
+            temperature=0).choices[0]
         local = CliRunner().invoke(main, ["generate", "--config", str(CONFIG), "--chat", "--json", "--prompt",
                                           question, "--max-tokens", "48"])
         assert local.exit_code == 0, local.output
-        assert json.loads(local.output)["text"] == served_text
+        assert json.loads(local.output)["text"] == choice.message.content
+        assert json.loads(local.output)["finish_reason"] == choice.finish_reason
 
 
 def test_verify_over_openai_passes_on_the_server(served, monkeypatch):

@@ -70,5 +70,6 @@ class GenerationResult:
             "draft_s": round(self.draft_s, 6),
             "decode_s": round(self.decode_s, 6),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
+            "finish_reason": self.finish_reason,
             **({} if self.seed is None else {"seed": self.seed}),
         }
