@@ -263,6 +263,7 @@ def test_on_tokens_returning_true_stops(pipeline):
     full = pipeline.decoder.generate(prompt, 80).token_ids
     stopped = pipeline.decoder.generate(prompt, 80, on_tokens=lambda emitted: True)
     assert stopped.token_ids == full[:1] and stopped.num_target_calls == 1
+    assert stopped.finish_reason == "stop"  # the caller ended it: a stop word, not the length
 
 
 def test_server_setup_uses_this_interpreter(tmp_path):

@@ -157,8 +157,6 @@ class Pipeline:
 
         ids = self.tokenizer.encode(prompt, add_special_tokens=False)  # the template wrote its specials
         result = self.decoder.generate(ids, max_tokens, sampling, on_tokens=stop_at_the_turns_end)
-        if stream.stopped:  # the template's stop sequence: the decoder leaves naming it to us
-            result.finish_reason = "stop"
         return StopTrimmer(list(self.chat_template.stop)).push(stream.text, final=True), result
 
 

@@ -420,12 +420,11 @@ class SpeculativeDecoder:
             lv.logprobs.extend(logprobs)
         prompt = lv.result.prompt_logprobs if len(lv.generated) == len(emitted) else None
         stop = lv.on_tokens is not None and bool(lv.on_tokens(Emitted(emitted, logprobs, prompt)))
-        if lv.generated[-1] in ends:
+        # a caller's True is a stop word or sequence (or a client gone, whom no reason reaches)
+        if stop or lv.generated[-1] in ends:
             lv.done, lv.result.finish_reason = True, "stop"
         elif len(lv.generated) >= lv.request.max_new_tokens:
             lv.done, lv.result.finish_reason = True, "length"
-        elif stop:
-            lv.done = True  # the caller's reason (a stop word, a client gone): it knows which
 
     def _draft_chains(self, running: list[_Live]) -> _Drafts:
         """A proposal of k tokens for every running request that may still draft, each cut to the

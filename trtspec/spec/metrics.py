@@ -24,7 +24,7 @@ class GenerationResult:
     logprobs: TokenLogprobs | None = None  # of token_ids, when the request asked for them
     prompt_logprobs: TokenLogprobs | None = None  # of the prompt's tokens after its first, when asked
     seed: int | None = None  # a sampled request's seed, drawn when it gave none; None when greedy
-    # "stop": it emitted an end or stop id; "length": max_new_tokens; None: its on_tokens ended it
+    # "stop": an end or stop id, or its on_tokens ended it (a stop word); "length": max_new_tokens
     finish_reason: Literal["stop", "length"] | None = None
 
     def record_cycle(self, num_drafted: int, num_accepted: int) -> None:

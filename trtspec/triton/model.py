@@ -246,10 +246,8 @@ class _Stream:
             text, ids = self._with_prompt(self.text.text, self.text.ids)
             logprobs = self.logprobs
         cumulative = 0.0 if logprobs is None else logprobs.cumulative()
-        # a stop word ends the request from `on_tokens`, which the decoder leaves to us to name
-        reason = "stop" if self.text.stopped else result.finish_reason
         response = _response(text, ids, result.num_accepted, result.num_drafted, logprobs, cumulative,
-                             self.prompt_logprobs, result.seed, reason)
+                             self.prompt_logprobs, result.seed, result.finish_reason)
         _send_quietly(self.sender, response, FINAL)
 
 
