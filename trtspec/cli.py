@@ -873,7 +873,7 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
     from trtspec.serve import model_repository
     from trtspec.triton.repo import BUILD_CONFIG_FILE, VERSION
     from trtspec.triton.server import Ports, TritonServer
-    from trtspec.triton.verify import DEFAULT_PROMPTS, MAX_BOUND, MIN_SAMPLES, certify
+    from trtspec.triton.verify import DEFAULT_PROMPTS, certify, check_samples
 
     if build_dir is None and url is None:
         raise click.UsageError("give DIR (a `trtspec build` output) or --url of a running server")
@@ -881,10 +881,10 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
         _url_arg(url)
     check_range(max_tokens, "--max-tokens", low=1)
     check_range(samples, "--samples", low=0)
-    if 0 < samples < MIN_SAMPLES:
-        raise click.BadParameter(f"must be 0 (no sampling test) or at least {MIN_SAMPLES}, got {samples}: "
-                                 f"fewer draws leave a TV bound over {MAX_BOUND}, a test too weak to fail",
-                                 param_hint="--samples")
+    try:
+        check_samples(samples)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--samples") from None
     if config_path is None:
         if build_dir is None:
             raise click.BadParameter("needed with --url alone: the reference target's config",

@@ -21,7 +21,8 @@
    bound sqrt((K ln 2 + ln(1/δ)) / 2n) (K = support size), so a correct server fails with
    probability < δ per position whatever n is. n must be at least `MIN_SAMPLES`: with fewer draws the
    bound at the largest possible support (3 ** steps tokens) exceeds `MAX_BOUND`, a test too weak
-   to fail. OpenAI servers' texts are tokenized with the
+   to fail. Choosing the prompt walks the exact laws of the first `SAMPLING_CANDIDATES` given.
+   OpenAI servers' texts are tokenized with the
    reference's tokenizer (exact for the byte-level models; for a BPE tokenizer a sampled text can
    split differently from how it was generated, which can only add distance).
 3. Seeded samples, for a deployment that samples with Gumbel coupling (`sampling.coupling:
@@ -65,6 +66,7 @@ SAMPLE_TOKENS = 8  # per sampling request: the first cycle drafts up to 6 tokens
 STEPS = 3  # generated tokens whose law the sampling test compares
 DELTA = 1e-3  # probability that a correct server fails a position
 MAX_BOUND = 0.5  # the weakest TV bound the sampling test accepts to run with
+SAMPLING_CANDIDATES = 8  # prompts whose exact laws are walked to pick the sampled one (~top_k^steps forwards)
 COUPLED_SEED = 100  # Gumbel coupling: prompt i's seeded sample uses seed COUPLED_SEED + i
 
 
@@ -174,15 +176,24 @@ def min_samples(steps: int = STEPS, delta: float = DELTA, max_bound: float = MAX
 MIN_SAMPLES = min_samples()
 
 
+def check_samples(samples: int, steps: int = STEPS, delta: float = DELTA) -> None:
+    """Refuse a sampling test too weak to fail: `samples` must be 0 (none) or `min_samples`."""
+    least = min_samples(steps, delta)
+    if 0 < samples < least:
+        raise ValueError(f"must be 0 (no sampling test) or at least {least}, got {samples}: fewer draws "
+                         f"leave a TV bound over {MAX_BOUND}, a test too weak to fail")
+
+
 def entropy(law: dict[int, float]) -> float:
     return -sum(p * math.log(p) for p in law.values() if p > 0)
 
 
 def sampling_prompt(model, tokenizer, prompts: list[str], steps: int) -> tuple[str, list[dict[int, float]]]:
-    """The prompt whose first `steps` generated tokens are least certain under the processed target
-    (the largest summed entropy of their exact laws; the first of equals), and those laws."""
+    """Of the first `SAMPLING_CANDIDATES` prompts, the one whose first `steps` generated tokens are
+    least certain under the processed target (the largest summed entropy of their exact laws; the
+    first of equals), and those laws."""
     best: tuple[float, str, list] | None = None
-    for prompt in prompts:
+    for prompt in prompts[:SAMPLING_CANDIDATES]:
         laws = exact_marginals(model, tokenizer.encode(prompt), SAMPLING, steps)
         spread = sum(entropy(law) for law in laws)
         if best is None or spread > best[0]:
@@ -205,9 +216,7 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
             api_key: str | None = None) -> Certificate:
     """Run `prompts` through the server at `url` and through `config`'s target alone; `samples`:
     0 (no sampling test) or at least `min_samples(steps, delta)`."""
-    if 0 < samples < min_samples(steps, delta):
-        raise ValueError(f"{samples} sampling draws: at least {min_samples(steps, delta)} are needed "
-                         f"(fewer leave a TV bound over {MAX_BOUND})")
+    check_samples(samples, steps, delta)
     reference = load_pipeline(config, use_drafter=False)
     tokenizer = reference.tokenizer
     text_only = split_url(url)[0] == "openai"
