@@ -87,6 +87,7 @@ def test_completions_sync_and_stream_equal_generate(served, pipeline):
         assert got.usage.total_tokens == len(prompt.encode()) + len(ids)
         figures = got.model_extra["trtspec"]
         assert 0 < figures["accepted_tokens"] <= figures["draft_tokens"]
+        assert figures["target_forwards"] == len(ids) - figures["accepted_tokens"]  # no end id among them
         chunks = list(client.completions.create(model="trtspec", prompt=prompt, max_tokens=MAX_TOKENS,
                                                 temperature=0, stream=True,
                                                 stream_options={"include_usage": True}))

@@ -26,6 +26,7 @@ from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
+from trtspec.spec.decoder import Request
 from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.client import (
     ClientError,
@@ -113,6 +114,7 @@ def test_output_identical_to_torch_flavour(served, config, expected, scheme, str
         assert got.text == text
         assert (got.accepted_tokens, got.draft_tokens) == (result.num_accepted, result.num_drafted)
         assert got.accepted_tokens > 0
+        assert got.reported_forwards == result.num_target_calls  # the server's own count
         assert got.seed is None  # greedy: no sampling_seed
         if stream:  # one response per target forward, and the final one with the totals
             assert got.num_responses == result.num_target_calls + 1
@@ -185,6 +187,20 @@ def test_concurrent_streaming_clients(served, config, expected):
         answers = [a for worker in pool.map(client, range(8)) for a in worker]
     assert len(answers) == 80
     assert all(ids == expected[prompt][0] for prompt, ids in answers)
+
+
+def test_target_forwards_are_the_servers_count_not_worked_out(served, config, pipeline):
+    """A long prompt whose log-probabilities are asked is fed ahead in pieces, one target forward
+    each: the served `target_forwards` counts them, as the in-process result does, where working it
+    out from the draft figures (tokens - accepted) would miss them."""
+    prompt = "def parse(self, text):\n" * 30  # 690 tokens: one piece fed ahead of the prefill
+    want = pipeline.batch_decoder().generate_batch([Request(list(prompt.encode()), 8, prompt_logprobs=0)])[0]
+    inputs = {"text_input": np.array([prompt.encode()], dtype=object),
+              "max_tokens": np.array([8], dtype=np.int32), "return_prompt_log_probs": np.array([True])}
+    got = grpc_generate(served.local_grpc_address, config.name, _raw_grpc(inputs))
+    assert got.token_ids == want.token_ids and got.accepted_tokens == want.num_accepted
+    assert got.target_forwards == want.num_target_calls == len(want.token_ids) - want.num_accepted + 1
+    assert got.tau == pytest.approx(want.tau)
 
 
 def test_concurrent_requests_share_target_forwards(served, config, expected):

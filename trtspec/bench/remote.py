@@ -10,7 +10,8 @@ AIPerf do:
 
 Tokens are the generated ids (Triton) or the server's `usage.completion_tokens` (OpenAI); τ is
 reported only when the server reports draft figures (trtspec does, in its `trtspec` field), pooled
-over the level's requests: Σ tokens / Σ target forwards (a forward emits its accepted drafts + 1).
+over the level's requests: Σ tokens / Σ target forwards (the server's `target_forwards`; from a
+server that sends only draft figures, tokens − accepted: a forward emits its accepted drafts + 1).
 
 and per concurrency level the mean TTFT and ITL, the per-user decode speed 1 / ITL, and the
 total tokens/s of all clients over the wall time of the level. Greedy, or sampled with prompt i

@@ -5,7 +5,8 @@ Each request is checked (`protocol`), its prompt built (chat template) and count
 the Triton model over one gRPC stream (`triton_stream`). Streaming answers are server-sent events
 as OpenAI's clients parse them: `data: {chunk}` per decode step (the first chat chunk carries the
 role), a chunk with `finish_reason`, a usage chunk when `stream_options.include_usage`, then
-`data: [DONE]`. Speculative figures ride in a `trtspec` field: `accepted_tokens`, `draft_tokens`.
+`data: [DONE]`. Speculative figures ride in a `trtspec` field: `accepted_tokens`, `draft_tokens`,
+`target_forwards`.
 Log-probabilities (`logprobs`) come with the text they belong to, a step's tokens per chunk.
 A client that disconnects ends its Triton request. With an API key, every `/v1` route needs
 `Authorization: Bearer KEY` and answers 401 before anything runs.
@@ -128,7 +129,7 @@ class _Run:
         self.gen, self.prompt_ids, self.prompt_tokens = gen, prompt_ids, len(prompt_ids)
         self.sample = sample  # j of the prompt's n choices
         self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)))
-        self.completion_tokens = self.accepted = self.drafted = 0
+        self.completion_tokens = self.accepted = self.drafted = self.forwards = 0
         self.last_id: int | None = None
         self.finish: str | None = None  # the model's finish_reason, with its totals
         self.logprobs = logprobs  # None: the request asked for no log-probabilities
@@ -141,6 +142,7 @@ class _Run:
             self.last_id = step.ids[-1]
         self.accepted = max(self.accepted, step.accepted_tokens)
         self.drafted = max(self.drafted, step.draft_tokens)
+        self.forwards = max(self.forwards, step.target_forwards)
         self.finish = step.finish_reason or self.finish
         echo, self.echo = self.echo, None
         if self.logprobs is not None:
@@ -170,7 +172,8 @@ class _Run:
         return "stop" if self.completion_tokens < self.gen.max_tokens else "length"
 
     def figures(self) -> dict:
-        return {"accepted_tokens": self.accepted, "draft_tokens": self.drafted}
+        return {"accepted_tokens": self.accepted, "draft_tokens": self.drafted,
+                "target_forwards": self.forwards}
 
 
 def _sse(payload: dict | str) -> bytes:
@@ -462,10 +465,10 @@ def _usage(runs: list[_Run]) -> dict:
 
 
 def _figures(runs: list[_Run], choice: int | None = None) -> dict:
-    """The `trtspec` field: drafted and accepted tokens of one choice (or all added up), and for a
-    sampled request its seed (the one sent, or the one drawn for it): sent back as `seed`, it
-    samples the same choices again (under Gumbel coupling exactly, under rejection sampling when
-    the batch repeats too)."""
+    """The `trtspec` field: drafted and accepted tokens and target forwards of one choice (or all
+    added up), and for a sampled request its seed (the one sent, or the one drawn for it): sent
+    back as `seed`, it samples the same choices again (under Gumbel coupling exactly, under
+    rejection sampling when the batch repeats too)."""
     figures = _summed(run.figures() for run in (runs if choice is None else [runs[choice]]))
     first = runs[0].gen  # choice j of a prompt samples with seed + j: the first's is the request's
     return figures if first.temperature == 0 else {**figures, "seed": first.seed}

@@ -40,6 +40,8 @@ class Completion:
     # None: the server reports no speculative figures (an OpenAI server other than trtspec's)
     accepted_tokens: int | None = None
     draft_tokens: int | None = None
+    # the target forwards the server says the request took (trtspec's servers since `target_forwards`)
+    reported_forwards: int | None = None
     num_responses: int = 0
     token_responses: int = 0  # the responses that carried generated text or ids
     first_response_s: float | None = None  # OpenAI servers: the first chunk that carries text
@@ -56,8 +58,11 @@ class Completion:
 
     @property
     def target_forwards(self) -> int | None:
-        """Target forwards the request took: each emits its accepted drafts plus one token; None
-        when the server reports no draft figures."""
+        """Target forwards the request took: as the server counted them, else worked out from the
+        draft figures (each forward emits its accepted drafts plus one token; an end id among the
+        accepted drafts makes that an undercount); None when the server reports neither."""
+        if self.reported_forwards is not None:
+            return self.reported_forwards
         if self.accepted_tokens is None:
             return None
         return self.num_tokens - self.accepted_tokens
@@ -102,6 +107,8 @@ class Completion:
         for name in ("accepted_tokens", "draft_tokens"):
             if name in outputs:
                 setattr(self, name, max(getattr(self, name) or 0, int(outputs[name])))
+        if "target_forwards" in outputs:
+            self.reported_forwards = max(self.reported_forwards or 0, int(outputs["target_forwards"]))
         if outputs.get("finish_reason"):
             self.finish_reason = outputs["finish_reason"]
         if outputs.get("sampling_seed") is not None:
@@ -286,7 +293,8 @@ def _http_outputs(event: dict) -> dict:
     for name, value in event.items():
         if name == "output_ids":
             outputs[name] = value if isinstance(value, list) else [value]
-        elif name in ("text_output", "accepted_tokens", "draft_tokens", "sampling_seed", "finish_reason"):
+        elif name in ("text_output", "accepted_tokens", "draft_tokens", "target_forwards", "sampling_seed",
+                      "finish_reason"):
             # a one-element output may come back as a value or as a list of one
             outputs[name] = value[0] if isinstance(value, list) else value
     return outputs

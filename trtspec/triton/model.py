@@ -10,18 +10,18 @@ config's schedule (adaptive by default: speculation turns itself down as the bat
 Requests leave when done, stopped or cancelled; the rest keep going.
 
 Responses. `stream` false: one response with the whole `text_output`, `output_ids`,
-`accepted_tokens`, `draft_tokens`. `stream` true: one response per decode step with the new
-`text_output` / `output_ids`, then a last one with the request's `accepted_tokens` /
-`draft_tokens` totals (and any text held back). The totals come with `finish_reason`: `stop` (an
-end or stop id, or a stop word) or `length` (`max_tokens`). A sampled request's totals come with
-`sampling_seed`: its `random_seed`, or the seed drawn for it when it sent none (sent back as
-`random_seed`, it samples the same text again: always under Gumbel coupling, under the same
-schedule by rejection sampling). With `return_log_probs` (or `num_top_log_probs`)
-every response that carries generated ids also carries `output_log_probs` (one per generated id),
-`cum_log_probs` (their sum so far) and, for k > 0, `top_log_probs` / `top_log_prob_ids` [n, k].
-With `return_prompt_log_probs` the first response carries the prompt's: `prompt_log_probs` for its
-tokens after the first (and `prompt_top_log_probs` / `prompt_top_log_prob_ids`). Any bad
-parameter gets one error response naming it.
+`accepted_tokens`, `draft_tokens`, `target_forwards`. `stream` true: one response per decode step
+with the new `text_output` / `output_ids`, then a last one with the request's `accepted_tokens` /
+`draft_tokens` / `target_forwards` totals (and any text held back). The totals come with
+`finish_reason`: `stop` (an end or stop id, or a stop word) or `length` (`max_tokens`). A sampled
+request's totals come with `sampling_seed`: its `random_seed`, or the seed drawn for it when it
+sent none (sent back as `random_seed`, it samples the same text again: always under Gumbel
+coupling, under the same schedule by rejection sampling). With `return_log_probs` (or
+`num_top_log_probs`) every response that carries generated ids also carries `output_log_probs`
+(one per generated id), `cum_log_probs` (their sum so far) and, for k > 0, `top_log_probs` /
+`top_log_prob_ids` [n, k]. With `return_prompt_log_probs` the first response carries the prompt's:
+`prompt_log_probs` for its tokens after the first (and `prompt_top_log_probs` /
+`prompt_top_log_prob_ids`). Any bad parameter gets one error response naming it.
 """
 
 from __future__ import annotations
@@ -152,14 +152,19 @@ def _logprob_tensors(prefix: str, values: str, logprobs: TokenLogprobs) -> list[
     return tensors
 
 
-def _response(text: str, ids: list[int], accepted: int, drafted: int, logprobs: TokenLogprobs | None = None,
-              cumulative: float = 0.0, prompt_logprobs: TokenLogprobs | None = None,
-              seed: int | None = None, finish_reason: str | None = None) -> pb_utils.InferenceResponse:
+def _response(text: str, ids: list[int], totals: GenerationResult | None = None,
+              logprobs: TokenLogprobs | None = None, cumulative: float = 0.0,
+              prompt_logprobs: TokenLogprobs | None = None) -> pb_utils.InferenceResponse:
+    """One response; `totals` (the request's result) only in its last: a streamed step's carry zeros."""
+    accepted, drafted, forwards = (0, 0, 0) if totals is None else \
+        (totals.num_accepted, totals.num_drafted, totals.num_target_calls)
+    seed, finish_reason = (None, None) if totals is None else (totals.seed, totals.finish_reason)
     tensors = [
         _tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),  # [1]
         _tensor("output_ids", np.array(ids, dtype=np.int32)),  # [n]
         _tensor("accepted_tokens", np.array([accepted], dtype=np.int32)),  # [1]
         _tensor("draft_tokens", np.array([drafted], dtype=np.int32)),  # [1]
+        _tensor("target_forwards", np.array([forwards], dtype=np.int32)),  # [1]
     ]
     if seed is not None:
         tensors.append(_tensor("sampling_seed", np.array([seed], dtype=np.uint64)))  # [1]
@@ -232,7 +237,7 @@ class _Stream:
         if self.request.stream and (delta or kept):
             cumulative = 0.0 if logprobs is None else self.logprobs.cumulative()
             prompt, self.prompt_logprobs = self.prompt_logprobs, None  # with the first response
-            response = _response(*self._with_prompt(delta, kept), 0, 0, logprobs, cumulative, prompt)
+            response = _response(*self._with_prompt(delta, kept), None, logprobs, cumulative, prompt)
             if self.cancelled() or not _send(self.sender, response, 0):
                 return True  # the client is gone: free its slot
             return self.text.stopped
@@ -246,8 +251,7 @@ class _Stream:
             text, ids = self._with_prompt(self.text.text, self.text.ids)
             logprobs = self.logprobs
         cumulative = 0.0 if logprobs is None else logprobs.cumulative()
-        response = _response(text, ids, result.num_accepted, result.num_drafted, logprobs, cumulative,
-                             self.prompt_logprobs, result.seed, result.finish_reason)
+        response = _response(text, ids, result, logprobs, cumulative, self.prompt_logprobs)
         _send_quietly(self.sender, response, FINAL)
 
 
