@@ -153,6 +153,7 @@ def test_generate_json_names_the_finish_and_leaves_what_it_did_not_measure_null(
     whole, streamed = ask(), ask("--stream")
     for answer in (whole, streamed):
         assert answer["token_ids"] == expected[PROMPTS[0]][0][:8] and answer["finish_reason"] == "length"
+        assert answer["tau"] == pytest.approx(8 / answer["target_forwards"], abs=1e-4)
     assert whole["decode_tokens_per_s"] is None  # one response: no decode phase to time
     assert streamed["decode_tokens_per_s"] > 0
 

@@ -203,6 +203,7 @@ def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait
             "text": completion.text, "token_ids": completion.token_ids, "tokens": completion.num_tokens,
             "finish_reason": completion.finish_reason, "tau": None if tau is None else round(tau, 4),
             "accepted_tokens": completion.accepted_tokens, "draft_tokens": completion.draft_tokens,
+            "target_forwards": completion.target_forwards,
             "tokens_per_s": round(completion.tokens_per_s, 2),
             "decode_tokens_per_s": None if decode is None else round(decode, 2),
             "responses": completion.num_responses,
