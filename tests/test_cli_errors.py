@@ -230,6 +230,29 @@ def test_train_max_steps(tmp_path, method):
     assert load(out, AutoConfig.from_pretrained(ASSETS_DIR / "tiny-target")) is not None
 
 
+def test_train_into_an_earlier_run_refuses_what_it_cannot_resume(tmp_path):
+    """A finished run rerun, another method's checkpoint, or cached continuations of other options
+    are one line each (they were an IndexError, a state_dict traceback, and a run that silently
+    trained on the old prompts' continuations)."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def add(a, b):\nimport os\nQ: 2 + 3\n")
+    out = tmp_path / "o"
+    common = ["--target", ASSETS_DIR / "tiny-target", "--prompts", prompts, "--out", out, "--block-size", "4",
+              "--layers", "1", "--max-steps", "1"]
+    first = invoke("train", "dspark", *common, "--response-tokens", "16")
+    assert first.exit_code == 0, first.output
+    history = json.loads((out / "training.json").read_text())["history"]
+    again = invoke("train", "dspark", *common, "--response-tokens", "16")
+    assert_run_error(again, "state.pt", "nothing to train")
+    assert json.loads((out / "training.json").read_text())["history"] == history  # not rewritten empty
+    other_method = invoke("train", "dflash", *common, "--response-tokens", "16")
+    assert_run_error(other_method, "state.pt", "not a checkpoint of this DFlash recipe")
+    other_length = invoke("train", "dspark", *common, "--response-tokens", "24")
+    assert_run_error(other_length, "data.pt", "--response-tokens was 16")
+    prompts.write_text("x = 1\n")
+    assert_run_error(invoke("train", "dspark", *common, "--response-tokens", "16"), "data.pt", "--prompts")
+
+
 def test_calibrate_takes_any_response_length(tmp_path):
     drafter = shutil.copytree(ASSETS_DIR / "tiny-dspark-b15", tmp_path / "dspark")
     (drafter / "sts.json").unlink()
