@@ -253,6 +253,40 @@ def test_train_into_an_earlier_run_refuses_what_it_cannot_resume(tmp_path):
     assert_run_error(invoke("train", "dspark", *common, "--response-tokens", "16"), "data.pt", "--prompts")
 
 
+@pytest.mark.parametrize("args, option", [
+    (["profile", CONFIG, "--out", "s.json", "--device", "cpu"], "--device"),
+    (["profile", CONFIG, "--out", "s.json", "--batch-sizes", "1,2"], "--batch-sizes"),
+    (["profile", CONFIG, "--out", "s.json", "--budget-s", "5"], "--budget-s"),
+    (["profile", "--synthetic", "qwen3-8b", "--out", "s.json", "--context", "64"], "--context"),
+    (["profile", "--synthetic", "qwen3-8b", "--out", "s.json", "--batches", "1,2"], "--batches"),
+    (["bench", CONFIG, "--sps", CONFIG], "--sps"),
+    (["bench", CONFIG, "--max-users", "4"], "--max-users"),
+    (["bench", CONFIG, "--min-user-tps", "10"], "--min-user-tps"),
+    (["bench", "--url", "grpc://127.0.0.1:1", "--tree", "auto"], "--tree"),
+    (["bench", "--url", "grpc://127.0.0.1:1", "--repeats", "3"], "--repeats"),
+    (["bench", "--url", "grpc://127.0.0.1:1", "--doc", "r.md"], "--doc"),
+])
+def test_options_that_would_be_ignored_are_refused(args, option):
+    """Each of these used to run (the profile on the CPU whatever --device said) and drop the option."""
+    assert_usage_error(invoke(*args), option)
+
+
+def test_output_paths_of_the_wrong_kind_are_refused_before_the_run(tmp_path):
+    """They used to fail after the whole measurement (`Error: afile: File exists`)."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    assert_usage_error(invoke("bench", CONFIG, "--out", a_file), "--out", "is a file")
+    assert_usage_error(invoke("bench", CONFIG, "--doc", tmp_path), "--doc", "is a folder")
+    assert_usage_error(invoke("profile", CONFIG, "--out", tmp_path), "--out", "is a folder")
+
+
+def test_a_config_that_is_a_folder_or_not_utf8_is_named(tmp_path):
+    assert_usage_error(invoke("build", tmp_path, "--out", tmp_path / "o"), "CONFIG", "is a folder")
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\xff\xfename: x\n")
+    assert_usage_error(invoke("build", binary, "--out", tmp_path / "o"), "CONFIG", "bin.yaml: not UTF-8")
+
+
 def test_calibrate_takes_any_response_length(tmp_path):
     drafter = shutil.copytree(ASSETS_DIR / "tiny-dspark-b15", tmp_path / "dspark")
     (drafter / "sts.json").unlink()
