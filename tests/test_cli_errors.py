@@ -483,3 +483,18 @@ def test_chat_with_a_target_that_has_no_chat_template_is_one_line(random_qwen3_d
     config.write_text(yaml.safe_dump({"name": "plain", "target": {"path": str(random_qwen3_dir)}}))
     result = invoke("generate", "--config", config, "--chat", "--prompt", "hi", "--max-tokens", 4)
     assert_run_error(result, str(random_qwen3_dir), "has no chat template")
+
+
+@pytest.mark.parametrize("drafter", ["tiny-dflash-b16", "tiny-dspark-b15", "tiny-eagle3"])
+def test_a_drafter_checkpoint_given_as_the_target_is_named(tmp_path, drafter):
+    """transformers loaded it as a causal LM with a random lm_head (a MISSING-weights report), and
+    the error that followed spoke of a tokenizer or a mask token."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"target: {{path: builtin:{drafter}}}\n")
+    line = assert_run_error(invoke("generate", "--config", config, "--prompt", "x", "--max-tokens", "2"),
+                            f"{drafter}/config.json", "is a drafter checkpoint")
+    assert "MISSING" not in line
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("x\n")
+    assert_run_error(invoke("train", "dflash", "--target", ASSETS_DIR / drafter, "--prompts", prompts,
+                            "--out", tmp_path / "o"), "is a drafter checkpoint")
