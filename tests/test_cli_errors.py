@@ -230,6 +230,63 @@ def test_train_max_steps(tmp_path, method):
     assert load(out, AutoConfig.from_pretrained(ASSETS_DIR / "tiny-target")) is not None
 
 
+def test_train_into_an_earlier_run_refuses_what_it_cannot_resume(tmp_path):
+    """A finished run rerun, another method's checkpoint, or cached continuations of other options
+    are one line each (they were an IndexError, a state_dict traceback, and a run that silently
+    trained on the old prompts' continuations)."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def add(a, b):\nimport os\nQ: 2 + 3\n")
+    out = tmp_path / "o"
+    common = ["--target", ASSETS_DIR / "tiny-target", "--prompts", prompts, "--out", out, "--block-size", "4",
+              "--layers", "1", "--max-steps", "1"]
+    first = invoke("train", "dspark", *common, "--response-tokens", "16")
+    assert first.exit_code == 0, first.output
+    history = json.loads((out / "training.json").read_text())["history"]
+    again = invoke("train", "dspark", *common, "--response-tokens", "16")
+    assert_run_error(again, "state.pt", "nothing to train")
+    assert json.loads((out / "training.json").read_text())["history"] == history  # not rewritten empty
+    other_method = invoke("train", "dflash", *common, "--response-tokens", "16")
+    assert_run_error(other_method, "state.pt", "not a checkpoint of this DFlash recipe")
+    other_length = invoke("train", "dspark", *common, "--response-tokens", "24")
+    assert_run_error(other_length, "data.pt", "--response-tokens was 16")
+    prompts.write_text("x = 1\n")
+    assert_run_error(invoke("train", "dspark", *common, "--response-tokens", "16"), "data.pt", "--prompts")
+
+
+@pytest.mark.parametrize("args, option", [
+    (["profile", CONFIG, "--out", "s.json", "--device", "cpu"], "--device"),
+    (["profile", CONFIG, "--out", "s.json", "--batch-sizes", "1,2"], "--batch-sizes"),
+    (["profile", CONFIG, "--out", "s.json", "--budget-s", "5"], "--budget-s"),
+    (["profile", "--synthetic", "qwen3-8b", "--out", "s.json", "--context", "64"], "--context"),
+    (["profile", "--synthetic", "qwen3-8b", "--out", "s.json", "--batches", "1,2"], "--batches"),
+    (["bench", CONFIG, "--sps", CONFIG], "--sps"),
+    (["bench", CONFIG, "--max-users", "4"], "--max-users"),
+    (["bench", CONFIG, "--min-user-tps", "10"], "--min-user-tps"),
+    (["bench", "--url", "grpc://127.0.0.1:1", "--tree", "auto"], "--tree"),
+    (["bench", "--url", "grpc://127.0.0.1:1", "--repeats", "3"], "--repeats"),
+    (["bench", "--url", "grpc://127.0.0.1:1", "--doc", "r.md"], "--doc"),
+])
+def test_options_that_would_be_ignored_are_refused(args, option):
+    """Each of these used to run (the profile on the CPU whatever --device said) and drop the option."""
+    assert_usage_error(invoke(*args), option)
+
+
+def test_output_paths_of_the_wrong_kind_are_refused_before_the_run(tmp_path):
+    """They used to fail after the whole measurement (`Error: afile: File exists`)."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    assert_usage_error(invoke("bench", CONFIG, "--out", a_file), "--out", "is a file")
+    assert_usage_error(invoke("bench", CONFIG, "--doc", tmp_path), "--doc", "is a folder")
+    assert_usage_error(invoke("profile", CONFIG, "--out", tmp_path), "--out", "is a folder")
+
+
+def test_a_config_that_is_a_folder_or_not_utf8_is_named(tmp_path):
+    assert_usage_error(invoke("build", tmp_path, "--out", tmp_path / "o"), "CONFIG", "is a folder")
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\xff\xfename: x\n")
+    assert_usage_error(invoke("build", binary, "--out", tmp_path / "o"), "CONFIG", "bin.yaml: not UTF-8")
+
+
 def test_calibrate_takes_any_response_length(tmp_path):
     drafter = shutil.copytree(ASSETS_DIR / "tiny-dspark-b15", tmp_path / "dspark")
     (drafter / "sts.json").unlink()
@@ -426,3 +483,18 @@ def test_chat_with_a_target_that_has_no_chat_template_is_one_line(random_qwen3_d
     config.write_text(yaml.safe_dump({"name": "plain", "target": {"path": str(random_qwen3_dir)}}))
     result = invoke("generate", "--config", config, "--chat", "--prompt", "hi", "--max-tokens", 4)
     assert_run_error(result, str(random_qwen3_dir), "has no chat template")
+
+
+@pytest.mark.parametrize("drafter", ["tiny-dflash-b16", "tiny-dspark-b15", "tiny-eagle3"])
+def test_a_drafter_checkpoint_given_as_the_target_is_named(tmp_path, drafter):
+    """transformers loaded it as a causal LM with a random lm_head (a MISSING-weights report), and
+    the error that followed spoke of a tokenizer or a mask token."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"target: {{path: builtin:{drafter}}}\n")
+    line = assert_run_error(invoke("generate", "--config", config, "--prompt", "x", "--max-tokens", "2"),
+                            f"{drafter}/config.json", "is a drafter checkpoint")
+    assert "MISSING" not in line
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("x\n")
+    assert_run_error(invoke("train", "dflash", "--target", ASSETS_DIR / drafter, "--prompts", prompts,
+                            "--out", tmp_path / "o"), "is a drafter checkpoint")

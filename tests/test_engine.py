@@ -324,6 +324,7 @@ def test_build_error_leaves_no_output(tmp_path):
     result = CliRunner().invoke(main, ["build", str(bad), "--out", str(tmp_path / "out")])
     assert result.exit_code == 1 and "drafter.method 'draft_model' has no engine export" in result.output
     assert "Traceback" not in result.output
+    assert "no `drafter:`" in result.output  # build has no --drafter option to point at
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
 
 
@@ -341,3 +342,14 @@ def test_flavour_bench_smoke():
     batched = {r["flavour"]: r for r in results["batched_rows"]}
     assert set(batched) == {"torch", "engine", "engine-fp16"} and batched["engine"]["greedy_mismatches"] == 0
     assert "| engine-fp16 | dspark | 2 |" in markdown(results)
+
+
+def test_engine_build_help_is_the_usage(capsys):
+    """`python -m trtspec.engine.build --help` took --help for a folder (`--help/manifest.json is
+    missing`)."""
+    from trtspec.engine.build import main as engine_build_main
+
+    assert engine_build_main(["--help"]) == 0
+    assert "usage: python -m trtspec.engine.build DIR" in capsys.readouterr().err
+    assert engine_build_main(["--bogus"]) == 2
+    assert "manifest.json" not in capsys.readouterr().err

@@ -450,6 +450,11 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     for name, value in (("--prompts", prompts_per_task), ("--max-tokens", max_tokens),
                         ("--repeats", repeats)):
         check_range(value, name, low=1)
+    if out_dir.exists() and not out_dir.is_dir():  # found before the run, not after it
+        raise click.BadParameter(f"{out_dir} is a file; give a folder", param_hint="--out")
+    if doc_path is not None and doc_path.is_dir():
+        raise click.BadParameter(f"{doc_path} is a folder; give the Markdown file to write",
+                                 param_hint="--doc")
     tree = tree_spec if tree_spec in (None, "auto") else _tree_option(tree_spec)
     sampling = options_model(SamplingParams, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     if coupling is not None and sampling.greedy:
@@ -467,6 +472,8 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         from trtspec.bench.remote import remote_table, run_remote
 
         _url_arg(url)
+        _refuse_given("applies to drafters run here (CONFIGS), not to --url", "repeats", "no_hf", "doc_path",
+                      "sps_path", "tree_spec", "min_user_tps", "max_users")
         if configs:
             raise click.UsageError("give CONFIGS (run here) or --url (a running server), not both")
         if not url.startswith("openai://") and chat:
@@ -482,6 +489,9 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     if not configs:
         raise click.UsageError("give at least one CONFIG (or --url to benchmark a running server)")
     _refuse_given("applies to a served model (--url), not to CONFIGS", "model_name", "chat", "api_key")
+    if not levels:
+        _refuse_given("applies to the concurrent runs: give --concurrency too", "sps_path", "min_user_tps",
+                      "max_users")
     loaded = {}
     for path in configs:
         cfg = load_config_arg(path, "CONFIGS")
@@ -609,14 +619,20 @@ def profile(config_path, out_path, batches, requests, context, reps, synthetic_m
     the drafter's seconds per step at each batch size and draft length: adaptive speculation and
     DSpark's scheduler read it), or with --synthetic MODEL the real-size cost curve behind a
     speedup claim."""
+    if out_path.is_dir():
+        raise click.BadParameter(f"{out_path} is a folder; give the JSON file to write", param_hint="--out")
     if synthetic_model is not None:
         if config_path is not None:
             raise click.UsageError("give either CONFIG or --synthetic MODEL, not both")
+        _refuse_given("applies to CONFIG's cost table, not to --synthetic (its shapes are --batch-sizes, "
+                      "--contexts, --new-tokens)", "batches", "requests", "context")
         _profile_synthetic(synthetic_model, out_path, device, scale, reps, batch_sizes, contexts, new_tokens,
                            budget_s)
         return
     if config_path is None:
         raise click.UsageError("missing CONFIG (or --synthetic MODEL)")
+    _refuse_given("applies with --synthetic MODEL, not to CONFIG", "device", "scale", "batch_sizes",
+                  "contexts", "new_tokens", "budget_s")
     from trtspec.bench.profile import DEFAULT_BATCHES, profile_cost
     from trtspec.pipeline import load_pipeline
     from trtspec.runtime import configure_threads

@@ -273,10 +273,16 @@ def _format_error(path: Path, exc: ValidationError) -> str:
 def load_build_config(path: str | Path) -> BuildConfig:
     """Read and validate a YAML build config; relative model paths resolve against its folder."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder; give a YAML build config")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

@@ -96,10 +96,10 @@ def build_engine_flavour(config: BuildConfig, out_dir: Path) -> tuple[list[Path]
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
+    if len(args) != 1 or args[0].startswith("-"):  # --help: the usage, not a folder named --help
         print("usage: python -m trtspec.engine.build DIR   (DIR from `trtspec build CONFIG --out DIR "
               "--flavour engine`)", file=sys.stderr)
-        return 2
+        return 0 if args in (["--help"], ["-h"]) else 2
     try:
         for path in build_engines(Path(args[0])):
             print(path)

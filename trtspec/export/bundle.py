@@ -139,7 +139,8 @@ def _graphs(config: BuildConfig, use_drafter: bool) -> tuple[dict[str, onnx.Mode
     if drafter is not None:
         if drafter.method not in EXPORTABLE_DRAFTERS:
             raise ConfigError(f"drafter.method {drafter.method!r} has no engine export yet; the engine "
-                              f"flavour exports: {', '.join(EXPORTABLE_DRAFTERS)} (or use --drafter none)")
+                              f"flavour exports: {', '.join(EXPORTABLE_DRAFTERS)} (without a drafter: "
+                              f"`generate --drafter none`, or a build config with no `drafter:`)")
         drafter_graphs, drafter_info = _drafter_graphs(drafter.method, drafter.resolved_path, model,
                                                        drafter.num_draft_tokens, precision)
         graphs.update(drafter_graphs)

@@ -45,6 +45,11 @@ SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral", "qwen3_moe")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+# drafter checkpoints (z-lab, DeepSpec, SafeAILab layouts) whose config.json a causal LM loader would take
+DRAFTER_ARCHITECTURES = {"DFlashDraftModel": "DFlash", "Qwen3DSparkModel": "DSpark",
+                         "LlamaForCausalLMEagle3": "EAGLE-3"}
+
+
 def check_checkpoint_dir(path: Path) -> dict:
     """Refuse a directory that is not a loadable HF checkpoint; return its config.json."""
     if not path.is_dir():
@@ -62,6 +67,11 @@ def check_checkpoint_dir(path: Path) -> dict:
 def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
     """Load a causal LM from a local checkpoint directory, never from a hub."""
     config = check_checkpoint_dir(path)
+    drafter = [a for a in config.get("architectures") or [] if a in DRAFTER_ARCHITECTURES]
+    if drafter:  # transformers would load its layers as a causal LM with a random lm_head
+        kind = DRAFTER_ARCHITECTURES[drafter[0]]
+        raise CheckpointError(f"{path / 'config.json'}: architectures {drafter} is a drafter checkpoint "
+                              f"({kind}), not a causal LM: give a target model's checkpoint here")
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise CheckpointError(

@@ -142,13 +142,23 @@ def resolve_mask_token(target, target_dir: Path, mask_token_id: int | None) -> i
     return mask_token_id
 
 
-def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str) -> int:
-    """Load a resumable checkpoint if there is one; return the step to start from."""
+def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, stop: int) -> int:
+    """Load a resumable checkpoint if there is one; return the step to start from (below `stop`,
+    the step this run ends at: a finished run is refused, not rerun into an empty report)."""
     if not state_file.is_file():
         return 0
     state = torch.load(state_file)
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["opt"])
+    try:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+    except (RuntimeError, ValueError, KeyError) as exc:  # another drafter, or another shape of this one
+        first = " ".join(str(exc).split())[:200]
+        raise TrtspecError(f"{state_file} is not a checkpoint of this {what} recipe ({first}): resume with "
+                           f"the method and options that wrote it, or give a new --out") from None
+    if state["step"] >= stop:
+        raise TrtspecError(f"{state_file} has already trained {state['step']} steps and this run stops at "
+                           f"{stop}: nothing to train (raise --max-steps or --epochs to go on, or give a "
+                           f"new --out)")
     gen.set_state(state["gen"])
     log.info("resuming %s training at step %d", what, state["step"])
     return state["step"]
@@ -203,7 +213,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     stop = min(total, cfg.max_steps or total)
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start = resume_state(state_file, model, opt, gen, "DFlash")
+    start = resume_state(state_file, model, opt, gen, "DFlash", stop)
 
     block = cfg.block_size
     lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor

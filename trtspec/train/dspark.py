@@ -168,7 +168,7 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
     stop = min(total, cfg.max_steps or total)
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start = resume_state(state_file, model, opt, gen, "DSpark")
+    start = resume_state(state_file, model, opt, gen, "DSpark", stop)
 
     gamma = cfg.block_size
     lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor

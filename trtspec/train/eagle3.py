@@ -195,7 +195,7 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
     total = max(1, int(cfg.epochs * num / cfg.batch_size))
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start = resume_state(state_file, model, opt, gen, "EAGLE-3")
+    start = resume_state(state_file, model, opt, gen, "EAGLE-3", total)
 
     end = min(total, start + cfg.max_steps) if cfg.max_steps else total
     positions = torch.arange(data["seqs"].shape[1])

@@ -11,6 +11,7 @@ continuation ends at the first of the target's end ids (`trtspec.tokenizer.end_i
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -130,12 +131,28 @@ def regenerate(model, prompts: list[list[int]], response_tokens: int, end_ids: t
 def regenerated_data(target, target_dir: Path, prompts_path: Path, response_tokens: int,
                      data_file: Path) -> dict:
     """The target's own continuations of the prompts, cached in `data_file` (resumable runs and
-    drafters trained from one regeneration share it): seqs [N, S], lens [N], prompt_lens [N]."""
+    drafters trained from one regeneration share it): seqs [N, S], lens [N], prompt_lens [N].
+    A cached file regenerated from another target, prompts file or --response-tokens is refused:
+    training on it would silently ignore those options."""
+    source = {"target": str(Path(target_dir).resolve()),
+              "prompts_sha256": hashlib.sha256(Path(prompts_path).read_bytes()).hexdigest(),
+              "response_tokens": response_tokens}
     if data_file.is_file():
-        return torch.load(data_file)
+        data = torch.load(data_file)
+        cached = data.get("source")
+        if cached is not None and cached != source:
+            names = {"target": "--target", "prompts_sha256": "--prompts",
+                     "response_tokens": "--response-tokens"}
+            differ = [k for k in source if cached.get(k) != source[k]]
+            was = "; ".join(f"{names[k]} was {cached.get(k)}" for k in differ if k != "prompts_sha256")
+            raise TrtspecError(f"{data_file} holds continuations regenerated for another "
+                               f"{' / '.join(names[k] for k in differ)}{f' ({was})' if was else ''}: give a "
+                               f"new --out, or delete that file to regenerate with these options")
+        return data
     prompts, end_ids = encode_prompts(target_dir, target.config, load_prompt_file(prompts_path), prompts_path)
     seqs, lens = regenerate(target, prompts, response_tokens, end_ids)
-    data = {"seqs": seqs, "lens": lens, "prompt_lens": torch.tensor([len(p) for p in prompts])}
+    data = {"seqs": seqs, "lens": lens, "prompt_lens": torch.tensor([len(p) for p in prompts]),
+            "source": source}
     data_file.parent.mkdir(parents=True, exist_ok=True)
     torch.save(data, data_file)
     return data
