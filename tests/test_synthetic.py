@@ -10,6 +10,7 @@ import torch
 from click.testing import CliRunner
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from trtspec.bench.device_timer import L2_FLUSH_BYTES, DeviceTimer, flush_buffer
 from trtspec.bench.static_target import StaticKVTarget
 from trtspec.bench.synthetic import SyntheticSettings, build_drafter, build_target, profile_synthetic
 from trtspec.bench.synthetic_report import projections
@@ -81,6 +82,24 @@ def test_gpu_table_bandwidth():
     assert gpu_for_device("NVIDIA H100 80GB HBM3") is GPUS["H100"]
     assert gpu_for_device("NVIDIA GeForce RTX 4090") is None
     assert (GPUS["H200"].hbm_tb_s, GPUS["H200"].copy_tb_s) == (4.8, 4.3)
+
+
+def test_timer_overwrites_its_scratch_before_every_timed_run():
+    """On CUDA a repetition would otherwise read its inputs out of the L2 the last one filled (the
+    plugin kernels' inputs fit an H200's 60 MB at most of the profile's shapes) and beat a floor set
+    by HBM bandwidth. The same flush runs on the CPU when asked for, which is how it is seen here."""
+    assert DeviceTimer(torch.device("cuda")).flush_size == L2_FLUSH_BYTES >= 4 * 60 * 10**6
+    assert DeviceTimer(torch.device("cpu")).flush_size == 0  # the CPU rehearsal stays fast
+    timer = DeviceTimer(torch.device("cpu"), warmup=2, reps=5, flush_bytes=1 << 16)
+    scratch = flush_buffer(timer.device, 1 << 16)
+    seen = []
+
+    def run():  # what each run finds of the scratch, then leaves in it (as its data would in L2)
+        seen.append(int(scratch.count_nonzero()))
+        scratch.fill_(1)
+
+    timer.median_ms(run)
+    assert len(seen) == 7 and seen[2:] == [0] * 5
 
 
 def test_time_budget_skips_instead_of_running_over(tiny_loop_overhead):
