@@ -195,3 +195,19 @@ def test_greedy_lossless_with_untrained_drafter(random_qwen3_dir, target, drafte
     for seed in range(3):
         ids = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
         assert spec.generate(ids, 50).token_ids == plain.generate(ids, 50).token_ids
+
+
+@pytest.mark.parametrize("name", ["tiny-dflash-b16", "tiny-dspark-b15", "tiny-eagle3"])
+def test_a_drafter_in_bfloat16_keeps_rope_frequencies_in_float32(name):
+    """Loaded in bfloat16 a drafter's weights are bfloat16 but its RoPE inverse frequencies stay the
+    float32 ones, as transformers keeps a target's (rounded, far-apart positions rotate wrong)."""
+    from trtspec.config import ASSETS_DIR
+    from trtspec.models.dspark import load_dspark
+    from trtspec.models.eagle3 import load_eagle3
+
+    load = {"tiny-dflash-b16": load_dflash, "tiny-dspark-b15": load_dspark, "tiny-eagle3": load_eagle3}[name]
+    exact, low = (load(ASSETS_DIR / name, dtype=dtype) for dtype in (torch.float32, torch.bfloat16))
+    freqs = dict(exact.named_buffers())
+    kept = {n: b for n, b in low.named_buffers() if n.endswith("inv_freq")}
+    assert kept and all(b.dtype == torch.float32 and torch.equal(b, freqs[n]) for n, b in kept.items())
+    assert {p.dtype for p in low.parameters()} == {torch.bfloat16}

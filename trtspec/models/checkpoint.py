@@ -45,6 +45,19 @@ def load_weights(weights: list[Path]) -> dict[str, torch.Tensor]:
     return state
 
 
+def cast_keeping_rope(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """`model.to(dtype)` with RoPE's inverse frequencies left in float32, as transformers leaves a
+    target's: rounded to bfloat16 the frequencies are off by up to 0.37 %, so two positions 1,000
+    apart would turn by up to 1.2 radians more or less than the drafter was trained with (head dim
+    128, RoPE theta 1e4 or 1e6: the second pair)."""
+    kept = {name: buf for name, buf in model.named_buffers() if name.endswith("inv_freq")}
+    model.to(dtype)
+    for name, buf in kept.items():
+        owner, _, attr = name.rpartition(".")
+        model.get_submodule(owner).register_buffer(attr, buf, persistent=False)
+    return model
+
+
 def write_checkpoint(model: nn.Module, config: dict, out_dir: Path) -> None:
     """config.json and model.safetensors (the rotary buffers left out: loading recomputes them)."""
     out_dir.mkdir(parents=True, exist_ok=True)

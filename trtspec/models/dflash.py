@@ -26,7 +26,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from trtspec.errors import CheckpointError
-from trtspec.models.checkpoint import load_weights, read_checkpoint, write_checkpoint
+from trtspec.models.checkpoint import cast_keeping_rope, load_weights, read_checkpoint, write_checkpoint
 from trtspec.models.kv_slots import SlotView
 
 ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [b, kv_heads, c, head_dim]
@@ -235,4 +235,4 @@ def load_dflash(path: Path, target_config=None, dtype=torch.float32) -> DFlashDr
             f"{path}: weights do not match the DFlash layout "
             f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
         )
-    return model.to(dtype).eval()
+    return cast_keeping_rope(model, dtype).eval()

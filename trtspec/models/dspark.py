@@ -31,7 +31,7 @@ from torch import nn
 from transformers import Qwen3Config
 
 from trtspec.errors import CheckpointError
-from trtspec.models.checkpoint import load_weights, read_checkpoint, write_checkpoint
+from trtspec.models.checkpoint import cast_keeping_rope, load_weights, read_checkpoint, write_checkpoint
 from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, check_block_drafter_fits
 
 ARCHITECTURE = "Qwen3DSparkModel"
@@ -234,4 +234,4 @@ def load_dspark(path: Path, target_config=None, dtype=torch.float32) -> DSparkDr
             f"{path}: weights do not match the DSpark layout "
             f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
         )
-    return model.to(dtype).eval()
+    return cast_keeping_rope(model, dtype).eval()

@@ -32,7 +32,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from trtspec.errors import CheckpointError
-from trtspec.models.checkpoint import load_weights, read_checkpoint, write_checkpoint
+from trtspec.models.checkpoint import cast_keeping_rope, load_weights, read_checkpoint, write_checkpoint
 from trtspec.models.dflash import apply_rope
 from trtspec.models.kv_slots import SlotView
 
@@ -288,4 +288,4 @@ def load_eagle3(path: Path, target_config=None, target_embed: nn.Embedding | Non
         )
     model.t2d = model.t2d.bool()
     check_vocab_maps(model, str(path / "model.safetensors"))
-    return model.to(dtype).eval()
+    return cast_keeping_rope(model, dtype).eval()
