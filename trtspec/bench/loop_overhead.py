@@ -25,17 +25,20 @@ TINY_CONFIG = Path(__file__).parents[2] / "build_configs" / "tiny-dflash.yaml"
 
 
 def tiny_pipeline(device: torch.device, use_drafter: bool = True, cuda_graphs: bool = True,
-                  dtype: str = "float32"):
+                  dtype: str = "float32", schedule: str | None = None):
     """The shipped tiny target with its DFlash drafter (or alone), every tensor of the loop on
     `device` (the config's target.device / drafter.device), `cuda_graphs` and `dtype` (both
-    models')."""
+    models'); `schedule` a drafter.schedule.mode other than the config's (adaptive)."""
     from trtspec.config import load_build_config
     from trtspec.pipeline import load_pipeline
 
     config = load_build_config(TINY_CONFIG)
     placed = {"device": str(device), "cuda_graphs": cuda_graphs, "dtype": dtype}
-    config = config.model_copy(update={"target": config.target.model_copy(update=placed),
-                                       "drafter": config.drafter.model_copy(update=placed)})
+    drafter = config.drafter.model_copy(update=placed)
+    if schedule is not None:
+        mode = drafter.schedule.model_copy(update={"mode": schedule})
+        drafter = drafter.model_copy(update={"schedule": mode})
+    config = config.model_copy(update={"target": config.target.model_copy(update=placed), "drafter": drafter})
     return load_pipeline(config, use_drafter=use_drafter)
 
 
