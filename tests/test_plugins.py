@@ -127,6 +127,24 @@ def test_attention_takes_projection_layout():
     torch.testing.assert_close(_run_attention([q, *strided]), want, rtol=1e-5, atol=1e-5)
 
 
+def test_attention_reads_one_kv_head_and_k_v_of_different_layouts():
+    """One kv head (multi-query attention) in the projection layout: the size-1 head dimension's
+    stride is d, not the batch's; and context K a view into a wider cache beside a contiguous V:
+    each read at its own layout, not K's stride for both."""
+    q, ck, cv, bk, bv = _attention_inputs(3, 4, 1, 7, 37, 16, seed=9)
+    # project_kv's `.view(b, s, kvh, d).transpose(1, 2)` of a fresh [b, s, 1, d] projection
+    projected = [torch.empty(t.transpose(1, 2).shape).copy_(t.transpose(1, 2)).transpose(1, 2)
+                 for t in (ck, cv, bk, bv)]
+    assert projected[0].stride(1) == 16 and projected[0].stride(0) == 37 * 16
+    want = kv_injection_attention_reference(q, ck, cv, bk, bv)
+    torch.testing.assert_close(_run_attention([q, *projected]), want, rtol=1e-5, atol=1e-5)
+    q, ck, cv, bk, bv = _attention_inputs(2, 4, 2, 7, 37, 16, seed=10)
+    cache = torch.zeros(2, 2, 64, 16)
+    cache[:, :, :37] = ck
+    want = kv_injection_attention_reference(q, ck, cv, bk, bv)
+    torch.testing.assert_close(_run_attention([q, cache[:, :, :37], cv, bk, bv]), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("b,h,kvh,block,c,d", [ATTENTION_CASES[2], ATTENTION_CASES[3]])
 def test_attention_half_precision(dtype, tol, b, h, kvh, block, c, d):

@@ -135,12 +135,29 @@ def _check(q, ctx_k, ctx_v, blk_k, blk_v) -> None:
         raise TrtspecError("q, K and V must share one dtype (float32, float16 or bfloat16)")
 
 
-def _slices_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """t [b, kvh, s, d] as the kernel reads it: (batch, kv head) slices of s·d contiguous rows at
-    one stride (a [ctx ; block] view qualifies, so the concatenated form is not copied)."""
-    b, kvh, _, d = t.shape
-    ok = t.stride(3) == 1 and t.stride(2) == d and (b == 1 or t.stride(0) == kvh * t.stride(1))
-    return t if ok else t.contiguous()
+def _slice_stride(t: torch.Tensor) -> int | None:
+    """Elements between consecutive (batch, kv head) slices of t [b, kvh, s, d] when each slice is
+    s·d contiguous rows and one stride steps through them all (a [ctx ; block] view qualifies);
+    None when not. One kv head: the batch's stride (a size-1 dimension's own stride is arbitrary,
+    `.view(b, s, 1, d).transpose(1, 2)` leaves it at d)."""
+    b, kvh, s, d = t.shape
+    if not ((t.stride(3) == 1 or d == 1) and (t.stride(2) == d or s <= 1)):
+        return None
+    if b * kvh == 1:
+        return 0  # one slice: nothing to step over
+    if kvh == 1:
+        return t.stride(0)
+    return t.stride(1) if b == 1 or t.stride(0) == kvh * t.stride(1) else None
+
+
+def _kv_slices(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """k, v [b, kvh, s, d] as the kernel reads them, with the one slice stride it reads both at:
+    copied to the canonical layout unless both already qualify at the same stride."""
+    stride = _slice_stride(k)
+    if stride is None or _slice_stride(v) != stride:
+        k, v = (torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t) for t in (k, v))
+        stride = _slice_stride(k)
+    return k, v, stride
 
 
 def kv_injection_attention(
@@ -160,7 +177,8 @@ def kv_injection_attention(
     b, h, block, d = q.shape
     kvh, c = ctx_k.shape[1], ctx_k.shape[2]
     q = q.contiguous()
-    ctx_k, ctx_v, blk_k, blk_v = (_slices_contiguous(t) for t in (ctx_k, ctx_v, blk_k, blk_v))
+    ctx_k, ctx_v, ctx_stride = _kv_slices(ctx_k, ctx_v)
+    blk_k, blk_v, blk_stride = _kv_slices(blk_k, blk_v)
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
@@ -174,7 +192,7 @@ def kv_injection_attention(
     grid = (triton.cdiv(rows, block_m), b * kvh)
     kv_injection_attention_kernel[grid](
         q, ctx_k, ctx_v, blk_k, blk_v, lens, h, kvh, c, block,
-        ctx_k.stride(1), blk_k.stride(1), out,
+        ctx_stride, blk_stride, out,
         **kernel_constexprs(d, block_m, block_n, ctx_lens is not None,
                             upcast_dot=interpreting() and q.dtype == torch.bfloat16),
     )
