@@ -380,7 +380,7 @@ def test_build_owns_its_output(tmp_path):
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
-    assert_usage_error(invoke("build", CONFIG, "--out", foreign), "--out",
+    assert_usage_error(invoke("build", CONFIG, "--out", foreign), f"--out: {foreign} is not empty",
                        "was not written by `trtspec build`")
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left
@@ -498,3 +498,20 @@ def test_a_drafter_checkpoint_given_as_the_target_is_named(tmp_path, drafter):
     prompts.write_text("x\n")
     assert_run_error(invoke("train", "dflash", "--target", ASSETS_DIR / drafter, "--prompts", prompts,
                             "--out", tmp_path / "o"), "is a drafter checkpoint")
+
+
+def test_trtllm_needs_say_what_they_need(tmp_path):
+    """A config without `deployment:` names what plans from it; a trtllm config run here names
+    where it runs and the override; train's --out must be a folder, said before anything loads."""
+    for args in (("inspect", CONFIG), ("build", CONFIG, "--flavour", "trtllm", "--out", tmp_path / "o")):
+        assert_run_error(invoke(*args), "no `deployment:` section, which the trtllm flavour and `inspect`")
+    assert not (tmp_path / "o").exists()
+    trtllm = tmp_path / "trtllm.yaml"
+    trtllm.write_text(CONFIG.read_text().replace("flavour: torch", "flavour: trtllm"))
+    assert "flavour: trtllm" in trtllm.read_text()
+    assert_run_error(invoke("generate", "--config", trtllm, "--prompt", "hi"),
+                     "flavour 'trtllm' runs under TensorRT-LLM", "generate: --flavour torch")
+    a_file = tmp_path / "afile"
+    a_file.write_text("")
+    for method in ("dflash", "dspark", "eagle3"):
+        assert_usage_error(invoke("train", method, "--out", a_file), "--out", "is a file")

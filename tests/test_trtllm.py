@@ -9,6 +9,7 @@ and review the diff under tests/golden/ before committing it.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,12 @@ def test_build_cli_writes_trtllm(tmp_path):
     ok = CliRunner().invoke(main, ["build", str(config), "--out", str(out)])
     assert ok.exit_code == 0, ok.output
     assert (out / "deploy/launch.sh").stat().st_mode & 0o111
+    # run where TensorRT-LLM is not: the launcher names what is missing (bash: `exec: ...: not found`)
+    for mode, missing in (("serve", "trtllm-serve"), ("triton", "tritonserver")):
+        ran = subprocess.run(["bash", str(out / "deploy/launch.sh"), mode], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin"})
+        assert ran.returncode == 127, ran
+        assert ran.stderr.startswith(f"{missing} is not on PATH: run launch.sh in"), ran
 
 
 # -- drafter conversion ----------------------------------------------------------------------

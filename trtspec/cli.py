@@ -268,7 +268,7 @@ def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: f
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
 @click.option("--block-size", default=16, show_default=True, type=int, help="DFlash block size B.")
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output folder (z-lab layout; `checkpoint/` inside makes it resumable).")
 @click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers.")
 @click.option("--target-layer-ids", default=None, help="Comma-separated taps; default z-lab's spread.")
@@ -298,7 +298,7 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
               help="Target checkpoint directory.")
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output folder (SafeAILab/SpecForge layout; `checkpoint/` inside makes it resumable).")
 @click.option("--ttt-steps", default=7, show_default=True, type=int, help="Training-time-test steps.")
 @click.option("--draft-vocab-size", default=None, type=int,
@@ -329,7 +329,7 @@ def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_s
               help="Target checkpoint directory.")
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output folder (DeepSpec layout; `checkpoint/` inside makes it resumable).")
 @click.option("--block-size", default=15, show_default=True, type=int, help="γ: drafts per block.")
 @click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers.")
@@ -768,7 +768,7 @@ def build(config_path, out_dir, flavour=None) -> None:
     try:
         check_replaceable(out_dir)
     except OutputError as exc:
-        raise click.BadParameter(str(exc).removeprefix(f"--out {out_dir} "), param_hint="--out") from None
+        raise click.BadParameter(str(exc).removeprefix("--out "), param_hint="--out") from None
     if config.flavour == "engine":
         from trtspec.engine.build import build_engine_flavour
 

@@ -195,7 +195,8 @@ def load_pipeline(config: BuildConfig, use_drafter: bool = True) -> Pipeline:
         return _load_engine_pipeline(config, use_drafter)
     if config.flavour != "torch":
         raise ConfigError(
-            f"flavour {config.flavour!r} cannot run in this command yet; use `flavour: torch` or `engine`"
+            f"flavour {config.flavour!r} runs under TensorRT-LLM (its build's deploy/launch.sh), not in this "
+            "command; use `flavour: torch` or `engine` (generate: --flavour torch)"
         )
     drafter_config = config.drafter if use_drafter else None
     model = load_causal_lm(config.target.resolved_path, config.target.dtype, config.target.device)

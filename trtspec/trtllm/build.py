@@ -26,7 +26,9 @@ from trtspec.trtllm.repo import dump_yaml, write_llmapi_repo
 
 def plan_config(config: BuildConfig) -> MemoryPlan:
     if config.deployment is None:
-        raise ConfigError(f"config {config.name!r} has no `deployment:` section to plan")
+        raise ConfigError(f"config {config.name!r} has no `deployment:` section, which the trtllm flavour "
+                          "and `inspect` plan from (GPU, nodes, parallel sizes; e.g. "
+                          "build_configs/qwen3-8b-dflash-h200.yaml)")
     return plan_memory(config.deployment, where=f"config {config.name!r}")
 
 

@@ -54,6 +54,13 @@ def mpirun_prefix(config: BuildConfig, hostfile: str) -> list[str]:
     ]
 
 
+def _require(command: str, where: str) -> str:
+    """A launch.sh line that stops with the fix when `command` is not on PATH (bash alone would say
+    `exec: trtllm-serve: not found`)."""
+    message = f"{command} is not on PATH: run launch.sh {where}"
+    return f"    command -v {command} >/dev/null || {{ echo {shlex.quote(message)} >&2; exit 127; }}"
+
+
 def launch_script(config: BuildConfig) -> str:
     """bash script: `launch.sh serve` (trtllm-serve) or `launch.sh triton` (single node)."""
     dep = config.deployment
@@ -79,6 +86,7 @@ def launch_script(config: BuildConfig) -> str:
             f"('host slots={dep.gpus_per_node}');",
             "    # this folder must be at the same path on every node (shared file system).",
             '    : "${HOSTFILE:?set HOSTFILE to an MPI hostfile naming the nodes}"',
+            _require("mpirun", "in the TensorRT-LLM container (deploy/README.md), on every node"),
             f"    exec {mpi} \\",
             f"      {serve}",
             "    ;;",
@@ -88,9 +96,11 @@ def launch_script(config: BuildConfig) -> str:
         ]
     else:
         lines += [
+            _require("trtllm-serve", "in the TensorRT-LLM container (deploy/README.md)"),
             f"    exec {serve}",
             "    ;;",
             "  triton)",
+            _require("tritonserver", "in the Triton + TensorRT-LLM container (deploy/README.md)"),
             "    # model.py / helpers.py come from the TensorRT-LLM checkout matching the container.",
             '    : "${TRTLLM_LLMAPI_MODEL_DIR:?set to <TensorRT-LLM>/'
             'triton_backend/all_models/llmapi/tensorrt_llm/1}"',

@@ -9,6 +9,7 @@ case "$MODE" in
     # 2 nodes: HOSTFILE lists them, one line each ('host slots=8');
     # this folder must be at the same path on every node (shared file system).
     : "${HOSTFILE:?set HOSTFILE to an MPI hostfile naming the nodes}"
+    command -v mpirun >/dev/null || { echo 'mpirun is not on PATH: run launch.sh in the TensorRT-LLM container (deploy/README.md), on every node' >&2; exit 127; }
     exec mpirun --allow-run-as-root -np 16 --hostfile "$HOSTFILE" --map-by ppr:8:node -x HF_HOME -x NCCL_DEBUG trtllm-llmapi-launch \
       trtllm-serve /models/DeepSeek-V4-Flash-DSpark --host 0.0.0.0 --port 8000 --tp_size 16 --pp_size 1 --ep_size 16 --config "$HERE/trtllm-serve.yaml"
     ;;

@@ -6,9 +6,11 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODE="${1:-serve}"
 case "$MODE" in
   serve)
+    command -v trtllm-serve >/dev/null || { echo 'trtllm-serve is not on PATH: run launch.sh in the TensorRT-LLM container (deploy/README.md)' >&2; exit 127; }
     exec trtllm-serve /models/Llama-3.1-8B-Instruct --host 0.0.0.0 --port 8000 --tp_size 1 --pp_size 1 --config "$HERE/trtllm-serve.yaml"
     ;;
   triton)
+    command -v tritonserver >/dev/null || { echo 'tritonserver is not on PATH: run launch.sh in the Triton + TensorRT-LLM container (deploy/README.md)' >&2; exit 127; }
     # model.py / helpers.py come from the TensorRT-LLM checkout matching the container.
     : "${TRTLLM_LLMAPI_MODEL_DIR:?set to <TensorRT-LLM>/triton_backend/all_models/llmapi/tensorrt_llm/1}"
     cp "$TRTLLM_LLMAPI_MODEL_DIR/model.py" "$TRTLLM_LLMAPI_MODEL_DIR/helpers.py" "$HERE"/triton/llama31-8b-dflash/1/
