@@ -17,9 +17,9 @@ from transformers import GPT2Config, Qwen3Config
 from plugins.confidence_verify.reference import draw_uniforms, verify_sampling_explicit
 from tests.conftest import REPO, draft_rows, with_slots
 from trtspec.cli import main
-from trtspec.config import ScheduleConfig, load_build_config
+from trtspec.config import EngineConfig, ScheduleConfig, load_build_config
 from trtspec.engine.ort import OrtSession
-from trtspec.errors import CheckpointError
+from trtspec.errors import CheckpointError, ConfigError
 from trtspec.export.bundle import load_manifest, sha256_file
 from trtspec.export.graph import FLOAT, INT32, PLUGIN_DOMAIN, GraphBuilder
 from trtspec.export.plugins import kv_injection_attention
@@ -54,6 +54,22 @@ def pipelines():
             out[(flavour, name)] = load_pipeline(config.model_copy(update={"flavour": flavour}),
                                                  use_drafter=drafter)
     return out
+
+
+def test_tensorrt_backend_without_engines_or_tensorrt_names_both_fixes(pipelines):
+    """`engine.backend: tensorrt` on a machine without TensorRT, over an export with no engines
+    (the one the fixture made): the error names the GPU node's build and the onnxruntime backend."""
+    from trtspec.engine.trt import tensorrt_available
+
+    if tensorrt_available():
+        pytest.skip("TensorRT is installed here")
+    config = load_build_config(CONFIG)
+    config = config.model_copy(update={"flavour": "engine",
+                                       "engine": EngineConfig(backend="tensorrt")})
+    with pytest.raises(ConfigError, match=r"no tensorrt engine for graph 'target'; on the GPU node run "
+                                          r"`python -m trtspec.engine.build .*` \(TensorRT is not installed "
+                                          r"here: `engine.backend: onnxruntime` runs the ONNX graphs"):
+        load_pipeline(config, use_drafter=False)
 
 
 def _prompts(per_task: int) -> list[str]:

@@ -28,8 +28,12 @@ def graph_path(folder: Path, manifest: dict, name: str, backend: str) -> Path:
         return folder / manifest["graphs"][name]["file"]
     engines = manifest.get("engines") or {}
     if name not in engines:
+        from trtspec.engine.trt import tensorrt_available
+
+        here = "" if tensorrt_available() else (" (TensorRT is not installed here: `engine.backend: "
+                                                "onnxruntime` runs the ONNX graphs on this machine)")
         raise ConfigError(f"{folder}: no {backend} engine for graph {name!r}; on the GPU node run "
-                          f"`python -m trtspec.engine.build {folder}`")
+                          f"`python -m trtspec.engine.build {folder}`{here}")
     return folder / engines[name]["file"]
 
 
