@@ -247,6 +247,15 @@ def test_train_into_an_earlier_run_refuses_what_it_cannot_resume(tmp_path):
     assert json.loads((out / "training.json").read_text())["history"] == history  # not rewritten empty
     other_method = invoke("train", "dflash", *common, "--response-tokens", "16")
     assert_run_error(other_method, "state.pt", "not a checkpoint of this DFlash recipe")
+    # --max-steps 2 resumes the run, but not with another block size (the weights' shapes are the same)
+    other_block = invoke("train", "dspark", *common[:6], "--block-size", "5", "--layers", "1",
+                         "--max-steps", "2", "--response-tokens", "16")
+    assert_run_error(other_block, "state.pt", "another DSpark recipe (block_size was 4, this run 5)")
+    # the same recipe, longer (--epochs and --max-steps may change on a resume)
+    resumed = invoke("train", "dspark", *common[:-1], "2", "--epochs", "20", "--response-tokens", "16")
+    assert resumed.exit_code == 0, resumed.output
+    kept = json.loads((out / "training.json").read_text())["history"]
+    assert kept[:1] == history and [h["step"] for h in kept] == [1, 2]  # the first run's step kept
     other_length = invoke("train", "dspark", *common, "--response-tokens", "24")
     assert_run_error(other_length, "data.pt", "--response-tokens was 16")
     prompts.write_text("x = 1\n")

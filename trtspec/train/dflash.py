@@ -142,9 +142,20 @@ def resolve_mask_token(target, target_dir: Path, mask_token_id: int | None) -> i
     return mask_token_id
 
 
-def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, stop: int) -> int:
+# what a resumed run may change: how long it trains and how often it saves
+RESUMABLE = frozenset({"epochs", "max_steps", "checkpoint_every"})
+
+
+def resumable_recipe(cfg) -> dict:
+    """The train config fields a resumed run must repeat (the rest of `cfg`, as JSON)."""
+    return cfg.model_dump(mode="json", exclude=set(RESUMABLE))
+
+
+def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, stop: int, cfg) -> int:
     """Load a resumable checkpoint if there is one; return the step to start from (below `stop`,
-    the step this run ends at: a finished run is refused, not rerun into an empty report)."""
+    the step this run ends at: a finished run is refused, not rerun into an empty report). A
+    checkpoint written with another recipe (`cfg` but for RESUMABLE) is refused, naming the fields:
+    the same weight shapes would otherwise train on under mixed settings."""
     if not state_file.is_file():
         return 0
     state = torch.load(state_file)
@@ -155,6 +166,12 @@ def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, 
         first = " ".join(str(exc).split())[:200]
         raise TrtspecError(f"{state_file} is not a checkpoint of this {what} recipe ({first}): resume with "
                            f"the method and options that wrote it, or give a new --out") from None
+    saved, recipe = state.get("recipe"), resumable_recipe(cfg)
+    if saved is not None and saved != recipe:  # checkpoints before the recipe was saved: not checked
+        differ = "; ".join(f"{k} was {saved.get(k)}, this run {value}" for k, value in recipe.items()
+                           if saved.get(k) != value)
+        raise TrtspecError(f"{state_file} was trained with another {what} recipe ({differ}): resume with "
+                           f"the options that wrote it, or give a new --out")
     if state["step"] >= stop:
         raise TrtspecError(f"{state_file} has already trained {state['step']} steps and this run stops at "
                            f"{stop}: nothing to train (raise --max-steps or --epochs to go on, or give a "
@@ -164,10 +181,22 @@ def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, 
     return state["step"]
 
 
-def save_state(state_file: Path, model, opt, gen: torch.Generator, step: int) -> None:
+def earlier_history(out_dir: Path, start: int) -> list[dict]:
+    """A resumed run's history so far: the entries up to `start` of the training.json the run
+    wrote before (none for a new run, or when that file is gone)."""
+    report = out_dir / "training.json"
+    if start == 0 or not report.is_file():
+        return []
+    try:
+        return [h for h in json.loads(report.read_text()).get("history", []) if h["step"] <= start]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def save_state(state_file: Path, model, opt, gen: torch.Generator, step: int, cfg) -> None:
     state_file.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                "step": step}, state_file)
+                "step": step, "recipe": resumable_recipe(cfg)}, state_file)
 
 
 def sample_anchors(usable: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, batch_size: int,
@@ -213,7 +242,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     stop = min(total, cfg.max_steps or total)
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start = resume_state(state_file, model, opt, gen, "DFlash", stop)
+    start = resume_state(state_file, model, opt, gen, "DFlash", stop, cfg)
 
     block = cfg.block_size
     lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
@@ -222,7 +251,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     if len(usable) == 0:
         raise TrtspecError(f"no regenerated sequence is longer than its prompt + {block - 1} tokens; "
                            "lower --block-size or raise --response-tokens")
-    history = []
+    history = earlier_history(out_dir, start)
     t0 = time.time()
     bar = tqdm(range(start, stop), desc="train dflash", unit="step", initial=start, total=stop)
     for step in bar:
@@ -240,7 +269,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == stop:
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
                             "seconds": round(time.time() - t0, 1)})
-            save_state(state_file, model, opt, gen, step + 1)
+            save_state(state_file, model, opt, gen, step + 1, cfg)
             save_dflash(model, out_dir)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "history": history}

@@ -31,6 +31,7 @@ from trtspec.errors import TrtspecError
 from trtspec.models.eagle3 import Eagle3DraftModel, Eagle3Spec, default_aux_layer_ids, save_eagle3
 from trtspec.train.dflash import (
     _lr_at,
+    earlier_history,
     frozen_target,
     resume_state,
     save_state,
@@ -195,11 +196,11 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
     total = max(1, int(cfg.epochs * num / cfg.batch_size))
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start = resume_state(state_file, model, opt, gen, "EAGLE-3", total)
+    start = resume_state(state_file, model, opt, gen, "EAGLE-3", total, cfg)
 
     end = min(total, start + cfg.max_steps) if cfg.max_steps else total
     positions = torch.arange(data["seqs"].shape[1])
-    history = []
+    history = earlier_history(out_dir, start)
     t0 = time.time()
     bar = tqdm(range(start, end), desc="train eagle3", unit="step", initial=start, total=total)
     for step in bar:
@@ -226,7 +227,7 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
                             "acc": [round(a, 3) for a in acc.tolist()],
                             "seconds": round(time.time() - t0, 1)})
-            save_state(state_file, model, opt, gen, step + 1)
+            save_state(state_file, model, opt, gen, step + 1, cfg)
             save_eagle3(model, out_dir, num_layers)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "total_steps": total, "history": history}
