@@ -100,6 +100,29 @@ def test_committing_a_non_contiguous_path_equals_feeding_it(target):
 
 # -- growing a tree --------------------------------------------------------------------------
 
+def _eagle2_paths(scores: list[list[float]], topk: int, nodes: int, depth: int) -> set[tuple[int, ...]]:
+    """EAGLE-2 the plain way, for children scored by depth only (scores [depth][V]): each depth's
+    `topk` best candidates are expanded by their `topk` best children; the `nodes` best finite
+    candidates of all depths are kept, as root paths of tokens."""
+    def best(row):
+        return sorted(range(len(row)), key=lambda v: -row[v])[:topk]
+
+    frontier = [(scores[0][v], (v,)) for v in best(scores[0])]
+    candidates = list(frontier)
+    for d in range(1, depth):
+        children = [(s + scores[d][v], path + (v,)) for s, path in frontier for v in best(scores[d])]
+        candidates += children
+        frontier = sorted(children, key=lambda c: -c[0])[:topk]
+    kept = sorted(candidates, key=lambda c: -c[0])[:nodes]
+    return {path for s, path in kept if s > float("-inf")}
+
+
+def _paths(tree: DraftTree, row: int) -> set[tuple[int, ...]]:
+    parents = tree.row_parents(row)
+    tokens = [None, *tree.tokens[row, : tree.sizes[row]].tolist()]
+    return {tuple(tokens[u] for u in _root_path(list(parents), node)[1:]) for node in range(1, len(tokens))}
+
+
 def test_grow_tree_ranks_paths_and_orders_parents_first():
     """EAGLE-2's expansion over per-slot marginals: N nodes, each after its parent, by depth; the
     greedy chain is in the tree; a child never scores above its parent; rows are independent;
@@ -128,6 +151,8 @@ def test_grow_tree_ranks_paths_and_orders_parents_first():
             assert int(scores[row, d].argmax()) in kids
             u = kids[int(scores[row, d].argmax())]
     assert set(tree.tokens[2, : tree.sizes[2]].tolist()) <= {0, 1}
+    for row in range(r):  # the paths kept are the plain EAGLE-2 expansion's N best
+        assert _paths(tree, row) == _eagle2_paths(scores[row].tolist(), topk=3, nodes=10, depth=depth)
     cut = tree.truncated([1, 2, 0])
     assert cut.sizes[2] == 0 and all(int(depths[0, i + 1]) <= 1 for i in range(cut.sizes[0]))
 

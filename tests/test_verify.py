@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -139,6 +141,42 @@ def test_probs_from_logits_filters():
     assert greedy.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
     hot = probs_from_logits(logits, SamplingParams(temperature=0.5))
     assert torch.allclose(hot[0], torch.softmax(logits[0] / 0.5, -1))
+
+
+def _reference_probs(row: list[float], params: SamplingParams) -> list[float]:
+    """The processed distribution the plain way: the top_k largest logits / T, softmax, then the
+    most likely tokens until their mass reaches top_p, renormalised."""
+    z = [v / params.temperature for v in row]
+    order = sorted(range(len(z)), key=lambda i: -z[i])
+    kept = order[:params.top_k] if params.top_k else order
+    top = max(z[i] for i in kept)
+    weight = {i: math.exp(z[i] - top) for i in kept}
+    total = sum(weight.values())
+    mass, nucleus = 0.0, []
+    for i in kept:  # already in descending order
+        nucleus.append(i)
+        mass += weight[i] / total
+        if mass >= params.top_p:
+            break
+    kept_total = sum(weight[i] for i in nucleus)
+    return [weight[i] / kept_total if i in nucleus else 0.0 for i in range(len(z))]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=5),
+                                    SamplingParams(temperature=0.9, top_p=0.6),
+                                    SamplingParams(temperature=1.1, top_k=7, top_p=0.75)],
+                         ids=["t0.7", "t1.3-k5", "t0.9-p0.6", "t1.1-k7-p0.75"])
+def test_processed_probabilities_match_a_plain_reference(params):
+    """p and q, and the references of the distribution tests (test_coupling, test_lossless), all come
+    from `probs_from_logits`: here it is checked against the definition itself, on unsorted [2, 3, V]
+    logits (the test above has sorted ones, where top-p's sort order is the identity)."""
+    logits = torch.randn(2, 3, 24, generator=torch.Generator().manual_seed(17)) * 2  # [2, 3, V]
+    got = probs_from_logits(logits, params)
+    expected = torch.tensor([[_reference_probs(row, params) for row in block] for block in logits.tolist()])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert ((got > 0).sum(-1) <= (params.top_k or 24)).all()
+    greedy = probs_from_logits(logits, SamplingParams())
+    assert torch.equal(greedy, torch.nn.functional.one_hot(logits.argmax(-1), 24).float())
 
 
 def test_batched_verify_gives_each_row_its_own_rule_and_randomness():
