@@ -26,6 +26,7 @@ from tritonclient.utils import InferenceServerException
 from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.openai.model_info import served_model_of_repo
+from trtspec.openai.protocol import ApiError, ChatRequest, parse
 from trtspec.openai.server import OpenAIFrontend
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.decoder import Request
@@ -238,6 +239,10 @@ BAD = [
      "chat_template_kwargs.add_generation_prompt"),
     ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content"),
+    # malformed content: neither text nor a list of parts, and a part that is not one
+    ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, 1]}]},
+     "messages[0].content[1]"),
     # OpenAI and vLLM: stream_options only with stream: true
     ("completions", {"stream_options": {"include_usage": True}}, "stream_options"),
     ("chat/completions", {"stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
@@ -265,6 +270,19 @@ def test_bad_parameter_is_a_400_naming_it_and_the_next_request_is_served(served,
     assert param.split(".")[0].split("[")[0] in body["error"]["message"]
     status, body = _post(f"{served.base}/v1/{endpoint}", good)
     assert status == 200 and body["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize("content, param, expected", [
+    (5, "messages[0].content", "expected a string or a list of content parts like"),
+    ([{"type": "text", "text": "a"}, 1], "messages[0].content[1]", "expected a content part like"),
+    ([{"text": "no type"}], "messages[0].content[0]", "expected a content part like"),
+])
+def test_malformed_content_says_what_content_is(content, param, expected):
+    """pydantic named only the string branch of the union ('Input should be a valid string')."""
+    with pytest.raises(ApiError) as caught:
+        parse(ChatRequest, {**GOOD_CHAT, "messages": [{"role": "user", "content": content}]})
+    assert caught.value.param == param and expected in str(caught.value), str(caught.value)
+    assert '{"type": "text", "text": "..."}' in str(caught.value)
 
 
 def test_unknown_model_is_a_404(served):

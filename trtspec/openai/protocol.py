@@ -127,12 +127,28 @@ def parse(model: type[BaseModel], body: Any):
     except ValidationError as exc:
         err = exc.errors()[0]
         param = _param(err["loc"])
+        if param is not None and param.endswith(".content") and param.startswith("messages["):
+            raise _content_error(param, err["input"]) from None
         if err["type"] == "extra_forbidden":
             raise ApiError(f"Unrecognized request argument supplied: {param}", param) from None
         if err["type"] == "missing":
             raise ApiError(f"Missing required parameter: '{param}'.", param,
                            code="missing_required_parameter") from None
         raise ApiError(f"Invalid value for '{param}': {err['msg']}.", param, code="invalid_value") from None
+
+
+def _content_error(param: str, content: Any) -> ApiError:
+    """A message's content that is neither text nor a list of parts, or a list with a part that is
+    not an object with a string `type` (pydantic's own words name only the string branch)."""
+    part = '{"type": "text", "text": "..."}'
+    if isinstance(content, list):
+        k = next((k for k, c in enumerate(content)
+                  if not isinstance(c, dict) or not isinstance(c.get("type"), str)
+                  or not isinstance(c.get("text"), str | None)), 0)
+        return ApiError(f"Invalid value for '{param}[{k}]': expected a content part like {part}.",
+                        f"{param}[{k}]", code="invalid_value")
+    return ApiError(f"Invalid value for '{param}': expected a string or a list of content parts like "
+                    f"{part}.", param, code="invalid_value")
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
