@@ -140,23 +140,24 @@ def test_values_that_used_to_crash_are_usage_errors(tmp_path, monkeypatch, args,
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["train", "dflash", "--target-layer-ids", "1,99"], "--target-layer-ids must be layers in [0, 6)"),
-        (["train", "dspark", "--target-layer-ids", "1,99"], "--target-layer-ids must be layers in [0, 6)"),
+        (["train", "dflash", "--target-layer-ids", "1,99"], "--target-layer-ids: must be layers in [0, 6)"),
+        (["train", "dspark", "--target-layer-ids", "1,99"], "--target-layer-ids: must be layers in [0, 6)"),
         (["train", "eagle3", "--draft-vocab-size", "100000"],
-         "--draft-vocab-size 100000 exceeds the target's vocabulary of 264"),
+         "--draft-vocab-size: 100000 exceeds the target's vocabulary of 264"),
         (["train", "dflash", "--mask-token-id", "9999"],
-         "--mask-token-id 9999 is not in the target's vocabulary"),
+         "--mask-token-id: 9999 is not in the target's vocabulary"),
     ],
     ids=["dflash-taps", "dspark-taps", "eagle3-vocab", "mask-id"],
 )
 def test_training_options_the_target_cannot_take(tmp_path, args, message):
     """Checked against the loaded target before its responses are regenerated (they were an
-    IndexError traceback after it)."""
+    IndexError traceback after it), and refused as what they are: a usage error naming the option
+    (they were exit 1, a run-time failure)."""
     prompts = tmp_path / "p.txt"
     prompts.write_text("import os\n")
     result = invoke(*args, "--target", ASSETS_DIR / "tiny-target", "--prompts", prompts,
                     "--out", tmp_path / "o")
-    assert_run_error(result, message)
+    assert_usage_error(result, f"Invalid value for {message}")
     assert not (tmp_path / "o" / "checkpoint" / "data.pt").exists()
 
 

@@ -3,7 +3,8 @@
 - Usage errors (exit 2, usage shown): an option or argument that cannot be turned into what the
   command takes — a value out of range, contradictory options, a build config or prompts file
   that is missing or invalid, a URL that is not grpc://HOST:PORT. Commands raise
-  `click.BadParameter` / `click.UsageError` for these, naming the option.
+  `click.BadParameter` / `click.UsageError` for these, naming the option; the library raises
+  `OptionError` for a value only a loaded model can judge (a tap layer the target lacks).
 - Run-time failures (exit 1, one `Error:` line, no usage): everything after the arguments were
   understood — a checkpoint that will not load, a server that cannot be reached or refuses the
   request, a build that cannot finish, a file that cannot be written. `run_errors` turns the
@@ -21,7 +22,7 @@ from typing import TypeVar
 import click
 from pydantic import BaseModel, ValidationError
 
-from trtspec.errors import ConfigError, TrtspecError
+from trtspec.errors import ConfigError, OptionError, TrtspecError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ def run_errors(fn):
             return fn(*args, **kwargs)
         except click.ClickException:
             raise
+        except OptionError as exc:  # found while running, but the option's value is what is wrong
+            raise click.BadParameter(exc.why, param_hint=exc.option) from None
         except (TrtspecError, ValueError, OSError) as exc:
             log.info("%s failed", fn.__name__, exc_info=True)  # shown with -v
             raise click.ClickException(first_line(exc)) from None

@@ -11,3 +11,12 @@ class ConfigError(TrtspecError):
 
 class CheckpointError(TrtspecError):
     """A checkpoint directory cannot be loaded or does not fit its partner model."""
+
+
+class OptionError(TrtspecError):
+    """A command-line option whose value does not fit what it names (a layer the target lacks);
+    the CLI reports it as a usage error naming the option (exit 2), as it does a value out of range."""
+
+    def __init__(self, option: str, why: str):
+        super().__init__(f"{option} {why}")
+        self.option, self.why = option, why

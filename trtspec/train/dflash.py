@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, Field
 from tqdm import tqdm
 
-from trtspec.errors import TrtspecError
+from trtspec.errors import OptionError, TrtspecError
 from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, build_target_layer_ids, save_dflash
 from trtspec.models.taps import LayerTaps
 from trtspec.models.target import load_causal_lm
@@ -113,8 +113,8 @@ def _lr_at(step: int, total: int, cfg: DFlashTrainConfig) -> float:
 def check_layer_ids(layer_ids: list[int] | None, num_layers: int) -> None:
     """Refuse taps outside the target (`--target-layer-ids`), before any model is built."""
     if layer_ids is not None and (not layer_ids or any(not 0 <= i < num_layers for i in layer_ids)):
-        raise TrtspecError(f"--target-layer-ids must be layers in [0, {num_layers}) of the target, "
-                           f"got {layer_ids}")
+        raise OptionError("--target-layer-ids", f"must be layers in [0, {num_layers}) of the target, "
+                                                f"got {layer_ids}")
 
 
 def new_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig) -> DFlashDraftModel:
@@ -137,8 +137,8 @@ def resolve_mask_token(target, target_dir: Path, mask_token_id: int | None) -> i
     if mask_token_id is None:
         raise TrtspecError(f"{target_dir}/config.json names no mask token: pass --mask-token-id")
     if not 0 <= mask_token_id < target.config.vocab_size:
-        raise TrtspecError(f"--mask-token-id {mask_token_id} is not in the target's vocabulary "
-                           f"[0, {target.config.vocab_size})")
+        raise OptionError("--mask-token-id", f"{mask_token_id} is not in the target's vocabulary "
+                                             f"[0, {target.config.vocab_size})")
     return mask_token_id
 
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 from tqdm import tqdm
 from transformers import LlamaConfig
 
-from trtspec.errors import TrtspecError
+from trtspec.errors import OptionError, TrtspecError
 from trtspec.models.eagle3 import Eagle3DraftModel, Eagle3Spec, default_aux_layer_ids, save_eagle3
 from trtspec.train.dflash import (
     _lr_at,
@@ -170,11 +170,11 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
     num_layers, hidden_size = target.config.num_hidden_layers, target.config.hidden_size
     bad = [i for i in cfg.aux_layer_ids or [] if not 0 <= i < num_layers]
     if cfg.aux_layer_ids is not None and (len(cfg.aux_layer_ids) != 3 or bad):
-        raise TrtspecError(f"--aux-layer-ids needs 3 layers in [0, {num_layers}), got {cfg.aux_layer_ids}")
+        raise OptionError("--aux-layer-ids", f"needs 3 layers in [0, {num_layers}), got {cfg.aux_layer_ids}")
     vocab = target.config.vocab_size
     if cfg.draft_vocab_size is not None and cfg.draft_vocab_size > vocab:
-        raise TrtspecError(f"--draft-vocab-size {cfg.draft_vocab_size} exceeds the target's vocabulary of "
-                           f"{vocab}")
+        raise OptionError("--draft-vocab-size", f"{cfg.draft_vocab_size} exceeds the target's vocabulary of "
+                                                f"{vocab}")
     data = regenerated_data(target, target_dir, prompts_path, cfg.response_tokens,
                             out_dir / "checkpoint" / "data.pt")
 
