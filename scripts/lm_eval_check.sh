@@ -8,6 +8,7 @@
 #
 # LM_EVAL: lm_eval of a venv of its own (python3 -m venv V && V/bin/pip install torch==2.13.0 &&
 # V/bin/pip install "lm-eval[api]==0.4.13"). About 6 minutes on 2 CPU cores.
+# COUNT: problems per task (default 100; COUNT=5 runs the whole check in about 2 minutes).
 set -euo pipefail
 WORK=${1:-lm-eval-check}
 T=${TRTSPEC:-.venv/bin/trtspec}
