@@ -14,6 +14,10 @@ WORK=${1:-lm-eval-check}
 T=${TRTSPEC:-.venv/bin/trtspec}
 PY=${PY:-.venv/bin/python}
 LM_EVAL=${LM_EVAL:?set LM_EVAL to the lm_eval of an lm-evaluation-harness venv}
+if ! command -v "$LM_EVAL" > /dev/null; then
+  echo "LM_EVAL=$LM_EVAL is not an executable lm_eval: install lm-eval in a venv (docs/EVAL.md)" >&2
+  exit 2
+fi
 COUNT=${COUNT:-100}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1  # local data only; nothing to download
 rm -rf "$WORK" && mkdir -p "$WORK"
@@ -39,10 +43,14 @@ done
 for name in tiny-dflash target-alone; do
   for task in trtspec_arith_gen trtspec_arith_mc; do
     start=$(date +%s.%N)
-    "$LM_EVAL" run --model local-completions \
+    if ! "$LM_EVAL" run --model local-completions \
       --model_args "model=trtspec,base_url=http://127.0.0.1:${OPENAI[$name]}/v1/completions,num_concurrent=1" \
       --tasks "$task" --include_path "$WORK/tasks" --output_path "$WORK/$name" --log_samples \
-      > "$WORK/$name-$task.log" 2>&1
+      > "$WORK/$name-$task.log" 2>&1; then
+      tail -n 5 "$WORK/$name-$task.log" >&2
+      echo "lm_eval failed on $task against $name: see $WORK/$name-$task.log" >&2
+      exit 1
+    fi
     echo "$name $task $(echo "$(date +%s.%N) - $start" | bc)" >> "$WORK/seconds.txt"
   done
 done
