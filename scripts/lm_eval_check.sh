@@ -25,6 +25,17 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 grep -v -E '^(drafter:|  method:|  path: builtin:tiny-dflash)' build_configs/tiny-dflash.yaml \
   > "$WORK/target-alone.yaml"
 
+wait_serving() {  # wait_serving PID LOG: until `trtspec serve` prints `serving …` (its models ready)
+  local waited=0
+  while ! grep -q '^serving ' "$2"; do
+    if ! kill -0 "$1" 2> /dev/null; then  # it refused (a port taken, a model that will not load)
+      tail -n 3 "$2" >&2; echo "trtspec serve stopped before serving: see $2" >&2; exit 1
+    fi
+    if [ $((waited += 1)) -gt 600 ]; then echo "trtspec serve not serving after 300 s: see $2" >&2; exit 1; fi
+    sleep 0.5
+  done
+}
+
 # both servers up at once (an idle one only polls its queue), each on ports of its own
 declare -A OPENAI=([tiny-dflash]=19100 [target-alone]=19200)
 PIDS=()
@@ -37,7 +48,8 @@ for name in tiny-dflash target-alone; do
   "$T" serve "$WORK/build-$name" --http-port $base --grpc-port $((base + 1)) --metrics-port $((base + 2)) \
     --openai-port "${OPENAI[$name]}" > "$WORK/serve-$name.log" 2>&1 &
   PIDS+=($!)
-  "$T" generate --url grpc://127.0.0.1:$((base + 1)) --wait 300 --prompt "Q: 1 + 2" --max-tokens 8 > /dev/null
+  wait_serving $! "$WORK/serve-$name.log"
+  "$T" generate --url grpc://127.0.0.1:$((base + 1)) --prompt "Q: 1 + 2" --max-tokens 8 > /dev/null
 done
 
 for name in tiny-dflash target-alone; do
