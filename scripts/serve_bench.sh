@@ -16,11 +16,22 @@ PORTS=(--http-port 18000 --grpc-port 18001 --metrics-port 18002 --openai-port 19
 URL=grpc://127.0.0.1:18001
 rm -rf "$WORK" && mkdir -p "$WORK"
 
+wait_serving() {  # wait_serving PID LOG: until `trtspec serve` prints `serving …` (its models ready)
+  local waited=0
+  while ! grep -q '^serving ' "$2"; do
+    if ! kill -0 "$1" 2> /dev/null; then  # it refused (a port taken, a model that will not load)
+      tail -n 3 "$2" >&2; echo "trtspec serve stopped before serving: see $2" >&2; exit 1
+    fi
+    if [ $((waited += 1)) -gt 600 ]; then echo "trtspec serve not serving after 300 s: see $2" >&2; exit 1; fi
+    sleep 0.5
+  done
+}
 serve() {  # serve BUILD: start the server in the background (stopped by stop or on exit)
   "$T" serve "$1" "${PORTS[@]}" > "$WORK/serve.log" 2>&1 &
   SERVER=$!
   trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-  "$T" generate --url $URL --wait 300 --prompt "$PROMPT" --max-tokens 16 > /dev/null  # ready, warm
+  wait_serving $SERVER "$WORK/serve.log"
+  "$T" generate --url $URL --prompt "$PROMPT" --max-tokens 16 > /dev/null  # warm
 }
 stop() { kill -TERM "$SERVER"; wait "$SERVER" || true; trap - EXIT; }
 decode_tps() { "$PY" -c "import json, sys; print(json.load(sys.stdin)['decode_tokens_per_s'])"; }

@@ -20,7 +20,9 @@ import urllib.request
 import pytest
 import torch
 import yaml
+from google.protobuf import text_format
 from safetensors.torch import load_file, save_file
+from tritonclient.grpc import model_config_pb2 as mc
 
 from trtspec.config import ASSETS_DIR, load_build_config
 from trtspec.triton.client import GenerateParams, generate
@@ -96,6 +98,14 @@ def _random_drafter(tmp_path):
     return dst
 
 
+def _two_instances(model_dir) -> None:
+    """Serve the model with two CPU instances, as `gpus: [0, 1]` gives one per GPU."""
+    path = model_dir / "config.pbtxt"
+    pb = text_format.Parse(path.read_text(), mc.ModelConfig())
+    pb.instance_group[0].count = 2
+    path.write_text(text_format.MessageToString(pb))
+
+
 class Prometheus:
     def __init__(self, binary: str, work, metrics_port: int):
         self.port = free_port()
@@ -149,11 +159,13 @@ class Prometheus:
 
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory):
-    """tritonserver with the shipped and the random drafter, Prometheus scraping it, a few requests."""
+    """tritonserver with the shipped drafter (two instances) and the random one, Prometheus scraping
+    it, a few requests."""
     binary = _tool("prometheus")
     work = tmp_path_factory.mktemp("monitoring")
     config = load_build_config(REPO / "build_configs" / "tiny-dflash.yaml")
     write_triton_repo(config, work / "build")
+    _two_instances(work / "build" / REPO_DIR / GOOD)
     bad = config.model_copy(update={"name": BAD})
     bad.drafter = bad.drafter.model_copy(update={"path": str(_random_drafter(work))})
     write_triton_repo(bad, work / "build")
@@ -201,6 +213,14 @@ def test_acceptance_collapse_fires_for_the_bad_drafter_only(scraped):
     errors = _wait_for(scraped, 'ALERTS{alertname="TrtspecErrorRateHigh", alertstate="firing"}')
     assert {a["metric"]["model"] for a in errors} == {GOOD}
     assert scraped.query('ALERTS{alertname="TrtspecQueueTimeHigh"}') == []
+
+
+def test_each_instance_reports_its_own_load(scraped):
+    """Triton gives every instance of a model the same series for the same labels: counters add up,
+    but a gauge set by one instance would hide the other's requests, so each has its own."""
+    for gauge in ("trtspec_requests_in_flight", "trtspec_requests_waiting"):
+        series = scraped.query(f'{gauge}{{model="{GOOD}"}}')
+        assert sorted(s["metric"].get("model_instance") for s in series) == [f"{GOOD}_0_0", f"{GOOD}_0_1"]
 
 
 def test_every_expression_returns_data_from_the_server(scraped):

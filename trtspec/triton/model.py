@@ -70,8 +70,11 @@ class Metrics:
     `nv_inference_queue_duration_us` never sees the wait for a decoder slot.
     """
 
-    def __init__(self, model: str, version: str):
+    def __init__(self, model: str, version: str, instance: str):
         labels = {"model": model, "version": version}
+        # Triton hands every instance the same series for the same labels: increments add up, but
+        # a gauge's `set` would overwrite the other instances' value, so the gauges are per instance
+        gauge_labels = {**labels, "model_instance": instance}
         counter, gauge, hist = (pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE,
                                 pb_utils.MetricFamily.HISTOGRAM)
         family = pb_utils.MetricFamily
@@ -102,8 +105,8 @@ class Metrics:
         self.steps = steps.Metric(labels=labels)
         self.queue = queue.Metric(labels=labels, buckets=SECONDS_BUCKETS)
         self.ttft = ttft.Metric(labels=labels, buckets=SECONDS_BUCKETS)
-        self.in_flight = in_flight.Metric(labels=labels)
-        self.waiting = waiting.Metric(labels=labels)
+        self.in_flight = in_flight.Metric(labels=gauge_labels)
+        self.waiting = waiting.Metric(labels=gauge_labels)
         self.errors = {reason: errors.Metric(labels={**labels, "reason": reason}) for reason in ERROR_REASONS}
         self._load: tuple[int, int] | None = None  # the gauges as last sent
         self._steps = 0  # steps not yet added to the counter
@@ -268,7 +271,7 @@ class TritonPythonModel:
         self.pipeline = load_pipeline(self.config)
         self.decoder = self.pipeline.batch_decoder()
         self.limit = self.config.limits.max_tokens
-        self.metrics = Metrics(args["model_name"], args["model_version"])
+        self.metrics = Metrics(args["model_name"], args["model_version"], args["model_instance_name"])
         self.waiting: queue.Queue[_Stream] = queue.Queue()
         self.stopping = threading.Event()
         self.loop = threading.Thread(target=self._serve, name="trtspec-batch", daemon=True)
