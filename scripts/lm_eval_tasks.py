@@ -68,14 +68,22 @@ metric_list:
 """
 
 
+MAX_MISSES = 200_000  # draws in a row without a new held-out problem before giving up
+
+
 def documents(count: int, seed: int) -> list[dict]:
     """`count` held-out problems: question, worked answer up to `=`, the result and three wrong ones."""
-    rng, docs, seen = random.Random(seed), [], set()
+    rng, docs, seen, misses = random.Random(seed), [], set(), 0
     while len(docs) < count:
         problem = arithmetic_problem(rng)
         question, answer = problem.strip().split("\n")
         if not _is_heldout(question) or question in seen:
+            misses += 1
+            if misses > MAX_MISSES:  # the held-out pool is spent: say so instead of drawing forever
+                raise SystemExit(f"--count {count}: found only {len(docs)} distinct held-out problems "
+                                 f"({MAX_MISSES:,} draws in a row gave none new); lower --count")
             continue
+        misses = 0
         seen.add(question)
         worked, result = answer.rsplit("= ", 1)
         right = int(result)

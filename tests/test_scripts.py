@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
+
+import pytest
 
 from .conftest import REPO
 
@@ -28,3 +31,16 @@ def test_lm_eval_check_names_an_lm_eval_that_is_not_there(tmp_path):
     assert rc == 2
     assert f"LM_EVAL={lm_eval} is not an executable lm_eval" in err
     assert not work.exists()  # nothing built, no server started
+
+
+def test_lm_eval_tasks_stops_when_the_held_out_pool_is_spent(monkeypatch):
+    """More problems than distinct held-out ones exist: a message naming --count, not a loop that
+    never ends (here the pool is made to look spent after 3 draws in a row give nothing new)."""
+    spec = importlib.util.spec_from_file_location("lm_eval_tasks", REPO / "scripts" / "lm_eval_tasks.py")
+    tasks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tasks)
+    assert len(tasks.documents(20, seed=1)) == 20
+    monkeypatch.setattr(tasks, "MAX_MISSES", 3)
+    monkeypatch.setattr(tasks, "_is_heldout", lambda question: question.endswith("0"))  # a small pool
+    with pytest.raises(SystemExit, match=r"--count 100000: found only \d+ distinct held-out problems"):
+        tasks.documents(100_000, seed=1)
