@@ -25,16 +25,7 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 grep -v -E '^(drafter:|  method:|  path: builtin:tiny-dflash)' build_configs/tiny-dflash.yaml \
   > "$WORK/target-alone.yaml"
 
-wait_serving() {  # wait_serving PID LOG: until `trtspec serve` prints `serving …` (its models ready)
-  local waited=0
-  while ! grep -q '^serving ' "$2"; do
-    if ! kill -0 "$1" 2> /dev/null; then  # it refused (a port taken, a model that will not load)
-      tail -n 3 "$2" >&2; echo "trtspec serve stopped before serving: see $2" >&2; exit 1
-    fi
-    if [ $((waited += 1)) -gt 600 ]; then echo "trtspec serve not serving after 300 s: see $2" >&2; exit 1; fi
-    sleep 0.5
-  done
-}
+source "$(dirname "${BASH_SOURCE[0]}")/wait_serving.sh"  # wait_serving PID LOG
 
 # both servers up at once (an idle one only polls its queue), each on ports of its own
 declare -A OPENAI=([tiny-dflash]=19100 [target-alone]=19200)

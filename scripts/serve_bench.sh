@@ -16,16 +16,7 @@ PORTS=(--http-port 18000 --grpc-port 18001 --metrics-port 18002 --openai-port 19
 URL=grpc://127.0.0.1:18001
 rm -rf "$WORK" && mkdir -p "$WORK"
 
-wait_serving() {  # wait_serving PID LOG: until `trtspec serve` prints `serving …` (its models ready)
-  local waited=0
-  while ! grep -q '^serving ' "$2"; do
-    if ! kill -0 "$1" 2> /dev/null; then  # it refused (a port taken, a model that will not load)
-      tail -n 3 "$2" >&2; echo "trtspec serve stopped before serving: see $2" >&2; exit 1
-    fi
-    if [ $((waited += 1)) -gt 600 ]; then echo "trtspec serve not serving after 300 s: see $2" >&2; exit 1; fi
-    sleep 0.5
-  done
-}
+source "$(dirname "${BASH_SOURCE[0]}")/wait_serving.sh"  # wait_serving PID LOG
 serve() {  # serve BUILD: start the server in the background (stopped by stop or on exit)
   "$T" serve "$1" "${PORTS[@]}" > "$WORK/serve.log" 2>&1 &
   SERVER=$!
