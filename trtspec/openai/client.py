@@ -95,11 +95,7 @@ def _fold(completion: Completion, body: dict, chat: bool, on_text: TextCallback 
     if body.get("usage"):
         completion.completion_tokens = body["usage"].get("completion_tokens")
     figures = body.get("trtspec") or {}
-    for name in ("accepted_tokens", "draft_tokens"):
-        if figures.get(name) is not None:
-            setattr(completion, name, max(getattr(completion, name) or 0, int(figures[name])))
-    if figures.get("target_forwards") is not None:
-        completion.reported_forwards = max(completion.reported_forwards or 0, int(figures["target_forwards"]))
+    completion.fold_totals(figures)
     if figures.get("seed") is not None:
         completion.seed = int(figures["seed"])
 

@@ -33,6 +33,11 @@ class ClientError(TrtspecError):
     """The server refused a request or could not be reached; the message is the server's."""
 
 
+# the totals' wire names -> Completion fields (`target_forwards` is the property that falls back)
+TOTALS = {"accepted_tokens": "accepted_tokens", "draft_tokens": "draft_tokens",
+          "target_forwards": "reported_forwards"}
+
+
 @dataclass(slots=True)
 class Completion:
     text: str = ""
@@ -87,6 +92,14 @@ class Completion:
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.total_s if self.total_s > 0 else 0.0
 
+    def fold_totals(self, figures: dict) -> None:
+        """The request's speculative totals, by their wire names (Triton outputs or the OpenAI
+        frontend's `trtspec` field). They arrive in the only (or the stream's last) response; step
+        responses carry zeros, so the largest seen is the total."""
+        for name, attr in TOTALS.items():
+            if figures.get(name) is not None:
+                setattr(self, attr, max(getattr(self, attr) or 0, int(figures[name])))
+
     def add(self, outputs: dict, on_text: TextCallback | None, t0: float) -> None:
         """Fold one response's outputs in (a streamed step, the stream's last, or the only one)."""
         self.num_responses += 1
@@ -103,12 +116,7 @@ class Completion:
         self.token_ids.extend(int(i) for i in ids)
         if text or ids:
             self.token_responses += 1
-        # totals arrive in the only (or the stream's last) response; step responses carry zeros
-        for name in ("accepted_tokens", "draft_tokens"):
-            if name in outputs:
-                setattr(self, name, max(getattr(self, name) or 0, int(outputs[name])))
-        if "target_forwards" in outputs:
-            self.reported_forwards = max(self.reported_forwards or 0, int(outputs["target_forwards"]))
+        self.fold_totals(outputs)
         if outputs.get("finish_reason"):
             self.finish_reason = outputs["finish_reason"]
         if outputs.get("sampling_seed") is not None:
