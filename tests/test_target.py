@@ -259,6 +259,53 @@ def test_padded_steps_refuse_what_a_static_shape_cannot_hold(random_qwen3_dir, m
     assert list(target.graphed.graphs) == [(1, 1, 256, False), (1, 3, 256, False)]
 
 
+def test_graphs_keep_at_most_their_output_budget(random_qwen3_dir, monkeypatch):
+    """Each graph keeps its own output buffers (a target's: the logits of B·n tokens), so past
+    OUTPUT_BUDGET bytes of them the least recently used graphs go, never the one just run even
+    when it alone is over; the logits read out are the packed forward's either way."""
+    from trtspec.models import cuda_graphs
+
+    packed = TargetModel.from_pretrained(random_qwen3_dir)
+    padded = TargetModel(packed.model, cuda_graphs=True)
+    for t in (packed, padded):
+        t.allocate(1, 300)
+    token_bytes = padded.vocab_size * packed.model.dtype.itemsize  # one padded token's logits
+    monkeypatch.setattr(cuda_graphs, "OUTPUT_BUDGET", 7 * token_bytes)
+    gen = torch.Generator().manual_seed(11)
+    kept = []
+    for n in (1, 2, 3, 2, 4, 8):  # buckets 1, 2, 3, 2, 4, 8 tokens
+        chunk = [Chunk(0, torch.randint(0, 256, (n,), generator=gen))]
+        torch.testing.assert_close(padded.forward(chunk).logits, packed.forward(chunk).logits,
+                                   atol=1e-5, rtol=1e-4)
+        for t in (packed, padded):
+            t.rewind(0, n)
+        kept.append([s[1] for s in padded.graphed.graphs])
+        assert padded.graphed.output_bytes <= max(7, n) * token_bytes
+    assert kept == [[1], [1, 2], [1, 2, 3], [1, 3, 2], [2, 4], [8]]
+
+
+def test_kv_check_sets_the_cuda_graphs_outputs_aside(tiny_target_dir, monkeypatch):
+    """`check_buffers` counts OUTPUT_BUDGET for each model that replays graphs, so K/V slots
+    that fit alone but not beside the graphs' outputs are refused, naming cuda_graphs."""
+    from trtspec import pipeline as pipeline_module
+    from trtspec.config import BuildConfig
+    from trtspec.errors import ConfigError
+    from trtspec.memory import free_bytes
+
+    config = BuildConfig.model_validate({"name": "t", "target": {"path": str(tiny_target_dir)},
+                                         "limits": {"max_input_tokens": 64, "max_tokens": 64}})
+    pipeline = pipeline_module.load_pipeline(config)
+    pipeline.check_buffers(8)  # no graphs on the CPU: 8 slots of 128 positions fit
+    free = free_bytes(pipeline.target.device)
+    monkeypatch.setattr(pipeline_module, "OUTPUT_BUDGET", free // 2 + 1)
+    pipeline.check_buffers(8)  # graphs off: the budget is not counted
+    pipeline.target.cuda_graphs = True
+    pipeline.check_buffers(8)  # one graphed model: half the free memory and a few K/V buffers
+    pipeline.drafter.cuda_graphs = True
+    with pytest.raises(ConfigError, match="CUDA graphs' outputs.*cuda_graphs: false"):
+        pipeline.check_buffers(8)
+
+
 def test_a_failed_capture_leaves_decoding_exact_and_eager(random_qwen3_dir):
     """A capture that fails (here: no CUDA at all) is logged once; that step runs the padded
     forward eagerly and every later step the packed one, with the same logits."""

@@ -7,7 +7,8 @@ in the drafter: limits.max_concurrency × positions × `kv_bytes_per_position` o
 so 8 slots of its 40,960 positions take 45 GiB and 32 slots 180 GiB, more than an H200 holds.
 Allocating that would end in a CUDA out-of-memory traceback inside the model's start (or, on the
 CPU, the kernel's OOM killer), so it is refused first, naming the limits that set it and what
-they would need.
+they would need. On a CUDA device with `cuda_graphs`, each graphed model's captured decode steps
+keep up to `cuda_graphs.OUTPUT_BUDGET` bytes of output buffers, which the check sets aside too.
 """
 from __future__ import annotations
 
@@ -47,18 +48,22 @@ def free_bytes(device: torch.device) -> int | None:
 
 
 def check_slot_buffers(per_position: int, device: torch.device, num_slots: int, positions: int,
-                       max_input_tokens: int | None) -> None:
+                       max_input_tokens: int | None, graph_bytes: int = 0) -> None:
     """Refuse, naming `limits.*`, K/V slot buffers (`per_position` bytes a slot position: the
-    target's and the drafter's) larger than what `device` has free."""
-    need, free = num_slots * positions * per_position, free_bytes(device)
+    target's and the drafter's) larger than what `device` has free after `graph_bytes` (the CUDA
+    graphs' output buffers)."""
+    need, free = num_slots * positions * per_position + graph_bytes, free_bytes(device)
     if free is None or need <= free:
         return
-    fits = free // (num_slots * per_position)
+    fits = max(free - graph_bytes, 0) // (num_slots * per_position)
     where = f"limits.max_input_tokens {max_input_tokens} + limits.max_tokens" if max_input_tokens else \
         "the target's max_position_embeddings, as limits.max_input_tokens is unset"
     requests = f"{num_slots} requests (limits.max_concurrency)" if num_slots > 1 else "1 request"
     raise ConfigError(
         f"the K/V buffers (target and drafter) for {requests} of {positions:,} positions each ({where}) "
-        f"need {need / GIB:.1f} GiB, {per_position:,} bytes a position, but {device} has {free / GIB:.1f} "
+        f"need {need / GIB:.1f} GiB, {per_position:,} bytes a position"
+        + (f" (with {graph_bytes / GIB:.1f} GiB for the CUDA graphs' outputs)" if graph_bytes else "")
+        + f", but {device} has {free / GIB:.1f} "
         f"GiB free: set limits.max_input_tokens so that it + limits.max_tokens <= {fits:,}"
-        + (" or lower limits.max_concurrency" if num_slots > 1 else ""))
+        + (" or lower limits.max_concurrency" if num_slots > 1 else "")
+        + (" or set cuda_graphs: false on the target and drafter" if graph_bytes else ""))

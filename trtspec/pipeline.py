@@ -20,7 +20,7 @@ from trtspec.chat import ChatTemplate, load_chat_template
 from trtspec.config import BuildConfig, EngineConfig, ScheduleConfig, TreeConfig
 from trtspec.errors import ConfigError
 from trtspec.memory import check_slot_buffers
-from trtspec.models.cuda_graphs import graphs_wanted
+from trtspec.models.cuda_graphs import OUTPUT_BUDGET, graphs_wanted
 from trtspec.models.drafter import Drafter, build_drafter
 from trtspec.models.target import TargetModel, load_causal_lm
 from trtspec.spec.cost import load_acceptance
@@ -85,12 +85,13 @@ class Pipeline:
         return _cached_cost_table(self)
 
     def check_buffers(self, max_slots: int) -> None:
-        """Refuse, naming the limits, K/V slot buffers for `max_slots` requests that the target's
-        device cannot hold (`trtspec.memory`), before anything is allocated."""
+        """Refuse, naming the limits, K/V slot buffers for `max_slots` requests (and the CUDA graphs'
+        outputs) that the target's device cannot hold (`trtspec.memory`), before anything is allocated."""
         if isinstance(self.target, TargetModel):
             per_position = self.target.kv_bytes_per_position + self.drafter.kv_bytes_per_position
+            graphed = self.target.cuda_graphs + self.drafter.cuda_graphs  # models with graphs' outputs
             check_slot_buffers(per_position, self.target.device, max_slots, self.capacity,
-                               self.config.limits.max_input_tokens)
+                               self.config.limits.max_input_tokens, graphed * OUTPUT_BUDGET)
 
     def decoder_for(self, max_slots: int, schedule: ScheduleConfig | None = None, use_drafter: bool = True,
                     cost_table: SPSTable | None = None,

@@ -26,8 +26,11 @@ use:
              ancestors (one 64-bit word a token), and each node rotates by its depth
              (`StaticLayout`): the tree's shape is data, so one graph serves every tree.
 
-So a graph is keyed by (B, n, K, trees), and at most MAX_GRAPHS are kept (the least recently replayed
-goes first: each holds its output buffers, the logits of B·n tokens for a target). Before a replay
+So a graph is keyed by (B, n, K, trees), and at most MAX_GRAPHS are kept, holding at most
+OUTPUT_BUDGET bytes of outputs (the least recently replayed goes first). Each keeps its own output
+buffers, for a target the logits of B·n tokens: Qwen3-8B's vocabulary in bfloat16 at B = 8, n = 32
+is 78 MB a graph, so 48 graphs could hold 3.7 GB (15 GB at B = 32); the budget bounds what the
+deployment's memory check (`trtspec.memory`) must set aside for them. Before a replay
 the step's inputs (tokens; EAGLE-3 also feeds a hidden state per token) and positions are gathered
 into the graph's input buffers; after it the real tokens' outputs (logits, hidden states) are
 gathered out of its output buffers (copies: the next replay overwrites them). Everything else runs
@@ -64,6 +67,8 @@ MAX_TOKENS = 32  # the longest chain a graph step feeds per row: longer ones are
 TREE_WINDOW = 64  # the most nodes a tree of a graph step may hold, one bit each in a 64-bit word
 TOKEN_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, MAX_TOKENS)  # n of a causal step's graphs
 MAX_GRAPHS = 48  # graphs kept per model
+OUTPUT_BUDGET = 2 << 30  # bytes of output buffers a model's graphs keep (a working set of 2 context
+# buckets at 32 slots and every token bucket up to 16 fits: 1 GB at Qwen3-8B's vocabulary)
 MIN_CONTEXT = 256  # the smallest context bucket K
 WARMUP = 2  # eager runs on a side stream before a capture (allocator and lazy-init settle)
 
@@ -231,8 +236,6 @@ class GraphedSteps:
             at += s.length
         g = self.graphs.pop(shape, None)  # back in last: the most recently used
         if g is None:
-            if len(self.graphs) >= MAX_GRAPHS:
-                del self.graphs[next(iter(self.graphs))]
             g = _Graph(StaticLayout(rows, n, kv_len, self.device, self.causal, trees),
                        [x.new_zeros(rows * n, *x.shape[1:]) for x in inputs])
         self.graphs[shape] = g
@@ -255,8 +258,20 @@ class GraphedSteps:
             g.graph.replay()
         if self.failed is not None:  # the capture failed: this step eagerly, later ones packed
             g.outputs = self._run(g)
+        self._evict()
         self.num_steps += 1
         return g.outputs, torch.tensor(index, dtype=torch.long, device=self.device)
+
+    @property
+    def output_bytes(self) -> int:
+        """Bytes of the output buffers the kept graphs hold."""
+        return sum(x.nbytes for g in self.graphs.values() for x in g.outputs or () if x is not None)
+
+    def _evict(self) -> None:
+        """Drop the least recently replayed graphs past MAX_GRAPHS or OUTPUT_BUDGET bytes of
+        outputs, never the one just run (its buffers return to the shared pool)."""
+        while len(self.graphs) > 1 and (len(self.graphs) > MAX_GRAPHS or self.output_bytes > OUTPUT_BUDGET):
+            del self.graphs[next(iter(self.graphs))]
 
     def _run(self, g: _Graph) -> Outputs:
         """The padded forward: every kernel a replay runs (a step that attends to nothing reads no mask)."""

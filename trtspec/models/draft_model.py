@@ -31,6 +31,7 @@ class DraftModelDrafter(Drafter):
 
     def __init__(self, model, num_draft_tokens: int, cuda_graphs: bool = False):
         self.lm = TargetModel(model, cuda_graphs=cuda_graphs)  # its chain steps: one token per row
+        self.cuda_graphs = cuda_graphs
         self.num_draft_tokens = num_draft_tokens
         self.fed: dict[int, list[int]] = {}  # slot -> the token ids its cache holds
         self.fed_drafts: dict[int, torch.Tensor] = {}  # slot -> drafts fed in the last proposal
