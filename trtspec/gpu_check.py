@@ -248,7 +248,8 @@ def _lossless_rows(run: Run, dtype: str) -> None:
         graphed = getattr(model, "graphed", None)
         if graphed is not None:
             how += f"; {name}: {graphed.num_steps} steps padded, " + \
-                (f"capture failed: {graphed.failed}" if graphed.failed else f"{len(graphed.graphs)} graphs")
+                (f"capture failed: {graphed.failed}" if graphed.failed else
+                 f"{len(graphed.graphs)} graphs keeping {graphed.output_bytes / 1e6:.1f} MB of outputs")
     short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype]
     ok, detail = verdict(one)
     run.rows.append({"check": f"DFlash greedy == target alone ({run.device.type} {short})", "dtype": dtype,
