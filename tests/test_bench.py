@@ -80,6 +80,30 @@ def test_tiny_concurrency_bench_and_recommendation(tmp_path):
     assert bad.exit_code == 2 and "--concurrency" in bad.output
 
 
+def test_bench_methods_share_one_loaded_target_and_refuse_another(tmp_path):
+    """`load_methods` loads the target's weights once for `none` and every method (each pipeline
+    keeps its own slots and taps), and `bench` refuses configs whose targets differ, naming both,
+    before loading anything: each method is timed and judged against one target alone."""
+    import yaml
+
+    from trtspec.bench.run import load_methods
+    from trtspec.config import load_build_config
+
+    configs = {n: load_build_config(REPO / "build_configs" / f"tiny-{n}.yaml") for n in ("dflash", "dspark")}
+    pipelines = load_methods(configs)
+    assert len({id(p.target.model) for p in pipelines.values()}) == 1
+    assert len({id(p.target) for p in pipelines.values()}) == 3
+    assert pipelines["none"].target.taps is None and pipelines["dflash"].target.taps is not None
+    other = yaml.safe_load((REPO / "build_configs" / "tiny-dspark.yaml").read_text())
+    other["target"]["dtype"] = "bfloat16"
+    (tmp_path / "bf16.yaml").write_text(yaml.safe_dump(other))
+    result = CliRunner().invoke(main, ["bench", str(REPO / "build_configs" / "tiny-dflash.yaml"),
+                                       str(tmp_path / "bf16.yaml"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "(dspark) has target" in result.output, result.output
+    assert "bfloat16" in result.output and "float32" in result.output and "share it" in result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_serve_stream_refills_slots_and_measures_the_steady_state():
     """R = 2 clients over requests of 4, 8 and 2 tokens (target alone: one token per request per
     step): the third joins when the first finishes, and the steady state ends with the third, when

@@ -436,7 +436,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
           write_acceptance, temperature, top_p, top_k, seed, coupling) -> None:
     """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side;
     or, with --url, a running server as its users see it."""
-    from trtspec.bench.run import markdown_table, run_bench
+    from trtspec.bench.run import check_same_target, load_methods, markdown_table, run_bench
     from trtspec.bench.sampled import with_couplings
     from trtspec.runtime import configure_threads
     from trtspec.spec.sampling import SamplingParams
@@ -504,6 +504,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
             raise click.BadParameter(f"{path} repeats the drafter of another config", param_hint="CONFIGS")
         loaded[name] = cfg
     loaded = with_couplings(loaded, sampling, coupling)
+    check_same_target(loaded)
     if write_acceptance:
         dirs = [c.drafter.resolved_path for c in loaded.values()]
         if len(set(dirs)) != len(dirs):
@@ -511,12 +512,14 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
                                      param_hint="--write-acceptance")
     sps = _sps_arg(sps_path) if levels and sps_path is not None else None  # before the long run
     configure_threads(next(iter(loaded.values())))  # the configs share their target
-    results = run_bench(loaded, task_names, prompts_per_task, max_tokens, repeats, not no_hf, tree, sampling)
+    pipelines = load_methods(loaded)  # once, for the table and the concurrent runs
+    results = run_bench(loaded, task_names, prompts_per_task, max_tokens, repeats, not no_hf, tree, sampling,
+                        pipelines)
     if levels:
         from trtspec.bench.concurrency import recommendation_text, run_concurrency
 
         results["concurrency"] = run_concurrency(loaded, task_names, prompts_per_task, max_tokens,
-                                                 levels, sps, sampling)
+                                                 levels, sps, sampling, pipelines)
         if min_user_tps is None:
             min_user_tps = results["concurrency"]["methods"]["none"][str(levels[0])]["per_user_tokens_per_s"]
         results["recommendation"] = recommendation_text(results["concurrency"], min_user_tps, max_users)

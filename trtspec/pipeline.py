@@ -32,6 +32,8 @@ from trtspec.spec.verify import Verifier
 from trtspec.tokenizer import TextTokenizer, end_ids_of, load_tokenizer
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from trtspec.engine.target import EngineTarget
 
 log = logging.getLogger(__name__)
@@ -188,9 +190,12 @@ def _cached_cost_table(pipeline: Pipeline) -> SPSTable:
     return table
 
 
-def load_pipeline(config: BuildConfig, use_drafter: bool = True) -> Pipeline:
+def load_pipeline(config: BuildConfig, use_drafter: bool = True, model: PreTrainedModel | None = None,
+                  ) -> Pipeline:
     """Load the config's target (and drafter unless `use_drafter` is False): flavour torch in
-    torch; flavour engine over onnxruntime sessions of the exported graphs (`trtspec.engine.load`)."""
+    torch; flavour engine over onnxruntime sessions of the exported graphs (`trtspec.engine.load`).
+    `model`: flavour torch, the config's target already loaded (another pipeline's
+    `target.model`), shared instead of loaded again; each pipeline keeps its own slots and taps."""
     check_device(config)
     if config.flavour == "engine":
         return _load_engine_pipeline(config, use_drafter)
@@ -200,7 +205,8 @@ def load_pipeline(config: BuildConfig, use_drafter: bool = True) -> Pipeline:
             "command; use `flavour: torch` or `engine` (generate: --flavour torch)"
         )
     drafter_config = config.drafter if use_drafter else None
-    model = load_causal_lm(config.target.resolved_path, config.target.dtype, config.target.device)
+    if model is None:
+        model = load_causal_lm(config.target.resolved_path, config.target.dtype, config.target.device)
     tokenizer = load_tokenizer(config.target.resolved_path, model.config)
     # the drafter decides which target layers to tap, so build a bare target first
     drafter = build_drafter(drafter_config, TargetModel(model))

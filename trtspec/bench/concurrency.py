@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from trtspec.bench.profile import profile_cost
+from trtspec.bench.run import load_methods
 from trtspec.bench.sampled import check_fields, check_key, method_couplings, reference_of, request_params
 from trtspec.config import BuildConfig, ScheduleConfig
-from trtspec.pipeline import Pipeline, load_pipeline
+from trtspec.pipeline import Pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.decoder import Emitted, Request, SpeculativeDecoder
 from trtspec.spec.metrics import GenerationResult
@@ -108,16 +109,17 @@ def _decoders(pipelines: dict[str, Pipeline], couplings: dict[str, str], slots: 
 
 def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_task: int,
                     max_tokens: int, concurrency: list[int], table: SPSTable | None = None,
-                    sampling: SamplingParams | None = None) -> dict:
+                    sampling: SamplingParams | None = None, pipelines: dict[str, Pipeline] | None = None,
+                    ) -> dict:
     """`configs`: method name -> config (all the same target; each samples with its config's
     coupling, `sampled.method_couplings`). Each drafter's cost model is `table` when given, else its
     config's `schedule.sps_table`, else measured in this run. `sampling`: greedy by default.
+    `pipelines`: `run.load_methods(configs)` when the caller has them already.
     Returns results['concurrency']."""
     sampling = sampling or SamplingParams()
     couplings = method_couplings(configs, sampling)
     first = next(iter(configs.values()))
-    pipelines = {"none": load_pipeline(first, use_drafter=False)}
-    pipelines.update({name: load_pipeline(cfg) for name, cfg in configs.items()})
+    pipelines = pipelines or load_methods(configs)
     tables: dict[str, SPSTable] = {}
     measured: dict = {}  # one profile per drafter (`--coupling both` runs each drafter twice)
     for name, cfg in configs.items():

@@ -32,6 +32,7 @@ from trtspec.bench.sampled import (
     request_params,
 )
 from trtspec.config import BuildConfig, ScheduleConfig, TreeConfig
+from trtspec.errors import ConfigError
 from trtspec.models.dflash_drafter import DFlashDrafter
 from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
@@ -167,18 +168,52 @@ def resolve_trees(pipelines: dict[str, Pipeline], tree: str | TreeConfig | None)
     return out
 
 
+def _target_key(cfg: BuildConfig) -> tuple:
+    """What makes two configs' targets the same loaded model."""
+    return cfg.target.resolved_path.resolve(), cfg.target.dtype, cfg.target.device, cfg.flavour
+
+
+def load_methods(configs: dict[str, BuildConfig]) -> dict[str, Pipeline]:
+    """`none` (the first config's target alone) and a pipeline per method of `configs`; configs of
+    one target (`check_same_target`, as `bench` requires) share its loaded weights, flavour torch,
+    each pipeline keeping its own slots and taps."""
+    first = next(iter(configs.values()))
+    pipelines = {"none": load_pipeline(first, use_drafter=False)}
+    models = {_target_key(first): pipelines["none"].target.model} if first.flavour == "torch" else {}
+    for name, cfg in configs.items():
+        pipelines[name] = load_pipeline(cfg, model=models.get(_target_key(cfg)))
+        if cfg.flavour == "torch":
+            models.setdefault(_target_key(cfg), pipelines[name].target.model)
+    return pipelines
+
+
+def check_same_target(configs: dict[str, BuildConfig]) -> None:
+    """Refuse configs whose targets differ (checkpoint, dtype, device or flavour): every method
+    is measured against one target alone, so a drafter over another target would be timed and
+    judged against the wrong model."""
+    first_name, first = next(iter(configs.items()))
+    for name, cfg in configs.items():
+        if _target_key(cfg) != _target_key(first):
+            raise ConfigError(
+                f"config {cfg.name!r} ({name}) has target {cfg.target.resolved_path} ({cfg.target.dtype}, "
+                f"{cfg.target.device}, flavour {cfg.flavour}) but config {first.name!r} ({first_name}) has "
+                f"{first.target.resolved_path} ({first.target.dtype}, {first.target.device}, flavour "
+                f"{first.flavour}): bench compares drafters of one target, give configs that share it")
+
+
 def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_task: int,
               max_tokens: int, repeats: int = 1, hf_reference: bool = True,
-              tree: str | TreeConfig | None = None, sampling: SamplingParams | None = None) -> dict:
+              tree: str | TreeConfig | None = None, sampling: SamplingParams | None = None,
+              pipelines: dict[str, Pipeline] | None = None) -> dict:
     """`configs` maps a method name to a config whose drafter it uses; all share one target, and at
     a temperature each samples with its config's coupling (`bench.sampled.with_couplings` names
-    them). `tree`: "auto", a TreeConfig or None (`resolve_trees`). `sampling`: greedy by default."""
+    them). `tree`: "auto", a TreeConfig or None (`resolve_trees`). `sampling`: greedy by default.
+    `pipelines`: `load_methods(configs)` when the caller has them already."""
     torch.manual_seed(0)
     sampling = sampling or SamplingParams()
     first = next(iter(configs.values()))
     couplings = method_couplings(configs, sampling)
-    pipelines = {"none": load_pipeline(first, use_drafter=False)}
-    pipelines.update({name: load_pipeline(cfg) for name, cfg in configs.items()})
+    pipelines = pipelines or load_methods(configs)
     trees = resolve_trees(pipelines, tree)
     assistant = None
     if hf_reference:
