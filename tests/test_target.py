@@ -297,10 +297,10 @@ def test_kv_check_sets_the_cuda_graphs_outputs_aside(tiny_target_dir, monkeypatc
     pipeline = pipeline_module.load_pipeline(config)
     pipeline.check_buffers(8)  # no graphs on the CPU: 8 slots of 128 positions fit
     free = free_bytes(pipeline.target.device)
-    monkeypatch.setattr(pipeline_module, "OUTPUT_BUDGET", free // 2 + 1)
+    monkeypatch.setattr(pipeline_module, "OUTPUT_BUDGET", int(free * 0.6))  # margins: other processes
     pipeline.check_buffers(8)  # graphs off: the budget is not counted
     pipeline.target.cuda_graphs = True
-    pipeline.check_buffers(8)  # one graphed model: half the free memory and a few K/V buffers
+    pipeline.check_buffers(8)  # one graphed model: 60 % of the free memory and a few K/V buffers
     pipeline.drafter.cuda_graphs = True
     with pytest.raises(ConfigError, match="CUDA graphs' outputs.*cuda_graphs: false"):
         pipeline.check_buffers(8)
