@@ -120,7 +120,7 @@ def test_dspark_draft_length_must_equal_block_size(tmp_path):
     raw["drafter"]["num_draft_tokens"] = 7
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
-    with pytest.raises(ConfigError, match=r"num_draft_tokens 7 must equal .* DSpark block size 3"):
+    with pytest.raises(ConfigError, match=r"num_draft_tokens 7 must equal .* DSpark block size 5"):
         llm_args(load_build_config(path), for_triton=False)
 
 

@@ -248,8 +248,10 @@ DRAFTERS: dict[str, Architecture] = {
         extra_params=3 * 4096 * 4096 + 32000 * 4096,
     ),
     # deepseek-ai/DeepSeek-V4-Flash-DSpark: the embedded flavour (draft = the target's `mtp.*`
-    # blocks, full DeepSeek-V4 decoder blocks). Block size 3, markov_rank 256, target layers
-    # [40, 41, 42], noise token 128799 as in the sglang DSpark hook test. Number of draft blocks
+    # blocks, full DeepSeek-V4 decoder blocks). Block size 5 (`dspark_block_size` in public copies
+    # of the checkpoint's config.json, and the k = 5 that vLLM deployments of it run; the sglang
+    # DSpark hook test's 3 is a small fixture), markov_rank 256, target layers [40, 41, 42], noise
+    # token 128799. Number of draft blocks
     # ASSUMED 3 (TensorRT-LLM modeling_dspark.py states n_mtp_layers = 3 for V4-Pro); the Markov
     # head adds vocab x 256 twice. Its KV is a rolling window (DSv4DSparkWorker), not per token.
     "deepseek-ai/DeepSeek-V4-Flash-DSpark": Architecture(

@@ -22,7 +22,7 @@ _DRAFT_FIELDS = {
     "deepseek-ai/DeepSeek-V4-Flash-DSpark": {
         "mask_token_id": 128799,
         "target_layer_ids": [40, 41, 42],
-        "block_size": 3,
+        "block_size": 5,
         "markov_rank": 256,
     },
 }
