@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trtspec.spec.sampling import SamplingParams, probs_from_logits
+from trtspec.spec.sampling import SamplingParams, choose_tokens, probs_from_logits
 from trtspec.spec.verify import PAD, Verifier, draw_uniforms, verify_greedy
 from trtspec.spec.verify import verify_sampling as verify_explicit
 
@@ -230,3 +230,30 @@ def test_a_step_without_greedy_rows_computes_no_greedy_verdict():
                                   logits[row : row + 1], [params[row]], [params[row].generator()],
                                   positions[row : row + 1])
         assert got.row(row) == alone.row(0)
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-40, 1e-45], ids=["1e-30", "1e-40", "1e-45"])
+def test_a_vanishing_temperature_samples_the_greedy_limit(temperature):
+    """A temperature > 0 so small that logits / T overflows (30 / 1e-40 is inf in float32; Triton's
+    FP32 and OpenAI's [0, 2] both let it through) must give the T → 0 limit, the argmax, under
+    both couplings and with top-k: it gave NaN probabilities, so a rejection-sampled row stopped
+    the whole step (torch.multinomial), and a Gumbel-coupled row emitted the argmax of inf + g,
+    any token."""
+    gen = torch.Generator().manual_seed(7)
+    r, k, vocab = 4, 3, 16
+    logits = 30 + 5 * torch.randn(r, k + 1, vocab, generator=gen)  # [R, k+1, V], as a model's can be
+    params = [SamplingParams(temperature=temperature, seed=1),
+              SamplingParams(temperature=temperature, top_k=4, seed=2),
+              SamplingParams(temperature=temperature, seed=3, coupling="gumbel"),
+              SamplingParams(temperature=temperature, top_p=0.9, seed=4, coupling="gumbel")]
+    argmax = logits.argmax(-1)  # [R, k+1]
+    for p in params:
+        torch.testing.assert_close(probs_from_logits(logits, p),
+                                   torch.nn.functional.one_hot(argmax, vocab).float())
+    drafts, q = choose_tokens(logits[:, :k], params, [p.generator() for p in params], [9] * r)
+    assert torch.equal(drafts, argmax[:, :k])
+    drafts[:, 1] = (drafts[:, 1] + 1) % vocab  # the second draft of every row is wrong
+    got = Verifier().verify(drafts, torch.full((r,), k), q, logits, params, [p.generator() for p in params],
+                            [9] * r)
+    want = verify_greedy(drafts, logits)
+    assert torch.equal(got.num_accepted, want.num_accepted) and torch.equal(got.tokens, want.tokens)

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trtspec.spec.sampling import SamplingParams, row_probs
+from trtspec.spec.sampling import SamplingParams, row_probs, tempered
 
 MASK32 = 0xFFFFFFFF
 _SEED_SALT, _POSITION_SALT, _VOCAB_SALT = 0x243F6A88, 0x85A308D3, 0x13198A2E
@@ -109,10 +109,11 @@ def gumbel_noise(seeds: Sequence[int | None], positions: Positions, vocab: int, 
 
 def log_weights(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """log p up to a constant per row under each row's temperature/top-k/top-p (−inf where p is 0):
-    logits / T where nothing is cut, log of the processed probabilities otherwise.  [R, ..., V]"""
+    logits / T (`tempered`) where nothing is cut, log of the processed probabilities otherwise.
+    [R, ..., V]"""
     if all(p.top_k == 0 and p.top_p == 1.0 for p in params):
         temps = torch.tensor([p.temperature for p in params], device=logits.device)
-        return logits.float() / temps.view(-1, *[1] * (logits.dim() - 1))
+        return tempered(logits, temps.view(-1, *[1] * (logits.dim() - 1)))
     return row_probs(logits, params).log()
 
 
