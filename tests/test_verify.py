@@ -257,3 +257,23 @@ def test_a_vanishing_temperature_samples_the_greedy_limit(temperature):
                             [9] * r)
     want = verify_greedy(drafts, logits)
     assert torch.equal(got.num_accepted, want.num_accepted) and torch.equal(got.tokens, want.tokens)
+
+
+def test_sampled_drafts_are_drawn_from_the_q_the_verifier_is_given():
+    """The accept test min(1, p/q) is exact only if each draft was drawn from the q it is handed:
+    `choose_tokens`, which every drafter samples through, must draw a sampling row's slots
+    independently from its processed q (temperature, top-k, top-p) and return that q. Drafts
+    drawn from the unprocessed softmax (q still processed) passed every other fast test."""
+    from trtspec.triton.verify import tv_bound
+
+    draws, n, vocab = 20_000, 2, 8
+    logits = 2 * torch.randn(1, n, vocab, generator=torch.Generator().manual_seed(3))  # [1, n, V]
+    for params in (SamplingParams(temperature=0.6, top_k=5), SamplingParams(temperature=1.4, top_p=0.8)):
+        rows = [params.model_copy(update={"seed": s}) for s in range(draws)]
+        tokens, q = choose_tokens(logits.expand(draws, n, vocab), rows, [p.generator() for p in rows],
+                                  [0] * draws)  # [draws, n], [draws, n, V]
+        law = probs_from_logits(logits[0], params)  # [n, V]
+        torch.testing.assert_close(q, law.expand(draws, n, vocab))
+        joint = torch.bincount(tokens[:, 0] * vocab + tokens[:, 1], minlength=vocab**2).double() / draws
+        want = (law[0, :, None] * law[1, None, :]).reshape(-1).double()  # slots independent
+        assert tv(joint, want) < tv_bound(vocab**2, draws, 1e-3), (params, tv(joint, want))
