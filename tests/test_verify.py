@@ -277,3 +277,74 @@ def test_sampled_drafts_are_drawn_from_the_q_the_verifier_is_given():
         joint = torch.bincount(tokens[:, 0] * vocab + tokens[:, 1], minlength=vocab**2).double() / draws
         want = (law[0, :, None] * law[1, None, :]).reshape(-1).double()  # slots independent
         assert tv(joint, want) < tv_bound(vocab**2, draws, 1e-3), (params, tv(joint, want))
+
+
+# -- exact law of the chain rule, by enumeration -----------------------------------------------
+# A 3-token vocabulary, k = 2 drafts. The target's p(· | prefix) are multiples of 1/8 and the
+# drafter's q(· | prefix) take values in {0, 1/4, 1/2, 1}, both depending on the prefix (as a
+# DSpark Markov head's q and every target's p do). Then every accept threshold p(x)/q(x) is a
+# multiple of 1/8 and every recovered/bonus law's cumulative sums are multiples of 1/840, so
+# uniforms at the midpoints of 8 (accept tests) and 840 (u_last) equal cells integrate the rule
+# over its randomness exactly: the output law below is computed, not estimated.
+EXACT_V, EXACT_K, ACCEPT_CELLS, LAST_CELLS = 3, 2, 8, 840
+_P8 = [(4, 3, 1), (1, 1, 6), (2, 5, 1), (0, 3, 5), (8, 0, 0), (3, 3, 2), (1, 6, 1), (5, 0, 3),
+       (2, 2, 4), (0, 1, 7), (6, 1, 1), (3, 0, 5), (1, 4, 3)]
+_Q4 = [(2, 1, 1), (0, 2, 2), (1, 1, 2), (4, 0, 0)]
+
+
+def _exact_p(prefix: tuple[int, ...]) -> list[float]:
+    """The target's next-token law after `prefix` (one of 13 rows, by the prefix)."""
+    key = sum((t + 1) * 4**i for i, t in enumerate(prefix))
+    return [c / 8 for c in _P8[key % len(_P8)]]
+
+
+def _exact_q(prefix: tuple[int, ...]) -> list[float]:
+    key = sum((t + 1) * 3**i for i, t in enumerate(prefix))
+    return [c / 4 for c in _Q4[key % len(_Q4)]]
+
+
+def _enumerated_law(rule, draft_len: int) -> dict[tuple[int, ...], float]:
+    """P(the rule emits exactly this token sequence), over drafts x ~ q and all of its randomness."""
+    import itertools
+
+    cells = lambda n: (torch.arange(n, dtype=torch.float64) + 0.5) / n  # noqa: E731
+    drafts, weights, qs, ps = [], [], [], []
+    for x in itertools.product(range(EXACT_V), repeat=EXACT_K):
+        w = math.prod(_exact_q(x[:i])[x[i]] for i in range(EXACT_K))
+        if w > 0:
+            drafts.append(x)
+            weights.append(w)
+            qs.append([_exact_q(x[:i]) for i in range(EXACT_K)])
+            ps.append([_exact_p(x[:i]) for i in range(EXACT_K + 1)])
+    grid = torch.cartesian_prod(*[cells(ACCEPT_CELLS)] * EXACT_K, cells(LAST_CELLS))  # [G, k+1]
+    d, g = len(drafts), grid.shape[0]
+    rows = lambda t: t.repeat_interleave(g, 0)  # noqa: E731 - each draft against every grid point
+    out = rule(rows(torch.tensor(drafts)), rows(torch.tensor(qs)), rows(torch.tensor(ps)),
+               grid[:, :EXACT_K].float().repeat(d, 1), grid[:, EXACT_K].float().repeat(d),
+               torch.full((d * g,), draft_len))
+    mass = torch.tensor(weights, dtype=torch.float64).repeat_interleave(g) / g
+    law: dict[tuple[int, ...], float] = {}
+    for tokens, n, m in zip(out.tokens.tolist(), out.num_accepted.tolist(), mass.tolist(), strict=True):
+        law[tuple(tokens[: n + 1])] = law.get(tuple(tokens[: n + 1]), 0.0) + m
+    return law
+
+
+def _assert_target_law(law: dict[tuple[int, ...], float], draft_len: int) -> None:
+    """Each emitted sequence s, continued by the target itself, must give every sequence of
+    draft_len + 1 tokens its probability under p (the chain rule): P(s) = Π p(s_j | s_<j)."""
+    import itertools
+
+    assert all(1 <= len(s) <= draft_len + 1 for s in law)
+    for z in itertools.product(range(EXACT_V), repeat=draft_len + 1):
+        want = math.prod(_exact_p(z[:j])[z[j]] for j in range(len(z)))
+        got = sum(m * math.prod(_exact_p(z[:j])[z[j]] for j in range(len(s), len(z)))
+                  for s, m in law.items() if z[: len(s)] == s)
+        assert got == pytest.approx(want, abs=1e-12), (z, got, want)
+
+
+@pytest.mark.parametrize("draft_len", [0, 1, 2])
+def test_chain_rule_gives_the_target_s_joint_law_exactly(draft_len):
+    """The joint law of everything one verification emits (accepted, then recovered or bonus), q
+    and p depending on the prefix, computed exactly: equal to the target's for draft lengths 0
+    (plain decoding), 1 (a cut block: bonus from p_2 after one draft) and 2."""
+    _assert_target_law(_enumerated_law(verify_explicit, draft_len), draft_len)
