@@ -114,3 +114,25 @@ def test_an_unseeded_request_reports_the_seed_that_samples_it_again(coupling):
     assert again.token_ids == first.token_ids and again.seed == first.seed
     assert first.to_dict()["seed"] == first.seed
     assert pipeline.decoder.generate(ids, 8).seed is None
+
+
+def test_a_coupled_sample_does_not_depend_on_what_is_batched_with_it():
+    """Near-ties of log p + g, made on purpose: a row that cuts nothing must pick the same token
+    alone and beside a top-k row. log_weights took logits / T for a batch that cut nothing and
+    log(softmax) for one that did, for every row: the rounding apart moved such ties (the 16th
+    made here sampled token 55 alone and 10 batched)."""
+    vocab, position = 64, 5
+    alone = SamplingParams(temperature=0.7, seed=11, coupling="gumbel")
+    beside = SamplingParams(temperature=0.7, top_k=5, seed=12, coupling="gumbel")
+    g = gumbel_noise([alone.seed], [[position]], vocab)[0, 0]  # [V]
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        logits = 3 * torch.randn(vocab, generator=gen)
+        i, j = (logits / alone.temperature + g).topk(2).indices.tolist()
+        # j's score within a few float32 steps of i's
+        nudge = int(torch.randint(-8, 9, (1,), generator=gen)) * 2e-7
+        logits[j] = alone.temperature * (logits[i] / alone.temperature + g[i] - g[j]) + nudge
+        row = logits[None, None]  # [1, 1, V]
+        solo = coupled_choice(row, [alone], [[position]])
+        batched = coupled_choice(torch.cat([row, row]), [alone, beside], [[position], [position]])
+        assert int(solo[0, 0]) == int(batched[0, 0])

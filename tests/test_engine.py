@@ -283,6 +283,17 @@ def test_sampling_verify_graph_reproduces_target():
         assert _tv(emitted, P_ROWS[position]) < TV_BOUND, (position, emitted)
 
 
+@pytest.mark.parametrize("draft_len", [1, 2])
+def test_sampling_verify_graph_gives_the_target_s_joint_law_exactly(draft_len):
+    """The graph's output law computed exactly over its randomness, as tests/test_verify.py does
+    for the torch rule (q and p depending on the prefix; a cut block and a whole one)."""
+    from tests.test_verify import EXACT_V, _assert_target_law, _enumerated_law
+    from trtspec.engine.verify import GraphVerifier
+
+    graph = GraphVerifier(None, OrtSession(export_verify_sampling(EXACT_V)))
+    _assert_target_law(_enumerated_law(graph.sampling, draft_len), draft_len)
+
+
 def test_attention_node_on_cpu_matches_plugin_reference():
     """The onnxruntime function behind `trtspec::kv_injection_attention`: GQA, ctx_lens masking."""
     from plugins.kv_injection_attention.reference import kv_injection_attention_reference

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trtspec.spec.sampling import SamplingParams, probs_from_logits
+from trtspec.spec.sampling import SamplingParams, choose_tokens, probs_from_logits
 from trtspec.spec.verify import PAD, Verifier, draw_uniforms, verify_greedy
 from trtspec.spec.verify import verify_sampling as verify_explicit
 
@@ -230,3 +230,121 @@ def test_a_step_without_greedy_rows_computes_no_greedy_verdict():
                                   logits[row : row + 1], [params[row]], [params[row].generator()],
                                   positions[row : row + 1])
         assert got.row(row) == alone.row(0)
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-40, 1e-45], ids=["1e-30", "1e-40", "1e-45"])
+def test_a_vanishing_temperature_samples_the_greedy_limit(temperature):
+    """A temperature > 0 so small that logits / T overflows (30 / 1e-40 is inf in float32; Triton's
+    FP32 and OpenAI's [0, 2] both let it through) must give the T → 0 limit, the argmax, under
+    both couplings and with top-k: it gave NaN probabilities, so a rejection-sampled row stopped
+    the whole step (torch.multinomial), and a Gumbel-coupled row emitted the argmax of inf + g,
+    any token."""
+    gen = torch.Generator().manual_seed(7)
+    r, k, vocab = 4, 3, 16
+    logits = 30 + 5 * torch.randn(r, k + 1, vocab, generator=gen)  # [R, k+1, V], as a model's can be
+    params = [SamplingParams(temperature=temperature, seed=1),
+              SamplingParams(temperature=temperature, top_k=4, seed=2),
+              SamplingParams(temperature=temperature, seed=3, coupling="gumbel"),
+              SamplingParams(temperature=temperature, top_p=0.9, seed=4, coupling="gumbel")]
+    argmax = logits.argmax(-1)  # [R, k+1]
+    for p in params:
+        torch.testing.assert_close(probs_from_logits(logits, p),
+                                   torch.nn.functional.one_hot(argmax, vocab).float())
+    drafts, q = choose_tokens(logits[:, :k], params, [p.generator() for p in params], [9] * r)
+    assert torch.equal(drafts, argmax[:, :k])
+    drafts[:, 1] = (drafts[:, 1] + 1) % vocab  # the second draft of every row is wrong
+    got = Verifier().verify(drafts, torch.full((r,), k), q, logits, params, [p.generator() for p in params],
+                            [9] * r)
+    want = verify_greedy(drafts, logits)
+    assert torch.equal(got.num_accepted, want.num_accepted) and torch.equal(got.tokens, want.tokens)
+
+
+def test_sampled_drafts_are_drawn_from_the_q_the_verifier_is_given():
+    """The accept test min(1, p/q) is exact only if each draft was drawn from the q it is handed:
+    `choose_tokens`, which every drafter samples through, must draw a sampling row's slots
+    independently from its processed q (temperature, top-k, top-p) and return that q. Drafts
+    drawn from the unprocessed softmax (q still processed) passed every other fast test."""
+    from trtspec.triton.verify import tv_bound
+
+    draws, n, vocab = 20_000, 2, 8
+    logits = 2 * torch.randn(1, n, vocab, generator=torch.Generator().manual_seed(3))  # [1, n, V]
+    for params in (SamplingParams(temperature=0.6, top_k=5), SamplingParams(temperature=1.4, top_p=0.8)):
+        rows = [params.model_copy(update={"seed": s}) for s in range(draws)]
+        tokens, q = choose_tokens(logits.expand(draws, n, vocab), rows, [p.generator() for p in rows],
+                                  [0] * draws)  # [draws, n], [draws, n, V]
+        law = probs_from_logits(logits[0], params)  # [n, V]
+        torch.testing.assert_close(q, law.expand(draws, n, vocab))
+        joint = torch.bincount(tokens[:, 0] * vocab + tokens[:, 1], minlength=vocab**2).double() / draws
+        want = (law[0, :, None] * law[1, None, :]).reshape(-1).double()  # slots independent
+        assert tv(joint, want) < tv_bound(vocab**2, draws, 1e-3), (params, tv(joint, want))
+
+
+# -- exact law of the chain rule, by enumeration -----------------------------------------------
+# A 3-token vocabulary, k = 2 drafts. The target's p(· | prefix) are multiples of 1/8 and the
+# drafter's q(· | prefix) take values in {0, 1/4, 1/2, 1}, both depending on the prefix (as a
+# DSpark Markov head's q and every target's p do). Then every accept threshold p(x)/q(x) is a
+# multiple of 1/8 and every recovered/bonus law's cumulative sums are multiples of 1/840, so
+# uniforms at the midpoints of 8 (accept tests) and 840 (u_last) equal cells integrate the rule
+# over its randomness exactly: the output law below is computed, not estimated.
+EXACT_V, EXACT_K, ACCEPT_CELLS, LAST_CELLS = 3, 2, 8, 840
+_P8 = [(4, 3, 1), (1, 1, 6), (2, 5, 1), (0, 3, 5), (8, 0, 0), (3, 3, 2), (1, 6, 1), (5, 0, 3),
+       (2, 2, 4), (0, 1, 7), (6, 1, 1), (3, 0, 5), (1, 4, 3)]
+_Q4 = [(2, 1, 1), (0, 2, 2), (1, 1, 2), (4, 0, 0)]
+
+
+def _exact_p(prefix: tuple[int, ...]) -> list[float]:
+    """The target's next-token law after `prefix` (one of 13 rows, by the prefix)."""
+    key = sum((t + 1) * 4**i for i, t in enumerate(prefix))
+    return [c / 8 for c in _P8[key % len(_P8)]]
+
+
+def _exact_q(prefix: tuple[int, ...]) -> list[float]:
+    key = sum((t + 1) * 3**i for i, t in enumerate(prefix))
+    return [c / 4 for c in _Q4[key % len(_Q4)]]
+
+
+def _enumerated_law(rule, draft_len: int) -> dict[tuple[int, ...], float]:
+    """P(the rule emits exactly this token sequence), over drafts x ~ q and all of its randomness."""
+    import itertools
+
+    cells = lambda n: (torch.arange(n, dtype=torch.float64) + 0.5) / n  # noqa: E731
+    drafts, weights, qs, ps = [], [], [], []
+    for x in itertools.product(range(EXACT_V), repeat=EXACT_K):
+        w = math.prod(_exact_q(x[:i])[x[i]] for i in range(EXACT_K))
+        if w > 0:
+            drafts.append(x)
+            weights.append(w)
+            qs.append([_exact_q(x[:i]) for i in range(EXACT_K)])
+            ps.append([_exact_p(x[:i]) for i in range(EXACT_K + 1)])
+    grid = torch.cartesian_prod(*[cells(ACCEPT_CELLS)] * EXACT_K, cells(LAST_CELLS))  # [G, k+1]
+    d, g = len(drafts), grid.shape[0]
+    rows = lambda t: t.repeat_interleave(g, 0)  # noqa: E731 - each draft against every grid point
+    out = rule(rows(torch.tensor(drafts)), rows(torch.tensor(qs)), rows(torch.tensor(ps)),
+               grid[:, :EXACT_K].float().repeat(d, 1), grid[:, EXACT_K].float().repeat(d),
+               torch.full((d * g,), draft_len))
+    mass = torch.tensor(weights, dtype=torch.float64).repeat_interleave(g) / g
+    law: dict[tuple[int, ...], float] = {}
+    for tokens, n, m in zip(out.tokens.tolist(), out.num_accepted.tolist(), mass.tolist(), strict=True):
+        law[tuple(tokens[: n + 1])] = law.get(tuple(tokens[: n + 1]), 0.0) + m
+    return law
+
+
+def _assert_target_law(law: dict[tuple[int, ...], float], draft_len: int) -> None:
+    """Each emitted sequence s, continued by the target itself, must give every sequence of
+    draft_len + 1 tokens its probability under p (the chain rule): P(s) = Π p(s_j | s_<j)."""
+    import itertools
+
+    assert all(1 <= len(s) <= draft_len + 1 for s in law)
+    for z in itertools.product(range(EXACT_V), repeat=draft_len + 1):
+        want = math.prod(_exact_p(z[:j])[z[j]] for j in range(len(z)))
+        got = sum(m * math.prod(_exact_p(z[:j])[z[j]] for j in range(len(s), len(z)))
+                  for s, m in law.items() if z[: len(s)] == s)
+        assert got == pytest.approx(want, abs=1e-12), (z, got, want)
+
+
+@pytest.mark.parametrize("draft_len", [0, 1, 2])
+def test_chain_rule_gives_the_target_s_joint_law_exactly(draft_len):
+    """The joint law of everything one verification emits (accepted, then recovered or bonus), q
+    and p depending on the prefix, computed exactly: equal to the target's for draft lengths 0
+    (plain decoding), 1 (a cut block: bonus from p_2 after one draft) and 2."""
+    _assert_target_law(_enumerated_law(verify_explicit, draft_len), draft_len)

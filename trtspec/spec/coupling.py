@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trtspec.spec.sampling import SamplingParams, row_probs
+from trtspec.spec.sampling import SamplingParams, row_probs, tempered
 
 MASK32 = 0xFFFFFFFF
 _SEED_SALT, _POSITION_SALT, _VOCAB_SALT = 0x243F6A88, 0x85A308D3, 0x13198A2E
@@ -109,11 +109,17 @@ def gumbel_noise(seeds: Sequence[int | None], positions: Positions, vocab: int, 
 
 def log_weights(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """log p up to a constant per row under each row's temperature/top-k/top-p (−inf where p is 0):
-    logits / T where nothing is cut, log of the processed probabilities otherwise.  [R, ..., V]"""
-    if all(p.top_k == 0 and p.top_p == 1.0 for p in params):
-        temps = torch.tensor([p.temperature for p in params], device=logits.device)
-        return logits.float() / temps.view(-1, *[1] * (logits.dim() - 1))
-    return row_probs(logits, params).log()
+    logits / T (`tempered`) for a row that cuts nothing, log of the processed probabilities for one
+    that does. Each row's own parameters decide, never the batch's: the two differ by rounding,
+    which can move the argmax of a near-tie, and a coupled sample must not depend on what else is
+    batched with it.  [R, ..., V]"""
+    temps = torch.tensor([p.temperature for p in params], device=logits.device)
+    weights = tempered(logits, temps.view(-1, *[1] * (logits.dim() - 1)))
+    cut = [r for r, p in enumerate(params) if p.top_k != 0 or p.top_p != 1.0]
+    if cut:
+        idx = torch.tensor(cut, device=logits.device)
+        weights[idx] = row_probs(logits[idx], [params[r] for r in cut]).log()
+    return weights
 
 
 def coupled_scores(logits: torch.Tensor, params: Sequence[SamplingParams],

@@ -51,16 +51,26 @@ class SamplingParams(BaseModel):
         return gen
 
 
+def tempered(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
+    """logits / T up to a constant per row, as (logits − max) / T: softmax is shift-invariant, so the
+    law is the same, and no T > 0 overflows (30 / 1e-40 is inf, and softmax of infs is NaN): as T → 0
+    every token but the most likely goes to −inf, the greedy limit.  logits [..., V]; temperature a
+    number or broadcastable to logits [..., 1] -> float32 [..., V]"""
+    logits = logits.float()
+    top = logits.amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, 0.0)  # a row of −inf (or inf) stays what it was
+    return (logits - top) / temperature
+
+
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Apply temperature, top-k, top-p; return probabilities.  # logits: [..., V]
 
     Greedy requests get a one-hot distribution on the argmax, so greedy and sampling
     verification are the same rule on the same kind of input.
     """
-    logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    logits = tempered(logits, params.temperature)
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
