@@ -572,6 +572,33 @@ def test_frontend_unavailable_triton_is_a_503(tmp_path, config):
         frontend.stop()
 
 
+def test_a_prompt_over_max_input_tokens_is_a_400_naming_it_before_triton(config):
+    """With `limits.max_input_tokens`, the frontend knows the deployment's bounds: a longer prompt
+    is a 400 naming `prompt` / `messages` (it reached the model, which refused it naming
+    `text_input`, param null), and /v1/models reports max_input_tokens + max_tokens as
+    max_model_len, what a request may use (it reported the target's 4,096 positions). Triton is
+    not running: the answer comes from the frontend alone."""
+    from trtspec.openai.model_info import served_model
+
+    limited = config.model_copy(update={"limits": config.limits.model_copy(
+        update={"max_tokens": 64, "max_input_tokens": 8})})
+    nowhere = f"127.0.0.1:{free_port()}"
+    frontend = OpenAIFrontend(served_model(limited), nowhere, "127.0.0.1", free_port()).start()
+    try:
+        client = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="none", max_retries=0)
+        assert client.models.retrieve("trtspec").model_extra["max_model_len"] == 8 + 64
+        for call, param in ((lambda: client.completions.create(model="trtspec", prompt=PROMPTS[0]), "prompt"),
+                            (lambda: client.chat.completions.create(
+                                model="trtspec", messages=[{"role": "user", "content": "482 + 356"}]),
+                             "messages")):
+            with pytest.raises(openai.BadRequestError) as refused:
+                call()
+            assert refused.value.param == param and refused.value.code == "context_length_exceeded"
+            assert "limits.max_input_tokens" in refused.value.message
+    finally:
+        frontend.stop()
+
+
 def test_shipped_chat_template_is_the_recipes():
     from trtspec.config import ASSETS_DIR
     from trtspec.train.corpus import CHAT_STOP, CHAT_TEMPLATE, CHAT_TEMPLATE_FILE

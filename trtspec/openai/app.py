@@ -75,6 +75,10 @@ class Frontend:
             raise ApiError(f"This model's maximum context length is {model.context_length} tokens. "
                            f"However, your {param} resulted in {prompt_tokens} tokens.", param,
                            code="context_length_exceeded")
+        if model.max_input_tokens is not None and prompt_tokens > model.max_input_tokens:
+            raise ApiError(f"This deployment takes prompts of up to {model.max_input_tokens} tokens "
+                           f"(limits.max_input_tokens). However, your {param} resulted in {prompt_tokens} "
+                           "tokens.", param, code="context_length_exceeded")
         max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
         name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
         if max_tokens is None:
