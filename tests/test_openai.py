@@ -232,6 +232,8 @@ BAD = [
     ("chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
     ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("chat/completions", {"max_completion_tokens": 5000}, "max_completion_tokens"),
+    # alone (GOOD_CHAT's max_tokens dropped), 0 generated to the end of the context
+    ("chat/completions", {"max_tokens": None, "max_completion_tokens": 0}, "max_completion_tokens"),
     ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
     ("chat/completions", {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),

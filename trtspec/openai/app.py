@@ -79,8 +79,10 @@ class Frontend:
             raise ApiError(f"This deployment takes prompts of up to {model.max_input_tokens} tokens "
                            f"(limits.max_input_tokens). However, your {param} resulted in {prompt_tokens} "
                            "tokens.", param, code="context_length_exceeded")
-        max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
-        name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+        # chat's max_completion_tokens wins (check_chat refused the two disagreeing); 0 is a value
+        completion = getattr(req, "max_completion_tokens", None)
+        name = "max_tokens" if completion is None else "max_completion_tokens"
+        max_tokens = req.max_tokens if completion is None else completion
         if max_tokens is None:
             max_tokens = min(default_max or room, room, model.max_tokens)
         if not 1 <= max_tokens <= model.max_tokens:
