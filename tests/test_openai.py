@@ -332,6 +332,29 @@ def test_chat_accepts_and_ignores_openais_metadata_fields(served):
     assert got.choices[0].message.content == plain.choices[0].message.content
 
 
+def test_an_answer_sent_back_as_the_sdk_dumps_it_continues_the_conversation(served):
+    """`messages.append(answer.choices[0].message.model_dump())` sends every field of the SDK's
+    message, the unset ones null (`refusal`, `annotations`, `audio`, `function_call`,
+    `tool_calls`): they are absent, as vLLM takes them (it was a 400 on `messages[1].annotations`);
+    a field with a value (tool calls) is still refused by name."""
+    client = served.client()
+    question = {"role": "user", "content": "482 + 356"}
+    answer = client.chat.completions.create(model="trtspec", messages=[question], max_tokens=8, temperature=0)
+    dumped = answer.choices[0].message.model_dump()
+    assert {"refusal", "annotations", "tool_calls"} <= {k for k, v in dumped.items() if v is None}
+    plain = {"role": "assistant", "content": answer.choices[0].message.content}
+    follow = {"role": "user", "content": "1 + 1"}
+    expected, got = (client.chat.completions.create(model="trtspec", messages=[question, sent, follow],
+                                                    max_tokens=8, temperature=0) for sent in (plain, dumped))
+    assert got.choices[0].message.content == expected.choices[0].message.content
+    assert got.usage.prompt_tokens == expected.usage.prompt_tokens
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="trtspec", messages=[question, {**dumped, "tool_calls": [call]}],
+                                       max_tokens=8)
+    assert refused.value.param == "messages[1].tool_calls"
+
+
 def test_non_text_content_part_is_refused_as_such(served):
     """An image (or any non-text) part: a 400 naming messages[i].content that says only text parts
     are served, on chat and on /tokenize, which render messages alike."""

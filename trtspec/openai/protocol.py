@@ -278,7 +278,10 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
         if msg.role not in ROLES:
             raise ApiError(f"Invalid value for 'messages[{i}].role': {msg.role!r}; expected one of "
                            f"{', '.join(ROLES)}.", f"messages[{i}].role", code="invalid_value")
-        extra = sorted(set(msg.model_extra or {}) - {"name"})
+        # a field the client sends empty (an SDK message dumped whole: refusal, tool_calls, audio,
+        # annotations … null) is absent; one with a value is not served
+        extra = sorted(key for key, value in (msg.model_extra or {}).items()
+                       if key != "name" and value not in (None, [], {}))
         if extra:
             raise _refuse(f"messages[{i}].{extra[0]}", msg.model_extra[extra[0]], "text messages only")
         content = msg.content
