@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from trtspec.openai.logprobs import LogprobsBody
@@ -118,13 +118,30 @@ class Frontend:
             raise ApiError(f"The model `{name}` does not exist.", "model", status=404, code="model_not_found")
 
 
-async def _watch_disconnect(request: Request, task: asyncio.Task) -> None:
+class ClientGone(Exception):
+    """The HTTP client went away before its answer; what it asked for was cancelled."""
+
+
+async def _watch_disconnect(request: Request, task: asyncio.Future) -> None:
     """Cancel `task` when the HTTP client goes away (the body is read, so only that comes)."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             task.cancel()
             return
+
+
+async def _unless_gone(request: Request, work: asyncio.Future):
+    """`work`'s result, cancelling it if the client goes away first (then ClientGone)."""
+    watcher = asyncio.ensure_future(_watch_disconnect(request, work))
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if watcher.done():  # it cancelled `work`; a cancellation of this handler goes on up
+            raise ClientGone from None
+        raise
+    finally:
+        watcher.cancel()
 
 
 class _Run:
@@ -204,6 +221,12 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
         return _error(exc)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone):
+        """Nobody reads it: an answer instead of an 'Exception in ASGI application' in the log
+        (499, nginx's 'client closed request')."""
+        return Response(status_code=499)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
@@ -360,14 +383,11 @@ async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, 
         return text
 
     each = [asyncio.ensure_future(collect(run)) for run in runs]
-    task = asyncio.ensure_future(asyncio.gather(*each))
-    watcher = asyncio.ensure_future(_watch_disconnect(request, task))
     try:
-        texts = await task
+        texts = await _unless_gone(request, asyncio.gather(*each))
     except TritonError as exc:
         raise _triton_error(exc) from None
     finally:
-        watcher.cancel()
         for one in each:  # one prompt refused: the others' Triton requests end too
             one.cancel()
     choices = []
