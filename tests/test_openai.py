@@ -168,13 +168,15 @@ def test_eight_streaming_clients_ten_requests_each(served, pipeline):
 DROPPING_CLIENT = """
 import json, sys, threading, time, urllib.request
 body = {"model": "trtspec", "prompt": json.loads(sys.argv[3]), "max_tokens": 2048, "temperature": 0,
-        "stream": sys.argv[4] == "stream"}
+        "stream": sys.argv[4] != "whole", "ignore_eos": True}
 req = urllib.request.Request(sys.argv[1], data=json.dumps(body).encode(),
                              headers={"Authorization": "Bearer " + sys.argv[2]})
-if body["stream"]:
-    urllib.request.urlopen(req).readline()
-else:  # gone before any answer
-    threading.Thread(target=urllib.request.urlopen, args=(req,), daemon=True).start()
+held = []
+if sys.argv[4] == "stream":
+    held.append(urllib.request.urlopen(req))
+    held[0].readline()
+else:  # gone before any answer (whole), or before a slot (queued)
+    threading.Thread(target=lambda: held.append(urllib.request.urlopen(req)), daemon=True).start()
     time.sleep(0.5)
 print("got", flush=True)
 import time; time.sleep(600)
@@ -205,6 +207,40 @@ def test_client_dropped_mid_stream_is_cancelled(served, pipeline, prompt, mode):
     got = served.client().completions.create(model="trtspec", prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
                                              temperature=0)
     assert got.choices[0].text == _greedy(pipeline, PROMPTS[0])[0]
+    assert "ERROR" not in Path(served.log).read_text()[logged:]
+
+
+def test_a_streamed_request_whose_client_left_while_queued_never_decodes(served):
+    """A streaming client that goes away before its first response (queued behind the 8 decoder
+    slots here) cancels its Triton request then: it never takes a slot. It was admitted and
+    prefilled once the slots freed (the frontend only learnt of it when its first chunk was sent)."""
+    def client(prompt, mode: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", DROPPING_CLIENT, f"{served.base}/v1/completions", KEY,
+                                 json.dumps(prompt), mode], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "got"
+        return proc
+
+    def settle(name: str, value: float) -> float:
+        deadline = time.monotonic() + 30
+        while served.metric(name) != value and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return served.metric(name)
+
+    logged = len(Path(served.log).read_text())
+    occupier = client((CODE * 3)[:8], "stream")  # 8 choices of 2,048 tokens each, end ids ignored
+    try:
+        assert settle("trtspec_requests_in_flight", 8) == 8
+        queued = client(CODE[0], "queued")
+        assert settle("trtspec_requests_waiting", 1) == 1
+        admitted = served.metric("trtspec_queue_seconds_count")
+        queued.kill()  # gone while queued
+        queued.wait()
+        time.sleep(1.0)  # let the frontend cancel it before the slots free
+    finally:
+        occupier.kill()
+        occupier.wait()
+    assert settle("trtspec_requests_in_flight", 0) == 0 and settle("trtspec_requests_waiting", 0) == 0
+    assert served.metric("trtspec_queue_seconds_count") == admitted, "the queued request took a slot"
     assert "ERROR" not in Path(served.log).read_text()[logged:]
 
 

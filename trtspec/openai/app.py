@@ -352,8 +352,15 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             return await _whole(request, front, runs, rid, created, chat)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         streams = [triton.generate(run.gen) for run in runs]
-        # a refused request is an HTTP error, not a stream: wait for every choice's first response
-        firsts = await asyncio.gather(*(anext(steps) for steps in streams), return_exceptions=True)
+        # a refused request is an HTTP error, not a stream: wait for every choice's first response;
+        # a client that leaves meanwhile (queued for a decoder slot, in a long prefill) cancels them
+        try:
+            firsts = await _unless_gone(request, asyncio.gather(*(anext(steps) for steps in streams),
+                                                                return_exceptions=True))
+        except ClientGone:
+            for steps in streams:
+                await steps.aclose()
+            raise
         refused = next((f for f in firsts if isinstance(f, BaseException)), None)
         if refused is not None:
             for steps in streams:
