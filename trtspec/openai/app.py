@@ -501,7 +501,7 @@ def _figures(runs: list[_Run], choice: int | None = None) -> dict:
     """The `trtspec` field: drafted and accepted tokens and target forwards of one choice (or all
     added up), and for a sampled request its seed (the one sent, or the one drawn for it): sent
     back as `seed`, it samples the same choices again (under Gumbel coupling exactly, under
-    rejection sampling when the batch repeats too)."""
+    rejection sampling only when its draft lengths repeat too)."""
     figures = _summed(run.figures() for run in (runs if choice is None else [runs[choice]]))
     first = runs[0].gen  # choice j of a prompt samples with seed + j: the first's is the request's
     return figures if first.temperature == 0 else {**figures, "seed": first.seed}

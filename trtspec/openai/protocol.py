@@ -51,8 +51,9 @@ class _Common(_Forbid):
     top_p: float | None = Field(None, description="nucleus mass in (0, 1]")
     top_k: int | None = Field(None, description="keep the k most likely (vLLM/SGLang extension); -1, 0 = all")
     min_tokens: int | None = Field(None, description="no end of sequence before this many tokens (vLLM's)")
-    seed: int | None = Field(None, description="sampling seed: the same seed gives the same text under the "
-                             "same schedule (alone); under load, another draw of the same law")
+    seed: int | None = Field(None, description="sampling seed: the same text under Gumbel coupling; under "
+                             "rejection sampling only under the same draft lengths (else another draw "
+                             "of the same law)")
     stop: str | list[str] | None = Field(None, description=f"up to {MAX_STOP} sequences that end generation, "
                                          "not sent")
     stop_token_ids: list[int] | None = Field(None, description="ids that end generation besides the model's "
