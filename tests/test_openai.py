@@ -438,6 +438,18 @@ def test_usage_counts_each_prompt_once_and_every_choice(served, pipeline):
     chunks = list(client.chat.completions.create(**ask, messages=messages, stream=True,
                                                  stream_options={"include_usage": True}))
     check(chunks[-1].usage, len(rendered), 2 * tokens)
+    # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far (it was accepted
+    # and ignored: usage null until the last chunk)
+    chunks = list(client.chat.completions.create(**ask, messages=messages, stream=True, stream_options={
+        "include_usage": True, "continuous_usage_stats": True}))
+    check(chunks[-1].usage, len(rendered), 2 * tokens)
+    so_far = {0: 0, 1: 0}
+    for chunk in chunks[:-1]:
+        choice = chunk.choices[0]
+        assert chunk.usage.completion_tokens >= so_far[choice.index]
+        so_far[choice.index] = chunk.usage.completion_tokens
+        check(chunk.usage, len(rendered), so_far[choice.index])
+    assert so_far == {0: tokens, 1: tokens}
 
 
 def test_wrong_or_missing_api_key_is_a_401_and_runs_nothing(served):

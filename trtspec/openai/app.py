@@ -351,6 +351,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         if not req.stream:
             return await _whole(request, front, runs, rid, created, chat)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = include_usage and req.stream_options.continuous_usage_stats
         streams = [triton.generate(run.gen) for run in runs]
         # a refused request is an HTTP error, not a stream: wait for every choice's first response;
         # a client that leaves meanwhile (queued for a decoder slot, in a long prefill) cancels them
@@ -368,7 +369,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             if isinstance(refused, TritonError):
                 raise _triton_error(refused) from None
             raise refused
-        events = _events(firsts, streams, runs, rid, created, model.name, chat, include_usage)
+        events = _events(firsts, streams, runs, rid, created, model.name, chat, include_usage, continuous)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
@@ -447,10 +448,18 @@ async def _merged(firsts: list, streams: list[AsyncIterator]) -> AsyncIterator[t
 
 
 async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], rid: str, created: int,
-                  model: str, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    """Server-sent events of every choice (a prompt each), chunks tagged by choice index."""
+                  model: str, chat: bool, include_usage: bool,
+                  continuous: bool = False) -> AsyncIterator[bytes]:
+    """Server-sent events of every choice (a prompt each), chunks tagged by choice index; with
+    `continuous` (vLLM's continuous_usage_stats) each chunk carries its choice's usage so far."""
     kind = "chat.completion.chunk" if chat else "text_completion"
-    usage = {"usage": None} if include_usage else {}
+
+    def usage(i: int) -> dict:
+        if not continuous:
+            return {"usage": None} if include_usage else {}
+        run = runs[i]
+        return {"usage": {"prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens,
+                          "total_tokens": run.prompt_tokens + run.completion_tokens}}
 
     def chunk(i: int, text: str | None, finish: str | None, role: bool = False, extra: dict | None = None,
               logprobs: dict | None = None) -> bytes:
@@ -462,7 +471,7 @@ async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], 
         else:
             choice = {"index": i, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return _sse({"id": rid, "object": kind, "created": created, "model": model, "choices": [choice],
-                     **usage, **(extra or {})})
+                     **usage(i), **(extra or {})})
 
     steps = _merged(firsts, streams)
     try:

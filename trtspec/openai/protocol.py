@@ -39,7 +39,8 @@ class _Forbid(BaseModel):
 
 class StreamOptions(_Forbid):
     include_usage: bool = Field(False, description="send a last chunk with the request's usage")
-    continuous_usage_stats: bool = Field(False, description="vLLM's option, accepted; usage comes last")
+    continuous_usage_stats: bool = Field(False, description="with include_usage, every chunk carries its "
+                                         "choice's usage so far (vLLM's option)")
 
 
 class _Common(_Forbid):
