@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import openai
@@ -167,13 +168,15 @@ def test_eight_streaming_clients_ten_requests_each(served, pipeline):
 DROPPING_CLIENT = """
 import json, sys, threading, time, urllib.request
 body = {"model": "trtspec", "prompt": json.loads(sys.argv[3]), "max_tokens": 2048, "temperature": 0,
-        "stream": sys.argv[4] == "stream"}
+        "stream": sys.argv[4] != "whole", "ignore_eos": True}
 req = urllib.request.Request(sys.argv[1], data=json.dumps(body).encode(),
                              headers={"Authorization": "Bearer " + sys.argv[2]})
-if body["stream"]:
-    urllib.request.urlopen(req).readline()
-else:  # gone before any answer
-    threading.Thread(target=urllib.request.urlopen, args=(req,), daemon=True).start()
+held = []
+if sys.argv[4] == "stream":
+    held.append(urllib.request.urlopen(req))
+    held[0].readline()
+else:  # gone before any answer (whole), or before a slot (queued)
+    threading.Thread(target=lambda: held.append(urllib.request.urlopen(req)), daemon=True).start()
     time.sleep(0.5)
 print("got", flush=True)
 import time; time.sleep(600)
@@ -187,7 +190,9 @@ CODE = ["def parse(self, text):\n", "import os\n", "class A:\n"]
                          ids=["one-streamed", "three-streamed", "two-whole"])
 def test_client_dropped_mid_stream_is_cancelled(served, pipeline, prompt, mode):
     """A client that goes away mid-answer ends its Triton requests, every choice's: none is still
-    decoding 2 s later (a 2,048-token answer takes several seconds here), and the next is served."""
+    decoding 2 s later (a 2,048-token answer takes several seconds here), and the next is served.
+    The server logs no error for it (an unanswered request was 'Exception in ASGI application')."""
+    logged = len(Path(served.log).read_text())
     proc = subprocess.Popen([sys.executable, "-c", DROPPING_CLIENT, f"{served.base}/v1/completions", KEY,
                              json.dumps(prompt), mode], stdout=subprocess.PIPE, text=True)
     try:
@@ -202,6 +207,41 @@ def test_client_dropped_mid_stream_is_cancelled(served, pipeline, prompt, mode):
     got = served.client().completions.create(model="trtspec", prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
                                              temperature=0)
     assert got.choices[0].text == _greedy(pipeline, PROMPTS[0])[0]
+    assert "ERROR" not in Path(served.log).read_text()[logged:]
+
+
+def test_a_streamed_request_whose_client_left_while_queued_never_decodes(served):
+    """A streaming client that goes away before its first response (queued behind the 8 decoder
+    slots here) cancels its Triton request then: it never takes a slot. It was admitted and
+    prefilled once the slots freed (the frontend only learnt of it when its first chunk was sent)."""
+    def client(prompt, mode: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", DROPPING_CLIENT, f"{served.base}/v1/completions", KEY,
+                                 json.dumps(prompt), mode], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "got"
+        return proc
+
+    def settle(name: str, value: float) -> float:
+        deadline = time.monotonic() + 30
+        while served.metric(name) != value and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return served.metric(name)
+
+    logged = len(Path(served.log).read_text())
+    occupier = client((CODE * 3)[:8], "stream")  # 8 choices of 2,048 tokens each, end ids ignored
+    try:
+        assert settle("trtspec_requests_in_flight", 8) == 8
+        queued = client(CODE[0], "queued")
+        assert settle("trtspec_requests_waiting", 1) == 1
+        admitted = served.metric("trtspec_queue_seconds_count")
+        queued.kill()  # gone while queued
+        queued.wait()
+        time.sleep(1.0)  # let the frontend cancel it before the slots free
+    finally:
+        occupier.kill()
+        occupier.wait()
+    assert settle("trtspec_requests_in_flight", 0) == 0 and settle("trtspec_requests_waiting", 0) == 0
+    assert served.metric("trtspec_queue_seconds_count") == admitted, "the queued request took a slot"
+    assert "ERROR" not in Path(served.log).read_text()[logged:]
 
 
 GOOD_COMPLETION = {"model": "trtspec", "prompt": "Q: 1 + 2\nA:", "max_tokens": 4}
@@ -232,6 +272,8 @@ BAD = [
     ("chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
     ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("chat/completions", {"max_completion_tokens": 5000}, "max_completion_tokens"),
+    # alone (GOOD_CHAT's max_tokens dropped), 0 generated to the end of the context
+    ("chat/completions", {"max_tokens": None, "max_completion_tokens": 0}, "max_completion_tokens"),
     ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
     ("chat/completions", {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
@@ -330,6 +372,29 @@ def test_chat_accepts_and_ignores_openais_metadata_fields(served):
     assert got.choices[0].message.content == plain.choices[0].message.content
 
 
+def test_an_answer_sent_back_as_the_sdk_dumps_it_continues_the_conversation(served):
+    """`messages.append(answer.choices[0].message.model_dump())` sends every field of the SDK's
+    message, the unset ones null (`refusal`, `annotations`, `audio`, `function_call`,
+    `tool_calls`): they are absent, as vLLM takes them (it was a 400 on `messages[1].annotations`);
+    a field with a value (tool calls) is still refused by name."""
+    client = served.client()
+    question = {"role": "user", "content": "482 + 356"}
+    answer = client.chat.completions.create(model="trtspec", messages=[question], max_tokens=8, temperature=0)
+    dumped = answer.choices[0].message.model_dump()
+    assert {"refusal", "annotations", "tool_calls"} <= {k for k, v in dumped.items() if v is None}
+    plain = {"role": "assistant", "content": answer.choices[0].message.content}
+    follow = {"role": "user", "content": "1 + 1"}
+    expected, got = (client.chat.completions.create(model="trtspec", messages=[question, sent, follow],
+                                                    max_tokens=8, temperature=0) for sent in (plain, dumped))
+    assert got.choices[0].message.content == expected.choices[0].message.content
+    assert got.usage.prompt_tokens == expected.usage.prompt_tokens
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="trtspec", messages=[question, {**dumped, "tool_calls": [call]}],
+                                       max_tokens=8)
+    assert refused.value.param == "messages[1].tool_calls"
+
+
 def test_non_text_content_part_is_refused_as_such(served):
     """An image (or any non-text) part: a 400 naming messages[i].content that says only text parts
     are served, on chat and on /tokenize, which render messages alike."""
@@ -373,6 +438,18 @@ def test_usage_counts_each_prompt_once_and_every_choice(served, pipeline):
     chunks = list(client.chat.completions.create(**ask, messages=messages, stream=True,
                                                  stream_options={"include_usage": True}))
     check(chunks[-1].usage, len(rendered), 2 * tokens)
+    # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far (it was accepted
+    # and ignored: usage null until the last chunk)
+    chunks = list(client.chat.completions.create(**ask, messages=messages, stream=True, stream_options={
+        "include_usage": True, "continuous_usage_stats": True}))
+    check(chunks[-1].usage, len(rendered), 2 * tokens)
+    so_far = {0: 0, 1: 0}
+    for chunk in chunks[:-1]:
+        choice = chunk.choices[0]
+        assert chunk.usage.completion_tokens >= so_far[choice.index]
+        so_far[choice.index] = chunk.usage.completion_tokens
+        check(chunk.usage, len(rendered), so_far[choice.index])
+    assert so_far == {0: tokens, 1: tokens}
 
 
 def test_wrong_or_missing_api_key_is_a_401_and_runs_nothing(served):
@@ -568,6 +645,33 @@ def test_frontend_unavailable_triton_is_a_503(tmp_path, config):
         assert unavailable.value.code == 503
         status, body = _post(f"{frontend.url}/v1/completions", GOOD_COMPLETION, None)
         assert status == 503 and body["error"]["type"] == "server_error"
+    finally:
+        frontend.stop()
+
+
+def test_a_prompt_over_max_input_tokens_is_a_400_naming_it_before_triton(config):
+    """With `limits.max_input_tokens`, the frontend knows the deployment's bounds: a longer prompt
+    is a 400 naming `prompt` / `messages` (it reached the model, which refused it naming
+    `text_input`, param null), and /v1/models reports max_input_tokens + max_tokens as
+    max_model_len, what a request may use (it reported the target's 4,096 positions). Triton is
+    not running: the answer comes from the frontend alone."""
+    from trtspec.openai.model_info import served_model
+
+    limited = config.model_copy(update={"limits": config.limits.model_copy(
+        update={"max_tokens": 64, "max_input_tokens": 8})})
+    nowhere = f"127.0.0.1:{free_port()}"
+    frontend = OpenAIFrontend(served_model(limited), nowhere, "127.0.0.1", free_port()).start()
+    try:
+        client = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="none", max_retries=0)
+        assert client.models.retrieve("trtspec").model_extra["max_model_len"] == 8 + 64
+        for call, param in ((lambda: client.completions.create(model="trtspec", prompt=PROMPTS[0]), "prompt"),
+                            (lambda: client.chat.completions.create(
+                                model="trtspec", messages=[{"role": "user", "content": "482 + 356"}]),
+                             "messages")):
+            with pytest.raises(openai.BadRequestError) as refused:
+                call()
+            assert refused.value.param == param and refused.value.code == "context_length_exceeded"
+            assert "limits.max_input_tokens" in refused.value.message
     finally:
         frontend.stop()
 

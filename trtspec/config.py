@@ -175,6 +175,13 @@ class GenerationLimits(_Strict):
         description="requests one served model instance decodes together (continuous batching: one "
                     "packed target forward per step for all of them); more wait in its queue")
 
+    def capacity(self, positions: int) -> int:
+        """Positions one request may use (prompt + generated): the target's `positions`, or
+        max_input_tokens + max_tokens when that is fewer."""
+        if self.max_input_tokens is None:
+            return positions
+        return min(positions, self.max_input_tokens + self.max_tokens)
+
 
 class RuntimeConfig(_Strict):
     """How the process that decodes uses this machine (`trtspec.runtime`)."""

@@ -70,11 +70,7 @@ class Pipeline:
     @property
     def capacity(self) -> int:
         """Positions one request may use: the target's, or the config's limits when set."""
-        limits = self.config.limits
-        positions = self.target.max_positions
-        if limits.max_input_tokens is not None:
-            positions = min(positions, limits.max_input_tokens + limits.max_tokens)
-        return positions
+        return self.config.limits.capacity(self.target.max_positions)
 
     @functools.cached_property
     def cost_table(self) -> SPSTable | None:

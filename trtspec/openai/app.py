@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from trtspec.openai.logprobs import LogprobsBody
@@ -75,8 +75,14 @@ class Frontend:
             raise ApiError(f"This model's maximum context length is {model.context_length} tokens. "
                            f"However, your {param} resulted in {prompt_tokens} tokens.", param,
                            code="context_length_exceeded")
-        max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
-        name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+        if model.max_input_tokens is not None and prompt_tokens > model.max_input_tokens:
+            raise ApiError(f"This deployment takes prompts of up to {model.max_input_tokens} tokens "
+                           f"(limits.max_input_tokens). However, your {param} resulted in {prompt_tokens} "
+                           "tokens.", param, code="context_length_exceeded")
+        # chat's max_completion_tokens wins (check_chat refused the two disagreeing); 0 is a value
+        completion = getattr(req, "max_completion_tokens", None)
+        name = "max_tokens" if completion is None else "max_completion_tokens"
+        max_tokens = req.max_tokens if completion is None else completion
         if max_tokens is None:
             max_tokens = min(default_max or room, room, model.max_tokens)
         if not 1 <= max_tokens <= model.max_tokens:
@@ -112,13 +118,30 @@ class Frontend:
             raise ApiError(f"The model `{name}` does not exist.", "model", status=404, code="model_not_found")
 
 
-async def _watch_disconnect(request: Request, task: asyncio.Task) -> None:
+class ClientGone(Exception):
+    """The HTTP client went away before its answer; what it asked for was cancelled."""
+
+
+async def _watch_disconnect(request: Request, task: asyncio.Future) -> None:
     """Cancel `task` when the HTTP client goes away (the body is read, so only that comes)."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             task.cancel()
             return
+
+
+async def _unless_gone(request: Request, work: asyncio.Future):
+    """`work`'s result, cancelling it if the client goes away first (then ClientGone)."""
+    watcher = asyncio.ensure_future(_watch_disconnect(request, work))
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if watcher.done():  # it cancelled `work`; a cancellation of this handler goes on up
+            raise ClientGone from None
+        raise
+    finally:
+        watcher.cancel()
 
 
 class _Run:
@@ -198,6 +221,12 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
         return _error(exc)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone):
+        """Nobody reads it: an answer instead of an 'Exception in ASGI application' in the log
+        (499, nginx's 'client closed request')."""
+        return Response(status_code=499)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
@@ -322,9 +351,17 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         if not req.stream:
             return await _whole(request, front, runs, rid, created, chat)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = include_usage and req.stream_options.continuous_usage_stats
         streams = [triton.generate(run.gen) for run in runs]
-        # a refused request is an HTTP error, not a stream: wait for every choice's first response
-        firsts = await asyncio.gather(*(anext(steps) for steps in streams), return_exceptions=True)
+        # a refused request is an HTTP error, not a stream: wait for every choice's first response;
+        # a client that leaves meanwhile (queued for a decoder slot, in a long prefill) cancels them
+        try:
+            firsts = await _unless_gone(request, asyncio.gather(*(anext(steps) for steps in streams),
+                                                                return_exceptions=True))
+        except ClientGone:
+            for steps in streams:
+                await steps.aclose()
+            raise
         refused = next((f for f in firsts if isinstance(f, BaseException)), None)
         if refused is not None:
             for steps in streams:
@@ -332,7 +369,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             if isinstance(refused, TritonError):
                 raise _triton_error(refused) from None
             raise refused
-        events = _events(firsts, streams, runs, rid, created, model.name, chat, include_usage)
+        events = _events(firsts, streams, runs, rid, created, model.name, chat, include_usage, continuous)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
@@ -354,14 +391,11 @@ async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, 
         return text
 
     each = [asyncio.ensure_future(collect(run)) for run in runs]
-    task = asyncio.ensure_future(asyncio.gather(*each))
-    watcher = asyncio.ensure_future(_watch_disconnect(request, task))
     try:
-        texts = await task
+        texts = await _unless_gone(request, asyncio.gather(*each))
     except TritonError as exc:
         raise _triton_error(exc) from None
     finally:
-        watcher.cancel()
         for one in each:  # one prompt refused: the others' Triton requests end too
             one.cancel()
     choices = []
@@ -414,10 +448,18 @@ async def _merged(firsts: list, streams: list[AsyncIterator]) -> AsyncIterator[t
 
 
 async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], rid: str, created: int,
-                  model: str, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    """Server-sent events of every choice (a prompt each), chunks tagged by choice index."""
+                  model: str, chat: bool, include_usage: bool,
+                  continuous: bool = False) -> AsyncIterator[bytes]:
+    """Server-sent events of every choice (a prompt each), chunks tagged by choice index; with
+    `continuous` (vLLM's continuous_usage_stats) each chunk carries its choice's usage so far."""
     kind = "chat.completion.chunk" if chat else "text_completion"
-    usage = {"usage": None} if include_usage else {}
+
+    def usage(i: int) -> dict:
+        if not continuous:
+            return {"usage": None} if include_usage else {}
+        run = runs[i]
+        return {"usage": {"prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens,
+                          "total_tokens": run.prompt_tokens + run.completion_tokens}}
 
     def chunk(i: int, text: str | None, finish: str | None, role: bool = False, extra: dict | None = None,
               logprobs: dict | None = None) -> bytes:
@@ -429,7 +471,7 @@ async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], 
         else:
             choice = {"index": i, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return _sse({"id": rid, "object": kind, "created": created, "model": model, "choices": [choice],
-                     **usage, **(extra or {})})
+                     **usage(i), **(extra or {})})
 
     steps = _merged(firsts, streams)
     try:
@@ -468,7 +510,7 @@ def _figures(runs: list[_Run], choice: int | None = None) -> dict:
     """The `trtspec` field: drafted and accepted tokens and target forwards of one choice (or all
     added up), and for a sampled request its seed (the one sent, or the one drawn for it): sent
     back as `seed`, it samples the same choices again (under Gumbel coupling exactly, under
-    rejection sampling when the batch repeats too)."""
+    rejection sampling only when its draft lengths repeat too)."""
     figures = _summed(run.figures() for run in (runs if choice is None else [runs[choice]]))
     first = runs[0].gen  # choice j of a prompt samples with seed + j: the first's is the request's
     return figures if first.temperature == 0 else {**figures, "seed": first.seed}

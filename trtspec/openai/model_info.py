@@ -24,10 +24,11 @@ class ServedModel:
     name: str
     tokenizer: object  # trtspec.tokenizer.TextTokenizer
     chat: ChatTemplate | None
-    context_length: int  # prompt + generated tokens the target can attend over
+    context_length: int  # prompt + generated tokens a request may use (the decoder's capacity)
     max_tokens: int  # the deployment's limits.max_tokens
     vocab_size: int  # the target's: token ids in prompts lie under it
     sampling_defaults: dict = field(default_factory=dict)  # generation_config.json's temperature, top_p, …
+    max_input_tokens: int | None = None  # the deployment's limits.max_input_tokens (None: the context's)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens)
@@ -50,13 +51,14 @@ def served_model(config: BuildConfig) -> ServedModel:
     chat = load_chat_template(target_dir, hf_config, tokenizer)
     if chat is None:
         log.warning("%s has no chat template: /v1/chat/completions will refuse requests", target_dir)
-    context = getattr(hf_config, "max_position_embeddings", None) or config.limits.max_tokens
+    # as the decoder bounds a request: the target's positions, or max_input_tokens + max_tokens
+    context = config.limits.capacity(int(getattr(hf_config, "max_position_embeddings", 0) or 1 << 20))
     defaults = read_sampling_defaults(target_dir)
     if defaults:
         log.info("requests without them sample with %s/generation_config.json's %s", target_dir,
                  ", ".join(f"{k} {v}" for k, v in defaults.items()))
-    return ServedModel(config.name, tokenizer, chat, int(context), config.limits.max_tokens,
-                       int(hf_config.vocab_size), defaults)
+    return ServedModel(config.name, tokenizer, chat, context, config.limits.max_tokens,
+                       int(hf_config.vocab_size), defaults, config.limits.max_input_tokens)
 
 
 def served_model_of_repo(repo: Path) -> ServedModel:

@@ -39,7 +39,8 @@ class _Forbid(BaseModel):
 
 class StreamOptions(_Forbid):
     include_usage: bool = Field(False, description="send a last chunk with the request's usage")
-    continuous_usage_stats: bool = Field(False, description="vLLM's option, accepted; usage comes last")
+    continuous_usage_stats: bool = Field(False, description="with include_usage, every chunk carries its "
+                                         "choice's usage so far (vLLM's option)")
 
 
 class _Common(_Forbid):
@@ -51,8 +52,9 @@ class _Common(_Forbid):
     top_p: float | None = Field(None, description="nucleus mass in (0, 1]")
     top_k: int | None = Field(None, description="keep the k most likely (vLLM/SGLang extension); -1, 0 = all")
     min_tokens: int | None = Field(None, description="no end of sequence before this many tokens (vLLM's)")
-    seed: int | None = Field(None, description="sampling seed: the same seed gives the same text under the "
-                             "same schedule (alone); under load, another draw of the same law")
+    seed: int | None = Field(None, description="sampling seed: the same text under Gumbel coupling; under "
+                             "rejection sampling only under the same draft lengths (else another draw "
+                             "of the same law)")
     stop: str | list[str] | None = Field(None, description=f"up to {MAX_STOP} sequences that end generation, "
                                          "not sent")
     stop_token_ids: list[int] | None = Field(None, description="ids that end generation besides the model's "
@@ -278,7 +280,10 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
         if msg.role not in ROLES:
             raise ApiError(f"Invalid value for 'messages[{i}].role': {msg.role!r}; expected one of "
                            f"{', '.join(ROLES)}.", f"messages[{i}].role", code="invalid_value")
-        extra = sorted(set(msg.model_extra or {}) - {"name"})
+        # a field the client sends empty (an SDK message dumped whole: refusal, tool_calls, audio,
+        # annotations … null) is absent; one with a value is not served
+        extra = sorted(key for key, value in (msg.model_extra or {}).items()
+                       if key != "name" and value not in (None, [], {}))
         if extra:
             raise _refuse(f"messages[{i}].{extra[0]}", msg.model_extra[extra[0]], "text messages only")
         content = msg.content
