@@ -234,6 +234,9 @@ def test_published_layout_written_by_hand_loads(tmp_path, target):
         (lambda c: c.update(markov_head_type="gated"), "markov_head_type is 'gated'"),
         (lambda c: c.update(architectures=["DFlashDraftModel"]), "architectures is"),
         (lambda c: c.pop("markov_rank"), "missing DSpark field 'markov_rank'"),
+        (lambda c: c.update(mask_token_id=None), "mask_token_id must be an integer, got None"),
+        (lambda c: c.update(block_size="7"), "block_size must be an integer, got '7'"),
+        (lambda c: c.update(target_layer_ids=[0, None]), r"target_layer_ids must be a list of layer indices"),
         (lambda c: c.update(markov_rank=4), "weights do not match"),
     ],
 )
