@@ -104,6 +104,13 @@ def test_published_layout_written_by_hand_loads(tmp_path, target):
          r"target_layer_ids \[0, 3\] has \[3\]"),
         (lambda c: c["dflash_config"].update(mask_token_id=264), "mask_token_id 264 is outside"),
         (lambda c: c.update(block_size=1), "block_size is 1; DFlash needs at least 2"),
+        # SpecForge's training configs carry `mask_token_id: null` (it was a TypeError traceback)
+        (lambda c: c["dflash_config"].update(mask_token_id=None),
+         "dflash_config.mask_token_id must be an integer, got None"),
+        (lambda c: c["dflash_config"].update(target_layer_ids="0,2"),
+         "dflash_config.target_layer_ids must be a list of layer indices, got '0,2'"),
+        (lambda c: c["dflash_config"].pop("mask_token_id"),
+         "missing DFlash field 'dflash_config.mask_token_id'"),
     ],
 )
 def test_misfits_refused(tmp_path, target, drafter_model, edit, message):

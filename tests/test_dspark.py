@@ -234,6 +234,9 @@ def test_published_layout_written_by_hand_loads(tmp_path, target):
         (lambda c: c.update(markov_head_type="gated"), "markov_head_type is 'gated'"),
         (lambda c: c.update(architectures=["DFlashDraftModel"]), "architectures is"),
         (lambda c: c.pop("markov_rank"), "missing DSpark field 'markov_rank'"),
+        (lambda c: c.update(mask_token_id=None), "mask_token_id must be an integer, got None"),
+        (lambda c: c.update(block_size="7"), "block_size must be an integer, got '7'"),
+        (lambda c: c.update(target_layer_ids=[0, None]), r"target_layer_ids must be a list of layer indices"),
         (lambda c: c.update(markov_rank=4), "weights do not match"),
     ],
 )
@@ -296,3 +299,27 @@ def test_greedy_lossless_with_untrained_drafter(target, drafter_model, tmp_path)
     for seed in range(3):
         ids = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
         assert spec.generate(ids, 50).token_ids == plain.generate(ids, 50).token_ids
+
+
+def test_a_checkpoint_without_confidence_head_schedules_like_a_plain_drafter(target, tmp_path):
+    """DeepSpec's DFlash recipe writes Qwen3DSparkModel with markov_rank 0 and
+    enable_confidence_head false. Its proposals carry no confidences, so adaptive speculation must
+    not draft whole blocks for Algorithm 1 to cut: a probe drafts PROBE_LEN (it drafted all 8)."""
+    from trtspec.config import ScheduleConfig
+    from trtspec.spec.decoder import PROBE_LEN, SpeculativeDecoder
+    from trtspec.spec.schedule import SPSTable
+
+    torch.manual_seed(0)
+    cfg = DSparkTrainConfig(block_size=8, num_layers=1, target_layer_ids=[0, 2], markov_rank=0,
+                            confidence_alpha=0.0, init_from_target=False)
+    save_dspark(new_dspark(target, mask_token_id=258, cfg=cfg), tmp_path)
+    model = load_dspark(tmp_path, target.config)
+    drafter = DSparkDrafter(model)
+    assert model.confidence_head is None and not drafter.has_confidence
+    table = SPSTable(batch_tokens=[1, 8, 16], steps_per_s=[100.0, 95.0, 80.0], draft_batches=[1, 8],
+                     draft_lens=[1, 15], draft_seconds=[[0.003, 0.004], [0.004, 0.006]])
+    decoder = SpeculativeDecoder(TargetModel(target, tuple(model.spec.target_layer_ids)), drafter, (256,),
+                                 schedule=ScheduleConfig(mode="adaptive"), cost_table=table, max_slots=1,
+                                 capacity=256)
+    drafted = decoder.generate(_ids(3, 12)[0].tolist(), 60).drafted_counts
+    assert PROBE_LEN in drafted and 8 not in drafted

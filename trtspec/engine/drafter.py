@@ -87,15 +87,15 @@ class EngineDFlashDrafter(BlockDrafter):
 
 class EngineDSparkDrafter(MarkovProposer, EngineDFlashDrafter):
     method = "dspark"
-    has_confidence = True
 
     def __init__(self, context: GraphSession, block: GraphSession, heads: GraphSession,
                  tap_layer_ids: tuple[int, ...], block_size: int, mask_token_id: int, num_layers: int,
-                 num_draft_tokens: int, sts_temperatures: torch.Tensor | None):
+                 num_draft_tokens: int, sts_temperatures: torch.Tensor | None, has_confidence: bool = True):
         super().__init__(context, block, tap_layer_ids, block_size, mask_token_id, num_layers,
                          num_draft_tokens)
         self.heads = heads
         self.sts_temperatures = sts_temperatures  # [γ] or None
+        self.has_confidence = has_confidence  # the bundle's: the checkpoint had a confidence head
 
     def draft_block(self, rows: list[DraftRow], k: int, choose: ChooseToken) -> DraftBlock:
         """Slot 0 of the block already predicts x_1 (the anchor is the first prediction position)."""

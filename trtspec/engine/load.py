@@ -70,5 +70,6 @@ def load_engine_models(config: BuildConfig, use_drafter: bool = True, folder: Pa
         sts = info.get("sts_temperatures")
         drafter = EngineDSparkDrafter(session("dspark_context"), session("dspark_block"),
                                       session("dspark_heads"), taps, *shape,
-                                      None if sts is None else torch.tensor(sts))
+                                      None if sts is None else torch.tensor(sts),
+                                      bool(info.get("has_confidence", True)))
     return target, drafter, verifier

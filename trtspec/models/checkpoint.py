@@ -37,6 +37,28 @@ def read_checkpoint(path: Path, kind: str) -> tuple[Path, dict, list[Path]]:
     return config_file, raw, weights
 
 
+def int_field(section: dict, key: str, where: str, kind: str, prefix: str = "") -> int:
+    """section[key], an integer; a CheckpointError naming the field (`prefix` + key: where it sits
+    in config.json) when it is missing or not an integer (`null`, a string)."""
+    if key not in section:
+        raise CheckpointError(f"{where}: missing {kind} field {prefix + key!r}")
+    value = section[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CheckpointError(f"{where}: {prefix}{key} must be an integer, got {value!r}")
+    return value
+
+
+def int_list_field(section: dict, key: str, where: str, kind: str, prefix: str = "") -> list[int]:
+    """section[key], a non-empty list of integers; a CheckpointError naming the field otherwise."""
+    if key not in section:
+        raise CheckpointError(f"{where}: missing {kind} field {prefix + key!r}")
+    value = section[key]
+    if not isinstance(value, list) or not value or any(isinstance(i, bool) or not isinstance(i, int)
+                                                        for i in value):
+        raise CheckpointError(f"{where}: {prefix}{key} must be a list of layer indices, got {value!r}")
+    return value
+
+
 def load_weights(weights: list[Path]) -> dict[str, torch.Tensor]:
     """Every tensor of the weight files, by name."""
     state: dict[str, torch.Tensor] = {}

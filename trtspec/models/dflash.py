@@ -26,7 +26,14 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from trtspec.errors import CheckpointError
-from trtspec.models.checkpoint import cast_keeping_rope, load_weights, read_checkpoint, write_checkpoint
+from trtspec.models.checkpoint import (
+    cast_keeping_rope,
+    int_field,
+    int_list_field,
+    load_weights,
+    read_checkpoint,
+    write_checkpoint,
+)
 from trtspec.models.kv_slots import SlotView
 
 ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [b, kv_heads, c, head_dim]
@@ -121,16 +128,18 @@ class DFlashSpec:
     @classmethod
     def from_config_dict(cls, raw: dict, where: str) -> DFlashSpec:
         dflash = raw.get("dflash_config") or {}
-        try:
-            num_target_layers = int(raw["num_target_layers"])
-            mask_token_id = int(dflash["mask_token_id"])
-        except KeyError as exc:
-            raise CheckpointError(f"{where}: missing DFlash field {exc.args[0]!r}") from None
-        layer_ids = dflash.get("target_layer_ids") or build_target_layer_ids(
-            num_target_layers, int(raw["num_hidden_layers"])
-        )
-        block_size = int(dflash.get("block_size", raw.get("block_size", 16)))
-        return cls(block_size, mask_token_id, [int(i) for i in layer_ids], num_target_layers)
+        num_target_layers = int_field(raw, "num_target_layers", where, "DFlash")
+        mask_token_id = int_field(dflash, "mask_token_id", where, "DFlash", "dflash_config.")
+        if "target_layer_ids" in dflash:
+            layer_ids = int_list_field(dflash, "target_layer_ids", where, "DFlash", "dflash_config.")
+        else:  # z-lab's default spread over the drafter's depth
+            layer_ids = build_target_layer_ids(num_target_layers,
+                                               int_field(raw, "num_hidden_layers", where, "DFlash"))
+        if "block_size" in dflash:
+            block_size = int_field(dflash, "block_size", where, "DFlash", "dflash_config.")
+        else:
+            block_size = int_field({"block_size": 16, **raw}, "block_size", where, "DFlash")
+        return cls(block_size, mask_token_id, layer_ids, num_target_layers)
 
 
 class DFlashDraftModel(nn.Module):

@@ -73,9 +73,10 @@ class Drafter(ABC):
     num_draft_tokens: int  # k, the most tokens one proposal holds per request
     num_forwards: int = 0  # drafter network passes so far (one per block, or per chain step)
     cuda_graphs: bool = False  # its decode steps padded to static shapes (`trtspec.models.cuda_graphs`)
-    # proposals carry per-slot confidences (DSpark): adaptive speculation then drafts the whole block
-    # and lets Algorithm 1 cut each request's verified prefix from this step's confidences
-    has_confidence: ClassVar[bool] = False
+    # proposals carry per-slot confidences (DSpark with a confidence head): adaptive speculation then
+    # drafts the whole block and lets Algorithm 1 cut each request's verified prefix from this step's
+    # confidences
+    has_confidence: bool = False
 
     @property
     def kv_bytes_per_position(self) -> int:

@@ -31,7 +31,14 @@ from torch import nn
 from transformers import Qwen3Config
 
 from trtspec.errors import CheckpointError
-from trtspec.models.checkpoint import cast_keeping_rope, load_weights, read_checkpoint, write_checkpoint
+from trtspec.models.checkpoint import (
+    cast_keeping_rope,
+    int_field,
+    int_list_field,
+    load_weights,
+    read_checkpoint,
+    write_checkpoint,
+)
 from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, check_block_drafter_fits
 
 ARCHITECTURE = "Qwen3DSparkModel"
@@ -52,18 +59,17 @@ class DSparkSpec(DFlashSpec):
 
     @classmethod
     def from_config_dict(cls, raw: dict, where: str) -> DSparkSpec:
-        try:
-            spec = cls(
-                block_size=int(raw["block_size"]),
-                mask_token_id=int(raw["mask_token_id"]),
-                target_layer_ids=[int(i) for i in raw["target_layer_ids"]],
-                num_target_layers=int(raw["num_target_layers"]),
-                markov_rank=int(raw["markov_rank"]),
-                enable_confidence_head=bool(raw["enable_confidence_head"]),
-                num_anchors=int(raw.get("num_anchors", 512)),
-            )
-        except KeyError as exc:
-            raise CheckpointError(f"{where}: missing DSpark field {exc.args[0]!r}") from None
+        if "enable_confidence_head" not in raw:
+            raise CheckpointError(f"{where}: missing DSpark field 'enable_confidence_head'")
+        spec = cls(
+            block_size=int_field(raw, "block_size", where, "DSpark"),
+            mask_token_id=int_field(raw, "mask_token_id", where, "DSpark"),
+            target_layer_ids=int_list_field(raw, "target_layer_ids", where, "DSpark"),
+            num_target_layers=int_field(raw, "num_target_layers", where, "DSpark"),
+            markov_rank=int_field(raw, "markov_rank", where, "DSpark"),
+            enable_confidence_head=bool(raw["enable_confidence_head"]),
+            num_anchors=int_field({"num_anchors": 512, **raw}, "num_anchors", where, "DSpark"),
+        )
         # DeepSpec writes these two only when the head they qualify exists
         if spec.markov_rank > 0:
             spec.markov_head_type = str(raw.get("markov_head_type", "vanilla"))

@@ -86,12 +86,13 @@ class MarkovProposer(Drafter):
 
 class DSparkDrafter(MarkovProposer, DFlashDrafter):
     method = "dspark"
-    has_confidence = True
 
     def __init__(self, model: DSparkDraftModel, num_draft_tokens: int | None = None,
                  sts_temperatures: torch.Tensor | None = None, cuda_graphs: bool = False):
         super().__init__(model, model.embed_tokens, model.lm_head, cuda_graphs=cuda_graphs)
         self.num_draft_tokens = num_draft_tokens or model.spec.block_size
+        # DeepSpec's DFlash recipe writes the same architecture with enable_confidence_head false
+        self.has_confidence = model.confidence_head is not None
         self.sts_temperatures = sts_temperatures  # [γ] or None
 
     @property

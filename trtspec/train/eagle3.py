@@ -159,10 +159,18 @@ def eagle3_ttt_loss(model: Eagle3DraftModel, seqs, aux, target_logits, loss_mask
 
 
 def _features(target, seqs: torch.Tensor, layer_ids: list[int], chunk: int = 256) -> torch.Tensor:
-    """Taps of `layer_ids` and of the last layer, kept in bfloat16.  -> [N, S, 4·H]"""
+    """Taps of `layer_ids` and of the last layer, kept in bfloat16.  -> [N, S, 4·H]
+    The last layer's tap is the final-normed state (`models.taps`), what the LM head reads."""
     last = target.config.num_hidden_layers - 1
     return torch.cat([target_taps(target, seqs[i : i + chunk], [*layer_ids, last]).bfloat16()
                       for i in range(0, len(seqs), chunk)])
+
+
+@torch.no_grad()
+def soft_label_logits(target, feats: torch.Tensor) -> torch.Tensor:
+    """The target's logits at every position from `_features`' last tap, which is already
+    final-normed: the LM head alone, no second norm.  feats [b, S, 4·H] -> [b, S, V]"""
+    return target.get_output_embeddings()(feats[..., 3 * target.config.hidden_size :])
 
 
 def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle3TrainConfig) -> dict:
@@ -189,7 +197,6 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
             torch.arange(model.spec.draft_vocab_size))])
     model.embed_tokens.weight.requires_grad_(False)
     feats = _features(target, data["seqs"], model.spec.aux_layer_ids)
-    final_norm, lm_head = target.model.norm, target.get_output_embeddings()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     num = len(data["seqs"])
@@ -208,8 +215,7 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
         width = int(data["lens"][rows].max())
         seqs = data["seqs"][rows, :width]
         f = feats[rows, :width].float()
-        with torch.no_grad():
-            target_logits = lm_head(final_norm(f[..., 3 * hidden_size :]))  # [b, S, V]
+        target_logits = soft_label_logits(target, f)  # [b, S, V]
         loss_mask = ((positions[:width] >= data["prompt_lens"][rows, None])
                      & (positions[:width] < data["lens"][rows, None]))
         for group in opt.param_groups:
