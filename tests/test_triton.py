@@ -175,6 +175,18 @@ def test_finish_reason_is_the_models_not_a_count(served, config, expected):
         assert worded.finish_reason == "stop" and len(worded.token_ids) < MAX_TOKENS
 
 
+
+def test_a_temperature_near_zero_is_greedy_and_fails_no_one_beside_it(served, config, expected):
+    """1e-45 (a positive float32) overflowed logits / T to inf: its request failed with "probability
+    tensor contains either `inf`, `nan`", and so did every request decoding in the same steps."""
+    params = GenerateParams(max_tokens=MAX_TOKENS, stream=True)
+    with ThreadPoolExecutor(2) as pool:
+        beside = pool.submit(generate, served.grpc_url, config.name, PROMPTS[1], params)
+        tiny = generate(served.http_url, config.name, PROMPTS[0],
+                        GenerateParams(max_tokens=MAX_TOKENS, temperature=1e-45))
+        assert beside.result().token_ids == expected[PROMPTS[1]][0]
+    assert tiny.token_ids == expected[PROMPTS[0]][0] and tiny.seed is not None
+
 def test_concurrent_streaming_clients(served, config, expected):
     def client(worker: int) -> list[tuple[str, list[int]]]:
         done = []

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trtspec.spec.sampling import SamplingParams, probs_from_logits
+from trtspec.spec.sampling import SamplingParams, choose_tokens, probs_from_logits
 from trtspec.spec.verify import PAD, Verifier, draw_uniforms, verify_greedy
 from trtspec.spec.verify import verify_sampling as verify_explicit
 
@@ -142,6 +142,21 @@ def test_probs_from_logits_filters():
     hot = probs_from_logits(logits, SamplingParams(temperature=0.5))
     assert torch.allclose(hot[0], torch.softmax(logits[0] / 0.5, -1))
 
+
+
+@pytest.mark.parametrize("coupling", ["rejection", "gumbel"])
+def test_a_temperature_near_zero_samples_the_argmax_instead_of_failing(coupling):
+    """1e-45 is a positive float32 and a valid request: logits / T overflowed to ±inf and gave NaN
+    probabilities (a served request at it failed every request decoding beside it); as T → 0 the
+    processed distribution is one-hot on the argmax."""
+    logits = torch.randn(3, 2, 40, generator=torch.Generator().manual_seed(5)) * 8  # [R, n, V]
+    for temperature in (1e-45, 1e-38, 1e-20):
+        params = [SamplingParams(temperature=temperature, seed=r, coupling=coupling) for r in range(3)]
+        probs = probs_from_logits(logits, params[0])
+        assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), 40).float())
+        generators = [p.generator() for p in params]
+        tokens, _ = choose_tokens(logits, params, generators, positions=[0, 4, 9])
+        assert torch.equal(tokens, logits.argmax(-1))
 
 def _reference_probs(row: list[float], params: SamplingParams) -> list[float]:
     """The processed distribution the plain way: the top_k largest logits / T, softmax, then the

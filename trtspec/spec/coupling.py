@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trtspec.spec.sampling import SamplingParams, row_probs
+from trtspec.spec.sampling import SamplingParams, row_probs, scaled
 
 MASK32 = 0xFFFFFFFF
 _SEED_SALT, _POSITION_SALT, _VOCAB_SALT = 0x243F6A88, 0x85A308D3, 0x13198A2E
@@ -112,7 +112,7 @@ def log_weights(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch
     logits / T where nothing is cut, log of the processed probabilities otherwise.  [R, ..., V]"""
     if all(p.top_k == 0 and p.top_p == 1.0 for p in params):
         temps = torch.tensor([p.temperature for p in params], device=logits.device)
-        return logits.float() / temps.view(-1, *[1] * (logits.dim() - 1))
+        return scaled(logits.float(), temps.view(-1, *[1] * (logits.dim() - 1)))
     return row_probs(logits, params).log()
 
 

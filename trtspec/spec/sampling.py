@@ -60,7 +60,7 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    logits = scaled(logits, params.temperature)
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -74,6 +74,13 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def scaled(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
+    """logits / T, shifted by each row's max first: the same distribution, and no overflow to ±inf
+    (then NaN probabilities) however small T is (1e-45, a positive float32, is a valid request);
+    the max logit becomes 0, the rest are <= 0.  logits [..., V]; T a float or [..., 1]."""
+    return (logits - logits.amax(-1, keepdim=True)) / temperature
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
