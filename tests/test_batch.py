@@ -4,6 +4,7 @@ for every running request, with exactly what each request decoded alone would gi
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -517,6 +518,16 @@ def test_bad_requests_are_named():
     with pytest.raises(ValueError, match=r"prompt of 500 tokens \+ max_tokens 20 = 520 tokens exceeds this "
                                          r"deployment's context of 512"):
         decoder.add(Request([65] * 500, 20))
+    # every token an end before min_new_tokens: the ban left no token (NaN probabilities when sampled,
+    # which failed every request in the step; greedy emitted token 0 and ended at once)
+    vocab = pipeline.target.vocab_size
+    for sampling in (SamplingParams(), SamplingParams(temperature=1.0, seed=3)):
+        everything = Request([65, 66], 8, sampling, min_new_tokens=4, stop_ids=tuple(range(vocab)))
+        with pytest.raises(ValueError, match=f"min_tokens 4 cannot be met: the end ids and stop ids cover "
+                                             f"all {vocab} tokens of the vocabulary"):
+            decoder.add(everything)
+        all_but_one = dataclasses.replace(everything, stop_ids=tuple(range(1, vocab)))
+        assert decoder.generate_batch([all_but_one])[0].token_ids[:4] == [0, 0, 0, 0]  # the one id left
     with pytest.raises(ValueError, match="SPS table"):
         _decoder(pipeline, schedule=ScheduleConfig(mode="scheduler"))
 

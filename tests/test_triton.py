@@ -175,6 +175,18 @@ def test_finish_reason_is_the_models_not_a_count(served, config, expected):
         assert worded.finish_reason == "stop" and len(worded.token_ids) < MAX_TOKENS
 
 
+
+def test_a_temperature_near_zero_is_greedy_and_fails_no_one_beside_it(served, config, expected):
+    """1e-45 (a positive float32) overflowed logits / T to inf: its request failed with "probability
+    tensor contains either `inf`, `nan`", and so did every request decoding in the same steps."""
+    params = GenerateParams(max_tokens=MAX_TOKENS, stream=True)
+    with ThreadPoolExecutor(2) as pool:
+        beside = pool.submit(generate, served.grpc_url, config.name, PROMPTS[1], params)
+        tiny = generate(served.http_url, config.name, PROMPTS[0],
+                        GenerateParams(max_tokens=MAX_TOKENS, temperature=1e-45))
+        assert beside.result().token_ids == expected[PROMPTS[1]][0]
+    assert tiny.token_ids == expected[PROMPTS[0]][0] and tiny.seed is not None
+
 def test_concurrent_streaming_clients(served, config, expected):
     def client(worker: int) -> list[tuple[str, list[int]]]:
         done = []
@@ -269,13 +281,16 @@ GOOD = {"text_input": np.array([b"Q: 1 + 2\nA:"], dtype=object), "max_tokens": n
         ({**GOOD, "temperature": np.array([np.nan], dtype=np.float32)}, "temperature must be a finite"),
         ({**GOOD, "top_p": np.array([2.0], dtype=np.float32)}, r"top_p must be in \(0, 1\]"),
         ({**GOOD, "text_input": np.array([b"\xff\xfeab"], dtype=object)}, "text_input is not valid UTF-8"),
+        ({**GOOD, "temperature": np.array([1.0], dtype=np.float32),
+          "min_tokens": np.array([4], dtype=np.int32), "stop_token_ids": np.arange(264, dtype=np.int32)},
+         "^min_tokens 4 cannot be met: the end ids and stop ids cover all 264 tokens of the vocabulary"),
         ({**GOOD, "text_input": np.array([b"x" * 1_000_000], dtype=object)},
          r"text_input: prompt of 1000000 tokens \+ max_tokens 4 = 1000004 tokens exceeds this deployment's "
          r"context of 4096"),
     ],
     ids=["missing-text", "bad-input-ids", "input-ids-beyond-context", "max-tokens-0", "max-tokens-over-limit",
          "wrong-dtype", "neg-temperature",
-         "nan-temperature", "top-p", "invalid-utf8", "prompt-beyond-context"],
+         "nan-temperature", "top-p", "invalid-utf8", "min-tokens-all-ends", "prompt-beyond-context"],
 )
 def test_bad_grpc_request_is_named_and_server_goes_on(served, config, expected, inputs, message):
     address = served.grpc_url.removeprefix("grpc://")

@@ -56,6 +56,10 @@ PROMPT_LOGPROBS_CHUNK = 512
 CATCH_UP_HORIZON = 8
 
 
+class PromptError(ValueError):
+    """The prompt does not fit this decoder (empty, or longer than its limits allow)."""
+
+
 @dataclass(slots=True)
 class Request:
     prompt: list[int]
@@ -217,18 +221,24 @@ class SpeculativeDecoder:
     def check(self, request: Request) -> None:
         """Refuse a request this decoder cannot serve, naming the numbers."""
         if not request.prompt:
-            raise ValueError("prompt is empty")
+            raise PromptError("prompt is empty")
         if request.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
         if not 0 <= request.min_new_tokens <= request.max_new_tokens:
             raise ValueError(f"min_new_tokens must be in [0, max_new_tokens={request.max_new_tokens}], "
                              f"got {request.min_new_tokens}")
         if self.max_prompt is not None and len(request.prompt) > self.max_prompt:
-            raise ValueError(f"prompt of {len(request.prompt)} tokens exceeds limits.max_input_tokens "
+            raise PromptError(f"prompt of {len(request.prompt)} tokens exceeds limits.max_input_tokens "
                              f"{self.max_prompt}")
+        vocab = self.target.vocab_size
+        ends = self._end_ids(request)
+        if request.min_new_tokens and len(ends) >= vocab and ends.issuperset(range(vocab)):
+            # every logit would be banned: NaN probabilities, or token 0 ending it at once
+            raise ValueError(f"min_tokens {request.min_new_tokens} cannot be met: the end ids and stop ids "
+                             f"cover all {vocab} tokens of the vocabulary, so any token would end it")
         need = len(request.prompt) + request.max_new_tokens
         if need > self.capacity:
-            raise ValueError(f"prompt of {len(request.prompt)} tokens + max_tokens {request.max_new_tokens} "
+            raise PromptError(f"prompt of {len(request.prompt)} tokens + max_tokens {request.max_new_tokens} "
                              f"= {need} tokens exceeds this deployment's context of {self.capacity}")
 
     def add(self, request: Request, on_tokens: OnTokens | None = None) -> int:
@@ -374,7 +384,7 @@ class SpeculativeDecoder:
             if short <= 0:
                 continue
             early = slice(short) if tree is None else tree.depths()[r, : row.shape[0]] < short
-            for end in self._end_ids(lv):
+            for end in self._end_ids(lv.request):
                 row[early, end] = float("-inf")
 
     @staticmethod
@@ -398,8 +408,7 @@ class SpeculativeDecoder:
                               [rows[r].logprobs.top for r in wanted])
         return dict(zip(wanted, found, strict=True))
 
-    def _end_ids(self, lv: _Live) -> frozenset[int]:
-        request = lv.request
+    def _end_ids(self, request: Request) -> frozenset[int]:
         if request.ignore_eos:
             ends = frozenset()
         else:
@@ -409,7 +418,7 @@ class SpeculativeDecoder:
     def _emit(self, lv: _Live, emitted: list[int], logprobs: TokenLogprobs | None = None) -> None:
         """Append a step's tokens (cut at max_new_tokens and the first end id) and stream them;
         `logprobs`: theirs, when the request asked for them (and its prompt's with the first)."""
-        ends = self._end_ids(lv)
+        ends = self._end_ids(lv.request)
         emitted = emitted[: lv.request.max_new_tokens - len(lv.generated)]
         first_end = next((i for i, token in enumerate(emitted) if token in ends), None)
         if first_end is not None:

@@ -40,7 +40,7 @@ import triton_python_backend_utils as pb_utils
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.runtime import configure_threads
-from trtspec.spec.decoder import Emitted, Request
+from trtspec.spec.decoder import Emitted, PromptError, Request
 from trtspec.spec.logprobs import TokenLogprobs
 from trtspec.spec.metrics import GenerationResult
 from trtspec.triton.repo import BUILD_CONFIG_FILE, instances_on_this_machine, placed_on_instance
@@ -297,7 +297,7 @@ class TritonPythonModel:
                 self.decoder.check(decode)
             except (RequestError, ValueError) as exc:
                 self.metrics.errors["invalid_request"].increment(1)
-                name = "" if isinstance(exc, RequestError) else f"{parsed.prompt_input}: "
+                name = f"{parsed.prompt_input}: " if isinstance(exc, PromptError) else ""
                 sender.send(_error(f"{name}{exc}"), flags=FINAL)
                 continue
             text = TextStream(self.pipeline.tokenizer.decode, parsed.stop_words)
@@ -323,7 +323,8 @@ class TritonPythonModel:
                     stream.prompt_ids = stream.decode.prompt
             except ValueError as exc:
                 self.metrics.errors["invalid_request"].increment(1)
-                _send_quietly(stream.sender, _error(f"{stream.request.prompt_input}: {exc}"), FINAL)
+                name = f"{stream.request.prompt_input}: " if isinstance(exc, PromptError) else ""
+                _send_quietly(stream.sender, _error(f"{name}{exc}"), FINAL)
                 continue
             self.metrics.queue.observe(time.monotonic() - stream.queued_at)
             running[rid] = stream
