@@ -245,6 +245,23 @@ def test_text_stream_stops_at_a_stop_word():
     assert stream.text == "abcEND" and stream.push(tok.encode("more")) == ("", [])
 
 
+def test_text_stream_leaves_an_end_ids_own_text_out():
+    """An id that ends the request (`end_ids`: its end and stop ids) is kept among the ids but not
+    in the text, as vLLM's and TensorRT-LLM's stop_token_ids are; an incomplete character held
+    before it comes out as what it is."""
+    tok = ByteTokenizer()
+    stop = tok.encode("=")[0]
+    stream = TextStream(tok.decode, end_ids=frozenset({stop}))
+    euro = tok.encode("€")
+    assert stream.push(tok.encode("2+6") + euro[:2]) == ("2+6", tok.encode("2+6") + euro[:2])
+    delta, kept = stream.push([stop, *tok.encode("8")])
+    assert (kept, stream.stopped) == ([stop], True)
+    assert delta + stream.finish() == tok.decode(euro[:2]) and "=" not in stream.text
+    assert stream.ids == tok.encode("2+6") + euro[:2] + [stop]
+    plain = TextStream(tok.decode)  # the same id, not an end id: its text stays
+    assert plain.push([*tok.encode("2+6"), stop])[0] == "2+6="
+
+
 @pytest.fixture(scope="module")
 def pipeline():
     return load_pipeline(load_build_config(CONFIG))

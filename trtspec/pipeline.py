@@ -148,7 +148,7 @@ class Pipeline:
         if self.chat_template is None:
             raise ConfigError(f"{self.config.target.resolved_path} has no chat template: send text instead")
         prompt = self.chat_template.render(messages, **variables)
-        stream = TextStream(self.tokenizer.decode, self.chat_template.stop)
+        stream = TextStream(self.tokenizer.decode, self.chat_template.stop, self.decoder.end_ids)
 
         def stop_at_the_turns_end(emitted: Emitted) -> bool:
             stream.push(emitted.ids)

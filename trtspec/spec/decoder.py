@@ -231,7 +231,7 @@ class SpeculativeDecoder:
             raise PromptError(f"prompt of {len(request.prompt)} tokens exceeds limits.max_input_tokens "
                              f"{self.max_prompt}")
         vocab = self.target.vocab_size
-        ends = self._end_ids(request)
+        ends = self.end_ids_of(request)
         if request.min_new_tokens and len(ends) >= vocab and ends.issuperset(range(vocab)):
             # every logit would be banned: NaN probabilities, or token 0 ending it at once
             raise ValueError(f"min_tokens {request.min_new_tokens} cannot be met: the end ids and stop ids "
@@ -384,7 +384,7 @@ class SpeculativeDecoder:
             if short <= 0:
                 continue
             early = slice(short) if tree is None else tree.depths()[r, : row.shape[0]] < short
-            for end in self._end_ids(lv.request):
+            for end in self.end_ids_of(lv.request):
                 row[early, end] = float("-inf")
 
     @staticmethod
@@ -408,7 +408,8 @@ class SpeculativeDecoder:
                               [rows[r].logprobs.top for r in wanted])
         return dict(zip(wanted, found, strict=True))
 
-    def _end_ids(self, request: Request) -> frozenset[int]:
+    def end_ids_of(self, request: Request) -> frozenset[int]:
+        """The ids that end `request` (the first it emits is its last token)."""
         if request.ignore_eos:
             ends = frozenset()
         else:
@@ -418,7 +419,7 @@ class SpeculativeDecoder:
     def _emit(self, lv: _Live, emitted: list[int], logprobs: TokenLogprobs | None = None) -> None:
         """Append a step's tokens (cut at max_new_tokens and the first end id) and stream them;
         `logprobs`: theirs, when the request asked for them (and its prompt's with the first)."""
-        ends = self._end_ids(lv.request)
+        ends = self.end_ids_of(lv.request)
         emitted = emitted[: lv.request.max_new_tokens - len(lv.generated)]
         first_end = next((i for i, token in enumerate(emitted) if token in ends), None)
         if first_end is not None:

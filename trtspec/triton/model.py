@@ -300,7 +300,8 @@ class TritonPythonModel:
                 name = f"{parsed.prompt_input}: " if isinstance(exc, PromptError) else ""
                 sender.send(_error(f"{name}{exc}"), flags=FINAL)
                 continue
-            text = TextStream(self.pipeline.tokenizer.decode, parsed.stop_words)
+            ends = self.decoder.end_ids_of(decode)  # their own text is left out
+            text = TextStream(self.pipeline.tokenizer.decode, parsed.stop_words, ends)
             stream = _Stream(parsed, sender, text, self.metrics, decode)
             if parsed.logprobs is not None:
                 stream.logprobs = TokenLogprobs(parsed.logprobs)

@@ -202,13 +202,17 @@ class TextStream:
     O(n²) per request, 0.6 s of the serving loop for a 2,048-token answer with stop words on a
     BPE tokenizer. Text that ends in U+FFFD (an incomplete character) is held until the next ids
     complete it. With stop words, generation ends at the first id after which the text holds one
-    of them (only the text's tail can: its last len(word) - 1 characters and what is new).
+    of them (only the text's tail can: its last len(word) - 1 characters and what is new). An id
+    of `end_ids` (the request's end and stop ids) ends the output: its id is kept, its own text
+    left out, as vLLM and TensorRT-LLM leave a stop token's text out by default.
     """
 
     decode: Callable[[list[int]], str]
     stop_words: tuple[str, ...] = ()
+    end_ids: frozenset[int] = frozenset()
     ids: list[int] = field(default_factory=list)
     stopped: bool = False
+    silent: int = 0  # the last ids without text of their own: 1 after an end id
     prefix: int = 0  # ids[prefix:read]: the context the next ids are decoded after
     read: int = 0  # ids whose text has been produced
     tail: str = ""  # the produced text's last characters, where a stop word could begin
@@ -222,6 +226,8 @@ class TextStream:
                 break
             self.ids.append(token)
             kept.append(token)
+            if token in self.end_ids:
+                self.silent, self.stopped = 1, True
             new = self._unread()
             if self.stop_words and any(w in self.tail + new for w in self.stop_words):
                 self.stopped = True
@@ -235,14 +241,15 @@ class TextStream:
 
     @property
     def text(self) -> str:
-        return self.decode(self.ids)
+        return self.decode(self.ids[: len(self.ids) - self.silent])
 
     def _unread(self) -> str:
-        """The text of ids[read:], decoded after their context."""
-        if self.read == len(self.ids):
+        """The text of ids[read:] (but the silent ones), decoded after their context."""
+        end = len(self.ids) - self.silent
+        if self.read >= end:
             return ""
         context = self.decode(self.ids[self.prefix : self.read]) if self.read > self.prefix else ""
-        return self.decode(self.ids[self.prefix :])[len(context) :]
+        return self.decode(self.ids[self.prefix : end])[len(context) :]
 
     def _produce(self, new: str) -> str:
         """Mark ids[read:] produced as `new`; the next ids are decoded after them."""
