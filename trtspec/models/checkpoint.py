@@ -37,9 +37,13 @@ def read_checkpoint(path: Path, kind: str) -> tuple[Path, dict, list[Path]]:
     return config_file, raw, weights
 
 
-def int_field(section: dict, key: str, where: str, kind: str, prefix: str = "") -> int:
-    """section[key], an integer; a CheckpointError naming the field (`prefix` + key: where it sits
-    in config.json) when it is missing or not an integer (`null`, a string)."""
+def int_field(section: dict, key: str, where: str, kind: str, prefix: str = "", default: int | None = None,
+              ) -> int:
+    """section[key], an integer (`default` when absent and given); a CheckpointError naming the
+    field (`prefix` + key: where it sits in config.json) when it is missing or not an integer
+    (`null`, a string)."""
+    if key not in section and default is not None:
+        return default
     if key not in section:
         raise CheckpointError(f"{where}: missing {kind} field {prefix + key!r}")
     value = section[key]

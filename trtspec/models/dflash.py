@@ -138,7 +138,7 @@ class DFlashSpec:
         if "block_size" in dflash:
             block_size = int_field(dflash, "block_size", where, "DFlash", "dflash_config.")
         else:
-            block_size = int_field({"block_size": 16, **raw}, "block_size", where, "DFlash")
+            block_size = int_field(raw, "block_size", where, "DFlash", default=16)
         return cls(block_size, mask_token_id, layer_ids, num_target_layers)
 
 

@@ -68,7 +68,7 @@ class DSparkSpec(DFlashSpec):
             num_target_layers=int_field(raw, "num_target_layers", where, "DSpark"),
             markov_rank=int_field(raw, "markov_rank", where, "DSpark"),
             enable_confidence_head=bool(raw["enable_confidence_head"]),
-            num_anchors=int_field({"num_anchors": 512, **raw}, "num_anchors", where, "DSpark"),
+            num_anchors=int_field(raw, "num_anchors", where, "DSpark", default=512),
         )
         # DeepSpec writes these two only when the head they qualify exists
         if spec.markov_rank > 0:
