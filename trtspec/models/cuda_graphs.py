@@ -235,7 +235,8 @@ class GraphedSteps:
             index += range(base, base + s.length)
             at += s.length
         g = self.graphs.pop(shape, None)  # back in last: the most recently used
-        if g is None:
+        new = g is None  # only a new graph adds outputs: the kept ones are checked against the budget then
+        if new:
             g = _Graph(StaticLayout(rows, n, kv_len, self.device, self.causal, trees),
                        [x.new_zeros(rows * n, *x.shape[1:]) for x in inputs])
         self.graphs[shape] = g
@@ -258,7 +259,8 @@ class GraphedSteps:
             g.graph.replay()
         if self.failed is not None:  # the capture failed: this step eagerly, later ones packed
             g.outputs = self._run(g)
-        self._evict()
+        if new:
+            self._evict()
         self.num_steps += 1
         return g.outputs, torch.tensor(index, dtype=torch.long, device=self.device)
 
