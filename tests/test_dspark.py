@@ -24,6 +24,7 @@ from trtspec.spec.sts import (
     survival_ece,
 )
 from trtspec.train.dspark import DSparkTrainConfig, block_forward, dspark_loss, new_dspark
+from trtspec.trtllm.fields import DSPARK_DRAFT_KEYS
 
 from .conftest import draft_rows, with_slots
 
@@ -221,6 +222,36 @@ def test_published_layout_written_by_hand_loads(tmp_path, target):
         assert resaved[field] == published[field], field
     reloaded = load_dspark(out, target.config).state_dict()
     assert all(torch.equal(reloaded[name], tensor) for name, tensor in tensors.items())
+
+
+def _respelled(config: dict, spelling: str) -> dict:
+    """`config` with its DSpark fields moved to another exporter's spelling."""
+    moved = {key: config.pop(key) for key in ("block_size", "mask_token_id", "target_layer_ids",
+                                              "markov_rank", "markov_head_type")}
+    moved["markov_head_type"] = "Vanilla"  # sglang and TensorRT-LLM lower-case it
+    if spelling == "prefixed":  # DeepSeek-V4-Flash-DSpark, sglang
+        config.update({DSPARK_DRAFT_KEYS[key]: value for key, value in moved.items()})
+    else:  # SpecForge nests them in dflash_config; TensorRT-LLM also reads dspark_config
+        config[spelling] = moved
+    return config
+
+
+@pytest.mark.parametrize("spelling", ["prefixed", "dflash_config", "dspark_config"])
+def test_every_published_spelling_loads_the_same_drafter(tmp_path, target, spelling):
+    tensors, config = _published_checkpoint(tmp_path)
+    plain = load_dspark(tmp_path, target.config)
+    (tmp_path / "config.json").write_text(json.dumps(_respelled(config, spelling)))
+    model = load_dspark(tmp_path, target.config)
+    assert model.spec == plain.spec
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in tensors.items())
+
+
+def test_spellings_that_disagree_are_refused(tmp_path, target):
+    _, config = _published_checkpoint(tmp_path)
+    config["dspark_block_size"] = 5  # beside block_size 7
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"dspark_block_size = 5 and block_size = 7"):
+        load_dspark(tmp_path, target.config)
 
 
 @pytest.mark.parametrize(

@@ -248,3 +248,8 @@ def test_convert_dspark_refuses_disabled_markov_head_and_length_mismatch(tmp_pat
     src = _drafter(tmp_path / "b", {**base, "dspark_markov_rank": 64}, _BACKBONE)
     with pytest.raises(CheckpointError, match="block_size 7 != max_draft_len 5"):
         convert_drafter(src, tmp_path / "b-out", "dspark", max_draft_len=5)
+    # two spellings, two block sizes: servers reading different spellings would disagree
+    src = _drafter(tmp_path / "c", {**base, "dspark_markov_rank": 64, "block_size": 5}, _BACKBONE)
+    with pytest.raises(CheckpointError, match="dspark_block_size = 7 and block_size = 5"):
+        convert_drafter(src, tmp_path / "c-out", "dspark")
+    assert not (tmp_path / "c-out").exists()

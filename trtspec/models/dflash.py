@@ -135,11 +135,23 @@ class DFlashSpec:
         else:  # z-lab's default spread over the drafter's depth
             layer_ids = build_target_layer_ids(num_target_layers,
                                                int_field(raw, "num_hidden_layers", where, "DFlash"))
-        if "block_size" in dflash:
-            block_size = int_field(dflash, "block_size", where, "DFlash", "dflash_config.")
-        else:
-            block_size = int_field(raw, "block_size", where, "DFlash", default=16)
-        return cls(block_size, mask_token_id, layer_ids, num_target_layers)
+        return cls(dflash_block_size(raw, where), mask_token_id, layer_ids, num_target_layers)
+
+
+def dflash_block_size(raw: dict, where: str) -> int:
+    """Top-level `block_size` (z-lab, TensorRT-LLM) or `dflash_config.block_size` (SpecForge), 16
+    when neither is given; a CheckpointError when both are given and differ, since readers that
+    prefer different places would draft blocks of different sizes."""
+    dflash = raw.get("dflash_config") or {}
+    if "block_size" not in dflash:
+        return int_field(raw, "block_size", where, "DFlash", default=16)
+    nested = int_field(dflash, "block_size", where, "DFlash", "dflash_config.")
+    if "block_size" in raw and raw["block_size"] != nested:
+        raise CheckpointError(
+            f"{where}: block_size {raw['block_size']!r} and dflash_config.block_size {nested} differ; "
+            "TensorRT-LLM reads the first, SpecForge writes the second: keep one"
+        )
+    return nested
 
 
 class DFlashDraftModel(nn.Module):

@@ -18,6 +18,12 @@ prefix, as DeepSpec's `save_pretrained` writes them): the DFlash names (`fc`, `h
 `build_draft_config`): `architectures: ["Qwen3DSparkModel"]`, `block_size`, `mask_token_id`,
 `target_layer_ids`, `num_target_layers`, `num_anchors`, `markov_rank`, `markov_head_type`,
 `enable_confidence_head`, `confidence_head_with_markov`, plus the target's Qwen3 fields.
+
+Other exporters spell the same fields differently: nested in `dspark_config` or in `dflash_config`
+(SpecForge), or top-level with a `dspark_` prefix (`dspark_block_size`, `dspark_noise_token_id`
+for the mask id: DeepSeek-V4-Flash-DSpark, sglang). `dspark_fields` reads all four, in the order
+TensorRT-LLM reads them, and refuses a checkpoint whose spellings disagree, since servers that
+prefer different spellings would then run different drafters.
 """
 
 from __future__ import annotations
@@ -40,11 +46,40 @@ from trtspec.models.checkpoint import (
     write_checkpoint,
 )
 from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, check_block_drafter_fits
+from trtspec.trtllm.fields import DSPARK_DRAFT_KEYS
 
 ARCHITECTURE = "Qwen3DSparkModel"
 MARKOV_HEAD_TYPES = ("vanilla",)  # DeepSpec also has "gated" and "rnn"; not implemented here
 DSPARK_FIELDS = ("block_size", "mask_token_id", "target_layer_ids", "num_target_layers", "num_anchors",
                  "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
+
+
+def dspark_spellings(key: str) -> tuple[tuple[str | None, str], ...]:
+    """(section, name) pairs where `key` may sit, in TensorRT-LLM's order; section None = top level."""
+    prefixed = DSPARK_DRAFT_KEYS.get(key, f"dspark_{key}")
+    return (("dspark_config", key), ("dflash_config", key), (None, prefixed), (None, key))
+
+
+def dspark_fields(raw: dict, where: str) -> dict:
+    """The DSpark fields of config.json `raw` under one spelling each (plain names, DeepSpec's);
+    a CheckpointError naming both spellings when two of them give different values."""
+    found: dict = {}
+    for key in DSPARK_FIELDS:
+        spelled: list[tuple[str, object]] = []
+        for section, name in dspark_spellings(key):
+            values = raw if section is None else raw.get(section)
+            if isinstance(values, dict) and name in values:
+                spelled.append((name if section is None else f"{section}.{name}", values[name]))
+        for name, value in spelled[1:]:
+            if value != spelled[0][1]:
+                raise CheckpointError(
+                    f"{where}: DSpark {key} is given twice with different values, "
+                    f"{spelled[0][0]} = {spelled[0][1]!r} and {name} = {value!r}; servers that read "
+                    "different spellings would run different drafters: keep one"
+                )
+        if spelled:
+            found[key] = spelled[0][1]
+    return found
 
 
 @dataclass(slots=True)
@@ -59,6 +94,7 @@ class DSparkSpec(DFlashSpec):
 
     @classmethod
     def from_config_dict(cls, raw: dict, where: str) -> DSparkSpec:
+        raw = dspark_fields(raw, where)
         if "enable_confidence_head" not in raw:
             raise CheckpointError(f"{where}: missing DSpark field 'enable_confidence_head'")
         spec = cls(
@@ -72,7 +108,7 @@ class DSparkSpec(DFlashSpec):
         )
         # DeepSpec writes these two only when the head they qualify exists
         if spec.markov_rank > 0:
-            spec.markov_head_type = str(raw.get("markov_head_type", "vanilla"))
+            spec.markov_head_type = str(raw.get("markov_head_type", "vanilla")).lower()
         spec.confidence_head_with_markov = spec.enable_confidence_head and bool(
             raw.get("confidence_head_with_markov", False))
         return spec
@@ -224,7 +260,8 @@ def load_dspark(path: Path, target_config=None, dtype=torch.float32) -> DSparkDr
         )
     spec = DSparkSpec.from_config_dict(raw, str(config_file))
     _check_spec(spec, str(config_file))
-    config = Qwen3Config(**{k: v for k, v in raw.items() if k not in DSPARK_FIELDS})
+    spelled = {name for key in DSPARK_FIELDS for section, name in dspark_spellings(key) if section is None}
+    config = Qwen3Config(**{k: v for k, v in raw.items() if k not in spelled | {"dspark_config"}})
     if target_config is not None:
         check_dspark_fits(spec, config, target_config, str(config_file))
     model = DSparkDraftModel(config, spec)

@@ -17,7 +17,8 @@ DSpark (DeepSeek DeepSpec standalone drafters):
 - the DSpark knobs are spelled four ways in the wild (`dspark_config.*`, `dflash_config.*`,
   top-level `dspark_*`, plain top-level); TensorRT-LLM accepts all, in that order, and a missed
   key silently falls back (a markov_rank read as 0 drops the Markov head). We resolve them in the
-  same order and write one spelling: top-level `dspark_*`, mirrored into `dflash_config`
+  same order (`models.dspark.dspark_fields`, which refuses spellings that disagree) and write one
+  spelling: top-level `dspark_*`, mirrored into `dflash_config`
   (the standalone DSpark model subclasses the DFlash one and reads that).
 - `markov_rank` must be > 0 and `block_size` present (TensorRT-LLM requires block_size ==
   max_draft_len, so the deployment's draft length is checked against it).
@@ -34,6 +35,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trtspec.errors import CheckpointError
+from trtspec.models.dflash import dflash_block_size
+from trtspec.models.dspark import dspark_fields
 from trtspec.trtllm.fields import DSPARK_DRAFT_KEYS
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -85,32 +88,19 @@ def _dflash_config(raw: dict, where: Path, notes: list[str]) -> dict:
         )
     if not dflash.get("target_layer_ids"):
         raise CheckpointError(f"{where}: dflash_config.target_layer_ids missing")
+    if "block_size" not in config and "block_size" not in dflash:
+        raise CheckpointError(f"{where}: no block_size (top-level or dflash_config)")
     if "block_size" not in config:
-        if "block_size" not in dflash:
-            raise CheckpointError(f"{where}: no block_size (top-level or dflash_config)")
-        config["block_size"] = int(dflash["block_size"])
         notes.append("lifted dflash_config.block_size to top-level block_size")
+    config["block_size"] = dflash_block_size(raw, str(where))
     config["dflash_config"] = dflash
     config.setdefault("architectures", ["DFlashDraftModel"])
     return config
 
 
-def _dspark_value(raw: dict, key: str):
-    top_key = DSPARK_DRAFT_KEYS[key]
-    sources = (
-        (raw.get("dspark_config") or {}, key),
-        (raw.get("dflash_config") or {}, key),
-        (raw, top_key),
-        (raw, key),
-    )
-    for source, name in sources:
-        if source.get(name) is not None:
-            return source[name]
-    return None
-
-
 def _dspark_config(raw: dict, where: Path, notes: list[str]) -> dict:
-    values = {key: _dspark_value(raw, key) for key in DSPARK_DRAFT_KEYS}
+    fields = dspark_fields(raw, str(where))
+    values = {key: fields.get(key) for key in DSPARK_DRAFT_KEYS}
     for key in ("target_layer_ids", "mask_token_id", "block_size", "markov_rank"):
         if values[key] is None:
             raise CheckpointError(
