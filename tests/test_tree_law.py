@@ -22,6 +22,7 @@ taken with all of them just above 0 and again just below 1.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import math
@@ -225,25 +226,23 @@ POINT_MASS = {
     "siblings-repeat-depth3": Tree((), (0, 0, 0, 1, 1, 2, 4, 5), (0, 1, 0, 2, 1, 0, 1, 1)),
     # every token a child of the root (the last one tested takes all that is left)
     "every-token": Tree((1,), (0, 0, 0, 1, 3, 3), (2, 0, 1, 1, 0, 2)),
+    # a chain
     "chain": Tree((2,), (0, 1, 2), (2, 0, 2)),
 }
 
 
-def _run_graph(tokens, parents, sizes, p, uniforms, u_last):
-    return _graph().tree_sampling(tokens, parents, sizes, p, uniforms, u_last)
-
-
-_GRAPH = []
-
-
+@functools.cache
 def _graph():
     from trtspec.engine.ort import OrtSession
     from trtspec.engine.verify import GraphVerifier
     from trtspec.export.verify import export_verify_tree_sampling
 
-    if not _GRAPH:
-        _GRAPH.append(GraphVerifier(None, None, None, OrtSession(export_verify_tree_sampling(V))))
-    return _GRAPH[0]
+    return GraphVerifier(None, None, None, OrtSession(export_verify_tree_sampling(V)))
+
+
+def _run_graph(tokens, parents, sizes, p, uniforms, u_last):
+    """The `confidence_verify_tree_sampling` graph under onnxruntime."""
+    return _graph().tree_sampling(tokens, parents, sizes, p, uniforms, u_last)
 
 
 @pytest.mark.parametrize("rule", [verify_tree_sampling, _run_graph], ids=["torch", "onnx"])
@@ -272,7 +271,7 @@ def _sampled_trees(start: tuple[int, ...], parents: tuple[int, ...]) -> list[Tre
             grown += [Tree(start, parents, (*t.tokens, x), t.weight * q[x] / left)
                       for x in range(V) if x not in before and q[x] > 0]
         trees = grown
-    return [Tree(start, parents, t.tokens, t.weight) for t in trees]
+    return trees
 
 
 SAMPLED = {
