@@ -256,7 +256,8 @@ def test_gumbel_coupled_sampling_is_what_the_target_alone_samples(pipeline, coup
         got = decoder.generate_batch(batch)
         n = sum(r.sampling.gumbel for r in batch)  # the coupled requests come first
         assert [r.token_ids for r in got[:n]] == coupled_alone[:n]
-        assert sum(r.num_accepted for r in got) > 0  # drafts were accepted, not only bonus tokens
+        # drafts were accepted, several in one step (a tree: a root path of depth 2 or more)
+        assert max(a for r in got[:n] for a in r.accept_counts) >= 2
 
 
 # topk 1: the tree holds only each node's best child, the coupled chain (wider trees may stop it

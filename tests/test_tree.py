@@ -263,9 +263,10 @@ def test_a_chain_is_a_tree():
     draft = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).view(r, k)
     uniforms, u_last = draw_uniforms(r, k, gen)
     ref = verify_sampling(draft, q, p, uniforms, u_last)
-    q_nodes = torch.cat([q, q[:, :1]], 1)  # node i's children (node i + 1) were drawn from q_{i+1}
-    got = verify_tree_sampling(draft, chain.parents, chain.sizes, p, uniforms, u_last, q_nodes)
+    chain = DraftTree.chain(draft, q_probs=q)  # the chain's q [R, k, V], as every drafter returns it
+    got = verify_tree_sampling(draft, chain.parents, chain.sizes, p, uniforms, u_last, chain.q_probs)
     assert torch.equal(got.num_accepted, ref.num_accepted) and torch.equal(got.tokens, ref.tokens)
+    assert (ref.num_accepted == k).any()  # whole chains accepted: the last node's (empty) q is read too
 
 
 # -- tree decoding ---------------------------------------------------------------------------

@@ -67,9 +67,13 @@ class DraftTree:
     @classmethod
     def chain(cls, tokens: torch.Tensor, lens: Sequence[int] | None = None,
               q_probs: torch.Tensor | None = None) -> DraftTree:
-        """A chain x_1..x_k as a tree (node i's parent is i − 1).  tokens [R, k]"""
+        """A chain x_1..x_k as a tree (node i's parent is i − 1).  tokens [R, k]; q_probs [R, k, V]:
+        the chain's q, q_i the law x_i was drawn from, which is node i − 1's children's (the tree's
+        q_probs [R, k+1, V] is by node: the last node's row is zeros, it has no children)."""
         r, k = tokens.shape
         parents = torch.arange(k, device=tokens.device).expand(r, k).clone()
+        if q_probs is not None:
+            q_probs = torch.cat([q_probs, torch.zeros_like(q_probs[:, :1])], 1)  # [R, k+1, V]
         return cls(tokens, parents, list(lens) if lens is not None else [k] * r, q_probs)
 
     def row_parents(self, r: int) -> tuple[int, ...]:
