@@ -257,6 +257,7 @@ BAD = [
     ("completions", {"max_tokens": 0}, "max_tokens"),
     ("completions", {"max_tokens": 5000}, "max_tokens"),
     ("completions", {"stop": [f"s{i}" for i in range(33)]}, "stop"),
+    ("completions", {"stop": ["ok", "x" * 1025]}, "stop"),  # longer than stop_words takes
     ("completions", {"logprobs": 21}, "logprobs"),
     ("completions", {"prompt": ["a", ""]}, "prompt[1]"),
     ("completions", {"presence_penalty": 0.5}, "presence_penalty"),

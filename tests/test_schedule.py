@@ -300,3 +300,23 @@ def test_algorithm_1_prices_the_rows_that_feed_one_token():
     surv = [torch.tensor([0.8])]
     assert schedule_lengths(surv, sps, "scheduler") == [1]  # 1.8 · 90 > 1 · 100
     assert schedule_lengths(surv, sps, "scheduler", plain_rows=3) == [0]  # 4.8 · 30 < 4 · 50
+
+
+def test_the_cost_memo_stays_bounded_over_a_long_run():
+    """A served day plans at ever new contexts: the step prices the cost model keeps must not grow
+    with the plans made (every price kept grew the memo for good: 0.87 M after 20,000 plans), and
+    a price dropped and read again is the same."""
+    import random
+
+    from trtspec.spec.cost import COST_MEMO, MeasuredCost, admit_rows
+
+    rng = random.Random(0)
+    cost, fresh = MeasuredCost(CONTEXT_GRID), MeasuredCost(CONTEXT_GRID, memo=10**9)
+    for _ in range(300):
+        batch = rng.randint(1, 8)
+        survivals = [[0.8 ** (j + 1) for j in range(rng.randint(0, 15))] for _ in range(batch)]
+        context = 32 * rng.randint(1, 1024)  # the decoder's CONTEXT_STEP buckets of a 32k context
+        chosen = admit_rows(cost, survivals, 15, context=context)
+        assert chosen == admit_rows(fresh, survivals, 15, context=context)
+    assert len(fresh._seconds) > 2 * COST_MEMO  # what an unbounded memo would hold
+    assert len(cost._seconds) <= COST_MEMO

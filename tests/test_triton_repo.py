@@ -160,6 +160,11 @@ def test_parse_request_defaults_and_values():
         (dict(top_k=[-1]), "top_k must be >= 0"),
         (dict(stop_words=np.array([b""], dtype=object)), "stop_words must not contain an empty string"),
         (dict(stop_words=np.array([b"\xc3"], dtype=object)), "stop_words is not valid UTF-8"),
+        # every step searches the text for each word: one request's many long words slowed everyone's
+        (dict(stop_words=np.array([b"w%d" % i for i in range(65)], dtype=object)),
+         "stop_words holds 65 words; at most 64"),
+        (dict(stop_words=np.array([b"ok", b"x" * 1025], dtype=object)),
+         "stop_words\\[1\\] has 1025 characters; at most 1024"),
         (dict(stop_token_ids=np.array([3, -1], dtype=np.int32)),
          r"stop_token_ids must be token ids in \[0, 264\), got \[3, -1\]"),
         (dict(stop_token_ids=np.array([264], dtype=np.int32)), r"stop_token_ids must be .*got \[264\]"),

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
+from trtspec.triton.request import MAX_STOP_WORD_CHARS
 
 MAX_STOP = 32  # stop sequences per request (OpenAI allows 4, vLLM any number; lm-eval sends a task's all)
 MAX_CHOICES = 64  # choices in one request: prompts × n
@@ -208,6 +209,10 @@ def check_common(req: _Common, vocab_size: int) -> None:
     if len(stops) > MAX_STOP or any(not s for s in stops):
         raise ApiError(f"Invalid 'stop': up to {MAX_STOP} non-empty strings, got {req.stop!r}.", "stop",
                        code="invalid_value")
+    long = next((s for s in stops if len(s) > MAX_STOP_WORD_CHARS), None)
+    if long is not None:
+        raise ApiError(f"Invalid 'stop': a sequence of {len(long)} characters; at most {MAX_STOP_WORD_CHARS} "
+                       "each.", "stop", code="invalid_value")
 
 
 def check_completion(req: CompletionRequest, vocab_size: int) -> list[str | list[int]]:
