@@ -672,8 +672,9 @@ def test_random_batch_mixes_decode_what_each_request_decodes_alone(pipeline, ran
     schedule, joining at random steps beside others well into their outputs, one cancelled and one
     ended by its callback (their slots then reused), rejection-sampled ones beside: every greedy and
     Gumbel-coupled request's tokens, streamed and returned, and its log-probabilities are the target
-    alone's (docs/SAMPLING.md). The same harness by hand: 3,000 requests in 500 random batches over
-    every drafter, both flavours, chains and trees, every schedule, contexts to 1,024: none differed."""
+    alone's (docs/SAMPLING.md). The same harness by hand (2026-12-02): 560 random batches of 1 to 13
+    requests over every drafter and none, both flavours, chains and trees, every schedule, contexts
+    up to 1,024 tokens (1,637 requests compared in the 420 batches counted): none differed."""
     rng = random.Random(f"{pipeline.config.drafter.method}-{pipeline.config.flavour}-{tree is None}")
     requests = [r for r, _ in random_mix]
     cancel_at, stop_after = {rng.randrange(12): rng.randint(0, 4)}, {rng.randrange(12): rng.randint(1, 6)}
