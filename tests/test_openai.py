@@ -695,6 +695,37 @@ def test_stop_sequences_are_cut_and_held_back_while_streaming():
     assert sent == ["= 8", "38", "", ""] and trim.stopped  # "\n" then "Q" held until decided
     trim = StopTrimmer(["\nQ:"])
     assert [trim.push("a\n"), trim.push("b"), trim.push("\n", final=True)] == ["a", "\nb", "\n"]
+    # min_tokens: no stop sequence ends within the first tokens' text (`protected`, None until known)
+    trim = StopTrimmer([";"], protected=None)
+    assert trim.push("8; 1") == "8; 1" and not trim.stopped
+    trim.protected = 6  # "8; 1; "
+    assert [trim.push("; 2"), trim.push("; 3")] == ["; 2", ""] and trim.stopped
+
+
+def test_min_tokens_holds_stop_sequences_back_as_it_holds_stop_token_ids(served, pipeline):
+    """vLLM checks `stop` only past min_tokens, as it holds back the end and stop ids: a stop
+    sequence written by the first min_tokens tokens is part of the answer. It ended the request
+    there: `stop: [";"]` with min_tokens 20 answered ' 2+6=8' after 7 tokens, where
+    `stop_token_ids` [59] (';') with min_tokens 20 decoded on."""
+    prompt, semicolon = PROMPTS[0], pipeline.tokenizer.encode(";", add_special_tokens=False)[0]
+    text, ids = _greedy(pipeline, prompt, 30)
+    min_tokens = 20
+    protected = len(pipeline.tokenizer.decode(ids[:min_tokens]))
+    assert 0 <= text.index(";") < protected <= text.index(";", protected)  # a ';' before, one past
+    client = served.client()
+    for stream in (False, True):
+        ask = {"model": "trtspec", "prompt": prompt, "max_tokens": 30, "temperature": 0,
+               "extra_body": {"min_tokens": min_tokens}}
+        if stream:
+            chunks = [c for c in client.completions.create(**ask, stop=[";"], stream=True) if c.choices]
+            got, finish = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+        else:
+            choice = client.completions.create(**ask, stop=[";"]).choices[0]
+            got, finish = choice.text, choice.finish_reason
+        assert (got, finish) == (text[: text.index(";", protected)], "stop"), stream
+        held = client.completions.create(**{**ask, "extra_body": {"min_tokens": min_tokens,
+                                                                   "stop_token_ids": [semicolon]}})
+        assert held.usage.completion_tokens > min_tokens
 
 
 def _raw_logprobs(pipeline, prompt_ids: list[int], ids: list[int]) -> torch.Tensor:

@@ -250,6 +250,22 @@ def test_text_stream_stops_at_a_stop_word():
     assert stream.text == "abcEND" and stream.push(tok.encode("more")) == ("", [])
 
 
+def test_text_stream_heeds_a_stop_word_only_past_min_tokens():
+    """min_tokens holds a stop word back as it holds the end ids, as vLLM does: a stop word that the
+    first min_tokens ids write does not end the output (it ended it at once), one that ends past them
+    does, also where it begins before."""
+    tok = ByteTokenizer()
+    ids = tok.encode("2+6=8; 8+5=13; 4+3=7")
+    stream = TextStream(tok.decode, stop_words=("; ",), min_tokens=10)  # "2+6=8; 8+5"
+    delta, kept = stream.push(ids)
+    assert (delta, stream.stopped) == ("2+6=8; 8+5=13; ", True) and kept == ids[:15]
+    stream = TextStream(tok.decode, stop_words=("; ",), min_tokens=13)  # "; " ends with id 15
+    assert stream.push(ids)[0] == "2+6=8; 8+5=13; " and stream.stopped
+    stream = TextStream(tok.decode, stop_words=("; ",), min_tokens=15)
+    assert stream.push(ids)[0] == "2+6=8; 8+5=13; 4+3=7" and not stream.stopped
+    assert TextStream(tok.decode, stop_words=("; ",)).push(ids)[0] == "2+6=8; "
+
+
 def test_text_stream_leaves_an_end_ids_own_text_out():
     """An id that ends the request (`end_ids`: its end and stop ids) is kept among the ids but not
     in the text, as vLLM's and TensorRT-LLM's stop_token_ids are; an incomplete character held

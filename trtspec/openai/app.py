@@ -21,7 +21,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -148,10 +148,13 @@ class _Run:
     """One choice's figures while its steps arrive."""
 
     def __init__(self, gen: Generation, prompt_ids: list[int], sample: int = 0,
-                 logprobs: LogprobsBody | None = None, echo: str | None = None):
+                 logprobs: LogprobsBody | None = None, echo: str | None = None,
+                 decode: Callable[[list[int]], str] | None = None):
         self.gen, self.prompt_ids, self.prompt_tokens = gen, prompt_ids, len(prompt_ids)
         self.sample = sample  # j of the prompt's n choices
-        self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)))
+        self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)), protected=None if gen.min_tokens else 0)
+        self.decode = decode  # the tokenizer's: where the first min_tokens tokens' text ends
+        self.ids: list[int] = []  # generated so far, while min_tokens has not been reached
         self.completion_tokens = self.accepted = self.drafted = self.forwards = 0
         self.last_id: int | None = None
         self.finish: str | None = None  # the model's finish_reason, with its totals
@@ -161,6 +164,10 @@ class _Run:
 
     def take(self, step) -> str:
         self.completion_tokens += len(step.ids)
+        if self.trimmer.protected is None:  # a stop sequence may end only past these tokens' text
+            self.ids += step.ids
+            if len(self.ids) >= self.gen.min_tokens:
+                self.trimmer.protected = len(self.decode(self.ids[: self.gen.min_tokens]))
         if step.ids:
             self.last_id = step.ids[-1]
         self.accepted = max(self.accepted, step.accepted_tokens)
@@ -345,7 +352,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             for j in range(req.n or 1):
                 seeded = gen if gen.seed is None else dataclasses.replace(gen, seed=(gen.seed + j) % 2**64)
                 body = None if gen.logprobs is None else LogprobsBody(model.tokenizer, chat)
-                runs.append(_Run(seeded, prompt_ids, j, body, echo))
+                runs.append(_Run(seeded, prompt_ids, j, body, echo, model.tokenizer.decode))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
         if not req.stream:

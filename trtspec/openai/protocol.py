@@ -52,7 +52,8 @@ class _Common(_Forbid):
     temperature: float | None = Field(None, description="0 = greedy; default 1 as OpenAI")
     top_p: float | None = Field(None, description="nucleus mass in (0, 1]")
     top_k: int | None = Field(None, description="keep the k most likely (vLLM/SGLang extension); -1, 0 = all")
-    min_tokens: int | None = Field(None, description="no end of sequence before this many tokens (vLLM's)")
+    min_tokens: int | None = Field(None, description="no end of sequence, stop token or stop sequence before "
+                                                    "this many tokens (vLLM's)")
     seed: int | None = Field(None, description="sampling seed: the same text under Gumbel coupling; under "
                              "rejection sampling only under the same draft lengths (else another draw "
                              "of the same law)")

@@ -2,7 +2,9 @@
 
 The model stops generating once its text holds a stop sequence (Triton's `stop_words`); the
 text it sent may run past it (a step emits several tokens). While streaming, the tail that could
-still be the start of a stop sequence is held back until the next text decides it.
+still be the start of a stop sequence is held back until the next text decides it. With
+`min_tokens`, as in vLLM, a stop sequence counts only where it ends past the text of the first
+min_tokens tokens (`protected`): one written before is part of the answer.
 """
 
 from __future__ import annotations
@@ -15,6 +17,16 @@ class StopTrimmer:
     stops: list[str] = field(default_factory=list)
     pending: str = ""  # received, not yet sent
     stopped: bool = False
+    # characters at the start of the text where no stop sequence may end (the first min_tokens
+    # tokens' text); None: those tokens have not all come yet, so none may end anywhere so far
+    protected: int | None = 0
+    sent: int = 0  # characters sent before `pending`
+
+    def _find(self, stop: str) -> int:
+        """Where in `pending` the first occurrence of `stop` that ends past `protected` begins, or -1."""
+        if self.protected is None:
+            return -1
+        return self.pending.find(stop, max(0, self.protected - self.sent - len(stop) + 1))
 
     def _held(self) -> int:
         """Length of the longest tail of `pending` that begins some stop sequence."""
@@ -32,7 +44,7 @@ class StopTrimmer:
         if not self.stops:
             out, self.pending = self.pending, ""
             return out
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        hits = [i for i in (self._find(s) for s in self.stops) if i >= 0]
         if hits:
             self.stopped = True
             out, self.pending = self.pending[: min(hits)], ""
@@ -40,4 +52,5 @@ class StopTrimmer:
         keep = 0 if final else self._held()
         out = self.pending[: len(self.pending) - keep]
         self.pending = self.pending[len(out):]
+        self.sent += len(out)
         return out

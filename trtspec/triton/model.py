@@ -301,7 +301,7 @@ class TritonPythonModel:
                 sender.send(_error(f"{name}{exc}"), flags=FINAL)
                 continue
             ends = self.decoder.end_ids_of(decode)  # their own text is left out
-            text = TextStream(self.pipeline.tokenizer.decode, parsed.stop_words, ends)
+            text = TextStream(self.pipeline.tokenizer.decode, parsed.stop_words, ends, parsed.min_tokens)
             stream = _Stream(parsed, sender, text, self.metrics, decode)
             if parsed.logprobs is not None:
                 stream.logprobs = TokenLogprobs(parsed.logprobs)

@@ -214,14 +214,17 @@ class TextStream:
     O(n²) per request, 0.6 s of the serving loop for a 2,048-token answer with stop words on a
     BPE tokenizer. Text that ends in U+FFFD (an incomplete character) is held until the next ids
     complete it. With stop words, generation ends at the first id after which the text holds one
-    of them (only the text's tail can: its last len(word) - 1 characters and what is new). An id
-    of `end_ids` (the request's end and stop ids) ends the output: its id is kept, its own text
-    left out, as vLLM and TensorRT-LLM leave a stop token's text out by default.
+    of them (only the text's tail can: its last len(word) - 1 characters and what is new), once
+    past `min_tokens` ids: as vLLM, a stop word that the first min_tokens ids write does not end
+    the request, as their end ids are held back. An id of `end_ids` (the request's end and stop
+    ids) ends the output: its id is kept, its own text left out, as vLLM and TensorRT-LLM leave a
+    stop token's text out by default.
     """
 
     decode: Callable[[list[int]], str]
     stop_words: tuple[str, ...] = ()
     end_ids: frozenset[int] = frozenset()
+    min_tokens: int = 0  # ids before which no stop word ends the output
     ids: list[int] = field(default_factory=list)
     stopped: bool = False
     silent: int = 0  # the last ids without text of their own: 1 after an end id
@@ -241,7 +244,7 @@ class TextStream:
             if token in self.end_ids:
                 self.silent, self.stopped = 1, True
             new = self._unread()
-            if self.stop_words:
+            if self.stop_words and len(self.ids) > self.min_tokens:
                 window = self.tail + new  # a stop word can only end in the new text
                 self.stopped = self.stopped or any(w in window for w in self.stop_words)
             if self.stopped or (new and not new.endswith("\ufffd")):
