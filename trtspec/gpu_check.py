@@ -221,7 +221,7 @@ def _lossless_rows(run: Run, dtype: str) -> None:
     (`trtspec.spec.near_ties`)."""
     from trtspec.bench.loop_overhead import tiny_pipeline
     from trtspec.spec.decoder import Request
-    from trtspec.spec.near_ties import GreedyJudge
+    from trtspec.spec.near_ties import GreedyJudge, shared_prefix
 
     spec = tiny_pipeline(run.device, dtype=dtype)
     plain = tiny_pipeline(run.device, use_drafter=False, dtype=dtype)
@@ -234,7 +234,8 @@ def _lossless_rows(run: Run, dtype: str) -> None:
 
     def verdict(outputs: list[list[int]]) -> tuple[bool, str]:
         same = sum(o == a for o, a in zip(outputs, alone, strict=True))
-        audits = [judge.audit(ids, o) for ids, o, a in zip(prompts, outputs, alone, strict=True) if o != a]
+        audits = [judge.audit(ids, o, start=shared_prefix(o, a))
+                  for ids, o, a in zip(prompts, outputs, alone, strict=True) if o != a]
         detail = f"{same}/{len(prompts)} prompts identical"
         if audits:
             worst = max(audits, key=lambda a: (not a.near_ties_only, max(a.gaps, default=0.0)))

@@ -43,7 +43,7 @@ import torch
 from trtspec.config import BuildConfig
 from trtspec.models.target import load_causal_lm
 from trtspec.pipeline import load_pipeline
-from trtspec.spec.near_ties import GreedyAudit, GreedyJudge
+from trtspec.spec.near_ties import GreedyAudit, GreedyJudge, shared_prefix
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
 from trtspec.triton.client import (
     Completion,
@@ -238,7 +238,8 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         if diff is not None:
             served_ids = tokenizer.encode(served.text) if text_only else served.token_ids
             if served_ids:
-                result.audit = judge.audit(prompt_ids, served_ids, sampling)
+                start = shared_prefix(served_ids, expected)  # the target alone's own tokens before
+                result.audit = judge.audit(prompt_ids, served_ids, sampling, start)
         return result
 
     cert.greedy = [check(prompt, SamplingParams()) for prompt in prompts]
