@@ -173,13 +173,15 @@ class TritonStream:
         """The model's responses for `gen`, the last with `final`; closing the iterator early
         cancels the request in Triton."""
         request = infer_request(self.model, gen.arrays(), uuid.uuid4().hex)
-
-        async def requests():
-            yield request
-
-        call = self.stub.ModelStreamInfer(requests())
+        # write and read the call directly: `async for` over it (and a request iterator) would run
+        # gRPC's own async generators, which a client leaving mid-stream left unfinished, and
+        # Python 3.11's clean-up of those at garbage collection failed now and then with
+        # "aclose(): asynchronous generator is already running" in the server log
+        call = self.stub.ModelStreamInfer()
         try:
-            async for response in call:
+            await call.write(request)
+            await call.done_writing()
+            while (response := await call.read()) is not grpc.aio.EOF:
                 step = _step(response)
                 yield step
                 if step.final:
