@@ -144,6 +144,19 @@ async def _unless_gone(request: Request, work: asyncio.Future):
         watcher.cancel()
 
 
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that closes its event generator when it ends. Starlette leaves a
+    generator whose client went away mid-send suspended at its `yield`: its clean-up (cancelling the
+    Triton requests) then waited for garbage collection, which closed it and the generator it reads
+    from as two racing tasks ("aclose(): asynchronous generator is already running" in the log)."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
 class _Run:
     """One choice's figures while its steps arrive."""
 
@@ -377,8 +390,8 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                 raise _triton_error(refused) from None
             raise refused
         events = _events(firsts, streams, runs, rid, created, model.name, chat, include_usage, continuous)
-        return StreamingResponse(events, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return ClosingStreamingResponse(events, media_type="text/event-stream",
+                                        headers={"Cache-Control": "no-cache"})
 
     return app
 
