@@ -380,3 +380,47 @@ def test_engine_build_help_is_the_usage(capsys):
     assert "usage: python -m trtspec.engine.build DIR" in capsys.readouterr().err
     assert engine_build_main(["--bogus"]) == 2
     assert "manifest.json" not in capsys.readouterr().err
+
+
+class _RecordingSession:
+    """A graph session that records the shape of every input it is fed (by graph name)."""
+
+    def __init__(self, inner, name: str, seen: dict[str, list[dict[str, tuple[int, ...]]]]):
+        self.inner, self.name, self.seen = inner, name, seen
+        self.backend = inner.backend
+        self.input_names, self.output_names = inner.input_names, inner.output_names
+
+    def run(self, feeds):
+        self.seen.setdefault(self.name, []).append({k: v.shape for k, v in feeds.items()})
+        return self.inner.run(feeds)
+
+
+def _recorded(pipeline, method: str, seen: dict):
+    """Copies of an engine pipeline's target, drafter and verifier whose sessions record into `seen`."""
+    target, drafter = copy.copy(pipeline.target), copy.copy(pipeline.drafter)
+    verifier = copy.copy(pipeline.verifier)
+    target.graph = copy.copy(target.graph)
+    target.graph.session = _RecordingSession(target.graph.session, "target", seen)
+    for part in ("context", "block", "heads"):
+        if hasattr(drafter, part):
+            setattr(drafter, part, _RecordingSession(getattr(drafter, part), f"{method}_{part}", seen))
+    for kind in ("greedy", "sampling", "tree_greedy", "tree_sampling"):
+        name = f"{kind}_session"
+        setattr(verifier, name, _RecordingSession(getattr(verifier, name), f"verify_{kind}", seen))
+    return target, drafter, verifier
+
+
+def test_packed_target_attends_over_no_more_keys_than_its_slots_hold(pipelines):
+    """One request filling its context of 100 with whole blocks (most drafts rejected): the target graph
+    was fed up to 186 keys, its live positions plus rejected drafts awaiting compaction (the profile
+    bounds keys by num_slots × capacity); now it compacts first, and the text is still the target's."""
+    from trtspec.spec.decoder import Request, SpeculativeDecoder
+
+    engine, alone = pipelines[("engine", "dflash")], pipelines[("torch", "target")].decoder_for(1, FULL)
+    seen: dict = {}
+    target, drafter, verifier = _recorded(engine, "dflash", seen)
+    for prompt in load_prompts("chat")[:2]:
+        request = Request(list(prompt.encode())[:40], 60, ignore_eos=True)
+        decoder = SpeculativeDecoder(target, drafter, engine.end_ids, verifier, FULL, None, 1, 100)
+        assert decoder.generate_batch([request])[0].token_ids == alone.generate_batch([request])[0].token_ids
+    assert max(f["attention_mask"][-1] for f in seen["target"]) <= 100

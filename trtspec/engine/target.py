@@ -6,7 +6,9 @@ returns `present_*` with the new tokens appended, and an explicit `attention_mas
 so the requests share one sequence of cache slots, each remembering the request that owns it and
 its position there, and the mask lets each query see only its own request's live slots, causally.
 A slot freed by a rewind or a finished request is marked dead and skipped by the mask until it is
-compacted away (dropped from the arrays) before the next forward.
+compacted away (dropped from the arrays) before a forward: once the dead are half the cache, or
+sooner when keeping them would make the forward's keys (cache + new tokens) outnumber what the
+slots can hold, num_slots × capacity, the bound a TensorRT engine's profile is built for.
 
 This is the graph's contract; the per-slot preallocated layout of the torch flavour would need a
 graph that scatters into fixed buffers (not exported yet).
@@ -78,7 +80,7 @@ class EngineTarget:
         self.graph = TargetGraph(session, config, tap_layer_ids, precision)
         self.config = config  # the checkpoint's HF config (the drafter checks it fits)
         self.tap_layer_ids = tuple(tap_layer_ids)
-        self.capacity = self.max_positions
+        self.num_slots, self.capacity = 1, self.max_positions
         self.reset()
 
     @property
@@ -93,7 +95,7 @@ class EngineTarget:
         """The graph's cache grows with its inputs: only the capacity check is per slot. A copy
         that allocates gets a cache of its own (the session stays shared)."""
         self.graph = copy.copy(self.graph)
-        self.capacity = capacity
+        self.num_slots, self.capacity = num_slots, capacity
         self.reset()
 
     def reset(self) -> None:
@@ -106,17 +108,20 @@ class EngineTarget:
     def seq_len(self, slot: int) -> int:
         return self.lengths.get(slot, 0)
 
-    def _compact(self) -> None:
-        """Drop dead cache positions once they are at least half of the cache."""
+    def _compact(self, incoming: int) -> None:
+        """Drop dead cache positions once they are at least half of the cache, or when the forward
+        feeding `incoming` tokens would otherwise attend over more than num_slots × capacity keys
+        (live positions and new tokens alone never do: each slot stays within its capacity)."""
         live = self.owner != DEAD
-        if len(live) and (~live).mean() >= 0.5:
+        dead = len(live) - int(live.sum())
+        if dead and (2 * dead >= len(live) or len(live) + incoming > self.num_slots * self.capacity):
             keep = np.flatnonzero(live)
             self.graph.keep(keep)
             self.owner, self.position = self.owner[keep], self.position[keep]
 
     def forward(self, chunks: list[Chunk], logits_at: torch.Tensor | None = None) -> TargetOutput:
         """Feed every chunk after its slot's cached tokens in ONE graph run."""
-        self._compact()
+        self._compact(sum(len(c.input_ids) for c in chunks))
         owner_q = np.concatenate([np.full(len(c.input_ids), c.slot) for c in chunks])  # [T]
         pos_q = np.concatenate([self.seq_len(c.slot) + np.arange(len(c.input_ids)) for c in chunks])
         if (pos_q >= self.capacity).any():
