@@ -410,6 +410,73 @@ def _recorded(pipeline, method: str, seen: dict):
     return target, drafter, verifier
 
 
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_random_batches_decode_as_alone_within_the_tensorrt_profile(pipelines, method):
+    """Random requests (`tests.test_batch._random_request`, seeded) 4 at a time, chains then trees, at a
+    context that the longest fills exactly: greedy and Gumbel-coupled texts are the torch target
+    alone's, and every shape the loop feeds a graph lies in the optimization profile
+    `python -m trtspec.engine.build` gives it. The profile took batch 1 (the drafter, heads and verify
+    graphs run one row per request: 4 here) and contexts of one request, 4096, where the packed
+    target's cache holds every request's and, until compaction, its rejected drafts: one request
+    with 2,099 live positions fed 3,360, four with 3,788 fed 7,489. Now the batch is the config's
+    limits.max_concurrency, the packed axes that times the context, and the target compacts before
+    its keys outnumber num_slots × capacity."""
+    from tests.test_batch import SPS, _random_request
+    from trtspec.config import TreeConfig
+    from trtspec.engine.build import EngineLimits, dim_ranges, profile_for
+    from trtspec.export.bundle import cached_export
+    from trtspec.spec.decoder import SpeculativeDecoder
+
+    engine, alone = pipelines[("engine", method)], pipelines[("torch", "target")].decoder_for(1, FULL)
+    manifest = load_manifest(cached_export(engine.config, True))
+    ranges = dim_ranges(EngineLimits.of_manifest(manifest), manifest["drafter"]["block_size"])
+    rng = __import__("random").Random(f"engine-{method}")
+    compared = 0
+    for tree in (None, TreeConfig(nodes=10, topk=3)):
+        requests = [_random_request(rng) for _ in range(8)]
+        capacity = max(len(r.prompt) + r.max_new_tokens for r in requests)
+        seen: dict = {}
+        target, drafter, verifier = _recorded(engine, method, seen)
+        schedule = ScheduleConfig(mode="adaptive", probe_every=1)
+        decoder = SpeculativeDecoder(target, drafter, engine.end_ids, verifier, schedule, SPS, 4, capacity,
+                                     tree=tree)
+        got = decoder.generate_batch(requests)
+        for request, result in zip(requests, got, strict=True):
+            if request.sampling.greedy or request.sampling.gumbel:
+                assert result.token_ids == alone.generate_batch([request])[0].token_ids, request
+                compared += 1
+        assert max(f["attention_mask"][-1] for f in seen["target"]) <= 4 * decoder.target.capacity
+        for name, graph in manifest["graphs"].items():
+            profile = profile_for(graph, ranges)
+            for feeds in seen.get(name, []):
+                for input_name, shape in feeds.items():
+                    low, _, high = profile[input_name]
+                    assert all(lo <= n <= hi for lo, n, hi in zip(low, shape, high, strict=True)), \
+                        (name, input_name, shape, low, high)
+        assert max(f["block_ids"][0] for f in seen[f"{method}_block"]) > 1  # batches the old profile refused
+    assert compared >= 8
+
+
+def test_tensorrt_engines_built_for_fewer_requests_than_the_config_are_refused(tmp_path):
+    """Engines whose profile takes fewer rows than limits.max_concurrency are refused at load, naming
+    both numbers, instead of TensorRT rejecting the first step that runs more requests."""
+    import shutil
+
+    from trtspec.engine.load import load_engine_models
+    from trtspec.export.bundle import cached_export
+
+    config = load_build_config(CONFIG).model_copy(update={"flavour": "engine"})
+    folder = tmp_path / "engine"
+    shutil.copytree(cached_export(config, True), folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["engines"] = {"target": {"file": "target.engine", "sha256": "0",
+                                      "profile": {"batch": [1, 1, 1]}}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=r"the target engine takes batches of at most 1 requests, but "
+                                          r"limits.max_concurrency is 8; lower it, or rebuild"):
+        load_engine_models(config, folder=folder, backend="tensorrt")
+
+
 def test_packed_target_attends_over_no_more_keys_than_its_slots_hold(pipelines):
     """One request filling its context of 100 with whole blocks (most drafts rejected): the target graph
     was fed up to 186 keys, its live positions plus rejected drafts awaiting compaction (the profile

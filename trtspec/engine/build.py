@@ -24,17 +24,29 @@ class EngineLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_batch: int = Field(1, ge=1, description="largest batch an engine accepts")
-    max_seq: int = Field(4096, ge=16, description="largest cached context (target KV / DFlash context)")
+    max_batch: int = Field(8, ge=1, le=256, description="most requests decoded together: the rows of the "
+                                                         "drafter and verify graphs (the build config's "
+                                                         "limits.max_concurrency)")
+    max_seq: int = Field(4096, ge=16, description="largest context of one request (its target K/V, its "
+                                                  "DFlash context)")
     opt_seq: int = Field(512, ge=1, description="context length TensorRT tunes for")
     max_k: int = Field(63, ge=1, le=63, description="most drafts one verification takes")
 
+    @classmethod
+    def of_manifest(cls, manifest: dict) -> EngineLimits:
+        """The limits of the build config an export folder was made from: its max_concurrency."""
+        limits = (manifest.get("config") or {}).get("limits") or {}
+        return cls(max_batch=limits.get("max_concurrency", cls.model_fields["max_batch"].default))
+
 
 def dim_ranges(limits: EngineLimits, block_size: int) -> dict[str, tuple[int, int, int]]:
-    """(min, opt, max) per named dynamic axis of the exported graphs."""
+    """(min, opt, max) per named dynamic axis of the exported graphs. The target runs every request
+    packed into one row, one shared cache (`EngineTarget`), and the context graph every row's new
+    taps packed likewise: those axes reach max_batch × max_seq."""
     n, opt = limits.max_seq, limits.opt_seq
-    return {"batch": (1, 1, limits.max_batch), "seq": (1, block_size, n), "past": (0, opt, n),
-            "total": (1, min(opt + block_size, n), n), "ctx": (1, opt, n),
+    packed = limits.max_batch * n
+    return {"batch": (1, 1, limits.max_batch), "seq": (1, block_size, packed), "past": (0, opt, packed),
+            "total": (1, min(opt + block_size, packed), packed), "ctx": (1, opt, packed),
             "block": (block_size, block_size, block_size),
             "n": (1, 1, max(block_size, 32)),  # DSpark heads: one slot at a time (a tree: its frontier)
             "nodes": (0, block_size - 1, 256), "nodes_plus_1": (1, block_size, 257),  # draft trees
@@ -52,8 +64,8 @@ def profile_for(graph: dict, ranges: dict[str, tuple[int, int, int]]) -> Profile
 
 def build_engines(folder: Path, limits: EngineLimits | None = None) -> list[Path]:
     """Build one engine per graph of `folder` and record them (with hashes) in its manifest."""
-    limits = limits or EngineLimits()
     manifest = load_manifest(folder)
+    limits = limits or EngineLimits.of_manifest(manifest)
     block = (manifest.get("drafter") or {}).get("block_size", 16)
     ranges = dim_ranges(limits, block)
     built = []

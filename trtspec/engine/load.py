@@ -37,6 +37,18 @@ def graph_path(folder: Path, manifest: dict, name: str, backend: str) -> Path:
     return folder / engines[name]["file"]
 
 
+def check_engine_batch(folder: Path, manifest: dict, max_concurrency: int) -> None:
+    """Refuse engines whose optimization profile takes fewer rows than the config decodes together:
+    TensorRT would reject the first step that runs more requests than that."""
+    for name, engine in (manifest.get("engines") or {}).items():
+        rows = (engine.get("profile") or {}).get("batch", [1, 1, 1])[2]
+        if rows < max_concurrency:
+            raise ConfigError(f"{folder}: the {name} engine takes batches of at most {rows} requests, "
+                              f"but limits.max_concurrency is {max_concurrency}; lower it, or rebuild the "
+                              f"engines for it (`python -m trtspec.engine.build {folder}` builds for the "
+                              "limits.max_concurrency of the config the folder was exported from)")
+
+
 def load_engine_models(config: BuildConfig, use_drafter: bool = True, folder: Path | None = None,
                        backend: str = "auto") -> tuple[EngineTarget, Drafter, GraphVerifier]:
     """The target, drafter and verifier of `config` as engine-flavour adapters over `backend` sessions
@@ -48,6 +60,8 @@ def load_engine_models(config: BuildConfig, use_drafter: bool = True, folder: Pa
         from trtspec.engine.trt import tensorrt_available
 
         backend = "tensorrt" if manifest.get("engines") and tensorrt_available() else "onnxruntime"
+    if backend == "tensorrt":
+        check_engine_batch(folder, manifest, config.limits.max_concurrency)
     info = manifest["drafter"] if use_drafter else None
     if use_drafter and info is None:
         raise ConfigError(f"{folder} was exported without a drafter; export it again with the drafter")
