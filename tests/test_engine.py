@@ -429,7 +429,7 @@ def test_random_batches_decode_as_alone_within_the_tensorrt_profile(pipelines, m
 
     engine, alone = pipelines[("engine", method)], pipelines[("torch", "target")].decoder_for(1, FULL)
     manifest = load_manifest(cached_export(engine.config, True))
-    ranges = dim_ranges(EngineLimits.of_manifest(manifest), manifest["drafter"]["block_size"])
+    limits, block = EngineLimits.of_manifest(manifest), manifest["drafter"]["block_size"]
     rng = __import__("random").Random(f"engine-{method}")
     compared = 0
     for tree in (None, TreeConfig(nodes=10, topk=3)):
@@ -447,7 +447,7 @@ def test_random_batches_decode_as_alone_within_the_tensorrt_profile(pipelines, m
                 compared += 1
         assert max(f["attention_mask"][-1] for f in seen["target"]) <= 4 * decoder.target.capacity
         for name, graph in manifest["graphs"].items():
-            profile = profile_for(graph, ranges)
+            profile = profile_for(graph, dim_ranges(limits, block, name))
             for feeds in seen.get(name, []):
                 for input_name, shape in feeds.items():
                     low, _, high = profile[input_name]

@@ -39,14 +39,16 @@ class EngineLimits(BaseModel):
         return cls(max_batch=limits.get("max_concurrency", cls.model_fields["max_batch"].default))
 
 
-def dim_ranges(limits: EngineLimits, block_size: int) -> dict[str, tuple[int, int, int]]:
+def dim_ranges(limits: EngineLimits, block_size: int, graph: str = "") -> dict[str, tuple[int, int, int]]:
     """(min, opt, max) per named dynamic axis of the exported graphs. The target runs every request
     packed into one row, one shared cache (`EngineTarget`), and the context graph every row's new
-    taps packed likewise: those axes reach max_batch × max_seq."""
+    taps packed likewise: those axes reach max_batch × max_seq. A block graph (`graph` *_block) reads
+    one request's context per row."""
     n, opt = limits.max_seq, limits.opt_seq
     packed = limits.max_batch * n
+    ctx = n if graph.endswith("_block") else packed
     return {"batch": (1, 1, limits.max_batch), "seq": (1, block_size, packed), "past": (0, opt, packed),
-            "total": (1, min(opt + block_size, packed), packed), "ctx": (1, opt, packed),
+            "total": (1, min(opt + block_size, packed), packed), "ctx": (1, opt, ctx),
             "block": (block_size, block_size, block_size),
             "n": (1, 1, max(block_size, 32)),  # DSpark heads: one slot at a time (a tree: its frontier)
             "nodes": (0, block_size - 1, 256), "nodes_plus_1": (1, block_size, 257),  # draft trees
@@ -67,9 +69,9 @@ def build_engines(folder: Path, limits: EngineLimits | None = None) -> list[Path
     manifest = load_manifest(folder)
     limits = limits or EngineLimits.of_manifest(manifest)
     block = (manifest.get("drafter") or {}).get("block_size", 16)
-    ranges = dim_ranges(limits, block)
     built = []
     for name, graph in manifest["graphs"].items():
+        ranges = dim_ranges(limits, block, name)
         engine = build_engine(folder / graph["file"], folder / f"{name}.engine", profile_for(graph, ranges))
         manifest["engines"][name] = {"file": engine.name, "sha256": sha256_file(engine),
                                      "profile": {k: list(v) for k, v in ranges.items()}}
