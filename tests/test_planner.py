@@ -156,3 +156,20 @@ def test_build_refuses_a_config_that_cannot_fit(tmp_path):
     assert result.output.startswith("Error: ") and len(result.output.strip().splitlines()) == 1
     assert "weights do not fit on H200" in result.output and "short by" in result.output
     assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["c.yaml"]
+
+
+def test_deepseek_v4_fp8_kv_row_keeps_rope_dims_in_bf16():
+    # DeepSeek-V4-Flash, FP8 KV, TP 16 (the single KV head is replicated, not split): one K=V row is
+    # 448 fp8 dims + 64 RoPE dims in bf16 + 8 B of ue8m0 scales = 584 B (DeepSeek-V4 report 2.3.4;
+    # SGLang's DeepSeek-V4 memory pool), not head_dim 512 x 1 B.
+    dep = _deployment(model_id="deepseek-ai/DeepSeek-V4-Flash", kv_cache_dtype="fp8", nodes=2,
+                      gpus_per_node=8, tensor_parallel_size=16, moe_expert_parallel_size=16)
+    plan = plan_memory(dep)
+    # Layers 2..42: 21 CSA (ratio 4, + 132 B indexer row) and 20 HCA (ratio 128) layers.
+    assert plan.kv_per_token_bytes == math.ceil(21 * (584 + 132) / 4 + 20 * 584 / 128) == 3_851
+    # Every one of the 43 layers keeps a 128-token window of rows.
+    assert plan.kv_per_sequence_fixed_bytes == 43 * 128 * 584 == 3_214_336
+    # bf16 ("auto"): 512 dims x 2 B, the indexer row stays fp8.
+    plan = plan_memory(dep.model_copy(update={"kv_cache_dtype": "auto"}))
+    assert plan.kv_per_token_bytes == math.ceil(21 * (1024 + 132) / 4 + 20 * 1024 / 128) == 6_229
+    assert plan.kv_per_sequence_fixed_bytes == 43 * 128 * 1024

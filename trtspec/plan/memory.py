@@ -10,7 +10,8 @@ The model (per GPU, worst pipeline stage):
 - KV per token = per full-attention layer 2 x kv_heads_per_gpu x head_dim x bytes, with
   kv_heads_per_gpu = max(1, kv_heads / tp) (heads replicate when TP exceeds them); sliding-window
   layers cost a fixed window per sequence instead. DeepSeek-V4 layers keep a 128-token window plus
-  one shared K=V row per `ratio` tokens (and an fp8 indexer row on ratio-4 layers). Drafters add
+  one shared K=V row per `ratio` tokens (and an fp8 indexer row on ratio-4 layers); in an fp8 cache
+  that row keeps its RoPE dims in bf16 and carries block scales (584 B, not head_dim = 512). Drafters add
   their own context cache per token (DFlash caches projected context K/V in every layer).
 - KV budget = free_gpu_memory_fraction x (GPU memory - weights - drafter - runtime reserve), as
   TensorRT-LLM sizes its KV pool from the memory left after loading.
@@ -121,7 +122,7 @@ def _kv_per_token_and_fixed(arch: Architecture, layers: int, tp: int, kv_bytes: 
     row = 2 * kv_heads * arch.head_dim * kv_bytes  # K and V of one token in one layer
     if arch.is_dsv4:
         ratios = arch.compress_ratios[:layers]
-        shared_row = arch.head_dim * kv_bytes  # one K=V latent row, shared by the single KV head
+        shared_row = arch.latent_row_bytes(kv_bytes)  # one K=V row, shared by the single KV head
         per_token = sum((shared_row + (arch.index_row_bytes if r == 4 else 0)) / r for r in ratios if r)
         return per_token, len(ratios) * arch.sliding_window * shared_row
     sliding = min(arch.sliding_layers, layers)

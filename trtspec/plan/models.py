@@ -42,6 +42,8 @@ class Architecture:
     sliding_window: int = 0
     compress_ratios: tuple[int, ...] = field(default=())  # DeepSeek-V4: per layer, 0 = window only
     index_row_bytes: int = 0  # DeepSeek-V4 indexer K bytes per compressed row (ratio-4 layers)
+    rope_dim: int = 0  # DeepSeek-V4: RoPE dims of the K=V row, kept bfloat16 in an fp8 cache
+    fp8_row_scale_bytes: int = 0  # DeepSeek-V4: block scales of one fp8 K=V row
 
     # -- parameters (global) ---------------------------------------------------------------
     def attention_params(self) -> int:
@@ -79,6 +81,16 @@ class Architecture:
     @property
     def is_dsv4(self) -> bool:
         return bool(self.compress_ratios)
+
+    def latent_row_bytes(self, kv_bytes: int) -> int:
+        """DeepSeek-V4: bytes of one cached K=V row (shared by K and V and by the one KV head).
+
+        bfloat16: head_dim x 2. fp8 (`kv_bytes` 1): the non-RoPE dims in fp8, the RoPE dims still in
+        bfloat16 (DeepSeek-V4 report, section 2.3.4), plus the fp8 block scales.
+        """
+        if kv_bytes >= 2:
+            return self.head_dim * kv_bytes
+        return (self.head_dim - self.rope_dim) * kv_bytes + self.rope_dim * 2 + self.fp8_row_scale_bytes
 
 
 def _dsv4_ratios(num_layers: int) -> tuple[int, ...]:
@@ -151,7 +163,11 @@ TARGETS: dict[str, Architecture] = {
     # deepseek_v4_policy tests, a DS4 Rust port's V4F_CONFIG_JSON) and NVIDIA NeMo's model page
     # (43 layers, 256 + 1 experts, top-6). Weights: FP4 experts, FP8 elsewhere (model card:
     # "FP4 + FP8 mixed"). Indexer K row: 132 B in fp8 at index_head_dim 128 (TensorRT-LLM
-    # DeepSeekSparseAttentionConfig.indexer_k_dtype description).
+    # DeepSeekSparseAttentionConfig.indexer_k_dtype description). K=V row in an fp8 cache: the 448
+    # non-RoPE dims in fp8, the qk_rope_head_dim 64 RoPE dims in bf16 (DeepSeek-V4 report 2.3.4:
+    # "RoPE dimensions kept in BF16") and 7 ue8m0 scales (one per 64 fp8 dims) + 1 byte of padding:
+    # 448 + 128 + 8 = 584 B, the entry SGLang's DeepSeek-V4 memory pool stores (not 512 B: pricing
+    # every dim at one byte understates the fp8 cache by 12%).
     "deepseek-ai/DeepSeek-V4-Flash": Architecture(
         name="deepseek-ai/DeepSeek-V4-Flash",
         source="DeepSeek-V4-Flash config as mirrored in public test fixtures (see trtspec/plan/models.py)",
@@ -171,6 +187,8 @@ TARGETS: dict[str, Architecture] = {
         sliding_window=128,
         compress_ratios=_dsv4_ratios(43),
         index_row_bytes=132,
+        rope_dim=64,
+        fp8_row_scale_bytes=8,
     ),
 }
 
