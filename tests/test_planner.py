@@ -173,3 +173,12 @@ def test_deepseek_v4_fp8_kv_row_keeps_rope_dims_in_bf16():
     plan = plan_memory(dep.model_copy(update={"kv_cache_dtype": "auto"}))
     assert plan.kv_per_token_bytes == math.ceil(21 * (1024 + 132) / 4 + 20 * 1024 / 128) == 6_229
     assert plan.kv_per_sequence_fixed_bytes == 43 * 128 * 1024
+
+
+def test_dspark_drafter_window_is_one_shared_kv_row_per_token():
+    # The embedded DSpark blocks are DeepSeek-V4 blocks: their 128-token window caches one shared K=V
+    # row per token (584 B in fp8), not separate K and V rows (2 x 512 B before).
+    config = load_build_config(REPO / "build_configs" / "deepseek-v4-flash-dspark.yaml")
+    plan = plan_memory(config.deployment)
+    assert plan.kv_per_token_bytes == 3_851  # the drafter adds nothing per context token
+    assert plan.kv_per_sequence_fixed_bytes == (43 + 3) * 128 * 584 == 3_438_592

@@ -271,7 +271,9 @@ DRAFTERS: dict[str, Architecture] = {
     # DSpark hook test's 3 is a small fixture), markov_rank 256, target layers [40, 41, 42], noise
     # token 128799. Number of draft blocks
     # ASSUMED 3 (TensorRT-LLM modeling_dspark.py states n_mtp_layers = 3 for V4-Pro); the Markov
-    # head adds vocab x 256 twice. Its KV is a rolling window (DSv4DSparkWorker), not per token.
+    # head adds vocab x 256 twice. Its KV is a rolling window (DSv4DSparkWorker), not per token:
+    # DeepSeek-V4 blocks with compress ratio 0 (window only; the 0731 checkpoint's compress_ratios
+    # end in 0s for the draft blocks), each window row one shared K=V row like the target's.
     "deepseek-ai/DeepSeek-V4-Flash-DSpark": Architecture(
         name="deepseek-ai/DeepSeek-V4-Flash-DSpark",
         source="ASSUMED 3 embedded mtp blocks of DeepSeek-V4-Flash shape; DSpark fields from sglang tests",
@@ -290,8 +292,10 @@ DRAFTERS: dict[str, Architecture] = {
         attention_params_override=_DSV4_ATTN_PER_LAYER,
         has_embeddings=False,
         extra_params=2 * _DSV4.vocab * 256 + 3 * _DSV4.hidden * _DSV4.hidden,
-        sliding_layers=3,
         sliding_window=128,
+        compress_ratios=(0, 0, 0),
+        rope_dim=_DSV4.rope_dim,
+        fp8_row_scale_bytes=_DSV4.fp8_row_scale_bytes,
     ),
 }
 
