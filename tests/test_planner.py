@@ -182,3 +182,13 @@ def test_dspark_drafter_window_is_one_shared_kv_row_per_token():
     plan = plan_memory(config.deployment)
     assert plan.kv_per_token_bytes == 3_851  # the drafter adds nothing per context token
     assert plan.kv_per_sequence_fixed_bytes == (43 + 3) * 128 * 584 == 3_438_592
+
+
+def test_eagle3_drafter_attention_reads_2h_wide_inputs():
+    config = load_build_config(REPO / "build_configs" / "qwen3-8b-eagle3.yaml")
+    plan = plan_memory(config.deployment)
+    # One layer: q/k/v from [embedding; hidden] (2 x 4096 wide) to 32 + 8 + 8 heads of 128, o
+    # 4096 x 4096 = 67,108,864; MLP 3 x 4096 x 12288; fc 3 x 4096 x 4096; lm_head 32000 x 4096;
+    # bf16. (EAGLE's cnets.py: q_proj = Linear(hidden_size * 2, ...).)
+    params = 2 * 4096 * 48 * 128 + 4096 * 4096 + 3 * 4096 * 12288 + 3 * 4096 * 4096 + 32000 * 4096
+    assert plan.drafter_per_gpu_bytes == 2 * params == 2 * 399_507_456

@@ -252,6 +252,8 @@ DRAFTERS: dict[str, Architecture] = {
     # EAGLE-3 (arXiv 2503.01840): one decoder layer, fc 3H -> H, own lm_head over a reduced draft
     # vocabulary. ASSUMED sizes: target widths and a 32000-token draft vocabulary, as in the
     # yuhuili/EAGLE3-LLaMA3.1-Instruct-8B layout; confirm against the Qwen3-8B checkpoint used.
+    # Its q/k/v read the token embedding concatenated with the fused hidden state, 2H wide (EAGLE's
+    # cnets.py; trtspec/models/eagle3.py builds them the same way); o maps back to H.
     "eagle3/Qwen3-8B": Architecture(
         name="eagle3/Qwen3-8B",
         source="ASSUMED: EAGLE-3 layout at Qwen3-8B widths, draft vocab 32000",
@@ -263,6 +265,7 @@ DRAFTERS: dict[str, Architecture] = {
         vocab=151936,
         intermediate=12288,
         has_embeddings=False,
+        attention_params_override=2 * 4096 * (32 + 2 * 8) * 128 + 32 * 128 * 4096,
         extra_params=3 * 4096 * 4096 + 32000 * 4096,
     ),
     # deepseek-ai/DeepSeek-V4-Flash-DSpark: the embedded flavour (draft = the target's `mtp.*`
