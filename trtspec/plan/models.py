@@ -192,12 +192,22 @@ TARGETS: dict[str, Architecture] = {
     ),
 }
 
-# Published parameter counts the derived totals are checked against (model cards).
+# Published parameter counts the derived totals are checked against, at the precision published:
+# Hugging Face's count of the safetensors (Qwen3-8B "8.19B params", Llama-3.1-8B-Instruct "8.03B
+# params"), the gpt-oss model card (arXiv 2508.10925, table 1: 116.83B total) and DeepSeek's
+# model card (DeepSeek-V4-Flash: 284B total, 13B activated).
 PUBLISHED_PARAMS = {
-    "Qwen/Qwen3-8B": 8.2e9,
-    "meta-llama/Llama-3.1-8B-Instruct": 8.0e9,
-    "openai/gpt-oss-120b": 116.8e9,
+    "Qwen/Qwen3-8B": 8.19e9,
+    "meta-llama/Llama-3.1-8B-Instruct": 8.03e9,
+    "openai/gpt-oss-120b": 116.83e9,
     "deepseek-ai/DeepSeek-V4-Flash": 284e9,
+}
+# The unit of the last published digit of each count (a count is checked to half of it).
+PUBLISHED_PARAMS_UNIT = {
+    "Qwen/Qwen3-8B": 0.01e9,
+    "meta-llama/Llama-3.1-8B-Instruct": 0.01e9,
+    "openai/gpt-oss-120b": 0.01e9,
+    "deepseek-ai/DeepSeek-V4-Flash": 1e9,
 }
 
 
