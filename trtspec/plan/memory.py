@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from trtspec.errors import ConfigError
 from trtspec.plan.deployment import DeploymentConfig
 from trtspec.plan.gpus import get_gpu
-from trtspec.plan.models import Architecture, get_drafter, get_target
+from trtspec.plan.models import CSA_RATIO, Architecture, get_drafter, get_target
 
 GIB = 1024**3
 
@@ -123,7 +123,8 @@ def _kv_per_token_and_fixed(arch: Architecture, layers: int, tp: int, kv_bytes: 
     if arch.is_dsv4:
         ratios = arch.compress_ratios[:layers]
         shared_row = arch.latent_row_bytes(kv_bytes)  # one K=V row, shared by the single KV head
-        per_token = sum((shared_row + (arch.index_row_bytes if r == 4 else 0)) / r for r in ratios if r)
+        index_row = arch.index_row_bytes  # CSA layers only
+        per_token = sum((shared_row + (index_row if r == CSA_RATIO else 0)) / r for r in ratios if r)
         return per_token, len(ratios) * arch.sliding_window * shared_row
     sliding = min(arch.sliding_layers, layers)
     return (layers - sliding) * row, sliding * arch.sliding_window * row

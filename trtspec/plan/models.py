@@ -13,6 +13,7 @@ from trtspec.errors import ConfigError
 
 # MXFP4 (OCP microscaling): 4-bit e2m1 element + one 8-bit e8m0 scale per 32 elements = 4.25 bits.
 MXFP4_BYTES = (4 + 8 / 32) / 8
+CSA_RATIO = 4  # DeepSeek-V4's compressed sparse attention layers; ratio 128 is HCA (dense), 0 window only
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,9 @@ class Architecture:
     sliding_window: int = 0
     compress_ratios: tuple[int, ...] = field(default=())  # DeepSeek-V4: per layer, 0 = window only
     index_row_bytes: int = 0  # DeepSeek-V4 indexer K bytes per compressed row (ratio-4 layers)
+    index_topk: int = 0  # DeepSeek-V4 CSA (ratio-4) layers: compressed rows each query attends
+    index_heads: int = 0  # DeepSeek-V4 lightning indexer: heads scoring every compressed row
+    index_head_dim: int = 0
     rope_dim: int = 0  # DeepSeek-V4: RoPE dims of the K=V row, kept bfloat16 in an fp8 cache
     fp8_row_scale_bytes: int = 0  # DeepSeek-V4: block scales of one fp8 K=V row
 
@@ -81,6 +85,11 @@ class Architecture:
     @property
     def is_dsv4(self) -> bool:
         return bool(self.compress_ratios)
+
+    def csa_layers(self, layers: int) -> int:
+        """DeepSeek-V4: how many of the first `layers` layers are CSA (compress ratio 4: an fp8
+        indexer row per compressed row, and attention over the top `index_topk` rows only)."""
+        return sum(1 for r in self.compress_ratios[:layers] if r == CSA_RATIO)
 
     def latent_row_bytes(self, kv_bytes: int) -> int:
         """DeepSeek-V4: bytes of one cached K=V row (shared by K and V and by the one KV head).
@@ -158,10 +167,12 @@ TARGETS: dict[str, Architecture] = {
     ),
     # deepseek-ai/DeepSeek-V4-Flash: 43 layers, hidden 4096, 64 heads, 1 KV head (MQA) of
     # head_dim 512, vocab 129280, 256 routed + 1 shared expert, top-6, moe_intermediate 2048,
-    # sliding_window 128, index_head_dim 128. The official config.json was not readable from
-    # here: these values are as mirrored in third-party test fixtures of that config (vllm_musa
-    # deepseek_v4_policy tests, a DS4 Rust port's V4F_CONFIG_JSON) and NVIDIA NeMo's model page
-    # (43 layers, 256 + 1 experts, top-6). Weights: FP4 experts, FP8 elsewhere (model card:
+    # sliding_window 128, index_n_heads 64, index_head_dim 128, index_topk 512, qk_rope_head_dim
+    # 64, compress_ratios [0, 0, 4, 128, ..., 4, 128, 4] + one 0 for the MTP layer (44 entries).
+    # The official config.json was not readable from here: these values are as mirrored in
+    # third-party copies of it (a benchmark repo's snapshot of its config.json, vllm_musa
+    # deepseek_v4_policy tests, a DS4 Rust port's V4F_CONFIG_JSON), which agree, and NVIDIA NeMo's
+    # model page (43 layers, 256 + 1 experts, top-6). Weights: FP4 experts, FP8 elsewhere (model card:
     # "FP4 + FP8 mixed"). Indexer K row: 132 B in fp8 at index_head_dim 128 (TensorRT-LLM
     # DeepSeekSparseAttentionConfig.indexer_k_dtype description). K=V row in an fp8 cache: the 448
     # non-RoPE dims in fp8, the qk_rope_head_dim 64 RoPE dims in bf16 (DeepSeek-V4 report 2.3.4:
@@ -187,6 +198,9 @@ TARGETS: dict[str, Architecture] = {
         sliding_window=128,
         compress_ratios=_dsv4_ratios(43),
         index_row_bytes=132,
+        index_topk=512,
+        index_heads=64,
+        index_head_dim=128,
         rope_dim=64,
         fp8_row_scale_bytes=8,
     ),
