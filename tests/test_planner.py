@@ -213,3 +213,14 @@ def test_eagle3_drafter_attention_reads_2h_wide_inputs():
     # bf16. (EAGLE's cnets.py: q_proj = Linear(hidden_size * 2, ...).)
     params = 2 * 4096 * 48 * 128 + 4096 * 4096 + 3 * 4096 * 12288 + 3 * 4096 * 4096 + 32000 * 4096
     assert plan.drafter_per_gpu_bytes == 2 * params == 2 * 399_507_456
+
+
+def test_llama_dflash_drafter_has_its_published_widths():
+    # z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat: 5 layers at hidden 4096, 32 / 8 heads of 128,
+    # intermediate 12288, fc over 5 taps; its one bf16 safetensors file is 1.95 GiB (1.05B params).
+    config = load_build_config(REPO / "build_configs" / "llama3.1-8b-dflash.yaml")
+    plan = plan_memory(config.deployment)
+    params = 5 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288) + 5 * 4096 * 4096
+    assert params == 1_048_576_000
+    assert plan.drafter_per_gpu_bytes == 2 * params
+    assert f"{plan.drafter_per_gpu_bytes / GIB:.2f}" == "1.95"

@@ -254,15 +254,17 @@ DRAFTERS: dict[str, Architecture] = {
     "z-lab/Qwen3-8B-DFlash-b16": _dflash(
         "z-lab/Qwen3-8B-DFlash-b16", "huggingface.co/z-lab/Qwen3-8B-DFlash-b16 config.json", _QWEN3, 5, 12288
     ),
-    # z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat (listed in z-lab/dflash README). Its layer count
-    # was not readable from here: ASSUMED 5 layers at target widths like the Qwen3-8B drafter;
-    # block 10 per the DFlash paper. Check against the checkpoint before relying on the figure.
+    # z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat config.json: 5 layers, hidden 4096, 32 q / 8 kv
+    # heads, intermediate 12288 (the Qwen3-8B drafter's, not Llama's 14336), block_size 10,
+    # target_layer_ids [1, 8, 15, 22, 29]; one 1.95 GiB bf16 safetensors file = 1.05B params (as
+    # tabulated from the Hugging Face configs and file listing in a public DFlash survey; the
+    # config itself was not readable from here).
     "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat": _dflash(
         "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
-        "ASSUMED: 5 layers at Llama-3.1-8B widths (layer count not confirmed)",
+        "huggingface.co/z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat config.json (as tabulated)",
         _LLAMA,
         5,
-        14336,
+        12288,
     ),
     # gpt-oss-120b has no published DFlash drafter (z-lab README: "coming soon"): this is the
     # trtspec recipe's own choice for it -- 5 dense layers at target widths, SwiGLU 3 x 2880.
