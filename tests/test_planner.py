@@ -13,7 +13,7 @@ from trtspec.config import load_build_config
 from trtspec.errors import ConfigError
 from trtspec.plan.deployment import DeploymentConfig
 from trtspec.plan.memory import PlanError, check_fits, plan_memory
-from trtspec.plan.models import PUBLISHED_PARAMS, PUBLISHED_PARAMS_UNIT, TARGETS
+from trtspec.plan.models import PUBLISHED_PARAMS, PUBLISHED_PARAMS_UNIT, TARGETS, get_drafter
 
 from .conftest import REPO
 
@@ -224,3 +224,13 @@ def test_llama_dflash_drafter_has_its_published_widths():
     assert params == 1_048_576_000
     assert plan.drafter_per_gpu_bytes == 2 * params
     assert f"{plan.drafter_per_gpu_bytes / GIB:.2f}" == "1.95"
+
+
+def test_dflash_fc_counts_the_target_layers_tapped_not_the_draft_layers():
+    # z-lab/gpt-oss-120b-DFlash: 8 layers (attention 2 x 2880 x 4096 + 2 x 2880 x 512, MLP
+    # 3 x 2880 x 7680) and fc over 5 taps (5 x 2880^2): 784,650,240 params, its published 0.78B and
+    # 1.46 GiB in bf16.
+    drafter = get_drafter("z-lab/gpt-oss-120b-DFlash")
+    params = 8 * (2 * 2880 * 4096 + 2 * 2880 * 512 + 3 * 2880 * 7680) + 5 * 2880 * 2880
+    assert drafter.total_params() == params == 784_650_240
+    assert f"{2 * params / GIB:.2f}" == "1.46"

@@ -225,8 +225,10 @@ PUBLISHED_PARAMS_UNIT = {
 }
 
 
-def _dflash(name: str, source: str, target: Architecture, layers: int, intermediate: int) -> Architecture:
-    # No embeddings or LM head of its own; `fc: Linear(layers_tapped * H -> H)` with one tap per layer.
+def _dflash(name: str, source: str, target: Architecture, layers: int, intermediate: int,
+            taps: int | None = None) -> Architecture:
+    # No embeddings or LM head of its own; `fc: Linear(taps * H -> H)` over the target layers tapped
+    # (len(target_layer_ids); as many as draft layers unless `taps` says otherwise).
     return Architecture(
         name=name,
         source=source,
@@ -238,7 +240,7 @@ def _dflash(name: str, source: str, target: Architecture, layers: int, intermedi
         vocab=target.vocab,
         intermediate=intermediate,
         has_embeddings=False,
-        extra_params=layers * target.hidden * target.hidden,
+        extra_params=(layers if taps is None else taps) * target.hidden * target.hidden,
     )
 
 
@@ -266,8 +268,19 @@ DRAFTERS: dict[str, Architecture] = {
         5,
         12288,
     ),
-    # gpt-oss-120b has no published DFlash drafter (z-lab README: "coming soon"): this is the
-    # trtspec recipe's own choice for it -- 5 dense layers at target widths, SwiGLU 3 x 2880.
+    # z-lab/gpt-oss-120b-DFlash config.json: 8 layers at gpt-oss widths (hidden 2880, 64 q / 8 kv
+    # heads of 64), intermediate 7680, block_size 10, target_layer_ids [1, 9, 17, 25, 33] (5 taps,
+    # not 8); one 1.46 GiB bf16 safetensors file = 0.78B params (tabulated like the Llama drafter's).
+    "z-lab/gpt-oss-120b-DFlash": _dflash(
+        "z-lab/gpt-oss-120b-DFlash",
+        "huggingface.co/z-lab/gpt-oss-120b-DFlash config.json (as tabulated)",
+        _GPTOSS,
+        8,
+        7680,
+        taps=5,
+    ),
+    # The trtspec recipe's own drafter for gpt-oss-120b (chosen before z-lab published theirs):
+    # 5 dense layers at target widths, SwiGLU 3 x 2880.
     "trtspec/gpt-oss-120b-DFlash": _dflash(
         "trtspec/gpt-oss-120b-DFlash",
         "trtspec recipe choice: 5 dense layers, intermediate 8640",
