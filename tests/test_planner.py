@@ -234,3 +234,15 @@ def test_dflash_fc_counts_the_target_layers_tapped_not_the_draft_layers():
     params = 8 * (2 * 2880 * 4096 + 2 * 2880 * 512 + 3 * 2880 * 7680) + 5 * 2880 * 2880
     assert drafter.total_params() == params == 784_650_240
     assert f"{2 * params / GIB:.2f}" == "1.46"
+
+
+def test_deepseek_v4_embedding_and_lm_head_are_bf16():
+    # DeepSeek-V4-Flash at TP 16: FP8 attention / shared expert / router, MXFP4 routed experts, and
+    # the embedding and LM head in bf16 as the checkpoint stores them (2 x 129,280 x 4096 x 2 B).
+    config = load_build_config(REPO / "build_configs" / "deepseek-v4-flash-dspark.yaml")
+    plan = plan_memory(config.deployment)
+    attention = (284_000_000_000 - 43 * 256 * 3 * 4096 * 2048 - 43 * (3 * 4096 * 2048 + 4096 * 256)
+                 - 2 * 129280 * 4096) // 43
+    assert attention == 111_356_475
+    layer = (attention + 3 * 4096 * 2048 + 4096 * 256) * 1 + 256 * 3 * 4096 * 2048 * (4 + 8 / 32) / 8
+    assert plan.weights_per_gpu_bytes == math.ceil((43 * layer + 2 * 129280 * 4096 * 2) / 16) == 9_700_213_119

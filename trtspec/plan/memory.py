@@ -139,7 +139,7 @@ def plan_memory(deployment: DeploymentConfig, where: str = "deployment") -> Memo
     tp, pp = deployment.tensor_parallel_size, deployment.pipeline_parallel_size
 
     stage_layers = math.ceil(target.num_layers / pp)
-    embed = target.vocab * target.hidden * target.weight_bytes / tp
+    embed = target.vocab * target.hidden * target.embedding_weight_bytes / tp
     embeds = embed * (1 if target.tie_embeddings else 2) if pp == 1 else embed
     weights = math.ceil(stage_layers * _layer_bytes_per_gpu(target, tp) + embeds)
     drafter_bytes = 0
@@ -147,7 +147,7 @@ def plan_memory(deployment: DeploymentConfig, where: str = "deployment") -> Memo
         drafter_bytes = math.ceil(
             drafter.num_layers * _layer_bytes_per_gpu(drafter, tp)
             + drafter.extra_params * drafter.weight_bytes / tp
-            + drafter.embedding_params() * drafter.weight_bytes / tp
+            + drafter.embedding_params() * drafter.embedding_weight_bytes / tp
         )
 
     kv_bytes = _kv_bytes(deployment)

@@ -36,6 +36,7 @@ class Architecture:
     expert_intermediate: int = 0
     shared_experts: int = 0
     weight_bytes: float = 2.0  # bytes per non-expert parameter
+    embedding_bytes: float | None = None  # bytes per embedding / LM head parameter; None: weight_bytes
     expert_weight_bytes: float = 2.0
     attention_params_override: int | None = None  # per layer, for attention not shaped q/k/v/o
     extra_params: int = 0  # e.g. DFlash `fc`, EAGLE-3 `fc` + draft lm_head, DSpark Markov head
@@ -69,6 +70,10 @@ class Architecture:
         return (
             self.shared_experts * 3 * self.hidden * self.expert_intermediate + self.hidden * self.num_experts
         )
+
+    @property
+    def embedding_weight_bytes(self) -> float:
+        return self.weight_bytes if self.embedding_bytes is None else self.embedding_bytes
 
     def embedding_params(self) -> int:
         if not self.has_embeddings:
@@ -174,7 +179,9 @@ TARGETS: dict[str, Architecture] = {
     # deepseek_v4_policy tests, a DS4 Rust port's V4F_CONFIG_JSON), which agree, and NVIDIA NeMo's
     # model page (43 layers, 256 + 1 experts, top-6). Weights: FP4 experts, FP8 elsewhere (model card:
     # "FP4 + FP8 mixed"). Indexer K row: 132 B in fp8 at index_head_dim 128 (TensorRT-LLM
-    # DeepSeekSparseAttentionConfig.indexer_k_dtype description). K=V row in an fp8 cache: the 448
+    # DeepSeekSparseAttentionConfig.indexer_k_dtype description). Embedding and LM head stay bf16
+    # (DeepSeek's V4-Flash inference reference: "lm_head in the checkpoint is stored in bf16"; the
+    # embedding is built in the default bf16 dtype, not as an FP8 Linear). K=V row in an fp8 cache: the 448
     # non-RoPE dims in fp8, the qk_rope_head_dim 64 RoPE dims in bf16 (DeepSeek-V4 report 2.3.4:
     # "RoPE dimensions kept in BF16") and 7 ue8m0 scales (one per 64 fp8 dims) + 1 byte of padding:
     # 448 + 128 + 8 = 584 B, the entry SGLang's DeepSeek-V4 memory pool stores (not 512 B: pricing
@@ -193,6 +200,7 @@ TARGETS: dict[str, Architecture] = {
         expert_intermediate=2048,
         shared_experts=1,
         weight_bytes=1.0,
+        embedding_bytes=2.0,
         expert_weight_bytes=MXFP4_BYTES,
         attention_params_override=_DSV4_ATTN_PER_LAYER,
         sliding_window=128,

@@ -89,7 +89,7 @@ def _model(arch: Architecture, layers: int, tp: int, kv_bytes: int, head: Archit
     return _Model(
         dense_bytes=(layers * dense_params + arch.extra_params) * arch.weight_bytes / tp,
         expert_bytes=layers * arch.num_experts * expert_one * arch.expert_weight_bytes / tp,
-        head_bytes=head_params * (head.weight_bytes if head is not None else 0) / tp,
+        head_bytes=head_params * (head.embedding_weight_bytes if head is not None else 0) / tp,
         num_experts=arch.num_experts,
         experts_per_token=arch.experts_per_token,
         dense_flops=2 * (layers * dense_params + arch.extra_params) / tp,
