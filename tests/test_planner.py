@@ -12,6 +12,7 @@ from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.errors import ConfigError
 from trtspec.plan.deployment import DeploymentConfig
+from trtspec.plan.gpus import get_gpu
 from trtspec.plan.memory import PlanError, check_fits, plan_memory
 from trtspec.plan.models import PUBLISHED_PARAMS, PUBLISHED_PARAMS_UNIT, TARGETS, get_drafter
 
@@ -76,11 +77,13 @@ def test_qwen3_8b_dflash_h200_by_hand():
     # KV per token: target 36 layers * 2 (K,V) * 8 heads * 128 * 2 B = 147,456;
     # DFlash context cache 5 layers * 2 * 8 * 128 * 2 B = 20,480.
     assert plan.kv_per_token_bytes == 167_936
-    # H200 141e9 B - weights - drafter - 5 GiB reserve = 117,153,284,608 B; 90% of it:
-    assert plan.kv_budget_bytes == 105_437_956_147
-    assert plan.max_tokens_in_kv == 627_846  # 105,437,956,147 // 167,936
-    assert plan.max_batch_at_max_seq_len == 76  # // (8192 * 167,936)
-    assert plan.max_context_at_max_batch == 19_620  # (105,437,956,147 // 32) // 167,936
+    # H200 143,771 MiB (nvidia-smi) = 150,754,820,096 B - weights - drafter - 5 GiB reserve
+    # = 126,908,104,704 B; 90% of it:
+    assert plan.gpu_memory_bytes == 143_771 * 2**20 == 150_754_820_096
+    assert plan.kv_budget_bytes == 114_217_294_233
+    assert plan.max_tokens_in_kv == 680_123  # 114,217,294,233 // 167,936
+    assert plan.max_batch_at_max_seq_len == 83  # // (8192 * 167,936)
+    assert plan.max_context_at_max_batch == 21_253  # (114,217,294,233 // 32) // 167,936
 
 
 def test_gpt_oss_120b_b300_tp8_by_hand():
@@ -129,8 +132,8 @@ def test_refuses_ep_not_dividing_tp():
 
 def test_refuses_weights_that_do_not_fit_saying_by_how_much():
     plan = plan_memory(_deployment(model_id="deepseek-ai/DeepSeek-V4-Flash", kv_cache_dtype="fp8"))
-    # One H200 (141e9 B) for ~154 GB of FP4/FP8 weights plus the 5 GiB reserve.
-    short = plan.weights_per_gpu_bytes + 5 * GIB - 141_000_000_000
+    # One H200 (143,771 MiB) for ~155 GB of FP4/FP8/bf16 weights plus the 5 GiB reserve.
+    short = plan.weights_per_gpu_bytes + 5 * GIB - 143_771 * 2**20
     assert short > 0 and plan.kv_budget_bytes == -short
     with pytest.raises(PlanError, match=rf"weights do not fit on H200: .* short by {short / GIB:.1f} GiB"):
         check_fits(plan, 1, "cfg")
@@ -163,7 +166,8 @@ def test_unknown_model_id_is_refused():
 def test_inspect_prints_the_plan():
     result = CliRunner().invoke(main, ["inspect", str(REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml")])
     assert result.exit_code == 0, result.output
-    assert "627,846 tokens in KV" in result.output and "15.26 GiB per GPU" in result.output
+    assert "680,123 tokens in KV" in result.output and "15.26 GiB per GPU" in result.output
+    assert "1 H200 (141 GB data sheet, 140.4 GiB each planned)" in result.output
 
 
 def test_build_refuses_a_config_that_cannot_fit(tmp_path):
@@ -246,3 +250,11 @@ def test_deepseek_v4_embedding_and_lm_head_are_bf16():
     assert attention == 111_356_475
     layer = (attention + 3 * 4096 * 2048 + 4096 * 256) * 1 + 256 * 3 * 4096 * 2048 * (4 + 8 / 32) / 8
     assert plan.weights_per_gpu_bytes == math.ceil((43 * layer + 2 * 129280 * 4096 * 2) / 16) == 9_700_213_119
+
+
+def test_gpu_memory_is_what_the_device_reports():
+    # nvidia-smi memory.total: H100 80GB HBM3 81,559 MiB, H200 143,771 MiB, B200 183,359 MiB; the
+    # data sheets' 80 / 141 / 180 "GB" read as 10^9 bytes are 6-7 % short of that.
+    assert [get_gpu(name).memory_bytes for name in ("H100", "H200", "B200")] == [
+        81_559 * 2**20, 143_771 * 2**20, 183_359 * 2**20]
+    assert get_gpu("B300").memory_bytes == 288_000_000_000  # no device figure: the data sheet's

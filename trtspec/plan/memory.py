@@ -208,7 +208,8 @@ def format_plan(plan: MemoryPlan, deployment: DeploymentConfig) -> str:
         f"target    {target.name} ({target.source})",
         f"drafter   {deployment.drafter_id or '-'}",
         f"hardware  {deployment.nodes} node(s) x {deployment.gpus_per_node} {plan.gpu} "
-        f"({plan.gpu_memory_bytes / 1e9:.0f} GB = {plan.gpu_memory_bytes / GIB:.1f} GiB each)",
+        f"({get_gpu(plan.gpu).memory_gb:.0f} GB data sheet, {plan.gpu_memory_bytes / GIB:.1f} GiB each "
+        "planned)",
         f"parallel  TP {deployment.tensor_parallel_size} x PP {deployment.pipeline_parallel_size}"
         f" (EP {deployment.moe_expert_parallel_size} inside TP) = {plan.world_size} GPUs",
         f"weights   {plan.weights_per_gpu_bytes / GIB:8.2f} GiB per GPU (worst pipeline stage)",
