@@ -357,7 +357,7 @@ def test_inspect_says_what_each_number_is():
             in result.output)
     assert "KV room for 1,275 requests of max_seq_len 32,768 tokens" in result.output
     deepseek = invoke("inspect", REPO / "build_configs" / "deepseek-v4-flash-dspark.yaml").output
-    assert ("max_batch_size 64 requests of max_seq_len 65,536 tokens: fit (KV room for 508,273 each)"
+    assert ("max_batch_size 64 requests of max_seq_len 65,536 tokens: fit (KV room for 492,120 each)"
             in deepseek)
 
 

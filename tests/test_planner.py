@@ -12,8 +12,9 @@ from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.errors import ConfigError
 from trtspec.plan.deployment import DeploymentConfig
+from trtspec.plan.gpus import get_gpu
 from trtspec.plan.memory import PlanError, check_fits, plan_memory
-from trtspec.plan.models import PUBLISHED_PARAMS, TARGETS
+from trtspec.plan.models import PUBLISHED_PARAMS, PUBLISHED_PARAMS_UNIT, TARGETS, get_drafter
 
 from .conftest import REPO
 
@@ -27,12 +28,33 @@ REAL_CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize(
-    "model_id", ["Qwen/Qwen3-8B", "meta-llama/Llama-3.1-8B-Instruct", "openai/gpt-oss-120b"]
-)
+# What the formula leaves out (norms, biases, attention sinks), counted by hand from each config.
+LEFT_OUT = {
+    # 36 layers x (2 RMSNorms of 4096 + q_norm and k_norm of head_dim 128) + final norm 4096
+    "Qwen/Qwen3-8B": 36 * (2 * 4096 + 2 * 128) + 4096,
+    # 32 layers x 2 RMSNorms + final norm, all 4096
+    "meta-llama/Llama-3.1-8B-Instruct": 65 * 4096,
+    # 36 layers x (q/k/v biases 4096 + 512 + 512, o bias 2880, 64 sinks, router bias 128, expert
+    # biases 128 x (2 x 2880 + 2880), 2 norms of 2880) + final norm 2880
+    "openai/gpt-oss-120b": 36 * (5120 + 2880 + 64 + 128 + 128 * 3 * 2880 + 2 * 2880) + 2880,
+}
+DERIVED = {  # by hand: layers x (attention + MLP/experts + router) + embeddings (+ untied LM head)
+    "Qwen/Qwen3-8B": 36 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288) + 2 * 151936 * 4096,
+    "meta-llama/Llama-3.1-8B-Instruct": 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    + 2 * 128256 * 4096,
+    "openai/gpt-oss-120b": 36 * (2 * 2880 * 4096 + 2 * 2880 * 512 + 128 * 3 * 2880 * 2880 + 2880 * 128)
+    + 2 * 201088 * 2880,
+}
+
+
+@pytest.mark.parametrize("model_id", list(DERIVED))
 def test_derived_parameter_counts_match_published(model_id):
     # DeepSeek-V4-Flash is left out: its attention count is derived FROM the published total.
-    assert TARGETS[model_id].total_params() == pytest.approx(PUBLISHED_PARAMS[model_id], rel=0.015)
+    total = TARGETS[model_id].total_params()
+    assert total == DERIVED[model_id]
+    # With what the formula leaves out (< 0.04%) it rounds to the published count at the precision
+    # published: 8,190,735,360 (8.19B), 8,030,261,248 (8.03B), 116,829,156,672 (116.83B).
+    assert abs(total + LEFT_OUT[model_id] - PUBLISHED_PARAMS[model_id]) <= PUBLISHED_PARAMS_UNIT[model_id] / 2
 
 
 @pytest.mark.parametrize("name", REAL_CONFIGS)
@@ -55,11 +77,13 @@ def test_qwen3_8b_dflash_h200_by_hand():
     # KV per token: target 36 layers * 2 (K,V) * 8 heads * 128 * 2 B = 147,456;
     # DFlash context cache 5 layers * 2 * 8 * 128 * 2 B = 20,480.
     assert plan.kv_per_token_bytes == 167_936
-    # H200 141e9 B - weights - drafter - 5 GiB reserve = 117,153,284,608 B; 90% of it:
-    assert plan.kv_budget_bytes == 105_437_956_147
-    assert plan.max_tokens_in_kv == 627_846  # 105,437,956,147 // 167,936
-    assert plan.max_batch_at_max_seq_len == 76  # // (8192 * 167,936)
-    assert plan.max_context_at_max_batch == 19_620  # (105,437,956,147 // 32) // 167,936
+    # H200 143,771 MiB (nvidia-smi) = 150,754,820,096 B - weights - drafter - 5 GiB reserve
+    # = 126,908,104,704 B; 90% of it:
+    assert plan.gpu_memory_bytes == 143_771 * 2**20 == 150_754_820_096
+    assert plan.kv_budget_bytes == 114_217_294_233
+    assert plan.max_tokens_in_kv == 680_123  # 114,217,294,233 // 167,936
+    assert plan.max_batch_at_max_seq_len == 83  # // (8192 * 167,936)
+    assert plan.max_context_at_max_batch == 21_253  # (114,217,294,233 // 32) // 167,936
 
 
 def test_gpt_oss_120b_b300_tp8_by_hand():
@@ -108,8 +132,8 @@ def test_refuses_ep_not_dividing_tp():
 
 def test_refuses_weights_that_do_not_fit_saying_by_how_much():
     plan = plan_memory(_deployment(model_id="deepseek-ai/DeepSeek-V4-Flash", kv_cache_dtype="fp8"))
-    # One H200 (141e9 B) for ~154 GB of FP4/FP8 weights plus the 5 GiB reserve.
-    short = plan.weights_per_gpu_bytes + 5 * GIB - 141_000_000_000
+    # One H200 (143,771 MiB) for ~155 GB of FP4/FP8/bf16 weights plus the 5 GiB reserve.
+    short = plan.weights_per_gpu_bytes + 5 * GIB - 143_771 * 2**20
     assert short > 0 and plan.kv_budget_bytes == -short
     with pytest.raises(PlanError, match=rf"weights do not fit on H200: .* short by {short / GIB:.1f} GiB"):
         check_fits(plan, 1, "cfg")
@@ -142,7 +166,8 @@ def test_unknown_model_id_is_refused():
 def test_inspect_prints_the_plan():
     result = CliRunner().invoke(main, ["inspect", str(REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml")])
     assert result.exit_code == 0, result.output
-    assert "627,846 tokens in KV" in result.output and "15.26 GiB per GPU" in result.output
+    assert "680,123 tokens in KV" in result.output and "15.26 GiB per GPU" in result.output
+    assert "1 H200 (141 GB data sheet, 140.4 GiB each planned)" in result.output
 
 
 def test_build_refuses_a_config_that_cannot_fit(tmp_path):
@@ -156,3 +181,80 @@ def test_build_refuses_a_config_that_cannot_fit(tmp_path):
     assert result.output.startswith("Error: ") and len(result.output.strip().splitlines()) == 1
     assert "weights do not fit on H200" in result.output and "short by" in result.output
     assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["c.yaml"]
+
+
+def test_deepseek_v4_fp8_kv_row_keeps_rope_dims_in_bf16():
+    # DeepSeek-V4-Flash, FP8 KV, TP 16 (the single KV head is replicated, not split): one K=V row is
+    # 448 fp8 dims + 64 RoPE dims in bf16 + 8 B of ue8m0 scales = 584 B (DeepSeek-V4 report 2.3.4;
+    # SGLang's DeepSeek-V4 memory pool), not head_dim 512 x 1 B.
+    dep = _deployment(model_id="deepseek-ai/DeepSeek-V4-Flash", kv_cache_dtype="fp8", nodes=2,
+                      gpus_per_node=8, tensor_parallel_size=16, moe_expert_parallel_size=16)
+    plan = plan_memory(dep)
+    # Layers 2..42: 21 CSA (ratio 4, + 132 B indexer row) and 20 HCA (ratio 128) layers.
+    assert plan.kv_per_token_bytes == math.ceil(21 * (584 + 132) / 4 + 20 * 584 / 128) == 3_851
+    # Every one of the 43 layers keeps a 128-token window of rows.
+    assert plan.kv_per_sequence_fixed_bytes == 43 * 128 * 584 == 3_214_336
+    # bf16 ("auto"): 512 dims x 2 B, the indexer row stays fp8.
+    plan = plan_memory(dep.model_copy(update={"kv_cache_dtype": "auto"}))
+    assert plan.kv_per_token_bytes == math.ceil(21 * (1024 + 132) / 4 + 20 * 1024 / 128) == 6_229
+    assert plan.kv_per_sequence_fixed_bytes == 43 * 128 * 1024
+
+
+def test_dspark_drafter_window_is_one_shared_kv_row_per_token():
+    # The embedded DSpark blocks are DeepSeek-V4 blocks: their 128-token window caches one shared K=V
+    # row per token (584 B in fp8), not separate K and V rows (2 x 512 B before).
+    config = load_build_config(REPO / "build_configs" / "deepseek-v4-flash-dspark.yaml")
+    plan = plan_memory(config.deployment)
+    assert plan.kv_per_token_bytes == 3_851  # the drafter adds nothing per context token
+    assert plan.kv_per_sequence_fixed_bytes == (43 + 3) * 128 * 584 == 3_438_592
+
+
+def test_eagle3_drafter_attention_reads_2h_wide_inputs():
+    config = load_build_config(REPO / "build_configs" / "qwen3-8b-eagle3.yaml")
+    plan = plan_memory(config.deployment)
+    # One layer: q/k/v from [embedding; hidden] (2 x 4096 wide) to 32 + 8 + 8 heads of 128, o
+    # 4096 x 4096 = 67,108,864; MLP 3 x 4096 x 12288; fc 3 x 4096 x 4096; lm_head 32000 x 4096;
+    # bf16. (EAGLE's cnets.py: q_proj = Linear(hidden_size * 2, ...).)
+    params = 2 * 4096 * 48 * 128 + 4096 * 4096 + 3 * 4096 * 12288 + 3 * 4096 * 4096 + 32000 * 4096
+    assert plan.drafter_per_gpu_bytes == 2 * params == 2 * 399_507_456
+
+
+def test_llama_dflash_drafter_has_its_published_widths():
+    # z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat: 5 layers at hidden 4096, 32 / 8 heads of 128,
+    # intermediate 12288, fc over 5 taps; its one bf16 safetensors file is 1.95 GiB (1.05B params).
+    config = load_build_config(REPO / "build_configs" / "llama3.1-8b-dflash.yaml")
+    plan = plan_memory(config.deployment)
+    params = 5 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288) + 5 * 4096 * 4096
+    assert params == 1_048_576_000
+    assert plan.drafter_per_gpu_bytes == 2 * params
+    assert f"{plan.drafter_per_gpu_bytes / GIB:.2f}" == "1.95"
+
+
+def test_dflash_fc_counts_the_target_layers_tapped_not_the_draft_layers():
+    # z-lab/gpt-oss-120b-DFlash: 8 layers (attention 2 x 2880 x 4096 + 2 x 2880 x 512, MLP
+    # 3 x 2880 x 7680) and fc over 5 taps (5 x 2880^2): 784,650,240 params, its published 0.78B and
+    # 1.46 GiB in bf16.
+    drafter = get_drafter("z-lab/gpt-oss-120b-DFlash")
+    params = 8 * (2 * 2880 * 4096 + 2 * 2880 * 512 + 3 * 2880 * 7680) + 5 * 2880 * 2880
+    assert drafter.total_params() == params == 784_650_240
+    assert f"{2 * params / GIB:.2f}" == "1.46"
+
+
+def test_deepseek_v4_embedding_and_lm_head_are_bf16():
+    # DeepSeek-V4-Flash at TP 16: FP8 attention / shared expert / router, MXFP4 routed experts, and
+    # the embedding and LM head in bf16 as the checkpoint stores them (2 x 129,280 x 4096 x 2 B).
+    config = load_build_config(REPO / "build_configs" / "deepseek-v4-flash-dspark.yaml")
+    plan = plan_memory(config.deployment)
+    attention = (284_000_000_000 - 43 * 256 * 3 * 4096 * 2048 - 43 * (3 * 4096 * 2048 + 4096 * 256)
+                 - 2 * 129280 * 4096) // 43
+    assert attention == 111_356_475
+    layer = (attention + 3 * 4096 * 2048 + 4096 * 256) * 1 + 256 * 3 * 4096 * 2048 * (4 + 8 / 32) / 8
+    assert plan.weights_per_gpu_bytes == math.ceil((43 * layer + 2 * 129280 * 4096 * 2) / 16) == 9_700_213_119
+
+
+def test_gpu_memory_is_what_the_device_reports():
+    # nvidia-smi memory.total: H100 80GB HBM3 81,559 MiB, H200 143,771 MiB, B200 183,359 MiB; the
+    # data sheets' 80 / 141 / 180 "GB" read as 10^9 bytes are 6-7 % short of that.
+    assert [get_gpu(name).memory_bytes for name in ("H100", "H200", "B200")] == [
+        81_559 * 2**20, 143_771 * 2**20, 183_359 * 2**20]
+    assert get_gpu("B300").memory_bytes == 288_000_000_000  # no device figure: the data sheet's

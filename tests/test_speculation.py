@@ -201,3 +201,17 @@ def test_write_acceptance_keeps_a_stored_file_measured_over_more_cycles(tmp_path
     assert f"measured over {body['cycles']} cycles, this run over {body['cycles'] - 1000}" in second.output
     assert str(drafter / "acceptance.json") in second.output
     assert json.loads((drafter / "acceptance.json").read_text()) == body
+
+
+def test_deepseek_v4_csa_layers_attend_top_k_rows_not_every_compressed_row():
+    # DeepSeek-V4-Flash, FP8 KV, TP 16: 21 CSA layers (ratio 4), 20 HCA layers (ratio 128), all 43
+    # with a 128-token window. QK^T + PV cost 4 x 64 heads x 512 = 131,072 FLOPs per query and row.
+    cost = RooflineCost(_config("deepseek-v4-flash-dspark.yaml").deployment, "dspark")
+    m = cost.target
+    # per context token: HCA rows, and the CSA indexer (64 heads x 128, 2 FLOPs) scoring each row
+    assert m.attn_flops_ctx == pytest.approx((131_072 * 20 / 128 + 2 * 64 * 128 * 21 / 4) / 16)
+    # CSA attends at most index_topk = 512 selected rows (config.json index_topk)
+    assert (m.attn_flops_selected, m.index_topk) == (pytest.approx(131_072 * 21 / 16), 512)
+    # reads: HCA rows of 584 B and the CSA indexer's 132 B rows for every 4 tokens, 584 B per pick
+    assert m.kv_bytes_ctx == pytest.approx(584 * 20 / 128 + 132 * 21 / 4)
+    assert m.kv_bytes_selected == 584 * 21

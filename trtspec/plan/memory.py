@@ -10,7 +10,8 @@ The model (per GPU, worst pipeline stage):
 - KV per token = per full-attention layer 2 x kv_heads_per_gpu x head_dim x bytes, with
   kv_heads_per_gpu = max(1, kv_heads / tp) (heads replicate when TP exceeds them); sliding-window
   layers cost a fixed window per sequence instead. DeepSeek-V4 layers keep a 128-token window plus
-  one shared K=V row per `ratio` tokens (and an fp8 indexer row on ratio-4 layers). Drafters add
+  one shared K=V row per `ratio` tokens (and an fp8 indexer row on ratio-4 layers); in an fp8 cache
+  that row keeps its RoPE dims in bf16 and carries block scales (584 B, not head_dim = 512). Drafters add
   their own context cache per token (DFlash caches projected context K/V in every layer).
 - KV budget = free_gpu_memory_fraction x (GPU memory - weights - drafter - runtime reserve), as
   TensorRT-LLM sizes its KV pool from the memory left after loading.
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass
 from trtspec.errors import ConfigError
 from trtspec.plan.deployment import DeploymentConfig
 from trtspec.plan.gpus import get_gpu
-from trtspec.plan.models import Architecture, get_drafter, get_target
+from trtspec.plan.models import CSA_RATIO, Architecture, get_drafter, get_target
 
 GIB = 1024**3
 
@@ -121,8 +122,9 @@ def _kv_per_token_and_fixed(arch: Architecture, layers: int, tp: int, kv_bytes: 
     row = 2 * kv_heads * arch.head_dim * kv_bytes  # K and V of one token in one layer
     if arch.is_dsv4:
         ratios = arch.compress_ratios[:layers]
-        shared_row = arch.head_dim * kv_bytes  # one K=V latent row, shared by the single KV head
-        per_token = sum((shared_row + (arch.index_row_bytes if r == 4 else 0)) / r for r in ratios if r)
+        shared_row = arch.latent_row_bytes(kv_bytes)  # one K=V row, shared by the single KV head
+        index_row = arch.index_row_bytes  # CSA layers only
+        per_token = sum((shared_row + (index_row if r == CSA_RATIO else 0)) / r for r in ratios if r)
         return per_token, len(ratios) * arch.sliding_window * shared_row
     sliding = min(arch.sliding_layers, layers)
     return (layers - sliding) * row, sliding * arch.sliding_window * row
@@ -137,7 +139,7 @@ def plan_memory(deployment: DeploymentConfig, where: str = "deployment") -> Memo
     tp, pp = deployment.tensor_parallel_size, deployment.pipeline_parallel_size
 
     stage_layers = math.ceil(target.num_layers / pp)
-    embed = target.vocab * target.hidden * target.weight_bytes / tp
+    embed = target.vocab * target.hidden * target.embedding_weight_bytes / tp
     embeds = embed * (1 if target.tie_embeddings else 2) if pp == 1 else embed
     weights = math.ceil(stage_layers * _layer_bytes_per_gpu(target, tp) + embeds)
     drafter_bytes = 0
@@ -145,7 +147,7 @@ def plan_memory(deployment: DeploymentConfig, where: str = "deployment") -> Memo
         drafter_bytes = math.ceil(
             drafter.num_layers * _layer_bytes_per_gpu(drafter, tp)
             + drafter.extra_params * drafter.weight_bytes / tp
-            + drafter.embedding_params() * drafter.weight_bytes / tp
+            + drafter.embedding_params() * drafter.embedding_weight_bytes / tp
         )
 
     kv_bytes = _kv_bytes(deployment)
@@ -206,7 +208,8 @@ def format_plan(plan: MemoryPlan, deployment: DeploymentConfig) -> str:
         f"target    {target.name} ({target.source})",
         f"drafter   {deployment.drafter_id or '-'}",
         f"hardware  {deployment.nodes} node(s) x {deployment.gpus_per_node} {plan.gpu} "
-        f"({plan.gpu_memory_bytes / 1e9:.0f} GB = {plan.gpu_memory_bytes / GIB:.1f} GiB each)",
+        f"({get_gpu(plan.gpu).memory_gb:.0f} GB data sheet, {plan.gpu_memory_bytes / GIB:.1f} GiB each "
+        "planned)",
         f"parallel  TP {deployment.tensor_parallel_size} x PP {deployment.pipeline_parallel_size}"
         f" (EP {deployment.moe_expert_parallel_size} inside TP) = {plan.world_size} GPUs",
         f"weights   {plan.weights_per_gpu_bytes / GIB:8.2f} GiB per GPU (worst pipeline stage)",

@@ -13,6 +13,7 @@ from trtspec.errors import ConfigError
 
 # MXFP4 (OCP microscaling): 4-bit e2m1 element + one 8-bit e8m0 scale per 32 elements = 4.25 bits.
 MXFP4_BYTES = (4 + 8 / 32) / 8
+CSA_RATIO = 4  # DeepSeek-V4's compressed sparse attention layers; ratio 128 is HCA (dense), 0 window only
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class Architecture:
     expert_intermediate: int = 0
     shared_experts: int = 0
     weight_bytes: float = 2.0  # bytes per non-expert parameter
+    embedding_bytes: float | None = None  # bytes per embedding / LM head parameter; None: weight_bytes
     expert_weight_bytes: float = 2.0
     attention_params_override: int | None = None  # per layer, for attention not shaped q/k/v/o
     extra_params: int = 0  # e.g. DFlash `fc`, EAGLE-3 `fc` + draft lm_head, DSpark Markov head
@@ -42,6 +44,11 @@ class Architecture:
     sliding_window: int = 0
     compress_ratios: tuple[int, ...] = field(default=())  # DeepSeek-V4: per layer, 0 = window only
     index_row_bytes: int = 0  # DeepSeek-V4 indexer K bytes per compressed row (ratio-4 layers)
+    index_topk: int = 0  # DeepSeek-V4 CSA (ratio-4) layers: compressed rows each query attends
+    index_heads: int = 0  # DeepSeek-V4 lightning indexer: heads scoring every compressed row
+    index_head_dim: int = 0
+    rope_dim: int = 0  # DeepSeek-V4: RoPE dims of the K=V row, kept bfloat16 in an fp8 cache
+    fp8_row_scale_bytes: int = 0  # DeepSeek-V4: block scales of one fp8 K=V row
 
     # -- parameters (global) ---------------------------------------------------------------
     def attention_params(self) -> int:
@@ -64,6 +71,10 @@ class Architecture:
             self.shared_experts * 3 * self.hidden * self.expert_intermediate + self.hidden * self.num_experts
         )
 
+    @property
+    def embedding_weight_bytes(self) -> float:
+        return self.weight_bytes if self.embedding_bytes is None else self.embedding_bytes
+
     def embedding_params(self) -> int:
         if not self.has_embeddings:
             return 0
@@ -79,6 +90,21 @@ class Architecture:
     @property
     def is_dsv4(self) -> bool:
         return bool(self.compress_ratios)
+
+    def csa_layers(self, layers: int) -> int:
+        """DeepSeek-V4: how many of the first `layers` layers are CSA (compress ratio 4: an fp8
+        indexer row per compressed row, and attention over the top `index_topk` rows only)."""
+        return sum(1 for r in self.compress_ratios[:layers] if r == CSA_RATIO)
+
+    def latent_row_bytes(self, kv_bytes: int) -> int:
+        """DeepSeek-V4: bytes of one cached K=V row (shared by K and V and by the one KV head).
+
+        bfloat16: head_dim x 2. fp8 (`kv_bytes` 1): the non-RoPE dims in fp8, the RoPE dims still in
+        bfloat16 (DeepSeek-V4 report, section 2.3.4), plus the fp8 block scales.
+        """
+        if kv_bytes >= 2:
+            return self.head_dim * kv_bytes
+        return (self.head_dim - self.rope_dim) * kv_bytes + self.rope_dim * 2 + self.fp8_row_scale_bytes
 
 
 def _dsv4_ratios(num_layers: int) -> tuple[int, ...]:
@@ -146,12 +172,20 @@ TARGETS: dict[str, Architecture] = {
     ),
     # deepseek-ai/DeepSeek-V4-Flash: 43 layers, hidden 4096, 64 heads, 1 KV head (MQA) of
     # head_dim 512, vocab 129280, 256 routed + 1 shared expert, top-6, moe_intermediate 2048,
-    # sliding_window 128, index_head_dim 128. The official config.json was not readable from
-    # here: these values are as mirrored in third-party test fixtures of that config (vllm_musa
-    # deepseek_v4_policy tests, a DS4 Rust port's V4F_CONFIG_JSON) and NVIDIA NeMo's model page
-    # (43 layers, 256 + 1 experts, top-6). Weights: FP4 experts, FP8 elsewhere (model card:
+    # sliding_window 128, index_n_heads 64, index_head_dim 128, index_topk 512, qk_rope_head_dim
+    # 64, compress_ratios [0, 0, 4, 128, ..., 4, 128, 4] + one 0 for the MTP layer (44 entries).
+    # The official config.json was not readable from here: these values are as mirrored in
+    # third-party copies of it (a benchmark repo's snapshot of its config.json, vllm_musa
+    # deepseek_v4_policy tests, a DS4 Rust port's V4F_CONFIG_JSON), which agree, and NVIDIA NeMo's
+    # model page (43 layers, 256 + 1 experts, top-6). Weights: FP4 experts, FP8 elsewhere (model card:
     # "FP4 + FP8 mixed"). Indexer K row: 132 B in fp8 at index_head_dim 128 (TensorRT-LLM
-    # DeepSeekSparseAttentionConfig.indexer_k_dtype description).
+    # DeepSeekSparseAttentionConfig.indexer_k_dtype description). Embedding and LM head stay bf16
+    # (DeepSeek's V4-Flash inference reference: "lm_head in the checkpoint is stored in bf16"; the
+    # embedding is built in the default bf16 dtype, not as an FP8 Linear). K=V row in an fp8 cache: the 448
+    # non-RoPE dims in fp8, the qk_rope_head_dim 64 RoPE dims in bf16 (DeepSeek-V4 report 2.3.4:
+    # "RoPE dimensions kept in BF16") and 7 ue8m0 scales (one per 64 fp8 dims) + 1 byte of padding:
+    # 448 + 128 + 8 = 584 B, the entry SGLang's DeepSeek-V4 memory pool stores (not 512 B: pricing
+    # every dim at one byte understates the fp8 cache by 12%).
     "deepseek-ai/DeepSeek-V4-Flash": Architecture(
         name="deepseek-ai/DeepSeek-V4-Flash",
         source="DeepSeek-V4-Flash config as mirrored in public test fixtures (see trtspec/plan/models.py)",
@@ -166,25 +200,43 @@ TARGETS: dict[str, Architecture] = {
         expert_intermediate=2048,
         shared_experts=1,
         weight_bytes=1.0,
+        embedding_bytes=2.0,
         expert_weight_bytes=MXFP4_BYTES,
         attention_params_override=_DSV4_ATTN_PER_LAYER,
         sliding_window=128,
         compress_ratios=_dsv4_ratios(43),
         index_row_bytes=132,
+        index_topk=512,
+        index_heads=64,
+        index_head_dim=128,
+        rope_dim=64,
+        fp8_row_scale_bytes=8,
     ),
 }
 
-# Published parameter counts the derived totals are checked against (model cards).
+# Published parameter counts the derived totals are checked against, at the precision published:
+# Hugging Face's count of the safetensors (Qwen3-8B "8.19B params", Llama-3.1-8B-Instruct "8.03B
+# params"), the gpt-oss model card (arXiv 2508.10925, table 1: 116.83B total) and DeepSeek's
+# model card (DeepSeek-V4-Flash: 284B total, 13B activated).
 PUBLISHED_PARAMS = {
-    "Qwen/Qwen3-8B": 8.2e9,
-    "meta-llama/Llama-3.1-8B-Instruct": 8.0e9,
-    "openai/gpt-oss-120b": 116.8e9,
+    "Qwen/Qwen3-8B": 8.19e9,
+    "meta-llama/Llama-3.1-8B-Instruct": 8.03e9,
+    "openai/gpt-oss-120b": 116.83e9,
     "deepseek-ai/DeepSeek-V4-Flash": 284e9,
+}
+# The unit of the last published digit of each count (a count is checked to half of it).
+PUBLISHED_PARAMS_UNIT = {
+    "Qwen/Qwen3-8B": 0.01e9,
+    "meta-llama/Llama-3.1-8B-Instruct": 0.01e9,
+    "openai/gpt-oss-120b": 0.01e9,
+    "deepseek-ai/DeepSeek-V4-Flash": 1e9,
 }
 
 
-def _dflash(name: str, source: str, target: Architecture, layers: int, intermediate: int) -> Architecture:
-    # No embeddings or LM head of its own; `fc: Linear(layers_tapped * H -> H)` with one tap per layer.
+def _dflash(name: str, source: str, target: Architecture, layers: int, intermediate: int,
+            taps: int | None = None) -> Architecture:
+    # No embeddings or LM head of its own; `fc: Linear(taps * H -> H)` over the target layers tapped
+    # (len(target_layer_ids); as many as draft layers unless `taps` says otherwise).
     return Architecture(
         name=name,
         source=source,
@@ -196,7 +248,7 @@ def _dflash(name: str, source: str, target: Architecture, layers: int, intermedi
         vocab=target.vocab,
         intermediate=intermediate,
         has_embeddings=False,
-        extra_params=layers * target.hidden * target.hidden,
+        extra_params=(layers if taps is None else taps) * target.hidden * target.hidden,
     )
 
 
@@ -212,18 +264,31 @@ DRAFTERS: dict[str, Architecture] = {
     "z-lab/Qwen3-8B-DFlash-b16": _dflash(
         "z-lab/Qwen3-8B-DFlash-b16", "huggingface.co/z-lab/Qwen3-8B-DFlash-b16 config.json", _QWEN3, 5, 12288
     ),
-    # z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat (listed in z-lab/dflash README). Its layer count
-    # was not readable from here: ASSUMED 5 layers at target widths like the Qwen3-8B drafter;
-    # block 10 per the DFlash paper. Check against the checkpoint before relying on the figure.
+    # z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat config.json: 5 layers, hidden 4096, 32 q / 8 kv
+    # heads, intermediate 12288 (the Qwen3-8B drafter's, not Llama's 14336), block_size 10,
+    # target_layer_ids [1, 8, 15, 22, 29]; one 1.95 GiB bf16 safetensors file = 1.05B params (as
+    # tabulated from the Hugging Face configs and file listing in a public DFlash survey; the
+    # config itself was not readable from here).
     "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat": _dflash(
         "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
-        "ASSUMED: 5 layers at Llama-3.1-8B widths (layer count not confirmed)",
+        "huggingface.co/z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat config.json (as tabulated)",
         _LLAMA,
         5,
-        14336,
+        12288,
     ),
-    # gpt-oss-120b has no published DFlash drafter (z-lab README: "coming soon"): this is the
-    # trtspec recipe's own choice for it -- 5 dense layers at target widths, SwiGLU 3 x 2880.
+    # z-lab/gpt-oss-120b-DFlash config.json: 8 layers at gpt-oss widths (hidden 2880, 64 q / 8 kv
+    # heads of 64), intermediate 7680, block_size 10, target_layer_ids [1, 9, 17, 25, 33] (5 taps,
+    # not 8); one 1.46 GiB bf16 safetensors file = 0.78B params (tabulated like the Llama drafter's).
+    "z-lab/gpt-oss-120b-DFlash": _dflash(
+        "z-lab/gpt-oss-120b-DFlash",
+        "huggingface.co/z-lab/gpt-oss-120b-DFlash config.json (as tabulated)",
+        _GPTOSS,
+        8,
+        7680,
+        taps=5,
+    ),
+    # The trtspec recipe's own drafter for gpt-oss-120b (chosen before z-lab published theirs):
+    # 5 dense layers at target widths, SwiGLU 3 x 2880.
     "trtspec/gpt-oss-120b-DFlash": _dflash(
         "trtspec/gpt-oss-120b-DFlash",
         "trtspec recipe choice: 5 dense layers, intermediate 8640",
@@ -234,6 +299,8 @@ DRAFTERS: dict[str, Architecture] = {
     # EAGLE-3 (arXiv 2503.01840): one decoder layer, fc 3H -> H, own lm_head over a reduced draft
     # vocabulary. ASSUMED sizes: target widths and a 32000-token draft vocabulary, as in the
     # yuhuili/EAGLE3-LLaMA3.1-Instruct-8B layout; confirm against the Qwen3-8B checkpoint used.
+    # Its q/k/v read the token embedding concatenated with the fused hidden state, 2H wide (EAGLE's
+    # cnets.py; trtspec/models/eagle3.py builds them the same way); o maps back to H.
     "eagle3/Qwen3-8B": Architecture(
         name="eagle3/Qwen3-8B",
         source="ASSUMED: EAGLE-3 layout at Qwen3-8B widths, draft vocab 32000",
@@ -245,6 +312,7 @@ DRAFTERS: dict[str, Architecture] = {
         vocab=151936,
         intermediate=12288,
         has_embeddings=False,
+        attention_params_override=2 * 4096 * (32 + 2 * 8) * 128 + 32 * 128 * 4096,
         extra_params=3 * 4096 * 4096 + 32000 * 4096,
     ),
     # deepseek-ai/DeepSeek-V4-Flash-DSpark: the embedded flavour (draft = the target's `mtp.*`
@@ -253,7 +321,9 @@ DRAFTERS: dict[str, Architecture] = {
     # DSpark hook test's 3 is a small fixture), markov_rank 256, target layers [40, 41, 42], noise
     # token 128799. Number of draft blocks
     # ASSUMED 3 (TensorRT-LLM modeling_dspark.py states n_mtp_layers = 3 for V4-Pro); the Markov
-    # head adds vocab x 256 twice. Its KV is a rolling window (DSv4DSparkWorker), not per token.
+    # head adds vocab x 256 twice. Its KV is a rolling window (DSv4DSparkWorker), not per token:
+    # DeepSeek-V4 blocks with compress ratio 0 (window only; the 0731 checkpoint's compress_ratios
+    # end in 0s for the draft blocks), each window row one shared K=V row like the target's.
     "deepseek-ai/DeepSeek-V4-Flash-DSpark": Architecture(
         name="deepseek-ai/DeepSeek-V4-Flash-DSpark",
         source="ASSUMED 3 embedded mtp blocks of DeepSeek-V4-Flash shape; DSpark fields from sglang tests",
@@ -272,8 +342,10 @@ DRAFTERS: dict[str, Architecture] = {
         attention_params_override=_DSV4_ATTN_PER_LAYER,
         has_embeddings=False,
         extra_params=2 * _DSV4.vocab * 256 + 3 * _DSV4.hidden * _DSV4.hidden,
-        sliding_layers=3,
         sliding_window=128,
+        compress_ratios=(0, 0, 0),
+        rope_dim=_DSV4.rope_dim,
+        fp8_row_scale_bytes=_DSV4.fp8_row_scale_bytes,
     ),
 }
 

@@ -4,7 +4,8 @@ A forward pass on one GPU takes max(bytes read / bandwidth, FLOPs / peak) plus i
 collectives. Per step of `batch` requests each verifying k drafts (T = batch·(k+1) tokens):
 
 - target: its weights (1/TP of them, the worst pipeline stage times PP), every request's KV cache
-  once, the routed experts the T tokens activate (E·(1 − (1 − top_k/E)^T) of E, uniform routing),
+  once (DeepSeek-V4's CSA layers: the indexer's rows and the top `index_topk` rows they pick), the
+  routed experts the T tokens activate (E·(1 − (1 − top_k/E)^T) of E, uniform routing),
   and 2 FLOPs per active parameter per token plus attention over the context;
 - drafter: DFlash/DSpark draft the whole block in ONE forward of batch·(k+1) tokens (and read the
   target's LM head for k positions); EAGLE-3 and draft models run k chained forwards of `batch`
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from trtspec.plan.deployment import DeploymentConfig
 from trtspec.plan.gpus import GPU, get_gpu
 from trtspec.plan.memory import _kv_per_token_and_fixed
-from trtspec.plan.models import Architecture, get_drafter, get_target
+from trtspec.plan.models import CSA_RATIO, Architecture, get_drafter, get_target
 
 MEMORY_EFFICIENCY = 0.8  # share of peak HBM bandwidth decode kernels reach
 COMPUTE_EFFICIENCY = 0.6  # share of peak tensor-core FLOP/s GEMMs of these shapes reach
@@ -52,8 +53,11 @@ class _Model:
     head_flops: float  # per token that needs logits
     attn_flops_ctx: float  # per query token and context token (full-attention layers)
     attn_flops_fixed: float  # per query token (sliding windows)
-    kv_bytes_ctx: float  # per request and context token
-    kv_bytes_fixed: float  # per request
+    attn_flops_selected: float  # per query token and row selected (DeepSeek-V4 CSA: top-k rows)
+    kv_bytes_ctx: float  # read per request and context token
+    kv_bytes_fixed: float  # read per request
+    kv_bytes_selected: float  # read per request and row selected
+    index_topk: int  # rows a CSA layer selects, at most (0: none)
     dense_precision: float  # bytes per parameter: picks the tensor-core rate
     expert_precision: float
     layers: int
@@ -65,18 +69,27 @@ def _model(arch: Architecture, layers: int, tp: int, kv_bytes: int, head: Archit
     expert_one = 3 * arch.hidden * arch.expert_intermediate
     head_params = head.vocab * head.hidden if head is not None else 0
     attn = 4 * arch.heads * arch.head_dim  # QK^T and PV, per query and key
-    if arch.is_dsv4:  # every layer keeps a window; compressed ones add one row per `ratio` tokens
-        ratios = arch.compress_ratios[:layers]
-        attn_ctx = attn * sum(1 / r for r in ratios if r)
+    kv_ctx, kv_fixed = _kv_per_token_and_fixed(arch, layers, tp, kv_bytes)
+    attn_selected = kv_selected = 0.0
+    if arch.is_dsv4:
+        # Every layer attends its window. HCA (ratio 128) layers attend every compressed row. CSA
+        # (ratio 4) layers score every compressed row with the indexer (its fp8 K rows are what they
+        # read of it) and attend only the top index_topk rows: min(context / 4, index_topk) of them.
+        ratios, csa = arch.compress_ratios[:layers], arch.csa_layers(layers)
+        row = arch.latent_row_bytes(kv_bytes)
+        hca = sum(1 / r for r in ratios if r and r != CSA_RATIO)
+        attn_ctx = attn * hca + 2 * arch.index_heads * arch.index_head_dim * csa / CSA_RATIO
         attn_fixed = attn * len(ratios) * arch.sliding_window
+        attn_selected = attn * csa
+        kv_ctx = row * hca + arch.index_row_bytes * csa / CSA_RATIO
+        kv_selected = row * csa
     else:
         sliding = min(arch.sliding_layers, layers)
         attn_ctx, attn_fixed = attn * (layers - sliding), attn * sliding * arch.sliding_window
-    kv_ctx, kv_fixed = _kv_per_token_and_fixed(arch, layers, tp, kv_bytes)
     return _Model(
         dense_bytes=(layers * dense_params + arch.extra_params) * arch.weight_bytes / tp,
         expert_bytes=layers * arch.num_experts * expert_one * arch.expert_weight_bytes / tp,
-        head_bytes=head_params * (head.weight_bytes if head is not None else 0) / tp,
+        head_bytes=head_params * (head.embedding_weight_bytes if head is not None else 0) / tp,
         num_experts=arch.num_experts,
         experts_per_token=arch.experts_per_token,
         dense_flops=2 * (layers * dense_params + arch.extra_params) / tp,
@@ -84,8 +97,11 @@ def _model(arch: Architecture, layers: int, tp: int, kv_bytes: int, head: Archit
         head_flops=2 * head_params / tp,
         attn_flops_ctx=attn_ctx / tp,
         attn_flops_fixed=attn_fixed / tp,
+        attn_flops_selected=attn_selected / tp,
         kv_bytes_ctx=kv_ctx,
         kv_bytes_fixed=kv_fixed,
+        kv_bytes_selected=kv_selected,
+        index_topk=arch.index_topk,
         dense_precision=arch.weight_bytes,
         expert_precision=arch.expert_weight_bytes,
         layers=layers,
@@ -119,11 +135,13 @@ class RooflineCost:
         need logits."""
         gpu, dep = self.gpu, self.deployment
         woken = 1 - (1 - m.experts_per_token / m.num_experts) ** tokens if m.num_experts else 0.0
-        kv = batch * (self.context * m.kv_bytes_ctx + m.kv_bytes_fixed)
+        selected = min(self.context / CSA_RATIO, m.index_topk)
+        kv = batch * (self.context * m.kv_bytes_ctx + m.kv_bytes_fixed + selected * m.kv_bytes_selected)
         bytes_read = m.dense_bytes + woken * m.expert_bytes + m.head_bytes + kv
         memory_s = bytes_read / (gpu.hbm_tb_s * 1e12 * MEMORY_EFFICIENCY)
         bf16 = gpu.peak_flops(2)
-        attention = tokens * (self.context * m.attn_flops_ctx + m.attn_flops_fixed)
+        attention = tokens * (self.context * m.attn_flops_ctx + m.attn_flops_fixed
+                              + selected * m.attn_flops_selected)
         compute_s = (tokens * m.dense_flops / gpu.peak_flops(m.dense_precision)
                      + tokens * m.expert_flops / gpu.peak_flops(m.expert_precision)
                      + (head_tokens * m.head_flops + attention) / bf16) / COMPUTE_EFFICIENCY
