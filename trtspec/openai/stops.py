@@ -1,5 +1,11 @@
 """OpenAI's `stop`: generation ends at the first stop sequence, which is not returned.
 
+The first is the one whose last character comes first in the text (of two ending there, the
+longer): the text is cut where generation would have stopped had it been written a character at a
+time, however the text arrives (in one piece, or a decode step's at a time), so streamed and
+whole answers agree. vLLM looks, at each decode step, for the stop sequences in the order given, so
+two that overlap in one step's text can cut it elsewhere there.
+
 The model stops generating once its text holds a stop sequence (Triton's `stop_words`); the
 text it sent may run past it (a step emits several tokens). While streaming, the tail that could
 still be the start of a stop sequence is held back until the next text decides it. With
@@ -44,10 +50,10 @@ class StopTrimmer:
         if not self.stops:
             out, self.pending = self.pending, ""
             return out
-        hits = [i for i in (self._find(s) for s in self.stops) if i >= 0]
+        hits = [(i + len(s), i) for s in self.stops if (i := self._find(s)) >= 0]
         if hits:
             self.stopped = True
-            out, self.pending = self.pending[: min(hits)], ""
+            out, self.pending = self.pending[: min(hits)[1]], ""
             return out
         keep = 0 if final else self._held()
         out = self.pending[: len(self.pending) - keep]
