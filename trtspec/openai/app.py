@@ -45,6 +45,7 @@ from trtspec.openai.protocol import (
 from trtspec.openai.stops import StopTrimmer
 from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
 from trtspec.spec.coupling import fresh_seed
+from trtspec.triton.request import produced_chars
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ class _Run:
         if self.trimmer.protected is None:  # a stop sequence may end only past these tokens' text
             self.ids += step.ids
             if len(self.ids) >= self.gen.min_tokens:
-                self.trimmer.protected = len(self.decode(self.ids[: self.gen.min_tokens]))
+                self.trimmer.protected = produced_chars(self.decode, self.ids[: self.gen.min_tokens])
         if step.ids:
             self.last_id = step.ids[-1]
         self.accepted = max(self.accepted, step.accepted_tokens)
