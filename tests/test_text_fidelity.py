@@ -16,6 +16,7 @@ import random
 import pytest
 
 from trtspec.openai.app import _Run
+from trtspec.openai.logprobs import LogprobsBody
 from trtspec.openai.stops import StopTrimmer
 from trtspec.openai.triton_stream import Generation, Step
 from trtspec.tokenizer import ByteTokenizer
@@ -187,3 +188,56 @@ def test_min_tokens_protects_only_the_text_its_tokens_completed():
     for stream in (True, False):
         got = _served(tok.decode, [ids[:2], ids[2:4], ids[4:]], ["😀"], tok.eos_id, 2, stream)
         assert got == ("1", True), stream
+
+
+class _Names:
+    """token_bytes of a tokenizer of `kind`, as the served model's tokenizer names ids."""
+
+    def __init__(self, kind: str):
+        self.decode, self.kind = _tokenizer(kind)[0], kind
+        self.hf = None if kind == "bytes" else self.decode.func.__self__
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if self.hf is None:
+            return ByteTokenizer().token_bytes(token_id)
+        return self.hf.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_text_offsets_point_into_the_returned_text(kind):
+    """Completions `logprobs.text_offset`, with echo and without, streamed and whole: token i's text
+    begins at text[text_offset[i]], so a token whose name is its text (not a piece of a character,
+    not a special token) is found there. The offsets added up the names' lengths: each piece of a
+    multi-byte character (named U+FFFD) counted one character, and echo's <|begin_of_text|> 17:
+    484 of these 600 byte answers and 510 of 600 BPE answers had an offset pointing elsewhere."""
+    decode, encode, _, end = _tokenizer(kind)
+    names = _Names(kind)
+    specials = {end} | set(range(6) if kind == "bpe" else range(256, 264))  # named, no text
+    rng = random.Random(5)
+    for case in range(300):
+        ids = _random_ids(rng, kind)
+        ids = ids[: ids.index(end) + 1] if end in ids else ids
+        prompt = "".join(rng.choice(CHARS) for _ in range(rng.randint(1, 5)))
+        prompt_ids = ([0] if kind == "bpe" else []) + encode(prompt)  # with Llama 3's BOS
+        echo = prompt if case % 2 else None
+        for stream in (True, False):
+            steps = _steps(rng, ids) if stream else [ids]
+            gen = Generation(prompt, 64, logprobs=0, prompt_logprobs=echo is not None)
+            run = _Run(gen, prompt_ids, logprobs=LogprobsBody(names, chat=False), echo=echo, decode=decode)
+            text, tokens, offsets = "", [], []
+            for k, step in enumerate(steps):
+                delta = _one_at_a_time(decode, [i for i in ids if i != end]) if k == 0 else ""  # text once
+                scored = len(prompt_ids) - 1 if k == 0 and echo is not None else 0
+                text += run.take(Step(delta, step, final=k == len(steps) - 1, logprobs=[0.0] * len(step),
+                                      top_ids=[[]] * len(step), top_logprobs=[[]] * len(step),
+                                      prompt_logprobs=[0.0] * scored, prompt_top_ids=[[]] * scored,
+                                      prompt_top_logprobs=[[]] * scored))
+                body = run.logprobs_body()
+                tokens += body["tokens"]
+                offsets += body["text_offset"]
+            assert len(tokens) == len(ids) + (len(prompt_ids) if echo else 0)
+            assert offsets == sorted(offsets) and all(0 <= o <= len(text) for o in offsets)
+            scored = (prompt_ids if echo else []) + ids
+            for token_id, name, offset in zip(scored, tokens, offsets, strict=True):
+                if token_id not in specials and "\ufffd" not in name:
+                    assert text[offset : offset + len(name)] == name, (ids, prompt, echo, stream)

@@ -175,6 +175,8 @@ class _Run:
         self.logprobs = logprobs  # None: the request asked for no log-probabilities
         self.scored: tuple[list, list, list, list] = ([], [], [], [])  # ids, log p, top ids, top log p
         self.echo = echo  # the prompt's text, owed before the first text (echo)
+        if logprobs is not None and echo is not None:  # the completion's offsets count from its end
+            logprobs.prompt = (len(prompt_ids), len(echo))
 
     def take(self, step) -> str:
         self.completion_tokens += len(step.ids)

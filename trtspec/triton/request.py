@@ -272,6 +272,11 @@ class TextStream:
         return self._produce(self._unread())
 
     @property
+    def held(self) -> str:
+        """Text of the ids not produced yet (ending in an incomplete character), as it decodes now."""
+        return self._unread()
+
+    @property
     def text(self) -> str:
         """The output's text: what was produced, and what is held."""
         return "".join(self.produced) + self._unread()
