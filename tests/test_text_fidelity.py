@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import functools
 import random
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +22,7 @@ from trtspec.openai.app import _Run
 from trtspec.openai.logprobs import LogprobsBody
 from trtspec.openai.stops import StopTrimmer
 from trtspec.openai.triton_stream import Generation, Step
-from trtspec.tokenizer import ByteTokenizer
+from trtspec.tokenizer import ByteTokenizer, HFTokenizer
 from trtspec.triton.request import TextStream, produced_chars
 
 from .bpe_checkpoint import EOT, bpe_tokenizer, byte_fallback_tokenizer, metaspace_tokenizer
@@ -30,19 +33,22 @@ KINDS = ("bytes", "bpe", "metaspace", "byte_fallback")
 
 @functools.cache
 def _tokenizer(kind: str):
-    """-> (decode, encode, vocabulary size, end id) of a tokenizer of `kind`."""
+    """-> (decode, encode, vocabulary size, end id, the served model's tokenizer) of `kind`."""
     if kind == "bytes":
         tok = ByteTokenizer()
-        return tok.decode, tok.encode, tok.vocab_size, tok.eos_id
+        return tok.decode, tok.encode, tok.vocab_size, tok.eos_id, tok
     hf = {"bpe": lambda: bpe_tokenizer()[0], "metaspace": metaspace_tokenizer,
           "byte_fallback": byte_fallback_tokenizer}[kind]()
+    folder = Path(tempfile.mkdtemp(prefix=f"trtspec-{kind}-"))
+    hf.save_pretrained(folder)
+    tok = HFTokenizer(folder, len(hf))  # as the served model loads it beside the weights
+    shutil.rmtree(folder)
     end = hf.convert_tokens_to_ids(EOT if kind == "bpe" else "</s>")
-    return (functools.partial(hf.decode, skip_special_tokens=True),
-            functools.partial(hf.encode, add_special_tokens=False), len(hf), end)
+    return tok.decode, functools.partial(tok.encode, add_special_tokens=False), len(hf), end, tok
 
 
 def _random_ids(rng: random.Random, kind: str) -> list[int]:
-    _, encode, vocab, end = _tokenizer(kind)
+    _, encode, vocab, end, _ = _tokenizer(kind)
     ids: list[int] = []
     while len(ids) < rng.randint(1, 30):
         roll = rng.random()
@@ -78,7 +84,7 @@ def test_streamed_deltas_are_the_whole_answer(kind):
     bytes: 'K' of <0x4B><0xE5>, decoded '��' whole, as vLLM's stream keeps it). The whole answer
     used to be `decode(ids)`: a byte-fallback answer differed streamed and not in 124 of 2,000
     random cases."""
-    decode, _, _, end = _tokenizer(kind)
+    decode, _, _, end, _ = _tokenizer(kind)
     rng = random.Random(7)
     for _ in range(300):
         ids = _random_ids(rng, kind)
@@ -151,7 +157,7 @@ def test_stop_strings_cut_streamed_and_whole_answers_alike(kind):
     after it) and the frontend, which rightly kept it, answered the text cut short (BPE: 19);
     overlapping stop strings were cut at the one that starts first when the text came whole and at
     the one completed first when streamed (BPE 12, byte fallback 15)."""
-    decode, _, _, end = _tokenizer(kind)
+    decode, _, _, end, _ = _tokenizer(kind)
     rng = random.Random(11)
     for _ in range(300):
         ids = _random_ids(rng, kind)
@@ -190,19 +196,6 @@ def test_min_tokens_protects_only_the_text_its_tokens_completed():
         assert got == ("1", True), stream
 
 
-class _Names:
-    """token_bytes of a tokenizer of `kind`, as the served model's tokenizer names ids."""
-
-    def __init__(self, kind: str):
-        self.decode, self.kind = _tokenizer(kind)[0], kind
-        self.hf = None if kind == "bytes" else self.decode.func.__self__
-
-    def token_bytes(self, token_id: int) -> bytes:
-        if self.hf is None:
-            return ByteTokenizer().token_bytes(token_id)
-        return self.hf.decode([token_id], skip_special_tokens=False).encode("utf-8")
-
-
 @pytest.mark.parametrize("kind", ["bytes", "bpe"])
 def test_text_offsets_point_into_the_returned_text(kind):
     """Completions `logprobs.text_offset`, with echo and without, streamed and whole: token i's text
@@ -210,8 +203,7 @@ def test_text_offsets_point_into_the_returned_text(kind):
     not a special token) is found there. The offsets added up the names' lengths: each piece of a
     multi-byte character (named U+FFFD) counted one character, and echo's <|begin_of_text|> 17:
     484 of these 600 byte answers and 510 of 600 BPE answers had an offset pointing elsewhere."""
-    decode, encode, _, end = _tokenizer(kind)
-    names = _Names(kind)
+    decode, encode, _, end, names = _tokenizer(kind)
     specials = {end} | set(range(6) if kind == "bpe" else range(256, 264))  # named, no text
     rng = random.Random(5)
     for case in range(300):
@@ -241,3 +233,28 @@ def test_text_offsets_point_into_the_returned_text(kind):
             for token_id, name, offset in zip(scored, tokens, offsets, strict=True):
                 if token_id not in specials and "\ufffd" not in name:
                     assert text[offset : offset + len(name)] == name, (ids, prompt, echo, stream)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chat_logprobs_bytes_rebuild_the_text(kind):
+    """Chat `logprobs.content[].bytes` joined are the answer's text (its UTF-8, invalid bytes
+    where it shows U+FFFD), pieces of characters included, as OpenAI's clients join them; each
+    `token` stays the id decoded alone (vLLM's name). They were the name's UTF-8: U+FFFD's three
+    bytes for each piece of a character, on the BPE and byte-fallback tokenizers (the byte-level
+    models' were exact). Metaspace pieces have no bytes of their own: the names' are kept."""
+    decode, encode, _, end, tok = _tokenizer(kind)
+    specials = {end} | set(range(6) if kind == "bpe" else range(256, 264) if kind == "bytes" else range(3))
+    rng = random.Random(3)
+    for _ in range(300):
+        ids = [i for i in _random_ids(rng, kind) if i not in specials]
+        text = decode(ids)
+        one = [[0.0]] * len(ids)
+        body = LogprobsBody(tok, chat=True).body(ids, [0.0] * len(ids), [[i] for i in ids], one)
+        content = body["content"]
+        assert [c["token"] for c in content] == [tok.token_bytes(i).decode("utf-8", "replace") for i in ids]
+        assert [c["bytes"] for c in content] == [c["top_logprobs"][0]["bytes"] for c in content]
+        joined = b"".join(bytes(c["bytes"]) for c in content)
+        if kind in ("bytes", "bpe"):
+            assert joined.decode("utf-8", "replace") == text, ids
+        elif kind == "byte_fallback" and "\ufffd" not in text:  # its decoder drops one first space
+            assert joined.decode("utf-8").removeprefix(" ") == text, ids

@@ -2,8 +2,11 @@
 
 The values are the target's raw log p (`trtspec.spec.logprobs`). Each token is named by its id
 decoded alone, special tokens shown, as vLLM names them (`tokenizer.token_bytes`); a piece of a
-multi-byte character is U+FFFD there, and `bytes` are that text's UTF-8 (exact for the byte-level
-models). -inf is sent as -9999.0, as vLLM does: JSON has no infinity.
+multi-byte character is U+FFFD there. Chat's `bytes` are the bytes the id stands for
+(`tokenizer.raw_bytes`), a piece of a character's too, so a client that joins them rebuilds the
+text, as OpenAI's do (vLLM sends the name's UTF-8, U+FFFD's for a piece): exact for the byte-level
+models, byte-level BPE and byte-fallback SentencePiece tokenizers; others' are the name's. -inf is
+sent as -9999.0, as vLLM does: JSON has no infinity.
 
 `text_offset` is where a token's text begins in the choice's text (with echo, the prompt's text
 first): the characters the ids before it produced, decoded as the answer is (`TextStream`: an
@@ -60,8 +63,9 @@ class LogprobsBody:
         return self.base + sent + min(len(os.path.commonprefix([held, after])), settled)
 
     def _token(self, token_id: int) -> tuple[str, list[int]]:
-        raw = self.tokenizer.token_bytes(token_id)
-        return raw.decode("utf-8", errors="replace"), list(raw)
+        """(name, bytes): the id decoded alone, as vLLM names it, and the bytes it stands for."""
+        name = self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+        return name, list(self.tokenizer.raw_bytes(token_id))
 
     def body(self, ids: list[int], values: list[float | None], top_ids: list[list[int] | None],
              top_values: list[list[float] | None]) -> dict:
