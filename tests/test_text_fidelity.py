@@ -116,21 +116,26 @@ def _stops(rng: random.Random, text: str) -> list[str]:
     return [s for s in dict.fromkeys(stops) if s and "\ufffd" not in s]
 
 
-def _expected(decode, ids: list[int], stops: list[str], end: int, min_tokens: int) -> tuple[str, bool]:
+def _expected(decode, ids: list[int], stops: list[str], end: int, min_tokens: int,
+              include: tuple[str, ...] = ()) -> tuple[str, bool]:
     """The answer as if written a character at a time: cut before the first stop string to be
     completed (of two completed at one character, the longer) that ends past the text of the first
-    min_tokens ids (as vLLM: its text without an incomplete character held at its end)."""
+    min_tokens ids (as vLLM: its text without an incomplete character held at its end); after it
+    when it is one of `include` (include_stop_str_in_output)."""
     cut = ids.index(end) if end in ids else len(ids)
     text = _one_at_a_time(decode, ids[:cut])
     if min_tokens > cut:  # the decoder emits no end id before min_tokens
         return text, False
     protected = produced_chars(decode, ids[:min_tokens])
-    hits = [(i + len(s), i) for s in stops if (i := text.find(s, max(0, protected - len(s) + 1))) >= 0]
-    return (text[: min(hits)[1]], True) if hits else (text, False)
+    hits = [(i + len(s), i, s) for s in stops if (i := text.find(s, max(0, protected - len(s) + 1))) >= 0]
+    if not hits:
+        return text, False
+    stop_end, start, stop = min(hits)
+    return text[: stop_end if stop in include else start], True
 
 
 def _served(decode, steps: list[list[int]], stops: list[str], end: int, min_tokens: int,
-            stream: bool) -> tuple[str, bool]:
+            stream: bool, include: tuple[str, ...] = ()) -> tuple[str, bool]:
     """The served model's responses (text and ids per step, or all at the end) through the OpenAI
     frontend's choice: its text and whether a stop string ended it."""
     text = TextStream(decode, tuple(stops), frozenset({end}), min_tokens)
@@ -142,7 +147,8 @@ def _served(decode, steps: list[list[int]], stops: list[str], end: int, min_toke
         if text.stopped:
             break
     responses.append(Step(text.finish(), [], final=True) if stream else Step(text.text, text.ids, final=True))
-    run = _Run(Generation("", 64, min_tokens=min_tokens, stop_words=tuple(stops)), [], decode=decode)
+    run = _Run(Generation("", 64, min_tokens=min_tokens, stop_words=tuple(stops)), [], decode=decode,
+               include=include)
     return "".join(run.take(r) for r in responses), run.trimmer.stopped
 
 
@@ -165,11 +171,12 @@ def test_stop_strings_cut_streamed_and_whole_answers_alike(kind):
         if not stops:
             continue
         min_tokens = rng.choice([0, 0, 1, 2, 5, 10])
-        expected = _expected(decode, ids, stops, end, min_tokens)
+        include = tuple(stops[: rng.randint(0, len(stops))]) if rng.random() < 0.3 else ()
+        expected = _expected(decode, ids, stops, end, min_tokens, include)
         steps = _steps(rng, ids)
         for stream in (True, False):
-            got = _served(decode, steps, stops, end, min_tokens, stream)
-            assert got == expected, (ids, stops, min_tokens, stream)
+            got = _served(decode, steps, stops, end, min_tokens, stream, include)
+            assert got == expected, (ids, stops, min_tokens, include, stream)
 
 
 def test_overlapping_stop_strings_cut_at_the_first_completed():
@@ -181,6 +188,12 @@ def test_overlapping_stop_strings_cut_at_the_first_completed():
         assert (got, trim.stopped) == ("xa", True), pieces
     trim = StopTrimmer(["c", "bc"])  # completed at the same character: the longer
     assert trim.push("abcd", final=True) == "a"
+    # include_stop_str_in_output: the request's stop strings stay, a chat template's never do
+    for pieces in (["xabcdy"], ["xab", "cdy"]):
+        trim = StopTrimmer(["abcd", "bc"], include=frozenset({"abcd", "bc"}))
+        assert "".join(trim.push(p, final=i == len(pieces) - 1) for i, p in enumerate(pieces)) == "xabc"
+    trim = StopTrimmer(["END", "\nQ:"], include=frozenset({"END"}))
+    assert trim.push("a\nQ: b END", final=True) == "a"
 
 
 def test_min_tokens_protects_only_the_text_its_tokens_completed():

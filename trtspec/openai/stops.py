@@ -10,7 +10,9 @@ The model stops generating once its text holds a stop sequence (Triton's `stop_w
 text it sent may run past it (a step emits several tokens). While streaming, the tail that could
 still be the start of a stop sequence is held back until the next text decides it. With
 `min_tokens`, as in vLLM, a stop sequence counts only where it ends past the text of the first
-min_tokens tokens (`protected`): one written before is part of the answer.
+min_tokens tokens (`protected`): one written before is part of the answer. A stop sequence of
+`include` (the request's own with vLLM's include_stop_str_in_output; never a chat template's
+end of turn) is cut after instead, so it ends the text.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class StopTrimmer:
     # tokens' text); None: those tokens have not all come yet, so none may end anywhere so far
     protected: int | None = 0
     sent: int = 0  # characters sent before `pending`
+    include: frozenset[str] = frozenset()  # stop sequences that stay at the end of the text
 
     def _find(self, stop: str) -> int:
         """Where in `pending` the first occurrence of `stop` that ends past `protected` begins, or -1."""
@@ -50,10 +53,11 @@ class StopTrimmer:
         if not self.stops:
             out, self.pending = self.pending, ""
             return out
-        hits = [(i + len(s), i) for s in self.stops if (i := self._find(s)) >= 0]
+        hits = [(i + len(s), i, s) for s in self.stops if (i := self._find(s)) >= 0]
         if hits:
             self.stopped = True
-            out, self.pending = self.pending[: min(hits)[1]], ""
+            end, start, stop = min(hits)
+            out, self.pending = self.pending[: end if stop in self.include else start], ""
             return out
         keep = 0 if final else self._held()
         out = self.pending[: len(self.pending) - keep]
