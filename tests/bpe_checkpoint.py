@@ -9,6 +9,7 @@ for DFlash), and a draft model cut from the target's first layers. Made here, of
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -49,8 +50,8 @@ def _meet_the_ends(model: LlamaForCausalLM, tokenizer, ends: list[int]) -> None:
             head[end] = head[token] + 0.05 * head[token].abs().mean() * torch.randn_like(head[token])
 
 
-def write_bpe_target(target_dir: Path, draft_dir: Path, seed: int = 0) -> dict[str, int]:
-    """Write the target and its draft model; -> the special tokens' ids."""
+def bpe_tokenizer() -> tuple[PreTrainedTokenizerFast, dict[str, int]]:
+    """The target's byte-level BPE tokenizer (Llama 3's kind); -> it and the special tokens' ids."""
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
@@ -61,6 +62,12 @@ def write_bpe_target(target_dir: Path, draft_dir: Path, seed: int = 0) -> dict[s
     bpe.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, ids[BOS])])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=BOS, eos_token=EOT)
     tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer, ids
+
+
+def write_bpe_target(target_dir: Path, draft_dir: Path, seed: int = 0) -> dict[str, int]:
+    """Write the target and its draft model; -> the special tokens' ids."""
+    tokenizer, ids = bpe_tokenizer()
     tokenizer.save_pretrained(target_dir)
 
     torch.manual_seed(seed)
@@ -90,4 +97,25 @@ def metaspace_tokenizer() -> PreTrainedTokenizerFast:
     trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"],
                                   show_progress=False)
     bpe.train_from_iterator(load_prompts("code") + load_prompts("math") + load_prompts("chat"), trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def byte_fallback_tokenizer() -> PreTrainedTokenizerFast:
+    """A SentencePiece tokenizer with byte fallback, as Llama 2's and Mistral's `tokenizer.json`:
+    a character outside the pieces is spelt by byte ids `<0xXX>`, and decoding joins a run of them
+    into text, the whole run U+FFFD where it is not valid UTF-8 (so the text of a run's first bytes
+    changes as later ones come)."""
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"],
+                                  show_progress=False)
+    bpe.train_from_iterator(load_prompts("code") + load_prompts("math") + load_prompts("chat"), trainer)
+    spec = json.loads(bpe.to_str())
+    vocab = spec["model"]["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    spec["model"]["byte_fallback"] = True
+    bpe = Tokenizer.from_str(json.dumps(spec))
+    bpe.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
     return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>")

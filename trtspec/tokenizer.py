@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -70,6 +72,9 @@ class ByteTokenizer:
         name = next((n for n, i in self.specials.items() if i == token_id), str(token_id))
         return f"<|{name}|>".encode()
 
+    def raw_bytes(self, token_id: int) -> bytes:
+        return self.token_bytes(token_id)
+
     def config_entries(self) -> dict:
         """What to put in a model's `config.json` so `from_config` can read it back."""
         return {
@@ -80,12 +85,25 @@ class ByteTokenizer:
         }
 
 
+def _bytes_to_chars() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: each byte as a printable character (the printable bytes as
+    themselves, the others from U+0100 on), which byte-level BPE pieces are spelt in."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)}
+    extra = iter(range(256, 512))
+    return {chr(b if b in printable else next(extra)): b for b in range(256)}
+
+
+_BYTE_OF_CHAR = _bytes_to_chars()
+
+
 class TextTokenizer(Protocol):
     eos_id: int | None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
     def token_bytes(self, token_id: int) -> bytes: ...  # one id's text as a log-probability names it
+    def raw_bytes(self, token_id: int) -> bytes: ...  # the bytes one id stands for
 
 
 class HFTokenizer:
@@ -122,6 +140,34 @@ class HFTokenizer:
         """One id decoded alone, special tokens shown (`<|eot_id|>`), as vLLM names log-probabilities'
         tokens; a piece of a multi-byte character decodes to U+FFFD, as there."""
         return self.hf.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    def raw_bytes(self, token_id: int) -> bytes:
+        """The bytes an id stands for, a piece of a character's too (OpenAI's logprobs `bytes`, which
+        a client joins to rebuild the text): a byte-level BPE's (GPT-2's byte-to-character map,
+        Llama 3's, Qwen's) and a byte-fallback SentencePiece's (`<0xE2>`, `▁` a space); other
+        tokenizers' and special tokens: `token_bytes`."""
+        piece = self.hf.convert_ids_to_tokens(token_id)
+        if piece is None or token_id in self._specials:
+            return self.token_bytes(token_id)
+        if self._decoder == "byte_level" and all(c in _BYTE_OF_CHAR for c in piece):
+            return bytes(_BYTE_OF_CHAR[c] for c in piece)
+        if self._decoder == "byte_fallback":
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                return bytes((int(piece[3:5], 16),))
+            return piece.replace("\u2581", " ").encode("utf-8")
+        return self.token_bytes(token_id)
+
+    @functools.cached_property
+    def _specials(self) -> frozenset[int]:
+        return frozenset(self.hf.all_special_ids) | frozenset(
+            i for i, token in self.hf.added_tokens_decoder.items() if token.special)
+
+    @functools.cached_property
+    def _decoder(self) -> str | None:
+        """How the tokenizer's decoder turns pieces into bytes: 'byte_level', 'byte_fallback' or None."""
+        spec = json.loads(self.hf.backend_tokenizer.to_str()).get("decoder") or {}
+        kinds = {d.get("type") for d in spec.get("decoders", [spec])}
+        return "byte_level" if "ByteLevel" in kinds else "byte_fallback" if "ByteFallback" in kinds else None
 
 
 def load_tokenizer(path: Path, hf_config) -> TextTokenizer:

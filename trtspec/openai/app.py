@@ -45,6 +45,7 @@ from trtspec.openai.protocol import (
 from trtspec.openai.stops import StopTrimmer
 from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
 from trtspec.spec.coupling import fresh_seed
+from trtspec.triton.request import produced_chars
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +163,11 @@ class _Run:
 
     def __init__(self, gen: Generation, prompt_ids: list[int], sample: int = 0,
                  logprobs: LogprobsBody | None = None, echo: str | None = None,
-                 decode: Callable[[list[int]], str] | None = None):
+                 decode: Callable[[list[int]], str] | None = None, include: tuple[str, ...] = ()):
         self.gen, self.prompt_ids, self.prompt_tokens = gen, prompt_ids, len(prompt_ids)
         self.sample = sample  # j of the prompt's n choices
-        self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)), protected=None if gen.min_tokens else 0)
+        self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)), protected=None if gen.min_tokens else 0,
+                                   include=frozenset(include))  # stops kept in the text
         self.decode = decode  # the tokenizer's: where the first min_tokens tokens' text ends
         self.ids: list[int] = []  # generated so far, while min_tokens has not been reached
         self.completion_tokens = self.accepted = self.drafted = self.forwards = 0
@@ -174,13 +176,15 @@ class _Run:
         self.logprobs = logprobs  # None: the request asked for no log-probabilities
         self.scored: tuple[list, list, list, list] = ([], [], [], [])  # ids, log p, top ids, top log p
         self.echo = echo  # the prompt's text, owed before the first text (echo)
+        if logprobs is not None and echo is not None:  # the completion's offsets count from its end
+            logprobs.prompt = (len(prompt_ids), len(echo))
 
     def take(self, step) -> str:
         self.completion_tokens += len(step.ids)
         if self.trimmer.protected is None:  # a stop sequence may end only past these tokens' text
             self.ids += step.ids
             if len(self.ids) >= self.gen.min_tokens:
-                self.trimmer.protected = len(self.decode(self.ids[: self.gen.min_tokens]))
+                self.trimmer.protected = produced_chars(self.decode, self.ids[: self.gen.min_tokens])
         if step.ids:
             self.last_id = step.ids[-1]
         self.accepted = max(self.accepted, step.accepted_tokens)
@@ -365,7 +369,8 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             for j in range(req.n or 1):
                 seeded = gen if gen.seed is None else dataclasses.replace(gen, seed=(gen.seed + j) % 2**64)
                 body = None if gen.logprobs is None else LogprobsBody(model.tokenizer, chat)
-                runs.append(_Run(seeded, prompt_ids, j, body, echo, model.tokenizer.decode))
+                included = tuple(stop_list(req.stop)) if req.include_stop_str_in_output else ()
+                runs.append(_Run(seeded, prompt_ids, j, body, echo, model.tokenizer.decode, included))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
         if not req.stream:

@@ -2,8 +2,18 @@
 
 The values are the target's raw log p (`trtspec.spec.logprobs`). Each token is named by its id
 decoded alone, special tokens shown, as vLLM names them (`tokenizer.token_bytes`); a piece of a
-multi-byte character is U+FFFD there, and `bytes` are that text's UTF-8 (exact for the byte-level
-models). -inf is sent as -9999.0, as vLLM does: JSON has no infinity.
+multi-byte character is U+FFFD there. Chat's `bytes` are the bytes the id stands for
+(`tokenizer.raw_bytes`), a piece of a character's too, so a client that joins them rebuilds the
+text, as OpenAI's do (vLLM sends the name's UTF-8, U+FFFD's for a piece): exact for the byte-level
+models, byte-level BPE and byte-fallback SentencePiece tokenizers; others' are the name's. -inf is
+sent as -9999.0, as vLLM does: JSON has no infinity.
+
+`text_offset` is where a token's text begins in the choice's text (with echo, the prompt's text
+first): the characters the ids before it produced, decoded as the answer is (`TextStream`: an
+incomplete character counts once complete, a special token or an end id adds nothing), so
+`text[text_offset[i]:]` starts with token i's text (a piece of a character: where the
+character begins). vLLM adds up the lengths of the tokens' names, which drift from the text at
+every piece of a character, special token (echo's BOS) or SentencePiece space.
 
     completions: {"tokens": [str], "token_logprobs": [float], "top_logprobs": [{str: float}],
                   "text_offset": [int]}      each top dict holds the chosen token and the k best;
@@ -14,7 +24,10 @@ models). -inf is sent as -9999.0, as vLLM does: JSON has no infinity.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+
+from trtspec.triton.request import TextStream
 
 FLOOR = -9999.0
 
@@ -29,11 +42,30 @@ class LogprobsBody:
 
     tokenizer: object  # trtspec.tokenizer.TextTokenizer
     chat: bool
-    text_offset: int = 0  # completions: where the next token's text starts in the completion
+    # echo: the prompt's (ids, characters), which come first; the completion's text starts after them
+    prompt: tuple[int, int] | None = None
+    counted: int = 0  # ids whose text_offset was given
+    base: int = 0  # where the text of the ids `written` counts begins
+    written: TextStream | None = field(default=None, repr=False)  # their text, as the answer decodes it
+
+    def _offset(self, token_id: int) -> int:
+        """Where `token_id`'s text begins in the choice's text (completions' text_offset)."""
+        if self.written is None or (self.prompt is not None and self.counted == self.prompt[0]):
+            self.base = 0 if self.written is None else self.prompt[1]
+            self.written = TextStream(self.tokenizer.decode)
+        sent, held = self.written.sent, self.written.held
+        produced = self.written.push([token_id])[0]
+        after = produced or self.written.held  # the held ids' text and this id's
+        self.counted += 1
+        # what this id left of the held text is theirs (invalid bytes, U+FFFD), not a piece of the
+        # character it completes; while still held, the last character may be a piece of one
+        settled = len(after) if produced else max(0, len(after) - 1)
+        return self.base + sent + min(len(os.path.commonprefix([held, after])), settled)
 
     def _token(self, token_id: int) -> tuple[str, list[int]]:
-        raw = self.tokenizer.token_bytes(token_id)
-        return raw.decode("utf-8", errors="replace"), list(raw)
+        """(name, bytes): the id decoded alone, as vLLM names it, and the bytes it stands for."""
+        name = self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+        return name, list(self.tokenizer.raw_bytes(token_id))
 
     def body(self, ids: list[int], values: list[float | None], top_ids: list[list[int] | None],
              top_values: list[list[float] | None]) -> dict:
@@ -53,8 +85,7 @@ class LogprobsBody:
         for token_id, value, alt_ids, alt_values in zip(ids, values, top_ids, top_values, strict=True):
             token, _ = self._token(token_id)
             tokens.append(token)
-            offsets.append(self.text_offset)
-            self.text_offset += len(token)
+            offsets.append(self._offset(token_id))
             if value is None:
                 tops.append(None)
                 continue

@@ -61,6 +61,9 @@ class _Common(_Forbid):
                                          "not sent")
     stop_token_ids: list[int] | None = Field(None, description="ids that end generation besides the model's "
                                              "end ids (vLLM extension)")
+    include_stop_str_in_output: bool | None = Field(False, description="a `stop` sequence that ends "
+                                                    "generation stays at the end of the text (vLLM "
+                                                    "extension)")
     stream: bool | None = Field(False, description="server-sent events, one chunk per decode step")
     stream_options: StreamOptions | None = Field(None, description="streaming options")
     n: int | None = Field(1, description="choices per prompt, sampled independently (with a seed s, choice j "

@@ -213,12 +213,19 @@ class TextStream:
     beyond the context's is theirs. Decoding the whole output again for every id would cost
     O(n²) per request, 0.6 s of the serving loop for a 2,048-token answer with stop words on a
     BPE tokenizer. Text that ends in U+FFFD (an incomplete character) is held until the next ids
-    complete it. With stop words, generation ends at the first id after which the text holds one
-    of them (only the text's tail can: its last len(word) - 1 characters and what is new), once
-    past `min_tokens` ids: as vLLM, a stop word that the first min_tokens ids write does not end
-    the request, as their end ids are held back. An id of `end_ids` (the request's end and stop
-    ids) ends the output: its id is kept, its own text left out, as vLLM and TensorRT-LLM leave a
-    stop token's text out by default.
+    complete it. What is produced depends on the ids alone, not on how they arrive, and the
+    output's `text` is what was produced: the streamed deltas joined. That is `decode(ids)` but
+    where a byte-fallback decoder (SentencePiece's) turns a whole run of byte ids into U+FFFD once
+    it holds an invalid sequence, text already produced for the run's first bytes (vLLM's stream
+    keeps it too).
+
+    With stop words, generation ends at the first id after which the produced text holds one of
+    them ending past the text the first `min_tokens` ids produced (`protected`): as vLLM, a stop
+    word that those ids write does not end the request, as their end ids are held back. Held text
+    is searched once it is produced (vLLM's output text leaves it out until then). An id of
+    `end_ids` (the request's end and stop ids) ends the output: its id is kept, its own text left
+    out, as vLLM and TensorRT-LLM leave a stop token's text out by default; text held before it
+    comes out as it is.
     """
 
     decode: Callable[[list[int]], str]
@@ -230,7 +237,14 @@ class TextStream:
     silent: int = 0  # the last ids without text of their own: 1 after an end id
     prefix: int = 0  # ids[prefix:read]: the context the next ids are decoded after
     read: int = 0  # ids whose text has been produced
+    produced: list[str] = field(default_factory=list)  # the text produced, piece by piece
+    sent: int = 0  # characters produced
     tail: str = ""  # the produced text's last characters, where a stop word could begin
+    protected: int | None = None  # characters the first min_tokens ids produced; None: not all came
+
+    def __post_init__(self) -> None:
+        if self.min_tokens == 0:
+            self.protected = 0
 
     def push(self, new_ids: list[int]) -> tuple[str, list[int]]:
         """Take ids a decode step emitted; return (new text, ids accepted into the output)."""
@@ -244,11 +258,13 @@ class TextStream:
             if token in self.end_ids:
                 self.silent, self.stopped = 1, True
             new = self._unread()
-            if self.stop_words and len(self.ids) > self.min_tokens:
-                window = self.tail + new  # a stop word can only end in the new text
-                self.stopped = self.stopped or any(w in window for w in self.stop_words)
-            if self.stopped or (new and not new.endswith("\ufffd")):
+            if self.stopped:
                 out += self._produce(new)
+            elif new and not new.endswith("\ufffd"):
+                self.stopped = self._holds_stop_word(new)
+                out += self._produce(new)
+            if len(self.ids) == self.min_tokens:
+                self.protected = self.sent
         return out, kept
 
     def finish(self) -> str:
@@ -256,8 +272,22 @@ class TextStream:
         return self._produce(self._unread())
 
     @property
+    def held(self) -> str:
+        """Text of the ids not produced yet (ending in an incomplete character), as it decodes now."""
+        return self._unread()
+
+    @property
     def text(self) -> str:
-        return self.decode(self.ids[: len(self.ids) - self.silent])
+        """The output's text: what was produced, and what is held."""
+        return "".join(self.produced) + self._unread()
+
+    def _holds_stop_word(self, new: str) -> bool:
+        """Whether a stop word ends in `new` (text about to be produced) past `protected`."""
+        if not self.stop_words or self.protected is None:
+            return False
+        window = self.tail + new  # a stop word can only end in the new text
+        start = self.sent - len(self.tail)  # where `window` begins in the output's text
+        return any(window.find(w, max(0, self.protected - start - len(w) + 1)) >= 0 for w in self.stop_words)
 
     def _unread(self) -> str:
         """The text of ids[read:] (but the silent ones), decoded after their context."""
@@ -270,6 +300,16 @@ class TextStream:
     def _produce(self, new: str) -> str:
         """Mark ids[read:] produced as `new`; the next ids are decoded after them."""
         self.prefix, self.read = self.read, len(self.ids)
+        self.produced.append(new)
+        self.sent += len(new)
         longest = max(map(len, self.stop_words), default=0)
         self.tail = (self.tail + new)[-(longest - 1):] if longest > 1 else ""
         return new
+
+
+def produced_chars(decode: Callable[[list[int]], str], ids: list[int]) -> int:
+    """How many characters of text `ids` produce in a `TextStream` (an incomplete character held at
+    their end not counted): where a stop word may end once these ids were the first min_tokens."""
+    stream = TextStream(decode)
+    stream.push(ids)
+    return stream.sent
