@@ -261,6 +261,79 @@ def test_train_into_an_earlier_run_refuses_what_it_cannot_resume(tmp_path):
     assert_run_error(other_length, "data.pt", "--response-tokens was 16")
     prompts.write_text("x = 1\n")
     assert_run_error(invoke("train", "dspark", *common, "--response-tokens", "16"), "data.pt", "--prompts")
+    # a file cut short (a run killed while writing it) was a PytorchStreamReader traceback
+    prompts.write_text("def add(a, b):\nimport os\nQ: 2 + 3\n")
+    remedies = {"state.pt": "delete it to train from step 0", "data.pt": "delete it to regenerate"}
+    for name, remedy in remedies.items():
+        torn = out / "checkpoint" / name
+        torn.write_bytes(torn.read_bytes()[:1000])
+        line = assert_run_error(invoke("train", "dspark", *common[:-1], "3", "--epochs", "20",
+                                       "--response-tokens", "16"), str(torn), "cannot be read", remedy)
+        assert "PytorchStreamReader" in line
+        torn.unlink()
+
+
+def test_train_writes_only_into_its_own_folder(tmp_path):
+    """`--out` that is the target, or a folder of other files, was trained into: config.json and
+    model.safetensors overwritten (a copy of tiny-target given as both ran and replaced the target
+    by a drafter). Refused before anything loads."""
+    target = tmp_path / "target"
+    shutil.copytree(ASSETS_DIR / "tiny-target", target)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("import os\n")
+    for method in ("dflash", "dspark", "eagle3"):
+        result = invoke("train", method, "--target", target, "--prompts", prompts, "--out", target)
+        assert_usage_error(result, "--out", "is the --target folder")
+        # another checkpoint (tiny-target has a training.json too: from `train target`)
+        result = invoke("train", method, "--target", ASSETS_DIR / "tiny-target", "--prompts", prompts,
+                        "--out", target)
+        assert_usage_error(result, "--out", "holds files but no earlier training run (no checkpoint/")
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    # --epochs inf was an OverflowError traceback
+    assert_usage_error(invoke("train", "dflash", "--target", target, "--prompts", prompts, "--out",
+                              tmp_path / "o", "--epochs", "inf"), "--epochs", "finite")
+
+
+def test_a_checkpoint_interrupted_while_written_keeps_the_last_one(tmp_path, monkeypatch):
+    """Ctrl-C while `state.pt` or the weights were written left them cut short, and the next run
+    a traceback (above); now each is written beside and renamed over the last one when complete."""
+    import torch
+    from safetensors.torch import load_file
+
+    from trtspec.models.checkpoint import write_checkpoint
+    from trtspec.train import dflash
+    from trtspec.train.dflash import DFlashTrainConfig, save_state
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    gen = torch.Generator().manual_seed(0)
+    state_file, cfg = tmp_path / "checkpoint" / "state.pt", DFlashTrainConfig()
+    save_state(state_file, model, opt, gen, 1, cfg)
+    write_checkpoint(model, {"step": 1}, tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+
+    def interrupted(obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt
+
+    def interrupted_weights(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\x10\x00\x00")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dflash.torch, "save", interrupted)
+    monkeypatch.setattr("trtspec.models.checkpoint.save_file", interrupted_weights)
+    with torch.no_grad():
+        model.weight.add_(1)
+    with pytest.raises(KeyboardInterrupt):
+        save_state(state_file, model, opt, gen, 2, cfg)
+    with pytest.raises(KeyboardInterrupt):
+        write_checkpoint(model, {"step": 2}, tmp_path)
+    monkeypatch.undo()
+    assert torch.load(state_file)["step"] == 1
+    assert torch.equal(load_file(tmp_path / "model.safetensors")["weight"], weights["weight"])
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["checkpoint", "config.json", "model.safetensors",
+                                                          "state.pt"]
 
 
 @pytest.mark.parametrize("args, option", [

@@ -180,6 +180,19 @@ def _refuse_given(why: str, *names: str) -> None:
             raise click.BadParameter(why, param_hint=param.opts[0])
 
 
+def _training_out(out_dir: Path, target_dir: Path) -> None:
+    """Refuse a `train --out` folder that is the target's, or holds files but is no training run's
+    output: the run writes config.json and model.safetensors there, over a checkpoint's own
+    (`--out` = `--target` overwrote the target)."""
+    if out_dir.resolve() == target_dir.resolve():
+        raise click.BadParameter(f"{out_dir} is the --target folder, whose config.json and weights "
+                                 "training would overwrite; give a new folder", param_hint="--out")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "checkpoint").is_dir():
+        raise click.BadParameter(f"{out_dir} holds files but no earlier training run (no checkpoint/ in "
+                                 "it), and training writes config.json and model.safetensors into it; give "
+                                 "a new or empty folder", param_hint="--out")
+
+
 def _seed_note(seed: int | None) -> str:
     """The summary line's seed of a sampled request (drawn when none was given): --seed repeats it."""
     return "" if seed is None else f" seed={seed}"
@@ -269,7 +282,8 @@ def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: f
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
 @click.option("--block-size", default=16, show_default=True, type=int, help="DFlash block size B.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Output folder (z-lab layout; `checkpoint/` inside makes it resumable).")
+              help="Output folder (z-lab layout): new, empty, or an earlier run's "
+                   "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
 @click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers.")
 @click.option("--target-layer-ids", default=None, help="Comma-separated taps; default z-lab's spread.")
 @click.option("--epochs", default=6.0, show_default=True, type=float, help="Passes over the data.")
@@ -284,6 +298,7 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
     """Distil a DFlash drafter from a target's own regenerated responses."""
     from trtspec.train.dflash import DFlashTrainConfig, train_dflash
 
+    _training_out(out_dir, target_dir)
     load_prompts_arg(prompts_path)
     ids = _int_list(target_layer_ids, "--target-layer-ids", low=0) if target_layer_ids else None
     cfg = options_model(DFlashTrainConfig, {"num_layers": "--layers"}, block_size=block_size,
@@ -299,7 +314,8 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Output folder (SafeAILab/SpecForge layout; `checkpoint/` inside makes it resumable).")
+              help="Output folder (SafeAILab/SpecForge layout): new, empty, or an earlier run's "
+                   "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
 @click.option("--ttt-steps", default=7, show_default=True, type=int, help="Training-time-test steps.")
 @click.option("--draft-vocab-size", default=None, type=int,
               help="Reduced draft vocabulary (d2t/t2d); default the target's.")
@@ -315,6 +331,7 @@ def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_s
     """Train an EAGLE-3 drafter with training-time test on a target's own regenerated responses."""
     from trtspec.train.eagle3 import Eagle3TrainConfig, train_eagle3
 
+    _training_out(out_dir, target_dir)
     load_prompts_arg(prompts_path)
     ids = _int_list(aux_layer_ids, "--aux-layer-ids", low=0) if aux_layer_ids else None
     cfg = options_model(Eagle3TrainConfig, ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size,
@@ -330,7 +347,8 @@ def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_s
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Output folder (DeepSpec layout; `checkpoint/` inside makes it resumable).")
+              help="Output folder (DeepSpec layout): new, empty, or an earlier run's "
+                   "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
 @click.option("--block-size", default=15, show_default=True, type=int, help="γ: drafts per block.")
 @click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers.")
 @click.option("--target-layer-ids", default=None, help="Comma-separated taps; default z-lab's spread.")
@@ -347,6 +365,7 @@ def train_dspark_cmd(target_dir, prompts_path, out_dir, block_size, layers, targ
     """Distil a DSpark drafter (Markov + confidence heads) from a target's regenerated responses."""
     from trtspec.train.dspark import DSparkTrainConfig, train_dspark
 
+    _training_out(out_dir, target_dir)
     load_prompts_arg(prompts_path)
     ids = _int_list(target_layer_ids, "--target-layer-ids", low=0) if target_layer_ids else None
     cfg = options_model(DSparkTrainConfig, {"num_layers": "--layers"}, block_size=block_size,

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from trtspec.errors import CheckpointError
+from trtspec.files import replaced, write_text
 
 
 def read_config(path: Path, kind: str) -> tuple[Path, dict]:
@@ -87,9 +88,10 @@ def cast_keeping_rope(model: nn.Module, dtype: torch.dtype) -> nn.Module:
 def write_checkpoint(model: nn.Module, config: dict, out_dir: Path) -> None:
     """config.json and model.safetensors (the rotary buffers left out: loading recomputes them)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    write_text(out_dir / "config.json", json.dumps(config, indent=2))
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if "rotary_emb" not in k}
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    with replaced(out_dir / "model.safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
 
 
 def _generation_config(path: Path) -> tuple[Path, dict]:
