@@ -361,6 +361,12 @@ def test_output_paths_of_the_wrong_kind_are_refused_before_the_run(tmp_path):
     assert_usage_error(invoke("bench", CONFIG, "--out", a_file), "--out", "is a file")
     assert_usage_error(invoke("bench", CONFIG, "--doc", tmp_path), "--doc", "is a folder")
     assert_usage_error(invoke("profile", CONFIG, "--out", tmp_path), "--out", "is a folder")
+    # a path under a file failed after the whole run ("Error: afile/x: Not a directory", "File exists")
+    for args, option in ((["bench", CONFIG, "--out", a_file / "x"], "--out"),
+                         (["bench", CONFIG, "--out", tmp_path / "b", "--doc", a_file / "r.md"], "--doc"),
+                         (["profile", CONFIG, "--out", a_file / "sps.json"], "--out")):
+        assert_usage_error(invoke(*args), option, f"{a_file} is a file, so", "cannot be made")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
 def test_a_config_that_is_a_folder_or_not_utf8_is_named(tmp_path):

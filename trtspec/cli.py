@@ -20,6 +20,7 @@ from trtspec.cli_errors import (
     options_model,
     run_errors,
     utf8_text,
+    writable_arg,
 )
 from trtspec.errors import TrtspecError
 
@@ -455,6 +456,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
           write_acceptance, temperature, top_p, top_k, seed, coupling) -> None:
     """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side;
     or, with --url, a running server as its users see it."""
+    from trtspec.bench.outputs import bench_outputs
     from trtspec.bench.run import check_same_target, load_methods, markdown_table, run_bench
     from trtspec.bench.sampled import with_couplings
     from trtspec.runtime import configure_threads
@@ -469,11 +471,9 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     for name, value in (("--prompts", prompts_per_task), ("--max-tokens", max_tokens),
                         ("--repeats", repeats)):
         check_range(value, name, low=1)
-    if out_dir.exists() and not out_dir.is_dir():  # found before the run, not after it
-        raise click.BadParameter(f"{out_dir} is a file; give a folder", param_hint="--out")
-    if doc_path is not None and doc_path.is_dir():
-        raise click.BadParameter(f"{doc_path} is a folder; give the Markdown file to write",
-                                 param_hint="--doc")
+    writable_arg(out_dir, "--out", folder=True)
+    if doc_path is not None:
+        writable_arg(doc_path, "--doc", folder=False)
     tree = tree_spec if tree_spec in (None, "auto") else _tree_option(tree_spec)
     sampling = options_model(SamplingParams, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     if coupling is not None and sampling.greedy:
@@ -500,9 +500,9 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
                                      param_hint="--chat")
         remote = run_remote(url, model_name, task_names, prompts_per_task, max_tokens, levels or [1],
                             chat, api_key, sampling)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "results.json").write_text(json.dumps({"remote": remote}, indent=1))
-        (out_dir / "results.md").write_text(remote_table(remote) + "\n")
+        with bench_outputs(out_dir) as staged:
+            (staged / "results.json").write_text(json.dumps({"remote": remote}, indent=1))
+            (staged / "results.md").write_text(remote_table(remote) + "\n")
         click.echo(remote_table(remote))
         return
     if not configs:
@@ -542,14 +542,14 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         if min_user_tps is None:
             min_user_tps = results["concurrency"]["methods"]["none"][str(levels[0])]["per_user_tokens_per_s"]
         results["recommendation"] = recommendation_text(results["concurrency"], min_user_tps, max_users)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
-    table = markdown_table(results)
-    (out_dir / "results.md").write_text(table + "\n")
     from trtspec.bench.report import write_plots, write_report
 
+    table = markdown_table(results)
     command = "trtspec " + " ".join(sys.argv[1:])
-    plots = write_plots(results, out_dir)
+    with bench_outputs(out_dir) as staged:
+        (staged / "results.json").write_text(json.dumps(results, indent=1))
+        (staged / "results.md").write_text(table + "\n")
+        plots = [out_dir / p.name for p in write_plots(results, staged)]
     if doc_path is not None:
         write_report(results, plots, command, doc_path)
     click.echo(table)
@@ -641,8 +641,7 @@ def profile(config_path, out_path, batches, requests, context, reps, synthetic_m
     the drafter's seconds per step at each batch size and draft length: adaptive speculation and
     DSpark's scheduler read it), or with --synthetic MODEL the real-size cost curve behind a
     speedup claim."""
-    if out_path.is_dir():
-        raise click.BadParameter(f"{out_path} is a folder; give the JSON file to write", param_hint="--out")
+    writable_arg(out_path, "--out", folder=False)
     if synthetic_model is not None:
         if config_path is not None:
             raise click.UsageError("give either CONFIG or --synthetic MODEL, not both")
