@@ -126,8 +126,17 @@ def test_usage_errors_name_the_option(tmp_path):
         (["generate", "--url", "grpc://localhost:99999", "--prompt", "hi"], "--url"),
         (["profile", CONFIG, "--out", "sps.json", "--context", "100000"], "--context"),
         (["bench", CONFIG, CONFIG, "--out", "b"], "repeats the drafter of another config"),
+        # nan passed every range check: --wait nan ran as --wait 0, --min-user-tps nan ran the whole
+        # bench, --budget-s nan was exit 1 with the first line of a pydantic error
+        (["generate", "--url", "grpc://127.0.0.1:1", "--prompt", "hi", "--wait", "nan"],
+         "--wait: must be a number, got nan"),
+        (["bench", CONFIG, "--concurrency", "1", "--min-user-tps", "nan", "--out", "b"],
+         "--min-user-tps: must be a number, got nan"),
+        (["profile", "--synthetic", "qwen3-8b", "--out", "s.json", "--budget-s", "nan"],
+         "--budget-s: must be a number > 0, got nan"),
     ],
-    ids=["seed-over-uint64", "ipv6-url", "port-out-of-range", "context-past-positions", "same-config-twice"],
+    ids=["seed-over-uint64", "ipv6-url", "port-out-of-range", "context-past-positions", "same-config-twice",
+         "wait-nan", "min-user-tps-nan", "budget-nan"],
 )
 def test_values_that_used_to_crash_are_usage_errors(tmp_path, monkeypatch, args, option):
     """Found looking for the issue's class of defect: each was a traceback, a one-line message that

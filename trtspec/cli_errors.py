@@ -99,6 +99,8 @@ def options_model(cls: type[M], renamed: dict[str, str] | None = None, **values)
 
 
 def check_range(value: float, hint: str, low: float | None = None, high: float | None = None) -> None:
+    if value != value:  # nan passes every comparison below (--wait nan ran as --wait 0)
+        raise click.BadParameter("must be a number, got nan", param_hint=hint)
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"<= {high}" if low is None else f"in [{low}, {high}]"
         raise click.BadParameter(f"must be {bounds}, got {value}", param_hint=hint)
