@@ -99,6 +99,11 @@ def test_bad_request_parameters(args, message):
         # a checkpoint that will not load is a run-time failure (exit 1, one line, no usage)
         ("target: {path: nowhere}\n", "does not exist", 1),
         ("target: {path: empty}\n", "has no weights", 1),
+        # the field and where its relative path led (they said "checkpoint directory c.yaml does not
+        # exist" of a file, and "nope/config.json is missing" of a drafter folder that is not there)
+        ("target: {path: c.yaml}\n", "target.path 'c.yaml' is ", 1),
+        ("target: {path: builtin:tiny-target}\ndrafter: {method: dflash, path: nope}\n",
+         "drafter.path 'nope' is ", 1),
     ],
 )
 def test_bad_config_or_checkpoint(tmp_path, content, message, code):
@@ -112,5 +117,8 @@ def test_bad_config_or_checkpoint(tmp_path, content, message, code):
     assert message in proc.stderr and str(tmp_path) in proc.stderr
     assert "Traceback" not in proc.stderr
     assert ("Usage:" in proc.stderr) == (code == 2)
+    if "path '" in message:
+        assert "(a relative path starts at the YAML's folder), which" in proc.stderr
+        assert ("is a file, not a checkpoint folder" in proc.stderr) == ("c.yaml" in message)
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
     assert len(error_lines) == 1

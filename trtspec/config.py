@@ -80,6 +80,20 @@ class _HasPath(_Strict):
             return ASSETS_DIR / self.path[len(BUILTIN_PREFIX) :]
         return _beside_yaml(self._base, self.path)
 
+    def check_folder(self, field: str) -> Path:
+        """`resolved_path`, or a ConfigError naming `field` (`target.path`) when it is no folder."""
+        path = self.resolved_path
+        if path.is_dir():
+            return path
+        if self.path.startswith(BUILTIN_PREFIX):
+            shipped = sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
+            raise ConfigError(f"{field} {self.path!r} names no shipped model; builtin: takes one of "
+                              f"{', '.join(shipped)}")
+        what = "is a file, not a checkpoint folder" if path.exists() else "does not exist"
+        relative = not Path(self.path).expanduser().is_absolute()
+        where = " (a relative path starts at the YAML's folder)" if relative else ""
+        raise ConfigError(f"{field} {self.path!r} is {path}{where}, which {what}")
+
 
 class TargetConfig(_HasPath):
     """The target model p."""
