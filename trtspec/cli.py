@@ -245,11 +245,11 @@ def train() -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Folder to write tiny-target/ and tiny-draft/ into (the shipped ones are in "
                    "trtspec/assets/; scripts/train_embedded.sh copies them there).")
-@click.option("--steps", default=2400, show_default=True, type=int, help="Optimizer steps.")
+@click.option("--steps", default=2400, show_default=True, type=int, help="Optimizer steps (>= 1).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Recipe seed.")
-@click.option("--lr", default=3e-3, show_default=True, type=float, help="Peak learning rate.")
+@click.option("--lr", default=3e-3, show_default=True, type=float, help="Peak learning rate (> 0).")
 @click.option("--overshoot-share", default=0.0, show_default=True, type=float,
-              help="Share of indented lines over-extended in the input (train/overshoot.py).")
+              help="Share of indented lines over-extended in the input, in [0, 1] (train/overshoot.py).")
 @click.option("--overshoot-stop-every", is_flag=True,
               help="Label every overshot position with the line's real first byte, not only the last.")
 @click.option("--init-from", type=EXISTING_DIR, default=None,
@@ -281,17 +281,18 @@ def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: f
               help="Target checkpoint directory.")
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
-@click.option("--block-size", default=16, show_default=True, type=int, help="DFlash block size B.")
+@click.option("--block-size", default=16, show_default=True, type=int,
+              help="DFlash block size B (>= 2): the anchor and B - 1 drafts.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output folder (z-lab layout): new, empty, or an earlier run's "
                    "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
-@click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers.")
+@click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers (>= 1).")
 @click.option("--target-layer-ids", default=None, help="Comma-separated taps; default z-lab's spread.")
-@click.option("--epochs", default=6.0, show_default=True, type=float, help="Passes over the data.")
-@click.option("--lr", default=6e-4, show_default=True, type=float, help="Peak learning rate.")
+@click.option("--epochs", default=6.0, show_default=True, type=float, help="Passes over the data (> 0).")
+@click.option("--lr", default=6e-4, show_default=True, type=float, help="Peak learning rate (> 0).")
 @click.option("--response-tokens", default=192, show_default=True, type=int,
-              help="Tokens the target regenerates per prompt.")
-@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (a short run).")
+              help="Tokens the target regenerates per prompt (>= 8).")
+@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (>= 1; a short run).")
 @click.option("--mask-token-id", default=None, type=int, help="Mask id if the target config has none.")
 @run_errors
 def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, target_layer_ids, epochs, lr,
@@ -317,15 +318,15 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output folder (SafeAILab/SpecForge layout): new, empty, or an earlier run's "
                    "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
-@click.option("--ttt-steps", default=7, show_default=True, type=int, help="Training-time-test steps.")
+@click.option("--ttt-steps", default=7, show_default=True, type=int, help="Training-time-test steps (>= 1).")
 @click.option("--draft-vocab-size", default=None, type=int,
-              help="Reduced draft vocabulary (d2t/t2d); default the target's.")
+              help="Reduced draft vocabulary (d2t/t2d), >= 1; default the target's.")
 @click.option("--aux-layer-ids", default=None, help="Comma-separated low,mid,high taps; default EAGLE-3's.")
-@click.option("--epochs", default=2.0, show_default=True, type=float, help="Passes over the data.")
-@click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate.")
+@click.option("--epochs", default=2.0, show_default=True, type=float, help="Passes over the data (> 0).")
+@click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate (> 0).")
 @click.option("--response-tokens", default=192, show_default=True, type=int,
-              help="Tokens the target regenerates per prompt.")
-@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (smoke runs).")
+              help="Tokens the target regenerates per prompt (>= 8).")
+@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (>= 1; smoke runs).")
 @run_errors
 def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_size, aux_layer_ids, epochs,
                      lr, response_tokens, max_steps) -> None:
@@ -350,15 +351,16 @@ def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_s
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output folder (DeepSpec layout): new, empty, or an earlier run's "
                    "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
-@click.option("--block-size", default=15, show_default=True, type=int, help="γ: drafts per block.")
-@click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers.")
+@click.option("--block-size", default=15, show_default=True, type=int, help="γ: drafts per block (>= 1).")
+@click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers (>= 1).")
 @click.option("--target-layer-ids", default=None, help="Comma-separated taps; default z-lab's spread.")
-@click.option("--markov-rank", default=256, show_default=True, type=int, help="Markov head rank r; 0 = none.")
-@click.option("--epochs", default=4.0, show_default=True, type=float, help="Passes over the data.")
-@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (a short run).")
-@click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate.")
+@click.option("--markov-rank", default=256, show_default=True, type=int,
+              help="Markov head rank r (>= 0); 0 = none.")
+@click.option("--epochs", default=4.0, show_default=True, type=float, help="Passes over the data (> 0).")
+@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (>= 1; a short run).")
+@click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate (> 0).")
 @click.option("--response-tokens", default=192, show_default=True, type=int,
-              help="Tokens the target regenerates per prompt.")
+              help="Tokens the target regenerates per prompt (>= 8).")
 @click.option("--mask-token-id", default=None, type=int, help="Mask id if the target config has none.")
 @run_errors
 def train_dspark_cmd(target_dir, prompts_path, out_dir, block_size, layers, target_layer_ids, markov_rank,
@@ -383,8 +385,8 @@ def train_dspark_cmd(target_dir, prompts_path, out_dir, block_size, layers, targ
               help="Target checkpoint directory the drafter serves.")
 @click.option("--tasks", default="code,math,chat", show_default=True, help="Held-out prompt sets.")
 @click.option("--response-tokens", default=256, show_default=True, type=int,
-              help="Tokens the target continues each prompt by.")
-@click.option("--bins", default=10, show_default=True, type=int, help="ECE bins.")
+              help="Tokens the target continues each prompt by (>= 1).")
+@click.option("--bins", default=10, show_default=True, type=int, help="ECE bins (>= 2).")
 @run_errors
 def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
     """Fit Sequential Temperature Scaling of a DSpark drafter's confidences on held-out prompts
@@ -412,7 +414,9 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
 @click.option("--repeats", default=1, show_default=True, type=int, help="Interleaved repetitions.")
 @click.option("--no-hf", is_flag=True, help="Skip the transformers reference columns.")
 @click.option("--out", "out_dir", default=Path("bench-out"), show_default=True,
-              type=click.Path(path_type=Path), help="Where results.json, results.md and plots go.")
+              type=click.Path(path_type=Path),
+              help="Folder for results.json, results.md and the plots; they replace an earlier run's once "
+                   "all are measured, other files are left alone.")
 @click.option("--doc", "doc_path", default=None, type=click.Path(path_type=Path),
               help="Also write this Markdown report (e.g. docs/BENCHMARKS.md).")
 @click.option("--concurrency", default=None,
@@ -772,7 +776,8 @@ def inspect(config_path, as_json) -> None:
 @main.command()
 @click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
-              help="Folder for the generated artifacts.")
+              help="Folder for the generated artifacts: new, empty, or an earlier build's, which is replaced "
+                   "whole once this build is complete (any other folder is refused).")
 @click.option("--flavour", type=click.Choice(["torch", "engine", "trtllm"]), default=None,
               help="Override the config's flavour.")
 @run_errors
