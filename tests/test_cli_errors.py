@@ -613,3 +613,20 @@ def test_trtllm_needs_say_what_they_need(tmp_path):
     a_file.write_text("")
     for method in ("dflash", "dspark", "eagle3"):
         assert_usage_error(invoke("train", method, "--out", a_file), "--out", "is a file")
+
+
+def test_flavour_override_is_held_to_the_configs_checks(tmp_path):
+    """`build --flavour trtllm` of a gumbel-coupled engine config wrote TensorRT-LLM artifacts (exit 0)
+    that sample with rejection instead, and a name its Kubernetes Service cannot take: a plain copy of
+    the config skipped the checks its YAML would get."""
+    raw = yaml.safe_load((REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml").read_text())
+    raw["sampling"] = {"coupling": "gumbel"}
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    result = invoke("build", config, "--flavour", "trtllm", "--out", tmp_path / "o")
+    assert_usage_error(result, "--flavour", "trtllm: sampling.coupling gumbel needs flavour torch or engine")
+    raw["sampling"], raw["name"] = {"coupling": "rejection"}, "Qwen3_8B"
+    config.write_text(yaml.safe_dump(raw))
+    result = invoke("build", config, "--flavour", "trtllm", "--out", tmp_path / "o")
+    assert_usage_error(result, "--flavour", "names its Kubernetes Service after it")
+    assert not (tmp_path / "o").exists()

@@ -143,7 +143,7 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
     _refuse_given("applies to a served model (--url), not to --config", "model_name", "wait_s", "api_key")
     config = load_config_arg(config_path, "--config")
     if flavour is not None:
-        config = config.model_copy(update={"flavour": flavour})
+        config = _flavour_arg(config, flavour)
     if max_tokens > config.limits.max_tokens:
         raise click.BadParameter(f"must be in [1, {config.limits.max_tokens}] (limits.max_tokens of "
                                  f"{config_path}), got {max_tokens}", param_hint="--max-tokens")
@@ -169,6 +169,16 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
             f"decode={result.decode_tokens_per_s:.1f} tok/s" + _seed_note(result.seed),
             err=True,
         )
+
+
+def _flavour_arg(config, flavour: str):
+    """`config` as `--flavour` runs it; a config that flavour cannot run is a usage error."""
+    from trtspec.config import with_flavour
+
+    try:
+        return with_flavour(config, flavour)
+    except TrtspecError as exc:
+        raise click.BadParameter(f"{flavour}: {exc}", param_hint="--flavour") from None
 
 
 def _refuse_given(why: str, *names: str) -> None:
@@ -790,7 +800,7 @@ def build(config_path, out_dir, flavour=None) -> None:
 
     config = load_config_arg(config_path, "CONFIG")
     if flavour is not None:
-        config = config.model_copy(update={"flavour": flavour})
+        config = _flavour_arg(config, flavour)
     try:
         check_replaceable(out_dir)
     except OutputError as exc:

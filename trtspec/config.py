@@ -307,6 +307,17 @@ class BuildConfig(_Strict):
         return value
 
 
+def with_flavour(config: BuildConfig, flavour: str) -> BuildConfig:
+    """`config` run as `flavour` (`generate`/`build --flavour`), held to the checks across fields
+    the YAML would be (a plain copy built a gumbel-coupled config for TensorRT-LLM)."""
+    copy = config.model_copy(update={"flavour": flavour})
+    try:
+        BuildConfig.model_validate(copy.model_dump())
+    except ValidationError as exc:
+        raise ConfigError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+    return copy
+
+
 def _format_error(path: Path, exc: ValidationError) -> str:
     """Every mistake, one per line: `field `a.b`: what was expected, got X`."""
     lines = []
