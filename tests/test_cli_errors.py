@@ -630,3 +630,20 @@ def test_flavour_override_is_held_to_the_configs_checks(tmp_path):
     result = invoke("build", config, "--flavour", "trtllm", "--out", tmp_path / "o")
     assert_usage_error(result, "--flavour", "names its Kubernetes Service after it")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("part", ["target", "drafter"])
+def test_weights_cut_short_are_named(tmp_path, part):
+    """A model.safetensors cut short (a copy interrupted) was a SafetensorError traceback."""
+    shipped = {"target": "tiny-target", "drafter": "tiny-dflash-b16"}[part]
+    folder = tmp_path / shipped
+    shutil.copytree(ASSETS_DIR / shipped, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100_000])
+    paths = {"target": "builtin:tiny-target", "drafter": "builtin:tiny-dflash-b16", part: str(folder)}
+    config = tmp_path / "c.yaml"
+    config.write_text(f"target: {{path: {paths['target']}}}\n"
+                      f"drafter: {{method: dflash, path: {paths['drafter']}}}\n")
+    line = assert_run_error(invoke("generate", "--config", config, "--prompt", "x", "--max-tokens", "2"),
+                            "a weight file cannot be read", "copy the checkpoint's weight files again")
+    assert str(weights if part == "drafter" else folder) in line

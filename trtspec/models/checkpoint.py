@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -68,8 +69,16 @@ def load_weights(weights: list[Path]) -> dict[str, torch.Tensor]:
     """Every tensor of the weight files, by name."""
     state: dict[str, torch.Tensor] = {}
     for file in weights:
-        state.update(load_file(str(file)))
+        try:
+            state.update(load_file(str(file)))
+        except SafetensorError as exc:
+            raise CheckpointError(unreadable_weights(file, exc)) from None
     return state
+
+
+def unreadable_weights(where: Path, exc: Exception) -> str:
+    """The one line for a weight file that is not whole (a copy cut short) or not safetensors."""
+    return f"{where}: a weight file cannot be read ({exc}); copy the checkpoint's weight files again"
 
 
 def cast_keeping_rope(model: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from trtspec.errors import CheckpointError
-from trtspec.models.checkpoint import read_config
+from trtspec.models.checkpoint import read_config, unreadable_weights
 from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout
 from trtspec.models.kv_slots import (
     Segment,
@@ -80,9 +81,12 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
         )
     hf_logging.disable_progress_bar()
     hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, config=hf_config, dtype=DTYPES[dtype], local_files_only=True
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, config=hf_config, dtype=DTYPES[dtype], local_files_only=True
+        )
+    except SafetensorError as exc:
+        raise CheckpointError(unreadable_weights(path, exc)) from None
     return model.to(device).eval()
 
 
