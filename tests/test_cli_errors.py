@@ -647,3 +647,20 @@ def test_weights_cut_short_are_named(tmp_path, part):
     line = assert_run_error(invoke("generate", "--config", config, "--prompt", "x", "--max-tokens", "2"),
                             "a weight file cannot be read", "copy the checkpoint's weight files again")
     assert str(weights if part == "drafter" else folder) in line
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda raw: [1, 2], "config.json is not a JSON object of config fields"),  # AttributeError
+    (lambda raw: {**raw, "vocab_size": "many"},  # huggingface_hub's StrictDataclassFieldValidationError
+     "config.json: transformers cannot read it: Validation error for field 'vocab_size'"),
+], ids=["a-list", "vocab-size-text"])
+def test_a_target_config_json_transformers_cannot_read_is_named(tmp_path, edit, message):
+    """Both were tracebacks."""
+    folder = tmp_path / "t"
+    shutil.copytree(ASSETS_DIR / "tiny-target", folder)
+    config_json = folder / "config.json"
+    config_json.write_text(json.dumps(edit(json.loads(config_json.read_text()))))
+    config = tmp_path / "c.yaml"
+    config.write_text(f"target: {{path: {folder}}}\n")
+    assert_run_error(invoke("generate", "--config", config, "--prompt", "x", "--max-tokens", "2"),
+                     str(folder), message)

@@ -24,9 +24,12 @@ def read_config(path: Path, kind: str) -> tuple[Path, dict]:
     if not config_file.is_file():
         raise CheckpointError(f"{config_file} is missing: not {kind} checkpoint directory")
     try:
-        return config_file, json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{config_file} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):  # a list was an AttributeError traceback
+        raise CheckpointError(f"{config_file} is not a JSON object of config fields")
+    return config_file, config
 
 
 def read_checkpoint(path: Path, kind: str) -> tuple[Path, dict, list[Path]]:
