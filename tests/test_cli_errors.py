@@ -664,3 +664,33 @@ def test_a_target_config_json_transformers_cannot_read_is_named(tmp_path, edit, 
     config.write_text(f"target: {{path: {folder}}}\n")
     assert_run_error(invoke("generate", "--config", config, "--prompt", "x", "--max-tokens", "2"),
                      str(folder), message)
+
+
+def test_files_beside_a_drafter_are_replaced_whole(tmp_path, monkeypatch):
+    """`calibrate` (sts.json) and `bench --write-acceptance` (acceptance.json) wrote over the stored
+    file in place: stopped mid-write, the drafter was left with a file that does not parse, and
+    every later load of it failed."""
+    import pathlib
+
+    from trtspec.bench.acceptance import write_acceptance
+    from trtspec.spec.cost import ACCEPTANCE_FILE
+    from trtspec.spec.sts import STS_FILE, STSCalibration, save_sts
+
+    shutil.copy(ASSETS_DIR / "tiny-dspark-b15" / STS_FILE, tmp_path / STS_FILE)
+    calibration = STSCalibration.model_validate_json((tmp_path / STS_FILE).read_text())
+    write_acceptance(tmp_path, [0.5, 0.25], 100, "first")
+    before = {name: (tmp_path / name).read_text() for name in (STS_FILE, ACCEPTANCE_FILE)}
+    real = pathlib.Path.write_text
+
+    def interrupted(self, data, *args, **kwargs):
+        real(self, data[: len(data) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pathlib.Path, "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_sts(calibration, tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        write_acceptance(tmp_path, [0.9, 0.8], 200, "second")
+    monkeypatch.undo()
+    assert {name: (tmp_path / name).read_text() for name in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before)
