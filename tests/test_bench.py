@@ -16,9 +16,17 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_tiny_bench(tmp_path):
     configs = [str(REPO / "build_configs" / f"{n}.yaml") for n in ("tiny-dflash", "tiny-draft-model")]
+    # an earlier run's figure that this run (no --concurrency) does not draw, and a file of the user's
+    (tmp_path / "interactivity.png").write_bytes(PNG_MAGIC)
+    (tmp_path / "notes.txt").write_text("mine")
     result = CliRunner().invoke(main, ["bench", *configs, "--tasks", "code,math", "--prompts", "1",
                                        "--max-tokens", "24", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
+    # the stale figure was kept beside these results; the run's own outputs replace all of an earlier
+    # run's, and nothing else (no staging folder) is left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "acceptance_by_position.png", "dflash_block_time.png", "notes.txt", "results.json", "results.md",
+        "tau.png"]
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["tasks"]) == {"code", "math"}
     for rows in results["tasks"].values():

@@ -99,6 +99,11 @@ def test_bad_request_parameters(args, message):
         # a checkpoint that will not load is a run-time failure (exit 1, one line, no usage)
         ("target: {path: nowhere}\n", "does not exist", 1),
         ("target: {path: empty}\n", "has no weights", 1),
+        # the field and where its relative path led (they said "checkpoint directory c.yaml does not
+        # exist" of a file, and "nope/config.json is missing" of a drafter folder that is not there)
+        ("target: {path: c.yaml}\n", "target.path 'c.yaml' is ", 1),
+        ("target: {path: builtin:tiny-target}\ndrafter: {method: dflash, path: nope}\n",
+         "drafter.path 'nope' is ", 1),
     ],
 )
 def test_bad_config_or_checkpoint(tmp_path, content, message, code):
@@ -112,5 +117,43 @@ def test_bad_config_or_checkpoint(tmp_path, content, message, code):
     assert message in proc.stderr and str(tmp_path) in proc.stderr
     assert "Traceback" not in proc.stderr
     assert ("Usage:" in proc.stderr) == (code == 2)
+    if "path '" in message:
+        assert "(a relative path starts at the YAML's folder), which" in proc.stderr
+        assert ("is a file, not a checkpoint folder" in proc.stderr) == ("c.yaml" in message)
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
     assert len(error_lines) == 1
+
+
+@pytest.mark.parametrize("command, model, renamed", [
+    ("target", "trtspec.train.pretrain.PretrainConfig", {}),
+    ("dflash", "trtspec.train.dflash.DFlashTrainConfig", {"layers": "num_layers"}),
+    ("dspark", "trtspec.train.dspark.DSparkTrainConfig", {"layers": "num_layers"}),
+    ("eagle3", "trtspec.train.eagle3.Eagle3TrainConfig", {}),
+])
+def test_train_help_states_the_bounds_the_config_enforces(command, model, renamed):
+    """Each option's help gives the range its train config refuses outside of (--response-tokens 4
+    was refused with '>= 8', which its help did not say)."""
+    import importlib
+
+    from annotated_types import Ge, Gt, Le
+
+    module, name = model.rsplit(".", 1)
+    fields = getattr(importlib.import_module(module), name).model_fields
+    cmd = main.commands["train"].commands[command]
+    checked = 0
+    for param in cmd.params:
+        field = fields.get(renamed.get(param.name, param.name))
+        if field is None or not param.help:
+            continue
+        bounds = {type(m): m for m in field.metadata if isinstance(m, (Ge, Gt, Le))}
+        if Ge in bounds and Le in bounds:
+            want = f"in [{bounds[Ge].ge:g}, {bounds[Le].le:g}]"
+        elif Ge in bounds:
+            want = f">= {bounds[Ge].ge:g}"
+        elif Gt in bounds:
+            want = f"> {bounds[Gt].gt:g}"
+        else:
+            continue
+        assert want in param.help, (param.opts[0], want, param.help)
+        checked += 1
+    assert checked >= 2

@@ -126,8 +126,17 @@ def test_usage_errors_name_the_option(tmp_path):
         (["generate", "--url", "grpc://localhost:99999", "--prompt", "hi"], "--url"),
         (["profile", CONFIG, "--out", "sps.json", "--context", "100000"], "--context"),
         (["bench", CONFIG, CONFIG, "--out", "b"], "repeats the drafter of another config"),
+        # nan passed every range check: --wait nan ran as --wait 0, --min-user-tps nan ran the whole
+        # bench, --budget-s nan was exit 1 with the first line of a pydantic error
+        (["generate", "--url", "grpc://127.0.0.1:1", "--prompt", "hi", "--wait", "nan"],
+         "--wait: must be a number, got nan"),
+        (["bench", CONFIG, "--concurrency", "1", "--min-user-tps", "nan", "--out", "b"],
+         "--min-user-tps: must be a number, got nan"),
+        (["profile", "--synthetic", "qwen3-8b", "--out", "s.json", "--budget-s", "nan"],
+         "--budget-s: must be a number > 0, got nan"),
     ],
-    ids=["seed-over-uint64", "ipv6-url", "port-out-of-range", "context-past-positions", "same-config-twice"],
+    ids=["seed-over-uint64", "ipv6-url", "port-out-of-range", "context-past-positions", "same-config-twice",
+         "wait-nan", "min-user-tps-nan", "budget-nan"],
 )
 def test_values_that_used_to_crash_are_usage_errors(tmp_path, monkeypatch, args, option):
     """Found looking for the issue's class of defect: each was a traceback, a one-line message that
@@ -261,6 +270,79 @@ def test_train_into_an_earlier_run_refuses_what_it_cannot_resume(tmp_path):
     assert_run_error(other_length, "data.pt", "--response-tokens was 16")
     prompts.write_text("x = 1\n")
     assert_run_error(invoke("train", "dspark", *common, "--response-tokens", "16"), "data.pt", "--prompts")
+    # a file cut short (a run killed while writing it) was a PytorchStreamReader traceback
+    prompts.write_text("def add(a, b):\nimport os\nQ: 2 + 3\n")
+    remedies = {"state.pt": "delete it to train from step 0", "data.pt": "delete it to regenerate"}
+    for name, remedy in remedies.items():
+        torn = out / "checkpoint" / name
+        torn.write_bytes(torn.read_bytes()[:1000])
+        line = assert_run_error(invoke("train", "dspark", *common[:-1], "3", "--epochs", "20",
+                                       "--response-tokens", "16"), str(torn), "cannot be read", remedy)
+        assert "PytorchStreamReader" in line
+        torn.unlink()
+
+
+def test_train_writes_only_into_its_own_folder(tmp_path):
+    """`--out` that is the target, or a folder of other files, was trained into: config.json and
+    model.safetensors overwritten (a copy of tiny-target given as both ran and replaced the target
+    by a drafter). Refused before anything loads."""
+    target = tmp_path / "target"
+    shutil.copytree(ASSETS_DIR / "tiny-target", target)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("import os\n")
+    for method in ("dflash", "dspark", "eagle3"):
+        result = invoke("train", method, "--target", target, "--prompts", prompts, "--out", target)
+        assert_usage_error(result, "--out", "is the --target folder")
+        # another checkpoint (tiny-target has a training.json too: from `train target`)
+        result = invoke("train", method, "--target", ASSETS_DIR / "tiny-target", "--prompts", prompts,
+                        "--out", target)
+        assert_usage_error(result, "--out", "holds files but no earlier training run (no checkpoint/")
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    # --epochs inf was an OverflowError traceback
+    assert_usage_error(invoke("train", "dflash", "--target", target, "--prompts", prompts, "--out",
+                              tmp_path / "o", "--epochs", "inf"), "--epochs", "finite")
+
+
+def test_a_checkpoint_interrupted_while_written_keeps_the_last_one(tmp_path, monkeypatch):
+    """Ctrl-C while `state.pt` or the weights were written left them cut short, and the next run
+    a traceback (above); now each is written beside and renamed over the last one when complete."""
+    import torch
+    from safetensors.torch import load_file
+
+    from trtspec.models.checkpoint import write_checkpoint
+    from trtspec.train import dflash
+    from trtspec.train.dflash import DFlashTrainConfig, save_state
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    gen = torch.Generator().manual_seed(0)
+    state_file, cfg = tmp_path / "checkpoint" / "state.pt", DFlashTrainConfig()
+    save_state(state_file, model, opt, gen, 1, cfg)
+    write_checkpoint(model, {"step": 1}, tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+
+    def interrupted(obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt
+
+    def interrupted_weights(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\x10\x00\x00")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dflash.torch, "save", interrupted)
+    monkeypatch.setattr("trtspec.models.checkpoint.save_file", interrupted_weights)
+    with torch.no_grad():
+        model.weight.add_(1)
+    with pytest.raises(KeyboardInterrupt):
+        save_state(state_file, model, opt, gen, 2, cfg)
+    with pytest.raises(KeyboardInterrupt):
+        write_checkpoint(model, {"step": 2}, tmp_path)
+    monkeypatch.undo()
+    assert torch.load(state_file)["step"] == 1
+    assert torch.equal(load_file(tmp_path / "model.safetensors")["weight"], weights["weight"])
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["checkpoint", "config.json", "model.safetensors",
+                                                          "state.pt"]
 
 
 @pytest.mark.parametrize("args, option", [
@@ -288,6 +370,12 @@ def test_output_paths_of_the_wrong_kind_are_refused_before_the_run(tmp_path):
     assert_usage_error(invoke("bench", CONFIG, "--out", a_file), "--out", "is a file")
     assert_usage_error(invoke("bench", CONFIG, "--doc", tmp_path), "--doc", "is a folder")
     assert_usage_error(invoke("profile", CONFIG, "--out", tmp_path), "--out", "is a folder")
+    # a path under a file failed after the whole run ("Error: afile/x: Not a directory", "File exists")
+    for args, option in ((["bench", CONFIG, "--out", a_file / "x"], "--out"),
+                         (["bench", CONFIG, "--out", tmp_path / "b", "--doc", a_file / "r.md"], "--doc"),
+                         (["profile", CONFIG, "--out", a_file / "sps.json"], "--out")):
+        assert_usage_error(invoke(*args), option, f"{a_file} is a file, so", "cannot be made")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
 def test_a_config_that_is_a_folder_or_not_utf8_is_named(tmp_path):
@@ -525,3 +613,84 @@ def test_trtllm_needs_say_what_they_need(tmp_path):
     a_file.write_text("")
     for method in ("dflash", "dspark", "eagle3"):
         assert_usage_error(invoke("train", method, "--out", a_file), "--out", "is a file")
+
+
+def test_flavour_override_is_held_to_the_configs_checks(tmp_path):
+    """`build --flavour trtllm` of a gumbel-coupled engine config wrote TensorRT-LLM artifacts (exit 0)
+    that sample with rejection instead, and a name its Kubernetes Service cannot take: a plain copy of
+    the config skipped the checks its YAML would get."""
+    raw = yaml.safe_load((REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml").read_text())
+    raw["sampling"] = {"coupling": "gumbel"}
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    result = invoke("build", config, "--flavour", "trtllm", "--out", tmp_path / "o")
+    assert_usage_error(result, "--flavour", "trtllm: sampling.coupling gumbel needs flavour torch or engine")
+    raw["sampling"], raw["name"] = {"coupling": "rejection"}, "Qwen3_8B"
+    config.write_text(yaml.safe_dump(raw))
+    result = invoke("build", config, "--flavour", "trtllm", "--out", tmp_path / "o")
+    assert_usage_error(result, "--flavour", "names its Kubernetes Service after it")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("part", ["target", "drafter"])
+def test_weights_cut_short_are_named(tmp_path, part):
+    """A model.safetensors cut short (a copy interrupted) was a SafetensorError traceback."""
+    shipped = {"target": "tiny-target", "drafter": "tiny-dflash-b16"}[part]
+    folder = tmp_path / shipped
+    shutil.copytree(ASSETS_DIR / shipped, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100_000])
+    paths = {"target": "builtin:tiny-target", "drafter": "builtin:tiny-dflash-b16", part: str(folder)}
+    config = tmp_path / "c.yaml"
+    config.write_text(f"target: {{path: {paths['target']}}}\n"
+                      f"drafter: {{method: dflash, path: {paths['drafter']}}}\n")
+    line = assert_run_error(invoke("generate", "--config", config, "--prompt", "x", "--max-tokens", "2"),
+                            "a weight file cannot be read", "copy the checkpoint's weight files again")
+    assert str(weights if part == "drafter" else folder) in line
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda raw: [1, 2], "config.json is not a JSON object of config fields"),  # AttributeError
+    (lambda raw: {**raw, "vocab_size": "many"},  # huggingface_hub's StrictDataclassFieldValidationError
+     "config.json: transformers cannot read it: Validation error for field 'vocab_size'"),
+], ids=["a-list", "vocab-size-text"])
+def test_a_target_config_json_transformers_cannot_read_is_named(tmp_path, edit, message):
+    """Both were tracebacks."""
+    folder = tmp_path / "t"
+    shutil.copytree(ASSETS_DIR / "tiny-target", folder)
+    config_json = folder / "config.json"
+    config_json.write_text(json.dumps(edit(json.loads(config_json.read_text()))))
+    config = tmp_path / "c.yaml"
+    config.write_text(f"target: {{path: {folder}}}\n")
+    assert_run_error(invoke("generate", "--config", config, "--prompt", "x", "--max-tokens", "2"),
+                     str(folder), message)
+
+
+def test_files_beside_a_drafter_are_replaced_whole(tmp_path, monkeypatch):
+    """`calibrate` (sts.json) and `bench --write-acceptance` (acceptance.json) wrote over the stored
+    file in place: stopped mid-write, the drafter was left with a file that does not parse, and
+    every later load of it failed."""
+    import pathlib
+
+    from trtspec.bench.acceptance import write_acceptance
+    from trtspec.spec.cost import ACCEPTANCE_FILE
+    from trtspec.spec.sts import STS_FILE, STSCalibration, save_sts
+
+    shutil.copy(ASSETS_DIR / "tiny-dspark-b15" / STS_FILE, tmp_path / STS_FILE)
+    calibration = STSCalibration.model_validate_json((tmp_path / STS_FILE).read_text())
+    write_acceptance(tmp_path, [0.5, 0.25], 100, "first")
+    before = {name: (tmp_path / name).read_text() for name in (STS_FILE, ACCEPTANCE_FILE)}
+    real = pathlib.Path.write_text
+
+    def interrupted(self, data, *args, **kwargs):
+        real(self, data[: len(data) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pathlib.Path, "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_sts(calibration, tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        write_acceptance(tmp_path, [0.9, 0.8], 200, "second")
+    monkeypatch.undo()
+    assert {name: (tmp_path / name).read_text() for name in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before)

@@ -37,6 +37,27 @@ def test_shipped_configs_load(path):
          r"field `sampling.coupling`: Input should be 'rejection' or 'gumbel'"),
         ("target: {path: x}\nflavour: trtllm\nsampling: {coupling: gumbel}\n",
          r"sampling.coupling gumbel needs flavour torch or engine: TensorRT-LLM verifies"),
+        # found auditing the CLI (2026-12-03): each of these loaded, and then ...
+        # ... the second section silently replaced the first (PyYAML keeps the last key)
+        ("target: {path: x}\ndrafter: {method: dflash, path: y}\ndrafter: {method: eagle3, path: z}\n",
+         r"not valid YAML at line 3: key 'drafter' given twice \(first at line 2\)"),
+        ("target: {path: x, dtype: float32, dtype: bfloat16}\n", r"key 'dtype' given twice"),
+        # ... `generate` died of SIGSEGV starting 100,000 OpenMP threads
+        ("target: {path: x}\nruntime: {threads: 100000}\n",
+         r"field `runtime.threads`: Value error, expected 'auto' or an integer in \[1, 1024\], got 100000$"),
+        # ... `build` wrote the model into model_repository/ itself, into model_repository/a/b/, or
+        # (name: ../../x) outside its output folder
+        ("name: ''\ntarget: {path: x}\n", r"field `name`: Value error, expected letters, digits"),
+        ("name: a/b\ntarget: {path: x}\n", r"field `name`: .* got 'a/b'$"),
+        ("name: ../../x\ntarget: {path: x}\n", r"field `name`: .* got '../../x'$"),
+        # ... and wrote a Kubernetes Service that `kubectl apply` refuses
+        ("name: Qwen3_8B\nflavour: trtllm\ntarget: {path: x}\n",
+         r"name 'Qwen3_8B': flavour trtllm names its Kubernetes Service after it"),
+        # ... `inspect` was an OverflowError traceback, or ran for hours over 10^8 batch sizes
+        ("target: {path: x}\ndeployment: {gpu: H200, model_id: Qwen/Qwen3-8B, runtime_reserve_gib: .inf}\n",
+         r"field `deployment.runtime_reserve_gib`: Input should be less than or equal to 1024"),
+        ("target: {path: x}\ndeployment: {gpu: H200, model_id: Qwen/Qwen3-8B, max_batch_size: 100000000}\n",
+         r"field `deployment.max_batch_size`: Input should be less than or equal to 65536"),
     ],
 )
 def test_bad_configs(tmp_path, text, message):
@@ -45,6 +66,15 @@ def test_bad_configs(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message) as info:
         load_build_config(path)
     assert str(path) in str(info.value)
+
+
+def test_a_value_a_validator_names_is_named_once(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("target: {path: x, device: gpu}\ngpus: [-1]\n")
+    with pytest.raises(ConfigError) as info:
+        load_build_config(path)
+    text = str(info.value)  # was "..., got 'gpu', got 'gpu'"
+    assert text.count("got 'gpu'") == 1 and text.count("got [-1]") == 1, text
 
 
 def test_missing_config(tmp_path):

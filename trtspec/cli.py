@@ -20,6 +20,7 @@ from trtspec.cli_errors import (
     options_model,
     run_errors,
     utf8_text,
+    writable_arg,
 )
 from trtspec.errors import TrtspecError
 
@@ -142,7 +143,7 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
     _refuse_given("applies to a served model (--url), not to --config", "model_name", "wait_s", "api_key")
     config = load_config_arg(config_path, "--config")
     if flavour is not None:
-        config = config.model_copy(update={"flavour": flavour})
+        config = _flavour_arg(config, flavour)
     if max_tokens > config.limits.max_tokens:
         raise click.BadParameter(f"must be in [1, {config.limits.max_tokens}] (limits.max_tokens of "
                                  f"{config_path}), got {max_tokens}", param_hint="--max-tokens")
@@ -170,6 +171,16 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
         )
 
 
+def _flavour_arg(config, flavour: str):
+    """`config` as `--flavour` runs it; a config that flavour cannot run is a usage error."""
+    from trtspec.config import with_flavour
+
+    try:
+        return with_flavour(config, flavour)
+    except TrtspecError as exc:
+        raise click.BadParameter(f"{flavour}: {exc}", param_hint="--flavour") from None
+
+
 def _refuse_given(why: str, *names: str) -> None:
     """A usage error naming the first of the current command's options `names` given on the command
     line (defaults and environment variables pass): an option that would be silently ignored."""
@@ -178,6 +189,19 @@ def _refuse_given(why: str, *names: str) -> None:
     for param in ctx.command.params:
         if param.name in names and ctx.get_parameter_source(param.name) == given:
             raise click.BadParameter(why, param_hint=param.opts[0])
+
+
+def _training_out(out_dir: Path, target_dir: Path) -> None:
+    """Refuse a `train --out` folder that is the target's, or holds files but is no training run's
+    output: the run writes config.json and model.safetensors there, over a checkpoint's own
+    (`--out` = `--target` overwrote the target)."""
+    if out_dir.resolve() == target_dir.resolve():
+        raise click.BadParameter(f"{out_dir} is the --target folder, whose config.json and weights "
+                                 "training would overwrite; give a new folder", param_hint="--out")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "checkpoint").is_dir():
+        raise click.BadParameter(f"{out_dir} holds files but no earlier training run (no checkpoint/ in "
+                                 "it), and training writes config.json and model.safetensors into it; give "
+                                 "a new or empty folder", param_hint="--out")
 
 
 def _seed_note(seed: int | None) -> str:
@@ -231,11 +255,11 @@ def train() -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Folder to write tiny-target/ and tiny-draft/ into (the shipped ones are in "
                    "trtspec/assets/; scripts/train_embedded.sh copies them there).")
-@click.option("--steps", default=2400, show_default=True, type=int, help="Optimizer steps.")
+@click.option("--steps", default=2400, show_default=True, type=int, help="Optimizer steps (>= 1).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Recipe seed.")
-@click.option("--lr", default=3e-3, show_default=True, type=float, help="Peak learning rate.")
+@click.option("--lr", default=3e-3, show_default=True, type=float, help="Peak learning rate (> 0).")
 @click.option("--overshoot-share", default=0.0, show_default=True, type=float,
-              help="Share of indented lines over-extended in the input (train/overshoot.py).")
+              help="Share of indented lines over-extended in the input, in [0, 1] (train/overshoot.py).")
 @click.option("--overshoot-stop-every", is_flag=True,
               help="Label every overshot position with the line's real first byte, not only the last.")
 @click.option("--init-from", type=EXISTING_DIR, default=None,
@@ -267,16 +291,18 @@ def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: f
               help="Target checkpoint directory.")
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
-@click.option("--block-size", default=16, show_default=True, type=int, help="DFlash block size B.")
+@click.option("--block-size", default=16, show_default=True, type=int,
+              help="DFlash block size B (>= 2): the anchor and B - 1 drafts.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Output folder (z-lab layout; `checkpoint/` inside makes it resumable).")
-@click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers.")
+              help="Output folder (z-lab layout): new, empty, or an earlier run's "
+                   "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
+@click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers (>= 1).")
 @click.option("--target-layer-ids", default=None, help="Comma-separated taps; default z-lab's spread.")
-@click.option("--epochs", default=6.0, show_default=True, type=float, help="Passes over the data.")
-@click.option("--lr", default=6e-4, show_default=True, type=float, help="Peak learning rate.")
+@click.option("--epochs", default=6.0, show_default=True, type=float, help="Passes over the data (> 0).")
+@click.option("--lr", default=6e-4, show_default=True, type=float, help="Peak learning rate (> 0).")
 @click.option("--response-tokens", default=192, show_default=True, type=int,
-              help="Tokens the target regenerates per prompt.")
-@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (a short run).")
+              help="Tokens the target regenerates per prompt (>= 8).")
+@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (>= 1; a short run).")
 @click.option("--mask-token-id", default=None, type=int, help="Mask id if the target config has none.")
 @run_errors
 def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, target_layer_ids, epochs, lr,
@@ -284,6 +310,7 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
     """Distil a DFlash drafter from a target's own regenerated responses."""
     from trtspec.train.dflash import DFlashTrainConfig, train_dflash
 
+    _training_out(out_dir, target_dir)
     load_prompts_arg(prompts_path)
     ids = _int_list(target_layer_ids, "--target-layer-ids", low=0) if target_layer_ids else None
     cfg = options_model(DFlashTrainConfig, {"num_layers": "--layers"}, block_size=block_size,
@@ -299,22 +326,24 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Output folder (SafeAILab/SpecForge layout; `checkpoint/` inside makes it resumable).")
-@click.option("--ttt-steps", default=7, show_default=True, type=int, help="Training-time-test steps.")
+              help="Output folder (SafeAILab/SpecForge layout): new, empty, or an earlier run's "
+                   "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
+@click.option("--ttt-steps", default=7, show_default=True, type=int, help="Training-time-test steps (>= 1).")
 @click.option("--draft-vocab-size", default=None, type=int,
-              help="Reduced draft vocabulary (d2t/t2d); default the target's.")
+              help="Reduced draft vocabulary (d2t/t2d), >= 1; default the target's.")
 @click.option("--aux-layer-ids", default=None, help="Comma-separated low,mid,high taps; default EAGLE-3's.")
-@click.option("--epochs", default=2.0, show_default=True, type=float, help="Passes over the data.")
-@click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate.")
+@click.option("--epochs", default=2.0, show_default=True, type=float, help="Passes over the data (> 0).")
+@click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate (> 0).")
 @click.option("--response-tokens", default=192, show_default=True, type=int,
-              help="Tokens the target regenerates per prompt.")
-@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (smoke runs).")
+              help="Tokens the target regenerates per prompt (>= 8).")
+@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (>= 1; smoke runs).")
 @run_errors
 def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_size, aux_layer_ids, epochs,
                      lr, response_tokens, max_steps) -> None:
     """Train an EAGLE-3 drafter with training-time test on a target's own regenerated responses."""
     from trtspec.train.eagle3 import Eagle3TrainConfig, train_eagle3
 
+    _training_out(out_dir, target_dir)
     load_prompts_arg(prompts_path)
     ids = _int_list(aux_layer_ids, "--aux-layer-ids", low=0) if aux_layer_ids else None
     cfg = options_model(Eagle3TrainConfig, ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size,
@@ -330,16 +359,18 @@ def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_s
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Output folder (DeepSpec layout; `checkpoint/` inside makes it resumable).")
-@click.option("--block-size", default=15, show_default=True, type=int, help="γ: drafts per block.")
-@click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers.")
+              help="Output folder (DeepSpec layout): new, empty, or an earlier run's "
+                   "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
+@click.option("--block-size", default=15, show_default=True, type=int, help="γ: drafts per block (>= 1).")
+@click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers (>= 1).")
 @click.option("--target-layer-ids", default=None, help="Comma-separated taps; default z-lab's spread.")
-@click.option("--markov-rank", default=256, show_default=True, type=int, help="Markov head rank r; 0 = none.")
-@click.option("--epochs", default=4.0, show_default=True, type=float, help="Passes over the data.")
-@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (a short run).")
-@click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate.")
+@click.option("--markov-rank", default=256, show_default=True, type=int,
+              help="Markov head rank r (>= 0); 0 = none.")
+@click.option("--epochs", default=4.0, show_default=True, type=float, help="Passes over the data (> 0).")
+@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (>= 1; a short run).")
+@click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate (> 0).")
 @click.option("--response-tokens", default=192, show_default=True, type=int,
-              help="Tokens the target regenerates per prompt.")
+              help="Tokens the target regenerates per prompt (>= 8).")
 @click.option("--mask-token-id", default=None, type=int, help="Mask id if the target config has none.")
 @run_errors
 def train_dspark_cmd(target_dir, prompts_path, out_dir, block_size, layers, target_layer_ids, markov_rank,
@@ -347,6 +378,7 @@ def train_dspark_cmd(target_dir, prompts_path, out_dir, block_size, layers, targ
     """Distil a DSpark drafter (Markov + confidence heads) from a target's regenerated responses."""
     from trtspec.train.dspark import DSparkTrainConfig, train_dspark
 
+    _training_out(out_dir, target_dir)
     load_prompts_arg(prompts_path)
     ids = _int_list(target_layer_ids, "--target-layer-ids", low=0) if target_layer_ids else None
     cfg = options_model(DSparkTrainConfig, {"num_layers": "--layers"}, block_size=block_size,
@@ -363,8 +395,8 @@ def train_dspark_cmd(target_dir, prompts_path, out_dir, block_size, layers, targ
               help="Target checkpoint directory the drafter serves.")
 @click.option("--tasks", default="code,math,chat", show_default=True, help="Held-out prompt sets.")
 @click.option("--response-tokens", default=256, show_default=True, type=int,
-              help="Tokens the target continues each prompt by.")
-@click.option("--bins", default=10, show_default=True, type=int, help="ECE bins.")
+              help="Tokens the target continues each prompt by (>= 1).")
+@click.option("--bins", default=10, show_default=True, type=int, help="ECE bins (>= 2).")
 @run_errors
 def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
     """Fit Sequential Temperature Scaling of a DSpark drafter's confidences on held-out prompts
@@ -392,7 +424,9 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
 @click.option("--repeats", default=1, show_default=True, type=int, help="Interleaved repetitions.")
 @click.option("--no-hf", is_flag=True, help="Skip the transformers reference columns.")
 @click.option("--out", "out_dir", default=Path("bench-out"), show_default=True,
-              type=click.Path(path_type=Path), help="Where results.json, results.md and plots go.")
+              type=click.Path(path_type=Path),
+              help="Folder for results.json, results.md and the plots; they replace an earlier run's once "
+                   "all are measured, other files are left alone.")
 @click.option("--doc", "doc_path", default=None, type=click.Path(path_type=Path),
               help="Also write this Markdown report (e.g. docs/BENCHMARKS.md).")
 @click.option("--concurrency", default=None,
@@ -436,6 +470,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
           write_acceptance, temperature, top_p, top_k, seed, coupling) -> None:
     """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side;
     or, with --url, a running server as its users see it."""
+    from trtspec.bench.outputs import bench_outputs
     from trtspec.bench.run import check_same_target, load_methods, markdown_table, run_bench
     from trtspec.bench.sampled import with_couplings
     from trtspec.runtime import configure_threads
@@ -450,11 +485,9 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     for name, value in (("--prompts", prompts_per_task), ("--max-tokens", max_tokens),
                         ("--repeats", repeats)):
         check_range(value, name, low=1)
-    if out_dir.exists() and not out_dir.is_dir():  # found before the run, not after it
-        raise click.BadParameter(f"{out_dir} is a file; give a folder", param_hint="--out")
-    if doc_path is not None and doc_path.is_dir():
-        raise click.BadParameter(f"{doc_path} is a folder; give the Markdown file to write",
-                                 param_hint="--doc")
+    writable_arg(out_dir, "--out", folder=True)
+    if doc_path is not None:
+        writable_arg(doc_path, "--doc", folder=False)
     tree = tree_spec if tree_spec in (None, "auto") else _tree_option(tree_spec)
     sampling = options_model(SamplingParams, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     if coupling is not None and sampling.greedy:
@@ -481,9 +514,9 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
                                      param_hint="--chat")
         remote = run_remote(url, model_name, task_names, prompts_per_task, max_tokens, levels or [1],
                             chat, api_key, sampling)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "results.json").write_text(json.dumps({"remote": remote}, indent=1))
-        (out_dir / "results.md").write_text(remote_table(remote) + "\n")
+        with bench_outputs(out_dir) as staged:
+            (staged / "results.json").write_text(json.dumps({"remote": remote}, indent=1))
+            (staged / "results.md").write_text(remote_table(remote) + "\n")
         click.echo(remote_table(remote))
         return
     if not configs:
@@ -523,14 +556,14 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         if min_user_tps is None:
             min_user_tps = results["concurrency"]["methods"]["none"][str(levels[0])]["per_user_tokens_per_s"]
         results["recommendation"] = recommendation_text(results["concurrency"], min_user_tps, max_users)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
-    table = markdown_table(results)
-    (out_dir / "results.md").write_text(table + "\n")
     from trtspec.bench.report import write_plots, write_report
 
+    table = markdown_table(results)
     command = "trtspec " + " ".join(sys.argv[1:])
-    plots = write_plots(results, out_dir)
+    with bench_outputs(out_dir) as staged:
+        (staged / "results.json").write_text(json.dumps(results, indent=1))
+        (staged / "results.md").write_text(table + "\n")
+        plots = [out_dir / p.name for p in write_plots(results, staged)]
     if doc_path is not None:
         write_report(results, plots, command, doc_path)
     click.echo(table)
@@ -622,8 +655,7 @@ def profile(config_path, out_path, batches, requests, context, reps, synthetic_m
     the drafter's seconds per step at each batch size and draft length: adaptive speculation and
     DSpark's scheduler read it), or with --synthetic MODEL the real-size cost curve behind a
     speedup claim."""
-    if out_path.is_dir():
-        raise click.BadParameter(f"{out_path} is a folder; give the JSON file to write", param_hint="--out")
+    writable_arg(out_path, "--out", folder=False)
     if synthetic_model is not None:
         if config_path is not None:
             raise click.UsageError("give either CONFIG or --synthetic MODEL, not both")
@@ -707,8 +739,8 @@ def _profile_synthetic(model, out_path, device, scale, reps, batch_sizes, contex
             overrides[name] = _int_list(text, hint)
     for name, value, hint in (("reps", reps, "--reps"), ("budget_s", budget_s, "--budget-s")):
         if value is not None:
-            if value <= 0:
-                raise click.BadParameter(f"must be > 0, got {value}", param_hint=hint)
+            if not value > 0:  # nan too (it was the first line of a pydantic error, exit 1)
+                raise click.BadParameter(f"must be a number > 0, got {value}", param_hint=hint)
             overrides[name] = value
     settings = SyntheticSettings.small(**overrides) if scale == "small" else SyntheticSettings(**overrides)
     result = profile_synthetic(model, settings, device)
@@ -754,7 +786,8 @@ def inspect(config_path, as_json) -> None:
 @main.command()
 @click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
-              help="Folder for the generated artifacts.")
+              help="Folder for the generated artifacts: new, empty, or an earlier build's, which is replaced "
+                   "whole once this build is complete (any other folder is refused).")
 @click.option("--flavour", type=click.Choice(["torch", "engine", "trtllm"]), default=None,
               help="Override the config's flavour.")
 @run_errors
@@ -767,7 +800,7 @@ def build(config_path, out_dir, flavour=None) -> None:
 
     config = load_config_arg(config_path, "CONFIG")
     if flavour is not None:
-        config = config.model_copy(update={"flavour": flavour})
+        config = _flavour_arg(config, flavour)
     try:
         check_replaceable(out_dir)
     except OutputError as exc:

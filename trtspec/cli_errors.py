@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from pathlib import Path
 from typing import TypeVar
 
@@ -98,6 +99,24 @@ def options_model(cls: type[M], renamed: dict[str, str] | None = None, **values)
 
 
 def check_range(value: float, hint: str, low: float | None = None, high: float | None = None) -> None:
+    if value != value:  # nan passes every comparison below (--wait nan ran as --wait 0)
+        raise click.BadParameter("must be a number, got nan", param_hint=hint)
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"<= {high}" if low is None else f"in [{low}, {high}]"
         raise click.BadParameter(f"must be {bounds}, got {value}", param_hint=hint)
+
+
+def writable_arg(path: Path, hint: str, folder: bool) -> None:
+    """Refuse an output path (a folder when `folder`, else a file) that cannot be written: checked
+    before a run that may take hours, not after it (`--out FILE/x` failed once everything was
+    measured)."""
+    kind, other = ("folder", "file") if folder else ("file", "folder")
+    if path.exists() and path.is_dir() != folder:
+        raise click.BadParameter(f"{path} is a {other}; give a {kind}", param_hint=hint)
+    existing = path if path.exists() else path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise click.BadParameter(f"{existing} is a file, so {path} cannot be made", param_hint=hint)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"cannot write in {existing}", param_hint=hint)

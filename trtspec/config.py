@@ -37,6 +37,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# a Triton model folder, an OpenAI model id and (flavour trtllm) Kubernetes object names are made of it
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+# Kubernetes Service names are RFC 1035 labels; `<name>-serve-config` must stay a valid object name too
+K8S_NAME_PATTERN = r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?"
+MAX_THREADS = 1024  # torch/OpenMP cannot start 20,000 threads here: the process dies (SIGSEGV)
+
+
 def _beside_yaml(base: Path, path: str) -> Path:
     """`path` as written in a YAML file in `base`: ~ expanded, relative paths taken from `base`."""
     resolved = Path(path).expanduser()
@@ -72,6 +79,20 @@ class _HasPath(_Strict):
         if self.path.startswith(BUILTIN_PREFIX):
             return ASSETS_DIR / self.path[len(BUILTIN_PREFIX) :]
         return _beside_yaml(self._base, self.path)
+
+    def check_folder(self, field: str) -> Path:
+        """`resolved_path`, or a ConfigError naming `field` (`target.path`) when it is no folder."""
+        path = self.resolved_path
+        if path.is_dir():
+            return path
+        if self.path.startswith(BUILTIN_PREFIX):
+            shipped = sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
+            raise ConfigError(f"{field} {self.path!r} names no shipped model; builtin: takes one of "
+                              f"{', '.join(shipped)}")
+        what = "is a file, not a checkpoint folder" if path.exists() else "does not exist"
+        relative = not Path(self.path).expanduser().is_absolute()
+        where = " (a relative path starts at the YAML's folder)" if relative else ""
+        raise ConfigError(f"{field} {self.path!r} is {path}{where}, which {what}")
 
 
 class TargetConfig(_HasPath):
@@ -189,14 +210,16 @@ class RuntimeConfig(_Strict):
     threads: Literal["auto"] | int = Field(
         "auto", description="torch intra-op threads per model instance: auto = the CPUs this process "
                             "may use (affinity, cgroup quota) split over the served instances, at most "
-                            "one per GiB of weights, unless OMP_NUM_THREADS is set; or a number >= 1")
+                            f"one per GiB of weights, unless OMP_NUM_THREADS is set; or a number in "
+                            f"[1, {MAX_THREADS}]")
 
     @field_validator("threads", mode="before")
     @classmethod
     def _auto_or_positive(cls, value):
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)
+                               and 1 <= value <= MAX_THREADS):
             return value
-        raise ValueError("expected 'auto' or an integer >= 1")
+        raise ValueError(f"expected 'auto' or an integer in [1, {MAX_THREADS}]")
 
 
 class SamplingConfig(_Strict):
@@ -224,7 +247,11 @@ class TestOnlyConfig(_Strict):
 class BuildConfig(_Strict):
     """One deployment recipe: which target, which drafter, where it runs."""
 
-    name: str = Field("trtspec", description="deployment (and served model) name")
+    name: str = Field(
+        "trtspec", description="deployment (and served model) name: the Triton model's folder, so letters, "
+                               "digits, '_', '.' and '-', starting with a letter or digit, at most 64; "
+                               "flavour trtllm: also the Kubernetes objects' name, so lowercase letters, "
+                               "digits and '-', starting with a letter")
     flavour: Flavour = Field("torch", description="runtime: torch, engine (TensorRT) or trtllm")
     target: TargetConfig
     drafter: DrafterConfig | None = Field(None, description="omit for autoregressive decoding")
@@ -251,10 +278,26 @@ class BuildConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _kubernetes_name(self) -> BuildConfig:
+        if self.flavour == "trtllm" and not re.fullmatch(K8S_NAME_PATTERN, self.name):
+            raise ValueError(f"name {self.name!r}: flavour trtllm names its Kubernetes Service after it, "
+                             "which takes lowercase letters, digits and '-', starting with a letter and "
+                             "ending with a letter or digit")
+        return self
+
+    @model_validator(mode="after")
     def _test_only_in_torch(self) -> BuildConfig:
         if self.test_only is not None and self.test_only.biased_acceptance and self.flavour != "torch":
             raise ValueError(f"test_only.biased_acceptance is for flavour torch only, not {self.flavour!r}")
         return self
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, value: str) -> str:
+        if not re.fullmatch(NAME_PATTERN, value):
+            raise ValueError("expected letters, digits, '_', '.' and '-', starting with a letter or digit, "
+                             f"at most 64 (the Triton model's folder), got {value!r}")
+        return value
 
     @field_validator("gpus")
     @classmethod
@@ -264,17 +307,53 @@ class BuildConfig(_Strict):
         return value
 
 
+def with_flavour(config: BuildConfig, flavour: str) -> BuildConfig:
+    """`config` run as `flavour` (`generate`/`build --flavour`), held to the checks across fields
+    the YAML would be (a plain copy built a gumbel-coupled config for TensorRT-LLM)."""
+    copy = config.model_copy(update={"flavour": flavour})
+    try:
+        BuildConfig.model_validate(copy.model_dump())
+    except ValidationError as exc:
+        raise ConfigError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+    return copy
+
+
 def _format_error(path: Path, exc: ValidationError) -> str:
     """Every mistake, one per line: `field `a.b`: what was expected, got X`."""
     lines = []
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or "(top level)"
         got = err.get("input")
-        got_text = "" if isinstance(got, dict) else f", got {got!r}"
+        said = isinstance(got, dict) or err["msg"].endswith(f"got {got!r}")  # a validator named it
+        got_text = "" if said else f", got {got!r}"
         lines.append(f"field `{field}`: {err['msg']}{got_text}")
     if len(lines) == 1:
         return f"{path}: {lines[0]}"
     return f"{path}: {len(lines)} mistakes:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error: PyYAML keeps the
+    last one silently, so a second `drafter:` section would replace the first unseen."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (first at line {seen[key]})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        except TypeError:  # an unhashable key: construct_mapping says so
+            continue
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
 def load_build_config(path: str | Path) -> BuildConfig:
@@ -285,7 +364,7 @@ def load_build_config(path: str | Path) -> BuildConfig:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
@@ -293,7 +372,8 @@ def load_build_config(path: str | Path) -> BuildConfig:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}") from None
+        problem = getattr(exc, "problem", None)
+        raise ConfigError(f"{path}: not valid YAML{where}" + (f": {problem}" if problem else "")) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of fields at the top level")
     try:

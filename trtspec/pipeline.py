@@ -40,8 +40,11 @@ log = logging.getLogger(__name__)
 
 
 def check_device(config: BuildConfig) -> None:
-    """Refuse a device this machine does not have, naming the field, before anything loads."""
+    """Refuse a checkpoint folder that is not there, or a device this machine does not have,
+    naming the field, before anything loads."""
     parts = [("target", config.target)] + ([("drafter", config.drafter)] if config.drafter else [])
+    for name, part in parts:
+        part.check_folder(f"{name}.path")
     for name, part in parts:
         device = torch.device(part.device)
         if device.type != "cuda":

@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from trtspec.files import write_text
 from trtspec.spec.cost import ACCEPTANCE_FILE
 
 
@@ -57,5 +58,5 @@ def write_acceptance(drafter_dir: Path, rates: list[float], cycles: int, measure
         "cycles": cycles,
         "measured_with": measured_with,
     }
-    path.write_text(json.dumps(body, indent=1) + "\n")
+    write_text(path, json.dumps(body, indent=1) + "\n")
     return path

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from trtspec.bench.run import check_cell, check_header, markdown_table  # noqa: E402
+from trtspec.files import write_text  # noqa: E402
 
 SPEC_METHODS_ORDER = ("dflash", "dspark", "eagle3", "draft_model")
 
@@ -295,7 +296,7 @@ def write_report(results: dict, plots: list[Path], command: str, doc: Path) -> N
     if "recommendation" in results:
         lines += ["## Recommendation", "", results["recommendation"], ""]
     lines += [f"![{p.stem}]({p})" for p in rel]
-    doc.write_text("\n".join(lines) + "\n")
+    write_text(doc, "\n".join(lines) + "\n")
 
 
 def load(path: Path) -> dict:

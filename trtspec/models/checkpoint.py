@@ -9,10 +9,12 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from trtspec.errors import CheckpointError
+from trtspec.files import replaced, write_text
 
 
 def read_config(path: Path, kind: str) -> tuple[Path, dict]:
@@ -22,9 +24,12 @@ def read_config(path: Path, kind: str) -> tuple[Path, dict]:
     if not config_file.is_file():
         raise CheckpointError(f"{config_file} is missing: not {kind} checkpoint directory")
     try:
-        return config_file, json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{config_file} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):  # a list was an AttributeError traceback
+        raise CheckpointError(f"{config_file} is not a JSON object of config fields")
+    return config_file, config
 
 
 def read_checkpoint(path: Path, kind: str) -> tuple[Path, dict, list[Path]]:
@@ -67,8 +72,16 @@ def load_weights(weights: list[Path]) -> dict[str, torch.Tensor]:
     """Every tensor of the weight files, by name."""
     state: dict[str, torch.Tensor] = {}
     for file in weights:
-        state.update(load_file(str(file)))
+        try:
+            state.update(load_file(str(file)))
+        except SafetensorError as exc:
+            raise CheckpointError(unreadable_weights(file, exc)) from None
     return state
+
+
+def unreadable_weights(where: Path, exc: Exception) -> str:
+    """The one line for a weight file that is not whole (a copy cut short) or not safetensors."""
+    return f"{where}: a weight file cannot be read ({exc}); copy the checkpoint's weight files again"
 
 
 def cast_keeping_rope(model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -87,9 +100,10 @@ def cast_keeping_rope(model: nn.Module, dtype: torch.dtype) -> nn.Module:
 def write_checkpoint(model: nn.Module, config: dict, out_dir: Path) -> None:
     """config.json and model.safetensors (the rotary buffers left out: loading recomputes them)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    write_text(out_dir / "config.json", json.dumps(config, indent=2))
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if "rotary_emb" not in k}
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    with replaced(out_dir / "model.safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
 
 
 def _generation_config(path: Path) -> tuple[Path, dict]:

@@ -17,15 +17,18 @@ path's storage indices are not contiguous); for a chain the path is a prefix and
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from trtspec.errors import CheckpointError
-from trtspec.models.checkpoint import read_config
+from trtspec.models.checkpoint import read_config, unreadable_weights
 from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout
 from trtspec.models.kv_slots import (
     Segment,
@@ -79,10 +82,17 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
             f"expected one of {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     hf_logging.disable_progress_bar()
-    hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, config=hf_config, dtype=DTYPES[dtype], local_files_only=True
-    )
+    try:
+        hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (ValueError, TypeError, StrictDataclassError) as exc:  # a field of the wrong type
+        first = re.sub(r"\b[A-Z]\w*Error: ", "", " ".join(str(exc).split()))[:300]  # one "Error:" a line
+        raise CheckpointError(f"{path / 'config.json'}: transformers cannot read it: {first}") from None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, config=hf_config, dtype=DTYPES[dtype], local_files_only=True
+        )
+    except SafetensorError as exc:
+        raise CheckpointError(unreadable_weights(path, exc)) from None
     return model.to(device).eval()
 
 

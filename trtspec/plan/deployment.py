@@ -33,7 +33,9 @@ class DeploymentConfig(BaseModel):
         None, description="drafter architecture to plan with; omit without drafter"
     )
     weights_dir: str = Field("/models", description="folder on the serving nodes that holds the checkpoints")
-    max_batch_size: int = Field(64, ge=1, description="most requests scheduled together (max_batch_size)")
+    max_batch_size: int = Field(64, ge=1, le=65536,
+                                description="most requests scheduled together (max_batch_size); the "
+                                            "planner prices every batch size up to it")
     max_seq_len: int = Field(8192, ge=16, description="prompt + output tokens per request (max_seq_len)")
     max_num_tokens: int = Field(
         8192, ge=1, description="tokens per forward across the batch (max_num_tokens)"
@@ -46,7 +48,7 @@ class DeploymentConfig(BaseModel):
     )
     enable_block_reuse: bool = Field(True, description="prefix (block) reuse in the KV cache")
     runtime_reserve_gib: float = Field(
-        5.0, ge=0, description="per-GPU memory kept for CUDA context, activations and CUDA graphs"
+        5.0, ge=0, le=1024, description="per-GPU memory kept for CUDA context, activations and CUDA graphs"
     )
     min_concurrency: int = Field(
         1,

@@ -36,6 +36,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from trtspec.errors import ConfigError
+from trtspec.files import write_text
 
 Mode = Literal["scheduler", "threshold", "full", "argmax"]  # (adaptive picks k first: spec.cost)
 
@@ -144,7 +145,7 @@ class SPSTable(BaseModel):
         return extra * _interpolate(self.draft_batches, self.catch_up_seconds, batch)
 
     def save(self, path: Path) -> None:
-        path.write_text(self.model_dump_json(indent=1) + "\n")
+        write_text(path, self.model_dump_json(indent=1) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> SPSTable:

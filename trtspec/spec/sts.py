@@ -17,6 +17,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from trtspec.errors import CheckpointError
+from trtspec.files import write_text
 
 STS_FILE = "sts.json"
 DEFAULT_GRID = torch.logspace(-2, 1, 121).tolist()  # 0.01 … 10, 1.0 included
@@ -77,7 +78,7 @@ def fit_sts(logits: torch.Tensor, survived: torch.Tensor, grid: list[float] | No
 
 def save_sts(calibration: STSCalibration, drafter_dir: Path) -> Path:
     path = drafter_dir / STS_FILE
-    path.write_text(calibration.model_dump_json(indent=1) + "\n")
+    write_text(path, calibration.model_dump_json(indent=1) + "\n")
     return path
 
 

@@ -21,14 +21,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from trtspec.errors import OptionError, TrtspecError
+from trtspec.files import replaced, write_text
 from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, build_target_layer_ids, save_dflash
 from trtspec.models.taps import LayerTaps
 from trtspec.models.target import load_causal_lm
-from trtspec.train.prompts import regenerated_data
+from trtspec.train.prompts import load_run_file, regenerated_data
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # the paper's decay per block size
 
 class DFlashTrainConfig(BaseModel):
     """Hyper-parameters of DFlash distillation."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # --epochs inf was an OverflowError traceback
 
     block_size: int = Field(16, ge=2, description="B: block tokens (anchor + B−1 drafts)")
     num_layers: int = Field(2, ge=1, description="drafter decoder layers")
@@ -158,7 +161,7 @@ def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, 
     the same weight shapes would otherwise train on under mixed settings."""
     if not state_file.is_file():
         return 0
-    state = torch.load(state_file)
+    state = load_run_file(state_file, "delete it to train from step 0")
     try:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
@@ -194,9 +197,9 @@ def earlier_history(out_dir: Path, start: int) -> list[dict]:
 
 
 def save_state(state_file: Path, model, opt, gen: torch.Generator, step: int, cfg) -> None:
-    state_file.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                "step": step, "recipe": resumable_recipe(cfg)}, state_file)
+    with replaced(state_file) as tmp:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                    "step": step, "recipe": resumable_recipe(cfg)}, tmp)
 
 
 def sample_anchors(usable: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, batch_size: int,
@@ -273,5 +276,5 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
             save_dflash(model, out_dir)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "history": history}
-    (out_dir / "training.json").write_text(json.dumps(report, indent=1))
+    write_text(out_dir / "training.json", json.dumps(report, indent=1))
     return report

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from trtspec.errors import TrtspecError
+from trtspec.files import write_text
 from trtspec.models.dflash import build_target_layer_ids
 from trtspec.models.dspark import DSparkDraftModel, DSparkSpec, save_dspark
 from trtspec.train.dflash import (
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 class DSparkTrainConfig(BaseModel):
     """Hyper-parameters of DSpark distillation (defaults sized for the embedded tiny target)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # --epochs inf was an OverflowError traceback
 
     block_size: int = Field(15, ge=1, description="γ: drafts per block (= block inputs); 15 verifies "
                             "16 tokens per cycle, like the shipped DFlash b16")
@@ -205,5 +208,5 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
             save_dspark(model, out_dir)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "history": history}
-    (out_dir / "training.json").write_text(json.dumps(report, indent=1))
+    write_text(out_dir / "training.json", json.dumps(report, indent=1))
     return report

@@ -23,11 +23,12 @@ import time
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 from transformers import LlamaConfig
 
 from trtspec.errors import OptionError, TrtspecError
+from trtspec.files import write_text
 from trtspec.models.eagle3 import Eagle3DraftModel, Eagle3Spec, default_aux_layer_ids, save_eagle3
 from trtspec.train.dflash import (
     _lr_at,
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 
 class Eagle3TrainConfig(BaseModel):
     """Hyper-parameters of EAGLE-3 training."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # --epochs inf was an OverflowError traceback
 
     ttt_steps: int = Field(7, ge=1, description="training-time-test steps unrolled per slot")
     step_decay: float = Field(0.8, gt=0, le=1, description="loss weight of TTT step i is decay**i")
@@ -237,5 +240,5 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
             save_eagle3(model, out_dir, num_layers)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "total_steps": total, "history": history}
-    (out_dir / "training.json").write_text(json.dumps(report, indent=1))
+    write_text(out_dir / "training.json", json.dumps(report, indent=1))
     return report

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -55,6 +55,8 @@ DRAFT_SHAPE = ByteModelShape(
 
 class PretrainConfig(BaseModel):
     """Hyper-parameters of the embedded-model recipe."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # --epochs inf was an OverflowError traceback
 
     steps: int = Field(2400, ge=1, description="optimizer steps")
     batch_size: int = Field(24, ge=1, description="sequences per step")

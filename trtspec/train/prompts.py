@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from trtspec.errors import TrtspecError
+from trtspec.files import replaced
 
 Messages = list[dict]
 Prompt = str | Messages  # text to continue, or a conversation to answer
@@ -138,7 +140,7 @@ def regenerated_data(target, target_dir: Path, prompts_path: Path, response_toke
               "prompts_sha256": hashlib.sha256(Path(prompts_path).read_bytes()).hexdigest(),
               "response_tokens": response_tokens}
     if data_file.is_file():
-        data = torch.load(data_file)
+        data = load_run_file(data_file, "delete it to regenerate them")
         cached = data.get("source")
         if cached is not None and cached != source:
             names = {"target": "--target", "prompts_sha256": "--prompts",
@@ -153,6 +155,19 @@ def regenerated_data(target, target_dir: Path, prompts_path: Path, response_toke
     seqs, lens = regenerate(target, prompts, response_tokens, end_ids)
     data = {"seqs": seqs, "lens": lens, "prompt_lens": torch.tensor([len(p) for p in prompts]),
             "source": source}
-    data_file.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(data, data_file)
+    with replaced(data_file) as tmp:
+        torch.save(data, tmp)
+    return data
+
+
+def load_run_file(path: Path, remedy: str) -> dict:
+    """A `torch.save`d file of an earlier training run (`checkpoint/data.pt`, `state.pt`), or one
+    line naming it when it cannot be read (the run that wrote it may have been killed mid-write)."""
+    try:
+        data = torch.load(path)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, OSError) as exc:
+        first = " ".join(str(exc).split())[:160]
+        raise TrtspecError(f"{path} cannot be read ({first}): {remedy}, or give a new --out") from None
+    if not isinstance(data, dict):
+        raise TrtspecError(f"{path} is not a trtspec training file: {remedy}, or give a new --out")
     return data
