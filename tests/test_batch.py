@@ -53,10 +53,11 @@ def alone():
     return {n: [decoder.generate(list(p.encode()), n).token_ids for p in PROMPTS] for n in (40, 70)}
 
 
-def _decoder(pipeline, drafter=None, schedule=FULL, slots=8, table=None, tree=None) -> SpeculativeDecoder:
+def _decoder(pipeline, drafter=None, schedule=FULL, slots=8, table=None, tree=None,
+             prefill_chunk=None) -> SpeculativeDecoder:
     drafter = pipeline.drafter if drafter is None else drafter
     return SpeculativeDecoder(pipeline.target, drafter, pipeline.end_ids, pipeline.verifier,
-                              schedule, table, slots, 512, tree=tree)
+                              schedule, table, slots, 512, tree=tree, prefill_chunk=prefill_chunk)
 
 
 class ConfidentDrafter(Drafter):
@@ -611,6 +612,58 @@ def test_requests_joining_mid_flight_identical_to_alone(pipeline, alone):
     stopped = results[ids[3]].token_ids
     assert 7 <= len(stopped) < 40 and stopped == alone[40][3][: len(stopped)]
     assert not decoder.target.lengths  # every slot freed
+
+
+def _two_then_two(pipeline, prompts: list[list[int]], chunk: int | None):
+    """Requests 0 and 1 join at step 0, 2 and 3 together at step 2. Returns the results by request,
+    the prompt tokens of requests 2 and 3 in the target's cache after each step, and per step the
+    requests that were decoding before it and those it emitted tokens for."""
+    decoder = _decoder(pipeline, slots=4, prefill_chunk=chunk)
+    rids, results, fed, decoded, emitted = [], {}, [[0, 0]], [], set()
+
+    def prompt_in(n: int) -> int:
+        if n >= len(rids):
+            return 0
+        live = decoder.lives.get(rids[n])
+        return live.prefill.fed if live is not None and live.prefill else len(prompts[n])
+
+    for step in range(300):
+        for n in {0: (0, 1), 2: (2, 3)}.get(step, ()):
+            rids.append(decoder.add(Request(prompts[n], 40), lambda e, n=n: emitted.add(n)))
+        emitted.clear()
+        running = {n for n, rid in enumerate(rids) if rid in decoder.lives
+                   and prompt_in(n) == len(prompts[n])}
+        results.update(decoder.step())
+        decoded.append((running, set(emitted)))
+        fed.append([prompt_in(2), prompt_in(3)])
+        if len(results) == len(prompts):
+            break
+    return [results[rid] for rid in rids], fed, decoded
+
+
+def test_long_prompts_are_prefilled_in_pieces_while_the_others_decode(pipeline, alone):
+    """Chunked prefill: with `prefill_chunk` 32, two prompts of 117 and 110 tokens joining two
+    running requests are fed at most 32 prompt tokens per step, the first whole before the second
+    starts (arrival order), and the running requests emit tokens in every one of those steps (fed
+    whole, one step fed all 227 and the others waited for it). Every request decodes exactly what
+    it decodes alone, with the drafts it gets when its prompt is fed whole (the drafter's context
+    taps are the whole prompt's)."""
+    assert pipeline.decoder_for(1, FULL).prefill_chunk == 512  # limits.prefill_chunk's default reaches it
+    order = (8, 9, 0, 1)  # two chat prompts decoding, then two long code prompts joining together
+    prompts = [list(PROMPTS[i].encode()) for i in order]
+    chunked, fed, decoded = _two_then_two(pipeline, prompts, 32)
+    whole, whole_fed, _ = _two_then_two(pipeline, prompts, None)
+    for result, other, i in zip(chunked, whole, order, strict=True):
+        assert result.token_ids == other.token_ids == alone[40][i]
+        assert result.accept_counts == other.accept_counts
+    assert whole_fed[3] == [117, 110]  # fed whole: both in the step they joined
+    steps = [s for s in range(1, len(fed)) if fed[s] != fed[s - 1]]  # the steps that fed prompt tokens
+    assert len(steps) == -(-227 // 32)
+    for s in steps:
+        assert sum(fed[s]) - sum(fed[s - 1]) <= 32
+        assert fed[s][1] == 0 or fed[s][0] == 117  # the first's prompt was all in before
+        running, emitted = decoded[s - 1]
+        assert running and running <= emitted  # every running request decoded meanwhile
 
 
 def test_bfloat16_speculation_equals_its_own_target_alone():

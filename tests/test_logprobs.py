@@ -176,7 +176,7 @@ def test_prompt_logprobs_come_with_the_first_token_and_change_nothing_else(model
     """prompt_logprobs: the prompt's tokens after its first, log_softmax(model(prompt)) at positions
     0..P-2, handed over with the first token; requests prefilled in the same step as others decode
     (two join mid-flight) get theirs, and every request's tokens are those it gets without. With
-    `prompt_logprobs_chunk` 7 every prompt but the one-token one is fed ahead in pieces of 7 (no
+    `prompt_logprobs_chunk` 7 every prompt but the one-token one is fed in pieces of 7, one a step (no
     forward scores more): the same values, each piece counted as a target call, and DFlash's context
     taps are whole (the same tokens)."""
     pipeline = load_pipeline(_config("tiny-dflash", flavour))

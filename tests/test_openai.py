@@ -213,7 +213,9 @@ def test_client_dropped_mid_stream_is_cancelled(served, pipeline, prompt, mode):
 def test_a_streamed_request_whose_client_left_while_queued_never_decodes(served):
     """A streaming client that goes away before its first response (queued behind the 8 decoder
     slots here) cancels its Triton request then: it never takes a slot. It was admitted and
-    prefilled once the slots freed (the frontend only learnt of it when its first chunk was sent)."""
+    prefilled once the slots freed (the frontend only learnt of it when its first chunk was sent).
+    And it leaves the queue while the slots are still busy: it was counted in
+    `trtspec_requests_waiting` until a slot freed."""
     def client(prompt, mode: str) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-c", DROPPING_CLIENT, f"{served.base}/v1/completions", KEY,
                                  json.dumps(prompt), mode], stdout=subprocess.PIPE, text=True)
@@ -236,6 +238,8 @@ def test_a_streamed_request_whose_client_left_while_queued_never_decodes(served)
         queued.kill()  # gone while queued
         queued.wait()
         time.sleep(1.0)  # let the frontend cancel it before the slots free
+        assert settle("trtspec_requests_waiting", 0) == 0
+        assert served.metric("trtspec_requests_in_flight") == 8  # the slots are still busy
     finally:
         occupier.kill()
         occupier.wait()

@@ -203,10 +203,11 @@ def test_concurrent_streaming_clients(served, config, expected):
 
 
 def test_target_forwards_are_the_servers_count_not_worked_out(served, config, pipeline):
-    """A long prompt whose log-probabilities are asked is fed ahead in pieces, one target forward
-    each: the served `target_forwards` counts them, as the in-process result does, where working it
-    out from the draft figures (tokens - accepted) would miss them."""
-    prompt = "def parse(self, text):\n" * 30  # 690 tokens: one piece fed ahead of the prefill
+    """A long prompt is fed in pieces (`limits.prefill_chunk`, and 512 tokens at most where its
+    log-probabilities are asked), one target forward each: the served `target_forwards` counts
+    them, as the in-process result does, where working it out from the draft figures (tokens -
+    accepted) would miss them."""
+    prompt = "def parse(self, text):\n" * 30  # 690 tokens: two pieces
     want = pipeline.batch_decoder().generate_batch([Request(list(prompt.encode()), 8, prompt_logprobs=0)])[0]
     inputs = {"text_input": np.array([prompt.encode()], dtype=object),
               "max_tokens": np.array([8], dtype=np.int32), "return_prompt_log_probs": np.array([True])}

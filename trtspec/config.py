@@ -195,6 +195,11 @@ class GenerationLimits(_Strict):
         8, ge=1, le=256,
         description="requests one served model instance decodes together (continuous batching: one "
                     "packed target forward per step for all of them); more wait in its queue")
+    prefill_chunk: int = Field(
+        512, ge=0,
+        description="prompt tokens one decode step prefills at most, over all new requests (chunked "
+                    "prefill): a longer prompt is fed over several steps while the running requests "
+                    "keep decoding in each; 0 = every new prompt whole in the step it joins")
 
     def capacity(self, positions: int) -> int:
         """Positions one request may use (prompt + generated): the target's `positions`, or

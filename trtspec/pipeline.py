@@ -115,7 +115,8 @@ class Pipeline:
             tree = self.config.drafter.tree if self.config.drafter else None
         return SpeculativeDecoder(self.target, drafter, self.end_ids, self.verifier, schedule,
                                   cost_table, max_slots, self.capacity, prior,
-                                  self.config.limits.max_input_tokens, tree)
+                                  self.config.limits.max_input_tokens, tree,
+                                  prefill_chunk=self.config.limits.prefill_chunk or None)
 
     @functools.cached_property
     def decoder(self) -> SpeculativeDecoder:

@@ -4,7 +4,8 @@ requests, ONE target forward, ONE verifier call.
     step:  pick the draft length k ≥ 0 for the running batch (the schedule; k = 0: plain decoding)
            draft k tokens for every running request in one batched proposal (with confidences,
            for DSpark), and let the schedule pick each request's verified prefix L_r
-           ONE target forward over every new prompt (its prefill, giving its first token) and
+           ONE target forward over the new prompts' next pieces (at most `prefill_chunk` prompt
+           tokens in all: chunked prefill; a prompt's last piece gives its first token) and
            every running [last_r, x_r1..x_rL_r], each request in its own cache slot
            verify all rows at once (ragged L_r, each row under its own sampling parameters)
            rewind each slot by L_r − a_r, a non-negative count: a length change, nothing moves
@@ -45,8 +46,8 @@ PROBE_LEN = 4  # drafts per request of a probe step (a drafter with confidences:
 PROBE_BACKOFF = 32  # the probe interval grows up to this many times schedule.probe_every
 CONTEXT_STEP = 32  # the cost model reads the step's context rounded up to a multiple of this
 CATCH_UP_STEP = 8  # ... and each request's drafter catch-up rounded up to a multiple of this
-# prompt tokens a forward scores at most for prompt_logprobs: a longer prompt is fed ahead in pieces
-# of this many, so its logits are never all held at once ([P, V] floats: 5.0 GB for 8k tokens of
+# prompt tokens a forward scores at most for prompt_logprobs: a longer prompt is fed in pieces of
+# this many, so its logits are never all held at once ([P, V] floats: 5.0 GB for 8k tokens of
 # Qwen3's 151,936-token vocabulary, against 0.3 GB per 512)
 PROMPT_LOGPROBS_CHUNK = 512
 # a request's catch-up is paid once and lets it draft on: the cost model spreads it over the steps
@@ -112,6 +113,15 @@ OnTokens = Callable[[Emitted], bool | None]
 
 
 @dataclass(slots=True)
+class _Prefill:
+    """A new request's prompt on its way into the target's cache, a piece per step (`_prefill_pieces`)."""
+
+    fed: int  # prompt tokens already in the target's cache
+    logprobs: TokenLogprobs | None  # of the prompt's tokens 1..fed, when the request asked for them
+    hidden: list[torch.Tensor] = field(default_factory=list)  # the target's taps of the pieces ([n, D] each)
+
+
+@dataclass(slots=True)
 class _Live:
     """One request in flight."""
 
@@ -120,6 +130,7 @@ class _Live:
     generator: torch.Generator
     result: GenerationResult
     acceptance: AcceptanceTracker
+    prefill: _Prefill | None  # until its prompt is all in the target's cache; then None
     on_tokens: OnTokens | None = None
     added_at: float = 0.0
     generated: list[int] = field(default_factory=list)
@@ -136,16 +147,6 @@ class _Live:
         return self.request.max_new_tokens - len(self.generated) - 1
 
 
-@dataclass(slots=True)
-class _Ahead:
-    """What `_feed_ahead` fed of a new request's prompt before the step's forward."""
-
-    fed: int  # prompt tokens already in the target's cache
-    logprobs: TokenLogprobs  # of the prompt's tokens 1..fed
-    hidden: list[torch.Tensor]  # the target's taps of those tokens, piece by piece ([n, D] each)
-    forwards: int = 0  # target forwards that fed them, one per piece
-
-
 class SpeculativeDecoder:
     """Serves up to `max_slots` requests at once over a target and a drafter (both copied and given
     their own slot buffers, so several decoders can share one loaded pipeline)."""
@@ -154,7 +155,8 @@ class SpeculativeDecoder:
                  verifier: Verifier | None = None, schedule: ScheduleConfig | None = None,
                  cost_table: SPSTable | None = None, max_slots: int = 1, capacity: int | None = None,
                  acceptance_prior: list[float] | None = None, max_prompt: int | None = None,
-                 tree: TreeConfig | None = None, prompt_logprobs_chunk: int = PROMPT_LOGPROBS_CHUNK):
+                 tree: TreeConfig | None = None, prompt_logprobs_chunk: int = PROMPT_LOGPROBS_CHUNK,
+                 prefill_chunk: int | None = None):
         self.target = copy.copy(target)
         self.drafter = copy.copy(drafter or NoDrafter())
         self.tree = tree if self.drafter.num_draft_tokens else None
@@ -179,6 +181,8 @@ class SpeculativeDecoder:
         tree_room = 0 if self.tree is None else self.tree.nodes + self.tree.topk * self.num_draft_tokens
         self.max_prompt = max_prompt  # limits.max_input_tokens
         self.prompt_logprobs_chunk = prompt_logprobs_chunk
+        # prompt tokens one step feeds at most, over all new requests (limits.prefill_chunk; None: all)
+        self.prefill_chunk = prefill_chunk
         self.target.allocate(max_slots, self.capacity + tree_room)
         self.drafter.allocate(max_slots, self.capacity + tree_room)
         self.acceptance_prior = acceptance_prior
@@ -257,8 +261,10 @@ class SpeculativeDecoder:
         result = GenerationResult(prompt_len=len(request.prompt), num_draft_tokens=self.num_draft_tokens,
                                   seed=request.sampling.seed)
         tracker = AcceptanceTracker(self.num_draft_tokens, prior=self.population, decay=REQUEST_DECAY)
+        top = request.prompt_logprobs
+        prefill = _Prefill(0, None if top is None else TokenLogprobs(top))
         live = _Live(request, free[0], request.sampling.generator(self.target.device), result, tracker,
-                     on_tokens, time.perf_counter())
+                     prefill, on_tokens, time.perf_counter())
         if request.logprobs is not None:
             live.logprobs = TokenLogprobs(request.logprobs)
         self.lives[rid] = live
@@ -530,26 +536,28 @@ class SpeculativeDecoder:
         if expected:
             self.calibration.observe(expected, sum(a for _, _, a in offered))
 
-    def _feed_ahead(self, lv: _Live) -> _Ahead:
-        """For a new request whose prompt log-probabilities are asked: feed its prompt but the last
-        `prompt_logprobs_chunk` tokens to the target, a piece of at most that many per forward, and
-        score each piece (positions predict the next prompt token) as it comes. Other requests, and
-        prompts that short: nothing fed ahead."""
-        prompt, top, size = lv.request.prompt, lv.request.prompt_logprobs, self.prompt_logprobs_chunk
-        ahead = _Ahead(0, TokenLogprobs(top or 0), [])
-        if top is None or len(prompt) <= size:
-            return ahead
-        head = len(prompt) - size  # the step's one forward feeds the rest
-        for start in range(0, head, size):
-            piece = prompt[start : min(start + size, head)]  # [n]
-            out = self.target.forward([Chunk(lv.slot, torch.tensor(piece, device=self.target.device))])
-            ahead.logprobs.extend(step_logprobs(out.logits[None], [list(range(len(piece)))],
-                                                [prompt[start + 1 : start + len(piece) + 1]], [top])[0])
-            if out.hidden is not None:
-                ahead.hidden.append(out.hidden)  # [n, D]
-            ahead.forwards += 1
-        ahead.fed = head
-        return ahead
+    def _prefill_pieces(self, prefilling: list[_Live]) -> list[tuple[_Live, int, int]]:
+        """The prompt pieces (request, start, end) this step feeds, in arrival order: each new
+        request's next piece, together at most `prefill_chunk` tokens (chunked prefill, as vLLM's
+        and TensorRT-LLM's schedulers do it: a long prompt fed whole stalls every running request
+        for its whole length, 2.3 s at 3,900 tokens of the embedded target against 10-25 ms steps),
+        and a piece of at most `prompt_logprobs_chunk` tokens where the prompt's log-probabilities
+        are asked (no forward scores more). A request whose piece ends its prompt gets its first
+        token from this step's forward; the others continue in the next step."""
+        budget = self.prefill_chunk
+        pieces = []
+        for lv in prefilling:
+            start, prompt = lv.prefill.fed, lv.request.prompt
+            n = len(prompt) - start
+            if lv.request.prompt_logprobs is not None:
+                n = min(n, self.prompt_logprobs_chunk)
+            if budget is not None:
+                n = min(n, budget)
+                budget -= n
+            if n <= 0:
+                break
+            pieces.append((lv, start, start + n))
+        return pieces
 
     @torch.inference_mode()
     def step(self) -> dict[int, GenerationResult]:
@@ -558,8 +566,8 @@ class SpeculativeDecoder:
         if not self.lives:
             return {}
         target, drafter, device = self.target, self.drafter, self.target.device
-        new = [lv for lv in self.lives.values() if lv.result.num_target_calls == 0]
-        running = [lv for lv in self.lives.values() if lv.result.num_target_calls > 0]
+        prefilling = [lv for lv in self.lives.values() if lv.prefill is not None]  # in arrival order
+        running = [lv for lv in self.lives.values() if lv.prefill is None]
 
         # 1. draft: a chain of k tokens (or a tree) for every running request that may still draft
         t_draft = time.perf_counter()
@@ -570,11 +578,10 @@ class SpeculativeDecoder:
         if running:
             self.draft_len_counts[plan.k] = self.draft_len_counts.get(plan.k, 0) + 1
 
-        # 2. ONE target forward: new prompts, then each running [last, x_1..x_L] (a tree: its nodes);
-        # of a long prompt whose log-probabilities are asked, only its last piece (`_feed_ahead`)
-        ahead = [self._feed_ahead(lv) for lv in new]
-        chunks = [Chunk(lv.slot, torch.tensor(lv.request.prompt[a.fed:], device=device))
-                  for lv, a in zip(new, ahead, strict=True)]
+        # 2. ONE target forward: the new prompts' pieces (`_prefill_pieces`), then each running
+        # [last, x_1..x_L] (a tree: its nodes)
+        pieces = self._prefill_pieces(prefilling)
+        chunks = [Chunk(lv.slot, torch.tensor(lv.request.prompt[a:b], device=device)) for lv, a, b in pieces]
         for i, lv in enumerate(running):
             parents = None if plan.tree is None else plan.tree.row_parents(i)
             chunks.append(Chunk(lv.slot, plan.fed[i, : plan.lengths[i] + 1], parents))
@@ -582,29 +589,40 @@ class SpeculativeDecoder:
         starts = [0]
         for c in chunks:
             starts.append(starts[-1] + len(c.input_ids))
-        # a new prompt's last token, after all its others when its prompt's log-probabilities are asked
-        keep, prompt_at, first_at = [], {}, []
-        for i, lv in enumerate(new):
+        # the logits kept: a piece's positions that predict its prompt's next tokens when they are
+        # asked, and the last prompt token's (which predicts the first generated one)
+        keep, scored_at, first_at, new = [], {}, [], []
+        for i, (lv, _, end) in enumerate(pieces):
+            last = end == len(lv.request.prompt)
             if lv.request.prompt_logprobs is not None:
-                prompt_at[i] = len(keep)
-                keep += range(starts[i], starts[i + 1] - 1)
-            first_at.append(len(keep))
-            keep.append(starts[i + 1] - 1)
+                scored_at[i] = len(keep)
+                keep += range(starts[i], starts[i + 1] - last)
+            if last:
+                new.append(lv)
+                first_at.append(len(keep))
+                keep.append(starts[i + 1] - 1)
         new_logits = len(keep)  # the running rows' logits come after these
         for i in range(len(running)):
-            keep += range(starts[len(new) + i], starts[len(new) + i + 1])
-        out = target.forward(chunks, torch.tensor(keep, device=device))
+            keep += range(starts[len(pieces) + i], starts[len(pieces) + i + 1])
+        out = target.forward(chunks, torch.tensor(keep or [0], device=device))
         self.num_steps += 1
         now = time.perf_counter()
 
-        # 3a. new requests: their first token
+        # 3a. new requests: their pieces' taps and prompt log-probabilities, and once the prompt is
+        # all in, their first token
+        for i, (lv, start, end) in enumerate(pieces):
+            lv.result.num_target_calls += 1
+            if out.hidden is not None:
+                lv.prefill.hidden.append(out.hidden[starts[i] : starts[i + 1]])  # [n, D]
+            if i in scored_at:  # positions start..end-1 predict the prompt's tokens start+1..end
+                scored = end - start - (end == len(lv.request.prompt))
+                at = scored_at[i]
+                lv.prefill.logprobs.extend(prompt_logprobs(out.logits[at : at + scored],
+                                                           lv.request.prompt[start : start + scored + 1],
+                                                           lv.request.prompt_logprobs))
+            lv.prefill.fed = end
         if new:
             first_logits = out.logits[first_at]  # [N, V]
-            for i, at in prompt_at.items():  # positions fed..P-2 predict the prompt's tokens fed+1..P-1
-                lv, scored = new[i], ahead[i].logprobs
-                scored.extend(prompt_logprobs(out.logits[at : first_at[i]], lv.request.prompt[ahead[i].fed:],
-                                              lv.request.prompt_logprobs))
-                lv.result.prompt_logprobs = scored
             raw = self._wanting_logprobs(first_logits[:, None], new)  # before the min_tokens ban
             self._ban_end(first_logits[:, None], new)
             first, _ = choose_tokens(first_logits, [lv.request.sampling for lv in new],
@@ -612,12 +630,11 @@ class SpeculativeDecoder:
             first = first.tolist()
             logprobs = self._logprobs(raw, new, [[0]] * len(new), [[t] for t in first])
             for i, (lv, token) in enumerate(zip(new, first, strict=True)):
-                hidden = None if out.hidden is None else out.hidden[starts[i] : starts[i + 1]]
-                if hidden is not None and ahead[i].hidden:  # the taps of the pieces fed ahead first
-                    hidden = torch.cat([*ahead[i].hidden, hidden])
+                prefill, lv.prefill = lv.prefill, None
+                hidden = torch.cat(prefill.hidden) if prefill.hidden else None  # [P, D]
                 drafter.begin(lv.slot, lv.request.prompt, hidden)
+                lv.result.prompt_logprobs = prefill.logprobs
                 lv.result.prefill_s = now - lv.added_at
-                lv.result.num_target_calls = 1 + ahead[i].forwards
                 self._emit(lv, [token], logprobs.get(i))
 
         # 3b. running requests: verify every row at once, keep each slot's accepted path, emit
@@ -661,7 +678,7 @@ class SpeculativeDecoder:
                     target.rewind(lv.slot, n - a)
                 hidden = None
                 if out.hidden is not None:
-                    base = starts[len(new) + i]
+                    base = starts[len(pieces) + i]
                     hidden = out.hidden[base : base + a + 1] if plan.tree is None else \
                         out.hidden[torch.tensor(paths[i], device=device) + base]
                 drafter.commit(lv.slot, a, hidden)
