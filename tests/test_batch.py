@@ -720,20 +720,23 @@ def random_mix() -> list[tuple[Request, object]]:
     return [(r, alone.generate_batch([r])[0]) for r in requests]
 
 
-@pytest.mark.parametrize("tree", [None, TreeConfig(nodes=8, topk=3)], ids=["chain", "tree"])
-def test_random_batch_mixes_decode_what_each_request_decodes_alone(pipeline, random_mix, tree):
+@pytest.mark.parametrize(("tree", "prefill_chunk"), [(None, None), (TreeConfig(nodes=8, topk=3), 9)],
+                         ids=["chain", "tree-chunked"])
+def test_random_batch_mixes_decode_what_each_request_decodes_alone(pipeline, random_mix, tree, prefill_chunk):
     """Differential: 12 random requests (`random_mix`) served 4 slots at a time under the adaptive
     schedule, joining at random steps beside others well into their outputs, one cancelled and one
     ended by its callback (their slots then reused), rejection-sampled ones beside: every greedy and
     Gumbel-coupled request's tokens, streamed and returned, and its log-probabilities are the target
     alone's (docs/SAMPLING.md). The same harness by hand (2026-12-02): 560 random batches of 1 to 13
     requests over every drafter and none, both flavours, chains and trees, every schedule, contexts
-    up to 1,024 tokens (1,637 requests compared in the 420 batches counted): none differed."""
+    up to 1,024 tokens (1,637 requests compared in the 420 batches counted): none differed. With trees
+    the prompts are fed 9 tokens a step at most (chunked prefill): requests join, and are cancelled,
+    while others' prompts are still going in."""
     rng = random.Random(f"{pipeline.config.drafter.method}-{pipeline.config.flavour}-{tree is None}")
     requests = [r for r, _ in random_mix]
     cancel_at, stop_after = {rng.randrange(12): rng.randint(0, 4)}, {rng.randrange(12): rng.randint(1, 6)}
     decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive", probe_every=2), slots=4, table=SPS,
-                       tree=tree)
+                       tree=tree, prefill_chunk=prefill_chunk)
     waiting, ids, results, streamed, steps = list(range(12)), {}, {}, {}, {}
     while waiting or decoder.num_running:
         while waiting and decoder.num_running < 4 and (not decoder.num_running or rng.random() < 0.5):
