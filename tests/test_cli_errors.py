@@ -133,7 +133,7 @@ def test_usage_errors_name_the_option(tmp_path):
         (["bench", CONFIG, "--concurrency", "1", "--min-user-tps", "nan", "--out", "b"],
          "--min-user-tps: must be a number, got nan"),
         (["profile", "--synthetic", "qwen3-8b", "--out", "s.json", "--budget-s", "nan"],
-         "--budget-s: must be a number > 0, got nan"),
+         "--budget-s: must be > 0, got nan"),
     ],
     ids=["seed-over-uint64", "ipv6-url", "port-out-of-range", "context-past-positions", "same-config-twice",
          "wait-nan", "min-user-tps-nan", "budget-nan"],

@@ -740,7 +740,7 @@ def _profile_synthetic(model, out_path, device, scale, reps, batch_sizes, contex
     for name, value, hint in (("reps", reps, "--reps"), ("budget_s", budget_s, "--budget-s")):
         if value is not None:
             if not value > 0:  # nan too (it was the first line of a pydantic error, exit 1)
-                raise click.BadParameter(f"must be a number > 0, got {value}", param_hint=hint)
+                raise click.BadParameter(f"must be > 0, got {value}", param_hint=hint)
             overrides[name] = value
     settings = SyntheticSettings.small(**overrides) if scale == "small" else SyntheticSettings(**overrides)
     result = profile_synthetic(model, settings, device)
