@@ -25,12 +25,18 @@ def replaced(path: Path) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o666 & ~umask)  # mkstemp makes it 0600; a checkpoint is meant to be shared
+        share(tmp, 0o666)  # mkstemp makes it 0600; a checkpoint is meant to be shared
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def share(path: Path, mode: int) -> None:
+    """Give `path` the permissions a plain open or mkdir would have (`mode` less the process's
+    umask), where tempfile made it private to its owner."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(mode & ~umask)
 
 
 def write_text(path: Path, text: str) -> None:

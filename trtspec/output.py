@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trtspec.errors import TrtspecError
+from trtspec.files import share
 
 MARKER = ".trtspec-build"
 MARKER_TEXT = ("Written by `trtspec build`. The next build into this folder replaces all of it; "
@@ -72,9 +73,7 @@ def staged_output(out_dir: Path, label: str = "--out") -> Iterator[Path]:
         staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     except OSError as exc:  # its message names the temporary folder, which the user never chose
         raise OutputError(f"{label} {out_dir}: cannot write in {out_dir.parent}: {exc.strerror}") from None
-    umask = os.umask(0)
-    os.umask(umask)
-    staged.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the folder is meant to be shared
+    share(staged, 0o777)  # mkdtemp makes it 0700; the folder is meant to be shared
     try:
         yield staged
         (staged / MARKER).write_text(MARKER_TEXT)
