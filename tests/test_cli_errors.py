@@ -694,3 +694,24 @@ def test_files_beside_a_drafter_are_replaced_whole(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert {name: (tmp_path / name).read_text() for name in before} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before)
+
+
+@pytest.mark.parametrize(("limits", "named"), [
+    ("max_tokens: 1000000000000",
+     "field `limits.max_tokens`: Input should be less than or equal to 16777216"),
+    # the tiny target has 4,096 positions: no request could ask for these and bring a prompt
+    ("max_tokens: 4096", "limits.max_tokens 4096 leaves no room in the target's context of 4096 positions"),
+    ("max_tokens: 16\n  max_input_tokens: 5000", "limits.max_input_tokens 5000 leaves no room"),
+])
+def test_limits_no_request_could_reach_are_refused_at_build(tmp_path, limits, named):
+    """`max_tokens: 1e12` (or 4,096 on a 4,096-position target) built a deployment that refused
+    every request asking for its limit; now build names the field and the range, writing nothing."""
+    config = tmp_path / "c.yaml"
+    config.write_text(CONFIG.read_text().replace("max_tokens: 2048", limits))
+    out = tmp_path / "out"
+    result = invoke("build", config, "--out", out)
+    assert result.exit_code in (1, 2) and "Traceback" not in result.output, result.output
+    assert named in result.output, result.output
+    if "leaves no room" in named:
+        assert "expected [1, 4095]" in result.output
+    assert not out.exists()

@@ -58,6 +58,13 @@ def test_shipped_configs_load(path):
          r"field `deployment.runtime_reserve_gib`: Input should be less than or equal to 1024"),
         ("target: {path: x}\ndeployment: {gpu: H200, model_id: Qwen/Qwen3-8B, max_batch_size: 100000000}\n",
          r"field `deployment.max_batch_size`: Input should be less than or equal to 65536"),
+        # ... `build` wrote a deployment whose every request was then refused one by one (2026-12-03)
+        ("target: {path: x}\nlimits: {max_tokens: 1000000000000}\n",
+         r"field `limits.max_tokens`: Input should be less than or equal to 16777216, got 1000000000000$"),
+        ("target: {path: x}\nlimits: {max_input_tokens: 100000000}\n",
+         r"field `limits.max_input_tokens`: Input should be less than or equal to 16777216"),
+        ("target: {path: x}\nlimits: {prefill_chunk: 100000000}\n",
+         r"field `limits.prefill_chunk`: Input should be less than or equal to 16777216"),
     ],
 )
 def test_bad_configs(tmp_path, text, message):

@@ -124,6 +124,18 @@ def test_dspark_draft_length_must_equal_block_size(tmp_path):
         llm_args(load_build_config(path), for_triton=False)
 
 
+def test_limits_beyond_max_seq_len_are_refused(tmp_path):
+    """limits.max_tokens 8192 beside deployment.max_seq_len 8192 was written as is: no request could
+    ask for its limit and bring a prompt."""
+    raw = yaml.safe_load((REPO / "build_configs" / "llama3.1-8b-dflash.yaml").read_text())
+    raw["limits"]["max_tokens"] = raw["deployment"]["max_seq_len"]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"limits.max_tokens 8192 leaves no room in deployment.max_seq_len "
+                                          r"of 8192 positions .* expected \[1, 8191\]"):
+        llm_args(load_build_config(path), for_triton=False)
+
+
 def test_kubernetes_single_node_is_a_deployment_multi_node_a_leader_worker_set():
     single = manifests(_load("gpt-oss-120b-dflash-b300-tp8.yaml"), "x")
     assert [o["kind"] for o in single] == ["ConfigMap", "Deployment", "Service"]

@@ -42,6 +42,9 @@ NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 # Kubernetes Service names are RFC 1035 labels; `<name>-serve-config` must stay a valid object name too
 K8S_NAME_PATTERN = r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?"
 MAX_THREADS = 1024  # torch/OpenMP cannot start 20,000 threads here: the process dies (SIGSEGV)
+# most positions a request may use: 16 Mi, beyond every published context window (10 M, Llama 4 Scout);
+# `max_tokens: 1e12` loaded, built and was only refused request by request
+MAX_CONTEXT = 1 << 24
 
 
 def _beside_yaml(base: Path, path: str) -> Path:
@@ -187,19 +190,34 @@ class EngineConfig(_Strict):
 class GenerationLimits(_Strict):
     """Bounds a deployment enforces on every request."""
 
-    max_tokens: int = Field(2048, ge=1, description="largest `max_tokens` a request may ask for")
+    max_tokens: int = Field(2048, ge=1, le=MAX_CONTEXT,
+                            description="largest `max_tokens` a request may ask for; below the target's "
+                                        "positions (a request's prompt needs one at least)")
     max_input_tokens: int | None = Field(
-        None, ge=1, description="longest prompt in tokens; unset = what the target's positions leave "
-                                "after `max_tokens` (a request's prompt + max_tokens must fit them)")
+        None, ge=1, le=MAX_CONTEXT,
+        description="longest prompt in tokens, below the target's positions; unset = what the target's "
+                    "positions leave after `max_tokens` (a request's prompt + max_tokens must fit them)")
     max_concurrency: int = Field(
         8, ge=1, le=256,
         description="requests one served model instance decodes together (continuous batching: one "
                     "packed target forward per step for all of them); more wait in its queue")
     prefill_chunk: int = Field(
-        512, ge=0,
+        512, ge=0, le=MAX_CONTEXT,
         description="prompt tokens one decode step prefills at most, over all new requests (chunked "
                     "prefill): a longer prompt is fed over several steps while the running requests "
                     "keep decoding in each; 0 = every new prompt whole in the step it joins")
+
+    def check_positions(self, positions: int, where: str) -> None:
+        """Refuse limits that no request could reach in `positions` (`where` names them: the target's
+        max_position_embeddings, deployment.max_seq_len): each of max_tokens and max_input_tokens
+        must leave one position at least for the other part of a request. Only values the config
+        sets: the default max_tokens (2048) is capped per request by a smaller target's context."""
+        for name in ("max_tokens", "max_input_tokens"):
+            value = getattr(self, name)
+            if name in self.model_fields_set and value is not None and value >= positions:
+                raise ConfigError(f"limits.{name} {value} leaves no room in {where} of {positions} positions "
+                                  "(a request's prompt + max_tokens must fit them): "
+                                  f"expected [1, {positions - 1}]")
 
     def capacity(self, positions: int) -> int:
         """Positions one request may use (prompt + generated): the target's `positions`, or

@@ -87,7 +87,9 @@ class Pipeline:
 
     def check_buffers(self, max_slots: int) -> None:
         """Refuse, naming the limits, K/V slot buffers for `max_slots` requests (and the CUDA graphs'
-        outputs) that the target's device cannot hold (`trtspec.memory`), before anything is allocated."""
+        outputs) that the target's device cannot hold (`trtspec.memory`), before anything is allocated;
+        and limits that leave no room in the target's positions."""
+        self.config.limits.check_positions(self.target.max_positions, "the target's context")
         if isinstance(self.target, TargetModel):
             per_position = self.target.kv_bytes_per_position + self.drafter.kv_bytes_per_position
             graphed = self.target.cuda_graphs + self.drafter.cuda_graphs  # models with graphs' outputs

@@ -84,6 +84,7 @@ def llm_args(config: BuildConfig, *, for_triton: bool) -> dict:
     if config.deployment is None:
         raise ConfigError(f"config {config.name!r}: flavour trtllm needs a `deployment:` section")
     dep = config.deployment
+    config.limits.check_positions(dep.max_seq_len, "deployment.max_seq_len")
     args: dict = {}
     if for_triton:
         args["model"] = deploy_path(config, config.target.path)
