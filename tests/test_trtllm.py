@@ -265,3 +265,24 @@ def test_convert_dspark_refuses_disabled_markov_head_and_length_mismatch(tmp_pat
     with pytest.raises(CheckpointError, match="dspark_block_size = 7 and block_size = 5"):
         convert_drafter(src, tmp_path / "c-out", "dspark")
     assert not (tmp_path / "c-out").exists()
+
+
+@pytest.mark.parametrize(("limits", "deployment", "chunked", "max_num_tokens"), [
+    ({}, {}, True, 512 + 32 * (9 + 1)),  # limits.prefill_chunk 512 beside 32 requests' 1 + 9 tokens
+    ({"prefill_chunk": 64}, {}, True, 64 + 32 * 10),
+    ({"prefill_chunk": 0}, {}, False, 8192),  # whole prompts: TensorRT-LLM's default, not written
+    ({}, {"max_num_tokens": 4096}, True, 4096),  # a budget the config sets is TensorRT-LLM's own knob
+])
+def test_chunked_prefill_reaches_tensorrt_llm(tmp_path, limits, deployment, chunked, max_num_tokens):
+    """limits.prefill_chunk was not written at all: TensorRT-LLM ran with chunked prefill off (its
+    default), a full step's budget of 8192 tokens, and refused prompts longer than that."""
+    raw = yaml.safe_load((REPO / "build_configs" / "llama3.1-8b-dflash.yaml").read_text())
+    raw["limits"].update(limits)
+    raw["deployment"].update(deployment)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    args = llm_args(load_build_config(path), for_triton=False)
+    assert args.get("enable_chunked_prefill", False) is chunked
+    assert ("enable_chunked_prefill" in args) is chunked
+    assert args["max_num_tokens"] == max_num_tokens
+    assert set(args) <= fields.LLM_ARGS_FIELDS

@@ -38,6 +38,10 @@ Read from NVIDIA/TensorRT-LLM (PyTorch backend, LLM API), not guessed:
   Later TensorRT-LLM (`min_runtime_draft_len`) floors a scheduled 0 at 1 for one-engine modes other
   than Eagle3 / MTP-Eagle; at the commits above a 0 turns speculation off.
 
+- Chunked prefill, same llm_args.py: `BaseLlmArgs.enable_chunked_prefill` (bool, default False);
+  the prompt tokens a step takes are what its running requests leave of `max_num_tokens` (the
+  default chunk is 8192, TensorRT-LLM PR #6386). Together with speculative decoding it is not
+  verified here (no TensorRT-LLM on this machine).
 - CUDA graphs, same llm_args.py: `TorchLlmArgs.cuda_graph_config` (default `CudaGraphConfig()`,
   i.e. on, for decode-only batches; None turns them off), whose decode config
   (`DecodeCudaGraphConfig` / `BaseCudaGraphConfig`) takes `batch_sizes`, `max_batch_size`
@@ -71,6 +75,7 @@ LLM_ARGS_FIELDS = frozenset(
         "max_batch_size",
         "max_seq_len",
         "max_num_tokens",
+        "enable_chunked_prefill",
         "kv_cache_config",
         "cuda_graph_config",
         "speculative_config",
