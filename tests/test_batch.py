@@ -766,3 +766,27 @@ def test_random_batch_mixes_decode_what_each_request_decodes_alone(pipeline, ran
                                        rtol=0)
         compared += 1
     assert compared >= 6
+
+
+def test_adaptive_prices_the_prompt_pieces_its_step_feeds():
+    """A step that prefills a piece of a new prompt costs more whatever k is, so drafting pays more
+    easily in it. The adaptive choice priced every step as a decode step: two running requests at
+    acceptance 0.3 on a CPU-like machine (`test_schedule.LINEAR`) stayed plain while a 300-token
+    prompt went in, 64 tokens a step, where drafting gives 20 % more tokens per second."""
+    from .test_schedule import LINEAR
+
+    pipeline = load_pipeline(_config("tiny-dflash"))
+    hard = [0.3] * pipeline.drafter.num_draft_tokens
+    drafted = {}
+    for joins in (False, True):
+        decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pipeline.end_ids, pipeline.verifier,
+                                     ScheduleConfig(mode="adaptive", probe_every=0), LINEAR, 3, 512,
+                                     acceptance_prior=hard, prefill_chunk=64)
+        for p in PROMPTS[:2]:
+            decoder.add(Request(list(p.encode())[:30], 8))  # 60 tokens: one step
+        decoder.step()  # both prompts in, one token each
+        if joins:
+            decoder.add(Request(list(("x" * 300).encode()), 8))
+        decoder.step()  # the two decode, beside the new prompt's first 64 tokens when it joins
+        drafted[joins] = decoder.offered_drafts
+    assert drafted[False] == 0 < drafted[True]

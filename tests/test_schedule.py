@@ -219,7 +219,7 @@ class _StepCost:
     """A made-up machine: each token the target verifies costs 0.1 s over a 1 s step, and drafting
     costs 0.5 s for the step plus 0.1 s per drafting row."""
 
-    def step(self, batch, drafting, draft_len, drafts, context=None):
+    def step(self, batch, drafting, draft_len, drafts, context=None, prompt=0):
         return 1.0 + 0.1 * drafts + (0.5 + 0.1 * drafting if drafting else 0.0)
 
 
@@ -320,3 +320,35 @@ def test_the_cost_memo_stays_bounded_over_a_long_run():
         assert chosen == admit_rows(fresh, survivals, 15, context=context)
     assert len(fresh._seconds) > 2 * COST_MEMO  # what an unbounded memo would hold
     assert len(cost._seconds) <= COST_MEMO
+
+
+# a CPU-like machine: 4 ms a forward plus 0.5 ms a token; a GPU-like one: flat until 64 tokens
+LINEAR = SPSTable(batch_tokens=[1, 2, 4, 8, 16, 32, 64, 128],
+                  steps_per_s=[1 / (0.004 + 0.0005 * b) for b in [1, 2, 4, 8, 16, 32, 64, 128]],
+                  draft_batches=[1, 8], draft_lens=[1, 15], draft_seconds=[[0.002, 0.002], [0.002, 0.002]])
+FLAT = SPSTable(batch_tokens=[1, 64, 128, 256], steps_per_s=[100.0, 100.0, 50.0, 25.0])
+
+
+def test_a_step_that_also_prefills_is_priced_with_its_prompt_tokens():
+    """With chunked prefill a step's forward feeds prompt pieces beside the running requests' tokens;
+    they were priced as a decode step, so on a CPU a step 7x dearer (2 rows + 64 prompt tokens:
+    37 ms against 5) chose its draft length as if it were not: plain, where drafting gains 20 %."""
+    from trtspec.spec.cost import MeasuredCost, admit_rows
+
+    assert LINEAR.step_seconds(2, 2, prompt=62) == pytest.approx(0.004 + 0.0005 * 64)
+    assert FLAT.step_seconds(2, 2, prompt=32) == pytest.approx(0.01)  # memory-bound: nearly free
+    # ... but it makes the drafts compute-bound: 32 drafts were free, beside it they are not
+    assert FLAT.step_seconds(2, 34) == FLAT.step_seconds(2, 2)
+    assert FLAT.step_seconds(2, 34, prompt=64) - FLAT.step_seconds(2, 2, prompt=64) == \
+        pytest.approx(1 / FLAT.sps(98) - 1 / FLAT.sps(66)) != 0
+    surv = [survival(torch.full((15,), 0.3)).tolist()] * 2
+    cost = MeasuredCost(LINEAR)
+    # plain: 2 tokens in 5 ms = 400/s; k = 1: 2.6 in 8 ms = 325/s. With 64 prompt tokens: plain
+    # 2 in 37 ms = 54/s; k = 1: 2.6 in 40 ms = 65/s, k = 3 (the best): 2.83 in 42 ms = 68/s
+    assert admit_rows(cost, surv, 15, min_gain=0.1) == (0, [])
+    assert admit_rows(cost, surv, 15, min_gain=0.1, prompt=64) == (3, [0, 1])
+    assert cost.step(2, 0, 0, 0) != cost.step(2, 0, 0, 0, prompt=64)  # kept apart in the memo
+    # Algorithm 1 likewise (2 ms of drafting): a draft of survival 0.1 pays only beside the prompt piece
+    one = [torch.tensor([0.1])]
+    assert schedule_lengths(one, LINEAR, "scheduler", draft_seconds=0.002, plain_rows=1) == [0]
+    assert schedule_lengths(one, LINEAR, "scheduler", draft_seconds=0.002, plain_rows=1, prompt=64) == [1]

@@ -13,8 +13,10 @@ request that drafts again after steps without drafting also makes the drafter ca
 what those steps cached: EAGLE-3 up to 32 positions at 25 µs each at R = 8, a probe's whole batch
 6 ms against a 5 ms plain step), and that time is added for each such request, spread over the
 steps it is then expected to draft (at most 8, `SpeculativeDecoder._catch_up_seconds`): paid once,
-it lets the request draft on, and charged whole to one step it would keep a batch plain. The
-best draft length for the batch maximises Σ_r E_k(r) / T(R, k).
+it lets the request draft on, and charged whole to one step it would keep a batch plain. A
+step that also feeds P prompt tokens of new requests (chunked prefill) adds what they cost beside
+the R·(k + 1) (`SPSTable.step_seconds`). The best draft length for the batch maximises
+Σ_r E_k(r) / T(R, k).
 Only acceptance history and confidences enter, never the current drafts' verdict, so the choice
 cannot bias the output (`spec.schedule` explains why that matters).
 
@@ -95,7 +97,7 @@ def best_draft_len(cost: StepCost, survivals: Sequence[Sequence[float]], k_max: 
 
 def admit_rows(cost: MeasuredCost, survivals: Sequence[Sequence[float]], k_max: int,
                min_gain: float = 0.0, context: int | None = None,
-               catch_up: Sequence[float] | None = None) -> tuple[int, list[int]]:
+               catch_up: Sequence[float] | None = None, prompt: int = 0) -> tuple[int, list[int]]:
     """The draft length k and the requests that draft it (indices into `survivals`), the others
     decoding plainly in the same target forward: for each k the requests are ranked by their
     expected gain a_1 + … + a_k and the best prefix of that ranking is taken, the (k, prefix)
@@ -105,11 +107,13 @@ def admit_rows(cost: MeasuredCost, survivals: Sequence[Sequence[float]], k_max: 
     `context`: the cached tokens the step's attention reads per request (`SPSTable.step_seconds`).
     `catch_up`: seconds each request's catch-up adds to a step it drafts in (`SPSTable.catch_up_time`:
     what its drafter must absorb first after steps without drafting); requests are then ranked by
-    their gain less the tokens plain decoding would emit in that time."""
+    their gain less the tokens plain decoding would emit in that time.
+    `prompt`: new requests' prompt tokens the step's forward feeds too (chunked prefill): they make
+    the step dearer whatever k is, so drafting pays more easily (`SPSTable.step_seconds`)."""
     batch = len(survivals)
     if batch == 0:
         return 0, []
-    plain = batch / cost.step(batch, 0, 0, 0, context)
+    plain = batch / cost.step(batch, 0, 0, 0, context, prompt)
     extra = list(catch_up) if catch_up is not None else [0.0] * batch
     best_k, best_rows, best_rate = 0, [], plain * (1.0 + min_gain)
     gains = [0.0] * batch
@@ -124,7 +128,7 @@ def admit_rows(cost: MeasuredCost, survivals: Sequence[Sequence[float]], k_max: 
             tokens += gains[r]
             verified += min(k, len(survivals[r]))
             paid += extra[r]
-            rate = tokens / (cost.step(batch, n, k, verified, context) + paid)
+            rate = tokens / (cost.step(batch, n, k, verified, context, prompt) + paid)
             if rate > best_rate:
                 best_k, best_rows, best_rate = k, order[:n], rate
     return best_k, sorted(best_rows)
@@ -157,16 +161,17 @@ class MeasuredCost:
         return self.step(batch, batch if draft_len else 0, draft_len, batch * draft_len)
 
     def step(self, batch: int, drafting: int, draft_len: int, drafts: int,
-             context: int | None = None) -> float:
+             context: int | None = None, prompt: int = 0) -> float:
         """Seconds of a step of `batch` requests of which `drafting` draft `draft_len` tokens and
         send `drafts` of them in all to the target (the rest feed their last token alone), each
-        request's attention reading `context` cached tokens (None: the table's own context)."""
-        key = (batch, drafting, draft_len, drafts, context)
+        request's attention reading `context` cached tokens (None: the table's own context), and
+        the forward feeding `prompt` tokens of new requests' prompts beside them."""
+        key = (batch, drafting, draft_len, drafts, context, prompt)
         seconds = self._seconds.get(key)
         if seconds is not None:
             self._seconds.move_to_end(key)
             return seconds
-        verify = self.table.step_seconds(batch, batch + drafts, context)
+        verify = self.table.step_seconds(batch, batch + drafts, context, prompt)
         draft = self.table.draft_time(drafting, draft_len) if drafting and draft_len else 0.0
         seconds = self._seconds[key] = verify + draft + self.table.loop_time(batch)
         if len(self._seconds) > self.memo:
@@ -266,16 +271,16 @@ def tree_draft_seconds(table: SPSTable, rows: int, depth: int, per_depth_forward
 
 def tree_rows(table: SPSTable, expected: Sequence[float], batch: int, nodes: int, depth: int,
               per_depth_forward: bool, topk: int, min_gain: float = 0.0, context: int | None = None,
-              catch_up: Sequence[float] | None = None) -> list[int]:
+              catch_up: Sequence[float] | None = None, prompt: int = 0) -> list[int]:
     """Which requests draft a tree this step (indices into `expected`, each request's expected tokens
     from a tree step), out of `batch` running ones: the most promising first, the prefix that
     maximises the step's tokens per second (none at all unless it beats plain decoding by
-    `min_gain`, as `admit_rows` asks of chains). `context` and `catch_up` as `admit_rows` takes
+    `min_gain`, as `admit_rows` asks of chains). `context`, `catch_up` and `prompt` as `admit_rows` takes
     them: the target forward priced at the requests' context, each request's catch-up paid by
     the step it drafts in, and requests ranked by their gain less what plain decoding would emit
     in that time."""
     loop = table.loop_time(batch)
-    plain = batch / (table.step_seconds(batch, batch, context) + loop)
+    plain = batch / (table.step_seconds(batch, batch, context, prompt) + loop)
     extra = list(catch_up) if catch_up is not None else [0.0] * len(expected)
     order = sorted(range(len(expected)), key=lambda j: -(expected[j] - plain * extra[j]))
     best_n, best_rate = 0, plain * (1.0 + min_gain)
@@ -284,7 +289,7 @@ def tree_rows(table: SPSTable, expected: Sequence[float], batch: int, nodes: int
         tokens += expected[j] - 1.0
         paid += extra[j]
         seconds = tree_draft_seconds(table, n, depth, per_depth_forward, topk) + \
-            table.step_seconds(batch, batch + n * nodes, context) + loop + paid
+            table.step_seconds(batch, batch + n * nodes, context, prompt) + loop + paid
         if tokens / seconds > best_rate:
             best_n, best_rate = n, tokens / seconds
     return sorted(order[:best_n])

@@ -283,21 +283,23 @@ class SpeculativeDecoder:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def _draft_plan(self, running: list[_Live], context: int) -> tuple[int, list[int], float | None]:
+    def _draft_plan(self, running: list[_Live], context: int,
+                    prompt: int) -> tuple[int, list[int], float | None]:
         """k for this step, the rows (indices into `running`) that draft, and the drafts the cost
         model expects them to get accepted (None: not its choice). The configured maximum for every
         row with budget left, or (adaptive) the k and rows that maximise expected tokens per second
         under the cost model (`spec.cost.admit_rows`; none: plain decoding). A drafter with
         confidences drafts its whole block in the admitted rows (one block pass costs the same at
         any k) and Algorithm 1 then cuts each row from what this step's confidences say, which the
-        running acceptance cannot know. `context`: the step's, as `_context` prices it."""
+        running acceptance cannot know. `context`: the step's, as `_context` prices it; `prompt`: the
+        prompt tokens its forward feeds too (`_prefill_pieces`), which the cost model prices."""
         k_max = min(self.num_draft_tokens, max((lv.budget for lv in running), default=0))
         may = [i for i, lv in enumerate(running) if lv.budget > 0]
         if k_max <= 0 or self.schedule.mode != "adaptive":
             return max(k_max, 0), may, None
         # the estimates change only when a step verifies drafts: until then the choice stands
         catch_up = self._catch_ups(running)
-        key = (self.population.version, k_max, context,
+        key = (self.population.version, k_max, context, prompt,
                tuple((lv.slot, lv.acceptance.version, min(k_max, lv.budget)) for lv in running))
         # catch-ups shrink only by drafting, whose verdicts change the key: with the key unchanged
         # they only grew, and a plain plan stays plain
@@ -308,7 +310,7 @@ class SpeculativeDecoder:
             min_gain = 0.0 if self.drafter.has_confidence else self.schedule.min_gain
             seconds = self._catch_up_seconds(running, catch_up, [1.0 + sum(a) for a in raw])
             k, rows = admit_rows(self.cost, [self.calibration.scale(s) for s in raw], k_max, min_gain,
-                                 context, seconds)
+                                 context, seconds, prompt)
             self._plan_key, self._plan = key, (k, rows, sum(sum(raw[r][:k]) for r in rows))
             self._plan_catch_up = catch_up
         k, rows, expected = self._plan
@@ -365,10 +367,11 @@ class SpeculativeDecoder:
         return True
 
     def _verify_lengths(self, proposal: Proposal, budgets: list[int], k: int, plain_rows: int,
-                        context: int) -> list[int]:
+                        context: int, prompt: int) -> list[int]:
         """Drafts each drafting row sends to the target: its budget, cut by the schedule when the
         drafter has confidences (DSpark's Algorithm 1 with this step's drafting cost, the
-        `plain_rows` requests that feed one token beside them, and its context included)."""
+        `plain_rows` requests that feed one token beside them, its context and its prompt tokens
+        included)."""
         mode = self.schedule.mode
         if mode == "full" or proposal.confidence is None:
             return budgets
@@ -379,7 +382,7 @@ class SpeculativeDecoder:
             table.draft_time(len(budgets), k) + table.loop_time(len(budgets) + plain_rows)
         table_mode = "scheduler" if mode == "adaptive" else mode
         return schedule_lengths(surv, self.cost_table, table_mode, self.schedule.threshold, draft_s,
-                                plain_rows, context)
+                                plain_rows, context, prompt)
 
     def _ban_end(self, logits: torch.Tensor, rows: list[_Live], tree: DraftTree | None = None) -> None:
         """No end id may be emitted before a request's min_new_tokens: they are removed from p at
@@ -442,11 +445,11 @@ class SpeculativeDecoder:
         elif len(lv.generated) >= lv.request.max_new_tokens:
             lv.done, lv.result.finish_reason = True, "length"
 
-    def _draft_chains(self, running: list[_Live]) -> _Drafts:
+    def _draft_chains(self, running: list[_Live], prompt: int) -> _Drafts:
         """A proposal of k tokens for every running request that may still draft, each cut to the
-        length its schedule admits."""
+        length its schedule admits (`prompt`: the prompt tokens the step's forward feeds too)."""
         context = self._context(running)
-        k, admitted, expected = self._draft_plan(running, context) if running else (0, [], None)
+        k, admitted, expected = self._draft_plan(running, context, prompt) if running else (0, [], None)
         budgets = [0] * len(running)
         for i in admitted:
             budgets[i] = min(k, max(running[i].budget, 0))
@@ -460,7 +463,8 @@ class SpeculativeDecoder:
             rows = [running[i] for i in drafting]
             proposal = self.drafter.propose([_draft_row(lv) for lv in rows], k)
             plain_rows = len(running) - len(drafting)
-            cut = self._verify_lengths(proposal, [budgets[i] for i in drafting], k, plain_rows, context)
+            cut = self._verify_lengths(proposal, [budgets[i] for i in drafting], k, plain_rows, context,
+                                       prompt)
             for i, n in zip(drafting, cut, strict=True):
                 plan.lengths[i] = n
             idx = torch.tensor(drafting, device=device)
@@ -473,11 +477,11 @@ class SpeculativeDecoder:
         plan.depths = plan.lengths
         return plan
 
-    def _draft_trees(self, running: list[_Live]) -> _Drafts:
+    def _draft_trees(self, running: list[_Live], prompt: int) -> _Drafts:
         """A draft tree for every running request the schedule lets draft (its depth capped by the
         request's remaining budget); the others feed their last token alone."""
         depth = self.drafter.tree_depth(self.tree)
-        drafting = self._tree_rows(running, depth)
+        drafting = self._tree_rows(running, depth, prompt)
         device = self.target.device
         r = len(running)
         last = torch.tensor([lv.generated[-1] for lv in running], dtype=torch.long, device=device)
@@ -506,7 +510,7 @@ class SpeculativeDecoder:
         return _Drafts(max(depths), torch.cat([last[:, None], tokens], 1), sizes, drafting, tree=tree,
                        depths=depths)
 
-    def _tree_rows(self, running: list[_Live], depth: int) -> list[int]:
+    def _tree_rows(self, running: list[_Live], depth: int, prompt: int) -> list[int]:
         """Rows that draft a tree this step: every row with budget left (schedule full), or those the
         cost model admits (adaptive, `spec.cost.tree_rows`: from acceptance history only, the step
         priced at its context and with each request's catch-up, as chains are)."""
@@ -522,7 +526,7 @@ class SpeculativeDecoder:
         chosen = tree_rows(self.cost_table, [tokens[i] for i in may], len(running), self.tree.nodes, depth,
                            per_depth_forward=not one_pass, topk=self.tree.topk,
                            min_gain=self.schedule.min_gain, context=self._context(running),
-                           catch_up=[seconds[i] for i in may])
+                           catch_up=[seconds[i] for i in may], prompt=prompt)
         if self._probe(drafting=bool(chosen)):
             return may
         return [may[j] for j in chosen]
@@ -569,9 +573,14 @@ class SpeculativeDecoder:
         prefilling = [lv for lv in self.lives.values() if lv.prefill is not None]  # in arrival order
         running = [lv for lv in self.lives.values() if lv.prefill is None]
 
-        # 1. draft: a chain of k tokens (or a tree) for every running request that may still draft
+        # 1. draft: a chain of k tokens (or a tree) for every running request that may still draft,
+        # priced with the prompt pieces the same forward feeds (a step that also prefills costs more
+        # whatever k is, so drafting pays more easily in it)
+        pieces = self._prefill_pieces(prefilling)
+        prompt = sum(end - start for _, start, end in pieces)
         t_draft = time.perf_counter()
-        plan = self._draft_chains(running) if self.tree is None else self._draft_trees(running)
+        draft = self._draft_chains if self.tree is None else self._draft_trees
+        plan = draft(running, prompt)
         spent = time.perf_counter() - t_draft
         for i in plan.drafting:
             running[i].result.draft_s += spent
@@ -580,7 +589,6 @@ class SpeculativeDecoder:
 
         # 2. ONE target forward: the new prompts' pieces (`_prefill_pieces`), then each running
         # [last, x_1..x_L] (a tree: its nodes)
-        pieces = self._prefill_pieces(prefilling)
         chunks = [Chunk(lv.slot, torch.tensor(lv.request.prompt[a:b], device=device)) for lv, a, b in pieces]
         for i, lv in enumerate(running):
             parents = None if plan.tree is None else plan.tree.row_parents(i)

@@ -91,7 +91,7 @@ class SPSTable(BaseModel):
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (y1 - y0) * (b - x0) / (x1 - x0)
 
-    def step_seconds(self, rows: int, tokens: int, context: int | None = None) -> float:
+    def step_seconds(self, rows: int, tokens: int, context: int | None = None, prompt: int = 0) -> float:
         """Seconds of one target forward over `tokens` new tokens from `rows` requests. The shape
         matters (2 requests × 16 tokens cost less than 8 × 4: attention reads each request's
         context), so where the R × t grid was measured it is read at t = tokens / rows; past its
@@ -99,7 +99,14 @@ class SPSTable(BaseModel):
 
         `context`: the cached tokens the step's attention reads per request. With the short grid
         measured, the time is linear in it between (and beyond) the two grids' contexts, never
-        below the short grid's; without, or None, the grid's own context."""
+        below the short grid's; without, or None, the grid's own context.
+
+        `prompt`: new requests' prompt tokens fed in the same forward (chunked prefill), priced as
+        what they add to a forward of `tokens` along SPS(B): 1/SPS(tokens + prompt) − 1/SPS(tokens)
+        (nearly free where the forward is memory-bound, linear where compute-bound)."""
+        if prompt > 0:
+            extra = 1.0 / self.sps(tokens + prompt) - 1.0 / self.sps(tokens)
+            return self.step_seconds(rows, tokens, context) + max(0.0, extra)
         if not self.verify_steps_per_s or rows < 1:
             return 1.0 / self.sps(tokens)
         seconds = self._grid_seconds(self.verify_steps_per_s, rows, tokens)
@@ -192,12 +199,13 @@ def _ranked(surv: list[torch.Tensor]) -> list[tuple[float, int, int]]:
 
 def schedule_lengths(surv: list[torch.Tensor], sps: SPSTable, mode: Mode = "scheduler",
                      threshold: float = 0.5, draft_seconds: float = 0.0, plain_rows: int = 0,
-                     context: int | None = None) -> list[int]:
+                     context: int | None = None, prompt: int = 0) -> list[int]:
     """Draft tokens to verify per request.  surv: per request [k_r] survival, non-increasing;
     draft_seconds: what this step costs besides its target forward (drafting, the loop's own
     time), part of the step time Θ divides by;
     plain_rows: requests in the same target forward that drafted nothing (one token each);
-    context: the cached tokens the forward's attention reads per request."""
+    context: the cached tokens the forward's attention reads per request;
+    prompt: new requests' prompt tokens fed in the same forward (`SPSTable.step_seconds`)."""
     num_requests = len(surv)
     if mode == "full":
         return [len(a) for a in surv]
@@ -206,7 +214,7 @@ def schedule_lengths(surv: list[torch.Tensor], sps: SPSTable, mode: Mode = "sche
     rows = num_requests + plain_rows
 
     def step_rate(tokens: float, batch: int) -> float:  # Θ: tokens per second of the step
-        return tokens / (draft_seconds + sps.step_seconds(rows, batch, context))
+        return tokens / (draft_seconds + sps.step_seconds(rows, batch, context, prompt))
 
     lengths = [0] * num_requests
     b, tau = rows, float(rows)
