@@ -140,18 +140,20 @@ def ttt_forward(model: Eagle3DraftModel, seqs, aux, steps: int):
 def eagle3_ttt_loss(model: Eagle3DraftModel, seqs, aux, target_logits, loss_mask, steps: int, decay: float):
     """TTT loss over every slot.  seqs [b, S]; aux [b, S, 3·Ht] taps; target_logits [b, S, V]
     (position t's logits = p of token t+1); loss_mask [b, S] (True where token t counts).
+    A label counts where its token counts and its p's argmax is in the draft vocabulary.
     Returns (loss, acc [steps])."""
     b, seq_len = seqs.shape
     num_slots = seq_len - 1  # slot j needs token j+1
     draft_to_target = model.to_target_ids(torch.arange(model.spec.draft_vocab_size))
-    counted = loss_mask & model.t2d[target_logits.argmax(-1)]  # [b, S]
+    in_vocab = model.t2d[target_logits.argmax(-1)]  # [b, S] p of position t (token t+1) fits
     p = torch.softmax(target_logits[..., draft_to_target].float(), -1)  # [b, S, Vd]
 
     losses, accs, weights = [], [], []
     for i, hidden in enumerate(ttt_forward(model, seqs, aux, steps)):
         logq = torch.log_softmax(model.draft_logits(hidden).float(), -1)  # [b, T, Vd]
         p_i = _shift(p, 1 + i, num_slots)  # p of token j+2+i  [b, T, Vd]
-        mask = _shift(counted, 2 + i, num_slots)  # token j+2+i counts  [b, T]
+        # token j+2+i counts, and p_i (position j+1+i) has its argmax in the draft vocabulary
+        mask = _shift(loss_mask, 2 + i, num_slots) & _shift(in_vocab, 1 + i, num_slots)  # [b, T]
         count = mask.sum().clamp(min=1)
         losses.append(-((p_i * logq).sum(-1) * mask).sum() / count)
         with torch.no_grad():
