@@ -154,13 +154,14 @@ def resumable_recipe(cfg) -> dict:
     return cfg.model_dump(mode="json", exclude=set(RESUMABLE))
 
 
-def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, stop: int, cfg) -> int:
+def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, stop: int,
+                 cfg) -> tuple[int, list[dict]]:
     """Load a resumable checkpoint if there is one; return the step to start from (below `stop`,
-    the step this run ends at: a finished run is refused, not rerun into an empty report). A
-    checkpoint written with another recipe (`cfg` but for RESUMABLE) is refused, naming the fields:
-    the same weight shapes would otherwise train on under mixed settings."""
+    the step this run ends at: a finished run is refused, not rerun into an empty report) and the
+    history up to it. A checkpoint written with another recipe (`cfg` but for RESUMABLE) is
+    refused, naming the fields: the same weight shapes would otherwise train on under mixed settings."""
     if not state_file.is_file():
-        return 0
+        return 0, []
     state = load_run_file(state_file, "delete it to train from step 0")
     try:
         model.load_state_dict(state["model"])
@@ -181,12 +182,15 @@ def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, 
                            f"new --out)")
     gen.set_state(state["gen"])
     log.info("resuming %s training at step %d", what, state["step"])
-    return state["step"]
+    history = state.get("history")
+    if history is None:  # a checkpoint written before the history went with it
+        history = earlier_history(state_file.parent.parent, state["step"])
+    return state["step"], history
 
 
 def earlier_history(out_dir: Path, start: int) -> list[dict]:
-    """A resumed run's history so far: the entries up to `start` of the training.json the run
-    wrote before (none for a new run, or when that file is gone)."""
+    """The entries up to `start` of the training.json an earlier run wrote in `out_dir` (none
+    when that file is gone)."""
     report = out_dir / "training.json"
     if start == 0 or not report.is_file():
         return []
@@ -196,10 +200,13 @@ def earlier_history(out_dir: Path, start: int) -> list[dict]:
         return []
 
 
-def save_state(state_file: Path, model, opt, gen: torch.Generator, step: int, cfg) -> None:
+def save_state(state_file: Path, model, opt, gen: torch.Generator, step: int, cfg,
+               history: list[dict] | None = None) -> None:
+    """The resumable checkpoint; `history` (the report's entries so far) goes with it, since a run
+    killed between checkpoints writes no training.json."""
     with replaced(state_file) as tmp:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                    "step": step, "recipe": resumable_recipe(cfg)}, tmp)
+                    "step": step, "recipe": resumable_recipe(cfg), "history": list(history or [])}, tmp)
 
 
 def sample_anchors(usable: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, batch_size: int,
@@ -245,7 +252,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     stop = min(total, cfg.max_steps or total)
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start = resume_state(state_file, model, opt, gen, "DFlash", stop, cfg)
+    start, history = resume_state(state_file, model, opt, gen, "DFlash", stop, cfg)
 
     block = cfg.block_size
     lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
@@ -254,7 +261,6 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     if len(usable) == 0:
         raise TrtspecError(f"no regenerated sequence is longer than its prompt + {block - 1} tokens; "
                            "lower --block-size or raise --response-tokens")
-    history = earlier_history(out_dir, start)
     t0 = time.time()
     bar = tqdm(range(start, stop), desc="train dflash", unit="step", initial=start, total=stop)
     for step in bar:
@@ -272,7 +278,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == stop:
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
                             "seconds": round(time.time() - t0, 1)})
-            save_state(state_file, model, opt, gen, step + 1, cfg)
+            save_state(state_file, model, opt, gen, step + 1, cfg, history)
             save_dflash(model, out_dir)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "history": history}

@@ -35,7 +35,6 @@ from trtspec.train.dflash import (
     _lr_at,
     block_drafter_start,
     block_mask,
-    earlier_history,
     resume_state,
     sample_anchors,
     save_state,
@@ -172,7 +171,7 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
     stop = min(total, cfg.max_steps or total)
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start = resume_state(state_file, model, opt, gen, "DSpark", stop, cfg)
+    start, history = resume_state(state_file, model, opt, gen, "DSpark", stop, cfg)
 
     gamma = cfg.block_size
     lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
@@ -181,7 +180,6 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
     if len(usable) == 0:
         raise TrtspecError(f"no regenerated sequence is longer than its prompt + {gamma} tokens; "
                            "lower --block-size or raise --response-tokens")
-    history = earlier_history(out_dir, start)
     t0 = time.time()
     bar = tqdm(range(start, stop), desc="train dspark", unit="step", initial=start, total=stop)
     for step in bar:
@@ -204,7 +202,7 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
                             "tau_prob": round(metrics["tau_prob"], 3),
                             "conf_err": round(metrics.get("conf_err", float("nan")), 4),
                             "seconds": round(time.time() - t0, 1)})
-            save_state(state_file, model, opt, gen, step + 1, cfg)
+            save_state(state_file, model, opt, gen, step + 1, cfg, history)
             save_dspark(model, out_dir)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "history": history}

@@ -1,0 +1,84 @@
+"""Drafter training runs: a seed fixes the weights, and a run interrupted and resumed from its
+checkpoint ends where the uninterrupted run ends."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trtspec.train import dflash, dspark, eagle3
+
+# one length: the target regenerates them in one batch
+PROMPTS = ["def f(x)", "Q: 1 + 3", "import o", "class A:", "Q: 7 * 8", "for i in", "x = [1, ", "Q: 90-9"]
+# 8 sequences, 2 a step, 2 epochs: 8 steps in all; the runs stop at 5, checkpointing every 2
+RECIPES = {
+    "dflash": (dflash.train_dflash, lambda: dflash.DFlashTrainConfig(
+        block_size=4, num_layers=1, target_layer_ids=[2], response_tokens=12, anchors_per_seq=3,
+        batch_size=2, epochs=2, max_steps=5, checkpoint_every=2)),
+    "dspark": (dspark.train_dspark, lambda: dspark.DSparkTrainConfig(
+        block_size=3, num_layers=1, target_layer_ids=[2], markov_rank=8, response_tokens=12,
+        anchors_per_seq=3, batch_size=2, epochs=2, max_steps=5, checkpoint_every=2)),
+    "eagle3": (eagle3.train_eagle3, lambda: eagle3.Eagle3TrainConfig(
+        ttt_steps=2, aux_layer_ids=[0, 1, 2], response_tokens=12, batch_size=2, epochs=2, max_steps=5,
+        checkpoint_every=2)),
+}
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _train(method, target_dir, prompts, out, data=None):
+    """One run into `out`; `data`: an earlier run's regenerated continuations, to skip regenerating."""
+    if data is not None and not (out / "checkpoint").is_dir():
+        (out / "checkpoint").mkdir(parents=True)
+        shutil.copy(data, out / "checkpoint" / "data.pt")
+    train, cfg = RECIPES[method]
+    return train(target_dir, prompts, out, cfg())
+
+
+def _weights(out):
+    return load_file(out / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return path
+
+
+@pytest.mark.parametrize("method", sorted(RECIPES))
+def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(method, random_qwen3_dir, prompts, tmp_path,
+                                                             monkeypatch):
+    """EAGLE-3 read --max-steps as steps to train in THIS run, so an interrupted run resumed with
+    the same command trained past the step it was asked to stop at (resumed at 2 of `--max-steps
+    5`: on to step 7, weights unlike the uninterrupted run's). A run killed between checkpoints
+    writes no training.json, so the resumed run's report lost the history before the resume
+    ([4, 5] for [2, 4, 5]). Equal weights also say that the seed fixes them."""
+    whole = _train(method, random_qwen3_dir, prompts, tmp_path / "whole")
+    data = tmp_path / "whole" / "checkpoint" / "data.pt"
+    expected = _weights(tmp_path / "whole")
+
+    module = {"dflash": dflash, "dspark": dspark, "eagle3": eagle3}[method]
+    lr_at = module._lr_at
+
+    def stop_at_step_3(step, total, cfg):  # killed before step 3 trains; the checkpoint is at step 2
+        if step == 3:
+            raise Interrupted
+        return lr_at(step, total, cfg)
+
+    monkeypatch.setattr(module, "_lr_at", stop_at_step_3)
+    with pytest.raises(Interrupted):
+        _train(method, random_qwen3_dir, prompts, tmp_path / "resumed", data)
+    monkeypatch.setattr(module, "_lr_at", lr_at)
+    resumed = _train(method, random_qwen3_dir, prompts, tmp_path / "resumed")
+    got = _weights(tmp_path / "resumed")
+    assert sorted(got) == sorted(expected)
+    assert all(torch.equal(w, expected[k]) for k, w in got.items())
+    assert [h["step"] for h in resumed["history"]] == [2, 4, 5]
+    assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in whole["history"]]
