@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from trtspec.errors import TrtspecError
 from trtspec.train import dflash, dspark, eagle3
 
 # one length: the target regenerates them in one batch
@@ -82,3 +83,24 @@ def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(method, random_qwen
     assert all(torch.equal(w, expected[k]) for k, w in got.items())
     assert [h["step"] for h in resumed["history"]] == [2, 4, 5]
     assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in whole["history"]]
+
+
+def test_a_run_refused_before_its_first_step_reruns_with_the_options_its_error_asks_for(
+        random_qwen3_dir, prompts, tmp_path):
+    """Responses too short for one block are refused with 'raise --response-tokens'; the rerun
+    that did so was refused in turn, because the first run had cached its continuations
+    (checkpoint/data.pt) for the old --response-tokens. With no training step on that cache it
+    is regenerated; with one (state.pt) it is still refused, as resuming on new data would be."""
+    out = tmp_path / "o"
+    short = dflash.DFlashTrainConfig(block_size=16, num_layers=1, target_layer_ids=[2], response_tokens=8,
+                                     batch_size=2, max_steps=1)
+    with pytest.raises(TrtspecError, match="raise --response-tokens"):
+        dflash.train_dflash(random_qwen3_dir, prompts, out, short)
+    assert not (out / "checkpoint" / "state.pt").exists()
+    longer = short.model_copy(update={"response_tokens": 24})
+    report = dflash.train_dflash(random_qwen3_dir, prompts, out, longer)
+    assert [h["step"] for h in report["history"]] == [1]
+    assert torch.load(out / "checkpoint" / "data.pt")["source"]["response_tokens"] == 24
+    again = longer.model_copy(update={"response_tokens": 32, "max_steps": 2})
+    with pytest.raises(TrtspecError, match="--response-tokens was 24"):
+        dflash.train_dflash(random_qwen3_dir, prompts, out, again)

@@ -235,8 +235,9 @@ def block_drafter_start(target_dir: Path, prompts_path: Path, out_dir: Path, cfg
     target = frozen_target(target_dir, cfg.seed)
     mask_token_id = resolve_mask_token(target, target_dir, mask_token_id)
     check_layer_ids(cfg.target_layer_ids, target.config.num_hidden_layers)
-    data = regenerated_data(target, target_dir, prompts_path, cfg.response_tokens,
-                            out_dir / "checkpoint" / "data.pt")
+    checkpoint = out_dir / "checkpoint"
+    data = regenerated_data(target, target_dir, prompts_path, cfg.response_tokens, checkpoint / "data.pt",
+                            trained_on=(checkpoint / "state.pt").is_file())
     return target, mask_token_id, data
 
 

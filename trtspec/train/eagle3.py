@@ -187,8 +187,9 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
     if cfg.draft_vocab_size is not None and cfg.draft_vocab_size > vocab:
         raise OptionError("--draft-vocab-size", f"{cfg.draft_vocab_size} exceeds the target's vocabulary of "
                                                 f"{vocab}")
-    data = regenerated_data(target, target_dir, prompts_path, cfg.response_tokens,
-                            out_dir / "checkpoint" / "data.pt")
+    checkpoint = out_dir / "checkpoint"
+    data = regenerated_data(target, target_dir, prompts_path, cfg.response_tokens, checkpoint / "data.pt",
+                            trained_on=(checkpoint / "state.pt").is_file())
 
     model = new_drafter(target, cfg)
     with torch.no_grad():
