@@ -104,3 +104,20 @@ def test_a_run_refused_before_its_first_step_reruns_with_the_options_its_error_a
     again = longer.model_copy(update={"response_tokens": 32, "max_steps": 2})
     with pytest.raises(TrtspecError, match="--response-tokens was 24"):
         dflash.train_dflash(random_qwen3_dir, prompts, out, again)
+
+
+def test_prompts_longer_than_the_target_s_context_are_refused_naming_the_prompt(random_qwen3_dir, tmp_path):
+    """A prompt whose continuation runs past max_position_embeddings (512 here) was trained on:
+    positions the target never learnt and the server refuses (a 5,000-byte prompt on the tiny
+    target, 4,096 positions, trained without a word). Refused before regenerating, naming the
+    file, the prompt and the numbers; nothing is written."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "x = 1"}) + "\n" + json.dumps({"prompt": "y" * 500}) + "\n")
+    cfg = dflash.DFlashTrainConfig(block_size=4, num_layers=1, target_layer_ids=[2], response_tokens=16,
+                                   max_steps=1)
+    with pytest.raises(TrtspecError) as error:
+        dflash.train_dflash(random_qwen3_dir, prompts, tmp_path / "o", cfg)
+    assert str(error.value).startswith(f"{prompts}: prompt 2 is 500 tokens, and with --response-tokens 16 "
+                                       "needs 516 positions, more than the target's max_position_embeddings")
+    assert "max_position_embeddings 512 (" in str(error.value)
+    assert not (tmp_path / "o").exists()

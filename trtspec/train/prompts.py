@@ -95,6 +95,23 @@ def encode_prompts(target_dir: Path, hf_config, prompts: list[Prompt],
     return encoded, end_ids_of(target_dir, tokenizer, hf_config.vocab_size)
 
 
+def check_fits_context(prompts: list[list[int]], response_tokens: int, hf_config, source,
+                       target_dir: Path, option: str = "--response-tokens") -> None:
+    """Refuse prompts whose continuation would run past the target's `max_position_embeddings`:
+    the target's features there are outside what it was trained on, and the server refuses such
+    requests, so a drafter would learn positions it never drafts at."""
+    limit = getattr(hf_config, "max_position_embeddings", None)
+    if not limit:
+        return
+    over = [i for i, p in enumerate(prompts) if len(p) + response_tokens > limit]
+    if over:
+        first, size = over[0] + 1, len(prompts[over[0]])
+        raise TrtspecError(f"{source}: prompt {first} is {size} tokens, and with {option} {response_tokens} "
+                           f"needs {size + response_tokens} positions, more than the target's "
+                           f"max_position_embeddings {limit} ({target_dir}/config.json); {len(over)} of "
+                           f"{len(prompts)} prompts are that long: shorten them or lower {option}")
+
+
 @torch.inference_mode()
 def regenerate(model, prompts: list[list[int]], response_tokens: int, end_ids: tuple[int, ...],
                batch: int = 64):
@@ -158,6 +175,7 @@ def regenerated_data(target, target_dir: Path, prompts_path: Path, response_toke
     if data is not None:
         return data
     prompts, end_ids = encode_prompts(target_dir, target.config, load_prompt_file(prompts_path), prompts_path)
+    check_fits_context(prompts, response_tokens, target.config, prompts_path, target_dir)
     seqs, lens = regenerate(target, prompts, response_tokens, end_ids)
     data = {"seqs": seqs, "lens": lens, "prompt_lens": torch.tensor([len(p) for p in prompts]),
             "source": source}
