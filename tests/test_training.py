@@ -121,3 +121,26 @@ def test_prompts_longer_than_the_target_s_context_are_refused_naming_the_prompt(
                                        "needs 516 positions, more than the target's max_position_embeddings")
     assert "max_position_embeddings 512 (" in str(error.value)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_anchors_reach_the_last_tokens_of_a_response(method, random_qwen3_dir, prompts, tmp_path,
+                                                     monkeypatch):
+    """A block had to fit whole in the response, so no anchor fell in its last B−1 tokens: the
+    drafter never drafted a response's end (EOS at slot 1 was never a label). Like SpecForge and
+    DeepSpec, anchors now run to the second-to-last token and the labels past the end are masked."""
+    module = dflash if method == "dflash" else dspark
+    seen = []
+
+    def spy(*args, **kwargs):  # records what the recipe draws
+        rows, anchors = sample_anchors(*args, **kwargs)
+        seen.append((rows, anchors))
+        return rows, anchors
+
+    sample_anchors = module.sample_anchors
+    monkeypatch.setattr(module, "sample_anchors", spy)
+    _train(method, random_qwen3_dir, prompts, tmp_path / "o")
+    data = torch.load(tmp_path / "o" / "checkpoint" / "data.pt")
+    block = RECIPES[method][1]().block_size
+    last = torch.cat([data["lens"][rows, None] - 1 - anchors for rows, anchors in seen])  # tokens after it
+    assert last.min() == 1 and (last < block - 1).any()

@@ -5,7 +5,8 @@
 2. Features: one teacher-forced target pass per sequence gives the taps at `target_layer_ids`.
 3. Anchors: random positions in each response; block j of an anchor a is
    `[x_a, MASK × (B−1)]` at positions a..a+B−1 and sees the context strictly before a plus its
-   own block (bidirectionally); slot k predicts x_{a+k} (no shift).
+   own block (bidirectionally); slot k predicts x_{a+k} (no shift). A block that runs past the
+   response's end is trained on the slots before it (`block_labels`).
 4. Loss: cross-entropy weighted per slot `w_k = exp(−(k−1)/γ)`; only the drafter layers, `fc`
    and the norms train — the target's embedding and LM head are shared and frozen.
 Checkpoints are written in z-lab's layout; `checkpoint/` beside them makes the run resumable.
@@ -83,26 +84,40 @@ def block_mask(anchors: torch.Tensor, ctx_len: int, block: int) -> torch.Tensor:
     return torch.cat([ctx, own], -1)[:, None]
 
 
-def dflash_loss(model: DFlashDraftModel, embed, lm_head, seqs, taps, anchors, gamma: float):
-    """Position-weighted CE of the drafter on blocks at `anchors`.
-    seqs [b, S]; taps [b, S, D]; anchors [b, n] (each <= valid_len − B). Returns (loss, acc [B−1])."""
+def block_labels(seqs: torch.Tensor, lens: torch.Tensor | None, pos: torch.Tensor):
+    """The tokens at block positions and which of them exist: a block that runs past its
+    sequence's valid tokens (`lens`; None: all of `seqs`) is trained on the part before the end,
+    as SpecForge and DeepSpec mask it, so the drafter learns to draft a response's last tokens.
+    seqs [b, S]; pos [b, n, k] -> (tokens [b, n, k] (a valid token where none exists), valid [b, n, k])"""
+    b, seq_len = seqs.shape
+    end = torch.full((b,), seq_len) if lens is None else lens.clamp(max=seq_len)
+    valid = pos < end[:, None, None]
+    tokens = seqs.gather(1, pos.clamp(max=seq_len - 1).flatten(1)).view(pos.shape)
+    return tokens, valid
+
+
+def dflash_loss(model: DFlashDraftModel, embed, lm_head, seqs, taps, anchors, gamma: float,
+                lens: torch.Tensor | None = None):
+    """Position-weighted CE of the drafter on blocks at `anchors`, over the labels that exist.
+    seqs [b, S]; taps [b, S, D]; anchors [b, n] (each <= valid_len − 2); lens [b] valid lengths
+    (None: all S). Returns (loss, acc [B−1])."""
     b, seq_len = seqs.shape
     block = model.spec.block_size
     offsets = torch.arange(block)
-    pos = (anchors[..., None] + offsets).reshape(b, -1)  # [b, n*B]
+    pos = anchors[..., None] + offsets  # [b, n, B]
     ids = torch.full_like(pos, model.spec.mask_token_id)
-    ids[:, ::block] = seqs.gather(1, anchors)
-    labels = seqs.gather(1, pos).view(b, -1, block)[..., 1:]  # [b, n, B−1]
+    ids[..., 0] = seqs.gather(1, anchors)
+    labels, valid = block_labels(seqs, lens, pos[..., 1:])  # [b, n, B−1] each
 
     ctx_kv = model.project_context(taps, torch.arange(seq_len).expand(b, -1))
-    hidden = model(embed(ids), pos, ctx_kv, block_mask(anchors, seq_len, block))
+    hidden = model(embed(ids.flatten(1)), pos.flatten(1), ctx_kv, block_mask(anchors, seq_len, block))
     hidden = hidden.view(b, -1, block, hidden.shape[-1])[:, :, 1:]  # [b, n, B−1, H]
     logits = lm_head(hidden)
     ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
-    weights = torch.exp(-(offsets[1:].float() - 1) / gamma)  # w_k, k = 1..B−1
-    loss = (ce * weights).sum() / (weights.sum() * labels.shape[0] * labels.shape[1])
+    weights = torch.exp(-(offsets[1:].float() - 1) / gamma) * valid  # w_k, k = 1..B−1, where a label is
+    loss = (ce * weights).sum() / weights.sum()
     with torch.no_grad():
-        acc = (logits.argmax(-1) == labels).float().mean((0, 1))
+        acc = ((logits.argmax(-1) == labels) & valid).sum((0, 1)) / valid.sum((0, 1)).clamp(min=1)
     return loss, acc
 
 
@@ -257,10 +272,10 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
 
     block = cfg.block_size
     lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
-    hi = data["lens"] - block  # the last block must fit in the valid tokens
+    hi = data["lens"] - 2  # the last anchor whose first label exists
     usable = (hi >= lo).nonzero().flatten()
-    if len(usable) == 0:
-        raise TrtspecError(f"no regenerated sequence is longer than its prompt + {block - 1} tokens; "
+    if not (data["lens"] - data["prompt_lens"] >= block - 1).any():
+        raise TrtspecError(f"no regenerated sequence is longer than its prompt + {block - 2} tokens; "
                            "lower --block-size or raise --response-tokens")
     t0 = time.time()
     bar = tqdm(range(start, stop), desc="train dflash", unit="step", initial=start, total=stop)
@@ -268,7 +283,8 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
         rows, anchors = sample_anchors(usable, lo, hi, cfg.batch_size, cfg.anchors_per_seq, gen)  # [b, n]
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, total, cfg)
-        loss, acc = dflash_loss(model, embed, lm_head, data["seqs"][rows], taps[rows], anchors, cfg.decay())
+        loss, acc = dflash_loss(model, embed, lm_head, data["seqs"][rows], taps[rows], anchors, cfg.decay(),
+                                data["lens"][rows])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -34,6 +34,7 @@ from trtspec.train.dflash import (
     DEFAULT_GAMMA,
     _lr_at,
     block_drafter_start,
+    block_labels,
     block_mask,
     resume_state,
     sample_anchors,
@@ -83,21 +84,24 @@ class DSparkBatch:
     labels: torch.Tensor  # [b, n, γ] x_{a+1}..x_{a+γ} (the target's tokens)
     prev: torch.Tensor  # [b, n, γ] teacher-forced x_{a}..x_{a+γ−1}
     positions: torch.Tensor  # [b, n, γ] a..a+γ−1: where the target predicts each label
+    valid: torch.Tensor  # [b, n, γ] the label exists (False past the end of the response)
 
 
 def block_forward(model: DSparkDraftModel, seqs: torch.Tensor, taps: torch.Tensor,
-                  anchors: torch.Tensor) -> DSparkBatch:
-    """seqs [b, S]; taps [b, S, n_taps*H]; anchors [b, n] (each ≤ valid_len − 1 − γ)."""
+                  anchors: torch.Tensor, lens: torch.Tensor | None = None) -> DSparkBatch:
+    """seqs [b, S]; taps [b, S, n_taps*H]; anchors [b, n] (each ≤ valid_len − 2); lens [b] valid
+    lengths (None: all S): slots whose label lies past them are marked not valid (`block_labels`)."""
     b, seq_len = seqs.shape
     n, gamma = anchors.shape[1], model.spec.block_size
-    pos = (anchors[..., None] + torch.arange(gamma)).reshape(b, -1)  # [b, n*γ]
+    pos = anchors[..., None] + torch.arange(gamma)  # [b, n, γ]
     ids = torch.full_like(pos, model.spec.mask_token_id)
-    ids[:, ::gamma] = seqs.gather(1, anchors)
+    ids[..., 0] = seqs.gather(1, anchors)
     ctx_kv = model.project_context(taps, torch.arange(seq_len).expand(b, -1))
-    hidden = model(model.embed_tokens(ids), pos, ctx_kv, block_mask(anchors, seq_len, gamma))
-    labels = seqs.gather(1, pos + 1).view(b, n, gamma)
-    prev = seqs.gather(1, pos).view(b, n, gamma)
-    return DSparkBatch(hidden.view(b, n, gamma, -1), labels, prev, pos.view(b, n, gamma))
+    mask = block_mask(anchors, seq_len, gamma)
+    hidden = model(model.embed_tokens(ids.flatten(1)), pos.flatten(1), ctx_kv, mask)
+    labels, valid = block_labels(seqs, lens, pos + 1)
+    prev = torch.cat([ids[..., :1], labels[..., :-1]], -1)  # x_a, then the label before each slot
+    return DSparkBatch(hidden.view(b, n, gamma, -1), labels, prev, pos, valid)
 
 
 def dspark_loss(model: DSparkDraftModel, batch: DSparkBatch, target_logits: torch.Tensor,
@@ -106,7 +110,7 @@ def dspark_loss(model: DSparkDraftModel, batch: DSparkBatch, target_logits: torc
     logits, conf_logits = model.teacher_forced(batch.hidden, batch.prev)  # [b, n, γ, V], [b, n, γ]
     gamma = logits.shape[2]
     w = torch.exp(-torch.arange(gamma, dtype=torch.float32) / cfg.decay())  # w_k, k = 1..γ
-    w = w.expand(batch.labels.shape)
+    w = w * batch.valid  # [b, n, γ]: no weight where no label exists
     wsum = w.sum()
     ce = F.cross_entropy(logits.flatten(0, 2).float(), batch.labels.flatten(), reduction="none")
     p_d = torch.softmax(logits.float(), -1)
@@ -121,8 +125,9 @@ def dspark_loss(model: DSparkDraftModel, batch: DSparkBatch, target_logits: torc
         metrics["conf_err"] = (torch.sigmoid(conf_logits) - c_star).abs().mean().item()
     with torch.no_grad():
         # expected tokens per cycle under temperature-1 sampling: 1 + Σ_j ∏_{i≤j} c*_i
-        metrics["tau_prob"] = 1 + c_star.cumprod(-1).sum(-1).mean().item()
-        metrics["acc"] = (logits.argmax(-1) == batch.labels).float().mean((0, 1))  # [γ]
+        metrics["tau_prob"] = 1 + (c_star * batch.valid).cumprod(-1).sum(-1).mean().item()
+        hits = (logits.argmax(-1) == batch.labels) & batch.valid
+        metrics["acc"] = hits.sum((0, 1)) / batch.valid.sum((0, 1)).clamp(min=1)  # [γ]
     return loss, metrics
 
 
@@ -175,10 +180,10 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
 
     gamma = cfg.block_size
     lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
-    hi = data["lens"] - 1 - gamma  # slot γ predicts x_{a+γ}, which must be a valid token
+    hi = data["lens"] - 2  # the last anchor whose first label exists
     usable = (hi >= lo).nonzero().flatten()
-    if len(usable) == 0:
-        raise TrtspecError(f"no regenerated sequence is longer than its prompt + {gamma} tokens; "
+    if not (data["lens"] - data["prompt_lens"] >= gamma).any():
+        raise TrtspecError(f"no regenerated sequence is longer than its prompt + {gamma - 1} tokens; "
                            "lower --block-size or raise --response-tokens")
     t0 = time.time()
     bar = tqdm(range(start, stop), desc="train dspark", unit="step", initial=start, total=stop)
@@ -186,8 +191,8 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
         rows, anchors = sample_anchors(usable, lo, hi, cfg.batch_size, cfg.anchors_per_seq, gen)  # [b, n]
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, total, cfg)
-        batch = block_forward(model, data["seqs"][rows], taps[rows], anchors)
-        flat = batch.positions.flatten(1)  # [b, n*γ]
+        batch = block_forward(model, data["seqs"][rows], taps[rows], anchors, data["lens"][rows])
+        flat = batch.positions.flatten(1).clamp(max=p_logits.shape[1] - 1)  # [b, n*γ]; past it: not valid
         p_t = p_logits[rows[:, None], flat].view(*batch.positions.shape, -1)  # [b, n, γ, V]
         loss, metrics = dspark_loss(model, batch, p_t, cfg)
         opt.zero_grad(set_to_none=True)
