@@ -144,3 +144,21 @@ def test_anchors_reach_the_last_tokens_of_a_response(method, random_qwen3_dir, p
     block = RECIPES[method][1]().block_size
     last = torch.cat([data["lens"][rows, None] - 1 - anchors for rows, anchors in seen])  # tokens after it
     assert last.min() == 1 and (last < block - 1).any()
+
+
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_a_drafter_deeper_than_its_target_starts_the_extra_layers_at_random(method, random_qwen3_dir):
+    """`--layers 8` on the 6-layer tiny target was an IndexError traceback, after regenerating:
+    drafter layer i started from target layer i for every i. Layers past the target's depth now
+    keep their random start."""
+    from trtspec.models.target import load_causal_lm
+
+    target = load_causal_lm(random_qwen3_dir)  # 3 layers
+    if method == "dflash":
+        model = dflash.new_drafter(target, 258, dflash.DFlashTrainConfig(num_layers=5, target_layer_ids=[2]))
+    else:
+        model = dspark.new_dspark(target, 258, dspark.DSparkTrainConfig(num_layers=5, target_layer_ids=[2]))
+    name = "self_attn.q_proj.weight"
+    for i, layer in enumerate(model.layers):
+        same = torch.equal(layer.get_parameter(name), target.model.layers[min(i, 2)].get_parameter(name))
+        assert same == (i < 3), i

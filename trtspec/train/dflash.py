@@ -53,7 +53,8 @@ class DFlashTrainConfig(BaseModel):
     lr: float = Field(6e-4, gt=0, description="peak AdamW learning rate")
     warmup: float = Field(0.04, ge=0, le=1, description="fraction of steps of warm-up")
     gamma: float | None = Field(None, gt=0, description="loss decay; default 7/5/4 for B=16/10/8")
-    init_from_target: bool = Field(True, description="start drafter layer i from target layer i")
+    init_from_target: bool = Field(True, description="start drafter layer i from target layer i "
+                                   "(layers past the target's depth start at random)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
     seed: int = Field(0, description="seed of initialisation, anchors and order")
 
@@ -143,9 +144,15 @@ def new_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig) -> DFlashDra
     config = type(tc).from_dict({**fields, "num_hidden_layers": cfg.num_layers})
     model = DFlashDraftModel(config, spec)
     if cfg.init_from_target:
-        for i, layer in enumerate(model.layers):
-            layer.load_state_dict(target.model.layers[i].state_dict(), strict=False)
+        init_layers_from_target(model.layers, target)
     return model
+
+
+def init_layers_from_target(layers, target) -> None:
+    """Drafter layer i starts as target layer i; layers past the target's depth keep their random
+    start (`--layers` above the target's layer count was an IndexError after regenerating)."""
+    for mine, theirs in zip(layers, target.model.layers, strict=False):
+        mine.load_state_dict(theirs.state_dict(), strict=False)
 
 
 def resolve_mask_token(target, target_dir: Path, mask_token_id: int | None) -> int:

@@ -36,6 +36,7 @@ from trtspec.train.dflash import (
     block_drafter_start,
     block_labels,
     block_mask,
+    init_layers_from_target,
     resume_state,
     sample_anchors,
     save_state,
@@ -66,7 +67,8 @@ class DSparkTrainConfig(BaseModel):
     ce_alpha: float = Field(0.1, ge=0, description="weight of the cross-entropy to the target's token")
     tv_alpha: float = Field(0.9, ge=0, description="weight of TV(p_k, p_t)")
     confidence_alpha: float = Field(1.0, ge=0, description="weight of the confidence BCE; 0 = no head")
-    init_from_target: bool = Field(True, description="start drafter layer i from target layer i")
+    init_from_target: bool = Field(True, description="start drafter layer i from target layer i "
+                                   "(layers past the target's depth start at random)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
     seed: int = Field(0, description="seed of initialisation, anchors and order")
 
@@ -151,8 +153,7 @@ def new_dspark(target, mask_token_id: int, cfg: DSparkTrainConfig) -> DSparkDraf
     model.embed_tokens.requires_grad_(False)
     model.lm_head.requires_grad_(False)
     if cfg.init_from_target:
-        for i, layer in enumerate(model.layers):
-            layer.load_state_dict(target.model.layers[i].state_dict(), strict=False)
+        init_layers_from_target(model.layers, target)
     return model
 
 
