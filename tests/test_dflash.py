@@ -193,6 +193,25 @@ def test_training_blocks_equal_inference_blocks(target, drafter_model):
     assert loss.item() > 0 and acc.shape == (block - 1,)
 
 
+def test_a_block_past_the_response_s_end_trains_on_the_slots_before_it(target, drafter_model):
+    """Labels past a sequence's valid length (its padding) carry no weight: a block whose every
+    label exists loses what it lost before, and tokens past the end change nothing."""
+    seq = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(4))
+    taps = _taps(target, seq, drafter_model.spec.target_layer_ids)[None]
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    whole = torch.tensor([[3, 12, 20]])  # blocks of 6 within the first 30 tokens
+    with torch.no_grad():
+        unmasked, _ = dflash_loss(drafter_model, emb, head, seq, taps, whole, 4.0)
+        masked, _ = dflash_loss(drafter_model, emb, head, seq, taps, whole, 4.0, torch.tensor([30]))
+        assert masked.item() == pytest.approx(unmasked.item(), rel=1e-6)
+        past = torch.tensor([[3, 26, 28]])  # 3 and 1 labels before the end at 30
+        padded = seq.clone()
+        padded[0, 30:] = 256  # what regeneration pads with
+        loss, acc = dflash_loss(drafter_model, emb, head, seq, taps, past, 4.0, torch.tensor([30]))
+        again, acc_again = dflash_loss(drafter_model, emb, head, padded, taps, past, 4.0, torch.tensor([30]))
+    assert again.item() == pytest.approx(loss.item(), rel=1e-6) and torch.equal(acc, acc_again)
+
+
 def test_greedy_lossless_with_untrained_drafter(random_qwen3_dir, target, drafter_model, tmp_path):
     from trtspec.spec.decoder import SpeculativeDecoder
 

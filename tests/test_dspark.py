@@ -319,6 +319,34 @@ def test_loss_terms_and_gradients(target, drafter_model):
     assert same["tau_prob"] == pytest.approx(1 + GAMMA, abs=1e-4)
 
 
+def test_labels_past_the_response_s_end_carry_no_weight(target, drafter_model):
+    """A block running past the valid length is trained on the slots before it: tokens and target
+    logits past the end change nothing, and a block whose every label exists loses what it did."""
+    seq = _ids(9, 40)
+    taps = _taps(target, seq, drafter_model.spec.target_layer_ids)
+    with torch.no_grad():
+        logits = target(seq).logits[0]  # [40, V]
+    cfg, end = DSparkTrainConfig(block_size=GAMMA), torch.tensor([30])
+
+    def loss_of(tokens, anchors, lens, p_logits=logits):
+        with torch.no_grad():
+            batch = block_forward(drafter_model, tokens, taps, torch.tensor([anchors]), lens)
+            p_t = p_logits[batch.positions[0].clamp(max=39)][None]  # [1, n, γ, V]
+            return dspark_loss(drafter_model, batch, p_t, cfg)
+
+    whole = [3, 12, 30 - 1 - GAMMA]
+    assert loss_of(seq, whole, end)[0].item() == pytest.approx(loss_of(seq, whole, None)[0].item(), rel=1e-6)
+    past = [3, 30 - GAMMA, 28]  # the last two run past the end
+    padded, noisy = seq.clone(), logits.clone()
+    padded[0, 30:] = 256
+    noisy[29:] += torch.randn(noisy[29:].shape, generator=torch.Generator().manual_seed(5))  # p_t of x_30..
+    loss, metrics = loss_of(seq, past, end)
+    again, metrics_again = loss_of(padded, past, end, noisy)
+    assert again.item() == pytest.approx(loss.item(), rel=1e-6)
+    assert metrics_again["tau_prob"] == pytest.approx(metrics["tau_prob"], rel=1e-6)
+    assert torch.equal(metrics["acc"], metrics_again["acc"])
+
+
 def test_greedy_lossless_with_untrained_drafter(target, drafter_model, tmp_path):
     from trtspec.spec.decoder import SpeculativeDecoder
 

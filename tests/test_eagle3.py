@@ -324,6 +324,34 @@ def test_training_time_test_equals_chain_drafting(target, drafter_model):
     assert loss.item() > 0 and acc.shape == (3,)
 
 
+def test_ttt_loss_skips_labels_whose_target_argmax_the_draft_vocabulary_lacks(target):
+    """Slot j's step-i soft label is p at position j+1+i; whether it counts must be decided by
+    that p's argmax. It was decided by the argmax at j+2+i, the next label's: on the tiny target
+    with a 32-token draft vocabulary 247 of 3,729 counted labels lay outside the vocabulary and
+    244 inside it were dropped. Logits changed only where the argmax is outside the draft
+    vocabulary (argmax kept) must leave the loss and accuracy unchanged."""
+    model = _drafter_model(target, draft_vocab_size=80)
+    seq = _ids(30, 31)
+    taps = _taps(target, seq)
+    gen = torch.Generator().manual_seed(32)
+    logits = torch.randn(1, 30, target.config.vocab_size, generator=gen)
+    outside = ~model.t2d  # [V] target ids the draft vocabulary lacks
+    top = torch.where(torch.rand(1, 30, generator=gen) < 0.5,  # half the positions' argmax outside
+                      outside.nonzero().flatten()[:30], model.t2d.nonzero().flatten()[:30])
+    logits.scatter_(-1, top[..., None], 10.0)
+    skipped = outside[logits.argmax(-1)]  # [1, 30]
+    assert 5 < int(skipped.sum()) < 25
+    changed = logits.clone()
+    changed[skipped] += 3 * torch.rand(changed[skipped].shape, generator=gen)  # argmax kept
+    assert torch.equal(changed.argmax(-1), logits.argmax(-1))
+    mask = torch.ones_like(seq, dtype=torch.bool)
+    with torch.no_grad():
+        loss, acc = eagle3_ttt_loss(model, seq, taps, logits, mask, 3, 0.8)
+        again, acc_again = eagle3_ttt_loss(model, seq, taps, changed, mask, 3, 0.8)
+    assert again.item() == pytest.approx(loss.item(), rel=1e-6)
+    assert torch.equal(acc_again, acc)
+
+
 @pytest.mark.parametrize("draft_vocab_size", [None, 80])
 def test_greedy_lossless_with_untrained_drafter(target, tmp_path, draft_vocab_size):
     model = _drafter_model(target, draft_vocab_size)

@@ -336,7 +336,7 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
 @click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate (> 0).")
 @click.option("--response-tokens", default=192, show_default=True, type=int,
               help="Tokens the target regenerates per prompt (>= 8).")
-@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (>= 1; smoke runs).")
+@click.option("--max-steps", default=None, type=int, help="Stop after this many steps (>= 1; a short run).")
 @run_errors
 def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_size, aux_layer_ids, epochs,
                      lr, response_tokens, max_steps) -> None:

@@ -28,7 +28,7 @@ from trtspec.prompts import load_prompts
 from trtspec.spec.sts import STSCalibration, fit_sts, save_sts, survival_ece
 from trtspec.train.dflash import target_taps
 from trtspec.train.dspark import block_forward
-from trtspec.train.prompts import encode_prompts, regenerate
+from trtspec.train.prompts import check_fits_context, encode_prompts, regenerate
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,9 @@ def calibrate(drafter_dir: Path, target_dir: Path, tasks: list[str], response_to
         raise TrtspecError(f"{drafter_dir}/config.json: enable_confidence_head is false; "
                            "nothing to calibrate")
     texts: list = [p for task in tasks for p in load_prompts(task)]
-    prompts, end_ids = encode_prompts(target_dir, target.config, texts, Path(f"--tasks {','.join(tasks)}"))
+    source = Path(f"--tasks {','.join(tasks)}")
+    prompts, end_ids = encode_prompts(target_dir, target.config, texts, source)
+    check_fits_context(prompts, response_tokens, target.config, source, target_dir)
     seqs, lens = regenerate(target, prompts, response_tokens, end_ids)
     taps = target_taps(target, seqs, model.spec.target_layer_ids)
     out = greedy_outcomes(model, seqs, lens, torch.tensor([len(p) for p in prompts]), taps)

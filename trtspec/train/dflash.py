@@ -5,7 +5,8 @@
 2. Features: one teacher-forced target pass per sequence gives the taps at `target_layer_ids`.
 3. Anchors: random positions in each response; block j of an anchor a is
    `[x_a, MASK × (B−1)]` at positions a..a+B−1 and sees the context strictly before a plus its
-   own block (bidirectionally); slot k predicts x_{a+k} (no shift).
+   own block (bidirectionally); slot k predicts x_{a+k} (no shift). A block that runs past the
+   response's end is trained on the slots before it (`block_labels`).
 4. Loss: cross-entropy weighted per slot `w_k = exp(−(k−1)/γ)`; only the drafter layers, `fc`
    and the norms train — the target's embedding and LM head are shared and frozen.
 Checkpoints are written in z-lab's layout; `checkpoint/` beside them makes the run resumable.
@@ -52,7 +53,8 @@ class DFlashTrainConfig(BaseModel):
     lr: float = Field(6e-4, gt=0, description="peak AdamW learning rate")
     warmup: float = Field(0.04, ge=0, le=1, description="fraction of steps of warm-up")
     gamma: float | None = Field(None, gt=0, description="loss decay; default 7/5/4 for B=16/10/8")
-    init_from_target: bool = Field(True, description="start drafter layer i from target layer i")
+    init_from_target: bool = Field(True, description="start drafter layer i from target layer i "
+                                   "(layers past the target's depth start at random)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
     seed: int = Field(0, description="seed of initialisation, anchors and order")
 
@@ -83,26 +85,40 @@ def block_mask(anchors: torch.Tensor, ctx_len: int, block: int) -> torch.Tensor:
     return torch.cat([ctx, own], -1)[:, None]
 
 
-def dflash_loss(model: DFlashDraftModel, embed, lm_head, seqs, taps, anchors, gamma: float):
-    """Position-weighted CE of the drafter on blocks at `anchors`.
-    seqs [b, S]; taps [b, S, D]; anchors [b, n] (each <= valid_len − B). Returns (loss, acc [B−1])."""
+def block_labels(seqs: torch.Tensor, lens: torch.Tensor | None, pos: torch.Tensor):
+    """The tokens at block positions and which of them exist: a block that runs past its
+    sequence's valid tokens (`lens`; None: all of `seqs`) is trained on the part before the end,
+    as SpecForge and DeepSpec mask it, so the drafter learns to draft a response's last tokens.
+    seqs [b, S]; pos [b, n, k] -> (tokens [b, n, k] (a valid token where none exists), valid [b, n, k])"""
+    b, seq_len = seqs.shape
+    end = torch.full((b,), seq_len) if lens is None else lens.clamp(max=seq_len)
+    valid = pos < end[:, None, None]
+    tokens = seqs.gather(1, pos.clamp(max=seq_len - 1).flatten(1)).view(pos.shape)
+    return tokens, valid
+
+
+def dflash_loss(model: DFlashDraftModel, embed, lm_head, seqs, taps, anchors, gamma: float,
+                lens: torch.Tensor | None = None):
+    """Position-weighted CE of the drafter on blocks at `anchors`, over the labels that exist.
+    seqs [b, S]; taps [b, S, D]; anchors [b, n] (each <= valid_len − 2); lens [b] valid lengths
+    (None: all S). Returns (loss, acc [B−1])."""
     b, seq_len = seqs.shape
     block = model.spec.block_size
     offsets = torch.arange(block)
-    pos = (anchors[..., None] + offsets).reshape(b, -1)  # [b, n*B]
+    pos = anchors[..., None] + offsets  # [b, n, B]
     ids = torch.full_like(pos, model.spec.mask_token_id)
-    ids[:, ::block] = seqs.gather(1, anchors)
-    labels = seqs.gather(1, pos).view(b, -1, block)[..., 1:]  # [b, n, B−1]
+    ids[..., 0] = seqs.gather(1, anchors)
+    labels, valid = block_labels(seqs, lens, pos[..., 1:])  # [b, n, B−1] each
 
     ctx_kv = model.project_context(taps, torch.arange(seq_len).expand(b, -1))
-    hidden = model(embed(ids), pos, ctx_kv, block_mask(anchors, seq_len, block))
+    hidden = model(embed(ids.flatten(1)), pos.flatten(1), ctx_kv, block_mask(anchors, seq_len, block))
     hidden = hidden.view(b, -1, block, hidden.shape[-1])[:, :, 1:]  # [b, n, B−1, H]
     logits = lm_head(hidden)
     ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
-    weights = torch.exp(-(offsets[1:].float() - 1) / gamma)  # w_k, k = 1..B−1
-    loss = (ce * weights).sum() / (weights.sum() * labels.shape[0] * labels.shape[1])
+    weights = torch.exp(-(offsets[1:].float() - 1) / gamma) * valid  # w_k, k = 1..B−1, where a label is
+    loss = (ce * weights).sum() / weights.sum()
     with torch.no_grad():
-        acc = (logits.argmax(-1) == labels).float().mean((0, 1))
+        acc = ((logits.argmax(-1) == labels) & valid).sum((0, 1)) / valid.sum((0, 1)).clamp(min=1)
     return loss, acc
 
 
@@ -128,9 +144,15 @@ def new_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig) -> DFlashDra
     config = type(tc).from_dict({**fields, "num_hidden_layers": cfg.num_layers})
     model = DFlashDraftModel(config, spec)
     if cfg.init_from_target:
-        for i, layer in enumerate(model.layers):
-            layer.load_state_dict(target.model.layers[i].state_dict(), strict=False)
+        init_layers_from_target(model.layers, target)
     return model
+
+
+def init_layers_from_target(layers, target) -> None:
+    """Drafter layer i starts as target layer i; layers past the target's depth keep their random
+    start (`--layers` above the target's layer count was an IndexError after regenerating)."""
+    for mine, theirs in zip(layers, target.model.layers, strict=False):
+        mine.load_state_dict(theirs.state_dict(), strict=False)
 
 
 def resolve_mask_token(target, target_dir: Path, mask_token_id: int | None) -> int:
@@ -154,13 +176,14 @@ def resumable_recipe(cfg) -> dict:
     return cfg.model_dump(mode="json", exclude=set(RESUMABLE))
 
 
-def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, stop: int, cfg) -> int:
+def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, stop: int,
+                 cfg) -> tuple[int, list[dict]]:
     """Load a resumable checkpoint if there is one; return the step to start from (below `stop`,
-    the step this run ends at: a finished run is refused, not rerun into an empty report). A
-    checkpoint written with another recipe (`cfg` but for RESUMABLE) is refused, naming the fields:
-    the same weight shapes would otherwise train on under mixed settings."""
+    the step this run ends at: a finished run is refused, not rerun into an empty report) and the
+    history up to it. A checkpoint written with another recipe (`cfg` but for RESUMABLE) is
+    refused, naming the fields: the same weight shapes would otherwise train on under mixed settings."""
     if not state_file.is_file():
-        return 0
+        return 0, []
     state = load_run_file(state_file, "delete it to train from step 0")
     try:
         model.load_state_dict(state["model"])
@@ -181,12 +204,15 @@ def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, 
                            f"new --out)")
     gen.set_state(state["gen"])
     log.info("resuming %s training at step %d", what, state["step"])
-    return state["step"]
+    history = state.get("history")
+    if history is None:  # a checkpoint written before the history went with it
+        history = earlier_history(state_file.parent.parent, state["step"])
+    return state["step"], history
 
 
 def earlier_history(out_dir: Path, start: int) -> list[dict]:
-    """A resumed run's history so far: the entries up to `start` of the training.json the run
-    wrote before (none for a new run, or when that file is gone)."""
+    """The entries up to `start` of the training.json an earlier run wrote in `out_dir` (none
+    when that file is gone)."""
     report = out_dir / "training.json"
     if start == 0 or not report.is_file():
         return []
@@ -196,10 +222,13 @@ def earlier_history(out_dir: Path, start: int) -> list[dict]:
         return []
 
 
-def save_state(state_file: Path, model, opt, gen: torch.Generator, step: int, cfg) -> None:
+def save_state(state_file: Path, model, opt, gen: torch.Generator, step: int, cfg,
+               history: list[dict] | None = None) -> None:
+    """The resumable checkpoint; `history` (the report's entries so far) goes with it, since a run
+    killed between checkpoints writes no training.json."""
     with replaced(state_file) as tmp:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                    "step": step, "recipe": resumable_recipe(cfg)}, tmp)
+                    "step": step, "recipe": resumable_recipe(cfg), "history": list(history or [])}, tmp)
 
 
 def sample_anchors(usable: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, batch_size: int,
@@ -228,8 +257,9 @@ def block_drafter_start(target_dir: Path, prompts_path: Path, out_dir: Path, cfg
     target = frozen_target(target_dir, cfg.seed)
     mask_token_id = resolve_mask_token(target, target_dir, mask_token_id)
     check_layer_ids(cfg.target_layer_ids, target.config.num_hidden_layers)
-    data = regenerated_data(target, target_dir, prompts_path, cfg.response_tokens,
-                            out_dir / "checkpoint" / "data.pt")
+    checkpoint = out_dir / "checkpoint"
+    data = regenerated_data(target, target_dir, prompts_path, cfg.response_tokens, checkpoint / "data.pt",
+                            trained_on=(checkpoint / "state.pt").is_file())
     return target, mask_token_id, data
 
 
@@ -245,23 +275,23 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     stop = min(total, cfg.max_steps or total)
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start = resume_state(state_file, model, opt, gen, "DFlash", stop, cfg)
+    start, history = resume_state(state_file, model, opt, gen, "DFlash", stop, cfg)
 
     block = cfg.block_size
     lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
-    hi = data["lens"] - block  # the last block must fit in the valid tokens
+    hi = data["lens"] - 2  # the last anchor whose first label exists
     usable = (hi >= lo).nonzero().flatten()
-    if len(usable) == 0:
-        raise TrtspecError(f"no regenerated sequence is longer than its prompt + {block - 1} tokens; "
+    if not (data["lens"] - data["prompt_lens"] >= block - 1).any():
+        raise TrtspecError(f"no regenerated sequence is longer than its prompt + {block - 2} tokens; "
                            "lower --block-size or raise --response-tokens")
-    history = earlier_history(out_dir, start)
     t0 = time.time()
     bar = tqdm(range(start, stop), desc="train dflash", unit="step", initial=start, total=stop)
     for step in bar:
         rows, anchors = sample_anchors(usable, lo, hi, cfg.batch_size, cfg.anchors_per_seq, gen)  # [b, n]
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, total, cfg)
-        loss, acc = dflash_loss(model, embed, lm_head, data["seqs"][rows], taps[rows], anchors, cfg.decay())
+        loss, acc = dflash_loss(model, embed, lm_head, data["seqs"][rows], taps[rows], anchors, cfg.decay(),
+                                data["lens"][rows])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -272,7 +302,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == stop:
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
                             "seconds": round(time.time() - t0, 1)})
-            save_state(state_file, model, opt, gen, step + 1, cfg)
+            save_state(state_file, model, opt, gen, step + 1, cfg, history)
             save_dflash(model, out_dir)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "history": history}

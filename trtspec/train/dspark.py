@@ -34,8 +34,9 @@ from trtspec.train.dflash import (
     DEFAULT_GAMMA,
     _lr_at,
     block_drafter_start,
+    block_labels,
     block_mask,
-    earlier_history,
+    init_layers_from_target,
     resume_state,
     sample_anchors,
     save_state,
@@ -66,7 +67,8 @@ class DSparkTrainConfig(BaseModel):
     ce_alpha: float = Field(0.1, ge=0, description="weight of the cross-entropy to the target's token")
     tv_alpha: float = Field(0.9, ge=0, description="weight of TV(p_k, p_t)")
     confidence_alpha: float = Field(1.0, ge=0, description="weight of the confidence BCE; 0 = no head")
-    init_from_target: bool = Field(True, description="start drafter layer i from target layer i")
+    init_from_target: bool = Field(True, description="start drafter layer i from target layer i "
+                                   "(layers past the target's depth start at random)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
     seed: int = Field(0, description="seed of initialisation, anchors and order")
 
@@ -84,21 +86,24 @@ class DSparkBatch:
     labels: torch.Tensor  # [b, n, γ] x_{a+1}..x_{a+γ} (the target's tokens)
     prev: torch.Tensor  # [b, n, γ] teacher-forced x_{a}..x_{a+γ−1}
     positions: torch.Tensor  # [b, n, γ] a..a+γ−1: where the target predicts each label
+    valid: torch.Tensor  # [b, n, γ] the label exists (False past the end of the response)
 
 
 def block_forward(model: DSparkDraftModel, seqs: torch.Tensor, taps: torch.Tensor,
-                  anchors: torch.Tensor) -> DSparkBatch:
-    """seqs [b, S]; taps [b, S, n_taps*H]; anchors [b, n] (each ≤ valid_len − 1 − γ)."""
+                  anchors: torch.Tensor, lens: torch.Tensor | None = None) -> DSparkBatch:
+    """seqs [b, S]; taps [b, S, n_taps*H]; anchors [b, n] (each ≤ valid_len − 2); lens [b] valid
+    lengths (None: all S): slots whose label lies past them are marked not valid (`block_labels`)."""
     b, seq_len = seqs.shape
     n, gamma = anchors.shape[1], model.spec.block_size
-    pos = (anchors[..., None] + torch.arange(gamma)).reshape(b, -1)  # [b, n*γ]
+    pos = anchors[..., None] + torch.arange(gamma)  # [b, n, γ]
     ids = torch.full_like(pos, model.spec.mask_token_id)
-    ids[:, ::gamma] = seqs.gather(1, anchors)
+    ids[..., 0] = seqs.gather(1, anchors)
     ctx_kv = model.project_context(taps, torch.arange(seq_len).expand(b, -1))
-    hidden = model(model.embed_tokens(ids), pos, ctx_kv, block_mask(anchors, seq_len, gamma))
-    labels = seqs.gather(1, pos + 1).view(b, n, gamma)
-    prev = seqs.gather(1, pos).view(b, n, gamma)
-    return DSparkBatch(hidden.view(b, n, gamma, -1), labels, prev, pos.view(b, n, gamma))
+    mask = block_mask(anchors, seq_len, gamma)
+    hidden = model(model.embed_tokens(ids.flatten(1)), pos.flatten(1), ctx_kv, mask)
+    labels, valid = block_labels(seqs, lens, pos + 1)
+    prev = torch.cat([ids[..., :1], labels[..., :-1]], -1)  # x_a, then the label before each slot
+    return DSparkBatch(hidden.view(b, n, gamma, -1), labels, prev, pos, valid)
 
 
 def dspark_loss(model: DSparkDraftModel, batch: DSparkBatch, target_logits: torch.Tensor,
@@ -107,7 +112,7 @@ def dspark_loss(model: DSparkDraftModel, batch: DSparkBatch, target_logits: torc
     logits, conf_logits = model.teacher_forced(batch.hidden, batch.prev)  # [b, n, γ, V], [b, n, γ]
     gamma = logits.shape[2]
     w = torch.exp(-torch.arange(gamma, dtype=torch.float32) / cfg.decay())  # w_k, k = 1..γ
-    w = w.expand(batch.labels.shape)
+    w = w * batch.valid  # [b, n, γ]: no weight where no label exists
     wsum = w.sum()
     ce = F.cross_entropy(logits.flatten(0, 2).float(), batch.labels.flatten(), reduction="none")
     p_d = torch.softmax(logits.float(), -1)
@@ -122,8 +127,9 @@ def dspark_loss(model: DSparkDraftModel, batch: DSparkBatch, target_logits: torc
         metrics["conf_err"] = (torch.sigmoid(conf_logits) - c_star).abs().mean().item()
     with torch.no_grad():
         # expected tokens per cycle under temperature-1 sampling: 1 + Σ_j ∏_{i≤j} c*_i
-        metrics["tau_prob"] = 1 + c_star.cumprod(-1).sum(-1).mean().item()
-        metrics["acc"] = (logits.argmax(-1) == batch.labels).float().mean((0, 1))  # [γ]
+        metrics["tau_prob"] = 1 + (c_star * batch.valid).cumprod(-1).sum(-1).mean().item()
+        hits = (logits.argmax(-1) == batch.labels) & batch.valid
+        metrics["acc"] = hits.sum((0, 1)) / batch.valid.sum((0, 1)).clamp(min=1)  # [γ]
     return loss, metrics
 
 
@@ -147,8 +153,7 @@ def new_dspark(target, mask_token_id: int, cfg: DSparkTrainConfig) -> DSparkDraf
     model.embed_tokens.requires_grad_(False)
     model.lm_head.requires_grad_(False)
     if cfg.init_from_target:
-        for i, layer in enumerate(model.layers):
-            layer.load_state_dict(target.model.layers[i].state_dict(), strict=False)
+        init_layers_from_target(model.layers, target)
     return model
 
 
@@ -172,24 +177,23 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
     stop = min(total, cfg.max_steps or total)
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start = resume_state(state_file, model, opt, gen, "DSpark", stop, cfg)
+    start, history = resume_state(state_file, model, opt, gen, "DSpark", stop, cfg)
 
     gamma = cfg.block_size
     lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
-    hi = data["lens"] - 1 - gamma  # slot γ predicts x_{a+γ}, which must be a valid token
+    hi = data["lens"] - 2  # the last anchor whose first label exists
     usable = (hi >= lo).nonzero().flatten()
-    if len(usable) == 0:
-        raise TrtspecError(f"no regenerated sequence is longer than its prompt + {gamma} tokens; "
+    if not (data["lens"] - data["prompt_lens"] >= gamma).any():
+        raise TrtspecError(f"no regenerated sequence is longer than its prompt + {gamma - 1} tokens; "
                            "lower --block-size or raise --response-tokens")
-    history = earlier_history(out_dir, start)
     t0 = time.time()
     bar = tqdm(range(start, stop), desc="train dspark", unit="step", initial=start, total=stop)
     for step in bar:
         rows, anchors = sample_anchors(usable, lo, hi, cfg.batch_size, cfg.anchors_per_seq, gen)  # [b, n]
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, total, cfg)
-        batch = block_forward(model, data["seqs"][rows], taps[rows], anchors)
-        flat = batch.positions.flatten(1)  # [b, n*γ]
+        batch = block_forward(model, data["seqs"][rows], taps[rows], anchors, data["lens"][rows])
+        flat = batch.positions.flatten(1).clamp(max=p_logits.shape[1] - 1)  # [b, n*γ]; past it: not valid
         p_t = p_logits[rows[:, None], flat].view(*batch.positions.shape, -1)  # [b, n, γ, V]
         loss, metrics = dspark_loss(model, batch, p_t, cfg)
         opt.zero_grad(set_to_none=True)
@@ -204,7 +208,7 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
                             "tau_prob": round(metrics["tau_prob"], 3),
                             "conf_err": round(metrics.get("conf_err", float("nan")), 4),
                             "seconds": round(time.time() - t0, 1)})
-            save_state(state_file, model, opt, gen, step + 1, cfg)
+            save_state(state_file, model, opt, gen, step + 1, cfg, history)
             save_dspark(model, out_dir)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "history": history}

@@ -32,7 +32,6 @@ from trtspec.files import write_text
 from trtspec.models.eagle3 import Eagle3DraftModel, Eagle3Spec, default_aux_layer_ids, save_eagle3
 from trtspec.train.dflash import (
     _lr_at,
-    earlier_history,
     frozen_target,
     resume_state,
     save_state,
@@ -60,7 +59,7 @@ class Eagle3TrainConfig(BaseModel):
     lr: float = Field(1e-3, gt=0, description="peak AdamW learning rate")
     warmup: float = Field(0.04, ge=0, le=1, description="fraction of steps of warm-up")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
-    max_steps: int | None = Field(None, ge=1, description="stop after this many steps (a smoke run)")
+    max_steps: int | None = Field(None, ge=1, description="stop after this many steps (short runs)")
     seed: int = Field(0, description="seed of initialisation and order")
 
 
@@ -140,18 +139,20 @@ def ttt_forward(model: Eagle3DraftModel, seqs, aux, steps: int):
 def eagle3_ttt_loss(model: Eagle3DraftModel, seqs, aux, target_logits, loss_mask, steps: int, decay: float):
     """TTT loss over every slot.  seqs [b, S]; aux [b, S, 3·Ht] taps; target_logits [b, S, V]
     (position t's logits = p of token t+1); loss_mask [b, S] (True where token t counts).
+    A label counts where its token counts and its p's argmax is in the draft vocabulary.
     Returns (loss, acc [steps])."""
     b, seq_len = seqs.shape
     num_slots = seq_len - 1  # slot j needs token j+1
     draft_to_target = model.to_target_ids(torch.arange(model.spec.draft_vocab_size))
-    counted = loss_mask & model.t2d[target_logits.argmax(-1)]  # [b, S]
+    in_vocab = model.t2d[target_logits.argmax(-1)]  # [b, S] p of position t (token t+1) fits
     p = torch.softmax(target_logits[..., draft_to_target].float(), -1)  # [b, S, Vd]
 
     losses, accs, weights = [], [], []
     for i, hidden in enumerate(ttt_forward(model, seqs, aux, steps)):
         logq = torch.log_softmax(model.draft_logits(hidden).float(), -1)  # [b, T, Vd]
         p_i = _shift(p, 1 + i, num_slots)  # p of token j+2+i  [b, T, Vd]
-        mask = _shift(counted, 2 + i, num_slots)  # token j+2+i counts  [b, T]
+        # token j+2+i counts, and p_i (position j+1+i) has its argmax in the draft vocabulary
+        mask = _shift(loss_mask, 2 + i, num_slots) & _shift(in_vocab, 1 + i, num_slots)  # [b, T]
         count = mask.sum().clamp(min=1)
         losses.append(-((p_i * logq).sum(-1) * mask).sum() / count)
         with torch.no_grad():
@@ -186,8 +187,9 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
     if cfg.draft_vocab_size is not None and cfg.draft_vocab_size > vocab:
         raise OptionError("--draft-vocab-size", f"{cfg.draft_vocab_size} exceeds the target's vocabulary of "
                                                 f"{vocab}")
-    data = regenerated_data(target, target_dir, prompts_path, cfg.response_tokens,
-                            out_dir / "checkpoint" / "data.pt")
+    checkpoint = out_dir / "checkpoint"
+    data = regenerated_data(target, target_dir, prompts_path, cfg.response_tokens, checkpoint / "data.pt",
+                            trained_on=(checkpoint / "state.pt").is_file())
 
     model = new_drafter(target, cfg)
     with torch.no_grad():
@@ -204,15 +206,14 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     num = len(data["seqs"])
     total = max(1, int(cfg.epochs * num / cfg.batch_size))
+    stop = min(total, cfg.max_steps or total)
     gen = torch.Generator().manual_seed(cfg.seed)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start = resume_state(state_file, model, opt, gen, "EAGLE-3", total, cfg)
+    start, history = resume_state(state_file, model, opt, gen, "EAGLE-3", stop, cfg)
 
-    end = min(total, start + cfg.max_steps) if cfg.max_steps else total
     positions = torch.arange(data["seqs"].shape[1])
-    history = earlier_history(out_dir, start)
     t0 = time.time()
-    bar = tqdm(range(start, end), desc="train eagle3", unit="step", initial=start, total=total)
+    bar = tqdm(range(start, stop), desc="train eagle3", unit="step", initial=start, total=stop)
     for step in bar:
         rows = torch.randint(0, num, (cfg.batch_size,), generator=gen)
         width = int(data["lens"][rows].max())
@@ -232,11 +233,11 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
         # drafts accepted per chain if steps were independent: sum of prefix products, + bonus
         tau_est = 1 + acc.cumprod(0).sum().item()
         bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{acc[0].item():.2f}", tau_est=f"{tau_est:.2f}")
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == stop:
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
                             "acc": [round(a, 3) for a in acc.tolist()],
                             "seconds": round(time.time() - t0, 1)})
-            save_state(state_file, model, opt, gen, step + 1, cfg)
+            save_state(state_file, model, opt, gen, step + 1, cfg, history)
             save_eagle3(model, out_dir, num_layers)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "total_steps": total, "history": history}

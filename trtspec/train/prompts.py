@@ -95,6 +95,23 @@ def encode_prompts(target_dir: Path, hf_config, prompts: list[Prompt],
     return encoded, end_ids_of(target_dir, tokenizer, hf_config.vocab_size)
 
 
+def check_fits_context(prompts: list[list[int]], response_tokens: int, hf_config, source,
+                       target_dir: Path, option: str = "--response-tokens") -> None:
+    """Refuse prompts whose continuation would run past the target's `max_position_embeddings`:
+    the target's features there are outside what it was trained on, and the server refuses such
+    requests, so a drafter would learn positions it never drafts at."""
+    limit = getattr(hf_config, "max_position_embeddings", None)
+    if not limit:
+        return
+    over = [i for i, p in enumerate(prompts) if len(p) + response_tokens > limit]
+    if over:
+        first, size = over[0] + 1, len(prompts[over[0]])
+        raise TrtspecError(f"{source}: prompt {first} is {size} tokens, and with {option} {response_tokens} "
+                           f"needs {size + response_tokens} positions, more than the target's "
+                           f"max_position_embeddings {limit} ({target_dir}/config.json); {len(over)} of "
+                           f"{len(prompts)} prompts are that long: shorten them or lower {option}")
+
+
 @torch.inference_mode()
 def regenerate(model, prompts: list[list[int]], response_tokens: int, end_ids: tuple[int, ...],
                batch: int = 64):
@@ -131,18 +148,23 @@ def regenerate(model, prompts: list[list[int]], response_tokens: int, end_ids: t
 
 @torch.inference_mode()
 def regenerated_data(target, target_dir: Path, prompts_path: Path, response_tokens: int,
-                     data_file: Path) -> dict:
+                     data_file: Path, trained_on: bool = True) -> dict:
     """The target's own continuations of the prompts, cached in `data_file` (resumable runs and
     drafters trained from one regeneration share it): seqs [N, S], lens [N], prompt_lens [N].
-    A cached file regenerated from another target, prompts file or --response-tokens is refused:
-    training on it would silently ignore those options."""
+    A cached file regenerated from another target, prompts file or --response-tokens is refused
+    when `trained_on` (a checkpoint beside it trained on it: resuming on new data would silently
+    ignore those options), and regenerated otherwise (a run refused before its first step, e.g.
+    by responses too short for one block, is rerun with the options its error asked for)."""
     source = {"target": str(Path(target_dir).resolve()),
               "prompts_sha256": hashlib.sha256(Path(prompts_path).read_bytes()).hexdigest(),
               "response_tokens": response_tokens}
+    data = None
     if data_file.is_file():
         data = load_run_file(data_file, "delete it to regenerate them")
         cached = data.get("source")
-        if cached is not None and cached != source:
+        if cached is not None and cached != source and not trained_on:
+            data = None
+        elif cached is not None and cached != source:
             names = {"target": "--target", "prompts_sha256": "--prompts",
                      "response_tokens": "--response-tokens"}
             differ = [k for k in source if cached.get(k) != source[k]]
@@ -150,8 +172,10 @@ def regenerated_data(target, target_dir: Path, prompts_path: Path, response_toke
             raise TrtspecError(f"{data_file} holds continuations regenerated for another "
                                f"{' / '.join(names[k] for k in differ)}{f' ({was})' if was else ''}: give a "
                                f"new --out, or delete that file to regenerate with these options")
+    if data is not None:
         return data
     prompts, end_ids = encode_prompts(target_dir, target.config, load_prompt_file(prompts_path), prompts_path)
+    check_fits_context(prompts, response_tokens, target.config, prompts_path, target_dir)
     seqs, lens = regenerate(target, prompts, response_tokens, end_ids)
     data = {"seqs": seqs, "lens": lens, "prompt_lens": torch.tensor([len(p) for p in prompts]),
             "source": source}
