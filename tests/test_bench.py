@@ -135,6 +135,39 @@ def test_serve_stream_refills_slots_and_measures_the_steady_state():
     assert (steady[1], whole[1]) == (12, 14) and 0 < steady[0] <= whole[0]
 
 
+def test_one_token_requests_have_no_per_user_speed():
+    """A request of one token has no time after its first: it is left out of the per-user mean
+    (it used to count as 0 tokens/s, halving the mean of a run of two requests)."""
+    from trtspec.bench.concurrency import StreamRun
+    from trtspec.config import ScheduleConfig, load_build_config
+    from trtspec.pipeline import load_pipeline
+    from trtspec.spec.decoder import Request
+
+    config = load_build_config(REPO / "build_configs" / "tiny-dflash.yaml")
+    pipeline = load_pipeline(config, use_drafter=False)
+    prompt = pipeline.tokenizer.encode("def f(x):")
+    run = StreamRun(pipeline.decoder_for(2, ScheduleConfig(mode="full")),
+                    [Request(prompt, n, end_id=-1) for n in (1, 8)], 2)
+    while not run.done:
+        run.advance(4)
+    assert [len(r.token_ids) for r in run.results] == [1, 8]
+    assert len(run.user_tps) == 1 and run.user_tps[0] > 0
+
+
+def test_bench_refuses_more_clients_than_prompts(tmp_path):
+    """R above the prompts never has R requests in flight: in process, the steady state ("every
+    slot busy") ended after the first step, so R = 4 over 2 prompts reported the prefill step's 2
+    tokens over its time as total tokens/s (55 where the whole run gave 73)."""
+    config = str(REPO / "build_configs" / "tiny-dflash.yaml")
+    for where in ([config, "--no-hf"], ["--url", "grpc://127.0.0.1:1"]):
+        result = CliRunner().invoke(main, ["bench", *where, "--tasks", "math", "--prompts", "2",
+                                           "--max-tokens", "4", "--concurrency", "1,4",
+                                           "--out", str(tmp_path / "out")])
+        assert result.exit_code == 2, result.output
+        assert "--concurrency" in result.output and "4 exceeds the 2 prompts" in result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_tree_rows_compare_each_drafter_with_its_chain(tmp_path):
     """--tree N,K adds NAME+tree for each drafter method (one per method), token-identical to the
     target; the report's tree section sets its τ and speedup beside the chain's."""

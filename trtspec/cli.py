@@ -181,6 +181,19 @@ def _flavour_arg(config, flavour: str):
         raise click.BadParameter(f"{flavour}: {exc}", param_hint="--flavour") from None
 
 
+def _concurrency_within_prompts(levels: list[int], tasks: list[str], prompts_per_task: int) -> None:
+    """Refuse a `bench --concurrency` level above the prompts there are: R clients over fewer
+    prompts never have R requests in flight, and the figures would be labelled R all the same (the
+    in-process steady state, "every slot busy", would end after the first step)."""
+    from trtspec.prompts import load_prompts
+
+    count = sum(len(load_prompts(t)[:prompts_per_task]) for t in tasks)
+    if levels and max(levels) > count:
+        raise click.BadParameter(f"{max(levels)} exceeds the {count} prompts of this run (--prompts "
+                                 f"{prompts_per_task} × --tasks {','.join(tasks)}): at most {count} "
+                                 "requests can be in flight", param_hint="--concurrency")
+
+
 def _refuse_given(why: str, *names: str) -> None:
     """A usage error naming the first of the current command's options `names` given on the command
     line (defaults and environment variables pass): an option that would be silently ignored."""
@@ -485,6 +498,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     for name, value in (("--prompts", prompts_per_task), ("--max-tokens", max_tokens),
                         ("--repeats", repeats)):
         check_range(value, name, low=1)
+    _concurrency_within_prompts(levels, task_names, prompts_per_task)
     writable_arg(out_dir, "--out", folder=True)
     if doc_path is not None:
         writable_arg(doc_path, "--doc", folder=False)
