@@ -455,6 +455,9 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
               help="Benchmark a running server instead: TTFT, ITL, tokens/s (grpc://HOST:PORT or "
                    "http://HOST:PORT for Triton, openai://HOST:PORT for any OpenAI-compatible server).")
 @click.option("--model", "model_name", default="trtspec", show_default=True, help="Served model (--url).")
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0),
+              help="With --url: requests sent first, one at a time, and not counted (a server's first "
+                   "requests pay its start-up).")
 @click.option("--chat", is_flag=True, help="With openai://: stream /v1/chat/completions (each prompt one "
               "user message) instead of /v1/completions.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
@@ -479,7 +482,7 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
                    "equal the target alone's (method none+gumbel) token for token.")
 @run_errors
 def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir, doc_path, concurrency,
-          min_user_tps, max_users, sps_path, url, model_name, chat, api_key, tree_spec,
+          min_user_tps, max_users, sps_path, url, model_name, warmup, chat, api_key, tree_spec,
           write_acceptance, temperature, top_p, top_k, seed, coupling) -> None:
     """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side;
     or, with --url, a running server as its users see it."""
@@ -527,7 +530,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
             raise click.BadParameter("chat needs an OpenAI-compatible server (openai://HOST:PORT)",
                                      param_hint="--chat")
         remote = run_remote(url, model_name, task_names, prompts_per_task, max_tokens, levels or [1],
-                            chat, api_key, sampling)
+                            chat, api_key, sampling, warmup)
         with bench_outputs(out_dir) as staged:
             (staged / "results.json").write_text(json.dumps({"remote": remote}, indent=1))
             (staged / "results.md").write_text(remote_table(remote) + "\n")
@@ -535,7 +538,8 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         return
     if not configs:
         raise click.UsageError("give at least one CONFIG (or --url to benchmark a running server)")
-    _refuse_given("applies to a served model (--url), not to CONFIGS", "model_name", "chat", "api_key")
+    _refuse_given("applies to a served model (--url), not to CONFIGS", "model_name", "warmup", "chat",
+                  "api_key")
     if not levels:
         _refuse_given("applies to the concurrent runs: give --concurrency too", "sps_path", "min_user_tps",
                       "max_users")
