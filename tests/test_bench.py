@@ -135,6 +135,30 @@ def test_serve_stream_refills_slots_and_measures_the_steady_state():
     assert (steady[1], whole[1]) == (12, 14) and 0 < steady[0] <= whole[0]
 
 
+def test_each_method_runs_once_untimed_before_its_timed_prompts(monkeypatch):
+    """A method's first call pays one-time costs (on the tiny target, 64 tokens: the target alone
+    1374 ms on its first call, 1122 and 1145 ms after; dflash 703, then 609 and 616); the bench runs
+    the first prompt once per method before timing, and only the timed runs are counted."""
+    from trtspec.bench.run import run_bench
+    from trtspec.config import load_build_config
+    from trtspec.spec.decoder import SpeculativeDecoder
+
+    calls: list[int] = []
+    generate = SpeculativeDecoder.generate
+
+    def counted(self, *args, **kwargs):
+        calls.append(id(self))
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", counted)
+    config = load_build_config(REPO / "build_configs" / "tiny-dflash.yaml")
+    results = run_bench({"dflash": config}, ["math", "code"], 1, 6, hf_reference=False)
+    assert len(set(calls)) == 2 and all(calls.count(d) == 1 + 2 for d in set(calls))  # none, dflash
+    assert calls[0] != calls[1] and calls[2:4] == calls[:2]  # a warm-up per method, then the timed runs
+    for rows in results["tasks"].values():
+        assert rows["none"]["tokens"] == rows["dflash"]["tokens"] <= 6  # one timed prompt per task
+
+
 def test_one_token_requests_have_no_per_user_speed():
     """A request of one token has no time after its first: it is left out of the per-user mean
     (it used to count as 0 tokens/s, halving the mean of a run of two requests)."""
