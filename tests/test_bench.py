@@ -135,6 +135,49 @@ def test_serve_stream_refills_slots_and_measures_the_steady_state():
     assert (steady[1], whole[1]) == (12, 14) and 0 < steady[0] <= whole[0]
 
 
+def test_each_method_runs_once_untimed_before_its_timed_prompts(monkeypatch):
+    """A method's first call pays one-time costs (on the tiny target, 64 tokens: the target alone
+    1374 ms on its first call, 1122 and 1145 ms after; dflash 703, then 609 and 616); the bench runs
+    the first prompt once per method before timing, and only the timed runs are counted."""
+    from trtspec.bench.run import run_bench
+    from trtspec.config import load_build_config
+    from trtspec.spec.decoder import SpeculativeDecoder
+
+    calls: list[int] = []
+    generate = SpeculativeDecoder.generate
+
+    def counted(self, *args, **kwargs):
+        calls.append(id(self))
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", counted)
+    config = load_build_config(REPO / "build_configs" / "tiny-dflash.yaml")
+    results = run_bench({"dflash": config}, ["math", "code"], 1, 6, hf_reference=False)
+    assert len(set(calls)) == 2 and all(calls.count(d) == 1 + 2 for d in set(calls))  # none, dflash
+    assert calls[0] != calls[1] and calls[2:4] == calls[:2]  # a warm-up per method, then the timed runs
+    for rows in results["tasks"].values():
+        assert rows["none"]["tokens"] == rows["dflash"]["tokens"] <= 6  # one timed prompt per task
+
+
+def test_one_token_requests_have_no_per_user_speed():
+    """A request of one token has no time after its first: it is left out of the per-user mean
+    (it used to count as 0 tokens/s, halving the mean of a run of two requests)."""
+    from trtspec.bench.concurrency import StreamRun
+    from trtspec.config import ScheduleConfig, load_build_config
+    from trtspec.pipeline import load_pipeline
+    from trtspec.spec.decoder import Request
+
+    config = load_build_config(REPO / "build_configs" / "tiny-dflash.yaml")
+    pipeline = load_pipeline(config, use_drafter=False)
+    prompt = pipeline.tokenizer.encode("def f(x):")
+    run = StreamRun(pipeline.decoder_for(2, ScheduleConfig(mode="full")),
+                    [Request(prompt, n, end_id=-1) for n in (1, 8)], 2)
+    while not run.done:
+        run.advance(4)
+    assert [len(r.token_ids) for r in run.results] == [1, 8]
+    assert len(run.user_tps) == 1 and run.user_tps[0] > 0
+
+
 def test_tree_rows_compare_each_drafter_with_its_chain(tmp_path):
     """--tree N,K adds NAME+tree for each drafter method (one per method), token-identical to the
     target; the report's tree section sets its τ and speedup beside the chain's."""
@@ -381,17 +424,90 @@ def test_remote_requests_carry_each_prompts_seed():
 def test_remote_tau_is_pooled_over_every_request_that_reports_draft_figures():
     """Σ tokens / Σ target forwards, as the in-process bench pools τ: a request that drafted
     nothing counts (τ 1), one whose server reports no draft figures (a foreign server) does not."""
-    from trtspec.bench.remote import _level_row
+    from trtspec.bench.remote import level_row, request_record
     from trtspec.triton.client import Completion
 
-    def done(tokens: int, accepted: int | None, drafted: int | None) -> Completion:
-        return Completion(token_ids=list(range(tokens)), accepted_tokens=accepted, draft_tokens=drafted,
-                          first_response_s=0.1, total_s=1.0)
+    def done(tokens: int, accepted: int | None, drafted: int | None) -> dict:
+        return request_record(0, Completion(token_ids=list(range(tokens)), accepted_tokens=accepted,
+                                            draft_tokens=drafted, first_response_s=0.1, total_s=1.0))
 
     speculative, plain, foreign = done(30, 20, 32), done(10, 0, 0), done(50, None, None)
-    assert _level_row([speculative, plain, foreign], 1.0)["tau"] == (30 + 10) / (10 + 10)
-    assert _level_row([plain], 1.0)["tau"] == 1.0
-    assert _level_row([foreign], 1.0)["tau"] is None
+    assert level_row([speculative, plain, foreign], 1.0)["tau"] == (30 + 10) / (10 + 10)
+    assert level_row([plain], 1.0)["tau"] == 1.0
+    assert level_row([foreign], 1.0)["tau"] is None
+
+
+def test_remote_level_figures_recompute_from_the_request_records():
+    """AIPerf's definitions on synthetic records: TTFT over the requests that got a token, ITL over
+    those of at least 2 tokens, percentiles by numpy's linear interpolation, tokens/s per user
+    1 / mean ITL; a request with no token has no TTFT (it used to stop the bench with a TypeError
+    over OpenAI, and to count its last response's time as a TTFT over Triton); a failed request
+    is counted apart and left out of every figure."""
+    from trtspec.bench.remote import level_row, remote_table, request_record
+    from trtspec.triton.client import Completion
+
+    def done(tokens: int, ttft: float | None, total: float) -> Completion:
+        return Completion(completion_tokens=tokens, first_response_s=ttft, total_s=total)
+
+    records = [request_record(0, done(11, 0.010, 0.110)),  # ITL 10 ms
+               request_record(1, done(21, 0.020, 0.420)),  # ITL 20 ms
+               request_record(2, done(5, 0.040, 0.160)),  # ITL 30 ms
+               request_record(3, done(1, 0.030, 0.030)),  # one token: a TTFT, no ITL
+               request_record(4, done(0, None, 0.050)),  # no token: neither
+               request_record(5, error="prompt: too long for the context")]
+    row = level_row(records, wall=0.5)
+    assert row["ttft_ms"] == pytest.approx(1e3 * (0.010 + 0.020 + 0.040 + 0.030) / 4)
+    assert row["ttft_ms_percentiles"] == {"p50": 25.0, "p90": 37.0, "p99": 39.7}  # of 10, 20, 30, 40
+    assert row["itl_ms"] == pytest.approx(20.0)
+    assert row["itl_ms_percentiles"] == {"p50": 20.0, "p90": 28.0, "p99": 29.8}
+    assert row["per_user_tokens_per_s"] == pytest.approx(50.0)
+    assert row["latency_ms"] == pytest.approx(1e3 * (0.110 + 0.420 + 0.160 + 0.030 + 0.050) / 5)
+    assert row["tokens"] == 11 + 21 + 5 + 1 and row["total_tokens_per_s"] == pytest.approx(38 / 0.5)
+    assert (row["completed"], row["errors"], row["first_error"]) == (5, 1, "prompt: too long for the context")
+    table = remote_table({"levels": {"4": row}})
+    assert "| 4 | 25.0 | 39.7 | 20.00 | 29.80 | 50.0 | 76.0 | – | 1 |" in table
+    assert "R = 4: 1 failed, the first: prompt: too long for the context" in table
+    nothing = level_row([request_record(0, done(0, None, 0.05))], wall=0.05)
+    assert (nothing["ttft_ms"], nothing["itl_ms"], nothing["per_user_tokens_per_s"]) == (None, None, 0.0)
+
+
+def test_a_streams_totals_only_response_is_no_first_token():
+    """Triton streams: TTFT is the first response that carries a token (ids or text), not one that
+    carries only the totals (the whole answer of a request that generated nothing)."""
+    import time
+
+    from trtspec.triton.client import Completion
+
+    c, t0 = Completion(), time.perf_counter()
+    c.add({"text_output": "", "output_ids": [], "accepted_tokens": 0}, None, t0)
+    assert c.first_response_s is None and c.num_tokens == 0
+    c.add({"text_output": "", "output_ids": [7]}, None, t0)  # text held back, a token all the same
+    assert c.first_response_s is not None and c.token_responses == 1
+
+
+def test_remote_bench_that_reaches_no_server_fails_with_its_error():
+    """Every request failing (nothing listening) is one error naming the cause, not an empty table."""
+    from trtspec.bench.remote import run_remote
+    from trtspec.triton.client import ClientError
+    from trtspec.triton.server import free_port
+
+    url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
+    with pytest.raises(ClientError, match=r"every request at concurrency 2 failed: cannot reach"):
+        run_remote(url, "trtspec", ["math"], 2, 4, [2])
+
+
+def test_bench_refuses_more_clients_than_prompts(tmp_path):
+    """R above the prompts never has R requests in flight: in process, the steady state ("every
+    slot busy") ended after the first step, so R = 4 over 2 prompts reported the prefill step's 2
+    tokens over its time as total tokens/s (55 where the whole run gave 73)."""
+    config = str(REPO / "build_configs" / "tiny-dflash.yaml")
+    for where in ([config, "--no-hf"], ["--url", "grpc://127.0.0.1:1"]):
+        result = CliRunner().invoke(main, ["bench", *where, "--tasks", "math", "--prompts", "2",
+                                           "--max-tokens", "4", "--concurrency", "1,4",
+                                           "--out", str(tmp_path / "out")])
+        assert result.exit_code == 2, result.output
+        assert "--concurrency" in result.output and "4 exceeds the 2 prompts" in result.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_adaptive_is_compared_with_its_own_drafters_fixed_settings_only():

@@ -537,9 +537,11 @@ def test_generate_and_bench_cli_over_openai(served, pipeline, tmp_path, monkeypa
     whole = json.loads(result.output)
     assert whole["tokens"] == 8 and whole["finish_reason"] == "length" and whole["token_ids"] is None
     assert whole["decode_tokens_per_s"] is None  # one response: no decode phase to time
+    # no warm-up: after one more chat request the fresh server's adaptive schedule decoded a level
+    # of these without a draft accepted (48 tokens in 48 forwards), and τ is what this carries
     result = CliRunner().invoke(main, ["bench", "--url", served.url, "--tasks", "math", "--prompts", "2",
-                                       "--max-tokens", "24", "--concurrency", "1,2", "--chat", "--out",
-                                       str(tmp_path)])
+                                       "--max-tokens", "24", "--concurrency", "1,2", "--chat",
+                                       "--warmup", "0", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     remote = json.loads((tmp_path / "results.json").read_text())["remote"]
     assert remote["endpoint"] == "chat" and set(remote["levels"]) == {"1", "2"}

@@ -605,16 +605,24 @@ def test_wait_ready_gives_up_with_a_clear_message(served):
 
 
 def test_bench_against_the_server_reports_ttft_and_itl(served, config, tmp_path):
+    from trtspec.bench.remote import level_row
+
     result = CliRunner().invoke(main, ["bench", "--url", served.grpc_url, "--model", config.name,
                                        "--tasks", "math", "--prompts", "2", "--max-tokens", "24",
                                        "--concurrency", "1,2", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     remote = json.loads((tmp_path / "results.json").read_text())["remote"]
-    assert set(remote["levels"]) == {"1", "2"}
+    assert set(remote["levels"]) == {"1", "2"} and remote["warmup"] == 1
     for row in remote["levels"].values():
         assert row["tokens"] == remote["levels"]["1"]["tokens"] > 24 and row["tau"] > 1
         assert 0 < row["ttft_ms"] < 1e3 * row["wall_s"]
         assert row["per_user_tokens_per_s"] == pytest.approx(1e3 / row["itl_ms"], rel=0.01)
+        # the warm-up request is not among the records, and every figure recomputes from them
+        records = row.pop("requests")
+        assert [x["prompt"] for x in records] == [0, 1] and (row["completed"], row["errors"]) == (2, 0)
+        again = level_row(records, row["wall_s"])
+        assert again.pop("total_tokens_per_s") == pytest.approx(row.pop("total_tokens_per_s"), abs=0.011)
+        assert again == row
     bad = CliRunner().invoke(main, ["bench", "--url", "ftp://x", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "--url" in bad.output
 

@@ -181,6 +181,19 @@ def _flavour_arg(config, flavour: str):
         raise click.BadParameter(f"{flavour}: {exc}", param_hint="--flavour") from None
 
 
+def _concurrency_within_prompts(levels: list[int], tasks: list[str], prompts_per_task: int) -> None:
+    """Refuse a `bench --concurrency` level above the prompts there are: R clients over fewer
+    prompts never have R requests in flight, and the figures would be labelled R all the same (the
+    in-process steady state, "every slot busy", would end after the first step)."""
+    from trtspec.prompts import load_prompts
+
+    count = sum(len(load_prompts(t)[:prompts_per_task]) for t in tasks)
+    if levels and max(levels) > count:
+        raise click.BadParameter(f"{max(levels)} exceeds the {count} prompts of this run (--prompts "
+                                 f"{prompts_per_task} × --tasks {','.join(tasks)}): at most {count} "
+                                 "requests can be in flight", param_hint="--concurrency")
+
+
 def _refuse_given(why: str, *names: str) -> None:
     """A usage error naming the first of the current command's options `names` given on the command
     line (defaults and environment variables pass): an option that would be silently ignored."""
@@ -442,6 +455,9 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
               help="Benchmark a running server instead: TTFT, ITL, tokens/s (grpc://HOST:PORT or "
                    "http://HOST:PORT for Triton, openai://HOST:PORT for any OpenAI-compatible server).")
 @click.option("--model", "model_name", default="trtspec", show_default=True, help="Served model (--url).")
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0),
+              help="With --url: requests sent first, one at a time, and not counted (a server's first "
+                   "requests pay its start-up).")
 @click.option("--chat", is_flag=True, help="With openai://: stream /v1/chat/completions (each prompt one "
               "user message) instead of /v1/completions.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
@@ -466,7 +482,7 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
                    "equal the target alone's (method none+gumbel) token for token.")
 @run_errors
 def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir, doc_path, concurrency,
-          min_user_tps, max_users, sps_path, url, model_name, chat, api_key, tree_spec,
+          min_user_tps, max_users, sps_path, url, model_name, warmup, chat, api_key, tree_spec,
           write_acceptance, temperature, top_p, top_k, seed, coupling) -> None:
     """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side;
     or, with --url, a running server as its users see it."""
@@ -485,6 +501,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     for name, value in (("--prompts", prompts_per_task), ("--max-tokens", max_tokens),
                         ("--repeats", repeats)):
         check_range(value, name, low=1)
+    _concurrency_within_prompts(levels, task_names, prompts_per_task)
     writable_arg(out_dir, "--out", folder=True)
     if doc_path is not None:
         writable_arg(doc_path, "--doc", folder=False)
@@ -513,7 +530,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
             raise click.BadParameter("chat needs an OpenAI-compatible server (openai://HOST:PORT)",
                                      param_hint="--chat")
         remote = run_remote(url, model_name, task_names, prompts_per_task, max_tokens, levels or [1],
-                            chat, api_key, sampling)
+                            chat, api_key, sampling, warmup)
         with bench_outputs(out_dir) as staged:
             (staged / "results.json").write_text(json.dumps({"remote": remote}, indent=1))
             (staged / "results.md").write_text(remote_table(remote) + "\n")
@@ -521,7 +538,8 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         return
     if not configs:
         raise click.UsageError("give at least one CONFIG (or --url to benchmark a running server)")
-    _refuse_given("applies to a served model (--url), not to CONFIGS", "model_name", "chat", "api_key")
+    _refuse_given("applies to a served model (--url), not to CONFIGS", "model_name", "warmup", "chat",
+                  "api_key")
     if not levels:
         _refuse_given("applies to the concurrent runs: give --concurrency too", "sps_path", "min_user_tps",
                       "max_users")

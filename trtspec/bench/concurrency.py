@@ -13,7 +13,8 @@ machine's speed hits all alike; each counts only the time of its own steps (its 
                         up to the step after which no prompt is left to fill a free slot)
     run tokens/s      = all tokens / the whole run, the final drain at fewer than R included
     per-user tokens/s = a request's tokens after the first / its time after its first token, on its
-                        method's clock (mean over users)
+                        method's clock (mean over the requests of at least 2 tokens: AIPerf's
+                        "output token throughput per user", 1 / ITL, averaged over requests)
 
 The steady state is what a server under R concurrent clients runs. The drain is not: requests that
 speculation speeds up unevenly finish at different steps, so a fixed group of R would spend its
@@ -194,7 +195,7 @@ class StreamRun:
         self._steady: tuple[float, int] | None = None  # (seconds, tokens) once a slot stays free
         self.count = len(requests)
         self.first: dict[int, float] = {}  # request -> this run's clock after its first token
-        self.user_tps: list[float] = []  # each finished request's tokens after the first / its time
+        self.user_tps: list[float] = []  # finished requests' tokens after the first / their time (≥ 2 tokens)
         self._started: list[int] = []  # requests whose first token came in the current step
 
     @property
@@ -227,7 +228,8 @@ class StreamRun:
                 i = self.index[rid]
                 self.finished[i] = result
                 decode_s = self.seconds - self.first[i]
-                self.user_tps.append((len(result.token_ids) - 1) / decode_s if decode_s > 0 else 0.0)
+                if len(result.token_ids) >= 2 and decode_s > 0:  # one token has no speed after the first
+                    self.user_tps.append((len(result.token_ids) - 1) / decode_s)
             if self._steady is None and not self.waiting and decoder.num_running < self.r:
                 self._steady = self.whole
 

@@ -4,7 +4,8 @@ Methods: `none` (the target alone through trtspec's loop), each configured draft
 drafter with a draft tree (`NAME+tree`: the config's `drafter.tree`, or one sized for this machine,
 `resolve_trees`), and — for reference — `transformers` `generate` alone and with assisted
 generation (the `draft_model` drafter as `assistant_model`). Speedups are ratios of wall time
-measured in this run on identical prompts and token budgets. Greedy, or sampled with seeded prompts
+measured in this run on identical prompts and token budgets, after one untimed run of the first
+prompt by every method. Greedy, or sampled with seeded prompts
 (`trtspec.bench.sampled`); a method whose tokens must equal its reference's (greedy: `none`'s;
 Gumbel-coupled: `none+gumbel`'s) and differ is flagged, never silently averaged.
 """
@@ -237,6 +238,19 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
     work = list(enumerate(prompts)) * repeats  # prompt i samples with seed + i in every repetition
     ref = pipelines["none"]
     judge = GreedyJudge(first.target, ref.target)
+
+    def hf(name: str, ids: list[int], params: SamplingParams) -> list[int]:
+        return _hf_generate(ref, ids, max_tokens, params, assistant if name == "hf_assisted" else None)
+
+    # one untimed run of the first prompt per method: a method's first call pays one-time costs
+    # (allocations, kernel selection; on a GPU the CUDA graph captures) that would be charged to it
+    warm_ids = ref.tokenizer.encode(prompts[0][1])
+    for name in methods:
+        params = request_params(sampling, 0, couplings.get(name, "rejection"))
+        if name.startswith("hf_"):
+            hf(name, warm_ids, params)
+        else:
+            decoders[name].generate(warm_ids, max_tokens, params)
     for index, (task, prompt) in tqdm(work, desc="bench", unit="prompt"):
         ids = ref.tokenizer.encode(prompt)
         texts: dict[str, list[int]] = {}
@@ -244,8 +258,7 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
             params = request_params(sampling, index, couplings.get(name, "rejection"))
             t0 = time.perf_counter()
             if name.startswith("hf_"):
-                tokens = _hf_generate(ref, ids, max_tokens, params,
-                                      assistant if name == "hf_assisted" else None)
+                tokens = hf(name, ids, params)
                 stats[task][name].add(time.perf_counter() - t0, len(tokens))
             else:
                 result = decoders[name].generate(ids, max_tokens, params)

@@ -49,7 +49,7 @@ class Completion:
     reported_forwards: int | None = None
     num_responses: int = 0
     token_responses: int = 0  # the responses that carried generated text or ids
-    first_response_s: float | None = None  # OpenAI servers: the first chunk that carries text
+    first_response_s: float | None = None  # the first response that carries a token (text or ids)
     total_s: float = 0.0
     completion_tokens: int | None = None  # the server's count (OpenAI `usage`), where ids are not sent
     finish_reason: str | None = None  # stop / length, as the server names it
@@ -102,9 +102,8 @@ class Completion:
 
     def add(self, outputs: dict, on_text: TextCallback | None, t0: float) -> None:
         """Fold one response's outputs in (a streamed step, the stream's last, or the only one)."""
+        at = time.perf_counter() - t0  # before on_text prints anything
         self.num_responses += 1
-        if self.first_response_s is None:
-            self.first_response_s = time.perf_counter() - t0
         text = outputs.get("text_output", "")
         if text:
             self.text += text
@@ -114,8 +113,10 @@ class Completion:
         if self.token_ids is None:
             self.token_ids = []
         self.token_ids.extend(int(i) for i in ids)
-        if text or ids:
+        if text or ids:  # a stream's last response may carry only the totals
             self.token_responses += 1
+            if self.first_response_s is None:
+                self.first_response_s = at
         self.fold_totals(outputs)
         if outputs.get("finish_reason"):
             self.finish_reason = outputs["finish_reason"]
