@@ -367,6 +367,46 @@ def test_retrieve_model_and_unknown_routes_answer_in_openais_shape(served):
         assert body["error"]["type"] == "invalid_request_error" and path in body["error"]["message"]
 
 
+def _post_bytes(served, path: str, data: bytes, content_type: str = "application/json") -> tuple[int, dict]:
+    req = urllib.request.Request(served.base + path, data=data, headers={
+        "Content-Type": content_type, "Authorization": f"Bearer {KEY}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize("data, expected", [
+    (b'{"model": "trtspec", "prompt": "a"', "not valid JSON: Expecting"),
+    (b'{"model": "\xc3\x28"}', "not UTF-8"),
+    (b"[1, 2]", "must be a JSON object"),
+    # json.loads recursed past Python's limit: a 500 'Internal Server Error' in plain text and a
+    # RecursionError traceback in the server log
+    (b"[" * 100_000, "nested too deeply"),
+    (b'{"model": "trtspec", "metadata": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_001, "nested too deeply"),
+])
+def test_a_body_that_is_no_json_object_is_a_400_in_openais_shape(served, data, expected):
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize"):
+        status, body = _post_bytes(served, path, data)
+        assert status == 400 and set(body["error"]) == {"message", "type", "param", "code"}, body
+        assert expected in body["error"]["message"], body
+    status, body = _post(f"{served.base}/v1/completions", GOOD_COMPLETION)
+    assert status == 200 and body["usage"]["completion_tokens"] >= 1
+
+
+def test_a_json_body_is_read_whatever_its_content_type(served):
+    """`curl -d` without -H sends application/x-www-form-urlencoded: the JSON is read all the same
+    (vLLM answers 415); a body that is no JSON says how it came."""
+    body = json.dumps(GOOD_COMPLETION).encode()
+    for kind in ("application/x-www-form-urlencoded", "text/plain", "application/json; charset=utf-8"):
+        status, answer = _post_bytes(served, "/v1/completions", body, kind)
+        assert status == 200 and answer["usage"]["completion_tokens"] >= 1, (kind, answer)
+    status, answer = _post_bytes(served, "/v1/completions", b"model=trtspec&prompt=a",
+                                 "application/x-www-form-urlencoded")
+    assert status == 400 and "Content-Type application/x-www-form-urlencoded" in answer["error"]["message"]
+
+
 def test_chat_accepts_and_ignores_openais_metadata_fields(served):
     """`metadata`, `store`, `service_tier`, `user`, `parallel_tool_calls` on chat completions change
     nothing (the README says so; /v1/completions refuses the first three, see BAD)."""

@@ -286,10 +286,17 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     app.state.started = time.time()
 
     async def body_of(request: Request):
+        """The JSON body, whatever the Content-Type says (`curl -d` sends form-urlencoded)."""
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        sent = "" if kind in ("", "application/json") else f" (sent as Content-Type {kind})"
         try:
             return await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ApiError("the request body is not valid JSON") from None
+        except json.JSONDecodeError as exc:
+            raise ApiError(f"the request body is not valid JSON{sent}: {exc}") from None
+        except UnicodeDecodeError:
+            raise ApiError(f"the request body is not valid JSON{sent}: not UTF-8 text") from None
+        except RecursionError:  # json.loads recurses per nesting level
+            raise ApiError("the request body is not valid JSON: nested too deeply to parse") from None
 
     @app.post("/v1/completions")
     async def completions(request: Request):
