@@ -453,9 +453,21 @@ def test_non_text_content_part_is_refused_as_such(served):
         error = answer["error"]
         assert error["param"] == "messages[1].content" and "'messages[1].content'" in error["message"]
         assert "image_url" in error["message"] and "only text content parts" in error["message"]
-    status, answer = _post(f"{served.base}/tokenize", {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "1 + "}, {"type": "text", "text": "2"}]}]})
-    assert status == 200 and answer["tokens"] == list(b"Q: 1 + 2\nA: ")
+
+
+def test_text_parts_are_joined_one_a_line_as_vllm_joins_them(served):
+    """A content given as text parts is the parts one a line, as vLLM and trtllm-serve render them
+    (they were joined with nothing: ["1 + 2", "3 + 4"] rendered as "1 + 23 + 4"), on /tokenize and
+    on chat, whose usage counts the same prompt."""
+    parts = [{"type": "text", "text": "1 + 2"}, {"type": "text", "text": "3 + 4"}]
+    status, answer = _post(f"{served.base}/tokenize", {"messages": [{"role": "user", "content": parts}]})
+    assert status == 200 and answer["tokens"] == list(b"Q: 1 + 2\n3 + 4\nA: ")
+    client = served.client()
+    as_parts, as_text = (client.chat.completions.create(
+        model="trtspec", messages=[{"role": "user", "content": content}], max_tokens=4, temperature=0)
+        for content in (parts, "1 + 2\n3 + 4"))
+    assert as_parts.usage.prompt_tokens == as_text.usage.prompt_tokens == answer["count"]
+    assert as_parts.choices[0].message.content == as_text.choices[0].message.content
 
 
 def test_usage_counts_each_prompt_once_and_every_choice(served, pipeline):

@@ -296,8 +296,9 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
         if extra:
             raise _refuse(f"messages[{i}].{extra[0]}", msg.model_extra[extra[0]], "text messages only")
         content = msg.content
-        if isinstance(content, list):
-            content = "".join(_part_text(part, f"messages[{i}].content", k) for k, part in enumerate(content))
+        if isinstance(content, list):  # text parts one a line, as vLLM and trtllm-serve join them
+            content = "\n".join(_part_text(part, f"messages[{i}].content", k)
+                                 for k, part in enumerate(content))
         if content is None:
             raise ApiError(f"'messages[{i}].content' is required.", f"messages[{i}].content",
                            code="invalid_value")
