@@ -21,13 +21,14 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 from click.testing import CliRunner
+from transformers.utils.chat_template_utils import render_jinja_template
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
 from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.openai.model_info import served_model_of_repo
-from trtspec.openai.protocol import ApiError, ChatRequest, parse
+from trtspec.openai.protocol import ApiError, ChatRequest, check_messages, parse
 from trtspec.openai.server import OpenAIFrontend
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.decoder import Request
@@ -330,6 +331,21 @@ def test_malformed_content_says_what_content_is(content, param, expected):
         parse(ChatRequest, {**GOOD_CHAT, "messages": [{"role": "user", "content": content}]})
     assert caught.value.param == param and expected in str(caught.value), str(caught.value)
     assert '{"type": "text", "text": "..."}' in str(caught.value)
+
+
+def test_a_messages_name_reaches_the_chat_template_as_in_vllm():
+    """OpenAI's `name` (the participant's) was accepted and dropped; vLLM hands it to the template,
+    which may write it (this one does) or leave it out (most do, as tiny-dflash's)."""
+    template = "{% for m in messages %}{{ m.name or m.role }}: {{ m.content }}\n{% endfor %}"
+    body = {**GOOD_CHAT, "messages": [{"role": "user", "content": "hi", "name": "ada"},
+                                      {"role": "assistant", "content": "hello"}]}
+    messages = check_messages(parse(ChatRequest, body).messages, None)
+    assert messages == [{"role": "user", "content": "hi", "name": "ada"},
+                        {"role": "assistant", "content": "hello"}]
+    assert render_jinja_template([messages], chat_template=template)[0][0] == "ada: hi\nassistant: hello\n"
+    with pytest.raises(ApiError) as caught:
+        parse(ChatRequest, {**GOOD_CHAT, "messages": [{"role": "user", "content": "hi", "name": 5}]})
+    assert caught.value.param == "messages[0].name"
 
 
 def test_unknown_model_is_a_404(served):

@@ -100,10 +100,12 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # `name` and friends; checked in check_chat
+    model_config = ConfigDict(extra="allow")  # what an SDK message dumped whole holds; checked in check_chat
 
     role: str = Field(description="system, developer, user or assistant")
     content: str | list[ContentPart] | None = Field(None, description="text, or a list of text parts")
+    name: str | None = Field(None, description="the participant's name, given to the chat template as vLLM "
+                             "gives it (most templates leave it out)")
 
 
 class ChatRequest(_Common):
@@ -291,8 +293,7 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
                            f"{', '.join(ROLES)}.", f"messages[{i}].role", code="invalid_value")
         # a field the client sends empty (an SDK message dumped whole: refusal, tool_calls, audio,
         # annotations … null) is absent; one with a value is not served
-        extra = sorted(key for key, value in (msg.model_extra or {}).items()
-                       if key != "name" and value not in (None, [], {}))
+        extra = sorted(key for key, value in (msg.model_extra or {}).items() if value not in (None, [], {}))
         if extra:
             raise _refuse(f"messages[{i}].{extra[0]}", msg.model_extra[extra[0]], "text messages only")
         content = msg.content
@@ -302,7 +303,8 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
         if content is None:
             raise ApiError(f"'messages[{i}].content' is required.", f"messages[{i}].content",
                            code="invalid_value")
-        messages.append({"role": "system" if msg.role == "developer" else msg.role, "content": content})
+        message = {"role": "system" if msg.role == "developer" else msg.role, "content": content}
+        messages.append(message if msg.name is None else {**message, "name": msg.name})
     return messages
 
 
