@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.openai.model_info import served_model_of_repo
-from trtspec.openai.protocol import ApiError, ChatRequest, check_messages, parse
+from trtspec.openai.protocol import ApiError, ChatRequest, CompletionRequest, check_messages, parse
 from trtspec.openai.server import OpenAIFrontend
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.decoder import Request
@@ -297,6 +297,10 @@ BAD = [
     # a token id outside the 264-token vocabulary
     ("completions", {"stop_token_ids": [999]}, "stop_token_ids"),
     ("chat/completions", {"stop_token_ids": [10, 264]}, "stop_token_ids"),
+    # a JSON value of another type is refused, not converted (test_a_value_of_another_json_type_...)
+    ("completions", {"max_tokens": True}, "max_tokens"),
+    ("chat/completions", {"stream": "yes"}, "stream"),
+    ("completions", {"prompt": [1, "a"]}, "prompt"),
     # chat's metadata fields are not the legacy Completions API's (test_chat_accepts_...)
     ("completions", {"metadata": {"run": "a"}}, "metadata"),
     ("completions", {"store": False}, "store"),
@@ -331,6 +335,31 @@ def test_malformed_content_says_what_content_is(content, param, expected):
         parse(ChatRequest, {**GOOD_CHAT, "messages": [{"role": "user", "content": content}]})
     assert caught.value.param == param and expected in str(caught.value), str(caught.value)
     assert '{"type": "text", "text": "..."}' in str(caught.value)
+
+
+@pytest.mark.parametrize("endpoint, change, param, expected", [
+    ("completions", {"max_tokens": True}, "max_tokens", "expected an integer, got a boolean"),
+    ("completions", {"logprobs": True}, "logprobs", "expected an integer, got a boolean"),
+    ("chat/completions", {"n": 2.0}, "n", "expected an integer, got a decimal number"),
+    ("chat/completions", {"stream": "true"}, "stream", "expected a boolean, got a string"),
+    ("chat/completions", {"temperature": "0.5"}, "temperature", "expected a number, got a string"),
+    ("chat/completions", {"stream": True, "stream_options": {"include_usage": 1}},
+     "stream_options.include_usage", "expected a boolean, got an integer"),
+    ("completions", {"prompt": [1, "a"]}, "prompt", "expected a string, an array of strings, an array of"),
+    ("completions", {"stop": ["a", None]}, "stop", "expected a string or an array of strings"),
+])
+def test_a_value_of_another_json_type_is_refused_not_converted(endpoint, change, param, expected):
+    """pydantic's lax mode read `max_tokens: true` as 1, `logprobs: true` as 1 top token, `n: 2.0` as
+    2 and `stream: "true"` as true; OpenAI refuses them ('Invalid type for ...'), so does trtspec
+    now. A union's refusal names what it takes, not only its first member ('a valid string')."""
+    model = ChatRequest if endpoint.startswith("chat") else CompletionRequest
+    good = GOOD_CHAT if model is ChatRequest else GOOD_COMPLETION
+    with pytest.raises(ApiError) as caught:
+        parse(model, {**good, **change})
+    error = caught.value
+    assert (error.param, error.code) == (param, "invalid_type") and expected in error.message, error.message
+    assert f"'{param}'" in error.message
+    assert parse(model, {**good, "temperature": 1}).temperature == 1.0  # an integer is a number
 
 
 def test_a_messages_name_reaches_the_chat_template_as_in_vllm():
