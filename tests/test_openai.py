@@ -166,6 +166,57 @@ def test_eight_streaming_clients_ten_requests_each(served, pipeline):
     assert len(answers) == 80 and all(answers)
 
 
+def test_sixteen_concurrent_streams_some_closed_early_leave_the_server_clean(served, pipeline):
+    """16 streams at once through the SDK's async client, completions and chat, every third closed
+    after its third chunk: the rest end with a finish_reason and their usage, and
+    afterwards nothing is decoding, /health is ready, the log holds no error and greedy text is
+    still the target's."""
+    import asyncio
+
+    logged = len(Path(served.log).read_text())
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[int, str | None, object]:
+        ask = dict(model="trtspec", max_tokens=48, temperature=1.0, seed=i, stream=True,
+                   stream_options={"include_usage": True})
+        if i % 2:
+            stream = await client.chat.completions.create(messages=[{"role": "user", "content": f"{i} + 7"}],
+                                                          **ask)
+        else:
+            stream = await client.completions.create(prompt=CODE[i % 3], **ask)
+        chunks, finish, usage = 0, None, None
+        async for chunk in stream:
+            chunks += 1
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+            usage = chunk.usage or usage
+            if i % 3 == 0 and chunks == 3:
+                await stream.close()
+                return i, None, None
+        return i, finish, usage
+
+    async def all_of_them():
+        client = openai.AsyncOpenAI(base_url=f"{served.base}/v1", api_key=KEY, max_retries=0, timeout=120)
+        try:
+            return await asyncio.gather(*(one(client, i) for i in range(16)))
+        finally:
+            await client.close()
+
+    results = asyncio.run(all_of_them())
+    for i, finish, usage in results:
+        if i % 3:
+            assert finish in ("stop", "length") and 1 <= usage.completion_tokens <= 48, (i, finish, usage)
+            assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    deadline = time.monotonic() + 2.0
+    while served.metric("trtspec_requests_in_flight") > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert served.metric("trtspec_requests_in_flight") == 0
+    assert _request(served, "GET", "/health") == (200, {"status": "ready"})
+    got = served.client().completions.create(model="trtspec", prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
+                                             temperature=0)
+    assert got.choices[0].text == _greedy(pipeline, PROMPTS[0])[0]
+    assert "ERROR" not in Path(served.log).read_text()[logged:]
+
+
 DROPPING_CLIENT = """
 import json, sys, threading, time, urllib.request
 body = {"model": "trtspec", "prompt": json.loads(sys.argv[3]), "max_tokens": 2048, "temperature": 0,
