@@ -413,6 +413,24 @@ def test_a_value_of_another_json_type_is_refused_not_converted(endpoint, change,
     assert parse(model, {**good, "temperature": 1}).temperature == 1.0  # an integer is a number
 
 
+def test_a_number_past_what_a_float_holds_is_out_of_range_not_of_another_type():
+    with pytest.raises(ApiError) as caught:
+        parse(CompletionRequest, {**GOOD_COMPLETION, "temperature": 10**400})
+    assert (caught.value.param, caught.value.code) == ("temperature", "invalid_value")
+    assert "out of range" in caught.value.message
+
+
+def test_a_top_k_past_the_vocabulary_keeps_every_token(served):
+    """top_k 2^31 or 10^30 (vLLM takes any k) overflowed the model's int32 input: a 500 'Internal
+    Server Error' with an OverflowError in the log. Any k at or past the 264-token vocabulary is
+    every token, as 0 is: under Gumbel coupling the same seed gives the same text."""
+    ask = dict(model="trtspec", prompt=PROMPTS[1], max_tokens=12, temperature=1.0, seed=7)
+    client = served.client()
+    every = client.completions.create(**ask, extra_body={"top_k": 0}).choices[0].text
+    for k in (264, 2**31, 10**30):
+        assert client.completions.create(**ask, extra_body={"top_k": k}).choices[0].text == every, k
+
+
 def test_a_messages_name_reaches_the_chat_template_as_in_vllm():
     """OpenAI's `name` (the participant's) was accepted and dropped; vLLM hands it to the template,
     which may write it (this one does) or leave it out (most do, as tiny-dflash's)."""
@@ -481,6 +499,8 @@ def _post_bytes(served, path: str, data: bytes, content_type: str = "application
     # RecursionError traceback in the server log
     (b"[" * 100_000, "nested too deeply"),
     (b'{"model": "trtspec", "metadata": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_001, "nested too deeply"),
+    # json.loads refuses an integer past 4,300 digits with a ValueError: it was a 500 too
+    (b'{"model": "trtspec", "n": 1' + b"0" * 5000 + b"}", "an integer of more than 4,300 digits"),
 ])
 def test_a_body_that_is_no_json_object_is_a_400_in_openais_shape(served, data, expected):
     for path in ("/v1/completions", "/v1/chat/completions", "/tokenize"):

@@ -151,6 +151,9 @@ def parse(model: type[BaseModel], body: Any):
         if err["type"] == "missing":
             raise ApiError(f"Missing required parameter: '{param}'.", param,
                            code="missing_required_parameter") from None
+        if err["type"] == "float_type" and type(err["input"]) is int:  # past what a float holds
+            raise ApiError(f"Invalid value for '{param}': an integer out of range.", param,
+                           code="invalid_value") from None
         if err["type"] in _TYPE_ERRORS:
             raise ApiError(f"Invalid type for '{param}': expected {_TYPE_ERRORS[err['type']]}, got "
                            f"{_json_type(err['input'])}.", param, code="invalid_type") from None
