@@ -21,13 +21,14 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 from click.testing import CliRunner
+from transformers.utils.chat_template_utils import render_jinja_template
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
 from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.openai.model_info import served_model_of_repo
-from trtspec.openai.protocol import ApiError, ChatRequest, parse
+from trtspec.openai.protocol import ApiError, ChatRequest, CompletionRequest, check_messages, parse
 from trtspec.openai.server import OpenAIFrontend
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.decoder import Request
@@ -165,6 +166,57 @@ def test_eight_streaming_clients_ten_requests_each(served, pipeline):
     assert len(answers) == 80 and all(answers)
 
 
+def test_sixteen_concurrent_streams_some_closed_early_leave_the_server_clean(served, pipeline):
+    """16 streams at once through the SDK's async client, completions and chat, every third closed
+    after its third chunk: the rest end with a finish_reason and their usage, and
+    afterwards nothing is decoding, /health is ready, the log holds no error and greedy text is
+    still the target's."""
+    import asyncio
+
+    logged = len(Path(served.log).read_text())
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[int, str | None, object]:
+        ask = dict(model="trtspec", max_tokens=48, temperature=1.0, seed=i, stream=True,
+                   stream_options={"include_usage": True})
+        if i % 2:
+            stream = await client.chat.completions.create(messages=[{"role": "user", "content": f"{i} + 7"}],
+                                                          **ask)
+        else:
+            stream = await client.completions.create(prompt=CODE[i % 3], **ask)
+        chunks, finish, usage = 0, None, None
+        async for chunk in stream:
+            chunks += 1
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+            usage = chunk.usage or usage
+            if i % 3 == 0 and chunks == 3:
+                await stream.close()
+                return i, None, None
+        return i, finish, usage
+
+    async def all_of_them():
+        client = openai.AsyncOpenAI(base_url=f"{served.base}/v1", api_key=KEY, max_retries=0, timeout=120)
+        try:
+            return await asyncio.gather(*(one(client, i) for i in range(16)))
+        finally:
+            await client.close()
+
+    results = asyncio.run(all_of_them())
+    for i, finish, usage in results:
+        if i % 3:
+            assert finish in ("stop", "length") and 1 <= usage.completion_tokens <= 48, (i, finish, usage)
+            assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    deadline = time.monotonic() + 2.0
+    while served.metric("trtspec_requests_in_flight") > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert served.metric("trtspec_requests_in_flight") == 0
+    assert _request(served, "GET", "/health") == (200, {"status": "ready"})
+    got = served.client().completions.create(model="trtspec", prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
+                                             temperature=0)
+    assert got.choices[0].text == _greedy(pipeline, PROMPTS[0])[0]
+    assert "ERROR" not in Path(served.log).read_text()[logged:]
+
+
 DROPPING_CLIENT = """
 import json, sys, threading, time, urllib.request
 body = {"model": "trtspec", "prompt": json.loads(sys.argv[3]), "max_tokens": 2048, "temperature": 0,
@@ -296,6 +348,10 @@ BAD = [
     # a token id outside the 264-token vocabulary
     ("completions", {"stop_token_ids": [999]}, "stop_token_ids"),
     ("chat/completions", {"stop_token_ids": [10, 264]}, "stop_token_ids"),
+    # a JSON value of another type is refused, not converted (test_a_value_of_another_json_type_...)
+    ("completions", {"max_tokens": True}, "max_tokens"),
+    ("chat/completions", {"stream": "yes"}, "stream"),
+    ("completions", {"prompt": [1, "a"]}, "prompt"),
     # chat's metadata fields are not the legacy Completions API's (test_chat_accepts_...)
     ("completions", {"metadata": {"run": "a"}}, "metadata"),
     ("completions", {"store": False}, "store"),
@@ -332,6 +388,64 @@ def test_malformed_content_says_what_content_is(content, param, expected):
     assert '{"type": "text", "text": "..."}' in str(caught.value)
 
 
+@pytest.mark.parametrize("endpoint, change, param, expected", [
+    ("completions", {"max_tokens": True}, "max_tokens", "expected an integer, got a boolean"),
+    ("completions", {"logprobs": True}, "logprobs", "expected an integer, got a boolean"),
+    ("chat/completions", {"n": 2.0}, "n", "expected an integer, got a decimal number"),
+    ("chat/completions", {"stream": "true"}, "stream", "expected a boolean, got a string"),
+    ("chat/completions", {"temperature": "0.5"}, "temperature", "expected a number, got a string"),
+    ("chat/completions", {"stream": True, "stream_options": {"include_usage": 1}},
+     "stream_options.include_usage", "expected a boolean, got an integer"),
+    ("completions", {"prompt": [1, "a"]}, "prompt", "expected a string, an array of strings, an array of"),
+    ("completions", {"stop": ["a", None]}, "stop", "expected a string or an array of strings"),
+])
+def test_a_value_of_another_json_type_is_refused_not_converted(endpoint, change, param, expected):
+    """pydantic's lax mode read `max_tokens: true` as 1, `logprobs: true` as 1 top token, `n: 2.0` as
+    2 and `stream: "true"` as true; OpenAI refuses them ('Invalid type for ...'), so does trtspec
+    now. A union's refusal names what it takes, not only its first member ('a valid string')."""
+    model = ChatRequest if endpoint.startswith("chat") else CompletionRequest
+    good = GOOD_CHAT if model is ChatRequest else GOOD_COMPLETION
+    with pytest.raises(ApiError) as caught:
+        parse(model, {**good, **change})
+    error = caught.value
+    assert (error.param, error.code) == (param, "invalid_type") and expected in error.message, error.message
+    assert f"'{param}'" in error.message
+    assert parse(model, {**good, "temperature": 1}).temperature == 1.0  # an integer is a number
+
+
+def test_a_number_past_what_a_float_holds_is_out_of_range_not_of_another_type():
+    with pytest.raises(ApiError) as caught:
+        parse(CompletionRequest, {**GOOD_COMPLETION, "temperature": 10**400})
+    assert (caught.value.param, caught.value.code) == ("temperature", "invalid_value")
+    assert "out of range" in caught.value.message
+
+
+def test_a_top_k_past_the_vocabulary_keeps_every_token(served):
+    """top_k 2^31 or 10^30 (vLLM takes any k) overflowed the model's int32 input: a 500 'Internal
+    Server Error' with an OverflowError in the log. Any k at or past the 264-token vocabulary is
+    every token, as 0 is: under Gumbel coupling the same seed gives the same text."""
+    ask = dict(model="trtspec", prompt=PROMPTS[1], max_tokens=12, temperature=1.0, seed=7)
+    client = served.client()
+    every = client.completions.create(**ask, extra_body={"top_k": 0}).choices[0].text
+    for k in (264, 2**31, 10**30):
+        assert client.completions.create(**ask, extra_body={"top_k": k}).choices[0].text == every, k
+
+
+def test_a_messages_name_reaches_the_chat_template_as_in_vllm():
+    """OpenAI's `name` (the participant's) was accepted and dropped; vLLM hands it to the template,
+    which may write it (this one does) or leave it out (most do, as tiny-dflash's)."""
+    template = "{% for m in messages %}{{ m.name or m.role }}: {{ m.content }}\n{% endfor %}"
+    body = {**GOOD_CHAT, "messages": [{"role": "user", "content": "hi", "name": "ada"},
+                                      {"role": "assistant", "content": "hello"}]}
+    messages = check_messages(parse(ChatRequest, body).messages, None)
+    assert messages == [{"role": "user", "content": "hi", "name": "ada"},
+                        {"role": "assistant", "content": "hello"}]
+    assert render_jinja_template([messages], chat_template=template)[0][0] == "ada: hi\nassistant: hello\n"
+    with pytest.raises(ApiError) as caught:
+        parse(ChatRequest, {**GOOD_CHAT, "messages": [{"role": "user", "content": "hi", "name": 5}]})
+    assert caught.value.param == "messages[0].name"
+
+
 def test_unknown_model_is_a_404(served):
     status, body = _post(f"{served.base}/v1/completions", {**GOOD_COMPLETION, "model": "gpt-4"})
     assert status == 404 and body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model"
@@ -365,6 +479,48 @@ def test_retrieve_model_and_unknown_routes_answer_in_openais_shape(served):
         assert got == status, (method, path, body)
         assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
         assert body["error"]["type"] == "invalid_request_error" and path in body["error"]["message"]
+
+
+def _post_bytes(served, path: str, data: bytes, content_type: str = "application/json") -> tuple[int, dict]:
+    req = urllib.request.Request(served.base + path, data=data, headers={
+        "Content-Type": content_type, "Authorization": f"Bearer {KEY}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize("data, expected", [
+    (b'{"model": "trtspec", "prompt": "a"', "not valid JSON: Expecting"),
+    (b'{"model": "\xc3\x28"}', "not UTF-8"),
+    (b"[1, 2]", "must be a JSON object"),
+    # json.loads recursed past Python's limit: a 500 'Internal Server Error' in plain text and a
+    # RecursionError traceback in the server log
+    (b"[" * 100_000, "nested too deeply"),
+    (b'{"model": "trtspec", "metadata": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_001, "nested too deeply"),
+    # json.loads refuses an integer past 4,300 digits with a ValueError: it was a 500 too
+    (b'{"model": "trtspec", "n": 1' + b"0" * 5000 + b"}", "an integer of more than 4,300 digits"),
+])
+def test_a_body_that_is_no_json_object_is_a_400_in_openais_shape(served, data, expected):
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize"):
+        status, body = _post_bytes(served, path, data)
+        assert status == 400 and set(body["error"]) == {"message", "type", "param", "code"}, body
+        assert expected in body["error"]["message"], body
+    status, body = _post(f"{served.base}/v1/completions", GOOD_COMPLETION)
+    assert status == 200 and body["usage"]["completion_tokens"] >= 1
+
+
+def test_a_json_body_is_read_whatever_its_content_type(served):
+    """`curl -d` without -H sends application/x-www-form-urlencoded: the JSON is read all the same
+    (vLLM answers 415); a body that is no JSON says how it came."""
+    body = json.dumps(GOOD_COMPLETION).encode()
+    for kind in ("application/x-www-form-urlencoded", "text/plain", "application/json; charset=utf-8"):
+        status, answer = _post_bytes(served, "/v1/completions", body, kind)
+        assert status == 200 and answer["usage"]["completion_tokens"] >= 1, (kind, answer)
+    status, answer = _post_bytes(served, "/v1/completions", b"model=trtspec&prompt=a",
+                                 "application/x-www-form-urlencoded")
+    assert status == 400 and "Content-Type application/x-www-form-urlencoded" in answer["error"]["message"]
 
 
 def test_chat_accepts_and_ignores_openais_metadata_fields(served):
@@ -413,9 +569,21 @@ def test_non_text_content_part_is_refused_as_such(served):
         error = answer["error"]
         assert error["param"] == "messages[1].content" and "'messages[1].content'" in error["message"]
         assert "image_url" in error["message"] and "only text content parts" in error["message"]
-    status, answer = _post(f"{served.base}/tokenize", {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "1 + "}, {"type": "text", "text": "2"}]}]})
-    assert status == 200 and answer["tokens"] == list(b"Q: 1 + 2\nA: ")
+
+
+def test_text_parts_are_joined_one_a_line_as_vllm_joins_them(served):
+    """A content given as text parts is the parts one a line, as vLLM and trtllm-serve render them
+    (they were joined with nothing: ["1 + 2", "3 + 4"] rendered as "1 + 23 + 4"), on /tokenize and
+    on chat, whose usage counts the same prompt."""
+    parts = [{"type": "text", "text": "1 + 2"}, {"type": "text", "text": "3 + 4"}]
+    status, answer = _post(f"{served.base}/tokenize", {"messages": [{"role": "user", "content": parts}]})
+    assert status == 200 and answer["tokens"] == list(b"Q: 1 + 2\n3 + 4\nA: ")
+    client = served.client()
+    as_parts, as_text = (client.chat.completions.create(
+        model="trtspec", messages=[{"role": "user", "content": content}], max_tokens=4, temperature=0)
+        for content in (parts, "1 + 2\n3 + 4"))
+    assert as_parts.usage.prompt_tokens == as_text.usage.prompt_tokens == answer["count"]
+    assert as_parts.choices[0].message.content == as_text.choices[0].message.content
 
 
 def test_usage_counts_each_prompt_once_and_every_choice(served, pipeline):

@@ -102,7 +102,9 @@ class Frontend:
         defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, **model.sampling_defaults}
         temperature = defaults["temperature"] if req.temperature is None else req.temperature
         top_p = defaults["top_p"] if req.top_p is None else req.top_p
+        # k at or past the vocabulary keeps every token, as 0 does (and fits the model's int32 input)
         top_k = defaults["top_k"] if req.top_k is None else max(0, req.top_k)
+        top_k = 0 if top_k >= model.vocab_size else top_k
         logprobs = logprobs_wanted(req)
         echo = bool(getattr(req, "echo", False))
         gen = Generation(prompt=prompt if isinstance(prompt, str) else "", max_tokens=max_tokens,
@@ -286,10 +288,20 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     app.state.started = time.time()
 
     async def body_of(request: Request):
+        """The JSON body, whatever the Content-Type says (`curl -d` sends form-urlencoded)."""
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        sent = "" if kind in ("", "application/json") else f" (sent as Content-Type {kind})"
         try:
             return await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ApiError("the request body is not valid JSON") from None
+        except json.JSONDecodeError as exc:
+            raise ApiError(f"the request body is not valid JSON{sent}: {exc}") from None
+        except UnicodeDecodeError:
+            raise ApiError(f"the request body is not valid JSON{sent}: not UTF-8 text") from None
+        except ValueError:  # json.loads' other refusal: an integer past Python's 4,300 digits
+            raise ApiError("the request body is not valid JSON: it holds an integer of more than 4,300 "
+                           "digits") from None
+        except RecursionError:  # json.loads recurses per nesting level
+            raise ApiError("the request body is not valid JSON: nested too deeply to parse") from None
 
     @app.post("/v1/completions")
     async def completions(request: Request):

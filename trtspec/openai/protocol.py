@@ -1,7 +1,8 @@
 """The OpenAI API's request and response bodies, as far as trtspec serves them.
 
 Requests are pydantic models that forbid unknown fields (OpenAI itself answers
-"Unrecognized request argument supplied: X"). Fields OpenAI clients commonly send that change
+"Unrecognized request argument supplied: X") and values of another JSON type ("Invalid type for
+'max_tokens'"). Fields OpenAI clients commonly send that change
 nothing here (`user`, zero penalties; on chat only, as in OpenAI's API, `metadata`, `store`, …)
 are accepted; fields whose non-default values trtspec cannot honour are checked in `check_*` and
 refused by name. Any refusal is an `ApiError`, answered as HTTP 400 in OpenAI's error shape
@@ -35,7 +36,9 @@ class ApiError(Exception):
 
 
 class _Forbid(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict, as OpenAI: `max_tokens: true`, `n: 2.0` or `stream: "yes"` are refused by name, not read
+    # as 1, 2 and true (an integer is still a number)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Forbid):
@@ -100,10 +103,12 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # `name` and friends; checked in check_chat
+    model_config = ConfigDict(extra="allow")  # what an SDK message dumped whole holds; checked in check_chat
 
     role: str = Field(description="system, developer, user or assistant")
     content: str | list[ContentPart] | None = Field(None, description="text, or a list of text parts")
+    name: str | None = Field(None, description="the participant's name, given to the chat template as vLLM "
+                             "gives it (most templates leave it out)")
 
 
 class ChatRequest(_Common):
@@ -136,12 +141,43 @@ def parse(model: type[BaseModel], body: Any):
         param = _param(err["loc"])
         if param is not None and param.endswith(".content") and param.startswith("messages["):
             raise _content_error(param, err["input"]) from None
+        loc = err["loc"]
+        if loc[0] in _UNIONS and len(loc) > 1 and isinstance(loc[1], str) and _is_tag(loc[1]):
+            # a value no member of the union takes: pydantic's first words name only the first member
+            raise ApiError(f"Invalid type for '{loc[0]}': expected {_UNIONS[loc[0]]}.", loc[0],
+                           code="invalid_type") from None
         if err["type"] == "extra_forbidden":
             raise ApiError(f"Unrecognized request argument supplied: {param}", param) from None
         if err["type"] == "missing":
             raise ApiError(f"Missing required parameter: '{param}'.", param,
                            code="missing_required_parameter") from None
+        if err["type"] == "float_type" and type(err["input"]) is int:  # past what a float holds
+            raise ApiError(f"Invalid value for '{param}': an integer out of range.", param,
+                           code="invalid_value") from None
+        if err["type"] in _TYPE_ERRORS:
+            raise ApiError(f"Invalid type for '{param}': expected {_TYPE_ERRORS[err['type']]}, got "
+                           f"{_json_type(err['input'])}.", param, code="invalid_type") from None
         raise ApiError(f"Invalid value for '{param}': {err['msg']}.", param, code="invalid_value") from None
+
+
+_TYPE_ERRORS = {"int_type": "an integer", "float_type": "a number", "bool_type": "a boolean",
+                "string_type": "a string", "dict_type": "an object", "list_type": "an array",
+                "model_type": "an object"}
+
+
+def _json_type(value: Any) -> str:
+    """A JSON value's kind in OpenAI's words (`true` is a boolean, `2.0` a decimal number)."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "null" if value is None else "an object"
 
 
 def _content_error(param: str, content: Any) -> ApiError:
@@ -159,6 +195,14 @@ def _content_error(param: str, content: Any) -> ApiError:
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+_UNIONS = {"prompt": "a string, an array of strings, an array of token ids (integers) or an array of arrays "
+                     "of token ids",
+           "stop": "a string or an array of strings"}
+
+
+def _is_tag(part: str) -> bool:
+    """A union-member tag pydantic inserts in an error location (`str`, `list[int]`)."""
+    return part in _TYPE_TAGS or "[" in part
 
 
 def _param(loc: tuple) -> str | None:
@@ -168,7 +212,7 @@ def _param(loc: tuple) -> str | None:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif "[" not in part and part not in _TYPE_TAGS:
+        elif not _is_tag(part):
             out += f".{part}" if out else part
     return out or None
 
@@ -291,17 +335,18 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
                            f"{', '.join(ROLES)}.", f"messages[{i}].role", code="invalid_value")
         # a field the client sends empty (an SDK message dumped whole: refusal, tool_calls, audio,
         # annotations … null) is absent; one with a value is not served
-        extra = sorted(key for key, value in (msg.model_extra or {}).items()
-                       if key != "name" and value not in (None, [], {}))
+        extra = sorted(key for key, value in (msg.model_extra or {}).items() if value not in (None, [], {}))
         if extra:
             raise _refuse(f"messages[{i}].{extra[0]}", msg.model_extra[extra[0]], "text messages only")
         content = msg.content
-        if isinstance(content, list):
-            content = "".join(_part_text(part, f"messages[{i}].content", k) for k, part in enumerate(content))
+        if isinstance(content, list):  # text parts one a line, as vLLM and trtllm-serve join them
+            content = "\n".join(_part_text(part, f"messages[{i}].content", k)
+                                 for k, part in enumerate(content))
         if content is None:
             raise ApiError(f"'messages[{i}].content' is required.", f"messages[{i}].content",
                            code="invalid_value")
-        messages.append({"role": "system" if msg.role == "developer" else msg.role, "content": content})
+        message = {"role": "system" if msg.role == "developer" else msg.role, "content": content}
+        messages.append(message if msg.name is None else {**message, "name": msg.name})
     return messages
 
 
