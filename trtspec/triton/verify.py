@@ -53,6 +53,7 @@ from trtspec.triton.client import (
     grpc_inputs,
     split_url,
 )
+from trtspec.triton.request import TextStream
 
 DEFAULT_PROMPTS = (
     "Q: 482 + 356\nA:",
@@ -211,6 +212,17 @@ def _sample_served(url: str, model: str, prompt: str, n: int, api_key: str | Non
         return list(pool.map(lambda p: generate(url, model, prompt, p, api_key=api_key), params))
 
 
+def streamed_text(tokenizer, ids: list[int], end_ids) -> str:
+    """The text a server streams for `ids` (`TextStream`: trtspec's servers, and vLLM's incremental
+    detokenizer alike): `decode(ids)`, except where a byte-fallback decoder (SentencePiece's) turns
+    a run of byte ids into U+FFFD whole once it holds an invalid sequence, where the text already
+    sent for the run's first bytes stays. Compared with `decode(ids)`, a correct server's text
+    differed there."""
+    stream = TextStream(tokenizer.decode, end_ids=frozenset(end_ids))
+    stream.push(ids)
+    return stream.text
+
+
 def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_tokens: int = 48,
             samples: int = 400, steps: int = STEPS, delta: float = DELTA,
             api_key: str | None = None) -> Certificate:
@@ -230,7 +242,7 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         prompt_ids = tokenizer.encode(prompt)
         expected = reference.decoder.generate(prompt_ids, max_tokens, sampling).token_ids
         if text_only:
-            diff = _first_difference(served.text, tokenizer.decode(expected))
+            diff = _first_difference(served.text, streamed_text(tokenizer, expected, reference.end_ids))
         else:
             diff = _first_difference(served.token_ids, expected)
         result = GreedyCheck(prompt, diff is None, diff, served.tau, "character" if text_only else "token",
