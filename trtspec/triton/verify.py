@@ -44,7 +44,7 @@ from trtspec.config import BuildConfig
 from trtspec.models.target import load_causal_lm
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.law_check import SIMULATIONS, LawCheck, check_law
-from trtspec.spec.near_ties import GreedyAudit, GreedyJudge, shared_prefix
+from trtspec.spec.near_ties import GreedyAudit, GreedyJudge, parted_by_length, shared_prefix
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
 from trtspec.triton.client import (
     Completion,
@@ -88,10 +88,12 @@ class GreedyCheck:
     unit: str = "token"
     audit: GreedyAudit | None = None  # the served tokens audited where they differ
     seed: int | None = None  # a coupled sample's seed; None: greedy
+    lengths: tuple[int, int] | None = None  # (served, target alone's) where they part only by length
 
     @property
     def passed(self) -> bool:
-        return self.identical or (self.audit is not None and self.audit.near_ties_only)
+        explained = self.lengths is None and self.audit is not None and self.audit.near_ties_only
+        return self.identical or explained
 
     def lines(self) -> list[str]:
         if self.identical:
@@ -101,7 +103,11 @@ class GreedyCheck:
         kind, seed = ("greedy ", "") if self.seed is None else ("sampled", f"  seed {self.seed}")
         tau = "–" if self.served_tau is None else f"{self.served_tau:.2f}"
         out = [f"{kind} {verdict:<24} tau={tau}{seed}  {self.prompt[:40]!r}"]
-        if self.audit is not None:
+        if self.lengths is not None:
+            served, alone = self.lengths
+            out.append(f"        served {served} {self.unit}s, the target alone {alone}: one ends where the "
+                       "other goes on, which no near-tie explains")
+        elif self.audit is not None:
             out.append(f"        served tokens: {self.audit.describe()}")
         return out
 
@@ -256,12 +262,16 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         if text_only:
             text = streamed_text(tokenizer, expected, reference.end_ids)
             unreadable |= "\ufffd" in text
-            diff = _first_difference(served.text, text)
+            got, want = served.text, text
         else:
-            diff = _first_difference(served.token_ids, expected)
+            got, want = served.token_ids, expected
+        diff = _first_difference(got, want)
         result = GreedyCheck(prompt, diff is None, diff, served.tau, "character" if text_only else "token",
                              seed=None if sampling.greedy else sampling.seed)
-        if diff is not None:
+        # ids only: a text leaves the end id's text out, so a near-tie at an end id reads as a prefix
+        if not text_only and parted_by_length(got, want):
+            result.lengths = (len(got), len(want))
+        elif diff is not None:
             served_ids = tokenizer.encode(served.text) if text_only else served.token_ids
             if served_ids:
                 start = shared_prefix(served_ids, expected)  # the target alone's own tokens before
