@@ -72,7 +72,7 @@ SAMPLE_TOKENS = (8, 3)
 STEPS = 3  # generated tokens whose law the sampling test compares
 ALPHA = 1e-3  # probability that a correct server fails the sampling test (all positions together)
 DEFAULT_SAMPLES = 2000  # docs/EVAL.md: what this many requests catch, and what 400 missed
-MIN_SAMPLES = 100  # fewer: a law moved by 0.2 in total variation passes more often than not
+MIN_SAMPLES = 100  # fewer miss a law moved by 0.2 in total variation more often than not (docs/EVAL.md)
 SAMPLING_CANDIDATES = 8  # prompts whose exact laws are walked to pick the sampled one (~top_k^steps forwards)
 COUPLED_SEED = 100  # Gumbel coupling: prompt i's seeded sample uses seed COUPLED_SEED + i
 
@@ -198,7 +198,7 @@ def check_samples(samples: int) -> None:
     """Refuse a sampling test too weak to fail: `samples` must be 0 (none) or `MIN_SAMPLES`."""
     if 0 < samples < MIN_SAMPLES:
         raise ValueError(f"must be 0 (no sampling test) or at least {MIN_SAMPLES}, got {samples}: fewer "
-                         "requests pass a law moved by 0.2 in total variation more often than not")
+                         "requests miss a law moved by 0.2 in total variation more often than not")
 
 
 def entropy(law: dict[int, float]) -> float:
