@@ -16,7 +16,7 @@ at alpha / positions), so a correct deployment fails with probability at most al
 This replaces a distribution-free bound (Bretagnolle–Huber–Carol, TV ≤ sqrt((K ln 2 + ln 1/δ) / 2n)),
 which holds for every law of support K and is therefore loose for the one at hand: at n = 400 it let
 a third token's TV reach 0.18, and slips of the acceptance rule that move the law by 0.05–0.1 passed
-(docs/EVAL.md, "How strong the sampling test is").
+(docs/EVAL.md, "How strong `trtspec verify`'s sampling test is").
 """
 
 from __future__ import annotations

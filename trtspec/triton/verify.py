@@ -24,7 +24,8 @@
    Choosing the prompt walks the exact laws of the first `SAMPLING_CANDIDATES` given.
    OpenAI servers' texts are tokenized with the
    reference's tokenizer (exact for the byte-level models; for a BPE tokenizer a sampled text can
-   split differently from how it was generated, which can only add distance).
+   split differently from how it was generated, which adds distance and can put tokens the target
+   never samples among the draws: a correct server can fail, and the report says so).
 3. Seeded samples, for a deployment that samples with Gumbel coupling (`sampling.coupling:
    gumbel` in the config): every prompt once more at temperature 1, seed COUPLED_SEED + i; the
    served sample must equal, token for token (character for character over OpenAI), what the
@@ -46,6 +47,7 @@ from trtspec.pipeline import load_pipeline
 from trtspec.spec.law_check import SIMULATIONS, LawCheck, check_law
 from trtspec.spec.near_ties import GreedyAudit, GreedyJudge, parted_by_length, shared_prefix
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
+from trtspec.tokenizer import ByteTokenizer
 from trtspec.triton.client import (
     Completion,
     GenerateParams,
@@ -300,6 +302,10 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         cert.sampling = SamplingCheck(prompt, samples, check_law(counts, laws, alpha), SAMPLING, drafted)
         cert.untested.append(f"the sampled law past token {steps}, of other prompts, or at other "
                              "temperature, top-k or top-p")
+        if text_only and not isinstance(tokenizer, ByteTokenizer):
+            cert.untested.append("the sampled law exactly: over openai:// the texts are tokenized again, "
+                                 "and a text the target sampled in another split tokenizes differently (a "
+                                 "correct server can fail here; grpc:// and http:// send ids)")
     else:
         cert.untested.append("the sampled law (--samples 0)")
     if config.sampling.coupling != "gumbel":
