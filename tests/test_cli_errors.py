@@ -95,11 +95,12 @@ def test_usage_errors_name_the_option(tmp_path):
     assert_usage_error(invoke("bench", CONFIG, "--chat", "--out", tmp_path / "b"), "--chat",
                        "applies to a served model (--url)")
     assert not (tmp_path / "b").exists()
-    from trtspec.triton.verify import MIN_SAMPLES  # a bound of at most 0.5 at 27 possible tokens
+    from trtspec.triton.verify import DEFAULT_SAMPLES, MIN_SAMPLES
 
-    assert MIN_SAMPLES == 52 and "(at least 52:" in " ".join(invoke("verify", "--help").output.split())
+    help_text = " ".join(invoke("verify", "--help").output.split())
+    assert f"(at least {MIN_SAMPLES};" in help_text and f"[default: {DEFAULT_SAMPLES}]" in help_text
     assert_usage_error(invoke("verify", "--url", "grpc://127.0.0.1:1", "--config", CONFIG, "--samples", "10"),
-                       "--samples", "must be 0 (no sampling test) or at least 52, got 10")
+                       "--samples", f"must be 0 (no sampling test) or at least {MIN_SAMPLES}, got 10")
     assert_usage_error(invoke("train", "dflash", "--target", "builtin:tiny-target", "--prompts",
                               CONFIG, "--out", tmp_path / "d", "--block-size", "1"), "--block-size")
     latin1, number = tmp_path / "latin1.txt", tmp_path / "number.jsonl"

@@ -13,7 +13,7 @@ from trtspec.bench.loop_overhead import tiny_pipeline
 from trtspec.config import ScheduleConfig
 from trtspec.models.target import Chunk
 from trtspec.prompts import load_prompts
-from trtspec.spec.near_ties import NEAR_TIE, GreedyAudit, GreedyJudge, audit_greedy
+from trtspec.spec.near_ties import MISMATCH, NEAR_TIE, GreedyAudit, GreedyJudge, audit_greedy
 from trtspec.triton.verify import Certificate, GreedyCheck
 
 CPU = torch.device("cpu")
@@ -132,3 +132,20 @@ def test_a_difference_passes_certification_only_when_the_audit_finds_near_ties()
         lines = "\n".join(cert.lines())
         assert ("differs at token 20" if passed else "MISMATCH at token 20") in lines
         assert ("PASS: lossless" if passed else "FAIL") in lines
+
+
+def test_an_output_that_only_ends_elsewhere_is_a_mismatch():
+    """Cut short, or run on past where the target alone stopped, every token an output has is the
+    argmax, so the audit finds nothing off it: the judge passed such outputs as near-ties (and
+    `verify` a server that stops early). No token choice parts them: a mismatch."""
+    plain = tiny_pipeline(CPU, use_drafter=False, dtype="float32", cuda_graphs=False)
+    ids = plain.tokenizer.encode(load_prompts("code")[3])
+    reference = plain.decoder.generate(ids, 12).token_ids
+    longer = plain.decoder.generate(ids, 16).token_ids
+    judge = GreedyJudge(plain.config.target, plain.target)
+    for output in (reference[:7], longer):
+        assert judge.audit(ids, output).off_argmax == []  # greedy all the way
+        assert judge(ids, output, reference) == MISMATCH
+    check = GreedyCheck("Q: 1 + 1", False, 7, 3.0, audit=judge.audit(ids, reference[:7]), lengths=(7, 12))
+    cert = Certificate(greedy=[check])
+    assert not cert.passed and "served 7 tokens, the target alone 12" in "\n".join(cert.lines())

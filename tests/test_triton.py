@@ -248,7 +248,7 @@ def test_engine_flavour_is_served(tmp_path, config, expected, full_config_path):
         prompts.write_text("Q: 12 + 34\n")
         served_config = out / REPO_DIR / config.name / "1" / "build_config.yaml"
         cert = CliRunner().invoke(main, ["verify", "--url", server.grpc_url, "--config", str(served_config),
-                                         "--prompts", str(prompts), "--max-tokens", "8", "--samples", "60"])
+                                         "--prompts", str(prompts), "--max-tokens", "8", "--samples", "100"])
         assert cert.exit_code == 0, cert.output
         assert "greedy  identical" in cert.output and "PASS: lossless" in cert.output
         for prompt, stream in zip(PROMPTS[:2], (True, False), strict=True):
@@ -477,7 +477,7 @@ def test_verify_dir_starts_and_stops_its_own_server(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "Q: 12 + 34\nA:"}) + "\n")
     result = CliRunner().invoke(main, ["verify", str(tmp_path), "--prompts", str(prompts),
-                                       "--max-tokens", "16", "--samples", "60"])
+                                       "--max-tokens", "16", "--samples", "100"])
     assert result.exit_code == 0, result.output
     assert "identical" in result.output and "PASS: lossless" in result.output
     assert _server_pids(str(tmp_path)) == []

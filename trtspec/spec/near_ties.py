@@ -89,6 +89,13 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
+def parted_by_length(a, b) -> bool:
+    """`a` and `b` differ only in where they end (one is a strict prefix of the other): no token
+    choice parts them, so no near-tie can explain it (an output cut short, or run past an end id or
+    max_tokens). Token lists, or texts."""
+    return len(a) != len(b) and a[: min(len(a), len(b))] == b[: min(len(a), len(b))]
+
+
 @torch.inference_mode()
 def audit_greedy(target: TargetModel, prompt_ids: list[int], output_ids: list[int],
                  chunk: int = CHUNK, sampling: SamplingParams | None = None, start: int = 0) -> GreedyAudit:
@@ -147,7 +154,7 @@ class GreedyJudge:
                  sampling: SamplingParams | None = None) -> str:
         if output_ids == reference_ids:
             return IDENTICAL
-        if not output_ids:
+        if not output_ids or parted_by_length(output_ids, reference_ids):
             return MISMATCH
         audit = self.audit(prompt_ids, output_ids, sampling, shared_prefix(output_ids, reference_ids))
         return NEAR_TIE if audit.near_ties_only else MISMATCH

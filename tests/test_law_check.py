@@ -1,0 +1,118 @@
+"""`trtspec verify`'s sampling test (`trtspec.spec.law_check`): calibrated under a correct rule,
+and able to fail the slips a verifier is likely to have.
+
+Each slip is planted in a copy of the rejection rule here, never in `trtspec.spec.verify`. One
+verification step with one draft, under verify's own sampling parameters (temperature 1.3, top-k
+3, top-p 0.9), run for `DEFAULT_SAMPLES` requests: the first token is the accepted draft or the
+recovered token, the second the bonus token (or, after a rejection, the target's own next draw,
+as the decoder continues). Their laws must be p_1 and p_2, the target's processed distributions.
+The logits are a drafter's that agrees with its target about as well as the embedded DFlash
+drafter does (TV(p, q) 0.15-0.2 per position). Measured over 20 seeds each, every slip fails at
+2,000 requests 20 times of 20, and a correct rule never.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from trtspec.spec.law_check import check_law, check_position
+from trtspec.spec.sampling import probs_from_logits
+from trtspec.spec.verify import draw_uniforms, inverse_cdf
+from trtspec.triton.verify import ALPHA, DEFAULT_SAMPLES, SAMPLING
+
+V = 8
+# [2, V] the target's logits at positions 1 and 2: at temperature 1.3 and top-k 3, about
+# (0.6, 0.32, 0.08) at position 1, where top-p 0.9 keeps two tokens, and (0.45, 0.35, 0.2)
+P_LOGITS = torch.tensor([[3.0, 2.18, 0.38, 0.0, -0.5, -1.0, -1.5, -2.0],
+                         [1.0, 3.0, 0.5, 2.67, 0.0, 1.95, -0.5, -1.0]])
+Q_LOGITS = P_LOGITS + torch.tensor([[-0.6, 0.4, 0.0, 0.3, 0.0, 0.0, 0.0, 0.0],
+                                    [0.0, -0.5, 0.0, 0.2, 0.0, 0.6, 0.0, 0.0]])  # [2, V] the drafter's
+
+
+def _nucleus_plus_one(logits: torch.Tensor) -> torch.Tensor:
+    """top-p keeping one token more than the nucleus.  [..., V] -> [..., V]"""
+    full = probs_from_logits(logits, SAMPLING.model_copy(update={"top_p": 1.0}))
+    s, order = torch.sort(full, -1, descending=True)
+    keep_n = ((s.cumsum(-1) - s) < SAMPLING.top_p).sum(-1, keepdim=True) + 1
+    keep_sorted = (torch.arange(V).expand_as(s) < keep_n) & (s > 0)
+    p = full.masked_fill(~torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted), 0.0)
+    return p / p.sum(-1, keepdim=True)
+
+
+def _run(slip: str, n: int, seed: int) -> list[dict[int, int]]:
+    """n requests through one verification step of one draft under `slip`: counts of their first
+    two tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    p = probs_from_logits(P_LOGITS, SAMPLING)  # [2, V] what the target samples
+    if slip == "temperature twice":
+        p = probs_from_logits(P_LOGITS / SAMPLING.temperature, SAMPLING)
+    elif slip == "top-p one token over":
+        p = _nucleus_plus_one(P_LOGITS)
+    q = probs_from_logits(Q_LOGITS, SAMPLING)  # [2, V]
+    draft = torch.multinomial(q[0].expand(n, V), 1, generator=gen)[:, 0]  # [n]
+    uniforms, u_last = draw_uniforms(n, 1, gen)  # [n, 1], [n]
+    p_accept = torch.softmax(P_LOGITS[0], -1) if slip == "accept on unprocessed p" else p[0]  # [V]
+    accepted = uniforms[:, 0] * q[0, draft] < p_accept[draft]  # [n]
+    residual = p[0] if slip == "recovered from p" else (p[0] - q[0]).clamp_min(0)  # [V]
+    recovered = inverse_cdf(residual.expand(n, V), u_last)  # [n]
+    bonus = inverse_cdf((q[1] if slip == "bonus from q" else p[1]).expand(n, V), u_last)  # [n]
+    own_next = torch.multinomial(p[1].expand(n, V), 1, generator=gen)[:, 0]  # [n] the target's next draw
+    first = torch.where(accepted, draft, recovered)
+    second = torch.where(accepted, bonus, own_next)
+    return [{int(t): int(c) for t, c in zip(*torch.unique(x, return_counts=True), strict=True)}
+            for x in (first, second)]
+
+
+def _laws() -> list[dict[int, float]]:
+    p = probs_from_logits(P_LOGITS, SAMPLING)  # [2, V]
+    return [{t: float(row[t]) for t in range(V) if row[t] > 0} for row in p]
+
+
+SLIPS = ["accept on unprocessed p", "recovered from p", "bonus from q", "temperature twice",
+         "top-p one token over"]
+
+
+def test_the_case_has_something_to_test():
+    """The processed laws have several tokens (top-p binds at position 1) and the drafter disagrees
+    with the target as a real one does."""
+    p = probs_from_logits(P_LOGITS, SAMPLING)
+    q = probs_from_logits(Q_LOGITS, SAMPLING)
+    assert [int((row > 0).sum()) for row in p] == [2, 3]  # top-k 3; top-p cut one at position 1
+    assert all(0.1 < 0.5 * (p[i] - q[i]).abs().sum() < 0.4 for i in range(2))
+
+
+def test_a_correct_rule_passes_at_the_default_sample_size():
+    for seed in range(3):
+        assert check_law(_run("none", DEFAULT_SAMPLES, seed), _laws(), ALPHA).passed
+
+
+@pytest.mark.parametrize("slip", SLIPS)
+def test_each_slip_fails_at_the_default_sample_size(slip):
+    """Every slip is caught at verify's default number of requests (3 seeds); at 400 requests under
+    the former distribution-free bound, none of these was."""
+    for seed in range(3):
+        check = check_law(_run(slip, DEFAULT_SAMPLES, seed), _laws(), ALPHA)
+        assert not check.passed, (slip, seed, [(t.tv, t.p_value) for t in check.positions])
+
+
+def test_the_p_value_is_calibrated():
+    """Under the exact law, P(p ≤ a) ≤ a: over 400 samples of 300 draws (two laws, one of them with
+    small probabilities) the share of p-values at most 0.05 and 0.2 is near those levels."""
+    rng = np.random.default_rng(11)
+    for law in ({0: 0.5, 1: 0.3, 2: 0.2}, {0: 0.85, 3: 0.1, 5: 0.03, 7: 0.02}):
+        tokens, probs = list(law), np.array(list(law.values()))
+        ps = []
+        for _ in range(400):
+            counts = rng.multinomial(300, probs)
+            ps.append(check_position(dict(zip(tokens, counts.tolist(), strict=True)), law,
+                                     simulations=2000, seed=int(rng.integers(1 << 30))).p_value)
+        ps = np.array(ps)
+        assert 0.02 <= (ps <= 0.05).mean() <= 0.08 and 0.14 <= (ps <= 0.2).mean() <= 0.26, law
+
+
+def test_a_token_the_target_never_samples_fails_outright():
+    law = {0: 0.6, 1: 0.4}
+    check = check_law([{0: 1200, 1: 799, 5: 1}], [law], ALPHA)
+    assert not check.passed and check.positions[0].outside == 1 and check.positions[0].p_value == 0.0
