@@ -268,10 +268,10 @@ def test_convert_dspark_refuses_disabled_markov_head_and_length_mismatch(tmp_pat
 
 
 @pytest.mark.parametrize(("limits", "deployment", "chunked", "max_num_tokens"), [
-    ({}, {}, True, 512 + 32 * (9 + 1)),  # limits.prefill_chunk 512 beside 32 requests' 1 + 9 tokens
-    ({"prefill_chunk": 64}, {}, True, 64 + 32 * 10),
+    ({}, {}, True, 8192),  # limits.prefill_chunk 512 turns chunking on; TensorRT-LLM keeps its budget
+    ({"prefill_chunk": 64}, {}, True, 8192),
     ({"prefill_chunk": 0}, {}, False, 8192),  # whole prompts: TensorRT-LLM's default, not written
-    ({}, {"max_num_tokens": 4096}, True, 4096),  # a budget the config sets is TensorRT-LLM's own knob
+    ({}, {"max_num_tokens": 4096}, True, 4096),  # the step's budget is deployment.max_num_tokens
 ])
 def test_chunked_prefill_reaches_tensorrt_llm(tmp_path, limits, deployment, chunked, max_num_tokens):
     """limits.prefill_chunk was not written at all: TensorRT-LLM ran with chunked prefill off (its

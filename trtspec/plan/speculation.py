@@ -118,16 +118,15 @@ def plan_speculation(config: BuildConfig) -> SpeculationPlan:
         raise ConfigError(f"config {config.name!r} has no `deployment:` section to plan speculation for")
     if drafter is None:
         raise ConfigError(f"config {config.name!r} has no drafter")
-    from trtspec.trtllm.args import draft_len_of, max_num_tokens_of
+    from trtspec.trtllm.args import draft_len_of
 
     k_max = draft_len_of(config)
-    max_num_tokens = max_num_tokens_of(config)  # as written for TensorRT-LLM (chunked prefill bounds it)
     rates, source = drafter_acceptance(config, k_max)
     surv = survival(rates)
     cost = RooflineCost(dep, drafter.method)
     chosen, best, curves = [], [], {"schedule": [], "always": [], "never": []}
     for b in range(1, dep.max_batch_size + 1):
-        fits = max(0, min(k_max, max_num_tokens // b - 1))  # b·(k+1) tokens in one forward
+        fits = max(0, min(k_max, dep.max_num_tokens // b - 1))  # b·(k+1) tokens in one forward
         k_best, _ = best_draft_len(cost, [surv] * b, fits)
         best.append(k_best)
         if b == 1:

@@ -43,20 +43,6 @@ def draft_len_of(config: BuildConfig) -> int:
     return config.drafter.num_draft_tokens or _DEFAULT_DRAFT_LEN[config.drafter.method]
 
 
-def max_num_tokens_of(config: BuildConfig) -> int:
-    """max_num_tokens: deployment.max_num_tokens where the config sets it; else, with chunked prefill
-    (limits.prefill_chunk > 0), one chunk beside a full batch's verify tokens, max_batch_size ×
-    (max_draft_len + 1), at most the default. TensorRT-LLM schedules a step's running requests
-    first and fills what they leave of max_num_tokens with prompt chunks, so this bounds a full
-    batch's step to about prefill_chunk prompt tokens, as trtspec's own loop does (a smaller
-    batch's steps take longer chunks)."""
-    dep, chunk = config.deployment, config.limits.prefill_chunk
-    if not chunk or "max_num_tokens" in dep.model_fields_set:
-        return dep.max_num_tokens
-    draft_len = draft_len_of(config) if config.drafter is not None else 0
-    return min(dep.max_num_tokens, chunk + dep.max_batch_size * (draft_len + 1))
-
-
 def _speculative_config(config: BuildConfig) -> dict | None:
     drafter = config.drafter
     if drafter is None:
@@ -111,9 +97,11 @@ def llm_args(config: BuildConfig, *, for_triton: bool) -> dict:
         args["gpus_per_node"] = dep.gpus_per_node
     args["max_batch_size"] = dep.max_batch_size
     args["max_seq_len"] = dep.max_seq_len
-    args["max_num_tokens"] = max_num_tokens_of(config)
+    args["max_num_tokens"] = dep.max_num_tokens
     if config.limits.prefill_chunk:
-        # off by default in TensorRT-LLM: a prompt longer than max_num_tokens would be refused
+        # off by default in TensorRT-LLM, where a prompt longer than max_num_tokens is refused. Its
+        # chunks are what a step's running requests leave of max_num_tokens: prefill_chunk's own
+        # number (512, chosen on a CPU) is trtspec's loop's, and a GPU keeps TensorRT-LLM's budget
         args["enable_chunked_prefill"] = True
     args["kv_cache_config"] = {
         "free_gpu_memory_fraction": dep.free_gpu_memory_fraction,
