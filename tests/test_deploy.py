@@ -219,6 +219,40 @@ def test_kustomize_overlays(overlay):
         assert volumes["build-config"]["configMap"]["name"] == config_map["metadata"]["name"]
 
 
+def _merged_container(overlay: str) -> dict:
+    """The base Deployment's container with the overlay's patch applied as kustomize's strategic merge
+    does for these files (maps merged key by key, the container list by name); enough to check the
+    probes without kubectl."""
+
+    def merge(base, patch):
+        if not (isinstance(base, dict) and isinstance(patch, dict)):
+            return patch
+        return {**base, **{k: merge(base[k], v) if k in base else v for k, v in patch.items()}}
+
+    base = yaml.safe_load((KUSTOMIZE / "base" / "deployment.yaml").read_text())
+    container = base["spec"]["template"]["spec"]["containers"][0]
+    root = KUSTOMIZE / "overlays" / overlay
+    for patch in yaml.safe_load((root / "kustomization.yaml").read_text()).get("patches", []):
+        for doc in yaml.safe_load_all((root / patch["path"]).read_text()):
+            if doc["kind"] == "Deployment":
+                patched = doc["spec"]["template"]["spec"].get("containers", [])
+                container = merge(container, next((c for c in patched if c["name"] == container["name"]), {}))
+    return container
+
+
+@pytest.mark.parametrize("overlay,image", [("cpu-demo", "cpu-image"), ("gpu", "gpu-image")],
+                         ids=["cpu-demo-overlay", "gpu-overlay"])
+def test_liveness_waits_out_the_image_start_period(overlay, image):
+    """The kubelet must not restart a server that is still loading: before the liveness probe may
+    kill the container, the pod gets at least the start period its image's HEALTHCHECK allows."""
+    container = _merged_container(overlay)
+    start_period = re.search(r"--start-period=(\d+)s", _one(_commands(image), "HEALTHCHECK").original)
+    probe = container.get("startupProbe") or container["livenessProbe"]
+    grace = probe.get("initialDelaySeconds", 0) + probe.get("periodSeconds", 10) * probe.get(
+        "failureThreshold", 3)
+    assert grace >= int(start_period.group(1)), (overlay, probe)
+
+
 def test_gpu_overlay_build_config_plans():
     config = load_build_config(KUSTOMIZE / "overlays" / "gpu" / "build.yaml")
     assert config.flavour == "trtllm" and config.deployment.weights_dir == "/models"
