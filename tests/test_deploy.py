@@ -72,7 +72,24 @@ def test_dockerfile_parses_pins_its_base_runs_unprivileged_and_is_checked(name):
     user = _one(commands, "USER").value[0]
     assert re.fullmatch(r"[1-9][0-9]*(:[1-9][0-9]*)?", user), f"numeric non-root user, got {user!r}"
     assert _one(commands, "HEALTHCHECK").value[0] == "CMD"
-    assert "/models" in _one(commands, "VOLUME").value
+
+
+def test_gpu_image_reads_checkpoints_from_a_models_volume():
+    assert "/models" in _one(_commands("gpu-image"), "VOLUME").value
+
+
+def test_no_volume_freezes_the_cpu_images_built_repository():
+    """Docker copies an image's files into a volume only while the volume is empty: a volume (the
+    Dockerfile's VOLUME, or compose's named one) over the repository the image builds keeps serving
+    the first build's config.pbtxt / build_config.yaml after `docker compose up --build`."""
+    commands = _commands("cpu-image")
+    run = next(c.value[0] for c in commands if c.cmd == "RUN" and "trtspec build" in c.value[0])
+    built = parse_trtspec(shlex.split(run.split("&&")[0])).params["out_dir"].as_posix()
+    compose = yaml.safe_load((REPO / "deploy/compose.yaml").read_text())
+    targets = [v.split(":")[1] for v in compose["services"]["trtspec"].get("volumes", [])]
+    targets += [v for c in commands if c.cmd == "VOLUME" for v in c.value]
+    covering = [t for t in targets if built == t or built.startswith(t.rstrip("/") + "/")]
+    assert not covering, f"{built} (built into the image) lies under volume(s) {covering}"
 
 
 @pytest.mark.parametrize("name", IMAGES)

@@ -20,8 +20,9 @@ RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
 
 RUN trtspec build build_configs/tiny-dflash.yaml --out /models/tiny \
     && chown -R trtspec:trtspec /models
+# No VOLUME over /models: Docker fills a volume from the image only while it is empty, so after a
+# rebuild a kept volume would go on serving the repository the first container was built with.
 USER 10001:10001
-VOLUME ["/models"]
 EXPOSE 8000 8001 8002 9000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4)"]
