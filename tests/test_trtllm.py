@@ -153,6 +153,18 @@ def test_kubernetes_single_node_is_a_deployment_multi_node_a_leader_worker_set()
     assert multi[2]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
 
 
+def test_multi_node_workers_make_host_keys_and_the_leader_needs_no_known_hosts():
+    """Workers ran a bare `sshd -D`, which exits when the image ships no host keys (NVIDIA's
+    TensorRT-LLM release image is not built to run sshd), and the leader's mpirun ssh'd with strict
+    host key checking against a read-only /root/.ssh: keys made per pod can be in no known_hosts."""
+    lws = manifests(_load("deepseek-v4-flash-dspark.yaml"), "x")[1]["spec"]["leaderWorkerTemplate"]
+    worker = lws["workerTemplate"]["spec"]["containers"][0]["command"][-1]
+    assert worker.index("ssh-keygen -A") < worker.index("sshd -D")
+    env = {e["name"]: e["value"] for e in lws["leaderTemplate"]["spec"]["containers"][0]["env"]}
+    ssh_args = env["OMPI_MCA_plm_rsh_args"].split()
+    assert "StrictHostKeyChecking=no" in ssh_args and "UserKnownHostsFile=/dev/null" in ssh_args
+
+
 def test_build_cli_writes_trtllm(tmp_path):
     out = tmp_path / "out"
     config = REPO / "build_configs/llama3.1-8b-dflash.yaml"

@@ -8,7 +8,13 @@
 
 Manifests expect two objects the operator creates: a PersistentVolumeClaim `<name>-weights`
 holding the checkpoints (mounted read-only at `weights_dir`) and, multi-node only, a Secret
-`<name>-ssh` with passwordless keys for root (mounted at /root/.ssh).
+`<name>-ssh` (mounted read-only at /root/.ssh) holding a passwordless key pair for root: the private
+key as `id_ed25519` and its public key as `authorized_keys` (README says how to make it).
+
+Each worker pod generates its own sshd host keys when it starts (`ssh-keygen -A`: an image
+need not ship any, and sshd exits without one), so they cannot be known in advance: the leader's
+mpirun connects without a known_hosts file (`StrictHostKeyChecking=no`, as Kubeflow's MPI
+operator does), which a read-only /root/.ssh could not record anyway.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from trtspec.config import BuildConfig
 from trtspec.trtllm.launch import SERVE_CONFIG, mpirun_prefix, serve_command
 
 CONFIG_MOUNT = "/etc/trtspec"
+# the ssh options mpirun's launcher passes (Open MPI reads OMPI_MCA_plm_rsh_args from the environment)
+MPI_SSH_ARGS = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
 
 
 def _volumes(name: str, ssh: bool) -> list[dict]:
@@ -122,7 +130,9 @@ def manifests(config: BuildConfig, serve_yaml: str) -> list[dict]:
         }
         return [_config_map(config, serve_yaml), workload, _service(config, labels)]
     leader_cmd = ["bash", "-c", _hostfile_then(config, mpirun_prefix(config, "/tmp/hostfile") + serve)]
-    worker_cmd = ["bash", "-c", "mkdir -p /run/sshd && exec /usr/sbin/sshd -D"]
+    worker_cmd = ["bash", "-c", "mkdir -p /run/sshd && ssh-keygen -A && exec /usr/sbin/sshd -D"]
+    leader = _container(config, leader_cmd, True, True)
+    leader["env"] = [{"name": "OMPI_MCA_plm_rsh_args", "value": MPI_SSH_ARGS}]
     pod = {"metadata": {"labels": labels}}
     workload = {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
@@ -135,7 +145,7 @@ def manifests(config: BuildConfig, serve_yaml: str) -> list[dict]:
                 "leaderTemplate": {
                     **pod,
                     "spec": {
-                        "containers": [_container(config, leader_cmd, True, True)],
+                        "containers": [leader],
                         "volumes": _volumes(name, True),
                     },
                 },
