@@ -22,10 +22,11 @@
    the exact law (`trtspec.spec.law_check`), the positions tested together at `ALPHA` (Bonferroni):
    a correct deployment fails with probability at most `ALPHA`. n must be at least `MIN_SAMPLES`.
    Choosing the prompt walks the exact laws of the first `SAMPLING_CANDIDATES` given.
-   OpenAI servers' texts are tokenized with the
-   reference's tokenizer (exact for the byte-level models; for a BPE tokenizer a sampled text can
-   split differently from how it was generated, which adds distance and can put tokens the target
-   never samples among the draws: a correct server can fail, and the report says so).
+   OpenAI servers' texts are tokenized with the reference's tokenizer where that is exact (the
+   byte-level models). With any other tokenizer a text is not tokenized again (a BPE text sampled
+   in a non-canonical split tokenizes into other ids, and encoding adds the tokenizer's BOS): every
+   request is `steps` tokens long and the law of its whole text is compared with the exact one,
+   the walked joint law of the `steps` tokens pushed through `streamed_text` (`text_law`).
 3. Seeded samples, for a deployment that samples with Gumbel coupling (`sampling.coupling:
    gumbel` in the config): every prompt once more at temperature 1, seed COUPLED_SEED + i; the
    served sample must equal, token for token (character for character over OpenAI), what the
