@@ -71,6 +71,15 @@ def tokenizer(checkpoint):
     return AutoTokenizer.from_pretrained(checkpoint[0] / "target", local_files_only=True)
 
 
+@pytest.fixture(scope="module")
+def served(checkpoint, tmp_path_factory):
+    """`trtspec serve` of the checkpoint, with an OpenAI frontend."""
+    out = tmp_path_factory.mktemp("bpe-build")
+    assert CliRunner().invoke(main, ["build", checkpoint[2], "--out", str(out)]).exit_code == 0
+    with serve_cli(out) as served:
+        yield served
+
+
 def _generate(pipeline, ids: list[int], max_tokens: int = MAX_TOKENS, **options) -> list[int]:
     """transformers' greedy `generate` with the checkpoint's own generation config (its end ids),
     and `options` over it."""
@@ -147,97 +156,107 @@ def _ask(client, route: str, body: dict, stream: bool) -> tuple[str, str, object
     return text, chunks[-1].finish_reason, None
 
 
-def test_served_chat_and_completions_equal_generate(checkpoint, pipeline, tokenizer, tmp_path):
+def test_served_chat_and_completions_equal_generate(served, pipeline, tokenizer):
     """Chat: the template's own BOS, not a second one; completions: the tokenizer's BOS, or none
     with vLLM's `add_special_tokens: false`; all end where `generate` ends, streaming or not, with
     OpenAI's finish_reason and token counts."""
-    out = tmp_path / "build"
-    assert CliRunner().invoke(main, ["build", checkpoint[2], "--out", str(out)]).exit_code == 0
     ends = set(pipeline.end_ids)
-    with serve_cli(out) as served:
-        client = served.client()
-        for prompt in PROMPTS[:6]:
-            messages = [{"role": "user", "content": prompt}]
-            chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            quick = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                  enable_thinking=False)
-            no_thinking = {"chat_template_kwargs": {"enable_thinking": False}}  # vLLM's extension
-            cases = [
-                ("chat", chat_ids["input_ids"], dict(messages=messages)),
-                ("chat", quick["input_ids"], dict(messages=messages, extra_body=no_thinking)),
-                ("completions", tokenizer(prompt).input_ids, dict(prompt=prompt)),
-                ("completions", tokenizer(prompt, add_special_tokens=False).input_ids,
-                 dict(prompt=prompt, extra_body={"add_special_tokens": False})),
-            ]
-            for route, ids, body in cases:
-                want = _generate(pipeline, ids)
-                text = tokenizer.decode(want, skip_special_tokens=True)
-                finish = "stop" if want[-1] in ends else "length"
-                got, got_finish, usage = _ask(client, route, body, stream=False)
-                assert (got, got_finish) == (text, finish), (route, body, prompt)
-                assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), len(want))
-                assert _ask(client, route, body, stream=True)[:2] == (text, finish)
-
-        # vLLM's stop_token_ids end a request too, and min_tokens holds them back like the end ids
-        for prompt in PROMPTS:
-            ids = tokenizer(prompt).input_ids
-            free = _generate(pipeline, ids)
-            stops = [t for i, t in enumerate(free) if i >= 3 and t not in free[:i] and t not in ends]
-            if stops:
-                break
-        stop = stops[0]
-        for at_least in (0, free.index(stop) + 3):
-            want = _generate(pipeline, ids, min_new_tokens=at_least, eos_token_id=[*pipeline.end_ids, stop])
-            extra = {"stop_token_ids": [stop], "min_tokens": at_least}
-            reply = client.completions.create(model="bpe", prompt=prompt, max_tokens=MAX_TOKENS,
-                                              temperature=0, extra_body=extra)
-            said = want[:-1] if want[-1] == stop else want  # the stop id's own text is left out, as vLLM does
-            assert reply.choices[0].text == tokenizer.decode(said, skip_special_tokens=True), at_least
-            assert reply.usage.completion_tokens == len(want)
-            assert at_least or (want[-1] == stop and reply.choices[0].finish_reason == "stop")
-
-        # logprobs: each token named as it decodes alone, special tokens shown (the end id too)
-        ended = [(p, tokenizer(p).input_ids) for p in PROMPTS]
-        prompt, ids, want = next((p, i, w) for p, i in ended if (w := _generate(pipeline, i))[-1] in ends)
-        got = client.completions.create(model="bpe", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                        logprobs=2).choices[0].logprobs
-        assert got.tokens == [tokenizer.decode([i], skip_special_tokens=False) for i in want]
-        with torch.no_grad():
-            logits = pipeline.target.model(torch.tensor([ids + want])).logits[0, len(ids) - 1 : -1]
-        logp = torch.log_softmax(logits.float(), -1)[torch.arange(len(want)), want]
-        assert torch.allclose(torch.tensor(got.token_logprobs), logp, atol=1e-4)
-        # echo: the prompt's tokens first, the tokenizer's BOS among them, its first scored by nothing
-        status, body = served.post("/v1/completions", {"model": "bpe", "prompt": prompt, "max_tokens": 2,
-                                                       "temperature": 0, "echo": True, "logprobs": 0})
-        assert status == 200 and body["choices"][0]["text"].startswith(prompt)
-        echoed = body["choices"][0]["logprobs"]
-        assert echoed["tokens"][: len(ids)] == [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
-        assert echoed["tokens"][0] == tokenizer.bos_token and echoed["token_logprobs"][0] is None
-        with torch.no_grad():
-            logits = pipeline.target.model(torch.tensor([ids])).logits[0, :-1]
-        want = torch.log_softmax(logits.float(), -1)[torch.arange(len(ids) - 1), ids[1:]]
-        assert torch.allclose(torch.tensor(echoed["token_logprobs"][1 : len(ids)]), want, atol=1e-4)
-
-        # vLLM's tokenizer routes, on a Hugging Face tokenizer
-        assert served.post("/tokenize", {"prompt": prompt})[1]["tokens"] == tokenizer(prompt).input_ids
-        assert served.post("/tokenize", {"prompt": prompt, "add_special_tokens": False})[1]["tokens"] == \
-            tokenizer(prompt, add_special_tokens=False).input_ids
+    client = served.client()
+    for prompt in PROMPTS[:6]:
         messages = [{"role": "user", "content": prompt}]
-        assert served.post("/tokenize", {"messages": messages})[1]["tokens"] == \
-            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
-        assert served.post("/detokenize", {"tokens": ids})[1]["prompt"] == tokenizer.decode(ids,
-                                                                                            skip_special_tokens=True)
-        with urllib.request.urlopen(f"{served.base}/tokenizer_info", timeout=10) as resp:
-            info = json.loads(resp.read())
-        assert (info["eos_token"], info["bos_token"]) == (tokenizer.eos_token, tokenizer.bos_token)
-        assert info["chat_template"] == tokenizer.chat_template and info["tokenizer_class"]
+        chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        quick = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                              enable_thinking=False)
+        no_thinking = {"chat_template_kwargs": {"enable_thinking": False}}  # vLLM's extension
+        cases = [
+            ("chat", chat_ids["input_ids"], dict(messages=messages)),
+            ("chat", quick["input_ids"], dict(messages=messages, extra_body=no_thinking)),
+            ("completions", tokenizer(prompt).input_ids, dict(prompt=prompt)),
+            ("completions", tokenizer(prompt, add_special_tokens=False).input_ids,
+             dict(prompt=prompt, extra_body={"add_special_tokens": False})),
+        ]
+        for route, ids, body in cases:
+            want = _generate(pipeline, ids)
+            text = tokenizer.decode(want, skip_special_tokens=True)
+            finish = "stop" if want[-1] in ends else "length"
+            got, got_finish, usage = _ask(client, route, body, stream=False)
+            assert (got, got_finish) == (text, finish), (route, body, prompt)
+            assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), len(want))
+            assert _ask(client, route, body, stream=True)[:2] == (text, finish)
 
-        # a request that leaves the sampling parameters out gets generation_config.json's, as vLLM's do
-        def sampled(**params) -> str:
-            return client.completions.create(model="bpe", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, seed=7,
-                                             **params).choices[0].text
+    # vLLM's stop_token_ids end a request too, and min_tokens holds them back like the end ids
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt).input_ids
+        free = _generate(pipeline, ids)
+        stops = [t for i, t in enumerate(free) if i >= 3 and t not in free[:i] and t not in ends]
+        if stops:
+            break
+    stop = stops[0]
+    for at_least in (0, free.index(stop) + 3):
+        want = _generate(pipeline, ids, min_new_tokens=at_least, eos_token_id=[*pipeline.end_ids, stop])
+        extra = {"stop_token_ids": [stop], "min_tokens": at_least}
+        reply = client.completions.create(model="bpe", prompt=prompt, max_tokens=MAX_TOKENS,
+                                          temperature=0, extra_body=extra)
+        said = want[:-1] if want[-1] == stop else want  # the stop id's own text is left out, as vLLM does
+        assert reply.choices[0].text == tokenizer.decode(said, skip_special_tokens=True), at_least
+        assert reply.usage.completion_tokens == len(want)
+        assert at_least or (want[-1] == stop and reply.choices[0].finish_reason == "stop")
 
-        assert sampled() == sampled(**SAMPLING) != sampled(temperature=1.0, top_p=1.0)
+    # logprobs: each token named as it decodes alone, special tokens shown (the end id too)
+    ended = [(p, tokenizer(p).input_ids) for p in PROMPTS]
+    prompt, ids, want = next((p, i, w) for p, i in ended if (w := _generate(pipeline, i))[-1] in ends)
+    got = client.completions.create(model="bpe", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                    logprobs=2).choices[0].logprobs
+    assert got.tokens == [tokenizer.decode([i], skip_special_tokens=False) for i in want]
+    with torch.no_grad():
+        logits = pipeline.target.model(torch.tensor([ids + want])).logits[0, len(ids) - 1 : -1]
+    logp = torch.log_softmax(logits.float(), -1)[torch.arange(len(want)), want]
+    assert torch.allclose(torch.tensor(got.token_logprobs), logp, atol=1e-4)
+    # echo: the prompt's tokens first, the tokenizer's BOS among them, its first scored by nothing
+    status, body = served.post("/v1/completions", {"model": "bpe", "prompt": prompt, "max_tokens": 2,
+                                                   "temperature": 0, "echo": True, "logprobs": 0})
+    assert status == 200 and body["choices"][0]["text"].startswith(prompt)
+    echoed = body["choices"][0]["logprobs"]
+    assert echoed["tokens"][: len(ids)] == [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+    assert echoed["tokens"][0] == tokenizer.bos_token and echoed["token_logprobs"][0] is None
+    with torch.no_grad():
+        logits = pipeline.target.model(torch.tensor([ids])).logits[0, :-1]
+    want = torch.log_softmax(logits.float(), -1)[torch.arange(len(ids) - 1), ids[1:]]
+    assert torch.allclose(torch.tensor(echoed["token_logprobs"][1 : len(ids)]), want, atol=1e-4)
+
+    # vLLM's tokenizer routes, on a Hugging Face tokenizer
+    assert served.post("/tokenize", {"prompt": prompt})[1]["tokens"] == tokenizer(prompt).input_ids
+    assert served.post("/tokenize", {"prompt": prompt, "add_special_tokens": False})[1]["tokens"] == \
+        tokenizer(prompt, add_special_tokens=False).input_ids
+    messages = [{"role": "user", "content": prompt}]
+    assert served.post("/tokenize", {"messages": messages})[1]["tokens"] == \
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+    assert served.post("/detokenize", {"tokens": ids})[1]["prompt"] == tokenizer.decode(ids,
+                                                                                        skip_special_tokens=True)
+    with urllib.request.urlopen(f"{served.base}/tokenizer_info", timeout=10) as resp:
+        info = json.loads(resp.read())
+    assert (info["eos_token"], info["bos_token"]) == (tokenizer.eos_token, tokenizer.bos_token)
+    assert info["chat_template"] == tokenizer.chat_template and info["tokenizer_class"]
+
+    # a request that leaves the sampling parameters out gets generation_config.json's, as vLLM's do
+    def sampled(**params) -> str:
+        return client.completions.create(model="bpe", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, seed=7,
+                                         **params).choices[0].text
+
+    assert sampled() == sampled(**SAMPLING) != sampled(temperature=1.0, top_p=1.0)
+
+
+def test_verify_over_openai_tests_the_sampled_law_of_texts(served, checkpoint):
+    """Over openai:// a BPE text need not tokenize into the split the target sampled: re-tokenized,
+    200 sampled texts of this correct server gave 200 first tokens the target never samples (the
+    BOS the tokenizer adds), 62 second and 148 third ones, and it failed. `verify` tests the law of
+    the whole texts of 3-token requests against their exact law instead: the server passes."""
+    result = CliRunner().invoke(main, ["verify", "--url", served.url, "--config", checkpoint[2],
+                                       "--max-tokens", "8", "--samples", "100"])
+    assert result.exit_code == 0, result.output
+    assert "law of the text of 3-token requests" in result.output and "PASS: lossless" in result.output
+    assert "never samples" not in result.output and "tokenized again" not in result.output
+    assert "the server drafted 100 tokens" in result.output  # each request's token 2 was a draft
 
 
 def test_a_drafter_trains_on_the_targets_tokens_and_chat(checkpoint, pipeline, tokenizer, tmp_path):

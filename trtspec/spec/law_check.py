@@ -21,6 +21,7 @@ a third token's TV reach 0.18, and slips of the acceptance rule that move the la
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,20 +35,21 @@ class PositionCheck:
     """One generated position: n draws against its exact law."""
 
     draws: int
-    support: int  # tokens of positive exact probability
+    support: int  # outcomes (tokens, or texts) of positive exact probability
     tv: float  # total variation between the draws' empirical law and the exact one
     p_value: float  # P(TV ≥ observed | the exact law); 0 when a draw has exact probability 0
-    outside: int  # draws of tokens the exact law never emits
+    outside: int  # draws of outcomes the exact law never emits
 
 
-def total_variation(counts: dict[int, int], law: dict[int, float]) -> float:
+def total_variation(counts: dict[Hashable, int], law: dict[Hashable, float]) -> float:
     n = max(1, sum(counts.values()))
     return 0.5 * sum(abs(counts.get(t, 0) / n - law.get(t, 0.0)) for t in set(counts) | set(law))
 
 
-def check_position(counts: dict[int, int], law: dict[int, float], simulations: int = SIMULATIONS,
+def check_position(counts: dict[Hashable, int], law: dict[Hashable, float], simulations: int = SIMULATIONS,
                   seed: int = SIMULATION_SEED) -> PositionCheck:
-    """The draws `counts` (token -> times drawn) of one position against its exact `law`."""
+    """The draws `counts` (outcome -> times drawn: a token id, or a whole text) of one position
+    against its exact `law`."""
     n = sum(counts.values())
     tokens = [t for t, p in law.items() if p > 0]
     outside = sum(c for t, c in counts.items() if law.get(t, 0.0) <= 0)
@@ -85,7 +87,7 @@ class LawCheck:
         return not any(self.failed(i) for i in range(len(self.positions)))
 
 
-def check_law(counts: list[dict[int, int]], laws: list[dict[int, float]], alpha: float,
+def check_law(counts: list[dict[Hashable, int]], laws: list[dict[Hashable, float]], alpha: float,
              simulations: int = SIMULATIONS, seed: int = SIMULATION_SEED) -> LawCheck:
     """Each position's draws `counts[i]` against its exact law `laws[i]`."""
     return LawCheck([check_position(c, law, simulations, seed + i)

@@ -22,10 +22,11 @@
    the exact law (`trtspec.spec.law_check`), the positions tested together at `ALPHA` (Bonferroni):
    a correct deployment fails with probability at most `ALPHA`. n must be at least `MIN_SAMPLES`.
    Choosing the prompt walks the exact laws of the first `SAMPLING_CANDIDATES` given.
-   OpenAI servers' texts are tokenized with the
-   reference's tokenizer (exact for the byte-level models; for a BPE tokenizer a sampled text can
-   split differently from how it was generated, which adds distance and can put tokens the target
-   never samples among the draws: a correct server can fail, and the report says so).
+   OpenAI servers' texts are tokenized with the reference's tokenizer where that is exact (the
+   byte-level models). With any other tokenizer a text is not tokenized again (a BPE text sampled
+   in a non-canonical split tokenizes into other ids, and encoding adds the tokenizer's BOS): every
+   request is `steps` tokens long and the law of its whole text is compared with the exact one,
+   the walked joint law of the `steps` tokens pushed through `streamed_text` (`text_law`).
 3. Seeded samples, for a deployment that samples with Gumbel coupling (`sampling.coupling:
    gumbel` in the config): every prompt once more at temperature 1, seed COUPLED_SEED + i; the
    served sample must equal, token for token (character for character over OpenAI), what the
@@ -123,6 +124,7 @@ class SamplingCheck:
     law: LawCheck
     sampling: SamplingParams = SAMPLING
     drafted: int | None = None  # draft tokens the server reports for these requests; None: not reported
+    text_of: int | None = None  # the law tested is of whole texts this many tokens long; None: of tokens
 
     @property
     def passed(self) -> bool:
@@ -130,16 +132,25 @@ class SamplingCheck:
 
     def lines(self) -> list[str]:
         s, law = self.sampling, self.law
-        out = [f"sample  law of the first {len(law.positions)} tokens of {self.prompt[:40]!r} (the prompt "
-               f"they are least certain after): {self.samples} requests, seeds 0..{self.samples - 1}, "
+        if self.text_of is None:
+            what, each, unit = f"the first {len(law.positions)} tokens", "", "a token"
+        else:
+            what, each = f"the text of {self.text_of}-token requests", f" of {self.text_of} tokens"
+            unit = "the text"
+        out = [f"sample  law of {what} of {self.prompt[:40]!r} (the prompt they are least certain after): "
+               f"{self.samples} requests{each}, seeds 0..{self.samples - 1}, "
                f"temperature {s.temperature:g}, top-k {s.top_k}, top-p {s.top_p:g}",
                f"sample  statistic: total variation from the exact law; p-value from {SIMULATIONS} "
-               f"simulated samples of that law; a token fails at p ≤ {law.level:.2g} (alpha {law.alpha:g} "
-               f"over {len(law.positions)} tokens, Bonferroni)"]
+               f"simulated samples of that law; {unit} fails at p ≤ {law.level:.2g} (alpha {law.alpha:g} "
+               f"over {len(law.positions)} {'tokens' if self.text_of is None else 'text'}, Bonferroni)"]
         for pos, t in enumerate(law.positions):
-            outside = f", {t.outside} draws of tokens the target never samples" if t.outside else ""
-            out.append(f"sample  token {pos + 1}: TV {t.tv:.4f}, p {t.p_value:.2g} ({t.draws} draws, "
-                       f"{t.support} tokens possible{outside}) {'FAIL' if law.failed(pos) else 'ok'}")
+            if self.text_of is None:
+                name, kind = f"token {pos + 1}", "tokens"
+            else:
+                name, kind = "text", "texts"
+            outside = f", {t.outside} draws of {kind} the target never samples" if t.outside else ""
+            out.append(f"sample  {name}: TV {t.tv:.4f}, p {t.p_value:.2g} ({t.draws} draws, "
+                       f"{t.support} {kind} possible{outside}) {'FAIL' if law.failed(pos) else 'ok'}")
         if self.drafted is not None:
             out.append(f"sample  the server drafted {self.drafted} tokens for these requests"
                        + ("" if self.drafted else ": its acceptance rule was NOT exercised"))
@@ -175,21 +186,48 @@ def _first_difference(a, b) -> int | None:
 
 
 @torch.inference_mode()
-def exact_marginals(model, prompt: list[int], sampling: SamplingParams, steps: int) -> list[dict[int, float]]:
-    """Exact law of generated tokens 1..steps under the processed target distribution."""
-    laws: list[dict[int, float]] = [{} for _ in range(steps)]
+def exact_joint(model, prompt: list[int], sampling: SamplingParams,
+                steps: int) -> dict[tuple[int, ...], float]:
+    """Exact joint law of generated tokens 1..steps under the processed target distribution, walked
+    over its top-k tree: each path of `steps` ids -> its probability."""
+    joint: dict[tuple[int, ...], float] = {}
 
-    def walk(prefix: list[int], prob: float, depth: int) -> None:
-        if depth == steps:
+    def walk(prefix: list[int], prob: float) -> None:
+        if len(prefix) == steps:
+            joint[tuple(prefix)] = prob
             return
         logits = model(torch.tensor([prompt + prefix])).logits[0, -1]  # [V]
         p = probs_from_logits(logits, sampling)
         for tok in torch.nonzero(p).flatten().tolist():
-            laws[depth][tok] = laws[depth].get(tok, 0.0) + prob * p[tok].item()
-            walk(prefix + [tok], prob * p[tok].item(), depth + 1)
+            walk(prefix + [tok], prob * p[tok].item())
 
-    walk([], 1.0, 0)
+    walk([], 1.0)
+    return joint
+
+
+def marginals(joint: dict[tuple[int, ...], float], steps: int) -> list[dict[int, float]]:
+    """Each of the first `steps` positions' law, from their joint law."""
+    laws: list[dict[int, float]] = [{} for _ in range(steps)]
+    for ids, prob in joint.items():
+        for pos, tok in enumerate(ids):
+            laws[pos][tok] = laws[pos].get(tok, 0.0) + prob
     return laws
+
+
+def exact_marginals(model, prompt: list[int], sampling: SamplingParams, steps: int) -> list[dict[int, float]]:
+    """Exact law of generated tokens 1..steps under the processed target distribution."""
+    return marginals(exact_joint(model, prompt, sampling, steps), steps)
+
+
+def text_law(joint: dict[tuple[int, ...], float], tokenizer, end_ids) -> dict[str, float]:
+    """The exact law of the text a server streams for a request of as many tokens as `joint`'s paths:
+    the push-forward of their joint law through `streamed_text` (an end id ends the text, as it ends
+    the request). A text is the same whichever split of it was sampled, so no text is re-tokenized."""
+    law: dict[str, float] = {}
+    for ids, prob in joint.items():
+        text = streamed_text(tokenizer, list(ids), end_ids)
+        law[text] = law.get(text, 0.0) + prob
+    return law
 
 
 def tv_bound(support: int, n: int, delta: float) -> float:
@@ -207,21 +245,24 @@ def entropy(law: dict[int, float]) -> float:
     return -sum(p * math.log(p) for p in law.values() if p > 0)
 
 
-def sampling_prompt(model, tokenizer, prompts: list[str], steps: int) -> tuple[str, list[dict[int, float]]]:
+def sampling_prompt(model, tokenizer, prompts: list[str],
+                    steps: int) -> tuple[str, dict[tuple[int, ...], float]]:
     """Of the first `SAMPLING_CANDIDATES` prompts, the one whose first `steps` generated tokens are
     least certain under the processed target (the largest summed entropy of their exact laws; the
-    first of equals), and those laws."""
-    best: tuple[float, str, list] | None = None
+    first of equals), and those tokens' exact joint law."""
+    best: tuple[float, str, dict] | None = None
     for prompt in prompts[:SAMPLING_CANDIDATES]:
-        laws = exact_marginals(model, tokenizer.encode(prompt), SAMPLING, steps)
-        spread = sum(entropy(law) for law in laws)
+        joint = exact_joint(model, tokenizer.encode(prompt), SAMPLING, steps)
+        spread = sum(entropy(law) for law in marginals(joint, steps))
         if best is None or spread > best[0]:
-            best = (spread, prompt, laws)
+            best = (spread, prompt, joint)
     return best[1], best[2]
 
 
-def _sample_served(url: str, model: str, prompt: str, n: int, api_key: str | None) -> list[Completion]:
-    params = [GenerateParams.of(SAMPLING.model_copy(update={"seed": seed}), SAMPLE_TOKENS[seed % 2])
+def _sample_served(url: str, model: str, prompt: str, n: int, api_key: str | None,
+                   lengths: tuple[int, ...] = SAMPLE_TOKENS) -> list[Completion]:
+    """n seeded requests, seed i `lengths[i % len(lengths)]` tokens long."""
+    params = [GenerateParams.of(SAMPLING.model_copy(update={"seed": seed}), lengths[seed % len(lengths)])
               for seed in range(n)]
     scheme, address = split_url(url)
     if scheme == "grpc":
@@ -239,6 +280,27 @@ def streamed_text(tokenizer, ids: list[int], end_ids) -> str:
     stream = TextStream(tokenizer.decode, end_ids=frozenset(end_ids))
     stream.push(ids)
     return stream.text
+
+
+def check_sampled(completions: list[Completion], joint: dict[tuple[int, ...], float], tokenizer, end_ids,
+                  text_only: bool, alpha: float) -> LawCheck:
+    """Seeded sampled `completions` against the exact `joint` law of their first tokens: each
+    token's law, or over text (openai://) with a tokenizer other than the byte-level one, the law of
+    the whole text of requests as many tokens long as `joint`'s paths. Such a text can be tokenized
+    into another split than the one sampled, which changes the tokens (and can show ones the target
+    never samples) but not the text."""
+    steps = len(next(iter(joint)))
+    if text_only and not isinstance(tokenizer, ByteTokenizer):
+        counts: list[dict] = [{}]
+        for completion in completions:
+            counts[0][completion.text] = counts[0].get(completion.text, 0) + 1
+        return check_law(counts, [text_law(joint, tokenizer, end_ids)], alpha)
+    counts = [{} for _ in range(steps)]
+    for completion in completions:
+        ids = tokenizer.encode(completion.text) if text_only else completion.token_ids
+        for pos, tok in enumerate(ids[:steps]):
+            counts[pos][tok] = counts[pos].get(tok, 0) + 1
+    return check_law(counts, marginals(joint, steps), alpha)
 
 
 def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_tokens: int = 48,
@@ -290,22 +352,24 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
     if samples > 0:
         # the law is the checkpoint's, whatever the flavour served: torch is the reference
         torch_target = load_causal_lm(config.target.resolved_path, config.target.dtype)
-        prompt, laws = sampling_prompt(torch_target, tokenizer, prompts, steps)
-        counts: list[dict[int, int]] = [{} for _ in range(steps)]
+        prompt, joint = sampling_prompt(torch_target, tokenizer, prompts, steps)
+        by_text = text_only and not isinstance(tokenizer, ByteTokenizer)
+        # a text's law is known for whole requests only: a longer one's does not tell where its
+        # first `steps` tokens end
+        lengths = (steps,) if by_text else SAMPLE_TOKENS
+        completions = _sample_served(url, model, prompt, samples, api_key, lengths)
+        law = check_sampled(completions, joint, tokenizer, reference.end_ids, text_only, alpha)
         drafted: int | None = 0
-        for completion in _sample_served(url, model, prompt, samples, api_key):
-            ids = tokenizer.encode(completion.text) if text_only else completion.token_ids
-            for pos, tok in enumerate(ids[:steps]):
-                counts[pos][tok] = counts[pos].get(tok, 0) + 1
+        for completion in completions:
             reported = completion.draft_tokens
             drafted = None if drafted is None or reported is None else drafted + reported
-        cert.sampling = SamplingCheck(prompt, samples, check_law(counts, laws, alpha), SAMPLING, drafted)
+        cert.sampling = SamplingCheck(prompt, samples, law, SAMPLING, drafted, steps if by_text else None)
         cert.untested.append(f"the sampled law past token {steps}, of other prompts, or at other "
                              "temperature, top-k or top-p")
-        if text_only and not isinstance(tokenizer, ByteTokenizer):
-            cert.untested.append("the sampled law exactly: over openai:// the texts are tokenized again, "
-                                 "and a text the target sampled in another split tokenizes differently (a "
-                                 "correct server can fail here; grpc:// and http:// send ids)")
+        if by_text:
+            cert.untested.append(f"the law of drafts past the first: over openai:// with a BPE tokenizer "
+                                 f"every sampled request is {steps} tokens long, so that its text's law is "
+                                 "known exactly (grpc:// and http:// send ids and test 8-token requests too)")
     else:
         cert.untested.append("the sampled law (--samples 0)")
     if config.sampling.coupling != "gumbel":
