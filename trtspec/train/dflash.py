@@ -231,6 +231,19 @@ def save_state(state_file: Path, model, opt, gen: torch.Generator, step: int, cf
                     "step": step, "recipe": resumable_recipe(cfg), "history": list(history or [])}, tmp)
 
 
+def anchor_range(data: dict, labels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where anchors may go in each regenerated sequence, for blocks of `labels` labels: from its
+    last prompt token (lo [N]) to the last token whose next one exists (hi [N]; a block running
+    past the end trains on the labels before it), and the sequences that have one (usable).
+    Refused unless some response holds a whole block."""
+    lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
+    hi = data["lens"] - 2  # the last anchor whose first label exists
+    if not (data["lens"] - data["prompt_lens"] >= labels).any():
+        raise TrtspecError(f"no regenerated sequence is longer than its prompt + {labels - 1} tokens; "
+                           "lower --block-size or raise --response-tokens")
+    return lo, hi, (hi >= lo).nonzero().flatten()
+
+
 def sample_anchors(usable: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, batch_size: int,
                    anchors_per_seq: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of a batch and sorted anchors in [lo, hi] of each.  -> rows [b], anchors [b, n]"""
@@ -277,13 +290,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     state_file = out_dir / "checkpoint" / "state.pt"
     start, history = resume_state(state_file, model, opt, gen, "DFlash", stop, cfg)
 
-    block = cfg.block_size
-    lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
-    hi = data["lens"] - 2  # the last anchor whose first label exists
-    usable = (hi >= lo).nonzero().flatten()
-    if not (data["lens"] - data["prompt_lens"] >= block - 1).any():
-        raise TrtspecError(f"no regenerated sequence is longer than its prompt + {block - 2} tokens; "
-                           "lower --block-size or raise --response-tokens")
+    lo, hi, usable = anchor_range(data, cfg.block_size - 1)
     t0 = time.time()
     bar = tqdm(range(start, stop), desc="train dflash", unit="step", initial=start, total=stop)
     for step in bar:

@@ -26,13 +26,13 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from trtspec.errors import TrtspecError
 from trtspec.files import write_text
 from trtspec.models.dflash import build_target_layer_ids
 from trtspec.models.dspark import DSparkDraftModel, DSparkSpec, save_dspark
 from trtspec.train.dflash import (
     DEFAULT_GAMMA,
     _lr_at,
+    anchor_range,
     block_drafter_start,
     block_labels,
     block_mask,
@@ -179,13 +179,7 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
     state_file = out_dir / "checkpoint" / "state.pt"
     start, history = resume_state(state_file, model, opt, gen, "DSpark", stop, cfg)
 
-    gamma = cfg.block_size
-    lo = data["prompt_lens"] - 1  # the last prompt token is the first anchor
-    hi = data["lens"] - 2  # the last anchor whose first label exists
-    usable = (hi >= lo).nonzero().flatten()
-    if not (data["lens"] - data["prompt_lens"] >= gamma).any():
-        raise TrtspecError(f"no regenerated sequence is longer than its prompt + {gamma - 1} tokens; "
-                           "lower --block-size or raise --response-tokens")
+    lo, hi, usable = anchor_range(data, cfg.block_size)  # slot k of γ predicts x_{a+k}
     t0 = time.time()
     bar = tqdm(range(start, stop), desc="train dspark", unit="step", initial=start, total=stop)
     for step in bar:

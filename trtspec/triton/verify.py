@@ -282,15 +282,21 @@ def streamed_text(tokenizer, ids: list[int], end_ids) -> str:
     return stream.text
 
 
+def law_of_texts(text_only: bool, tokenizer) -> bool:
+    """Whether served samples are tested by the law of their whole texts: over text (openai://)
+    with a tokenizer other than the byte-level one, whose texts can be tokenized into another split
+    than the one sampled, which changes the tokens (and can show ones the target never samples) but
+    not the text."""
+    return text_only and not isinstance(tokenizer, ByteTokenizer)
+
+
 def check_sampled(completions: list[Completion], joint: dict[tuple[int, ...], float], tokenizer, end_ids,
                   text_only: bool, alpha: float) -> LawCheck:
     """Seeded sampled `completions` against the exact `joint` law of their first tokens: each
-    token's law, or over text (openai://) with a tokenizer other than the byte-level one, the law of
-    the whole text of requests as many tokens long as `joint`'s paths. Such a text can be tokenized
-    into another split than the one sampled, which changes the tokens (and can show ones the target
-    never samples) but not the text."""
+    token's law, or (`law_of_texts`) the law of the whole text of requests as many tokens long as
+    `joint`'s paths."""
     steps = len(next(iter(joint)))
-    if text_only and not isinstance(tokenizer, ByteTokenizer):
+    if law_of_texts(text_only, tokenizer):
         counts: list[dict] = [{}]
         for completion in completions:
             counts[0][completion.text] = counts[0].get(completion.text, 0) + 1
@@ -353,7 +359,7 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         # the law is the checkpoint's, whatever the flavour served: torch is the reference
         torch_target = load_causal_lm(config.target.resolved_path, config.target.dtype)
         prompt, joint = sampling_prompt(torch_target, tokenizer, prompts, steps)
-        by_text = text_only and not isinstance(tokenizer, ByteTokenizer)
+        by_text = law_of_texts(text_only, tokenizer)
         # a text's law is known for whole requests only: a longer one's does not tell where its
         # first `steps` tokens end
         lengths = (steps,) if by_text else SAMPLE_TOKENS
