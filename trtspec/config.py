@@ -206,8 +206,8 @@ class GenerationLimits(_Strict):
         description="prompt tokens one decode step prefills at most, over all new requests (chunked "
                     "prefill): a longer prompt is fed over several steps while the running requests "
                     "keep decoding in each; 0 = every new prompt whole in the step it joins. Flavour "
-                    "trtllm: enable_chunked_prefill, and max_num_tokens unless deployment.max_num_tokens "
-                    "is set (trtspec/trtllm/args.py)")
+                    "trtllm: > 0 turns enable_chunked_prefill on, and TensorRT-LLM sizes the chunks by "
+                    "deployment.max_num_tokens (trtspec/trtllm/args.py)")
 
     def check_positions(self, positions: int, where: str) -> None:
         """Refuse limits that no request could reach in `positions` (`where` names them: the target's
