@@ -115,6 +115,52 @@ def test_pbtxt_parses_as_model_config_without_yaml_owned_fields(tmp_path):
     assert serve == {k: v for k, v in model_yaml.items() if k not in ("model", "backend", "triton_config")}
 
 
+# TensorRT-LLM's own triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt
+# @ 0a71057313ec0626527e164a8fc0205c5822e2f5, written out here as read (name: TYPE, dims; inputs
+# other than text_input are optional). Its helpers.py reads the sampling_param_* / return_* / lora_*
+# inputs and its model.py (@ 044a90d) sends the kv_cache_* / *_time_ns / acceptance outputs when
+# sampling_param_return_perf_metrics is set.
+UPSTREAM_LLMAPI_INPUTS = {
+    "text_input": ("TYPE_STRING", [-1]), "image_url": ("TYPE_STRING", [-1]), "streaming": ("TYPE_BOOL", [1]),
+    "sampling_param_best_of": ("TYPE_INT32", [1]), "sampling_param_temperature": ("TYPE_FP32", [1]),
+    "sampling_param_top_k": ("TYPE_INT32", [1]), "sampling_param_top_p": ("TYPE_FP32", [1]),
+    "sampling_param_frequency_penalty": ("TYPE_FP32", [1]),
+    "sampling_param_presence_penalty": ("TYPE_FP32", [1]),
+    "sampling_param_max_tokens": ("TYPE_INT32", [1]), "sampling_param_stop": ("TYPE_STRING", [-1]),
+    "sampling_param_seed": ("TYPE_UINT64", [1]),
+    "sampling_param_exclude_input_from_output": ("TYPE_BOOL", [1]),
+    "sampling_param_return_perf_metrics": ("TYPE_BOOL", [1]), "return_finish_reason": ("TYPE_BOOL", [1]),
+    "return_stop_reason": ("TYPE_BOOL", [1]), "return_cumulative_logprob": ("TYPE_BOOL", [1]),
+    "stop": ("TYPE_BOOL", [1]), "lora_id": ("TYPE_UINT64", [1]), "lora_name": ("TYPE_STRING", [1]),
+    "lora_path": ("TYPE_STRING", [1]), "lora_ckpt_source": ("TYPE_STRING", [1]),
+}
+UPSTREAM_LLMAPI_OUTPUTS = {
+    "text_output": ("TYPE_STRING", [-1]), "finish_reason": ("TYPE_STRING", [-1]),
+    "stop_reason": ("TYPE_STRING", [-1]), "cumulative_logprob": ("TYPE_FP32", [-1]),
+    "kv_cache_reused_block": ("TYPE_INT32", [-1]), "kv_cache_missed_block": ("TYPE_INT32", [-1]),
+    "kv_cache_alloc_new_blocks": ("TYPE_INT32", [-1]), "kv_cache_alloc_total_blocks": ("TYPE_INT32", [-1]),
+    "kv_cache_hit_rate": ("TYPE_FP32", [-1]), "arrival_time_ns": ("TYPE_INT64", [1]),
+    "first_scheduled_time_ns": ("TYPE_INT64", [1]), "first_token_time_ns": ("TYPE_INT64", [1]),
+    "last_token_time_ns": ("TYPE_INT64", [1]), "acceptance_rate": ("TYPE_FP32", [1]),
+    "total_accepted_draft_tokens": ("TYPE_INT32", [1]), "total_draft_tokens": ("TYPE_INT32", [1]),
+}
+
+
+def test_llmapi_pbtxt_declares_every_tensor_of_tensorrt_llms_own(tmp_path):
+    """A client of TensorRT-LLM's llmapi model sending return_cumulative_logprob, best_of or a LoRA
+    adapter got "unexpected inference input" from ours (Triton refuses undeclared inputs), and
+    the perf-metric outputs its model.py sends were dropped (Triton drops undeclared outputs)."""
+    build_trtllm(_load("qwen3-8b-eagle3.yaml"), tmp_path)
+    parsed = text_format.Parse(
+        (tmp_path / "triton/qwen3-8b-eagle3/config.pbtxt").read_text(), mc.ModelConfig()
+    )
+    inputs = {i.name: (mc.DataType.Name(i.data_type), list(i.dims)) for i in parsed.input}
+    outputs = {o.name: (mc.DataType.Name(o.data_type), list(o.dims)) for o in parsed.output}
+    assert inputs == UPSTREAM_LLMAPI_INPUTS
+    assert outputs == UPSTREAM_LLMAPI_OUTPUTS
+    assert [i.name for i in parsed.input if not i.optional] == ["text_input"]
+
+
 def test_dspark_draft_length_must_equal_block_size(tmp_path):
     raw = yaml.safe_load((REPO / "build_configs" / "deepseek-v4-flash-dspark.yaml").read_text())
     raw["drafter"]["num_draft_tokens"] = 7

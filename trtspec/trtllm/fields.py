@@ -125,10 +125,14 @@ SPEC_FIELDS = {
 TRITON_CONFIG_KEY = "triton_config"
 TRITON_CONFIG_FIELDS = frozenset({"max_batch_size", "decoupled", "cancellation_check_period_ms"})
 
-# config.pbtxt tensors of the llmapi model: (name, TYPE_*, dims, optional).
+# config.pbtxt tensors of the llmapi model, all of TensorRT-LLM's own file (config.pbtxt @ 0a71057 above):
+# a request carrying an optional input the model does not declare is refused by Triton ("unexpected
+# inference input"), and a response tensor it does not declare is dropped. (name, TYPE_*, dims, optional)
 LLMAPI_INPUTS = (
     ("text_input", "TYPE_STRING", (-1,), False),
+    ("image_url", "TYPE_STRING", (-1,), True),
     ("streaming", "TYPE_BOOL", (1,), True),
+    ("sampling_param_best_of", "TYPE_INT32", (1,), True),
     ("sampling_param_temperature", "TYPE_FP32", (1,), True),
     ("sampling_param_top_k", "TYPE_INT32", (1,), True),
     ("sampling_param_top_p", "TYPE_FP32", (1,), True),
@@ -141,12 +145,28 @@ LLMAPI_INPUTS = (
     ("sampling_param_return_perf_metrics", "TYPE_BOOL", (1,), True),
     ("return_finish_reason", "TYPE_BOOL", (1,), True),
     ("return_stop_reason", "TYPE_BOOL", (1,), True),
+    ("return_cumulative_logprob", "TYPE_BOOL", (1,), True),
     ("stop", "TYPE_BOOL", (1,), True),
+    ("lora_id", "TYPE_UINT64", (1,), True),
+    ("lora_name", "TYPE_STRING", (1,), True),
+    ("lora_path", "TYPE_STRING", (1,), True),
+    ("lora_ckpt_source", "TYPE_STRING", (1,), True),
 )
+# kv_cache_* / *_time_ns / acceptance come back only with sampling_param_return_perf_metrics
 LLMAPI_OUTPUTS = (
     ("text_output", "TYPE_STRING", (-1,)),
     ("finish_reason", "TYPE_STRING", (-1,)),
     ("stop_reason", "TYPE_STRING", (-1,)),
+    ("cumulative_logprob", "TYPE_FP32", (-1,)),
+    ("kv_cache_reused_block", "TYPE_INT32", (-1,)),
+    ("kv_cache_missed_block", "TYPE_INT32", (-1,)),
+    ("kv_cache_alloc_new_blocks", "TYPE_INT32", (-1,)),
+    ("kv_cache_alloc_total_blocks", "TYPE_INT32", (-1,)),
+    ("kv_cache_hit_rate", "TYPE_FP32", (-1,)),
+    ("arrival_time_ns", "TYPE_INT64", (1,)),
+    ("first_scheduled_time_ns", "TYPE_INT64", (1,)),
+    ("first_token_time_ns", "TYPE_INT64", (1,)),
+    ("last_token_time_ns", "TYPE_INT64", (1,)),
     ("acceptance_rate", "TYPE_FP32", (1,)),
     ("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
     ("total_draft_tokens", "TYPE_INT32", (1,)),
