@@ -52,6 +52,23 @@ Read from NVIDIA/TensorRT-LLM (PyTorch backend, LLM API), not guessed:
 Not written because not confirmed or not wanted: `enable_confidence_head` /
 `confidence_threshold` (absent from `DSparkDecodingConfig` on purpose, see its NOTE), and
 `moe_tensor_parallel_size` (TensorRT-LLM derives it as tp / ep when left unset).
+
+Re-checked 2026-12-03 against the same commits (the newest llm_args.py the public index stores;
+the whole repository, 2.5 GB, could not be fetched): every name and value above as written, and
+- `backend` is deprecated in `TorchLlmArgs` (`Literal["pytorch"]`, the default) but still accepted;
+  TensorRT-LLM's own model.yaml writes it, so model.yaml keeps it and trtllm-serve.yaml omits it.
+- `DecodingBaseConfig.use_rejection_sampling` (prototype, default False: non-greedy batches are
+  verified by exact match against the target's sampled token, lossless but accepting less than
+  p/q rejection sampling; True needs FlashInfer >= 0.6.4 on the nodes) is left at its default.
+- DSpark confidence scheduling: files elsewhere in the stored TensorRT-LLM history
+  (`_torch/speculative/dspark_planner.py`, `dspark_verify.py`, `dspark_sps_profiler.py` and tests)
+  configure `DSparkDecodingConfig.enable_confidence_scheduling`, `enable_ragged_verify`,
+  `confidence_sps_table_path`, `confidence_verify_len_tiers`, `confidence_sts_path` and admission
+  receipts; the llm_args.py above has none of them, and each needs a step-cost table profiled on
+  the serving GPUs, so none is written.
+- DSpark embedded in the target (DeepSeek-V4 `mtp.*`): `speculative_model` may be the target
+  itself; an explicit `target_layer_ids` that differs from the checkpoint's
+  `dspark_target_layer_ids` is refused at start-up.
 """
 
 from __future__ import annotations
