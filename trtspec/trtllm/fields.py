@@ -60,15 +60,21 @@ the whole repository, 2.5 GB, could not be fetched): every name and value above 
 - `DecodingBaseConfig.use_rejection_sampling` (prototype, default False: non-greedy batches are
   verified by exact match against the target's sampled token, lossless but accepting less than
   p/q rejection sampling; True needs FlashInfer >= 0.6.4 on the nodes) is left at its default.
-- DSpark confidence scheduling: files elsewhere in the stored TensorRT-LLM history
-  (`_torch/speculative/dspark_planner.py`, `dspark_verify.py`, `dspark_sps_profiler.py` and tests)
-  configure `DSparkDecodingConfig.enable_confidence_scheduling`, `enable_ragged_verify`,
-  `confidence_sps_table_path`, `confidence_verify_len_tiers`, `confidence_sts_path` and admission
-  receipts; the llm_args.py above has none of them, and each needs a step-cost table profiled on
-  the serving GPUs, so none is written.
+- Newer releases, from the LLM-API reference pages of TensorRT-LLM 1.4.0rc1 / 1.4.0rc4
+  (nvidia.github.io/TensorRT-LLM/1.4.0rc4/llm-api/reference/{TorchLlmArgs,DFlashDecodingConfig,
+  DSparkDecodingConfig}.html): every name trtspec writes is still there, spelled the same. They add
+  DSpark confidence scheduling (`enable_confidence_scheduling`, default False;
+  `confidence_cost_table_path`, `confidence_calibration_path`, `confidence_min_predicted_gain`
+  0.04, `enable_fused_confidence_scheduler`), i.e. TensorRT-LLM's own verify-length planner over
+  a step-cost table that `tensorrt_llm._torch.speculative.dspark_sps_profiler` measures on the
+  serving GPUs. Not written: the table cannot be made without those GPUs, and the release that
+  has the fields is a release candidate. DSpark's `attention_backend` default becomes "AUTO" and
+  DFlash's gains "FA4"; trtspec writes neither.
 - DSpark embedded in the target (DeepSeek-V4 `mtp.*`): `speculative_model` may be the target
   itself; an explicit `target_layer_ids` that differs from the checkpoint's
-  `dspark_target_layer_ids` is refused at start-up.
+  `dspark_target_layer_ids` is refused at start-up. The values written for
+  DeepSeek-V4-Flash-DSpark (block 5, noise token 128799, layers [40, 41, 42], Markov rank 256)
+  are the `dspark_*` keys every public copy of its config.json found shows.
 """
 
 from __future__ import annotations
