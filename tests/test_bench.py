@@ -537,3 +537,25 @@ def test_prompt_seeds_wrap_as_uint64():
     last = SamplingParams(temperature=1.0, seed=2**64 - 1)
     assert [request_params(last, i, "rejection").seed for i in range(3)] == [2**64 - 1, 0, 1]
     assert request_params(SamplingParams(), 5, "rejection").seed is None  # greedy stays greedy
+
+
+def test_acceptance_by_position_pools_the_cycles_of_every_request():
+    """The per-task curve averaged each request's own curve, and a request that never offered a
+    position counted 0 there: on `bench tiny-dflash --tasks math,chat --prompts 4 --max-tokens 12`
+    positions 11–15 (never offered within 12 tokens) read 0.0 as 'P(accepted | offered)', and
+    position 1 on math 0.525 against 0.462 over its verify steps. Like τ (Σ tokens / Σ forwards)
+    it now pools the cycles of all requests; a position no cycle offered is null."""
+    from trtspec.bench.run import MethodStats
+    from trtspec.spec.metrics import GenerationResult
+
+    long, short = GenerationResult(prompt_len=4, num_draft_tokens=3), GenerationResult(4, 3)
+    for _ in range(9):  # 9 cycles of 3 drafts, all accepted
+        long.record_cycle(3, 3)
+    short.record_cycle(1, 0)  # one cycle of 1 draft (its budget), rejected
+    stats = MethodStats()
+    for result in (long, short):
+        stats.record(result)
+    assert stats.summary(None)["acceptance_by_position"] == [0.9, 1.0, 1.0]  # was [0.5, 0.5, 0.5]
+    unreached = MethodStats()
+    unreached.record(short)
+    assert unreached.summary(None)["acceptance_by_position"] == [0.0, None, None]  # was [0, 0, 0]

@@ -58,6 +58,14 @@ def test_shipped_configs_load(path):
          r"field `deployment.runtime_reserve_gib`: Input should be less than or equal to 1024"),
         ("target: {path: x}\ndeployment: {gpu: H200, model_id: Qwen/Qwen3-8B, max_batch_size: 100000000}\n",
          r"field `deployment.max_batch_size`: Input should be less than or equal to 65536"),
+        # ... and Kubernetes manifests whose pods run whatever `:latest` is when they are scheduled
+        ("target: {path: x}\ndeployment: {gpu: H200, model_id: Qwen/Qwen3-8B,\n"
+         "  image: nvcr.io/nvidia/tensorrt-llm/release}\n",
+         r"field `deployment.image`: Value error, pin the image to a release tag or digest .* got "
+         r"'nvcr.io/nvidia/tensorrt-llm/release'$"),
+        ("target: {path: x}\ndeployment: {gpu: H200, model_id: Qwen/Qwen3-8B,\n"
+         "  image: 'localhost:5000/trtllm:latest'}\n",
+         r"field `deployment.image`: .* got 'localhost:5000/trtllm:latest'$"),
         # ... `build` wrote a deployment whose every request was then refused one by one (2026-12-03)
         ("target: {path: x}\nlimits: {max_tokens: 1000000000000}\n",
          r"field `limits.max_tokens`: Input should be less than or equal to 16777216, got 1000000000000$"),

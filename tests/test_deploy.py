@@ -23,6 +23,7 @@ from click.testing import CliRunner
 
 from trtspec.cli import main
 from trtspec.config import load_build_config
+from trtspec.plan.deployment import DeploymentConfig
 from trtspec.plan.memory import check_fits, plan_memory
 
 from .conftest import REPO
@@ -158,6 +159,11 @@ def test_gpu_base_image_is_named_in_one_place():
         if path.is_file() and "tritonserver:" in path.read_text(errors="ignore"):
             hits += [(path, m) for m in re.findall(r"tritonserver:[\w.\-]+", path.read_text(errors="ignore"))]
     assert hits == [(IMAGES["gpu-image"], "tritonserver:" + tag.split("tritonserver:")[1])]
+    # the image generated Kubernetes manifests run (`deployment.image`) was the untagged
+    # nvcr.io/nvidia/tensorrt-llm/release, i.e. :latest, whatever TensorRT-LLM that is this week
+    assert DeploymentConfig.model_fields["image"].default == tag
+    for pinned in ("localhost:5000/trtllm:1.3.0", "nvcr.io/nvidia/tritonserver@sha256:" + "0" * 64):
+        assert DeploymentConfig(gpu="H200", model_id="Qwen/Qwen3-8B", image=pinned).image == pinned
 
 
 def test_compose_validates_and_mounts_what_exists(tmp_path):

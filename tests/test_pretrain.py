@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import random
+import resource
+import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from trtspec.cli import main
+from trtspec.errors import TrtspecError
 from trtspec.train.overshoot import IGNORE, SPACE, overshoot_window
 from trtspec.train.pretrain import PretrainConfig, pretrain
+
+ASSETS = Path(__file__).parent.parent / "trtspec" / "assets"
 
 
 def _window(rng: random.Random, seq_len: int) -> list[int]:
@@ -101,3 +107,47 @@ def test_init_from_a_folder_without_weights_is_one_line(tmp_path):
     assert "tiny-target: no model.safetensors" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "o").exists()
+
+
+def _files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_stage_that_fails_while_saved_leaves_no_half_of_a_folder(tmp_path):
+    """`train target` saved each model straight into its folder: a save that failed (here a
+    file-size limit of 4 MB that the 17 MB target's weights pass, as a full disk would) was a
+    SafetensorError traceback after the training, and left in a new --out a tiny-target/ holding
+    config.json and generation_config.json but no weights (an earlier stage's had those two files
+    rewritten, its weights kept). Both folders are now written beside their places and swapped in
+    once complete."""
+    tiny = dict(steps=1, batch_size=2, seq_len=32, eval_every=1)
+    stage = tmp_path / "stage"  # an earlier stage: the shipped one
+    for name in ("tiny-target", "tiny-draft"):
+        shutil.copytree(ASSETS / name, stage / name)
+    before = _files(stage)
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, hard))  # Python ignores SIGXFSZ: writes fail, EFBIG
+    try:
+        errors = []
+        for out in (stage, tmp_path / "new"):
+            with pytest.raises(TrtspecError) as error:
+                pretrain(out, PretrainConfig(**tiny, seed=3))
+            errors.append(str(error.value))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert errors[0].startswith(f"{stage / 'tiny-target'}: cannot write it ("), errors[0]
+    assert errors[0].endswith(f"; {stage} keeps what it held before this run")
+    assert _files(stage) == before
+    assert sorted(p.name for p in stage.iterdir()) == ["tiny-draft", "tiny-target"]  # no temporary folder
+    assert list((tmp_path / "new").iterdir()) == []
+
+
+def test_a_model_folder_that_is_a_file_is_refused_before_training(tmp_path):
+    """Found only when the models were saved, after the training."""
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "tiny-draft").write_text("mine")
+    result = CliRunner().invoke(main, ["train", "target", "--out", str(tmp_path / "o"), "--steps", "1"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"Error: {tmp_path / 'o' / 'tiny-draft'} is a file; `train target --out` needs" in result.output
+    assert [p.name for p in (tmp_path / "o").iterdir()] == ["tiny-draft"]

@@ -1,5 +1,5 @@
-"""Drafter training runs: a seed fixes the weights, and a run interrupted and resumed from its
-checkpoint ends where the uninterrupted run ends."""
+"""Drafter training runs: a seed fixes the weights, each epoch trains on every sequence once, and a
+run interrupted and resumed from its checkpoint ends where the uninterrupted run ends."""
 
 from __future__ import annotations
 
@@ -83,6 +83,47 @@ def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(method, random_qwen
     assert all(torch.equal(w, expected[k]) for k, w in got.items())
     assert [h["step"] for h in resumed["history"]] == [2, 4, 5]
     assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in whole["history"]]
+    # 5 steps of 2 of the 8 sequences: epoch 0 done, 2 of epoch 1 taken
+    order = torch.load(tmp_path / "resumed" / "checkpoint" / "state.pt")["order"]
+    assert (order["epoch"], order["position"]) == (1, 2)
+
+
+def _rows_seen(method, monkeypatch) -> list[torch.Tensor]:
+    """Spy on the recipe's loss input: the batches' sequences, in the order it trains on them."""
+    module = {"dflash": dflash, "dspark": dspark, "eagle3": eagle3}[method]
+    name, seqs_at = {"dflash": ("dflash_loss", 3), "dspark": ("block_forward", 1),
+                     "eagle3": ("eagle3_ttt_loss", 1)}[method]
+    real, seen = getattr(module, name), []
+
+    def spy(*args, **kwargs):
+        seen.append(args[seqs_at].clone())  # [b, width]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
+@pytest.mark.parametrize("method", sorted(RECIPES))
+def test_every_sequence_is_trained_on_once_per_epoch(method, random_qwen3_dir, prompts, tmp_path,
+                                                     monkeypatch):
+    """Each step drew its batch at random with replacement (`torch.randint`), so an epoch saw some
+    sequences twice and others never: 2 epochs of 8 sequences at 2 a step trained on 5 distinct
+    ones in each epoch (DFlash and DSpark, seed 0; EAGLE-3 on 5, then 8). Epoch-based trainers
+    shuffle once per epoch and walk the order; so does the recipe now, a fresh order each epoch,
+    saved with the checkpoint."""
+    seen = _rows_seen(method, monkeypatch)
+    train, cfg = RECIPES[method]
+    train(random_qwen3_dir, prompts, tmp_path / "o", cfg().model_copy(update={"max_steps": None}))
+    data = torch.load(tmp_path / "o" / "checkpoint" / "data.pt")
+    batches = torch.cat(seen)  # [steps * b, width]
+    ids = [next(i for i, s in enumerate(data["seqs"]) if torch.equal(s[: len(row)], row)) for row in batches]
+    num = len(PROMPTS)
+    assert len(ids) == 2 * num  # 2 epochs
+    epochs = [ids[:num], ids[num:]]
+    assert [sorted(e) for e in epochs] == [list(range(num))] * 2
+    assert epochs[0] != epochs[1]  # reshuffled, not one order twice
+    order = torch.load(tmp_path / "o" / "checkpoint" / "state.pt")["order"]
+    assert (order["epoch"], order["position"]) == (1, num) and order["order"].tolist() == epochs[1]
 
 
 def test_a_run_refused_before_its_first_step_reruns_with_the_options_its_error_asks_for(
@@ -132,10 +173,10 @@ def test_anchors_reach_the_last_tokens_of_a_response(method, random_qwen3_dir, p
     module = dflash if method == "dflash" else dspark
     seen = []
 
-    def spy(*args, **kwargs):  # records what the recipe draws
-        rows, anchors = sample_anchors(*args, **kwargs)
+    def spy(rows, *args, **kwargs):  # records what the recipe draws
+        anchors = sample_anchors(rows, *args, **kwargs)
         seen.append((rows, anchors))
-        return rows, anchors
+        return anchors
 
     sample_anchors = module.sample_anchors
     monkeypatch.setattr(module, "sample_anchors", spy)

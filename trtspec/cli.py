@@ -266,8 +266,9 @@ def train() -> None:
 
 @train.command("target")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Folder to write tiny-target/ and tiny-draft/ into (the shipped ones are in "
-                   "trtspec/assets/; scripts/train_embedded.sh copies them there).")
+              help="Folder to write tiny-target/ and tiny-draft/ into, each replaced whole once both are "
+                   "trained (the shipped ones are in trtspec/assets/; scripts/train_embedded.sh copies them "
+                   "there).")
 @click.option("--steps", default=2400, show_default=True, type=int, help="Optimizer steps (>= 1).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Recipe seed.")
 @click.option("--lr", default=3e-3, show_default=True, type=float, help="Peak learning rate (> 0).")

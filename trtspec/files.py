@@ -1,14 +1,16 @@
-"""Files written whole or not at all.
+"""Files and folders written whole or not at all.
 
 A file is written under a temporary name in its own folder and renamed over its destination only
 once complete (`os.replace` is atomic within a file system), so an error or Ctrl-C halfway leaves
 the previous file, or none, never a torn one that a later run would read as complete (a torn
-`checkpoint/state.pt` made the next `trtspec train` a `PytorchStreamReader` traceback).
+`checkpoint/state.pt` made the next `trtspec train` a `PytorchStreamReader` traceback). A folder
+(`replaced_dir`, a model's) is filled beside its destination and swapped in once complete.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,3 +45,30 @@ def write_text(path: Path, text: str) -> None:
     """`path.write_text(text)`, whole or not at all."""
     with replaced(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+@contextmanager
+def replaced_dir(path: Path) -> Iterator[Path]:
+    """Yield an empty folder beside `path`; once the block has filled it, it takes the place of
+    `path`, whose earlier contents are removed only then. An error or Ctrl-C in the block leaves
+    `path` as it was and no temporary folder behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        share(tmp, 0o777)  # mkdtemp makes it 0700; a model folder is meant to be shared
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        had = path.exists() or path.is_symlink()
+        if had:
+            path.rename(old)
+        try:
+            tmp.rename(path)
+        except BaseException:
+            if had:
+                old.rename(path)
+            raise
+        if had:
+            shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # still there: it never became `path`

@@ -1,11 +1,21 @@
 """A drafter's acceptance by position, measured by `trtspec bench` and stored beside its weights.
 
-The cost model (`trtspec.spec.cost`) wants the conditional rates c_j = P(draft j accepted | drafts
-1..j-1 were): a_j = c_1 ⋯ c_j is then the survival of draft j. Pooling cycles over every prompt
-gives c_j as (cycles that accepted j drafts or more) / (cycles that offered draft j and accepted
-the j-1 before it); a cycle that offered fewer than j drafts (a scheduler cut, the end of a request)
-says nothing about position j and is left out. `GenerationResult.acceptance_by_position` is the
-other quantity, P(draft j accepted | offered) = survival, averaged per request.
+Both curves here pool draft–verify cycles (verify steps) over every request, as τ does (Σ tokens /
+Σ target forwards) and as vLLM's spec-decode metrics do (mean acceptance length 1 + Σ accepted /
+Σ drafts, per-position counts over all drafts): a request weighs by the steps it took, so these
+describe the steps a deployment runs, not the average request. A cycle that offered fewer than j
+drafts (a scheduler cut, the end of a request's budget) says nothing about position j and is left
+out of position j's figure.
+
+- `acceptance_by_position`: P(draft j accepted | offered) = (cycles that accepted j drafts or more)
+  / (cycles that offered draft j), the survival curve `trtspec bench` reports and plots per task.
+  Until 2026-12 bench averaged each request's own curve, a position the request never offered
+  counting as 0.
+- `conditional_acceptance`: c_j = P(draft j accepted | drafts 1..j-1 were) = (cycles that accepted
+  j or more) / (cycles that offered draft j and accepted the j-1 before it), what the cost model
+  (`trtspec.spec.cost`) wants: a_j = c_1 ⋯ c_j is then the survival of draft j.
+A per-request view is each request's own τ (`generate`, `results.json` of `bench --url`, the
+server's `trtspec_tau` histogram).
 """
 
 from __future__ import annotations
@@ -16,6 +26,18 @@ from pathlib import Path
 
 from trtspec.files import write_text
 from trtspec.spec.cost import ACCEPTANCE_FILE
+
+
+def acceptance_by_position(cycles: Iterable[tuple[int, int]], k: int) -> list[float | None]:
+    """P(draft j accepted | offered), j = 1..k, from (drafted, accepted) pairs, one per cycle of any
+    request; None where no cycle offered draft j."""
+    pairs = list(cycles)
+    rates = []
+    for j in range(1, k + 1):
+        offered = sum(1 for drafted, _ in pairs if drafted >= j)
+        passed = sum(1 for drafted, accepted in pairs if drafted >= j and accepted >= j)
+        rates.append(passed / offered if offered else None)
+    return rates
 
 
 def conditional_acceptance(cycles: Iterable[tuple[int, int]], k: int) -> list[float]:

@@ -67,12 +67,13 @@ def plot_acceptance(results: dict, out: Path) -> Path:
     for ax, task in zip(axes[0], tasks, strict=True):
         for m in methods:
             curve = results["tasks"][task][m].get("acceptance_by_position")
-            if curve:
-                ax.plot(range(1, len(curve) + 1), curve, marker=".", label=m, color=colours[m])
+            if curve:  # null: no cycle offered that position; a gap in the curve, not a 0
+                ys = [float("nan") if r is None else r for r in curve]
+                ax.plot(range(1, len(ys) + 1), ys, marker=".", label=m, color=colours[m])
         ax.set_xlabel("draft position i")
         ax.set_title(task)
         ax.set_ylim(0, 1.02)
-    axes[0][0].set_ylabel("P(accepted | offered)")
+    axes[0][0].set_ylabel("P(accepted | offered), all steps")
     _legend_beside(axes[0][-1], len(methods))
     fig.suptitle("Acceptance by position (suffix decay)", y=1.03)
     return _save(fig, out / "acceptance_by_position.png")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from trtspec.bench.acceptance import conditional_acceptance
+from trtspec.bench.acceptance import acceptance_by_position, conditional_acceptance
 from trtspec.bench.sampled import (
     COUPLED_SUFFIX,
     check_fields,
@@ -38,6 +38,7 @@ from trtspec.models.dflash_drafter import DFlashDrafter
 from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.cost import tree_budget
+from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.near_ties import MISMATCH, NEAR_TIE, GreedyJudge
 from trtspec.spec.sampling import SamplingParams
 
@@ -53,14 +54,21 @@ class MethodStats:
     mismatches: int = 0  # texts that differ from the reference's (`reference_of`), where there is one
     near_ties: int = 0  # texts that part from the reference's at near-ties only (`near_ties`)
     checked: str | None = None  # the check's field prefix (`check_key`); None: texts not compared
-    accepted_by_pos: list[list[float]] = field(default_factory=list)
-    cycles: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per cycle
+    draft_len: int = 0  # k the drafter was configured with (0: it never drafted)
+    cycles: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per cycle, all requests
 
     def add(self, seconds: float, tokens: int, target_calls: int = 0, draft_s: float = 0.0) -> None:
         self.seconds += seconds
         self.tokens += tokens
         self.target_calls += target_calls
         self.draft_s += draft_s
+
+    def record(self, result: GenerationResult) -> None:
+        """One request decoded through trtspec's loop: its time, tokens and cycles."""
+        self.add(result.total_s, len(result.token_ids), result.num_target_calls, result.draft_s)
+        if result.num_draft_tokens:
+            self.draft_len = max(self.draft_len, result.num_draft_tokens)
+            self.cycles += zip(result.drafted_counts, result.accept_counts, strict=True)
 
     def summary(self, baseline: MethodStats | None) -> dict:
         out = {
@@ -74,9 +82,9 @@ class MethodStats:
             out["draft_share"] = round(self.draft_s / self.seconds, 3)
         if baseline is not None and self.seconds:
             out["speedup"] = round(baseline.seconds / self.seconds, 3)
-        if self.accepted_by_pos:
-            cols = zip(*self.accepted_by_pos, strict=False)
-            out["acceptance_by_position"] = [round(statistics.fmean(c), 3) for c in cols]
+        if self.draft_len:  # pooled over the cycles of every request, as τ is (bench.acceptance)
+            out["acceptance_by_position"] = [None if r is None else round(r, 3)
+                                             for r in acceptance_by_position(self.cycles, self.draft_len)]
         return out
 
 
@@ -263,11 +271,7 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
             else:
                 result = decoders[name].generate(ids, max_tokens, params)
                 tokens = result.token_ids
-                st = stats[task][name]
-                st.add(result.total_s, len(tokens), result.num_target_calls, result.draft_s)
-                if result.num_draft_tokens:
-                    st.accepted_by_pos.append(result.acceptance_by_position())
-                    st.cycles += zip(result.drafted_counts, result.accept_counts, strict=True)
+                stats[task][name].record(result)
             texts[name] = tokens
             st = stats[task][name]
             if st.checked:

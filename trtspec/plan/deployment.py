@@ -13,6 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trtspec.plan.gpus import GPUS
 
+# Triton Inference Server with TensorRT-LLM: trtllm-serve and tritonserver, the two servers the
+# generated launch.sh runs. The same tag as deploy/docker/gpu.Dockerfile's TRITON_TRTLLM_IMAGE,
+# whose build greps its TensorRT-LLM for the fields trtspec writes (tests/test_deploy.py keeps the
+# two equal).
+TRITON_TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+
 
 class DeploymentConfig(BaseModel):
     """Where and how a model is served; TensorRT-LLM parallelism names in comments."""
@@ -56,7 +62,11 @@ class DeploymentConfig(BaseModel):
         description="full-length (max_seq_len) requests that must fit in KV at once, or build refuses",
     )
     image: str = Field(
-        "nvcr.io/nvidia/tensorrt-llm/release", description="container image with TensorRT-LLM (Kubernetes)"
+        TRITON_TRTLLM_IMAGE,
+        description="container image the Kubernetes pods run: it must hold the trtllm-serve (and, for "
+        "`launch.sh triton`, the tritonserver) whose TensorRT-LLM has the fields trtspec writes "
+        "(trtspec/trtllm/fields.py); pinned by tag or digest, never `:latest`. Default: the Triton + "
+        "TensorRT-LLM release deploy/docker/gpu.Dockerfile builds on",
     )
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server")
     mean_context_len: int | None = Field(
@@ -78,6 +88,17 @@ class DeploymentConfig(BaseModel):
     def _rates(cls, value: list[float] | None) -> list[float] | None:
         if value is not None and not all(0 <= r <= 1 for r in value):
             raise ValueError(f"rates must lie in [0, 1], got {value}")
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, value: str) -> str:
+        # a tag is what follows the last ':' after the last '/' (a registry's port comes before it)
+        name, _, digest = value.partition("@")
+        tag = name.rsplit("/", 1)[-1].partition(":")[2]
+        if not digest and tag in ("", "latest"):
+            raise ValueError(f"pin the image to a release tag or digest (what `:latest` points at changes "
+                             f"under a running deployment), got {value!r}")
         return value
 
     @field_validator("gpu")

@@ -3,7 +3,8 @@
 1. Regenerate: the target continues every training prompt greedily, so the drafter learns the
    target's own outputs rather than the corpus.
 2. Features: one teacher-forced target pass per sequence gives the taps at `target_layer_ids`.
-3. Anchors: random positions in each response; block j of an anchor a is
+3. Batches and anchors: each epoch goes through the sequences once, in a fresh random order
+   (`train.order`); anchors are random positions in each response; block j of an anchor a is
    `[x_a, MASK × (B−1)]` at positions a..a+B−1 and sees the context strictly before a plus its
    own block (bidirectionally); slot k predicts x_{a+k} (no shift). A block that runs past the
    response's end is trained on the slots before it (`block_labels`).
@@ -30,6 +31,7 @@ from trtspec.files import replaced, write_text
 from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, build_target_layer_ids, save_dflash
 from trtspec.models.taps import LayerTaps
 from trtspec.models.target import load_causal_lm
+from trtspec.train.order import EpochOrder
 from trtspec.train.prompts import load_run_file, regenerated_data
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,8 @@ class DFlashTrainConfig(BaseModel):
     response_tokens: int = Field(192, ge=8, description="tokens the target regenerates per prompt")
     anchors_per_seq: int = Field(32, ge=1, description="blocks trained per sequence per step")
     batch_size: int = Field(8, ge=1, description="sequences per step")
-    epochs: float = Field(6.0, gt=0, description="passes over the regenerated data")
+    epochs: float = Field(6.0, gt=0, description="passes over the regenerated data, each sequence once "
+                          "per pass in a fresh order")
     max_steps: int | None = Field(None, ge=1, description="stop after this many steps (short runs)")
     lr: float = Field(6e-4, gt=0, description="peak AdamW learning rate")
     warmup: float = Field(0.04, ge=0, le=1, description="fraction of steps of warm-up")
@@ -56,7 +59,7 @@ class DFlashTrainConfig(BaseModel):
     init_from_target: bool = Field(True, description="start drafter layer i from target layer i "
                                    "(layers past the target's depth start at random)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
-    seed: int = Field(0, description="seed of initialisation, anchors and order")
+    seed: int = Field(0, description="seed of initialisation, anchors and the per-epoch example order")
 
     def decay(self) -> float:
         return self.gamma or DEFAULT_GAMMA.get(self.block_size, self.block_size / 2.3)
@@ -177,11 +180,12 @@ def resumable_recipe(cfg) -> dict:
 
 
 def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, stop: int,
-                 cfg) -> tuple[int, list[dict]]:
+                 cfg, order: EpochOrder | None = None) -> tuple[int, list[dict]]:
     """Load a resumable checkpoint if there is one; return the step to start from (below `stop`,
     the step this run ends at: a finished run is refused, not rerun into an empty report) and the
-    history up to it. A checkpoint written with another recipe (`cfg` but for RESUMABLE) is
-    refused, naming the fields: the same weight shapes would otherwise train on under mixed settings."""
+    history up to it; `order` goes on from the saved epoch and position. A checkpoint written with
+    another recipe (`cfg` but for RESUMABLE) is refused, naming the fields: the same weight shapes
+    would otherwise train on under mixed settings."""
     if not state_file.is_file():
         return 0, []
     state = load_run_file(state_file, "delete it to train from step 0")
@@ -203,11 +207,29 @@ def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, 
                            f"{stop}: nothing to train (raise --max-steps or --epochs to go on, or give a "
                            f"new --out)")
     gen.set_state(state["gen"])
+    if order is not None:
+        resume_order(order, state, state_file, cfg.batch_size)
     log.info("resuming %s training at step %d", what, state["step"])
     history = state.get("history")
     if history is None:  # a checkpoint written before the history went with it
         history = earlier_history(state_file.parent.parent, state["step"])
     return state["step"], history
+
+
+def resume_order(order: EpochOrder, state: dict, state_file: Path, batch_size: int) -> None:
+    """Put `order` where the checkpoint's run stood. A checkpoint from before orders were saved
+    drew its batches with replacement: the run goes on without, from the epoch its step count
+    reaches."""
+    if "order" not in state:
+        order.skip_to(state["step"] * batch_size)
+        log.warning("%s was written before the example order was saved: its batches were drawn with "
+                    "replacement; going on with a fresh order from epoch %d", state_file, order.epoch)
+        return
+    try:
+        order.load_state_dict(state["order"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise TrtspecError(f"{state_file}: its example order does not fit this run's data ({exc}): resume "
+                           "with the data that wrote it, or give a new --out") from None
 
 
 def earlier_history(out_dir: Path, start: int) -> list[dict]:
@@ -223,12 +245,16 @@ def earlier_history(out_dir: Path, start: int) -> list[dict]:
 
 
 def save_state(state_file: Path, model, opt, gen: torch.Generator, step: int, cfg,
-               history: list[dict] | None = None) -> None:
+               history: list[dict] | None = None, order: EpochOrder | None = None) -> None:
     """The resumable checkpoint; `history` (the report's entries so far) goes with it, since a run
-    killed between checkpoints writes no training.json."""
+    killed between checkpoints writes no training.json, and so does `order` (epoch, position, the
+    epoch's permutation), so a resumed run draws the batches the uninterrupted one draws."""
+    state = {"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(), "step": step,
+             "recipe": resumable_recipe(cfg), "history": list(history or [])}
+    if order is not None:
+        state["order"] = order.state_dict()
     with replaced(state_file) as tmp:
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                    "step": step, "recipe": resumable_recipe(cfg), "history": list(history or [])}, tmp)
+        torch.save(state, tmp)
 
 
 def anchor_range(data: dict, labels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -244,13 +270,12 @@ def anchor_range(data: dict, labels: int) -> tuple[torch.Tensor, torch.Tensor, t
     return lo, hi, (hi >= lo).nonzero().flatten()
 
 
-def sample_anchors(usable: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, batch_size: int,
-                   anchors_per_seq: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of a batch and sorted anchors in [lo, hi] of each.  -> rows [b], anchors [b, n]"""
-    rows = usable[torch.randint(0, len(usable), (batch_size,), generator=gen)]
+def sample_anchors(rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, anchors_per_seq: int,
+                   gen: torch.Generator) -> torch.Tensor:
+    """Sorted anchors drawn uniformly in [lo, hi] of each row of a batch.  rows [b] -> anchors [b, n]"""
     span = (hi[rows] - lo[rows] + 1).float()
     u = torch.rand(len(rows), anchors_per_seq, generator=gen)
-    return rows, (lo[rows, None] + (u * span[:, None]).long()).sort(-1).values
+    return (lo[rows, None] + (u * span[:, None]).long()).sort(-1).values
 
 
 def frozen_target(target_dir: Path, seed: int):
@@ -284,17 +309,19 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     num = len(data["seqs"])
-    total = max(1, int(cfg.epochs * num / cfg.batch_size))
+    lo, hi, usable = anchor_range(data, cfg.block_size - 1)
+    total = max(1, int(cfg.epochs * len(usable) / cfg.batch_size))  # an epoch: each usable sequence once
     stop = min(total, cfg.max_steps or total)
     gen = torch.Generator().manual_seed(cfg.seed)
+    order = EpochOrder(usable, gen)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start, history = resume_state(state_file, model, opt, gen, "DFlash", stop, cfg)
+    start, history = resume_state(state_file, model, opt, gen, "DFlash", stop, cfg, order)
 
-    lo, hi, usable = anchor_range(data, cfg.block_size - 1)
     t0 = time.time()
     bar = tqdm(range(start, stop), desc="train dflash", unit="step", initial=start, total=stop)
     for step in bar:
-        rows, anchors = sample_anchors(usable, lo, hi, cfg.batch_size, cfg.anchors_per_seq, gen)  # [b, n]
+        rows = order.take(cfg.batch_size)  # [b]
+        anchors = sample_anchors(rows, lo, hi, cfg.anchors_per_seq, gen)  # [b, n]
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, total, cfg)
         loss, acc = dflash_loss(model, embed, lm_head, data["seqs"][rows], taps[rows], anchors, cfg.decay(),
@@ -309,7 +336,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == stop:
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
                             "seconds": round(time.time() - t0, 1)})
-            save_state(state_file, model, opt, gen, step + 1, cfg, history)
+            save_state(state_file, model, opt, gen, step + 1, cfg, history, order)
             save_dflash(model, out_dir)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "history": history}

@@ -1,7 +1,8 @@
 """Distil a DSpark drafter (backbone + Markov head + confidence head) from a target.
 
-Data and anchors are DFlash's (`train.dflash`: greedy regeneration by the target, teacher-forced
-taps, packed blocks under `block_mask`), plus the target's logits at every position, so the
+Data, batches and anchors are DFlash's (`train.dflash`: greedy regeneration by the target,
+teacher-forced taps, each sequence once per epoch in a fresh order, packed blocks under
+`block_mask`), plus the target's logits at every position, so the
 target distribution p_t of every draft slot is known. Block of anchor a: `[x_a, MASK × (γ−1)]`
 at positions a..a+γ−1; slot k = 1..γ predicts x_{a+k}, whose target distribution is the target's
 output at position a+k−1 — exactly the block's own positions.
@@ -42,6 +43,7 @@ from trtspec.train.dflash import (
     save_state,
     target_taps,
 )
+from trtspec.train.order import EpochOrder
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +61,8 @@ class DSparkTrainConfig(BaseModel):
     response_tokens: int = Field(192, ge=8, description="tokens the target regenerates per prompt")
     anchors_per_seq: int = Field(32, ge=1, description="blocks trained per sequence per step")
     batch_size: int = Field(8, ge=1, description="sequences per step")
-    epochs: float = Field(4.0, gt=0, description="passes over the regenerated data")
+    epochs: float = Field(4.0, gt=0, description="passes over the regenerated data, each sequence once "
+                          "per pass in a fresh order")
     max_steps: int | None = Field(None, ge=1, description="stop after this many steps (short runs)")
     lr: float = Field(1e-3, gt=0, description="peak AdamW learning rate")
     warmup: float = Field(0.04, ge=0, le=1, description="fraction of steps of warm-up")
@@ -70,7 +73,7 @@ class DSparkTrainConfig(BaseModel):
     init_from_target: bool = Field(True, description="start drafter layer i from target layer i "
                                    "(layers past the target's depth start at random)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
-    seed: int = Field(0, description="seed of initialisation, anchors and order")
+    seed: int = Field(0, description="seed of initialisation, anchors and the per-epoch example order")
 
     def decay(self) -> float:
         # DeepSpec: γ_d = 4 for block 7 (verify width 8), as DFlash's table gives for B = 8
@@ -173,17 +176,19 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
     p_logits = target_logits_all(target, data["seqs"])  # [N, S, V]
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
     num = len(data["seqs"])
-    total = max(1, int(cfg.epochs * num / cfg.batch_size))
+    lo, hi, usable = anchor_range(data, cfg.block_size)  # slot k of γ predicts x_{a+k}
+    total = max(1, int(cfg.epochs * len(usable) / cfg.batch_size))  # an epoch: each usable sequence once
     stop = min(total, cfg.max_steps or total)
     gen = torch.Generator().manual_seed(cfg.seed)
+    order = EpochOrder(usable, gen)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start, history = resume_state(state_file, model, opt, gen, "DSpark", stop, cfg)
+    start, history = resume_state(state_file, model, opt, gen, "DSpark", stop, cfg, order)
 
-    lo, hi, usable = anchor_range(data, cfg.block_size)  # slot k of γ predicts x_{a+k}
     t0 = time.time()
     bar = tqdm(range(start, stop), desc="train dspark", unit="step", initial=start, total=stop)
     for step in bar:
-        rows, anchors = sample_anchors(usable, lo, hi, cfg.batch_size, cfg.anchors_per_seq, gen)  # [b, n]
+        rows = order.take(cfg.batch_size)  # [b]
+        anchors = sample_anchors(rows, lo, hi, cfg.anchors_per_seq, gen)  # [b, n]
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, total, cfg)
         batch = block_forward(model, data["seqs"][rows], taps[rows], anchors, data["lens"][rows])
@@ -202,7 +207,7 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
                             "tau_prob": round(metrics["tau_prob"], 3),
                             "conf_err": round(metrics.get("conf_err", float("nan")), 4),
                             "seconds": round(time.time() - t0, 1)})
-            save_state(state_file, model, opt, gen, step + 1, cfg, history)
+            save_state(state_file, model, opt, gen, step + 1, cfg, history, order)
             save_dspark(model, out_dir)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "history": history}

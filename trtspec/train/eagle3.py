@@ -12,6 +12,7 @@
 5. Loss: Σ_i 0.8^i · CE(p restricted to the draft vocabulary, q) over response tokens whose
    target argmax the draft vocabulary holds (EAGLE-3's weighting), normalised by Σ_i 0.8^i.
    `embed_tokens` is the target's, frozen; `fc`, the midlayer, `norm` and `lm_head` train.
+Batches go through the sequences once per epoch, in a fresh random order (`train.order`).
 Checkpoints are written in the SafeAILab/SpecForge layout; `checkpoint/` makes the run resumable.
 """
 
@@ -37,6 +38,7 @@ from trtspec.train.dflash import (
     save_state,
     target_taps,
 )
+from trtspec.train.order import EpochOrder
 from trtspec.train.prompts import regenerated_data
 
 log = logging.getLogger(__name__)
@@ -55,12 +57,13 @@ class Eagle3TrainConfig(BaseModel):
     )
     response_tokens: int = Field(192, ge=8, description="tokens the target regenerates per prompt")
     batch_size: int = Field(8, ge=1, description="sequences per step")
-    epochs: float = Field(2.0, gt=0, description="passes over the regenerated data")
+    epochs: float = Field(2.0, gt=0, description="passes over the regenerated data, each sequence once "
+                          "per pass in a fresh order")
     lr: float = Field(1e-3, gt=0, description="peak AdamW learning rate")
     warmup: float = Field(0.04, ge=0, le=1, description="fraction of steps of warm-up")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
     max_steps: int | None = Field(None, ge=1, description="stop after this many steps (short runs)")
-    seed: int = Field(0, description="seed of initialisation and order")
+    seed: int = Field(0, description="seed of initialisation and the per-epoch example order")
 
 
 def choose_aux_layer_ids(num_layers: int) -> list[int]:
@@ -208,14 +211,15 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
     total = max(1, int(cfg.epochs * num / cfg.batch_size))
     stop = min(total, cfg.max_steps or total)
     gen = torch.Generator().manual_seed(cfg.seed)
+    order = EpochOrder(torch.arange(num), gen)
     state_file = out_dir / "checkpoint" / "state.pt"
-    start, history = resume_state(state_file, model, opt, gen, "EAGLE-3", stop, cfg)
+    start, history = resume_state(state_file, model, opt, gen, "EAGLE-3", stop, cfg, order)
 
     positions = torch.arange(data["seqs"].shape[1])
     t0 = time.time()
     bar = tqdm(range(start, stop), desc="train eagle3", unit="step", initial=start, total=stop)
     for step in bar:
-        rows = torch.randint(0, num, (cfg.batch_size,), generator=gen)
+        rows = order.take(cfg.batch_size)  # [b]
         width = int(data["lens"][rows].max())
         seqs = data["seqs"][rows, :width]
         f = feats[rows, :width].float()
@@ -237,7 +241,7 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
                             "acc": [round(a, 3) for a in acc.tolist()],
                             "seconds": round(time.time() - t0, 1)})
-            save_state(state_file, model, opt, gen, step + 1, cfg, history)
+            save_state(state_file, model, opt, gen, step + 1, cfg, history, order)
             save_eagle3(model, out_dir, num_layers)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "total_steps": total, "history": history}

@@ -17,14 +17,17 @@ import math
 import platform
 import random
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from safetensors import SafetensorError
 from tqdm import tqdm
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from trtspec.errors import CheckpointError
+from trtspec.errors import CheckpointError, TrtspecError
+from trtspec.files import replaced_dir
 from trtspec.tokenizer import DEFAULT_VOCAB_SIZE, ByteTokenizer
 from trtspec.train.corpus import CHAT_STOP, CHAT_TEMPLATE, CHAT_TEMPLATE_FILE, training_corpus
 from trtspec.train.overshoot import IGNORE, overshoot_window
@@ -150,7 +153,10 @@ def _stage_report(path: Path) -> dict | None:
 
 
 def pretrain(out_dir: Path, cfg: PretrainConfig) -> dict:
-    """Train target and draft model, save them to `out_dir/tiny-target` and `tiny-draft`."""
+    """Train target and draft model, save them to `out_dir/tiny-target` and `tiny-draft`: each
+    folder is written beside its place and swapped in once both are complete (`replaced_dir`), so
+    a failed or interrupted save leaves the earlier stage's folders, or none, never half of one."""
+    check_out_dir(out_dir)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     tokenizer = ByteTokenizer()
@@ -209,12 +215,30 @@ def pretrain(out_dir: Path, cfg: PretrainConfig) -> dict:
         "corpus_bytes": {"train": len(train_bytes), "heldout": len(heldout_bytes)},
         "history": history,
     }
-    for name, model in models.items():
-        path = out_dir / name
-        model.config.trtspec_chat_stop = list(CHAT_STOP)
-        model.save_pretrained(path, safe_serialization=True)
-        (path / CHAT_TEMPLATE_FILE).write_text(CHAT_TEMPLATE)
-        n_params = sum(p.numel() for p in model.parameters())
-        stage = {**report, "parameters": n_params, "previous_stage": previous[name]}
-        (path / "training.json").write_text(json.dumps(stage, indent=1))
+    with ExitStack() as folders:  # both models whole, or the earlier ones left as they were
+        staged = {name: folders.enter_context(replaced_dir(out_dir / name)) for name in models}
+        for name, model in models.items():
+            n_params = sum(p.numel() for p in model.parameters())
+            stage = {**report, "parameters": n_params, "previous_stage": previous[name]}
+            try:
+                _save_model(model, staged[name], stage)
+            except (OSError, SafetensorError) as exc:
+                raise TrtspecError(f"{out_dir / name}: cannot write it ({' '.join(str(exc).split())}); "
+                                   f"{out_dir} keeps what it held before this run") from None
     return report
+
+
+def _save_model(model: Qwen3ForCausalLM, path: Path, stage: dict) -> None:
+    """Weights, config, chat template and the stage's training.json, into the folder `path`."""
+    model.config.trtspec_chat_stop = list(CHAT_STOP)
+    model.save_pretrained(path, safe_serialization=True)
+    (path / CHAT_TEMPLATE_FILE).write_text(CHAT_TEMPLATE)
+    (path / "training.json").write_text(json.dumps(stage, indent=1))
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an `--out` the models cannot be written into, before hours of training."""
+    for path in (out_dir, out_dir / "tiny-target", out_dir / "tiny-draft"):
+        if path.exists() and not path.is_dir():
+            raise TrtspecError(f"{path} is a file; `train target --out` needs a folder to write "
+                               "tiny-target/ and tiny-draft/ into")
