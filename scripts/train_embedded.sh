@@ -16,7 +16,8 @@ T=${TRTSPEC:-.venv/bin/trtspec}
 STAGE1=${STAGE1:-$WORK/stage1}
 mkdir -p "$WORK"
 
-done_in() { [ -f "$1/model.safetensors" ]; }
+# done: training.json is written once a run has finished (weights are written at every checkpoint)
+done_in() { [ -f "$1/training.json" ]; }
 ship() {  # ship SRC NAME: copy a trained model into trtspec/assets/NAME (not its checkpoint/)
   mkdir -p "$ASSETS/$2"
   find "$1" -maxdepth 1 -type f -exec cp {} "$ASSETS/$2/" \;
