@@ -159,7 +159,7 @@ async def _end(call, answered: bool) -> None:
     request is complete), so wait for that; only a call cut short is cancelled. tritonserver 2.51
     keeps the state of a stream cancelled after its last response for good: cancelling every call
     grew the server by 6.7 KB a request (2.0 MB per 300 streamed requests of 32 tokens, against
-    0.06-0.18 MB left alone; `scripts/serve_rss.py`, docs/SERVING_MEMORY.md)."""
+    0.06-0.18 MB left alone; README, "Memory under long load")."""
     if answered:
         try:
             await asyncio.wait_for(call.code(), END_WAIT_S)
