@@ -262,6 +262,49 @@ def test_client_dropped_mid_stream_is_cancelled(served, pipeline, prompt, mode):
     assert "ERROR" not in Path(served.log).read_text()[logged:]
 
 
+def test_answered_triton_calls_end_by_themselves_only_cut_ones_are_cancelled(served):
+    """The frontend's gRPC call per choice: tritonserver 2.51 keeps the state of a stream call
+    cancelled after its request's last response for good (cancelling every call grew it by 6.7 KB
+    a request, and now and then kept the connection's socket open). A call whose request was
+    answered (whole, streamed, or refused with an error) must end with OK, not be cancelled; one
+    closed mid-answer (the client went away) is cancelled. The calls' statuses are what a gRPC
+    interceptor on the frontend's channel sees."""
+    import asyncio
+
+    import grpc
+
+    from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
+
+    class Calls(grpc.aio.StreamStreamClientInterceptor):
+        def __init__(self):
+            self.calls = []
+
+        async def intercept_stream_stream(self, continuation, details, request_iterator):
+            call = await continuation(details, request_iterator)
+            self.calls.append(call)
+            return call
+
+    async def run() -> list:
+        calls = Calls()
+        triton = TritonStream(served.grpc, "trtspec")
+        triton._channel = grpc.aio.insecure_channel(served.grpc, interceptors=[calls])
+        try:
+            for gen in (Generation(PROMPTS[0], 8, stream=False),
+                        Generation(PROMPTS[1], 16, temperature=0.8, seed=3, logprobs=2)):
+                steps = [step async for step in triton.generate(gen)]
+                assert steps[-1].final and sum(len(s.ids) for s in steps) == gen.max_tokens
+            with pytest.raises(TritonError, match="max_tokens"):
+                [step async for step in triton.generate(Generation(PROMPTS[0], 0))]
+            cut = triton.generate(Generation(PROMPTS[2], 400, ignore_eos=True))
+            assert not (await anext(cut)).final
+            await cut.aclose()
+            return [await call.code() for call in calls.calls]
+        finally:
+            await triton.close()
+
+    assert asyncio.run(run()) == [grpc.StatusCode.OK] * 3 + [grpc.StatusCode.CANCELLED]
+
+
 def test_a_streamed_request_whose_client_left_while_queued_never_decodes(served):
     """A streaming client that goes away before its first response (queued behind the 8 decoder
     slots here) cancels its Triton request then: it never takes a slot. It was admitted and

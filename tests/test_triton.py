@@ -435,6 +435,34 @@ def test_client_dropping_mid_stream_does_not_wedge_the_model(served, config, exp
     assert got.token_ids == expected[PROMPTS[0]][0]
 
 
+def test_the_client_leaves_answered_streams_to_end_and_cancels_only_unanswered_ones(served, monkeypatch):
+    """tritonserver 2.51 keeps the state of a stream call cancelled after its requests' last
+    responses for good (6.7 KB a request, and now and then the connection's socket): `generate`,
+    `bench` and `verify` over gRPC must let a stream whose requests were all answered end with
+    OK, and cancel only one whose requests are still pending (here: a timeout). The stream's
+    status is read off the real client's call as it stops (tritonclient's `_InferStream`)."""
+    import grpc
+    import tritonclient.grpc as grpcclient
+
+    statuses = []
+
+    class Watched(grpcclient.InferenceServerClient):
+        def stop_stream(self, cancel_requests=False):
+            call = None if self._stream is None else self._stream._response_iterator  # None: stopped
+            super().stop_stream(cancel_requests)
+            if call is not None:
+                statuses.append(call.code())
+
+    monkeypatch.setattr(grpcclient, "InferenceServerClient", Watched)
+    address = served.grpc_url.removeprefix("grpc://")
+    for params in (GenerateParams(max_tokens=8), GenerateParams(max_tokens=8, stream=True, temperature=0.8)):
+        assert grpc_generate(address, "trtspec", grpc_inputs("def f(x):", params)).num_tokens == 8
+    long = GenerateParams(max_tokens=400, stream=True)
+    with pytest.raises(ClientError, match="no response"):
+        grpc_generate(address, "trtspec", grpc_inputs("def f(x):", long), timeout_s=1e-6)
+    assert statuses == [grpc.StatusCode.OK] * 2 + [grpc.StatusCode.CANCELLED]
+
+
 def test_acceptance_metrics_are_exported(served, config):
     generate(served.http_url, config.name, PROMPTS[0], GenerateParams(max_tokens=MAX_TOKENS))
     assert _metric(served, "trtspec_requests_total") >= 1

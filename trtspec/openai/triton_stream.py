@@ -5,11 +5,13 @@ client's. Requests are built as `ModelInferRequest` protobufs for the async gRPC
 so one event loop serves every HTTP connection) with `triton_enable_empty_final_response`, so the
 end of each request is known even when its last response carries no outputs. Cancelling the call
 (the HTTP client went away) cancels the request inside Triton: the model's sender reports it
-cancelled and the decoder drops it at its next step.
+cancelled and the decoder drops it at its next step. A call whose request was answered is left to
+end by itself, never cancelled (`_end`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -18,6 +20,9 @@ import grpc
 import numpy as np
 from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
+
+# how long an answered stream call may take to end by itself before it is cancelled after all
+END_WAIT_S = 5.0
 
 
 class TritonError(Exception):
@@ -149,6 +154,21 @@ def _step(response: service_pb2.ModelStreamInferResponse) -> Step:
     return step
 
 
+async def _end(call, answered: bool) -> None:
+    """End a stream call: one whose request was answered ends by itself (Triton closes it once the
+    request is complete), so wait for that; only a call cut short is cancelled. tritonserver 2.51
+    keeps the state of a stream cancelled after its last response for good: cancelling every call
+    grew the server by 6.7 KB a request (2.0 MB per 300 streamed requests of 32 tokens, against
+    0.06-0.18 MB left alone; README, "Memory under long load")."""
+    if answered:
+        try:
+            await asyncio.wait_for(call.code(), END_WAIT_S)
+            return
+        except TimeoutError:
+            pass
+    call.cancel()
+
+
 class TritonStream:
     """Async client of one served model over gRPC; one channel, one stream call per request."""
 
@@ -178,10 +198,13 @@ class TritonStream:
         # Python 3.11's clean-up of those at garbage collection failed now and then with
         # "aclose(): asynchronous generator is already running" in the server log
         call = self.stub.ModelStreamInfer()
+        answered = False  # the model sent the request's last response (or its error)
         try:
             await call.write(request)
             await call.done_writing()
             while (response := await call.read()) is not grpc.aio.EOF:
+                answered = bool(response.error_message) or \
+                    response.infer_response.parameters["triton_final_response"].bool_param
                 step = _step(response)
                 yield step
                 if step.final:
@@ -190,7 +213,7 @@ class TritonStream:
         except grpc.aio.AioRpcError as exc:
             raise TritonError(f"Triton at {self.address}: {exc.details()}", unavailable=True) from None
         finally:
-            call.cancel()
+            await _end(call, answered)
 
     async def close(self) -> None:
         if self._channel is not None:

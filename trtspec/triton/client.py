@@ -230,6 +230,7 @@ def grpc_generate_many(address: str, model: str, requests: list[list], on_text: 
         done.put((result, error))
 
     client = grpcclient.InferenceServerClient(address)
+    pending = set(ids)
     try:
         client.start_stream(callback=callback)
         for rid, inputs in zip(ids, requests, strict=True):
@@ -238,7 +239,6 @@ def grpc_generate_many(address: str, model: str, requests: list[list], on_text: 
             except InferenceServerException as exc:
                 # a broken stream (server unreachable, gone): its cause went to the callback
                 raise ClientError(_stream_failure(done, address) or exc.message()) from None
-        pending = set(ids)
         while pending:
             try:
                 result, error = done.get(timeout=timeout_s)
@@ -254,7 +254,9 @@ def grpc_generate_many(address: str, model: str, requests: list[list], on_text: 
                 completion.total_s = time.perf_counter() - t0
                 pending.discard(response.id)
     finally:
-        client.stop_stream(cancel_requests=True)
+        # a stream whose requests all ended is left to close by itself: tritonserver 2.51 keeps
+        # the state of a stream cancelled after its last response for good (`triton_stream._end`)
+        client.stop_stream(cancel_requests=bool(pending))
         client.close()
     return [completions[rid] for rid in ids]
 
