@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -157,3 +159,36 @@ def test_cost_curves_get_what_the_run_has_left_after_the_checks():
     assert profile_budget(120.0, False, 200.0) == 120.0
     assert profile_budget(None, False, 430.0) == 30.0
     assert profile_budget(None, True, 1000.0) == 30.0 and profile_budget(600.0, True, 1000.0) == 600.0
+
+
+def test_a_run_stopped_by_the_scripts_timeout_keeps_what_it_measured(tmp_path):
+    """scripts/gpu_check.sh stops gpu_check with SIGTERM at 470 s (the device call itself ends at
+    540): the cost-curve rows measured until then are in the files, marked partial, with a row that
+    says the run was stopped. Here: the small profile, stopped after its first measurement."""
+    code = ("import sys, torch; from pathlib import Path; from trtspec.gpu_check import Run, execute; "
+            "execute(Run(torch.device('cpu'), True, Path(sys.argv[1])), [], ['qwen3-8b'], 600.0)")
+    env = dict(os.environ, PYTHONPATH=str(REPO), TRITON_INTERPRET="1")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    report, waited = tmp_path / "gpu_check.json", time.monotonic() + 600
+    try:
+        while proc.poll() is None and time.monotonic() < waited:
+            if report.is_file() and json.loads(report.read_text())["synthetic"].get("qwen3-8b", {}).get(
+                    "target_forward"):
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the profile ended before it could be stopped: " + proc.stdout.read()
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=300)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    rows = json.loads(report.read_text())["rows"]
+    assert rows[-1]["check"] == "run" and not rows[-1]["ok"]
+    assert rows[-1]["detail"].startswith("stopped by SIGTERM after ")
+    profile = json.loads(report.read_text())["synthetic"]["qwen3-8b"]
+    assert profile["target_forward"] and profile["partial"].endswith("measurement(s) not run yet")
+    markdown = (tmp_path / "gpu_check.md").read_text()
+    assert "### qwen3-8b on cpu (float32, SMALL scaled-down shape)" in markdown
+    assert "**Partial: written while the profile ran" in markdown
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.json", "gpu_check.md"]

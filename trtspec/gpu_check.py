@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -44,6 +45,15 @@ CONFIGS = Path(__file__).parents[1] / "build_configs"
 
 def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+class Stopped(BaseException):
+    """SIGTERM arrived (scripts/gpu_check.sh's `timeout`): a BaseException, so that no guarded
+    check or measurement takes it for its own failure and carries on."""
+
+
+def _stop(signum: int, frame) -> None:
+    raise Stopped(f"stopped by {signal.Signals(signum).name}")
 
 
 class Run:
@@ -86,7 +96,7 @@ class Run:
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         payload = self.payload()
-        (self.out_dir / "gpu_check.json").write_text(json.dumps(payload, indent=1))
+        _replace(self.out_dir / "gpu_check.json", json.dumps(payload, indent=1))
         lines = [f"## gpu_check on {payload['device']} ({payload['mode']})", "",
                  f"Started {payload['started']}; python {payload['python']}, torch {payload['torch']}, "
                  f"transformers {payload['transformers']}, triton {payload['triton']}.", "",
@@ -98,7 +108,14 @@ class Run:
                          f"{r.get('detail', '')} |")
         for result in self.synthetic.values():
             lines += ["", render_markdown(result)]
-        (self.out_dir / "gpu_check.md").write_text("\n".join(lines) + "\n")
+        _replace(self.out_dir / "gpu_check.md", "\n".join(lines) + "\n")
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `path` whole or not at all (a kill between stages must not leave half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 # -- parity ---------------------------------------------------------------------------------------
@@ -421,7 +438,11 @@ def profile_models(run: Run, models: list[str], budget_s: float) -> None:
         settings = (SyntheticSettings.small if run.small else SyntheticSettings)(budget_s=per_model)
 
         def profile(m: str = model, s: SyntheticSettings = settings) -> None:
-            run.synthetic[m] = profile_synthetic(m, s, run.device, overhead or None)
+            def keep(partial: dict) -> None:  # written after each measurement: a kill keeps them
+                run.synthetic[m] = partial
+                run.write()
+
+            run.synthetic[m] = profile_synthetic(m, s, run.device, overhead or None, on_progress=keep)
 
         run.guarded(f"synthetic profile {model}", profile)
 
@@ -446,6 +467,38 @@ def summary(run: Run) -> str:
         if result["skipped"]:
             lines.append(f"  skipped {len(result['skipped'])}: {result['skipped'][0]} ...")
     return "\n".join(lines)
+
+
+CHECKS = (("environment", check_environment), ("kv_injection_attention parity", check_attention),
+          ("confidence_verify parity", check_verify), ("DFlash decoding parity", check_decoding),
+          ("Gumbel coupling parity", check_coupling),
+          ("CUDA graphs against eager", check_graphs),
+          ("TensorRT engines (engine flavour)", check_engines))
+
+
+def execute(run: Run, checks, models: list[str], budget_s: float | None) -> None:
+    """The parity `checks` ((label, check(run)) pairs), then the cost curves of `models`, writing
+    the output files after each stage and each measurement. SIGTERM (the script's timeout) ends
+    the run there with a row that says so: the files then hold what was measured until then."""
+    previous = signal.signal(signal.SIGTERM, _stop)
+    t0 = time.perf_counter()
+    try:
+        for label, check in checks:
+            run.guarded(label, lambda c=check: c(run))
+        if models:
+            elapsed = time.perf_counter() - t0
+            budget = profile_budget(budget_s, run.small, elapsed)
+            if budget < (budget_s or PROFILE_BUDGET_S[run.small]):
+                log.warning("cost curves get %.0f s: the checks took %.0f s", budget, elapsed)
+            profile_models(run, models, budget)
+    except Stopped as exc:
+        log.error("%s after %.0f s; writing what was measured", exc, time.perf_counter() - t0)
+        run.rows.append({"check": "run", "dtype": "-", "ok": False,
+                         "detail": f"{exc} after {time.perf_counter() - t0:.0f} s: the rows and "
+                                   "profiles above are what it measured until then"})
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    run.write()
 
 
 def profile_budget(asked: float | None, small: bool, elapsed: float) -> float:
@@ -487,21 +540,7 @@ def main(small: bool, out_dir: Path | None, models: str, budget_s: float | None)
     if budget_s is not None and budget_s <= 0:
         raise click.BadParameter(f"must be > 0, got {budget_s}", param_hint="--budget-s")
     run = Run(torch.device("cuda" if cuda else "cpu"), small, out_dir or Path(os.environ.get("OUT", ".")))
-    checks = (("environment", check_environment), ("kv_injection_attention parity", check_attention),
-              ("confidence_verify parity", check_verify), ("DFlash decoding parity", check_decoding),
-              ("Gumbel coupling parity", check_coupling),
-              ("CUDA graphs against eager", check_graphs),
-              ("TensorRT engines (engine flavour)", check_engines))
-    t0 = time.perf_counter()
-    for label, check in checks:
-        run.guarded(label, lambda c=check: c(run))
-    if names:
-        elapsed = time.perf_counter() - t0
-        budget = profile_budget(budget_s, small, elapsed)
-        if budget < (budget_s or PROFILE_BUDGET_S[small]):
-            log.warning("cost curves get %.0f s: the checks took %.0f s", budget, elapsed)
-        profile_models(run, names, budget)
-    run.write()
+    execute(run, CHECKS, names, budget_s)
     click.echo(summary(run))
     click.echo(f"\nwrote {run.out_dir / 'gpu_check.json'} and {run.out_dir / 'gpu_check.md'}")
     failed = [r["check"] for r in run.rows if not r["ok"]]
