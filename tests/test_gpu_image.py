@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from trtspec.gpu.image import CARRIED_WHEELS, IMAGE_PACKAGES, check_wheels, read_pins
 
@@ -121,6 +122,9 @@ def test_gpu_check_script_rehearses_on_cpu_with_image_packages_only(tmp_path):
                          timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Error in sitecustomize" not in run.stdout + run.stderr
+    # one cost model for all the parity pipelines (fp32, bf16, fp16), at most (an earlier test of
+    # this session may have measured it): one per dtype ran the rehearsal past the script's timeout
+    assert (run.stdout + run.stderr).count("measuring this machine's cost model") <= 1
     # the guard saw the run: the engine check's `import tensorrt` went through it and was refused
     assert "tensorrt __main__" in log.read_text().splitlines()
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.log", "gpu_check.md"]
@@ -192,3 +196,20 @@ def test_a_run_stopped_by_the_scripts_timeout_keeps_what_it_measured(tmp_path):
     assert "### qwen3-8b on cpu (float32, SMALL scaled-down shape)" in markdown
     assert "**Partial: written while the profile ran" in markdown
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.json", "gpu_check.md"]
+
+
+def test_parity_pipelines_share_one_cost_model(tmp_path):
+    """The parity checks' tiny DFlash pipelines (fp32, bf16, fp16, each device) would each measure an
+    adaptive-speculation cost model on first use, the cache being keyed by dtype: three of them
+    took the CPU rehearsal past the script's timeout. The first one's table serves them all."""
+    from trtspec.bench.loop_overhead import tiny_pipeline
+    from trtspec.gpu_check import Run
+    from trtspec.spec.schedule import SPSTable
+
+    run = Run(torch.device("cpu"), True, tmp_path)
+    cpu = torch.device("cpu")
+    fp32, bf16, fp16 = (tiny_pipeline(cpu, dtype=d) for d in ("float32", "bfloat16", "float16"))
+    fp32.cost_table = SPSTable(batch_tokens=[1, 2], steps_per_s=[100.0, 90.0], machine="given here")
+    run.share_cost_table(fp32, bf16)
+    run.share_cost_table(fp16)
+    assert bf16.cost_table is fp32.cost_table and fp16.cost_table is fp32.cost_table
