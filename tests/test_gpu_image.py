@@ -213,3 +213,17 @@ def test_parity_pipelines_share_one_cost_model(tmp_path):
     run.share_cost_table(fp32, bf16)
     run.share_cost_table(fp16)
     assert bf16.cost_table is fp32.cost_table and fp16.cost_table is fp32.cost_table
+
+
+def test_a_rerun_can_skip_the_parity_checks(tmp_path):
+    """What is left of the device time after a full run (15 minutes in all, a start costing one or
+    two) holds a cost-curve rerun, not the parity checks again: --no-parity runs the environment
+    row and the cost curves alone (here none)."""
+    from click.testing import CliRunner
+
+    from trtspec.gpu_check import main
+
+    result = CliRunner().invoke(main, ["--small", "--no-parity", "--models", "", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
+    assert [r["check"] for r in rows] == ["environment"]

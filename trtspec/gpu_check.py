@@ -533,7 +533,10 @@ def profile_budget(asked: float | None, small: bool, elapsed: float) -> float:
 @click.option("--budget-s", default=None, type=float,
               help="Seconds for all cost curves together; default 300 (30 with --small), cut to what "
                    "the 440-second run has left after the parity checks.")
-def main(small: bool, out_dir: Path | None, models: str, budget_s: float | None) -> None:
+@click.option("--parity/--no-parity", default=True, show_default=True,
+              help="Run the parity checks before the cost curves; --no-parity: the cost curves alone "
+                   "(a rerun in what is left of the device time).")
+def main(small: bool, out_dir: Path | None, models: str, budget_s: float | None, parity: bool) -> None:
     """Parity checks and the real-size cost curve on this machine's GPU (see the module docstring)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cuda = torch.cuda.is_available()
@@ -554,7 +557,7 @@ def main(small: bool, out_dir: Path | None, models: str, budget_s: float | None)
     if budget_s is not None and budget_s <= 0:
         raise click.BadParameter(f"must be > 0, got {budget_s}", param_hint="--budget-s")
     run = Run(torch.device("cuda" if cuda else "cpu"), small, out_dir or Path(os.environ.get("OUT", ".")))
-    execute(run, CHECKS, names, budget_s)
+    execute(run, CHECKS if parity else CHECKS[:1], names, budget_s)  # the environment row always
     click.echo(summary(run))
     click.echo(f"\nwrote {run.out_dir / 'gpu_check.json'} and {run.out_dir / 'gpu_check.md'}")
     failed = [r["check"] for r in run.rows if not r["ok"]]
