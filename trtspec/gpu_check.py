@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
@@ -490,7 +490,8 @@ CHECKS = (("environment", check_environment), ("kv_injection_attention parity", 
           ("TensorRT engines (engine flavour)", check_engines))
 
 
-def execute(run: Run, checks, models: list[str], budget_s: float | None) -> None:
+def execute(run: Run, checks: Sequence[tuple[str, Callable[[Run], None]]], models: list[str],
+            budget_s: float | None) -> None:
     """The parity `checks` ((label, check(run)) pairs), then the cost curves of `models`, writing
     the output files after each stage and each measurement. SIGTERM (the script's timeout) ends
     the run there with a row that says so: the files then hold what was measured until then."""
