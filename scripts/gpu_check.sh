@@ -33,4 +33,6 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv 2>/dev/null || true; } \
   | tee "$OUT_DIR/gpu_check.log"
-timeout 470 "$PY" -m trtspec.gpu_check --out "$OUT_DIR" "$@" 2>&1 | tee -a "$OUT_DIR/gpu_check.log"
+# at 470 s SIGTERM: gpu_check then writes what it measured and exits (the files are also rewritten
+# after each measurement); a process stuck in a device call that ignores it is killed 20 s later
+timeout -k 20 470 "$PY" -m trtspec.gpu_check --out "$OUT_DIR" "$@" 2>&1 | tee -a "$OUT_DIR/gpu_check.log"

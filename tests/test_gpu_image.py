@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from trtspec.gpu.image import CARRIED_WHEELS, IMAGE_PACKAGES, check_wheels, read_pins
 
@@ -119,6 +122,9 @@ def test_gpu_check_script_rehearses_on_cpu_with_image_packages_only(tmp_path):
                          timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Error in sitecustomize" not in run.stdout + run.stderr
+    # one cost model for all the parity pipelines (fp32, bf16, fp16), at most (an earlier test of
+    # this session may have measured it): one per dtype ran the rehearsal past the script's timeout
+    assert (run.stdout + run.stderr).count("measuring this machine's cost model") <= 1
     # the guard saw the run: the engine check's `import tensorrt` went through it and was refused
     assert "tensorrt __main__" in log.read_text().splitlines()
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.log", "gpu_check.md"]
@@ -157,3 +163,67 @@ def test_cost_curves_get_what_the_run_has_left_after_the_checks():
     assert profile_budget(120.0, False, 200.0) == 120.0
     assert profile_budget(None, False, 430.0) == 30.0
     assert profile_budget(None, True, 1000.0) == 30.0 and profile_budget(600.0, True, 1000.0) == 600.0
+
+
+def test_a_run_stopped_by_the_scripts_timeout_keeps_what_it_measured(tmp_path):
+    """scripts/gpu_check.sh stops gpu_check with SIGTERM at 470 s (the device call itself ends at
+    540): the cost-curve rows measured until then are in the files, marked partial, with a row that
+    says the run was stopped. Here: the small profile, stopped after its first measurement."""
+    code = ("import sys, torch; from pathlib import Path; from trtspec.gpu_check import Run, execute; "
+            "execute(Run(torch.device('cpu'), True, Path(sys.argv[1])), [], ['qwen3-8b'], 600.0)")
+    env = dict(os.environ, PYTHONPATH=str(REPO), TRITON_INTERPRET="1")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    report, waited = tmp_path / "gpu_check.json", time.monotonic() + 600
+    try:
+        while proc.poll() is None and time.monotonic() < waited:
+            if report.is_file() and json.loads(report.read_text())["synthetic"].get("qwen3-8b", {}).get(
+                    "target_forward"):
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the profile ended before it could be stopped: " + proc.stdout.read()
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=300)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    rows = json.loads(report.read_text())["rows"]
+    assert rows[-1]["check"] == "run" and not rows[-1]["ok"]
+    assert rows[-1]["detail"].startswith("stopped by SIGTERM after ")
+    profile = json.loads(report.read_text())["synthetic"]["qwen3-8b"]
+    assert profile["target_forward"] and profile["partial"].endswith("measurement(s) not run yet")
+    markdown = (tmp_path / "gpu_check.md").read_text()
+    assert "### qwen3-8b on cpu (float32, SMALL scaled-down shape)" in markdown
+    assert "**Partial: written while the profile ran" in markdown
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.json", "gpu_check.md"]
+
+
+def test_parity_pipelines_share_one_cost_model(tmp_path):
+    """The parity checks' tiny DFlash pipelines (fp32, bf16, fp16, each device) would each measure an
+    adaptive-speculation cost model on first use, the cache being keyed by dtype: three of them
+    took the CPU rehearsal past the script's timeout. The first one's table serves them all."""
+    from trtspec.bench.loop_overhead import tiny_pipeline
+    from trtspec.gpu_check import Run
+    from trtspec.spec.schedule import SPSTable
+
+    run = Run(torch.device("cpu"), True, tmp_path)
+    cpu = torch.device("cpu")
+    fp32, bf16, fp16 = (tiny_pipeline(cpu, dtype=d) for d in ("float32", "bfloat16", "float16"))
+    fp32.cost_table = SPSTable(batch_tokens=[1, 2], steps_per_s=[100.0, 90.0], machine="given here")
+    run.share_cost_table(fp32, bf16)
+    run.share_cost_table(fp16)
+    assert bf16.cost_table is fp32.cost_table and fp16.cost_table is fp32.cost_table
+
+
+def test_a_rerun_can_skip_the_parity_checks(tmp_path):
+    """What is left of the device time after a full run (15 minutes in all, a start costing one or
+    two) holds a cost-curve rerun, not the parity checks again: --no-parity runs the environment
+    row and the cost curves alone (here none)."""
+    from click.testing import CliRunner
+
+    from trtspec.gpu_check import main
+
+    result = CliRunner().invoke(main, ["--small", "--no-parity", "--models", "", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
+    assert [r["check"] for r in rows] == ["environment"]

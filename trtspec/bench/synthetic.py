@@ -415,10 +415,14 @@ class _Profile:
 
 
 def profile_synthetic(model: str, settings: SyntheticSettings, device: torch.device | str,
-                      loop_overhead: dict | None = None) -> dict:
+                      loop_overhead: dict | None = None,
+                      on_progress: Callable[[dict], None] | None = None) -> dict:
     """Measure `model`'s cost curve on `device` (see the module docstring); JSON-ready dict.
 
-    `loop_overhead` (from `loop_overhead.measure_loop_overhead`) is measured here when not given."""
+    `loop_overhead` (from `loop_overhead.measure_loop_overhead`) is measured here when not given.
+    `on_progress` gets the result so far (renderable, `partial` set, projections from what is
+    measured) once the models are built and after each measurement, so a caller can write it
+    out: a run stopped from outside keeps what it measured."""
     import transformers
 
     from trtspec.bench.loop_overhead import measure_loop_overhead
@@ -434,10 +438,22 @@ def profile_synthetic(model: str, settings: SyntheticSettings, device: torch.dev
                   dtype=str(prof.dtype).removeprefix("torch."), torch=torch.__version__,
                   transformers=transformers.__version__, cuda_graphs=prof.graphs_skipped or "measured",
                   started=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    pending = {"per_cycle_ms": 0.0, "cycles": 0, "device": str(device), "model": "-",
+               "note": "not measured yet, counted as 0"}
+
+    def progress(left: int) -> None:
+        if on_progress is not None:
+            result.update(partial=f"{left} measurement(s) not run yet",
+                          loop_overhead=loop_overhead or pending,
+                          elapsed_s=settings.budget_s - deadline.left())
+            on_progress(finish(result))
+
     with torch.inference_mode():
         prof.bandwidth()
         prof.build()
-        for label, job in prof.jobs():
+        jobs = prof.jobs()
+        progress(len(jobs))
+        for done, (label, job) in enumerate(jobs, 1):
             if deadline.expired:
                 result["skipped"].append(f"{label}: time budget of {settings.budget_s:.0f} s spent")
                 continue
@@ -446,6 +462,8 @@ def profile_synthetic(model: str, settings: SyntheticSettings, device: torch.dev
             except Exception as exc:  # one failed measurement must not lose the others
                 log.warning("%s failed: %s", label, _error(exc))
                 result["skipped"].append(f"{label}: failed: {_error(exc)}")
+            progress(len(jobs) - done)
+        del jobs  # each holds the profile (its models and caches), which is freed below
     if loop_overhead is None:
         small = settings.scale == "small"
         try:
@@ -457,6 +475,7 @@ def profile_synthetic(model: str, settings: SyntheticSettings, device: torch.dev
                              "note": f"NOT MEASURED, counted as 0 ({_error(exc)})"}
     result["loop_overhead"] = loop_overhead
     result["elapsed_s"] = settings.budget_s - deadline.left()
+    result.pop("partial", None)
     finish(result)
     del prof
     gc.collect()

@@ -123,6 +123,9 @@ def render_markdown(result: dict) -> str:
     if bw.get("datasheet_gbs"):
         floor += f"; data sheet {bw['datasheet_gbs']:.0f} GB/s, trtspec/plan/gpus.py"
     lines += [floor + ").", ""]
+    if result.get("partial"):
+        lines += [f"**Partial: written while the profile ran ({result['partial']}); the run stopped "
+                  "before it finished.**", ""]
     lines += [f"- {line}" for line in headline(result)] + [""]
 
     lines += ["| batch | context | new tokens | eager ms | graph ms | floor ms | eager/floor | graph/floor |",
