@@ -79,6 +79,7 @@ def biased(tmp_path_factory):
     write_triton_repo(load_build_config(biased), out / "out")
     server = TritonServer(out / "out" / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
                           env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    # the pool's thread outlives the server: a server dies with the thread that started it (pdeathsig)
     with ThreadPoolExecutor(1) as pool:
         started = pool.submit(server.start, timeout_s=240)
         try:
