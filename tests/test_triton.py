@@ -71,14 +71,18 @@ def config(full_config_path):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, config):
+def served(tmp_path_factory, config, request):
     out = tmp_path_factory.mktemp("triton-build")
     write_triton_repo(config, out)
     # one torch thread in the model: the test's clients and reference share the same 2 cores
     server = TritonServer(out / REPO_DIR, ports=Ports.free(), exit_timeout_s=3, env={"OMP_NUM_THREADS": "1"})
     try:
-        server.start(timeout_s=180)
-        yield server
+        # the pool's thread outlives the server: a server dies with the thread that started it (pdeathsig)
+        with ThreadPoolExecutor(1) as pool:
+            started = pool.submit(server.start, timeout_s=180)
+            request.getfixturevalue("expected")  # the reference decodes while the server's stub loads
+            started.result()
+            yield server
     finally:
         server.stop()
         assert _server_pids(str(out)) == [], "tritonserver still running after stop()"
