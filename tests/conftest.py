@@ -154,12 +154,15 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve_cli(build_dir: Path, key: str | None = None):
-    """`trtspec serve BUILD_DIR` itself (the CLI, in a subprocess) on free loopback ports, with an
-    OpenAI frontend (and API key); stopped by SIGTERM, which must end it cleanly."""
+def serve_cli(build_dir: Path, key: str | None = None, avoid: tuple[int, ...] = ()):
+    """`trtspec serve BUILD_DIR` itself (the CLI, in a subprocess) on free loopback ports, none of
+    `avoid` (a server starting beside it has not bound its own yet), with an OpenAI frontend (and API
+    key); stopped by SIGTERM, which must end it cleanly."""
     from trtspec.triton.server import Ports, free_port
 
     ports, openai_port = Ports.free(), free_port()
+    while set(avoid) & {ports.http, ports.grpc, ports.metrics, openai_port}:
+        ports, openai_port = Ports.free(), free_port()
     log = build_dir / "serve.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "trtspec.cli", "serve", str(build_dir), "--http-port", str(ports.http),

@@ -6,6 +6,7 @@ the module; a second server with a deliberately biased verifier for `verify`'s f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -62,14 +63,42 @@ def _greedy(pipeline, prompt: str, max_tokens: int = MAX_TOKENS) -> tuple[str, l
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def biased(tmp_path_factory):
+    """A Triton server whose speculative sampling accepts with min(1, p/2q)
+    (test_only.biased_acceptance), started in the background when the module starts: its start
+    (the stub importing torch) keeps one core busy, `served`'s start the other. The server, and the
+    future of its start."""
+    out = tmp_path_factory.mktemp("biased")
+    biased = out / "biased.yaml"
+    # whole blocks: adaptive speculation may decline to draft on a busy machine, and a server that
+    # never drafts cannot show a biased acceptance rule
+    text = CONFIG.read_text().replace("path: builtin:tiny-dflash-b16",
+                                      "path: builtin:tiny-dflash-b16\n  schedule: {mode: full}")
+    biased.write_text(text.replace("builtin:", str(REPO / "trtspec/assets") + "/")
+                      + "test_only: {biased_acceptance: true}\n")
+    write_triton_repo(load_build_config(biased), out / "out")
+    server = TritonServer(out / "out" / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
+                          env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    # the pool's thread outlives the server: a server dies with the thread that started it (pdeathsig)
+    with ThreadPoolExecutor(1) as pool:
+        started = pool.submit(server.start, timeout_s=240)
+        try:
+            yield server, started
+        finally:
+            started.exception()  # waits for the start to end, whichever way
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, biased):
     """`trtspec serve` itself (the CLI, in a subprocess) with an API key on loopback ports; it
-    samples with Gumbel coupling (`sampling.coupling: gumbel`, test_triton's server with rejection)."""
+    samples with Gumbel coupling (`sampling.coupling: gumbel`, test_triton's server with rejection).
+    `biased`'s server starts beside it."""
     out = tmp_path_factory.mktemp("openai-build")
     yaml = out.parent / "openai-gumbel.yaml"
     yaml.write_text(CONFIG.read_text() + "sampling:\n  coupling: gumbel\n")
     assert CliRunner().invoke(main, ["build", str(yaml), "--out", str(out)]).exit_code == 0
-    with serve_cli(out, KEY) as served:
+    with serve_cli(out, KEY, avoid=dataclasses.astuple(biased[0].ports)) as served:
         yield served
 
 
@@ -821,31 +850,19 @@ def test_verify_certifies_gumbel_coupled_samples_by_identity(served, tmp_path, m
     assert result.output.count("sampled identical") == 5 and "PASS: lossless" in result.output
 
 
-def test_verify_over_openai_fails_on_a_biased_server(tmp_path):
+def test_verify_over_openai_fails_on_a_biased_server(biased):
     """A server whose speculative sampling accepts with min(1, p/2q) (test_only.biased_acceptance):
     greedy is still identical, the sampling law test must fail it."""
-    biased = tmp_path / "biased.yaml"
-    # whole blocks: adaptive speculation may decline to draft on a busy machine, and a server that
-    # never drafts cannot show a biased acceptance rule
-    text = CONFIG.read_text().replace("path: builtin:tiny-dflash-b16",
-                                      "path: builtin:tiny-dflash-b16\n  schedule: {mode: full}")
-    biased.write_text(text.replace("builtin:", str(REPO / "trtspec/assets") + "/")
-                      + "test_only: {biased_acceptance: true}\n")
-    write_triton_repo(load_build_config(biased), tmp_path / "out")
-    server = TritonServer(tmp_path / "out" / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
-                          env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
-    frontend = None
+    server, started = biased
+    started.result()
+    frontend = OpenAIFrontend(served_model_of_repo(server.repo), server.local_grpc_address, "127.0.0.1",
+                              free_port()).start()
     try:
-        server.start(timeout_s=180)
-        frontend = OpenAIFrontend(served_model_of_repo(server.repo), server.local_grpc_address, "127.0.0.1",
-                                  free_port()).start()
         url = f"openai://127.0.0.1:{frontend.port}"
         result = CliRunner().invoke(main, ["verify", "--url", url, "--config", str(CONFIG), "--max-tokens",
                                            "24", "--samples", "300"])
     finally:
-        if frontend is not None:
-            frontend.stop()
-        server.stop()
+        frontend.stop()
     assert result.exit_code == 1, result.output
     assert result.output.count("identical") == 5 and "FAIL: the deployment is not lossless" in result.output
     assert "FAIL\n" in result.output  # a sampling position over its bound

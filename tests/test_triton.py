@@ -38,7 +38,7 @@ from trtspec.triton.client import (
     wait_ready,
 )
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
-from trtspec.triton.server import Ports, ServeError, TritonServer
+from trtspec.triton.server import Ports, ServeError, TritonServer, free_port
 
 from .conftest import REPO
 
@@ -71,14 +71,18 @@ def config(full_config_path):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, config):
+def served(tmp_path_factory, config, request):
     out = tmp_path_factory.mktemp("triton-build")
     write_triton_repo(config, out)
     # one torch thread in the model: the test's clients and reference share the same 2 cores
     server = TritonServer(out / REPO_DIR, ports=Ports.free(), exit_timeout_s=3, env={"OMP_NUM_THREADS": "1"})
     try:
-        server.start(timeout_s=180)
-        yield server
+        # the pool's thread outlives the server: a server dies with the thread that started it (pdeathsig)
+        with ThreadPoolExecutor(1) as pool:
+            started = pool.submit(server.start, timeout_s=180)
+            request.getfixturevalue("expected")  # the reference decodes while the server's stub loads
+            started.result()
+            yield server
     finally:
         server.stop()
         assert _server_pids(str(out)) == [], "tritonserver still running after stop()"
@@ -518,33 +522,47 @@ def test_generate_cli_streams_from_the_server(served, config, expected):
     assert json.loads(result.output)["token_ids"] == expected[PROMPTS[0]][0]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "killed"])
-def test_serve_binds_loopback_and_leaves_no_server_behind(tmp_path, sig, config):
-    repo = tmp_path / "build"
-    write_triton_repo(config, repo)
-    ports = Ports.free()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trtspec.cli", "serve", str(repo), "--http-port", str(ports.http),
-         "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+def test_serve_binds_loopback_and_leaves_no_server_behind(tmp_path, config):
+    """`trtspec serve` says where it serves on loopback and leaves no tritonserver behind, stopped by
+    SIGTERM (exit 0) or killed (its server gets SIGTERM from the kernel). Both serves start at once
+    (a server's start, its stub importing torch, keeps one core busy), each on its own ports: the
+    OpenAI frontend's default 9000 would let only one of them serve."""
+    signals = {"sigterm": signal.SIGTERM, "killed": signal.SIGKILL}
+    serves = {}  # name -> (repo, ports, `trtspec serve` process)
     try:
-        assert proc.stderr.readline().startswith(f"serving {repo / REPO_DIR}: http://127.0.0.1:{ports.http}")
-        status = urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/health/ready", timeout=10).status
-        assert status == 200 and len(_server_pids(str(repo))) == 1
-        proc.send_signal(sig)
-        code = proc.wait(timeout=30)
-        assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
-        deadline = time.monotonic() + 10  # a killed `serve`: the server gets SIGTERM from the kernel
-        while _server_pids(str(repo)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _server_pids(str(repo)) == []
+        taken: set[int] = set()  # neither serve has bound its ports yet when the other picks
+        for name in signals:
+            repo, ports, openai_port = tmp_path / name, Ports.free(), free_port()
+            while taken & {*dataclasses.astuple(ports), openai_port}:
+                ports, openai_port = Ports.free(), free_port()
+            taken |= {*dataclasses.astuple(ports), openai_port}
+            write_triton_repo(config, repo)
+            serves[name] = repo, ports, subprocess.Popen(
+                [sys.executable, "-m", "trtspec.cli", "serve", str(repo), "--http-port", str(ports.http),
+                 "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--openai-port",
+                 str(openai_port)],
+                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        for name, sig in signals.items():
+            repo, ports, proc = serves[name]
+            line = proc.stderr.readline()
+            assert line.startswith(f"serving {repo / REPO_DIR}: http://127.0.0.1:{ports.http}"), (name, line)
+            ready = urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/health/ready", timeout=10)
+            assert ready.status == 200 and len(_server_pids(str(repo))) == 1, name
+            proc.send_signal(sig)
+            code = proc.wait(timeout=30)
+            assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL), name
+            deadline = time.monotonic() + 10  # a killed `serve`: the server gets SIGTERM from the kernel
+            while _server_pids(str(repo)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert _server_pids(str(repo)) == [], name
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in _server_pids(str(repo)):
-            os.kill(pid, signal.SIGKILL)
+        for repo, _, proc in serves.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pid in _server_pids(str(repo)):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc", "metrics"])
