@@ -29,9 +29,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import torch
+
+if TYPE_CHECKING:
+    from trtspec.config import ScheduleConfig
+    from trtspec.spec.metrics import GenerationResult
 
 log = logging.getLogger(__name__)
 
@@ -229,9 +234,11 @@ def check_coupling(run: Run) -> None:
     alone = [plain.decoder.generate(r.prompt, max_tokens, r.sampling).token_ids for r in requests]
     batch = spec.decoder_for(4).generate_batch(requests)
     same = sum(r.token_ids == a for r, a in zip(batch, alone, strict=True))
+    counts, spoke = speculation(batch)
     run.rows.append({"check": f"DFlash Gumbel-coupled sampling at R = 4 == target alone ({run.device.type})",
-                     "dtype": "float32", "ok": same == len(prompts),
-                     "detail": f"{same}/{len(prompts)} seeded samples identical"})
+                     "dtype": "float32",
+                     "ok": same == len(prompts) and bool(counts["drafted"] and counts["accepted"]),
+                     "detail": f"{same}/{len(prompts)} seeded samples identical; {spoke}", **counts})
 
 
 def _decoding_prompts(run: Run, tokenizer) -> tuple[list[list[int]], int]:
@@ -242,12 +249,31 @@ def _decoding_prompts(run: Run, tokenizer) -> tuple[list[list[int]], int]:
     return [tokenizer.encode(p) for p in load_prompts("code")[:n] + load_prompts("math")[:n]], max_tokens
 
 
-def _lossless_rows(run: Run, dtype: str) -> None:
+def speculation(results: Sequence[GenerationResult]) -> tuple[dict, str]:
+    """What the speculative side of a parity row did, summed over its requests' `results`: drafts
+    sent to the target, drafts accepted, and τ (tokens per target forward, prefill and bonus
+    included); with the row's detail text, which says why the row must fail when the run never
+    drafted or never accepted a draft (its output then came from the target alone, and equality
+    with the target proves nothing about the draft–verify path)."""
+    drafted = sum(r.num_drafted for r in results)
+    accepted = sum(r.num_accepted for r in results)
+    tau = sum(len(r.token_ids) for r in results) / max(1, sum(r.num_target_calls for r in results))
+    counts = {"drafted": drafted, "accepted": accepted, "tau": round(tau, 3)}
+    text = f"{accepted}/{drafted} drafts accepted, τ {tau:.2f}"
+    if not drafted:
+        text += " (FAILS: nothing drafted, the speculative path never ran)"
+    elif not accepted:
+        text += " (FAILS: no draft accepted, every token came from the target)"
+    return counts, text
+
+
+def _lossless_rows(run: Run, dtype: str, schedule: ScheduleConfig | None = None) -> None:
     """The shipped tiny target + DFlash drafter in `dtype` on the device: greedy equals the same
     target alone, one request at a time and at R = 4 (requests joining as others leave, so the
     padded steps have idle rows). Where an output differs (bfloat16 may part at a near-tie of the
     two best tokens), it passes only if every token is the target's argmax up to its rounding
-    (`trtspec.spec.near_ties`)."""
+    (`trtspec.spec.near_ties`). A row passes only if its speculative run drafted and had drafts
+    accepted (`speculation`). `schedule`: the speculative decoders' (default the config's)."""
     from trtspec.bench.loop_overhead import tiny_pipeline
     from trtspec.spec.decoder import Request
     from trtspec.spec.near_ties import GreedyJudge, shared_prefix
@@ -257,8 +283,10 @@ def _lossless_rows(run: Run, dtype: str) -> None:
     plain = tiny_pipeline(run.device, use_drafter=False, dtype=dtype)
     prompts, max_tokens = _decoding_prompts(run, spec.tokenizer)
     alone = [plain.decoder.generate(ids, max_tokens).token_ids for ids in prompts]
-    one = [spec.decoder.generate(ids, max_tokens).token_ids for ids in prompts]
-    batch = spec.decoder_for(4).generate_batch([Request(ids, max_tokens) for ids in prompts])
+    decoder = spec.decoder if schedule is None else spec.decoder_for(1, schedule)
+    one_results = [decoder.generate(ids, max_tokens) for ids in prompts]
+    one = [r.token_ids for r in one_results]
+    batch = spec.decoder_for(4, schedule).generate_batch([Request(ids, max_tokens) for ids in prompts])
     four = [r.token_ids for r in batch]
     judge = GreedyJudge(plain.config.target, plain.target)
 
@@ -273,8 +301,7 @@ def _lossless_rows(run: Run, dtype: str) -> None:
                 ("" if len(audits) == 1 else " (the worst)")
         return all(a.near_ties_only for a in audits), detail
 
-    how = ""
-    decoder = spec.decoder  # the models' copies that decoded, with their graphs
+    how = ""  # the models' copies that decoded, with their graphs
     for name, model in (("target", decoder.target), ("drafter", decoder.drafter)):
         graphed = getattr(model, "graphed", None)
         if graphed is not None:
@@ -282,12 +309,13 @@ def _lossless_rows(run: Run, dtype: str) -> None:
                 (f"capture failed: {graphed.failed}" if graphed.failed else
                  f"{len(graphed.graphs)} graphs keeping {graphed.output_bytes / 1e6:.1f} MB of outputs")
     short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype]
-    ok, detail = verdict(one)
-    run.rows.append({"check": f"DFlash greedy == target alone ({run.device.type} {short})", "dtype": dtype,
-                     "ok": ok, "detail": detail + how})
-    ok, detail = verdict(four)
-    run.rows.append({"check": f"DFlash greedy at R = 4 == target alone ({run.device.type} {short})",
-                     "dtype": dtype, "ok": ok, "detail": detail})
+    for label, outputs, results, extra in (("DFlash greedy", one, one_results, how),
+                                           ("DFlash greedy at R = 4", four, batch, "")):
+        ok, detail = verdict(outputs)
+        counts, spoke = speculation(results)
+        run.rows.append({"check": f"{label} == target alone ({run.device.type} {short})", "dtype": dtype,
+                         "ok": ok and bool(counts["drafted"] and counts["accepted"]),
+                         "detail": f"{detail}; {spoke}{extra}", **counts})
 
 
 def check_decoding(run: Run) -> None:
