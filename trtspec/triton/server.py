@@ -122,7 +122,11 @@ def server_env(install: TritonInstall) -> dict[str, str]:
 
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the process that started the server dies, so a
-    killed `trtspec serve` (or test run) never leaves a tritonserver behind (Linux prctl)."""
+    killed `trtspec serve` (or test run) never leaves a tritonserver behind (Linux prctl). Linux
+    ties this to the *thread* that forked, not its process: a server started from a worker thread
+    is stopped when that thread ends, so start it from a thread that lives as long as the server
+    (`trtspec serve` starts it from the main thread; tests/test_openai.py's background fixture
+    keeps its starting thread alive for this reason)."""
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
