@@ -176,7 +176,9 @@ def serve_cli(build_dir: Path, key: str | None = None, avoid: tuple[int, ...] = 
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.3)
         assert f"http://127.0.0.1:{openai_port}/v1" in log.read_text()
-        yield Served(ports, openai_port, str(log), key)
+        served = Served(ports, openai_port, str(log), key)
+        served.proc = proc
+        yield served
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()

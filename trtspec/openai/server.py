@@ -21,6 +21,13 @@ class FrontendError(TrtspecError):
     """The frontend could not start (port taken, bad address)."""
 
 
+# How long `stop()` lets requests in flight finish, as tritonserver's --exit-timeout-secs does; then
+# each gets an error (an event ending its stream, or a 503) instead of a cut connection
+GRACE_S = 5.0
+# what uvicorn itself allows past that before it cancels the handlers still running
+CUT_S = 5.0
+
+
 class OpenAIFrontend:
     """uvicorn serving `create_app` on host:port in a daemon thread; `stop()` ends it."""
 
@@ -30,10 +37,11 @@ class OpenAIFrontend:
         self.app = create_app(model, self.triton, api_key)
         self.host, self.port = host, port
         config = uvicorn.Config(self.app, host=host, port=port, log_level="warning", access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=5)
+                                lifespan="off", timeout_graceful_shutdown=GRACE_S + CUT_S)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="trtspec-openai", daemon=True)
         self._failed: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def url(self) -> str:
@@ -46,6 +54,7 @@ class OpenAIFrontend:
             self._failed = exc
 
     async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
         try:
             await self._server.serve()
         finally:
@@ -65,6 +74,16 @@ class OpenAIFrontend:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = GRACE_S) -> None:
+        """Stop listening and close idle connections at once (uvicorn does both); let requests in
+        flight finish for up to `grace_s`, then end each with an error saying the server stopped."""
         self._server.should_exit = True
-        self._thread.join(timeout=15)
+        self._thread.join(timeout=grace_s)
+        if self._thread.is_alive() and self._loop is not None:
+            why = f"the server is shutting down: this request was cancelled after the {grace_s:g} s it " \
+                  "was given to finish"
+            try:
+                self._loop.call_soon_threadsafe(self.triton.abort, why)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+        self._thread.join(timeout=CUT_S + 5)

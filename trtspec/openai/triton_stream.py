@@ -175,6 +175,8 @@ class TritonStream:
     def __init__(self, address: str, model: str):
         self.address, self.model = address, model
         self._channel: grpc.aio.Channel | None = None
+        self._calls: set = set()  # the stream calls in flight
+        self._aborted: str | None = None  # why every request in flight was cut (see `abort`)
 
     @property
     def stub(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
@@ -197,7 +199,10 @@ class TritonStream:
         # gRPC's own async generators, which a client leaving mid-stream left unfinished, and
         # Python 3.11's clean-up of those at garbage collection failed now and then with
         # "aclose(): asynchronous generator is already running" in the server log
+        if self._aborted is not None:
+            raise TritonError(self._aborted, unavailable=True)
         call = self.stub.ModelStreamInfer()
+        self._calls.add(call)
         answered = False  # the model sent the request's last response (or its error)
         try:
             await call.write(request)
@@ -212,8 +217,22 @@ class TritonStream:
             raise TritonError("the model's stream ended before its final response", unavailable=True)
         except grpc.aio.AioRpcError as exc:
             raise TritonError(f"Triton at {self.address}: {exc.details()}", unavailable=True) from None
+        except asyncio.CancelledError:
+            # the call cancelled by `abort`, not this task (a client that went away)
+            if self._aborted is None or asyncio.current_task().cancelling():
+                raise
+            raise TritonError(self._aborted, unavailable=True) from None
         finally:
+            self._calls.discard(call)
             await _end(call, answered)
+
+    def abort(self, why: str) -> None:
+        """Cut every request in flight, and refuse new ones, with `why`: each caller gets a
+        TritonError (a streamed answer an error event, a whole one a 503), and Triton cancels the
+        requests. Call in the serving event loop."""
+        self._aborted = why
+        for call in list(self._calls):
+            call.cancel()
 
     async def close(self) -> None:
         if self._channel is not None:
