@@ -874,7 +874,13 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
     server and its models are ready."""
     import signal
 
-    from trtspec.serve import admin_key_for, model_repository, start_openai_frontend
+    from trtspec.serve import (
+        admin_key_for,
+        exit_quickly,
+        model_repository,
+        start_openai_frontend,
+        wait_for_exit,
+    )
     from trtspec.triton.server import Ports, TritonServer, check_port_free
 
     if api_key is not None and not api_key:
@@ -907,7 +913,7 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
         if generated:
             click.echo(f"Triton's admin APIs need header `admin-key: {admin_key}` (--api-key sets it)",
                        err=True)
-        code = server.wait()
+        code = wait_for_exit(server)
         raise click.ClickException(f"tritonserver exited with {code}: {server.failure()}")
     except KeyboardInterrupt:
         click.echo("stopping tritonserver", err=True)
@@ -915,6 +921,7 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
         if frontend is not None:
             frontend.stop()
         server.stop()
+        exit_quickly()
 
 
 @main.command()

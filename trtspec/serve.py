@@ -3,9 +3,11 @@ frontend."""
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import secrets
 import socket
+import time
 from pathlib import Path
 
 from trtspec.errors import ConfigError
@@ -68,3 +70,20 @@ def start_openai_frontend(server: TritonServer, port: int, api_key: str | None):
     except ConfigError as exc:
         return None, f"no OpenAI frontend: {exc}"
     return OpenAIFrontend(model, server.local_grpc_address, server.host, port, api_key).start(), None
+
+
+def wait_for_exit(server: TritonServer, poll_s: float = 0.5) -> int:
+    """Wait for the server to exit; its exit code. A signal handler's KeyboardInterrupt (Ctrl-C,
+    SIGTERM) ends the wait at once: raised inside `Popen.wait` it would first wait 0.25 s more for
+    the child to die of the same Ctrl-C (CPython's bpo-25942), which a server in its own session
+    never receives."""
+    while server.running:
+        time.sleep(poll_s)
+    return server.wait()
+
+
+def exit_quickly() -> None:
+    """Spare the interpreter's last garbage collections, once every server is stopped: with torch
+    and transformers loaded they took 0.8-1.2 s of every `trtspec serve`'s exit on a 2-core CPU
+    (0.16 s frozen). Frozen objects are only left to the process's end; atexit handlers still run."""
+    gc.freeze()
