@@ -355,13 +355,17 @@ def test_bench_counts_bfloat16_partings_at_near_ties_apart_from_mismatches():
     assert f"| 0 (+{row['greedy_near_ties']} at near-ties) |" in markdown_table(results)
 
 
-def test_sampled_bench_checks_coupled_texts_and_seeds_every_prompt(tmp_path):
+def test_sampled_bench_checks_coupled_texts_and_seeds_every_prompt(tmp_path, monkeypatch):
     """--temperature samples every method with prompt i seeded SEED + i; --coupling both runs each
     drafter twice: NAME (rejection: its texts cannot be compared one by one) and NAME+gumbel, whose
     every text must be the target alone's Gumbel-max sample (none+gumbel), trees and concurrent
-    requests included."""
+    requests included; the cost table the concurrent runs measure is measured once per drafter."""
+    # one repetition of each cost-table timing, not 15: the table's figures are not checked here,
+    # only that the run measures one per drafter
+    monkeypatch.setattr("trtspec.bench.concurrency.PROFILE_REPS", 1)
     configs = [str(REPO / "build_configs" / f"{n}.yaml") for n in ("tiny-dflash", "tiny-draft-model")]
-    result = CliRunner().invoke(main, ["bench", *configs, "--tasks", "code,chat", "--prompts", "2",
+    # one prompt per task: prompts 0 and 1 (seeds 11 and 12), each task's rows, and 2 requests in flight
+    result = CliRunner().invoke(main, ["bench", *configs, "--tasks", "code,chat", "--prompts", "1",
                                        "--max-tokens", "24", "--no-hf", "--temperature", "0.8", "--top-k",
                                        "50", "--seed", "11", "--coupling", "both", "--tree", "8,2",
                                        "--concurrency", "2", "--out", str(tmp_path)])
@@ -382,6 +386,9 @@ def test_sampled_bench_checks_coupled_texts_and_seeds_every_prompt(tmp_path):
         assert rows["draft_model+gumbel"]["tau"] > 1.0
     conc = results["concurrency"]["methods"]
     assert {"none+gumbel", "dflash+gumbel+adaptive", "draft_model+adaptive"} <= set(conc)
+    tables = results["concurrency"]["cost_tables"]  # one measurement per drafter, shared by its couplings
+    assert tables["dflash+gumbel"] == tables["dflash"] != tables["draft_model"]
+    assert tables["draft_model+gumbel"] == tables["draft_model"]
     for method, by_r in conc.items():
         row = by_r["2"]
         assert ("sampled_mismatches" in row) == ("gumbel" in method), method

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 from tritonclient.grpc import InferInput
 
@@ -26,6 +27,7 @@ from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
+from trtspec.runtime import configure_threads
 from trtspec.spec.decoder import Request
 from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.client import (
@@ -90,8 +92,14 @@ def served(tmp_path_factory, config, request):
 
 @pytest.fixture(scope="module")
 def pipeline(config):
-    """The served config's torch flavour, in this process: the reference of the served texts."""
-    return load_pipeline(config)
+    """The served config's torch flavour, in this process: the reference of the served texts, with
+    the torch threads its config chooses, as `trtspec` commands and served instances decode
+    (torch's default, a thread per core, waits at every op's barrier for a core the server or a
+    neighbour holds)."""
+    threads = torch.get_num_threads()
+    configure_threads(config)
+    yield load_pipeline(config)
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
