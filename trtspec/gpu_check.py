@@ -109,10 +109,11 @@ class Run:
 
     def write(self) -> None:
         from trtspec.bench.synthetic_report import render_markdown
+        from trtspec.files import write_text  # whole or not at all: a kill between stages leaves no half file
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         payload = self.payload()
-        _replace(self.out_dir / "gpu_check.json", json.dumps(payload, indent=1))
+        write_text(self.out_dir / "gpu_check.json", json.dumps(payload, indent=1))
         lines = [f"## gpu_check on {payload['device']} ({payload['mode']})", "",
                  f"Started {payload['started']}; python {payload['python']}, torch {payload['torch']}, "
                  f"transformers {payload['transformers']}, triton {payload['triton']}.", "",
@@ -124,14 +125,7 @@ class Run:
                          f"{r.get('detail', '')} |")
         for result in self.synthetic.values():
             lines += ["", render_markdown(result)]
-        _replace(self.out_dir / "gpu_check.md", "\n".join(lines) + "\n")
-
-
-def _replace(path: Path, text: str) -> None:
-    """Write `path` whole or not at all (a kill between stages must not leave half a file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+        write_text(self.out_dir / "gpu_check.md", "\n".join(lines) + "\n")
 
 
 # -- parity ---------------------------------------------------------------------------------------

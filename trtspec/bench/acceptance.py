@@ -7,7 +7,8 @@ describe the steps a deployment runs, not the average request. A cycle that offe
 drafts (a scheduler cut, the end of a request's budget) says nothing about position j and is left
 out of position j's figure.
 
-- `acceptance_by_position`: P(draft j accepted | offered) = (cycles that accepted j drafts or more)
+- `acceptance_by_position` (`trtspec.spec.metrics`, pooled here over every request's cycles):
+  P(draft j accepted | offered) = (cycles that accepted j drafts or more)
   / (cycles that offered draft j), the survival curve `trtspec bench` reports and plots per task.
   Until 2026-12 bench averaged each request's own curve, a position the request never offered
   counting as 0.
@@ -26,18 +27,6 @@ from pathlib import Path
 
 from trtspec.files import write_text
 from trtspec.spec.cost import ACCEPTANCE_FILE
-
-
-def acceptance_by_position(cycles: Iterable[tuple[int, int]], k: int) -> list[float | None]:
-    """P(draft j accepted | offered), j = 1..k, from (drafted, accepted) pairs, one per cycle of any
-    request; None where no cycle offered draft j."""
-    pairs = list(cycles)
-    rates = []
-    for j in range(1, k + 1):
-        offered = sum(1 for drafted, _ in pairs if drafted >= j)
-        passed = sum(1 for drafted, accepted in pairs if drafted >= j and accepted >= j)
-        rates.append(passed / offered if offered else None)
-    return rates
 
 
 def conditional_acceptance(cycles: Iterable[tuple[int, int]], k: int) -> list[float]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from trtspec.bench.acceptance import acceptance_by_position, conditional_acceptance
+from trtspec.bench.acceptance import conditional_acceptance
 from trtspec.bench.sampled import (
     COUPLED_SUFFIX,
     check_fields,
@@ -38,7 +38,7 @@ from trtspec.models.dflash_drafter import DFlashDrafter
 from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.cost import tree_budget
-from trtspec.spec.metrics import GenerationResult
+from trtspec.spec.metrics import GenerationResult, acceptance_by_position
 from trtspec.spec.near_ties import MISMATCH, NEAR_TIE, GreedyJudge
 from trtspec.spec.sampling import SamplingParams
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -48,14 +49,10 @@ class GenerationResult:
         return (len(self.token_ids) - 1) / self.decode_s if self.decode_s > 0 else 0.0
 
     def acceptance_by_position(self) -> list[float]:
-        """P(draft i accepted | offered), i = 1..k: the suffix-decay curve."""
-        rates = []
-        for i in range(self.num_draft_tokens):
-            offered = sum(1 for d in self.drafted_counts if d > i)
-            pairs = zip(self.drafted_counts, self.accept_counts, strict=True)
-            accepted = sum(1 for d, a in pairs if d > i and a > i)
-            rates.append(accepted / offered if offered else 0.0)
-        return rates
+        """P(draft i accepted | offered), i = 1..k, over this request's cycles: the suffix-decay
+        curve; 0 where it never offered draft i."""
+        cycles = zip(self.drafted_counts, self.accept_counts, strict=True)
+        return [r or 0.0 for r in acceptance_by_position(cycles, self.num_draft_tokens)]
 
     def to_dict(self) -> dict:
         return {
@@ -73,3 +70,16 @@ class GenerationResult:
             "finish_reason": self.finish_reason,
             **({} if self.seed is None else {"seed": self.seed}),
         }
+
+
+def acceptance_by_position(cycles: Iterable[tuple[int, int]], k: int) -> list[float | None]:
+    """P(draft j accepted | offered), j = 1..k, from (drafted, accepted) pairs, one per draft–verify
+    cycle (of one request, or pooled over many as `trtspec bench` does); None where no cycle
+    offered draft j."""
+    pairs = list(cycles)
+    rates = []
+    for j in range(1, k + 1):
+        offered = sum(1 for drafted, _ in pairs if drafted >= j)
+        passed = sum(1 for drafted, accepted in pairs if drafted >= j and accepted >= j)
+        rates.append(passed / offered if offered else None)
+    return rates
