@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from trtspec.cli import main
+from trtspec.provenance import source_revision
 
 from .conftest import REPO
 
@@ -193,6 +194,7 @@ def test_tree_rows_compare_each_drafter_with_its_chain(tmp_path):
     assert all(row["greedy_mismatches"] == 0 for row in rows.values())
     assert results["trees"]["dflash+tree"]["nodes"] == 8 and results["trees"]["eagle3+tree"]["topk"] == 2
     report = doc.read_text()
+    assert results["revision"] == source_revision() and f"Source: trtspec at {source_revision()}" in report
     tau = rows["dflash+tree"]["tau"] / rows["dflash"]["tau"]
     assert "## Draft trees vs chains" in report and "| dflash | N=8, K=2 | code |" in report
     assert f"{tau:.2f}×" in report

@@ -252,6 +252,8 @@ def write_report(results: dict, plots: list[Path], command: str, doc: Path) -> N
         "",
         f"Machine: {results.get('machine', 'unknown')}",
         "",
+        f"Source: trtspec at {results.get('revision') or 'an unknown revision (not a git checkout)'}",
+        "",
         markdown_table(results),
         "",
         *headline(results),

@@ -37,6 +37,7 @@ from trtspec.errors import ConfigError
 from trtspec.models.dflash_drafter import DFlashDrafter
 from trtspec.pipeline import Pipeline, load_pipeline
 from trtspec.prompts import load_prompts
+from trtspec.provenance import source_revision
 from trtspec.spec.cost import tree_budget
 from trtspec.spec.metrics import GenerationResult, acceptance_by_position
 from trtspec.spec.near_ties import MISMATCH, NEAR_TIE, GreedyJudge
@@ -282,7 +283,8 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
     machine = f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} " \
               f"({torch.get_num_threads()} threads)"
     results: dict = {"max_tokens": max_tokens, "prompts_per_task": prompts_per_task, "repeats": repeats,
-                     "machine": machine, "sampling": sampling.model_dump(exclude={"coupling"}),
+                     "machine": machine, "revision": source_revision(),
+                     "sampling": sampling.model_dump(exclude={"coupling"}),
                      "decoding": describe(sampling), "tasks": {},
                      "trees": {f"{name}+tree": {**spec["tree"].model_dump(), "sized_by": spec["sized_by"]}
                                for name, spec in trees.items()}}
