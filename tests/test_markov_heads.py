@@ -323,3 +323,27 @@ def test_a_run_saved_before_the_head_type_field_resumes(tmp_path, target):
     with pytest.raises(TrtspecError, match="markov_head_type was vanilla, this run gated"):
         resume_state(state_file, model, opt, gen, "DSpark", 5,
                      cfg.model_copy(update={"markov_head_type": "gated"}))
+
+
+def test_engine_flavour_build_serves_the_rnn_head_like_torch(tmp_path, target, random_qwen3_dir):
+    """Through `load_pipeline` (export bundle, manifest, engine loader): an RNN-head drafter's
+    engine flavour decodes token for token and cycle for cycle as its torch flavour."""
+    import yaml
+
+    from trtspec.config import ScheduleConfig, load_build_config
+    from trtspec.export.bundle import cached_export, load_manifest
+    from trtspec.pipeline import load_pipeline
+
+    save_dspark(_random_model(target, "rnn"), tmp_path / "drafter")
+    config = {"name": "rnn", "flavour": "torch", "target": {"path": str(random_qwen3_dir)},
+              "drafter": {"method": "dspark", "path": str(tmp_path / "drafter")},
+              "limits": {"max_tokens": 256}}
+    (tmp_path / "rnn.yaml").write_text(yaml.safe_dump(config))
+    config = load_build_config(tmp_path / "rnn.yaml")
+    assert load_manifest(cached_export(config))["drafter"]["markov_state_size"] == 16
+    full = ScheduleConfig(mode="full")
+    decoders = [load_pipeline(config.model_copy(update={"flavour": f})).decoder_for(1, full)
+                for f in ("torch", "engine")]
+    for ids in _prompts(1):
+        want, got = (d.generate(ids, 20) for d in decoders)
+        assert got.token_ids == want.token_ids and got.num_target_calls == want.num_target_calls
