@@ -166,27 +166,32 @@ def test_sampled_proposals_are_reproducible_and_q_is_the_corrected_law(target, m
 
 def test_tree_children_follow_their_own_path(target, model):
     """Every tree node's children are among the K best of the Markov logits recomputed along that
-    node's root path (for the RNN head: the state of that path, not of another node's)."""
-    ids = _prompts(4)[3]
-    d = _drafter(target, model, ids)
+    node's root path (for the RNN head: the state of that path, not of another node's), for each
+    of two requests drafted together."""
+    prompts = _prompts(5)[3:5]
+    d = with_slots(DSparkDrafter(model), num_slots=2)
+    for slot, ids in enumerate(prompts):
+        d.begin(slot, ids[:-1], _taps(target, torch.tensor([ids[:-1]]), model.spec.target_layer_ids)[0])
+    rows = draft_rows(*prompts)
     topk = 3
-    tree = d.propose_tree(draft_rows(ids), TreeConfig(nodes=24, topk=topk, depth=4))
-    tokens, parents, n = tree.tokens[0].tolist(), tree.parents[0].tolist(), tree.sizes[0]
-    paths = {0: []}
-    for i in range(n):
-        paths[i + 1] = paths[parents[i]] + [tokens[i]]
+    tree = d.propose_tree(rows, TreeConfig(nodes=24, topk=topk, depth=4))
     checked = 0
-    for node, path in paths.items():
-        children = [tokens[i] for i in range(n) if parents[i] == node]
-        if not children:
-            continue
-        with torch.no_grad():
-            forced = torch.tensor(path + [0])
-            drafted = d.draft_block(draft_rows(ids), len(path) + 1, lambda k, _, f=forced: f[k : k + 1])
-        best = drafted.logits[0, len(path)].topk(topk).indices.tolist()
-        assert set(children) <= set(best), (node, path, children, best)
-        checked += len(path) > 0
-    assert checked >= 2  # nodes below the root were expanded: their state mattered
+    for r in range(2):
+        tokens, parents, n = tree.tokens[r].tolist(), tree.parents[r].tolist(), tree.sizes[r]
+        paths = {0: []}
+        for i in range(n):
+            paths[i + 1] = paths[parents[i]] + [tokens[i]]
+        for node, path in paths.items():
+            children = [tokens[i] for i in range(n) if parents[i] == node]
+            if not children:
+                continue
+            with torch.no_grad():
+                forced = torch.tensor(path + [0])
+                drafted = d.draft_block(rows[r : r + 1], len(path) + 1, lambda k, _, f=forced: f[k : k + 1])
+            best = drafted.logits[0, len(path)].topk(topk).indices.tolist()
+            assert set(children) <= set(best), (r, node, path, children, best)
+            checked += len(path) > 0
+    assert checked >= 4  # nodes below the roots were expanded: their state mattered
 
 
 def test_training_steps_lower_the_loss_and_reach_every_head_tensor(target, model):
