@@ -140,6 +140,10 @@ def test_greedy_chain_and_tree_decoding_equal_the_target_alone(tmp_path, target,
         assert chain.generate(ids, 30).token_ids == want
         assert tree.generate(ids, 30).token_ids == want
     assert tree.offered_drafts > tree.num_cycles  # trees, not chains of one
+    # sampled and seeded through the same loop: the same seed repeats the text, another moves it
+    sampled = [chain.generate(_prompts(1)[0], 30, SAMPLED.model_copy(update={"seed": s})).token_ids
+               for s in (3, 3, 4)]
+    assert sampled[0] == sampled[1] != sampled[2]
 
 
 def _drafter(target, model, ids) -> DSparkDrafter:
