@@ -262,7 +262,7 @@ def test_spellings_that_disagree_are_refused(tmp_path, target):
         (lambda c: c.update(num_target_layers=5), "num_target_layers is 5 but the target has 3"),
         (lambda c: c.update(target_layer_ids=[0, 3]), r"target_layer_ids \[0, 3\] has \[3\]"),
         (lambda c: c.update(mask_token_id=264), "mask_token_id 264 is outside"),
-        (lambda c: c.update(markov_head_type="gated"), "markov_head_type is 'gated'"),
+        (lambda c: c.update(markov_head_type="gated"), "needs tensor markov_head.gate_proj.weight, absent"),
         (lambda c: c.update(architectures=["DFlashDraftModel"]), "architectures is"),
         (lambda c: c.pop("markov_rank"), "missing DSpark field 'markov_rank'"),
         (lambda c: c.update(mask_token_id=None), "mask_token_id must be an integer, got None"),

@@ -305,6 +305,32 @@ def test_convert_dspark_normalises_every_spelling(tmp_path, spelling):
     assert "markov_head.markov_w1.weight" in load_file(str(tmp_path / "dst/model.safetensors"))
 
 
+@pytest.mark.parametrize("head_type, tensors", [("gated", ["gate_proj.weight", "gate_proj.bias"]),
+                                                 ("rnn", ["joint_proj.weight", "joint_proj.bias"])])
+def test_convert_dspark_gated_and_rnn_heads_name_their_type_for_every_reader(tmp_path, head_type, tensors):
+    """DeepSpec's gated / RNN heads: the type under dspark_markov_head_type (llm_args, DeepSeek-V4),
+    plain markov_head_type (modeling_dspark_qwen3) and dflash_config.markov_head_type (the
+    DFlash-path reader, which refuses non-vanilla heads instead of building a vanilla one); the
+    head's tensors copied; without them, or with an unknown type, the conversion is refused."""
+    config = {"model_type": "qwen3", "target_layer_ids": [1], "mask_token_id": 3, "block_size": 7,
+              "markov_rank": 4, "markov_head_type": head_type}
+    head = ["markov_head.markov_w1.weight", "markov_head.markov_w2.weight"]
+    src = _drafter(tmp_path / "src", config, _BACKBONE + head + [f"markov_head.{t}" for t in tensors])
+    convert_drafter(src, tmp_path / "dst", "dspark", max_draft_len=7)
+    out = json.loads((tmp_path / "dst/config.json").read_text())
+    assert out["dspark_markov_head_type"] == out["markov_head_type"] == head_type
+    assert out["dflash_config"]["markov_head_type"] == head_type
+    assert {f"markov_head.{t}" for t in tensors} <= set(load_file(str(tmp_path / "dst/model.safetensors")))
+    src = _drafter(tmp_path / "bare", config, _BACKBONE + head)
+    missing = f"'{head_type}' but the weights have no markov_head.{tensors[0]}"
+    with pytest.raises(CheckpointError, match=missing):
+        convert_drafter(src, tmp_path / "bare-out", "dspark")
+    assert not (tmp_path / "bare-out").exists()
+    src = _drafter(tmp_path / "fir", {**config, "markov_head_type": "fir"}, _BACKBONE + head)
+    with pytest.raises(CheckpointError, match="markov_head_type is 'fir'; DeepSpec and TensorRT-LLM know"):
+        convert_drafter(src, tmp_path / "fir-out", "dspark")
+
+
 def test_convert_dspark_refuses_disabled_markov_head_and_length_mismatch(tmp_path):
     base = {
         "model_type": "qwen3",

@@ -380,6 +380,10 @@ def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_s
 @click.option("--target-layer-ids", default=None, help="Comma-separated taps; default z-lab's spread.")
 @click.option("--markov-rank", default=256, show_default=True, type=int,
               help="Markov head rank r (>= 0); 0 = none.")
+@click.option("--markov-head-type", default="vanilla", show_default=True,
+              type=click.Choice(["vanilla", "gated", "rnn"]),
+              help="DeepSpec Markov head: vanilla, gated (by the backbone state) or rnn "
+                   "(a state over the block).")
 @click.option("--epochs", default=4.0, show_default=True, type=float, help="Passes over the data (> 0).")
 @click.option("--max-steps", default=None, type=int, help="Stop after this many steps (>= 1; a short run).")
 @click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate (> 0).")
@@ -388,7 +392,7 @@ def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_s
 @click.option("--mask-token-id", default=None, type=int, help="Mask id if the target config has none.")
 @run_errors
 def train_dspark_cmd(target_dir, prompts_path, out_dir, block_size, layers, target_layer_ids, markov_rank,
-                     epochs, max_steps, lr, response_tokens, mask_token_id) -> None:
+                     markov_head_type, epochs, max_steps, lr, response_tokens, mask_token_id) -> None:
     """Distil a DSpark drafter (Markov + confidence heads) from a target's regenerated responses."""
     from trtspec.train.dspark import DSparkTrainConfig, train_dspark
 
@@ -396,7 +400,8 @@ def train_dspark_cmd(target_dir, prompts_path, out_dir, block_size, layers, targ
     load_prompts_arg(prompts_path)
     ids = _int_list(target_layer_ids, "--target-layer-ids", low=0) if target_layer_ids else None
     cfg = options_model(DSparkTrainConfig, {"num_layers": "--layers"}, block_size=block_size,
-                        num_layers=layers, target_layer_ids=ids, markov_rank=markov_rank, epochs=epochs,
+                        num_layers=layers, target_layer_ids=ids, markov_rank=markov_rank,
+                        markov_head_type=markov_head_type, epochs=epochs,
                         max_steps=max_steps, lr=lr, response_tokens=response_tokens)
     report = train_dspark(target_dir, prompts_path, out_dir, cfg, mask_token_id)
     click.echo(json.dumps(report["history"][-1]))

@@ -6,7 +6,8 @@ at its own positions) and written into per-slot context arrays [num_slots, kvh, 
 each proposal is ONE block-graph run over `[anchor, MASK × (B−1)]` for every row, with the rows'
 contexts gathered to [R, kvh, C, d] and `ctx_lens` [R] telling the `kv_injection_attention`
 plugin how much of each is real. DSpark then walks its heads graph slot by slot for all rows
-(x_k feeds the Markov head of slot k+1), as `DSparkDrafter` does with the torch heads.
+(x_k feeds the Markov head of slot k+1; an RNN head's state s_k goes in and out with it), as
+`DSparkDrafter` does with the torch heads.
 
 Trees come from the same one block-graph run (`propose_tree`, `trtspec.spec.tree`): DFlash's per-slot
 marginals; DSpark's heads graph re-run on each expanded node's token ([R, F] rows at once).
@@ -90,25 +91,41 @@ class EngineDSparkDrafter(MarkovProposer, EngineDFlashDrafter):
 
     def __init__(self, context: GraphSession, block: GraphSession, heads: GraphSession,
                  tap_layer_ids: tuple[int, ...], block_size: int, mask_token_id: int, num_layers: int,
-                 num_draft_tokens: int, sts_temperatures: torch.Tensor | None, has_confidence: bool = True):
+                 num_draft_tokens: int, sts_temperatures: torch.Tensor | None, has_confidence: bool = True,
+                 markov_state_size: int = 0):
         super().__init__(context, block, tap_layer_ids, block_size, mask_token_id, num_layers,
                          num_draft_tokens)
         self.heads = heads
+        self.markov_state_size = markov_state_size  # r of an RNN Markov head (its state), else 0
         self.sts_temperatures = sts_temperatures  # [γ] or None
         self.has_confidence = has_confidence  # the bundle's: the checkpoint had a confidence head
+
+    def _run_heads(self, base: np.ndarray, hidden: np.ndarray, prev: np.ndarray, state: np.ndarray | None):
+        """The heads graph on n slots per row.  base [R, n, V]; hidden [R, n, H]; prev [R, n] int64;
+        state [R, n, r] | None (an RNN head's s_{k−1}; None: zeros)
+        -> (logits [R, n, V], confidence logits [R, n] | None, state after the slot | None)"""
+        feeds = {"base_logits": np.ascontiguousarray(base), "hidden": np.ascontiguousarray(hidden),
+                 "prev_tokens": np.ascontiguousarray(prev, dtype=np.int64)}
+        if self.markov_state_size:
+            feeds["markov_state"] = np.ascontiguousarray(state) if state is not None else \
+                np.zeros((*prev.shape, self.markov_state_size), dtype=hidden.dtype)
+        step = self.heads.run(feeds)
+        conf = step.get("confidence_logits")
+        return (torch.from_numpy(step["logits"]), None if conf is None else torch.from_numpy(conf),
+                step.get("markov_state_out"))
 
     def draft_block(self, rows: list[DraftRow], k: int, choose: ChooseToken) -> DraftBlock:
         """Slot 0 of the block already predicts x_1 (the anchor is the first prediction position)."""
         out = self.run_block(rows)
         hidden, base = out["hidden"][:, :k], out["base_logits"][:, :k]  # [R, k, H], [R, k, V]
         prev = torch.tensor([row.committed[-1] for row in rows])
-        tokens, logits, conf = [], [], []
+        tokens, logits, conf, state = [], [], [], None
         for j in range(k):
-            step = self.heads.run({"base_logits": base[:, j : j + 1], "hidden": hidden[:, j : j + 1],
-                                   "prev_tokens": prev.numpy()[:, None]})
-            logits.append(torch.from_numpy(step["logits"][:, 0]))  # [R, V]
-            if "confidence_logits" in step:
-                conf.append(torch.from_numpy(step["confidence_logits"]))  # [R, 1]
+            step, c, state = self._run_heads(base[:, j : j + 1], hidden[:, j : j + 1], prev.numpy()[:, None],
+                                             state)
+            logits.append(step[:, 0])  # [R, V]
+            if c is not None:
+                conf.append(c)  # [R, 1]
             prev = choose(j, logits[-1])
             tokens.append(prev)
         return DraftBlock(tokens=torch.stack(tokens, 1), logits=torch.stack(logits, 1),
@@ -122,11 +139,11 @@ class EngineDSparkDrafter(MarkovProposer, EngineDFlashDrafter):
         out = self.run_block(rows)
         hidden, base = out["hidden"][:, :depth], out["base_logits"][:, :depth]  # [R, D, H], [R, D, V]
 
-        def heads(d: int, prev: torch.Tensor):
+        def heads(d: int, prev: torch.Tensor, state):
             f = prev.shape[1]
-            step = self.heads.run({"base_logits": np.ascontiguousarray(np.repeat(base[:, d : d + 1], f, 1)),
-                                   "hidden": np.ascontiguousarray(np.repeat(hidden[:, d : d + 1], f, 1)),
-                                   "prev_tokens": prev.to(torch.int64).numpy()})
-            conf = step.get("confidence_logits")
-            return torch.from_numpy(step["logits"]), None if conf is None else torch.from_numpy(conf)
+            logits, conf, state = self._run_heads(np.repeat(base[:, d : d + 1], f, 1),
+                                                  np.repeat(hidden[:, d : d + 1], f, 1),
+                                                  prev.to(torch.int64).cpu().numpy(),
+                                                  None if state is None else np.asarray(state))
+            return logits, conf, None if state is None else torch.from_numpy(state)
         return heads

@@ -85,5 +85,6 @@ def load_engine_models(config: BuildConfig, use_drafter: bool = True, folder: Pa
         drafter = EngineDSparkDrafter(session("dspark_context"), session("dspark_block"),
                                       session("dspark_heads"), taps, *shape,
                                       None if sts is None else torch.tensor(sts),
-                                      bool(info.get("has_confidence", True)))
+                                      bool(info.get("has_confidence", True)),
+                                      int(info.get("markov_state_size", 0)))
     return target, drafter, verifier

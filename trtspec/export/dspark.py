@@ -6,10 +6,12 @@ block graph (one forward per proposal; DSpark's own embed_tokens/lm_head copies)
     outputs  hidden [b, γ, H] (final-normed h_1..h_γ), base_logits [b, γ, V] (U_k = lm_head(h_k)),
              both in the graph's precision
 heads graph (run once per drafted slot, left to right, because x_k feeds slot k+1):
-    inputs   base_logits [b, n, V], hidden [b, n, H], prev_tokens [b, n] int64 (x_{k−1})
-    outputs  logits [b, n, V] = U_k + W2(W1[x_{k−1}]) (the Markov head),
-             confidence_logits [b, n] = proj([h_k ; W1[x_{k−1}]]) (only with a confidence head),
-             both float32
+    inputs   base_logits [b, n, V], hidden [b, n, H], prev_tokens [b, n] int64 (x_{k−1}),
+             markov_state [b, n, r] (s_{k−1}; only for markov_head_type rnn, zeros at slot 1)
+    outputs  logits [b, n, V] = U_k + B_k (the Markov head of `trtspec.models.markov`: vanilla,
+             gated or rnn), confidence_logits [b, n] = proj([h_k ; W1[x_{k−1}]]) (only with a
+             confidence head), both float32; markov_state_out [b, n, r] (s_k; rnn only, in the
+             graph's precision)
 """
 
 from __future__ import annotations
@@ -42,13 +44,30 @@ def export_dspark_heads(model: DSparkDraftModel, precision: str = "float32") -> 
     hidden = g.input("hidden", g.float_type, ["batch", "n", hidden_size])
     prev = g.input("prev_tokens", INT64, ["batch", "n"])
     with torch.no_grad():
-        logits, markov_embed = base, None
-        if model.markov_head is not None:
-            w1 = g.weight(model.markov_head.markov_w1.weight, "markov_head.markov_w1.weight")
+        logits, markov_embed, state_out = base, None, None
+        head = model.markov_head
+        if head is not None:
+            w1 = g.weight(head.markov_w1.weight, "markov_head.markov_w1.weight")
             markov_embed = g.op("Gather", w1, prev, axis=0)  # [b, n, r]
-            logits = g.op("Add", base, linear(g, markov_embed, model.markov_head.markov_w2,
-                                              "markov_head.markov_w2"))
+            latent = markov_embed  # what W2 projects: [b, n, r]
+            if head.head_type == "gated":
+                gate = linear(g, g.op("Concat", hidden, markov_embed, axis=-1), head.gate_proj,
+                              "markov_head.gate_proj")
+                latent = g.op("Mul", g.op("Sigmoid", gate), markov_embed)
+            elif head.head_type == "rnn":
+                rank = head.markov_w1.embedding_dim
+                state = g.input("markov_state", g.float_type, ["batch", "n", rank])
+                joint = linear(g, g.op("Concat", state, markov_embed, hidden, axis=-1), head.joint_proj,
+                               "markov_head.joint_proj")  # [b, n, 3r]: gate, candidate, output
+                gate, candidate, out = g.op("Split", joint, g.const([rank, rank, rank]), axis=-1, n_out=3)
+                keep, renew = g.op("Sigmoid", gate), g.op("Sigmoid", g.op("Neg", gate))  # σ(g), 1 − σ(g)
+                state_out = g.op("Add", g.op("Mul", keep, state), g.op("Mul", renew, g.op("Tanh", candidate)))
+                latent = g.op("Tanh", out)
+            logits = g.op("Add", base, linear(g, latent, head.markov_w2, "markov_head.markov_w2"))
         g.output(g.to_float32(logits), "logits", FLOAT, ["batch", "n", vocab])
+        if state_out is not None:
+            rank = head.markov_w1.embedding_dim
+            g.output(state_out, "markov_state_out", g.float_type, ["batch", "n", rank])
         if model.confidence_head is not None:
             features = hidden
             if model.spec.confidence_head_with_markov:

@@ -4,9 +4,10 @@
   taps, KV injection in every layer, one pass per block), with the anchor as the FIRST
   prediction position: the block `[x_0 = anchor, MASK × (γ−1)]` at positions a..a+γ−1 gives γ
   hidden states h_1..h_γ and base logits `U_k = lm_head(h_k)`, where slot k predicts x_{a+k}.
-- Markov head (DeepSpec `VanillaMarkov`): `p_k(v) ∝ exp(U_k(v) + W2(W1[x_{k−1}])(v))`,
-  `W1 = markov_w1: Embedding(V, r)`, `W2 = markov_w2: Linear(r, V, no bias)`; sampled left to
-  right from x_0 = the anchor, so each draft sees the one drafted before it.
+- Markov head (DeepSpec `markov_head_type`, `trtspec.models.markov`): `p_k(v) ∝ exp(U_k(v) + B_k(v))`
+  with B_k from x_{k−1} (vanilla: `W2(W1[x_{k−1}])`; gated: W1[x_{k−1}] gated by h_k; rnn: a
+  recurrent state over x_0..x_{k−1}); sampled left to right from x_0 = the anchor, so each draft
+  sees the one drafted before it.
 - Confidence head (DeepSpec `AcceptRatePredictor`): `c_k = σ(proj([h_k ; W1[x_{k−1}]]))`, the
   probability that slot k is accepted given slots < k were.
 
@@ -14,7 +15,8 @@ DeepSpec's model carries its own copies of the target's `embed_tokens` and `lm_h
 initialisation and frozen), so they are part of the checkpoint. State-dict names (no `model.`
 prefix, as DeepSpec's `save_pretrained` writes them): the DFlash names (`fc`, `hidden_norm`,
 `layers.{i}.*`, `norm`) plus `embed_tokens`, `lm_head`, `markov_head.markov_w1`,
-`markov_head.markov_w2`, `confidence_head.proj.{weight,bias}`. Config fields (DeepSpec
+`markov_head.markov_w2` (+ `markov_head.gate_proj.*` for gated, `markov_head.joint_proj.*` for rnn),
+`confidence_head.proj.{weight,bias}`. Config fields (DeepSpec
 `build_draft_config`): `architectures: ["Qwen3DSparkModel"]`, `block_size`, `mask_token_id`,
 `target_layer_ids`, `num_target_layers`, `num_anchors`, `markov_rank`, `markov_head_type`,
 `enable_confidence_head`, `confidence_head_with_markov`, plus the target's Qwen3 fields.
@@ -46,10 +48,11 @@ from trtspec.models.checkpoint import (
     write_checkpoint,
 )
 from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, check_block_drafter_fits
+from trtspec.models.markov import MARKOV_HEAD_TENSORS, MARKOV_HEADS, MarkovState
 from trtspec.trtllm.fields import DSPARK_DRAFT_KEYS
 
 ARCHITECTURE = "Qwen3DSparkModel"
-MARKOV_HEAD_TYPES = ("vanilla",)  # DeepSpec also has "gated" and "rnn"; not implemented here
+MARKOV_HEAD_TYPES = tuple(MARKOV_HEADS)  # DeepSpec's build_markov_head: vanilla, gated, rnn
 DSPARK_FIELDS = ("block_size", "mask_token_id", "target_layer_ids", "num_target_layers", "num_anchors",
                  "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
 
@@ -114,19 +117,6 @@ class DSparkSpec(DFlashSpec):
         return spec
 
 
-class MarkovHead(nn.Module):
-    """B(x, ·) = W2(W1[x]): a rank-r bigram correction of the parallel logits."""
-
-    def __init__(self, vocab_size: int, rank: int):
-        super().__init__()
-        self.markov_w1 = nn.Embedding(vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
-
-    def forward(self, prev_tokens: torch.Tensor) -> torch.Tensor:
-        """prev_tokens [...] -> bias [..., V]"""
-        return self.markov_w2(self.markov_w1(prev_tokens))
-
-
 class ConfidenceHead(nn.Module):
     """c_k logit = wᵀ[h_k ; W1[x_{k−1}]] + b (DeepSpec `AcceptRatePredictor`)."""
 
@@ -157,17 +147,26 @@ class DSparkDraftModel(DFlashDraftModel):
         hidden, vocab = config.hidden_size, config.vocab_size
         self.embed_tokens = nn.Embedding(vocab, hidden)
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
-        self.markov_head = MarkovHead(vocab, spec.markov_rank) if spec.markov_rank > 0 else None
+        self.markov_head = None
+        if spec.markov_rank > 0:
+            self.markov_head = MARKOV_HEADS[spec.markov_head_type](vocab, spec.markov_rank, hidden)
         self.confidence_head = None
         if spec.enable_confidence_head:
             extra = spec.markov_rank if spec.confidence_head_with_markov else 0
             self.confidence_head = ConfidenceHead(hidden + extra)
 
-    def markov_logits(self, base_logits: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
-        """U_k + B(x_{k−1}, ·).  base_logits [..., V]; prev_tokens [...] -> [..., V]"""
+    def markov_state(self, shape: tuple[int, ...], like: torch.Tensor) -> MarkovState:
+        """The Markov head's state before slot 1 for `shape` paths (None: a memoryless head)."""
+        return None if self.markov_head is None else self.markov_head.initial_state(shape, like)
+
+    def markov_logits(self, base_logits: torch.Tensor, prev_tokens: torch.Tensor, hidden: torch.Tensor,
+                      state: MarkovState = None) -> tuple[torch.Tensor, MarkovState]:
+        """One slot: U_k + B_k and the head's state after it.  base_logits [..., V]; prev_tokens [...];
+        hidden [..., H] (h_k); state [..., r] | None -> ([..., V], state)"""
         if self.markov_head is None:
-            return base_logits
-        return base_logits + self.markov_head(prev_tokens).to(base_logits.dtype)
+            return base_logits, None
+        bias, state = self.markov_head.step(prev_tokens, hidden, state)
+        return base_logits + bias.to(base_logits.dtype), state
 
     def confidence_logits(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor | None:
         """Logit of c_k.  hidden [..., H]; prev_tokens [...] -> [...] (float32), None without a head."""
@@ -181,7 +180,9 @@ class DSparkDraftModel(DFlashDraftModel):
     def teacher_forced(self, hidden: torch.Tensor, prev_tokens: torch.Tensor):
         """Training view: every slot sees the true x_{k−1}.
         hidden [..., γ, H]; prev_tokens [..., γ] -> (logits [..., γ, V], confidence logits [..., γ] | None)"""
-        logits = self.markov_logits(self.lm_head(hidden), prev_tokens)
+        logits = self.lm_head(hidden)
+        if self.markov_head is not None:
+            logits = logits + self.markov_head.teacher_forced(prev_tokens, hidden).to(logits.dtype)
         return logits, self.confidence_logits(hidden, prev_tokens)
 
     def decode_block(self, hidden: torch.Tensor, anchor: torch.Tensor, choose: ChooseToken) -> DraftBlock:
@@ -189,8 +190,9 @@ class DSparkDraftModel(DFlashDraftModel):
         `choose` picked for the slot before.  hidden [b, k, H]; anchor [b] -> DraftBlock"""
         base = self.lm_head(hidden)  # [b, k, V]; one parallel product, then k cheap r×V steps
         prev, tokens, logits, prevs = anchor, [], [], []
+        state = self.markov_state(anchor.shape, hidden)  # [b, r] | None
         for k in range(hidden.shape[1]):
-            step = self.markov_logits(base[:, k], prev)  # [b, V]
+            step, state = self.markov_logits(base[:, k], prev, hidden[:, k], state)  # [b, V]
             prevs.append(prev)
             prev = choose(k, step)
             tokens.append(prev)
@@ -250,6 +252,29 @@ def _check_spec(spec: DSparkSpec, where: str) -> None:
         raise CheckpointError(f"{where}: confidence_head_with_markov is true but markov_rank is 0")
 
 
+def _check_markov_tensors(spec: DSparkSpec, state: dict, path: Path, config_file: Path) -> None:
+    """The Markov head's tensors agree with markov_head_type: a gated or RNN checkpoint read as
+    another type would otherwise fail as an anonymous layout mismatch (or, read as vanilla
+    with the extra tensors ignored, draft from a different distribution than it was trained on)."""
+    if spec.markov_rank == 0:
+        return
+    declared = spec.markov_head_type
+    for head_type, names in MARKOV_HEAD_TENSORS.items():
+        present = [f"markov_head.{n}" for n in names if f"markov_head.{n}" in state]
+        if head_type == declared:
+            missing = [f"markov_head.{n}" for n in names if f"markov_head.{n}" not in state]
+            if missing:
+                raise CheckpointError(
+                    f"{path}: {config_file.name} declares markov_head_type {declared!r}, whose head "
+                    f"needs tensor {missing[0]}, absent from the weights"
+                )
+        elif present and not set(names) <= set(MARKOV_HEAD_TENSORS[declared]):
+            raise CheckpointError(
+                f"{path}: the weights hold {present[0]} of a {head_type!r} Markov head but "
+                f"{config_file.name} declares markov_head_type {declared!r}; fix one of them"
+            )
+
+
 def load_dspark(path: Path, target_config=None, dtype=torch.float32) -> DSparkDraftModel:
     """Load a DSpark checkpoint (DeepSpec layout); with `target_config`, refuse one that does not fit."""
     config_file, raw, weights = read_checkpoint(path, "a DSpark")
@@ -266,6 +291,7 @@ def load_dspark(path: Path, target_config=None, dtype=torch.float32) -> DSparkDr
         check_dspark_fits(spec, config, target_config, str(config_file))
     model = DSparkDraftModel(config, spec)
     state = {k.removeprefix("_orig_mod.").removeprefix("model."): v for k, v in load_weights(weights).items()}
+    _check_markov_tensors(spec, state, path, config_file)
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # a shape differs from what config.json implies

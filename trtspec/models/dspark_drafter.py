@@ -9,8 +9,9 @@ proposal carries the confidences c_1..c_k, divided by the stored STS temperature
 checkpoint has an `sts.json`.
 
 A tree (`propose_tree`) uses the same one backbone forward; each expanded node's children are
-re-scored by the Markov head on that node's token, and their scores are path survivals: the
-node's confidence c (given its parent token) times q(x) / max q (`trtspec.spec.tree`).
+re-scored by the Markov head on that node's token (the RNN head continuing the state of that node's
+own path), and their scores are path survivals: the node's confidence c (given its parent token)
+times q(x) / max q (`trtspec.spec.tree`).
 """
 
 from __future__ import annotations
@@ -41,16 +42,26 @@ class MarkovProposer(Drafter):
 
     def tree_heads(self, rows: list[DraftRow], depth: int):
         """(Markov logits, confidence logits | None) of slot d for given previous tokens: a function
-        (d, prev [R, F]) -> ([R, F, V], [R, F] | None), after one backbone forward for all rows."""
+        (d, prev [R, F], state [R, F, r] | None) -> ([R, F, V], [R, F] | None, state after slot d),
+        after one backbone forward for all rows; state None at d = 0 is the head's initial one."""
         raise NotImplementedError
 
     def propose_tree(self, rows, tree):
         depth = self.tree_depth(tree)
         heads = self.tree_heads(rows, depth)
         params = [row.sampling for row in rows]
+        # the RNN head's state after each node of the last expanded frontier [R, F, r] (a node's
+        # children continue its path's state); None for the memoryless heads
+        states: list = [None]
 
-        def survival_scores(d: int, prev: torch.Tensor) -> torch.Tensor:  # children of prev at slot d
-            logits, conf = heads(d, prev)
+        def survival_scores(d: int, prev: torch.Tensor, parent: torch.Tensor | None = None) -> torch.Tensor:
+            """Children of the frontier `prev` [R, F] at slot d; parent [R, F]: each node's index in
+            the frontier expanded before (−1: the root)."""
+            state = states[0]
+            if state is not None and parent is not None:
+                at = parent.clamp(min=0).to(state.device)[..., None].expand(-1, -1, state.shape[-1])
+                state = state.gather(1, at)  # [R, F, r]
+            logits, conf, states[0] = heads(d, prev, state)
             logq = log_scores(logits, params, draft_positions(rows, d))  # [R, F, V]
             if conf is None:
                 return logq
@@ -60,8 +71,7 @@ class MarkovProposer(Drafter):
 
         anchors = torch.tensor([[row.committed[-1]] for row in rows], device=self.device)
         first = survival_scores(0, anchors)[:, 0]
-        return grow_tree(first, lambda d, frontier, _: survival_scores(d, frontier), tree.topk, tree.nodes,
-                         depth)
+        return grow_tree(first, survival_scores, tree.topk, tree.nodes, depth)
 
     def draft_block(self, rows: list[DraftRow], k: int, choose: ChooseToken) -> DraftBlock:
         raise NotImplementedError
@@ -104,9 +114,12 @@ class DSparkDrafter(MarkovProposer, DFlashDrafter):
         hidden = self.backbone_hidden(rows, depth)  # [R, D, H]
         base = self.model.lm_head(hidden)  # [R, D, V]
 
-        def heads(d: int, prev: torch.Tensor):
+        def heads(d: int, prev: torch.Tensor, state):
             h = hidden[:, d, None].expand(-1, prev.shape[1], -1)  # [R, F, H]
-            return self.model.markov_logits(base[:, d, None], prev), self.model.confidence_logits(h, prev)
+            if state is None:
+                state = self.model.markov_state(prev.shape, hidden)
+            logits, state = self.model.markov_logits(base[:, d, None], prev, h, state)
+            return logits, self.model.confidence_logits(h, prev), state
         return heads
 
     def backbone_hidden(self, rows: list[DraftRow], k: int) -> torch.Tensor:

@@ -19,7 +19,8 @@ What a drafter supplies is `expand`, the children's log-scores of a frontier:
 - DFlash: ONE block forward gives per-slot marginals q_d, so a depth-d node's children score
   log q_{d+1} whatever the parent (the block is drafted once, then only re-ranked);
 - DSpark: its Markov head conditions slot d + 1 on the token before it, so each frontier node's
-  children are re-scored by the cheap head on that node's token, U_{d+1} + B(x_node, ·), and its
+  children are re-scored by the cheap head on that node's token, U_{d+1} + B(x_node, ·) (an RNN
+  head continuing the state of the node's own root path, via `Expand`'s parent index), and its
   confidence c_{d+1} (σ of [h_{d+1}; W1[x_node]], the probability that slot d + 1 survives given
   its prefix did) turns q into a path-survival score: log min(1, c · q(x) / max q);
 - EAGLE-3 and draft models: one forward per depth over every row's frontier, in tree attention.

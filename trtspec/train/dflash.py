@@ -197,7 +197,11 @@ def resume_state(state_file: Path, model, opt, gen: torch.Generator, what: str, 
         raise TrtspecError(f"{state_file} is not a checkpoint of this {what} recipe ({first}): resume with "
                            f"the method and options that wrote it, or give a new --out") from None
     saved, recipe = state.get("recipe"), resumable_recipe(cfg)
-    if saved is not None and saved != recipe:  # checkpoints before the recipe was saved: not checked
+    if saved is not None:  # checkpoints before the recipe was saved: not checked
+        # a field added since the checkpoint was written ran at its default then
+        defaults = resumable_recipe(type(cfg).model_construct())
+        saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
+    if saved is not None and saved != recipe:
         differ = "; ".join(f"{k} was {saved.get(k)}, this run {value}" for k, value in recipe.items()
                            if saved.get(k) != value)
         raise TrtspecError(f"{state_file} was trained with another {what} recipe ({differ}): resume with "

@@ -9,9 +9,10 @@ output at position a+k−1 — exactly the block's own positions.
 
 Loss (DeepSpec `compute_dspark_loss`), each term a weighted mean with `w_k = exp(−(k−1)/γ_d)`:
   0.1·CE(p_k, x_{a+k}) + 0.9·TV(p_k, p_t) + 1.0·BCE(c_k, c*_k),  c*_k = 1 − ½‖p_k − p_t‖₁ (detached)
-with the Markov input teacher-forced (x_{k−1} = the target's own token). DeepSpec's `l1_loss`
-is the unhalved ‖p_k − p_t‖₁; this recipe uses TV = ½‖·‖₁ as the DSpark paper writes it (set
-`tv_alpha=1.8` to reproduce DeepSpec's weighting exactly).
+with the Markov input teacher-forced (x_{k−1} = the target's own token; the RNN head's state
+unrolled over the block on those tokens, as DeepSpec's `RNNHead.apply_block_logits` does).
+DeepSpec's `l1_loss` is the unhalved ‖p_k − p_t‖₁; this recipe uses TV = ½‖·‖₁ as the DSpark
+paper writes it (set `tv_alpha=1.8` to reproduce DeepSpec's weighting exactly).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +60,9 @@ class DSparkTrainConfig(BaseModel):
     num_layers: int = Field(2, ge=1, description="drafter decoder layers")
     target_layer_ids: list[int] | None = Field(None, description="taps; default: z-lab's spread")
     markov_rank: int = Field(256, ge=0, description="r of the Markov head W1: V×r, W2: r×V; 0 = none")
+    markov_head_type: Literal["vanilla", "gated", "rnn"] = Field(
+        "vanilla", description="DeepSpec's Markov head: vanilla (bias from x_{k−1}), gated (W1[x_{k−1}] "
+        "gated by h_k) or rnn (a recurrent state over the block's prefix); trtspec.models.markov")
     response_tokens: int = Field(192, ge=8, description="tokens the target regenerates per prompt")
     anchors_per_seq: int = Field(32, ge=1, description="blocks trained per sequence per step")
     batch_size: int = Field(8, ge=1, description="sequences per step")
@@ -141,7 +146,8 @@ def new_dspark(target, mask_token_id: int, cfg: DSparkTrainConfig) -> DSparkDraf
     tc = target.config
     layer_ids = cfg.target_layer_ids or build_target_layer_ids(tc.num_hidden_layers, cfg.num_layers)
     spec = DSparkSpec(cfg.block_size, mask_token_id, layer_ids, tc.num_hidden_layers,
-                      markov_rank=cfg.markov_rank, enable_confidence_head=cfg.confidence_alpha > 0,
+                      markov_rank=cfg.markov_rank, markov_head_type=cfg.markov_head_type,
+                      enable_confidence_head=cfg.confidence_alpha > 0,
                       confidence_head_with_markov=cfg.confidence_alpha > 0 and cfg.markov_rank > 0,
                       num_anchors=cfg.anchors_per_seq)
     fields = {k: v for k, v in tc.to_dict().items() if k not in ("layer_types", "max_window_layers")}

@@ -24,6 +24,16 @@ DSpark (DeepSeek DeepSpec standalone drafters):
   max_draft_len, so the deployment's draft length is checked against it).
 - weights: backbone as DFlash; Markov / confidence head tensors are copied unchanged (their names
   follow DeepSpec, which TensorRT-LLM ports; not renamed because no rename is documented).
+- `markov_head_type` gated / rnn (DeepSpec `GatedMarkovHead` / `RNNHead`): TensorRT-LLM reads the
+  head type in three places that do not agree on what they accept (fields.py): its LLM-API field
+  and the DeepSeek-V4 DSpark read `dspark_markov_head_type` (vanilla, gated, rnn), the standalone
+  Qwen3 drafter `modeling_dspark_qwen3.py` reads plain `markov_head_type` (all three), the
+  DFlash-path DSpark reader `dflash_config.markov_head_type` (vanilla only: it raises on the others).
+  A gated / RNN checkpoint gets the type under all three, so each reader either builds that head
+  or refuses the checkpoint at load; under one spelling alone the others would build a vanilla
+  head and draw drafts from another law than the one trained (or fail on the extra tensors). Its
+  `markov_head.gate_proj.*` / `joint_proj.*` must be present (TensorRT-LLM's `heads.py` port keeps
+  DeepSpec's names).
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from safetensors.torch import load_file, save_file
 from trtspec.errors import CheckpointError
 from trtspec.models.dflash import dflash_block_size
 from trtspec.models.dspark import dspark_fields
+from trtspec.models.markov import MARKOV_HEAD_TENSORS
 from trtspec.trtllm.fields import DSPARK_DRAFT_KEYS
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -122,6 +133,18 @@ def _dspark_config(raw: dict, where: Path, notes: list[str]) -> dict:
     }
     config["block_size"] = int(values["block_size"])
     notes.append("wrote DSpark fields as top-level dspark_* (mirrored in dflash_config)")
+    head_type = str(values["markov_head_type"] or "vanilla").lower()
+    if head_type not in MARKOV_HEAD_TENSORS:
+        raise CheckpointError(
+            f"{where}: DSpark markov_head_type is {head_type!r}; DeepSpec and TensorRT-LLM know "
+            f"{', '.join(MARKOV_HEAD_TENSORS)}"
+        )
+    if head_type != "vanilla":
+        config[DSPARK_DRAFT_KEYS["markov_head_type"]] = head_type
+        config["markov_head_type"] = head_type
+        config["dflash_config"]["markov_head_type"] = head_type
+        notes.append(f"wrote markov_head_type {head_type!r} also as plain markov_head_type and "
+                     "dflash_config.markov_head_type (every TensorRT-LLM reader of it)")
     if "model_type" not in config:
         raise CheckpointError(f"{where}: config.json has no model_type for the draft backbone")
     return config
@@ -149,6 +172,13 @@ def convert_drafter(
             "(dflash and dspark are converted; EAGLE-3 checkpoints load as published)"
         )
     weights = _backbone_weights(tensors, src, notes)
+    if method == "dspark":
+        head_type = config.get("markov_head_type", "vanilla")
+        missing = [f"markov_head.{n}" for n in MARKOV_HEAD_TENSORS[head_type]
+                   if f"markov_head.{n}" not in weights]
+        if missing:
+            raise CheckpointError(f"{src}: markov_head_type is {head_type!r} but the weights have no "
+                                  f"{missing[0]}")
     if dtype is not None:
         torch_dtype = _DTYPES[dtype]
         weights = {k: v.to(torch_dtype) if v.is_floating_point() else v for k, v in weights.items()}

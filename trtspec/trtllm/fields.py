@@ -70,6 +70,18 @@ the whole repository, 2.5 GB, could not be fetched): every name and value above 
   serving GPUs. Not written: the table cannot be made without those GPUs, and the release that
   has the fields is a release candidate. DSpark's `attention_backend` default becomes "AUTO" and
   DFlash's gains "FA4"; trtspec writes neither.
+- DSpark Markov head types (checked 2026-12-03): `DSparkDecodingConfig.markov_head_type` is
+  `Literal['vanilla', 'gated', 'rnn'] | None` in the LLM-API reference of 1.3.0rc27, 1.4.0rc1,
+  1.4.0rc4 and latest. The heads are `tensorrt_llm/_torch/models/dspark/heads.py` @ 06ec703b
+  (`VanillaMarkov`, `GatedMarkovHead` with `gate_proj`, `RNNHead` with `joint_proj`, ported from
+  DeepSpec under DeepSpec's names; `build_markov_head` raises on any other type). Who reads the
+  type: `modeling_dspark.py` (DeepSeek-V4) the speculative_config's `markov_head_type`, else the
+  checkpoint's `dspark_markov_head_type`; `modeling_dspark_qwen3.py` @ 40289c86 (standalone DeepSpec
+  Qwen3 drafters) the draft config's plain `markov_head_type`; the DFlash-path DSpark reader in
+  `modeling_dflash.py` (the version the index stores) `dflash_config.markov_head_type`, and it
+  accepts "vanilla" only ("gated/rnn heads need per-step hidden features"). `convert.py` writes a
+  gated / RNN type under all three spellings, so no reader builds a vanilla head in its place; the
+  speculative_config field is left unset (the checkpoint's type is what was trained).
 - DSpark embedded in the target (DeepSeek-V4 `mtp.*`): `speculative_model` may be the target
   itself; an explicit `target_layer_ids` that differs from the checkpoint's
   `dspark_target_layer_ids` is refused at start-up. The values written for
