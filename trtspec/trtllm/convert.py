@@ -17,9 +17,12 @@ DSpark (DeepSeek DeepSpec standalone drafters):
 - the DSpark knobs are spelled four ways in the wild (`dspark_config.*`, `dflash_config.*`,
   top-level `dspark_*`, plain top-level); TensorRT-LLM accepts all, in that order, and a missed
   key silently falls back (a markov_rank read as 0 drops the Markov head). We resolve them in the
-  same order (`models.dspark.dspark_fields`, which refuses spellings that disagree) and write one
-  spelling: top-level `dspark_*`, mirrored into `dflash_config`
-  (the standalone DSpark model subclasses the DFlash one and reads that).
+  same order (`models.dspark.dspark_fields`, which refuses spellings that disagree) and write
+  every spelling a reader needs, with one value: top-level `dspark_*` (LLM-API validation), the
+  plain DeepSpec names (`modeling_dspark_qwen3.py` reads only those: without plain
+  `target_layer_ids` it fails an assert, without `markov_rank` it builds a rank-0 head, without
+  `mask_token_id` it drafts from `vocab_size`), and mask id / layer ids in `dflash_config` (the
+  DFlash-path DSpark drafter subclasses the DFlash one and reads that).
 - `markov_rank` must be > 0 and `block_size` present (TensorRT-LLM requires block_size ==
   max_draft_len, so the deployment's draft length is checked against it).
 - weights: backbone as DFlash; Markov / confidence head tensors are copied unchanged (their names
@@ -46,7 +49,7 @@ from safetensors.torch import load_file, save_file
 
 from trtspec.errors import CheckpointError
 from trtspec.models.dflash import dflash_block_size
-from trtspec.models.dspark import dspark_fields
+from trtspec.models.dspark import DSPARK_FIELDS, dspark_fields
 from trtspec.models.markov import MARKOV_HEAD_TENSORS
 from trtspec.trtllm.fields import DSPARK_DRAFT_KEYS
 
@@ -122,7 +125,9 @@ def _dspark_config(raw: dict, where: Path, notes: list[str]) -> dict:
         raise CheckpointError(
             f"{where}: DSpark markov_rank is {values['markov_rank']}; the Markov head needs > 0"
         )
-    config = {k: v for k, v in raw.items() if k not in ("dspark_config", *DSPARK_DRAFT_KEYS)}
+    config = {k: v for k, v in raw.items() if k != "dspark_config"}
+    # Plain DeepSpec names for every field found: modeling_dspark_qwen3 reads only these (fields.py).
+    config.update({key: fields[key] for key in DSPARK_FIELDS if key in fields})
     for key, top_key in DSPARK_DRAFT_KEYS.items():
         if values[key] is not None:
             config[top_key] = values[key]
@@ -132,16 +137,18 @@ def _dspark_config(raw: dict, where: Path, notes: list[str]) -> dict:
         "target_layer_ids": list(values["target_layer_ids"]),
     }
     config["block_size"] = int(values["block_size"])
-    notes.append("wrote DSpark fields as top-level dspark_* (mirrored in dflash_config)")
+    notes.append("wrote DSpark fields as plain DeepSpec names and top-level dspark_* (mask id and "
+                 "layer ids mirrored in dflash_config)")
     head_type = str(values["markov_head_type"] or "vanilla").lower()
     if head_type not in MARKOV_HEAD_TENSORS:
         raise CheckpointError(
             f"{where}: DSpark markov_head_type is {head_type!r}; DeepSpec and TensorRT-LLM know "
             f"{', '.join(MARKOV_HEAD_TENSORS)}"
         )
-    if head_type != "vanilla":
+    if values["markov_head_type"] is not None or head_type != "vanilla":
         config[DSPARK_DRAFT_KEYS["markov_head_type"]] = head_type
         config["markov_head_type"] = head_type
+    if head_type != "vanilla":
         config["dflash_config"]["markov_head_type"] = head_type
         notes.append(f"wrote markov_head_type {head_type!r} also as plain markov_head_type and "
                      "dflash_config.markov_head_type (every TensorRT-LLM reader of it)")

@@ -82,6 +82,27 @@ the whole repository, 2.5 GB, could not be fetched): every name and value above 
   accepts "vanilla" only ("gated/rnn heads need per-step hidden features"). `convert.py` writes a
   gated / RNN type under all three spellings, so no reader builds a vanilla head in its place; the
   speculative_config field is left unset (the checkpoint's type is what was trained).
+- Readers of a standalone (Qwen3-style) DSpark drafter's config.json, i.e. what
+  `convert.py` must write (checked 2026-12-03; tests/test_trtllm_readers.py restates each):
+  * `modeling_dspark_qwen3.py` @ 40289c86d092d0a94681210d676eb34a94237e68
+    (`Qwen3DSparkDraftModel`, DeepSpec's `Qwen3DSparkModel` checkpoints): plain top-level names
+    only. `target_layer_ids` (asserted non-empty), `block_size` (default 7), `mask_token_id`
+    (the speculative_config's first, else plain, else `vocab_size`), `markov_rank` (default 0;
+    the Markov head asserts > 0), `markov_head_type` (default "vanilla"),
+    `enable_confidence_head` / `confidence_head_with_markov` (default False; the weights then
+    load with strict=True, embed_tokens / lm_head skipped).
+  * `GQADSparkForCausalLM` in `modeling_dspark.py` @ 008b54fe0ce45214810a9e78853900f0f468de66 (the
+    newest stored; its `_build_dspark_draft` sends every non-embedded GQA drafter there, MLA ones
+    to `MLADSparkForCausalLM`), over `DFlashForCausalLM` (`modeling_dflash.py` @ 009d8fa4 above):
+    `dflash_config.mask_token_id` (else plain, else `vocab_size`), `dflash_config.target_layer_ids`,
+    top-level `block_size`; `markov_rank`, `markov_head_type`, `use_confidence_head` /
+    `enable_confidence_head`, `shift_label`, `causal` through `resolve_dspark_head_config`
+    (`dspark_config.<k>`, `dflash_config.<k>`, `dspark_<k>`, `<k>`). Vanilla heads only.
+  * `TorchLlmArgs.validate_speculative_config` (llm_args.py above): the `dspark_*` names below.
+  Which TensorRT-LLM the pinned image (tritonserver 26.07-trtllm) carries, and so which of the two
+  drafter classes it builds, is not in the stored sources; `convert.py` writes the union, so
+  either loads the same drafter. Until 2026-12-03 it wrote only `dspark_*` + `dflash_config`,
+  which the Qwen3 reader cannot load (no plain `target_layer_ids`).
 - DSpark embedded in the target (DeepSeek-V4 `mtp.*`): `speculative_model` may be the target
   itself; an explicit `target_layer_ids` that differs from the checkpoint's
   `dspark_target_layer_ids` is refused at start-up. The values written for
@@ -210,6 +231,7 @@ LLMAPI_OUTPUTS = (
 # Drafter config.json keys TensorRT-LLM reads.
 DFLASH_DRAFT_KEYS = frozenset({"dflash_config", "block_size", "model_type", "architectures"})
 DFLASH_CONFIG_KEYS = frozenset({"mask_token_id", "target_layer_ids", "use_swa", "swa_window_size"})
+# Plain key -> top-level dspark_* key (llm_args). convert.py writes both spellings.
 DSPARK_DRAFT_KEYS = {
     "target_layer_ids": "dspark_target_layer_ids",
     "mask_token_id": "dspark_noise_token_id",
