@@ -129,7 +129,7 @@ def _nested(src: Path, dst: Path) -> Path:
     raw = json.loads((dst / "config.json").read_text())
     keys = ("block_size", "mask_token_id", "target_layer_ids", "markov_rank", "markov_head_type",
             "enable_confidence_head", "confidence_head_with_markov", "num_target_layers", "num_anchors")
-    raw["dspark_config"] = {**{k: raw.pop(k) for k in keys}}
+    raw["dspark_config"] = {**{k: raw.pop(k) for k in keys}, "shift_label": False}
     (dst / "config.json").write_text(json.dumps(raw))
     return dst
 
@@ -146,6 +146,8 @@ def test_tiny_dspark_converted_loads_in_every_reader(tmp_path, spelling):
     assert dflash == want
     _heads_load(dflash, tensors)
     assert _read_llm_args(out) == {k: want[k] for k in DSPARK_DRAFT_KEYS}
+    # a switch trtspec does not resolve keeps its place (GQADSparkForCausalLM reads shift_label)
+    assert _dspark_head_switch(out, "shift_label") is (False if spelling == "nested" else None)
 
 
 @pytest.mark.parametrize("head_type", ["gated", "rnn"])

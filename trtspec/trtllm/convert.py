@@ -126,6 +126,10 @@ def _dspark_config(raw: dict, where: Path, notes: list[str]) -> dict:
             f"{where}: DSpark markov_rank is {values['markov_rank']}; the Markov head needs > 0"
         )
     config = {k: v for k, v in raw.items() if k != "dspark_config"}
+    # dspark_config keys trtspec does not resolve (e.g. shift_label, causal) stay where they were
+    rest = {k: v for k, v in (raw.get("dspark_config") or {}).items() if k not in DSPARK_FIELDS}
+    if rest:
+        config["dspark_config"] = rest
     # Plain DeepSpec names for every field found: modeling_dspark_qwen3 reads only these (fields.py).
     config.update({key: fields[key] for key in DSPARK_FIELDS if key in fields})
     for key, top_key in DSPARK_DRAFT_KEYS.items():
