@@ -290,13 +290,15 @@ class SpeculativeDecoder:
         if not self.prefix_reuse:
             return free[0], 0
         prompt = request.prompt
-        best = (-1, 0, free[0])  # (positions kept, -taken at, slot)
-        for slot in free:
+
+        def worth(slot: int) -> tuple[int, int, int]:  # positions kept, then the least recently taken
             common, kept = common_prefix(self.held.get(slot, ()), prompt), 0
             if request.prompt_logprobs is None and common:
                 kept = min(common, len(prompt) - 1, self.drafter.reusable(slot, prompt))
-            best = max(best, (kept, -self.taken_at.get(slot, -1), slot))
-        return best[2], best[0]
+            return kept, -self.taken_at.get(slot, -1), -slot
+
+        slot = max(free, key=worth)
+        return slot, worth(slot)[0]
 
     def _free(self, lv: _Live) -> None:
         """Release `lv`'s slot, its target and drafter state held for a later prompt that starts the
