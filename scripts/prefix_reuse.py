@@ -6,6 +6,10 @@ tokens, those the target actually prefilled, and the time to the first token (me
 conversations, each started from empty slots). The texts must be equal: the script stops if not.
 
     .venv/bin/python scripts/prefix_reuse.py [--config build_configs/tiny-dflash.yaml] [--turns 5]
+
+With --openai ON OFF it asks two running `trtspec serve` OpenAI APIs instead (one built with
+limits.prefix_reuse true, one false) the same chat, by /v1/chat/completions streams: the time to
+the first content chunk, and `usage.prompt_tokens_details.cached_tokens`.
 """
 
 from __future__ import annotations
@@ -45,6 +49,53 @@ def _turn(decoder, prompt: list[int], max_tokens: int):
     return done[rid]
 
 
+def _served(urls: list[str], args, system: str) -> None:
+    """The chat through two servers' OpenAI APIs (reuse on, off), turn by turn, interleaved."""
+    import time
+
+    from openai import OpenAI
+
+    clients = {reuse: OpenAI(base_url=f"{url.rstrip('/')}/v1", api_key="none")
+               for reuse, url in zip((True, False), urls, strict=True)}
+    ttft: dict[tuple[bool, int], list[float]] = {}
+    rows: dict[int, tuple[int, int, int]] = {}
+    for rep in range(args.reps):
+        # each conversation its own from its first token: nothing held for it yet
+        messages = [{"role": "system", "content": f"Conversation {rep}. {system}"}]
+        for t in range(args.turns):
+            messages.append({"role": "user", "content": QUESTIONS[t % len(QUESTIONS)]})
+            order = (True, False) if (rep + t) % 2 == 0 else (False, True)
+            texts, usage = {}, {}
+            for reuse in order:
+                start, first, parts = time.perf_counter(), None, []
+                for chunk in clients[reuse].chat.completions.create(
+                        model="trtspec", messages=messages, max_tokens=args.max_tokens, temperature=0,
+                        stream=True, stream_options={"include_usage": True}):
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        first = first or time.perf_counter() - start
+                        parts.append(chunk.choices[0].delta.content)
+                    if chunk.usage is not None:
+                        usage[reuse] = chunk.usage
+                texts[reuse] = "".join(parts)
+                ttft.setdefault((reuse, t), []).append(first or 0.0)
+            if texts[True] != texts[False]:
+                sys.exit(f"turn {t + 1}: the served texts differ with and without reuse")
+            n = usage[True].prompt_tokens
+            rows[t] = (n, *(n - usage[r].prompt_tokens_details.cached_tokens for r in (True, False)))
+            messages.append({"role": "assistant", "content": texts[True]})
+    _table(f"served, {args.reps} conversations, max_tokens {args.max_tokens}", rows, ttft)
+
+
+def _table(title: str, rows: dict[int, tuple[int, int, int]],
+           ttft: dict[tuple[bool, int], list[float]]) -> None:
+    print(title)
+    print("| turn | prompt tokens | prefilled, reuse on | prefilled, off | TTFT on ms | TTFT off ms |")
+    print("|---|---|---|---|---|---|")
+    for t, (n, on, off) in rows.items():
+        ms = [statistics.median(ttft[(reuse, t)]) * 1e3 for reuse in (True, False)]
+        print(f"| {t + 1} | {n} | {on} | {off} | {ms[0]:.0f} | {ms[1]:.0f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=Path("build_configs/tiny-dflash.yaml"))
@@ -52,7 +103,12 @@ def main() -> None:
     parser.add_argument("--system-chars", type=int, default=3000)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--openai", nargs=2, metavar=("ON", "OFF"),
+                        help="base URLs of two served OpenAI APIs: prefix reuse on, off")
     args = parser.parse_args()
+    if args.openai:
+        _served(args.openai, args, _system(args.system_chars))
+        return
     config = load_build_config(args.config)
     configure_threads(config)
     pipeline = load_pipeline(config)
@@ -75,13 +131,8 @@ def main() -> None:
                 ttft.setdefault((reuse, t), []).append(result.prefill_s)
             rows[t] = (len(prompt), *(len(prompt) - got[reuse].cached_tokens for reuse in (True, False)))
             history = prompt + got[True].token_ids
-    print(f"{args.config.name}, drafter {pipeline.drafter.method}, {args.reps} conversations, "
-          f"max_tokens {args.max_tokens}, threads {config.runtime.threads}")
-    print("| turn | prompt tokens | prefilled, reuse on | prefilled, off | TTFT on ms | TTFT off ms |")
-    print("|---|---|---|---|---|---|")
-    for t, (n, on, off) in rows.items():
-        ms = [statistics.median(ttft[(reuse, t)]) * 1e3 for reuse in (True, False)]
-        print(f"| {t + 1} | {n} | {on} | {off} | {ms[0]:.0f} | {ms[1]:.0f} |")
+    _table(f"{args.config.name}, drafter {pipeline.drafter.method}, {args.reps} conversations, "
+           f"max_tokens {args.max_tokens}, threads {config.runtime.threads}", rows, ttft)
 
 
 if __name__ == "__main__":

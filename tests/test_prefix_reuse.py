@@ -10,6 +10,7 @@ from trtspec.config import ScheduleConfig, load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.decoder import Request
 from trtspec.spec.sampling import SamplingParams
+from trtspec.spec.schedule import SPSTable
 
 from .conftest import REPO
 
@@ -87,6 +88,23 @@ def test_multi_turn_chat_decodes_as_without_reuse(pipeline):
     assert fed_on[0] == fed_off[0] - sum(r.cached_tokens for r in with_reuse)
 
 
+@pytest.mark.parametrize("name", ["tiny-dflash", "tiny-draft-model"])
+def test_a_plainly_decoded_answer_is_kept_too(name):
+    """Adaptive speculation on a machine where drafting never pays decodes plainly (after its first
+    probe): the drafter never absorbs the answer's taps (DFlash) or feeds its tokens (draft model),
+    yet the next turn keeps the whole previous prompt + answer in the target (the last answer token
+    is fed again: the target never held it)."""
+    pipeline = load_pipeline(_config(name))
+    slow = SPSTable(batch_tokens=[1, 64], steps_per_s=[100.0, 90.0], draft_batches=[1, 8], draft_lens=[1, 15],
+                    draft_seconds=[[1.0, 1.0], [1.0, 1.0]])
+    decoder = pipeline.decoder_for(1, ScheduleConfig(mode="adaptive"), cost_table=slow, prefix_reuse=True)
+    first, second = _chat(decoder, USERS[:2])
+    assert sum(first.drafted_counts) <= 16  # the probe at most
+    assert second.cached_tokens == first.prompt_len + len(first.token_ids) - 1
+    alone = pipeline.decoder_for(1, ScheduleConfig(mode="adaptive"), cost_table=slow, prefix_reuse=False)
+    assert [r.token_ids for r in _chat(alone, USERS[:2])] == [first.token_ids, second.token_ids]
+
+
 @pytest.mark.parametrize("coupling", ["rejection", "gumbel"])
 def test_seeded_sampled_chat_samples_as_without_reuse(coupling):
     pipeline = load_pipeline(_config("tiny-dflash"))
@@ -146,7 +164,7 @@ def test_diverging_prompts_with_a_drafter(name):
 
 
 def test_concurrent_requests_recycle_slots_and_a_cancelled_slot(plain):
-    """Continuous batching, 2 slots for 6 chat turns of 3 conversations added as slots free up; one
+    """Continuous batching, 2 slots for 2 chat turns of 3 conversations added as slots free up; one
     request cancelled while decoding and one while its prompt is prefilled in pieces: every other
     request decodes as without reuse, and the cancelled ones' slots are reused correctly."""
     pipeline = load_pipeline(_config("tiny-dflash"))
@@ -173,7 +191,7 @@ def test_concurrent_requests_recycle_slots_and_a_cancelled_slot(plain):
                 got = (result.token_ids, result.accept_counts, result.cached_tokens)
                 results.setdefault(i, []).append(got)
                 turn[i] += 1
-                if turn[i] < len(USERS):
+                if turn[i] < 2:  # two turns each: enough to recycle every slot
                     prompts[i] = prompts[i] + result.token_ids + USERS[turn[i]]
                     waiting.append(i)
         return results

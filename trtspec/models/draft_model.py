@@ -56,18 +56,18 @@ class DraftModelDrafter(Drafter):
         self.held: dict[int, list[int]] = {}  # released slot -> the tokens its cache still holds
 
     def begin(self, slot, prompt, hidden, reused=0):
-        if reused > self.reusable(slot, prompt):
-            raise ValueError(f"draft_model slot {slot} cannot keep {reused} positions of this prompt; "
-                             f"it holds {self.reusable(slot, prompt)}")
-        self.held.pop(slot, None)
-        self.lm.reuse(slot, reused)
-        self.fed[slot] = list(prompt[:reused])
+        # its own K/V of what it fed, however many positions the target kept: it catches up on
+        # the rest from the tokens themselves (`_sync`)
+        kept = common_prefix(self.held.pop(slot, ()), prompt)
+        self.lm.reuse(slot, kept)
+        self.fed[slot] = list(prompt[:kept])
         self.fed_drafts.pop(slot, None)
         self.fed_tree.pop(slot, None)
 
     def reusable(self, slot, prompt):
-        """Its own K/V at position i come from tokens 0..i: valid while those match."""
-        return common_prefix(self.held.get(slot, ()), prompt)
+        """It needs no taps: any prefix the target keeps will do. What it keeps of its own (`begin`):
+        its K/V at position i come from tokens 0..i, valid while those match."""
+        return len(prompt)
 
     def release(self, slot, tokens=None):
         fed = self.fed.pop(slot, None)

@@ -219,7 +219,7 @@ class TapsDrafter(Drafter):
 
     def reusable(self, slot, prompt):
         """The context position i is projected from the target's taps at i alone, which depend on
-        tokens 0..i: valid while those match. Taps still pending at release were dropped."""
+        tokens 0..i: valid while those match (of the positions absorbed by release)."""
         return common_prefix(self.held.get(slot, ()), prompt)
 
     def commit(self, slot, num_accepted, hidden):

@@ -305,7 +305,8 @@ class SpeculativeDecoder:
         same (the tokens whose K/V the target holds; the drafter keeps what it can, `release`)."""
         if lv.prefill is None:
             self.held[lv.slot] = lv.committed[: self.target.seq_len(lv.slot)]
-            self.drafter.release(lv.slot, lv.committed)
+            # off: the drafter keeps nothing either, as before reuse
+            self.drafter.release(lv.slot, lv.committed if self.prefix_reuse else None)
         else:  # cut off in its prefill: the drafter still holds its previous request's state
             self.held[lv.slot] = lv.request.prompt[: lv.prefill.fed]
         self.target.release(lv.slot)
