@@ -156,8 +156,16 @@ def test_chat_sync_and_stream_use_the_embedded_template(served, pipeline):
     # the next turn (prompt + answer + new text) keeps the K/V of what the server already prefilled
     # (limits.prefix_reuse), and says so as OpenAI and vLLM do
     following = [*messages, {"role": "assistant", "content": text}, {"role": "user", "content": "12 + 34"}]
+    cached = served.metric("trtspec_cached_prompt_tokens_total")
     again = client.chat.completions.create(model="trtspec", messages=following, max_tokens=8, temperature=0)
     assert again.usage.prompt_tokens_details.cached_tokens >= len(b"Q: 482 + 356\nA: ")
+    # and Prometheus counts them (Triton's metrics are polled: wait for the count to arrive)
+    want = cached + again.usage.prompt_tokens_details.cached_tokens
+    for _ in range(50):
+        if served.metric("trtspec_cached_prompt_tokens_total") == want:
+            break
+        time.sleep(0.1)
+    assert served.metric("trtspec_cached_prompt_tokens_total") == want
     assert again.model_extra["trtspec"]["cached_tokens"] == again.usage.prompt_tokens_details.cached_tokens
     # a system message and earlier turns, rendered as the model was trained (docs/EMBEDDED_MODEL.md)
     turns = [{"role": "system", "content": "Arithmetic."}, {"role": "user", "content": "12 + 34"},
