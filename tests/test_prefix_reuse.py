@@ -163,11 +163,14 @@ def test_diverging_prompts_with_a_drafter(name):
             assert got.cached_tokens == kept, case
 
 
-def test_concurrent_requests_recycle_slots_and_a_cancelled_slot(plain):
+@pytest.mark.parametrize("name", ["none", "tiny-dflash"])
+def test_concurrent_requests_recycle_slots_and_a_cancelled_slot(name):
     """Continuous batching, 2 slots for 2 chat turns of 3 conversations added as slots free up; one
     request cancelled while decoding and one while its prompt is prefilled in pieces: every other
-    request decodes as without reuse, and the cancelled ones' slots are reused correctly."""
-    pipeline = load_pipeline(_config("tiny-dflash"))
+    request decodes as without reuse, and the cancelled ones' slots are reused correctly (without a
+    drafter the one cut off in its prefill is asked again into its slot, which keeps what it fed)."""
+    config = _config("tiny-dflash")
+    pipeline = load_pipeline(config, use_drafter=False) if name == "none" else load_pipeline(config)
     convs = [SYSTEM + list(f" Conversation {i}.".encode()) for i in range(3)]
 
     def serve(reuse: bool):
@@ -175,17 +178,19 @@ def test_concurrent_requests_recycle_slots_and_a_cancelled_slot(plain):
         decoder.prefill_chunk = 64  # prompts fed over several steps
         prompts = {i: c + USERS[0] for i, c in enumerate(convs)}
         turn = dict.fromkeys(prompts, 0)
-        waiting, results, steps, rids = list(prompts), {}, 0, {}
+        waiting, results, rids, cancelled = list(prompts), {}, {}, set()
         while waiting or decoder.lives:
             while waiting and decoder.num_running < decoder.max_slots:
                 i = waiting.pop(0)
                 rids[decoder.add(Request(prompts[i], 8))] = i
-            steps += 1
-            if steps == 3:  # conversation 0 is decoding, conversation 1 is still prefilling
-                for rid, i in list(rids.items()):
-                    if i in (0, 1) and rid in decoder.lives:
-                        decoder.cancel(rid)
-                        waiting.append(i)  # asked again, whole
+            for rid, live in list(decoder.lives.items()):
+                i = rids[rid]
+                decoding = live.prefill is None and len(live.generated) >= 2
+                prefilling = live.prefill is not None and live.prefill.fed > live.prefill.reused
+                if i not in cancelled and (i, decoding, prefilling) in ((0, True, False), (1, False, True)):
+                    decoder.cancel(rid)  # conversation 0 while decoding, 1 while its prompt goes in
+                    cancelled.add(i)
+                    waiting.append(i)  # asked again, whole
             for rid, result in decoder.step().items():
                 i = rids[rid]
                 got = (result.token_ids, result.accept_counts, result.cached_tokens)
@@ -194,6 +199,7 @@ def test_concurrent_requests_recycle_slots_and_a_cancelled_slot(plain):
                 if turn[i] < 2:  # two turns each: enough to recycle every slot
                     prompts[i] = prompts[i] + result.token_ids + USERS[turn[i]]
                     waiting.append(i)
+        assert cancelled == {0, 1}
         return results
 
     on, off = serve(True), serve(False)
