@@ -73,14 +73,14 @@ class ConfidentDrafter(Drafter):
         self.inner = copy.copy(self.inner)
         self.inner.allocate(num_slots, capacity)
 
-    def begin(self, slot, prompt, hidden):
-        self.inner.begin(slot, prompt, hidden)
+    def begin(self, slot, prompt, hidden, reused=0):
+        self.inner.begin(slot, prompt, hidden, reused)
 
     def commit(self, slot, num_accepted, hidden):
         self.inner.commit(slot, num_accepted, hidden)
 
-    def release(self, slot):
-        self.inner.release(slot)
+    def release(self, slot, tokens=None):
+        self.inner.release(slot, tokens)
 
     def propose(self, rows, k):
         p = self.inner.propose(rows, k)

@@ -153,6 +153,20 @@ def test_chat_sync_and_stream_use_the_embedded_template(served, pipeline):
     assert chunks[0].choices[0].delta.role == "assistant" and not chunks[0].choices[0].delta.content
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
     assert chunks[-1].choices[0].finish_reason == "stop"
+    # the next turn (prompt + answer + new text) keeps the K/V of what the server already prefilled
+    # (limits.prefix_reuse), and says so as OpenAI and vLLM do
+    following = [*messages, {"role": "assistant", "content": text}, {"role": "user", "content": "12 + 34"}]
+    cached = served.metric("trtspec_cached_prompt_tokens_total")
+    again = client.chat.completions.create(model="trtspec", messages=following, max_tokens=8, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens >= len(b"Q: 482 + 356\nA: ")
+    # and Prometheus counts them (Triton's metrics are polled: wait for the count to arrive)
+    want = cached + again.usage.prompt_tokens_details.cached_tokens
+    for _ in range(50):
+        if served.metric("trtspec_cached_prompt_tokens_total") == want:
+            break
+        time.sleep(0.1)
+    assert served.metric("trtspec_cached_prompt_tokens_total") == want
+    assert again.model_extra["trtspec"]["cached_tokens"] == again.usage.prompt_tokens_details.cached_tokens
     # a system message and earlier turns, rendered as the model was trained (docs/EMBEDDED_MODEL.md)
     turns = [{"role": "system", "content": "Arithmetic."}, {"role": "user", "content": "12 + 34"},
              {"role": "assistant", "content": "2+4=6; 1+3=4; = 46"}, {"role": "user", "content": "34 * 8"}]

@@ -208,6 +208,14 @@ class GenerationLimits(_Strict):
                     "keep decoding in each; 0 = every new prompt whole in the step it joins. Flavour "
                     "trtllm: > 0 turns enable_chunked_prefill on, and TensorRT-LLM sizes the chunks by "
                     "deployment.max_num_tokens (trtspec/trtllm/args.py)")
+    prefix_reuse: bool = Field(
+        True, description="a new request keeps the K/V (and drafter state) a finished request left in "
+                          "its slot for the prompt tokens they share, and prefills only the rest "
+                          "(automatic prefix caching: a chat's next turn, a shared system prompt); "
+                          "false = every prompt prefilled whole. Flavour engine keeps none (its cache "
+                          "compacts freed positions away). Flavour trtllm: TensorRT-LLM's "
+                          "kv_cache_config.enable_block_reuse, so it must agree with "
+                          "deployment.enable_block_reuse")
 
     def check_positions(self, positions: int, where: str) -> None:
         """Refuse limits that no request could reach in `positions` (`where` names them: the target's
@@ -308,6 +316,17 @@ class BuildConfig(_Strict):
             raise ValueError(f"name {self.name!r}: flavour trtllm names its Kubernetes Service after it, "
                              "which takes lowercase letters, digits and '-', starting with a letter and "
                              "ending with a letter or digit")
+        return self
+
+    @model_validator(mode="after")
+    def _one_reuse_switch(self) -> BuildConfig:
+        if self.deployment is not None and self.limits.prefix_reuse != self.deployment.enable_block_reuse \
+                and "prefix_reuse" in self.limits.model_fields_set \
+                and "enable_block_reuse" in self.deployment.model_fields_set:
+            dep = self.deployment
+            on, block = (str(v).lower() for v in (self.limits.prefix_reuse, dep.enable_block_reuse))
+            raise ValueError(f"limits.prefix_reuse {on} contradicts deployment.enable_block_reuse {block}: "
+                             "both say whether a prompt's prefix is reused; set them alike, or only one")
         return self
 
     @model_validator(mode="after")

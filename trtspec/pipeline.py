@@ -98,10 +98,11 @@ class Pipeline:
 
     def decoder_for(self, max_slots: int, schedule: ScheduleConfig | None = None, use_drafter: bool = True,
                     cost_table: SPSTable | None = None,
-                    tree: TreeConfig | None | str = "config") -> SpeculativeDecoder:
+                    tree: TreeConfig | None | str = "config",
+                    prefix_reuse: bool | None = None) -> SpeculativeDecoder:
         """A decoder over this pipeline's models with its own slots (`schedule`: the config's;
         `cost_table`: this pipeline's measured one; `tree`: the config's `drafter.tree`, or a tree
-        config, or None for chains)."""
+        config, or None for chains; `prefix_reuse`: the config's `limits.prefix_reuse`, or on/off)."""
         self.check_buffers(max_slots)
         drafter = self.drafter if use_drafter else None
         if schedule is None:
@@ -118,7 +119,9 @@ class Pipeline:
         return SpeculativeDecoder(self.target, drafter, self.end_ids, self.verifier, schedule,
                                   cost_table, max_slots, self.capacity, prior,
                                   self.config.limits.max_input_tokens, tree,
-                                  prefill_chunk=self.config.limits.prefill_chunk or None)
+                                  prefill_chunk=self.config.limits.prefill_chunk or None,
+                                  prefix_reuse=self.config.limits.prefix_reuse if prefix_reuse is None
+                                  else prefix_reuse)
 
     @functools.cached_property
     def decoder(self) -> SpeculativeDecoder:

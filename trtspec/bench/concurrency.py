@@ -94,7 +94,8 @@ def _decoders(pipelines: dict[str, Pipeline], couplings: dict[str, str], slots: 
     out = {}
     for name in list(couplings):
         p = pipelines.get(name, pipelines["none"])  # none+gumbel: the target alone too
-        out[name] = p.decoder_for(slots, ScheduleConfig(mode="full"))
+        # no prefix reuse: a measured request must prefill its whole prompt, whatever ran before it
+        out[name] = p.decoder_for(slots, ScheduleConfig(mode="full"), prefix_reuse=False)
         if name not in tables:
             continue
         schedules = {"adaptive": ScheduleConfig(mode="adaptive")}
@@ -103,7 +104,8 @@ def _decoders(pipelines: dict[str, Pipeline], couplings: dict[str, str], slots: 
             schedules.update({f"threshold{th}": ScheduleConfig(mode="threshold", threshold=th)
                               for th in THRESHOLDS})
         for label, schedule in schedules.items():
-            out[f"{name}+{label}"] = p.decoder_for(slots, schedule, cost_table=tables[name])
+            out[f"{name}+{label}"] = p.decoder_for(slots, schedule, cost_table=tables[name],
+                                                   prefix_reuse=False)
             couplings[f"{name}+{label}"] = couplings[name]
     return out
 

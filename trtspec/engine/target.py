@@ -177,6 +177,14 @@ class EngineTarget:
             self.owner[(self.owner == slot) & (self.position >= length - num_rejected)] = DEAD
             self.lengths[slot] = length - num_rejected
 
+    # a released slot's positions are marked dead and compacted away by a later forward (they move
+    # and vanish): nothing is held for a next request
+    reuses_prefixes = False
+
+    def reuse(self, slot: int, length: int) -> None:
+        if length:
+            raise ValueError(f"the engine flavour's target holds no prefix of slot {slot} to keep")
+
     def release(self, slot: int) -> None:
         """A finished request: free all its positions."""
         self.owner[self.owner == slot] = DEAD

@@ -20,7 +20,14 @@ import torch
 
 from trtspec.errors import CheckpointError
 from trtspec.models.cuda_graphs import graphs_wanted
-from trtspec.models.drafter import Drafter, DraftRow, Proposal, draft_positions, register_drafter
+from trtspec.models.drafter import (
+    Drafter,
+    DraftRow,
+    Proposal,
+    common_prefix,
+    draft_positions,
+    register_drafter,
+)
 from trtspec.models.target import Chunk, PathKeep, TargetModel, chunk_offsets, load_causal_lm
 from trtspec.spec.sampling import choose_tokens
 from trtspec.spec.tree import grow_tree, log_scores
@@ -46,18 +53,31 @@ class DraftModelDrafter(Drafter):
         self.lm = copy.copy(self.lm)
         self.lm.allocate(num_slots, capacity + self.num_draft_tokens)
         self.fed, self.fed_drafts, self.fed_tree = {}, {}, {}
+        self.held: dict[int, list[int]] = {}  # released slot -> the tokens its cache still holds
 
-    def begin(self, slot, prompt, hidden):
-        self.lm.release(slot)
-        self.fed[slot] = []
+    def begin(self, slot, prompt, hidden, reused=0):
+        # its own K/V of what it fed, however many positions the target kept: it catches up on
+        # the rest from the tokens themselves (`_sync`)
+        kept = common_prefix(self.held.pop(slot, ()), prompt)
+        self.lm.reuse(slot, kept)
+        self.fed[slot] = list(prompt[:kept])
         self.fed_drafts.pop(slot, None)
         self.fed_tree.pop(slot, None)
 
-    def release(self, slot):
+    def reusable(self, slot, prompt):
+        """It needs no taps: any prefix the target keeps will do. What it keeps of its own (`begin`):
+        its K/V at position i come from tokens 0..i, valid while those match."""
+        return len(prompt)
+
+    def release(self, slot, tokens=None):
+        fed = self.fed.pop(slot, None)
         self.lm.release(slot)
-        self.fed.pop(slot, None)
-        self.fed_drafts.pop(slot, None)
+        self.fed_drafts.pop(slot, None)  # fed after `fed`, never read again
         self.fed_tree.pop(slot, None)
+        if tokens is None or not fed:
+            self.held.pop(slot, None)
+        else:
+            self.held[slot] = fed
 
     def catch_up(self, slot, committed):
         # the committed tokens its cache lacks; last proposal's drafts count as held (most of them

@@ -6,7 +6,10 @@ and returns them with their draft distributions q. It never decides acceptance (
 
 Per-request state lives in slots, as the target's K/V does: `allocate(num_slots, capacity)` sizes
 the buffers once, `begin(slot, …)` starts a request in a slot, `commit(slot, …)` tells it what the
-target kept, `release(slot)` frees it. Drafters that read the target's hidden states (DFlash,
+target kept, `release(slot)` frees it. Prefix reuse: a released slot may keep its state, and
+`reusable(slot, prompt)` says how many leading positions of a next prompt the drafter can start
+from without their taps (state still valid for them, or none needed); `begin(…, reused=n)` then
+gets the taps of the prompt's other positions only. Drafters that read the target's hidden states (DFlash,
 DSpark, EAGLE-3) name the layers in `tap_layer_ids` and receive the taps of every position the
 target caches through `begin` and `commit`.
 
@@ -88,14 +91,22 @@ class Drafter(ABC):
         The loop calls it on its own copy of the drafter, so buffers made here are that copy's."""
 
     @abstractmethod
-    def begin(self, slot: int, prompt: list[int], hidden: torch.Tensor | None) -> None:
-        """A new request in `slot`: the target cached `prompt`; `hidden` [t, D] are its taps."""
+    def begin(self, slot: int, prompt: list[int], hidden: torch.Tensor | None, reused: int = 0) -> None:
+        """A new request in `slot`: the target cached `prompt`; `hidden` [t, D] are the taps of its
+        positions reused..len(prompt)−1, the first `reused` (at most `reusable`) kept from before."""
+
+    def reusable(self, slot: int, prompt: list[int]) -> int:
+        """Leading positions of `prompt` this drafter can start from without their taps (prefix
+        reuse): what the state `slot` kept at `release` still holds of them, or positions it needs
+        no state for. 0: none."""
+        return 0
 
     def commit(self, slot: int, num_accepted: int, hidden: torch.Tensor | None) -> None:
         """The target cached the request's last token and `num_accepted` drafts; `hidden` [a+1, D]."""
 
-    def release(self, slot: int) -> None:
-        """The request in `slot` finished."""
+    def release(self, slot: int, tokens: list[int] | None = None) -> None:
+        """The request in `slot` finished. `tokens` (its prompt + generated): the slot may keep its
+        state of them for a next prompt that starts the same (`reusable`); None: keep nothing."""
 
     def tidy(self) -> None:
         """Called once per step, after its commits: time to bound what requests that do not draft
@@ -128,8 +139,11 @@ class NoDrafter(Drafter):
     method = "none"
     num_draft_tokens = 0
 
-    def begin(self, slot, prompt, hidden):
+    def begin(self, slot, prompt, hidden, reused=0):
         pass
+
+    def reusable(self, slot, prompt):
+        return len(prompt)  # no state of its own
 
     def propose(self, rows, k):
         raise RuntimeError("NoDrafter drafts nothing; the loop never asks it")
@@ -191,12 +205,22 @@ class TapsDrafter(Drafter):
     def allocate(self, num_slots, capacity):
         self.ctx_len: dict[int, int] = {}
         self.pending = PendingTaps(self.pending_window)
+        self.held: dict[int, list[int]] = {}  # released slot -> the tokens of its kept context
         self.num_forwards = 0
 
-    def begin(self, slot, prompt, hidden):
-        self.ctx_len[slot] = 0
+    def begin(self, slot, prompt, hidden, reused=0):
+        if reused > self.reusable(slot, prompt):
+            raise ValueError(f"{self.method} slot {slot} cannot keep {reused} positions of this prompt; "
+                             f"it holds {self.reusable(slot, prompt)}")
+        self.held.pop(slot, None)
+        self.ctx_len[slot] = reused
         self.pending.clear(slot)
         self.pending.add(slot, hidden)
+
+    def reusable(self, slot, prompt):
+        """The context position i is projected from the target's taps at i alone, which depend on
+        tokens 0..i: valid while those match (of the positions absorbed by release)."""
+        return common_prefix(self.held.get(slot, ()), prompt)
 
     def commit(self, slot, num_accepted, hidden):
         self.pending.add(slot, hidden)
@@ -204,9 +228,23 @@ class TapsDrafter(Drafter):
     def catch_up(self, slot, committed):
         return self.pending.positions.get(slot, 0)
 
-    def release(self, slot):
-        self.ctx_len.pop(slot, None)
+    def release(self, slot, tokens=None):
+        absorbed = self.ctx_len.pop(slot, 0)
         self.pending.clear(slot)
+        if tokens is None:
+            self.held.pop(slot, None)
+        else:
+            self.held[slot] = list(tokens[:absorbed])
+
+
+def common_prefix(a, b) -> int:
+    """How many leading items `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 DrafterFactory = Callable[["DrafterConfig", "TargetModel"], Drafter]

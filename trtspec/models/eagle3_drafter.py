@@ -82,13 +82,23 @@ class Eagle3Drafter(TapsDrafter):
         self.graphed = None if not self.cuda_graphs else \
             GraphedSteps(self._step, self.device, num_slots, room, capture=self.device.type == "cuda")
 
-    def begin(self, slot, prompt, hidden):
-        super().begin(slot, prompt, hidden)
+    def begin(self, slot, prompt, hidden, reused=0):
+        super().begin(slot, prompt, hidden, reused)
+        # the first `reused` positions count as dropped: the first proposal restarts from the newest
+        # CATCH_UP_WINDOW (`reusable` leaves more pending), as it does without reuse
+        self.ctx_len[slot], self.dropped[slot] = 0, reused
         self.last_h.pop(slot, None)
-        self.dropped[slot] = 0
 
-    def release(self, slot):
-        super().release(slot)
+    def reusable(self, slot, prompt):
+        """Positions whose taps the first proposal would drop anyway: with more than CATCH_UP_WINDOW
+        pending it restarts from the newest, so the state is the one a fresh prefill gives. Kept
+        midlayer K/V are not reused: drafter slot i pairs the feature of position i with token
+        i + 1 (valid only for i < common − 1), and a fresh request restarts from its prompt's last
+        CATCH_UP_WINDOW positions, stored from drafter slot 0, where the kept ones do not sit."""
+        return max(0, len(prompt) - CATCH_UP_WINDOW - 1)
+
+    def release(self, slot, tokens=None):
+        super().release(slot)  # keeps nothing (`reusable`)
         self.last_h.pop(slot, None)
         self.dropped.pop(slot, None)
 

@@ -291,6 +291,20 @@ class TargetModel:
             for layer in self.cache.layers:
                 layer.keep(*idx)
 
+    # a released slot's K/V stay in its buffers (`release` drops only its length), where nothing
+    # else writes: a new request in it may keep a prefix (`reuse`)
+    reuses_prefixes = True
+
+    def reuse(self, slot: int, length: int) -> None:
+        """A new request in `slot` keeps the first `length` positions its buffers still hold from
+        the slot's previous one (the loop checked that they hold its prompt's first tokens)."""
+        if not 0 <= length <= self.capacity:
+            raise ValueError(f"slot {slot} cannot keep {length} positions; its capacity is {self.capacity}")
+        if length:
+            self.lengths[slot] = length
+        else:
+            self.lengths.pop(slot, None)
+
     def release(self, slot: int) -> None:
         """A finished request: its slot is free."""
         self.lengths.pop(slot, None)

@@ -172,7 +172,7 @@ class _Run:
                                    include=frozenset(include))  # stops kept in the text
         self.decode = decode  # the tokenizer's: where the first min_tokens tokens' text ends
         self.ids: list[int] = []  # generated so far, while min_tokens has not been reached
-        self.completion_tokens = self.accepted = self.drafted = self.forwards = 0
+        self.completion_tokens = self.accepted = self.drafted = self.forwards = self.cached = 0
         self.last_id: int | None = None
         self.finish: str | None = None  # the model's finish_reason, with its totals
         self.logprobs = logprobs  # None: the request asked for no log-probabilities
@@ -192,6 +192,7 @@ class _Run:
         self.accepted = max(self.accepted, step.accepted_tokens)
         self.drafted = max(self.drafted, step.draft_tokens)
         self.forwards = max(self.forwards, step.target_forwards)
+        self.cached = max(self.cached, step.cached_tokens)
         self.finish = step.finish_reason or self.finish
         echo, self.echo = self.echo, None
         if self.logprobs is not None:
@@ -222,7 +223,7 @@ class _Run:
 
     def figures(self) -> dict:
         return {"accepted_tokens": self.accepted, "draft_tokens": self.drafted,
-                "target_forwards": self.forwards}
+                "target_forwards": self.forwards, "cached_tokens": self.cached}
 
 
 def _sse(payload: dict | str) -> bytes:
@@ -537,10 +538,13 @@ async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], 
 
 def _usage(runs: list[_Run]) -> dict:
     """OpenAI's and vLLM's `usage`: each prompt counted once however many choices it has (`n`),
-    every choice's generated tokens."""
+    every choice's generated tokens; `prompt_tokens_details.cached_tokens`: those of the prompts'
+    tokens kept from an earlier request (prefix reuse), as OpenAI and vLLM report them."""
     prompt = sum(run.prompt_tokens for run in runs if run.sample == 0)
+    cached = sum(run.cached for run in runs if run.sample == 0)
     completion = sum(run.completion_tokens for run in runs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _figures(runs: list[_Run], choice: int | None = None) -> dict:

@@ -95,6 +95,7 @@ class Step:
     accepted_tokens: int = 0
     draft_tokens: int = 0
     target_forwards: int = 0
+    cached_tokens: int = 0  # prompt tokens kept from an earlier request (prefix reuse)
     finish_reason: str | None = None  # with the totals: stop / length
     final: bool = False
     logprobs: list[float] = field(default_factory=list)  # one per id, when the request asked for them
@@ -137,6 +138,8 @@ def _step(response: service_pb2.ModelStreamInferResponse) -> Step:
         step.draft_tokens = int(result.as_numpy("draft_tokens").reshape(-1)[0])
     if "target_forwards" in names:
         step.target_forwards = int(result.as_numpy("target_forwards").reshape(-1)[0])
+    if "cached_tokens" in names:
+        step.cached_tokens = int(result.as_numpy("cached_tokens").reshape(-1)[0])
     if "finish_reason" in names:
         step.finish_reason = b"".join(result.as_numpy("finish_reason").reshape(-1)).decode()
     for prefix, values in (("", "output_log_probs"), ("prompt_", "prompt_log_probs")):

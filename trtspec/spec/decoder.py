@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trtspec.config import ScheduleConfig, TreeConfig
-from trtspec.models.drafter import Drafter, DraftRow, NoDrafter, Proposal
+from trtspec.models.drafter import Drafter, DraftRow, NoDrafter, Proposal, common_prefix
 from trtspec.models.target import Chunk, PathKeep, TargetModel
 from trtspec.spec.cost import AcceptanceTracker, GainCalibration, MeasuredCost, admit_rows
 from trtspec.spec.coupling import fresh_seed
@@ -117,6 +117,7 @@ class _Prefill:
     """A new request's prompt on its way into the target's cache, a piece per step (`_prefill_pieces`)."""
 
     fed: int  # prompt tokens already in the target's cache
+    reused: int  # of them, those held from the slot's previous request (prefix reuse)
     logprobs: TokenLogprobs | None  # of the prompt's tokens 1..fed, when the request asked for them
     hidden: list[torch.Tensor] = field(default_factory=list)  # the target's taps of the pieces ([n, D] each)
 
@@ -156,7 +157,7 @@ class SpeculativeDecoder:
                  cost_table: SPSTable | None = None, max_slots: int = 1, capacity: int | None = None,
                  acceptance_prior: list[float] | None = None, max_prompt: int | None = None,
                  tree: TreeConfig | None = None, prompt_logprobs_chunk: int = PROMPT_LOGPROBS_CHUNK,
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, prefix_reuse: bool = False):
         self.target = copy.copy(target)
         self.drafter = copy.copy(drafter or NoDrafter())
         self.tree = tree if self.drafter.num_draft_tokens else None
@@ -183,6 +184,8 @@ class SpeculativeDecoder:
         self.prompt_logprobs_chunk = prompt_logprobs_chunk
         # prompt tokens one step feeds at most, over all new requests (limits.prefill_chunk; None: all)
         self.prefill_chunk = prefill_chunk
+        # a new request starts from what a free slot still holds of its prompt (`_pick_slot`)
+        self.prefix_reuse = prefix_reuse and getattr(self.target, "reuses_prefixes", False)
         self.target.allocate(max_slots, self.capacity + tree_room)
         self.drafter.allocate(max_slots, self.capacity + tree_room)
         self.acceptance_prior = acceptance_prior
@@ -202,7 +205,11 @@ class SpeculativeDecoder:
         a seeded request decodes the same whatever ran before it."""
         for slot in range(self.max_slots):
             self.target.release(slot)
-            self.drafter.release(slot)
+            self.drafter.release(slot)  # without its tokens: nothing held
+        # free slot -> the tokens whose K/V its target buffers still hold (prefix reuse), and when
+        # each slot was last taken (the least recently used goes first when no prefix matches)
+        self.held: dict[int, list[int]] = {}
+        self.taken_at: dict[int, int] = {}
         self.target.num_forwards = 0
         self.lives: dict[int, _Live] = {}  # requests added and not finished, by id
         self._next_id = 0
@@ -258,17 +265,51 @@ class SpeculativeDecoder:
         if not free:
             raise RuntimeError(f"all {self.max_slots} slots are busy; add requests as others finish")
         rid, self._next_id = self._next_id, self._next_id + 1
+        slot, reused = self._pick_slot(free, request)
+        self.held.pop(slot, None)
+        self.taken_at[slot] = rid
+        self.target.reuse(slot, reused)
         result = GenerationResult(prompt_len=len(request.prompt), num_draft_tokens=self.num_draft_tokens,
-                                  seed=request.sampling.seed)
+                                  seed=request.sampling.seed, cached_tokens=reused)
         tracker = AcceptanceTracker(self.num_draft_tokens, prior=self.population, decay=REQUEST_DECAY)
         top = request.prompt_logprobs
-        prefill = _Prefill(0, None if top is None else TokenLogprobs(top))
-        live = _Live(request, free[0], request.sampling.generator(self.target.device), result, tracker,
+        prefill = _Prefill(reused, reused, None if top is None else TokenLogprobs(top))
+        live = _Live(request, slot, request.sampling.generator(self.target.device), result, tracker,
                      prefill, on_tokens, time.perf_counter())
         if request.logprobs is not None:
             live.logprobs = TokenLogprobs(request.logprobs)
         self.lives[rid] = live
         return rid
+
+    def _pick_slot(self, free: list[int], request: Request) -> tuple[int, int]:
+        """The free slot for `request` and the prompt positions it keeps from what that slot holds
+        (automatic prefix caching, as vLLM's and TensorRT-LLM's block reuse): the slot where the
+        most stay valid in the target AND the drafter (`Drafter.reusable`), at most all but the
+        prompt's last token, whose logits give the first new one; none matching: the least recently
+        taken slot. Requests asking for prompt_logprobs keep nothing (their whole prompt is scored)."""
+        if not self.prefix_reuse:
+            return free[0], 0
+        prompt = request.prompt
+
+        def worth(slot: int) -> tuple[int, int, int]:  # positions kept, then the least recently taken
+            common, kept = common_prefix(self.held.get(slot, ()), prompt), 0
+            if request.prompt_logprobs is None and common:
+                kept = min(common, len(prompt) - 1, self.drafter.reusable(slot, prompt))
+            return kept, -self.taken_at.get(slot, -1), -slot
+
+        slot = max(free, key=worth)
+        return slot, worth(slot)[0]
+
+    def _free(self, lv: _Live) -> None:
+        """Release `lv`'s slot, its target and drafter state held for a later prompt that starts the
+        same (the tokens whose K/V the target holds; the drafter keeps what it can, `release`)."""
+        if lv.prefill is None:
+            self.held[lv.slot] = lv.committed[: self.target.seq_len(lv.slot)]
+            # off: the drafter keeps nothing either, as before reuse
+            self.drafter.release(lv.slot, lv.committed if self.prefix_reuse else None)
+        else:  # cut off in its prefill: the drafter still holds its previous request's state
+            self.held[lv.slot] = lv.request.prompt[: lv.prefill.fed]
+        self.target.release(lv.slot)
 
     @property
     def num_running(self) -> int:
@@ -278,8 +319,7 @@ class SpeculativeDecoder:
         """Drop a request (its client went away) and free its slot."""
         live = self.lives.pop(rid, None)
         if live is not None:
-            self.target.release(live.slot)
-            self.drafter.release(live.slot)
+            self._free(live)
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -640,7 +680,7 @@ class SpeculativeDecoder:
             for i, (lv, token) in enumerate(zip(new, first, strict=True)):
                 prefill, lv.prefill = lv.prefill, None
                 hidden = torch.cat(prefill.hidden) if prefill.hidden else None  # [P, D]
-                drafter.begin(lv.slot, lv.request.prompt, hidden)
+                drafter.begin(lv.slot, lv.request.prompt, hidden, prefill.reused)
                 lv.result.prompt_logprobs = prefill.logprobs
                 lv.result.prefill_s = now - lv.added_at
                 self._emit(lv, [token], logprobs.get(i))
@@ -703,8 +743,7 @@ class SpeculativeDecoder:
             lv.result.total_s = time.perf_counter() - lv.added_at
             lv.result.token_ids = lv.generated
             lv.result.logprobs = lv.logprobs
-            target.release(lv.slot)
-            drafter.release(lv.slot)
+            self._free(lv)
             finished[rid] = lv.result
         drafter.tidy()
         return finished

@@ -13,6 +13,8 @@ from trtspec.spec.logprobs import TokenLogprobs
 class GenerationResult:
     prompt_len: int
     num_draft_tokens: int  # k the drafter was configured with
+    # prompt tokens whose K/V a previous request left in its slot (prefix reuse), not prefilled again
+    cached_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)  # generated ids only
     num_target_calls: int = 0  # prefill included
     num_drafted: int = 0
@@ -59,6 +61,7 @@ class GenerationResult:
             "token_ids": self.token_ids,
             "num_generated": len(self.token_ids),
             "tau": round(self.tau, 4),
+            "cached_tokens": self.cached_tokens,
             "num_target_calls": self.num_target_calls,
             "num_drafted": self.num_drafted,
             "num_accepted": self.num_accepted,

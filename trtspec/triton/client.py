@@ -35,7 +35,7 @@ class ClientError(TrtspecError):
 
 # the totals' wire names -> Completion fields (`target_forwards` is the property that falls back)
 TOTALS = {"accepted_tokens": "accepted_tokens", "draft_tokens": "draft_tokens",
-          "target_forwards": "reported_forwards"}
+          "target_forwards": "reported_forwards", "cached_tokens": "cached_tokens"}
 
 
 @dataclass(slots=True)
@@ -47,6 +47,7 @@ class Completion:
     draft_tokens: int | None = None
     # the target forwards the server says the request took (trtspec's servers since `target_forwards`)
     reported_forwards: int | None = None
+    cached_tokens: int | None = None  # prompt tokens the server kept from an earlier request (prefix reuse)
     num_responses: int = 0
     token_responses: int = 0  # the responses that carried generated text or ids
     first_response_s: float | None = None  # the first response that carries a token (text or ids)
@@ -304,7 +305,8 @@ def _http_outputs(event: dict) -> dict:
     for name, value in event.items():
         if name == "output_ids":
             outputs[name] = value if isinstance(value, list) else [value]
-        elif name in ("text_output", "accepted_tokens", "draft_tokens", "target_forwards", "sampling_seed",
+        elif name in ("text_output", "accepted_tokens", "draft_tokens", "target_forwards", "cached_tokens",
+                      "sampling_seed",
                       "finish_reason"):
             # a one-element output may come back as a value or as a list of one
             outputs[name] = value[0] if isinstance(value, list) else value

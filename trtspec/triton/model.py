@@ -10,18 +10,20 @@ config's schedule (adaptive by default: speculation turns itself down as the bat
 Requests leave when done, stopped or cancelled; the rest keep going.
 
 Responses. `stream` false: one response with the whole `text_output`, `output_ids`,
-`accepted_tokens`, `draft_tokens`, `target_forwards`. `stream` true: one response per decode step
-with the new `text_output` / `output_ids`, then a last one with the request's `accepted_tokens` /
-`draft_tokens` / `target_forwards` totals (and any text held back). The totals come with
-`finish_reason`: `stop` (an end or stop id, or a stop word) or `length` (`max_tokens`). A sampled
-request's totals come with `sampling_seed`: its `random_seed`, or the seed drawn for it when it
-sent none (sent back as `random_seed`, it samples the same text again: always under Gumbel
-coupling, under the same schedule by rejection sampling). With `return_log_probs` (or
-`num_top_log_probs`) every response that carries generated ids also carries `output_log_probs`
-(one per generated id), `cum_log_probs` (their sum so far) and, for k > 0, `top_log_probs` /
-`top_log_prob_ids` [n, k]. With `return_prompt_log_probs` the first response carries the prompt's:
-`prompt_log_probs` for its tokens after the first (and `prompt_top_log_probs` /
-`prompt_top_log_prob_ids`). Any bad parameter gets one error response naming it.
+`accepted_tokens`, `draft_tokens`, `target_forwards`, `cached_tokens`. `stream` true: one response
+per decode step with the new `text_output` / `output_ids`, then a last one with the request's
+`accepted_tokens` / `draft_tokens` / `target_forwards` / `cached_tokens` totals (and any text held
+back); `cached_tokens`: the prompt tokens kept from an earlier request (`limits.prefix_reuse`).
+The totals come with `finish_reason`: `stop` (an end or stop id, or a stop word) or `length`
+(`max_tokens`). A sampled request's totals come with `sampling_seed`: its `random_seed`, or the
+seed drawn for it when it sent none (sent back as `random_seed`, it samples the same text again:
+always under Gumbel coupling, under the same schedule by rejection sampling). With
+`return_log_probs` (or `num_top_log_probs`) every response that carries generated ids also carries
+`output_log_probs` (one per generated id), `cum_log_probs` (their sum so far) and, for k > 0,
+`top_log_probs` / `top_log_prob_ids` [n, k]. With `return_prompt_log_probs` the first response
+carries the prompt's: `prompt_log_probs` for its tokens after the first (and
+`prompt_top_log_probs` / `prompt_top_log_prob_ids`). Any bad parameter gets one error response
+naming it.
 """
 
 from __future__ import annotations
@@ -89,6 +91,10 @@ class Metrics:
         accepted = family("trtspec_accepted_tokens_total", "Draft tokens accepted", counter)
         drafted = family("trtspec_draft_tokens_total", "Draft tokens proposed", counter)
         forwards = family("trtspec_target_forwards_total", "Target forward passes", counter)
+        prompts = family("trtspec_prompt_tokens_total", "Prompt tokens of completed requests", counter)
+        cached = family("trtspec_cached_prompt_tokens_total",
+                        "Prompt tokens kept from an earlier request's K/V (prefix reuse), not prefilled",
+                        counter)
         tau = family("trtspec_tau", "Tokens per target forward, per request (tau)", hist)
         steps = family("trtspec_batch_steps_total",
                        "Packed target forwards of the instance (one per step for all requests)", counter)
@@ -100,13 +106,15 @@ class Metrics:
         errors = family("trtspec_request_errors_total",
                         "Requests answered with an error, by reason (invalid_request, generation_failed)",
                         counter)
-        self._families = [requests, generated, accepted, drafted, forwards, tau, steps, queue, ttft,
-                          in_flight, waiting, errors]
+        self._families = [requests, generated, accepted, drafted, forwards, prompts, cached, tau, steps,
+                          queue, ttft, in_flight, waiting, errors]
         self.requests = requests.Metric(labels=labels)
         self.generated = generated.Metric(labels=labels)
         self.accepted = accepted.Metric(labels=labels)
         self.drafted = drafted.Metric(labels=labels)
         self.forwards = forwards.Metric(labels=labels)
+        self.prompt_tokens = prompts.Metric(labels=labels)
+        self.cached_tokens = cached.Metric(labels=labels)
         self.tau = tau.Metric(labels=labels, buckets=TAU_BUCKETS)
         self.steps = steps.Metric(labels=labels)
         self.queue = queue.Metric(labels=labels, buckets=SECONDS_BUCKETS)
@@ -125,6 +133,8 @@ class Metrics:
         self.accepted.increment(result.num_accepted)
         self.drafted.increment(result.num_drafted)
         self.forwards.increment(result.num_target_calls)
+        self.prompt_tokens.increment(result.prompt_len)
+        self.cached_tokens.increment(result.cached_tokens)
         self.tau.observe(result.tau)
 
     def load(self, running: int, waiting: int) -> None:
@@ -165,8 +175,8 @@ def _response(text: str, ids: list[int], totals: GenerationResult | None = None,
               logprobs: TokenLogprobs | None = None, cumulative: float = 0.0,
               prompt_logprobs: TokenLogprobs | None = None) -> pb_utils.InferenceResponse:
     """One response; `totals` (the request's result) only in its last: a streamed step's carry zeros."""
-    accepted, drafted, forwards = (0, 0, 0) if totals is None else \
-        (totals.num_accepted, totals.num_drafted, totals.num_target_calls)
+    accepted, drafted, forwards, cached = (0, 0, 0, 0) if totals is None else \
+        (totals.num_accepted, totals.num_drafted, totals.num_target_calls, totals.cached_tokens)
     seed, finish_reason = (None, None) if totals is None else (totals.seed, totals.finish_reason)
     tensors = [
         _tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),  # [1]
@@ -174,6 +184,7 @@ def _response(text: str, ids: list[int], totals: GenerationResult | None = None,
         _tensor("accepted_tokens", np.array([accepted], dtype=np.int32)),  # [1]
         _tensor("draft_tokens", np.array([drafted], dtype=np.int32)),  # [1]
         _tensor("target_forwards", np.array([forwards], dtype=np.int32)),  # [1]
+        _tensor("cached_tokens", np.array([cached], dtype=np.int32)),  # [1]
     ]
     if seed is not None:
         tensors.append(_tensor("sampling_seed", np.array([seed], dtype=np.uint64)))  # [1]

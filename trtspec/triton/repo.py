@@ -52,6 +52,8 @@ OUTPUTS = (
     ("accepted_tokens", "TYPE_INT32", (1,)),  # draft tokens the target accepted
     ("draft_tokens", "TYPE_INT32", (1,)),  # draft tokens proposed
     ("target_forwards", "TYPE_INT32", (1,)),  # target forward passes the request took, prefill included
+    # prompt tokens kept from a slot's earlier request (limits.prefix_reuse), not prefilled again
+    ("cached_tokens", "TYPE_INT32", (1,)),
     # a sampled request's seed, with the totals: random_seed as sent, or the one drawn for it
     ("sampling_seed", "TYPE_UINT64", (1,)),
     # with the totals: "stop" (an end or stop id, a stop word) or "length" (max_tokens reached)

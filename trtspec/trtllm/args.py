@@ -105,7 +105,8 @@ def llm_args(config: BuildConfig, *, for_triton: bool) -> dict:
         args["enable_chunked_prefill"] = True
     args["kv_cache_config"] = {
         "free_gpu_memory_fraction": dep.free_gpu_memory_fraction,
-        "enable_block_reuse": dep.enable_block_reuse,
+        # one switch, set on either side (BuildConfig refuses the two set apart)
+        "enable_block_reuse": dep.enable_block_reuse and config.limits.prefix_reuse,
         "dtype": dep.kv_cache_dtype,
     }
     # decode batches replayed as CUDA graphs up to the deployment's batch size, each padded up to
