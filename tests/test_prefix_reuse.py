@@ -8,7 +8,7 @@ import pytest
 
 from trtspec.config import ScheduleConfig, load_build_config
 from trtspec.pipeline import load_pipeline
-from trtspec.spec.decoder import Request
+from trtspec.spec.decoder import MIN_REUSE, Request
 from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.schedule import SPSTable
 
@@ -249,3 +249,16 @@ def test_the_switch_agrees_with_trtllm_block_reuse():
 
     args = llm_args(BuildConfig.model_validate(raw), for_triton=False)
     assert args["kv_cache_config"]["enable_block_reuse"] is False
+
+
+def test_a_few_shared_tokens_do_not_take_a_slot_holding_a_conversation(plain):
+    """A prompt that shares only a short opening (a role tag) with what a slot holds keeps nothing
+    and takes an unused slot, so the conversation held there still serves its next turn."""
+    decoder = plain.decoder_for(2, FULL, prefix_reuse=True)
+    first = _run(decoder, Request(SYSTEM + USERS[0], 8))
+    assert first.cached_tokens == 0
+    tag = SYSTEM[:MIN_REUSE - 1]  # one token short of a reuse worth having
+    other = _run(decoder, Request(tag + list(b" Something else entirely, please."), 8))
+    assert other.cached_tokens == 0
+    follow_up = SYSTEM + USERS[0] + first.token_ids + USERS[1]
+    assert _run(decoder, Request(follow_up, 8)).cached_tokens == len(SYSTEM + USERS[0]) + 8 - 1

@@ -57,6 +57,13 @@ PROMPT_LOGPROBS_CHUNK = 512
 CATCH_UP_HORIZON = 8
 
 
+# fewest prompt positions a request keeps from a free slot (prefix reuse): a shorter match counts as
+# none, so the request takes the least recently used slot instead of one whose held conversation it
+# would overwrite for a saving of a few tokens (vLLM caches whole blocks of 16 tokens, TensorRT-LLM
+# of tokens_per_block = 32)
+MIN_REUSE = 16
+
+
 class PromptError(ValueError):
     """The prompt does not fit this decoder (empty, or longer than its limits allow)."""
 
@@ -285,16 +292,19 @@ class SpeculativeDecoder:
         """The free slot for `request` and the prompt positions it keeps from what that slot holds
         (automatic prefix caching, as vLLM's and TensorRT-LLM's block reuse): the slot where the
         most stay valid in the target AND the drafter (`Drafter.reusable`), at most all but the
-        prompt's last token, whose logits give the first new one; none matching: the least recently
-        taken slot. Requests asking for prompt_logprobs keep nothing (their whole prompt is scored)."""
+        prompt's last token, whose logits give the first new one, and at least MIN_REUSE; none
+        matching: the least recently taken slot. Requests asking for prompt_logprobs keep nothing
+        (their whole prompt is scored)."""
         if not self.prefix_reuse:
             return free[0], 0
         prompt = request.prompt
 
         def worth(slot: int) -> tuple[int, int, int]:  # positions kept, then the least recently taken
             common, kept = common_prefix(self.held.get(slot, ()), prompt), 0
-            if request.prompt_logprobs is None and common:
+            if request.prompt_logprobs is None and common >= MIN_REUSE:
                 kept = min(common, len(prompt) - 1, self.drafter.reusable(slot, prompt))
+            kept = kept if kept >= MIN_REUSE else 0  # a few shared tokens (a BOS, a role tag) spare
+            # no prefill worth having, and would give away what the slot holds
             return kept, -self.taken_at.get(slot, -1), -slot
 
         slot = max(free, key=worth)
