@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from trtspec.config import ScheduleConfig, load_build_config
+from trtspec.config import ScheduleConfig, TreeConfig, load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.decoder import MIN_REUSE, Request
 from trtspec.spec.sampling import SamplingParams
@@ -262,3 +262,16 @@ def test_a_few_shared_tokens_do_not_take_a_slot_holding_a_conversation(plain):
     assert other.cached_tokens == 0
     follow_up = SYSTEM + USERS[0] + first.token_ids + USERS[1]
     assert _run(decoder, Request(follow_up, 8)).cached_tokens == len(SYSTEM + USERS[0]) + 8 - 1
+
+
+@pytest.mark.parametrize("name", ["tiny-dflash", "tiny-dspark", "tiny-eagle3", "tiny-draft-model"])
+def test_draft_trees_decode_as_without_reuse(name):
+    """Tree drafting over a kept prefix: a tree writes its nodes after the committed tokens and keeps
+    the accepted path, so what a slot holds afterwards must still be exactly the committed tokens'."""
+    pipeline = load_pipeline(_config(name))
+    tree = TreeConfig(nodes=8, topk=2)
+    on, off = (pipeline.decoder_for(2, FULL, tree=tree, prefix_reuse=reuse) for reuse in (True, False))
+    with_reuse, without = _chat(on), _chat(off)
+    assert [r.token_ids for r in with_reuse] == [r.token_ids for r in without]
+    assert [r.accept_counts for r in with_reuse] == [r.accept_counts for r in without]
+    assert all(r.cached_tokens > len(SYSTEM) for r in with_reuse[1:])
