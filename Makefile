@@ -36,7 +36,7 @@ demo: install
 
 test: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=30
 
 # regenerates docs/BENCHMARKS.md and docs/bench/*.png (run on an otherwise idle machine)
 bench: install
