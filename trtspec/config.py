@@ -210,8 +210,8 @@ class GenerationLimits(_Strict):
                     "deployment.max_num_tokens (trtspec/trtllm/args.py)")
     prefix_reuse: bool = Field(
         True, description="a new request keeps the K/V (and drafter state) a finished request left in "
-                          "its slot for the prompt tokens they share, and prefills only the rest "
-                          "(automatic prefix caching: a chat's next turn, a shared system prompt); "
+                          "its slot for the prompt tokens they share (16 at least), and prefills only the "
+                          "rest (automatic prefix caching: a chat's next turn, a shared system prompt); "
                           "false = every prompt prefilled whole. Flavour engine keeps none (its cache "
                           "compacts freed positions away). Flavour trtllm: TensorRT-LLM's "
                           "kv_cache_config.enable_block_reuse, so it must agree with "
