@@ -100,8 +100,7 @@ def _drafter_graphs(method: str, path: Path, model, num_draft_tokens: int | None
         extra = {"has_confidence": drafter.confidence_head is not None,
                  "sts_temperatures": None if sts is None else sts.tolist(),
                  # the heads graph carries an RNN head's state in and out (markov_state: [b, n, r])
-                 "markov_state_size": head.markov_w1.embedding_dim if head is not None
-                 and head.head_type == "rnn" else 0}
+                 "markov_state_size": 0 if head is None else head.state_size}
     k = num_draft_tokens or most
     if k > most:
         raise CheckpointError(f"drafter.num_draft_tokens is {k} but the {method} block size "

@@ -55,7 +55,7 @@ def export_dspark_heads(model: DSparkDraftModel, precision: str = "float32") -> 
                               "markov_head.gate_proj")
                 latent = g.op("Mul", g.op("Sigmoid", gate), markov_embed)
             elif head.head_type == "rnn":
-                rank = head.markov_w1.embedding_dim
+                rank = head.state_size
                 state = g.input("markov_state", g.float_type, ["batch", "n", rank])
                 joint = linear(g, g.op("Concat", state, markov_embed, hidden, axis=-1), head.joint_proj,
                                "markov_head.joint_proj")  # [b, n, 3r]: gate, candidate, output
@@ -66,8 +66,7 @@ def export_dspark_heads(model: DSparkDraftModel, precision: str = "float32") -> 
             logits = g.op("Add", base, linear(g, latent, head.markov_w2, "markov_head.markov_w2"))
         g.output(g.to_float32(logits), "logits", FLOAT, ["batch", "n", vocab])
         if state_out is not None:
-            rank = head.markov_w1.embedding_dim
-            g.output(state_out, "markov_state_out", g.float_type, ["batch", "n", rank])
+            g.output(state_out, "markov_state_out", g.float_type, ["batch", "n", head.state_size])
         if model.confidence_head is not None:
             features = hidden
             if model.spec.confidence_head_with_markov:

@@ -28,6 +28,7 @@ class VanillaMarkovHead(nn.Module):
     """B(x, ·) = W2(W1[x]): a rank-r bigram correction of the parallel logits."""
 
     head_type = "vanilla"
+    state_size = 0  # r of the state a head carries from slot to slot (0: memoryless)
 
     def __init__(self, vocab_size: int, rank: int, hidden_size: int):
         super().__init__()
@@ -72,10 +73,11 @@ class RNNMarkovHead(VanillaMarkovHead):
     def __init__(self, vocab_size: int, rank: int, hidden_size: int):
         super().__init__(vocab_size, rank, hidden_size)
         self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
+        self.state_size = rank
 
     def initial_state(self, shape, like):
         # DeepSpec keeps the state in the hidden states' dtype
-        return torch.zeros(*shape, self.markov_w1.embedding_dim, dtype=like.dtype, device=like.device)
+        return torch.zeros(*shape, self.state_size, dtype=like.dtype, device=like.device)
 
     def step(self, prev_tokens, hidden, state):
         e = self.markov_w1(prev_tokens).to(hidden.dtype)  # [..., r]
