@@ -313,12 +313,13 @@ class SpeculativeDecoder:
     def _free(self, lv: _Live) -> None:
         """Release `lv`'s slot, its target and drafter state held for a later prompt that starts the
         same (the tokens whose K/V the target holds; the drafter keeps what it can, `release`)."""
-        if lv.prefill is None:
-            self.held[lv.slot] = lv.committed[: self.target.seq_len(lv.slot)]
-            # off: the drafter keeps nothing either, as before reuse
+        if self.prefix_reuse:  # off: nothing is held, and `_pick_slot` never looks
+            # cut off in its prefill, the request's prompt fed so far (its drafter state is still
+            # the previous request's, which `Drafter.reusable` bounds)
+            self.held[lv.slot] = lv.committed[: self.target.seq_len(lv.slot)] if lv.prefill is None \
+                else lv.request.prompt[: lv.prefill.fed]
+        if lv.prefill is None:  # off: the drafter keeps nothing either, as before reuse
             self.drafter.release(lv.slot, lv.committed if self.prefix_reuse else None)
-        else:  # cut off in its prefill: the drafter still holds its previous request's state
-            self.held[lv.slot] = lv.request.prompt[: lv.prefill.fed]
         self.target.release(lv.slot)
 
     @property
