@@ -26,11 +26,9 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_generate_json_speculative_equals_none():
-    spec = run("generate", "--config", CONFIG, "--prompt", "Q: 12 + 34\nA:", "--max-tokens", "40",
-               "--json")
-    none = run("generate", "--config", CONFIG, "--prompt", "Q: 12 + 34\nA:", "--max-tokens", "40",
-               "--json", "--drafter", "none")
-    assert spec.returncode == 0 and none.returncode == 0, spec.stderr + none.stderr
+    args = ["generate", "--config", CONFIG, "--prompt", "Q: 12 + 34\nA:", "--max-tokens", "40", "--json"]
+    spec, none = (CliRunner().invoke(main, args + extra) for extra in ([], ["--drafter", "none"]))
+    assert spec.exit_code == 0 and none.exit_code == 0, spec.output + none.output
     a, b = json.loads(spec.stdout), json.loads(none.stdout)
     for key in ("text", "token_ids", "tau", "num_target_calls", "decode_tokens_per_s"):
         assert key in a
@@ -112,16 +110,34 @@ def test_bad_config_or_checkpoint(tmp_path, content, message, code):
         path.write_text(content)
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text("{}")
-    proc = run("generate", "--config", str(path), "--prompt", "x", "--max-tokens", "4")
-    assert proc.returncode == code
-    assert message in proc.stderr and str(tmp_path) in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert ("Usage:" in proc.stderr) == (code == 2)
+    args = ["generate", "--config", str(path), "--prompt", "x", "--max-tokens", "4"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == code, result.output
+    assert isinstance(result.exception, SystemExit)  # click's one-line error, not an escaped exception
+    assert message in result.stderr and str(tmp_path) in result.stderr
+    assert ("Usage:" in result.stderr) == (code == 2)
     if "path '" in message:
-        assert "(a relative path starts at the YAML's folder), which" in proc.stderr
-        assert ("is a file, not a checkpoint folder" in proc.stderr) == ("c.yaml" in message)
-    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
+        assert "(a relative path starts at the YAML's folder), which" in result.stderr
+        assert ("is a file, not a checkpoint folder" in result.stderr) == ("c.yaml" in message)
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("Error")]
     assert len(error_lines) == 1
+
+
+def test_bad_config_through_the_entry_point(tmp_path):
+    """As a user meets it, in its own process: one `Error:` line, usage, no traceback; and the file
+    is named before torch and the models load (a second, not the ~6 s they take)."""
+    path = tmp_path / "c.yaml"
+    path.write_text("target: [oops\n")
+    proc = run("generate", "--config", str(path), "--prompt", "x", "--max-tokens", "4")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Usage:" in proc.stderr and str(tmp_path) in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("Error")]) == 1
+    probe = ("import runpy, sys\n"
+             f"sys.argv = ['trtspec', 'generate', '--config', {str(path)!r}, '--prompt', 'x']\n"
+             "try:\n    runpy.run_module('trtspec.cli', run_name='__main__')\n"
+             "except SystemExit as exit:\n    print(exit.code, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.stdout.split() == ["2", "False"], out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("command, model, renamed", [

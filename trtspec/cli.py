@@ -113,20 +113,28 @@ def main(verbose: bool) -> None:
 def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt, max_tokens, temperature,
              top_p, top_k, seed, drafter_choice, as_json, flavour=None) -> None:
     """Generate text speculatively with the configured target and drafter, or ask a served model."""
-    from trtspec.pipeline import load_pipeline
-    from trtspec.runtime import configure_threads
-    from trtspec.spec.decoder import Request
-    from trtspec.spec.sampling import SamplingParams
-
     utf8_text(prompt, "--prompt")
     if not prompt:
         raise click.BadParameter("must not be empty", param_hint="--prompt")
     check_range(max_tokens, "--max-tokens", low=1)
     check_range(wait_s, "--wait", low=0)
-    sampling = options_model(SamplingParams, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     if (config_path is None) == (url is None):
         raise click.UsageError("give exactly one of --config (run here) or --url (a served model)")
-    if url is not None:
+    config = None
+    if url is None:  # a mistaken config file is named before torch and the models load (seconds)
+        if stream:
+            raise click.BadParameter("streams only from a served model: add --url", param_hint="--stream")
+        _refuse_given("applies to a served model (--url), not to --config", "model_name", "wait_s", "api_key")
+        config = load_config_arg(config_path, "--config")
+        if flavour is not None:
+            config = _flavour_arg(config, flavour)
+        if max_tokens > config.limits.max_tokens:
+            raise click.BadParameter(f"must be in [1, {config.limits.max_tokens}] (limits.max_tokens of "
+                                     f"{config_path}), got {max_tokens}", param_hint="--max-tokens")
+    from trtspec.spec.sampling import SamplingParams
+
+    sampling = options_model(SamplingParams, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    if config is None:
         _url_arg(url)
         if drafter_choice != "config":
             raise click.BadParameter("the served model uses its build's drafter", param_hint="--drafter")
@@ -138,15 +146,10 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
         _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json, chat,
                          api_key)
         return
-    if stream:
-        raise click.BadParameter("streams only from a served model: add --url", param_hint="--stream")
-    _refuse_given("applies to a served model (--url), not to --config", "model_name", "wait_s", "api_key")
-    config = load_config_arg(config_path, "--config")
-    if flavour is not None:
-        config = _flavour_arg(config, flavour)
-    if max_tokens > config.limits.max_tokens:
-        raise click.BadParameter(f"must be in [1, {config.limits.max_tokens}] (limits.max_tokens of "
-                                 f"{config_path}), got {max_tokens}", param_hint="--max-tokens")
+    from trtspec.pipeline import load_pipeline
+    from trtspec.runtime import configure_threads
+    from trtspec.spec.decoder import Request
+
     configure_threads(config)
     sampling = sampling.model_copy(update={"coupling": config.sampling.coupling})
     pipeline = load_pipeline(config, use_drafter=drafter_choice != "none")
