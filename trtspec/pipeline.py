@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -168,18 +169,28 @@ class Pipeline:
         return StopTrimmer(list(self.chat_template.stop)).push(stream.text, final=True), result
 
 
-def _cached_cost_table(pipeline: Pipeline) -> SPSTable:
-    """`profile_cost` of this pipeline, measured on first use and kept in the cache folder."""
-    from trtspec.bench.profile import cost_key, profile_cost
+def cost_table_path(config: BuildConfig) -> Path:
+    """Where the cost model measured for `config` is cached: keyed by the models' weights and how
+    they run, not by where their folders are (a build copies them) nor by how the schedule or a tree
+    reads the table (`profile_cost` measures neither)."""
+    from trtspec.bench.profile import cost_key
     from trtspec.export.bundle import cache_root, content_key
 
-    config = pipeline.config
-    key = cost_key({"models": content_key(config, True), "flavour": config.flavour,
+    models = content_key(config, True, ignore=("path", "schedule", "tree"))
+    key = cost_key({"models": models, "flavour": config.flavour,
                     "slots": config.limits.max_concurrency, "device": config.target.device,
                     # 4: the drafter's catch-up; 3: the loop's own time; 2: the R × t verify grid,
                     # drafts timed after a commit
                     "table_format": 4})
-    path = cache_root() / "cost" / f"{key}.json"
+    return cache_root() / "cost" / f"{key}.json"
+
+
+def _cached_cost_table(pipeline: Pipeline) -> SPSTable:
+    """`profile_cost` of this pipeline, measured on first use and kept in the cache folder."""
+    from trtspec.bench.profile import profile_cost
+
+    config = pipeline.config
+    path = cost_table_path(config)
     if path.is_file():
         try:
             return SPSTable.load(path)

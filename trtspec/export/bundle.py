@@ -216,11 +216,14 @@ def load_manifest(folder: Path, check_hashes: bool = True) -> dict:
     return manifest
 
 
-def content_key(config: BuildConfig, use_drafter: bool) -> str:
+def content_key(config: BuildConfig, use_drafter: bool, ignore: tuple[str, ...] = ()) -> str:
+    """A hash of the config's model sections and their checkpoints' files; `ignore`: section fields
+    left out (say `path`: the files are hashed anyway, wherever their folder is)."""
     digest = hashlib.sha256(f"format={EXPORT_FORMAT};drafter={use_drafter}".encode())
     parts = [config.target] + ([config.drafter] if use_drafter and config.drafter else [])
     for part in parts:
-        digest.update(json.dumps(part.model_dump(mode="json"), sort_keys=True).encode())
+        fields = part.model_dump(mode="json", exclude=set(ignore))
+        digest.update(json.dumps(fields, sort_keys=True).encode())
         folder = part.resolved_path
         if not folder.is_dir():
             raise CheckpointError(f"checkpoint directory {folder} does not exist")
