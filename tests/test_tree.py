@@ -23,7 +23,8 @@ from trtspec.triton.verify import exact_marginals, tv_bound
 
 from .conftest import REPO
 
-PROMPTS = load_prompts("code")[:12] + load_prompts("math")[:12] + load_prompts("chat")[:8]
+# 16 held-out prompts: 6 code, 6 math, 4 chat
+PROMPTS = (load_prompts("code")[:12] + load_prompts("math")[:12] + load_prompts("chat")[:8])[::2]
 TREE = TreeConfig(nodes=12, topk=3)
 FULL = ScheduleConfig(mode="full")
 DRAWS = 40_000
@@ -279,7 +280,7 @@ def alone():
 
 @pytest.mark.parametrize("name", ["tiny-dflash", "tiny-dspark", "tiny-eagle3", "tiny-draft-model"])
 def test_tree_greedy_identical_to_target_alone(name, alone):
-    """32 held-out prompts at R = 1 and R = 4: every drafter's trees give the target's tokens."""
+    """16 held-out prompts at R = 1 and R = 4: every drafter's trees give the target's tokens."""
     pipeline = load_pipeline(_config(name))
     reqs = [Request(list(p.encode()), 32) for p in PROMPTS]
     for slots in (1, 4):
@@ -295,10 +296,10 @@ def test_tree_greedy_identical_to_target_alone(name, alone):
 def test_engine_tree_greedy_identical_to_target_alone(name, alone):
     """The engine flavour (exported graphs, tree verification graph, onnxruntime) at R = 1 and 4."""
     pipeline = load_pipeline(_config(name, "engine"))
-    reqs = [Request(list(p.encode()), 32) for p in PROMPTS[::4]]
+    reqs = [Request(list(p.encode()), 32) for p in PROMPTS[::2]]
     for slots in (1, 4):
         got = pipeline.decoder_for(slots, FULL, tree=TREE).generate_batch(reqs)
-        assert [r.token_ids for r in got] == alone[::4]
+        assert [r.token_ids for r in got] == alone[::2]
 
 
 def test_engine_tree_verify_graphs_equal_the_torch_rules():
@@ -336,12 +337,12 @@ def test_engine_tree_verify_graphs_equal_the_torch_rules():
 
 
 def test_tree_sampling_follows_target():
-    """R = 4 sampling requests decoded with DFlash trees: the first four tokens have the target's law."""
+    """R = 8 sampling requests decoded with DFlash trees: the first four tokens have the target's law."""
     pipeline = load_pipeline(_config("tiny-dflash"))
     prompt, steps, n = list(b"Q: 12 + 34\nA:"), 4, 2000
     sampling = SamplingParams(temperature=1.0, top_k=3)
     laws = exact_marginals(pipeline.target.model, prompt, sampling, steps)
-    decoder = pipeline.decoder_for(4, FULL, tree=TreeConfig(nodes=8, topk=2))
+    decoder = pipeline.decoder_for(8, FULL, tree=TreeConfig(nodes=8, topk=2))
     counts = [dict() for _ in range(steps)]
     accepted = 0
     for start in range(0, n, 50):
