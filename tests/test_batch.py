@@ -48,9 +48,11 @@ def pipeline(request):
 @pytest.fixture(scope="module")
 def alone():
     """Each prompt decoded alone by the torch target alone: the reference every batch, every drafter
-    and both flavours must equal."""
+    and both flavours must equal. Greedy, so a budget of 40 gives the first 40 of the 70 tokens
+    (fewer where an end id came first): decoded once, at 70."""
     decoder = load_pipeline(_config("tiny-dflash"), use_drafter=False).decoder_for(1, FULL)
-    return {n: [decoder.generate(list(p.encode()), n).token_ids for p in PROMPTS] for n in (40, 70)}
+    full = [decoder.generate(list(p.encode()), 70).token_ids for p in PROMPTS]
+    return {70: full, 40: [ids[:40] for ids in full]}
 
 
 def _decoder(pipeline, drafter=None, schedule=FULL, slots=8, table=None, tree=None,
@@ -121,12 +123,13 @@ def test_packed_forward_equals_one_sequence_at_a_time(pipeline):
 
 def test_batched_greedy_identical_to_target_alone(pipeline, alone):
     """R = 1..8 with unequal budgets, more requests than slots (they join as others leave): every
-    request's tokens equal the target alone's; without the drafter too."""
+    request's tokens equal the target alone's; without the drafter too (once per flavour: the
+    target is the same whatever the drafter)."""
     budgets = [40 if i % 2 else 70 for i in range(len(PROMPTS))]
     expected = [alone[n][i] for i, n in enumerate(budgets)]
     reqs = [Request(list(p.encode()), n) for p, n in zip(PROMPTS, budgets, strict=True)]
     spec = _decoder(pipeline)
-    for slots in (1, 3, 8):
+    for slots in (1, 3):  # R = 8 is `spec` below, with all 12 requests
         decoder = _decoder(pipeline, slots=slots)
         got = decoder.generate_batch(reqs[: 2 + slots])
         assert [r.token_ids for r in got] == expected[: 2 + slots]
@@ -134,6 +137,8 @@ def test_batched_greedy_identical_to_target_alone(pipeline, alone):
     assert [r.token_ids for r in got] == expected
     tokens = sum(len(r.token_ids) for r in got)
     assert spec.num_steps < tokens / 8  # speculation and batching, not one token per request-step
+    if pipeline.drafter.method != "dflash":
+        return
     plain = _decoder(pipeline, NoDrafter(), slots=5).generate_batch(reqs)
     assert [r.token_ids for r in plain] == expected
 
