@@ -153,11 +153,17 @@ class Served:
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
+def tritonserver_pids(marker: str) -> list[int]:
+    """The running tritonserver processes whose command line holds `marker` (a repository path)."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if marker in line and "tritonserver" in line]
+
+
 @contextlib.contextmanager
 def serve_cli(build_dir: Path, key: str | None = None, avoid: tuple[int, ...] = ()):
     """`trtspec serve BUILD_DIR` itself (the CLI, in a subprocess) on free loopback ports, none of
     `avoid` (a server starting beside it has not bound its own yet), with an OpenAI frontend (and API
-    key); stopped by SIGTERM, which must end it cleanly."""
+    key); stopped by SIGTERM, which must end it cleanly: exit 0 and no tritonserver left behind."""
     from trtspec.triton.server import Ports, free_port
 
     ports, openai_port = Ports.free(), free_port()
@@ -182,3 +188,4 @@ def serve_cli(build_dir: Path, key: str | None = None, avoid: tuple[int, ...] = 
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()
+        assert tritonserver_pids(str(build_dir)) == [], "tritonserver still running after `serve` exited"

@@ -191,13 +191,14 @@ def test_curl_streams_valid_sse_ending_in_done(served):
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
-def test_eight_streaming_clients_ten_requests_each(served, pipeline):
+def test_eight_streaming_clients_each_sending_every_prompt(served, pipeline):
+    """Eight SDK clients streaming at once, each sending every prompt in turn (from a different one)."""
     expected = {p: _greedy(pipeline, p, 24)[0] for p in PROMPTS}
 
     def user(worker: int) -> list[bool]:
         client = served.client()
         done = []
-        for i in range(10):
+        for i in range(len(PROMPTS)):
             prompt = PROMPTS[(worker + i) % len(PROMPTS)]
             stream = client.completions.create(model="trtspec", prompt=prompt, max_tokens=24, temperature=0,
                                                stream=True)
@@ -206,7 +207,7 @@ def test_eight_streaming_clients_ten_requests_each(served, pipeline):
 
     with ThreadPoolExecutor(8) as pool:
         answers = [a for worker in pool.map(user, range(8)) for a in worker]
-    assert len(answers) == 80 and all(answers)
+    assert len(answers) == 8 * len(PROMPTS) and all(answers)
 
 
 def test_sixteen_concurrent_streams_some_closed_early_leave_the_server_clean(served, pipeline):
