@@ -215,7 +215,9 @@ def test_adaptive_batched_sampling_follows_target(name):
     block with Algorithm 1): the law of the first tokens is the target's."""
     pipeline = load_pipeline(_config(name))
     model = pipeline.target.model
-    prompt, steps, n = list(b"Q: 12 + 34\nA:"), 4, 2000
+    # a prompt whose law is spread (top token 0.91, 0.91, 0.41, 0.43; on "Q: 12 + 34\nA:" it was
+    # 0.9999, which a biased verifier passes too) and whose blocks are sometimes accepted
+    prompt, steps, n = list(b"    def __init__(self"), 4, 2000
     sampling = SamplingParams(temperature=1.0, top_k=3)
     laws = exact_marginals(model, prompt, sampling, steps)
     decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive"), slots=4, table=SPS)
