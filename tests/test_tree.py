@@ -339,7 +339,9 @@ def test_engine_tree_verify_graphs_equal_the_torch_rules():
 def test_tree_sampling_follows_target():
     """R = 8 sampling requests decoded with DFlash trees: the first four tokens have the target's law."""
     pipeline = load_pipeline(_config("tiny-dflash"))
-    prompt, steps, n = list(b"Q: 12 + 34\nA:"), 4, 2000
+    # a spread law (top tokens 0.91, 0.91, 0.41, 0.43; on "Q: 12 + 34\nA:" 0.9999, which a biased
+    # rule passes too)
+    prompt, steps, n = list(b"    def __init__(self"), 4, 2000
     sampling = SamplingParams(temperature=1.0, top_k=3)
     laws = exact_marginals(pipeline.target.model, prompt, sampling, steps)
     decoder = pipeline.decoder_for(8, FULL, tree=TreeConfig(nodes=8, topk=2))
