@@ -27,7 +27,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from trtspec.config import ASSETS_DIR
+from trtspec.spec.decoder import Request
+from trtspec.spec.law_check import check_law
 from trtspec.tokenizer import ByteTokenizer
+from trtspec.triton.verify import exact_marginals
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,6 +45,30 @@ def assert_matches_golden(produced: dict[str, str], golden: Path) -> None:
     assert sorted(produced) == sorted(expected)
     for rel, text in produced.items():
         assert text == expected[rel], f"{rel} differs from {golden / rel}"
+
+
+LAW_ALPHA = 1e-3  # a correct decoder fails a sampling-law test with probability at most this
+
+
+def assert_samples_follow_target(model, decoder, prompt: list[int], sampling, steps: int,
+                                 n: int = 2000) -> None:
+    """n seeded requests through `decoder` together (`decoder.max_slots` at a time, each next one
+    joining as one ends): the law of each of the first `steps` tokens is the target's exact one, by
+    `trtspec verify`'s own test (`trtspec.spec.law_check`: each position's TV against the TV of
+    simulated draws from the exact law, Bonferroni over the positions at `LAW_ALPHA`). A fixed TV
+    bound let slips of the acceptance rule pass where a position's law is spread over many tokens."""
+    laws = exact_marginals(model, prompt, sampling, steps)
+    counts: list[dict[int, int]] = [{} for _ in range(steps)]
+    accepted = drafted = 0
+    requests = [Request(prompt, steps, sampling.model_copy(update={"seed": seed})) for seed in range(n)]
+    for result in decoder.generate_batch(requests):
+        accepted, drafted = accepted + result.num_accepted, drafted + result.num_drafted
+        for pos, tok in enumerate(result.token_ids[:steps]):
+            counts[pos][tok] = counts[pos].get(tok, 0) + 1
+    # the test means something only if both accept and reject paths were taken
+    assert 0 < accepted < drafted, (accepted, drafted)
+    check = check_law(counts, laws, LAW_ALPHA)
+    assert check.passed, [(pos, round(c.tv, 4), c.p_value) for pos, c in enumerate(check.positions)]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from transformers import GPT2Config, Qwen3Config
 
 from plugins.confidence_verify.reference import draw_uniforms, verify_sampling_explicit
-from tests.conftest import REPO, draft_rows, with_slots
+from tests.conftest import REPO, assert_samples_follow_target, draft_rows, with_slots
 from trtspec.cli import main
 from trtspec.config import EngineConfig, ScheduleConfig, load_build_config
 from trtspec.engine.ort import OrtSession
@@ -113,13 +113,10 @@ def test_dspark_engine_confidences_match_torch(pipelines):
 def test_engine_sampling_follows_target(pipelines):
     """Sampling through the engine flavour (drafts, then the `confidence_verify_sampling` graph)
     emits tokens with the target's law, 8 requests at a time (ragged draft lengths in one graph call)."""
-    from tests.test_lossless import _assert_samples_follow_target
-
     model = pipelines[("torch", "target")].target.model
     spec = pipelines[("engine", "dspark")].decoder_for(8, FULL)
     sampling = SamplingParams(temperature=1.0, top_k=3)
-    _assert_samples_follow_target(model, spec, list(b"    def __init__(self"), sampling, steps=4, n=1000,
-                                  bound=0.08)
+    assert_samples_follow_target(model, spec, list(b"    def __init__(self"), sampling, steps=4, n=1000)
 
 
 def _float16(config):

@@ -15,9 +15,8 @@ from trtspec.prompts import load_prompts
 from trtspec.spec.decoder import Request, SpeculativeDecoder
 from trtspec.spec.sampling import SamplingParams
 from trtspec.tokenizer import ByteTokenizer
-from trtspec.triton.verify import exact_marginals
 
-from .conftest import REPO
+from .conftest import REPO, assert_samples_follow_target
 
 # 18 held-out prompts of three kinds (7 code, 7 math, 4 chat); every fourth case (5) decodes a
 # long output
@@ -104,29 +103,10 @@ def test_greedy_identical_random_llama(random_llama_dir, random_qwen3_dir, k):
         assert spec.generate(ids, 40).token_ids == plain.generate(ids, 40).token_ids
 
 
-def _assert_samples_follow_target(model, spec, prompt, sampling, steps, n=2000, bound=0.06):
-    """TV between the empirical law of each of the first `steps` tokens and the exact one. The n
-    seeded requests go through `spec` together, `spec.max_slots` at a time (one by one at R = 1)."""
-    laws = exact_marginals(model, prompt, sampling, steps)
-    counts = [dict() for _ in range(steps)]
-    accepted = drafted = 0
-    requests = [Request(prompt, steps, sampling.model_copy(update={"seed": seed})) for seed in range(n)]
-    for result in spec.generate_batch(requests):
-        accepted, drafted = accepted + result.num_accepted, drafted + result.num_drafted
-        for pos, tok in enumerate(result.token_ids[:steps]):
-            counts[pos][tok] = counts[pos].get(tok, 0) + 1
-    # the test means something only if both accept and reject paths were taken
-    assert 0 < accepted < drafted, (accepted, drafted)
-    for pos in range(steps):
-        support = set(laws[pos]) | set(counts[pos])
-        tv = 0.5 * sum(abs(counts[pos].get(t, 0) / n - laws[pos].get(t, 0.0)) for t in support)
-        assert tv < bound, (pos, tv)
-
-
 def test_sampling_matches_target_distribution(random_qwen3_dir, noisy_qwen3_dir):
     model, spec, _ = _decoders(random_qwen3_dir, noisy_qwen3_dir, k=3)
     sampling = SamplingParams(temperature=0.02, top_k=3)  # random weights: sharpen to 3 tokens
-    _assert_samples_follow_target(model, spec, [10, 20, 30, 40], sampling, steps=3)
+    assert_samples_follow_target(model, spec, [10, 20, 30, 40], sampling, steps=3, n=1000)
 
 
 @pytest.mark.parametrize("name", ["tiny-dflash", "tiny-eagle3", "tiny-dspark"])
@@ -136,7 +116,7 @@ def test_sampling_matches_target_distribution_shipped(name):
     model, spec = _shipped_decoder(name, slots=16)
     sampling = SamplingParams(temperature=1.0, top_k=3)
     # a prompt where every shipped drafter's first blocks are sometimes accepted, sometimes not
-    _assert_samples_follow_target(model, spec, list(b"    def __init__(self"), sampling, steps=4)
+    assert_samples_follow_target(model, spec, list(b"    def __init__(self"), sampling, steps=4)
 
 
 def test_sampling_reproducible_with_seed(shipped_spec):
