@@ -93,20 +93,24 @@ APPLIED = """
 import json, sys, torch
 from click.testing import CliRunner
 from trtspec.cli import main
-result = CliRunner().invoke(main, ["generate", "--config", sys.argv[1], "--prompt", "x", "--max-tokens", "2"])
+result = CliRunner().invoke(main, ["generate", "--config", sys.argv[1], "--prompt", "x", "--max-tokens", "2",
+                                   "--drafter", sys.argv[2]])
 print(json.dumps({"code": result.exit_code, "threads": torch.get_num_threads()}))
 """
 
 
-@pytest.mark.parametrize("setting, env, expected", [("auto", None, 1), ("3", None, 3), ("auto", "2", 2)])
-def test_cli_applies_the_setting(tmp_path, setting, env, expected):
-    """torch starts with one thread per core; `generate` leaves it at the policy's choice."""
+@pytest.mark.parametrize("setting, env, expected, drafter",
+                         [("auto", None, 1, "config"), ("3", None, 3, "none"), ("auto", "2", 2, "none")])
+def test_cli_applies_the_setting(tmp_path, setting, env, expected, drafter):
+    """torch starts with one thread per core; `generate` leaves it at the policy's choice. With the
+    drafter once (its adaptive schedule measures the cost model first: the ~10 s of each case with
+    it, at each thread count)."""
     path = tmp_path / "c.yaml"
     path.write_text((REPO / "build_configs" / "tiny-draft-model.yaml").read_text()
                     + f"runtime: {{threads: {setting}}}\n")
     environ = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     if env is not None:
         environ["OMP_NUM_THREADS"] = env
-    out = subprocess.run([sys.executable, "-c", APPLIED, str(path)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", APPLIED, str(path), drafter], capture_output=True, text=True,
                          env=environ, timeout=300, check=True).stdout
     assert json.loads(out.splitlines()[-1]) == {"code": 0, "threads": expected}
