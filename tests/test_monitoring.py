@@ -24,7 +24,7 @@ from google.protobuf import text_format
 from safetensors.torch import load_file, save_file
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtspec.config import ASSETS_DIR, load_build_config
+from trtspec.config import ASSETS_DIR, ScheduleConfig, load_build_config
 from trtspec.triton.client import GenerateParams, generate
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
 from trtspec.triton.server import Ports, TritonServer, free_port
@@ -160,10 +160,13 @@ class Prometheus:
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory):
     """tritonserver with the shipped drafter (two instances) and the random one, Prometheus scraping
-    it, a few requests."""
+    it, a few requests. Both drafters verify whole blocks (`schedule: full`): the adaptive schedule
+    would first measure each drafter's cost model at start (the random one's weights are another
+    cache key), and what is watched here is the same either way."""
     binary = _tool("prometheus")
     work = tmp_path_factory.mktemp("monitoring")
     config = load_build_config(REPO / "build_configs" / "tiny-dflash.yaml")
+    config.drafter = config.drafter.model_copy(update={"schedule": ScheduleConfig(mode="full")})
     write_triton_repo(config, work / "build")
     _two_instances(work / "build" / REPO_DIR / GOOD)
     bad = config.model_copy(update={"name": BAD})
@@ -171,16 +174,15 @@ def scraped(tmp_path_factory):
     write_triton_repo(bad, work / "build")
     server = TritonServer(work / "build" / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
                           env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
-    prometheus = None
+    prometheus = Prometheus(binary, work, server.ports.metrics)  # scraping a port with no server yet
     try:
         server.start(timeout_s=240)
-        prometheus = Prometheus(binary, work, server.ports.metrics)
         # rate() needs a sample from before the requests: wait for the first scrape of both models
         assert len(_wait_for(prometheus, "trtspec_requests_total == 0")) == 2, "no scrape of the server"
-        params = GenerateParams(max_tokens=48)
+        params = GenerateParams(max_tokens=24)
         for model in (GOOD, BAD):
             for prompt in PROMPTS:
-                generate(server.grpc_url, model, prompt, GenerateParams(max_tokens=48, stream=True))
+                generate(server.grpc_url, model, prompt, GenerateParams(max_tokens=24, stream=True))
                 generate(server.http_url, model, prompt, params)
         with pytest.raises(Exception, match="max_tokens"):  # one invalid request: the error counter moves
             generate(server.http_url, GOOD, PROMPTS[0], GenerateParams(max_tokens=0))
@@ -188,8 +190,7 @@ def scraped(tmp_path_factory):
         assert _wait_for(prometheus, 'sum(trtspec_request_errors_total{reason="invalid_request"}) == 1')
         yield prometheus
     finally:
-        if prometheus is not None:
-            prometheus.stop()
+        prometheus.stop()
         server.stop()
 
 
