@@ -3,11 +3,17 @@ not the folders they sit in nor the schedule that reads the table."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 from trtspec.config import ASSETS_DIR, load_build_config
 from trtspec.pipeline import cost_table_path, load_pipeline
 from trtspec.spec.schedule import SPSTable
+
+from .conftest import REPO
 
 CONFIG = """\
 target: {{path: {target}}}
@@ -43,3 +49,16 @@ def test_a_copied_build_and_another_schedule_share_one_measured_table(tmp_path, 
     first.parent.mkdir(parents=True)
     first.write_text(table.model_dump_json())
     assert load_pipeline(same[0]).cost_table == table
+
+
+def test_the_test_sessions_cache_folder_is_removed_when_it_ends(tmp_path):
+    """conftest gives each test session a fresh cache folder (exported graphs, cost tables): it is
+    gone once the session's process ends, not left in the temp folder run after run."""
+    env = {k: v for k, v in os.environ.items() if k != "TRTSPEC_CACHE_DIR"} | {"TMPDIR": str(tmp_path)}
+    probe = ("import os, pathlib, tests.conftest; d = pathlib.Path(os.environ['TRTSPEC_CACHE_DIR']); "
+             "(d / 'cost').mkdir(); (d / 'cost' / 'x.json').write_text('{}'); print(d)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    folder = Path(out.splitlines()[-1])
+    assert folder.parent == tmp_path and folder.name.startswith("trtspec-test-cache-")
+    assert not folder.exists()
