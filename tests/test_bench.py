@@ -48,6 +48,7 @@ def test_tiny_bench(tmp_path):
 def test_tiny_concurrency_bench_and_recommendation(tmp_path):
     configs = [str(REPO / "build_configs" / f"{n}.yaml") for n in ("tiny-dflash", "tiny-dspark")]
     sps = tmp_path / "sps.json"
+    sps.write_text("{}")  # an earlier run's: replaced (`make bench` rewrites its report the same way)
     prof = CliRunner().invoke(main, ["profile", configs[0], "--out", str(sps), "--batches", "1,4,16",
                                      "--requests", "2", "--context", "16", "--reps", "2"])
     assert prof.exit_code == 0, prof.output
@@ -184,6 +185,7 @@ def test_tree_rows_compare_each_drafter_with_its_chain(tmp_path):
     target; the report's tree section sets its τ and speedup beside the chain's."""
     configs = [str(REPO / "build_configs" / f"{n}.yaml") for n in ("tiny-dflash", "tiny-eagle3")]
     doc = tmp_path / "report.md"
+    doc.write_text("an earlier run's report\n")  # replaced, as `make bench` replaces docs/BENCHMARKS.md
     result = CliRunner().invoke(main, ["bench", *configs, "--tasks", "code", "--prompts", "1",
                                        "--max-tokens", "24", "--no-hf", "--tree", "8,2",
                                        "--out", str(tmp_path), "--doc", str(doc)])
@@ -194,6 +196,7 @@ def test_tree_rows_compare_each_drafter_with_its_chain(tmp_path):
     assert all(row["greedy_mismatches"] == 0 for row in rows.values())
     assert results["trees"]["dflash+tree"]["nodes"] == 8 and results["trees"]["eagle3+tree"]["topk"] == 2
     report = doc.read_text()
+    assert "an earlier run's report" not in report
     assert results["revision"] == source_revision() and f"Source: trtspec at {source_revision()}" in report
     tau = rows["dflash+tree"]["tau"] / rows["dflash"]["tau"]
     assert "## Draft trees vs chains" in report and "| dflash | N=8, K=2 | code |" in report

@@ -113,7 +113,8 @@ def writable_arg(path: Path, hint: str, folder: bool) -> None:
     kind, other = ("folder", "file") if folder else ("file", "folder")
     if path.exists() and path.is_dir() != folder:
         raise click.BadParameter(f"{path} is a {other}; give a {kind}", param_hint=hint)
-    existing = path if path.exists() else path.parent
+    # an existing file is replaced (written whole, beside it): what must be writable is its folder
+    existing = path if path.exists() and folder else path.parent
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
