@@ -8,7 +8,7 @@ alternation, ROUNDS times each (OLD NEW OLD NEW …): a difference that holds in
 code's. Each revision runs from a git worktree with this checkout's virtual environment and its own
 cost-model cache; its tokens/s over the target alone's *in the same run* are what compare.
 
-    python scripts/bench_revisions.py 4346d5e            # against HEAD, two rounds, ~14 min
+    python scripts/bench_revisions.py 4346d5e            # against HEAD, two rounds, ~20 min
     python scripts/bench_revisions.py 4346d5e HEAD --configs build_configs/tiny-dspark.yaml
 
 Writes OUT/runs/<rev>-<round>/ (each bench's results) and OUT/revisions.md (the table).
