@@ -275,3 +275,33 @@ def test_draft_trees_decode_as_without_reuse(name):
     assert [r.token_ids for r in with_reuse] == [r.token_ids for r in without]
     assert [r.accept_counts for r in with_reuse] == [r.accept_counts for r in without]
     assert all(r.cached_tokens > len(SYSTEM) for r in with_reuse[1:])
+
+
+def test_requests_finishing_together_are_absorbed_in_one_pass():
+    """Two plainly decoded requests that end in the same step: DFlash projects both kept slots'
+    pending taps in ONE context pass at release (it took one pass per request), and each next turn
+    still keeps its whole previous prompt + answer and decodes as without reuse."""
+    pipeline = load_pipeline(_config("tiny-dflash"))
+    slow = SPSTable(batch_tokens=[1, 64], steps_per_s=[100.0, 90.0], draft_batches=[1, 8], draft_lens=[1, 15],
+                    draft_seconds=[[1.0, 1.0], [1.0, 1.0]])
+    decoder = pipeline.decoder_for(2, ScheduleConfig(mode="adaptive"), cost_table=slow, prefix_reuse=True)
+    passes: list[list[int]] = []
+    absorb = decoder.drafter._absorb_pending
+    decoder.drafter._absorb_pending = lambda slots: (passes.append(sorted(slots)), absorb(slots))[1]
+    prompts = [list(SYSTEM) + user for user in USERS[:2]]
+    rids = [decoder.add(Request(p, 24)) for p in prompts]
+    done: dict = {}
+    while decoder.lives:
+        passes.clear()
+        finished = decoder.step()
+        done.update(finished)
+    assert len(finished) == 2  # both ended in the same step
+    assert passes == [[0, 1]]
+    answers = [done[r] for r in rids]
+    # next turns, one at a time, each in the slot its prompt starts like
+    follow = [p + a.token_ids + list(b" Why?") for p, a in zip(prompts, answers, strict=True)]
+    again = [_run(decoder, Request(f, 16)) for f in follow]
+    assert [r.cached_tokens for r in again] == [len(p) + len(a.token_ids) - 1
+                                                for p, a in zip(prompts, answers, strict=True)]
+    alone = pipeline.decoder_for(1, ScheduleConfig(mode="adaptive"), cost_table=slow, prefix_reuse=False)
+    assert [r.token_ids for r in again] == [_run(alone, Request(f, 16)).token_ids for f in follow]

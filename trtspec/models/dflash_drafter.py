@@ -59,6 +59,13 @@ class BlockDrafter(TapsDrafter):
             self._absorb_pending([slot])
         super().release(slot, tokens)
 
+    def release_many(self, releases):
+        """The kept slots' pending taps in ONE pass, not one per finished request."""
+        kept = [slot for slot, tokens in releases if tokens is not None and self.pending.positions.get(slot)]
+        if kept:
+            self._absorb_pending(kept)
+        super().release_many(releases)
+
     def anchor_starts(self, rows: list[DraftRow]) -> list[int]:
         """Each row's anchor position, which must be where its absorbed context ends."""
         starts = []

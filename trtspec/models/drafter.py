@@ -108,6 +108,12 @@ class Drafter(ABC):
         """The request in `slot` finished. `tokens` (its prompt + generated): the slot may keep its
         state of them for a next prompt that starts the same (`reusable`); None: keep nothing."""
 
+    def release_many(self, releases: list[tuple[int, list[int] | None]]) -> None:
+        """`release` of every (slot, tokens) of the requests one step finished, together (a drafter
+        that must do work per kept slot does it for all of them in one pass)."""
+        for slot, tokens in releases:
+            self.release(slot, tokens)
+
     def tidy(self) -> None:
         """Called once per step, after its commits: time to bound what requests that do not draft
         pile up (their taps)."""

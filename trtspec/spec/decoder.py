@@ -310,17 +310,21 @@ class SpeculativeDecoder:
         slot = max(free, key=worth)
         return slot, worth(slot)[0]
 
-    def _free(self, lv: _Live) -> None:
-        """Release `lv`'s slot, its target and drafter state held for a later prompt that starts the
-        same (the tokens whose K/V the target holds; the drafter keeps what it can, `release`)."""
+    def _free(self, lives: list[_Live]) -> None:
+        """Release the slots of `lives`, their target and drafter state held for a later prompt that
+        starts the same (the tokens whose K/V the target holds; the drafter keeps what it can,
+        `release`; all of a step's finished requests in one `release_many`)."""
         if self.prefix_reuse:  # off: nothing is held, and `_pick_slot` never looks
-            # cut off in its prefill, the request's prompt fed so far (its drafter state is still
-            # the previous request's, which `Drafter.reusable` bounds)
-            self.held[lv.slot] = lv.committed[: self.target.seq_len(lv.slot)] if lv.prefill is None \
-                else lv.request.prompt[: lv.prefill.fed]
-        if lv.prefill is None:  # off: the drafter keeps nothing either, as before reuse
-            self.drafter.release(lv.slot, lv.committed if self.prefix_reuse else None)
-        self.target.release(lv.slot)
+            for lv in lives:
+                # cut off in its prefill, the request's prompt fed so far (its drafter state is
+                # still the previous request's, which `Drafter.reusable` bounds)
+                self.held[lv.slot] = lv.committed[: self.target.seq_len(lv.slot)] if lv.prefill is None \
+                    else lv.request.prompt[: lv.prefill.fed]
+        # a request cut off in its prefill never reached the drafter; reuse off: it keeps nothing
+        self.drafter.release_many([(lv.slot, lv.committed if self.prefix_reuse else None)
+                                   for lv in lives if lv.prefill is None])
+        for lv in lives:
+            self.target.release(lv.slot)
 
     @property
     def num_running(self) -> int:
@@ -330,7 +334,7 @@ class SpeculativeDecoder:
         """Drop a request (its client went away) and free its slot."""
         live = self.lives.pop(rid, None)
         if live is not None:
-            self._free(live)
+            self._free([live])
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -748,14 +752,15 @@ class SpeculativeDecoder:
                     self.population.observe(depth, a)
                 self._emit(lv, emitted[i], logprobs.get(i))
 
-        finished = {}
+        finished, done = {}, []
         for rid in [rid for rid, lv in self.lives.items() if lv.done]:
             lv = self.lives.pop(rid)
             lv.result.total_s = time.perf_counter() - lv.added_at
             lv.result.token_ids = lv.generated
             lv.result.logprobs = lv.logprobs
-            self._free(lv)
+            done.append(lv)
             finished[rid] = lv.result
+        self._free(done)
         drafter.tidy()
         return finished
 
