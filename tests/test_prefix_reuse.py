@@ -285,9 +285,14 @@ def test_requests_finishing_together_are_absorbed_in_one_pass():
     slow = SPSTable(batch_tokens=[1, 64], steps_per_s=[100.0, 90.0], draft_batches=[1, 8], draft_lens=[1, 15],
                     draft_seconds=[[1.0, 1.0], [1.0, 1.0]])
     decoder = pipeline.decoder_for(2, ScheduleConfig(mode="adaptive"), cost_table=slow, prefix_reuse=True)
-    passes: list[list[int]] = []
+    passes: list[list[int]] = []  # the slots of each context pass, in the current step
     absorb = decoder.drafter._absorb_pending
-    decoder.drafter._absorb_pending = lambda slots: (passes.append(sorted(slots)), absorb(slots))[1]
+
+    def counted(slots: list[int]) -> None:
+        passes.append(sorted(slots))
+        absorb(slots)
+
+    decoder.drafter._absorb_pending = counted
     prompts = [list(SYSTEM) + user for user in USERS[:2]]
     rids = [decoder.add(Request(p, 24)) for p in prompts]
     done: dict = {}

@@ -51,20 +51,18 @@ class BlockDrafter(TapsDrafter):
             self._absorb_pending(piled)
 
     def release(self, slot, tokens=None):
-        """Kept for a next prompt: the pending taps are projected first (one pass over at most
-        ABSORB_AT positions), so the context covers every position the target holds. Dropped,
-        a request that decoded plainly (adaptive speculation at a large batch) would leave its
-        whole answer for the target to prefill again at the next turn."""
-        if tokens is not None and self.pending.positions.get(slot):
-            self._absorb_pending([slot])
-        super().release(slot, tokens)
+        self.release_many([(slot, tokens)])
 
     def release_many(self, releases):
-        """The kept slots' pending taps in ONE pass, not one per finished request."""
+        """Kept for a next prompt: the pending taps are projected first, every kept slot's in ONE
+        pass (over at most ABSORB_AT positions each), so the context covers every position the
+        target holds. Dropped, a request that decoded plainly (adaptive speculation at a large
+        batch) would leave its whole answer for the target to prefill again at the next turn."""
         kept = [slot for slot, tokens in releases if tokens is not None and self.pending.positions.get(slot)]
         if kept:
             self._absorb_pending(kept)
-        super().release_many(releases)
+        for slot, tokens in releases:
+            super().release(slot, tokens)
 
     def anchor_starts(self, rows: list[DraftRow]) -> list[int]:
         """Each row's anchor position, which must be where its absorbed context ends."""
