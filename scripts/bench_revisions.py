@@ -41,9 +41,6 @@ def _resolve(rev: str) -> str:
 
 def _bench(tree: Path, configs: list[str], out: Path, cache: Path, prompts: int, max_tokens: int) -> dict:
     """One R = 1 bench of the checkout at `tree` -> its concurrency methods' rows at R = 1."""
-    for cfg in configs:
-        if not (tree / cfg).is_file():
-            sys.exit(f"bench_revisions: {cfg} does not exist at {tree}")
     env = dict(os.environ, PYTHONPATH=str(tree), TRTSPEC_CACHE_DIR=str(cache))
     cmd = [sys.executable, "-m", "trtspec.cli", "bench", *configs, "--tasks", "code,math,chat",
            "--prompts", str(prompts), "--max-tokens", str(max_tokens), "--concurrency", "1", "--no-hf",
@@ -88,13 +85,19 @@ def main() -> None:
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     old, new = _resolve(args.old), _resolve(args.new)
+    if old == new:
+        parser.error(f"{args.old} and {args.new} are the same commit ({old})")
     out = args.out.resolve()
     with tempfile.TemporaryDirectory(prefix="bench-revisions-") as tmp:
-        trees = {}
-        for rev in (old, new):
-            trees[rev] = Path(tmp) / rev
-            _git("worktree", "add", "--detach", "--quiet", str(trees[rev]), rev)
+        trees: dict[str, Path] = {}
         try:
+            for rev in (old, new):
+                _git("worktree", "add", "--detach", "--quiet", str(Path(tmp) / rev), rev)
+                trees[rev] = Path(tmp) / rev
+            missing = [f"{cfg} at {rev}" for rev, tree in trees.items() for cfg in args.configs
+                       if not (tree / cfg).is_file()]
+            if missing:  # before any bench runs, not after the first revision's
+                sys.exit(f"bench_revisions: no such build config: {', '.join(missing)}")
             runs = []
             for i in range(args.rounds):
                 for rev in (old, new):
