@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -38,6 +39,9 @@ def test_tiny_bench(tmp_path):
             base = rows["hf_generate" if name == "hf_assisted" else "none"]
             # the speedup is the ratio of the two timings recorded in this very run
             assert abs(row["speedup"] - base["seconds"] / row["seconds"]) < 0.01 * row["speedup"] + 1e-3
+            # each prompt's own seconds, what the pooled speedups' intervals resample (one prompt a task)
+            assert len(row["prompt_seconds"]) == 1
+            assert row["prompt_seconds"][0] == pytest.approx(row["seconds"], abs=1e-5)
         assert len(rows["dflash"]["acceptance_by_position"]) == 15
         assert rows["none"]["tau"] == 1.0 and rows["dflash"]["tau"] > 1.0
     for png in ("tau.png", "acceptance_by_position.png", "dflash_block_time.png"):
@@ -570,9 +574,87 @@ def test_acceptance_by_position_pools_the_cycles_of_every_request():
         long.record_cycle(3, 3)
     short.record_cycle(1, 0)  # one cycle of 1 draft (its budget), rejected
     stats = MethodStats()
-    for result in (long, short):
-        stats.record(result)
+    for prompt, result in enumerate((long, short)):
+        stats.record(prompt, result)
     assert stats.summary(None)["acceptance_by_position"] == [0.9, 1.0, 1.0]  # was [0.5, 0.5, 0.5]
     unreached = MethodStats()
-    unreached.record(short)
+    unreached.record(0, short)
     assert unreached.summary(None)["acceptance_by_position"] == [0.0, None, None]  # was [0, 0, 0]
+
+
+def _prompt_times(rng, n: int, ratio: float, noise: float = 0.15):
+    """Seconds per prompt [n] of the target alone (prompts of very different lengths) and of a
+    method `ratio` times faster, each prompt's own speedup varying by `noise` (log-normal)."""
+    base = rng.lognormal(0.0, 0.6, n)
+    return base, base / (ratio * rng.lognormal(0.0, noise, n))
+
+
+def test_speedup_interval_covers_the_true_ratio_as_often_as_it_says():
+    """Samples of 12 prompts of each of two tasks (one speeds up 1.2×, the other 3×) from one
+    population: the true pooled speedup (Σ none / Σ method over the whole population, a million
+    prompts of each task) lies inside 95 % intervals about 95 % of the time. Resampling the two
+    methods' prompts independently (unpaired), or the tasks' prompts together (their mix then
+    varies, which the run's does not), would make the intervals too wide; narrower quantiles, too
+    narrow."""
+    import numpy as np
+
+    from trtspec.bench.interval import ratio_interval
+
+    rng = np.random.default_rng(11)
+
+    def sample(n: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        (b1, o1), (b2, o2) = _prompt_times(rng, n, 1.2), _prompt_times(rng, n, 3.0)
+        return np.concatenate([b1, b2]), np.concatenate([o1, o2]), ["code"] * n + ["math"] * n
+
+    base, other, _ = sample(1_000_000)
+    truth = base.sum() / other.sum()
+    covered = []
+    for trial in range(300):
+        low, high = ratio_interval(*sample(12), draws=2000, seed=trial)
+        covered.append(low <= truth <= high)
+    assert 0.88 <= np.mean(covered) <= 0.985, np.mean(covered)
+
+
+def test_speedup_interval_of_prompts_that_all_speed_up_alike_is_that_speedup():
+    from trtspec.bench.interval import ratio_interval
+
+    base = [0.9, 2.5, 1.2, 0.4, 3.3, 1.1, 0.7, 2.0]
+    low, high = ratio_interval(base, [t / 1.5 for t in base])
+    assert low == pytest.approx(1.5) and high == pytest.approx(1.5)
+    with pytest.raises(ValueError, match=r"paired timings"):
+        ratio_interval(base, base[:-1])
+    with pytest.raises(ValueError, match=r"one task per prompt"):
+        ratio_interval(base, base, ["code"] * 7)
+
+
+def test_pooled_speedups_carry_their_interval_when_the_run_kept_each_prompts_seconds():
+    """The report's pooled line puts each speedup inside its interval; results written before
+    per-prompt seconds were kept, or with too few prompts, report the speedup alone."""
+    import numpy as np
+
+    from trtspec.bench.report import headline
+
+    rng = np.random.default_rng(5)
+
+    def row(seconds, tau: float) -> dict:
+        return {"tokens": 100 * len(seconds), "seconds": float(sum(seconds)), "tau": tau,
+                "prompt_seconds": [float(s) for s in seconds]}
+
+    def results(*prompts: int) -> dict:  # prompts of each task
+        tasks = {}
+        for task, n in zip(("code", "math"), prompts, strict=True):
+            base, dflash = _prompt_times(rng, n, 1.6)
+            tasks[task] = {"none": row(base, 1.0), "dflash": row(dflash, 3.0)}
+        return {"tasks": tasks}
+
+    line = next(line for line in headline(results(6, 6)) if line.startswith("- dflash"))
+    figures = re.search(r"none ([\d.]+)× \[([\d.]+)–([\d.]+)×\]", line)
+    speedup, low, high = (float(x) for x in figures.groups())
+    assert low < speedup < high and high - low < 1.0, line
+    for few in (results(3, 3), results(9, 1)):  # 6 prompts in all; a task of one prompt
+        assert "[" not in next(line for line in headline(few) if line.startswith("- dflash"))
+    old = results(6, 6)
+    for rows in old["tasks"].values():
+        for r in rows.values():
+            del r["prompt_seconds"]
+    assert next(line for line in headline(old) if line.startswith("- dflash")).endswith("×")

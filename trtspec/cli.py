@@ -583,9 +583,9 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         if min_user_tps is None:
             min_user_tps = results["concurrency"]["methods"]["none"][str(levels[0])]["per_user_tokens_per_s"]
         results["recommendation"] = recommendation_text(results["concurrency"], min_user_tps, max_users)
-    from trtspec.bench.report import write_plots, write_report
+    from trtspec.bench.report import headline, write_plots, write_report
 
-    table = markdown_table(results)
+    table = markdown_table(results) + "\n\n" + "\n".join(headline(results))
     command = "trtspec " + " ".join(sys.argv[1:])
     with bench_outputs(out_dir) as staged:
         (staged / "results.json").write_text(json.dumps(results, indent=1))

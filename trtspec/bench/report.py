@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from trtspec.bench.interval import MIN_PROMPTS, ratio_interval  # noqa: E402
 from trtspec.bench.run import check_cell, check_header, markdown_table  # noqa: E402
 from trtspec.files import write_text  # noqa: E402
 
@@ -169,26 +170,43 @@ def adaptive_summary(conc: dict) -> list[str]:
 
 
 def headline(results: dict) -> list[str]:
-    """Figures pooled over all tasks: total tokens over total seconds, so long tasks weigh more."""
-    tasks = results["tasks"].values()
+    """Figures pooled over all tasks: total tokens over total seconds, so long tasks weigh more; each
+    speedup with its 95 % interval over the prompts (`bench.interval`) where the run has enough."""
+    tasks = list(results["tasks"].values())
 
     def pooled(method: str, key: str) -> float:
         return sum(rows[method][key] for rows in tasks if method in rows)
 
-    lines = ["All tasks pooled (sum of tokens / sum of seconds or target calls):", ""]
+    lines = ["All tasks pooled (sum of tokens / sum of seconds or target calls; in brackets the 95 % "
+             "interval of a speedup, a bootstrap over each task's prompts resampled in pairs):", ""]
     none_s = pooled("none", "seconds")
     for m in _spec_methods(results):
         calls = sum(rows[m]["tokens"] / rows[m]["tau"] for rows in tasks)
         lines.append(f"- {m}: τ {pooled(m, 'tokens') / calls:.2f}, speedup over none "
-                     f"{none_s / pooled(m, 'seconds'):.2f}×")
-    if "hf_assisted" in next(iter(tasks)):
+                     f"{none_s / pooled(m, 'seconds'):.2f}×{_interval(tasks, 'none', m)}")
+    if "hf_assisted" in tasks[0]:
         hf = pooled("hf_generate", "seconds") / pooled("hf_assisted", "seconds")
         lines.append(f"- transformers assisted generation (draft_model as assistant): {hf:.2f}× over "
-                     "transformers generate")
-        if "dflash" in next(iter(tasks)):
+                     f"transformers generate{_interval(tasks, 'hf_generate', 'hf_assisted')}")
+        if "dflash" in tasks[0]:
             ours = none_s / pooled("dflash", "seconds")
             lines.append(f"- DFlash speedup / assisted-generation speedup: {ours / hf:.2f}")
     return lines + [""]
+
+
+def _interval(tasks: list[dict], base: str, method: str) -> str:
+    """' [low–high×]': the interval of Σ base seconds / Σ method seconds over every task's prompts,
+    resampled within each task; empty for results without per-prompt seconds (written before they
+    were kept) or with too few prompts."""
+    if not all("prompt_seconds" in rows[name] for rows in tasks for name in (base, method)):
+        return ""
+    counts = [len(rows[base]["prompt_seconds"]) for rows in tasks]
+    if sum(counts) < MIN_PROMPTS or min(counts) < 2:
+        return ""
+    t_base = [s for rows in tasks for s in rows[base]["prompt_seconds"]]
+    t_method = [s for rows in tasks for s in rows[method]["prompt_seconds"]]
+    low, high = ratio_interval(t_base, t_method, [i for i, n in enumerate(counts) for _ in range(n)])
+    return f" [{low:.2f}–{high:.2f}×]"
 
 
 def _pooled(results: dict, method: str) -> tuple[float, float]:

@@ -57,16 +57,19 @@ class MethodStats:
     checked: str | None = None  # the check's field prefix (`check_key`); None: texts not compared
     draft_len: int = 0  # k the drafter was configured with (0: it never drafted)
     cycles: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per cycle, all requests
+    prompt_seconds: dict[int, float] = field(default_factory=dict)  # prompt index -> seconds, repeats summed
 
-    def add(self, seconds: float, tokens: int, target_calls: int = 0, draft_s: float = 0.0) -> None:
+    def add(self, prompt: int, seconds: float, tokens: int, target_calls: int = 0,
+            draft_s: float = 0.0) -> None:
+        self.prompt_seconds[prompt] = self.prompt_seconds.get(prompt, 0.0) + seconds
         self.seconds += seconds
         self.tokens += tokens
         self.target_calls += target_calls
         self.draft_s += draft_s
 
-    def record(self, result: GenerationResult) -> None:
-        """One request decoded through trtspec's loop: its time, tokens and cycles."""
-        self.add(result.total_s, len(result.token_ids), result.num_target_calls, result.draft_s)
+    def record(self, prompt: int, result: GenerationResult) -> None:
+        """One request (of prompt `prompt`) decoded through trtspec's loop: its time, tokens and cycles."""
+        self.add(prompt, result.total_s, len(result.token_ids), result.num_target_calls, result.draft_s)
         if result.num_draft_tokens:
             self.draft_len = max(self.draft_len, result.num_draft_tokens)
             self.cycles += zip(result.drafted_counts, result.accept_counts, strict=True)
@@ -76,6 +79,8 @@ class MethodStats:
             "tokens": self.tokens,
             "seconds": round(self.seconds, 6),  # fine enough that speedups recompute from it
             "tokens_per_s": round(self.tokens / self.seconds, 2) if self.seconds else 0.0,
+            # in prompt order, paired across methods: what the pooled speedups' intervals resample
+            "prompt_seconds": [round(s, 6) for _, s in sorted(self.prompt_seconds.items())],
         }
         out.update(check_fields(self.checked, self.mismatches, self.near_ties))
         if self.target_calls:
@@ -268,11 +273,11 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
             t0 = time.perf_counter()
             if name.startswith("hf_"):
                 tokens = hf(name, ids, params)
-                stats[task][name].add(time.perf_counter() - t0, len(tokens))
+                stats[task][name].add(index, time.perf_counter() - t0, len(tokens))
             else:
                 result = decoders[name].generate(ids, max_tokens, params)
                 tokens = result.token_ids
-                stats[task][name].record(result)
+                stats[task][name].record(index, result)
             texts[name] = tokens
             st = stats[task][name]
             if st.checked:
