@@ -6,7 +6,9 @@ not tell a code change from the day. This runs the same one-request-at-a-time be
 concurrency phase at R = 1, every method taking turns with the target alone) at OLD and at NEW, in
 alternation, ROUNDS times each (OLD NEW OLD NEW …): a difference that holds in every pair is the
 code's. Each revision runs from a git worktree with this checkout's virtual environment and its own
-cost-model cache; its tokens/s over the target alone's *in the same run* are what compare.
+cost-model cache; its tokens/s over the target alone's *in the same run* are what compare. Each
+run's sequential table (every method decoding each prompt in turn) gives a second row per drafter,
+`NAME (sequential)`, which moved less than the R = 1 rows within one session (docs/bench/revisions.md).
 
     python scripts/bench_revisions.py 4346d5e            # against HEAD, two rounds, ~20 min
     python scripts/bench_revisions.py 4346d5e HEAD --configs build_configs/tiny-dspark.yaml
@@ -40,7 +42,7 @@ def _resolve(rev: str) -> str:
 
 
 def _bench(tree: Path, configs: list[str], out: Path, cache: Path, prompts: int, max_tokens: int) -> dict:
-    """One R = 1 bench of the checkout at `tree` -> its concurrency methods' rows at R = 1."""
+    """One R = 1 bench of the checkout at `tree` -> its rows (`rows_of`)."""
     env = dict(os.environ, PYTHONPATH=str(tree), TRTSPEC_CACHE_DIR=str(cache))
     cmd = [sys.executable, "-m", "trtspec.cli", "bench", *configs, "--tasks", "code,math,chat",
            "--prompts", str(prompts), "--max-tokens", str(max_tokens), "--concurrency", "1", "--no-hf",
@@ -50,11 +52,23 @@ def _bench(tree: Path, configs: list[str], out: Path, cache: Path, prompts: int,
     with log.open("w") as f:
         if subprocess.run(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT).returncode:
             sys.exit(f"bench_revisions: the bench at {tree} failed; see {log}")
-    methods = json.loads((out / "results.json").read_text())["concurrency"]["methods"]
-    return {m: rows["1"] for m, rows in methods.items()}
+    return rows_of(json.loads((out / "results.json").read_text()))
 
 
-def _table(old: str, new: str, runs: list[tuple[str, dict]]) -> str:
+def rows_of(results: dict) -> dict:
+    """A bench's results -> its concurrency methods' rows at R = 1, and each drafter's pooled speedup
+    in the sequential table (`NAME (sequential)`: {"speedup": x})."""
+    rows = {m: by_r["1"] for m, by_r in results["concurrency"]["methods"].items()}
+    # the sequential table (each prompt decoded by every method in turn), pooled over its tasks
+    tasks = results["tasks"].values()
+    none_s = sum(t["none"]["seconds"] for t in tasks)
+    for m in next(iter(tasks)):
+        if m != "none":
+            rows[f"{m} (sequential)"] = {"speedup": none_s / sum(t[m]["seconds"] for t in tasks)}
+    return rows
+
+
+def table(old: str, new: str, runs: list[tuple[str, dict]]) -> str:
     methods = list(runs[0][1])
     head = [f"{rev} #{i // 2 + 1}" for i, (rev, _) in enumerate(runs)]
     lines = ["| method | " + " | ".join(head) + " |", "|---|" + "---|" * len(runs)]
@@ -62,13 +76,15 @@ def _table(old: str, new: str, runs: list[tuple[str, dict]]) -> str:
         cells = []
         for _, rows in runs:
             base = rows["none"]["total_tokens_per_s"]
-            ratio = rows[m]["total_tokens_per_s"] / base
+            ratio = rows[m]["speedup"] if "speedup" in rows[m] else rows[m]["total_tokens_per_s"] / base
             cells.append(f"{base:.1f} tok/s" if m == "none" else f"{ratio:.2f}×")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return (f"# R = 1 speedups over the target alone: {old} against {new}\n\n"
             "Each column one bench (`trtspec bench CONFIGS --concurrency 1 --no-hf`), the revisions in "
             "alternation; `none` gives the target alone's tokens/s in that run, the others their "
-            "steady-state tokens/s over it.\n\n" + "\n".join(lines) + "\n")
+            "steady-state tokens/s over it; `(sequential)` rows are the same run's sequential table "
+            "(every method decoding each prompt in turn), pooled over its tasks.\n\n"
+            + "\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -108,7 +124,7 @@ def main() -> None:
         finally:
             for tree in trees.values():
                 _git("worktree", "remove", "--force", str(tree))
-    text = _table(old, new, runs)
+    text = table(old, new, runs)
     (out / "revisions.md").write_text(text)
     print(text)
 

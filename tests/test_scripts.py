@@ -6,6 +6,7 @@ import importlib.util
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -44,3 +45,37 @@ def test_lm_eval_tasks_stops_when_the_held_out_pool_is_spent(monkeypatch):
     monkeypatch.setattr(tasks, "_is_heldout", lambda question: question.endswith("0"))  # a small pool
     with pytest.raises(SystemExit, match=r"--count 100000: found only \d+ distinct held-out problems"):
         tasks.documents(100_000, seed=1)
+
+
+def _bench_revisions():
+    spec = importlib.util.spec_from_file_location("bench_revisions", REPO / "scripts" / "bench_revisions.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_revisions_puts_each_runs_sequential_speedups_beside_its_r1_ones():
+    """Each column one bench: its R = 1 rows over that run's target alone, and the sequential
+    table's speedups pooled over its tasks (Σ none seconds / Σ method seconds), not averaged."""
+    def results(none_tps: float, dflash_tps: float, seconds: dict[str, tuple[float, float]]) -> dict:
+        return {"concurrency": {"methods": {"none": {"1": {"total_tokens_per_s": none_tps}},
+                                            "dflash": {"1": {"total_tokens_per_s": dflash_tps}}}},
+                "tasks": {task: {"none": {"seconds": none_s}, "dflash": {"seconds": dflash_s}}
+                          for task, (none_s, dflash_s) in seconds.items()}}
+
+    script = _bench_revisions()
+    runs = [("aaa", script.rows_of(results(100.0, 170.0, {"code": (10.0, 9.0), "math": (30.0, 6.0)}))),
+            ("bbb", script.rows_of(results(120.0, 180.0, {"code": (12.0, 12.0), "math": (28.0, 8.0)})))]
+    lines = script.table("aaa", "bbb", runs).splitlines()
+    assert "| none | 100.0 tok/s | 120.0 tok/s |" in lines
+    assert "| dflash | 1.70× | 1.50× |" in lines
+    assert "| dflash (sequential) | 2.67× | 2.00× |" in lines  # 40 / 15 and 40 / 20 (task means: 3.06, 2.25)
+
+
+@pytest.mark.parametrize("revs, message", [(["HEAD", "HEAD"], "are the same commit"),
+                                           (["no-such-rev"], "'no-such-rev' is not a commit")])
+def test_bench_revisions_refuses_what_it_cannot_compare_before_any_bench(tmp_path, revs, message):
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_revisions.py"), *revs,
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
