@@ -36,6 +36,7 @@ from trtspec.spec.cost import AcceptanceTracker, GainCalibration, MeasuredCost, 
 from trtspec.spec.coupling import fresh_seed
 from trtspec.spec.logprobs import TokenLogprobs, prompt_logprobs, step_logprobs
 from trtspec.spec.metrics import GenerationResult
+from trtspec.spec.penalties import Penalties
 from trtspec.spec.sampling import SamplingParams, choose_tokens
 from trtspec.spec.schedule import SPSTable, schedule_lengths, survival
 from trtspec.spec.tree import DraftTree
@@ -143,6 +144,7 @@ class _Live:
     added_at: float = 0.0
     generated: list[int] = field(default_factory=list)
     logprobs: TokenLogprobs | None = None  # of `generated`, when the request asked for them
+    penalties: Penalties | None = None  # when its sampling has logit bias or penalties
     done: bool = False
 
     @property
@@ -249,6 +251,10 @@ class SpeculativeDecoder:
             raise PromptError(f"prompt of {len(request.prompt)} tokens exceeds limits.max_input_tokens "
                              f"{self.max_prompt}")
         vocab = self.target.vocab_size
+        outside = [token for token, _ in request.sampling.logit_bias if token >= vocab]
+        if outside:
+            raise ValueError(f"logit_bias names token {outside[0]}, outside the target's vocabulary of "
+                             f"{vocab}")
         ends = self.end_ids_of(request)
         if request.min_new_tokens and len(ends) >= vocab and ends.issuperset(range(vocab)):
             # every logit would be banned: NaN probabilities, or token 0 ending it at once
@@ -285,6 +291,9 @@ class SpeculativeDecoder:
                      prefill, on_tokens, time.perf_counter())
         if request.logprobs is not None:
             live.logprobs = TokenLogprobs(request.logprobs)
+        if request.sampling.penalized:
+            live.penalties = Penalties(request.sampling, request.prompt, self.target.vocab_size,
+                                       self.target.device)
         self.lives[rid] = live
         return rid
 
@@ -439,6 +448,17 @@ class SpeculativeDecoder:
         return schedule_lengths(surv, self.cost_table, table_mode, self.schedule.threshold, draft_s,
                                 plain_rows, context, prompt)
 
+    @staticmethod
+    def _penalize(logits: torch.Tensor, rows: list[_Live], fed: torch.Tensor | None = None,
+                  tree: DraftTree | None = None) -> None:
+        """Logit bias and penalties (`spec.penalties`) of the rows that ask for them, each position
+        after the committed tokens and the drafts on its path.  logits [R, s, V], one row per request;
+        fed [R, ≥ s]: each row's last token, then its drafts (or tree nodes); None: s = 1."""
+        for r, lv in enumerate(rows):
+            if lv.penalties is not None:
+                lv.penalties.apply(logits[r], None if fed is None else fed[r, 1:],
+                                   None if tree is None else tree.row_parents(r))
+
     def _ban_end(self, logits: torch.Tensor, rows: list[_Live], tree: DraftTree | None = None) -> None:
         """No end id may be emitted before a request's min_new_tokens: they are removed from p at
         every position whose token would come earlier.  logits [R, s, V], one row per request;
@@ -489,6 +509,8 @@ class SpeculativeDecoder:
         if first_end is not None:
             emitted = emitted[: first_end + 1]
         lv.generated.extend(emitted)
+        if lv.penalties is not None:
+            lv.penalties.extend(emitted)
         if logprobs is not None:
             logprobs = logprobs.head(len(emitted))
             lv.logprobs.extend(logprobs)
@@ -687,6 +709,7 @@ class SpeculativeDecoder:
         if new:
             first_logits = out.logits[first_at]  # [N, V]
             raw = self._wanting_logprobs(first_logits[:, None], new)  # before the min_tokens ban
+            self._penalize(first_logits[:, None], new)
             self._ban_end(first_logits[:, None], new)
             first, _ = choose_tokens(first_logits, [lv.request.sampling for lv in new],
                                      [lv.generator for lv in new], [len(lv.request.prompt) for lv in new])
@@ -716,6 +739,7 @@ class SpeculativeDecoder:
             # the position each row's logits row 0 predicts (Gumbel-coupled rows key their noise by it)
             positions = [len(lv.committed) for lv in running]
             if plan.tree is None:
+                self._penalize(logits, running, plan.fed)
                 self._ban_end(logits, running)
                 q = None if plan.q is None else plan.q[:, :width]
                 lens = torch.tensor(lengths, device=device)
@@ -724,6 +748,7 @@ class SpeculativeDecoder:
                 accepted = verdict.num_accepted.tolist()  # the step's one host sync
                 paths = [list(range(a + 1)) for a in accepted]
             else:
+                self._penalize(logits, running, plan.fed, plan.tree)
                 self._ban_end(logits, running, plan.tree)
                 verdict = self.verifier.verify_tree(plan.tree, logits, params, generators, positions)
                 accepted = verdict.num_accepted.tolist()  # the step's one host sync

@@ -2,7 +2,9 @@
 
 Speculative sampling is lossless for the *processed* target distribution: temperature, top-k
 and top-p are applied to the target logits (p) and, identically, to the draft logits (q)
-before the accept test, as vLLM and TensorRT-LLM do.
+before the accept test, as vLLM and TensorRT-LLM do. Logit bias and the repetition, frequency and
+presence penalties depend on the tokens before each position; the decoder applies them to p first
+(`trtspec.spec.penalties`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from collections.abc import Sequence
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on a logit_bias value
+MAX_PENALTY = 2.0  # OpenAI's bound on presence_penalty and frequency_penalty
 
 
 class SamplingParams(BaseModel):
@@ -32,6 +37,40 @@ class SamplingParams(BaseModel):
                     "acceptance; a seed repeats a text only under the same schedule); gumbel = every token "
                     "is argmax(log p + g(seed, position)) (`trtspec.spec.coupling`): the text is exactly "
                     "what the target alone samples with that seed, under any batch or schedule")
+    presence_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY,
+                                    description="subtracted from the logit of every token generated so far "
+                                                "(OpenAI's presence_penalty)")
+    frequency_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY,
+                                     description="times the count of each token generated so far, subtracted "
+                                                 "from its logit (OpenAI's frequency_penalty)")
+    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False,
+                                      description="the logit of each token of the prompt or output "
+                                                  "divided by it where positive, multiplied where negative "
+                                                  "(CTRL's, as in transformers and vLLM); 1 = off")
+    logit_bias: tuple[tuple[int, float], ...] = Field(
+        (), description=f"(token id, bias) pairs added to the logits, bias in [-{MAX_LOGIT_BIAS:g}, "
+                        f"{MAX_LOGIT_BIAS:g}] (OpenAI's logit_bias)")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_pairs(cls, pairs: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
+        seen = set()
+        for token, bias in pairs:
+            if token < 0:
+                raise ValueError(f"token id {token} is negative")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # NaN fails too
+                raise ValueError(f"bias {bias} of token {token} is outside "
+                                 f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+            if token in seen:
+                raise ValueError(f"token {token} is given twice")
+            seen.add(token)
+        return pairs
+
+    @property
+    def penalized(self) -> bool:
+        """The request changes the target's logits by what came before (`spec.penalties`)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
 
     @property
     def greedy(self) -> bool:

@@ -47,6 +47,7 @@ from trtspec.models.target import load_causal_lm
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.law_check import SIMULATIONS, LawCheck, check_law
 from trtspec.spec.near_ties import GreedyAudit, GreedyJudge, parted_by_length, shared_prefix
+from trtspec.spec.penalties import penalized
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
 from trtspec.tokenizer import ByteTokenizer
 from trtspec.triton.client import (
@@ -197,7 +198,7 @@ def exact_joint(model, prompt: list[int], sampling: SamplingParams,
             joint[tuple(prefix)] = prob
             return
         logits = model(torch.tensor([prompt + prefix])).logits[0, -1]  # [V]
-        p = probs_from_logits(logits, sampling)
+        p = probs_from_logits(penalized(logits, sampling, prompt, prefix), sampling)
         for tok in torch.nonzero(p).flatten().tolist():
             walk(prefix + [tok], prob * p[tok].item())
 
