@@ -38,6 +38,21 @@ def test_generate_json_speculative_equals_none():
     assert a["finish_reason"] == b["finish_reason"] == "length"  # 40 tokens, no end among them
 
 
+def test_generate_with_penalties_speculative_equals_none():
+    """--presence/frequency/repetition-penalty change the text, the same with the drafter as without;
+    one out of range is refused naming its option."""
+    args = ["generate", "--config", CONFIG, "--prompt", "def parse(self, text):\n", "--max-tokens", "40",
+            "--json"]
+    penalties = ["--presence-penalty", "0.6", "--frequency-penalty", "0.3", "--repetition-penalty", "1.2"]
+    runs = [CliRunner().invoke(main, args + extra) for extra in
+            ([], penalties, [*penalties, "--drafter", "none"])]
+    assert all(r.exit_code == 0 for r in runs), [r.output for r in runs]
+    plain, spec, none = (json.loads(r.stdout)["token_ids"] for r in runs)
+    assert spec == none != plain
+    bad = CliRunner().invoke(main, [*args, "--presence-penalty", "2.5"])
+    assert bad.exit_code == 2 and "--presence-penalty" in bad.output and "2.5" in bad.output
+
+
 def test_sampled_generate_names_the_seed_that_repeats_it():
     """Without --seed a sampled request draws one; the summary line names it, and --seed repeats
     the text (the target alone here: under rejection sampling the schedule must repeat too)."""

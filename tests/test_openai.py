@@ -139,6 +139,34 @@ def _chat_expected(pipeline, prompt_text: str, max_tokens: int) -> tuple[str, in
     return text, len(ids)
 
 
+def test_penalties_and_logit_bias_are_the_targets_own_under_them(served, pipeline):
+    """OpenAI's presence/frequency penalties and logit_bias and vLLM's repetition_penalty, over the
+    API and as TensorRT-LLM's inputs over gRPC: the text is the target's own greedy one under them,
+    which differs from the unpenalized text (on code: the tiny target's arithmetic is too sure of
+    itself for penalties of this size to move it)."""
+    prompt = PROMPTS[1]
+    sampling = SamplingParams(presence_penalty=0.6, frequency_penalty=0.3, repetition_penalty=1.2,
+                              logit_bias=((ord("e"), -5.0), (ord(" "), 1.5)))
+    want = pipeline.decoder.generate(list(prompt.encode()), MAX_TOKENS, sampling).token_ids
+    assert want != _greedy(pipeline, prompt)[1]
+    client = served.client()
+    for stream in (False, True):
+        got = client.completions.create(model="trtspec", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                        presence_penalty=0.6, frequency_penalty=0.3,
+                                        logit_bias={str(ord("e")): -5, str(ord(" ")): 1.5},
+                                        extra_body={"repetition_penalty": 1.2}, stream=stream)
+        text = "".join(c.choices[0].text for c in got) if stream else got.choices[0].text
+        assert text == bytes(want).decode()
+    got = _trtllm_request(served, text_input=None, input_ids=np.array(list(prompt.encode()), dtype=np.int32),
+                          max_tokens=np.array([MAX_TOKENS], dtype=np.int32),
+                          presence_penalty=np.array([0.6], dtype=np.float32),
+                          frequency_penalty=np.array([0.3], dtype=np.float32),
+                          repetition_penalty=np.array([1.2], dtype=np.float32),
+                          logit_bias_ids=np.array([ord("e"), ord(" ")], dtype=np.int32),
+                          logit_bias_values=np.array([-5, 1.5], dtype=np.float32))
+    assert got.token_ids == want
+
+
 def test_chat_sync_and_stream_use_the_embedded_template(served, pipeline):
     client = served.client()
     messages = [{"role": "user", "content": "482 + 356"}]
@@ -392,7 +420,9 @@ GOOD_CHAT = {"model": "trtspec", "messages": [{"role": "user", "content": "1 + 2
 BAD = [
     ("completions", {"n": 0}, "n"),
     ("completions", {"prompt": ["a", "b"], "n": 40}, "prompt"),  # 80 choices
-    ("completions", {"logit_bias": {"65": 5}}, "logit_bias"),
+    ("completions", {"logit_bias": {"a65": 5}}, "logit_bias"),
+    ("completions", {"logit_bias": {"264": 5}}, "logit_bias"),  # outside the vocabulary
+    ("completions", {"logit_bias": {"65": 100.5}}, "logit_bias"),
     ("completions", {"foo": 1}, "foo"),
     ("completions", {"temperature": -1}, "temperature"),
     ("completions", {"top_p": 0}, "top_p"),
@@ -403,7 +433,9 @@ BAD = [
     ("completions", {"stop": ["ok", "x" * 1025]}, "stop"),  # longer than stop_words takes
     ("completions", {"logprobs": 21}, "logprobs"),
     ("completions", {"prompt": ["a", ""]}, "prompt[1]"),
-    ("completions", {"presence_penalty": 0.5}, "presence_penalty"),
+    ("completions", {"presence_penalty": 2.5}, "presence_penalty"),
+    ("completions", {"frequency_penalty": -3}, "frequency_penalty"),
+    ("completions", {"repetition_penalty": 0}, "repetition_penalty"),
     ("completions", {"prompt": ""}, "prompt"),
     ("completions", {"prompt": [1, 2, 264]}, "prompt"),  # a token id outside the vocabulary
     ("completions", {"prompt": [[1, 2], [3, -1]]}, "prompt[1]"),
@@ -792,6 +824,14 @@ def test_generate_and_bench_cli_over_openai(served, pipeline, tmp_path, monkeypa
     whole = json.loads(result.output)
     assert whole["tokens"] == 8 and whole["finish_reason"] == "length" and whole["token_ids"] is None
     assert whole["decode_tokens_per_s"] is None  # one response: no decode phase to time
+    # penalties reach the server: the target's own text under them
+    penalties = ["--presence-penalty", "0.6", "--frequency-penalty", "0.3", "--repetition-penalty", "1.2"]
+    result = CliRunner().invoke(main, ["generate", "--url", served.url, "--json", "--prompt", PROMPTS[1],
+                                       "--max-tokens", str(MAX_TOKENS), *penalties])
+    assert result.exit_code == 0, result.output
+    sampling = SamplingParams(presence_penalty=0.6, frequency_penalty=0.3, repetition_penalty=1.2)
+    want = pipeline.decoder.generate(list(PROMPTS[1].encode()), MAX_TOKENS, sampling).token_ids
+    assert json.loads(result.output)["text"] == bytes(want).decode() != _greedy(pipeline, PROMPTS[1])[0]
     # no warm-up: after one more chat request the fresh server's adaptive schedule decoded a level
     # of these without a draft accepted (48 tokens in 48 forwards), and τ is what this carries
     result = CliRunner().invoke(main, ["bench", "--url", served.url, "--tasks", "math", "--prompts", "2",

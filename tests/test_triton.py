@@ -149,14 +149,22 @@ def test_sampled_request_reports_its_seed(served, config, pipeline, scheme, stre
 
 
 @pytest.mark.parametrize("scheme", ["grpc", "http"])
-def test_generate_json_names_the_finish_and_leaves_what_it_did_not_measure_null(served, expected, scheme):
+def test_generate_json_names_the_finish_and_leaves_what_it_did_not_measure_null(served, expected, scheme,
+                                                                             pipeline):
     url = served.grpc_url if scheme == "grpc" else served.http_url
 
-    def ask(*extra: str) -> dict:
-        result = CliRunner().invoke(main, ["generate", "--url", url, "--json", "--prompt", PROMPTS[0],
-                                           "--max-tokens", "8", *extra])
+    def ask(*extra: str, prompt: str = PROMPTS[0], max_tokens: int = 8) -> dict:
+        result = CliRunner().invoke(main, ["generate", "--url", url, "--json", "--prompt", prompt,
+                                           "--max-tokens", str(max_tokens), *extra])
         assert result.exit_code == 0, result.output
         return json.loads(result.output)
+
+    # penalties travel as the model's inputs: the target's own greedy ids under them
+    sampling = SamplingParams(presence_penalty=0.6, frequency_penalty=0.3, repetition_penalty=1.2)
+    want = pipeline.decoder.generate(pipeline.tokenizer.encode(PROMPTS[1]), 24, sampling).token_ids
+    got = ask("--presence-penalty", "0.6", "--frequency-penalty", "0.3", "--repetition-penalty", "1.2",
+              prompt=PROMPTS[1], max_tokens=24)
+    assert got["token_ids"] == want != expected[PROMPTS[1]][0][:24]
 
     whole, streamed = ask(), ask("--stream")
     for answer in (whole, streamed):

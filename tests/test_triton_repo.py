@@ -204,13 +204,36 @@ def test_parse_request_trtllm_inputs_honoured_and_defaults_pass():
                         (dict(num_top_log_probs=top(0)), None)]:
         assert parse_request(_getter(**GOOD, **asked), 16).logprobs == want
     assert parse_request(_getter(**GOOD, ignore_eos=np.array([True])), 16).ignore_eos
+    # penalties and logit bias reach the sampling parameters
+    f32 = lambda *v: np.array(v, dtype=np.float32)  # noqa: E731
+    penalties = dict(repetition_penalty=f32(1.5), presence_penalty=f32(-0.5), frequency_penalty=f32(0.25))
+    req = parse_request(_getter(**GOOD, **penalties, **_bias([7, 3], [-100, 2.5])), 16, vocab_size=264)
+    s = req.sampling
+    assert (s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (1.5, -0.5, 0.25)
+    assert s.logit_bias == ((7, -100.0), (3, 2.5)) and s.penalized
+    assert not parse_request(_getter(**GOOD), 16).sampling.penalized
+
+
+def _bias(ids: list[int], values: list[float]) -> dict[str, np.ndarray]:
+    return dict(logit_bias_ids=np.array(ids, dtype=np.int32),
+                logit_bias_values=np.array(values, dtype=np.float32))
 
 
 @pytest.mark.parametrize(
     "change, message",
     [
         (dict(beam_width=np.array([4], dtype=np.int32)), r"beam_width=4 is not supported .* only 1 is"),
-        (dict(repetition_penalty=np.array([1.5], dtype=np.float32)), r"repetition_penalty=1.5 is not"),
+        (dict(length_penalty=np.array([1.5], dtype=np.float32)), r"length_penalty=1.5 is not"),
+        (dict(repetition_penalty=np.array([0.0], dtype=np.float32)), r"repetition_penalty must be .* > 0"),
+        (dict(presence_penalty=np.array([2.5], dtype=np.float32)), r"presence_penalty must be in \[-2, 2\]"),
+        (dict(frequency_penalty=np.array([np.nan], dtype=np.float32)), r"frequency_penalty must be in"),
+        (dict(logit_bias_ids=np.array([3], dtype=np.int32)), "logit_bias_ids needs logit_bias_values"),
+        (dict(logit_bias_values=np.array([3], dtype=np.float32)), "logit_bias_values needs logit_bias_ids"),
+        (_bias([3, 4], [1]), "logit_bias_ids holds 2 ids but logit_bias_values 1 values"),
+        (_bias([3, 4], [1, 101]), r"logit_bias_values\[1\] must be in \[-100, 100\], got 101"),
+        (_bias([3, 3], [1, 2]), "logit_bias_ids names token 3 twice"),
+        (_bias([-1], [1]), "logit_bias_ids must be token ids >= 0, got -1 at position 0"),
+        (dict(embedding_bias_words=np.array([b"x"], dtype=object)), "bias token ids with logit_bias_ids"),
         (dict(return_context_logits=np.array([True])), "return_context_logits=True is not supported"),
         (dict(num_top_log_probs=np.array([21], dtype=np.int32)), r"num_top_log_probs must be in \[0, 20\]"),
         (dict(num_top_log_probs=np.array([2], dtype=np.int32), return_log_probs=np.array([False])),

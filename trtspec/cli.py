@@ -104,6 +104,13 @@ def main(verbose: bool) -> None:
 @click.option("--top-p", default=1.0, show_default=True, type=float, help="Nucleus mass, (0, 1].")
 @click.option("--top-k", default=0, show_default=True, type=int, help="Keep k most likely; 0 = all.")
 @click.option("--seed", default=None, type=click.IntRange(0, 2**64 - 1), help="Seed for sampling.")
+@click.option("--presence-penalty", default=0.0, show_default=True, type=float,
+              help="In [-2, 2]: subtracted from the logit of every token generated so far.")
+@click.option("--frequency-penalty", default=0.0, show_default=True, type=float,
+              help="In [-2, 2]: times each token's count so far, subtracted from its logit.")
+@click.option("--repetition-penalty", default=1.0, show_default=True, type=float,
+              help="> 0: divides the positive logits of the prompt's and output's tokens, multiplies the "
+                   "negative ones; 1 = none.")
 @click.option("--drafter", "drafter_choice", type=click.Choice(["config", "none"]), default="config",
               show_default=True, help="`none` decodes autoregressively through the same target.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
@@ -111,7 +118,8 @@ def main(verbose: bool) -> None:
               help="Override the config's flavour; `engine` runs the exported ONNX graphs on onnxruntime.")
 @run_errors
 def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt, max_tokens, temperature,
-             top_p, top_k, seed, drafter_choice, as_json, flavour=None) -> None:
+             top_p, top_k, seed, presence_penalty, frequency_penalty, repetition_penalty, drafter_choice,
+             as_json, flavour=None) -> None:
     """Generate text speculatively with the configured target and drafter, or ask a served model."""
     utf8_text(prompt, "--prompt")
     if not prompt:
@@ -133,7 +141,9 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
                                      f"{config_path}), got {max_tokens}", param_hint="--max-tokens")
     from trtspec.spec.sampling import SamplingParams
 
-    sampling = options_model(SamplingParams, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    sampling = options_model(SamplingParams, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                             repetition_penalty=repetition_penalty)
     if config is None:
         _url_arg(url)
         if drafter_choice != "config":
@@ -234,6 +244,7 @@ def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait
     params = GenerateParams(
         max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
         top_k=sampling.top_k, seed=sampling.seed, stream=stream,
+        **GenerateParams.of(sampling, max_tokens).penalties(),
     )
     on_text = None if as_json or not stream else (lambda text: click.echo(text, nl=False))
     completion = generate(url, model_name, prompt, params, on_text, chat=chat, api_key=api_key)

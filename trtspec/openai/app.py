@@ -38,6 +38,7 @@ from trtspec.openai.protocol import (
     check_chat,
     check_completion,
     check_messages,
+    logit_bias_pairs,
     logprobs_wanted,
     parse,
     stop_list,
@@ -113,7 +114,11 @@ class Frontend:
                          add_special_tokens=specials, stop_token_ids=tuple(req.stop_token_ids or ()),
                          ignore_eos=bool(req.ignore_eos), logprobs=logprobs,
                          prompt_ids=tuple(prompt) if isinstance(prompt, list) else None,
-                         prompt_logprobs=echo and logprobs is not None)
+                         prompt_logprobs=echo and logprobs is not None,
+                         presence_penalty=req.presence_penalty or 0.0,
+                         frequency_penalty=req.frequency_penalty or 0.0,
+                         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                         logit_bias=logit_bias_pairs(req.logit_bias, model.vocab_size))
         return gen, prompt_ids
 
     def check_model(self, name: str | None, required: bool = True) -> None:

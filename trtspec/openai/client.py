@@ -44,6 +44,7 @@ def request_body(model: str, prompt: str, params: GenerateParams, chat: bool) ->
         body["top_k"] = params.top_k
     if params.seed is not None:
         body["seed"] = params.seed
+    body.update(params.penalties())  # repetition_penalty: vLLM's extension, as trtspec's and SGLang's
     if params.stop_words:
         body["stop"] = list(params.stop_words)
     return body

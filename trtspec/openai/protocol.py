@@ -3,7 +3,7 @@
 Requests are pydantic models that forbid unknown fields (OpenAI itself answers
 "Unrecognized request argument supplied: X") and values of another JSON type ("Invalid type for
 'max_tokens'"). Fields OpenAI clients commonly send that change
-nothing here (`user`, zero penalties; on chat only, as in OpenAI's API, `metadata`, `store`, …)
+nothing here (`user`; on chat only, as in OpenAI's API, `metadata`, `store`, …)
 are accepted; fields whose non-default values trtspec cannot honour are checked in `check_*` and
 refused by name. Any refusal is an `ApiError`, answered as HTTP 400 in OpenAI's error shape
 `{"error": {"message", "type", "param", "code"}}`.
@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
+from trtspec.spec.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
 from trtspec.triton.request import MAX_STOP_WORD_CHARS
 
 MAX_STOP = 32  # stop sequences per request (OpenAI allows 4, vLLM any number; lm-eval sends a task's all)
@@ -71,10 +72,15 @@ class _Common(_Forbid):
     stream_options: StreamOptions | None = Field(None, description="streaming options")
     n: int | None = Field(1, description="choices per prompt, sampled independently (with a seed s, choice j "
                           "samples with seed s + j)")
-    presence_penalty: float | None = Field(0.0, description="only 0: penalties change the target's law")
-    frequency_penalty: float | None = Field(0.0, description="only 0: penalties change the target's law")
-    repetition_penalty: float | None = Field(None, description="only 1 (vLLM extension)")
-    logit_bias: dict[str, float] | None = Field(None, description="only empty")
+    presence_penalty: float | None = Field(0.0, description="in [-2, 2], subtracted from the logit of every "
+                                           "token generated so far")
+    frequency_penalty: float | None = Field(0.0, description="in [-2, 2], times each token's count so far, "
+                                            "subtracted from its logit")
+    repetition_penalty: float | None = Field(None, description="> 0: the logits of the prompt's and output's "
+                                             "tokens divided by it where positive, multiplied where negative "
+                                             "(vLLM extension); default 1, not the checkpoint's")
+    logit_bias: dict[str, float] | None = Field(None, description="token id (as a string) -> bias in "
+                                                "[-100, 100] added to its logit")
     user: str | None = Field(None, description="end-user id; accepted, not used")
     ignore_eos: bool | None = Field(False, description="the end of sequence does not end generation; "
                                     "stop and stop_token_ids still do (vLLM extension)")
@@ -231,12 +237,15 @@ def check_common(req: _Common, vocab_size: int) -> None:
         raise ApiError(f"Invalid 'n': {req.n}; expected 1 to {MAX_CHOICES} choices.", "n",
                        code="invalid_value")
     for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name) not in (None, 0, 0.0):
-            raise _refuse(name, getattr(req, name), "penalties change the target's distribution")
-    if req.repetition_penalty not in (None, 1, 1.0):
-        raise _refuse("repetition_penalty", req.repetition_penalty, "penalties change the target's law")
-    if req.logit_bias:
-        raise _refuse("logit_bias", req.logit_bias, "biases change the target's distribution")
+        value = getattr(req, name)
+        if value is not None and not -MAX_PENALTY <= value <= MAX_PENALTY:  # NaN fails too
+            raise ApiError(f"Invalid '{name}': {value}; expected a number in [-{MAX_PENALTY:g}, "
+                           f"{MAX_PENALTY:g}].", name, code="invalid_value")
+    if req.repetition_penalty is not None and not (math.isfinite(req.repetition_penalty)
+                                                   and req.repetition_penalty > 0):
+        raise ApiError(f"Invalid 'repetition_penalty': {req.repetition_penalty}; expected a number > 0 "
+                       "(1: none).", "repetition_penalty", code="invalid_value")
+    logit_bias_pairs(req.logit_bias, vocab_size)
     if req.temperature is not None and not (math.isfinite(req.temperature) and 0 <= req.temperature <= 2):
         raise ApiError(f"Invalid 'temperature': {req.temperature}; expected a number in [0, 2].",
                        "temperature", code="invalid_value")
@@ -368,6 +377,21 @@ def _check_top(k: int | None, param: str) -> None:
     if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
         raise ApiError(f"Invalid '{param}': {k}; expected an integer in [0, {MAX_TOP_LOGPROBS}].", param,
                        code="invalid_value")
+
+
+def logit_bias_pairs(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias ({"token id": bias}) as (id, bias) pairs; an ApiError naming the key or
+    value that is not a token id of the vocabulary or a bias in [-100, 100]."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.isdigit() and int(key) < vocab_size):
+            raise ApiError(f"Invalid key in 'logit_bias': {key!r}; expected a token id in [0, {vocab_size}) "
+                           "as a string.", "logit_bias", code="invalid_value")
+        if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise ApiError(f"Invalid value for 'logit_bias' of token {key}: {value}; expected a number in "
+                           f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}].", "logit_bias", code="invalid_value")
+        pairs.append((int(key), float(value)))
+    return tuple(pairs)
 
 
 def logprobs_wanted(req: _Common) -> int | None:

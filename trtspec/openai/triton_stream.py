@@ -21,6 +21,8 @@ import numpy as np
 from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
 
+from trtspec.triton.client import PENALTY_DEFAULTS
+
 # how long an answered stream call may take to end by itself before it is cancelled after all
 END_WAIT_S = 5.0
 
@@ -52,6 +54,10 @@ class Generation:
     logprobs: int | None = None  # None: none; k: each token's log p and the k most likely tokens'
     prompt_ids: tuple[int, ...] | None = None  # the prompt as token ids (instead of text)
     prompt_logprobs: bool = False  # the prompt's tokens' log p too (with logprobs' k)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
 
     def arrays(self) -> dict[str, np.ndarray]:
         if self.prompt_ids is None:
@@ -73,6 +79,12 @@ class Generation:
             arrays["stop_token_ids"] = np.array(self.stop_token_ids, dtype=np.int32)
         if self.ignore_eos:
             arrays["ignore_eos"] = np.array([True], dtype=bool)
+        for name, off in PENALTY_DEFAULTS.items():
+            if getattr(self, name) != off:
+                arrays[name] = np.array([getattr(self, name)], dtype=np.float32)
+        if self.logit_bias:
+            arrays["logit_bias_ids"] = np.array([t for t, _ in self.logit_bias], dtype=np.int32)
+            arrays["logit_bias_values"] = np.array([b for _, b in self.logit_bias], dtype=np.float32)
         if self.logprobs is not None:
             arrays["return_log_probs"] = np.array([True], dtype=bool)
             if self.logprobs:

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from trtspec.spec.sampling import SamplingParams
 
 TextCallback = Callable[[str], None]
+# the penalty inputs a request may send (`trtspec.spec.penalties`), each with its value that changes nothing
+PENALTY_DEFAULTS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 
 
 class ClientError(TrtspecError):
@@ -134,21 +136,32 @@ class GenerateParams:
     seed: int | None = None
     stop_words: tuple[str, ...] = ()
     stream: bool = False
+    # sent only where given (the server's default: none, or the checkpoint's repetition_penalty)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
 
     @classmethod
     def of(cls, sampling: SamplingParams, max_tokens: int, stream: bool = False) -> GenerateParams:
         """The request for `sampling`: greedy as the server's default (no sampling field sent), else
-        its temperature, top-p, top-k and seed."""
+        its temperature, top-p, top-k and seed; and its penalties, where it has them."""
+        penalties = {name: getattr(sampling, name) for name, off in PENALTY_DEFAULTS.items()
+                     if getattr(sampling, name) != off}
         if sampling.greedy:
-            return cls(max_tokens=max_tokens, stream=stream)
+            return cls(max_tokens=max_tokens, stream=stream, **penalties)
         return cls(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                   top_k=sampling.top_k, seed=sampling.seed, stream=stream)
+                   top_k=sampling.top_k, seed=sampling.seed, stream=stream, **penalties)
+
+    def penalties(self) -> dict[str, float]:
+        """The penalties given, by their input names."""
+        return {name: getattr(self, name) for name in PENALTY_DEFAULTS if getattr(self, name) is not None}
 
     def as_json(self, prompt: str) -> dict:
         body: dict = {"text_input": prompt, "max_tokens": self.max_tokens, "stream": self.stream}
         optional = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
                     "random_seed": self.seed}
         body.update({k: v for k, v in optional.items() if v is not None})
+        body.update(self.penalties())
         if self.stop_words:
             body["stop_words"] = list(self.stop_words)
         return body
@@ -184,6 +197,8 @@ def grpc_inputs(prompt: str | bytes, params: GenerateParams) -> list:
         arrays["top_k"] = np.array([params.top_k], dtype=np.int32)
     if params.seed is not None:
         arrays["random_seed"] = np.array([params.seed], dtype=np.uint64)
+    for name, value in params.penalties().items():
+        arrays[name] = np.array([value], dtype=np.float32)
     if params.stop_words:
         arrays["stop_words"] = np.array([w.encode("utf-8") for w in params.stop_words], dtype=np.object_)
     return [array_input(InferInput, name, value) for name, value in arrays.items()]

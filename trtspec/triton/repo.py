@@ -45,6 +45,9 @@ INPUTS = (
     # the k most likely tokens' log-probabilities at each generated token (implies return_log_probs)
     ("num_top_log_probs", "TYPE_INT32", (1,), True),
     ("return_prompt_log_probs", "TYPE_BOOL", (1,), True),  # the prompt's tokens' too (vLLM's prompt_logprobs)
+    # OpenAI's logit_bias: token ids and the bias added to each one's logit, as two lists of one length
+    ("logit_bias_ids", "TYPE_INT32", (-1,), True),
+    ("logit_bias_values", "TYPE_FP32", (-1,), True),
 ) + tuple((i.name, i.dtype, i.dims, True) for i in TRTLLM_INPUTS)  # what NVIDIA's clients send TensorRT-LLM
 OUTPUTS = (
     ("text_output", "TYPE_STRING", (1,)),

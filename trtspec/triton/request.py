@@ -22,7 +22,7 @@ import numpy as np
 
 from trtspec.errors import TrtspecError
 from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
-from trtspec.spec.sampling import SamplingParams
+from trtspec.spec.sampling import MAX_LOGIT_BIAS, MAX_PENALTY, SamplingParams
 from trtspec.triton.repo import INPUTS
 from trtspec.triton.trtllm_inputs import TRTLLM_INPUTS, UnsupportedInput, check_refused
 
@@ -187,12 +187,58 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     except UnsupportedInput as exc:
         raise RequestError(str(exc)) from None
 
-    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, coupling=coupling)
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, coupling=coupling,
+                              **_penalties(get), logit_bias=_logit_bias(get, vocab_size))
     return GenerateRequest(prompt, max_tokens, sampling, bool(stream), tuple(stop_words), min_tokens,
                            None if end_id is None else int(end_id),
                            exclude_input is not None and not bool(exclude_input),
                            add_special_tokens is None or bool(add_special_tokens), stop_token_ids,
                            ignore_eos is not None and bool(ignore_eos), logprobs, prompt_ids, prompt_logprobs)
+
+
+def _penalties(get: InputGetter) -> dict[str, float]:
+    """repetition_penalty, presence_penalty and frequency_penalty, where given."""
+    out = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _scalar(get, name)
+        if value is not None:
+            value = float(value)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:  # NaN fails too
+                raise RequestError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
+            out[name] = value
+    value = _scalar(get, "repetition_penalty")
+    if value is not None:
+        value = float(value)
+        if not (math.isfinite(value) and value > 0):
+            raise RequestError(f"repetition_penalty must be a finite number > 0 (1 = none), got {value}")
+        out["repetition_penalty"] = value
+    return out
+
+
+def _logit_bias(get: InputGetter, vocab_size: int | None) -> tuple[tuple[int, float], ...]:
+    """logit_bias_ids and logit_bias_values as (id, bias) pairs; each needs the other."""
+    ids, values = get("logit_bias_ids"), get("logit_bias_values")
+    if ids is None and values is None:
+        return ()
+    if ids is None or values is None:
+        given, missing = ("logit_bias_ids", "logit_bias_values") if values is None else \
+            ("logit_bias_values", "logit_bias_ids")
+        raise RequestError(f"{given} needs {missing}: the bias of each token id, in the same order")
+    ids, values = ids.reshape(-1).tolist(), values.reshape(-1).tolist()
+    if len(ids) != len(values):
+        raise RequestError(f"logit_bias_ids holds {len(ids)} ids but logit_bias_values {len(values)} values; "
+                           "give one value per id")
+    for i, (token, bias) in enumerate(zip(ids, values, strict=True)):
+        if not 0 <= token < (vocab_size or 2**31):
+            span = f"in [0, {vocab_size})" if vocab_size else ">= 0"
+            raise RequestError(f"logit_bias_ids must be token ids {span}, got {token} at position {i}")
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise RequestError(f"logit_bias_values[{i}] must be in [-{MAX_LOGIT_BIAS:g}, "
+                               f"{MAX_LOGIT_BIAS:g}], got {bias}")
+    if len(set(ids)) < len(ids):
+        twice = next(t for t in ids if ids.count(t) > 1)
+        raise RequestError(f"logit_bias_ids names token {twice} twice; give each id once")
+    return tuple(zip((int(t) for t in ids), (float(b) for b in values), strict=True))
 
 
 def _one_of(get: InputGetter, name: str, alias: str) -> tuple[str, object]:

@@ -41,7 +41,6 @@ class TrtllmInput:
     why: str = ""  # why another value is refused
 
 
-_PENALTY = "penalties change the target's distribution; trtspec's output is the target's own"
 _LOGITS = "trtspec returns log-probabilities (return_log_probs), not logits"
 
 # Honoured inputs (read by trtspec.triton.request), then the refused ones.
@@ -53,6 +52,10 @@ HONOURED = (
     TrtllmInput("seed", "TYPE_UINT64", (1,)),  # current name of random_seed
     TrtllmInput("pad_id", "TYPE_INT32", (1,)),  # outputs are never padded, so any pad id holds
     TrtllmInput("return_log_probs", "TYPE_BOOL", (1,)),  # output_log_probs, cum_log_probs
+    # applied to the target's p at every draft position (trtspec.spec.penalties)
+    TrtllmInput("repetition_penalty", "TYPE_FP32", (1,)),
+    TrtllmInput("presence_penalty", "TYPE_FP32", (1,)),
+    TrtllmInput("frequency_penalty", "TYPE_FP32", (1,)),
 )
 REFUSED = (
     TrtllmInput("decoder_text_input", "TYPE_STRING", (1,), "", "trtspec serves decoder-only targets"),
@@ -60,9 +63,6 @@ REFUSED = (
     TrtllmInput("beam_width", "TYPE_INT32", (1,), 1, "no beam search: speculative decoding is 1-beam"),
     TrtllmInput("bad_words", "TYPE_STRING", (-1,), None, "banning words changes the target's distribution"),
     TrtllmInput("length_penalty", "TYPE_FP32", (1,), 1.0, "it only applies to beam search"),
-    TrtllmInput("repetition_penalty", "TYPE_FP32", (1,), 1.0, _PENALTY),
-    TrtllmInput("presence_penalty", "TYPE_FP32", (1,), 0.0, _PENALTY),
-    TrtllmInput("frequency_penalty", "TYPE_FP32", (1,), 0.0, _PENALTY),
     TrtllmInput("return_context_logits", "TYPE_BOOL", (1,), False, _LOGITS),
     TrtllmInput("return_generation_logits", "TYPE_BOOL", (1,), False, _LOGITS),
     TrtllmInput("return_perf_metrics", "TYPE_BOOL", (1,), False, "see the metrics port instead"),
@@ -71,8 +71,10 @@ REFUSED = (
     TrtllmInput("prompt_embedding_table", "TYPE_FP16", (-1, -1), None, "no prompt tuning"),
     TrtllmInput("prompt_vocab_size", "TYPE_INT32", (1,), 0, "no prompt tuning"),
     TrtllmInput("prompt_table_extra_id", "TYPE_UINT64", (1,), 0, "no prompt tuning"),
-    TrtllmInput("embedding_bias_words", "TYPE_STRING", (-1,), None, "biases change the distribution"),
-    TrtllmInput("embedding_bias_weights", "TYPE_FP32", (-1,), None, "biases change the distribution"),
+    TrtllmInput("embedding_bias_words", "TYPE_STRING", (-1,), None,
+                "bias token ids with logit_bias_ids and logit_bias_values instead"),
+    TrtllmInput("embedding_bias_weights", "TYPE_FP32", (-1,), None,
+                "bias token ids with logit_bias_ids and logit_bias_values instead"),
     TrtllmInput("lora_task_id", "TYPE_UINT64", (1,), None, "no LoRA adapters"),
     TrtllmInput("lora_weights", "TYPE_FP16", (-1, -1), None, "no LoRA adapters"),
     TrtllmInput("lora_config", "TYPE_INT32", (-1, 3), None, "no LoRA adapters"),
