@@ -63,10 +63,11 @@ def tv(a: torch.Tensor, b: torch.Tensor) -> float:
 
 PARAMS = [SamplingParams(temperature=1.0, coupling="gumbel"),
           SamplingParams(temperature=0.7, top_k=4, coupling="gumbel"),
-          SamplingParams(temperature=1.3, top_p=0.8, coupling="gumbel")]
+          SamplingParams(temperature=1.3, top_p=0.8, coupling="gumbel"),
+          SamplingParams(temperature=1.0, min_p=0.15, coupling="gumbel")]
 
 
-@pytest.mark.parametrize("params", PARAMS, ids=["t1", "t0.7-k4", "t1.3-p0.8"])
+@pytest.mark.parametrize("params", PARAMS, ids=["t1", "t0.7-k4", "t1.3-p0.8", "t1-m0.15"])
 def test_coupled_samples_follow_the_processed_target_jointly_over_positions(params):
     """Over 40k seeds, (x_t, x_t+1) is distributed as p_t ⊗ p_t+1 under the request's temperature,
     top-k and top-p: each a draw from p, and the two independent."""

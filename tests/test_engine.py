@@ -91,6 +91,20 @@ def test_engine_flavour_token_identical_to_torch(pipelines, name):
         assert got.num_target_calls == want.num_target_calls  # same acceptance, cycle by cycle
 
 
+def test_engine_flavour_under_penalties_token_identical_to_torch(pipelines):
+    """Logit bias and penalties reach the verify graphs through the decoder's logits: the same text
+    as the torch flavour's under them, which is not the unpenalized one."""
+    sampling = SamplingParams(presence_penalty=0.8, frequency_penalty=0.4, repetition_penalty=1.3,
+                              logit_bias=((ord(" "), -3.0), (ord("e"), 2.0)))
+    torch_p, engine_p = pipelines[("torch", "dflash")], pipelines[("engine", "dflash")]
+    want_decoder, got_decoder = torch_p.decoder_for(2, FULL), engine_p.decoder_for(2, FULL)
+    for prompt in _prompts(1):
+        ids = torch_p.tokenizer.encode(prompt)
+        want = want_decoder.generate(ids, 48, sampling)
+        assert got_decoder.generate(ids, 48, sampling).token_ids == want.token_ids, prompt
+        assert want.token_ids != want_decoder.generate(ids, 48).token_ids, prompt
+
+
 def test_dspark_engine_confidences_match_torch(pipelines):
     """The heads graph gives the torch drafter's Markov drafts and STS-scaled confidences."""
     proposals = []

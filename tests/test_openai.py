@@ -139,34 +139,6 @@ def _chat_expected(pipeline, prompt_text: str, max_tokens: int) -> tuple[str, in
     return text, len(ids)
 
 
-def test_penalties_and_logit_bias_are_the_targets_own_under_them(served, pipeline):
-    """OpenAI's presence/frequency penalties and logit_bias and vLLM's repetition_penalty, over the
-    API and as TensorRT-LLM's inputs over gRPC: the text is the target's own greedy one under them,
-    which differs from the unpenalized text (on code: the tiny target's arithmetic is too sure of
-    itself for penalties of this size to move it)."""
-    prompt = PROMPTS[1]
-    sampling = SamplingParams(presence_penalty=0.6, frequency_penalty=0.3, repetition_penalty=1.2,
-                              logit_bias=((ord("e"), -5.0), (ord(" "), 1.5)))
-    want = pipeline.decoder.generate(list(prompt.encode()), MAX_TOKENS, sampling).token_ids
-    assert want != _greedy(pipeline, prompt)[1]
-    client = served.client()
-    for stream in (False, True):
-        got = client.completions.create(model="trtspec", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                        presence_penalty=0.6, frequency_penalty=0.3,
-                                        logit_bias={str(ord("e")): -5, str(ord(" ")): 1.5},
-                                        extra_body={"repetition_penalty": 1.2}, stream=stream)
-        text = "".join(c.choices[0].text for c in got) if stream else got.choices[0].text
-        assert text == bytes(want).decode()
-    got = _trtllm_request(served, text_input=None, input_ids=np.array(list(prompt.encode()), dtype=np.int32),
-                          max_tokens=np.array([MAX_TOKENS], dtype=np.int32),
-                          presence_penalty=np.array([0.6], dtype=np.float32),
-                          frequency_penalty=np.array([0.3], dtype=np.float32),
-                          repetition_penalty=np.array([1.2], dtype=np.float32),
-                          logit_bias_ids=np.array([ord("e"), ord(" ")], dtype=np.int32),
-                          logit_bias_values=np.array([-5, 1.5], dtype=np.float32))
-    assert got.token_ids == want
-
-
 def test_chat_sync_and_stream_use_the_embedded_template(served, pipeline):
     client = served.client()
     messages = [{"role": "user", "content": "482 + 356"}]
@@ -427,6 +399,7 @@ BAD = [
     ("completions", {"temperature": -1}, "temperature"),
     ("completions", {"top_p": 0}, "top_p"),
     ("completions", {"top_k": -2}, "top_k"),
+    ("completions", {"min_p": 1.5}, "min_p"),
     ("completions", {"max_tokens": 0}, "max_tokens"),
     ("completions", {"max_tokens": 5000}, "max_tokens"),
     ("completions", {"stop": [f"s{i}" for i in range(33)]}, "stop"),
@@ -824,14 +797,6 @@ def test_generate_and_bench_cli_over_openai(served, pipeline, tmp_path, monkeypa
     whole = json.loads(result.output)
     assert whole["tokens"] == 8 and whole["finish_reason"] == "length" and whole["token_ids"] is None
     assert whole["decode_tokens_per_s"] is None  # one response: no decode phase to time
-    # penalties reach the server: the target's own text under them
-    penalties = ["--presence-penalty", "0.6", "--frequency-penalty", "0.3", "--repetition-penalty", "1.2"]
-    result = CliRunner().invoke(main, ["generate", "--url", served.url, "--json", "--prompt", PROMPTS[1],
-                                       "--max-tokens", str(MAX_TOKENS), *penalties])
-    assert result.exit_code == 0, result.output
-    sampling = SamplingParams(presence_penalty=0.6, frequency_penalty=0.3, repetition_penalty=1.2)
-    want = pipeline.decoder.generate(list(PROMPTS[1].encode()), MAX_TOKENS, sampling).token_ids
-    assert json.loads(result.output)["text"] == bytes(want).decode() != _greedy(pipeline, PROMPTS[1])[0]
     # no warm-up: after one more chat request the fresh server's adaptive schedule decoded a level
     # of these without a draft accepted (48 tokens in 48 forwards), and τ is what this carries
     result = CliRunner().invoke(main, ["bench", "--url", served.url, "--tasks", "math", "--prompts", "2",
@@ -850,6 +815,15 @@ def test_generate_and_bench_cli_over_openai(served, pipeline, tmp_path, monkeypa
     assert result.exit_code == 0, result.output
     remote = json.loads((tmp_path / "results.json").read_text())["remote"]
     assert remote["decoding"].startswith("sampling at temperature 1") and remote["levels"]["1"]["tokens"] > 4
+    # penalties reach the server: the target's own text under them (last: a penalized request is
+    # accepted less, which the adaptive schedule learns from, and the benches above need drafts)
+    penalties = ["--presence-penalty", "0.6", "--frequency-penalty", "0.3", "--repetition-penalty", "1.2"]
+    result = CliRunner().invoke(main, ["generate", "--url", served.url, "--json", "--prompt", PROMPTS[1],
+                                       "--max-tokens", str(MAX_TOKENS), *penalties])
+    assert result.exit_code == 0, result.output
+    sampling = SamplingParams(presence_penalty=0.6, frequency_penalty=0.3, repetition_penalty=1.2)
+    want = pipeline.decoder.generate(list(PROMPTS[1].encode()), MAX_TOKENS, sampling).token_ids
+    assert json.loads(result.output)["text"] == bytes(want).decode() != _greedy(pipeline, PROMPTS[1])[0]
 
 
 def test_an_end_on_the_last_allowed_token_finishes_as_a_stop(served, pipeline):
@@ -1192,6 +1166,13 @@ def test_seeded_samples_are_what_the_target_alone_samples_under_load(served, con
         for c in chunk.choices:
             streamed[c.index] = streamed.get(c.index, "") + c.text
     assert [streamed[i] for i in range(6)] == expected
+    # vLLM's min_p reaches the sampler: what the target alone samples under it, not without it
+    sampling = SamplingParams(temperature=1.5, min_p=0.2, seed=5, coupling="gumbel")
+    want = alone.generate(PROMPTS[1], 24, sampling)[0]
+    assert want != alone.generate(PROMPTS[1], 24, sampling.model_copy(update={"min_p": 0.0}))[0]
+    got = client.completions.create(model="trtspec", prompt=PROMPTS[1], seed=5, max_tokens=24,
+                                    temperature=1.5, extra_body={"min_p": 0.2})
+    assert got.choices[0].text == want
 
 
 def test_an_unseeded_sample_reports_the_seed_that_samples_it_again(served):
@@ -1282,3 +1263,33 @@ def test_a_stream_whose_client_left_mid_send_is_closed_when_its_response_ends(sp
         assert cleaned == [True]  # closed while `response` still holds it: not left to the collector
 
     asyncio.run(serve_one())
+
+
+def test_penalties_and_logit_bias_are_the_targets_own_under_them(served, pipeline):
+    """OpenAI's presence/frequency penalties and logit_bias and vLLM's repetition_penalty, over the
+    API and as TensorRT-LLM's inputs over gRPC: the text is the target's own greedy one under them,
+    which differs from the unpenalized text (on code: the tiny target's arithmetic is too sure of
+    itself for penalties of this size to move it). Last in the file: penalized requests are accepted
+    less, and the server's adaptive schedule, which learns from every request, then drafts less for
+    the tests that need drafts."""
+    prompt = PROMPTS[1]
+    sampling = SamplingParams(presence_penalty=0.6, frequency_penalty=0.3, repetition_penalty=1.2,
+                              logit_bias=((ord("e"), -5.0), (ord(" "), 1.5)))
+    want = pipeline.decoder.generate(list(prompt.encode()), MAX_TOKENS, sampling).token_ids
+    assert want != _greedy(pipeline, prompt)[1]
+    client = served.client()
+    for stream in (False, True):
+        got = client.completions.create(model="trtspec", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                        presence_penalty=0.6, frequency_penalty=0.3,
+                                        logit_bias={str(ord("e")): -5, str(ord(" ")): 1.5},
+                                        extra_body={"repetition_penalty": 1.2}, stream=stream)
+        text = "".join(c.choices[0].text for c in got) if stream else got.choices[0].text
+        assert text == bytes(want).decode()
+    got = _trtllm_request(served, text_input=None, input_ids=np.array(list(prompt.encode()), dtype=np.int32),
+                          max_tokens=np.array([MAX_TOKENS], dtype=np.int32),
+                          presence_penalty=np.array([0.6], dtype=np.float32),
+                          frequency_penalty=np.array([0.3], dtype=np.float32),
+                          repetition_penalty=np.array([1.2], dtype=np.float32),
+                          logit_bias_ids=np.array([ord("e"), ord(" ")], dtype=np.int32),
+                          logit_bias_values=np.array([-5, 1.5], dtype=np.float32))
+    assert got.token_ids == want

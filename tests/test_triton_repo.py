@@ -212,6 +212,7 @@ def test_parse_request_trtllm_inputs_honoured_and_defaults_pass():
     assert (s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (1.5, -0.5, 0.25)
     assert s.logit_bias == ((7, -100.0), (3, 2.5)) and s.penalized
     assert not parse_request(_getter(**GOOD), 16).sampling.penalized
+    assert parse_request(_getter(**GOOD, min_p=f32(0.25)), 16).sampling.min_p == 0.25
 
 
 def _bias(ids: list[int], values: list[float]) -> dict[str, np.ndarray]:
@@ -224,6 +225,7 @@ def _bias(ids: list[int], values: list[float]) -> dict[str, np.ndarray]:
     [
         (dict(beam_width=np.array([4], dtype=np.int32)), r"beam_width=4 is not supported .* only 1 is"),
         (dict(length_penalty=np.array([1.5], dtype=np.float32)), r"length_penalty=1.5 is not"),
+        (dict(min_p=np.array([-0.5], dtype=np.float32)), r"min_p must be in \[0, 1\] \(0 = off\), got -0.5"),
         (dict(repetition_penalty=np.array([0.0], dtype=np.float32)), r"repetition_penalty must be .* > 0"),
         (dict(presence_penalty=np.array([2.5], dtype=np.float32)), r"presence_penalty must be in \[-2, 2\]"),
         (dict(frequency_penalty=np.array([np.nan], dtype=np.float32)), r"frequency_penalty must be in"),

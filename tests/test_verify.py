@@ -144,13 +144,16 @@ def test_probs_from_logits_filters():
 
 
 def _reference_probs(row: list[float], params: SamplingParams) -> list[float]:
-    """The processed distribution the plain way: the top_k largest logits / T, softmax, then the
-    most likely tokens until their mass reaches top_p, renormalised."""
+    """The processed distribution the plain way: the top_k largest logits / T, softmax, those at
+    least min_p times the most likely, then the most likely tokens until their mass reaches top_p,
+    renormalised."""
     z = [v / params.temperature for v in row]
     order = sorted(range(len(z)), key=lambda i: -z[i])
     kept = order[:params.top_k] if params.top_k else order
     top = max(z[i] for i in kept)
     weight = {i: math.exp(z[i] - top) for i in kept}
+    kept = [i for i in kept if weight[i] >= params.min_p * weight[order[0]]]
+    weight = {i: weight[i] for i in kept}
     total = sum(weight.values())
     mass, nucleus = 0.0, []
     for i in kept:  # already in descending order
@@ -164,8 +167,11 @@ def _reference_probs(row: list[float], params: SamplingParams) -> list[float]:
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=5),
                                     SamplingParams(temperature=0.9, top_p=0.6),
-                                    SamplingParams(temperature=1.1, top_k=7, top_p=0.75)],
-                         ids=["t0.7", "t1.3-k5", "t0.9-p0.6", "t1.1-k7-p0.75"])
+                                    SamplingParams(temperature=1.1, top_k=7, top_p=0.75),
+                                    SamplingParams(temperature=1.0, min_p=0.1),
+                                    SamplingParams(temperature=1.2, top_k=9, min_p=0.05, top_p=0.8)],
+                         ids=["t0.7", "t1.3-k5", "t0.9-p0.6", "t1.1-k7-p0.75", "t1-m0.1",
+                              "t1.2-k9-m0.05-p0.8"])
 def test_processed_probabilities_match_a_plain_reference(params):
     """p and q, and the references of the distribution tests (test_coupling, test_lossless), all come
     from `probs_from_logits`: here it is checked against the definition itself, on unsorted [2, 3, V]

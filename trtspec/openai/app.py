@@ -109,7 +109,8 @@ class Frontend:
         logprobs = logprobs_wanted(req)
         echo = bool(getattr(req, "echo", False))
         gen = Generation(prompt=prompt if isinstance(prompt, str) else "", max_tokens=max_tokens,
-                         temperature=temperature, top_p=top_p, top_k=top_k, seed=req.seed,
+                         temperature=temperature, top_p=top_p, top_k=top_k, min_p=req.min_p or 0.0,
+                         seed=req.seed,
                          min_tokens=req.min_tokens or 0, stop_words=tuple(stops), stream=bool(req.stream),
                          add_special_tokens=specials, stop_token_ids=tuple(req.stop_token_ids or ()),
                          ignore_eos=bool(req.ignore_eos), logprobs=logprobs,

@@ -56,6 +56,8 @@ class _Common(_Forbid):
     temperature: float | None = Field(None, description="0 = greedy; default 1 as OpenAI")
     top_p: float | None = Field(None, description="nucleus mass in (0, 1]")
     top_k: int | None = Field(None, description="keep the k most likely (vLLM/SGLang extension); -1, 0 = all")
+    min_p: float | None = Field(None, description="in [0, 1]: drop the tokens less likely than min_p times "
+                                "the most likely one (vLLM extension); 0 = off")
     min_tokens: int | None = Field(None, description="no end of sequence, stop token or stop sequence before "
                                                     "this many tokens (vLLM's)")
     seed: int | None = Field(None, description="sampling seed: the same text under Gumbel coupling; under "
@@ -251,6 +253,9 @@ def check_common(req: _Common, vocab_size: int) -> None:
                        "temperature", code="invalid_value")
     if req.top_p is not None and not 0 < req.top_p <= 1:
         raise ApiError(f"Invalid 'top_p': {req.top_p}; expected a number in (0, 1].", "top_p",
+                       code="invalid_value")
+    if req.min_p is not None and not 0 <= req.min_p <= 1:
+        raise ApiError(f"Invalid 'min_p': {req.min_p}; expected a number in [0, 1].", "min_p",
                        code="invalid_value")
     if req.top_k is not None and req.top_k < -1:
         raise ApiError(f"Invalid 'top_k': {req.top_k}; expected -1 or 0 (all tokens) or k >= 1.", "top_k",

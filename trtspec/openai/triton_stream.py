@@ -44,6 +44,7 @@ class Generation:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     min_tokens: int = 0
     stop_words: tuple[str, ...] = ()
@@ -71,6 +72,8 @@ class Generation:
             "top_k": np.array([self.top_k], dtype=np.int32),
             "stream": np.array([self.stream], dtype=bool),
         }
+        if self.min_p:
+            arrays["min_p"] = np.array([self.min_p], dtype=np.float32)
         if self.seed is not None:
             arrays["random_seed"] = np.array([self.seed], dtype=np.uint64)
         if self.min_tokens:

@@ -108,14 +108,14 @@ def gumbel_noise(seeds: Sequence[int | None], positions: Positions, vocab: int, 
 
 
 def log_weights(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """log p up to a constant per row under each row's temperature/top-k/top-p (−inf where p is 0):
+    """log p up to a constant per row under each row's temperature/top-k/min-p/top-p (−inf where p is 0):
     logits / T (`tempered`) for a row that cuts nothing, log of the processed probabilities for one
     that does. Each row's own parameters decide, never the batch's: the two differ by rounding,
     which can move the argmax of a near-tie, and a coupled sample must not depend on what else is
     batched with it.  [R, ..., V]"""
     temps = torch.tensor([p.temperature for p in params], device=logits.device)
     weights = tempered(logits, temps.view(-1, *[1] * (logits.dim() - 1)))
-    cut = [r for r, p in enumerate(params) if p.top_k != 0 or p.top_p != 1.0]
+    cut = [r for r, p in enumerate(params) if p.top_k != 0 or p.top_p != 1.0 or p.min_p != 0.0]
     if cut:
         idx = torch.tensor(cut, device=logits.device)
         weights[idx] = row_probs(logits[idx], [params[r] for r in cut]).log()

@@ -28,6 +28,8 @@ class SamplingParams(BaseModel):
                                description="0 = greedy; otherwise softmax temperature (finite)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass kept, in (0, 1]")
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0 = all")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="drop the tokens less likely than min_p times the "
+                                                          "most likely one (vLLM's min_p); 0 = off")
     seed: int | None = Field(None, ge=0, le=2**64 - 1,
                              description="seed of the request's random generator (a UINT64, as Triton's "
                                          "random_seed)")
@@ -102,7 +104,7 @@ def tempered(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.T
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Apply temperature, top-k, top-p; return probabilities.  # logits: [..., V]
+    """Apply temperature, top-k, min-p, top-p (vLLM's order); return probabilities.  # logits: [..., V]
 
     Greedy requests get a one-hot distribution on the argmax, so greedy and sampling
     verification are the same rule on the same kind of input.
@@ -114,6 +116,9 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
+    if params.min_p > 0.0:  # the most likely token always stays
+        probs = probs.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         mass_before = sorted_probs.cumsum(-1) - sorted_probs
@@ -147,7 +152,7 @@ def row_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.T
 
 
 def _key(params: SamplingParams) -> tuple:
-    return (params.temperature, params.top_p, params.top_k)
+    return (params.temperature, params.top_p, params.top_k, params.min_p)
 
 
 def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],

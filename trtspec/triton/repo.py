@@ -35,6 +35,7 @@ INPUTS = (
     ("temperature", "TYPE_FP32", (1,), True),
     ("top_p", "TYPE_FP32", (1,), True),
     ("top_k", "TYPE_INT32", (1,), True),
+    ("min_p", "TYPE_FP32", (1,), True),  # vLLM's: drop tokens below min_p × the most likely one's p
     ("random_seed", "TYPE_UINT64", (1,), True),
     ("stream", "TYPE_BOOL", (1,), True),
     ("stop_words", "TYPE_STRING", (-1,), True),

@@ -139,6 +139,10 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     top_k = 0 if top_k is None else int(top_k)
     if top_k < 0:
         raise RequestError(f"top_k must be >= 0 (0 = all tokens), got {top_k}")
+    min_p = _scalar(get, "min_p")
+    min_p = 0.0 if min_p is None else float(min_p)
+    if not 0.0 <= min_p <= 1.0:  # NaN fails too
+        raise RequestError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
     _, seed = _one_of(get, "random_seed", "seed")
     seed = None if seed is None else int(seed)
     stream = _scalar(get, "stream")
@@ -187,7 +191,8 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     except UnsupportedInput as exc:
         raise RequestError(str(exc)) from None
 
-    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, coupling=coupling,
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
+                              coupling=coupling,
                               **_penalties(get), logit_bias=_logit_bias(get, vocab_size))
     return GenerateRequest(prompt, max_tokens, sampling, bool(stream), tuple(stop_words), min_tokens,
                            None if end_id is None else int(end_id),
