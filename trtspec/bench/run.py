@@ -289,7 +289,8 @@ def run_bench(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_tas
               f"({torch.get_num_threads()} threads)"
     results: dict = {"max_tokens": max_tokens, "prompts_per_task": prompts_per_task, "repeats": repeats,
                      "machine": machine, "revision": source_revision(),
-                     "sampling": sampling.model_dump(exclude={"coupling"}),
+                     # what bench's options set (no penalties: it decodes the target's plain law)
+                     "sampling": sampling.model_dump(include={"temperature", "top_p", "top_k", "seed"}),
                      "decoding": describe(sampling), "tasks": {},
                      "trees": {f"{name}+tree": {**spec["tree"].model_dump(), "sized_by": spec["sized_by"]}
                                for name, spec in trees.items()}}
