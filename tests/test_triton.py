@@ -489,12 +489,13 @@ def test_acceptance_metrics_are_exported(served, config):
     assert _metric(served, "trtspec_tau_count") >= 1 and _metric(served, "trtspec_tau_sum") >= 1
 
 
-def test_verify_certifies_the_server(served, tmp_path):
+def test_verify_certifies_the_server(served, tmp_path, monkeypatch):
     runner = CliRunner()
     ok = runner.invoke(main, ["verify", "--url", served.grpc_url, "--config", str(CONFIG),
                               "--max-tokens", "32", "--samples", "300"])
     assert ok.exit_code == 0, ok.output
-    assert ok.output.count("identical") == 5 and "PASS: lossless" in ok.output
+    assert ok.output.count("greedy  identical") == 5 and ok.output.count("penalty identical") == 5
+    assert "PASS: lossless" in ok.output
     # a reference that is not the served target: every prompt must be reported as a mismatch
     other = tmp_path / "other.yaml"
     other.write_text(CONFIG.read_text().replace("builtin:tiny-target", "builtin:tiny-draft"))
@@ -502,7 +503,7 @@ def test_verify_certifies_the_server(served, tmp_path):
     prompts.write_text("Q: 482 + 356\nimport os\n")
     bad = runner.invoke(main, ["verify", "--url", served.http_url, "--config", str(other), "--model",
                                "trtspec", "--prompts", str(prompts), "--samples", "0"])
-    assert bad.exit_code == 1 and bad.output.count("MISMATCH") == 2 and "FAIL" in bad.output
+    assert bad.exit_code == 1 and bad.output.count("MISMATCH") == 4 and "FAIL" in bad.output  # 2 × 2
     # a config that says Gumbel coupling, against this server that samples by rejection: greedy
     # passes, and the seeded samples are not the target alone's (open-ended prompts: at temperature
     # 1 the tiny target answers sums the same whichever way it samples)
@@ -515,6 +516,12 @@ def test_verify_certifies_the_server(served, tmp_path):
     assert coupled.exit_code == 1 and coupled.output.count("greedy  identical") == 2
     assert coupled.output.count("sampled MISMATCH") == 2 and "FAIL" in coupled.output
     assert coupled.output.count("off the target's coupled sample") == 2  # audited, not near-ties
+    # a server that decodes without the penalties (here: the client leaves them out) fails their checks
+    monkeypatch.setattr(GenerateParams, "penalties", lambda self: {})
+    deaf = runner.invoke(main, ["verify", "--url", served.grpc_url, "--config", str(CONFIG),
+                                "--prompts", str(open_ended), "--samples", "0", "--max-tokens", "24"])
+    assert deaf.exit_code == 1 and deaf.output.count("greedy  identical") == 2
+    assert deaf.output.count("penalty MISMATCH") == 2 and "FAIL" in deaf.output
 
 
 def test_generate_cli_streams_from_the_server(served, config, expected):

@@ -30,6 +30,7 @@ import torch
 
 from trtspec.models.target import Chunk, TargetModel
 from trtspec.spec.coupling import coupled_scores
+from trtspec.spec.penalties import Penalties
 
 if TYPE_CHECKING:
     from trtspec.config import TargetConfig
@@ -117,6 +118,12 @@ def audit_greedy(target: TargetModel, prompt_ids: list[int], output_ids: list[in
         parts.append(target.forward([Chunk(0, seq[at:at + chunk])]).logits)
     chunked = torch.cat(parts)  # [n, V]
     noise = (one - chunked).abs().max().item()
+    if sampling is not None and sampling.penalized:  # the law the request asked for (`spec.penalties`)
+        r = sampling.repetition_penalty
+        noise *= max(r, 1 / r)  # a logit divided or multiplied by r moves its rounding by as much
+        one = one.float().clone()
+        history = torch.tensor(output_ids[:-1], dtype=torch.long, device=one.device)
+        Penalties(sampling, prompt_ids, one.shape[-1], one.device).apply(one, history)
     if sampling is not None and sampling.gumbel:
         noise /= sampling.temperature
     scores = _scores(one, sampling, len(prompt_ids))  # [n, V]; output_ids[j] sits at P + j

@@ -51,6 +51,7 @@ from trtspec.spec.penalties import penalized
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
 from trtspec.tokenizer import ByteTokenizer
 from trtspec.triton.client import (
+    ClientError,
     Completion,
     GenerateParams,
     generate,
@@ -68,6 +69,8 @@ DEFAULT_PROMPTS = (
     "Explain what a generator is and when to use one.",
 )
 SAMPLING = SamplingParams(temperature=1.3, top_k=3, top_p=0.9)
+# greedy under penalties: the target's own text under them (`spec.penalties`), held to the target alone's
+PENALIZED = SamplingParams(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2)
 # Tokens per sampling request, by seed parity. The first token comes from the prefill; a request's
 # drafts are capped by what it has left, so in an 8-token request tokens 2 and 3 are drafts 1 and 2
 # of a 6-draft chain (accepted or recovered) and a bonus token can only be its last; in a 3-token
@@ -92,6 +95,7 @@ class GreedyCheck:
     unit: str = "token"
     audit: GreedyAudit | None = None  # the served tokens audited where they differ
     seed: int | None = None  # a coupled sample's seed; None: greedy
+    penalized: bool = False  # greedy under PENALIZED's penalties
     lengths: tuple[int, int] | None = None  # (served, target alone's) where they part only by length
 
     @property
@@ -105,6 +109,7 @@ class GreedyCheck:
         else:
             verdict = f"{'differs' if self.passed else 'MISMATCH'} at {self.unit} {self.first_difference}"
         kind, seed = ("greedy ", "") if self.seed is None else ("sampled", f"  seed {self.seed}")
+        kind = "penalty" if self.penalized else kind
         tau = "–" if self.served_tau is None else f"{self.served_tau:.2f}"
         out = [f"{kind} {verdict:<24} tau={tau}{seed}  {self.prompt[:40]!r}"]
         if self.lengths is not None:
@@ -163,15 +168,16 @@ class Certificate:
     greedy: list[GreedyCheck] = field(default_factory=list)
     sampling: SamplingCheck | None = None
     coupled: list[GreedyCheck] = field(default_factory=list)  # seeded, Gumbel-coupled samples
+    penalized: list[GreedyCheck] = field(default_factory=list)  # greedy under PENALIZED
     untested: list[str] = field(default_factory=list)  # what this certificate does not cover
 
     @property
     def passed(self) -> bool:
         sampling_ok = self.sampling is None or self.sampling.passed
-        return sampling_ok and all(g.passed for g in self.greedy + self.coupled)
+        return sampling_ok and all(g.passed for g in self.greedy + self.coupled + self.penalized)
 
     def lines(self) -> list[str]:
-        out = [line for check in self.greedy + self.coupled for line in check.lines()]
+        out = [line for check in self.greedy + self.coupled + self.penalized for line in check.lines()]
         if self.sampling is not None:
             out += self.sampling.lines()
         out += [f"not tested: {what}" for what in self.untested]
@@ -338,7 +344,7 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
             got, want = served.token_ids, expected
         diff = _first_difference(got, want)
         result = GreedyCheck(prompt, diff is None, diff, served.tau, "character" if text_only else "token",
-                             seed=None if sampling.greedy else sampling.seed)
+                             seed=None if sampling.greedy else sampling.seed, penalized=sampling.penalized)
         # ids only: a text leaves the end id's text out, so a near-tie at an end id reads as a prefix
         if not text_only and parted_by_length(got, want):
             result.lengths = (len(got), len(want))
@@ -353,6 +359,13 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
     if config.sampling.coupling == "gumbel":
         cert.coupled = [check(prompt, SamplingParams(temperature=1.0, seed=COUPLED_SEED + i,
                                                      coupling="gumbel")) for i, prompt in enumerate(prompts)]
+    try:
+        cert.penalized = [check(prompt, PENALIZED) for prompt in prompts]
+    except ClientError as exc:  # a server that refuses them (TensorRT-LLM's defaults-only inputs once)
+        cert.untested.append(f"greedy texts under penalties: the server refused them ({exc})")
+    cert.untested.append("logit_bias and min_p (penalties are tested greedy, at presence "
+                         f"{PENALIZED.presence_penalty:g}, frequency {PENALIZED.frequency_penalty:g}, "
+                         f"repetition {PENALIZED.repetition_penalty:g})")
     if unreadable:
         cert.untested.append("which ids the served texts' U+FFFD characters stand for (an OpenAI server "
                              "sends text, and any invalid UTF-8 reads as U+FFFD)")
