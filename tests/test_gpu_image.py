@@ -137,6 +137,8 @@ def test_gpu_check_script_rehearses_on_cpu_with_image_packages_only(tmp_path):
     assert rows["coupled_argmax 64 rows V1000"]["detail"] == "64/64 rows pick the torch reference's token"
     coupled = rows["DFlash Gumbel-coupled sampling at R = 4 == target alone (cpu)"]["detail"]
     assert coupled.startswith("2/2 seeded samples identical; ")
+    penalized = rows["DFlash greedy under penalties at R = 4 == target alone (cpu)"]["detail"]
+    assert penalized.startswith("2/2 prompts identical (every other one penalized); ")
     # every parity row of the speculative loop drafted and had drafts accepted (they are in the json)
     assert all(r["accepted"] > 0 for r in report["rows"] if "== target alone" in r["check"])
     for label in ("DFlash greedy", "DFlash tree greedy"):

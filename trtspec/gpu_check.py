@@ -235,6 +235,33 @@ def check_coupling(run: Run) -> None:
                      "detail": f"{same}/{len(prompts)} seeded samples identical; {spoke}", **counts})
 
 
+def check_penalties(run: Run) -> None:
+    """Logit bias and penalties on the device (`trtspec.spec.penalties`: counts along each draft's
+    path, on the device's tensors): greedy DFlash at R = 4 under them, beside unpenalized requests,
+    is token for token what the target alone decodes under them on the device."""
+    from trtspec.bench.loop_overhead import tiny_pipeline
+    from trtspec.spec.decoder import Request
+    from trtspec.spec.sampling import SamplingParams
+
+    spec = tiny_pipeline(run.device)
+    run.share_cost_table(spec)
+    plain = tiny_pipeline(run.device, use_drafter=False)
+    prompts, max_tokens = _decoding_prompts(run, spec.tokenizer)
+    penalized = SamplingParams(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2,
+                               logit_bias=((ord(" "), -1.0), (ord("e"), 1.0)))
+    requests = [Request(ids, max_tokens, penalized if i % 2 == 0 else SamplingParams())
+                for i, ids in enumerate(prompts)]
+    alone = [plain.decoder.generate(r.prompt, max_tokens, r.sampling).token_ids for r in requests]
+    batch = spec.decoder_for(4).generate_batch(requests)
+    same = sum(r.token_ids == a for r, a in zip(batch, alone, strict=True))
+    counts, spoke = speculation(batch)
+    run.rows.append({"check": f"DFlash greedy under penalties at R = 4 == target alone ({run.device.type})",
+                     "dtype": "float32",
+                     "ok": same == len(prompts) and bool(counts["drafted"] and counts["accepted"]),
+                     "detail": f"{same}/{len(prompts)} prompts identical (every other one penalized); "
+                               f"{spoke}", **counts})
+
+
 def _decoding_prompts(run: Run, tokenizer) -> tuple[list[list[int]], int]:
     """Code and math prompts (token ids) and the tokens to decode for each."""
     from trtspec.prompts import load_prompts
@@ -507,7 +534,7 @@ def summary(run: Run) -> str:
 
 CHECKS = (("environment", check_environment), ("kv_injection_attention parity", check_attention),
           ("confidence_verify parity", check_verify), ("DFlash decoding parity", check_decoding),
-          ("Gumbel coupling parity", check_coupling),
+          ("Gumbel coupling parity", check_coupling), ("penalties parity", check_penalties),
           ("CUDA graphs against eager", check_graphs),
           ("TensorRT engines (engine flavour)", check_engines))
 
