@@ -3,10 +3,13 @@
 Speculative decoding stays lossless under them. A penalty is a function of the tokens before the
 position it is applied at, and at every position of a step the verifier knows those tokens: the
 request's committed ones, then the drafts on the way to that position (a chain: x_1..x_j before
-position j + 1; a tree: the node's ancestors). So each position's p is the penalized law the target
-alone would sample from had it generated that path, and the accept rule runs on it unchanged.
+position j + 1; a tree node: its ancestors and itself). So each position's p is the penalized law
+the target alone would sample from had it generated that path, and the accept rule runs on it
+unchanged.
 The drafter's q is left as it is: the rule is exact for any q, and penalties only lower how often
-drafts are accepted where they move the target away from what the drafter proposes.
+drafts are accepted where they move the target away from what the drafter proposes (drafting under
+the same penalties lowered τ further: a small drafter's logits have other margins than the
+target's; docs/SAMPLING.md).
 
 Definitions (OpenAI's API reference for presence/frequency and logit_bias; CTRL, Keskar et al. 2019,
 as transformers and vLLM implement it, for repetition), applied to the logits in vLLM's order,
