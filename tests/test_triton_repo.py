@@ -213,6 +213,10 @@ def test_parse_request_trtllm_inputs_honoured_and_defaults_pass():
     assert s.logit_bias == ((7, -100.0), (3, 2.5)) and s.penalized
     assert not parse_request(_getter(**GOOD), 16).sampling.penalized
     assert parse_request(_getter(**GOOD, min_p=f32(0.25)), 16).sampling.min_p == 0.25
+    # more ids than the vocabulary holds: refused before any is looked at (a late duplicate in a long
+    # list once took a count per id)
+    with pytest.raises(RequestError, match="logit_bias_ids holds 265 ids; the vocabulary has 264"):
+        parse_request(_getter(**GOOD, **_bias(list(range(265)), [0.0] * 265)), 16, vocab_size=264)
 
 
 def _bias(ids: list[int], values: list[float]) -> dict[str, np.ndarray]:

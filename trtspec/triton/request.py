@@ -233,6 +233,8 @@ def _logit_bias(get: InputGetter, vocab_size: int | None) -> tuple[tuple[int, fl
     if len(ids) != len(values):
         raise RequestError(f"logit_bias_ids holds {len(ids)} ids but logit_bias_values {len(values)} values; "
                            "give one value per id")
+    if vocab_size and len(ids) > vocab_size:  # more than the vocabulary holds: some id twice, or outside it
+        raise RequestError(f"logit_bias_ids holds {len(ids)} ids; the vocabulary has {vocab_size}")
     for i, (token, bias) in enumerate(zip(ids, values, strict=True)):
         if not 0 <= token < (vocab_size or 2**31):
             span = f"in [0, {vocab_size})" if vocab_size else ">= 0"
@@ -240,9 +242,11 @@ def _logit_bias(get: InputGetter, vocab_size: int | None) -> tuple[tuple[int, fl
         if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
             raise RequestError(f"logit_bias_values[{i}] must be in [-{MAX_LOGIT_BIAS:g}, "
                                f"{MAX_LOGIT_BIAS:g}], got {bias}")
-    if len(set(ids)) < len(ids):
-        twice = next(t for t in ids if ids.count(t) > 1)
-        raise RequestError(f"logit_bias_ids names token {twice} twice; give each id once")
+    seen: set[int] = set()
+    for token in ids:
+        if token in seen:
+            raise RequestError(f"logit_bias_ids names token {token} twice; give each id once")
+        seen.add(token)
     return tuple(zip((int(t) for t in ids), (float(b) for b in values), strict=True))
 
 
