@@ -53,6 +53,20 @@ def test_generate_with_penalties_speculative_equals_none():
     assert bad.exit_code == 2 and "--presence-penalty" in bad.output and "2.5" in bad.output
 
 
+def test_generate_min_p_of_one_keeps_only_the_most_likely_token():
+    """--min-p 1 leaves only the argmax: sampled at any temperature, the greedy text; without it the
+    same seed samples another; out of [0, 1] it is refused naming its option."""
+    args = ["generate", "--config", CONFIG, "--prompt", "def parse(self, text):\n", "--max-tokens", "32",
+            "--json"]
+    hot = ["--temperature", "1.5", "--seed", "3"]
+    runs = [CliRunner().invoke(main, args + extra) for extra in ([], [*hot, "--min-p", "1"], hot)]
+    assert all(r.exit_code == 0 for r in runs), [r.output for r in runs]
+    greedy, top_only, sampled = (json.loads(r.stdout)["token_ids"] for r in runs)
+    assert top_only == greedy != sampled
+    bad = CliRunner().invoke(main, [*args, "--min-p", "1.5"])
+    assert bad.exit_code == 2 and "--min-p" in bad.output and "1.5" in bad.output
+
+
 def test_sampled_generate_names_the_seed_that_repeats_it():
     """Without --seed a sampled request draws one; the summary line names it, and --seed repeats
     the text (the target alone here: under rejection sampling the schedule must repeat too)."""

@@ -165,6 +165,12 @@ def test_generate_json_names_the_finish_and_leaves_what_it_did_not_measure_null(
     got = ask("--presence-penalty", "0.6", "--frequency-penalty", "0.3", "--repetition-penalty", "1.2",
               prompt=PROMPTS[1], max_tokens=24)
     assert got["token_ids"] == want != expected[PROMPTS[1]][0][:24]
+    # min_p travels too: at 1 only the most likely token is left, so a hot sample is the greedy text
+    # (and without it the hot sample is not: code, where the tiny target is not sure of itself)
+    hot = ("--temperature", "1.5", "--seed", "3")
+    top_only = ask(*hot, "--min-p", "1", prompt=PROMPTS[1], max_tokens=24)
+    assert top_only["token_ids"] == expected[PROMPTS[1]][0][:24] != ask(*hot, prompt=PROMPTS[1],
+                                                                         max_tokens=24)["token_ids"]
 
     whole, streamed = ask(), ask("--stream")
     for answer in (whole, streamed):

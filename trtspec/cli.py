@@ -103,6 +103,8 @@ def main(verbose: bool) -> None:
               help="0 = greedy; > 0 samples.")
 @click.option("--top-p", default=1.0, show_default=True, type=float, help="Nucleus mass, (0, 1].")
 @click.option("--top-k", default=0, show_default=True, type=int, help="Keep k most likely; 0 = all.")
+@click.option("--min-p", default=0.0, show_default=True, type=float,
+              help="In [0, 1]: drop tokens less likely than min-p times the most likely one; 0 = off.")
 @click.option("--seed", default=None, type=click.IntRange(0, 2**64 - 1), help="Seed for sampling.")
 @click.option("--presence-penalty", default=0.0, show_default=True, type=float,
               help="In [-2, 2]: subtracted from the logit of every token generated so far.")
@@ -118,8 +120,8 @@ def main(verbose: bool) -> None:
               help="Override the config's flavour; `engine` runs the exported ONNX graphs on onnxruntime.")
 @run_errors
 def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt, max_tokens, temperature,
-             top_p, top_k, seed, presence_penalty, frequency_penalty, repetition_penalty, drafter_choice,
-             as_json, flavour=None) -> None:
+             top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, repetition_penalty,
+             drafter_choice, as_json, flavour=None) -> None:
     """Generate text speculatively with the configured target and drafter, or ask a served model."""
     utf8_text(prompt, "--prompt")
     if not prompt:
@@ -141,9 +143,9 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
                                      f"{config_path}), got {max_tokens}", param_hint="--max-tokens")
     from trtspec.spec.sampling import SamplingParams
 
-    sampling = options_model(SamplingParams, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                             repetition_penalty=repetition_penalty)
+    sampling = options_model(SamplingParams, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                             seed=seed, presence_penalty=presence_penalty,
+                             frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty)
     if config is None:
         _url_arg(url)
         if drafter_choice != "config":
@@ -243,7 +245,7 @@ def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait
         wait_ready(url, model_name, wait_s, api_key)
     params = GenerateParams(
         max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-        top_k=sampling.top_k, seed=sampling.seed, stream=stream,
+        top_k=sampling.top_k, min_p=sampling.min_p or None, seed=sampling.seed, stream=stream,
         **GenerateParams.of(sampling, max_tokens).penalties(),
     )
     on_text = None if as_json or not stream else (lambda text: click.echo(text, nl=False))

@@ -42,6 +42,8 @@ def request_body(model: str, prompt: str, params: GenerateParams, chat: bool) ->
         body["top_p"] = params.top_p
     if params.top_k:  # an extension (vLLM, SGLang, trtllm-serve, trtspec): only sent when it matters
         body["top_k"] = params.top_k
+    if params.min_p:  # vLLM's extension, as top_k
+        body["min_p"] = params.min_p
     if params.seed is not None:
         body["seed"] = params.seed
     body.update(params.penalties())  # repetition_penalty: vLLM's extension, as trtspec's and SGLang's

@@ -133,6 +133,7 @@ class GenerateParams:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     stop_words: tuple[str, ...] = ()
     stream: bool = False
@@ -150,7 +151,8 @@ class GenerateParams:
         if sampling.greedy:
             return cls(max_tokens=max_tokens, stream=stream, **penalties)
         return cls(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                   top_k=sampling.top_k, seed=sampling.seed, stream=stream, **penalties)
+                   top_k=sampling.top_k, min_p=sampling.min_p or None, seed=sampling.seed, stream=stream,
+                   **penalties)
 
     def penalties(self) -> dict[str, float]:
         """The penalties given, by their input names."""
@@ -159,7 +161,7 @@ class GenerateParams:
     def as_json(self, prompt: str) -> dict:
         body: dict = {"text_input": prompt, "max_tokens": self.max_tokens, "stream": self.stream}
         optional = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                    "random_seed": self.seed}
+                    "min_p": self.min_p, "random_seed": self.seed}
         body.update({k: v for k, v in optional.items() if v is not None})
         body.update(self.penalties())
         if self.stop_words:
@@ -195,6 +197,8 @@ def grpc_inputs(prompt: str | bytes, params: GenerateParams) -> list:
         arrays["top_p"] = np.array([params.top_p], dtype=np.float32)
     if params.top_k is not None:
         arrays["top_k"] = np.array([params.top_k], dtype=np.int32)
+    if params.min_p is not None:
+        arrays["min_p"] = np.array([params.min_p], dtype=np.float32)
     if params.seed is not None:
         arrays["random_seed"] = np.array([params.seed], dtype=np.uint64)
     for name, value in params.penalties().items():
