@@ -38,33 +38,38 @@ def test_generate_json_speculative_equals_none():
     assert a["finish_reason"] == b["finish_reason"] == "length"  # 40 tokens, no end among them
 
 
+CODE = "def parse(self, text):\n"  # a prompt the tiny target is unsure after: options move its text
+
+
+def _token_ids(max_tokens: int, *variants: list[str]) -> list[list[int]]:
+    """`generate --json` of CODE once per variant of extra options: each run's token ids."""
+    args = ["generate", "--config", CONFIG, "--prompt", CODE, "--max-tokens", str(max_tokens), "--json"]
+    runs = [CliRunner().invoke(main, args + extra) for extra in variants]
+    assert all(r.exit_code == 0 for r in runs), [r.output for r in runs]
+    return [json.loads(r.stdout)["token_ids"] for r in runs]
+
+
+def _assert_refused(option: str, value: str) -> None:
+    bad = CliRunner().invoke(main, ["generate", "--config", CONFIG, "--prompt", CODE, option, value])
+    assert bad.exit_code == 2 and option in bad.output and value in bad.output
+
+
 def test_generate_with_penalties_speculative_equals_none():
     """--presence/frequency/repetition-penalty change the text, the same with the drafter as without;
     one out of range is refused naming its option."""
-    args = ["generate", "--config", CONFIG, "--prompt", "def parse(self, text):\n", "--max-tokens", "40",
-            "--json"]
     penalties = ["--presence-penalty", "0.6", "--frequency-penalty", "0.3", "--repetition-penalty", "1.2"]
-    runs = [CliRunner().invoke(main, args + extra) for extra in
-            ([], penalties, [*penalties, "--drafter", "none"])]
-    assert all(r.exit_code == 0 for r in runs), [r.output for r in runs]
-    plain, spec, none = (json.loads(r.stdout)["token_ids"] for r in runs)
+    plain, spec, none = _token_ids(40, [], penalties, [*penalties, "--drafter", "none"])
     assert spec == none != plain
-    bad = CliRunner().invoke(main, [*args, "--presence-penalty", "2.5"])
-    assert bad.exit_code == 2 and "--presence-penalty" in bad.output and "2.5" in bad.output
+    _assert_refused("--presence-penalty", "2.5")
 
 
 def test_generate_min_p_of_one_keeps_only_the_most_likely_token():
     """--min-p 1 leaves only the argmax: sampled at any temperature, the greedy text; without it the
     same seed samples another; out of [0, 1] it is refused naming its option."""
-    args = ["generate", "--config", CONFIG, "--prompt", "def parse(self, text):\n", "--max-tokens", "32",
-            "--json"]
     hot = ["--temperature", "1.5", "--seed", "3"]
-    runs = [CliRunner().invoke(main, args + extra) for extra in ([], [*hot, "--min-p", "1"], hot)]
-    assert all(r.exit_code == 0 for r in runs), [r.output for r in runs]
-    greedy, top_only, sampled = (json.loads(r.stdout)["token_ids"] for r in runs)
+    greedy, top_only, sampled = _token_ids(32, [], [*hot, "--min-p", "1"], hot)
     assert top_only == greedy != sampled
-    bad = CliRunner().invoke(main, [*args, "--min-p", "1.5"])
-    assert bad.exit_code == 2 and "--min-p" in bad.output and "1.5" in bad.output
+    _assert_refused("--min-p", "1.5")
 
 
 def test_sampled_generate_names_the_seed_that_repeats_it():

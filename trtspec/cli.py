@@ -243,11 +243,12 @@ def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait
 
     if wait_s > 0:
         wait_ready(url, model_name, wait_s, api_key)
-    params = GenerateParams(
-        max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-        top_k=sampling.top_k, min_p=sampling.min_p or None, seed=sampling.seed, stream=stream,
-        **GenerateParams.of(sampling, max_tokens).penalties(),
-    )
+    import dataclasses
+
+    # `of` leaves a greedy request's sampling fields to the server; this sends them all
+    params = dataclasses.replace(GenerateParams.of(sampling, max_tokens, stream),
+                                 temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                 min_p=sampling.min_p or None, seed=sampling.seed)
     on_text = None if as_json or not stream else (lambda text: click.echo(text, nl=False))
     completion = generate(url, model_name, prompt, params, on_text, chat=chat, api_key=api_key)
     tau, decode = completion.tau, completion.decode_tokens_per_s

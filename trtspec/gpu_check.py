@@ -37,6 +37,7 @@ import torch
 if TYPE_CHECKING:
     from trtspec.config import ScheduleConfig
     from trtspec.spec.metrics import GenerationResult
+    from trtspec.spec.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -205,9 +206,7 @@ def check_coupling(run: Run) -> None:
     tokens (computed on the CPU), and seeded sampled requests of the tiny DFlash pipeline, four at a
     time, are token for token what the target alone samples on the device."""
     from plugins.coupled_argmax import coupled_argmax
-    from trtspec.bench.loop_overhead import tiny_pipeline
     from trtspec.spec.coupling import noise_of_keys, row_keys
-    from trtspec.spec.decoder import Request
     from trtspec.spec.sampling import SamplingParams
 
     gen = torch.Generator().manual_seed(0)
@@ -219,47 +218,41 @@ def check_coupling(run: Run) -> None:
     same = int((got == want).sum())
     run.rows.append({"check": f"coupled_argmax {rows} rows V{vocab}", "dtype": "float32", "ok": same == rows,
                      "detail": f"{same}/{rows} rows pick the torch reference's token"})
-    spec = tiny_pipeline(run.device)
-    run.share_cost_table(spec)
-    plain = tiny_pipeline(run.device, use_drafter=False)
-    prompts, max_tokens = _decoding_prompts(run, spec.tokenizer)
-    requests = [Request(ids, max_tokens, SamplingParams(temperature=0.8, seed=7 + i, coupling="gumbel"))
-                for i, ids in enumerate(prompts)]
-    alone = [plain.decoder.generate(r.prompt, max_tokens, r.sampling).token_ids for r in requests]
-    batch = spec.decoder_for(4).generate_batch(requests)
-    same = sum(r.token_ids == a for r, a in zip(batch, alone, strict=True))
-    counts, spoke = speculation(batch)
-    run.rows.append({"check": f"DFlash Gumbel-coupled sampling at R = 4 == target alone ({run.device.type})",
-                     "dtype": "float32",
-                     "ok": same == len(prompts) and bool(counts["drafted"] and counts["accepted"]),
-                     "detail": f"{same}/{len(prompts)} seeded samples identical; {spoke}", **counts})
+    _batched_parity(run, "DFlash Gumbel-coupled sampling", "seeded samples identical",
+                    lambda i: SamplingParams(temperature=0.8, seed=7 + i, coupling="gumbel"))
 
 
 def check_penalties(run: Run) -> None:
     """Logit bias and penalties on the device (`trtspec.spec.penalties`: counts along each draft's
     path, on the device's tensors): greedy DFlash at R = 4 under them, beside unpenalized requests,
     is token for token what the target alone decodes under them on the device."""
+    from trtspec.spec.sampling import SamplingParams
+
+    penalized = SamplingParams(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2,
+                               logit_bias=((ord(" "), -1.0), (ord("e"), 1.0)))
+    _batched_parity(run, "DFlash greedy under penalties", "prompts identical (every other one penalized)",
+                    lambda i: penalized if i % 2 == 0 else SamplingParams())
+
+
+def _batched_parity(run: Run, label: str, identical: str,
+                    sampling_of: Callable[[int], SamplingParams]) -> None:
+    """A row: the tiny DFlash pipeline at R = 4 decodes prompt i under `sampling_of(i)` token for
+    token as the target alone does on the device, and drafted and had drafts accepted (`speculation`)."""
     from trtspec.bench.loop_overhead import tiny_pipeline
     from trtspec.spec.decoder import Request
-    from trtspec.spec.sampling import SamplingParams
 
     spec = tiny_pipeline(run.device)
     run.share_cost_table(spec)
     plain = tiny_pipeline(run.device, use_drafter=False)
     prompts, max_tokens = _decoding_prompts(run, spec.tokenizer)
-    penalized = SamplingParams(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2,
-                               logit_bias=((ord(" "), -1.0), (ord("e"), 1.0)))
-    requests = [Request(ids, max_tokens, penalized if i % 2 == 0 else SamplingParams())
-                for i, ids in enumerate(prompts)]
+    requests = [Request(ids, max_tokens, sampling_of(i)) for i, ids in enumerate(prompts)]
     alone = [plain.decoder.generate(r.prompt, max_tokens, r.sampling).token_ids for r in requests]
     batch = spec.decoder_for(4).generate_batch(requests)
     same = sum(r.token_ids == a for r, a in zip(batch, alone, strict=True))
     counts, spoke = speculation(batch)
-    run.rows.append({"check": f"DFlash greedy under penalties at R = 4 == target alone ({run.device.type})",
-                     "dtype": "float32",
+    run.rows.append({"check": f"{label} at R = 4 == target alone ({run.device.type})", "dtype": "float32",
                      "ok": same == len(prompts) and bool(counts["drafted"] and counts["accepted"]),
-                     "detail": f"{same}/{len(prompts)} prompts identical (every other one penalized); "
-                               f"{spoke}", **counts})
+                     "detail": f"{same}/{len(prompts)} {identical}; {spoke}", **counts})
 
 
 def _decoding_prompts(run: Run, tokenizer) -> tuple[list[list[int]], int]:

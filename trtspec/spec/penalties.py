@@ -80,16 +80,17 @@ class Penalties:
         after the committed ones and the drafts on its path (`path_counts`)."""
         p = self.params
         counts = self.path_counts(logits.shape[0], drafts, parents)  # [width, V]
+        generated = counts > 0  # [width, V]
         if self.bias is not None:
             logits += self.bias.to(logits.dtype)
         if self.in_prompt is not None:
-            seen = self.in_prompt | (counts > 0)
+            seen = self.in_prompt | generated
             r = p.repetition_penalty
             logits.copy_(torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits))
         if p.frequency_penalty:
             logits -= p.frequency_penalty * counts
         if p.presence_penalty:
-            logits -= p.presence_penalty * (counts > 0).to(logits.dtype)
+            logits -= p.presence_penalty * generated.to(logits.dtype)
 
 
 def penalized(logits: torch.Tensor, params: SamplingParams, prompt: Sequence[int],
