@@ -26,6 +26,7 @@ from trtspec.models.drafter import Drafter, build_drafter
 from trtspec.models.target import TargetModel, load_causal_lm
 from trtspec.spec.cost import load_acceptance
 from trtspec.spec.decoder import Emitted, SpeculativeDecoder
+from trtspec.spec.grammar import Guide, GuideCompiler
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.schedule import SPSTable
@@ -133,15 +134,22 @@ class Pipeline:
         """Continuous batching: up to `limits.max_concurrency` requests per step."""
         return self.decoder_for(self.config.limits.max_concurrency)
 
+    @functools.cached_property
+    def guides(self) -> GuideCompiler:
+        """Compiles a request's guide (`spec.grammar`) for this target's tokenizer."""
+        return GuideCompiler(self.tokenizer, self.target.vocab_size, self.end_ids)
+
     def generate(
-        self, prompt: str, max_tokens: int, sampling: SamplingParams | None = None
+        self, prompt: str, max_tokens: int, sampling: SamplingParams | None = None, guide: Guide | None = None
     ) -> tuple[str, GenerationResult]:
+        """Continue `prompt` (`guide`: what the new text must match)."""
         if not prompt:
             raise ValueError("prompt is empty: give some text to continue")
         limit = self.config.limits.max_tokens
         if not 1 <= max_tokens <= limit:
             raise ValueError(f"max_tokens must be in [1, {limit}], got {max_tokens}")
-        result = self.decoder.generate(self.tokenizer.encode(prompt), max_tokens, sampling)
+        compiled = None if guide is None else self.guides.compile(guide)
+        result = self.decoder.generate(self.tokenizer.encode(prompt), max_tokens, sampling, guide=compiled)
         return self.tokenizer.decode(result.token_ids), result
 
     @functools.cached_property

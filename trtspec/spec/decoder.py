@@ -34,6 +34,7 @@ from trtspec.models.drafter import Drafter, DraftRow, NoDrafter, Proposal, commo
 from trtspec.models.target import Chunk, PathKeep, TargetModel
 from trtspec.spec.cost import AcceptanceTracker, GainCalibration, MeasuredCost, admit_rows
 from trtspec.spec.coupling import fresh_seed
+from trtspec.spec.grammar import GuideState
 from trtspec.spec.logprobs import TokenLogprobs, prompt_logprobs, step_logprobs
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.penalties import Penalties
@@ -81,6 +82,8 @@ class Request:
     # None: no log-probabilities; n >= 0: each emitted token's log p and the n most likely tokens'
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # the same for the prompt's tokens after its first
+    # a compiled guide (`spec.grammar.GuideCompiler.compile`): the text must match it
+    guide: object | None = None
 
 
 @dataclass(slots=True)
@@ -145,6 +148,7 @@ class _Live:
     generated: list[int] = field(default_factory=list)
     logprobs: TokenLogprobs | None = None  # of `generated`, when the request asked for them
     penalties: Penalties | None = None  # when its sampling has logit bias or penalties
+    grammar: GuideState | None = None  # when it has a guide
     done: bool = False
 
     @property
@@ -260,6 +264,12 @@ class SpeculativeDecoder:
             # every logit would be banned: NaN probabilities, or token 0 ending it at once
             raise ValueError(f"min_tokens {request.min_new_tokens} cannot be met: the end ids and stop ids "
                              f"cover all {vocab} tokens of the vocabulary, so any token would end it")
+        if request.guide is not None and request.min_new_tokens:
+            raise ValueError(f"min_tokens {request.min_new_tokens} cannot be combined with a guide: the "
+                             "grammar decides where the text may end")
+        if request.guide is not None and not ends:
+            raise ValueError("a guided request needs an id that ends it, and ignore_eos leaves none: "
+                             "give stop_token_ids, or drop ignore_eos")
         need = len(request.prompt) + request.max_new_tokens
         if need > self.capacity:
             raise PromptError(f"prompt of {len(request.prompt)} tokens + max_tokens {request.max_new_tokens} "
@@ -294,6 +304,8 @@ class SpeculativeDecoder:
         if request.sampling.penalized:
             live.penalties = Penalties(request.sampling, request.prompt, self.target.vocab_size,
                                        self.target.device)
+        if request.guide is not None:
+            live.grammar = GuideState(request.guide, self.end_ids_of(request), self.target.vocab_size)
         self.lives[rid] = live
         return rid
 
@@ -459,6 +471,16 @@ class SpeculativeDecoder:
                 lv.penalties.apply(logits[r], None if fed is None else fed[r, 1:],
                                    None if tree is None else tree.row_parents(r))
 
+    @staticmethod
+    def _constrain(logits: torch.Tensor, rows: list[_Live], fed: torch.Tensor | None = None,
+                   tree: DraftTree | None = None) -> None:
+        """The guides (`spec.grammar`) of the rows that have one, each position after the committed
+        tokens and the drafts on its path.  logits [R, s, V]; fed [R, ≥ s] as `_penalize`'s."""
+        for r, lv in enumerate(rows):
+            if lv.grammar is not None:
+                lv.grammar.mask(logits[r], None if fed is None else fed[r, 1:],
+                                None if tree is None else tree.row_parents(r))
+
     def _ban_end(self, logits: torch.Tensor, rows: list[_Live], tree: DraftTree | None = None) -> None:
         """No end id may be emitted before a request's min_new_tokens: they are removed from p at
         every position whose token would come earlier.  logits [R, s, V], one row per request;
@@ -511,6 +533,8 @@ class SpeculativeDecoder:
         lv.generated.extend(emitted)
         if lv.penalties is not None:
             lv.penalties.extend(emitted)
+        if lv.grammar is not None:
+            lv.grammar.extend(emitted)
         if logprobs is not None:
             logprobs = logprobs.head(len(emitted))
             lv.logprobs.extend(logprobs)
@@ -710,6 +734,7 @@ class SpeculativeDecoder:
             first_logits = out.logits[first_at]  # [N, V]
             raw = self._wanting_logprobs(first_logits[:, None], new)  # before the min_tokens ban
             self._penalize(first_logits[:, None], new)
+            self._constrain(first_logits[:, None], new)
             self._ban_end(first_logits[:, None], new)
             first, _ = choose_tokens(first_logits, [lv.request.sampling for lv in new],
                                      [lv.generator for lv in new], [len(lv.request.prompt) for lv in new])
@@ -740,6 +765,7 @@ class SpeculativeDecoder:
             positions = [len(lv.committed) for lv in running]
             if plan.tree is None:
                 self._penalize(logits, running, plan.fed)
+                self._constrain(logits, running, plan.fed)
                 self._ban_end(logits, running)
                 q = None if plan.q is None else plan.q[:, :width]
                 lens = torch.tensor(lengths, device=device)
@@ -749,6 +775,7 @@ class SpeculativeDecoder:
                 paths = [list(range(a + 1)) for a in accepted]
             else:
                 self._penalize(logits, running, plan.fed, plan.tree)
+                self._constrain(logits, running, plan.fed, plan.tree)
                 self._ban_end(logits, running, plan.tree)
                 verdict = self.verifier.verify_tree(plan.tree, logits, params, generators, positions)
                 accepted = verdict.num_accepted.tolist()  # the step's one host sync
@@ -792,15 +819,16 @@ class SpeculativeDecoder:
     # -- whole generations ------------------------------------------------------------------
 
     def generate(self, prompt: list[int], max_new_tokens: int, sampling: SamplingParams | None = None,
-                 on_tokens: OnTokens | None = None) -> GenerationResult:
+                 on_tokens: OnTokens | None = None, guide: object | None = None) -> GenerationResult:
         """Decode one request alone (R = 1 of the same loop). `on_tokens` (streaming) is called with
-        the ids each step emits, the first token included; returning True ends generation there."""
+        the ids each step emits, the first token included; returning True ends generation there.
+        `guide`: a compiled guide the text must match (`Request.guide`)."""
         if not prompt:
             raise ValueError("prompt is empty: give at least one token")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.reset()
-        rid = self.add(Request(prompt, max_new_tokens, sampling or SamplingParams()), on_tokens)
+        rid = self.add(Request(prompt, max_new_tokens, sampling or SamplingParams(), guide=guide), on_tokens)
         done: dict[int, GenerationResult] = {}
         while self.lives:
             done.update(self.step())

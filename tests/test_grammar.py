@@ -1,0 +1,227 @@
+"""Guided decoding (`spec.grammar`): each position's mask against a fresh matcher walked along its
+own path, the guided target alone against `transformers.generate` under XGrammar's own logits mask,
+and speculation (chains and trees, greedy and sampled) against the guided target alone."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+import xgrammar as xgr
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from trtspec.config import ScheduleConfig, TreeConfig, load_build_config
+from trtspec.pipeline import load_pipeline
+from trtspec.prompts import load_prompts
+from trtspec.spec.decoder import Request, SpeculativeDecoder
+from trtspec.spec.grammar import Guide, GuideError, GuideState
+from trtspec.spec.law_check import check_law
+from trtspec.spec.sampling import SamplingParams, probs_from_logits
+from trtspec.triton.verify import marginals
+
+from .conftest import LAW_ALPHA, REPO
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}, "unit": {"enum": ["cm", "kg"]}},
+          "required": ["answer", "unit"]}
+GUIDES = [Guide("json_schema", json.dumps(SCHEMA)), Guide("regex", r"( [0-9]+[-*/])+ ?[0-9]+;"),
+          Guide("json"), Guide("ebnf_grammar", 'root ::= ("yes" | "no") " because " [a-z ]+ "."')]
+PROMPTS = load_prompts("math")[:3] + load_prompts("code")[:2] + load_prompts("chat")[:2]
+
+
+@pytest.fixture(scope="module")
+def dflash():
+    return load_pipeline(load_build_config(REPO / "build_configs" / "tiny-dflash.yaml"))
+
+
+def _fresh_mask(compiled, end_ids, vocab: int, path: list[int]) -> torch.Tensor:
+    """Allowed tokens after `path`, from a new matcher that accepted it token by token. [V] bool"""
+    matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=sorted(end_ids))
+    for token in path:
+        assert matcher.accept_token(token)
+    bitmask = xgr.allocate_token_bitmask(1, vocab)
+    matcher.fill_next_token_bitmask(bitmask)
+    logits = torch.zeros(1, vocab)
+    xgr.apply_token_bitmask_inplace(logits, bitmask)
+    return logits[0] == 0
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_each_position_is_masked_after_the_drafts_on_its_path(dflash, tree):
+    """Random chains and trees whose drafts are mostly allowed: every reachable position's mask is a
+    fresh matcher's after that path, positions past a refused draft are left alone, and the
+    request's own matcher stands where it stood."""
+    vocab, ends = dflash.target.vocab_size, dflash.end_ids
+    compiled = dflash.guides.compile(GUIDES[0])
+    gen = torch.Generator().manual_seed(3)
+    refused = checked = 0
+    for _ in range(12):
+        state = GuideState(compiled, ends, vocab)
+        committed = list(b'{"answer": ')
+        state.extend(committed)
+        parents = [-1] + ([int(torch.randint(0, j, (), generator=gen)) for j in range(1, 9)] if tree
+                          else list(range(8)))
+        drafts, paths, valid = [], {0: []}, {0: True}
+        for j in range(1, 9):  # each node's token: mostly one its path allows
+            path = paths[parents[j]]
+            token = int(torch.randint(0, 256, (), generator=gen))
+            if valid[parents[j]] and torch.rand((), generator=gen) < 0.85:
+                allowed = _fresh_mask(compiled, ends, vocab, committed + path).nonzero().flatten()
+                token = int(allowed[torch.randint(0, len(allowed), (), generator=gen)])
+            valid[j] = valid[parents[j]] and token not in ends and bool(
+                _fresh_mask(compiled, ends, vocab, committed + path)[token])
+            drafts.append(token)
+            paths[j] = path + [token]
+        logits = torch.randn(9, vocab, generator=gen)
+        out = logits.clone()
+        state.mask(out, torch.tensor(drafts), parents if tree else None)
+        for j in range(9):
+            if valid[j]:
+                allowed = _fresh_mask(compiled, ends, vocab, committed + paths[j])
+                expected = logits[j].masked_fill(~allowed, float("-inf"))
+                checked += 1
+            else:
+                expected, refused = logits[j], refused + 1
+            torch.testing.assert_close(out[j], expected)
+        again = logits.clone()[:1]
+        state.mask(again)  # the matcher rolled every draft back
+        assert torch.equal(again[0], out[0])
+    assert refused > 5 and checked > 40
+
+
+class _XGrammarMask(LogitsProcessor):
+    """XGrammar's own mask for `transformers.generate`: a matcher fed the generated tokens."""
+
+    def __init__(self, compiled, end_ids, prompt_len: int, vocab: int):
+        self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=sorted(end_ids))
+        self.prompt_len, self.vocab, self.seen = prompt_len, vocab, 0
+
+    def __call__(self, input_ids, scores):
+        for token in input_ids[0, self.prompt_len + self.seen :].tolist():
+            assert self.matcher.accept_token(token)
+            self.seen += 1
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab)
+        self.matcher.fill_next_token_bitmask(bitmask)
+        xgr.apply_token_bitmask_inplace(scores, bitmask)
+        return scores
+
+
+def _valid(guide: Guide, text: str) -> bool:
+    if guide.kind == "json_schema":
+        value = json.loads(text)
+        return isinstance(value["answer"], int) and value["unit"] in ("cm", "kg") and len(value) == 2
+    if guide.kind == "regex":
+        return re.fullmatch(guide.text, text) is not None
+    if guide.kind == "json":
+        json.loads(text)
+        return True
+    return re.fullmatch(r"(yes|no) because [a-z ]+\.", text) is not None
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(dflash):
+    """The guided target alone, greedy, 4 requests at a time: prompt i under guide i mod 4."""
+    plain = SpeculativeDecoder(dflash.target, None, dflash.end_ids, max_slots=4)
+    requests = [Request(list(p.encode()), 120, guide=dflash.guides.compile(GUIDES[i % 4]))
+                for i, p in enumerate(PROMPTS)]
+    return [r.token_ids for r in plain.generate_batch(requests)]
+
+
+def test_target_alone_equals_transformers_generate(dflash, plain_outputs):
+    model, ends, vocab = dflash.target.model, dflash.end_ids, dflash.target.vocab_size
+    finished = 0
+    for i, (prompt, ours) in enumerate(zip(PROMPTS, plain_outputs, strict=True)):
+        ids, guide = list(prompt.encode()), GUIDES[i % 4]
+        mask = _XGrammarMask(dflash.guides.compile(guide), ends, len(ids), vocab)
+        hf = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=120,
+                            logits_processor=LogitsProcessorList([mask]), eos_token_id=list(ends),
+                            pad_token_id=model.config.pad_token_id)[0, len(ids):].tolist()
+        assert ours == hf, (prompt, guide.kind)
+        if ours[-1] in ends:  # a text that ended is in the guide's language
+            finished += 1
+            assert _valid(guide, dflash.tokenizer.decode(ours)), dflash.tokenizer.decode(ours)
+    assert finished >= 4
+
+
+@pytest.mark.parametrize("name,tree", [("tiny-dflash", None), ("tiny-dflash", TreeConfig(nodes=12, topk=3)),
+                                       ("tiny-dspark", None), ("tiny-eagle3", TreeConfig(nodes=8, topk=2)),
+                                       ("tiny-draft-model", None)])
+def test_greedy_speculation_equals_the_guided_target_alone(name, tree, plain_outputs):
+    """Guided requests beside an unguided one in the same steps: each is the guided target's own
+    greedy text, and drafts are still accepted."""
+    pipeline = load_pipeline(load_build_config(REPO / "build_configs" / f"{name}.yaml"))
+    spec = pipeline.decoder_for(4, ScheduleConfig(mode="full"), tree=tree)
+    requests = [Request(list(p.encode()), 120, guide=pipeline.guides.compile(GUIDES[i % 4]))
+                for i, p in enumerate(PROMPTS)]
+    requests.insert(2, Request(list(PROMPTS[0].encode()), 120))
+    results = spec.generate_batch(requests)
+    plain = results.pop(2)
+    assert plain.token_ids != plain_outputs[0]
+    for prompt, result, expected in zip(PROMPTS, results, plain_outputs, strict=True):
+        assert result.token_ids == expected, prompt
+    assert sum(r.num_accepted for r in results) > len(PROMPTS) * 10
+
+
+def _guided_marginals(model, prompt: list[int], sampling: SamplingParams, compiled, end_ids, vocab: int,
+                      steps: int) -> list[dict[int, float]]:
+    """The exact law of tokens 1..steps of the guided target, walked over its support with a fresh
+    matcher's mask after each prefix (`_fresh_mask`), the mask before temperature and top-k."""
+    joint: dict[tuple[int, ...], float] = {}
+
+    def walk(prefix: list[int], prob: float) -> None:
+        if len(prefix) == steps:
+            joint[tuple(prefix)] = prob
+            return
+        logits = model(torch.tensor([prompt + prefix])).logits[0, -1]  # [V]
+        allowed = _fresh_mask(compiled, end_ids, vocab, prefix)
+        p = probs_from_logits(logits.masked_fill(~allowed, float("-inf")), sampling)
+        for tok in torch.nonzero(p).flatten().tolist():
+            walk(prefix + [tok], prob * p[tok].item())
+
+    walk([], 1.0)
+    return marginals(joint, steps)
+
+
+def test_sampling_follows_the_guided_target(dflash):
+    """Sampled under a regex that bars the target's likeliest continuations ('+' after the first
+    number), 16 requests a step: each of the first 4 positions' law is the guided target's exact
+    one; verifying with unmasked p fails it."""
+    spec = dflash.decoder_for(16, ScheduleConfig(mode="full"))
+    sampling = SamplingParams(temperature=1.0, top_k=3)
+    guide = dflash.guides.compile(Guide("regex", r" [0-9]+[-*][0-9]+=[0-9]+;"))
+    prompt, steps, ends, vocab = list(b"Q: 482 + 356\nA:"), 4, dflash.end_ids, dflash.target.vocab_size
+    laws = _guided_marginals(dflash.target.model, prompt, sampling, guide, ends, vocab, steps)
+    counts: list[dict[int, int]] = [{} for _ in range(steps)]
+    requests = [Request(prompt, steps, sampling.model_copy(update={"seed": seed}), guide=guide)
+                for seed in range(2000)]
+    accepted = drafted = 0
+    for result in spec.generate_batch(requests):
+        accepted, drafted = accepted + result.num_accepted, drafted + result.num_drafted
+        for pos, tok in enumerate(result.token_ids[:steps]):
+            counts[pos][tok] = counts[pos].get(tok, 0) + 1
+    assert 0 < accepted < drafted, (accepted, drafted)
+    check = check_law(counts, laws, LAW_ALPHA)
+    assert check.passed, [(pos, round(c.tv, 4), c.p_value) for pos, c in enumerate(check.positions)]
+
+
+@pytest.mark.parametrize("guide,message", [
+    (("json_schema", "{not json"), "the json_schema guide is not JSON"),
+    (("json_schema", '{"type": "wat"}'), "the json_schema guide does not compile"),
+    (("regex", "[0-9"), "the regex guide does not compile"),
+    (("ebnf_grammar", "root ::= missing"), "the ebnf_grammar guide does not compile"),
+    (("regex", ""), "a regex guide needs its text"),
+    (("xml", "<a/>"), "guide type 'xml' is not one of json, json_schema, regex, ebnf_grammar"),
+])
+def test_a_bad_guide_is_refused_by_name(dflash, guide, message):
+    with pytest.raises(GuideError, match=re.escape(message)):
+        dflash.guides.compile(Guide(*guide))
+
+
+def test_requests_a_guide_cannot_end_are_refused(dflash):
+    decoder, compiled = dflash.decoder_for(1), dflash.guides.compile(Guide("json"))
+    with pytest.raises(ValueError, match="min_tokens 3 cannot be combined with a guide"):
+        decoder.add(Request([1, 2, 3], 5, min_new_tokens=3, guide=compiled))
+    with pytest.raises(ValueError, match="ignore_eos leaves none"):
+        decoder.add(Request([1, 2, 3], 5, ignore_eos=True, guide=compiled))
+    decoder.add(Request([1, 2, 3], 5, ignore_eos=True, stop_ids=(7,), guide=compiled))  # 7 ends it

@@ -1,0 +1,161 @@
+"""Guided decoding (structured output): the target's text held to a JSON schema, a regular
+expression or an EBNF grammar, losslessly under speculative decoding.
+
+A guide masks p: at each position only the tokens that keep the text a prefix of the language
+stay, and the end ids only where the text is complete. Like a penalty (`spec.penalties`) the mask
+is a function of the tokens before the position, and at every position of a step the verifier
+knows them: the committed tokens, then the drafts on the way there (a chain's x_1..x_j; a tree
+node's ancestors and itself). So each position's p is the guided law the target alone would
+sample from on that path, and the accept rule runs on it unchanged. A draft the grammar refuses
+has p = 0 and is rejected (greedy: it is never the masked argmax; sampled: min(1, p/q) = 0), so
+the positions after it are never reached and keep their logits unmasked. Drafts are not guided:
+q may be any law.
+
+The grammar engine is XGrammar (Dong et al. 2024), the backend TensorRT-LLM's and vLLM's guided
+decoding use: a matcher per request that accepts tokens, rolls them back, and fills the bitmask of
+the tokens allowed next. Guide types and their names are TensorRT-LLM's
+(`guided_decoding_guide_type`: json, json_schema, regex, ebnf_grammar).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from trtspec.tokenizer import TextTokenizer
+
+# TensorRT-LLM's guide types: what `text` of each holds
+GUIDE_TYPES = {
+    "json": "nothing: any JSON value (OpenAI's json_object)",
+    "json_schema": "a JSON schema, as JSON text",
+    "regex": "a regular expression the whole text matches",
+    "ebnf_grammar": "an EBNF grammar (GBNF), its start rule `root`",
+}
+MAX_GUIDE_CHARS = 65536  # a guide's text, at most (a schema of a few hundred fields)
+COMPILED_CACHE = 64  # compiled guides a `GuideCompiler` keeps (a server's recurring schemas)
+
+
+class GuideError(ValueError):
+    """A guide that cannot be compiled; the message names the guide type and what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Guide:
+    """What a request's text must match (TensorRT-LLM's GuidedDecodingParams)."""
+
+    kind: str  # one of GUIDE_TYPES
+    text: str = ""  # the schema, regex or grammar ("" for json)
+
+    def __post_init__(self) -> None:
+        if self.kind not in GUIDE_TYPES:
+            raise GuideError(f"guide type {self.kind!r} is not one of {', '.join(GUIDE_TYPES)}")
+        if self.kind != "json" and not self.text:
+            raise GuideError(f"a {self.kind} guide needs its text: {GUIDE_TYPES[self.kind]}")
+        if len(self.text) > MAX_GUIDE_CHARS:
+            raise GuideError(f"the {self.kind} guide has {len(self.text)} characters; "
+                             f"at most {MAX_GUIDE_CHARS}")
+
+
+def _xgrammar():
+    try:
+        import xgrammar
+    except ImportError:  # a dependency of trtspec: only a hand-made environment lacks it
+        raise GuideError("guided decoding needs the xgrammar package: pip install xgrammar") from None
+    return xgrammar
+
+
+def _encoded_vocab(tokenizer: TextTokenizer, vocab_size: int) -> list[bytes]:
+    """Each id's bytes for a byte-level trtspec tokenizer: ids 0-255 are bytes, the specials are
+    empty (XGrammar never allows an empty token, save the stop tokens)."""
+    return [bytes((i,)) if i < 256 else b"" for i in range(vocab_size)]
+
+
+class GuideCompiler:
+    """Compiles guides for one tokenizer, keeping the last COMPILED_CACHE compiled."""
+
+    def __init__(self, tokenizer: TextTokenizer, vocab_size: int, end_ids: Iterable[int]):
+        xgr = _xgrammar()
+        end_ids = sorted(end_ids)
+        hf = getattr(tokenizer, "hf", None)
+        if hf is not None:
+            info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=end_ids)
+        else:
+            info = xgr.TokenizerInfo(_encoded_vocab(tokenizer, vocab_size), xgr.VocabType.RAW,
+                                     vocab_size=vocab_size, stop_token_ids=end_ids)
+        self.vocab_size = vocab_size
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self.compile = functools.lru_cache(maxsize=COMPILED_CACHE)(self._compile)
+
+    def _compile(self, guide: Guide):
+        """The compiled grammar of `guide` (XGrammar's CompiledGrammar)."""
+        c = self._compiler
+        if guide.kind == "json_schema":
+            try:
+                json.loads(guide.text)
+            except ValueError as exc:
+                raise GuideError(f"the json_schema guide is not JSON: {exc}") from None
+        try:
+            if guide.kind == "json":
+                return c.compile_builtin_json_grammar()
+            if guide.kind == "json_schema":
+                return c.compile_json_schema(guide.text)
+            if guide.kind == "regex":
+                return c.compile_regex(guide.text)
+            return c.compile_grammar(guide.text)
+        except Exception as exc:  # noqa: BLE001 - XGrammar raises RuntimeError/ValueError with its reason
+            reason = " ".join(str(exc).split())
+            raise GuideError(f"the {guide.kind} guide does not compile: {reason}") from None
+
+
+class GuideState:
+    """One request's place in its grammar: XGrammar's matcher over the committed tokens, which
+    walks each step's drafts and rolls them back (`mask`), then takes the emitted ones (`extend`)."""
+
+    def __init__(self, compiled, end_ids: Iterable[int], vocab_size: int):
+        xgr = _xgrammar()
+        self._xgr = xgr
+        self.vocab_size = vocab_size
+        self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=sorted(end_ids))
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Take emitted tokens. Each was allowed by the mask it was chosen under (an end id ends
+        the request: nothing after it is emitted)."""
+        for token in tokens:
+            if self.matcher.is_terminated():
+                break
+            if not self.matcher.accept_token(int(token)):
+                raise RuntimeError(f"token {token} was emitted against the request's guide")
+
+    def mask(self, logits: torch.Tensor, fed: torch.Tensor | None = None,
+             parents: Sequence[int] | None = None) -> None:
+        """Mask a step's logits in place.  logits [s, V], position j's predicting the token after the
+        committed ones and the drafts on its path; fed [≥ s − 1]: the drafts after the last committed
+        token (a chain's x_1.., a tree's nodes 1..), parents: a tree row's (`DraftTree.row_parents`).
+        Positions after a draft the grammar refuses are unreachable and stay unmasked."""
+        s = logits.shape[0]
+        bitmask = self._xgr.allocate_token_bitmask(s, self.vocab_size)  # [s, ⌈V/32⌉] all allowed
+        self.matcher.fill_next_token_bitmask(bitmask, 0)
+        if s > 1 and fed is not None:
+            children: list[list[int]] = [[] for _ in range(s)]
+            for j in range(1, s if parents is None else min(s, len(parents))):  # a tree row: its nodes
+                children[j - 1 if parents is None else parents[j]].append(j)
+            self._visit(0, children, fed[: s - 1].tolist(), bitmask)
+        self._xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=self.vocab_size)
+
+    def _visit(self, node: int, children: list[list[int]], tokens: list[int], bitmask: torch.Tensor) -> None:
+        """Fill the rows of `node`'s descendants, depth first from where the matcher stands (after
+        `node`'s path), and leave it there. A refused draft, or an end id, ends its branch."""
+        matcher = self.matcher
+        for child in children[node]:
+            if not matcher.accept_token(tokens[child - 1]):
+                continue  # p(token) = 0: never accepted, its subtree never reached
+            if not matcher.is_terminated():  # an end id ends the request: nothing follows it
+                matcher.fill_next_token_bitmask(bitmask, child)
+                self._visit(child, children, tokens, bitmask)
+            matcher.rollback(1)
