@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ from trtspec.openai.protocol import ApiError, ChatRequest, CompletionRequest, ch
 from trtspec.openai.server import OpenAIFrontend
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.decoder import Request
+from trtspec.spec.grammar import Guide
 from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.client import ClientError, array_input, grpc_generate
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
@@ -423,7 +425,13 @@ BAD = [
     ("chat/completions", {"max_completion_tokens": 5000}, "max_completion_tokens"),
     # alone (GOOD_CHAT's max_tokens dropped), 0 generated to the end of the context
     ("chat/completions", {"max_tokens": None, "max_completion_tokens": 0}, "max_completion_tokens"),
-    ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("chat/completions", {"response_format": {"type": "xml"}}, "response_format.type"),
+    ("chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+     "response_format.json_schema.schema"),
+    # a regex the model compiles and refuses
+    ("completions", {"response_format": {"type": "regex", "regex": "[0-9"}}, "response_format"),
+    ("completions", {"response_format": {"type": "regex", "pattern": "a"}}, "response_format.pattern"),
+    ("completions", {"response_format": {"type": "json_object"}, "min_tokens": 2}, "min_tokens"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
     ("chat/completions", {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ("chat/completions", {"chat_template_kwargs": {"add_generation_prompt": False}},
@@ -1264,6 +1272,40 @@ def test_a_stream_whose_client_left_mid_send_is_closed_when_its_response_ends(sp
         assert cleaned == [True]  # closed while `response` still holds it: not left to the collector
 
     asyncio.run(serve_one())
+
+
+def test_response_format_is_the_guided_targets_own_text(served, pipeline):
+    """response_format over the API (OpenAI's json_schema and json_object, TensorRT-LLM's regex and
+    ebnf) and TensorRT-LLM's guided_decoding inputs over gRPC: the text is the guided target's own
+    greedy one, in the guide's language, and differs from the unguided text."""
+    schema = {"type": "object", "properties": {"sum": {"type": "integer"}}, "required": ["sum"]}
+    regex, ebnf = r" [0-9]+[-*][0-9]+=[0-9]+;", 'root ::= " " ("yes" | "no") "."'
+    formats = [({"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+                Guide("json_schema", json.dumps(schema))),
+               ({"type": "regex", "regex": regex}, Guide("regex", regex)),
+               ({"type": "ebnf", "ebnf": ebnf}, Guide("ebnf_grammar", ebnf)),
+               ({"type": "json_object"}, Guide("json"))]
+    prompt, client = PROMPTS[0], served.client()
+    unguided = _greedy(pipeline, prompt)[0]
+    for response_format, guide in formats:
+        want, result = pipeline.generate(prompt, MAX_TOKENS, guide=guide)
+        assert want != unguided, guide
+        for stream in (False, True):
+            got = client.completions.create(model="trtspec", prompt=prompt, max_tokens=MAX_TOKENS,
+                                            temperature=0, stream=stream,
+                                            extra_body={"response_format": response_format})
+            text = "".join(c.choices[0].text for c in got) if stream else got.choices[0].text
+            assert text == want, response_format
+    got = client.chat.completions.create(model="trtspec", messages=[{"role": "user", "content": prompt}],
+                                         max_tokens=MAX_TOKENS, temperature=0,
+                                         response_format={"type": "json_object"})
+    if got.choices[0].finish_reason == "stop":
+        json.loads(got.choices[0].message.content)
+    want, result = pipeline.generate(prompt, 60, guide=Guide("regex", regex))
+    assert re.fullmatch(regex, want) and result.finish_reason == "stop"
+    got = _trtllm_request(served, guided_decoding_guide_type=np.array([b"regex"], dtype=object),
+                          guided_decoding_guide=np.array([regex.encode()], dtype=object))
+    assert got.text == want
 
 
 def test_penalties_and_logit_bias_are_the_targets_own_under_them(served, pipeline):

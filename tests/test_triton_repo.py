@@ -22,6 +22,7 @@ from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.errors import ConfigError
 from trtspec.pipeline import load_pipeline
+from trtspec.spec.grammar import Guide
 from trtspec.spec.sampling import SamplingParams
 from trtspec.tokenizer import ByteTokenizer
 from trtspec.triton import server
@@ -213,6 +214,9 @@ def test_parse_request_trtllm_inputs_honoured_and_defaults_pass():
     assert s.logit_bias == ((7, -100.0), (3, 2.5)) and s.penalized
     assert not parse_request(_getter(**GOOD), 16).sampling.penalized
     assert parse_request(_getter(**GOOD, min_p=f32(0.25)), 16).sampling.min_p == 0.25
+    # guided decoding, as TensorRT-LLM's inputs name it; an empty type is none
+    assert parse_request(_getter(**GOOD, **_guide(b"regex", rb"\d+")), 16).guide == Guide("regex", r"\d+")
+    assert parse_request(_getter(**GOOD, **_guide(b"", b"")), 16).guide is None
     # more ids than the vocabulary holds: refused before any is looked at (a late duplicate in a long
     # list once took a count per id)
     with pytest.raises(RequestError, match="logit_bias_ids holds 265 ids; the vocabulary has 264"):
@@ -222,6 +226,11 @@ def test_parse_request_trtllm_inputs_honoured_and_defaults_pass():
 def _bias(ids: list[int], values: list[float]) -> dict[str, np.ndarray]:
     return dict(logit_bias_ids=np.array(ids, dtype=np.int32),
                 logit_bias_values=np.array(values, dtype=np.float32))
+
+
+def _guide(kind: bytes, text: bytes) -> dict[str, np.ndarray]:
+    return dict(guided_decoding_guide_type=np.array([kind], dtype=object),
+                guided_decoding_guide=np.array([text], dtype=object))
 
 
 @pytest.mark.parametrize(
@@ -247,7 +256,14 @@ def _bias(ids: list[int], values: list[float]) -> dict[str, np.ndarray]:
         (dict(bad_words=np.array([b"x"], dtype=object)), r"bad_words=\['x'\] is not supported"),
         (dict(lora_task_id=np.array([3], dtype=np.uint64)), "lora_task_id=3 is not supported by trtspec"),
         (dict(num_return_sequences=np.array([2], dtype=np.int32)), "num_return_sequences=2"),
-        (dict(guided_decoding_guide=np.array([b"{}"], dtype=object)), "guided_decoding_guide='{}'"),
+        (dict(guided_decoding_guide=np.array([b"{}"], dtype=object)),
+         "guided_decoding_guide needs guided_decoding_guide_type"),
+        (_guide(b"xml", b"<a/>"), "guided_decoding_guide_type must be one of json, json_schema, regex, "
+                                  "ebnf_grammar, got 'xml'"),
+        (_guide(b"regex", b""), "guided_decoding_guide: a regex guide needs its text"),
+        (_guide(b"json", b"{}"), "guided_decoding_guide must be empty for guided_decoding_guide_type 'json'"),
+        (dict(**_guide(b"json", b""), min_tokens=np.array([2], dtype=np.int32)),
+         "min_tokens=2 cannot be combined with guided_decoding_guide_type"),
         (dict(min_length=np.array([9], dtype=np.int32)), r"min_length must be in \[0, max_tokens=8\], got 9"),
         (dict(min_tokens=np.array([-1], dtype=np.int32)), r"min_tokens must be in \[0, max_tokens=8\]"),
         (dict(end_id=np.array([-1], dtype=np.int32)), "end_id must be a token id >= 0, got -1"),

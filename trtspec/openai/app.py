@@ -38,6 +38,7 @@ from trtspec.openai.protocol import (
     check_chat,
     check_completion,
     check_messages,
+    guide_of,
     logit_bias_pairs,
     logprobs_wanted,
     parse,
@@ -119,7 +120,8 @@ class Frontend:
                          presence_penalty=req.presence_penalty or 0.0,
                          frequency_penalty=req.frequency_penalty or 0.0,
                          repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-                         logit_bias=logit_bias_pairs(req.logit_bias, model.vocab_size))
+                         logit_bias=logit_bias_pairs(req.logit_bias, model.vocab_size),
+                         guide=guide_of(req.response_format))
         return gen, prompt_ids
 
     def check_model(self, name: str | None, required: bool = True) -> None:
@@ -423,7 +425,11 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
 def _triton_error(exc: TritonError) -> ApiError:
     if exc.unavailable:
         return ApiError(str(exc), status=503, kind="server_error", code="unavailable")
-    return ApiError(str(exc), code="invalid_value")
+    message = str(exc)
+    if "guided_decoding_guide" in message:  # the model's name for what came as response_format
+        return ApiError(message.replace("guided_decoding_guide", "response_format", 1), "response_format",
+                        code="invalid_value")
+    return ApiError(message, code="invalid_value")
 
 
 async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, created: int, chat: bool):

@@ -11,6 +11,7 @@ refused by name. Any refusal is an `ApiError`, answered as HTTP 400 in OpenAI's 
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -89,6 +90,10 @@ class _Common(_Forbid):
     add_special_tokens: bool | None = Field(None, description="add the tokenizer's special tokens (a BOS) to "
                                             "the prompt (vLLM extension); default true for completions, "
                                             "false for chat, whose template holds them")
+    response_format: dict | None = Field(None, description='what the text must match: {"type": "text"}, '
+                                         '"json_object", "json_schema" (with "json_schema": {"name", '
+                                         '"schema"}), or TensorRT-LLM\'s "regex" (with "regex") and "ebnf" '
+                                         '(with "ebnf")')
 
 
 class CompletionRequest(_Common):
@@ -126,7 +131,6 @@ class ChatRequest(_Common):
                                   "distribution)")
     top_logprobs: int | None = Field(None, description=f"with logprobs: the 0 to {MAX_TOP_LOGPROBS} most "
                                      "likely tokens at each position too")
-    response_format: dict | None = Field(None, description='only {"type": "text"}')
     tools: list | None = Field(None, description="only empty: no tool calling")
     tool_choice: Any = Field(None, description='only "none" / null')
     parallel_tool_calls: bool | None = Field(None, description="accepted without tools")
@@ -248,6 +252,10 @@ def check_common(req: _Common, vocab_size: int) -> None:
         raise ApiError(f"Invalid 'repetition_penalty': {req.repetition_penalty}; expected a number > 0 "
                        "(1: none).", "repetition_penalty", code="invalid_value")
     logit_bias_pairs(req.logit_bias, vocab_size)
+    guide = guide_of(req.response_format)
+    if guide is not None and req.min_tokens:
+        raise ApiError("'min_tokens' cannot be combined with 'response_format': the format decides where the "
+                       "text may end.", "min_tokens", code="invalid_value")
     if req.temperature is not None and not (math.isfinite(req.temperature) and 0 <= req.temperature <= 2):
         raise ApiError(f"Invalid 'temperature': {req.temperature}; expected a number in [0, 2].",
                        "temperature", code="invalid_value")
@@ -326,8 +334,6 @@ def check_chat(req: ChatRequest, vocab_size: int) -> list[dict]:
     _check_top(req.top_logprobs, "top_logprobs")
     if req.top_logprobs and not req.logprobs:
         raise ApiError("'top_logprobs' needs 'logprobs': true.", "top_logprobs", code="invalid_value")
-    if req.response_format not in (None, {"type": "text"}):
-        raise _refuse("response_format", req.response_format, "no structured output")
     if req.modalities not in (None, ["text"]):
         raise _refuse("modalities", req.modalities, "text only")
     return check_messages(req.messages, req.chat_template_kwargs)
@@ -382,6 +388,47 @@ def _check_top(k: int | None, param: str) -> None:
     if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
         raise ApiError(f"Invalid '{param}': {k}; expected an integer in [0, {MAX_TOP_LOGPROBS}].", param,
                        code="invalid_value")
+
+
+# response_format types -> TensorRT-LLM's guide type and the field that holds the guide
+RESPONSE_FORMATS = {"json_object": ("json", None), "json_schema": ("json_schema", "json_schema"),
+                    "json": ("json_schema", "schema"), "regex": ("regex", "regex"),
+                    "ebnf": ("ebnf_grammar", "ebnf")}
+
+
+def guide_of(response_format: dict | None) -> tuple[str, str] | None:
+    """response_format as a guide (TensorRT-LLM's guided_decoding_guide_type, guided_decoding_guide):
+    OpenAI's json_object and json_schema, TensorRT-LLM's json (a bare "schema"), regex and ebnf; None
+    for text. An ApiError names what is wrong."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind not in RESPONSE_FORMATS:
+        raise ApiError(f"Invalid 'response_format.type': {kind!r}; expected text, "
+                       f"{', '.join(RESPONSE_FORMATS)}.", "response_format.type", code="invalid_value")
+    guide_type, field = RESPONSE_FORMATS[kind]
+    extra = sorted(set(response_format) - {"type", field})
+    if extra:
+        raise ApiError(f"Unrecognized field in 'response_format' of type {kind!r}: {extra[0]!r}.",
+                       f"response_format.{extra[0]}", code="invalid_value")
+    if field is None:
+        return guide_type, ""
+    value = response_format.get(field)
+    param = f"response_format.{field}"
+    if kind == "json_schema":  # OpenAI's {"name", "schema", "strict", "description"}
+        if not isinstance(value, dict) or not isinstance(value.get("schema"), dict):
+            raise ApiError("'response_format.json_schema.schema' must be a JSON schema object.",
+                           "response_format.json_schema.schema", code="invalid_value")
+        value = value["schema"]
+    if kind == "json" and not isinstance(value, dict):
+        raise ApiError("'response_format.schema' must be a JSON schema object.", param, code="invalid_value")
+    if isinstance(value, dict):
+        return guide_type, json.dumps(value)
+    if not isinstance(value, str) or not value:
+        raise ApiError(f"'{param}' must be a non-empty string.", param, code="invalid_value")
+    return guide_type, value
 
 
 def logit_bias_pairs(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:

@@ -59,6 +59,7 @@ class Generation:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
 
     def arrays(self) -> dict[str, np.ndarray]:
         if self.prompt_ids is None:
@@ -88,6 +89,9 @@ class Generation:
         if self.logit_bias:
             arrays["logit_bias_ids"] = np.array([t for t, _ in self.logit_bias], dtype=np.int32)
             arrays["logit_bias_values"] = np.array([b for _, b in self.logit_bias], dtype=np.float32)
+        if self.guide is not None:
+            arrays["guided_decoding_guide_type"] = np.array([self.guide[0].encode()], dtype=np.object_)
+            arrays["guided_decoding_guide"] = np.array([self.guide[1].encode("utf-8")], dtype=np.object_)
         if self.logprobs is not None:
             arrays["return_log_probs"] = np.array([True], dtype=bool)
             if self.logprobs:

@@ -44,6 +44,7 @@ from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.runtime import configure_threads
 from trtspec.spec.decoder import Emitted, PromptError, Request
+from trtspec.spec.grammar import GuideError
 from trtspec.spec.logprobs import TokenLogprobs
 from trtspec.spec.metrics import GenerationResult
 from trtspec.triton.repo import BUILD_CONFIG_FILE, instances_on_this_machine, placed_on_instance
@@ -310,9 +311,15 @@ class TritonPythonModel:
                 # tokenized and checked against the context here, before it waits in the queue
                 ids = list(parsed.prompt_ids) if parsed.prompt_ids is not None else \
                     self.pipeline.tokenizer.encode(parsed.prompt, parsed.add_special_tokens)
+                guide = None
+                if parsed.guide is not None:
+                    try:
+                        guide = self.pipeline.guides.compile(parsed.guide)
+                    except GuideError as exc:
+                        raise RequestError(f"guided_decoding_guide: {exc}") from None
                 decode = Request(ids, parsed.max_tokens, parsed.sampling, parsed.min_tokens, parsed.end_id,
                                  parsed.stop_token_ids, parsed.ignore_eos, parsed.logprobs,
-                                 parsed.prompt_logprobs)
+                                 parsed.prompt_logprobs, guide)
                 self.decoder.check(decode)
             except (RequestError, ValueError) as exc:
                 self.metrics.errors["invalid_request"].increment(1)

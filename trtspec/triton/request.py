@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtspec.errors import TrtspecError
+from trtspec.spec.grammar import GUIDE_TYPES, Guide, GuideError
 from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
 from trtspec.spec.sampling import MAX_LOGIT_BIAS, MAX_PENALTY, SamplingParams
 from trtspec.triton.repo import INPUTS
@@ -50,6 +51,7 @@ class GenerateRequest:
     logprobs: int | None = None  # None: none returned; k: each token's log p and the top k's
     prompt_ids: tuple[int, ...] | None = None  # input_ids: the prompt already tokenized
     prompt_logprobs: int | None = None  # None: none returned; k: the prompt's tokens' (after its first)
+    guide: Guide | None = None  # guided_decoding_guide_type / _guide: what the text must match
 
     @property
     def prompt_input(self) -> str:
@@ -194,11 +196,38 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
                               coupling=coupling,
                               **_penalties(get), logit_bias=_logit_bias(get, vocab_size))
+    guide = _guide(get)
+    if guide is not None and min_tokens:
+        raise RequestError(f"{min_name}={min_tokens} cannot be combined with guided_decoding_guide_type: "
+                           "the guide decides where the text may end")
     return GenerateRequest(prompt, max_tokens, sampling, bool(stream), tuple(stop_words), min_tokens,
                            None if end_id is None else int(end_id),
                            exclude_input is not None and not bool(exclude_input),
                            add_special_tokens is None or bool(add_special_tokens), stop_token_ids,
-                           ignore_eos is not None and bool(ignore_eos), logprobs, prompt_ids, prompt_logprobs)
+                           ignore_eos is not None and bool(ignore_eos), logprobs, prompt_ids, prompt_logprobs,
+                           guide)
+
+
+def _guide(get: InputGetter) -> Guide | None:
+    """TensorRT-LLM's guided_decoding_guide_type and guided_decoding_guide (none: "" or absent)."""
+    kind, text = _scalar(get, "guided_decoding_guide_type"), _scalar(get, "guided_decoding_guide")
+    kind = "" if kind is None else _utf8(kind, "guided_decoding_guide_type")
+    text = "" if text is None else _utf8(text, "guided_decoding_guide")
+    if not kind:
+        if text:
+            raise RequestError("guided_decoding_guide needs guided_decoding_guide_type: one of "
+                               f"{', '.join(GUIDE_TYPES)}")
+        return None
+    if kind not in GUIDE_TYPES:
+        raise RequestError(f"guided_decoding_guide_type must be one of {', '.join(GUIDE_TYPES)}, "
+                           f"got {kind!r}")
+    if kind == "json" and text:
+        raise RequestError("guided_decoding_guide must be empty for guided_decoding_guide_type 'json' "
+                           "(any JSON); give a schema with 'json_schema'")
+    try:
+        return Guide(kind, text)
+    except GuideError as exc:
+        raise RequestError(f"guided_decoding_guide: {exc}") from None
 
 
 def _penalties(get: InputGetter) -> dict[str, float]:

@@ -56,6 +56,9 @@ HONOURED = (
     TrtllmInput("repetition_penalty", "TYPE_FP32", (1,)),
     TrtllmInput("presence_penalty", "TYPE_FP32", (1,)),
     TrtllmInput("frequency_penalty", "TYPE_FP32", (1,)),
+    # a guide the text must match, masked into p at every draft position (trtspec.spec.grammar)
+    TrtllmInput("guided_decoding_guide_type", "TYPE_STRING", (1,)),
+    TrtllmInput("guided_decoding_guide", "TYPE_STRING", (1,)),
 )
 REFUSED = (
     TrtllmInput("decoder_text_input", "TYPE_STRING", (1,), "", "trtspec serves decoder-only targets"),
@@ -78,8 +81,6 @@ REFUSED = (
     TrtllmInput("lora_task_id", "TYPE_UINT64", (1,), None, "no LoRA adapters"),
     TrtllmInput("lora_weights", "TYPE_FP16", (-1, -1), None, "no LoRA adapters"),
     TrtllmInput("lora_config", "TYPE_INT32", (-1, 3), None, "no LoRA adapters"),
-    TrtllmInput("guided_decoding_guide_type", "TYPE_STRING", (1,), "", "no guided decoding"),
-    TrtllmInput("guided_decoding_guide", "TYPE_STRING", (1,), "", "no guided decoding"),
 )
 TRTLLM_INPUTS = HONOURED + REFUSED
 
