@@ -72,6 +72,30 @@ def test_generate_min_p_of_one_keeps_only_the_most_likely_token():
     _assert_refused("--min-p", "1.5")
 
 
+GUIDE_REGEX = r"    [a-z]+ = [0-9]+\n"
+
+
+def test_generate_with_a_guide_speculative_equals_none(tmp_path):
+    """--guide-type / --guide: the text is in the guide's language and the same with the drafter as
+    without; a schema read from @FILE; a bad guide or a guide without its type is refused naming
+    --guide."""
+    guide = ["--guide-type", "regex", "--guide", GUIDE_REGEX]
+    plain, spec, none = _token_ids(40, [], guide, [*guide, "--drafter", "none"])
+    assert spec == none != plain
+    assert re.fullmatch(GUIDE_REGEX, bytes(spec[:-1]).decode()) and spec[-1] == 256  # ended by the eos
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"n": {"type": "integer"}},
+                                  "required": ["n"]}))
+    from_file, = _token_ids(40, ["--guide-type", "json_schema", "--guide", f"@{schema}"])
+    assert bytes(from_file).decode().lstrip().startswith("{")
+    missing = f"@{tmp_path / 'none.json'}"
+    for args, message in ((["--guide-type", "regex", "--guide", "[0-9"], "Unclosed '['"),
+                          (["--guide", "[0-9]"], "needs --guide-type"),
+                          (["--guide-type", "json_schema", "--guide", missing], "none.json")):
+        bad = CliRunner().invoke(main, ["generate", "--config", CONFIG, "--prompt", CODE, *args])
+        assert bad.exit_code == 2 and "--guide" in bad.output and message in bad.output, bad.output
+
+
 def test_sampled_generate_names_the_seed_that_repeats_it():
     """Without --seed a sampled request draws one; the summary line names it, and --seed repeats
     the text (the target alone here: under rejection sampling the schedule must repeat too)."""

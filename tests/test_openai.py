@@ -1306,6 +1306,13 @@ def test_response_format_is_the_guided_targets_own_text(served, pipeline):
     got = _trtllm_request(served, guided_decoding_guide_type=np.array([b"regex"], dtype=object),
                           guided_decoding_guide=np.array([regex.encode()], dtype=object))
     assert got.text == want
+    # trtspec generate --url openai:// sends its guide as response_format
+    for args, guide in ((["--guide-type", "regex", "--guide", regex], formats[1][1]),
+                        (["--guide-type", "json_schema", "--guide", json.dumps(schema)], formats[0][1])):
+        result = CliRunner().invoke(main, ["generate", "--url", served.url, "--api-key", KEY, "--json",
+                                           "--prompt", prompt, "--max-tokens", str(MAX_TOKENS), *args])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["text"] == pipeline.generate(prompt, MAX_TOKENS, guide=guide)[0]
 
 
 def test_penalties_and_logit_bias_are_the_targets_own_under_them(served, pipeline):

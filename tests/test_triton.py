@@ -29,6 +29,7 @@ from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.runtime import configure_threads
 from trtspec.spec.decoder import Request
+from trtspec.spec.grammar import Guide
 from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.client import (
     ClientError,
@@ -171,6 +172,13 @@ def test_generate_json_names_the_finish_and_leaves_what_it_did_not_measure_null(
     top_only = ask(*hot, "--min-p", "1", prompt=PROMPTS[1], max_tokens=24)
     assert top_only["token_ids"] == expected[PROMPTS[1]][0][:24] != ask(*hot, prompt=PROMPTS[1],
                                                                          max_tokens=24)["token_ids"]
+
+    # a guide travels as TensorRT-LLM's guided_decoding inputs: the guided target's own text
+    regex = r"    [a-z]+ = [0-9]+\n"
+    want = pipeline.decoder.generate(pipeline.tokenizer.encode(PROMPTS[1]), 24,
+                                     guide=pipeline.guides.compile(Guide("regex", regex))).token_ids
+    got = ask("--guide-type", "regex", "--guide", regex, prompt=PROMPTS[1], max_tokens=24)
+    assert got["token_ids"] == want != expected[PROMPTS[1]][0][: len(want)]
 
     whole, streamed = ask(), ask("--stream")
     for answer in (whole, streamed):

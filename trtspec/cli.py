@@ -113,6 +113,12 @@ def main(verbose: bool) -> None:
 @click.option("--repetition-penalty", default=1.0, show_default=True, type=float,
               help="> 0: divides the positive logits of the prompt's and output's tokens, multiplies the "
                    "negative ones; 1 = none.")
+@click.option("--guide-type", type=click.Choice(["json", "json_schema", "regex", "ebnf_grammar"]),
+              help="Guided decoding (TensorRT-LLM's guide types): the text must be JSON, match the "
+                   "--guide schema, regular expression or EBNF grammar.")
+@click.option("--guide", default=None,
+              help="With --guide-type json_schema, regex or ebnf_grammar: the schema, expression or grammar, "
+                   "or @FILE to read it from a file.")
 @click.option("--drafter", "drafter_choice", type=click.Choice(["config", "none"]), default="config",
               show_default=True, help="`none` decodes autoregressively through the same target.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
@@ -121,7 +127,7 @@ def main(verbose: bool) -> None:
 @run_errors
 def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt, max_tokens, temperature,
              top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, repetition_penalty,
-             drafter_choice, as_json, flavour=None) -> None:
+             guide_type, guide, drafter_choice, as_json, flavour=None) -> None:
     """Generate text speculatively with the configured target and drafter, or ask a served model."""
     utf8_text(prompt, "--prompt")
     if not prompt:
@@ -146,6 +152,7 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
     sampling = options_model(SamplingParams, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                              seed=seed, presence_penalty=presence_penalty,
                              frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty)
+    guide = _guide_args(guide_type, guide)
     if config is None:
         _url_arg(url)
         if drafter_choice != "config":
@@ -156,7 +163,7 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
             raise click.BadParameter("chat needs an OpenAI-compatible server (openai://HOST:PORT)",
                                      param_hint="--chat")
         _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json, chat,
-                         api_key)
+                         api_key, guide)
         return
     from trtspec.pipeline import load_pipeline
     from trtspec.runtime import configure_threads
@@ -170,10 +177,15 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
         decoder.check(Request(pipeline.tokenizer.encode(prompt), max_tokens))
     except ValueError as exc:  # prompt + max_tokens beyond the deployment's context, with the numbers
         raise click.BadParameter(str(exc), param_hint="--prompt / --max-tokens") from None
-    if chat:
-        text, result = pipeline.chat([{"role": "user", "content": prompt}], max_tokens, sampling)
-    else:
-        text, result = pipeline.generate(prompt, max_tokens, sampling)
+    from trtspec.spec.grammar import GuideError
+
+    try:
+        if chat:
+            text, result = pipeline.chat([{"role": "user", "content": prompt}], max_tokens, sampling, guide)
+        else:
+            text, result = pipeline.generate(prompt, max_tokens, sampling, guide)
+    except GuideError as exc:
+        raise click.BadParameter(str(exc), param_hint="--guide") from None
     if as_json:
         click.echo(json.dumps({"text": text, "drafter": pipeline.drafter.method, **result.to_dict()}))
     else:
@@ -184,6 +196,31 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
             f"decode={result.decode_tokens_per_s:.1f} tok/s" + _seed_note(result.seed),
             err=True,
         )
+
+
+def _guide_args(guide_type: str | None, guide: str | None):
+    """--guide-type and --guide as a `spec.grammar.Guide` (None: neither given); `@FILE` reads the
+    guide from a file."""
+    if guide_type is None:
+        if guide is not None:
+            raise click.BadParameter("needs --guide-type: json_schema, regex or ebnf_grammar",
+                                     param_hint="--guide")
+        return None
+    from trtspec.spec.grammar import Guide, GuideError
+
+    if guide is not None and guide.startswith("@"):
+        path = Path(guide[1:])
+        try:
+            guide = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="--guide") from None
+    if guide_type == "json" and guide:
+        raise click.BadParameter("--guide-type json takes no --guide (any JSON); give a schema with "
+                                 "--guide-type json_schema", param_hint="--guide")
+    try:
+        return Guide(guide_type, guide or "")
+    except GuideError as exc:
+        raise click.BadParameter(str(exc), param_hint="--guide") from None
 
 
 def _flavour_arg(config, flavour: str):
@@ -238,7 +275,7 @@ def _seed_note(seed: int | None) -> str:
 
 
 def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json, chat,
-                     api_key) -> None:
+                     api_key, guide=None) -> None:
     from trtspec.triton.client import GenerateParams, generate, wait_ready
 
     if wait_s > 0:
@@ -248,7 +285,8 @@ def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait
     # `of` leaves a greedy request's sampling fields to the server; this sends them all
     params = dataclasses.replace(GenerateParams.of(sampling, max_tokens, stream),
                                  temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                 min_p=sampling.min_p or None, seed=sampling.seed)
+                                 min_p=sampling.min_p or None, seed=sampling.seed,
+                                 guide=None if guide is None else (guide.kind, guide.text))
     on_text = None if as_json or not stream else (lambda text: click.echo(text, nl=False))
     completion = generate(url, model_name, prompt, params, on_text, chat=chat, api_key=api_key)
     tau, decode = completion.tau, completion.decode_tokens_per_s

@@ -157,7 +157,7 @@ class Pipeline:
         return load_chat_template(self.config.target.resolved_path, self.target.config, self.tokenizer)
 
     def chat(self, messages: list[dict], max_tokens: int, sampling: SamplingParams | None = None,
-             **variables) -> tuple[str, GenerationResult]:
+             guide: Guide | None = None, **variables) -> tuple[str, GenerationResult]:
         """Answer a conversation as the OpenAI frontend does: rendered by the target's chat template
         (with `variables`), ended by an end id or the template's stop sequence (not returned)."""
         from trtspec.openai.stops import StopTrimmer
@@ -173,7 +173,9 @@ class Pipeline:
             return stream.stopped
 
         ids = self.tokenizer.encode(prompt, add_special_tokens=False)  # the template wrote its specials
-        result = self.decoder.generate(ids, max_tokens, sampling, on_tokens=stop_at_the_turns_end)
+        compiled = None if guide is None else self.guides.compile(guide)
+        result = self.decoder.generate(ids, max_tokens, sampling, on_tokens=stop_at_the_turns_end,
+                                       guide=compiled)
         return StopTrimmer(list(self.chat_template.stop)).push(stream.text, final=True), result
 
 

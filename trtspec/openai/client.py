@@ -49,7 +49,21 @@ def request_body(model: str, prompt: str, params: GenerateParams, chat: bool) ->
     body.update(params.penalties())  # repetition_penalty: vLLM's extension, as trtspec's and SGLang's
     if params.stop_words:
         body["stop"] = list(params.stop_words)
+    if params.guide is not None:
+        body["response_format"] = response_format(*params.guide)
     return body
+
+
+def response_format(guide_type: str, guide: str) -> dict:
+    """A guide (TensorRT-LLM's guide type and text) as the response_format that asks for it: OpenAI's
+    json_object and json_schema; regex and ebnf as trtllm-serve and trtspec take them."""
+    if guide_type == "json":
+        return {"type": "json_object"}
+    if guide_type == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": "guide", "schema": json.loads(guide)}}
+    if guide_type == "regex":
+        return {"type": "regex", "regex": guide}
+    return {"type": "ebnf", "ebnf": guide}
 
 
 def _post(url: str, body: dict, api_key: str | None, timeout_s: float):

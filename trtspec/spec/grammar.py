@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -109,7 +110,8 @@ class GuideCompiler:
                 return c.compile_regex(guide.text)
             return c.compile_grammar(guide.text)
         except Exception as exc:  # noqa: BLE001 - XGrammar raises RuntimeError/ValueError with its reason
-            reason = " ".join(str(exc).split())
+            # its C++ check's time and source line ("[15:41:02] /project/cpp/x.cc:94: ") name nothing
+            reason = re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", " ".join(str(exc).split()))
             raise GuideError(f"the {guide.kind} guide does not compile: {reason}") from None
 
 

@@ -141,6 +141,7 @@ class GenerateParams:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    guide: tuple[str, str] | None = None  # (guide type, guide): TensorRT-LLM's guided_decoding inputs
 
     @classmethod
     def of(cls, sampling: SamplingParams, max_tokens: int, stream: bool = False) -> GenerateParams:
@@ -166,6 +167,8 @@ class GenerateParams:
         body.update(self.penalties())
         if self.stop_words:
             body["stop_words"] = list(self.stop_words)
+        if self.guide is not None:
+            body["guided_decoding_guide_type"], body["guided_decoding_guide"] = self.guide
         return body
 
 
@@ -205,6 +208,9 @@ def grpc_inputs(prompt: str | bytes, params: GenerateParams) -> list:
         arrays[name] = np.array([value], dtype=np.float32)
     if params.stop_words:
         arrays["stop_words"] = np.array([w.encode("utf-8") for w in params.stop_words], dtype=np.object_)
+    if params.guide is not None:
+        arrays["guided_decoding_guide_type"] = np.array([params.guide[0].encode()], dtype=np.object_)
+        arrays["guided_decoding_guide"] = np.array([params.guide[1].encode("utf-8")], dtype=np.object_)
     return [array_input(InferInput, name, value) for name, value in arrays.items()]
 
 
