@@ -1,0 +1,86 @@
+"""What guided decoding costs speculation: τ and tokens/s of guided requests, side by side.
+
+The verifier masks the target's p with each request's guide at every draft position
+(`trtspec.spec.grammar`). This decodes each held-out prompt under three guides (any JSON, a JSON
+schema, and a regular expression in the task's own style), greedy, whole blocks, interleaved
+prompt by prompt: the target alone and speculation, each guided and unguided, and prints τ and
+the pooled tokens/s.
+
+    python scripts/guide_tau.py build_configs/tiny-dflash.yaml --prompts 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from trtspec.config import ScheduleConfig, load_build_config
+from trtspec.pipeline import load_pipeline
+from trtspec.prompts import load_prompts
+from trtspec.runtime import configure_threads
+from trtspec.spec.decoder import SpeculativeDecoder
+from trtspec.spec.grammar import Guide
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}, "steps": {"type": "string"}},
+          "required": ["answer", "steps"]}
+REGEX = {  # each task's answers in the shape the tiny target writes them
+    "math": r"( [0-9]+[-+*/][0-9]+=[0-9]+;)+ = [0-9]+\n",
+    "code": r"(    [a-z_.]+ = [^\n]+\n)+",
+    "chat": r" [A-Z][a-z ,']+\.( [A-Z][a-z ,']+\.)*\n",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="build config of the target and drafter")
+    parser.add_argument("--tasks", default="code,math,chat", help="held-out prompt sets")
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per task")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens per request")
+    args = parser.parse_args()
+
+    config = load_build_config(args.config)
+    configure_threads(config)
+    pipeline = load_pipeline(config)
+    spec = pipeline.decoder_for(1, ScheduleConfig(mode="full"))
+    alone = SpeculativeDecoder(spec.target, None, spec.end_ids)
+    ways = {"target alone": alone, "speculation": spec}
+    kinds = ("unguided", "json", "json_schema", "regex")
+    totals = {(way, kind): [0, 0, 0.0] for way in ways for kind in kinds}  # tokens, forwards, seconds
+    ended = dict.fromkeys(kinds[1:], 0)
+    prompts = [(task, p) for task in args.tasks.split(",") for p in load_prompts(task)[: args.prompts]]
+    spec.generate(pipeline.tokenizer.encode(prompts[0][1]), 16)  # one untimed run each
+    alone.generate(pipeline.tokenizer.encode(prompts[0][1]), 16)
+    for task, prompt in prompts:
+        ids = pipeline.tokenizer.encode(prompt)
+        guides = {"unguided": None, "json": Guide("json"),
+                  "json_schema": Guide("json_schema", json.dumps(SCHEMA)),
+                  "regex": Guide("regex", REGEX[task])}
+        for kind, guide in guides.items():
+            compiled = None if guide is None else pipeline.guides.compile(guide)
+            texts = {}
+            for way, decoder in ways.items():
+                start = time.perf_counter()
+                result = decoder.generate(ids, args.max_tokens, guide=compiled)
+                seconds = time.perf_counter() - start
+                texts[way] = result.token_ids
+                total = totals[way, kind]
+                total[0] += len(result.token_ids)
+                total[1] += result.num_target_calls
+                total[2] += seconds
+            assert texts["speculation"] == texts["target alone"], (prompt, kind)
+            if guide is not None:
+                ended[kind] += result.finish_reason == "stop"
+    print(f"{len(prompts)} prompts, {args.max_tokens} tokens each; guided texts that ended (the rest hit "
+          f"max_tokens): {', '.join(f'{k} {n}' for k, n in ended.items())}")
+    print("| guide | τ | speculation tokens/s | target alone tokens/s | speedup |")
+    print("|---|---:|---:|---:|---:|")
+    for kind in kinds:
+        tokens, forwards, seconds = totals["speculation", kind]
+        base = totals["target alone", kind]
+        print(f"| {kind} | {tokens / forwards:.2f} | {tokens / seconds:.1f} | {base[0] / base[2]:.1f} | "
+              f"{(tokens / seconds) / (base[0] / base[2]):.2f}× |")
+
+
+if __name__ == "__main__":
+    main()
