@@ -28,6 +28,7 @@ from trtspec.export.verify import export_verify_greedy, export_verify_sampling
 from trtspec.models.target import Chunk, TargetModel
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
+from trtspec.spec.grammar import Guide
 from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.verify import VerifyOutput, verify_greedy
 
@@ -102,6 +103,21 @@ def test_engine_flavour_under_penalties_token_identical_to_torch(pipelines):
         ids = torch_p.tokenizer.encode(prompt)
         want = want_decoder.generate(ids, 48, sampling)
         assert got_decoder.generate(ids, 48, sampling).token_ids == want.token_ids, prompt
+        assert want.token_ids != want_decoder.generate(ids, 48).token_ids, prompt
+
+
+@pytest.mark.parametrize("name", ["dflash", "dspark"])
+def test_engine_flavour_under_a_guide_token_identical_to_torch(pipelines, name):
+    """A guide masks the verify graphs' logits and the drafter graphs' drafts through the decoder: the
+    same text and the same acceptance as the torch flavour's."""
+    guide = Guide("json_schema", '{"type": "object", "properties": {"n": {"type": "integer"}}}')
+    torch_p, engine_p = pipelines[("torch", name)], pipelines[("engine", name)]
+    want_decoder, got_decoder = torch_p.decoder_for(1, FULL), engine_p.decoder_for(1, FULL)
+    for prompt in _prompts(1):
+        ids = torch_p.tokenizer.encode(prompt)
+        want = want_decoder.generate(ids, 48, guide=torch_p.guides.compile(guide))
+        got = got_decoder.generate(ids, 48, guide=engine_p.guides.compile(guide))
+        assert got.token_ids == want.token_ids and got.num_target_calls == want.num_target_calls, prompt
         assert want.token_ids != want_decoder.generate(ids, 48).token_ids, prompt
 
 

@@ -23,6 +23,7 @@ from trtspec.models.dflash import DFlashDraftModel, load_dflash
 from trtspec.models.drafter import DraftRow, Proposal, TapsDrafter, draft_positions, register_drafter
 from trtspec.models.kv_slots import Segment, SlotKV, SlotView, StepLayout, slot_bytes_per_position
 from trtspec.models.target import DTYPES
+from trtspec.spec.grammar import choose_drafts
 from trtspec.spec.sampling import choose_tokens
 from trtspec.spec.tree import DraftTree, grow_tree, log_scores
 
@@ -202,6 +203,14 @@ def propose_block(logits: torch.Tensor, rows: list[DraftRow]) -> Proposal:
     drawn independently from its q under the row's own parameters."""
     tokens, q = choose_tokens(logits, [row.sampling for row in rows], [row.generator for row in rows],
                               [row.position(0) for row in rows])
+    for r, row in enumerate(rows):  # a guided row: slot by slot, each masked after the drafts before it
+        if row.grammar is None:
+            continue
+        for j in range(logits.shape[1]):
+            token, q_j = choose_drafts(logits[r : r + 1, j], [row], j)
+            tokens[r, j] = token[0]
+            if q is not None:  # a greedy row's q: one-hot on its draft, as `choose_tokens` gives it
+                q[r, j] = q_j[0] if q_j is not None else torch.nn.functional.one_hot(token[0], q.shape[-1])
     return Proposal(tokens=tokens, q_probs=q)
 
 

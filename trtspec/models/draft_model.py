@@ -29,7 +29,7 @@ from trtspec.models.drafter import (
     register_drafter,
 )
 from trtspec.models.target import Chunk, PathKeep, TargetModel, chunk_offsets, load_causal_lm
-from trtspec.spec.sampling import choose_tokens
+from trtspec.spec.grammar import choose_drafts
 from trtspec.spec.tree import grow_tree, log_scores
 
 
@@ -115,8 +115,6 @@ class DraftModelDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, rows, k):
-        params = [row.sampling for row in rows]
-        generators = [row.generator for row in rows]
         device = self.lm.device
         chunks = []
         for row in rows:
@@ -127,7 +125,7 @@ class DraftModelDrafter(Drafter):
         for i in range(k):
             last = torch.tensor(chunk_offsets(chunks)[1:], device=device) - 1  # each row's last token
             logits = self.lm.forward(chunks, logits_at=last).logits  # [R, V]
-            token, q = choose_tokens(logits, params, generators, [row.position(i) for row in rows])
+            token, q = choose_drafts(logits, rows, i)
             tokens.append(token)
             if q is not None:
                 q_rows.append(q)

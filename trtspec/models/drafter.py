@@ -33,6 +33,7 @@ from trtspec.spec.sampling import SamplingParams
 if TYPE_CHECKING:
     from trtspec.config import DrafterConfig, TreeConfig
     from trtspec.models.target import TargetModel
+    from trtspec.spec.grammar import GuideState
     from trtspec.spec.tree import DraftTree
 
 
@@ -44,6 +45,7 @@ class DraftRow:
     committed: list[int]  # prompt + generated; committed[-1] is the anchor (the last verified token)
     sampling: SamplingParams
     generator: torch.Generator
+    grammar: GuideState | None = None  # its guide's matcher: chain drafts are masked by it (`choose_drafts`)
 
     def position(self, depth: int = 0) -> int:
         """Sequence position of this row's draft at `depth` (0: the first draft, after the anchor)."""

@@ -26,7 +26,7 @@ from trtspec.models.dflash_drafter import DFlashDrafter
 from trtspec.models.drafter import Drafter, DraftRow, Proposal, draft_positions, register_drafter
 from trtspec.models.dspark import ChooseToken, DraftBlock, DSparkDraftModel, load_dspark
 from trtspec.models.target import DTYPES
-from trtspec.spec.sampling import choose_tokens
+from trtspec.spec.grammar import choose_drafts
 from trtspec.spec.sts import confidences, load_sts
 from trtspec.spec.tree import grow_tree, log_scores
 
@@ -77,12 +77,10 @@ class MarkovProposer(Drafter):
         raise NotImplementedError
 
     def propose(self, rows, k):
-        params = [row.sampling for row in rows]
-        generators = [row.generator for row in rows]
         qs: list[torch.Tensor] = []
 
         def choose(j: int, logits: torch.Tensor) -> torch.Tensor:
-            tokens, q = choose_tokens(logits, params, generators, [row.position(j) for row in rows])
+            tokens, q = choose_drafts(logits, rows, j)
             if q is not None:
                 qs.append(q)
             return tokens

@@ -38,7 +38,7 @@ from trtspec.models.kv_slots import (
     slot_bytes_per_position,
 )
 from trtspec.models.target import DTYPES
-from trtspec.spec.sampling import choose_tokens
+from trtspec.spec.grammar import choose_drafts
 from trtspec.spec.tree import grow_tree, log_scores
 
 DEFAULT_NUM_DRAFT_TOKENS = 7
@@ -211,14 +211,12 @@ class Eagle3Drafter(TapsDrafter):
         return logits
 
     def propose(self, rows, k):
-        params = [row.sampling for row in rows]
-        generators = [row.generator for row in rows]
         chosen: list[torch.Tensor] = []
         q_rows: list[torch.Tensor] = []
 
         def choose(logits: torch.Tensor) -> torch.Tensor:
             depth = len(chosen)
-            tokens, q = choose_tokens(logits, params, generators, [row.position(depth) for row in rows])
+            tokens, q = choose_drafts(logits, rows, depth)
             chosen.append(tokens)
             if q is not None:
                 q_rows.append(q)

@@ -107,7 +107,7 @@ def _round_up(n: int, step: int) -> int:
 
 
 def _draft_row(lv: _Live) -> DraftRow:
-    return DraftRow(lv.slot, lv.committed, lv.request.sampling, lv.generator)
+    return DraftRow(lv.slot, lv.committed, lv.request.sampling, lv.generator, lv.grammar)
 
 
 @dataclass(slots=True)
@@ -563,6 +563,9 @@ class SpeculativeDecoder:
         if drafting:
             rows = [running[i] for i in drafting]
             proposal = self.drafter.propose([_draft_row(lv) for lv in rows], k)
+            for lv in rows:  # guided drafts were taken by each guide's matcher: back to the committed
+                if lv.grammar is not None:
+                    lv.grammar.end_drafts()
             plain_rows = len(running) - len(drafting)
             cut = self._verify_lengths(proposal, [budgets[i] for i in drafting], k, plain_rows, context,
                                        prompt)

@@ -8,8 +8,12 @@ knows them: the committed tokens, then the drafts on the way there (a chain's x_
 node's ancestors and itself). So each position's p is the guided law the target alone would
 sample from on that path, and the accept rule runs on it unchanged. A draft the grammar refuses
 has p = 0 and is rejected (greedy: it is never the masked argmax; sampled: min(1, p/q) = 0), so
-the positions after it are never reached and keep their logits unmasked. Drafts are not guided:
-q may be any law.
+the positions after it are never reached and keep their logits unmasked.
+
+Chain drafts are guided too (`choose_drafts`): each drafting step's logits are masked after the
+row's drafts so far, so a draft is never one the guide refuses (JSON's forced `"`, `:` and
+structure), and q is the masked law the draft was drawn from, which the accept rule needs and
+which may be any law. Tree drafts are not guided.
 
 The grammar engine is XGrammar (Dong et al. 2024), the backend TensorRT-LLM's and vLLM's guided
 decoding use: a matcher per request that accepts tokens, rolls them back, and fills the bitmask of
@@ -124,6 +128,33 @@ class GuideState:
         self._xgr = xgr
         self.vocab_size = vocab_size
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=sorted(end_ids))
+        self._drafted = 0  # drafts of the proposal under way the matcher took (`take_draft`)
+        self._draft_over = False  # a draft it refused, or an end id: the rest go unguided
+
+    def mask_draft(self, logits: torch.Tensor) -> None:
+        """Mask the logits [V] of the next draft after the committed tokens and the drafts taken."""
+        if self._draft_over:
+            return
+        bitmask = self._xgr.allocate_token_bitmask(1, self.vocab_size)
+        self.matcher.fill_next_token_bitmask(bitmask, 0)
+        self._xgr.apply_token_bitmask_inplace(logits[None], bitmask.to(logits.device),
+                                              vocab_size=self.vocab_size)
+
+    def take_draft(self, token: int) -> None:
+        """Advance past a draft, so the next one is masked after it (`end_drafts` rolls them back)."""
+        if self._draft_over:
+            return
+        if not self.matcher.accept_token(token):  # refused: what follows it is never verified
+            self._draft_over = True
+            return
+        self._drafted += 1
+        self._draft_over = self.matcher.is_terminated()  # an end id: nothing follows it
+
+    def end_drafts(self) -> None:
+        """Roll the proposal's drafts back: the matcher stands after the committed tokens again."""
+        if self._drafted:
+            self.matcher.rollback(self._drafted)
+        self._drafted, self._draft_over = 0, False
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Take emitted tokens. Each was allowed by the mask it was chosen under (an end id ends
@@ -161,3 +192,22 @@ class GuideState:
                 matcher.fill_next_token_bitmask(bitmask, child)
                 self._visit(child, children, tokens, bitmask)
             matcher.rollback(1)
+
+
+def choose_drafts(logits: torch.Tensor, rows: Sequence, depth: int
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`choose_tokens` for one drafting step of `rows` (`DraftRow`s): a guided row's logits are masked
+    by its guide after its drafts so far, and the draft it gets is taken.  logits [R, V] (not
+    written) -> tokens [R], q [R, V] or None (`choose_tokens`)."""
+    from trtspec.spec.sampling import choose_tokens
+
+    guided = [r for r, row in enumerate(rows) if row.grammar is not None]
+    if guided:
+        logits = logits.clone()
+        for r in guided:
+            rows[r].grammar.mask_draft(logits[r])
+    tokens, q = choose_tokens(logits, [row.sampling for row in rows], [row.generator for row in rows],
+                              [row.position(depth) for row in rows])
+    for r in guided:
+        rows[r].grammar.take_draft(int(tokens[r]))
+    return tokens, q
