@@ -871,7 +871,7 @@ def test_verify_over_openai_passes_on_the_server(served, monkeypatch):
                                        "24", "--samples", "300"])
     assert result.exit_code == 0, result.output
     assert result.output.count("greedy  identical") == 5 and result.output.count("penalty identical") == 5
-    assert "PASS: lossless" in result.output
+    assert result.output.count("guided  identical") == 5 and "PASS: lossless" in result.output
     # not the first prompt (its first tokens are near-certain: any server passes): 'import os\n'
     assert "law of the first 3 tokens of 'import os\\n'" in result.output
 
@@ -902,7 +902,7 @@ def test_verify_over_openai_fails_on_a_biased_server(biased):
     finally:
         frontend.stop()
     assert result.exit_code == 1, result.output
-    assert result.output.count("identical") == 10 and "FAIL: the deployment is not lossless" in result.output
+    assert result.output.count("identical") == 15 and "FAIL: the deployment is not lossless" in result.output
     assert "FAIL\n" in result.output  # a sampling position over its bound
 
 

@@ -23,6 +23,7 @@ import torch
 from click.testing import CliRunner
 from tritonclient.grpc import InferInput
 
+import trtspec.triton.client as client_module
 from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
@@ -509,7 +510,7 @@ def test_verify_certifies_the_server(served, tmp_path, monkeypatch):
                               "--max-tokens", "32", "--samples", "300"])
     assert ok.exit_code == 0, ok.output
     assert ok.output.count("greedy  identical") == 5 and ok.output.count("penalty identical") == 5
-    assert "PASS: lossless" in ok.output
+    assert ok.output.count("guided  identical") == 5 and "PASS: lossless" in ok.output
     # a reference that is not the served target: every prompt must be reported as a mismatch
     other = tmp_path / "other.yaml"
     other.write_text(CONFIG.read_text().replace("builtin:tiny-target", "builtin:tiny-draft"))
@@ -517,7 +518,7 @@ def test_verify_certifies_the_server(served, tmp_path, monkeypatch):
     prompts.write_text("Q: 482 + 356\nimport os\n")
     bad = runner.invoke(main, ["verify", "--url", served.http_url, "--config", str(other), "--model",
                                "trtspec", "--prompts", str(prompts), "--samples", "0"])
-    assert bad.exit_code == 1 and bad.output.count("MISMATCH") == 4 and "FAIL" in bad.output  # 2 × 2
+    assert bad.exit_code == 1 and bad.output.count("MISMATCH") == 6 and "FAIL" in bad.output  # 2 × 3
     # a config that says Gumbel coupling, against this server that samples by rejection: greedy
     # passes, and the seeded samples are not the target alone's (open-ended prompts: at temperature
     # 1 the tiny target answers sums the same whichever way it samples)
@@ -530,12 +531,16 @@ def test_verify_certifies_the_server(served, tmp_path, monkeypatch):
     assert coupled.exit_code == 1 and coupled.output.count("greedy  identical") == 2
     assert coupled.output.count("sampled MISMATCH") == 2 and "FAIL" in coupled.output
     assert coupled.output.count("off the target's coupled sample") == 2  # audited, not near-ties
-    # a server that decodes without the penalties (here: the client leaves them out) fails their checks
+    # a server that decodes without the penalties and the guide (here: the client leaves them out)
+    # fails their checks
     monkeypatch.setattr(GenerateParams, "penalties", lambda self: {})
+    with_guide = client_module.grpc_inputs
+    monkeypatch.setattr(client_module, "grpc_inputs",
+                        lambda prompt, params: with_guide(prompt, dataclasses.replace(params, guide=None)))
     deaf = runner.invoke(main, ["verify", "--url", served.grpc_url, "--config", str(CONFIG),
                                 "--prompts", str(open_ended), "--samples", "0", "--max-tokens", "24"])
     assert deaf.exit_code == 1 and deaf.output.count("greedy  identical") == 2
-    assert deaf.output.count("penalty MISMATCH") == 2 and "FAIL" in deaf.output
+    assert deaf.output.count("penalty MISMATCH") == 2 and deaf.output.count("guided  MISMATCH") == 2
 
 
 def test_generate_cli_streams_from_the_server(served, config, expected):

@@ -34,6 +34,7 @@ from trtspec.spec.penalties import Penalties
 
 if TYPE_CHECKING:
     from trtspec.config import TargetConfig
+    from trtspec.spec.grammar import GuideState
     from trtspec.spec.sampling import SamplingParams
 
 IDENTICAL, NEAR_TIE, MISMATCH = "identical", "near-tie", "mismatch"  # GreedyJudge's verdicts
@@ -99,13 +100,15 @@ def parted_by_length(a, b) -> bool:
 
 @torch.inference_mode()
 def audit_greedy(target: TargetModel, prompt_ids: list[int], output_ids: list[int],
-                 chunk: int = CHUNK, sampling: SamplingParams | None = None, start: int = 0) -> GreedyAudit:
+                 chunk: int = CHUNK, sampling: SamplingParams | None = None, start: int = 0,
+                 grammar: GuideState | None = None) -> GreedyAudit:
     """Is every token of `output_ids` the target's argmax after `prompt_ids` and the tokens before
     it — or, for a Gumbel-coupled `sampling`, its coupled sample — up to the target's rounding?
     (See the module docstring.) `start`: the tokens before it are the reference decoding's own (the
     target alone's), which are its choices by definition and are not judged: plain decoding's one-token
     steps round apart from one forward by more than the chunked pass measures at times, and its own
-    near-ties there failed a bfloat16 text that parted from it only at a later near-tie."""
+    near-ties there failed a bfloat16 text that parted from it only at a later near-tie. `grammar`: the
+    request's guide at the prompt (`spec.grammar`), whose mask each position's choice was made under."""
     if not prompt_ids or not output_ids:
         raise ValueError("audit_greedy needs a non-empty prompt and output")
     seq = torch.tensor(prompt_ids + output_ids[:-1], device=target.device)  # [T]
@@ -124,6 +127,9 @@ def audit_greedy(target: TargetModel, prompt_ids: list[int], output_ids: list[in
         one = one.float().clone()
         history = torch.tensor(output_ids[:-1], dtype=torch.long, device=one.device)
         Penalties(sampling, prompt_ids, one.shape[-1], one.device).apply(one, history)
+    if grammar is not None:  # a token the guide refuses where it stands is never the argmax
+        one = one.float().clone()
+        grammar.mask(one, torch.tensor(output_ids[:-1], dtype=torch.long))
     if sampling is not None and sampling.gumbel:
         noise /= sampling.temperature
     scores = _scores(one, sampling, len(prompt_ids))  # [n, V]; output_ids[j] sits at P + j
@@ -148,14 +154,16 @@ class GreedyJudge:
         self._auditor: TargetModel | None = None
 
     def audit(self, prompt_ids: list[int], output_ids: list[int],
-              sampling: SamplingParams | None = None, start: int = 0) -> GreedyAudit:
+              sampling: SamplingParams | None = None, start: int = 0,
+              grammar: GuideState | None = None) -> GreedyAudit:
         if self._auditor is None:
             if isinstance(self.target, TargetModel):  # its own K/V buffers, the same weights
                 self._auditor = TargetModel(self.target.model)
             else:
                 self._auditor = TargetModel.from_pretrained(self.config.resolved_path, self.config.dtype,
                                                             device=self.config.device)
-        return audit_greedy(self._auditor, prompt_ids, output_ids, sampling=sampling, start=start)
+        return audit_greedy(self._auditor, prompt_ids, output_ids, sampling=sampling, start=start,
+                            grammar=grammar)
 
     def __call__(self, prompt_ids: list[int], output_ids: list[int], reference_ids: list[int],
                  sampling: SamplingParams | None = None) -> str:

@@ -36,6 +36,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,6 +47,7 @@ import torch
 from trtspec.config import BuildConfig
 from trtspec.models.target import load_causal_lm
 from trtspec.pipeline import load_pipeline
+from trtspec.spec.grammar import Guide, GuideState
 from trtspec.spec.law_check import SIMULATIONS, LawCheck, check_law
 from trtspec.spec.near_ties import GreedyAudit, GreedyJudge, parted_by_length, shared_prefix
 from trtspec.spec.penalties import penalized
@@ -71,6 +74,10 @@ DEFAULT_PROMPTS = (
 SAMPLING = SamplingParams(temperature=1.3, top_k=3, top_p=0.9)
 # greedy under penalties: the target's own text under them (`spec.penalties`), held to the target alone's
 PENALIZED = SamplingParams(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2)
+# greedy under a guide: the guided target's own text (`spec.grammar`), held to the target alone's
+GUIDED = Guide("json_schema", json.dumps({"type": "object", "properties": {
+    "answer": {"type": "string"}, "steps": {"type": "array", "items": {"type": "integer"}}},
+    "required": ["answer"]}))
 # Tokens per sampling request, by seed parity. The first token comes from the prefill; a request's
 # drafts are capped by what it has left, so in an 8-token request tokens 2 and 3 are drafts 1 and 2
 # of a 6-draft chain (accepted or recovered) and a bonus token can only be its last; in a 3-token
@@ -96,6 +103,7 @@ class GreedyCheck:
     audit: GreedyAudit | None = None  # the served tokens audited where they differ
     seed: int | None = None  # a coupled sample's seed; None: greedy
     penalized: bool = False  # greedy under PENALIZED's penalties
+    guided: bool = False  # greedy under the GUIDED guide
     lengths: tuple[int, int] | None = None  # (served, target alone's) where they part only by length
 
     @property
@@ -109,7 +117,7 @@ class GreedyCheck:
         else:
             verdict = f"{'differs' if self.passed else 'MISMATCH'} at {self.unit} {self.first_difference}"
         kind, seed = ("greedy ", "") if self.seed is None else ("sampled", f"  seed {self.seed}")
-        kind = "penalty" if self.penalized else kind
+        kind = "penalty" if self.penalized else "guided " if self.guided else kind
         tau = "–" if self.served_tau is None else f"{self.served_tau:.2f}"
         out = [f"{kind} {verdict:<24} tau={tau}{seed}  {self.prompt[:40]!r}"]
         if self.lengths is not None:
@@ -169,15 +177,21 @@ class Certificate:
     sampling: SamplingCheck | None = None
     coupled: list[GreedyCheck] = field(default_factory=list)  # seeded, Gumbel-coupled samples
     penalized: list[GreedyCheck] = field(default_factory=list)  # greedy under PENALIZED
+    guided: list[GreedyCheck] = field(default_factory=list)  # greedy under GUIDED
     untested: list[str] = field(default_factory=list)  # what this certificate does not cover
 
     @property
     def passed(self) -> bool:
         sampling_ok = self.sampling is None or self.sampling.passed
-        return sampling_ok and all(g.passed for g in self.greedy + self.coupled + self.penalized)
+        return sampling_ok and all(g.passed for g in self.texts)
+
+    @property
+    def texts(self) -> list[GreedyCheck]:
+        """Every served text held to the target alone's."""
+        return self.greedy + self.coupled + self.penalized + self.guided
 
     def lines(self) -> list[str]:
-        out = [line for check in self.greedy + self.coupled + self.penalized for line in check.lines()]
+        out = [line for check in self.texts for line in check.lines()]
         if self.sampling is not None:
             out += self.sampling.lines()
         out += [f"not tested: {what}" for what in self.untested]
@@ -329,13 +343,19 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
     judge = GreedyJudge(config.target)  # the checkpoint in torch, loaded at the first difference
     unreadable = False  # a reference text holds U+FFFD, which text cannot tell apart
 
-    def check(prompt: str, sampling: SamplingParams) -> GreedyCheck:
-        """The served text of `prompt` under `sampling` against the target alone's, audited where
-        they differ."""
+    def check(prompt: str, sampling: SamplingParams, guide: Guide | None = None) -> GreedyCheck:
+        """The served text of `prompt` under `sampling` (and `guide`) against the target alone's,
+        audited where they differ."""
         nonlocal unreadable
-        served = generate(url, model, prompt, GenerateParams.of(sampling, max_tokens), api_key=api_key)
+        params = GenerateParams.of(sampling, max_tokens)
+        compiled = grammar = None
+        if guide is not None:
+            params = dataclasses.replace(params, guide=(guide.kind, guide.text))
+            compiled = reference.guides.compile(guide)
+            grammar = GuideState(compiled, reference.end_ids, reference.target.vocab_size)
+        served = generate(url, model, prompt, params, api_key=api_key)
         prompt_ids = tokenizer.encode(prompt)
-        expected = reference.decoder.generate(prompt_ids, max_tokens, sampling).token_ids
+        expected = reference.decoder.generate(prompt_ids, max_tokens, sampling, guide=compiled).token_ids
         if text_only:
             text = streamed_text(tokenizer, expected, reference.end_ids)
             unreadable |= "\ufffd" in text
@@ -344,7 +364,8 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
             got, want = served.token_ids, expected
         diff = _first_difference(got, want)
         result = GreedyCheck(prompt, diff is None, diff, served.tau, "character" if text_only else "token",
-                             seed=None if sampling.greedy else sampling.seed, penalized=sampling.penalized)
+                             seed=None if sampling.greedy else sampling.seed, penalized=sampling.penalized,
+                             guided=guide is not None)
         # ids only: a text leaves the end id's text out, so a near-tie at an end id reads as a prefix
         if not text_only and parted_by_length(got, want):
             result.lengths = (len(got), len(want))
@@ -352,7 +373,7 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
             served_ids = tokenizer.encode(served.text) if text_only else served.token_ids
             if served_ids:
                 start = shared_prefix(served_ids, expected)  # the target alone's own tokens before
-                result.audit = judge.audit(prompt_ids, served_ids, sampling, start)
+                result.audit = judge.audit(prompt_ids, served_ids, sampling, start, grammar)
         return result
 
     cert.greedy = [check(prompt, SamplingParams()) for prompt in prompts]
@@ -363,6 +384,10 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         cert.penalized = [check(prompt, PENALIZED) for prompt in prompts]
     except ClientError as exc:  # a server that refuses them (TensorRT-LLM's defaults-only inputs once)
         cert.untested.append(f"greedy texts under penalties: the server refused them ({exc})")
+    try:
+        cert.guided = [check(prompt, SamplingParams(), GUIDED) for prompt in prompts]
+    except ClientError as exc:  # a server without guided decoding
+        cert.untested.append(f"greedy texts under a guide: the server refused it ({exc})")
     cert.untested.append("logit_bias and min_p (penalties are tested greedy, at presence "
                          f"{PENALIZED.presence_penalty:g}, frequency {PENALIZED.frequency_penalty:g}, "
                          f"repetition {PENALIZED.repetition_penalty:g})")
