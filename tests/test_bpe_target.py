@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import re
 import shutil
 import urllib.request
 
@@ -23,6 +24,8 @@ from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
+from trtspec.spec.decoder import SpeculativeDecoder
+from trtspec.spec.grammar import Guide
 from trtspec.tokenizer import ByteTokenizer
 from trtspec.triton.request import TextStream
 
@@ -108,6 +111,21 @@ def test_speculative_decoding_ends_where_generate_ends(checkpoint, pipeline, tok
         endings.append(got[-1] if got[-1] in ends else None)
     # the prompts end on generation_config's other ends too, not only on the tokenizer's
     assert {checkpoint[1][END_OF_TEXT], checkpoint[1][EOM]} & set(endings), endings
+
+
+def test_a_guide_holds_the_text_over_a_hugging_face_tokenizer(pipeline, tokenizer):
+    """Guided decoding with XGrammar's tokenizer info read from a byte-level BPE `tokenizer.json`
+    (multi-byte pieces, specials, a model vocabulary padded past the tokenizer's): the text keeps
+    to the guide, and the draft model's speculation gives the guided target alone's text."""
+    regex = r"[a-z ]{1,12}[.]"  # at most 13 characters: every text ends within MAX_TOKENS
+    compiled = pipeline.guides.compile(Guide("regex", regex))
+    alone = SpeculativeDecoder(pipeline.target, None, pipeline.end_ids)
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt).input_ids
+        want = alone.generate(ids, MAX_TOKENS, guide=compiled).token_ids
+        assert pipeline.decoder.generate(ids, MAX_TOKENS, guide=compiled).token_ids == want, prompt
+        assert want[-1] in pipeline.end_ids and re.fullmatch(regex, tokenizer.decode(want[:-1])), want
+        assert any(len(tokenizer.decode([t])) > 1 for t in want)  # multi-character pieces, not bytes
 
 
 def test_chat_in_process_is_generate_on_the_templates_ids(pipeline, tokenizer):

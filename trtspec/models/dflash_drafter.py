@@ -203,14 +203,18 @@ def propose_block(logits: torch.Tensor, rows: list[DraftRow]) -> Proposal:
     drawn independently from its q under the row's own parameters."""
     tokens, q = choose_tokens(logits, [row.sampling for row in rows], [row.generator for row in rows],
                               [row.position(0) for row in rows])
-    for r, row in enumerate(rows):  # a guided row: slot by slot, each masked after the drafts before it
+    for r, row in enumerate(rows):  # a guided row: slot by slot, each under its guide after the drafts before
         if row.grammar is None:
+            continue
+        if row.sampling.greedy:  # each slot's masked argmax (its q, when kept: one-hot on it)
+            drafts = row.grammar.greedy_block(logits[r], tokens[r].tolist())
+            tokens[r] = torch.tensor(drafts, device=tokens.device)
+            if q is not None:
+                q[r] = torch.nn.functional.one_hot(tokens[r], q.shape[-1]).to(q.dtype)
             continue
         for j in range(logits.shape[1]):
             token, q_j = choose_drafts(logits[r : r + 1, j], [row], j)
-            tokens[r, j] = token[0]
-            if q is not None:  # a greedy row's q: one-hot on its draft, as `choose_tokens` gives it
-                q[r, j] = q_j[0] if q_j is not None else torch.nn.functional.one_hot(token[0], q.shape[-1])
+            tokens[r, j], q[r, j] = token[0], q_j[0]
     return Proposal(tokens=tokens, q_probs=q)
 
 

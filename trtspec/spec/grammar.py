@@ -75,8 +75,8 @@ def _xgrammar():
     return xgrammar
 
 
-def _encoded_vocab(tokenizer: TextTokenizer, vocab_size: int) -> list[bytes]:
-    """Each id's bytes for a byte-level trtspec tokenizer: ids 0-255 are bytes, the specials are
+def _byte_vocab(vocab_size: int) -> list[bytes]:
+    """Each id's bytes for trtspec's byte-level tokenizer: ids 0-255 are bytes, the specials are
     empty (XGrammar never allows an empty token, save the stop tokens)."""
     return [bytes((i,)) if i < 256 else b"" for i in range(vocab_size)]
 
@@ -87,12 +87,12 @@ class GuideCompiler:
     def __init__(self, tokenizer: TextTokenizer, vocab_size: int, end_ids: Iterable[int]):
         xgr = _xgrammar()
         end_ids = sorted(end_ids)
-        hf = getattr(tokenizer, "hf", None)
+        hf = getattr(tokenizer, "hf", None)  # `HFTokenizer`'s; else trtspec's byte-level one
         if hf is not None:
             info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=end_ids)
         else:
-            info = xgr.TokenizerInfo(_encoded_vocab(tokenizer, vocab_size), xgr.VocabType.RAW,
-                                     vocab_size=vocab_size, stop_token_ids=end_ids)
+            info = xgr.TokenizerInfo(_byte_vocab(vocab_size), xgr.VocabType.RAW, vocab_size=vocab_size,
+                                     stop_token_ids=end_ids)
         self.vocab_size = vocab_size
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         self.compile = functools.lru_cache(maxsize=COMPILED_CACHE)(self._compile)
@@ -128,6 +128,8 @@ class GuideState:
         self._xgr = xgr
         self.vocab_size = vocab_size
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=sorted(end_ids))
+        # special ids no text holds: refused here, as XGrammar would, without its warning per call
+        self._special = frozenset(compiled.tokenizer_info.special_token_ids) - frozenset(end_ids)
         self._drafted = 0  # drafts of the proposal under way the matcher took (`take_draft`)
         self._draft_over = False  # a draft it refused, or an end id: the rest go unguided
 
@@ -140,11 +142,34 @@ class GuideState:
         self._xgr.apply_token_bitmask_inplace(logits[None], bitmask.to(logits.device),
                                               vocab_size=self.vocab_size)
 
+    def greedy_draft(self, logits: torch.Tensor, argmax: int) -> int:
+        """The argmax of the next draft's logits [V] under the guide, taken: `argmax` (of the
+        unmasked logits) itself when the guide allows it, the masked argmax being it then; else the
+        argmax of the masked logits (a copy). One matcher step for most drafts instead of a mask."""
+        return self.greedy_block(logits[None], [argmax])[0]
+
+    def greedy_block(self, block: torch.Tensor, argmaxes: list[int]) -> list[int]:
+        """`greedy_draft` for a block's slots one after another: each slot's draft under the guide
+        after the drafts before it.  block [k, V], argmaxes: each slot's unmasked argmax -> [k]"""
+        drafts = list(argmaxes)
+        for j, argmax in enumerate(argmaxes):
+            if self._draft_over:
+                break
+            if self._accept(argmax):
+                self._drafted += 1
+                self._draft_over = self.matcher.is_terminated()
+                continue
+            masked = block[j].clone()
+            self.mask_draft(masked)
+            drafts[j] = int(masked.argmax())
+            self.take_draft(drafts[j])
+        return drafts
+
     def take_draft(self, token: int) -> None:
         """Advance past a draft, so the next one is masked after it (`end_drafts` rolls them back)."""
         if self._draft_over:
             return
-        if not self.matcher.accept_token(token):  # refused: what follows it is never verified
+        if not self._accept(token):  # refused: what follows it is never verified
             self._draft_over = True
             return
         self._drafted += 1
@@ -155,6 +180,10 @@ class GuideState:
         if self._drafted:
             self.matcher.rollback(self._drafted)
         self._drafted, self._draft_over = 0, False
+
+    def _accept(self, token: int) -> bool:
+        """Move the matcher past `token` if the guide allows it there."""
+        return token not in self._special and self.matcher.accept_token(token)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Take emitted tokens. Each was allowed by the mask it was chosen under (an end id ends
@@ -186,7 +215,7 @@ class GuideState:
         `node`'s path), and leave it there. A refused draft, or an end id, ends its branch."""
         matcher = self.matcher
         for child in children[node]:
-            if not matcher.accept_token(tokens[child - 1]):
+            if not self._accept(tokens[child - 1]):
                 continue  # p(token) = 0: never accepted, its subtree never reached
             if not matcher.is_terminated():  # an end id ends the request: nothing follows it
                 matcher.fill_next_token_bitmask(bitmask, child)
@@ -196,18 +225,23 @@ class GuideState:
 
 def choose_drafts(logits: torch.Tensor, rows: Sequence, depth: int
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`choose_tokens` for one drafting step of `rows` (`DraftRow`s): a guided row's logits are masked
-    by its guide after its drafts so far, and the draft it gets is taken.  logits [R, V] (not
-    written) -> tokens [R], q [R, V] or None (`choose_tokens`)."""
+    """`choose_tokens` for one drafting step of `rows` (`DraftRow`s), each guided row's draft chosen
+    under its guide after its drafts so far, and taken: a sampling row's logits are masked first (q
+    is the masked law), a greedy row's draft is the masked argmax (`GuideState.greedy_draft`).
+    logits [R, V] (not written) -> tokens [R], q [R, V] or None (`choose_tokens`)."""
     from trtspec.spec.sampling import choose_tokens
 
     guided = [r for r, row in enumerate(rows) if row.grammar is not None]
-    if guided:
+    sampled = [r for r in guided if not rows[r].sampling.greedy]
+    if sampled:
         logits = logits.clone()
-        for r in guided:
+        for r in sampled:
             rows[r].grammar.mask_draft(logits[r])
     tokens, q = choose_tokens(logits, [row.sampling for row in rows], [row.generator for row in rows],
                               [row.position(depth) for row in rows])
     for r in guided:
-        rows[r].grammar.take_draft(int(tokens[r]))
+        if r in sampled:
+            rows[r].grammar.take_draft(int(tokens[r]))
+        else:
+            tokens[r] = rows[r].grammar.greedy_draft(logits[r], int(tokens[r]))
     return tokens, q
