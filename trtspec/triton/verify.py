@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -207,10 +208,11 @@ def _first_difference(a, b) -> int | None:
 
 
 @torch.inference_mode()
-def exact_joint(model, prompt: list[int], sampling: SamplingParams,
-                steps: int) -> dict[tuple[int, ...], float]:
+def exact_joint(model, prompt: list[int], sampling: SamplingParams, steps: int,
+                allowed: Callable[[list[int]], torch.Tensor] | None = None) -> dict[tuple[int, ...], float]:
     """Exact joint law of generated tokens 1..steps under the processed target distribution, walked
-    over its top-k tree: each path of `steps` ids -> its probability."""
+    over its top-k tree: each path of `steps` ids -> its probability. `allowed`: a guide's tokens
+    after the generated ones (a [V] bool mask), applied before temperature, as the decoder does."""
     joint: dict[tuple[int, ...], float] = {}
 
     def walk(prefix: list[int], prob: float) -> None:
@@ -218,6 +220,8 @@ def exact_joint(model, prompt: list[int], sampling: SamplingParams,
             joint[tuple(prefix)] = prob
             return
         logits = model(torch.tensor([prompt + prefix])).logits[0, -1]  # [V]
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed(prefix), float("-inf"))
         p = probs_from_logits(penalized(logits, sampling, prompt, prefix), sampling)
         for tok in torch.nonzero(p).flatten().tolist():
             walk(prefix + [tok], prob * p[tok].item())
@@ -235,9 +239,10 @@ def marginals(joint: dict[tuple[int, ...], float], steps: int) -> list[dict[int,
     return laws
 
 
-def exact_marginals(model, prompt: list[int], sampling: SamplingParams, steps: int) -> list[dict[int, float]]:
-    """Exact law of generated tokens 1..steps under the processed target distribution."""
-    return marginals(exact_joint(model, prompt, sampling, steps), steps)
+def exact_marginals(model, prompt: list[int], sampling: SamplingParams, steps: int,
+                    allowed: Callable[[list[int]], torch.Tensor] | None = None) -> list[dict[int, float]]:
+    """Exact law of generated tokens 1..steps under the processed target distribution (`exact_joint`)."""
+    return marginals(exact_joint(model, prompt, sampling, steps, allowed), steps)
 
 
 def text_law(joint: dict[tuple[int, ...], float], tokenizer, end_ids) -> dict[str, float]:
