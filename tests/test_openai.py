@@ -432,6 +432,15 @@ BAD = [
     ("completions", {"response_format": {"type": "regex", "regex": "[0-9"}}, "response_format"),
     ("completions", {"response_format": {"type": "regex", "pattern": "a"}}, "response_format.pattern"),
     ("completions", {"response_format": {"type": "json_object"}, "min_tokens": 2}, "min_tokens"),
+    # vLLM's structured outputs: one field, one kind, the model's refusal named as the request named it
+    ("completions", {"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+    ("completions", {"structured_outputs": {}}, "structured_outputs"),
+    ("completions", {"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+    ("completions", {"structured_outputs": {"whitespace_pattern": " "}},
+     "structured_outputs.whitespace_pattern"),
+    ("completions", {"guided_choice": []}, "guided_choice"),
+    ("completions", {"guided_grammar": "root ::= missing"}, "guided_grammar"),
+    ("chat/completions", {"structured_outputs": {"json": 5}}, "structured_outputs.json"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
     ("chat/completions", {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ("chat/completions", {"chat_template_kwargs": {"add_generation_prompt": False}},
@@ -1306,6 +1315,21 @@ def test_response_format_is_the_guided_targets_own_text(served, pipeline):
     got = _trtllm_request(served, guided_decoding_guide_type=np.array([b"regex"], dtype=object),
                           guided_decoding_guide=np.array([regex.encode()], dtype=object))
     assert got.text == want
+    # vLLM's structured_outputs and its older guided_* fields
+    choices = ["yes", 'no "way"', "café"]
+    for body, guide in (({"structured_outputs": {"regex": regex}}, formats[1][1]),
+                        ({"guided_regex": regex}, formats[1][1]),
+                        ({"structured_outputs": {"json": schema}}, formats[0][1]),
+                        ({"guided_json": json.dumps(schema)}, formats[0][1]),
+                        ({"guided_grammar": ebnf}, formats[2][1]),
+                        ({"structured_outputs": {"json_object": True}}, formats[3][1])):
+        got = client.completions.create(model="trtspec", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                        extra_body=body)
+        assert got.choices[0].text == pipeline.generate(prompt, MAX_TOKENS, guide=guide)[0], body
+    for body in ({"structured_outputs": {"choice": choices}}, {"guided_choice": choices}):
+        got = client.chat.completions.create(model="trtspec", messages=[{"role": "user", "content": prompt}],
+                                             max_tokens=MAX_TOKENS, temperature=0, extra_body=body)
+        assert got.choices[0].message.content in choices and got.choices[0].finish_reason == "stop"
     # trtspec generate --url openai:// sends its guide as response_format
     for args, guide in ((["--guide-type", "regex", "--guide", regex], formats[1][1]),
                         (["--guide-type", "json_schema", "--guide", json.dumps(schema)], formats[0][1])):

@@ -38,6 +38,7 @@ from trtspec.openai.protocol import (
     check_chat,
     check_completion,
     check_messages,
+    guide_field,
     guide_of,
     logit_bias_pairs,
     logprobs_wanted,
@@ -121,7 +122,7 @@ class Frontend:
                          frequency_penalty=req.frequency_penalty or 0.0,
                          repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                          logit_bias=logit_bias_pairs(req.logit_bias, model.vocab_size),
-                         guide=guide_of(req.response_format))
+                         guide=guide_of(req))
         return gen, prompt_ids
 
     def check_model(self, name: str | None, required: bool = True) -> None:
@@ -394,8 +395,9 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                 runs.append(_Run(seeded, prompt_ids, j, body, echo, model.tokenizer.decode, included))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
+        guide = guide_field(req)  # a guide the model refuses is named as the request named it
         if not req.stream:
-            return await _whole(request, front, runs, rid, created, chat)
+            return await _whole(request, front, runs, rid, created, chat, guide)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and req.stream_options.continuous_usage_stats
         streams = [triton.generate(run.gen) for run in runs]
@@ -413,7 +415,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             for steps in streams:
                 await steps.aclose()
             if isinstance(refused, TritonError):
-                raise _triton_error(refused) from None
+                raise _triton_error(refused, guide) from None
             raise refused
         events = _events(firsts, streams, runs, rid, created, model.name, chat, include_usage, continuous)
         return ClosingStreamingResponse(events, media_type="text/event-stream",
@@ -422,17 +424,19 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     return app
 
 
-def _triton_error(exc: TritonError) -> ApiError:
+def _triton_error(exc: TritonError, guide: str | None = None) -> ApiError:
+    """The model's refusal as an OpenAI error; `guide`: the field that asked for a structured output,
+    named where the model names its guided_decoding_guide."""
     if exc.unavailable:
         return ApiError(str(exc), status=503, kind="server_error", code="unavailable")
     message = str(exc)
-    if "guided_decoding_guide" in message:  # the model's name for what came as response_format
-        return ApiError(message.replace("guided_decoding_guide", "response_format", 1), "response_format",
-                        code="invalid_value")
+    if guide is not None and "guided_decoding_guide" in message:  # the model's name for it
+        return ApiError(message.replace("guided_decoding_guide", guide, 1), guide, code="invalid_value")
     return ApiError(message, code="invalid_value")
 
 
-async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, created: int, chat: bool):
+async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, created: int, chat: bool,
+                 guide: str | None = None):
     """One response with a choice per prompt, their Triton requests in flight together."""
     async def collect(run: _Run) -> str:
         text = ""
@@ -444,7 +448,7 @@ async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, 
     try:
         texts = await _unless_gone(request, asyncio.gather(*each))
     except TritonError as exc:
-        raise _triton_error(exc) from None
+        raise _triton_error(exc, guide) from None
     finally:
         for one in each:  # one prompt refused: the others' Triton requests end too
             one.cancel()

@@ -94,6 +94,14 @@ class _Common(_Forbid):
                                          '"json_object", "json_schema" (with "json_schema": {"name", '
                                          '"schema"}), or TensorRT-LLM\'s "regex" (with "regex") and "ebnf" '
                                          '(with "ebnf")')
+    structured_outputs: dict | None = Field(None, description='vLLM\'s: one of "json" (a schema), "regex", '
+                                            '"choice" (a list of strings), "grammar" (EBNF), "json_object": '
+                                            'true')
+    guided_json: dict | str | None = Field(None, description="vLLM's older name for structured_outputs.json")
+    guided_regex: str | None = Field(None, description="vLLM's older name for structured_outputs.regex")
+    guided_choice: list[str] | None = Field(None, description="vLLM's older name for "
+                                            "structured_outputs.choice")
+    guided_grammar: str | None = Field(None, description="vLLM's older name for structured_outputs.grammar")
 
 
 class CompletionRequest(_Common):
@@ -252,10 +260,10 @@ def check_common(req: _Common, vocab_size: int) -> None:
         raise ApiError(f"Invalid 'repetition_penalty': {req.repetition_penalty}; expected a number > 0 "
                        "(1: none).", "repetition_penalty", code="invalid_value")
     logit_bias_pairs(req.logit_bias, vocab_size)
-    guide = guide_of(req.response_format)
+    guide = guide_of(req)
     if guide is not None and req.min_tokens:
-        raise ApiError("'min_tokens' cannot be combined with 'response_format': the format decides where the "
-                       "text may end.", "min_tokens", code="invalid_value")
+        raise ApiError("'min_tokens' cannot be combined with a structured output: the format decides where "
+                       "the text may end.", "min_tokens", code="invalid_value")
     if req.temperature is not None and not (math.isfinite(req.temperature) and 0 <= req.temperature <= 2):
         raise ApiError(f"Invalid 'temperature': {req.temperature}; expected a number in [0, 2].",
                        "temperature", code="invalid_value")
@@ -396,12 +404,80 @@ RESPONSE_FORMATS = {"json_object": ("json", None), "json_schema": ("json_schema"
                     "ebnf": ("ebnf_grammar", "ebnf")}
 
 
-def guide_of(response_format: dict | None) -> tuple[str, str] | None:
-    """response_format as a guide (TensorRT-LLM's guided_decoding_guide_type, guided_decoding_guide):
-    OpenAI's json_object and json_schema, TensorRT-LLM's json (a bare "schema"), regex and ebnf; None
-    for text. An ApiError names what is wrong."""
-    if response_format is None:
+STRUCTURED_OUTPUTS = ("json", "regex", "choice", "grammar", "json_object")  # vLLM's kinds
+GUIDE_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                "guided_grammar")
+
+
+def _guide_fields(req: _Common) -> dict:
+    """The request's fields that ask for a structured output, by name (response_format: not text)."""
+    given = {name: getattr(req, name) for name in GUIDE_FIELDS}
+    return {name: value for name, value in given.items()
+            if value is not None and not (name == "response_format" and value == {"type": "text"})}
+
+
+def guide_field(req: _Common) -> str | None:
+    """The field that asked for the request's structured output (None: plain text)."""
+    return next(iter(_guide_fields(req)), None)
+
+
+def guide_of(req: _Common) -> tuple[str, str] | None:
+    """The request's structured output as a guide (TensorRT-LLM's guided_decoding_guide_type and
+    guided_decoding_guide), from whichever one field asks for it: response_format, vLLM's
+    structured_outputs or its older guided_json / guided_regex / guided_choice / guided_grammar. None:
+    plain text. An ApiError names what is wrong."""
+    given = _guide_fields(req)
+    if len(given) > 1:
+        first, second = list(given)[:2]
+        raise ApiError(f"'{first}' and '{second}' both ask for a structured output; give one.", second,
+                       code="invalid_value")
+    if not given:
         return None
+    name, value = next(iter(given.items()))
+    if name == "response_format":
+        return _response_format_guide(value)
+    if name == "structured_outputs":
+        kinds = [k for k in value if k in STRUCTURED_OUTPUTS]
+        other = sorted(set(value) - set(STRUCTURED_OUTPUTS))
+        if other:
+            raise ApiError(f"Unsupported field in 'structured_outputs': {other[0]!r}; trtspec takes one of "
+                           f"{', '.join(STRUCTURED_OUTPUTS)}.", f"structured_outputs.{other[0]}",
+                           code="invalid_value")
+        if len(kinds) != 1:
+            raise ApiError(f"'structured_outputs' needs exactly one of {', '.join(STRUCTURED_OUTPUTS)}.",
+                           "structured_outputs", code="invalid_value")
+        name, value = f"structured_outputs.{kinds[0]}", value[kinds[0]]
+    return _vllm_guide(name, value)
+
+
+def _vllm_guide(param: str, value) -> tuple[str, str]:
+    """One of vLLM's structured outputs (`param` ends in its kind) as a guide."""
+    kind = param.rsplit(".", 1)[-1].removeprefix("guided_")
+    if kind == "json_object":
+        if value is not True:
+            raise ApiError(f"'{param}' must be true.", param, code="invalid_value")
+        return "json", ""
+    if kind == "json":
+        if isinstance(value, dict):
+            return "json_schema", json.dumps(value)
+        if isinstance(value, str) and value:
+            return "json_schema", value
+        raise ApiError(f"'{param}' must be a JSON schema (an object or its text).", param,
+                       code="invalid_value")
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise ApiError(f"'{param}' must be a non-empty list of non-empty strings.", param,
+                           code="invalid_value")
+        # a grammar whose one rule is the choices, each a quoted literal (JSON's escapes are GBNF's)
+        return "ebnf_grammar", "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value)
+    if not isinstance(value, str) or not value:
+        raise ApiError(f"'{param}' must be a non-empty string.", param, code="invalid_value")
+    return ("regex" if kind == "regex" else "ebnf_grammar"), value
+
+
+def _response_format_guide(response_format: dict) -> tuple[str, str] | None:
+    """response_format as a guide: OpenAI's json_object and json_schema, TensorRT-LLM's json (a bare
+    "schema"), regex and ebnf."""
     kind = response_format.get("type")
     if kind == "text":
         return None
