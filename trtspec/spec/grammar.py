@@ -242,6 +242,8 @@ def choose_drafts(logits: torch.Tensor, rows: Sequence, depth: int
     for r in guided:
         if r in sampled:
             rows[r].grammar.take_draft(int(tokens[r]))
-        else:
-            tokens[r] = rows[r].grammar.greedy_draft(logits[r], int(tokens[r]))
+            continue
+        tokens[r] = rows[r].grammar.greedy_draft(logits[r], int(tokens[r]))
+        if q is not None:  # a greedy row's q beside sampling rows: one-hot on its draft, as choose_tokens's
+            q[r] = torch.nn.functional.one_hot(tokens[r], q.shape[-1]).to(q.dtype)
     return tokens, q
