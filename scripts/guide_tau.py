@@ -7,6 +7,7 @@ prompt by prompt: the target alone and speculation, each guided and unguided, an
 the pooled tokens/s.
 
     python scripts/guide_tau.py build_configs/tiny-dflash.yaml --prompts 4
+    python scripts/guide_tau.py build_configs/tiny-dflash.yaml --concurrency 8   # all prompts 8 at a time
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from trtspec.config import ScheduleConfig, load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.runtime import configure_threads
-from trtspec.spec.decoder import SpeculativeDecoder
+from trtspec.spec.decoder import Request, SpeculativeDecoder
 from trtspec.spec.grammar import Guide
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}, "steps": {"type": "string"}},
@@ -31,19 +32,32 @@ REGEX = {  # each task's answers in the shape the tiny target writes them
 }
 
 
+def _guides(task: str) -> dict[str, Guide | None]:
+    return {"unguided": None, "json": Guide("json"), "json_schema": Guide("json_schema", json.dumps(SCHEMA)),
+            "regex": Guide("regex", REGEX[task])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", help="build config of the target and drafter")
     parser.add_argument("--tasks", default="code,math,chat", help="held-out prompt sets")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per task")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per request")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="R > 1: each guide's requests served R at a time (continuous batching), the "
+                             "target alone and speculation one after the other")
+    parser.add_argument("--schedule", choices=("full", "config"), default="full",
+                        help="whole blocks, or the config's drafter.schedule (adaptive: the cost model "
+                             "picks k)")
     args = parser.parse_args()
 
     config = load_build_config(args.config)
     configure_threads(config)
     pipeline = load_pipeline(config)
-    spec = pipeline.decoder_for(1, ScheduleConfig(mode="full"))
-    alone = SpeculativeDecoder(spec.target, None, spec.end_ids)
+    schedule = ScheduleConfig(mode="full") if args.schedule == "full" else None  # None: the config's
+    # no prefix reuse: each prompt runs once per guide, and a reused prefill would favour the later ones
+    spec = pipeline.decoder_for(args.concurrency, schedule, prefix_reuse=False)
+    alone = SpeculativeDecoder(spec.target, None, spec.end_ids, max_slots=args.concurrency)
     ways = {"target alone": alone, "speculation": spec}
     kinds = ("unguided", "json", "json_schema", "regex")
     totals = {(way, kind): [0, 0, 0.0] for way in ways for kind in kinds}  # tokens, forwards, seconds
@@ -51,12 +65,9 @@ def main() -> None:
     prompts = [(task, p) for task in args.tasks.split(",") for p in load_prompts(task)[: args.prompts]]
     spec.generate(pipeline.tokenizer.encode(prompts[0][1]), 16)  # one untimed run each
     alone.generate(pipeline.tokenizer.encode(prompts[0][1]), 16)
-    for task, prompt in prompts:
+    for task, prompt in prompts if args.concurrency == 1 else ():
         ids = pipeline.tokenizer.encode(prompt)
-        guides = {"unguided": None, "json": Guide("json"),
-                  "json_schema": Guide("json_schema", json.dumps(SCHEMA)),
-                  "regex": Guide("regex", REGEX[task])}
-        for kind, guide in guides.items():
+        for kind, guide in _guides(task).items():
             compiled = None if guide is None else pipeline.guides.compile(guide)
             texts = {}
             for way, decoder in ways.items():
@@ -71,8 +82,27 @@ def main() -> None:
             assert texts["speculation"] == texts["target alone"], (prompt, kind)
             if guide is not None:
                 ended[kind] += result.finish_reason == "stop"
-    print(f"{len(prompts)} prompts, {args.max_tokens} tokens each; guided texts that ended (the rest hit "
-          f"max_tokens): {', '.join(f'{k} {n}' for k, n in ended.items())}")
+    for kind in kinds if args.concurrency > 1 else ():
+        requests = []
+        for task, prompt in prompts:
+            guide = _guides(task)[kind]
+            requests.append(Request(pipeline.tokenizer.encode(prompt), args.max_tokens,
+                                    guide=None if guide is None else pipeline.guides.compile(guide)))
+        texts = {}
+        for way, decoder in ways.items():
+            start = time.perf_counter()
+            results = decoder.generate_batch(requests)
+            total = totals[way, kind]
+            total[2] += time.perf_counter() - start
+            total[0] += sum(len(r.token_ids) for r in results)
+            total[1] += sum(r.num_target_calls for r in results)
+            texts[way] = [r.token_ids for r in results]
+        assert texts["speculation"] == texts["target alone"], kind
+        if kind != "unguided":
+            ended[kind] += sum(r.finish_reason == "stop" for r in results)
+    print(f"R = {args.concurrency}, schedule {spec.schedule.mode}; {len(prompts)} prompts, {args.max_tokens} "
+          "tokens each; guided texts that "
+          f"ended (the rest hit max_tokens): {', '.join(f'{k} {n}' for k, n in ended.items())}")
     print("| guide | τ | speculation tokens/s | target alone tokens/s | speedup |")
     print("|---|---:|---:|---:|---:|")
     for kind in kinds:

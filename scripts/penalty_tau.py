@@ -35,7 +35,8 @@ def main() -> None:
     config = load_build_config(args.config)
     configure_threads(config)
     pipeline = load_pipeline(config)
-    spec = pipeline.decoder_for(1, ScheduleConfig(mode="full"))
+    # no prefix reuse: each prompt runs twice, and a reused prefill would favour the penalized run
+    spec = pipeline.decoder_for(1, ScheduleConfig(mode="full"), prefix_reuse=False)
     alone = SpeculativeDecoder(spec.target, None, spec.end_ids)
     penalized = SamplingParams(presence_penalty=args.presence, frequency_penalty=args.frequency,
                                repetition_penalty=args.repetition)
