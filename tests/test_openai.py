@@ -823,8 +823,11 @@ def test_generate_and_bench_cli_over_openai(served, pipeline, tmp_path, monkeypa
     remote = json.loads((tmp_path / "results.json").read_text())["remote"]
     assert remote["endpoint"] == "chat" and set(remote["levels"]) == {"1", "2"}
     for row in remote["levels"].values():
-        assert row["tokens"] > 4 and row["tau"] > 1 and 0 < row["ttft_ms"] < 1e3 * row["wall_s"]
+        assert row["tokens"] > 4 and row["tau"] >= 1 and 0 < row["ttft_ms"] < 1e3 * row["wall_s"]
         assert row["per_user_tokens_per_s"] == pytest.approx(1e3 / row["itl_ms"], rel=0.01)
+    # drafts reached the table: at one level at least (the shared server's adaptive schedule, which
+    # learns from every earlier request, can leave one level plain; run after the 400s alone, it did)
+    assert max(row["tau"] for row in remote["levels"].values()) > 1
     # sampled: each prompt seeded, the server's coupling verifying
     result = CliRunner().invoke(main, ["bench", "--url", served.url, "--tasks", "math", "--prompts", "2",
                                        "--max-tokens", "24", "--temperature", "1", "--seed", "40",
