@@ -461,25 +461,21 @@ class SpeculativeDecoder:
                                 plain_rows, context, prompt)
 
     @staticmethod
-    def _penalize(logits: torch.Tensor, rows: list[_Live], fed: torch.Tensor | None = None,
-                  tree: DraftTree | None = None) -> None:
-        """Logit bias and penalties (`spec.penalties`) of the rows that ask for them, each position
-        after the committed tokens and the drafts on its path.  logits [R, s, V], one row per request;
-        fed [R, ≥ s]: each row's last token, then its drafts (or tree nodes); None: s = 1."""
+    def _along_paths(logits: torch.Tensor, rows: list[_Live], fed: torch.Tensor | None = None,
+                     tree: DraftTree | None = None) -> None:
+        """What a row's request asks of p at each position after the committed tokens and the drafts
+        on its path: logit bias and penalties (`spec.penalties`), then its guide's mask
+        (`spec.grammar`).  logits [R, s, V], one row per request; fed [R, ≥ s]: each row's last token,
+        then its drafts (or tree nodes); None: s = 1."""
         for r, lv in enumerate(rows):
+            if lv.penalties is None and lv.grammar is None:
+                continue
+            drafts = None if fed is None else fed[r, 1:]
+            parents = None if tree is None else tree.row_parents(r)
             if lv.penalties is not None:
-                lv.penalties.apply(logits[r], None if fed is None else fed[r, 1:],
-                                   None if tree is None else tree.row_parents(r))
-
-    @staticmethod
-    def _constrain(logits: torch.Tensor, rows: list[_Live], fed: torch.Tensor | None = None,
-                   tree: DraftTree | None = None) -> None:
-        """The guides (`spec.grammar`) of the rows that have one, each position after the committed
-        tokens and the drafts on its path.  logits [R, s, V]; fed [R, ≥ s] as `_penalize`'s."""
-        for r, lv in enumerate(rows):
+                lv.penalties.apply(logits[r], drafts, parents)
             if lv.grammar is not None:
-                lv.grammar.mask(logits[r], None if fed is None else fed[r, 1:],
-                                None if tree is None else tree.row_parents(r))
+                lv.grammar.mask(logits[r], drafts, parents)
 
     def _ban_end(self, logits: torch.Tensor, rows: list[_Live], tree: DraftTree | None = None) -> None:
         """No end id may be emitted before a request's min_new_tokens: they are removed from p at
@@ -736,8 +732,7 @@ class SpeculativeDecoder:
         if new:
             first_logits = out.logits[first_at]  # [N, V]
             raw = self._wanting_logprobs(first_logits[:, None], new)  # before the min_tokens ban
-            self._penalize(first_logits[:, None], new)
-            self._constrain(first_logits[:, None], new)
+            self._along_paths(first_logits[:, None], new)
             self._ban_end(first_logits[:, None], new)
             first, _ = choose_tokens(first_logits, [lv.request.sampling for lv in new],
                                      [lv.generator for lv in new], [len(lv.request.prompt) for lv in new])
@@ -767,8 +762,7 @@ class SpeculativeDecoder:
             # the position each row's logits row 0 predicts (Gumbel-coupled rows key their noise by it)
             positions = [len(lv.committed) for lv in running]
             if plan.tree is None:
-                self._penalize(logits, running, plan.fed)
-                self._constrain(logits, running, plan.fed)
+                self._along_paths(logits, running, plan.fed)
                 self._ban_end(logits, running)
                 q = None if plan.q is None else plan.q[:, :width]
                 lens = torch.tensor(lengths, device=device)
@@ -777,8 +771,7 @@ class SpeculativeDecoder:
                 accepted = verdict.num_accepted.tolist()  # the step's one host sync
                 paths = [list(range(a + 1)) for a in accepted]
             else:
-                self._penalize(logits, running, plan.fed, plan.tree)
-                self._constrain(logits, running, plan.fed, plan.tree)
+                self._along_paths(logits, running, plan.fed, plan.tree)
                 self._ban_end(logits, running, plan.tree)
                 verdict = self.verifier.verify_tree(plan.tree, logits, params, generators, positions)
                 accepted = verdict.num_accepted.tolist()  # the step's one host sync
