@@ -21,7 +21,7 @@ import numpy as np
 from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
 
-from trtspec.triton.client import PENALTY_DEFAULTS
+from trtspec.triton.client import PENALTY_DEFAULTS, guide_arrays
 
 # how long an answered stream call may take to end by itself before it is cancelled after all
 END_WAIT_S = 5.0
@@ -89,9 +89,7 @@ class Generation:
         if self.logit_bias:
             arrays["logit_bias_ids"] = np.array([t for t, _ in self.logit_bias], dtype=np.int32)
             arrays["logit_bias_values"] = np.array([b for _, b in self.logit_bias], dtype=np.float32)
-        if self.guide is not None:
-            arrays["guided_decoding_guide_type"] = np.array([self.guide[0].encode()], dtype=np.object_)
-            arrays["guided_decoding_guide"] = np.array([self.guide[1].encode("utf-8")], dtype=np.object_)
+        arrays |= guide_arrays(self.guide)
         if self.logprobs is not None:
             arrays["return_log_probs"] = np.array([True], dtype=bool)
             if self.logprobs:

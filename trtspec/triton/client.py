@@ -208,10 +208,16 @@ def grpc_inputs(prompt: str | bytes, params: GenerateParams) -> list:
         arrays[name] = np.array([value], dtype=np.float32)
     if params.stop_words:
         arrays["stop_words"] = np.array([w.encode("utf-8") for w in params.stop_words], dtype=np.object_)
-    if params.guide is not None:
-        arrays["guided_decoding_guide_type"] = np.array([params.guide[0].encode()], dtype=np.object_)
-        arrays["guided_decoding_guide"] = np.array([params.guide[1].encode("utf-8")], dtype=np.object_)
+    arrays |= guide_arrays(params.guide)
     return [array_input(InferInput, name, value) for name, value in arrays.items()]
+
+
+def guide_arrays(guide: tuple[str, str] | None) -> dict[str, np.ndarray]:
+    """A guide (its type and text) as TensorRT-LLM's guided_decoding inputs; none: no inputs."""
+    if guide is None:
+        return {}
+    return {"guided_decoding_guide_type": np.array([guide[0].encode()], dtype=np.object_),
+            "guided_decoding_guide": np.array([guide[1].encode("utf-8")], dtype=np.object_)}
 
 
 def array_input(cls, name: str, value: np.ndarray):
