@@ -193,10 +193,11 @@ def tritonserver_pids(marker: str) -> list[int]:
 
 
 @contextlib.contextmanager
-def serve_cli(build_dir: Path, key: str | None = None, avoid: tuple[int, ...] = ()):
-    """`trtspec serve BUILD_DIR` itself (the CLI, in a subprocess) on free loopback ports, none of
-    `avoid` (a server starting beside it has not bound its own yet), with an OpenAI frontend (and API
-    key); stopped by SIGTERM, which must end it cleanly: exit 0 and no tritonserver left behind."""
+def serve_cli(build_dir: Path, key: str | None = None, avoid: tuple[int, ...] = (),
+              args: tuple[str, ...] = ()):
+    """`trtspec serve BUILD_DIR [ARGS]` itself (the CLI, in a subprocess) on free loopback ports, none
+    of `avoid` (a server starting beside it has not bound its own yet), with an OpenAI frontend (and
+    API key); stopped by SIGTERM, which must end it cleanly: exit 0 and no tritonserver left behind."""
     from trtspec.triton.server import Ports, free_port
 
     ports, openai_port = Ports.free(), free_port()
@@ -206,7 +207,7 @@ def serve_cli(build_dir: Path, key: str | None = None, avoid: tuple[int, ...] = 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "trtspec.cli", "serve", str(build_dir), "--http-port", str(ports.http),
                "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--openai-port",
-               str(openai_port)] + (["--api-key", key] if key else [])
+               str(openai_port), *args] + (["--api-key", key] if key else [])
     with open(log, "w") as err:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=env)
     try:

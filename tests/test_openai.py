@@ -95,12 +95,13 @@ def biased(tmp_path_factory):
 def served(tmp_path_factory, biased):
     """`trtspec serve` itself (the CLI, in a subprocess) with an API key on loopback ports; it
     samples with Gumbel coupling (`sampling.coupling: gumbel`, test_triton's server with rejection).
-    `biased`'s server starts beside it."""
+    `biased`'s server starts beside it. Tool calls under tool_choice auto are found in hermes' format."""
     out = tmp_path_factory.mktemp("openai-build")
     yaml = out.parent / "openai-gumbel.yaml"
     yaml.write_text(CONFIG.read_text() + "sampling:\n  coupling: gumbel\n")
     assert CliRunner().invoke(main, ["build", str(yaml), "--out", str(out)]).exit_code == 0
-    with serve_cli(out, KEY, avoid=dataclasses.astuple(biased[0].ports)) as served:
+    with serve_cli(out, KEY, avoid=dataclasses.astuple(biased[0].ports),
+                   args=("--tool-call-parser", "hermes")) as served:
         yield served
 
 
@@ -390,6 +391,11 @@ def test_a_streamed_request_whose_client_left_while_queued_never_decodes(served)
 
 
 GOOD_COMPLETION = {"model": "trtspec", "prompt": "Q: 1 + 2\nA:", "max_tokens": 4}
+ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+       "required": ["a", "b"]}
+ECHO = {"type": "object", "properties": {"text": {"type": "string", "maxLength": 12}}, "required": ["text"]}
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b", "parameters": ADD}},
+         {"type": "function", "function": {"name": "echo", "parameters": ECHO}}]
 GOOD_CHAT = {"model": "trtspec", "messages": [{"role": "user", "content": "1 + 2"}], "max_tokens": 4}
 BAD = [
     ("completions", {"n": 0}, "n"),
@@ -420,8 +426,22 @@ BAD = [
     ("completions", {"min_tokens": 9}, "min_tokens"),
     ("completions", {"stream_options": {"bogus": True}}, "stream_options.bogus"),
     ("chat/completions", {"messages": []}, "messages"),
-    ("chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
-    ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("chat/completions", {"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
+    # tool calling (tests/test_tools.py has the rest): a tool message answers a call, a guided choice
+    # takes no other format, a schema the frontend cannot compile, a function's name the model refuses
+    ("chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+    ("chat/completions", {"tools": [{"type": "retrieval"}], "tool_choice": "required"}, "tools[0].type"),
+    ("chat/completions", {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "sub"}}},
+     "tool_choice.function.name"),
+    ("chat/completions", {"tools": TOOLS, "tool_choice": "required",
+                          "response_format": {"type": "json_object"}}, "response_format"),
+    ("chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "[0-9"}}}}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools[0].function.parameters"),
+    ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"enum": ["x" * 70000]}}}}}],  # a guide over 65,536 characters
+        "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools[0].function.parameters"),
     ("chat/completions", {"max_completion_tokens": 5000}, "max_completion_tokens"),
     # alone (GOOD_CHAT's max_tokens dropped), 0 generated to the end of the context
     ("chat/completions", {"max_tokens": None, "max_completion_tokens": 0}, "max_completion_tokens"),
@@ -1370,3 +1390,101 @@ def test_penalties_and_logit_bias_are_the_targets_own_under_them(served, pipelin
                           logit_bias_ids=np.array([ord("e"), ord(" ")], dtype=np.int32),
                           logit_bias_values=np.array([-5, 1.5], dtype=np.float32))
     assert got.token_ids == want
+
+
+def _tool_answer(client, stream: bool, **ask) -> tuple[dict, str]:
+    """A chat answer's message (tool calls' ids dropped) and finish_reason; streamed, its deltas merged
+    as a client merges them, each call's first delta checked to carry its id, type and name."""
+    got = client.chat.completions.create(model="trtspec", messages=[{"role": "user", "content": "482 + 356"}],
+                                         max_tokens=64, temperature=0, tools=TOOLS, stream=stream, **ask)
+    if not stream:
+        message = got.choices[0].message.model_dump(exclude_none=True)
+        for call in message.get("tool_calls", ()):
+            assert call.pop("id").startswith("call_")
+        return message, got.choices[0].finish_reason
+    content, calls, finish = "", [], None
+    for chunk in got:
+        if not chunk.choices:
+            continue
+        delta, finish = chunk.choices[0].delta, chunk.choices[0].finish_reason or finish
+        content += delta.content or ""
+        for part in delta.tool_calls or ():
+            if part.index == len(calls):
+                assert part.id.startswith("call_") and part.type == "function" and part.function.name
+                calls.append({"type": "function", "function": {"name": part.function.name, "arguments": ""}})
+            calls[part.index]["function"]["arguments"] += part.function.arguments or ""
+    message = {"role": "assistant", **({"content": content} if content or not calls else {})}
+    return message | ({"tool_calls": calls} if calls else {}), finish
+
+
+def test_tool_calls_are_the_guided_targets_own_text(served, pipeline):
+    """A named function, "required" and "auto" (hermes' format, here forced by a regex of the
+    request's own): each call is what the target alone writes under the same guide, streamed or not,
+    speculation drafting; "none" is the plain chat answer."""
+    from trtspec.openai.tools import tool_plan
+
+    client, prompt = served.client(), "Q: 482 + 356\nA: "
+    named = {"type": "function", "function": {"name": "add"}}
+    want = pipeline.generate(prompt, 64, guide=Guide(*tool_plan(TOOLS, named, None, None).guide))[0]
+    assert set(json.loads(want)) == {"a", "b"}
+    for stream in (False, True):
+        message, finish = _tool_answer(client, stream, tool_choice=named)
+        assert message == {"role": "assistant", "tool_calls": [
+            {"type": "function", "function": {"name": "add", "arguments": want}}]} and finish == "stop"
+    # required, one call: vLLM's array of {name, parameters}; the arguments as json.dumps writes them
+    want = pipeline.generate(prompt, 64, guide=Guide(*tool_plan(TOOLS, "required", False, None).guide))[0]
+    (call,) = json.loads(want)
+    for stream in (False, True):
+        message, finish = _tool_answer(client, stream, tool_choice="required", parallel_tool_calls=False)
+        assert message == {"role": "assistant", "tool_calls": [{"type": "function", "function": {
+            "name": call["name"], "arguments": json.dumps(call["parameters"])}}]} and finish == "tool_calls"
+    regex = (r'Sure\.\n<tool_call>\n\{"name": "add", "arguments": \{"a": [0-9]{1,3}, "b": [0-9]{1,3}\}\}'
+             r'\n</tool_call>')
+    want = pipeline.generate(prompt, 90, guide=Guide("regex", regex))[0]
+    arguments = json.loads(want[want.index("{"): want.rindex("}") + 1])["arguments"]
+    for stream in (False, True):
+        message, finish = _tool_answer(client, stream, max_completion_tokens=90,
+                                       extra_body={"guided_regex": regex})
+        assert message == {"role": "assistant", "content": "Sure.\n", "tool_calls": [
+            {"type": "function", "function": {"name": "add", "arguments": json.dumps(arguments)}}]}
+        assert finish == "tool_calls"
+    text, _ = _chat_expected(pipeline, prompt, 64)
+    for stream in (False, True):
+        answer = _tool_answer(client, stream, tool_choice="none")
+        assert answer == ({"role": "assistant", "content": text}, "stop")
+
+
+def test_without_a_tool_call_parser_auto_is_refused_and_tokenize_shows_the_tools(tmp_path, config):
+    """A frontend whose server has no --tool-call-parser refuses tool_choice auto (the default with
+    tools) by name; /tokenize renders a conversation with tool calls and the tools through the
+    target's chat template (here one that writes them, beside the embedded model's files). Triton
+    is not running: both answers come from the frontend alone."""
+    from trtspec.openai.model_info import served_model
+
+    target = tmp_path / "target"
+    target.mkdir()
+    for path in config.target.resolved_path.iterdir():
+        if path.name != "chat_template.jinja":
+            (target / path.name).symlink_to(path)
+    (target / "chat_template.jinja").write_text(
+        "{% for tool in tools or [] %}{{ tool.function.name }}: {{ tool.function.parameters | tojson }}\n"
+        "{% endfor %}{% for m in messages %}{{ m.role }}: {{ m.content }}{% for c in m.tool_calls or [] %}"
+        "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}\n{% endfor %}")
+    local = config.model_copy(update={"target": config.target.model_copy(update={"path": str(target)})})
+    nowhere = f"127.0.0.1:{free_port()}"
+    frontend = OpenAIFrontend(served_model(local), nowhere, "127.0.0.1", free_port()).start()
+    try:
+        status, body = _post(f"{frontend.url}/v1/chat/completions", {**GOOD_CHAT, "tools": TOOLS}, None)
+        assert status == 400 and body["error"]["param"] == "tool_choice"
+        assert "--tool-call-parser" in body["error"]["message"]
+        messages = [{"role": "user", "content": "1 + 2"},
+                    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                     "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "3"}]
+        status, body = _post(f"{frontend.url}/tokenize", {"messages": messages, "tools": TOOLS}, None)
+        assert status == 200, body
+        text = bytes(body["tokens"]).decode()
+        assert text == (f"add: {json.dumps(ADD)}\necho: {json.dumps(ECHO)}\n"
+                        'user: 1 + 2\nassistant: add{"a": 1, "b": 2}\ntool: 3\n'), text
+    finally:
+        frontend.stop()

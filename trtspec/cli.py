@@ -927,8 +927,13 @@ def build(config_path, out_dir, flavour=None) -> None:
 @click.option("--api-key", envvar="TRTSPEC_API_KEY", default=None,
               help="Require `Authorization: Bearer KEY` on the OpenAI API, and header `admin-key: KEY` on "
                    "Triton's admin APIs (env TRTSPEC_API_KEY).")
+@click.option("--tool-call-parser", type=click.Choice(("hermes",)), default=None,
+              help="How the OpenAI API finds tool calls in the model's text under tool_choice \"auto\" (the "
+                   "default with tools; hermes: <tool_call>{...}</tool_call>, Qwen2.5's and Qwen3's). "
+                   "Without it auto is refused; \"required\" and named functions need none.")
 @run_errors
-def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_openai, api_key) -> None:
+def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_openai, api_key,
+          tool_call_parser) -> None:
     """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel,
     and an OpenAI-compatible API beside it, until Ctrl-C or SIGTERM. Prints `serving …` once the
     server and its models are ready."""
@@ -965,7 +970,7 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
         server.start()
         urls, why_not = f"{server.http_url} {server.grpc_url} {server.metrics_url}", None
         if not no_openai:
-            frontend, why_not = start_openai_frontend(server, openai_port, api_key)
+            frontend, why_not = start_openai_frontend(server, openai_port, api_key, tool_call_parser)
             urls += f" {frontend.url}/v1" if frontend else ""
         click.echo(f"serving {server.repo}: {urls}", err=True)
         if why_not:

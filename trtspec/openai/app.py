@@ -46,6 +46,7 @@ from trtspec.openai.protocol import (
     stop_list,
 )
 from trtspec.openai.stops import StopTrimmer
+from trtspec.openai.tools import ToolParser, ToolPlan, check_tools, merge_deltas, tool_plan
 from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
 from trtspec.spec.coupling import fresh_seed
 from trtspec.triton.request import produced_chars
@@ -67,9 +68,10 @@ class Frontend:
         self.model, self.triton = model, triton
 
     def generation(self, req, prompt: str | list[int], chat: bool, default_max: int | None,
-                   param: str) -> tuple[Generation, list[int]]:
+                   param: str, tools: ToolPlan | None = None) -> tuple[Generation, list[int]]:
         """The Triton request for `req` on `prompt` (text, or token ids sent as they are), and the
-        prompt's token ids. `param`: the request parameter that holds the prompt."""
+        prompt's token ids. `param`: the request parameter that holds the prompt; `tools`: the chat
+        request's tool calling, whose guide (named, required) is the request's."""
         model = self.model
         specials = (not chat) if req.add_special_tokens is None else req.add_special_tokens
         prompt_ids = prompt if isinstance(prompt, list) else model.encode(prompt, specials)
@@ -122,7 +124,7 @@ class Frontend:
                          frequency_penalty=req.frequency_penalty or 0.0,
                          repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                          logit_bias=logit_bias_pairs(req.logit_bias, model.vocab_size),
-                         guide=guide_of(req))
+                         guide=tools.guide if tools is not None and tools.guide else guide_of(req))
         return gen, prompt_ids
 
     def check_model(self, name: str | None, required: bool = True) -> None:
@@ -174,7 +176,8 @@ class _Run:
 
     def __init__(self, gen: Generation, prompt_ids: list[int], sample: int = 0,
                  logprobs: LogprobsBody | None = None, echo: str | None = None,
-                 decode: Callable[[list[int]], str] | None = None, include: tuple[str, ...] = ()):
+                 decode: Callable[[list[int]], str] | None = None, include: tuple[str, ...] = (),
+                 tools: ToolPlan | None = None):
         self.gen, self.prompt_ids, self.prompt_tokens = gen, prompt_ids, len(prompt_ids)
         self.sample = sample  # j of the prompt's n choices
         self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)), protected=None if gen.min_tokens else 0,
@@ -189,6 +192,7 @@ class _Run:
         self.echo = echo  # the prompt's text, owed before the first text (echo)
         if logprobs is not None and echo is not None:  # the completion's offsets count from its end
             logprobs.prompt = (len(prompt_ids), len(echo))
+        self.tools = None if tools is None else ToolParser(tools)  # the text as content and tool calls
 
     def take(self, step) -> str:
         self.completion_tokens += len(step.ids)
@@ -225,10 +229,18 @@ class _Run:
 
     def finish_reason(self) -> str:
         if self.trimmer.stopped:
-            return "stop"  # a stop sequence
-        if self.finish is not None:  # the model's: an end id on the last allowed token is a stop
-            return self.finish
-        return "stop" if self.completion_tokens < self.gen.max_tokens else "length"
+            reason = "stop"  # a stop sequence
+        elif self.finish is not None:  # the model's: an end id on the last allowed token is a stop
+            reason = self.finish
+        else:
+            reason = "stop" if self.completion_tokens < self.gen.max_tokens else "length"
+        return reason if self.tools is None else self.tools.finish_reason(reason)
+
+    def deltas(self, text: str, final: bool) -> list[dict]:
+        """A chat choice's new text as message deltas: content, or tool calls found in it."""
+        if self.tools is None:
+            return [{"content": text}] if text else []
+        return self.tools.push(text) + (self.tools.finish() if final else [])
 
     def figures(self) -> dict:
         return {"accepted_tokens": self.accepted, "draft_tokens": self.drafted,
@@ -324,14 +336,16 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     async def chat_completions(request: Request):
         req = parse(ChatRequest, await body_of(request))
         front.check_model(req.model)
-        prompt = render_chat(check_chat(req, model.vocab_size), req.chat_template_kwargs)
-        return await respond(request, req, [prompt], True, None)
+        messages = check_chat(req, model.vocab_size)
+        tools = check_tools(req, model.tool_parser)
+        prompt = render_chat(messages, req.chat_template_kwargs, None if tools is None else tools.tools)
+        return await respond(request, req, [prompt], True, None, tools)
 
-    def render_chat(messages: list[dict], variables: dict | None) -> str:
+    def render_chat(messages: list[dict], variables: dict | None, tools: list[dict] | None = None) -> str:
         if model.chat is None:
             raise ApiError(f"model `{model.name}` has no chat template; use /v1/completions", "messages")
         try:
-            return model.chat.render(messages, **(variables or {}))
+            return model.chat.render(messages, **({"tools": tools} if tools else {}), **(variables or {}))
         except Exception as exc:  # noqa: BLE001 - a template's raise_exception or a rendering error
             raise ApiError(f"the chat template refused the messages: {exc}", "messages") from None
 
@@ -348,7 +362,8 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                                "opens the assistant's turn.", "add_generation_prompt",
                                code="unsupported_value")
             variables = req.chat_template_kwargs
-            text = render_chat(check_messages(req.messages, variables), variables)
+            tools = tool_plan(req.tools, "none", None, None)  # checked as chat checks them
+            text = render_chat(check_messages(req.messages, variables), variables, tools and tools.tools)
             specials = bool(req.add_special_tokens)
         else:
             text, specials = req.prompt, req.add_special_tokens is not False
@@ -376,12 +391,12 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                 "chat_template": None if model.chat is None else model.chat.text}
 
     async def respond(request: Request, req, prompts: list[str | list[int]], chat: bool,
-                      default_max: int | None):
+                      default_max: int | None, tools: ToolPlan | None = None):
         runs = []  # a choice per prompt and sample, index = prompt × n + sample (vLLM's order)
         drawn = None  # a sampled request without a seed gets one, reported in `trtspec.seed`
         for i, prompt in enumerate(prompts):
             param = "messages" if chat else "prompt" if len(prompts) == 1 else f"prompt[{i}]"
-            gen, prompt_ids = front.generation(req, prompt, chat, default_max, param)
+            gen, prompt_ids = front.generation(req, prompt, chat, default_max, param, tools)
             if gen.seed is None and gen.temperature > 0:
                 drawn = fresh_seed() if drawn is None else drawn
                 gen = dataclasses.replace(gen, seed=drawn)
@@ -392,10 +407,11 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                 seeded = gen if gen.seed is None else dataclasses.replace(gen, seed=(gen.seed + j) % 2**64)
                 body = None if gen.logprobs is None else LogprobsBody(model.tokenizer, chat)
                 included = tuple(stop_list(req.stop)) if req.include_stop_str_in_output else ()
-                runs.append(_Run(seeded, prompt_ids, j, body, echo, model.tokenizer.decode, included))
+                runs.append(_Run(seeded, prompt_ids, j, body, echo, model.tokenizer.decode, included, tools))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
-        guide = guide_field(req)  # a guide the model refuses is named as the request named it
+        # a guide the model refuses is named as the request named it
+        guide = tools.param if tools is not None and tools.guide else guide_field(req)
         if not req.stream:
             return await _whole(request, front, runs, rid, created, chat, guide)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -456,7 +472,7 @@ async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, 
     for i, (run, text) in enumerate(zip(runs, texts, strict=True)):
         finish, logprobs = run.finish_reason(), run.logprobs_body()
         if chat:
-            message = {"role": "assistant", "content": text}
+            message = merge_deltas(run.deltas(text, final=True))
             choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
         else:
             choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish})
@@ -516,9 +532,9 @@ async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], 
                           "total_tokens": run.prompt_tokens + run.completion_tokens}}
 
     def chunk(i: int, text: str | None, finish: str | None, role: bool = False, extra: dict | None = None,
-              logprobs: dict | None = None) -> bytes:
+              logprobs: dict | None = None, delta: dict | None = None) -> bytes:
         if chat:
-            delta = {} if text is None else {"content": text}
+            delta = delta if delta is not None else {} if text is None else {"content": text}
             if role:
                 delta = {"role": "assistant", "content": ""}
             choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -536,7 +552,11 @@ async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], 
             run = runs[i]
             text = run.take(step)
             logprobs = run.logprobs_body()  # this step's tokens', also when their text is held back
-            if text or logprobs:
+            if chat:  # content, or tool calls; a step's log-probabilities ride on its first delta
+                for delta in run.deltas(text, step.final) or ([{}] if logprobs else []):
+                    yield chunk(i, None, None, logprobs=logprobs, delta=delta)
+                    logprobs = None
+            elif text or logprobs:
                 yield chunk(i, text, None, logprobs=logprobs)
             if step.final:
                 figures = {"trtspec": _figures(runs, i)}

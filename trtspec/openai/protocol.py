@@ -126,10 +126,14 @@ class ContentPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # what an SDK message dumped whole holds; checked in check_chat
 
-    role: str = Field(description="system, developer, user or assistant")
-    content: str | list[ContentPart] | None = Field(None, description="text, or a list of text parts")
+    role: str = Field(description="system, developer, user, assistant or tool")
+    content: str | list[ContentPart] | None = Field(None, description="text, or a list of text parts (an "
+                                                    "assistant's with tool_calls may be null)")
     name: str | None = Field(None, description="the participant's name, given to the chat template as vLLM "
                              "gives it (most templates leave it out)")
+    tool_calls: list | None = Field(None, description="an assistant's tool calls: [{id, type: function, "
+                                    "function: {name, arguments}}], arguments a JSON object's text")
+    tool_call_id: str | None = Field(None, description="a tool message's: the call it answers")
 
 
 class ChatRequest(_Common):
@@ -139,9 +143,11 @@ class ChatRequest(_Common):
                                   "distribution)")
     top_logprobs: int | None = Field(None, description=f"with logprobs: the 0 to {MAX_TOP_LOGPROBS} most "
                                      "likely tokens at each position too")
-    tools: list | None = Field(None, description="only empty: no tool calling")
-    tool_choice: Any = Field(None, description='only "none" / null')
-    parallel_tool_calls: bool | None = Field(None, description="accepted without tools")
+    tools: list | None = Field(None, description="functions the model may call: [{type: function, function: "
+                               "{name, description, parameters}}] (trtspec.openai.tools)")
+    tool_choice: Any = Field(None, description='"none", "auto" (the default with tools; needs the server\'s '
+                             '--tool-call-parser), "required", or {"type": "function", "function": {"name"}}')
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call")
     metadata: dict | None = Field(None, description="accepted, not used")
     store: bool | None = Field(None, description="accepted, nothing is stored")
     service_tier: str | None = Field(None, description="accepted, one tier")
@@ -322,7 +328,7 @@ def check_completion(req: CompletionRequest, vocab_size: int) -> list[str | list
     return prompts
 
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 # what rendering a chat template sets itself: a request's chat_template_kwargs may not
 TEMPLATE_ARGUMENTS = frozenset({"messages", "conversation", "tools", "documents", "add_generation_prompt",
                                 "continue_final_message", "tokenize", "chat_template", "return_dict"})
@@ -335,10 +341,6 @@ def check_chat(req: ChatRequest, vocab_size: int) -> list[dict]:
             and req.max_tokens != req.max_completion_tokens:
         raise ApiError("'max_tokens' and 'max_completion_tokens' disagree; give one.",
                        "max_completion_tokens")
-    if req.tools:
-        raise _refuse("tools", f"{len(req.tools)} tools", "no tool calling")
-    if req.tool_choice not in (None, "none"):
-        raise _refuse("tool_choice", req.tool_choice, "no tool calling")
     _check_top(req.top_logprobs, "top_logprobs")
     if req.top_logprobs and not req.logprobs:
         raise ApiError("'top_logprobs' needs 'logprobs': true.", "top_logprobs", code="invalid_value")
@@ -361,7 +363,7 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
         if msg.role not in ROLES:
             raise ApiError(f"Invalid value for 'messages[{i}].role': {msg.role!r}; expected one of "
                            f"{', '.join(ROLES)}.", f"messages[{i}].role", code="invalid_value")
-        # a field the client sends empty (an SDK message dumped whole: refusal, tool_calls, audio,
+        # a field the client sends empty (an SDK message dumped whole: refusal, function_call, audio,
         # annotations … null) is absent; one with a value is not served
         extra = sorted(key for key, value in (msg.model_extra or {}).items() if value not in (None, [], {}))
         if extra:
@@ -370,12 +372,49 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
         if isinstance(content, list):  # text parts one a line, as vLLM and trtllm-serve join them
             content = "\n".join(_part_text(part, f"messages[{i}].content", k)
                                  for k, part in enumerate(content))
-        if content is None:
+        message = {"role": "system" if msg.role == "developer" else msg.role, "content": content}
+        if msg.tool_calls:
+            if msg.role != "assistant":
+                raise ApiError(f"'messages[{i}].tool_calls' belongs to an assistant message, not a "
+                               f"{msg.role!r} one.", f"messages[{i}].tool_calls", code="invalid_value")
+            message |= {"content": content or "", "tool_calls": _tool_calls(msg.tool_calls, i)}
+        elif content is None:
             raise ApiError(f"'messages[{i}].content' is required.", f"messages[{i}].content",
                            code="invalid_value")
-        message = {"role": "system" if msg.role == "developer" else msg.role, "content": content}
+        if msg.role == "tool":
+            if msg.tool_call_id is None:
+                raise ApiError(f"Missing required parameter: 'messages[{i}].tool_call_id'.",
+                               f"messages[{i}].tool_call_id", code="missing_required_parameter")
+            message["tool_call_id"] = msg.tool_call_id
+        elif msg.tool_call_id is not None:
+            raise ApiError(f"'messages[{i}].tool_call_id' belongs to a tool message, not a {msg.role!r} one.",
+                           f"messages[{i}].tool_call_id", code="invalid_value")
         messages.append(message if msg.name is None else {**message, "name": msg.name})
     return messages
+
+
+def _tool_calls(calls: list, i: int) -> list[dict]:
+    """An assistant message's tool calls for the chat template: each call's arguments as the object
+    its JSON text holds (as vLLM gives them; templates write them with `tojson`)."""
+    out = []
+    for k, call in enumerate(calls):
+        where = f"messages[{i}].tool_calls[{k}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ApiError(f"Invalid '{where}': expected {{\"id\", \"type\": \"function\", \"function\": "
+                           "{\"name\", \"arguments\"}}.", where, code="invalid_value")
+        arguments = function.get("arguments", "{}")
+        try:
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError as exc:
+            raise ApiError(f"Invalid '{where}.function.arguments': not JSON ({exc}).",
+                           f"{where}.function.arguments", code="invalid_value") from None
+        if not isinstance(arguments, dict):
+            raise ApiError(f"Invalid '{where}.function.arguments': expected a JSON object's text.",
+                           f"{where}.function.arguments", code="invalid_value")
+        out.append({"id": call.get("id"), "type": "function",
+                    "function": {"name": function["name"], "arguments": arguments}})
+    return out
 
 
 def _part_text(part: ContentPart, param: str, k: int) -> str:
@@ -539,6 +578,7 @@ class TokenizeRequest(_Forbid):
     add_special_tokens: bool | None = Field(None, description="default true for a prompt, false for messages")
     add_generation_prompt: bool | None = Field(True, description="only true: the assistant's turn is opened")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="variables for the chat template")
+    tools: list | None = Field(None, description="with messages: tools the chat template shows, as chat's")
     return_token_strs: bool | None = Field(False, description="also each token's text")
 
 

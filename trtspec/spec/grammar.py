@@ -114,9 +114,24 @@ class GuideCompiler:
                 return c.compile_regex(guide.text)
             return c.compile_grammar(guide.text)
         except Exception as exc:  # noqa: BLE001 - XGrammar raises RuntimeError/ValueError with its reason
-            # its C++ check's time and source line ("[15:41:02] /project/cpp/x.cc:94: ") name nothing
-            reason = re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", " ".join(str(exc).split()))
-            raise GuideError(f"the {guide.kind} guide does not compile: {reason}") from None
+            raise GuideError(f"the {guide.kind} guide does not compile: {_reason(exc)}") from None
+
+
+def _reason(exc: Exception) -> str:
+    """XGrammar's error without its C++ check's time and source line ("[15:41:02] /project/cpp/x.cc:94: "),
+    which name nothing."""
+    return re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", " ".join(str(exc).split()))
+
+
+def compact_json_grammar(schema: dict) -> str:
+    """An ebnf_grammar guide's text for JSON that follows `schema`, written compactly as
+    `json.dumps` writes it (", " and ": " between items, no other whitespace; XGrammar's conversion
+    with any_whitespace off). A json_schema guide allows any whitespace between tokens, which a model
+    can fill without end."""
+    try:
+        return str(_xgrammar().Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
+    except Exception as exc:  # noqa: BLE001 - XGrammar raises RuntimeError/ValueError with its reason
+        raise GuideError(f"the JSON schema does not compile: {_reason(exc)}") from None
 
 
 class GuideState:

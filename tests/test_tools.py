@@ -1,0 +1,234 @@
+"""Tool calling's pieces without a server (`trtspec.openai.tools`): the parser's deltas, streamed in
+random pieces, merge to the whole answer's message; a required array's objects and hermes blocks
+become calls; the guides are compact JSON of the tools' schemas; refusals name their parameter;
+conversations with tool calls reach a chat template as vLLM gives them. Served tool calls are in
+test_openai (the guided target's own text)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import xgrammar as xgr
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from trtspec.openai.protocol import ApiError, ChatRequest, check_messages, parse
+from trtspec.openai.tools import ToolParser, check_tools, merge_deltas, tool_plan
+
+ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+       "required": ["a", "b"]}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "array", "items":
+           {"type": "integer"}}}, "required": ["city"]}
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b", "parameters": ADD}},
+         {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+
+
+def _pieces(text: str, rng: random.Random) -> list[str]:
+    """`text` cut at random places (a decode step's text each)."""
+    cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1))) if len(text) > 1 else []
+    return [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
+def _message(plan, pieces: list[str]) -> tuple[dict, list[dict], ToolParser]:
+    parser = ToolParser(plan)
+    deltas = [d for piece in pieces for d in parser.push(piece)] + parser.finish()
+    return merge_deltas(deltas), deltas, parser
+
+
+def _calls(message: dict) -> list[tuple[str, dict]]:
+    calls = message.get("tool_calls", ())
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+HERMES = [  # text, content, calls
+    ('Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n<tool_call>\n'
+     '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n', "Sure.\n",
+     [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Oslo"})]),
+    ("no call here  \n", "no call here  \n", []),
+    ("  \n", "  \n", []),  # whitespace alone is a text without calls
+    ("a < b and <tool_c", "a < b and <tool_c", []),  # a tail that began a tag, at the end
+    ('<tool_call>{"name": "add"', '<tool_call>{"name": "add"', []),  # unclosed, not JSON
+    ('<tool_call>{"name": "add", "arguments": {"a": 1}}', None, [("add", {"a": 1})]),  # cut after JSON
+    ("<tool_call>not json</tool_call> then", "<tool_call>not json</tool_call> then", []),
+    ('<tool_call>{"name": 5}</tool_call>', '<tool_call>{"name": 5}</tool_call>', []),  # not a call's shape
+    ('x\n<tool_call>{"name": "add", "arguments": {}}</tool_call>\n  y \n', "x\n\n  y \n", [("add", {})]),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "</tool_call>"}}</tool_call>',
+     '<tool_call>{"name": "get_weather", "arguments": {"city": "</tool_call>"}}</tool_call>', []),
+]
+
+
+@pytest.mark.parametrize("text, content, calls", HERMES, ids=range(len(HERMES)))
+def test_hermes_text_becomes_content_and_calls_however_it_is_cut(text, content, calls):
+    plan = tool_plan(TOOLS, "auto", None, "hermes")
+    whole, _, parser = _message(plan, [text])
+    assert (whole["content"], _calls(whole)) == (content, calls)
+    assert parser.finish_reason("stop") == ("tool_calls" if calls else "stop")
+    assert parser.finish_reason("length") == "length"
+    rng = random.Random(len(text))
+    for _ in range(40):
+        streamed, deltas, _ = _message(plan, _pieces(text, rng))
+        assert (streamed["content"], _calls(streamed)) == (content, calls)
+        first = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+        assert [d["index"] for d in first] == list(range(len(calls)))  # each call once, whole, in order
+        assert all(d["id"].startswith("call_") and d["type"] == "function" for d in first)
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    text = HERMES[0][0]
+    message, _, _ = _message(tool_plan(TOOLS, "auto", False, "hermes"), [text])
+    assert _calls(message) == [("add", {"a": 1, "b": 2})] and message["content"] == "Sure.\n"
+
+
+def _random_value(rng: random.Random, depth: int = 0):
+    kind = rng.choice(["int", "str", "list", "dict"] if depth < 3 else ["int", "str"])
+    if kind == "int":
+        return rng.randint(-999, 999)
+    if kind == "str":  # brackets, quotes and escapes inside strings must not end an object
+        return "".join(rng.choice('ab{}[]",\\:\n é') for _ in range(rng.randint(0, 8)))
+    if kind == "list":
+        return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {f"k{i}": _random_value(rng, depth + 1) for i in range(rng.randint(0, 3))}
+
+
+def test_a_required_array_becomes_its_calls_however_it_is_cut():
+    plan = tool_plan(TOOLS, "required", None, None)
+    rng = random.Random(7)
+    for _ in range(60):
+        calls = [(rng.choice(["add", "get_weather"]), {f"k{i}": _random_value(rng, 1) for i in range(3)})
+                 for _ in range(rng.randint(1, 4))]
+        text = json.dumps([{"name": n, "parameters": p} for n, p in calls], indent=rng.choice([None, 1]))
+        message, deltas, parser = _message(plan, _pieces(text, rng))
+        assert _calls(message) == calls and message["content"] is None
+        assert [c["function"]["arguments"] for c in message["tool_calls"]] == \
+            [json.dumps(p, ensure_ascii=False) for _, p in calls]
+        assert parser.finish_reason("stop") == "tool_calls"
+    cut = '[{"name": "add", "parameters": {"a": 1, "b": 2}}, {"name": "add", "param'  # max_tokens ran out
+    message, _, _ = _message(plan, _pieces(cut, rng))
+    assert _calls(message) == [("add", {"a": 1, "b": 2})] and message["content"] == '{"name": "add", "param'
+
+
+def test_a_named_call_streams_its_arguments_as_they_come():
+    plan = tool_plan(TOOLS, {"type": "function", "function": {"name": "get_weather"}}, None, None)
+    text = '{"city": "Oslo", "days": [1, 2]}'
+    message, deltas, parser = _message(plan, _pieces(text, random.Random(1)))
+    assert message["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": text}
+    assert message["content"] is None and len(deltas) > 1
+    assert deltas[0]["tool_calls"][0]["id"] and all("id" not in d["tool_calls"][0] for d in deltas[1:])
+    assert parser.finish_reason("stop") == "stop"  # as OpenAI answers a forced function
+    assert plan.param == "tools[1].function.parameters"
+
+
+def _matcher(grammar: str) -> xgr.GrammarMatcher:
+    info = xgr.TokenizerInfo([bytes((i,)) for i in range(256)], xgr.VocabType.RAW, vocab_size=256)
+    return xgr.GrammarMatcher(xgr.GrammarCompiler(info, max_threads=1).compile_grammar(grammar))
+
+
+def _accepts(grammar: str, text: str) -> bool:
+    matcher = _matcher(grammar)
+    return matcher.accept_string(text) and matcher.is_completed()
+
+
+def test_the_guides_are_the_schemas_json_written_compactly():
+    """A named function's guide takes its arguments as json.dumps writes them and nothing padded or
+    off the schema; required's takes an array of {name, parameters} of the tools (one without
+    parallel calls)."""
+    named = tool_plan(TOOLS, {"type": "function", "function": {"name": "add"}}, None, None).guide
+    assert named[0] == "ebnf_grammar"
+    assert _accepts(named[1], json.dumps({"a": 3, "b": -41}))
+    for off in (json.dumps({"a": 3, "b": -41}, indent=1), '{"a": 3,  "b": 1}', '{"a": 3}',
+                '{"a": "3", "b": 1}', json.dumps({"a": 3, "b": 1}, separators=(",", ":"))):
+        assert not _accepts(named[1], off), off
+    required = tool_plan(TOOLS, "required", None, None).guide[1]
+    one, two = {"name": "add", "parameters": {"a": 1, "b": 2}}, {"name": "get_weather", "parameters":
+                                                                   {"city": "Oslo", "days": [3]}}
+    assert _accepts(required, json.dumps([one])) and _accepts(required, json.dumps([one, two]))
+    assert not _accepts(required, "[]") and not _accepts(required, json.dumps([{**one, "name": "sub"}]))
+    assert not _accepts(required, json.dumps([{"name": "add", "parameters": {"city": "x"}}]))
+    single = tool_plan(TOOLS, "required", False, None).guide[1]
+    assert _accepts(single, json.dumps([two])) and not _accepts(single, json.dumps([one, two]))
+
+
+BAD_TOOLS = [  # tools, tool_choice, parser, param
+    ([{"type": "retrieval"}], "required", None, "tools[0].type"),
+    ([{"type": "function"}], "required", None, "tools[0].function"),
+    ([{"type": "function", "function": {"name": "a b"}}], "required", None, "tools[0].function.name"),
+    ([TOOLS[0], TOOLS[0]], "required", None, "tools[1].function.name"),
+    ([{"type": "function", "function": {"name": "f", "parameters": []}}], "required", None,
+     "tools[0].function.parameters"),
+    ([{"type": "function", "function": {"name": "f", "params": {}}}], "required", None,
+     "tools[0].function.params"),
+    (TOOLS, {"type": "function", "function": {"name": "sub"}}, None, "tool_choice.function.name"),
+    (TOOLS, "sometimes", None, "tool_choice"),
+    (TOOLS, {"name": "add"}, None, "tool_choice"),
+    (TOOLS, "auto", None, "tool_choice"),  # no --tool-call-parser
+    (TOOLS, None, None, "tool_choice"),  # auto is the default with tools
+    (None, "required", None, "tool_choice"),  # nothing to choose
+    ([TOOLS[0], {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "[0-9"}}}}}], "required", None,
+     "tools[1].function.parameters"),  # a schema XGrammar cannot compile
+]
+
+
+@pytest.mark.parametrize("tools, choice, parser, param", BAD_TOOLS, ids=[b[3] for b in BAD_TOOLS])
+def test_a_bad_tool_request_is_refused_naming_its_parameter(tools, choice, parser, param):
+    with pytest.raises(ApiError) as refused:
+        tool_plan(tools, choice, None, parser)
+    assert refused.value.param == param, refused.value.message
+    assert param.split(".")[0].split("[")[0] in refused.value.message
+
+
+def test_a_guided_tool_choice_takes_no_other_format_nor_min_tokens():
+    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+            "tool_choice": "required"}
+    for extra, param in (({"response_format": {"type": "json_object"}}, "response_format"),
+                         ({"guided_regex": "a"}, "guided_regex"), ({"min_tokens": 3}, "min_tokens")):
+        with pytest.raises(ApiError) as refused:
+            check_tools(parse(ChatRequest, base | extra), None)
+        assert refused.value.param == param
+    # auto leaves the text free: a format of the request's own still applies
+    plan = check_tools(parse(ChatRequest, base | {"tool_choice": "auto", "guided_regex": "a"}), "hermes")
+    assert plan.mode == "auto" and plan.guide is None
+    assert check_tools(parse(ChatRequest, base | {"tools": None, "tool_choice": "none"}), None) is None
+
+
+HERMES_TEMPLATE = (
+    "{% if tools %}# Tools\n{% for tool in tools %}{{ tool.function | tojson }}\n{% endfor %}{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    "{% for call in m.tool_calls or [] %}<tool_call>{\"name\": \"{{ call.function.name }}\", \"arguments\": "
+    "{{ call.function.arguments | tojson }}}</tool_call>{% endfor %}"
+    "{% if m.tool_call_id %} ({{ m.tool_call_id }}){% endif %}{{ '\\n' }}{% endfor %}")
+
+
+def test_a_conversation_with_tool_calls_reaches_the_template_as_vllm_gives_it():
+    """An assistant's tool calls (content null, arguments a JSON object's text) and the tool's answer:
+    the template gets the arguments as an object (so `tojson` writes JSON, not a quoted string) and
+    the tool message's tool_call_id."""
+    arguments = json.dumps({"a": 1, "b": 2})
+    body = {"model": "m", "messages": [
+        {"role": "user", "content": "1 + 2?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"}]}
+    messages = check_messages(parse(ChatRequest, body).messages, None)
+    assert messages[1] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]}
+    assert messages[2] == {"role": "tool", "content": "3", "tool_call_id": "call_1"}
+    text = render_jinja_template([messages], chat_template=HERMES_TEMPLATE, tools=TOOLS)[0][0]
+    assert text.startswith("# Tools\n" + json.dumps(TOOLS[0]["function"]))
+    assert '<assistant><tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>\n' in text
+    assert text.endswith("<tool>3 (call_1)\n")
+    bad = [({"role": "tool", "content": "3"}, "messages[0].tool_call_id"),
+           ({"role": "user", "content": "x", "tool_call_id": "c"}, "messages[0].tool_call_id"),
+           ({"role": "user", "content": "x", "tool_calls": body["messages"][1]["tool_calls"]},
+            "messages[0].tool_calls"),
+           ({"role": "assistant", "tool_calls": [{"function": {"name": "add", "arguments": "{a"}}]},
+            "messages[0].tool_calls[0].function.arguments"),
+           ({"role": "assistant", "tool_calls": [{"function": {"name": "add", "arguments": "[1]"}}]},
+            "messages[0].tool_calls[0].function.arguments"),
+           ({"role": "assistant", "tool_calls": [{"id": "c"}]}, "messages[0].tool_calls[0]"),
+           ({"role": "assistant", "content": None}, "messages[0].content")]
+    for message, param in bad:
+        with pytest.raises(ApiError) as refused:
+            check_messages(parse(ChatRequest, {"model": "m", "messages": [message]}).messages, None)
+        assert refused.value.param == param, (message, refused.value.message)

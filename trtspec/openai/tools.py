@@ -1,0 +1,361 @@
+"""Tool calling on /v1/chat/completions: OpenAI's `tools` and `tool_choice`, as vLLM serves them.
+
+- `tool_choice` names a function: the answer is that function's arguments, guided by its
+  `parameters` schema. The text becomes one tool call.
+- `"required"`: the answer is a JSON array of one or more `{"name", "parameters"}` objects, guided by
+  a schema whose items are any of the tools (vLLM's format; `parallel_tool_calls: false` allows
+  one). Each object becomes a tool call.
+  Both guides are the schema's JSON written compactly, as `json.dumps` writes it: an ebnf_grammar
+  guide XGrammar converts from the schema with any_whitespace off. A json_schema guide allows
+  whitespace between any two tokens, which a model may fill without end (the embedded one does).
+- `"auto"` (the default with tools): the model writes what it likes; the server's tool-call parser
+  (`trtspec serve --tool-call-parser hermes`) finds the calls in its text. Hermes' format,
+  Qwen2.5's and Qwen3's: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+- `"none"`: plain text.
+Every mode gives the tools to the chat template, which shows them to the model.
+
+Guided modes are decoded as any guided request: speculation stays lossless, and the drafts are
+guided too. Streamed and whole answers are built from the same deltas (`ToolParser.push`), so they
+agree: a whole answer is its stream's deltas merged (`merge_deltas`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from trtspec.openai.protocol import ApiError, ChatRequest, guide_field
+from trtspec.spec.grammar import GuideError, compact_json_grammar
+
+TOOL_CALL_PARSERS = ("hermes",)  # trtspec serve --tool-call-parser (cli.py lists them, not importing this)
+MAX_TOOLS = 128  # OpenAI's limit
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's function names
+EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """What a chat request's tools ask of the answer."""
+
+    mode: str  # "none", "auto", "required" or "named"
+    tools: list[dict]  # for the chat template: [{"type": "function", "function": {...}}]
+    name: str | None = None  # the named function
+    guide: tuple[str, str] | None = None  # (guide type, guide) for named and required
+    parallel: bool = True  # more than one call allowed
+    parser: str | None = None  # auto: the server's tool-call parser
+    param: str = "tools"  # where a guided mode's guide comes from, named when the model refuses it
+
+
+def check_tools(req: ChatRequest, parser: str | None) -> ToolPlan | None:
+    """The chat request's tool calling (None: no tools), checked with the rest of the request: a
+    guided tool_choice takes no other structured output and no min_tokens."""
+    plan = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, parser)
+    if plan is not None and plan.guide is not None:
+        other = guide_field(req)
+        if other is not None:
+            raise ApiError(f"'{other}' cannot be combined with tool_choice {plan.mode!r}: the tool calls' "
+                           "format decides the text.", other, code="invalid_value")
+        if req.min_tokens:
+            raise ApiError(f"'min_tokens' cannot be combined with tool_choice {plan.mode!r}: the tool calls' "
+                           "format decides where the text may end.", "min_tokens", code="invalid_value")
+    return plan
+
+
+def tool_plan(tools: list | None, tool_choice, parallel_tool_calls: bool | None,
+              parser: str | None) -> ToolPlan | None:
+    """The request's tool calling, checked (an ApiError names what is wrong); None: no tools asked
+    for. `parser`: the server's tool-call parser (None: `auto` is refused)."""
+    if not tools:
+        if tool_choice not in (None, "none"):
+            raise ApiError("'tool_choice' needs 'tools': there is no tool to choose.", "tool_choice",
+                           code="invalid_value")
+        return None
+    functions = _functions(tools)
+    parallel = parallel_tool_calls is not False
+    if tool_choice is None:
+        tool_choice = "auto"  # OpenAI's default with tools, as vLLM
+    if tool_choice == "none":
+        return ToolPlan("none", tools)
+    if tool_choice == "auto":
+        if parser is None:
+            raise ApiError("'tool_choice'='auto' (the default when 'tools' are sent) needs a server started "
+                           f"with --tool-call-parser ({', '.join(TOOL_CALL_PARSERS)}); this one has none. "
+                           "Send tool_choice 'required', a named function or 'none'.", "tool_choice",
+                           code="unsupported_value")
+        return ToolPlan("auto", tools, parallel=parallel, parser=parser)
+    if tool_choice == "required":
+        for i, parameters in enumerate(functions.values()):  # a schema that does not compile, by name
+            _grammar(parameters, f"tools[{i}].function.parameters")
+        grammar = _grammar(_required_schema(functions, parallel), "tools")
+        return ToolPlan("required", tools, guide=("ebnf_grammar", grammar), parallel=parallel)
+    name = _named(tool_choice)
+    if name not in functions:
+        raise ApiError(f"Invalid 'tool_choice': function {name!r} is not among 'tools' "
+                       f"({', '.join(functions)}).", "tool_choice.function.name", code="invalid_value")
+    where = f"tools[{list(functions).index(name)}].function.parameters"
+    guide = ("ebnf_grammar", _grammar(functions[name], where))
+    return ToolPlan("named", tools, name=name, guide=guide, param=where)
+
+
+def _grammar(schema: dict, param: str) -> str:
+    """The guide of JSON following `schema`, written compactly (json.dumps' separators and no other
+    whitespace: a model may not pad it without end); an ApiError naming `param` if it does not compile."""
+    try:
+        return compact_json_grammar(schema)
+    except GuideError as exc:
+        raise ApiError(f"Invalid '{param}': {exc}.", param, code="invalid_value") from None
+
+
+def _functions(tools: list) -> dict[str, dict]:
+    """The tools' functions, name -> parameters schema; an ApiError names the tool that is wrong."""
+    if len(tools) > MAX_TOOLS:
+        raise ApiError(f"Invalid 'tools': {len(tools)} tools; at most {MAX_TOOLS}.", "tools",
+                       code="invalid_value")
+    functions: dict[str, dict] = {}
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise ApiError(f"Invalid '{where}': expected an object like "
+                           '{"type": "function", "function": {"name": ...}}.', where, code="invalid_type")
+        if tool.get("type") != "function":
+            raise ApiError(f"Invalid '{where}.type': {tool.get('type')!r}; trtspec serves function tools "
+                           "only ('function').", f"{where}.type", code="invalid_value")
+        extra = sorted(set(tool) - {"type", "function"})
+        if extra:
+            raise ApiError(f"Unrecognized field in '{where}': {extra[0]!r}.", f"{where}.{extra[0]}",
+                           code="invalid_value")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise ApiError(f"Missing required parameter: '{where}.function'.", f"{where}.function",
+                           code="missing_required_parameter")
+        extra = sorted(set(function) - {"name", "description", "parameters", "strict"})
+        if extra:
+            raise ApiError(f"Unrecognized field in '{where}.function': {extra[0]!r}.",
+                           f"{where}.function.{extra[0]}", code="invalid_value")
+        name = function.get("name")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ApiError(f"Invalid '{where}.function.name': {name!r}; expected 1 to 64 letters, digits, "
+                           "underscores or dashes.", f"{where}.function.name", code="invalid_value")
+        if name in functions:
+            raise ApiError(f"Invalid '{where}.function.name': {name!r} names an earlier tool too.",
+                           f"{where}.function.name", code="invalid_value")
+        parameters = function.get("parameters", EMPTY_PARAMETERS)
+        if not isinstance(parameters, dict):
+            raise ApiError(f"Invalid '{where}.function.parameters': expected a JSON schema object.",
+                           f"{where}.function.parameters", code="invalid_value")
+        if not isinstance(function.get("description", ""), str):
+            raise ApiError(f"Invalid '{where}.function.description': expected a string.",
+                           f"{where}.function.description", code="invalid_type")
+        functions[name] = parameters
+    return functions
+
+
+def _named(tool_choice) -> str:
+    """The function a named tool_choice names ({"type": "function", "function": {"name": ...}})."""
+    if isinstance(tool_choice, str):
+        raise ApiError(f"Invalid 'tool_choice': {tool_choice!r}; expected none, auto, required or "
+                       '{"type": "function", "function": {"name": ...}}.', "tool_choice",
+                       code="invalid_value")
+    if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" \
+            or not isinstance(tool_choice.get("function"), dict) \
+            or not isinstance(tool_choice["function"].get("name"), str):
+        raise ApiError("Invalid 'tool_choice': expected none, auto, required or "
+                       '{"type": "function", "function": {"name": ...}}.', "tool_choice",
+                       code="invalid_value")
+    return tool_choice["function"]["name"]
+
+
+def _required_schema(functions: dict[str, dict], parallel: bool) -> dict:
+    """vLLM's format for tool_choice "required": an array of {"name", "parameters"} objects, each any
+    of the tools."""
+    calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]},
+                                               "parameters": parameters},
+              "required": ["name", "parameters"]} for name, parameters in functions.items()]
+    schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    return schema if parallel else {**schema, "maxItems": 1}
+
+
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _call(index: int, name: str, arguments: str) -> dict:
+    """A whole tool call as a stream delta: id, type and name come with a call's first delta."""
+    return {"index": index, "id": call_id(), "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+@dataclass(slots=True)
+class ToolParser:
+    """One choice's text as deltas: `{"content": text}` or `{"tool_calls": [call delta]}`.
+    `push` takes the text as it comes; `finish` flushes what is held back."""
+
+    plan: ToolPlan
+    calls: int = 0  # tool calls started so far
+    held: str = ""  # text not yet given out
+    in_call: bool = False  # hermes: inside <tool_call> ... </tool_call>
+    blank: bool = True  # hermes: nothing but whitespace since the text's start or the last block
+    depth: int = 0  # required: the JSON nesting depth at the end of what was scanned
+    in_string: bool = False  # required: inside a JSON string
+    escaped: bool = False  # required: the last character was a backslash in a string
+    start: int = -1  # required: where the object being scanned begins in `held`
+    scanned: int = 0  # required: characters of `held` scanned
+    deltas: list[dict] = field(default_factory=list)
+
+    def push(self, text: str) -> list[dict]:
+        self.deltas = []
+        if self.plan.mode == "named":
+            if text or not self.calls:
+                self._arguments(text)
+        elif self.plan.mode == "required":
+            self.held += text
+            self._scan_array()
+        elif self.plan.mode == "auto":
+            self.held += text
+            self._scan_hermes(final=False)
+        elif text:
+            self.deltas.append({"content": text})
+        return self.deltas
+
+    def finish(self) -> list[dict]:
+        """What is still held back, at the end of the text: a required array's unfinished tail or an
+        auto answer's unclosed <tool_call> is content."""
+        self.deltas = []
+        if self.plan.mode == "named" and not self.calls:
+            self._arguments("")
+        elif self.plan.mode == "required":  # cut by max_tokens inside an object
+            self._content(self.held)
+        elif self.plan.mode == "auto":
+            self._scan_hermes(final=True)
+        self.held = ""
+        return self.deltas
+
+    def finish_reason(self, reason: str) -> str:
+        """The choice's finish_reason: a model that stopped after tool calls (required, auto) stopped
+        for them; a named function's call ends as a stop, as OpenAI's does."""
+        if reason == "stop" and self.calls and self.plan.mode in ("required", "auto"):
+            return "tool_calls"
+        return reason
+
+    # -- the modes
+
+    def _content(self, text: str) -> None:
+        if text:
+            self.deltas.append({"content": text})
+
+    def _arguments(self, text: str) -> None:
+        if not self.calls:
+            self.calls = 1
+            self.deltas.append({"tool_calls": [_call(0, self.plan.name, text)]})
+        else:
+            self.deltas.append({"tool_calls": [{"index": 0, "function": {"arguments": text}}]})
+
+    def _scan_array(self) -> None:
+        """Give out each object of the guided array once it closes (JSON strings skipped over);
+        hold only the object being written."""
+        text = self.held
+        for i in range(self.scanned, len(text)):
+            ch = text[i]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "[{":
+                self.depth += 1
+                if self.depth == 2:
+                    self.start = i
+            elif ch in "]}":
+                self.depth -= 1
+                if self.depth == 1 and ch == "}":
+                    self._required_call(text[self.start: i + 1])
+                    self.start = -1
+        if self.start < 0:  # between objects: the brackets, commas and whitespace are the format's
+            self.held, self.scanned = "", 0
+        else:
+            self.held, self.scanned, self.start = text[self.start:], len(text) - self.start, 0
+
+    def _required_call(self, text: str) -> None:
+        one = json.loads(text)  # the guide made it {"name": ..., "parameters": {...}}
+        arguments = json.dumps(one["parameters"], ensure_ascii=False)
+        self.deltas.append({"tool_calls": [_call(self.calls, one["name"], arguments)]})
+        self.calls += 1
+
+    def _scan_hermes(self, final: bool) -> None:
+        """Content outside <tool_call> blocks; each block whose body is {"name": str, "arguments":
+        object} a call (with parallel_tool_calls false, the first only), any other block content as
+        written. Text between blocks that is only whitespace is dropped, so a blank start of text
+        waits for what follows it; so does a tail that may begin a tag."""
+        while True:
+            if self.in_call:
+                end = self.held.find(HERMES_CLOSE)
+                if end < 0 and not final:
+                    return
+                body = self.held if end < 0 else self.held[:end]  # final: an unclosed block
+                self.held = "" if end < 0 else self.held[end + len(HERMES_CLOSE):]
+                self.in_call, self.blank = False, True
+                if not self._hermes_call(body):
+                    self._content(HERMES_OPEN + body + ("" if end < 0 else HERMES_CLOSE))
+                continue
+            begin = self.held.find(HERMES_OPEN)
+            if begin >= 0:
+                before = self.held[:begin]
+                self._content(before if before.strip() or not self.blank else "")
+                self.held, self.in_call = self.held[begin + len(HERMES_OPEN):], True
+                continue
+            keep = 0 if final else _tag_prefix(self.held, HERMES_OPEN)
+            out = self.held[: len(self.held) - keep]
+            if self.blank and not out.strip():  # only whitespace so far: kept for a text without calls
+                out = out if final and not self.calls else ""
+                if not final:
+                    return
+            self._content(out)
+            self.blank = self.blank and not out.strip()
+            self.held = "" if final else self.held[len(out):]
+            return
+
+    def _hermes_call(self, body: str) -> bool:
+        try:
+            one = json.loads(body)
+        except json.JSONDecodeError:
+            return False
+        if not (isinstance(one, dict) and isinstance(one.get("name"), str)
+                and isinstance(one.get("arguments", {}), dict)):
+            return False
+        if self.calls and not self.plan.parallel:
+            return True  # parallel_tool_calls false: calls past the first are dropped
+        arguments = json.dumps(one.get("arguments", {}), ensure_ascii=False)
+        self.deltas.append({"tool_calls": [_call(self.calls, one["name"], arguments)]})
+        self.calls += 1
+        return True
+
+
+def _tag_prefix(text: str, tag: str) -> int:
+    """Length of the longest tail of `text` that begins `tag` (held back until the next text)."""
+    for n in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def merge_deltas(deltas: list[dict]) -> dict:
+    """A whole answer's message from its stream's deltas: content joined (null when there is none
+    beside tool calls), each call's arguments joined."""
+    content, calls = "", []
+    for delta in deltas:
+        content += delta.get("content", "")
+        for part in delta.get("tool_calls", ()):
+            if part["index"] == len(calls):
+                calls.append({"id": part["id"], "type": "function",
+                              "function": {"name": part["function"]["name"], "arguments": ""}})
+            calls[part["index"]]["function"]["arguments"] += part["function"]["arguments"]
+    if not calls:
+        return {"role": "assistant", "content": content}
+    return {"role": "assistant", "content": content or None, "tool_calls": calls}
