@@ -666,7 +666,7 @@ def test_an_answer_sent_back_as_the_sdk_dumps_it_continues_the_conversation(serv
     """`messages.append(answer.choices[0].message.model_dump())` sends every field of the SDK's
     message, the unset ones null (`refusal`, `annotations`, `audio`, `function_call`,
     `tool_calls`): they are absent, as vLLM takes them (it was a 400 on `messages[1].annotations`);
-    a field with a value (tool calls) is still refused by name."""
+    a field with a value trtspec does not serve (the deprecated function_call) is refused by name."""
     client = served.client()
     question = {"role": "user", "content": "482 + 356"}
     answer = client.chat.completions.create(model="trtspec", messages=[question], max_tokens=8, temperature=0)
@@ -678,11 +678,11 @@ def test_an_answer_sent_back_as_the_sdk_dumps_it_continues_the_conversation(serv
                                                     max_tokens=8, temperature=0) for sent in (plain, dumped))
     assert got.choices[0].message.content == expected.choices[0].message.content
     assert got.usage.prompt_tokens == expected.usage.prompt_tokens
-    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    call = {"name": "f", "arguments": "{}"}
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="trtspec", messages=[question, {**dumped, "tool_calls": [call]}],
-                                       max_tokens=8)
-    assert refused.value.param == "messages[1].tool_calls"
+        client.chat.completions.create(model="trtspec", max_tokens=8,
+                                       messages=[question, {**dumped, "function_call": call}])
+    assert refused.value.param == "messages[1].function_call"
 
 
 def test_non_text_content_part_is_refused_as_such(served):
@@ -1392,11 +1392,12 @@ def test_penalties_and_logit_bias_are_the_targets_own_under_them(served, pipelin
     assert got.token_ids == want
 
 
-def _tool_answer(client, stream: bool, **ask) -> tuple[dict, str]:
+def _tool_answer(client, stream: bool, max_tokens: int = 64, **ask) -> tuple[dict, str]:
     """A chat answer's message (tool calls' ids dropped) and finish_reason; streamed, its deltas merged
     as a client merges them, each call's first delta checked to carry its id, type and name."""
     got = client.chat.completions.create(model="trtspec", messages=[{"role": "user", "content": "482 + 356"}],
-                                         max_tokens=64, temperature=0, tools=TOOLS, stream=stream, **ask)
+                                         max_tokens=max_tokens, temperature=0, tools=TOOLS, stream=stream,
+                                         **ask)
     if not stream:
         message = got.choices[0].message.model_dump(exclude_none=True)
         for call in message.get("tool_calls", ()):
@@ -1443,8 +1444,7 @@ def test_tool_calls_are_the_guided_targets_own_text(served, pipeline):
     want = pipeline.generate(prompt, 90, guide=Guide("regex", regex))[0]
     arguments = json.loads(want[want.index("{"): want.rindex("}") + 1])["arguments"]
     for stream in (False, True):
-        message, finish = _tool_answer(client, stream, max_completion_tokens=90,
-                                       extra_body={"guided_regex": regex})
+        message, finish = _tool_answer(client, stream, 90, extra_body={"guided_regex": regex})
         assert message == {"role": "assistant", "content": "Sure.\n", "tool_calls": [
             {"type": "function", "function": {"name": "add", "arguments": json.dumps(arguments)}}]}
         assert finish == "tool_calls"
@@ -1469,7 +1469,7 @@ def test_without_a_tool_call_parser_auto_is_refused_and_tokenize_shows_the_tools
     (target / "chat_template.jinja").write_text(
         "{% for tool in tools or [] %}{{ tool.function.name }}: {{ tool.function.parameters | tojson }}\n"
         "{% endfor %}{% for m in messages %}{{ m.role }}: {{ m.content }}{% for c in m.tool_calls or [] %}"
-        "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}\n{% endfor %}")
+        "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}{{ '\\n' }}{% endfor %}")
     local = config.model_copy(update={"target": config.target.model_copy(update={"path": str(target)})})
     nowhere = f"127.0.0.1:{free_port()}"
     frontend = OpenAIFrontend(served_model(local), nowhere, "127.0.0.1", free_port()).start()

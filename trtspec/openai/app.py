@@ -470,12 +470,14 @@ async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, 
             one.cancel()
     choices = []
     for i, (run, text) in enumerate(zip(runs, texts, strict=True)):
-        finish, logprobs = run.finish_reason(), run.logprobs_body()
-        if chat:
+        logprobs = run.logprobs_body()
+        if chat:  # the message first: a choice that called tools finishes for them
             message = merge_deltas(run.deltas(text, final=True))
-            choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            choices.append({"index": i, "message": message, "logprobs": logprobs,
+                            "finish_reason": run.finish_reason()})
         else:
-            choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish})
+            choices.append({"index": i, "text": text, "logprobs": logprobs,
+                            "finish_reason": run.finish_reason()})
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": front.model.name, "choices": choices, "usage": _usage(runs),
             "trtspec": _figures(runs)}
