@@ -1,10 +1,11 @@
 """What guided decoding costs speculation: τ and tokens/s of guided requests, side by side.
 
 The verifier masks the target's p with each request's guide at every draft position
-(`trtspec.spec.grammar`). This decodes each held-out prompt under three guides (any JSON, a JSON
-schema, and a regular expression in the task's own style), greedy, whole blocks, interleaved
-prompt by prompt: the target alone and speculation, each guided and unguided, and prints τ and
-the pooled tokens/s.
+(`trtspec.spec.grammar`). This decodes each held-out prompt under five guides (any JSON, a JSON
+schema, the same schema written compactly as tool calls' guides are, the guide of a tool call
+under tool_choice "required", and a regular expression in the task's own style), greedy, whole
+blocks, interleaved prompt by prompt: the target alone and speculation, each guided and unguided,
+and prints τ and the pooled tokens/s.
 
     python scripts/guide_tau.py build_configs/tiny-dflash.yaml --prompts 4
     python scripts/guide_tau.py build_configs/tiny-dflash.yaml --concurrency 8   # all prompts 8 at a time
@@ -17,14 +18,18 @@ import json
 import time
 
 from trtspec.config import ScheduleConfig, load_build_config
+from trtspec.openai.tools import tool_plan
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.runtime import configure_threads
 from trtspec.spec.decoder import Request, SpeculativeDecoder
-from trtspec.spec.grammar import Guide
+from trtspec.spec.grammar import Guide, compact_json_grammar
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}, "steps": {"type": "string"}},
           "required": ["answer", "steps"]}
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
+             "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}},
+         {"type": "function", "function": {"name": "answer", "parameters": SCHEMA}}]
 REGEX = {  # each task's answers in the shape the tiny target writes them
     "math": r"( [0-9]+[-+*/][0-9]+=[0-9]+;)+ = [0-9]+\n",
     "code": r"(    [a-z_.]+ = [^\n]+\n)+",
@@ -34,6 +39,8 @@ REGEX = {  # each task's answers in the shape the tiny target writes them
 
 def _guides(task: str) -> dict[str, Guide | None]:
     return {"unguided": None, "json": Guide("json"), "json_schema": Guide("json_schema", json.dumps(SCHEMA)),
+            "compact_schema": Guide("ebnf_grammar", compact_json_grammar(SCHEMA)),
+            "tool_call": Guide(*tool_plan(TOOLS, "required", False, None).guide),
             "regex": Guide("regex", REGEX[task])}
 
 
@@ -59,7 +66,7 @@ def main() -> None:
     spec = pipeline.decoder_for(args.concurrency, schedule, prefix_reuse=False)
     alone = SpeculativeDecoder(spec.target, None, spec.end_ids, max_slots=args.concurrency)
     ways = {"target alone": alone, "speculation": spec}
-    kinds = ("unguided", "json", "json_schema", "regex")
+    kinds = tuple(_guides("math"))
     totals = {(way, kind): [0, 0, 0.0] for way in ways for kind in kinds}  # tokens, forwards, seconds
     ended = dict.fromkeys(kinds[1:], 0)
     prompts = [(task, p) for task in args.tasks.split(",") for p in load_prompts(task)[: args.prompts]]
