@@ -161,28 +161,47 @@ def test_greedy_speculation_equals_the_guided_target_alone(name, tree, plain_out
     assert sum(r.num_accepted for r in results) > len(PROMPTS) * 10
 
 
+def _walk(matcher, tokens: list[int]) -> tuple[int, bool]:
+    """Accept `tokens` on the matcher until one is refused or an end id ends the text: (taken,
+    refused)."""
+    taken = 0
+    for token in tokens:
+        if matcher.is_terminated():
+            return taken, False
+        if not matcher.accept_token(token):
+            return taken, True
+        taken += 1
+    return taken, False
+
+
 @pytest.mark.parametrize("name", ["tiny-dflash", "tiny-dspark", "tiny-eagle3", "tiny-draft-model"])
-def test_chain_drafts_keep_to_the_guide(name, monkeypatch):
-    """Every drafter's chain drafts are masked by the request's guide after the drafts before them:
-    each step's drafts are a path the guide allows (up to an end id). Unguided, a draft was refused
-    in 80 to 103 of the steps of these four requests, by drafter."""
+@pytest.mark.parametrize("tree", [None, TreeConfig(nodes=12, topk=3)], ids=["chain", "tree"])
+def test_drafts_keep_to_the_guide(name, tree, monkeypatch):
+    """Every drafter's drafts are masked by the request's guide after the drafts before them: each
+    step's chain, and each tree node's path from the root, is one the guide allows (up to an end
+    id). Unguided, a chain draft was refused in 80 to 103 of the steps of these four requests, by
+    drafter; a tree node in REFUSED_UNGUIDED of them."""
     pipeline = load_pipeline(load_build_config(REPO / "build_configs" / f"{name}.yaml"))
-    decoder = pipeline.decoder_for(1, ScheduleConfig(mode="full"))
+    decoder = pipeline.decoder_for(1, ScheduleConfig(mode="full"), tree=tree)
     steps = refused = drafts = 0
     mask = GuideState.mask
 
     def checked_mask(self, logits, fed=None, parents=None):  # the step's drafts, walked on the matcher
         nonlocal steps, refused, drafts
-        taken = 0
-        for token in [] if fed is None else fed[: logits.shape[0] - 1].tolist():
-            if self.matcher.is_terminated():
-                break
-            if not self.matcher.accept_token(token):
-                refused += 1
-                break
-            taken += 1
-        self.matcher.rollback(taken)
-        steps, drafts = steps + 1, drafts + taken
+        tokens = [] if fed is None else fed[: logits.shape[0] - 1].tolist()
+        if parents is None:  # a chain: one path
+            paths = [tokens] if tokens else []
+        else:  # a tree: each node's path from the root
+            paths, of = [], {0: []}
+            for j in range(1, min(logits.shape[0], len(parents))):
+                of[j] = of[parents[j]] + [tokens[j - 1]]
+                paths.append(of[j])
+        steps += 1
+        for path in paths:
+            taken, no = _walk(self.matcher, path)
+            refused += no and taken == len(path) - 1  # refused at its own token, its parent's path allowed
+            drafts += taken if parents is None else taken == len(path)  # a chain's drafts, or a node
+            self.matcher.rollback(taken)
         return mask(self, logits, fed, parents)
 
     monkeypatch.setattr(GuideState, "mask", checked_mask)

@@ -192,6 +192,10 @@ def marginal_tree(logits: torch.Tensor, rows: list[DraftRow], tree, depth: int) 
     """A tree from per-slot marginals logits [R, depth, V]: depth-d children are slot d's best."""
     at = draft_positions(rows, count=logits.shape[1])  # [R, D]
     scores = log_scores(logits, [row.sampling for row in rows], at)  # [R, D, V]
+    guides = [row.grammar for row in rows]
+    if any(g is not None for g in guides):  # each node's children masked after its path: full scores
+        return grow_tree(scores[:, 0], lambda d, frontier, _: scores[:, d, None], tree.topk, tree.nodes,
+                         depth, guides)
     best, tokens = scores.topk(min(tree.topk, scores.shape[-1]), -1)  # [R, D, K], once for every depth
     return grow_tree(scores[:, 0], lambda d, frontier, _: (best[:, d, None], tokens[:, d, None]), tree.topk,
                      tree.nodes, depth)

@@ -166,7 +166,8 @@ class DraftModelDrafter(Drafter):
             return log_scores(self.lm.forward(chunks).logits.view(r, f, -1), params,
                               draft_positions(rows, d))  # [R, F, V]
 
-        drafted = grow_tree(first, expand, tree.topk, tree.nodes, self.tree_depth(tree))
+        drafted = grow_tree(first, expand, tree.topk, tree.nodes, self.tree_depth(tree),
+                            [row.grammar for row in rows])
         self.fed_tree.update(fed)
         self.num_forwards = self.lm.num_forwards
         return drafted

@@ -45,7 +45,8 @@ class DraftRow:
     committed: list[int]  # prompt + generated; committed[-1] is the anchor (the last verified token)
     sampling: SamplingParams
     generator: torch.Generator
-    grammar: GuideState | None = None  # its guide's matcher: chain drafts are masked by it (`choose_drafts`)
+    grammar: GuideState | None = None  # its guide's matcher: chain drafts (`choose_drafts`) and tree nodes
+    # (`grow_tree`) are masked by it
 
     def position(self, depth: int = 0) -> int:
         """Sequence position of this row's draft at `depth` (0: the first draft, after the anchor)."""

@@ -71,7 +71,7 @@ class MarkovProposer(Drafter):
 
         anchors = torch.tensor([[row.committed[-1]] for row in rows], device=self.device)
         first = survival_scores(0, anchors)[:, 0]
-        return grow_tree(first, survival_scores, tree.topk, tree.nodes, depth)
+        return grow_tree(first, survival_scores, tree.topk, tree.nodes, depth, [row.grammar for row in rows])
 
     def draft_block(self, rows: list[DraftRow], k: int, choose: ChooseToken) -> DraftBlock:
         raise NotImplementedError

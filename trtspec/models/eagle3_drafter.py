@@ -190,7 +190,8 @@ class Eagle3Drafter(TapsDrafter):
             state["h"], state["first"] = h.view(r, f, -1), base
             return scores(state["h"], d)
 
-        return grow_tree(scores(h0, 0), expand, tree.topk, tree.nodes, self.tree_depth(tree))
+        return grow_tree(scores(h0, 0), expand, tree.topk, tree.nodes, self.tree_depth(tree),
+                         [row.grammar for row in rows])
 
     @torch.inference_mode()
     def draft_chain(self, rows: list[DraftRow], k: int, choose) -> list[torch.Tensor]:

@@ -225,6 +225,29 @@ class GuideState:
             self._visit(0, children, fed[: s - 1].tolist(), bitmask)
         self._xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=self.vocab_size)
 
+    def mask_paths(self, scores: torch.Tensor, paths: Sequence[Sequence[int]]) -> None:
+        """Mask tree candidates' children in place: row f of scores [F, V] scores the tokens after the
+        committed ones and paths[f] (a frontier node's drafts from the root). A path the guide
+        refuses, or that ends in an end id, has no children: its row is all −inf. The matcher is
+        left where it stood."""
+        bitmask = self._xgr.allocate_token_bitmask(len(paths), self.vocab_size)
+        dead = []
+        for f, path in enumerate(paths):
+            taken = 0
+            for token in path:
+                if self.matcher.is_terminated() or not self._accept(token):
+                    break
+                taken += 1
+            if taken == len(path) and not self.matcher.is_terminated():
+                self.matcher.fill_next_token_bitmask(bitmask, f)
+            else:
+                dead.append(f)
+            if taken:
+                self.matcher.rollback(taken)
+        self._xgr.apply_token_bitmask_inplace(scores, bitmask.to(scores.device), vocab_size=self.vocab_size)
+        if dead:
+            scores[dead] = float("-inf")
+
     def _visit(self, node: int, children: list[list[int]], tokens: list[int], bitmask: torch.Tensor) -> None:
         """Fill the rows of `node`'s descendants, depth first from where the matcher stands (after
         `node`'s path), and leave it there. A refused draft, or an end id, ends its branch."""

@@ -125,12 +125,22 @@ def log_scores(logits: torch.Tensor, params: Sequence[SamplingParams],
     return scores
 
 
-def grow_tree(first: torch.Tensor, expand: Expand, topk: int, nodes: int, depth: int) -> DraftTree:
-    """EAGLE-2's dynamic tree from the root's children log-scores `first` [R, V] (module docstring)."""
+def grow_tree(first: torch.Tensor, expand: Expand, topk: int, nodes: int, depth: int,
+              guides: Sequence | None = None) -> DraftTree:
+    """EAGLE-2's dynamic tree from the root's children log-scores `first` [R, V] (module docstring).
+    guides: each row's `GuideState` or None; a guided row's children are only tokens its guide
+    allows after the node's path (`expand` then returns full scores, not their K best)."""
     r = first.shape[0]
     device = first.device
     k = min(topk, first.shape[-1])
+    guided = [i for i, g in enumerate(guides or ()) if g is not None]
+    if guided:
+        first = first.clone()
+        for i in guided:
+            _guide_children(guides[i], first[i : i + 1], [()])
     score, token = first.topk(k, -1)  # [R, K]
+    # a guided row's frontier: each node's path from the root, its children masked after it
+    paths = {i: [(t,) for t in token[i].tolist()] for i in guided}
     scores, tokens, parents, depths = [score], [token], [torch.full_like(token, -1)], [1]
     frontier_score, frontier_token = score, token
     frontier_id = torch.arange(k, device=device).expand(r, k)  # global candidate ids
@@ -145,6 +155,14 @@ def grow_tree(first: torch.Tensor, expand: Expand, topk: int, nodes: int, depth:
         f = frontier_token.shape[1]
         c_score, c_token = child if isinstance(child, tuple) else child.topk(k, -1)
         c_score, c_token = c_score.expand(r, f, k), c_token.expand(r, f, k)  # [R, F, K]
+        if guided:
+            if isinstance(child, tuple):
+                raise ValueError("a guided tree needs each frontier's full children scores, not their K best")
+            c_score, c_token = c_score.clone(), c_token.clone()
+            for i in guided:
+                masked = child[i].expand(f, -1).clone()  # [F, V]
+                _guide_children(guides[i], masked, paths[i])
+                c_score[i], c_token[i] = masked.topk(k, -1)
         cand = (frontier_score[:, :, None] + c_score).reshape(r, f * k)  # [R, F·K]
         cand_token = c_token.reshape(r, f * k)
         cand_parent = frontier_id[:, :, None].expand(r, f, k).reshape(r, f * k)
@@ -156,6 +174,9 @@ def grow_tree(first: torch.Tensor, expand: Expand, topk: int, nodes: int, depth:
         leaders = torch.cat([leaders, best_score], 1).topk(min(nodes, leaders.shape[1] + best_score.shape[1]),
                                                             -1).values
         frontier_score, frontier_token = best_score, cand_token.gather(1, best)
+        for i in guided:
+            paths[i] = [paths[i][b // k] + (t,) for b, t in zip(best[i].tolist(), frontier_token[i].tolist(),
+                                                              strict=True)]
         frontier_id = total + best
         from_prev = best // k  # index of its parent within the frontier just expanded
         total += f * k
@@ -163,6 +184,15 @@ def grow_tree(first: torch.Tensor, expand: Expand, topk: int, nodes: int, depth:
                    torch.cat([torch.full((r, s.shape[1]), d, device=device) for s, d in zip(scores, depths,
                                                                                          strict=True)], 1),
                    nodes)
+
+
+def _guide_children(guide, scores: torch.Tensor, paths: list[tuple[int, ...]]) -> None:
+    """Children log-scores scores [F, V] of frontier nodes at `paths`, in place: the tokens the guide
+    refuses after each path −inf, the rest renormalized (a token the guide forces scores 0, so the
+    tree follows what the guided target must write; a path with no child stays all −inf)."""
+    guide.mask_paths(scores, paths)
+    total = torch.logsumexp(scores, -1, keepdim=True)  # [F, 1]
+    scores.sub_(total.masked_fill(total == float("-inf"), 0.0))
 
 
 def _select(score: torch.Tensor, token: torch.Tensor, parent: torch.Tensor, depth: torch.Tensor,
