@@ -210,12 +210,14 @@ def test_drafts_keep_to_the_guide(name, tree, monkeypatch):
     assert refused == 0 and drafts > 2 * steps, (refused, drafts, steps)
 
 
-def test_sampling_follows_the_guided_target(dflash):
+@pytest.mark.parametrize("tree", [None, TreeConfig(nodes=12, topk=3)], ids=["chain", "tree"])
+def test_sampling_follows_the_guided_target(dflash, tree):
     """Sampled under a regex that bars the target's likeliest continuations ('+' after the first
     number), 16 requests a step: each of the first 4 positions' law is the guided target's exact
-    one (walked with a fresh matcher's mask after each prefix); verifying with unmasked p, or a draft
-    chosen under the mask verified with the unmasked q, fails it."""
-    spec = dflash.decoder_for(16, ScheduleConfig(mode="full"))
+    one (walked with a fresh matcher's mask after each prefix), drafting chains or guided trees;
+    verifying with unmasked p, or a draft chosen under the mask verified with the unmasked q, fails
+    it."""
+    spec = dflash.decoder_for(16, ScheduleConfig(mode="full"), tree=tree)
     guide = dflash.guides.compile(Guide("regex", r" [0-9]+[-*][0-9]+=[0-9]+;"))
     ends, vocab = dflash.end_ids, dflash.target.vocab_size
     assert_samples_follow_target(dflash.target.model, spec, list(b"Q: 482 + 356\nA:"),
