@@ -9,6 +9,7 @@ and prints τ and the pooled tokens/s.
 
     python scripts/guide_tau.py build_configs/tiny-dflash.yaml --prompts 4
     python scripts/guide_tau.py build_configs/tiny-dflash.yaml --concurrency 8   # all prompts 8 at a time
+    python scripts/guide_tau.py build_configs/tiny-eagle3.yaml --tree 12,3   # trees: 12 nodes, top-3
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import argparse
 import json
 import time
 
-from trtspec.config import ScheduleConfig, load_build_config
+from trtspec.config import ScheduleConfig, TreeConfig, load_build_config
 from trtspec.openai.tools import tool_plan
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
@@ -56,6 +57,9 @@ def main() -> None:
     parser.add_argument("--schedule", choices=("full", "config"), default="full",
                         help="whole blocks, or the config's drafter.schedule (adaptive: the cost model "
                              "picks k)")
+    parser.add_argument("--tree", default=None, metavar="NODES,TOPK",
+                        help="draft trees of NODES nodes, each node's TOPK best children (default: the "
+                             "config's drafter.tree, chains without one)")
     args = parser.parse_args()
 
     config = load_build_config(args.config)
@@ -63,7 +67,11 @@ def main() -> None:
     pipeline = load_pipeline(config)
     schedule = ScheduleConfig(mode="full") if args.schedule == "full" else None  # None: the config's
     # no prefix reuse: each prompt runs once per guide, and a reused prefill would favour the later ones
-    spec = pipeline.decoder_for(args.concurrency, schedule, prefix_reuse=False)
+    tree = "config"
+    if args.tree is not None:
+        nodes, topk = map(int, args.tree.split(","))
+        tree = TreeConfig(nodes=nodes, topk=topk)
+    spec = pipeline.decoder_for(args.concurrency, schedule, tree=tree, prefix_reuse=False)
     alone = SpeculativeDecoder(spec.target, None, spec.end_ids, max_slots=args.concurrency)
     ways = {"target alone": alone, "speculation": spec}
     kinds = tuple(_guides("math"))
@@ -107,8 +115,9 @@ def main() -> None:
         assert texts["speculation"] == texts["target alone"], kind
         if kind != "unguided":
             ended[kind] += sum(r.finish_reason == "stop" for r in results)
-    print(f"R = {args.concurrency}, schedule {spec.schedule.mode}; {len(prompts)} prompts, {args.max_tokens} "
-          "tokens each; guided texts that "
+    shape = "chains" if spec.tree is None else f"trees of {spec.tree.nodes} nodes, top-{spec.tree.topk}"
+    print(f"R = {args.concurrency}, schedule {spec.schedule.mode}, {shape}; {len(prompts)} prompts, "
+          f"{args.max_tokens} tokens each; guided texts that "
           f"ended (the rest hit max_tokens): {', '.join(f'{k} {n}' for k, n in ended.items())}")
     print("| guide | τ | speculation tokens/s | target alone tokens/s | speedup |")
     print("|---|---:|---:|---:|---:|")
