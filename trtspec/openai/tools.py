@@ -221,8 +221,9 @@ class ToolParser:
         return self.deltas
 
     def finish(self) -> list[dict]:
-        """What is still held back, at the end of the text: a required array's unfinished tail or an
-        auto answer's unclosed <tool_call> is content."""
+        """What is still held back, at the end of the text: a required array's unfinished object
+        (max_tokens ran out) is content; so is an auto answer's held tail, save an unclosed
+        <tool_call> whose body is a call."""
         self.deltas = []
         if self.plan.mode == "named" and not self.calls:
             self._arguments("")
@@ -283,9 +284,13 @@ class ToolParser:
             self.held, self.scanned, self.start = text[self.start:], len(text) - self.start, 0
 
     def _required_call(self, text: str) -> None:
-        one = json.loads(text)  # the guide made it {"name": ..., "parameters": {...}}
-        arguments = json.dumps(one["parameters"], ensure_ascii=False)
-        self.deltas.append({"tool_calls": [_call(self.calls, one["name"], arguments)]})
+        try:  # the guide made it {"name": ..., "parameters": {...}}
+            one = json.loads(text)
+            name, arguments = one["name"], json.dumps(one["parameters"], ensure_ascii=False)
+        except (ValueError, KeyError, TypeError):  # not a call after all: text as written
+            self._content(text)
+            return
+        self.deltas.append({"tool_calls": [_call(self.calls, name, arguments)]})
         self.calls += 1
 
     def _scan_hermes(self, final: bool) -> None:
