@@ -149,6 +149,31 @@ def test_the_guides_are_the_schemas_json_written_compactly():
     assert _accepts(single, json.dumps([two])) and not _accepts(single, json.dumps([one, two]))
 
 
+def test_strict_tools_guide_each_block_auto_opens_and_leave_the_text_free():
+    """Under auto with a strict tool, the guide takes any text, and in each <tool_call> block one of
+    the tools' calls in hermes' format: a strict tool's arguments by its schema, compactly, another
+    tool's any JSON object; without parallel calls the text ends after one block. What it takes,
+    the hermes parser reads as calls."""
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+    guide = tool_plan(strict, "auto", None, "hermes").guide
+    assert guide[0] == "ebnf_grammar"
+
+    def block(name: str, arguments: str) -> str:
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+
+    calls = "Sure.\n" + block("add", '{"a": 1, "b": 2}') + "\n" + block("get_weather", '{"x": [1]}') + " ok"
+    for text in ("any text < at all", "Sure.\n" + block("add", '{"a": 1, "b": 2}'), calls):
+        assert _accepts(guide[1], text), text
+    for text in (block("add", '{"a": 1}'), block("add", '{"a": 1,  "b": 2}'), block("sub", "{}"),
+                 block("get_weather", "[1]")):
+        assert not _accepts(guide[1], text), text
+    message, _, _ = _message(tool_plan(strict, "auto", None, "hermes"), _pieces(calls, random.Random(2)))
+    assert _calls(message) == [("add", {"a": 1, "b": 2}), ("get_weather", {"x": [1]})]
+    once = tool_plan(strict, "auto", False, "hermes").guide[1]
+    assert _accepts(once, block("add", '{"a": 1, "b": 2}')) and not _accepts(once, calls)
+    assert tool_plan(TOOLS, "auto", None, "hermes").guide is None  # no strict tool: the text is free
+
+
 BAD_TOOLS = [  # tools, tool_choice, parser, param
     ([{"type": "retrieval"}], "required", None, "tools[0].type"),
     ([{"type": "function"}], "required", None, "tools[0].function"),
@@ -158,6 +183,11 @@ BAD_TOOLS = [  # tools, tool_choice, parser, param
      "tools[0].function.parameters"),
     ([{"type": "function", "function": {"name": "f", "params": {}}}], "required", None,
      "tools[0].function.params"),
+    ([{"type": "function", "function": {"name": "f", "strict": "yes"}}], "none", None,
+     "tools[0].function.strict"),
+    ([{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "[0-9"}}}}}], "none", None,
+     "tools[0].function.parameters"),  # a strict schema is compiled whatever the choice, as OpenAI checks it
     (TOOLS, {"type": "function", "function": {"name": "sub"}}, None, "tool_choice.function.name"),
     (TOOLS, "sometimes", None, "tool_choice"),
     (TOOLS, {"name": "add"}, None, "tool_choice"),
@@ -186,6 +216,11 @@ def test_a_guided_tool_choice_takes_no_other_format_nor_min_tokens():
         with pytest.raises(ApiError) as refused:
             check_tools(parse(ChatRequest, base | extra), None)
         assert refused.value.param == param
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
+    with pytest.raises(ApiError) as refused:  # auto guided by a strict tool
+        check_tools(parse(ChatRequest, base | {"tools": strict, "tool_choice": "auto", "guided_regex": "a"}),
+                    "hermes")
+    assert refused.value.param == "guided_regex" and "strict tools" in refused.value.message
     # auto leaves the text free: a format of the request's own still applies
     plan = check_tools(parse(ChatRequest, base | {"tool_choice": "auto", "guided_regex": "a"}), "hermes")
     assert plan.mode == "auto" and plan.guide is None

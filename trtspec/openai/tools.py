@@ -10,7 +10,10 @@
   whitespace between any two tokens, which a model may fill without end (the embedded one does).
 - `"auto"` (the default with tools): the model writes what it likes; the server's tool-call parser
   (`trtspec serve --tool-call-parser hermes`) finds the calls in its text. Hermes' format,
-  Qwen2.5's and Qwen3's: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+  Qwen2.5's and Qwen3's: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`. With a tool
+  `"strict": true` (OpenAI's), each block the model opens is guided: one of the tools' names, a
+  strict tool's arguments following its schema (another's any JSON object), compactly; the text
+  outside the blocks stays free (XGrammar's structural tag, triggered by `<tool_call>`).
 - `"none"`: plain text.
 Every mode gives the tools to the chat template, which shows them to the model.
 
@@ -27,7 +30,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from trtspec.openai.protocol import ApiError, ChatRequest, guide_field
-from trtspec.spec.grammar import GuideError, compact_json_grammar
+from trtspec.spec.grammar import GuideError, compact_json_grammar, tagged_json_grammar
 
 TOOL_CALL_PARSERS = ("hermes",)  # trtspec serve --tool-call-parser (cli.py lists them, not importing this)
 MAX_TOOLS = 128  # OpenAI's limit
@@ -54,13 +57,14 @@ def check_tools(req: ChatRequest, parser: str | None) -> ToolPlan | None:
     guided tool_choice takes no other structured output and no min_tokens."""
     plan = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, parser)
     if plan is not None and plan.guide is not None:
+        mode = f"tool_choice {plan.mode!r}" + (" with strict tools" if plan.mode == "auto" else "")
         other = guide_field(req)
         if other is not None:
-            raise ApiError(f"'{other}' cannot be combined with tool_choice {plan.mode!r}: the tool calls' "
-                           "format decides the text.", other, code="invalid_value")
+            raise ApiError(f"'{other}' cannot be combined with {mode}: the tool calls' format guides the "
+                           "text.", other, code="invalid_value")
         if req.min_tokens:
-            raise ApiError(f"'min_tokens' cannot be combined with tool_choice {plan.mode!r}: the tool calls' "
-                           "format decides where the text may end.", "min_tokens", code="invalid_value")
+            raise ApiError(f"'min_tokens' cannot be combined with {mode}: the tool calls' format decides "
+                           "where the text may end.", "min_tokens", code="invalid_value")
     return plan
 
 
@@ -85,7 +89,13 @@ def tool_plan(tools: list | None, tool_choice, parallel_tool_calls: bool | None,
                            f"with --tool-call-parser ({', '.join(TOOL_CALL_PARSERS)}); this one has none. "
                            "Send tool_choice 'required', a named function or 'none'.", "tool_choice",
                            code="unsupported_value")
-        return ToolPlan("auto", tools, parallel=parallel, parser=parser)
+        strict = [t["function"]["name"] for t in tools if t["function"].get("strict") is True]
+        if not strict:
+            return ToolPlan("auto", tools, parallel=parallel, parser=parser)
+        # OpenAI's strict: a call's arguments follow its schema; the text between calls stays free
+        guide = _hermes_guide({name: functions[name] if name in strict else {"type": "object"}
+                               for name in functions}, parallel)
+        return ToolPlan("auto", tools, guide=("ebnf_grammar", guide), parallel=parallel, parser=parser)
     if tool_choice == "required":
         for i, parameters in enumerate(functions.values()):  # a schema that does not compile, by name
             _grammar(parameters, f"tools[{i}].function.parameters")
@@ -98,6 +108,18 @@ def tool_plan(tools: list | None, tool_choice, parallel_tool_calls: bool | None,
     where = f"tools[{list(functions).index(name)}].function.parameters"
     guide = ("ebnf_grammar", _grammar(functions[name], where))
     return ToolPlan("named", tools, name=name, guide=guide, param=where)
+
+
+def _hermes_guide(functions: dict[str, dict], parallel: bool) -> str:
+    """Free text in which each <tool_call> block is a call in hermes' format of one of `functions`
+    (name -> arguments schema), its arguments compact JSON (with parallel false: one block, which
+    ends the text)."""
+    tags = [(f'{HERMES_OPEN}\n{{"name": {json.dumps(name)}, "arguments": ', schema, f"}}\n{HERMES_CLOSE}")
+            for name, schema in functions.items()]
+    try:
+        return tagged_json_grammar(tags, HERMES_OPEN, once=not parallel)
+    except GuideError as exc:
+        raise ApiError(f"Invalid 'tools': {exc}.", "tools", code="invalid_value") from None
 
 
 def _grammar(schema: dict, param: str) -> str:
@@ -146,6 +168,11 @@ def _functions(tools: list) -> dict[str, dict]:
         if not isinstance(parameters, dict):
             raise ApiError(f"Invalid '{where}.function.parameters': expected a JSON schema object.",
                            f"{where}.function.parameters", code="invalid_value")
+        if not isinstance(function.get("strict", False), bool):
+            raise ApiError(f"Invalid '{where}.function.strict': expected a boolean.",
+                           f"{where}.function.strict", code="invalid_type")
+        if function.get("strict") is True:  # compiled now: a schema that does not, named as the tool
+            _grammar(parameters, f"{where}.function.parameters")
         if not isinstance(function.get("description", ""), str):
             raise ApiError(f"Invalid '{where}.function.description': expected a string.",
                            f"{where}.function.description", code="invalid_type")

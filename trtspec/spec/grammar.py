@@ -134,6 +134,23 @@ def compact_json_grammar(schema: dict) -> str:
         raise GuideError(f"the JSON schema does not compile: {_reason(exc)}") from None
 
 
+def tagged_json_grammar(tags: Sequence[tuple[str, dict, str]], trigger: str, once: bool = False) -> str:
+    """An ebnf_grammar guide's text for free text in which `trigger` opens one of `tags`, each
+    (begin, schema, end): `begin` (which starts with the trigger), JSON following `schema` written
+    compactly (`compact_json_grammar`), `end`; free text again after it, or with `once` the text's
+    end. XGrammar's structural tag (triggered tags), written out as EBNF."""
+    xgr = _xgrammar()
+    from xgrammar.structural_tag import GrammarFormat, StructuralTag, TagFormat, TriggeredTagsFormat
+
+    formats = [TagFormat(begin=begin, content=GrammarFormat(grammar=compact_json_grammar(schema)), end=end)
+               for begin, schema, end in tags]
+    tag = StructuralTag(format=TriggeredTagsFormat(triggers=[trigger], tags=formats, stop_after_first=once))
+    try:
+        return str(xgr.Grammar.from_structural_tag(tag))
+    except Exception as exc:  # noqa: BLE001 - XGrammar raises RuntimeError/ValueError with its reason
+        raise GuideError(f"the tagged grammar does not compile: {_reason(exc)}") from None
+
+
 class GuideState:
     """One request's place in its grammar: XGrammar's matcher over the committed tokens, which
     walks each step's drafts and rolls them back (`mask`), then takes the emitted ones (`extend`)."""
