@@ -1392,11 +1392,11 @@ def test_penalties_and_logit_bias_are_the_targets_own_under_them(served, pipelin
     assert got.token_ids == want
 
 
-def _tool_answer(client, stream: bool, max_tokens: int = 64, **ask) -> tuple[dict, str]:
+def _tool_answer(client, stream: bool, max_tokens: int = 64, tools: list = TOOLS, **ask) -> tuple[dict, str]:
     """A chat answer's message (tool calls' ids dropped) and finish_reason; streamed, its deltas merged
     as a client merges them, each call's first delta checked to carry its id, type and name."""
     got = client.chat.completions.create(model="trtspec", messages=[{"role": "user", "content": "482 + 356"}],
-                                         max_tokens=max_tokens, temperature=0, tools=TOOLS, stream=stream,
+                                         max_tokens=max_tokens, temperature=0, tools=tools, stream=stream,
                                          **ask)
     if not stream:
         message = got.choices[0].message.model_dump(exclude_none=True)
@@ -1452,6 +1452,12 @@ def test_tool_calls_are_the_guided_targets_own_text(served, pipeline):
     for stream in (False, True):
         answer = _tool_answer(client, stream, tool_choice="none")
         assert answer == ({"role": "assistant", "content": text}, "stop")
+    # auto with a strict tool: its blocks guided, the text around them free, the guided target's own
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+    want = pipeline.generate(prompt, 64, guide=Guide(*tool_plan(strict, "auto", None, "hermes").guide))[0]
+    want = want[: want.index(CHAT_STOP)] if CHAT_STOP in want else want
+    for stream in (False, True):
+        assert _tool_answer(client, stream, tools=strict)[0] == {"role": "assistant", "content": want}
 
 
 def test_without_a_tool_call_parser_auto_is_refused_and_tokenize_shows_the_tools(tmp_path, config):
