@@ -1,0 +1,140 @@
+"""What a guide costs the host at a real vocabulary's size: compiling guides, masking a verify step
+of 16 positions, choosing a guided greedy block of 15 drafts, masking a 12-node tree's frontiers.
+
+The embedded models have 264 tokens; Qwen3's tokenizer has 151,643 (151,936 ids). With no model
+hub here, this trains a byte-level BPE tokenizer of that size on the Python sources of this
+environment's site-packages (code, as the tiny target's text) and wraps it as a Hugging Face
+tokenizer, which XGrammar reads as it reads Qwen's (`TokenizerInfo.from_huggingface`). Each
+step's drafts follow a text the guide allows, tokenized by that tokenizer, so the matcher walks
+real multi-byte tokens.
+
+    python scripts/guide_mask_cost.py                  # 151,643 tokens, ~60 MB of sources
+    python scripts/guide_mask_cost.py --vocab 32000    # Llama 2's size
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import site
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from trtspec.openai.tools import tool_plan
+from trtspec.spec.grammar import Guide, GuideCompiler, GuideState, compact_json_grammar
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}, "steps": {"type": "string"}},
+          "required": ["answer", "steps"]}
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
+             "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}},
+         {"type": "function", "function": {"name": "answer", "parameters": SCHEMA}}]
+STEPS = "carry the one, then add the tens: 4 + 3 + 1 = 8, so the sum is 838"
+GUIDES = {  # guide, a text it allows (the drafts follow it)
+    "json": (Guide("json"), json.dumps({"answer": 838, "steps": STEPS})),
+    "json_schema": (Guide("json_schema", json.dumps(SCHEMA)), json.dumps({"answer": 838, "steps": STEPS})),
+    "compact_schema": (Guide("ebnf_grammar", compact_json_grammar(SCHEMA)),
+                       json.dumps({"answer": 838, "steps": STEPS})),
+    "tool_call": (Guide(*tool_plan(TOOLS, "required", False, None).guide),
+                  json.dumps([{"name": "answer", "parameters": {"answer": 838, "steps": STEPS}}])),
+    "regex": (Guide("regex", r"( [0-9]+[-+*/][0-9]+=[0-9]+;)+ = [0-9]+\n"),
+              " 2+6=8; 8+5=13; 4+3+1=8; 482+356=838; = 838\n"),
+}
+END = "<|endoftext|>"
+
+
+def _sources(limit_mb: float):
+    """Python sources of site-packages, up to `limit_mb` MB, a file at a time."""
+    total = 0
+    for root in site.getsitepackages():
+        for path in sorted(Path(root).rglob("*.py")):
+            try:
+                text = path.read_text()
+            except (UnicodeDecodeError, OSError):
+                continue
+            yield text
+            total += len(text)
+            if total > limit_mb * 2**20:
+                return
+
+
+def train_tokenizer(vocab: int, corpus_mb: float, out: Path) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer of `vocab` tokens (fewer if the corpus runs out of merges)."""
+    if (out / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(out)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=[END], show_progress=True,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(_sources(corpus_mb), trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=END)
+    tokenizer.save_pretrained(out)
+    return tokenizer
+
+
+def _ms(work, calls: int) -> float:
+    work()  # warm
+    start = time.perf_counter()
+    for _ in range(calls):
+        work()
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab", type=int, default=151_643, help="tokens of the trained tokenizer")
+    parser.add_argument("--corpus-mb", type=float, default=60, help="MB of sources to train it on")
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/trtspec-bpe"), help="where the tokenizer "
+                        "is kept between runs (a folder per size)")
+    parser.add_argument("--calls", type=int, default=50, help="timed calls per figure")
+    args = parser.parse_args()
+
+    hf = train_tokenizer(args.vocab, args.corpus_mb, args.cache / str(args.vocab))
+    vocab = len(hf)
+    tokenizer = SimpleNamespace(hf=hf)  # what GuideCompiler reads of trtspec's HFTokenizer
+    end_ids = [hf.convert_tokens_to_ids(END)]
+    start = time.perf_counter()
+    compiler = GuideCompiler(tokenizer, vocab, end_ids)
+    seconds = time.perf_counter() - start
+    print(f"vocabulary {vocab} tokens; XGrammar's tokenizer info built in {seconds:.1f} s")
+    print("| guide | compile, ms | verify step of 16 positions masked, ms | greedy block of 15, ms | "
+          "12-node tree's frontiers (depth 4, top-3), ms |")
+    print("|---|---:|---:|---:|---:|")
+    gen = torch.Generator().manual_seed(0)
+    for name, (guide, text) in GUIDES.items():
+        start = time.perf_counter()
+        compiled = compiler.compile(guide)
+        compile_ms = (time.perf_counter() - start) * 1e3
+        ids = hf(text, add_special_tokens=False).input_ids
+        state = GuideState(compiled, end_ids, vocab)
+        state.extend(ids[:2])  # a request a little way into its answer
+        drafts = torch.tensor(ids[2:17])  # the step's 15 drafts follow the text
+        assert len(drafts) == 15, f"the {name} text is {len(ids)} tokens; 17 needed"
+        step = torch.randn(len(drafts) + 1, vocab, generator=gen)  # [s, V]
+        verify = _ms(lambda: state.mask(step.clone(), drafts), args.calls)  # noqa: B023
+
+        block = torch.randn(15, vocab, generator=gen)  # random argmaxes, mostly refused: a mask per slot
+        argmaxes = block.argmax(-1).tolist()
+
+        def choose(state=state, block=block, argmaxes=argmaxes) -> None:
+            state.greedy_block(block, argmaxes)
+            state.end_drafts()
+
+        frontiers = [[tuple(drafts[:d].tolist())] * (1 if d == 0 else 3) for d in range(4)]  # 1 + 3·3 paths
+        scores = torch.randn(3, vocab, generator=gen)
+
+        def tree(frontiers=frontiers, scores=scores, state=state) -> None:
+            for paths in frontiers:
+                state.mask_paths(scores[: len(paths)].clone(), paths)
+
+        print(f"| {name} | {compile_ms:.1f} | {verify:.2f} | {_ms(choose, args.calls):.2f} | "
+              f"{_ms(tree, args.calls):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
