@@ -440,7 +440,7 @@ BAD = [
         "type": "object", "properties": {"a": {"type": "string", "pattern": "[0-9"}}}}}],
         "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools[0].function.parameters"),
     ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"enum": ["x" * 70000]}}}}}],  # a guide over 65,536 characters
+        "type": "object", "properties": {"a": {"enum": ["x" * (1 << 20)]}}}}}],  # a guide over 1 MiB
         "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools[0].function.parameters"),
     ("chat/completions", {"max_completion_tokens": 5000}, "max_completion_tokens"),
     # alone (GOOD_CHAT's max_tokens dropped), 0 generated to the end of the context

@@ -42,7 +42,9 @@ GUIDE_TYPES = {
     "regex": "a regular expression the whole text matches",
     "ebnf_grammar": "an EBNF grammar (GBNF), its start rule `root`",
 }
-MAX_GUIDE_CHARS = 65536  # a guide's text, at most (a schema of a few hundred fields)
+# a guide's text, at most: a tool_choice "required" guide over 60 tools is about 100,000 characters
+MAX_GUIDE_CHARS = 1 << 20
+CONVERTED_CACHE = 256  # JSON schemas written out as grammars, kept (agents send the same tools each time)
 COMPILED_CACHE = 64  # compiled guides a `GuideCompiler` keeps (a server's recurring schemas)
 
 
@@ -128,8 +130,13 @@ def compact_json_grammar(schema: dict) -> str:
     `json.dumps` writes it (", " and ": " between items, no other whitespace; XGrammar's conversion
     with any_whitespace off). A json_schema guide allows any whitespace between tokens, which a model
     can fill without end."""
+    return _compact_json_grammar(json.dumps(schema))
+
+
+@functools.lru_cache(maxsize=CONVERTED_CACHE)
+def _compact_json_grammar(schema: str) -> str:
     try:
-        return str(_xgrammar().Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
+        return str(_xgrammar().Grammar.from_json_schema(schema, any_whitespace=False))
     except Exception as exc:  # noqa: BLE001 - XGrammar raises RuntimeError/ValueError with its reason
         raise GuideError(f"the JSON schema does not compile: {_reason(exc)}") from None
 
@@ -139,6 +146,12 @@ def tagged_json_grammar(tags: Sequence[tuple[str, dict, str]], trigger: str, onc
     (begin, schema, end): `begin` (which starts with the trigger), JSON following `schema` written
     compactly (`compact_json_grammar`), `end`; free text again after it, or with `once` the text's
     end. XGrammar's structural tag (triggered tags), written out as EBNF."""
+    return _tagged_json_grammar(json.dumps([list(tag) for tag in tags]), trigger, once)
+
+
+@functools.lru_cache(maxsize=CONVERTED_CACHE)
+def _tagged_json_grammar(tags_json: str, trigger: str, once: bool) -> str:
+    tags = json.loads(tags_json)
     xgr = _xgrammar()
     from xgrammar.structural_tag import GrammarFormat, StructuralTag, TagFormat, TriggeredTagsFormat
 
