@@ -42,8 +42,9 @@ def test_image_list_is_sourced_and_lacks_what_travels():
     image, carried = read_pins(IMAGE_PACKAGES), read_pins(CARRIED_WHEELS)
     assert image["torch"] == "2.11.0" and image["transformers"] == "5.17.0" and image["numpy"] == "2.5.2"
     assert "pydantic" not in image and "tritonclient" not in image and "tensorrt" not in image
+    assert "xgrammar" not in image
     assert set(carried) == {"pydantic", "pydantic-core", "annotated-types", "typing-inspection",
-                            "typing-extensions"}
+                            "typing-extensions", "xgrammar", "apache-tvm-ffi"}
     assert all(carried.values()), "every carried wheel is pinned"
 
 
@@ -139,6 +140,11 @@ def test_gpu_check_script_rehearses_on_cpu_with_image_packages_only(tmp_path):
     assert coupled.startswith("2/2 seeded samples identical; ")
     penalized = rows["DFlash greedy under penalties at R = 4 == target alone (cpu)"]["detail"]
     assert penalized.startswith("2/2 prompts identical (every other one penalized); ")
+    for label in ("DFlash greedy under guides", "DFlash tree greedy under guides"):  # xgrammar travels
+        guided = rows[f"{label} at R = 4 == target alone (cpu)"]["detail"]
+        assert guided.startswith("2/2 prompts identical (every other one guided); "), guided
+    applied = rows["guide bitmask applied to 16 x V151936 logits (cpu)"]["detail"]
+    assert "GB/s of logits and bitmask" in applied
     # every parity row of the speculative loop drafted and had drafts accepted (they are in the json)
     assert all(r["accepted"] > 0 for r in report["rows"] if "== target alone" in r["check"])
     for label in ("DFlash greedy", "DFlash tree greedy"):

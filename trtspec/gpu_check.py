@@ -235,9 +235,12 @@ def check_penalties(run: Run) -> None:
 
 
 def _batched_parity(run: Run, label: str, identical: str,
-                    sampling_of: Callable[[int], SamplingParams]) -> None:
-    """A row: the tiny DFlash pipeline at R = 4 decodes prompt i under `sampling_of(i)` token for
-    token as the target alone does on the device, and drafted and had drafts accepted (`speculation`)."""
+                    sampling_of: Callable[[int], SamplingParams], guide_of: Callable | None = None,
+                    tree="config") -> None:
+    """A row: the tiny DFlash pipeline at R = 4 decodes prompt i under `sampling_of(i)` (and the
+    guide `guide_of(i)`, a `Guide` or None; drafting `tree`s: a TreeConfig, None for chains, or the
+    config's) token for token as the target alone does on the device, and drafted and had drafts
+    accepted (`speculation`)."""
     from trtspec.bench.loop_overhead import tiny_pipeline
     from trtspec.spec.decoder import Request
 
@@ -245,14 +248,53 @@ def _batched_parity(run: Run, label: str, identical: str,
     run.share_cost_table(spec)
     plain = tiny_pipeline(run.device, use_drafter=False)
     prompts, max_tokens = _decoding_prompts(run, spec.tokenizer)
-    requests = [Request(ids, max_tokens, sampling_of(i)) for i, ids in enumerate(prompts)]
-    alone = [plain.decoder.generate(r.prompt, max_tokens, r.sampling).token_ids for r in requests]
-    batch = spec.decoder_for(4).generate_batch(requests)
+
+    def guide(i: int):
+        found = None if guide_of is None else guide_of(i)
+        return None if found is None else spec.guides.compile(found)
+
+    requests = [Request(ids, max_tokens, sampling_of(i), guide=guide(i)) for i, ids in enumerate(prompts)]
+    alone = [plain.decoder.generate(r.prompt, max_tokens, r.sampling, guide=r.guide).token_ids
+             for r in requests]
+    batch = spec.decoder_for(4, tree=tree).generate_batch(requests)
     same = sum(r.token_ids == a for r, a in zip(batch, alone, strict=True))
     counts, spoke = speculation(batch)
     run.rows.append({"check": f"{label} at R = 4 == target alone ({run.device.type})", "dtype": "float32",
                      "ok": same == len(prompts) and bool(counts["drafted"] and counts["accepted"]),
                      "detail": f"{same}/{len(prompts)} {identical}; {spoke}", **counts})
+
+
+def check_guides(run: Run) -> None:
+    """Guided decoding on the device (`trtspec.spec.grammar`: XGrammar's bitmasks applied to the
+    device's logits, chain drafts and tree nodes guided): greedy DFlash at R = 4, every other prompt
+    under a guide (a JSON schema, a regex), chains and trees, is token for token what the target
+    alone decodes under the same guides; and what applying a 16-position bitmask costs on logits of
+    Qwen3's vocabulary there (XGrammar's kernel on a GPU)."""
+    import json
+
+    import xgrammar as xgr
+
+    from trtspec.config import TreeConfig
+    from trtspec.spec.grammar import Guide
+    from trtspec.spec.sampling import SamplingParams
+
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}, "steps": {"type": "string"}},
+              "required": ["answer", "steps"]}
+    regex = r"( [0-9]+[-+*/][0-9]+=[0-9]+;)+"
+    guides = (Guide("json_schema", json.dumps(schema)), None, Guide("regex", regex), None)
+    for label, tree in (("DFlash greedy under guides", None),
+                        ("DFlash tree greedy under guides", TreeConfig(nodes=12, topk=3))):
+        _batched_parity(run, label, "prompts identical (every other one guided)", lambda i: SamplingParams(),
+                        lambda i: guides[i % len(guides)], tree)
+    vocab = 151_936
+    logits = torch.randn(16, vocab, device=run.device)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (16, (vocab + 31) // 32), dtype=torch.int32,
+                            generator=torch.Generator().manual_seed(0)).to(run.device)
+    ms = run.timer().median_ms(lambda: xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab))
+    bound = 16 * vocab * 4 * 2 + bitmask.numel() * 4  # logits read and written, the bitmask read
+    run.rows.append({"check": f"guide bitmask applied to 16 x V{vocab} logits ({run.device.type})",
+                     "dtype": "float32", "ok": True,
+                     "detail": f"{ms:.3f} ms ({bound / ms / 1e6:.0f} GB/s of logits and bitmask)"})
 
 
 def _decoding_prompts(run: Run, tokenizer) -> tuple[list[list[int]], int]:
@@ -528,6 +570,7 @@ def summary(run: Run) -> str:
 CHECKS = (("environment", check_environment), ("kv_injection_attention parity", check_attention),
           ("confidence_verify parity", check_verify), ("DFlash decoding parity", check_decoding),
           ("Gumbel coupling parity", check_coupling), ("penalties parity", check_penalties),
+          ("guided decoding parity", check_guides),
           ("CUDA graphs against eager", check_graphs),
           ("TensorRT engines (engine flavour)", check_engines))
 
