@@ -58,9 +58,27 @@ HERMES = [  # text, content, calls
 ]
 
 
-@pytest.mark.parametrize("text, content, calls", HERMES, ids=range(len(HERMES)))
-def test_hermes_text_becomes_content_and_calls_however_it_is_cut(text, content, calls):
-    plan = tool_plan(TOOLS, "auto", None, "hermes")
+LLAMA = [  # text, content, calls: Llama 3.1's JSON calls (vLLM's llama3_json)
+    ('{"name": "add", "parameters": {"a": 1, "b": 2}}', None, [("add", {"a": 1, "b": 2})]),
+    ('<|python_tag|>{"name": "add", "parameters": {"a": 1}}; {"name": "get_weather", "parameters": '
+     '{"city": "{;}"}}', None, [("add", {"a": 1}), ("get_weather", {"city": "{;}"})]),
+    (' \n{"name": "add", "arguments": {"a": 1}}', None, [("add", {"a": 1})]),  # "arguments" too
+    ('So {"name": "add", "parameters": {}}', 'So {"name": "add", "parameters": {}}', []),  # text first
+    ('{"name": "add", "parameters": {"a": 1}} and then text', "and then text", [("add", {"a": 1})]),
+    ('{"name": "add", "param', '{"name": "add", "param', []),  # max_tokens ran out
+    ('{"a": 1}', '{"a": 1}', []),  # no call's shape
+    ("<|python", "<|python", []),
+    ("  ", "  ", []),
+]
+
+
+AUTO = [("hermes", *case) for case in HERMES] + [("llama3_json", *case) for case in LLAMA]
+
+
+@pytest.mark.parametrize("parser, text, content, calls", AUTO,
+                         ids=[f"{case[0]}-{i}" for i, case in enumerate(AUTO)])
+def test_auto_text_becomes_content_and_calls_however_it_is_cut(parser, text, content, calls):
+    plan = tool_plan(TOOLS, "auto", None, parser)
     whole, _, parser = _message(plan, [text])
     assert (whole["content"], _calls(whole)) == (content, calls)
     assert parser.finish_reason("stop") == ("tool_calls" if calls else "stop")
@@ -172,6 +190,12 @@ def test_strict_tools_guide_each_block_auto_opens_and_leave_the_text_free():
     once = tool_plan(strict, "auto", False, "hermes").guide[1]
     assert _accepts(once, block("add", '{"a": 1, "b": 2}')) and not _accepts(once, calls)
     assert tool_plan(TOOLS, "auto", None, "hermes").guide is None  # no strict tool: the text is free
+    llama = tool_plan(strict, "auto", None, "llama3_json").guide[1]  # Llama 3's calls, guided alike
+    add = '{"name": "add", "parameters": {"a": 1, "b": 2}}'
+    for text in ("free text", add, add + '; {"name": "get_weather", "parameters": {}}'):
+        assert _accepts(llama, text), text
+    for text in ('{"name": "add", "parameters": {"a": 1}}', '{"name": "sub", "parameters": {}}'):
+        assert not _accepts(llama, text), text
 
 
 BAD_TOOLS = [  # tools, tool_choice, parser, param

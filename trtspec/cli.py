@@ -927,10 +927,11 @@ def build(config_path, out_dir, flavour=None) -> None:
 @click.option("--api-key", envvar="TRTSPEC_API_KEY", default=None,
               help="Require `Authorization: Bearer KEY` on the OpenAI API, and header `admin-key: KEY` on "
                    "Triton's admin APIs (env TRTSPEC_API_KEY).")
-@click.option("--tool-call-parser", type=click.Choice(("hermes",)), default=None,
+@click.option("--tool-call-parser", type=click.Choice(("hermes", "llama3_json")), default=None,
               help="How the OpenAI API finds tool calls in the model's text under tool_choice \"auto\" (the "
-                   "default with tools; hermes: <tool_call>{...}</tool_call>, Qwen2.5's and Qwen3's). "
-                   "Without it auto is refused; \"required\" and named functions need none.")
+                   "default with tools): hermes, <tool_call>{...}</tool_call> (Qwen2.5's, Qwen3's); "
+                   "llama3_json, an answer of {\"name\", \"parameters\"} objects (Llama 3.1's). Without it "
+                   "auto is refused; \"required\" and named functions need none.")
 @run_errors
 def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_openai, api_key,
           tool_call_parser) -> None:

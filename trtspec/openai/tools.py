@@ -14,6 +14,10 @@
   `"strict": true` (OpenAI's), each block the model opens is guided: one of the tools' names, a
   strict tool's arguments following its schema (another's any JSON object), compactly; the text
   outside the blocks stays free (XGrammar's structural tag, triggered by `<tool_call>`).
+  `--tool-call-parser llama3_json` reads Llama 3.1's JSON calls instead, as vLLM's parser of that
+  name does: an answer that begins with `{` (or `<|python_tag|>`) is one or more
+  `{"name": ..., "parameters": {...}}` objects (`; ` between them), any other answer is text; a
+  strict tool guides each `{"name": "` the model writes to a call.
 - `"none"`: plain text.
 Every mode gives the tools to the chat template, which shows them to the model.
 
@@ -32,11 +36,13 @@ from dataclasses import dataclass, field
 from trtspec.openai.protocol import ApiError, ChatRequest, guide_field
 from trtspec.spec.grammar import GuideError, compact_json_grammar, tagged_json_grammar
 
-TOOL_CALL_PARSERS = ("hermes",)  # trtspec serve --tool-call-parser (cli.py lists them, not importing this)
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")  # trtspec serve --tool-call-parser (cli.py lists them too)
 MAX_TOOLS = 128  # OpenAI's limit
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's function names
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"  # Llama 3.1's, before a tool call (when its tokenizer keeps it in the text)
+LLAMA_SEPARATORS = " \t\n;"  # between Llama 3's JSON calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +99,8 @@ def tool_plan(tools: list | None, tool_choice, parallel_tool_calls: bool | None,
         if not strict:
             return ToolPlan("auto", tools, parallel=parallel, parser=parser)
         # OpenAI's strict: a call's arguments follow its schema; the text between calls stays free
-        guide = _hermes_guide({name: functions[name] if name in strict else {"type": "object"}
-                               for name in functions}, parallel)
+        schemas = {name: functions[name] if name in strict else {"type": "object"} for name in functions}
+        guide = _hermes_guide(schemas, parallel) if parser == "hermes" else _llama_guide(schemas, parallel)
         return ToolPlan("auto", tools, guide=("ebnf_grammar", guide), parallel=parallel, parser=parser)
     if tool_choice == "required":
         for i, parameters in enumerate(functions.values()):  # a schema that does not compile, by name
@@ -118,6 +124,17 @@ def _hermes_guide(functions: dict[str, dict], parallel: bool) -> str:
             for name, schema in functions.items()]
     try:
         return tagged_json_grammar(tags, HERMES_OPEN, once=not parallel)
+    except GuideError as exc:
+        raise ApiError(f"Invalid 'tools': {exc}.", "tools", code="invalid_value") from None
+
+
+def _llama_guide(functions: dict[str, dict], parallel: bool) -> str:
+    """Free text in which each `{"name": "` opens a call in Llama 3's JSON format of one of
+    `functions` (name -> arguments schema), its parameters compact JSON."""
+    tags = [(f'{{"name": {json.dumps(name)}, "parameters": ', schema, "}")
+            for name, schema in functions.items()]
+    try:
+        return tagged_json_grammar(tags, '{"name": "', once=not parallel)
     except GuideError as exc:
         raise ApiError(f"Invalid 'tools': {exc}.", "tools", code="invalid_value") from None
 
@@ -230,6 +247,8 @@ class ToolParser:
     escaped: bool = False  # required: the last character was a backslash in a string
     start: int = -1  # required: where the object being scanned begins in `held`
     scanned: int = 0  # required: characters of `held` scanned
+    lead: str | None = None  # llama3_json: "calls" or "content", once the answer's start tells
+    stray: str = ""  # llama3_json: text between calls that is no separator (content at the end)
     deltas: list[dict] = field(default_factory=list)
 
     def push(self, text: str) -> list[dict]:
@@ -239,7 +258,10 @@ class ToolParser:
                 self._arguments(text)
         elif self.plan.mode == "required":
             self.held += text
-            self._scan_array()
+            self._scan_objects(2)
+        elif self.plan.mode == "auto" and self.plan.parser == "llama3_json":
+            self.held += text
+            self._scan_llama()
         elif self.plan.mode == "auto":
             self.held += text
             self._scan_hermes(final=False)
@@ -256,6 +278,8 @@ class ToolParser:
             self._arguments("")
         elif self.plan.mode == "required":  # cut by max_tokens inside an object
             self._content(self.held)
+        elif self.plan.mode == "auto" and self.plan.parser == "llama3_json":
+            self._content(self.stray + self.held)  # text, or what no call took
         elif self.plan.mode == "auto":
             self._scan_hermes(final=True)
         self.held = ""
@@ -281,9 +305,27 @@ class ToolParser:
         else:
             self.deltas.append({"tool_calls": [{"index": 0, "function": {"arguments": text}}]})
 
-    def _scan_array(self) -> None:
-        """Give out each object of the guided array once it closes (JSON strings skipped over);
-        hold only the object being written."""
+    def _scan_llama(self) -> None:
+        """Llama 3's JSON calls: an answer whose first text is `{` or <|python_tag|> is calls, each
+        given out once its object closes; any other answer is content as it comes."""
+        if self.lead is None:
+            start = self.held.lstrip()
+            if not start or (PYTHON_TAG.startswith(start) and start != PYTHON_TAG):
+                return  # whitespace, or what may be the tag: the answer's start decides
+            if start.startswith(PYTHON_TAG) or start.startswith("{"):
+                self.lead, self.held = "calls", start.removeprefix(PYTHON_TAG)
+            else:
+                self.lead = "content"
+        if self.lead == "content":
+            self._content(self.held)
+            self.held = ""
+        else:
+            self._scan_objects(1)
+
+    def _scan_objects(self, level: int) -> None:
+        """Give out each JSON object at nesting depth `level` once it closes (required's array
+        items at 2, Llama's calls at 1; JSON strings skipped over); hold only the object being
+        written. At depth 0 Llama's separators are dropped and any other text kept for the end."""
         text = self.held
         for i in range(self.scanned, len(text)):
             ch = text[i]
@@ -298,25 +340,33 @@ class ToolParser:
                 self.in_string = True
             elif ch in "[{":
                 self.depth += 1
-                if self.depth == 2:
+                if self.depth == level:
                     self.start = i
             elif ch in "]}":
                 self.depth -= 1
-                if self.depth == 1 and ch == "}":
-                    self._required_call(text[self.start: i + 1])
+                if self.depth == level - 1 and ch == "}":
+                    self._object_call(text[self.start: i + 1])
                     self.start = -1
+            elif self.depth == 0 and (self.stray or ch not in LLAMA_SEPARATORS):
+                self.stray += ch
         if self.start < 0:  # between objects: the brackets, commas and whitespace are the format's
             self.held, self.scanned = "", 0
         else:
             self.held, self.scanned, self.start = text[self.start:], len(text) - self.start, 0
 
-    def _required_call(self, text: str) -> None:
-        try:  # the guide made it {"name": ..., "parameters": {...}}
+    def _object_call(self, text: str) -> None:
+        """A call from {"name": str, "parameters" (or "arguments"): object}; other text as written."""
+        try:  # required: the guide made it so; llama3_json: the model wrote it
             one = json.loads(text)
-            name, arguments = one["name"], json.dumps(one["parameters"], ensure_ascii=False)
-        except (ValueError, KeyError, TypeError):  # not a call after all: text as written
+            parameters = one.get("parameters", one.get("arguments"))
+            if not (isinstance(one["name"], str) and isinstance(parameters, dict)):
+                raise TypeError(text)
+            name, arguments = one["name"], json.dumps(parameters, ensure_ascii=False)
+        except (ValueError, KeyError, TypeError, AttributeError):  # not a call after all: text as written
             self._content(text)
             return
+        if self.calls and not self.plan.parallel:
+            return  # parallel_tool_calls false: calls past the first are dropped
         self.deltas.append({"tool_calls": [_call(self.calls, name, arguments)]})
         self.calls += 1
 
