@@ -14,7 +14,7 @@ import xgrammar as xgr
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from trtspec.openai.protocol import ApiError, ChatRequest, check_messages, parse
-from trtspec.openai.tools import ToolParser, check_tools, merge_deltas, tool_plan
+from trtspec.openai.tools import TOOL_CALL_PARSERS, ToolParser, check_tools, merge_deltas, tool_plan
 
 ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
        "required": ["a", "b"]}
@@ -291,3 +291,11 @@ def test_a_conversation_with_tool_calls_reaches_the_template_as_vllm_gives_it():
         with pytest.raises(ApiError) as refused:
             check_messages(parse(ChatRequest, {"model": "m", "messages": [message]}).messages, None)
         assert refused.value.param == param, (message, refused.value.message)
+
+
+def test_serve_offers_every_parser():
+    """cli.py lists the parsers itself (it imports no heavy module at start-up): the same ones."""
+    from trtspec.cli import serve
+
+    option = next(p for p in serve.params if p.name == "tool_call_parser")
+    assert tuple(option.type.choices) == TOOL_CALL_PARSERS
