@@ -100,7 +100,7 @@ def tool_plan(tools: list | None, tool_choice, parallel_tool_calls: bool | None,
             return ToolPlan("auto", tools, parallel=parallel, parser=parser)
         # OpenAI's strict: a call's arguments follow its schema; the text between calls stays free
         schemas = {name: functions[name] if name in strict else {"type": "object"} for name in functions}
-        guide = _hermes_guide(schemas, parallel) if parser == "hermes" else _llama_guide(schemas, parallel)
+        guide = _strict_guide(parser, schemas, parallel)
         return ToolPlan("auto", tools, guide=("ebnf_grammar", guide), parallel=parallel, parser=parser)
     if tool_choice == "required":
         for i, parameters in enumerate(functions.values()):  # a schema that does not compile, by name
@@ -116,25 +116,22 @@ def tool_plan(tools: list | None, tool_choice, parallel_tool_calls: bool | None,
     return ToolPlan("named", tools, name=name, guide=guide, param=where)
 
 
-def _hermes_guide(functions: dict[str, dict], parallel: bool) -> str:
-    """Free text in which each <tool_call> block is a call in hermes' format of one of `functions`
-    (name -> arguments schema), its arguments compact JSON (with parallel false: one block, which
+# each parser's call, as strict tools guide it: the trigger that opens one, the text before its
+# arguments (`{name}`: the function's name as a JSON string), the text after them
+CALL_FORMATS = {
+    "hermes": (HERMES_OPEN, HERMES_OPEN + '\n{{"name": {name}, "arguments": ', "}\n" + HERMES_CLOSE),
+    "llama3_json": ('{"name": "', '{{"name": {name}, "parameters": ', "}"),
+}
+
+
+def _strict_guide(parser: str, functions: dict[str, dict], parallel: bool) -> str:
+    """Free text in which each call the model opens is one of `functions` (name -> arguments
+    schema) in `parser`'s format, its arguments compact JSON (with parallel false: one call, which
     ends the text)."""
-    tags = [(f'{HERMES_OPEN}\n{{"name": {json.dumps(name)}, "arguments": ', schema, f"}}\n{HERMES_CLOSE}")
-            for name, schema in functions.items()]
+    trigger, begin, end = CALL_FORMATS[parser]
+    tags = [(begin.format(name=json.dumps(name)), schema, end) for name, schema in functions.items()]
     try:
-        return tagged_json_grammar(tags, HERMES_OPEN, once=not parallel)
-    except GuideError as exc:
-        raise ApiError(f"Invalid 'tools': {exc}.", "tools", code="invalid_value") from None
-
-
-def _llama_guide(functions: dict[str, dict], parallel: bool) -> str:
-    """Free text in which each `{"name": "` opens a call in Llama 3's JSON format of one of
-    `functions` (name -> arguments schema), its parameters compact JSON."""
-    tags = [(f'{{"name": {json.dumps(name)}, "parameters": ', schema, "}")
-            for name, schema in functions.items()]
-    try:
-        return tagged_json_grammar(tags, '{"name": "', once=not parallel)
+        return tagged_json_grammar(tags, trigger, once=not parallel)
     except GuideError as exc:
         raise ApiError(f"Invalid 'tools': {exc}.", "tools", code="invalid_value") from None
 
