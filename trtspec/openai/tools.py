@@ -352,20 +352,30 @@ class ToolParser:
             self.held, self.scanned, self.start = text[self.start:], len(text) - self.start, 0
 
     def _object_call(self, text: str) -> None:
-        """A call from {"name": str, "parameters" (or "arguments"): object}; other text as written."""
-        try:  # required: the guide made it so; llama3_json: the model wrote it
-            one = json.loads(text)
-            parameters = one.get("parameters", one.get("arguments"))
-            if not (isinstance(one["name"], str) and isinstance(parameters, dict)):
-                raise TypeError(text)
-            name, arguments = one["name"], json.dumps(parameters, ensure_ascii=False)
-        except (ValueError, KeyError, TypeError, AttributeError):  # not a call after all: text as written
+        """A call from {"name": str, "parameters" (or "arguments"): object} (required: the guide made
+        it so; llama3_json: the model wrote it); other text as written."""
+        if not self._take_call(text, ("parameters", "arguments"), missing_ok=False):
             self._content(text)
-            return
+
+    def _take_call(self, text: str, keys: tuple[str, ...], missing_ok: bool) -> bool:
+        """Give out the call `text` holds, {"name": str, <the first of `keys` it has>: object} (with
+        none of them an empty object when `missing_ok`); with parallel_tool_calls false, calls past
+        the first are taken and dropped. False: `text` holds no call."""
+        try:
+            one = json.loads(text)
+        except ValueError:
+            return False
+        if not isinstance(one, dict):
+            return False
+        parameters = next((one[key] for key in keys if key in one), {} if missing_ok else None)
+        if not (isinstance(one.get("name"), str) and isinstance(parameters, dict)):
+            return False
         if self.calls and not self.plan.parallel:
-            return  # parallel_tool_calls false: calls past the first are dropped
-        self.deltas.append({"tool_calls": [_call(self.calls, name, arguments)]})
+            return True
+        self.deltas.append({"tool_calls": [_call(self.calls, one["name"],
+                                                 json.dumps(parameters, ensure_ascii=False))]})
         self.calls += 1
+        return True
 
     def _scan_hermes(self, final: bool) -> None:
         """Content outside <tool_call> blocks; each block whose body is {"name": str, "arguments":
@@ -380,7 +390,7 @@ class ToolParser:
                 body = self.held if end < 0 else self.held[:end]  # final: an unclosed block
                 self.held = "" if end < 0 else self.held[end + len(HERMES_CLOSE):]
                 self.in_call, self.blank = False, True
-                if not self._hermes_call(body):
+                if not self._take_call(body, ("arguments",), missing_ok=True):
                     self._content(HERMES_OPEN + body + ("" if end < 0 else HERMES_CLOSE))
                 continue
             begin = self.held.find(HERMES_OPEN)
@@ -399,21 +409,6 @@ class ToolParser:
             self.blank = self.blank and not out.strip()
             self.held = "" if final else self.held[len(out):]
             return
-
-    def _hermes_call(self, body: str) -> bool:
-        try:
-            one = json.loads(body)
-        except json.JSONDecodeError:
-            return False
-        if not (isinstance(one, dict) and isinstance(one.get("name"), str)
-                and isinstance(one.get("arguments", {}), dict)):
-            return False
-        if self.calls and not self.plan.parallel:
-            return True  # parallel_tool_calls false: calls past the first are dropped
-        arguments = json.dumps(one.get("arguments", {}), ensure_ascii=False)
-        self.deltas.append({"tool_calls": [_call(self.calls, one["name"], arguments)]})
-        self.calls += 1
-        return True
 
 
 def _tag_prefix(text: str, tag: str) -> int:
