@@ -146,16 +146,17 @@ def tagged_json_grammar(tags: Sequence[tuple[str, dict, str]], trigger: str, onc
     (begin, schema, end): `begin` (which starts with the trigger), JSON following `schema` written
     compactly (`compact_json_grammar`), `end`; free text again after it, or with `once` the text's
     end. XGrammar's structural tag (triggered tags), written out as EBNF."""
-    return _tagged_json_grammar(json.dumps([list(tag) for tag in tags]), trigger, once)
+    keyed = tuple((begin, json.dumps(schema), end) for begin, schema, end in tags)
+    return _tagged_json_grammar(keyed, trigger, once)
 
 
 @functools.lru_cache(maxsize=CONVERTED_CACHE)
-def _tagged_json_grammar(tags_json: str, trigger: str, once: bool) -> str:
-    tags = json.loads(tags_json)
+def _tagged_json_grammar(tags: tuple[tuple[str, str, str], ...], trigger: str, once: bool) -> str:
+    """`tagged_json_grammar` of tags whose schemas are JSON text (a cache key)."""
     xgr = _xgrammar()
     from xgrammar.structural_tag import GrammarFormat, StructuralTag, TagFormat, TriggeredTagsFormat
 
-    formats = [TagFormat(begin=begin, content=GrammarFormat(grammar=compact_json_grammar(schema)), end=end)
+    formats = [TagFormat(begin=begin, content=GrammarFormat(grammar=_compact_json_grammar(schema)), end=end)
                for begin, schema, end in tags]
     tag = StructuralTag(format=TriggeredTagsFormat(triggers=[trigger], tags=formats, stop_after_first=once))
     try:
