@@ -1460,6 +1460,77 @@ def test_tool_calls_are_the_guided_targets_own_text(served, pipeline):
         assert _tool_answer(client, stream, tools=strict)[0] == {"role": "assistant", "content": want}
 
 
+THINKING_TEMPLATE = (  # the embedded model's Q/A turns, the answer's opening as Qwen3's templates write it
+    "{% for m in messages %}{{ 'Q: ' if m.role == 'user' else 'A: ' }}{{ m.content }}\n{% endfor %}A: "
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% elif enable_thinking is defined %}<think>\n{% endif %}")
+
+
+def _local_target(tmp_path: Path, config, template: str):
+    """`config` with its target's files linked into tmp_path beside `template`, its chat template."""
+    target = tmp_path / "target"
+    target.mkdir()
+    for path in config.target.resolved_path.iterdir():
+        if path.name != "chat_template.jinja":
+            (target / path.name).symlink_to(path)
+    (target / "chat_template.jinja").write_text(template)
+    return config.model_copy(update={"target": config.target.model_copy(update={"path": str(target)})})
+
+
+def _reasoning_answer(client, stream: bool, **ask) -> tuple[str | None, str | None]:
+    """A chat answer's (reasoning_content, content); streamed, its deltas joined."""
+    got = client.chat.completions.create(model="trtspec", messages=[{"role": "user", "content": "482 + 356"}],
+                                         max_tokens=24, temperature=0, stream=stream, **ask)
+    if not stream:
+        message = got.choices[0].message
+        return getattr(message, "reasoning_content", None), message.content
+    parts = ["", ""]
+    for chunk in got:
+        for choice in chunk.choices:
+            parts[0] += getattr(choice.delta, "reasoning_content", None) or ""
+            parts[1] += choice.delta.content or ""
+    return parts[0] or None, parts[1] or None
+
+
+def test_a_reasoning_parser_gives_the_block_apart_and_guides_the_text_after_it(served, pipeline, tmp_path,
+                                                                              config):
+    """`--reasoning-parser qwen3` behind a template that opens the block (enable_thinking true), closes
+    it (false) or leaves it to the model (unset): each answer is the target alone's text, the block's
+    part as reasoning_content, streamed or not; a guided answer is the target's under the guide that
+    holds the text after the block (not under the request's guide alone)."""
+    from trtspec.openai.model_info import served_model
+    from trtspec.openai.reasoning import ReasoningParser, answer_start, reasoning_guide
+
+    model = served_model(_local_target(tmp_path, config, THINKING_TEMPLATE))
+    model.reasoning_parser = "qwen3"
+    frontend = OpenAIFrontend(model, f"127.0.0.1:{served.ports.grpc}", "127.0.0.1", free_port()).start()
+    client = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="none")
+    try:
+        openings = {True: "<think>\n", False: "<think>\n\n</think>\n\n", None: ""}  # the template's
+        for thinking, start in ((True, "reasoning"), (False, "content"), (None, "opens_tag")):
+            prompt = "Q: 482 + 356\nA: " + openings[thinking]
+            assert answer_start("qwen3", prompt) == start
+            text, _ = _chat_expected(pipeline, prompt, 24)
+            parser = ReasoningParser(start)
+            want = tuple(a + b or None for a, b in zip(parser.push(text), parser.finish(), strict=True))
+            assert want[0 if thinking else 1] is not None  # the block, or the content
+            kwargs = {} if thinking is None else {"chat_template_kwargs": {"enable_thinking": thinking}}
+            for stream in (False, True):
+                assert _reasoning_answer(client, stream, extra_body=kwargs) == want, (thinking, stream)
+            hidden = _reasoning_answer(client, False, extra_body={**kwargs, "include_reasoning": False})
+            assert hidden == (None, want[1])
+        regex = ("regex", "[0-9]{3}")
+        prompt = "Q: 482 + 356\nA: <think>\n"
+        text = pipeline.generate(prompt, 24, guide=Guide(*reasoning_guide(regex, "reasoning")))[0]
+        assert text != pipeline.generate(prompt, 24, guide=Guide(*regex))[0]
+        text = text[: text.index(CHAT_STOP)] if CHAT_STOP in text else text
+        ask = {"chat_template_kwargs": {"enable_thinking": True}, "guided_regex": regex[1]}
+        for stream in (False, True):
+            assert _reasoning_answer(client, stream, extra_body=ask) == (text, None)
+    finally:
+        frontend.stop()
+
+
 def test_without_a_tool_call_parser_auto_is_refused_and_tokenize_shows_the_tools(tmp_path, config):
     """A frontend whose server has no --tool-call-parser refuses tool_choice auto (the default with
     tools) by name; /tokenize renders a conversation with tool calls and the tools through the
@@ -1467,16 +1538,10 @@ def test_without_a_tool_call_parser_auto_is_refused_and_tokenize_shows_the_tools
     is not running: both answers come from the frontend alone."""
     from trtspec.openai.model_info import served_model
 
-    target = tmp_path / "target"
-    target.mkdir()
-    for path in config.target.resolved_path.iterdir():
-        if path.name != "chat_template.jinja":
-            (target / path.name).symlink_to(path)
-    (target / "chat_template.jinja").write_text(
+    local = _local_target(tmp_path, config, (
         "{% for tool in tools or [] %}{{ tool.function.name }}: {{ tool.function.parameters | tojson }}\n"
         "{% endfor %}{% for m in messages %}{{ m.role }}: {{ m.content }}{% for c in m.tool_calls or [] %}"
-        "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}{{ '\\n' }}{% endfor %}")
-    local = config.model_copy(update={"target": config.target.model_copy(update={"path": str(target)})})
+        "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}{{ '\\n' }}{% endfor %}"))
     nowhere = f"127.0.0.1:{free_port()}"
     frontend = OpenAIFrontend(served_model(local), nowhere, "127.0.0.1", free_port()).start()
     try:

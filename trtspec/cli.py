@@ -932,14 +932,20 @@ def build(config_path, out_dir, flavour=None) -> None:
                    "default with tools): hermes, <tool_call>{...}</tool_call> (Qwen2.5's, Qwen3's); "
                    "llama3_json, an answer of {\"name\", \"parameters\"} objects (Llama 3.1's). Without it "
                    "auto is refused; \"required\" and named functions need none.")
+@click.option("--reasoning-parser", type=click.Choice(("qwen3", "deepseek_r1", "deepseek-r1")), default=None,
+              help="Give a thinking model's <think>...</think> block as the chat answer's reasoning_content, "
+                   "the text after it as content (structured outputs and tool calls then hold the content): "
+                   "qwen3, a block the answer opens (or the template did); deepseek_r1, the answer up to "
+                   "</think>.")
 @run_errors
 def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_openai, api_key,
-          tool_call_parser) -> None:
+          tool_call_parser, reasoning_parser) -> None:
     """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel,
     and an OpenAI-compatible API beside it, until Ctrl-C or SIGTERM. Prints `serving …` once the
     server and its models are ready."""
     import signal
 
+    from trtspec.openai.reasoning import parser_name
     from trtspec.serve import (
         admin_key_for,
         exit_quickly,
@@ -971,7 +977,8 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
         server.start()
         urls, why_not = f"{server.http_url} {server.grpc_url} {server.metrics_url}", None
         if not no_openai:
-            frontend, why_not = start_openai_frontend(server, openai_port, api_key, tool_call_parser)
+            frontend, why_not = start_openai_frontend(server, openai_port, api_key, tool_call_parser,
+                                                     parser_name(reasoning_parser))
             urls += f" {frontend.url}/v1" if frontend else ""
         click.echo(f"serving {server.repo}: {urls}", err=True)
         if why_not:

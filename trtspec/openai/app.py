@@ -8,6 +8,7 @@ role), a chunk with `finish_reason`, a usage chunk when `stream_options.include_
 `data: [DONE]`. Speculative figures ride in a `trtspec` field: `accepted_tokens`, `draft_tokens`,
 `target_forwards`.
 Log-probabilities (`logprobs`) come with the text they belong to, a step's tokens per chunk.
+With a reasoning parser (`reasoning`), a chat answer's reasoning block comes as `reasoning_content`.
 A client that disconnects ends its Triton request. With an API key, every `/v1` route needs
 `Authorization: Bearer KEY` and answers 401 before anything runs.
 """
@@ -45,10 +46,12 @@ from trtspec.openai.protocol import (
     parse,
     stop_list,
 )
+from trtspec.openai.reasoning import ReasoningParser, answer_start, reasoning_guide
 from trtspec.openai.stops import StopTrimmer
 from trtspec.openai.tools import ToolParser, ToolPlan, check_tools, merge_deltas, tool_plan
 from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
 from trtspec.spec.coupling import fresh_seed
+from trtspec.spec.grammar import GuideError
 from trtspec.triton.request import produced_chars
 
 log = logging.getLogger(__name__)
@@ -68,10 +71,13 @@ class Frontend:
         self.model, self.triton = model, triton
 
     def generation(self, req, prompt: str | list[int], chat: bool, default_max: int | None,
-                   param: str, tools: ToolPlan | None = None) -> tuple[Generation, list[int]]:
+                   param: str, tools: ToolPlan | None = None,
+                   start: str | None = None) -> tuple[Generation, list[int]]:
         """The Triton request for `req` on `prompt` (text, or token ids sent as they are), and the
         prompt's token ids. `param`: the request parameter that holds the prompt; `tools`: the chat
-        request's tool calling, whose guide (named, required) is the request's."""
+        request's tool calling, whose guide (named, required) is the request's; `start`: where a
+        reasoning parser's answer starts (`reasoning.answer_start`), whose guide then holds the text
+        after the reasoning."""
         model = self.model
         specials = (not chat) if req.add_special_tokens is None else req.add_special_tokens
         prompt_ids = prompt if isinstance(prompt, list) else model.encode(prompt, specials)
@@ -124,8 +130,21 @@ class Frontend:
                          frequency_penalty=req.frequency_penalty or 0.0,
                          repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                          logit_bias=logit_bias_pairs(req.logit_bias, model.vocab_size),
-                         guide=tools.guide if tools is not None and tools.guide else guide_of(req))
+                         guide=self.guide(req, tools, start))
         return gen, prompt_ids
+
+    @staticmethod
+    def guide(req, tools: ToolPlan | None, start: str | None) -> tuple[str, str] | None:
+        """The request's guide (a tool_choice's wins), after the reasoning block when `start` says
+        the answer has one."""
+        guide, param = (tools.guide, tools.param) if tools is not None and tools.guide else \
+            (guide_of(req), guide_field(req))
+        if guide is None or start is None:
+            return guide
+        try:
+            return reasoning_guide(guide, start)
+        except GuideError as exc:
+            raise ApiError(f"Invalid '{param}': {exc}.", param, code="invalid_value") from None
 
     def check_model(self, name: str | None, required: bool = True) -> None:
         if (required or name is not None) and name != self.model.name:
@@ -177,7 +196,7 @@ class _Run:
     def __init__(self, gen: Generation, prompt_ids: list[int], sample: int = 0,
                  logprobs: LogprobsBody | None = None, echo: str | None = None,
                  decode: Callable[[list[int]], str] | None = None, include: tuple[str, ...] = (),
-                 tools: ToolPlan | None = None):
+                 tools: ToolPlan | None = None, start: str | None = None, show_reasoning: bool = True):
         self.gen, self.prompt_ids, self.prompt_tokens = gen, prompt_ids, len(prompt_ids)
         self.sample = sample  # j of the prompt's n choices
         self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)), protected=None if gen.min_tokens else 0,
@@ -193,6 +212,10 @@ class _Run:
         if logprobs is not None and echo is not None:  # the completion's offsets count from its end
             logprobs.prompt = (len(prompt_ids), len(echo))
         self.tools = None if tools is None else ToolParser(tools)  # the text as content and tool calls
+        # the reasoning block apart from the content (None: no reasoning parser); shown unless asked not to
+        self.reasoning = None if start is None else ReasoningParser(start)
+        self.show_reasoning = show_reasoning
+        self.reasoned = False  # some of the text was reasoning
 
     def take(self, step) -> str:
         self.completion_tokens += len(step.ids)
@@ -237,10 +260,22 @@ class _Run:
         return reason if self.tools is None else self.tools.finish_reason(reason)
 
     def deltas(self, text: str, final: bool) -> list[dict]:
-        """A chat choice's new text as message deltas: content, or tool calls found in it."""
+        """A chat choice's new text as message deltas: reasoning, then content or tool calls found
+        in the content."""
+        out = []
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning.push(text)
+            if final:
+                more, text_more = self.reasoning.finish()
+                reasoning, text = reasoning + more, text + text_more
+            self.reasoned = self.reasoned or bool(reasoning)
+            if reasoning and self.show_reasoning:
+                out.append({"reasoning_content": reasoning})
         if self.tools is None:
-            return [{"content": text}] if text else []
-        return self.tools.push(text) + (self.tools.finish() if final else [])
+            return out + ([{"content": text}] if text else [])
+        if text or self.reasoning is None:  # a named call starts with the content's first text
+            out += self.tools.push(text)
+        return out + (self.tools.finish() if final else [])
 
     def figures(self) -> dict:
         return {"accepted_tokens": self.accepted, "draft_tokens": self.drafted,
@@ -339,7 +374,8 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         messages = check_chat(req, model.vocab_size)
         tools = check_tools(req, model.tool_parser)
         prompt = render_chat(messages, req.chat_template_kwargs, None if tools is None else tools.tools)
-        return await respond(request, req, [prompt], True, None, tools)
+        start = None if model.reasoning_parser is None else answer_start(model.reasoning_parser, prompt)
+        return await respond(request, req, [prompt], True, None, tools, start)
 
     def render_chat(messages: list[dict], variables: dict | None, tools: list[dict] | None = None) -> str:
         if model.chat is None:
@@ -391,12 +427,12 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                 "chat_template": None if model.chat is None else model.chat.text}
 
     async def respond(request: Request, req, prompts: list[str | list[int]], chat: bool,
-                      default_max: int | None, tools: ToolPlan | None = None):
+                      default_max: int | None, tools: ToolPlan | None = None, start: str | None = None):
         runs = []  # a choice per prompt and sample, index = prompt × n + sample (vLLM's order)
         drawn = None  # a sampled request without a seed gets one, reported in `trtspec.seed`
         for i, prompt in enumerate(prompts):
             param = "messages" if chat else "prompt" if len(prompts) == 1 else f"prompt[{i}]"
-            gen, prompt_ids = front.generation(req, prompt, chat, default_max, param, tools)
+            gen, prompt_ids = front.generation(req, prompt, chat, default_max, param, tools, start)
             if gen.seed is None and gen.temperature > 0:
                 drawn = fresh_seed() if drawn is None else drawn
                 gen = dataclasses.replace(gen, seed=drawn)
@@ -407,7 +443,8 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                 seeded = gen if gen.seed is None else dataclasses.replace(gen, seed=(gen.seed + j) % 2**64)
                 body = None if gen.logprobs is None else LogprobsBody(model.tokenizer, chat)
                 included = tuple(stop_list(req.stop)) if req.include_stop_str_in_output else ()
-                runs.append(_Run(seeded, prompt_ids, j, body, echo, model.tokenizer.decode, included, tools))
+                runs.append(_Run(seeded, prompt_ids, j, body, echo, model.tokenizer.decode, included, tools,
+                                 start, getattr(req, "include_reasoning", None) is not False))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
         # a guide the model refuses is named as the request named it
@@ -472,7 +509,13 @@ async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, 
     for i, (run, text) in enumerate(zip(runs, texts, strict=True)):
         logprobs = run.logprobs_body()
         if chat:  # the message first: a choice that called tools finishes for them
-            message = merge_deltas(run.deltas(text, final=True))
+            deltas = run.deltas(text, final=True)
+            message = merge_deltas([d for d in deltas if "reasoning_content" not in d])
+            if run.reasoning is not None:
+                said = "".join(d["reasoning_content"] for d in deltas if "reasoning_content" in d)
+                message["reasoning_content"] = said or None
+                if run.reasoned and not message["content"]:  # all reasoning (max_tokens ran out in it)
+                    message["content"] = None
             choices.append({"index": i, "message": message, "logprobs": logprobs,
                             "finish_reason": run.finish_reason()})
         else:

@@ -30,6 +30,7 @@ class ServedModel:
     sampling_defaults: dict = field(default_factory=dict)  # generation_config.json's temperature, top_p, …
     max_input_tokens: int | None = None  # the deployment's limits.max_input_tokens (None: the context's)
     tool_parser: str | None = None  # the tool-call parser of tool_choice "auto" (None: auto is refused)
+    reasoning_parser: str | None = None  # reads reasoning_content off chat answers (None: all is content)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens)
@@ -62,13 +63,14 @@ def served_model(config: BuildConfig) -> ServedModel:
                        int(hf_config.vocab_size), defaults, config.limits.max_input_tokens)
 
 
-def served_model_of_repo(repo: Path, tool_parser: str | None = None) -> ServedModel:
-    """The one trtspec model of a generated Triton model repository; `tool_parser`: the server's
-    --tool-call-parser."""
+def served_model_of_repo(repo: Path, tool_parser: str | None = None,
+                         reasoning_parser: str | None = None) -> ServedModel:
+    """The one trtspec model of a generated Triton model repository; `tool_parser` and
+    `reasoning_parser`: the server's --tool-call-parser and --reasoning-parser."""
     found = sorted(repo.glob(f"*/{VERSION}/{BUILD_CONFIG_FILE}"))
     if len(found) != 1:
         raise ConfigError(f"{repo}: the OpenAI frontend serves one trtspec model (a `{BUILD_CONFIG_FILE}` "
                           f"under <model>/{VERSION}/), found {len(found)}")
     model = served_model(load_build_config(found[0]))
-    model.tool_parser = tool_parser
+    model.tool_parser, model.reasoning_parser = tool_parser, reasoning_parser
     return model

@@ -134,6 +134,9 @@ class ChatMessage(BaseModel):
     tool_calls: list | None = Field(None, description="an assistant's tool calls: [{id, type: function, "
                                     "function: {name, arguments}}], arguments a JSON object's text")
     tool_call_id: str | None = Field(None, description="a tool message's: the call it answers")
+    reasoning_content: str | None = Field(None, description="an assistant's reasoning, as a reasoning parser "
+                                          "answered it; given to the chat template (Qwen3's reads it)")
+    reasoning: str | None = Field(None, description="vLLM's newer name for reasoning_content")
 
 
 class ChatRequest(_Common):
@@ -154,6 +157,8 @@ class ChatRequest(_Common):
     modalities: list[str] | None = Field(None, description='only ["text"]')
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="variables for the chat template, e.g. Qwen3's enable_thinking (vLLM extension)")
+    include_reasoning: bool | None = Field(None, description="false: the reasoning is generated but not sent "
+                                           "(needs the server's --reasoning-parser; vLLM extension)")
 
 
 def parse(model: type[BaseModel], body: Any):
@@ -389,6 +394,13 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
         elif msg.tool_call_id is not None:
             raise ApiError(f"'messages[{i}].tool_call_id' belongs to a tool message, not a {msg.role!r} one.",
                            f"messages[{i}].tool_call_id", code="invalid_value")
+        reasoning = msg.reasoning_content if msg.reasoning_content is not None else msg.reasoning
+        if reasoning is not None:
+            if msg.role != "assistant":
+                field = "reasoning_content" if msg.reasoning_content is not None else "reasoning"
+                raise ApiError(f"'messages[{i}].{field}' belongs to an assistant message, not a {msg.role!r} "
+                               "one.", f"messages[{i}].{field}", code="invalid_value")
+            message["reasoning_content"] = reasoning
         messages.append(message if msg.name is None else {**message, "name": msg.name})
     return messages
 

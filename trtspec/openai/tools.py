@@ -399,7 +399,7 @@ class ToolParser:
                 self._content(before if before.strip() or not self.blank else "")
                 self.held, self.in_call = self.held[begin + len(HERMES_OPEN):], True
                 continue
-            keep = 0 if final else _tag_prefix(self.held, HERMES_OPEN)
+            keep = 0 if final else tag_prefix(self.held, HERMES_OPEN)
             out = self.held[: len(self.held) - keep]
             if self.blank and not out.strip():  # only whitespace so far: kept for a text without calls
                 out = out if final and not self.calls else ""
@@ -411,7 +411,7 @@ class ToolParser:
             return
 
 
-def _tag_prefix(text: str, tag: str) -> int:
+def tag_prefix(text: str, tag: str) -> int:
     """Length of the longest tail of `text` that begins `tag` (held back until the next text)."""
     for n in range(min(len(text), len(tag) - 1), 0, -1):
         if tag.startswith(text[-n:]):

@@ -13,7 +13,8 @@ the positions after it are never reached and keep their logits unmasked.
 Chain drafts are guided too (`choose_drafts`): each drafting step's logits are masked after the
 row's drafts so far, so a draft is never one the guide refuses (JSON's forced `"`, `:` and
 structure), and q is the masked law the draft was drawn from, which the accept rule needs and
-which may be any law. Tree drafts are not guided.
+which may be any law. Tree drafts are guided the same way, each node's children masked after its
+path (`mask_paths`).
 
 The grammar engine is XGrammar (Dong et al. 2024), the backend TensorRT-LLM's and vLLM's guided
 decoding use: a matcher per request that accepts tokens, rolls them back, and fills the bitmask of
@@ -153,16 +154,40 @@ def tagged_json_grammar(tags: Sequence[tuple[str, dict, str]], trigger: str, onc
 @functools.lru_cache(maxsize=CONVERTED_CACHE)
 def _tagged_json_grammar(tags: tuple[tuple[str, str, str], ...], trigger: str, once: bool) -> str:
     """`tagged_json_grammar` of tags whose schemas are JSON text (a cache key)."""
-    xgr = _xgrammar()
-    from xgrammar.structural_tag import GrammarFormat, StructuralTag, TagFormat, TriggeredTagsFormat
+    _xgrammar()
+    from xgrammar.structural_tag import GrammarFormat, TagFormat, TriggeredTagsFormat
 
     formats = [TagFormat(begin=begin, content=GrammarFormat(grammar=_compact_json_grammar(schema)), end=end)
                for begin, schema, end in tags]
-    tag = StructuralTag(format=TriggeredTagsFormat(triggers=[trigger], tags=formats, stop_after_first=once))
+    return structural_grammar(TriggeredTagsFormat(triggers=[trigger], tags=formats, stop_after_first=once))
+
+
+def guide_ebnf(guide: Guide) -> str:
+    """`guide`'s language as EBNF text (an ebnf_grammar guide's text), as the model compiles it: a
+    json_schema with any whitespace, XGrammar's JSON for json."""
+    xgr = _xgrammar()
     try:
-        return str(xgr.Grammar.from_structural_tag(tag))
+        if guide.kind == "json":
+            return str(xgr.Grammar.builtin_json_grammar())
+        if guide.kind == "json_schema":
+            return str(xgr.Grammar.from_json_schema(guide.text))
+        if guide.kind == "regex":
+            return str(xgr.Grammar.from_regex(guide.text))
+        return str(xgr.Grammar.from_ebnf(guide.text))
     except Exception as exc:  # noqa: BLE001 - XGrammar raises RuntimeError/ValueError with its reason
-        raise GuideError(f"the tagged grammar does not compile: {_reason(exc)}") from None
+        raise GuideError(f"the {guide.kind} guide does not compile: {_reason(exc)}") from None
+
+
+def structural_grammar(fmt) -> str:
+    """An ebnf_grammar guide's text for XGrammar's structural tag format `fmt` (a
+    xgrammar.structural_tag format: sequence, tag, any_text, grammar, ...)."""
+    xgr = _xgrammar()
+    from xgrammar.structural_tag import StructuralTag
+
+    try:
+        return str(xgr.Grammar.from_structural_tag(StructuralTag(format=fmt)))
+    except Exception as exc:  # noqa: BLE001 - XGrammar raises RuntimeError/ValueError with its reason
+        raise GuideError(f"the structural grammar does not compile: {_reason(exc)}") from None
 
 
 class GuideState:

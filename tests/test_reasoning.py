@@ -1,0 +1,164 @@
+"""Reasoning outputs' pieces without a server (`trtspec.openai.reasoning`): where an answer starts,
+read off the prompt's tail; the parser's (reasoning, content) pieces, streamed in random pieces,
+join to the whole text's; the guide after the reasoning block takes what the parser reads as a
+block then the request's guide, and nothing else; assistant messages carry their reasoning to the
+chat template. Served reasoning is in test_openai."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+
+from trtspec.openai.app import Frontend
+from trtspec.openai.protocol import ApiError, ChatRequest, check_messages, parse
+from trtspec.openai.reasoning import (
+    ALIASES,
+    CONTENT,
+    OPENS_TAG,
+    OPTIONAL_TAG,
+    REASONING,
+    REASONING_PARSERS,
+    ReasoningParser,
+    answer_start,
+    reasoning_guide,
+)
+from trtspec.openai.tools import tool_plan
+from trtspec.spec.grammar import GuideError
+
+from .test_tools import TOOLS, _accepts, _pieces
+
+QWEN3_OFF = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+@pytest.mark.parametrize(("parser", "prompt", "start"), [
+    ("qwen3", "<|im_start|>assistant\n<think>\n", REASONING),  # Qwen3-Thinking-2507, Qwen3.5
+    ("deepseek_r1", "<｜Assistant｜><think>\n", REASONING),  # DeepSeek-R1's template
+    ("qwen3", QWEN3_OFF, CONTENT),  # enable_thinking false: an empty block
+    ("deepseek_r1", QWEN3_OFF, CONTENT),
+    ("qwen3", "<|im_start|>assistant\n", OPENS_TAG),  # Qwen3's first templates: the model writes it
+    ("deepseek_r1", "Q: 1 + 2\nA: ", OPTIONAL_TAG),
+    # an earlier turn's block does not count: only the prompt's tail
+    ("qwen3", "<think>\nr</think>\n\n3<|im_end|>\n<|im_start|>user\nand?<|im_end|>\n<|im_start|>assistant\n",
+     OPENS_TAG),
+])
+def test_where_the_answer_starts_is_read_off_the_prompts_tail(parser, prompt, start):
+    assert answer_start(parser, prompt) == start
+
+
+CASES = [  # where it starts, the answer, (reasoning, content)
+    (REASONING, "abc</think>\n\nthe answer", ("abc", "\n\nthe answer")),
+    (REASONING, "a </th b < c</think>", ("a </th b < c", "")),
+    (REASONING, "x</think>y</think>z", ("x", "y</think>z")),  # the first close ends the block
+    (REASONING, "cut by max_tokens </thi", ("cut by max_tokens </thi", "")),
+    (CONTENT, "a<think>b</think>c", ("", "a<think>b</think>c")),
+    (OPENS_TAG, "<think>r</think>\n\nc", ("r", "\n\nc")),
+    (OPENS_TAG, " \n<think>r</think>c", ("r", "c")),
+    (OPENS_TAG, "an answer <think>x</think>", ("", "an answer <think>x</think>")),
+    (OPENS_TAG, "  <thin", ("", "  <thin")),  # what might have opened a block, at the end: content
+    (OPENS_TAG, "<think>never closed", ("never closed", "")),
+    (OPTIONAL_TAG, "<think>r</think>c", ("r", "c")),
+    (OPTIONAL_TAG, "  r</think>c", ("  r", "c")),
+    (OPTIONAL_TAG, "<thin", ("<thin", "")),  # deepseek_r1: reasoning until </think>
+    (OPTIONAL_TAG, "no end", ("no end", "")),
+]
+
+
+@pytest.mark.parametrize(("start", "text", "want"), CASES)
+def test_the_answer_splits_into_reasoning_and_content_however_it_is_cut(start, text, want):
+    rng = random.Random(hash(text) % 1000)
+    for _ in range(40):
+        parser, got = ReasoningParser(start), ["", ""]
+        for piece in _pieces(text, rng):
+            for k, part in enumerate(parser.push(piece)):
+                got[k] += part
+        for k, part in enumerate(parser.finish()):
+            got[k] += part
+        assert tuple(got) == want
+
+
+def test_text_is_given_out_as_soon_as_no_tag_can_begin_in_it():
+    """Held back: only a tail that may begin `</think>` (or, at an answer's start, `<think>`)."""
+    parser = ReasoningParser(REASONING)
+    assert parser.push("step one <") == ("step one ", "")
+    assert parser.push("b> two </th") == ("<b> two ", "")
+    assert parser.push("ink>\n\n{") == ("", "\n\n{")
+    assert parser.push('"a": 1}') == ("", '"a": 1}')
+    qwen = ReasoningParser(OPENS_TAG)
+    assert qwen.push("  <th") == ("", "") and qwen.push("is") == ("", "  <this")
+
+
+REGEX = ("regex", "[a-z]+")
+
+
+@pytest.mark.parametrize(("start", "accepted", "refused"), [
+    (REASONING, ["any < text at all</think>\n\nabc", "x</think>abc", "</think>\nabc"],
+     ["abc", "x</think>ABC", "x</think>\n\n\nabc", "x</think>"]),
+    (OPENS_TAG, ["abc", "<think>r</think>\nabc", "<think></think>abc"], ["r</think>abc", "<think>r"]),
+    (OPTIONAL_TAG, ["r</think>abc", "<think>r</think>\n\nabc"], ["abc", "<think>abc"]),
+])
+def test_the_guide_holds_the_text_after_the_reasoning(start, accepted, refused):
+    """The model's guide: the reasoning block as the parser reads it (any text up to the first
+    `</think>`, up to two newlines), then the request's guide; and what it takes, the parser reads
+    as a block whose content is the request guide's."""
+    kind, grammar = reasoning_guide(REGEX, start)
+    assert kind == "ebnf_grammar"
+    for text in accepted:
+        assert _accepts(grammar, text), text
+        parser = ReasoningParser(start)
+        reasoning, content = (a + b for a, b in zip(parser.push(text), parser.finish(), strict=True))
+        assert re.fullmatch(r"\n{0,2}[a-z]+", content), (text, reasoning, content)
+    for text in refused:
+        assert not _accepts(grammar, text), text
+    assert reasoning_guide(REGEX, CONTENT) == REGEX  # an answer in content: the guide as it was
+
+
+def test_json_and_tool_guides_follow_the_reasoning_too():
+    schema = ("json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}},
+                                         "required": ["a"]}))
+    grammar = reasoning_guide(schema, REASONING)[1]
+    assert _accepts(grammar, 'think: {"a": 1}?</think>\n\n{"a": 2}')
+    assert not _accepts(grammar, 'r</think>{"a": "x"}')
+    assert _accepts(reasoning_guide(("json", ""), REASONING)[1], "r</think>[1, 2]")
+    named = tool_plan(TOOLS, {"type": "function", "function": {"name": "add"}}, None, None).guide
+    grammar = reasoning_guide(named, OPENS_TAG)[1]
+    assert _accepts(grammar, '<think>add them</think>\n\n{"a": 1, "b": 2}')
+    assert _accepts(grammar, '{"a": 1, "b": 2}') and not _accepts(grammar, '{"a": 1,  "b": 2}')
+
+
+def test_a_guide_that_does_not_compile_is_refused_naming_its_parameter():
+    with pytest.raises(GuideError, match="regex"):
+        reasoning_guide(("regex", "(unclosed"), REASONING)
+    for body, param in [({"guided_regex": "(unclosed"}, "guided_regex"),
+                        ({"response_format": {"type": "json_schema", "json_schema": {
+                            "name": "x", "schema": {"type": "object", "properties": 3}}}},
+                         "response_format")]:
+        req = parse(ChatRequest, {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
+        assert Frontend.guide(req, None, CONTENT) is not None  # in content the model checks it, as before
+        with pytest.raises(ApiError) as refused:
+            Frontend.guide(req, None, REASONING)
+        assert refused.value.param == param, refused.value.message
+
+
+def test_assistant_messages_carry_their_reasoning_to_the_template():
+    """As clients send an answer back (DeepSeek's and trtllm-serve's reasoning_content, vLLM's newer
+    reasoning); Qwen3's template reads message.reasoning_content. Another role's is refused."""
+    for key in ("reasoning_content", "reasoning"):
+        req = parse(ChatRequest, {"model": "m", "messages": [
+            {"role": "user", "content": "1 + 2"}, {"role": "assistant", "content": "3", key: "add them"}]})
+        assert check_messages(req.messages, None)[1] == {"role": "assistant", "content": "3",
+                                                         "reasoning_content": "add them"}
+        req = parse(ChatRequest, {"model": "m", "messages": [{"role": "user", "content": "1", key: "r"}]})
+        with pytest.raises(ApiError) as refused:
+            check_messages(req.messages, None)
+        assert refused.value.param == f"messages[0].{key}"
+
+
+def test_serve_offers_every_reasoning_parser():
+    """cli.py lists the parsers itself (it imports no heavy module at start-up): the same ones."""
+    from trtspec.cli import serve
+
+    option = next(p for p in serve.params if p.name == "reasoning_parser")
+    assert tuple(option.type.choices) == REASONING_PARSERS + tuple(ALIASES)
