@@ -371,3 +371,14 @@ def test_chunked_prefill_reaches_tensorrt_llm(tmp_path, limits, deployment, chun
     assert ("enable_chunked_prefill" in args) is chunked
     assert args["max_num_tokens"] == max_num_tokens
     assert set(args) <= fields.LLM_ARGS_FIELDS
+
+
+def test_a_serve_parser_that_is_no_name_is_refused_by_its_field(tmp_path):
+    """deployment.reasoning_parser / tool_parser go to trtllm-serve as flags (the golden qwen3-8b-eagle3
+    launch.sh and k8s.yaml hold them); a value that is no parser's name is refused naming its field."""
+    text = (REPO / "build_configs/qwen3-8b-eagle3.yaml").read_text()
+    for field in ("reasoning_parser", "tool_parser"):
+        bad = tmp_path / f"{field}.yaml"
+        bad.write_text(text.replace(f"{field}: qwen3", f"{field}: qwen3 --trust_remote_code"))
+        with pytest.raises(ConfigError, match=rf"deployment\.{field}"):
+            load_build_config(bad)

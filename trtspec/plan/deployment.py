@@ -69,6 +69,18 @@ class DeploymentConfig(BaseModel):
         "TensorRT-LLM release deploy/docker/gpu.Dockerfile builds on",
     )
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server")
+    reasoning_parser: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="trtllm-serve --reasoning_parser: gives a thinking model's <think> block as the OpenAI "
+        "answer's reasoning_content (qwen3, deepseek-r1, ...; the choices of the image's trtllm-serve, "
+        "which refuses others at start); `trtspec serve --reasoning-parser` is the same for trtspec's server",
+    )
+    tool_parser: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="trtllm-serve --tool_parser: finds tool calls in the model's text under tool_choice auto "
+        "(qwen3, <tool_call>{...}</tool_call>, as `trtspec serve --tool-call-parser hermes`; qwen3_coder, "
+        "kimi_k2, ...; the choices of the image's trtllm-serve)",
+    )
     mean_context_len: int | None = Field(
         None, ge=1, description="context tokens of a running request in the speculation cost model "
         "(trtspec/plan/roofline.py); default max_seq_len / 4"

@@ -7,7 +7,7 @@ MODE="${1:-serve}"
 case "$MODE" in
   serve)
     command -v trtllm-serve >/dev/null || { echo 'trtllm-serve is not on PATH: run launch.sh in the TensorRT-LLM container (deploy/README.md)' >&2; exit 127; }
-    exec trtllm-serve /models/Qwen3-8B --host 0.0.0.0 --port 8000 --tp_size 1 --pp_size 1 --config "$HERE/trtllm-serve.yaml"
+    exec trtllm-serve /models/Qwen3-8B --host 0.0.0.0 --port 8000 --tp_size 1 --pp_size 1 --reasoning_parser qwen3 --tool_parser qwen3 --config "$HERE/trtllm-serve.yaml"
     ;;
   triton)
     command -v tritonserver >/dev/null || { echo 'tritonserver is not on PATH: run launch.sh in the Triton + TensorRT-LLM container (deploy/README.md)' >&2; exit 127; }
