@@ -1,5 +1,6 @@
 """What a guide costs the host at a real vocabulary's size: compiling guides, masking a verify step
-of 16 positions, choosing a guided greedy block of 15 drafts, masking a 12-node tree's frontiers.
+of 16 positions, choosing a guided greedy block of 15 drafts, masking a 12-node tree's frontiers;
+also a guide after a reasoning block (`trtspec.openai.reasoning`) while the block is written.
 
 The embedded models have 264 tokens; Qwen3's tokenizer has 151,643 (151,936 ids). With no model
 hub here, this trains a byte-level BPE tokenizer of that size on the Python sources of this
@@ -27,6 +28,7 @@ import xgrammar as xgr
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from trtspec.openai.reasoning import REASONING, reasoning_guide
 from trtspec.openai.tools import tool_plan
 from trtspec.spec.grammar import Guide, GuideCompiler, GuideState, compact_json_grammar
 
@@ -45,6 +47,11 @@ GUIDES = {  # guide, a text it allows (the drafts follow it)
                   json.dumps([{"name": "answer", "parameters": {"answer": 838, "steps": STEPS}}])),
     "regex": (Guide("regex", r"( [0-9]+[-+*/][0-9]+=[0-9]+;)+ = [0-9]+\n"),
               " 2+6=8; 8+5=13; 4+3=7; 1+7=8; 482+356=838; 80*9=720; = 838\n"),
+    # a thinking model's answer under a reasoning parser: the step's drafts lie in the reasoning block
+    # (any text up to </think>), the guide's JSON after it
+    "reasoning + json_schema": (Guide(*reasoning_guide(("json_schema", json.dumps(SCHEMA)), REASONING)),
+                                f"The user wants the sum. {STEPS}. Check: 838 - 356 = 482.</think>\n\n"
+                                + json.dumps({"answer": 838, "steps": STEPS})),
 }
 END = "<|endoftext|>"
 
