@@ -162,3 +162,34 @@ def test_serve_offers_every_reasoning_parser():
 
     option = next(p for p in serve.params if p.name == "reasoning_parser")
     assert tuple(option.type.choices) == REASONING_PARSERS + tuple(ALIASES)
+
+
+NAMED = {"type": "function", "function": {"name": "add"}}
+
+
+@pytest.mark.parametrize("plan", [tool_plan(TOOLS, "auto", None, "hermes"),
+                                  tool_plan(TOOLS, NAMED, None, None)])
+def test_tool_calls_are_read_in_the_content_only(plan):
+    """A choice's deltas (`_Run.deltas`, what streamed and whole answers are built from): the block
+    as reasoning_content, a `<tool_call>` written inside it is reasoning, the calls come from the
+    content; however the text is cut."""
+    from trtspec.openai.app import _Run
+    from trtspec.openai.tools import merge_deltas
+    from trtspec.openai.triton_stream import Generation
+
+    call = '{"a": 1, "b": 2}'
+    after = f'\n\n<tool_call>\n{{"name": "add", "arguments": {call}}}\n</tool_call>' if plan.mode == "auto" \
+        else f"\n\n{call}"
+    reasoning = 'Call <tool_call>{"name": "add"} with 1 and 2.'
+    text = reasoning + "</think>" + after
+    rng = random.Random(7)
+    for _ in range(20):
+        run = _Run(Generation("", 64), [], tools=plan, start=REASONING)
+        pieces = _pieces(text, rng)
+        deltas = [d for k, piece in enumerate(pieces) for d in run.deltas(piece, k == len(pieces) - 1)]
+        said = "".join(d["reasoning_content"] for d in deltas if "reasoning_content" in d)
+        message = merge_deltas([d for d in deltas if "reasoning_content" not in d])
+        assert said == reasoning
+        (got,) = message["tool_calls"]
+        assert got["function"]["name"] == "add"
+        assert json.loads(got["function"]["arguments"]) == {"a": 1, "b": 2}

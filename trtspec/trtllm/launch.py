@@ -32,7 +32,8 @@ def serve_command(config: BuildConfig, config_path: str) -> list[str]:
     ]
     if dep.moe_expert_parallel_size > 1:
         cmd += ["--ep_size", str(dep.moe_expert_parallel_size)]
-    if dep.reasoning_parser is not None:  # trtllm-serve options (tensorrt_llm/commands/serve.py), not LLM args
+    # trtllm-serve's own options (tensorrt_llm/commands/serve.py), not LLM-API arguments
+    if dep.reasoning_parser is not None:
         cmd += ["--reasoning_parser", dep.reasoning_parser]
     if dep.tool_parser is not None:
         cmd += ["--tool_parser", dep.tool_parser]
