@@ -72,7 +72,34 @@ LLAMA = [  # text, content, calls: Llama 3.1's JSON calls (vLLM's llama3_json)
 ]
 
 
-AUTO = [("hermes", *case) for case in HERMES] + [("llama3_json", *case) for case in LLAMA]
+def _xml(name: str, *parameters: tuple[str, str]) -> str:
+    """A qwen3_coder call as Qwen3-Coder's chat template writes one."""
+    body = "".join(f"<parameter={arg}>\n{value}\n</parameter>\n" for arg, value in parameters)
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+QWEN3_CODER = [  # text, content, calls: Qwen3-Coder's XML calls (vLLM's and TensorRT-LLM's qwen3_coder)
+    ("Sure.\n" + _xml("add", ("a", "1"), ("b", "2")) + "\n" + _xml("get_weather", ("city", "New York"),
+                                                                     ("days", "[1, 2]")),
+     "Sure.\n", [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "New York", "days": [1, 2]})]),
+    # a string parameter's value is its text, JSON-like or not; an undeclared one's too
+    (_xml("get_weather", ("city", '"3"'), ("hours", "12")), None,
+     [("get_weather", {"city": '"3"', "hours": "12"})]),
+    (_xml("get_weather", ("city", "a\n</b>\nc")), None, [("get_weather", {"city": "a\n</b>\nc"})]),
+    ("<tool_call>\n<function=add>\n<parameter=a>7</parameter></function></tool_call>", None,
+     [("add", {"a": 7})]),
+    (_xml("add", ("a", "one")), None, [("add", {"a": "one"})]),  # not JSON: the text, as vLLM keeps it
+    (_xml("add"), None, [("add", {})]),
+    ("<tool_call>\n<function=add>\n<parameter=a>\n1", "<tool_call>\n<function=add>\n<parameter=a>\n1", []),
+    ("<tool_call>\n<function=add>\nstray text</function></tool_call>",
+     "<tool_call>\n<function=add>\nstray text</function></tool_call>", []),  # no call's shape: as written
+    ('<tool_call>{"name": "add", "arguments": {}}</tool_call>',
+     '<tool_call>{"name": "add", "arguments": {}}</tool_call>', []),  # hermes' JSON is not this format
+]
+
+
+AUTO = [("hermes", *case) for case in HERMES] + [("llama3_json", *case) for case in LLAMA] + \
+    [("qwen3_coder", *case) for case in QWEN3_CODER]
 
 
 @pytest.mark.parametrize("parser, text, content, calls", AUTO,
@@ -190,6 +217,14 @@ def test_strict_tools_guide_each_block_auto_opens_and_leave_the_text_free():
     once = tool_plan(strict, "auto", False, "hermes").guide[1]
     assert _accepts(once, block("add", '{"a": 1, "b": 2}')) and not _accepts(once, calls)
     assert tool_plan(TOOLS, "auto", None, "hermes").guide is None  # no strict tool: the text is free
+    xml = tool_plan(strict, "auto", None, "qwen3_coder").guide[1]  # Qwen3-Coder's, its parameters as XML
+    calls = "Sure.\n" + _xml("add", ("a", "1"), ("b", "2")) + " ok " + _xml("get_weather", ("x", "[1]"))
+    for text in ("free text", calls):
+        assert _accepts(xml, text), text
+    for text in (_xml("add", ("a", "1")), _xml("add", ("a", "x"), ("b", "2")), _xml("sub")):
+        assert not _accepts(xml, text), text
+    message, _, _ = _message(tool_plan(strict, "auto", None, "qwen3_coder"), _pieces(calls, random.Random(3)))
+    assert _calls(message) == [("add", {"a": 1, "b": 2}), ("get_weather", {"x": "[1]"})]
     llama = tool_plan(strict, "auto", None, "llama3_json").guide[1]  # Llama 3's calls, guided alike
     add = '{"name": "add", "parameters": {"a": 1, "b": 2}}'
     for text in ("free text", add, add + '; {"name": "get_weather", "parameters": {}}'):

@@ -927,10 +927,11 @@ def build(config_path, out_dir, flavour=None) -> None:
 @click.option("--api-key", envvar="TRTSPEC_API_KEY", default=None,
               help="Require `Authorization: Bearer KEY` on the OpenAI API, and header `admin-key: KEY` on "
                    "Triton's admin APIs (env TRTSPEC_API_KEY).")
-@click.option("--tool-call-parser", type=click.Choice(("hermes", "llama3_json")), default=None,
+@click.option("--tool-call-parser", type=click.Choice(("hermes", "llama3_json", "qwen3_coder")), default=None,
               help="How the OpenAI API finds tool calls in the model's text under tool_choice \"auto\" (the "
                    "default with tools): hermes, <tool_call>{...}</tool_call> (Qwen2.5's, Qwen3's); "
-                   "llama3_json, an answer of {\"name\", \"parameters\"} objects (Llama 3.1's). Without it "
+                   "llama3_json, an answer of {\"name\", \"parameters\"} objects (Llama 3.1's); qwen3_coder, "
+                   "<tool_call><function=NAME><parameter=ARG>... (Qwen3-Coder's, Qwen3.5's). Without it "
                    "auto is refused; \"required\" and named functions need none.")
 @click.option("--reasoning-parser", type=click.Choice(("qwen3", "deepseek_r1", "deepseek-r1")), default=None,
               help="Give a thinking model's <think>...</think> block as the chat answer's reasoning_content, "

@@ -18,6 +18,11 @@
   name does: an answer that begins with `{` (or `<|python_tag|>`) is one or more
   `{"name": ..., "parameters": {...}}` objects (`; ` between them), any other answer is text; a
   strict tool guides each `{"name": "` the model writes to a call.
+  `--tool-call-parser qwen3_coder` reads the XML calls of Qwen3-Coder, Qwen3.5 and Qwen3.6:
+  `<tool_call>\n<function=NAME>\n<parameter=ARG>\nVALUE\n</parameter>\n...</function>\n</tool_call>`,
+  a value the text of a string parameter, any other's JSON (vLLM's and TensorRT-LLM's parser of that
+  name); a strict tool guides each `<tool_call>\n<function=` to a call whose parameters follow its
+  schema (XGrammar's qwen_xml style).
 - `"none"`: plain text.
 Every mode gives the tools to the chat template, which shows them to the model.
 
@@ -36,12 +41,16 @@ from dataclasses import dataclass, field
 from trtspec.openai.protocol import ApiError, ChatRequest, guide_field
 from trtspec.spec.grammar import GuideError, compact_json_grammar, tagged_json_grammar
 
-TOOL_CALL_PARSERS = ("hermes", "llama3_json")  # trtspec serve --tool-call-parser (cli.py lists them too)
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "qwen3_coder")  # trtspec serve --tool-call-parser (and cli.py)
 MAX_TOOLS = 128  # OpenAI's limit
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's function names
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"  # Llama 3.1's, before a tool call (when its tokenizer keeps it in the text)
+# Qwen3-Coder's call inside a <tool_call> block: the function, then each parameter (one newline
+# around a value is the format's, as its chat template writes it)
+XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.DOTALL)
+XML_PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 LLAMA_SEPARATORS = " \t\n;"  # between Llama 3's JSON calls
 
 
@@ -117,21 +126,25 @@ def tool_plan(tools: list | None, tool_choice, parallel_tool_calls: bool | None,
 
 
 # each parser's call, as strict tools guide it: the trigger that opens one, the text before its
-# arguments (`{name}`: the function's name as a JSON string), the text after them
+# arguments (`{name}`: the function's name, as a JSON string in the JSON formats), the text after
+# them, and the arguments' style (tagged_json_grammar's)
 CALL_FORMATS = {
-    "hermes": (HERMES_OPEN, HERMES_OPEN + '\n{{"name": {name}, "arguments": ', "}\n" + HERMES_CLOSE),
-    "llama3_json": ('{"name": "', '{{"name": {name}, "parameters": ', "}"),
+    "hermes": (HERMES_OPEN, HERMES_OPEN + '\n{{"name": {name}, "arguments": ', "}\n" + HERMES_CLOSE, "json"),
+    "llama3_json": ('{"name": "', '{{"name": {name}, "parameters": ', "}", "json"),
+    "qwen3_coder": (HERMES_OPEN + "\n<function=", HERMES_OPEN + "\n<function={name}>\n",
+                    "\n</function>\n" + HERMES_CLOSE, "qwen_xml"),
 }
 
 
 def _strict_guide(parser: str, functions: dict[str, dict], parallel: bool) -> str:
     """Free text in which each call the model opens is one of `functions` (name -> arguments
-    schema) in `parser`'s format, its arguments compact JSON (with parallel false: one call, which
-    ends the text)."""
-    trigger, begin, end = CALL_FORMATS[parser]
-    tags = [(begin.format(name=json.dumps(name)), schema, end) for name, schema in functions.items()]
+    schema) in `parser`'s format, its arguments compact JSON or Qwen's XML parameters (with
+    parallel false: one call, which ends the text)."""
+    trigger, begin, end, style = CALL_FORMATS[parser]
+    tags = [(begin.format(name=json.dumps(name) if style == "json" else name), schema, end)
+            for name, schema in functions.items()]
     try:
-        return tagged_json_grammar(tags, trigger, once=not parallel)
+        return tagged_json_grammar(tags, trigger, once=not parallel, style=style)
     except GuideError as exc:
         raise ApiError(f"Invalid 'tools': {exc}.", "tools", code="invalid_value") from None
 
@@ -259,7 +272,7 @@ class ToolParser:
         elif self.plan.mode == "auto" and self.plan.parser == "llama3_json":
             self.held += text
             self._scan_llama()
-        elif self.plan.mode == "auto":
+        elif self.plan.mode == "auto":  # hermes and qwen3_coder: <tool_call> blocks
             self.held += text
             self._scan_hermes(final=False)
         elif text:
@@ -359,8 +372,7 @@ class ToolParser:
 
     def _take_call(self, text: str, keys: tuple[str, ...], missing_ok: bool) -> bool:
         """Give out the call `text` holds, {"name": str, <the first of `keys` it has>: object} (with
-        none of them an empty object when `missing_ok`); with parallel_tool_calls false, calls past
-        the first are taken and dropped. False: `text` holds no call."""
+        none of them an empty object when `missing_ok`). False: `text` holds no call."""
         try:
             one = json.loads(text)
         except ValueError:
@@ -370,12 +382,42 @@ class ToolParser:
         parameters = next((one[key] for key in keys if key in one), {} if missing_ok else None)
         if not (isinstance(one.get("name"), str) and isinstance(parameters, dict)):
             return False
-        if self.calls and not self.plan.parallel:
-            return True
-        self.deltas.append({"tool_calls": [_call(self.calls, one["name"],
-                                                 json.dumps(parameters, ensure_ascii=False))]})
-        self.calls += 1
+        self._emit(one["name"], parameters)
         return True
+
+    def _take_xml_call(self, text: str) -> bool:
+        """Give out the call a qwen3_coder block holds: `<function=NAME>` and its `<parameter=ARG>`
+        values, a string parameter's as its text, another's as the JSON it is (else its text).
+        False: `text` holds no call."""
+        function = XML_FUNCTION.fullmatch(text)
+        if function is None:
+            return False
+        name, body = function.groups()
+        properties = self.properties(name)
+        parameters, at = {}, 0
+        while (one := XML_PARAMETER.match(body, at)) is not None:
+            arg, value = one.groups()
+            parameters[arg] = _xml_value(value, properties.get(arg))
+            at = one.end()
+        if body[at:].strip():
+            return False
+        self._emit(name, parameters)
+        return True
+
+    def properties(self, name: str) -> dict:
+        """The `properties` of the tool `name`'s parameters schema ({} for no such tool)."""
+        for tool in self.plan.tools:
+            if tool["function"]["name"] == name:
+                return (tool["function"].get("parameters") or {}).get("properties") or {}
+        return {}
+
+    def _emit(self, name: str, parameters: dict) -> None:
+        """A call's delta; with parallel_tool_calls false, calls past the first are dropped."""
+        if self.calls and not self.plan.parallel:
+            return
+        arguments = json.dumps(parameters, ensure_ascii=False)
+        self.deltas.append({"tool_calls": [_call(self.calls, name, arguments)]})
+        self.calls += 1
 
     def _scan_hermes(self, final: bool) -> None:
         """Content outside <tool_call> blocks; each block whose body is {"name": str, "arguments":
@@ -390,7 +432,9 @@ class ToolParser:
                 body = self.held if end < 0 else self.held[:end]  # final: an unclosed block
                 self.held = "" if end < 0 else self.held[end + len(HERMES_CLOSE):]
                 self.in_call, self.blank = False, True
-                if not self._take_call(body, ("arguments",), missing_ok=True):
+                took = self._take_xml_call(body) if self.plan.parser == "qwen3_coder" else \
+                    self._take_call(body, ("arguments",), missing_ok=True)
+                if not took:
                     self._content(HERMES_OPEN + body + ("" if end < 0 else HERMES_CLOSE))
                 continue
             begin = self.held.find(HERMES_OPEN)
@@ -409,6 +453,18 @@ class ToolParser:
             self.blank = self.blank and not out.strip()
             self.held = "" if final else self.held[len(out):]
             return
+
+
+def _xml_value(text: str, schema) -> object:
+    """A qwen3_coder parameter's value: a string parameter's text as it is (and a parameter the
+    tool does not declare: vLLM's rule), any other's JSON value when the text is JSON."""
+    kinds = schema.get("type") if isinstance(schema, dict) else "string"
+    if "string" in (kinds if isinstance(kinds, list) else [kinds]):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def tag_prefix(text: str, tag: str) -> int:

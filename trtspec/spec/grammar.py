@@ -142,23 +142,31 @@ def _compact_json_grammar(schema: str) -> str:
         raise GuideError(f"the JSON schema does not compile: {_reason(exc)}") from None
 
 
-def tagged_json_grammar(tags: Sequence[tuple[str, dict, str]], trigger: str, once: bool = False) -> str:
+def tagged_json_grammar(tags: Sequence[tuple[str, dict, str]], trigger: str, once: bool = False,
+                        style: str = "json") -> str:
     """An ebnf_grammar guide's text for free text in which `trigger` opens one of `tags`, each
-    (begin, schema, end): `begin` (which starts with the trigger), JSON following `schema` written
-    compactly (`compact_json_grammar`), `end`; free text again after it, or with `once` the text's
-    end. XGrammar's structural tag (triggered tags), written out as EBNF."""
+    (begin, schema, end): `begin` (which starts with the trigger), the arguments following `schema`,
+    `end`; free text again after it, or with `once` the text's end. The arguments are JSON written
+    compactly (`compact_json_grammar`), or with `style` "qwen_xml" Qwen3-Coder's
+    `<parameter=NAME>\nVALUE\n</parameter>` lines (strings as they are, other values as JSON; a
+    whitespace run between them of one character). XGrammar's structural tag (triggered tags),
+    written out as EBNF."""
     keyed = tuple((begin, json.dumps(schema), end) for begin, schema, end in tags)
-    return _tagged_json_grammar(keyed, trigger, once)
+    return _tagged_json_grammar(keyed, trigger, once, style)
 
 
 @functools.lru_cache(maxsize=CONVERTED_CACHE)
-def _tagged_json_grammar(tags: tuple[tuple[str, str, str], ...], trigger: str, once: bool) -> str:
+def _tagged_json_grammar(tags: tuple[tuple[str, str, str], ...], trigger: str, once: bool, style: str) -> str:
     """`tagged_json_grammar` of tags whose schemas are JSON text (a cache key)."""
     _xgrammar()
-    from xgrammar.structural_tag import GrammarFormat, TagFormat, TriggeredTagsFormat
+    from xgrammar.structural_tag import GrammarFormat, JSONSchemaFormat, TagFormat, TriggeredTagsFormat
 
-    formats = [TagFormat(begin=begin, content=GrammarFormat(grammar=_compact_json_grammar(schema)), end=end)
-               for begin, schema, end in tags]
+    def arguments(schema: str):
+        if style == "qwen_xml":
+            return JSONSchemaFormat(json_schema=json.loads(schema), style="qwen_xml", max_whitespace_cnt=1)
+        return GrammarFormat(grammar=_compact_json_grammar(schema))
+
+    formats = [TagFormat(begin=begin, content=arguments(schema), end=end) for begin, schema, end in tags]
     return structural_grammar(TriggeredTagsFormat(triggers=[trigger], tags=formats, stop_after_first=once))
 
 
