@@ -1531,6 +1531,39 @@ def test_a_reasoning_parser_gives_the_block_apart_and_guides_the_text_after_it(s
         frontend.stop()
 
 
+def test_qwen3_coder_calls_are_the_guided_targets_own_text(served, pipeline, config):
+    """A frontend with `--tool-call-parser qwen3_coder` beside the module's Triton: an auto answer in
+    Qwen3-Coder's XML format (forced by a regex of the request's own) becomes its calls, typed by
+    the tools' schemas, streamed or not; with a strict tool the free text is the target's under the
+    strict XML guide."""
+    from trtspec.openai.model_info import served_model
+    from trtspec.openai.tools import tool_plan
+
+    model = served_model(config)
+    model.tool_parser = "qwen3_coder"
+    frontend = OpenAIFrontend(model, f"127.0.0.1:{served.ports.grpc}", "127.0.0.1", free_port()).start()
+    client, prompt = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="none"), "Q: 482 + 356\nA: "
+    try:
+        regex = (r"Sure\.\n<tool_call>\n<function=add>\n<parameter=a>\n[0-9]{1,3}\n</parameter>\n"
+                 r"<parameter=b>\n[0-9]{1,3}\n</parameter>\n</function>\n</tool_call>")
+        want = pipeline.generate(prompt, 160, guide=Guide("regex", regex))[0]
+        assert re.fullmatch(regex, want), want  # the whole call, ended
+        a, b = (int(v) for v in re.findall(r"<parameter=[ab]>\n([0-9]+)", want))
+        for stream in (False, True):
+            message, finish = _tool_answer(client, stream, 160, extra_body={"guided_regex": regex})
+            assert message == {"role": "assistant", "content": "Sure.\n", "tool_calls": [
+                {"type": "function", "function": {"name": "add", "arguments": json.dumps({"a": a, "b": b})}}]}
+            assert finish == "tool_calls"
+        strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+        guide = Guide(*tool_plan(strict, "auto", None, "qwen3_coder").guide)
+        want = pipeline.generate(prompt, 64, guide=guide)[0]
+        want = want[: want.index(CHAT_STOP)] if CHAT_STOP in want else want
+        for stream in (False, True):
+            assert _tool_answer(client, stream, tools=strict)[0] == {"role": "assistant", "content": want}
+    finally:
+        frontend.stop()
+
+
 def test_without_a_tool_call_parser_auto_is_refused_and_tokenize_shows_the_tools(tmp_path, config):
     """A frontend whose server has no --tool-call-parser refuses tool_choice auto (the default with
     tools) by name; /tokenize renders a conversation with tool calls and the tools through the
