@@ -35,14 +35,9 @@ def dflash():
 
 def _fresh_mask(compiled, end_ids, vocab: int, path: list[int]) -> torch.Tensor:
     """Allowed tokens after `path`, from a new matcher that accepted it token by token. [V] bool"""
-    matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=sorted(end_ids))
-    for token in path:
-        assert matcher.accept_token(token)
-    bitmask = xgr.allocate_token_bitmask(1, vocab)
-    matcher.fill_next_token_bitmask(bitmask)
-    logits = torch.zeros(1, vocab)
-    xgr.apply_token_bitmask_inplace(logits, bitmask)
-    return logits[0] == 0
+    state = GuideState(compiled, end_ids, vocab)
+    state.extend(path)
+    return state.allowed()
 
 
 @pytest.mark.parametrize("tree", [False, True])

@@ -273,6 +273,12 @@ class GuideState:
             if not self.matcher.accept_token(int(token)):
                 raise RuntimeError(f"token {token} was emitted against the request's guide")
 
+    def allowed(self) -> torch.Tensor:
+        """The tokens the guide allows after the committed ones.  -> [V] bool"""
+        logits = torch.zeros(1, self.vocab_size)
+        self.mask(logits)
+        return logits[0] == 0
+
     def mask(self, logits: torch.Tensor, fed: torch.Tensor | None = None,
              parents: Sequence[int] | None = None) -> None:
         """Mask a step's logits in place.  logits [s, V], position j's predicting the token after the

@@ -140,6 +140,7 @@ class SamplingCheck:
     sampling: SamplingParams = SAMPLING
     drafted: int | None = None  # draft tokens the server reports for these requests; None: not reported
     text_of: int | None = None  # the law tested is of whole texts this many tokens long; None: of tokens
+    guide: Guide | None = None  # the requests' guide (the law is the guided target's)
 
     @property
     def passed(self) -> bool:
@@ -152,9 +153,10 @@ class SamplingCheck:
         else:
             what, each = f"the text of {self.text_of}-token requests", f" of {self.text_of} tokens"
             unit = "the text"
+        under = "" if self.guide is None else f", guided by {self.guide.kind} {self.guide.text!r}"
         out = [f"sample  law of {what} of {self.prompt[:40]!r} (the prompt they are least certain after): "
                f"{self.samples} requests{each}, seeds 0..{self.samples - 1}, "
-               f"temperature {s.temperature:g}, top-k {s.top_k}, top-p {s.top_p:g}",
+               f"temperature {s.temperature:g}, top-k {s.top_k}, top-p {s.top_p:g}{under}",
                f"sample  statistic: total variation from the exact law; p-value from {SIMULATIONS} "
                f"simulated samples of that law; {unit} fails at p ≤ {law.level:.2g} (alpha {law.alpha:g} "
                f"over {len(law.positions)} {'tokens' if self.text_of is None else 'text'}, Bonferroni)"]
@@ -176,6 +178,7 @@ class SamplingCheck:
 class Certificate:
     greedy: list[GreedyCheck] = field(default_factory=list)
     sampling: SamplingCheck | None = None
+    guided_sampling: SamplingCheck | None = None  # the same prompt's law, a guide barring its likeliest
     coupled: list[GreedyCheck] = field(default_factory=list)  # seeded, Gumbel-coupled samples
     penalized: list[GreedyCheck] = field(default_factory=list)  # greedy under PENALIZED
     guided: list[GreedyCheck] = field(default_factory=list)  # greedy under GUIDED
@@ -183,8 +186,8 @@ class Certificate:
 
     @property
     def passed(self) -> bool:
-        sampling_ok = self.sampling is None or self.sampling.passed
-        return sampling_ok and all(g.passed for g in self.texts)
+        laws_ok = all(law.passed for law in (self.sampling, self.guided_sampling) if law is not None)
+        return laws_ok and all(g.passed for g in self.texts)
 
     @property
     def texts(self) -> list[GreedyCheck]:
@@ -193,8 +196,9 @@ class Certificate:
 
     def lines(self) -> list[str]:
         out = [line for check in self.texts for line in check.lines()]
-        if self.sampling is not None:
-            out += self.sampling.lines()
+        for law in (self.sampling, self.guided_sampling):
+            if law is not None:
+                out += law.lines()
         out += [f"not tested: {what}" for what in self.untested]
         out.append("PASS: lossless" if self.passed else "FAIL: the deployment is not lossless")
         return out
@@ -285,16 +289,52 @@ def sampling_prompt(model, tokenizer, prompts: list[str],
     return best[1], best[2]
 
 
+def barring_guide(joint: dict[tuple[int, ...], float], tokenizer) -> Guide | None:
+    """A regex guide that bars the first character of the likeliest first token's text (of the
+    tokens whose text has one), from the whole text: the guided law then differs from the plain one
+    from the first token on. None: no first token has a character to bar."""
+    firsts = marginals(joint, len(next(iter(joint))))[0]
+    for token in sorted(firsts, key=firsts.get, reverse=True):
+        text = tokenizer.decode([token])
+        if text and text[0] != "\ufffd":
+            first = text[0]
+            escaped = "\\" + first if first in "\\]^-[" else first  # a regex class's own characters
+            char = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(first, escaped)
+            return Guide("regex", "[^" + char + "]*")
+    return None
+
+
+def allowed_after(compiled, end_ids, vocab_size: int) -> Callable[[list[int]], torch.Tensor]:
+    """`exact_joint`'s `allowed` for a compiled guide: the tokens it allows after a prefix."""
+    def allowed(prefix: list[int]) -> torch.Tensor:
+        state = GuideState(compiled, end_ids, vocab_size)
+        state.extend(prefix)
+        return state.allowed()
+
+    return allowed
+
+
 def _sample_served(url: str, model: str, prompt: str, n: int, api_key: str | None,
-                   lengths: tuple[int, ...] = SAMPLE_TOKENS) -> list[Completion]:
-    """n seeded requests, seed i `lengths[i % len(lengths)]` tokens long."""
+                   lengths: tuple[int, ...] = SAMPLE_TOKENS, guide: Guide | None = None) -> list[Completion]:
+    """n seeded requests, seed i `lengths[i % len(lengths)]` tokens long (under `guide`)."""
     params = [GenerateParams.of(SAMPLING.model_copy(update={"seed": seed}), lengths[seed % len(lengths)])
               for seed in range(n)]
+    if guide is not None:
+        params = [dataclasses.replace(p, guide=(guide.kind, guide.text)) for p in params]
     scheme, address = split_url(url)
     if scheme == "grpc":
         return grpc_generate_many(address, model, [grpc_inputs(prompt, p) for p in params])
     with ThreadPoolExecutor(4) as pool:  # the server batches concurrent requests
         return list(pool.map(lambda p: generate(url, model, prompt, p, api_key=api_key), params))
+
+
+def _drafted(completions: list[Completion]) -> int | None:
+    """The draft tokens the server reports for `completions` (None: it reports none)."""
+    drafted: int | None = 0
+    for completion in completions:
+        reported = completion.draft_tokens
+        drafted = None if drafted is None or reported is None else drafted + reported
+    return drafted
 
 
 def streamed_text(tokenizer, ids: list[int], end_ids) -> str:
@@ -409,11 +449,22 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         lengths = (steps,) if by_text else SAMPLE_TOKENS
         completions = _sample_served(url, model, prompt, samples, api_key, lengths)
         law = check_sampled(completions, joint, tokenizer, reference.end_ids, text_only, alpha)
-        drafted: int | None = 0
-        for completion in completions:
-            reported = completion.draft_tokens
-            drafted = None if drafted is None or reported is None else drafted + reported
-        cert.sampling = SamplingCheck(prompt, samples, law, SAMPLING, drafted, steps if by_text else None)
+        cert.sampling = SamplingCheck(prompt, samples, law, SAMPLING, _drafted(completions),
+                                      steps if by_text else None)
+        # the same prompt under a guide that bars its likeliest first token: the masked law, drafted
+        guide = barring_guide(joint, tokenizer)
+        try:
+            if guide is None:
+                raise ClientError("no first token has a character to bar")
+            compiled = reference.guides.compile(guide)
+            allowed = allowed_after(compiled, reference.end_ids, reference.target.vocab_size)
+            guided = exact_joint(torch_target, tokenizer.encode(prompt), SAMPLING, steps, allowed)
+            completions = _sample_served(url, model, prompt, samples, api_key, lengths, guide)
+            law = check_sampled(completions, guided, tokenizer, reference.end_ids, text_only, alpha)
+            cert.guided_sampling = SamplingCheck(prompt, samples, law, SAMPLING, _drafted(completions),
+                                                 steps if by_text else None, guide)
+        except ClientError as exc:  # a server without regex guides (OpenAI's API has none)
+            cert.untested.append(f"the sampled law under a guide ({exc})")
         cert.untested.append(f"the sampled law past token {steps}, of other prompts, or at other "
                              "temperature, top-k or top-p")
         if by_text:
