@@ -13,13 +13,19 @@
 ARG TRITON_TRTLLM_IMAGE=nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3
 FROM ${TRITON_TRTLLM_IMAGE}
 
-# Refuse a TensorRT-LLM without the fields trtspec writes (trtspec/trtllm/fields.py), at build time
-# rather than on the first request. The source is read, not imported: no GPU at build time.
+# Refuse a TensorRT-LLM without the fields trtspec writes (trtspec/trtllm/fields.py), or a
+# trtllm-serve without the options launch.sh may pass (deployment.reasoning_parser, tool_parser), at
+# build time rather than on the first request. The source is read, not imported: no GPU at build time.
 RUN set -eu; \
-    args="$(python3 -c 'import importlib.util as u; print(u.find_spec("tensorrt_llm").submodule_search_locations[0])')/llmapi/llm_args.py"; \
+    root="$(python3 -c 'import importlib.util as u; print(u.find_spec("tensorrt_llm").submodule_search_locations[0])')"; \
+    args="$root/llmapi/llm_args.py"; \
     for name in "class DFlashDecodingConfig" "class DSparkDecodingConfig" draft_len_schedule \
                 acceptance_rate_window_size acceptance_rate_threshold; do \
         grep -q "$name" "$args" || { echo "TensorRT-LLM in this base image lacks $name ($args)"; exit 1; }; \
+    done; \
+    for flag in --reasoning_parser --tool_parser; do \
+        grep -q -- "\"$flag\"" "$root/commands/serve.py" \
+            || { echo "trtllm-serve in this base image lacks $flag ($root/commands/serve.py)"; exit 1; }; \
     done
 
 # trtspec in its own venv: its pins (CPU torch, transformers 5) must not touch TensorRT-LLM's
