@@ -904,7 +904,8 @@ def test_verify_over_openai_passes_on_the_server(served, monkeypatch):
     assert result.exit_code == 0, result.output
     assert result.output.count("greedy  identical") == 5 and result.output.count("penalty identical") == 5
     assert result.output.count("guided  identical") == 5 and "PASS: lossless" in result.output
-    assert result.output.count("sample  token 1:") == 2 and "guided by regex '[^" in result.output
+    assert result.output.count("sample  token 1:") == 3 and "guided by regex '[^" in result.output
+    assert "min-p 0.2, presence 0.5, frequency 0.3, repetition 1.2, logit_bias {" in result.output
     # not the first prompt (its first tokens are near-certain: any server passes): 'import os\n'
     assert "law of the first 3 tokens of 'import os\\n'" in result.output
 

@@ -511,8 +511,10 @@ def test_verify_certifies_the_server(served, tmp_path, monkeypatch):
     assert ok.exit_code == 0, ok.output
     assert ok.output.count("greedy  identical") == 5 and ok.output.count("penalty identical") == 5
     assert ok.output.count("guided  identical") == 5 and "PASS: lossless" in ok.output
-    # the sampled law twice: plain, and under a regex barring the likeliest first token's character
-    assert ok.output.count("sample  token 1:") == 2 and "guided by regex '[^" in ok.output
+    # the sampled law three times: plain, under a regex barring the likeliest first token's
+    # character, and under penalties, min-p and a logit bias against that token
+    assert ok.output.count("sample  token 1:") == 3 and "guided by regex '[^" in ok.output
+    assert "min-p 0.2, presence 0.5, frequency 0.3, repetition 1.2, logit_bias {" in ok.output
     # a reference that is not the served target: every prompt must be reported as a mismatch
     other = tmp_path / "other.yaml"
     other.write_text(CONFIG.read_text().replace("builtin:tiny-target", "builtin:tiny-draft"))

@@ -47,6 +47,8 @@ def request_body(model: str, prompt: str, params: GenerateParams, chat: bool) ->
     if params.seed is not None:
         body["seed"] = params.seed
     body.update(params.penalties())  # repetition_penalty: vLLM's extension, as trtspec's and SGLang's
+    if params.logit_bias:  # OpenAI's: token ids as strings
+        body["logit_bias"] = {str(token): bias for token, bias in params.logit_bias}
     if params.stop_words:
         body["stop"] = list(params.stop_words)
     if params.guide is not None:

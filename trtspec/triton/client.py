@@ -142,13 +142,15 @@ class GenerateParams:
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     guide: tuple[str, str] | None = None  # (guide type, guide): TensorRT-LLM's guided_decoding inputs
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias): the logit_bias_ids / _values inputs
 
     @classmethod
     def of(cls, sampling: SamplingParams, max_tokens: int, stream: bool = False) -> GenerateParams:
         """The request for `sampling`: greedy as the server's default (no sampling field sent), else
-        its temperature, top-p, top-k and seed; and its penalties, where it has them."""
+        its temperature, top-p, top-k, min-p and seed; and its penalties and logit bias, where it has
+        them."""
         penalties = {name: getattr(sampling, name) for name, off in PENALTY_DEFAULTS.items()
-                     if getattr(sampling, name) != off}
+                     if getattr(sampling, name) != off} | {"logit_bias": sampling.logit_bias}
         if sampling.greedy:
             return cls(max_tokens=max_tokens, stream=stream, **penalties)
         return cls(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
@@ -165,6 +167,9 @@ class GenerateParams:
                     "min_p": self.min_p, "random_seed": self.seed}
         body.update({k: v for k, v in optional.items() if v is not None})
         body.update(self.penalties())
+        if self.logit_bias:
+            body["logit_bias_ids"] = [token for token, _ in self.logit_bias]
+            body["logit_bias_values"] = [bias for _, bias in self.logit_bias]
         if self.stop_words:
             body["stop_words"] = list(self.stop_words)
         if self.guide is not None:
@@ -206,6 +211,9 @@ def grpc_inputs(prompt: str | bytes, params: GenerateParams) -> list:
         arrays["random_seed"] = np.array([params.seed], dtype=np.uint64)
     for name, value in params.penalties().items():
         arrays[name] = np.array([value], dtype=np.float32)
+    if params.logit_bias:
+        arrays["logit_bias_ids"] = np.array([token for token, _ in params.logit_bias], dtype=np.int32)
+        arrays["logit_bias_values"] = np.array([bias for _, bias in params.logit_bias], dtype=np.float32)
     if params.stop_words:
         arrays["stop_words"] = np.array([w.encode("utf-8") for w in params.stop_words], dtype=np.object_)
     arrays |= guide_arrays(params.guide)

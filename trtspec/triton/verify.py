@@ -84,6 +84,7 @@ GUIDED = Guide("json_schema", json.dumps({"type": "object", "properties": {
 # of a 6-draft chain (accepted or recovered) and a bonus token can only be its last; in a 3-token
 # request token 3 is the bonus after draft 1. The first tokens' law is the same for both lengths.
 SAMPLE_TOKENS = (8, 3)
+PROCESSED_MIN_P, PROCESSED_BIAS = 0.2, -1.0  # the third sampled law's min-p and logit bias
 STEPS = 3  # generated tokens whose law the sampling test compares
 ALPHA = 1e-3  # probability that a correct server fails the sampling test (all positions together)
 DEFAULT_SAMPLES = 2000  # docs/EVAL.md: what this many requests catch, and what 400 missed
@@ -154,6 +155,12 @@ class SamplingCheck:
             what, each = f"the text of {self.text_of}-token requests", f" of {self.text_of} tokens"
             unit = "the text"
         under = "" if self.guide is None else f", guided by {self.guide.kind} {self.guide.text!r}"
+        if s.min_p:
+            under += f", min-p {s.min_p:g}"
+        if s.penalized:
+            under += (f", presence {s.presence_penalty:g}, frequency {s.frequency_penalty:g}, repetition "
+                      f"{s.repetition_penalty:g}")
+            under += "".join(f", logit_bias {{{token}: {bias:g}}}" for token, bias in s.logit_bias)
         out = [f"sample  law of {what} of {self.prompt[:40]!r} (the prompt they are least certain after): "
                f"{self.samples} requests{each}, seeds 0..{self.samples - 1}, "
                f"temperature {s.temperature:g}, top-k {s.top_k}, top-p {s.top_p:g}{under}",
@@ -177,8 +184,7 @@ class SamplingCheck:
 @dataclass(slots=True)
 class Certificate:
     greedy: list[GreedyCheck] = field(default_factory=list)
-    sampling: SamplingCheck | None = None
-    guided_sampling: SamplingCheck | None = None  # the same prompt's law, a guide barring its likeliest
+    laws: list[SamplingCheck] = field(default_factory=list)  # sampled laws: plain, guided, processed
     coupled: list[GreedyCheck] = field(default_factory=list)  # seeded, Gumbel-coupled samples
     penalized: list[GreedyCheck] = field(default_factory=list)  # greedy under PENALIZED
     guided: list[GreedyCheck] = field(default_factory=list)  # greedy under GUIDED
@@ -186,8 +192,7 @@ class Certificate:
 
     @property
     def passed(self) -> bool:
-        laws_ok = all(law.passed for law in (self.sampling, self.guided_sampling) if law is not None)
-        return laws_ok and all(g.passed for g in self.texts)
+        return all(law.passed for law in self.laws) and all(g.passed for g in self.texts)
 
     @property
     def texts(self) -> list[GreedyCheck]:
@@ -196,9 +201,8 @@ class Certificate:
 
     def lines(self) -> list[str]:
         out = [line for check in self.texts for line in check.lines()]
-        for law in (self.sampling, self.guided_sampling):
-            if law is not None:
-                out += law.lines()
+        for law in self.laws:
+            out += law.lines()
         out += [f"not tested: {what}" for what in self.untested]
         out.append("PASS: lossless" if self.passed else "FAIL: the deployment is not lossless")
         return out
@@ -304,6 +308,16 @@ def barring_guide(joint: dict[tuple[int, ...], float], tokenizer) -> Guide | Non
     return None
 
 
+def processed_sampling(joint: dict[tuple[int, ...], float]) -> SamplingParams:
+    """SAMPLING with every other logits processor a server takes: PENALIZED's penalties, min-p
+    `PROCESSED_MIN_P`, and a logit bias of `PROCESSED_BIAS` against the likeliest first token (so
+    the law differs from the plain one from the first token on)."""
+    firsts = marginals(joint, len(next(iter(joint))))[0]
+    penalties = PENALIZED.model_dump(include={"presence_penalty", "frequency_penalty", "repetition_penalty"})
+    return SAMPLING.model_copy(update={**penalties, "min_p": PROCESSED_MIN_P,
+                                       "logit_bias": ((max(firsts, key=firsts.get), PROCESSED_BIAS),)})
+
+
 def allowed_after(compiled, end_ids, vocab_size: int) -> Callable[[list[int]], torch.Tensor]:
     """`exact_joint`'s `allowed` for a compiled guide: the tokens it allows after a prefix."""
     def allowed(prefix: list[int]) -> torch.Tensor:
@@ -315,9 +329,10 @@ def allowed_after(compiled, end_ids, vocab_size: int) -> Callable[[list[int]], t
 
 
 def _sample_served(url: str, model: str, prompt: str, n: int, api_key: str | None,
-                   lengths: tuple[int, ...] = SAMPLE_TOKENS, guide: Guide | None = None) -> list[Completion]:
-    """n seeded requests, seed i `lengths[i % len(lengths)]` tokens long (under `guide`)."""
-    params = [GenerateParams.of(SAMPLING.model_copy(update={"seed": seed}), lengths[seed % len(lengths)])
+                   lengths: tuple[int, ...] = SAMPLE_TOKENS, sampling: SamplingParams = SAMPLING,
+                   guide: Guide | None = None) -> list[Completion]:
+    """n seeded requests under `sampling` (and `guide`), seed i `lengths[i % len(lengths)]` tokens long."""
+    params = [GenerateParams.of(sampling.model_copy(update={"seed": seed}), lengths[seed % len(lengths)])
               for seed in range(n)]
     if guide is not None:
         params = [dataclasses.replace(p, guide=(guide.kind, guide.text)) for p in params]
@@ -433,9 +448,6 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         cert.guided = [check(prompt, SamplingParams(), GUIDED) for prompt in prompts]
     except ClientError as exc:  # a server without guided decoding
         cert.untested.append(f"greedy texts under a guide: the server refused it ({exc})")
-    cert.untested.append("logit_bias and min_p (penalties are tested greedy, at presence "
-                         f"{PENALIZED.presence_penalty:g}, frequency {PENALIZED.frequency_penalty:g}, "
-                         f"repetition {PENALIZED.repetition_penalty:g})")
     if unreadable:
         cert.untested.append("which ids the served texts' U+FFFD characters stand for (an OpenAI server "
                              "sends text, and any invalid UTF-8 reads as U+FFFD)")
@@ -447,26 +459,37 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         # a text's law is known for whole requests only: a longer one's does not tell where its
         # first `steps` tokens end
         lengths = (steps,) if by_text else SAMPLE_TOKENS
-        completions = _sample_served(url, model, prompt, samples, api_key, lengths)
-        law = check_sampled(completions, joint, tokenizer, reference.end_ids, text_only, alpha)
-        cert.sampling = SamplingCheck(prompt, samples, law, SAMPLING, _drafted(completions),
-                                      steps if by_text else None)
+        def sampled(sampling: SamplingParams, guide: Guide | None = None,
+                    exact: dict[tuple[int, ...], float] | None = None) -> SamplingCheck:
+            """`samples` seeded requests of the prompt under `sampling` (and `guide`) against the
+            exact law of the target alone under them."""
+            if exact is None:
+                allowed = None
+                if guide is not None:
+                    compiled = reference.guides.compile(guide)
+                    allowed = allowed_after(compiled, reference.end_ids, reference.target.vocab_size)
+                exact = exact_joint(torch_target, tokenizer.encode(prompt), sampling, steps, allowed)
+            completions = _sample_served(url, model, prompt, samples, api_key, lengths, sampling, guide)
+            law = check_sampled(completions, exact, tokenizer, reference.end_ids, text_only, alpha)
+            return SamplingCheck(prompt, samples, law, sampling, _drafted(completions),
+                                 steps if by_text else None, guide)
+
+        cert.laws.append(sampled(SAMPLING, exact=joint))
         # the same prompt under a guide that bars its likeliest first token: the masked law, drafted
         guide = barring_guide(joint, tokenizer)
         try:
             if guide is None:
                 raise ClientError("no first token has a character to bar")
-            compiled = reference.guides.compile(guide)
-            allowed = allowed_after(compiled, reference.end_ids, reference.target.vocab_size)
-            guided = exact_joint(torch_target, tokenizer.encode(prompt), SAMPLING, steps, allowed)
-            completions = _sample_served(url, model, prompt, samples, api_key, lengths, guide)
-            law = check_sampled(completions, guided, tokenizer, reference.end_ids, text_only, alpha)
-            cert.guided_sampling = SamplingCheck(prompt, samples, law, SAMPLING, _drafted(completions),
-                                                 steps if by_text else None, guide)
+            cert.laws.append(sampled(SAMPLING, guide))
         except ClientError as exc:  # a server without regex guides (OpenAI's API has none)
             cert.untested.append(f"the sampled law under a guide ({exc})")
+        # and under every other processor: penalties, min-p, a logit bias against that token
+        try:
+            cert.laws.append(sampled(processed_sampling(joint)))
+        except ClientError as exc:
+            cert.untested.append(f"the sampled law under penalties, min-p and logit_bias ({exc})")
         cert.untested.append(f"the sampled law past token {steps}, of other prompts, or at other "
-                             "temperature, top-k or top-p")
+                             "temperature, top-k, top-p, min-p, penalties or biases")
         if by_text:
             cert.untested.append(f"the law of drafts past the first: over openai:// with a BPE tokenizer "
                                  f"every sampled request is {steps} tokens long, so that its text's law is "
