@@ -1019,9 +1019,10 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
 def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, samples, api_key) -> None:
     """Certify a deployment as lossless: greedy token identity with the target alone on every prompt
     (a bfloat16/float16 deployment may differ at a near-tie of the target's two best tokens: it
-    passes when an audit finds every served token the target's argmax up to its rounding) and a
-    sampling distribution test; exits 1 on any mismatch. Give DIR (a `trtspec build` output, served
-    here on free loopback ports) or --url of a running server with --config."""
+    passes when an audit finds every served token the target's argmax up to its rounding), greedy
+    identity under penalties and under a guide, and sampling distribution tests (plain, under a
+    guide, under penalties, min-p and a logit bias); exits 1 on any mismatch. Give DIR (a `trtspec
+    build` output, served here on free loopback ports) or --url of a running server with --config."""
     from trtspec.runtime import configure_threads
     from trtspec.serve import model_repository
     from trtspec.triton.repo import BUILD_CONFIG_FILE, VERSION
