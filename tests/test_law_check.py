@@ -8,7 +8,8 @@ recovered token, the second the bonus token (or, after a rejection, the target's
 as the decoder continues). Their laws must be p_1 and p_2, the target's processed distributions.
 The logits are a drafter's that agrees with its target about as well as the embedded DFlash
 drafter does (TV(p, q) 0.15-0.2 per position). Measured over 20 seeds each, every slip fails at
-2,000 requests 20 times of 20, and a correct rule never.
+2,000 requests 20 times of 20, and a correct rule never; so at ALPHA / LAWS, the level verify tests
+each of its three sampled laws at (seeds 0-19).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from trtspec.spec.law_check import check_law, check_position
 from trtspec.spec.sampling import probs_from_logits
 from trtspec.spec.verify import draw_uniforms, inverse_cdf
-from trtspec.triton.verify import ALPHA, DEFAULT_SAMPLES, SAMPLING
+from trtspec.triton.verify import ALPHA, DEFAULT_SAMPLES, LAWS, SAMPLING
 
 V = 8
 # [2, V] the target's logits at positions 1 and 2: at temperature 1.3 and top-k 3, about
@@ -90,10 +91,11 @@ def test_a_correct_rule_passes_at_the_default_sample_size():
 
 @pytest.mark.parametrize("slip", SLIPS)
 def test_each_slip_fails_at_the_default_sample_size(slip):
-    """Every slip is caught at verify's default number of requests (3 seeds); at 400 requests under
-    the former distribution-free bound, none of these was."""
+    """Every slip is caught at verify's default number of requests (3 seeds), at the level verify
+    tests each of its sampled laws at (ALPHA / LAWS); at 400 requests under the former
+    distribution-free bound, none of these was."""
     for seed in range(3):
-        check = check_law(_run(slip, DEFAULT_SAMPLES, seed), _laws(), ALPHA)
+        check = check_law(_run(slip, DEFAULT_SAMPLES, seed), _laws(), ALPHA / LAWS)
         assert not check.passed, (slip, seed, [(t.tv, t.p_value) for t in check.positions])
 
 

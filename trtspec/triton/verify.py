@@ -19,8 +19,12 @@
    distribution, computed by walking the target's top-k tree with the checkpoint loaded in torch
    (whatever the flavour served, so an engine deployment is held to the model it was exported
    from). The statistic is each position's total-variation distance, its p-value simulated from
-   the exact law (`trtspec.spec.law_check`), the positions tested together at `ALPHA` (Bonferroni):
-   a correct deployment fails with probability at most `ALPHA`. n must be at least `MIN_SAMPLES`.
+   the exact law (`trtspec.spec.law_check`), the positions tested together (Bonferroni).
+   The same n requests are sent twice more: under a regex guide that bars the first character of
+   the likeliest first token (`barring_guide`; the law is the guided target's, the checkpoint
+   masked after each path), and under penalties, min-p and a logit bias against that token
+   (`processed_sampling`). The three laws are tested at `ALPHA` / `LAWS` each: a correct
+   deployment fails with probability at most `ALPHA`. n must be at least `MIN_SAMPLES`.
    Choosing the prompt walks the exact laws of the first `SAMPLING_CANDIDATES` given.
    OpenAI servers' texts are tokenized with the reference's tokenizer where that is exact (the
    byte-level models). With any other tokenizer a text is not tokenized again (a BPE text sampled
@@ -86,7 +90,8 @@ GUIDED = Guide("json_schema", json.dumps({"type": "object", "properties": {
 SAMPLE_TOKENS = (8, 3)
 PROCESSED_MIN_P, PROCESSED_BIAS = 0.2, -1.0  # the third sampled law's min-p and logit bias
 STEPS = 3  # generated tokens whose law the sampling test compares
-ALPHA = 1e-3  # probability that a correct server fails the sampling test (all positions together)
+ALPHA = 1e-3  # probability that a correct server fails the sampling tests (all laws and positions together)
+LAWS = 3  # sampled laws tested (plain, guided, processed), each at ALPHA / LAWS (Bonferroni)
 DEFAULT_SAMPLES = 2000  # docs/EVAL.md: what this many requests catch, and what 400 missed
 MIN_SAMPLES = 100  # fewer miss a law moved by 0.2 in total variation more often than not (docs/EVAL.md)
 SAMPLING_CANDIDATES = 8  # prompts whose exact laws are walked to pick the sampled one (~top_k^steps forwards)
@@ -470,7 +475,7 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
                     allowed = allowed_after(compiled, reference.end_ids, reference.target.vocab_size)
                 exact = exact_joint(torch_target, tokenizer.encode(prompt), sampling, steps, allowed)
             completions = _sample_served(url, model, prompt, samples, api_key, lengths, sampling, guide)
-            law = check_sampled(completions, exact, tokenizer, reference.end_ids, text_only, alpha)
+            law = check_sampled(completions, exact, tokenizer, reference.end_ids, text_only, alpha / LAWS)
             return SamplingCheck(prompt, samples, law, sampling, _drafted(completions),
                                  steps if by_text else None, guide)
 
