@@ -193,3 +193,42 @@ def test_tool_calls_are_read_in_the_content_only(plan):
         (got,) = message["tool_calls"]
         assert got["function"]["name"] == "add"
         assert json.loads(got["function"]["arguments"]) == {"a": 1, "b": 2}
+
+
+def test_a_tokenizer_that_drops_the_tags_is_refused_naming_the_flag(tmp_path):
+    """Served text skips special tokens: a tokenizer whose `<think>` or `<tool_call>` is one would
+    hide the tags from the parsers, and the frontend says so (added as ordinary tokens, as Qwen3's
+    and DeepSeek-R1's are, they pass); the byte-level tokenizer shows every tag."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import AddedToken, PreTrainedTokenizerFast
+
+    from trtspec.errors import ConfigError
+    from trtspec.openai.model_info import ServedModel, check_parser_markers
+    from trtspec.openai.reasoning import THINK_OPEN, lost_markers
+    from trtspec.tokenizer import ByteTokenizer, HFTokenizer
+
+    def tokenizer(special: bool) -> HFTokenizer:
+        alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+        bpe = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(alphabet)}, merges=[]))
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        bpe.decoder = decoders.ByteLevel()
+        hf = PreTrainedTokenizerFast(tokenizer_object=bpe)
+        hf.add_tokens([AddedToken(tag, special=special) for tag in ("<think>", "</think>", "<tool_call>")])
+        wrapped = HFTokenizer.__new__(HFTokenizer)
+        wrapped.hf = hf
+        return wrapped
+
+    assert lost_markers(tokenizer(False), (THINK_OPEN, "</think>")) == []
+    assert lost_markers(tokenizer(True), (THINK_OPEN, "</think>")) == [THINK_OPEN, "</think>"]
+    assert lost_markers(ByteTokenizer(), (THINK_OPEN, "<tool_call>")) == []
+    for parsers, flag in [(("hermes", None), "--tool-call-parser hermes"),
+                          ((None, "qwen3"), "--reasoning-parser qwen3")]:
+        model = ServedModel("m", tokenizer(True), None, 64, 8, 300, tool_parser=parsers[0],
+                            reasoning_parser=parsers[1])
+        with pytest.raises(ConfigError, match=flag):
+            check_parser_markers(model, tmp_path)
+        check_parser_markers(ServedModel("m", tokenizer(False), None, 64, 8, 300, tool_parser=parsers[0],
+                                         reasoning_parser=parsers[1]), tmp_path)
+    # llama3_json reads no tag that must survive: <|python_tag|> is special in Llama 3.1, and optional
+    llama = ServedModel("m", tokenizer(True), None, 64, 8, 300, tool_parser="llama3_json")
+    check_parser_markers(llama, tmp_path)

@@ -73,4 +73,24 @@ def served_model_of_repo(repo: Path, tool_parser: str | None = None,
                           f"under <model>/{VERSION}/), found {len(found)}")
     model = served_model(load_build_config(found[0]))
     model.tool_parser, model.reasoning_parser = tool_parser, reasoning_parser
+    check_parser_markers(model, repo)
     return model
+
+
+def check_parser_markers(model: ServedModel, where: Path) -> None:
+    """A ConfigError when the served text cannot show the tags the server's parsers read (a
+    tokenizer whose `<think>` or `<tool_call>` is a special token, skipped in decoding)."""
+    from trtspec.openai.reasoning import THINK_CLOSE, THINK_OPEN, lost_markers
+    from trtspec.openai.tools import HERMES_CLOSE, HERMES_OPEN
+
+    wanted = {}
+    if model.reasoning_parser is not None:
+        wanted[f"--reasoning-parser {model.reasoning_parser}"] = (THINK_OPEN, THINK_CLOSE)
+    if model.tool_parser in ("hermes", "qwen3_coder"):
+        wanted[f"--tool-call-parser {model.tool_parser}"] = (HERMES_OPEN, HERMES_CLOSE)
+    for flag, markers in wanted.items():
+        lost = lost_markers(model.tokenizer, markers)
+        if lost:
+            raise ConfigError(f"{where}: the target's tokenizer drops {lost[0]!r} from decoded text (a "
+                              "special token; served text skips special tokens), so "
+                              f"{flag} would never see it")

@@ -123,6 +123,14 @@ def reasoning_grammar(guide: Guide, start: str) -> str:
     return structural_grammar(SequenceFormat(elements=[block, GrammarFormat(grammar=guide_ebnf(guide))]))
 
 
+def lost_markers(tokenizer, markers: tuple[str, ...]) -> list[str]:
+    """Of `markers`, those the served text would not show: trtspec decodes with special tokens
+    skipped (as trtllm-serve and vLLM do by default), so a tokenizer that marks `<think>` special
+    drops it from every answer, and a parser waiting for it never sees it. Qwen3's and
+    DeepSeek-R1's tokenizers keep theirs as ordinary added tokens."""
+    return [m for m in markers if m not in tokenizer.decode(tokenizer.encode(m, add_special_tokens=False))]
+
+
 def parser_name(name: str | None) -> str | None:
     """The reasoning parser `name` is (TensorRT-LLM's `deepseek-r1` is trtspec's `deepseek_r1`)."""
     return None if name is None else ALIASES.get(name, name)
