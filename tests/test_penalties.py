@@ -160,3 +160,59 @@ def test_a_bias_outside_the_vocabulary_is_refused(dflash):
     vocab = decoder.target.vocab_size
     with pytest.raises(ValueError, match=f"logit_bias names token {vocab}, outside the target's vocabulary"):
         decoder.add(Request([1, 2, 3], 5, SamplingParams(logit_bias=((vocab, 1.0),))))
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_bad_words_are_banned_along_each_path(tree):
+    """A bad word's last token is -inf at exactly the positions whose path (the generated tokens,
+    then a chain's x_1..x_j or a tree node's ancestors and itself) ends with the word's other
+    tokens; a one-token word everywhere; nothing else moves."""
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(20):
+        words = tuple(tuple(torch.randint(0, 4, (n,), generator=gen).tolist()) for n in (1, 2, 2, 3))
+        params = SamplingParams(bad_words=words[1:] if _ % 2 else words)
+        generated = torch.randint(0, 4, (5,), generator=gen).tolist()
+        drafts = torch.randint(0, 4, (7,), generator=gen)
+        parents = [-1] + ([int(torch.randint(0, j, (), generator=gen)) for j in range(1, 8)] if tree
+                          else list(range(7)))
+        state = Penalties(params, [1, 2], 6)
+        state.extend(generated[:2])
+        state.extend(generated[2:])
+        logits = torch.randn(8, 6, generator=gen)
+        out = logits.clone()
+        state.apply(out, drafts, parents if tree else None)
+        for j in range(8):
+            path, node = [], j
+            while node > 0:
+                path.insert(0, int(drafts[node - 1]))
+                node = parents[node]
+            seen = generated + path
+            banned = {w[-1] for w in params.bad_words if len(w) == 1 or seen[-(len(w) - 1):] == list(w[:-1])}
+            expected = logits[j].clone()
+            expected[sorted(banned)] = float("-inf")
+            torch.testing.assert_close(out[j], expected)
+
+
+BAD = SamplingParams(bad_words=(tuple(b"= 8"), tuple(b"carry"), (ord("+"),)))
+
+
+@pytest.mark.parametrize("tree", [None, TreeConfig(nodes=12, topk=3)], ids=["chain", "tree"])
+def test_bad_words_keep_speculation_lossless(dflash, tree):
+    """Greedy under bad words: the speculative text is the target alone's under them, holds none of
+    them, and differs from the plain text; sampled, each position's law is the exact one."""
+    plain = SpeculativeDecoder(dflash.target, None, dflash.decoder_for(1).end_ids, max_slots=4)
+    spec = dflash.decoder_for(4, ScheduleConfig(mode="full"), tree=tree)
+    prompts = [list(p.encode()) for p in load_prompts("math")[:4]]
+    want = [r.token_ids for r in plain.generate_batch([Request(p, 80, BAD) for p in prompts])]
+    got = spec.generate_batch([Request(p, 80, BAD) for p in prompts])
+    assert [r.token_ids for r in got] == want
+    assert sum(r.num_accepted for r in got) > 40
+    free = [r.token_ids for r in plain.generate_batch([Request(p, 80) for p in prompts])]
+    text = [bytes(t for t in ids if t < 256) for ids in want]  # the byte model's text, its end id left out
+    assert want != free and all(b"carry" not in t and b"+" not in t and b"= 8" not in t for t in text)
+    assert any(b"carry" in bytes(t for t in ids if t < 256) for ids in free)  # the ban bites
+    if tree is None:
+        sampling = BAD.model_copy(update={"temperature": 1.0, "top_k": 3})
+        spec16 = dflash.decoder_for(16, ScheduleConfig(mode="full"))
+        prompt = list(b"Q: 482 + 356\nA:")
+        assert_samples_follow_target(dflash.target.model, spec16, prompt, sampling, steps=4)

@@ -130,7 +130,7 @@ class Frontend:
                          frequency_penalty=req.frequency_penalty or 0.0,
                          repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                          logit_bias=logit_bias_pairs(req.logit_bias, model.vocab_size),
-                         guide=self.guide(req, tools, start))
+                         guide=self.guide(req, tools, start), bad_words=tuple(req.bad_words or ()))
         return gen, prompt_ids
 
     @staticmethod

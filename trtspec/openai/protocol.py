@@ -66,6 +66,8 @@ class _Common(_Forbid):
                              "of the same law)")
     stop: str | list[str] | None = Field(None, description=f"up to {MAX_STOP} sequences that end generation, "
                                          "not sent")
+    bad_words: list[str] | None = Field(None, description="words the text may not hold: a word's last token "
+                                        "is banned where its others were just generated (vLLM extension)")
     stop_token_ids: list[int] | None = Field(None, description="ids that end generation besides the model's "
                                              "end ids (vLLM extension)")
     include_stop_str_in_output: bool | None = Field(False, description="a `stop` sequence that ends "

@@ -60,6 +60,7 @@ class Generation:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
+    bad_words: tuple[str, ...] = ()  # TensorRT-LLM's bad_words input
 
     def arrays(self) -> dict[str, np.ndarray]:
         if self.prompt_ids is None:
@@ -100,6 +101,8 @@ class Generation:
             arrays["add_special_tokens"] = np.array([False], dtype=bool)
         if self.stop_words:
             arrays["stop_words"] = np.array([w.encode("utf-8") for w in self.stop_words], dtype=np.object_)
+        if self.bad_words:
+            arrays["bad_words"] = np.array([w.encode("utf-8") for w in self.bad_words], dtype=np.object_)
         return arrays
 
 

@@ -19,6 +19,8 @@ before temperature, top-k and top-p:
     repetition_penalty  for t in prompt ∪ output: logits[t] / r if logits[t] > 0 else logits[t] · r
     frequency_penalty   logits[t] −= f · count(t)              count over the generated tokens only
     presence_penalty    logits[t] −= a · [count(t) > 0]
+    bad_words           logits[w_n] = −inf where the generated tokens end with w_1..w_{n−1}
+                        (each bad word w a token sequence; one of one token is banned everywhere)
 """
 
 from __future__ import annotations
@@ -47,9 +49,14 @@ class Penalties:
             self.in_prompt = torch.zeros(vocab_size, dtype=torch.bool, device=device)
             self.in_prompt[torch.tensor(list(prompt), device=device)] = True
         self.counts = torch.zeros(vocab_size, device=device)  # [V] times each id was generated
+        # the generated tokens a bad word's start may end with (the longest start's length)
+        self.keep = max((len(w) - 1 for w in params.bad_words), default=0)
+        self.tail: list[int] = []
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Count newly generated tokens."""
+        if self.keep:
+            self.tail = (self.tail + [int(t) for t in tokens])[-self.keep:]
         if tokens:
             ids = torch.tensor(list(tokens), device=self.counts.device)
             self.counts.index_add_(0, ids, torch.ones(len(ids), device=self.counts.device))
@@ -91,6 +98,28 @@ class Penalties:
             logits -= p.frequency_penalty * counts
         if p.presence_penalty:
             logits -= p.presence_penalty * generated.to(logits.dtype)
+        if p.bad_words:
+            self._ban(logits, drafts, parents)
+
+    def _ban(self, logits: torch.Tensor, drafts: torch.Tensor | None, parents: Sequence[int] | None) -> None:
+        """Each bad word's last token at the positions whose path ends with the word's other tokens.
+        logits [width, V]; drafts and parents as `path_counts` takes them."""
+        width = logits.shape[0]
+        fed = [] if drafts is None else drafts[: width - 1].tolist()
+        paths: list[list[int]] = [self.tail]  # position j: the generated tokens before it
+        for j in range(1, width if drafts is not None else 1):
+            if parents is not None and j >= len(parents):  # a tree row's padding: never verified
+                paths.append(self.tail)
+                continue
+            parent = j - 1 if parents is None else parents[j]
+            paths.append((paths[parent] + [fed[j - 1]])[-max(self.keep, 1):])
+        for word in self.params.bad_words:
+            start, last = list(word[:-1]), word[-1]
+            if last >= logits.shape[-1]:
+                continue
+            for j, path in enumerate(paths):
+                if not start or path[-len(start):] == start:
+                    logits[j, last] = float("-inf")
 
 
 def penalized(logits: torch.Tensor, params: SamplingParams, prompt: Sequence[int],

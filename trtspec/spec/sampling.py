@@ -53,6 +53,21 @@ class SamplingParams(BaseModel):
         (), description=f"(token id, bias) pairs added to the logits, bias in [-{MAX_LOGIT_BIAS:g}, "
                         f"{MAX_LOGIT_BIAS:g}] (OpenAI's logit_bias)")
 
+    bad_words: tuple[tuple[int, ...], ...] = Field(
+        (), description="token sequences that may not be generated: a sequence's last token is banned "
+                        "wherever the generated tokens end with the ones before it (vLLM's and "
+                        "TensorRT-LLM's bad_words, tokenized)")
+
+    @field_validator("bad_words")
+    @classmethod
+    def _bad_sequences(cls, words: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+        for word in words:
+            if not word:
+                raise ValueError("a bad word holds no token")
+            if min(word) < 0:
+                raise ValueError(f"bad word {list(word)} holds a negative token id")
+        return words
+
     @field_validator("logit_bias")
     @classmethod
     def _bias_pairs(cls, pairs: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
@@ -72,7 +87,7 @@ class SamplingParams(BaseModel):
     def penalized(self) -> bool:
         """The request changes the target's logits by what came before (`spec.penalties`)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias)
+                    or self.logit_bias or self.bad_words)
 
     @property
     def greedy(self) -> bool:

@@ -28,6 +28,7 @@ naming it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import queue
@@ -48,7 +49,7 @@ from trtspec.spec.grammar import GuideError
 from trtspec.spec.logprobs import TokenLogprobs
 from trtspec.spec.metrics import GenerationResult
 from trtspec.triton.repo import BUILD_CONFIG_FILE, instances_on_this_machine, placed_on_instance
-from trtspec.triton.request import GenerateRequest, RequestError, TextStream, parse_request
+from trtspec.triton.request import GenerateRequest, RequestError, TextStream, bad_word_ids, parse_request
 
 log = logging.getLogger(__name__)
 
@@ -311,13 +312,18 @@ class TritonPythonModel:
                 # tokenized and checked against the context here, before it waits in the queue
                 ids = list(parsed.prompt_ids) if parsed.prompt_ids is not None else \
                     self.pipeline.tokenizer.encode(parsed.prompt, parsed.add_special_tokens)
+                sampling = parsed.sampling
+                if parsed.bad_words:  # tokenized here, where the tokenizer is
+                    encode = functools.partial(self.pipeline.tokenizer.encode, add_special_tokens=False)
+                    words = bad_word_ids(encode, parsed.bad_words)
+                    sampling = sampling.model_copy(update={"bad_words": words})
                 guide = None
                 if parsed.guide is not None:
                     try:
                         guide = self.pipeline.guides.compile(parsed.guide)
                     except GuideError as exc:
                         raise RequestError(f"guided_decoding_guide: {exc}") from None
-                decode = Request(ids, parsed.max_tokens, parsed.sampling, parsed.min_tokens, parsed.end_id,
+                decode = Request(ids, parsed.max_tokens, sampling, parsed.min_tokens, parsed.end_id,
                                  parsed.stop_token_ids, parsed.ignore_eos, parsed.logprobs,
                                  parsed.prompt_logprobs, guide)
                 self.decoder.check(decode)

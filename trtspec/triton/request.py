@@ -15,7 +15,7 @@ wrong JSON type (`"max_tokens": "32"`): Triton's front end answers those itself.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,6 +52,7 @@ class GenerateRequest:
     prompt_ids: tuple[int, ...] | None = None  # input_ids: the prompt already tokenized
     prompt_logprobs: int | None = None  # None: none returned; k: the prompt's tokens' (after its first)
     guide: Guide | None = None  # guided_decoding_guide_type / _guide: what the text must match
+    bad_words: tuple[str, ...] = ()  # TensorRT-LLM's bad_words: words the text may not hold (`bad_word_ids`)
 
     @property
     def prompt_input(self) -> str:
@@ -149,18 +150,7 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     seed = None if seed is None else int(seed)
     stream = _scalar(get, "stream")
 
-    stop_words: list[str] = []
-    words = get("stop_words")
-    words = [] if words is None else words.reshape(-1)
-    if len(words) > MAX_STOP_WORDS:
-        raise RequestError(f"stop_words holds {len(words)} words; at most {MAX_STOP_WORDS}")
-    for i, raw_word in enumerate(words):
-        word = _utf8(raw_word, "stop_words")
-        if not word:
-            raise RequestError("stop_words must not contain an empty string")
-        if len(word) > MAX_STOP_WORD_CHARS:
-            raise RequestError(f"stop_words[{i}] has {len(word)} characters; at most {MAX_STOP_WORD_CHARS}")
-        stop_words.append(word)
+    stop_words, bad_words = _words(get, "stop_words"), _words(get, "bad_words")
 
     min_name, min_tokens = _one_of(get, "min_length", "min_tokens")
     min_tokens = 0 if min_tokens is None else int(min_tokens)
@@ -205,7 +195,37 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
                            exclude_input is not None and not bool(exclude_input),
                            add_special_tokens is None or bool(add_special_tokens), stop_token_ids,
                            ignore_eos is not None and bool(ignore_eos), logprobs, prompt_ids, prompt_logprobs,
-                           guide)
+                           guide, tuple(bad_words))
+
+
+def _words(get: InputGetter, name: str) -> list[str]:
+    """A list input of words (stop_words, bad_words): UTF-8, none empty, bounded."""
+    words = get(name)
+    words = [] if words is None else words.reshape(-1)
+    if len(words) > MAX_STOP_WORDS:
+        raise RequestError(f"{name} holds {len(words)} words; at most {MAX_STOP_WORDS}")
+    out = []
+    for i, raw_word in enumerate(words):
+        word = _utf8(raw_word, name)
+        if not word:
+            raise RequestError(f"{name} must not contain an empty string")
+        if len(word) > MAX_STOP_WORD_CHARS:
+            raise RequestError(f"{name}[{i}] has {len(word)} characters; at most {MAX_STOP_WORD_CHARS}")
+        out.append(word)
+    return out
+
+
+def bad_word_ids(encode: Callable[[str], list[int]], words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+    """Bad words as the token sequences the text may not hold, as vLLM tokenizes them: each word
+    as it stands and, after a space (where a BPE writes a word inside the text), with one; a
+    sequence given twice counts once. `encode`: text -> ids, no special tokens."""
+    out: dict[tuple[int, ...], None] = {}
+    for word in words:
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = tuple(encode(text))
+            if ids:
+                out[ids] = None
+    return tuple(out)
 
 
 def _guide(get: InputGetter) -> Guide | None:

@@ -59,12 +59,13 @@ HONOURED = (
     # a guide the text must match, masked into p at every draft position (trtspec.spec.grammar)
     TrtllmInput("guided_decoding_guide_type", "TYPE_STRING", (1,)),
     TrtllmInput("guided_decoding_guide", "TYPE_STRING", (1,)),
+    # words the text may not hold, banned from p along every draft path (trtspec.spec.penalties)
+    TrtllmInput("bad_words", "TYPE_STRING", (-1,)),
 )
 REFUSED = (
     TrtllmInput("decoder_text_input", "TYPE_STRING", (1,), "", "trtspec serves decoder-only targets"),
     TrtllmInput("num_return_sequences", "TYPE_INT32", (1,), 1, "one sequence per request"),
     TrtllmInput("beam_width", "TYPE_INT32", (1,), 1, "no beam search: speculative decoding is 1-beam"),
-    TrtllmInput("bad_words", "TYPE_STRING", (-1,), None, "banning words changes the target's distribution"),
     TrtllmInput("length_penalty", "TYPE_FP32", (1,), 1.0, "it only applies to beam search"),
     TrtllmInput("return_context_logits", "TYPE_BOOL", (1,), False, _LOGITS),
     TrtllmInput("return_generation_logits", "TYPE_BOOL", (1,), False, _LOGITS),
