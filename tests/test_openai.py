@@ -1392,6 +1392,22 @@ def test_penalties_and_logit_bias_are_the_targets_own_under_them(served, pipelin
                           logit_bias_ids=np.array([ord("e"), ord(" ")], dtype=np.int32),
                           logit_bias_values=np.array([-5, 1.5], dtype=np.float32))
     assert got.token_ids == want
+    # bad words (vLLM's field, TensorRT-LLM's input): the target's greedy text with them banned
+    from trtspec.triton.request import bad_word_ids
+
+    prompt, words = PROMPTS[0], ["+", "carry"]
+    banned = SamplingParams(bad_words=bad_word_ids(lambda text: list(text.encode()), words))
+    want = pipeline.decoder.generate(list(prompt.encode()), MAX_TOKENS, banned).token_ids
+    assert want != _greedy(pipeline, prompt)[1] and b"+" not in bytes(t for t in want if t < 256)
+    for stream in (False, True):
+        got = client.completions.create(model="trtspec", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                        extra_body={"bad_words": words}, stream=stream)
+        text = "".join(c.choices[0].text for c in got) if stream else got.choices[0].text
+        assert text == bytes(t for t in want if t < 256).decode()
+    got = _trtllm_request(served, text_input=np.array([prompt.encode()], dtype=object),
+                          max_tokens=np.array([MAX_TOKENS], dtype=np.int32),
+                          bad_words=np.array([w.encode() for w in words], dtype=object))
+    assert got.token_ids == want
 
 
 def _tool_answer(client, stream: bool, max_tokens: int = 64, tools: list = TOOLS, **ask) -> tuple[dict, str]:

@@ -191,6 +191,8 @@ def test_parse_request_trtllm_inputs_honoured_and_defaults_pass():
     )
     req = parse_request(_getter(**GOOD, **defaults), 16)
     assert (req.min_tokens, req.end_id, req.include_input, req.sampling.seed) == (0, None, False, None)
+    assert parse_request(_getter(**GOOD, bad_words=np.array([b"foo", b" bar"], dtype=object)), 16).bad_words \
+        == ("foo", " bar")
     honoured = dict(min_length=np.array([5], dtype=np.int32), end_id=np.array([10], dtype=np.int32),
                     exclude_input_in_output=np.array([False]), seed=np.array([7], dtype=np.uint64))
     req = parse_request(_getter(**GOOD, **honoured), 16)
@@ -253,7 +255,7 @@ def _guide(kind: bytes, text: bytes) -> dict[str, np.ndarray]:
         (dict(num_top_log_probs=np.array([21], dtype=np.int32)), r"num_top_log_probs must be in \[0, 20\]"),
         (dict(num_top_log_probs=np.array([2], dtype=np.int32), return_log_probs=np.array([False])),
          "num_top_log_probs=2 asks for log-probabilities that return_log_probs=false turns off"),
-        (dict(bad_words=np.array([b"x"], dtype=object)), r"bad_words=\['x'\] is not supported"),
+        (dict(bad_words=np.array([b"x", b""], dtype=object)), "bad_words must not contain an empty string"),
         (dict(lora_task_id=np.array([3], dtype=np.uint64)), "lora_task_id=3 is not supported by trtspec"),
         (dict(num_return_sequences=np.array([2], dtype=np.int32)), "num_return_sequences=2"),
         (dict(guided_decoding_guide=np.array([b"{}"], dtype=object)),
