@@ -1549,6 +1549,24 @@ def test_a_reasoning_parser_gives_the_block_apart_and_guides_the_text_after_it(s
         frontend.stop()
 
 
+def test_serve_hands_its_parsers_to_the_frontend(served, tmp_path):
+    """`trtspec serve --reasoning-parser deepseek-r1 --tool-call-parser qwen3_coder` (TensorRT-LLM's
+    spelling of the reasoning parser): the flags reach the frontend. The embedded model never closes
+    a block, so under deepseek_r1 its answer is all reasoning; tools under tool_choice auto (the
+    default) are taken, as only a server with a tool-call parser takes them."""
+    out = tmp_path / "build"
+    assert CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(out)]).exit_code == 0
+    args = ("--reasoning-parser", "deepseek-r1", "--tool-call-parser", "qwen3_coder")
+    with serve_cli(out, avoid=(*dataclasses.astuple(served.ports), served.openai_port), args=args) as other:
+        client = other.client()
+        ask = {"model": "trtspec", "messages": [{"role": "user", "content": "482 + 356"}], "max_tokens": 24,
+               "temperature": 0}
+        message = client.chat.completions.create(**ask).choices[0].message
+        assert message.content is None and message.reasoning_content.startswith("2+6=8")
+        message = client.chat.completions.create(**ask, tools=TOOLS).choices[0].message
+        assert message.reasoning_content and not message.tool_calls
+
+
 def test_qwen3_coder_calls_are_the_guided_targets_own_text(served, pipeline, config):
     """A frontend with `--tool-call-parser qwen3_coder` beside the module's Triton: an auto answer in
     Qwen3-Coder's XML format (forced by a regex of the request's own) becomes its calls, typed by
