@@ -21,7 +21,7 @@ import numpy as np
 from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
 
-from trtspec.triton.client import PENALTY_DEFAULTS, guide_arrays
+from trtspec.triton.client import PENALTY_DEFAULTS, guide_arrays, logit_bias_arrays
 
 # how long an answered stream call may take to end by itself before it is cancelled after all
 END_WAIT_S = 5.0
@@ -87,10 +87,7 @@ class Generation:
         for name, off in PENALTY_DEFAULTS.items():
             if getattr(self, name) != off:
                 arrays[name] = np.array([getattr(self, name)], dtype=np.float32)
-        if self.logit_bias:
-            arrays["logit_bias_ids"] = np.array([t for t, _ in self.logit_bias], dtype=np.int32)
-            arrays["logit_bias_values"] = np.array([b for _, b in self.logit_bias], dtype=np.float32)
-        arrays |= guide_arrays(self.guide)
+        arrays |= logit_bias_arrays(self.logit_bias) | guide_arrays(self.guide)
         if self.logprobs is not None:
             arrays["return_log_probs"] = np.array([True], dtype=bool)
             if self.logprobs:

@@ -211,9 +211,7 @@ def grpc_inputs(prompt: str | bytes, params: GenerateParams) -> list:
         arrays["random_seed"] = np.array([params.seed], dtype=np.uint64)
     for name, value in params.penalties().items():
         arrays[name] = np.array([value], dtype=np.float32)
-    if params.logit_bias:
-        arrays["logit_bias_ids"] = np.array([token for token, _ in params.logit_bias], dtype=np.int32)
-        arrays["logit_bias_values"] = np.array([bias for _, bias in params.logit_bias], dtype=np.float32)
+    arrays |= logit_bias_arrays(params.logit_bias)
     if params.stop_words:
         arrays["stop_words"] = np.array([w.encode("utf-8") for w in params.stop_words], dtype=np.object_)
     arrays |= guide_arrays(params.guide)
@@ -226,6 +224,14 @@ def guide_arrays(guide: tuple[str, str] | None) -> dict[str, np.ndarray]:
         return {}
     return {"guided_decoding_guide_type": np.array([guide[0].encode()], dtype=np.object_),
             "guided_decoding_guide": np.array([guide[1].encode("utf-8")], dtype=np.object_)}
+
+
+def logit_bias_arrays(pairs: tuple[tuple[int, float], ...]) -> dict[str, np.ndarray]:
+    """(token id, bias) pairs as the model's logit_bias_ids and logit_bias_values inputs; none: no inputs."""
+    if not pairs:
+        return {}
+    return {"logit_bias_ids": np.array([token for token, _ in pairs], dtype=np.int32),
+            "logit_bias_values": np.array([bias for _, bias in pairs], dtype=np.float32)}
 
 
 def array_input(cls, name: str, value: np.ndarray):
