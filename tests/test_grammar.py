@@ -18,6 +18,7 @@ from trtspec.prompts import load_prompts
 from trtspec.spec.decoder import Request, SpeculativeDecoder
 from trtspec.spec.grammar import Guide, GuideError, GuideState
 from trtspec.spec.sampling import SamplingParams
+from trtspec.triton.verify import allowed_after
 
 from .conftest import REPO, assert_samples_follow_target
 
@@ -34,10 +35,9 @@ def dflash():
 
 
 def _fresh_mask(compiled, end_ids, vocab: int, path: list[int]) -> torch.Tensor:
-    """Allowed tokens after `path`, from a new matcher that accepted it token by token. [V] bool"""
-    state = GuideState(compiled, end_ids, vocab)
-    state.extend(path)
-    return state.allowed()
+    """Allowed tokens after `path`, from a new matcher that accepted it token by token (`trtspec
+    verify`'s own walk of a guided law). [V] bool"""
+    return allowed_after(compiled, end_ids, vocab)(path)
 
 
 @pytest.mark.parametrize("tree", [False, True])
