@@ -510,7 +510,7 @@ async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, 
         logprobs = run.logprobs_body()
         if chat:  # the message first: a choice that called tools finishes for them
             deltas = run.deltas(text, final=True)
-            message = merge_deltas([d for d in deltas if "reasoning_content" not in d])
+            message = merge_deltas(deltas)  # content and tool calls; the reasoning is joined here
             if run.reasoning is not None:
                 said = "".join(d["reasoning_content"] for d in deltas if "reasoning_content" in d)
                 message["reasoning_content"] = said or None

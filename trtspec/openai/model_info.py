@@ -81,12 +81,12 @@ def check_parser_markers(model: ServedModel, where: Path) -> None:
     """A ConfigError when the served text cannot show the tags the server's parsers read (a
     tokenizer whose `<think>` or `<tool_call>` is a special token, skipped in decoding)."""
     from trtspec.openai.reasoning import THINK_CLOSE, THINK_OPEN, lost_markers
-    from trtspec.openai.tools import HERMES_CLOSE, HERMES_OPEN
+    from trtspec.openai.tools import BLOCK_PARSERS, HERMES_CLOSE, HERMES_OPEN
 
     wanted = {}
     if model.reasoning_parser is not None:
         wanted[f"--reasoning-parser {model.reasoning_parser}"] = (THINK_OPEN, THINK_CLOSE)
-    if model.tool_parser in ("hermes", "qwen3_coder"):
+    if model.tool_parser in BLOCK_PARSERS:
         wanted[f"--tool-call-parser {model.tool_parser}"] = (HERMES_OPEN, HERMES_CLOSE)
     for flag, markers in wanted.items():
         lost = lost_markers(model.tokenizer, markers)

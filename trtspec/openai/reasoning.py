@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from trtspec.openai.tools import tag_prefix
+from trtspec.openai.tools import leading_tag, tag_prefix
 from trtspec.spec.grammar import Guide, GuideError, guide_ebnf, structural_grammar
 
 REASONING_PARSERS = ("qwen3", "deepseek_r1")  # trtspec serve --reasoning-parser (cli.py lists them too)
@@ -60,11 +60,11 @@ class ReasoningParser:
         self.held += text
         reasoning = content = ""
         if self.state in (OPENS_TAG, OPTIONAL_TAG):
-            start = self.held.lstrip()
-            if not start or (THINK_OPEN.startswith(start) and start != THINK_OPEN):
+            tagged = leading_tag(self.held, THINK_OPEN)
+            if tagged is None:
                 return "", ""  # whitespace, or what may be the tag: the answer's start decides
-            if start.startswith(THINK_OPEN):
-                self.state, self.held = REASONING, start[len(THINK_OPEN):]
+            if tagged:
+                self.state, self.held = REASONING, self.held.lstrip()[len(THINK_OPEN):]
             else:
                 self.state = CONTENT if self.state == OPENS_TAG else REASONING
         if self.state == REASONING:

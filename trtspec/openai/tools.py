@@ -42,6 +42,7 @@ from trtspec.openai.protocol import ApiError, ChatRequest, guide_field
 from trtspec.spec.grammar import GuideError, compact_json_grammar, tagged_json_grammar
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "qwen3_coder")  # trtspec serve --tool-call-parser (and cli.py)
+BLOCK_PARSERS = ("hermes", "qwen3_coder")  # those whose calls come in <tool_call> blocks
 MAX_TOOLS = 128  # OpenAI's limit
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's function names
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
@@ -319,10 +320,11 @@ class ToolParser:
         """Llama 3's JSON calls: an answer whose first text is `{` or <|python_tag|> is calls, each
         given out once its object closes; any other answer is content as it comes."""
         if self.lead is None:
-            start = self.held.lstrip()
-            if not start or (PYTHON_TAG.startswith(start) and start != PYTHON_TAG):
+            tagged = leading_tag(self.held, PYTHON_TAG)
+            if tagged is None:
                 return  # whitespace, or what may be the tag: the answer's start decides
-            if start.startswith(PYTHON_TAG) or start.startswith("{"):
+            start = self.held.lstrip()
+            if tagged or start.startswith("{"):
                 self.lead, self.held = "calls", start.removeprefix(PYTHON_TAG)
             else:
                 self.lead = "content"
@@ -393,7 +395,7 @@ class ToolParser:
         if function is None:
             return False
         name, body = function.groups()
-        properties = self.properties(name)
+        properties = self._properties(name)
         parameters, at = {}, 0
         while (one := XML_PARAMETER.match(body, at)) is not None:
             arg, value = one.groups()
@@ -404,7 +406,7 @@ class ToolParser:
         self._emit(name, parameters)
         return True
 
-    def properties(self, name: str) -> dict:
+    def _properties(self, name: str) -> dict:
         """The `properties` of the tool `name`'s parameters schema ({} for no such tool)."""
         for tool in self.plan.tools:
             if tool["function"]["name"] == name:
@@ -465,6 +467,15 @@ def _xml_value(text: str, schema) -> object:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def leading_tag(text: str, tag: str) -> bool | None:
+    """Whether `text`, leading whitespace skipped, begins with `tag`; None while it cannot tell yet
+    (only whitespace, or a start of the tag)."""
+    start = text.lstrip()
+    if not start or (tag.startswith(start) and start != tag):
+        return None
+    return start.startswith(tag)
 
 
 def tag_prefix(text: str, tag: str) -> int:
