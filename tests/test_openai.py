@@ -1537,6 +1537,30 @@ def test_a_reasoning_parser_gives_the_block_apart_and_guides_the_text_after_it(s
                 assert _reasoning_answer(client, stream, extra_body=kwargs) == want, (thinking, stream)
             hidden = _reasoning_answer(client, False, extra_body={**kwargs, "include_reasoning": False})
             assert hidden == (None, want[1])
+            for stream in (False, True):  # /v1/responses: a reasoning item, then the message
+                response, events = _response(client, stream, input="482 + 356", max_output_tokens=24,
+                                             extra_body=kwargs)
+                reasoning = "".join(part["text"] for item in response["output"] if item["type"] == "reasoning"
+                                    for part in item["content"])
+                assert (reasoning or None, _output_text(response) or None) == want, (thinking, stream)
+                assert (response["usage"]["output_tokens_details"]["reasoning_tokens"] > 0) == bool(reasoning)
+                deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+                assert deltas == (reasoning if stream else "")
+        # a function call and its output sent back as items: the conversation chat sends as messages
+        call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+        chat = client.chat.completions.create(
+            model="trtspec", max_tokens=16, temperature=0, tools=TOOLS, tool_choice="none", messages=[
+                {"role": "user", "content": "1 + 2"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "3"}])
+        response = client.responses.create(
+            model="trtspec", max_output_tokens=16, temperature=0, tools=FLAT_TOOLS, tool_choice="none",
+            input=[
+                {"role": "user", "content": "1 + 2"},
+                {"type": "function_call", "call_id": "call_1", "name": "add", "arguments": '{"a": 1}'},
+                {"type": "function_call_output", "call_id": "call_1", "output": "3"}])
+        assert chat.usage.prompt_tokens == response.usage.input_tokens
+        assert response.output_text == chat.choices[0].message.content
         regex = ("regex", "[0-9]{3}")
         prompt = "Q: 482 + 356\nA: <think>\n"
         text = pipeline.generate(prompt, 24, guide=Guide(*reasoning_guide(regex, "reasoning")))[0]
@@ -1628,3 +1652,165 @@ def test_without_a_tool_call_parser_auto_is_refused_and_tokenize_shows_the_tools
                         'user: 1 + 2\nassistant: add{"a": 1, "b": 2}\ntool: 3\n'), text
     finally:
         frontend.stop()
+
+
+FLAT_TOOLS = [{"type": "function", **tool["function"], "strict": False} for tool in TOOLS]  # Responses' shape
+
+
+def _response(client, stream: bool, **ask) -> tuple[dict, list[dict]]:
+    """A response (as a dict) and, streamed, its events: numbered 0, 1, … and ending in the response
+    they built (completed or incomplete), whose deltas join to its text."""
+    ask = {"model": "trtspec", "temperature": 0, **ask}
+    if not stream:
+        return client.responses.create(**ask).model_dump(), []
+    events = [event.model_dump() for event in client.responses.create(**ask, stream=True)]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
+    final = events[-1]
+    assert final["type"] == f"response.{final['response']['status']}"
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == "".join(part["text"] for item in final["response"]["output"] if item["type"] == "message"
+                           for part in item["content"])
+    return final["response"], events
+
+
+def _output_text(response: dict) -> str:
+    return "".join(part["text"] for item in response["output"] if item["type"] == "message"
+                   for part in item["content"])
+
+
+def test_a_response_is_the_chat_answer_streamed_or_not(served):
+    """/v1/responses over the chat path: a text input, or items (instructions, text parts, an earlier
+    answer as the SDK gives it back) is the chat answer to the conversation they stand for, its
+    usage chat's; incomplete where chat's finish_reason is length; sampled with a seed, under
+    Gumbel coupling, the same text as chat's with that seed (temperature, top_k and seed reach the
+    model); the SDK's own stream helper builds the same response from the events."""
+    client = served.client()
+    history = [{"role": "system", "content": "Arithmetic."}, {"role": "user", "content": "1 + 2"},
+               {"role": "assistant", "content": "3"}, {"role": "user", "content": "482 + 356"}]
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "1 + 2"}]},
+             {"type": "message", "role": "assistant", "id": "msg_0", "status": "completed",
+              "content": [{"type": "output_text", "text": "3", "annotations": []}]},
+             {"role": "user", "content": "482 + 356"}]
+    cases = [({"input": "482 + 356"}, [history[-1]], {}),
+             ({"input": "def parse(self):", "max_output_tokens": 8},
+              [{"role": "user", "content": "def parse(self):"}], {}),
+             ({"input": items, "instructions": "Arithmetic."}, history, {}),
+             ({"input": "482 + 356", "temperature": 0.8, "extra_body": {"seed": 5, "top_k": 8}},
+              [history[-1]], {"temperature": 0.8, "seed": 5, "extra_body": {"top_k": 8}})]
+    for ask, messages, sampling in cases:
+        chat = client.chat.completions.create(model="trtspec", messages=messages,
+                                              max_tokens=ask.get("max_output_tokens", MAX_TOKENS),
+                                              **{"temperature": 0, **sampling})
+        want, finish = chat.choices[0].message.content, chat.choices[0].finish_reason
+        for stream in (False, True):
+            response, _ = _response(client, stream, **{"max_output_tokens": MAX_TOKENS, **ask})
+            assert _output_text(response) == want, (ask, stream)
+            assert response["status"] == ("incomplete" if finish == "length" else "completed")
+            assert (response["incomplete_details"] or {}).get("reason") == \
+                ("max_output_tokens" if finish == "length" else None)
+            usage = response["usage"]
+            assert (usage["input_tokens"], usage["output_tokens"], usage["total_tokens"]) == \
+                (chat.usage.prompt_tokens, chat.usage.completion_tokens, chat.usage.total_tokens)
+            assert response["trtspec"]["target_forwards"] >= 1
+    with client.responses.stream(model="trtspec", input="1 + 2", max_output_tokens=MAX_TOKENS,
+                                 temperature=0) as stream:
+        final = stream.get_final_response()
+    assert final.status == "completed" and final.output_text == client.chat.completions.create(
+        model="trtspec", messages=[{"role": "user", "content": "1 + 2"}], max_tokens=MAX_TOKENS,
+        temperature=0).choices[0].message.content
+
+
+def test_stored_responses_continue_their_conversation_and_can_be_read_and_deleted(served):
+    """previous_response_id continues a stored response's conversation (its input and output, not its
+    instructions) as chat continues those messages; GET returns the response as it was answered,
+    streamed or not; DELETE drops it (then a 404, and a 404 naming previous_response_id); store
+    false keeps nothing."""
+    client = served.client()
+    first = client.responses.create(model="trtspec", input="482 + 356", instructions="Arithmetic.",
+                                    max_output_tokens=16, temperature=0)
+    second = client.responses.create(model="trtspec", input="1 + 1", previous_response_id=first.id,
+                                     max_output_tokens=16, temperature=0)
+    messages = [{"role": "user", "content": "482 + 356"}, {"role": "assistant", "content": first.output_text},
+                {"role": "user", "content": "1 + 1"}]
+    chat = client.chat.completions.create(model="trtspec", messages=messages, max_tokens=16, temperature=0)
+    assert second.output_text == chat.choices[0].message.content
+    assert second.usage.input_tokens == chat.usage.prompt_tokens and second.previous_response_id == first.id
+    assert client.responses.retrieve(second.id).model_dump() == second.model_dump()
+    streamed, _ = _response(client, True, input="1 + 1", previous_response_id=first.id, max_output_tokens=16)
+    assert client.responses.retrieve(streamed["id"]).model_dump() == streamed
+    assert _output_text(streamed) == second.output_text
+    client.responses.delete(second.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(second.id)
+    with pytest.raises(openai.NotFoundError) as gone:
+        client.responses.create(model="trtspec", input="2 + 2", previous_response_id=second.id)
+    assert gone.value.body["param"] == "previous_response_id"
+    unstored = client.responses.create(model="trtspec", input="1 + 1", store=False, max_output_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_response_tools_and_text_formats_are_chats(served):
+    """Flat function tools: a named tool_choice and "required" answer function_call items whose
+    arguments are chat's calls'; tools are strict unless they say otherwise (auto's text is chat's
+    under strict tools); text.format json_schema is chat's response_format, streamed or not."""
+    client = served.client()
+    ask = {"input": "482 + 356", "max_output_tokens": 64}
+    chat_ask = {"model": "trtspec", "messages": [{"role": "user", "content": "482 + 356"}], "max_tokens": 64,
+                "temperature": 0}
+    strict = [{"type": "function", "function": {**tool["function"], "strict": True}} for tool in TOOLS]
+    cases = [({"tools": FLAT_TOOLS, "tool_choice": {"type": "function", "name": "add"}},
+              {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "add"}}}),
+             ({"tools": FLAT_TOOLS, "tool_choice": "required", "parallel_tool_calls": False},
+              {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}),
+             ({"tools": [{k: v for k, v in tool.items() if k != "strict"} for tool in FLAT_TOOLS]},
+              {"tools": strict}),
+             ({"text": {"format": {"type": "json_schema", "name": "sum", "schema": ADD}}},
+              {"response_format": {"type": "json_schema", "json_schema": {"name": "sum", "schema": ADD}}})]
+    for tools, chat_tools in cases:
+        message = client.chat.completions.create(**chat_ask, **chat_tools).choices[0].message
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or ()]
+        for stream in (False, True):
+            response, events = _response(client, stream, **ask, **tools)
+            got = [(item["name"], item["arguments"]) for item in response["output"]
+                   if item["type"] == "function_call"]
+            assert got == calls and _output_text(response) == (message.content or ""), (tools, stream)
+            assert all(item["call_id"].startswith("call_") for item in response["output"]
+                       if item["type"] == "function_call")
+    assert calls == [] and message.content.startswith("{")  # the schema's, last (its whitespace free)
+    assert response["text"]["format"]["type"] == "json_schema"
+
+
+BAD_RESPONSES = [
+    ({"foo": 1}, "foo"),
+    ({"background": True}, "background"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0].type"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": []}]}, "tools[0].parameters"),
+    ({"tools": FLAT_TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
+    ({"text": {"format": {"type": "regex"}}}, "text.format.type"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ({"max_output_tokens": 10**6}, "max_output_tokens"),
+    ({"temperature": 3}, "temperature"),
+    ({"include": ["message.output_text.logprobs"]}, "include[0]"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
+    ({"input": "x" * 5000}, "input"),  # past the context
+]
+
+
+@pytest.mark.parametrize("change, param", BAD_RESPONSES, ids=[p for _, p in BAD_RESPONSES])
+def test_a_bad_response_request_is_a_400_naming_its_parameter(served, change, param):
+    good = {"model": "trtspec", "input": "1 + 2", "max_output_tokens": 4}
+    status, body = _post(f"{served.base}/v1/responses", {**good, **change})
+    assert status == 400, body
+    assert body["error"]["param"] == param and body["error"]["type"] == "invalid_request_error"
+    assert param.split(".")[0].split("[")[0] in body["error"]["message"]
+    words = set(re.findall(r"\w+", body["error"]["message"]))  # chat's names are not this request's
+    assert not {"messages", "max_completion_tokens", "response_format"} & words
+    status, body = _post(f"{served.base}/v1/responses", good)
+    assert status == 200 and body["usage"]["output_tokens"] >= 1

@@ -922,7 +922,8 @@ def build(config_path, out_dir, flavour=None) -> None:
 @click.option("--grpc-port", default=8001, show_default=True, type=PORT, help="gRPC port.")
 @click.option("--metrics-port", default=8002, show_default=True, type=PORT, help="Prometheus metrics port.")
 @click.option("--openai-port", default=9000, show_default=True, type=PORT,
-              help="Port of the OpenAI-compatible API (/v1/completions, /v1/chat/completions).")
+              help="Port of the OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
+                   "/v1/responses).")
 @click.option("--no-openai", is_flag=True, help="Serve Triton's endpoints only.")
 @click.option("--api-key", envvar="TRTSPEC_API_KEY", default=None,
               help="Require `Authorization: Bearer KEY` on the OpenAI API, and header `admin-key: KEY` on "

@@ -1,5 +1,6 @@
 """The OpenAI-compatible routes: `/v1/models` (and `/v1/models/{model}`), `/v1/completions`,
-`/v1/chat/completions`, `/health`. Every error, a missing route's too, is in OpenAI's shape.
+`/v1/chat/completions`, `/v1/responses` (and `/v1/responses/{id}`: `responses`, over the chat
+path), `/health`. Every error, a missing route's too, is in OpenAI's shape.
 
 Each request is checked (`protocol`), its prompt built (chat template) and counted, then sent to
 the Triton model over one gRPC stream (`triton_stream`). Streaming answers are server-sent events
@@ -47,6 +48,18 @@ from trtspec.openai.protocol import (
     stop_list,
 )
 from trtspec.openai.reasoning import ReasoningParser, answer_start, reasoning_guide
+from trtspec.openai.responses import (
+    OutputItems,
+    ResponsesRequest,
+    ResponseStore,
+    assistant_messages,
+    chat_body,
+    check_responses,
+    input_messages,
+    rename,
+    renamed,
+    response_object,
+)
 from trtspec.openai.stops import StopTrimmer
 from trtspec.openai.tools import ToolParser, ToolPlan, check_tools, merge_deltas, tool_plan
 from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
@@ -426,10 +439,11 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                 **{f"{name}_token": model.special_token(name) for name in ("eos", "bos", "pad")},
                 "chat_template": None if model.chat is None else model.chat.text}
 
-    async def respond(request: Request, req, prompts: list[str | list[int]], chat: bool,
-                      default_max: int | None, tools: ToolPlan | None = None, start: str | None = None):
-        runs = []  # a choice per prompt and sample, index = prompt × n + sample (vLLM's order)
-        drawn = None  # a sampled request without a seed gets one, reported in `trtspec.seed`
+    def runs_of(req, prompts: list[str | list[int]], chat: bool, default_max: int | None,
+                tools: ToolPlan | None = None, start: str | None = None) -> list[_Run]:
+        """A choice per prompt and sample, index = prompt × n + sample (vLLM's order); a sampled
+        request without a seed gets one, reported in `trtspec.seed`."""
+        runs, drawn = [], None
         for i, prompt in enumerate(prompts):
             param = "messages" if chat else "prompt" if len(prompts) == 1 else f"prompt[{i}]"
             gen, prompt_ids = front.generation(req, prompt, chat, default_max, param, tools, start)
@@ -445,17 +459,13 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                 included = tuple(stop_list(req.stop)) if req.include_stop_str_in_output else ()
                 runs.append(_Run(seeded, prompt_ids, j, body, echo, model.tokenizer.decode, included, tools,
                                  start, getattr(req, "include_reasoning", None) is not False))
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        created = int(time.time())
-        # a guide the model refuses is named as the request named it
-        guide = tools.param if tools is not None and tools.guide else guide_field(req)
-        if not req.stream:
-            return await _whole(request, front, runs, rid, created, chat, guide)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and req.stream_options.continuous_usage_stats
+        return runs
+
+    async def started(request: Request, runs: list[_Run], guide: str | None) -> tuple[list, list]:
+        """Every choice's Triton stream and its first response: a refused request is an HTTP error,
+        not a stream; a client that leaves meanwhile (queued for a decoder slot, in a long prefill)
+        cancels them."""
         streams = [triton.generate(run.gen) for run in runs]
-        # a refused request is an HTTP error, not a stream: wait for every choice's first response;
-        # a client that leaves meanwhile (queued for a decoder slot, in a long prefill) cancels them
         try:
             firsts = await _unless_gone(request, asyncio.gather(*(anext(steps) for steps in streams),
                                                                 return_exceptions=True))
@@ -470,9 +480,84 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             if isinstance(refused, TritonError):
                 raise _triton_error(refused, guide) from None
             raise refused
+        return firsts, streams
+
+    async def respond(request: Request, req, prompts: list[str | list[int]], chat: bool,
+                      default_max: int | None, tools: ToolPlan | None = None, start: str | None = None):
+        runs = runs_of(req, prompts, chat, default_max, tools, start)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        created = int(time.time())
+        # a guide the model refuses is named as the request named it
+        guide = tools.param if tools is not None and tools.guide else guide_field(req)
+        if not req.stream:
+            return await _whole(request, front, runs, rid, created, chat, guide)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = include_usage and req.stream_options.continuous_usage_stats
+        firsts, streams = await started(request, runs, guide)
         events = _events(firsts, streams, runs, rid, created, model.name, chat, include_usage, continuous)
         return ClosingStreamingResponse(events, media_type="text/event-stream",
                                         headers={"Cache-Control": "no-cache"})
+
+    store = ResponseStore()
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request):
+        req = parse(ResponsesRequest, await body_of(request))
+        front.check_model(req.model)
+        check_responses(req)
+        past = [] if req.previous_response_id is None else \
+            store.get(req.previous_response_id, "previous_response_id")[1]
+        conversation = past + input_messages(req.input)
+        # the chat request it stands for, checked and built as chat's; refusals named as this one names them
+        try:
+            chat = parse(ChatRequest, chat_body(req, conversation))
+            tools = check_tools(chat, model.tool_parser)
+            prompt = render_chat(check_chat(chat, model.vocab_size), chat.chat_template_kwargs,
+                                 None if tools is None else tools.tools)
+            start = None if model.reasoning_parser is None else answer_start(model.reasoning_parser, prompt)
+            (run,) = runs_of(chat, [prompt], True, None, tools, start)
+        except ApiError as exc:
+            raise renamed(exc) from None
+        guide = tools.param if tools is not None and tools.guide else guide_field(chat)
+        guide = None if guide is None else rename(guide)  # named where the model refuses it
+        rid, created, items = f"resp_{uuid.uuid4().hex}", int(time.time()), OutputItems()
+
+        def response(status: str, error: dict | None = None) -> dict:
+            """The response object as it stands; a finished one (completed, incomplete) is stored."""
+            usage = None
+            if status in ("completed", "incomplete"):
+                reasoning = items.text_of("reasoning")
+                usage = {"input_tokens": run.prompt_tokens,
+                         "input_tokens_details": {"cached_tokens": run.cached},
+                         "output_tokens": run.completion_tokens, "output_tokens_details": {
+                             "reasoning_tokens": len(model.encode(reasoning, False)) if reasoning else 0},
+                         "total_tokens": run.prompt_tokens + run.completion_tokens}
+            body = response_object(req, rid, created, model.name, items.items, status, usage,
+                                   run.gen.temperature, run.gen.top_p, error)
+            body["trtspec"] = _figures([run])
+            if usage is not None and req.store is not False:
+                store.put(body, conversation + assistant_messages(items.items))
+            return body
+
+        if not req.stream:
+            (text,) = await _texts(request, front, [run], guide)
+            items.push(run.deltas(text, final=True))
+            status = "incomplete" if run.finish_reason() == "length" else "completed"
+            items.close(status)
+            return response(status)
+        firsts, streams = await started(request, [run], guide)
+        events = _response_events(firsts, streams, run, items, response)
+        return ClosingStreamingResponse(events, media_type="text/event-stream",
+                                        headers={"Cache-Control": "no-cache"})
+
+    @app.get("/v1/responses/{rid}")
+    async def retrieve_response(rid: str):
+        return store.get(rid)[0]
+
+    @app.delete("/v1/responses/{rid}")
+    async def delete_response(rid: str):
+        store.delete(rid)
+        return {"id": rid, "object": "response", "deleted": True}
 
     return app
 
@@ -488,9 +573,8 @@ def _triton_error(exc: TritonError, guide: str | None = None) -> ApiError:
     return ApiError(message, code="invalid_value")
 
 
-async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, created: int, chat: bool,
-                 guide: str | None = None):
-    """One response with a choice per prompt, their Triton requests in flight together."""
+async def _texts(request: Request, front: Frontend, runs: list[_Run], guide: str | None) -> list[str]:
+    """Each choice's whole text, their Triton requests in flight together."""
     async def collect(run: _Run) -> str:
         text = ""
         async for step in front.triton.generate(run.gen):
@@ -499,12 +583,18 @@ async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, 
 
     each = [asyncio.ensure_future(collect(run)) for run in runs]
     try:
-        texts = await _unless_gone(request, asyncio.gather(*each))
+        return await _unless_gone(request, asyncio.gather(*each))
     except TritonError as exc:
         raise _triton_error(exc, guide) from None
     finally:
         for one in each:  # one prompt refused: the others' Triton requests end too
             one.cancel()
+
+
+async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, created: int, chat: bool,
+                 guide: str | None = None):
+    """One response with a choice per prompt, their Triton requests in flight together."""
+    texts = await _texts(request, front, runs, guide)
     choices = []
     for i, (run, text) in enumerate(zip(runs, texts, strict=True)):
         logprobs = run.logprobs_body()
@@ -615,6 +705,35 @@ async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], 
     finally:
         await steps.aclose()
     yield _sse("[DONE]")
+
+
+async def _response_events(firsts: list, streams: list[AsyncIterator], run: _Run, items: OutputItems,
+                           response: Callable[..., dict]) -> AsyncIterator[bytes]:
+    """A Responses stream: created, in progress, the output items' events as the text comes, then
+    completed (or incomplete: max_output_tokens ran out); a model failing mid-stream ends it with
+    response.failed."""
+    def sse(event: dict) -> bytes:
+        return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
+
+    yield sse(items.event("response.created", response=response("in_progress")))
+    yield sse(items.event("response.in_progress", response=response("in_progress")))
+    steps = _merged(firsts, streams)
+    try:
+        async for _, step in steps:
+            text = run.take(step)
+            for event in items.push(run.deltas(text, step.final)):
+                yield sse(event)
+        status = "incomplete" if run.finish_reason() == "length" else "completed"
+        for event in items.close(status):
+            yield sse(event)
+        yield sse(items.event(f"response.{status}", response=response(status)))
+    except TritonError as exc:
+        for event in items.close("incomplete"):
+            yield sse(event)
+        error = {"code": "server_error", "message": _triton_error(exc).message}
+        yield sse(items.event("response.failed", response=response("failed", error)))
+    finally:
+        await steps.aclose()
 
 
 def _usage(runs: list[_Run]) -> dict:

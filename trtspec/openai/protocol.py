@@ -49,11 +49,10 @@ class StreamOptions(_Forbid):
                                          "choice's usage so far (vLLM's option)")
 
 
-class _Common(_Forbid):
-    """Parameters shared by /v1/completions and /v1/chat/completions."""
+class SamplingFields(_Forbid):
+    """How the text is sampled and where it stops: the parameters /v1/completions,
+    /v1/chat/completions and /v1/responses share, under the same names."""
 
-    model: str = Field(description="served model name")
-    max_tokens: int | None = Field(None, description="most tokens to generate")
     temperature: float | None = Field(None, description="0 = greedy; default 1 as OpenAI")
     top_p: float | None = Field(None, description="nucleus mass in (0, 1]")
     top_k: int | None = Field(None, description="keep the k most likely (vLLM/SGLang extension); -1, 0 = all")
@@ -73,10 +72,6 @@ class _Common(_Forbid):
     include_stop_str_in_output: bool | None = Field(False, description="a `stop` sequence that ends "
                                                     "generation stays at the end of the text (vLLM "
                                                     "extension)")
-    stream: bool | None = Field(False, description="server-sent events, one chunk per decode step")
-    stream_options: StreamOptions | None = Field(None, description="streaming options")
-    n: int | None = Field(1, description="choices per prompt, sampled independently (with a seed s, choice j "
-                          "samples with seed s + j)")
     presence_penalty: float | None = Field(0.0, description="in [-2, 2], subtracted from the logit of every "
                                            "token generated so far")
     frequency_penalty: float | None = Field(0.0, description="in [-2, 2], times each token's count so far, "
@@ -89,6 +84,17 @@ class _Common(_Forbid):
     user: str | None = Field(None, description="end-user id; accepted, not used")
     ignore_eos: bool | None = Field(False, description="the end of sequence does not end generation; "
                                     "stop and stop_token_ids still do (vLLM extension)")
+
+
+class _Common(SamplingFields):
+    """Parameters shared by /v1/completions and /v1/chat/completions."""
+
+    model: str = Field(description="served model name")
+    max_tokens: int | None = Field(None, description="most tokens to generate")
+    stream: bool | None = Field(False, description="server-sent events, one chunk per decode step")
+    stream_options: StreamOptions | None = Field(None, description="streaming options")
+    n: int | None = Field(1, description="choices per prompt, sampled independently (with a seed s, choice j "
+                          "samples with seed s + j)")
     add_special_tokens: bool | None = Field(None, description="add the tokenizer's special tokens (a BOS) to "
                                             "the prompt (vLLM extension); default true for completions, "
                                             "false for chat, whose template holds them")

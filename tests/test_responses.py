@@ -1,0 +1,204 @@
+"""The Responses API's pieces without a server (`trtspec.openai.responses`): input items become the
+chat conversation they stand for; a chat answer's deltas, cut anywhere, become output items whose
+streaming events, replayed as a client replays them, build the same items; chat's refusals are
+named as the Responses request names its parameters. Served responses are in test_openai."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from trtspec.openai.app import _Run
+from trtspec.openai.protocol import ApiError
+from trtspec.openai.reasoning import OPENS_TAG, REASONING
+from trtspec.openai.responses import (
+    OutputItems,
+    ResponsesRequest,
+    assistant_messages,
+    chat_body,
+    chat_tools,
+    input_messages,
+    renamed,
+    response_format,
+)
+from trtspec.openai.tools import tool_plan
+from trtspec.openai.triton_stream import Generation
+
+from .test_tools import TOOLS, _pieces
+
+CALL = {"type": "function_call", "call_id": "call_1", "name": "add", "arguments": '{"a": 1, "b": 2}'}
+TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+
+
+@pytest.mark.parametrize(("given", "want"), [
+    ("1 + 2", [{"role": "user", "content": "1 + 2"}]),
+    ([{"role": "developer", "content": "Be brief."}, {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "1 + 2"}, {"type": "input_text", "text": "3 + 4"}]}],
+     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 + 2\n3 + 4"}]),
+    # an earlier answer as OpenAI's SDK sends it back: reasoning, message, calls: one assistant turn
+    ([{"role": "user", "content": "q"},
+      {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "r"}],
+       "encrypted_content": None, "status": "completed"},
+      {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed", "content": [
+          {"type": "output_text", "text": "Sure.", "annotations": [], "logprobs": []}]},
+      {**CALL, "id": "fc_1", "status": "completed"},
+      {**CALL, "call_id": "call_2"},
+      {"type": "function_call_output", "call_id": "call_1", "output": "3"},
+      {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "3"}]}],
+     [{"role": "user", "content": "q"},
+      {"role": "assistant", "content": "Sure.", "reasoning_content": "r",
+       "tool_calls": [TOOL_CALL, {**TOOL_CALL, "id": "call_2"}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+      {"role": "tool", "tool_call_id": "call_2", "content": "3"}]),
+    # a call right after a user message, and after a tool's output: a turn of its own each
+    ([{"role": "user", "content": "q"}, CALL,
+      {"type": "function_call_output", "call_id": "call_1", "output": "3"}, {**CALL, "call_id": "call_2"}],
+     [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+      {"role": "assistant", "content": "", "tool_calls": [{**TOOL_CALL, "id": "call_2"}]}]),
+    # reasoning with nothing after it: an assistant turn of reasoning alone
+    ([{"role": "user", "content": "q"}, {"type": "reasoning", "summary": [],
+                                         "content": [{"type": "reasoning_text", "text": "r"}]}],
+     [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "reasoning_content": "r"}]),
+])
+def test_input_items_are_the_chat_conversation_they_stand_for(given, want):
+    assert input_messages(given) == want
+
+
+@pytest.mark.parametrize(("given", "param", "says"), [
+    ([], "input", "at least one item"),
+    (["hi"], "input[0]", "an item object"),
+    ([{"role": "tool", "content": "3"}], "input[0].role", "expected one of"),
+    ([{"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}],
+     "input[0].content[0].type", "only text parts"),
+    ([{"role": "user", "content": "q", "foo": 1}], "input[0].foo", "Unrecognized"),
+    ([{"type": "item_reference", "id": "msg_1"}], "input[0].type", "no item_reference"),
+    ([{**CALL, "arguments": "{1"}], "input[0].arguments", "not JSON"),
+    ([{**CALL, "arguments": "[1]"}], "input[0].arguments", "JSON object"),
+    ([{k: v for k, v in CALL.items() if k != "call_id"}], "input[0].call_id", "Missing required"),
+    ([{"type": "function_call_output", "output": "3"}], "input[0].call_id", "Missing required"),
+    ([{"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}], "input[0].encrypted_content",
+     "encrypts no reasoning"),
+])
+def test_a_bad_input_item_is_refused_by_its_place(given, param, says):
+    with pytest.raises(ApiError) as refused:
+        input_messages(given)
+    assert refused.value.param == param and says in refused.value.message
+
+
+def test_the_request_becomes_chats_with_flat_tools_strict_unless_they_say_otherwise():
+    req = ResponsesRequest(model="m", input="q", instructions="Be brief.", max_output_tokens=9,
+                           temperature=0.0, top_k=5, seed=3,
+                           tools=[{"type": "function", "name": "add", "parameters": {}},
+                                  {"type": "function", "name": "f", "strict": False}],
+                           tool_choice={"type": "function", "name": "add"}, parallel_tool_calls=False,
+                           text={"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"},
+                                            "strict": True}})
+    body = chat_body(req, [{"role": "user", "content": "earlier"}])
+    assert body == {
+        "model": "m", "stream": False, "max_completion_tokens": 9, "temperature": 0.0, "top_k": 5, "seed": 3,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "earlier"}],
+        "tools": [{"type": "function", "function": {"strict": True, "name": "add", "parameters": {}}},
+                  {"type": "function", "function": {"strict": False, "name": "f"}}],
+        "tool_choice": {"type": "function", "function": {"name": "add"}}, "parallel_tool_calls": False,
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "n", "schema": {"type": "object"}}}}
+    assert response_format({"type": "text"}) == {"type": "text"}
+    with pytest.raises(ApiError) as refused:
+        chat_tools([{"type": "web_search"}])
+    assert refused.value.param == "tools[0].type"
+
+
+def test_chats_refusals_are_named_as_the_responses_request_names_them():
+    """The chat path's parameters in a refusal of the translated request: tools' (flat in Responses),
+    response_format (text.format), max_completion_tokens (max_output_tokens), messages (input)."""
+    for param, want in (("tools[1].function.parameters", "tools[1].parameters"),
+                        ("tool_choice.function.name", "tool_choice.name"),
+                        ("response_format.json_schema.schema", "text.format.schema"),
+                        ("response_format", "text.format"), ("max_completion_tokens", "max_output_tokens"),
+                        ("messages", "input"), ("messages[3].content", "input"),
+                        ("temperature", "temperature")):
+        got = renamed(ApiError(f"Invalid '{param}': no.", param, code="invalid_value"))
+        assert (got.param, got.message, got.code) == (want, f"Invalid '{want}': no.", "invalid_value")
+    # the tool_plan refusal of a flat tool's schema, as a Responses client reads it
+    with pytest.raises(ApiError) as refused:
+        tool_plan(chat_tools([{"type": "function", "name": "f", "parameters": []}]), None, None, "hermes")
+    assert renamed(refused.value).param == "tools[0].parameters"
+
+
+def _replay(events: list[dict]) -> list[dict]:
+    """The output items a client builds from the events (as OpenAI's SDK accumulates them), each
+    checked to be done once, as it was added and then written."""
+    items: dict[int, dict] = {}
+    done: dict[int, dict] = {}
+    for event in events:
+        kind, at = event["type"], event.get("output_index")
+        if kind == "response.output_item.added":
+            assert at == len(items) and at not in items
+            items[at] = json.loads(json.dumps(event["item"]))
+        elif kind == "response.content_part.added":
+            items[at]["content"].append(dict(event["part"]))
+        elif kind in ("response.output_text.delta", "response.reasoning_text.delta"):
+            assert items[at]["id"] == event["item_id"] and at not in done
+            items[at]["content"][event["content_index"]]["text"] += event["delta"]
+        elif kind == "response.function_call_arguments.delta":
+            items[at]["arguments"] += event["delta"]
+        elif kind in ("response.output_text.done", "response.reasoning_text.done"):
+            assert items[at]["content"][0]["text"] == event["text"]
+        elif kind == "response.function_call_arguments.done":
+            assert items[at]["arguments"] == event["arguments"]
+        elif kind == "response.output_item.done":
+            assert at not in done and event["item"]["id"] == items[at]["id"]
+            done[at] = event["item"]
+    assert sorted(done) == sorted(items)
+    return [done[i] for i in sorted(done)]
+
+
+ANSWERS = [  # where the answer starts, the tool plan (None: no tools), the text
+    (REASONING, None, "2+6=8; 8+5=13</think>\n\n838"),
+    (OPENS_TAG, None, "just the answer"),
+    (REASONING, "auto", 'think</think>Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}'
+                        '\n</tool_call>\n<tool_call>\n{"name": "echo", "arguments": {"text": "x"}}\n'
+                        '</tool_call>'),
+    (None, "named", '{"a": 482, "b": 356}'),
+    (None, "auto", "no call at all"),
+]
+
+
+@pytest.mark.parametrize(("start", "mode", "text"), ANSWERS)
+def test_a_streams_events_build_the_whole_answers_items(start, mode, text):
+    """A chat answer cut at 30 random places: the events number 0, 1, … and replayed build the items
+    the whole answer gets; the items hold the chat answer's reasoning, content and calls, in order."""
+    choice = {"named": {"type": "function", "function": {"name": "add"}}}.get(mode, mode)
+    plan = None if mode is None else tool_plan(TOOLS, choice, None, "hermes")
+
+    def items_of(pieces: list[str]) -> tuple[OutputItems, list[dict]]:
+        run, items = _Run(Generation(prompt="", max_tokens=64), [], tools=plan, start=start), OutputItems()
+        events = [e for k, piece in enumerate(pieces)
+                  for e in items.push(run.deltas(piece, final=k == len(pieces) - 1))]
+        return items, events + items.close()
+
+    whole, _ = items_of([text])
+    rng = random.Random(7)
+    for _ in range(30):
+        items, events = items_of(_pieces(text, rng))
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert _replay(events) == items.items
+        assert [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in items.items] == \
+            [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in whole.items]
+    kinds = [item["type"] for item in whole.items]
+    if start == REASONING:
+        assert kinds[0] == "reasoning" and whole.text_of("reasoning") in text
+    if mode == "auto" and start == REASONING:
+        assert kinds == ["reasoning", "message", "function_call", "function_call"]
+        arguments = [json.loads(item["arguments"]) for item in whole.items[2:]]
+        assert arguments == [{"a": 1, "b": 2}, {"text": "x"}]
+        # sent back as the next request's input, the items are one assistant turn
+        (turn,) = assistant_messages(whole.items)
+        assert turn["reasoning_content"] == "think" and turn["content"] == "Sure.\n"
+        assert [call["function"]["name"] for call in turn["tool_calls"]] == ["add", "echo"]
+    if mode == "named":
+        assert kinds == ["function_call"] and json.loads(whole.items[0]["arguments"]) == {"a": 482, "b": 356}
+    assert all(item["status"] == "completed" for item in whole.items)

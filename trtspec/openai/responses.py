@@ -1,0 +1,479 @@
+"""OpenAI's Responses API (`POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`), as
+trtllm-serve and vLLM serve it for open models: a thin layer over the chat path.
+
+A request becomes a chat request (`chat_body`): `instructions` a system message first, `input`
+(a text, or items: messages, `function_call`s and their `function_call_output`s, `reasoning`)
+the conversation, the flat function `tools` and `tool_choice` chat's, `text.format` a
+`response_format`, `max_output_tokens` the completion's limit. It is then checked, guided,
+generated and parsed exactly as /v1/chat/completions does, so its text is the chat answer's, and
+the chat answer's deltas (`reasoning_content`, `content`, `tool_calls`) become output items
+(`OutputItems`): a `reasoning` item (with the server's --reasoning-parser, its text whole in
+`content`, no summary), a `message` with one `output_text`, a `function_call` per tool call.
+Streamed, the same items are built by OpenAI's events (`response.created`, `.in_progress`,
+`.output_item.added`, `.content_part.added`, `.output_text.delta`, `.reasoning_text.delta`,
+`.function_call_arguments.delta`, their `.done`s, then `response.completed`, or
+`response.incomplete` when `max_output_tokens` ran out), each with its `sequence_number`; the
+whole answer is its stream's items.
+
+A response is stored (`store`, true by default as in OpenAI's API) in the server's memory, the
+last STORE_CAPACITY of them: `previous_response_id` continues its conversation (its input and
+output; its instructions are not carried over, as OpenAI's are not), `GET` returns it, `DELETE`
+drops it. Function tools are strict unless they say otherwise, as in OpenAI's Responses API (a
+strict tool's calls follow its schema: tools.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+from pydantic import Field
+
+from trtspec.openai.protocol import ApiError, SamplingFields
+
+STORE_CAPACITY = 1000  # responses kept for previous_response_id and GET, the oldest dropped first
+TEXT_FORMATS = ("text", "json_object", "json_schema")
+ROLES = ("user", "system", "developer", "assistant")
+INCLUDABLE = ("reasoning.encrypted_content",)  # accepted: reasoning is sent in plain text anyway
+
+
+class ResponsesRequest(SamplingFields):
+    """`POST /v1/responses`. Besides OpenAI's fields, the sampling parameters chat takes (`top_k`,
+    `min_p`, `seed`, `stop`, penalties, `logit_bias`, …, vLLM's extensions) and
+    `chat_template_kwargs`."""
+
+    model: str = Field(description="served model name")
+    input: str | list = Field(description="a user message's text, or a list of items: messages ({role, "
+                              "content}), function_call, function_call_output, reasoning")
+    instructions: str | None = Field(None, description="a system message before the input (not carried "
+                                     "to a next response)")
+    max_output_tokens: int | None = Field(None, description="most tokens to generate, reasoning included")
+    tools: list | None = Field(None, description='function tools: [{"type": "function", "name", '
+                               '"description", "parameters", "strict"}], strict unless "strict": false')
+    tool_choice: Any = Field(None, description='"none", "auto" (the default with tools), "required" or '
+                             '{"type": "function", "name"}')
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call")
+    text: dict | None = Field(None, description='{"format": {"type": "text"}, {"type": "json_object"} or '
+                              '{"type": "json_schema", "name", "schema", "strict"}}')
+    reasoning: dict | None = Field(None, description='{"summary"} accepted (no summaries: the reasoning '
+                                   'comes whole); "effort" is not served')
+    stream: bool | None = Field(False, description="server-sent events as OpenAI's Responses streams them")
+    stream_options: dict | None = Field(None, description='{"include_obfuscation"}: accepted, not used')
+    store: bool | None = Field(True, description="keep the response for previous_response_id and GET")
+    previous_response_id: str | None = Field(None, description="continue a stored response's conversation")
+    metadata: dict | None = Field(None, description="returned with the response")
+    include: list[str] | None = Field(None, description='only "reasoning.encrypted_content" (nothing is '
+                                      'encrypted: reasoning comes as text)')
+    truncation: str | None = Field(None, description='only "disabled"')
+    service_tier: str | None = Field(None, description="accepted, one tier")
+    prompt_cache_key: str | None = Field(None, description="accepted: prefixes are reused by their tokens")
+    safety_identifier: str | None = Field(None, description="accepted, not used")
+    top_logprobs: int | None = Field(None, description="only 0: log-probabilities are served on "
+                                     "/v1/chat/completions")
+    max_tool_calls: int | None = Field(None, description="not served")
+    background: bool | None = Field(None, description="only false")
+    conversation: Any = Field(None, description="not served (OpenAI's Conversations API)")
+    prompt: Any = Field(None, description="not served (OpenAI's stored prompt templates)")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="variables for the chat template, e.g. Qwen3's enable_thinking (vLLM extension)")
+
+
+def _refuse(param: str, value, why: str) -> ApiError:
+    return ApiError(f"'{param}'={value!r} is not supported by trtspec: {why}.", param,
+                    code="unsupported_value")
+
+
+def check_responses(req: ResponsesRequest) -> None:
+    """Refuse by name what trtspec does not serve of a Responses request."""
+    refused = (("background", req.background not in (None, False), "send 'stream': true to read the answer "
+                "as it comes"),
+               ("conversation", req.conversation is not None, "continue a response with "
+                "'previous_response_id'"),
+               ("prompt", req.prompt is not None, "stored prompt templates are OpenAI's; send 'input'"),
+               ("truncation", req.truncation not in (None, "disabled"), "a conversation past the context "
+                "is a 400, never cut"),
+               ("top_logprobs", req.top_logprobs not in (None, 0), "log-probabilities are served on "
+                "/v1/chat/completions"),
+               ("max_tool_calls", req.max_tool_calls is not None, "send 'parallel_tool_calls': false for at "
+                "most one call"))
+    for param, bad, why in refused:
+        if bad:
+            raise _refuse(param, getattr(req, param), why)
+    for k, item in enumerate(req.include or ()):
+        if item not in INCLUDABLE:
+            raise _refuse(f"include[{k}]", item, "only 'reasoning.encrypted_content' is accepted (reasoning "
+                          "comes as text)")
+    if req.stream_options is not None:
+        if not req.stream:
+            raise ApiError("Invalid 'stream_options': only allowed when 'stream' is true.", "stream_options",
+                           code="invalid_value")
+        _only_keys(req.stream_options, ("include_obfuscation",), "stream_options")
+    reasoning = req.reasoning or {}
+    _only_keys(reasoning, ("effort", "summary", "generate_summary"), "reasoning")
+    if reasoning.get("effort") is not None:
+        raise _refuse("reasoning.effort", reasoning["effort"], "the model thinks as its chat template says; "
+                      "set it with chat_template_kwargs (Qwen3: {\"enable_thinking\": false})")
+    text = req.text or {}
+    _only_keys(text, ("format", "verbosity"), "text")
+    if text.get("verbosity") not in (None, "medium"):
+        raise _refuse("text.verbosity", text["verbosity"], "the model has no verbosity setting")
+
+
+def _only_keys(value, keys: tuple[str, ...], param: str) -> None:
+    if not isinstance(value, dict):
+        raise ApiError(f"Invalid type for '{param}': expected an object.", param, code="invalid_type")
+    extra = sorted(set(value) - set(keys))
+    if extra:
+        raise ApiError(f"Unrecognized request argument supplied: {param}.{extra[0]}", f"{param}.{extra[0]}")
+
+
+# -- the request as a chat request
+
+def chat_body(req: ResponsesRequest, conversation: list[dict]) -> dict:
+    """The chat request (a /v1/chat/completions body) `req` asks for: its instructions, then
+    `conversation` (chat messages: a stored response's, then `input_messages` of the request's
+    input); parse it as a ChatRequest and name its refusals with `renamed`."""
+    messages = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
+    messages += conversation
+    body = req.model_dump(include=set(SamplingFields.model_fields), exclude_unset=True)
+    body |= {"model": req.model, "messages": messages, "stream": bool(req.stream),
+             "max_completion_tokens": req.max_output_tokens, "tools": chat_tools(req.tools),
+             "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
+             "response_format": response_format((req.text or {}).get("format")),
+             "chat_template_kwargs": req.chat_template_kwargs}
+    return {name: value for name, value in body.items() if value is not None}
+
+
+def input_messages(given: str | list, param: str = "input") -> list[dict]:
+    """Responses input items as chat messages: a message item's text parts joined one a line, a
+    function_call joined to the assistant message before it (or a new one), a function_call_output
+    a tool message, a reasoning item's text the next assistant message's reasoning_content."""
+    if isinstance(given, str):
+        return [{"role": "user", "content": given}]
+    messages: list[dict] = []
+    reasoning: str | None = None  # a reasoning item's, for the assistant message that follows it
+
+    def assistant() -> dict:
+        nonlocal reasoning
+        message = {"role": "assistant", "content": ""}
+        if reasoning is not None:
+            message["reasoning_content"], reasoning = reasoning, None
+        messages.append(message)
+        return message
+
+    for i, item in enumerate(given):
+        where = f"{param}[{i}]"
+        if not isinstance(item, dict):
+            raise ApiError(f"Invalid '{where}': expected an item object like {{\"role\": \"user\", "
+                           "\"content\": \"...\"}.", where, code="invalid_type")
+        kind = item.get("type", "message")
+        if kind == "message":
+            _only_keys(item, ("type", "role", "content", "id", "status", "phase"), where)
+            role = item.get("role")
+            if role not in ROLES:
+                raise ApiError(f"Invalid value for '{where}.role': {role!r}; expected one of "
+                               f"{', '.join(ROLES)}.", f"{where}.role", code="invalid_value")
+            content = _message_text(item.get("content"), f"{where}.content")
+            if role == "assistant":
+                assistant()["content"] = content
+            else:
+                messages.append({"role": "system" if role == "developer" else role, "content": content})
+        elif kind == "function_call":
+            _only_keys(item, ("type", "call_id", "name", "arguments", "id", "status", "namespace"), where)
+            for field in ("call_id", "name", "arguments"):
+                if not isinstance(item.get(field), str):
+                    raise ApiError(f"Missing required parameter: '{where}.{field}' (a string).",
+                                   f"{where}.{field}", code="missing_required_parameter")
+            try:
+                arguments = json.loads(item["arguments"])
+            except json.JSONDecodeError as exc:
+                raise ApiError(f"Invalid '{where}.arguments': not JSON ({exc}).", f"{where}.arguments",
+                               code="invalid_value") from None
+            if not isinstance(arguments, dict):
+                raise ApiError(f"Invalid '{where}.arguments': expected a JSON object's text.",
+                               f"{where}.arguments", code="invalid_value")
+            last = messages[-1] if messages and reasoning is None else None
+            message = last if last is not None and last["role"] == "assistant" else assistant()
+            message.setdefault("tool_calls", []).append(
+                {"id": item["call_id"], "type": "function",
+                 "function": {"name": item["name"], "arguments": item["arguments"]}})
+        elif kind == "function_call_output":
+            _only_keys(item, ("type", "call_id", "output", "id", "status"), where)
+            if not isinstance(item.get("call_id"), str):
+                raise ApiError(f"Missing required parameter: '{where}.call_id' (a string).",
+                               f"{where}.call_id", code="missing_required_parameter")
+            output = _message_text(item.get("output"), f"{where}.output")
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
+        elif kind == "reasoning":
+            _only_keys(item, ("type", "id", "summary", "content", "encrypted_content", "status"), where)
+            if item.get("encrypted_content") is not None:
+                raise _refuse(f"{where}.encrypted_content", "...", "trtspec encrypts no reasoning; send its "
+                              "'content' as this server gave it")
+            parts = item.get("content") or []
+            if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str)
+                                                       for p in parts):
+                raise ApiError(f"Invalid '{where}.content': expected a list of {{\"type\": "
+                               "\"reasoning_text\", \"text\"}} parts.", f"{where}.content",
+                               code="invalid_value")
+            reasoning = (reasoning or "") + "".join(p["text"] for p in parts)
+        else:
+            raise _refuse(f"{where}.type", kind, "an input item is a message, function_call, "
+                          "function_call_output or reasoning (no item_reference: send the items themselves)")
+    if reasoning is not None:  # reasoning last: an assistant turn of reasoning alone
+        assistant()
+    if not messages:
+        raise ApiError(f"'{param}' must hold at least one item.", param, code="invalid_value")
+    return messages
+
+
+def _message_text(content, param: str) -> str:
+    """A message's (or a function call output's) content as text: a string, or text parts joined one
+    a line (input_text, output_text), as chat joins its parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(f"Invalid '{param}': expected a string or a list of content parts like "
+                       "{\"type\": \"input_text\", \"text\": \"...\"}.", param, code="invalid_type")
+    texts = []
+    for k, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text"):
+            raise ApiError(f"Invalid value for '{param}': part {k} is of type {kind!r}; only text parts "
+                           "(input_text, output_text) are supported by trtspec.", f"{param}[{k}].type",
+                           code="unsupported_value")
+        if not isinstance(part.get("text"), str):
+            raise ApiError(f"Missing required parameter: '{param}[{k}].text'.", f"{param}[{k}].text",
+                           code="missing_required_parameter")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def chat_tools(tools: list | None) -> list | None:
+    """Responses' flat function tools as chat's, strict unless they say otherwise (OpenAI's default
+    in the Responses API); tools.py checks the rest, named back by `renamed`."""
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise ApiError(f"Invalid '{where}': expected an object like {{\"type\": \"function\", \"name\": "
+                           "...}.", where, code="invalid_type")
+        if tool.get("type") != "function":
+            raise _refuse(f"{where}.type", tool.get("type"), "function tools only (web search, file search, "
+                          "MCP and the others are OpenAI's hosted tools)")
+        _only_keys(tool, ("type", "name", "description", "parameters", "strict"), where)
+        function = {key: value for key, value in tool.items() if key != "type" and value is not None}
+        out.append({"type": "function", "function": {"strict": True, **function}})
+    return out
+
+
+def chat_tool_choice(choice):
+    """Responses' tool_choice as chat's: {"type": "function", "name"} names a function."""
+    if choice is None or isinstance(choice, str):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        _only_keys(choice, ("type", "name"), "tool_choice")
+        return {"type": "function", "function": {"name": choice["name"]}}
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if isinstance(choice, dict) and kind not in (None, "function"):
+        raise _refuse("tool_choice.type", kind, "a function tool only")
+    raise ApiError("Invalid 'tool_choice': expected none, auto, required or {\"type\": \"function\", "
+                   "\"name\": ...}.", "tool_choice", code="invalid_value")
+
+
+def response_format(fmt) -> dict | None:
+    """`text.format` as chat's response_format."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise ApiError("Invalid type for 'text.format': expected an object.", "text.format",
+                       code="invalid_type")
+    kind = fmt.get("type")
+    if kind not in TEXT_FORMATS:
+        raise ApiError(f"Invalid 'text.format.type': {kind!r}; expected {', '.join(TEXT_FORMATS)}.",
+                       "text.format.type", code="invalid_value")
+    if kind != "json_schema":
+        _only_keys(fmt, ("type",), "text.format")
+        return {"type": kind}
+    _only_keys(fmt, ("type", "name", "schema", "strict", "description"), "text.format")
+    if not isinstance(fmt.get("schema"), dict):
+        raise ApiError("'text.format.schema' must be a JSON schema object.", "text.format.schema",
+                       code="invalid_value")
+    return {"type": "json_schema", "json_schema": {key: fmt[key] for key in ("name", "schema") if key in fmt}}
+
+
+# chat's parameter names as a Responses request names them
+_RENAMES = ((re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
+            (re.compile(r"\btools\[(\d+)\]\.function\b"), r"tools[\1]"),
+            (re.compile(r"\btool_choice\.function\b"), "tool_choice"),
+            (re.compile(r"\bresponse_format\.json_schema\b"), "text.format"),
+            (re.compile(r"\bresponse_format\b"), "text.format"),
+            # a message's index is not its item's (instructions, merged calls): the input as a whole
+            (re.compile(r"\bmessages(\[\d+\](\.\w+|\[\d+\])*)?"), "input"))
+
+
+def rename(text: str) -> str:
+    """`text` with chat's parameter names as the Responses request names them (`max_output_tokens`,
+    `tools[0].parameters`, `text.format`, `input`)."""
+    for pattern, name in _RENAMES:
+        text = pattern.sub(name, text)
+    return text
+
+
+def renamed(exc: ApiError) -> ApiError:
+    """A chat refusal of the translated request, its parameter renamed (`rename`)."""
+    param = None if exc.param is None else rename(exc.param)
+    return ApiError(rename(exc.message), param, exc.status, exc.kind, exc.code)
+
+
+# -- the answer as output items and events
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class OutputItems:
+    """One chat answer's deltas as a response's output items, and the streaming events that build
+    them (`push`, `close`), numbered in order (`event`)."""
+
+    def __init__(self):
+        self.items: list[dict] = []
+        self.open: dict | None = None  # the item being written
+        self.sequence = 0
+
+    def event(self, kind: str, **fields) -> dict:
+        out = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return out
+
+    def push(self, deltas: list[dict]) -> list[dict]:
+        """Events for a chat answer's next deltas (`_Run.deltas`)."""
+        events: list[dict] = []
+        for delta in deltas:
+            if "reasoning_content" in delta:
+                events += self._text("reasoning", delta["reasoning_content"])
+            if "content" in delta:
+                events += self._text("message", delta["content"])
+            for call in delta.get("tool_calls", ()):
+                events += self._call(call)
+        return events
+
+    def close(self, status: str = "completed") -> list[dict]:
+        """Events that end the item being written, with `status` (incomplete: max_output_tokens ran out
+        in it)."""
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        item["status"] = status
+        at = {"item_id": item["id"], "output_index": self.items.index(item)}
+        if item["type"] == "function_call":
+            return [self.event("response.function_call_arguments.done", **at, name=item["name"],
+                               arguments=item["arguments"]),
+                    self.event("response.output_item.done", output_index=at["output_index"], item=item)]
+        part = item["content"][0]
+        kind = "response.output_text.done" if item["type"] == "message" else "response.reasoning_text.done"
+        extra = {"logprobs": []} if item["type"] == "message" else {}
+        return [self.event(kind, **at, content_index=0, text=part["text"], **extra),
+                self.event("response.content_part.done", **at, content_index=0, part=dict(part)),
+                self.event("response.output_item.done", output_index=at["output_index"], item=item)]
+
+    def _add(self, item: dict) -> list[dict]:
+        events = self.close()
+        self.items.append(item)
+        self.open = item
+        return events + [self.event("response.output_item.added", output_index=len(self.items) - 1,
+                                    item=json.loads(json.dumps(item)))]  # as it stood then
+
+    def _text(self, kind: str, text: str) -> list[dict]:
+        events = []
+        if self.open is None or self.open["type"] != kind:
+            if kind == "message":
+                item = {"id": _id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
+                        "content": []}
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            else:
+                item = {"id": _id("rs"), "type": "reasoning", "status": "in_progress", "summary": [],
+                        "content": []}
+                part = {"type": "reasoning_text", "text": ""}
+            events += self._add(item)
+            item["content"].append(part)
+            events.append(self.event("response.content_part.added", item_id=item["id"],
+                                     output_index=len(self.items) - 1, content_index=0, part=dict(part)))
+        item = self.open
+        item["content"][0]["text"] += text
+        kind = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
+        extra = {"logprobs": []} if item["type"] == "message" else {}
+        return events + [self.event(kind, item_id=item["id"], output_index=len(self.items) - 1,
+                                    content_index=0, delta=text, **extra)]
+
+    def _call(self, call: dict) -> list[dict]:
+        events = []
+        if "id" in call:  # a call's first delta: its id and name
+            events += self._add({"id": _id("fc"), "type": "function_call", "status": "in_progress",
+                                 "call_id": call["id"], "name": call["function"]["name"], "arguments": ""})
+        item, delta = self.open, call["function"]["arguments"]
+        item["arguments"] += delta
+        if delta:
+            events.append(self.event("response.function_call_arguments.delta", item_id=item["id"],
+                                     output_index=len(self.items) - 1, delta=delta))
+        return events
+
+    def text_of(self, kind: str) -> str:
+        """The text of the items of `kind` (reasoning, message)."""
+        return "".join(item["content"][0]["text"] for item in self.items if item["type"] == kind)
+
+
+def response_object(req: ResponsesRequest, rid: str, created: int, model: str, output: list[dict],
+                    status: str, usage: dict | None = None, temperature: float | None = None,
+                    top_p: float | None = None, error: dict | None = None) -> dict:
+    """The `response` object: its output items, status (in_progress, completed, incomplete, failed)
+    and usage, with the request's settings as OpenAI's echoes them."""
+    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+    return {"id": rid, "object": "response", "created_at": created, "status": status,
+            "completed_at": int(time.time()) if status == "completed" else None,
+            "model": model, "output": output, "error": error, "incomplete_details": incomplete,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "previous_response_id": req.previous_response_id, "temperature": temperature, "top_p": top_p,
+            "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
+            "tools": [{"type": "function", "strict": True, **tool} for tool in req.tools or ()],
+            "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
+            "reasoning": {"effort": None, "summary": (req.reasoning or {}).get("summary")},
+            "truncation": "disabled", "store": req.store is not False, "background": False,
+            "metadata": req.metadata or {}, "user": req.user, "usage": usage}
+
+
+def assistant_messages(output: list[dict]) -> list[dict]:
+    """A response's output items as the chat messages that continue its conversation."""
+    return input_messages(output, "output") if output else []
+
+
+class ResponseStore:
+    """The last `capacity` stored responses, each with the conversation that continues it (chat
+    messages, instructions left out)."""
+
+    def __init__(self, capacity: int = STORE_CAPACITY):
+        self.capacity = capacity
+        self._kept: OrderedDict[str, tuple[dict, list[dict]]] = OrderedDict()
+
+    def put(self, response: dict, conversation: list[dict]) -> None:
+        self._kept[response["id"]] = (response, conversation)
+        while len(self._kept) > self.capacity:
+            self._kept.popitem(last=False)
+
+    def get(self, rid: str, param: str | None = None) -> tuple[dict, list[dict]]:
+        if rid not in self._kept:
+            what = "Previous response" if param else "Response"
+            raise ApiError(f"{what} with id '{rid}' not found (responses are kept in this server's memory, "
+                           f"the last {self.capacity}, when 'store' is not false).", param, status=404,
+                           code="not_found")
+        return self._kept[rid]
+
+    def delete(self, rid: str) -> None:
+        self.get(rid)
+        del self._kept[rid]
