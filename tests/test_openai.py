@@ -17,6 +17,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import anthropic
 import numpy as np
 import openai
 import pytest
@@ -1523,6 +1524,7 @@ def test_a_reasoning_parser_gives_the_block_apart_and_guides_the_text_after_it(s
     model.reasoning_parser = "qwen3"
     frontend = OpenAIFrontend(model, f"127.0.0.1:{served.ports.grpc}", "127.0.0.1", free_port()).start()
     client = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="none")
+    anthropic_client = anthropic.Anthropic(base_url=frontend.url, api_key="none", max_retries=0)
     try:
         openings = {True: "<think>\n", False: "<think>\n\n</think>\n\n", None: ""}  # the template's
         for thinking, start in ((True, "reasoning"), (False, "content"), (None, "opens_tag")):
@@ -1546,6 +1548,14 @@ def test_a_reasoning_parser_gives_the_block_apart_and_guides_the_text_after_it(s
                 assert (response["usage"]["output_tokens_details"]["reasoning_tokens"] > 0) == bool(reasoning)
                 deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
                 assert deltas == (reasoning if stream else "")
+            if thinking is None:
+                continue
+            for stream in (False, True):  # /v1/messages: a thinking block, then the text
+                ask = {"thinking": {"type": "adaptive"} if thinking else {"type": "disabled"}}
+                message, _ = _message(anthropic_client, stream, messages=[
+                    {"role": "user", "content": "482 + 356"}], max_tokens=24, **ask)
+                thought = "".join(b["thinking"] for b in message["content"] if b["type"] == "thinking")
+                assert (thought or None, _text_of(message) or None) == want, (thinking, stream)
         # a function call and its output sent back as items: the conversation chat sends as messages
         call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
         chat = client.chat.completions.create(
@@ -1814,3 +1824,122 @@ def test_a_bad_response_request_is_a_400_naming_its_parameter(served, change, pa
     assert not {"messages", "max_completion_tokens", "response_format"} & words
     status, body = _post(f"{served.base}/v1/responses", good)
     assert status == 200 and body["usage"]["output_tokens"] >= 1
+
+
+ANTHROPIC_TOOLS = [{"name": tool["function"]["name"], "description": tool["function"].get("description", ""),
+                    "input_schema": tool["function"]["parameters"]} for tool in TOOLS]
+
+
+def _anthropic(served, key: str | None = KEY):
+    return anthropic.Anthropic(base_url=served.base, api_key=key, max_retries=0, timeout=120)
+
+
+def _message(client, stream: bool, **ask) -> tuple[dict, list[dict]]:
+    """A Messages answer (as a dict) and, streamed, its events: message_start first, then the blocks'
+    events, message_delta and message_stop, the answer as Anthropic's SDK builds it from them."""
+    ask = {"model": "trtspec", "max_tokens": MAX_TOKENS, "extra_body": {"temperature": 0}, **ask}
+    if not stream:
+        return client.messages.create(**ask).model_dump(), []
+    with client.messages.stream(**ask) as events:
+        seen = [event.model_dump() for event in events]
+        final = events.get_final_message().model_dump()
+    raw = [e for e in seen if e["type"] in ("message_start", "content_block_start", "content_block_delta",
+                                            "content_block_stop", "message_delta", "message_stop")]
+    assert [e["type"] for e in raw[:1] + raw[-2:]] == ["message_start", "message_delta", "message_stop"]
+    assert raw[-2]["delta"]["stop_reason"] == final["stop_reason"]
+    return final, raw
+
+
+def _text_of(message: dict) -> str:
+    return "".join(block["text"] for block in message["content"] if block["type"] == "text")
+
+
+def test_a_message_is_the_chat_answer_streamed_or_not(served):
+    """/v1/messages over the chat path with Anthropic's own SDK (its x-api-key header): a conversation
+    (system, text blocks, an earlier answer) is the chat answer to the messages it stands for; its
+    stop_reason chat's finish_reason (max_tokens, end_turn, stop_sequence with the sequence); usage
+    chat's, the prompt's prefix-cache reads apart; streamed, the SDK builds the same message from the
+    events; count_tokens counts the prompt chat counts."""
+    client, chat = _anthropic(served), served.client()
+    history = [{"role": "system", "content": "Arithmetic."}, {"role": "user", "content": "1 + 2\n3 + 4"},
+               {"role": "assistant", "content": "3"}, {"role": "user", "content": "482 + 356"}]
+    parts = [{"type": "text", "text": "1 + 2"}, {"type": "text", "text": "3 + 4"}]
+    blocks = [{"role": "user", "content": parts},
+              {"role": "assistant", "content": [{"type": "text", "text": "3"}]},
+              {"role": "user", "content": "482 + 356"}]
+    cases = [({"messages": [history[-1]]}, [history[-1]], {}),
+             ({"messages": blocks, "system": [{"type": "text", "text": "Arithmetic."}]}, history, {}),
+             ({"messages": [history[-1]], "stop_sequences": [";"]}, [history[-1]], {"stop": [";"]}),
+             ({"messages": [{"role": "user", "content": "def parse(self):"}], "max_tokens": 8},
+              [{"role": "user", "content": "def parse(self):"}], {"max_tokens": 8})]
+    for ask, messages, chat_ask in cases:
+        answer = chat.chat.completions.create(model="trtspec", messages=messages, temperature=0,
+                                              **{"max_tokens": MAX_TOKENS, **chat_ask})
+        want, finish = answer.choices[0].message.content, answer.choices[0].finish_reason
+        reason = {"length": "max_tokens"}.get(finish, "stop_sequence" if "stop" in chat_ask else "end_turn")
+        for stream in (False, True):
+            message, events = _message(client, stream, **ask)
+            assert _text_of(message) == want, (ask, stream)
+            assert (message["stop_reason"], message["stop_sequence"]) == \
+                (reason, ";" if reason == "stop_sequence" else None)
+            usage = message["usage"]
+            assert usage["input_tokens"] + usage["cache_read_input_tokens"] == answer.usage.prompt_tokens
+            assert usage["output_tokens"] == answer.usage.completion_tokens
+        count = client.messages.count_tokens(model="trtspec", **{k: v for k, v in ask.items() if k in (
+            "messages", "system")})
+        assert count.input_tokens == answer.usage.prompt_tokens
+    assert events[0]["message"]["content"] == [] and events[0]["message"]["stop_reason"] is None
+
+
+def test_message_tools_are_chats(served):
+    """tool_choice tool (a named function) and any (chat's required; disable_parallel_tool_use: one
+    call) answer tool_use blocks whose input is chat's calls' arguments, stop_reason tool_use,
+    streamed or not; auto without a call is text; output_config.format is chat's json_schema."""
+    client, chat = _anthropic(served), served.client()
+    ask = {"messages": [{"role": "user", "content": "482 + 356"}], "max_tokens": 64, "tools": ANTHROPIC_TOOLS}
+    chat_ask = {"model": "trtspec", "messages": [{"role": "user", "content": "482 + 356"}], "max_tokens": 64,
+                "temperature": 0, "tools": TOOLS}
+    cases = [({"tool_choice": {"type": "tool", "name": "add"}},
+              {"tool_choice": {"type": "function", "function": {"name": "add"}}}),
+             ({"tool_choice": {"type": "any", "disable_parallel_tool_use": True}},
+              {"tool_choice": "required", "parallel_tool_calls": False}),
+             ({"tool_choice": {"type": "auto"}}, {})]
+    for tools, chat_tools in cases:
+        message = chat.chat.completions.create(**chat_ask, **chat_tools).choices[0].message
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or ()]
+        for stream in (False, True):
+            answer, _ = _message(client, stream, **ask, **tools)
+            got = [(b["name"], b["input"]) for b in answer["content"] if b["type"] == "tool_use"]
+            assert got == calls and _text_of(answer) == (message.content or ""), (tools, stream)
+            assert answer["stop_reason"] == ("tool_use" if calls else "end_turn")
+    assert calls == []  # auto wrote text, last
+    schema = {"format": {"type": "json_schema", "schema": ADD}}
+    plain = {key: value for key, value in chat_ask.items() if key != "tools"}
+    want = chat.chat.completions.create(**plain, response_format={
+        "type": "json_schema", "json_schema": {"name": "output", "schema": ADD}}).choices[0].message.content
+    answer, _ = _message(client, False, messages=ask["messages"], max_tokens=64, output_config=schema)
+    assert _text_of(answer) == want and want.startswith("{")
+
+
+def test_messages_errors_are_anthropics(served):
+    """A refused Messages request is Anthropic's error shape naming the field (a chat refusal of the
+    translated request named as this request names it: max_tokens, tools[0].input_schema); a missing
+    or wrong key is an authentication_error, an unknown model a not_found_error; the server serves
+    on."""
+    good = {"model": "trtspec", "messages": [{"role": "user", "content": "1 + 2"}], "max_tokens": 4}
+    for change, says in (({"max_tokens": 10**6}, "'max_tokens'"), ({"foo": 1}, "foo"),
+                         ({"tools": [{"name": "f", "input_schema": []}]}, "tools[0].input_schema"),
+                         ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0].type"),
+                         ({"messages": [{"role": "user", "content": [{"type": "image"}]}]},
+                          "messages[0].content[0].type"),
+                         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking.budget_tokens"),
+                         ({"stop_sequences": [""]}, "'stop_sequences'")):
+        status, body = _post(f"{served.base}/v1/messages", {**good, **change})
+        assert status == 400 and body["type"] == "error", body
+        assert body["error"]["type"] == "invalid_request_error" and says in body["error"]["message"], body
+        assert "max_completion_tokens" not in body["error"]["message"]
+    assert _post(f"{served.base}/v1/messages", good, key=None)[1]["error"]["type"] == "authentication_error"
+    status, body = _post(f"{served.base}/v1/messages", {**good, "model": "nope"})
+    assert status == 404 and body["error"]["type"] == "not_found_error"
+    status, body = _post(f"{served.base}/v1/messages", good)
+    assert status == 200 and body["usage"]["output_tokens"] >= 1 and body["type"] == "message"

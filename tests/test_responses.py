@@ -11,18 +11,19 @@ import random
 import pytest
 
 from trtspec.openai.app import _Run
-from trtspec.openai.protocol import ApiError
+from trtspec.openai.protocol import ApiError, renamed
 from trtspec.openai.reasoning import OPENS_TAG, REASONING
 from trtspec.openai.responses import (
+    RENAMES,
     OutputItems,
     ResponsesRequest,
     assistant_messages,
     chat_body,
     chat_tools,
     input_messages,
-    renamed,
     response_format,
 )
+from trtspec.openai.segments import Segments
 from trtspec.openai.tools import tool_plan
 from trtspec.openai.triton_stream import Generation
 
@@ -120,12 +121,12 @@ def test_chats_refusals_are_named_as_the_responses_request_names_them():
                         ("response_format", "text.format"), ("max_completion_tokens", "max_output_tokens"),
                         ("messages", "input"), ("messages[3].content", "input"),
                         ("temperature", "temperature")):
-        got = renamed(ApiError(f"Invalid '{param}': no.", param, code="invalid_value"))
+        got = renamed(ApiError(f"Invalid '{param}': no.", param, code="invalid_value"), RENAMES)
         assert (got.param, got.message, got.code) == (want, f"Invalid '{want}': no.", "invalid_value")
     # the tool_plan refusal of a flat tool's schema, as a Responses client reads it
     with pytest.raises(ApiError) as refused:
         tool_plan(chat_tools([{"type": "function", "name": "f", "parameters": []}]), None, None, "hermes")
-    assert renamed(refused.value).param == "tools[0].parameters"
+    assert renamed(refused.value, RENAMES).param == "tools[0].parameters"
 
 
 def _replay(events: list[dict]) -> list[dict]:
@@ -167,23 +168,27 @@ ANSWERS = [  # where the answer starts, the tool plan (None: no tools), the text
 ]
 
 
+def segments_of(segments: Segments, start: str | None, mode: str | None, pieces: list[str]) -> list[dict]:
+    """`segments` built from a chat answer's deltas, the answer (starting at `start`, with tool
+    plan `mode` over test_tools' TOOLS) taken in `pieces`; the events that built them."""
+    choice = {"named": {"type": "function", "function": {"name": "add"}}}.get(mode, mode)
+    plan = None if mode is None else tool_plan(TOOLS, choice, None, "hermes")
+    run = _Run(Generation(prompt="", max_tokens=64), [], tools=plan, start=start)
+    events = [e for k, piece in enumerate(pieces)
+              for e in segments.push(run.deltas(piece, final=k == len(pieces) - 1))]
+    return events + segments.close()
+
+
 @pytest.mark.parametrize(("start", "mode", "text"), ANSWERS)
 def test_a_streams_events_build_the_whole_answers_items(start, mode, text):
     """A chat answer cut at 30 random places: the events number 0, 1, … and replayed build the items
     the whole answer gets; the items hold the chat answer's reasoning, content and calls, in order."""
-    choice = {"named": {"type": "function", "function": {"name": "add"}}}.get(mode, mode)
-    plan = None if mode is None else tool_plan(TOOLS, choice, None, "hermes")
-
-    def items_of(pieces: list[str]) -> tuple[OutputItems, list[dict]]:
-        run, items = _Run(Generation(prompt="", max_tokens=64), [], tools=plan, start=start), OutputItems()
-        events = [e for k, piece in enumerate(pieces)
-                  for e in items.push(run.deltas(piece, final=k == len(pieces) - 1))]
-        return items, events + items.close()
-
-    whole, _ = items_of([text])
+    whole = OutputItems()
+    segments_of(whole, start, mode, [text])
     rng = random.Random(7)
     for _ in range(30):
-        items, events = items_of(_pieces(text, rng))
+        items = OutputItems()
+        events = segments_of(items, start, mode, _pieces(text, rng))
         assert [e["sequence_number"] for e in events] == list(range(len(events)))
         assert _replay(events) == items.items
         assert [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in items.items] == \

@@ -923,7 +923,7 @@ def build(config_path, out_dir, flavour=None) -> None:
 @click.option("--metrics-port", default=8002, show_default=True, type=PORT, help="Prometheus metrics port.")
 @click.option("--openai-port", default=9000, show_default=True, type=PORT,
               help="Port of the OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
-                   "/v1/responses).")
+                   "/v1/responses; Anthropic's /v1/messages).")
 @click.option("--no-openai", is_flag=True, help="Serve Triton's endpoints only.")
 @click.option("--api-key", envvar="TRTSPEC_API_KEY", default=None,
               help="Require `Authorization: Bearer KEY` on the OpenAI API, and header `admin-key: KEY` on "

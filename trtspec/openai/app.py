@@ -1,6 +1,7 @@
 """The OpenAI-compatible routes: `/v1/models` (and `/v1/models/{model}`), `/v1/completions`,
 `/v1/chat/completions`, `/v1/responses` (and `/v1/responses/{id}`: `responses`, over the chat
-path), `/health`. Every error, a missing route's too, is in OpenAI's shape.
+path), `/health`; and Anthropic's `/v1/messages` (`anthropic_messages`, over the chat path too).
+Every error, a missing route's too, is in OpenAI's shape (Anthropic's on its routes).
 
 Each request is checked (`protocol`), its prompt built (chat template) and counted, then sent to
 the Triton model over one gRPC stream (`triton_stream`). Streaming answers are server-sent events
@@ -29,6 +30,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from trtspec.openai.anthropic_messages import RENAMES as ANTHROPIC_RENAMES
+from trtspec.openai.anthropic_messages import (
+    ContentBlocks,
+    CountTokensRequest,
+    MessagesRequest,
+    check_messages_request,
+    error_body,
+    message_id,
+    stop_reason,
+)
+from trtspec.openai.anthropic_messages import chat_body as anthropic_body
+from trtspec.openai.anthropic_messages import usage as anthropic_usage
 from trtspec.openai.logprobs import LogprobsBody
 from trtspec.openai.model_info import ServedModel
 from trtspec.openai.protocol import (
@@ -36,6 +49,7 @@ from trtspec.openai.protocol import (
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
+    Renames,
     TokenizeRequest,
     check_chat,
     check_completion,
@@ -45,10 +59,12 @@ from trtspec.openai.protocol import (
     logit_bias_pairs,
     logprobs_wanted,
     parse,
+    renamed,
     stop_list,
 )
 from trtspec.openai.reasoning import ReasoningParser, answer_start, reasoning_guide
 from trtspec.openai.responses import (
+    RENAMES,
     OutputItems,
     ResponsesRequest,
     ResponseStore,
@@ -56,10 +72,9 @@ from trtspec.openai.responses import (
     chat_body,
     check_responses,
     input_messages,
-    rename,
-    renamed,
     response_object,
 )
+from trtspec.openai.segments import REASONING, Segments
 from trtspec.openai.stops import StopTrimmer
 from trtspec.openai.tools import ToolParser, ToolPlan, check_tools, merge_deltas, tool_plan
 from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
@@ -71,10 +86,13 @@ log = logging.getLogger(__name__)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 TOKENIZER_ROUTES = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's; behind the key like /v1
+ANTHROPIC_ROUTES = ("/v1/messages",)  # errors in Anthropic's shape
 
 
-def _error(exc: ApiError, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+def _error(exc: ApiError, headers: dict | None = None, path: str = "") -> JSONResponse:
+    """`exc` in OpenAI's shape, or on Anthropic's routes (/v1/messages) in Anthropic's."""
+    body = error_body(exc) if path.startswith(ANTHROPIC_ROUTES) else exc.body()
+    return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
 class Frontend:
@@ -308,15 +326,18 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     async def authorize(request: Request, call_next):
         if api_key and (request.url.path.startswith("/v1") or request.url.path in TOKENIZER_ROUTES):
             given = request.headers.get("authorization", "")
+            if not given and "x-api-key" in request.headers:  # Anthropic's clients send the key so
+                given = f"Bearer {request.headers['x-api-key']}"
             if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                 return _error(ApiError("Incorrect API key provided." if given else
-                                       "You didn't provide an API key: send `Authorization: Bearer KEY`.",
-                                       status=401, code="invalid_api_key"))
+                                       "You didn't provide an API key: send `Authorization: Bearer KEY` "
+                                       "(Anthropic's clients: `x-api-key: KEY`).",
+                                       status=401, code="invalid_api_key"), path=request.url.path)
         return await call_next(request)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
-        return _error(exc)
+        return _error(exc, path=request.url.path)
 
     @app.exception_handler(ClientGone)
     async def client_gone(request: Request, exc: ClientGone):
@@ -334,7 +355,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             message = f"Invalid method ({where}): the route takes {(exc.headers or {}).get('Allow')}."
         else:
             message = f"{exc.detail} ({where})"
-        return _error(ApiError(message, status=exc.status_code), exc.headers)
+        return _error(ApiError(message, status=exc.status_code), exc.headers, request.url.path)
 
     @app.get("/health")
     async def health():
@@ -498,6 +519,36 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         return ClosingStreamingResponse(events, media_type="text/event-stream",
                                         headers={"Cache-Control": "no-cache"})
 
+    def chat_turn(body: dict, renames: Renames, generate: bool = True) -> tuple[str, _Run | None, str | None]:
+        """A request of another API translated to a chat request (`body`), checked and built as chat's:
+        its rendered prompt, its one choice (None unless `generate`) and the parameter that asked for
+        its guide (named where the model refuses it). Refusals name that API's parameters (`renames`)."""
+        try:
+            chat = parse(ChatRequest, body)
+            tools = check_tools(chat, model.tool_parser)
+            prompt = render_chat(check_chat(chat, model.vocab_size), chat.chat_template_kwargs,
+                                 None if tools is None else tools.tools)
+            start = None if model.reasoning_parser is None else answer_start(model.reasoning_parser, prompt)
+            run = runs_of(chat, [prompt], True, None, tools, start)[0] if generate else None
+        except ApiError as exc:
+            raise renamed(exc, renames) from None
+        guide = tools.param if tools is not None and tools.guide else guide_field(chat)
+        return prompt, run, None if guide is None else renamed(ApiError("", guide), renames).param
+
+    async def whole_segments(request: Request, run: _Run, guide: str | None, segments: Segments) -> str:
+        """The one choice's whole answer as `segments`; its status (incomplete: the limit ran out)."""
+        (text,) = await _texts(request, front, [run], guide)
+        segments.push(run.deltas(text, final=True))
+        status = "incomplete" if run.finish_reason() == "length" else "completed"
+        segments.close(status)
+        return status
+
+    def stream_segments(firsts: list, streams: list, run: _Run, segments: Segments, head: Callable,
+                        tail: Callable, failed: Callable) -> ClosingStreamingResponse:
+        events = _segment_events(firsts, streams, run, segments, head, tail, failed)
+        return ClosingStreamingResponse(events, media_type="text/event-stream",
+                                        headers={"Cache-Control": "no-cache"})
+
     store = ResponseStore()
 
     @app.post("/v1/responses")
@@ -508,25 +559,14 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         past = [] if req.previous_response_id is None else \
             store.get(req.previous_response_id, "previous_response_id")[1]
         conversation = past + input_messages(req.input)
-        # the chat request it stands for, checked and built as chat's; refusals named as this one names them
-        try:
-            chat = parse(ChatRequest, chat_body(req, conversation))
-            tools = check_tools(chat, model.tool_parser)
-            prompt = render_chat(check_chat(chat, model.vocab_size), chat.chat_template_kwargs,
-                                 None if tools is None else tools.tools)
-            start = None if model.reasoning_parser is None else answer_start(model.reasoning_parser, prompt)
-            (run,) = runs_of(chat, [prompt], True, None, tools, start)
-        except ApiError as exc:
-            raise renamed(exc) from None
-        guide = tools.param if tools is not None and tools.guide else guide_field(chat)
-        guide = None if guide is None else rename(guide)  # named where the model refuses it
+        _, run, guide = chat_turn(chat_body(req, conversation), RENAMES)
         rid, created, items = f"resp_{uuid.uuid4().hex}", int(time.time()), OutputItems()
 
         def response(status: str, error: dict | None = None) -> dict:
             """The response object as it stands; a finished one (completed, incomplete) is stored."""
             usage = None
             if status in ("completed", "incomplete"):
-                reasoning = items.text_of("reasoning")
+                reasoning = items.text_of(REASONING)
                 usage = {"input_tokens": run.prompt_tokens,
                          "input_tokens_details": {"cached_tokens": run.cached},
                          "output_tokens": run.completion_tokens, "output_tokens_details": {
@@ -540,15 +580,15 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             return body
 
         if not req.stream:
-            (text,) = await _texts(request, front, [run], guide)
-            items.push(run.deltas(text, final=True))
-            status = "incomplete" if run.finish_reason() == "length" else "completed"
-            items.close(status)
-            return response(status)
+            return response(await whole_segments(request, run, guide, items))
         firsts, streams = await started(request, [run], guide)
-        events = _response_events(firsts, streams, run, items, response)
-        return ClosingStreamingResponse(events, media_type="text/event-stream",
-                                        headers={"Cache-Control": "no-cache"})
+        return stream_segments(
+            firsts, streams, run, items,
+            head=lambda: [items.event(kind, response=response("in_progress"))
+                          for kind in ("response.created", "response.in_progress")],
+            tail=lambda status: [items.event(f"response.{status}", response=response(status))],
+            failed=lambda message: [items.event("response.failed", response=response(
+                "failed", {"code": "server_error", "message": message}))])
 
     @app.get("/v1/responses/{rid}")
     async def retrieve_response(rid: str):
@@ -558,6 +598,49 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     async def delete_response(rid: str):
         store.delete(rid)
         return {"id": rid, "object": "response", "deleted": True}
+
+    @app.post("/v1/messages")
+    async def create_message(request: Request):
+        req = parse(MessagesRequest, await body_of(request))
+        front.check_model(req.model)
+        check_messages_request(req)
+        _, run, guide = chat_turn(anthropic_body(req), ANTHROPIC_RENAMES)
+        mid, blocks = message_id(), ContentBlocks()
+
+        def message(stop: tuple[str | None, str | None], output_tokens: int) -> dict:
+            return {"id": mid, "type": "message", "role": "assistant", "model": model.name,
+                    "content": blocks.content() if stop[0] else [], "stop_reason": stop[0],
+                    "stop_sequence": stop[1],
+                    "usage": anthropic_usage(run.prompt_tokens, run.cached, output_tokens),
+                    "trtspec": _figures([run])}
+
+        def ended() -> tuple[str, str | None]:
+            return stop_reason(run.finish_reason(), blocks.blocks, run.trimmer.matched, req.stop_sequences)
+
+        if not req.stream:
+            await whole_segments(request, run, guide, blocks)
+            return message(ended(), run.completion_tokens)
+        firsts, streams = await started(request, [run], guide)
+        run.cached = firsts[0].cached_tokens  # known with the first response, sent before its text
+
+        def tail(status: str) -> list[dict]:
+            reason, sequence = ended()
+            return [{"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                     "usage": anthropic_usage(run.prompt_tokens, run.cached, run.completion_tokens),
+                     "trtspec": _figures([run])},
+                    {"type": "message_stop"}]
+
+        return stream_segments(
+            firsts, streams, run, blocks,
+            head=lambda: [{"type": "message_start", "message": message((None, None), 0)}], tail=tail,
+            failed=lambda text: [{"type": "error", "error": {"type": "api_error", "message": text}}])
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(request: Request):
+        req = parse(CountTokensRequest, await body_of(request))
+        front.check_model(req.model)
+        prompt, _, _ = chat_turn(anthropic_body(req), ANTHROPIC_RENAMES, generate=False)
+        return {"input_tokens": len(model.encode(prompt, False))}
 
     return app
 
@@ -707,31 +790,30 @@ async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], 
     yield _sse("[DONE]")
 
 
-async def _response_events(firsts: list, streams: list[AsyncIterator], run: _Run, items: OutputItems,
-                           response: Callable[..., dict]) -> AsyncIterator[bytes]:
-    """A Responses stream: created, in progress, the output items' events as the text comes, then
-    completed (or incomplete: max_output_tokens ran out); a model failing mid-stream ends it with
-    response.failed."""
+async def _segment_events(firsts: list, streams: list[AsyncIterator], run: _Run, segments: Segments,
+                          head: Callable[[], list[dict]], tail: Callable[[str], list[dict]],
+                          failed: Callable[[str], list[dict]]) -> AsyncIterator[bytes]:
+    """A stream of one choice's segments in an API's events (Responses, Anthropic's Messages), each
+    `event: TYPE` and its data: `head`'s, the segments' as the text comes, then `tail`'s for the
+    answer's status (completed, or incomplete: the limit ran out); a model failing mid-stream ends
+    it with `failed`'s for its message."""
     def sse(event: dict) -> bytes:
         return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
 
-    yield sse(items.event("response.created", response=response("in_progress")))
-    yield sse(items.event("response.in_progress", response=response("in_progress")))
+    for event in head():
+        yield sse(event)
     steps = _merged(firsts, streams)
     try:
         async for _, step in steps:
             text = run.take(step)
-            for event in items.push(run.deltas(text, step.final)):
+            for event in segments.push(run.deltas(text, step.final)):
                 yield sse(event)
         status = "incomplete" if run.finish_reason() == "length" else "completed"
-        for event in items.close(status):
+        for event in segments.close(status) + tail(status):
             yield sse(event)
-        yield sse(items.event(f"response.{status}", response=response(status)))
     except TritonError as exc:
-        for event in items.close("incomplete"):
+        for event in segments.close("incomplete") + failed(_triton_error(exc).message):
             yield sse(event)
-        error = {"code": "server_error", "message": _triton_error(exc).message}
-        yield sse(items.event("response.failed", response=response("failed", error)))
     finally:
         await steps.aclose()
 

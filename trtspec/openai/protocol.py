@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -256,9 +257,33 @@ def _param(loc: tuple) -> str | None:
     return out or None
 
 
-def _refuse(param: str, value, why: str) -> ApiError:
+def refuse(param: str, value, why: str) -> ApiError:
     return ApiError(f"'{param}'={value!r} is not supported by trtspec: {why}.", param,
                     code="unsupported_value")
+
+
+def only_keys(value, keys: tuple[str, ...], param: str) -> None:
+    """Refuse `value` at `param` unless it is an object of `keys` only, naming the first other key."""
+    if not isinstance(value, dict):
+        raise ApiError(f"Invalid type for '{param}': expected an object.", param, code="invalid_type")
+    extra = sorted(set(value) - set(keys))
+    if extra:
+        raise ApiError(f"Unrecognized request argument supplied: {param}.{extra[0]}", f"{param}.{extra[0]}")
+
+
+Renames = tuple[tuple[re.Pattern, str], ...]  # chat's parameter names -> another API's
+
+
+def renamed(exc: ApiError, renames: Renames) -> ApiError:
+    """A chat refusal of a request translated from another API (Responses, Anthropic's Messages),
+    its parameter names in the message and `param` replaced as that API names them."""
+    def rename(text: str) -> str:
+        for pattern, name in renames:
+            text = pattern.sub(name, text)
+        return text
+
+    return ApiError(rename(exc.message), None if exc.param is None else rename(exc.param), exc.status,
+                    exc.kind, exc.code)
 
 
 def check_common(req: _Common, vocab_size: int) -> None:
@@ -317,9 +342,9 @@ def check_completion(req: CompletionRequest, vocab_size: int) -> list[str | list
     check_common(req, vocab_size)
     _check_top(req.logprobs, "logprobs")
     if req.suffix is not None:
-        raise _refuse("suffix", req.suffix, "no insertion")
+        raise refuse("suffix", req.suffix, "no insertion")
     if req.best_of not in (None, 1):
-        raise _refuse("best_of", req.best_of, "one candidate per request")
+        raise refuse("best_of", req.best_of, "one candidate per request")
     prompt = req.prompt
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompts = [prompt]
@@ -358,7 +383,7 @@ def check_chat(req: ChatRequest, vocab_size: int) -> list[dict]:
     if req.top_logprobs and not req.logprobs:
         raise ApiError("'top_logprobs' needs 'logprobs': true.", "top_logprobs", code="invalid_value")
     if req.modalities not in (None, ["text"]):
-        raise _refuse("modalities", req.modalities, "text only")
+        raise refuse("modalities", req.modalities, "text only")
     return check_messages(req.messages, req.chat_template_kwargs)
 
 
@@ -380,7 +405,7 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
         # annotations … null) is absent; one with a value is not served
         extra = sorted(key for key, value in (msg.model_extra or {}).items() if value not in (None, [], {}))
         if extra:
-            raise _refuse(f"messages[{i}].{extra[0]}", msg.model_extra[extra[0]], "text messages only")
+            raise refuse(f"messages[{i}].{extra[0]}", msg.model_extra[extra[0]], "text messages only")
         content = msg.content
         if isinstance(content, list):  # text parts one a line, as vLLM and trtllm-serve join them
             content = "\n".join(_part_text(part, f"messages[{i}].content", k)

@@ -24,6 +24,7 @@ strict tool's calls follow its schema: tools.py).
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import time
@@ -33,7 +34,8 @@ from typing import Any
 
 from pydantic import Field
 
-from trtspec.openai.protocol import ApiError, SamplingFields
+from trtspec.openai.protocol import ApiError, SamplingFields, only_keys, refuse
+from trtspec.openai.segments import CALL, TEXT, Segment, Segments
 
 STORE_CAPACITY = 1000  # responses kept for previous_response_id and GET, the oldest dropped first
 TEXT_FORMATS = ("text", "json_object", "json_schema")
@@ -82,11 +84,6 @@ class ResponsesRequest(SamplingFields):
         None, description="variables for the chat template, e.g. Qwen3's enable_thinking (vLLM extension)")
 
 
-def _refuse(param: str, value, why: str) -> ApiError:
-    return ApiError(f"'{param}'={value!r} is not supported by trtspec: {why}.", param,
-                    code="unsupported_value")
-
-
 def check_responses(req: ResponsesRequest) -> None:
     """Refuse by name what trtspec does not serve of a Responses request."""
     refused = (("background", req.background not in (None, False), "send 'stream': true to read the answer "
@@ -102,33 +99,25 @@ def check_responses(req: ResponsesRequest) -> None:
                 "most one call"))
     for param, bad, why in refused:
         if bad:
-            raise _refuse(param, getattr(req, param), why)
+            raise refuse(param, getattr(req, param), why)
     for k, item in enumerate(req.include or ()):
         if item not in INCLUDABLE:
-            raise _refuse(f"include[{k}]", item, "only 'reasoning.encrypted_content' is accepted (reasoning "
+            raise refuse(f"include[{k}]", item, "only 'reasoning.encrypted_content' is accepted (reasoning "
                           "comes as text)")
     if req.stream_options is not None:
         if not req.stream:
             raise ApiError("Invalid 'stream_options': only allowed when 'stream' is true.", "stream_options",
                            code="invalid_value")
-        _only_keys(req.stream_options, ("include_obfuscation",), "stream_options")
+        only_keys(req.stream_options, ("include_obfuscation",), "stream_options")
     reasoning = req.reasoning or {}
-    _only_keys(reasoning, ("effort", "summary", "generate_summary"), "reasoning")
+    only_keys(reasoning, ("effort", "summary", "generate_summary"), "reasoning")
     if reasoning.get("effort") is not None:
-        raise _refuse("reasoning.effort", reasoning["effort"], "the model thinks as its chat template says; "
+        raise refuse("reasoning.effort", reasoning["effort"], "the model thinks as its chat template says; "
                       "set it with chat_template_kwargs (Qwen3: {\"enable_thinking\": false})")
     text = req.text or {}
-    _only_keys(text, ("format", "verbosity"), "text")
+    only_keys(text, ("format", "verbosity"), "text")
     if text.get("verbosity") not in (None, "medium"):
-        raise _refuse("text.verbosity", text["verbosity"], "the model has no verbosity setting")
-
-
-def _only_keys(value, keys: tuple[str, ...], param: str) -> None:
-    if not isinstance(value, dict):
-        raise ApiError(f"Invalid type for '{param}': expected an object.", param, code="invalid_type")
-    extra = sorted(set(value) - set(keys))
-    if extra:
-        raise ApiError(f"Unrecognized request argument supplied: {param}.{extra[0]}", f"{param}.{extra[0]}")
+        raise refuse("text.verbosity", text["verbosity"], "the model has no verbosity setting")
 
 
 # -- the request as a chat request
@@ -172,7 +161,7 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
                            "\"content\": \"...\"}.", where, code="invalid_type")
         kind = item.get("type", "message")
         if kind == "message":
-            _only_keys(item, ("type", "role", "content", "id", "status", "phase"), where)
+            only_keys(item, ("type", "role", "content", "id", "status", "phase"), where)
             role = item.get("role")
             if role not in ROLES:
                 raise ApiError(f"Invalid value for '{where}.role': {role!r}; expected one of "
@@ -183,7 +172,7 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
             else:
                 messages.append({"role": "system" if role == "developer" else role, "content": content})
         elif kind == "function_call":
-            _only_keys(item, ("type", "call_id", "name", "arguments", "id", "status", "namespace"), where)
+            only_keys(item, ("type", "call_id", "name", "arguments", "id", "status", "namespace"), where)
             for field in ("call_id", "name", "arguments"):
                 if not isinstance(item.get(field), str):
                     raise ApiError(f"Missing required parameter: '{where}.{field}' (a string).",
@@ -202,16 +191,16 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
                 {"id": item["call_id"], "type": "function",
                  "function": {"name": item["name"], "arguments": item["arguments"]}})
         elif kind == "function_call_output":
-            _only_keys(item, ("type", "call_id", "output", "id", "status"), where)
+            only_keys(item, ("type", "call_id", "output", "id", "status"), where)
             if not isinstance(item.get("call_id"), str):
                 raise ApiError(f"Missing required parameter: '{where}.call_id' (a string).",
                                f"{where}.call_id", code="missing_required_parameter")
             output = _message_text(item.get("output"), f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
         elif kind == "reasoning":
-            _only_keys(item, ("type", "id", "summary", "content", "encrypted_content", "status"), where)
+            only_keys(item, ("type", "id", "summary", "content", "encrypted_content", "status"), where)
             if item.get("encrypted_content") is not None:
-                raise _refuse(f"{where}.encrypted_content", "...", "trtspec encrypts no reasoning; send its "
+                raise refuse(f"{where}.encrypted_content", "...", "trtspec encrypts no reasoning; send its "
                               "'content' as this server gave it")
             parts = item.get("content") or []
             if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str)
@@ -221,7 +210,7 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
                                code="invalid_value")
             reasoning = (reasoning or "") + "".join(p["text"] for p in parts)
         else:
-            raise _refuse(f"{where}.type", kind, "an input item is a message, function_call, "
+            raise refuse(f"{where}.type", kind, "an input item is a message, function_call, "
                           "function_call_output or reasoning (no item_reference: send the items themselves)")
     if reasoning is not None:  # reasoning last: an assistant turn of reasoning alone
         assistant()
@@ -264,9 +253,9 @@ def chat_tools(tools: list | None) -> list | None:
             raise ApiError(f"Invalid '{where}': expected an object like {{\"type\": \"function\", \"name\": "
                            "...}.", where, code="invalid_type")
         if tool.get("type") != "function":
-            raise _refuse(f"{where}.type", tool.get("type"), "function tools only (web search, file search, "
+            raise refuse(f"{where}.type", tool.get("type"), "function tools only (web search, file search, "
                           "MCP and the others are OpenAI's hosted tools)")
-        _only_keys(tool, ("type", "name", "description", "parameters", "strict"), where)
+        only_keys(tool, ("type", "name", "description", "parameters", "strict"), where)
         function = {key: value for key, value in tool.items() if key != "type" and value is not None}
         out.append({"type": "function", "function": {"strict": True, **function}})
     return out
@@ -277,11 +266,11 @@ def chat_tool_choice(choice):
     if choice is None or isinstance(choice, str):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        _only_keys(choice, ("type", "name"), "tool_choice")
+        only_keys(choice, ("type", "name"), "tool_choice")
         return {"type": "function", "function": {"name": choice["name"]}}
     kind = choice.get("type") if isinstance(choice, dict) else None
     if isinstance(choice, dict) and kind not in (None, "function"):
-        raise _refuse("tool_choice.type", kind, "a function tool only")
+        raise refuse("tool_choice.type", kind, "a function tool only")
     raise ApiError("Invalid 'tool_choice': expected none, auto, required or {\"type\": \"function\", "
                    "\"name\": ...}.", "tool_choice", code="invalid_value")
 
@@ -298,37 +287,23 @@ def response_format(fmt) -> dict | None:
         raise ApiError(f"Invalid 'text.format.type': {kind!r}; expected {', '.join(TEXT_FORMATS)}.",
                        "text.format.type", code="invalid_value")
     if kind != "json_schema":
-        _only_keys(fmt, ("type",), "text.format")
+        only_keys(fmt, ("type",), "text.format")
         return {"type": kind}
-    _only_keys(fmt, ("type", "name", "schema", "strict", "description"), "text.format")
+    only_keys(fmt, ("type", "name", "schema", "strict", "description"), "text.format")
     if not isinstance(fmt.get("schema"), dict):
         raise ApiError("'text.format.schema' must be a JSON schema object.", "text.format.schema",
                        code="invalid_value")
     return {"type": "json_schema", "json_schema": {key: fmt[key] for key in ("name", "schema") if key in fmt}}
 
 
-# chat's parameter names as a Responses request names them
-_RENAMES = ((re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
-            (re.compile(r"\btools\[(\d+)\]\.function\b"), r"tools[\1]"),
-            (re.compile(r"\btool_choice\.function\b"), "tool_choice"),
-            (re.compile(r"\bresponse_format\.json_schema\b"), "text.format"),
-            (re.compile(r"\bresponse_format\b"), "text.format"),
-            # a message's index is not its item's (instructions, merged calls): the input as a whole
-            (re.compile(r"\bmessages(\[\d+\](\.\w+|\[\d+\])*)?"), "input"))
-
-
-def rename(text: str) -> str:
-    """`text` with chat's parameter names as the Responses request names them (`max_output_tokens`,
-    `tools[0].parameters`, `text.format`, `input`)."""
-    for pattern, name in _RENAMES:
-        text = pattern.sub(name, text)
-    return text
-
-
-def renamed(exc: ApiError) -> ApiError:
-    """A chat refusal of the translated request, its parameter renamed (`rename`)."""
-    param = None if exc.param is None else rename(exc.param)
-    return ApiError(rename(exc.message), param, exc.status, exc.kind, exc.code)
+# chat's parameter names as a Responses request names them (`renamed`)
+RENAMES = ((re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
+           (re.compile(r"\btools\[(\d+)\]\.function\b"), r"tools[\1]"),
+           (re.compile(r"\btool_choice\.function\b"), "tool_choice"),
+           (re.compile(r"\bresponse_format\.json_schema\b"), "text.format"),
+           (re.compile(r"\bresponse_format\b"), "text.format"),
+           # a message's index is not its item's (instructions, merged calls): the input as a whole
+           (re.compile(r"\bmessages(\[\d+\](\.\w+|\[\d+\])*)?"), "input"))
 
 
 # -- the answer as output items and events
@@ -337,13 +312,13 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class OutputItems:
-    """One chat answer's deltas as a response's output items, and the streaming events that build
-    them (`push`, `close`), numbered in order (`event`)."""
+class OutputItems(Segments):
+    """One chat answer's segments as a response's output items (`items`), and the streaming events
+    that build them, numbered in order (`event`)."""
 
     def __init__(self):
-        self.items: list[dict] = []
-        self.open: dict | None = None  # the item being written
+        super().__init__()
+        self.items: list[dict] = []  # a segment's item at its index
         self.sequence = 0
 
     def event(self, kind: str, **fields) -> dict:
@@ -351,81 +326,52 @@ class OutputItems:
         self.sequence += 1
         return out
 
-    def push(self, deltas: list[dict]) -> list[dict]:
-        """Events for a chat answer's next deltas (`_Run.deltas`)."""
-        events: list[dict] = []
-        for delta in deltas:
-            if "reasoning_content" in delta:
-                events += self._text("reasoning", delta["reasoning_content"])
-            if "content" in delta:
-                events += self._text("message", delta["content"])
-            for call in delta.get("tool_calls", ()):
-                events += self._call(call)
-        return events
-
-    def close(self, status: str = "completed") -> list[dict]:
-        """Events that end the item being written, with `status` (incomplete: max_output_tokens ran out
-        in it)."""
-        item, self.open = self.open, None
-        if item is None:
-            return []
-        item["status"] = status
-        at = {"item_id": item["id"], "output_index": self.items.index(item)}
-        if item["type"] == "function_call":
-            return [self.event("response.function_call_arguments.done", **at, name=item["name"],
-                               arguments=item["arguments"]),
-                    self.event("response.output_item.done", output_index=at["output_index"], item=item)]
-        part = item["content"][0]
-        kind = "response.output_text.done" if item["type"] == "message" else "response.reasoning_text.done"
-        extra = {"logprobs": []} if item["type"] == "message" else {}
-        return [self.event(kind, **at, content_index=0, text=part["text"], **extra),
-                self.event("response.content_part.done", **at, content_index=0, part=dict(part)),
-                self.event("response.output_item.done", output_index=at["output_index"], item=item)]
-
-    def _add(self, item: dict) -> list[dict]:
-        events = self.close()
+    def started(self, segment: Segment) -> list[dict]:
+        if segment.kind == CALL:
+            item = {"id": _id("fc"), "type": "function_call", "status": "in_progress",
+                    "call_id": segment.call_id, "name": segment.name, "arguments": ""}
+        elif segment.kind == TEXT:
+            item = {"id": _id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
+                    "content": []}
+        else:
+            item = {"id": _id("rs"), "type": "reasoning", "status": "in_progress", "summary": [],
+                    "content": []}
         self.items.append(item)
-        self.open = item
-        return events + [self.event("response.output_item.added", output_index=len(self.items) - 1,
-                                    item=json.loads(json.dumps(item)))]  # as it stood then
-
-    def _text(self, kind: str, text: str) -> list[dict]:
-        events = []
-        if self.open is None or self.open["type"] != kind:
-            if kind == "message":
-                item = {"id": _id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
-                        "content": []}
-                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            else:
-                item = {"id": _id("rs"), "type": "reasoning", "status": "in_progress", "summary": [],
-                        "content": []}
-                part = {"type": "reasoning_text", "text": ""}
-            events += self._add(item)
+        events = [self.event("response.output_item.added", output_index=segment.index,
+                             item=copy.deepcopy(item))]  # as it stands now
+        if segment.kind != CALL:  # its one part: the text, or the reasoning
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []} \
+                if segment.kind == TEXT else {"type": "reasoning_text", "text": ""}
             item["content"].append(part)
             events.append(self.event("response.content_part.added", item_id=item["id"],
-                                     output_index=len(self.items) - 1, content_index=0, part=dict(part)))
-        item = self.open
-        item["content"][0]["text"] += text
-        kind = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
-        extra = {"logprobs": []} if item["type"] == "message" else {}
-        return events + [self.event(kind, item_id=item["id"], output_index=len(self.items) - 1,
-                                    content_index=0, delta=text, **extra)]
-
-    def _call(self, call: dict) -> list[dict]:
-        events = []
-        if "id" in call:  # a call's first delta: its id and name
-            events += self._add({"id": _id("fc"), "type": "function_call", "status": "in_progress",
-                                 "call_id": call["id"], "name": call["function"]["name"], "arguments": ""})
-        item, delta = self.open, call["function"]["arguments"]
-        item["arguments"] += delta
-        if delta:
-            events.append(self.event("response.function_call_arguments.delta", item_id=item["id"],
-                                     output_index=len(self.items) - 1, delta=delta))
+                                     output_index=segment.index, content_index=0, part=dict(part)))
         return events
 
-    def text_of(self, kind: str) -> str:
-        """The text of the items of `kind` (reasoning, message)."""
-        return "".join(item["content"][0]["text"] for item in self.items if item["type"] == kind)
+    def extended(self, segment: Segment, text: str) -> list[dict]:
+        item = self.items[segment.index]
+        at = {"item_id": item["id"], "output_index": segment.index}
+        if segment.kind == CALL:
+            item["arguments"] = segment.text
+            return [self.event("response.function_call_arguments.delta", **at, delta=text)]
+        item["content"][0]["text"] = segment.text
+        if segment.kind == TEXT:
+            return [self.event("response.output_text.delta", **at, content_index=0, delta=text, logprobs=[])]
+        return [self.event("response.reasoning_text.delta", **at, content_index=0, delta=text)]
+
+    def ended(self, segment: Segment, status: str) -> list[dict]:
+        item = self.items[segment.index]
+        item["status"] = status
+        at = {"item_id": item["id"], "output_index": segment.index}
+        if segment.kind == CALL:
+            events = [self.event("response.function_call_arguments.done", **at, name=item["name"],
+                                 arguments=item["arguments"])]
+        else:
+            part = item["content"][0]
+            events = [self.event("response.output_text.done", **at, content_index=0, text=part["text"],
+                                 logprobs=[]) if segment.kind == TEXT else
+                      self.event("response.reasoning_text.done", **at, content_index=0, text=part["text"]),
+                      self.event("response.content_part.done", **at, content_index=0, part=dict(part))]
+        return events + [self.event("response.output_item.done", output_index=segment.index, item=item)]
 
 
 def response_object(req: ResponsesRequest, rid: str, created: int, model: str, output: list[dict],

@@ -30,6 +30,7 @@ class StopTrimmer:
     protected: int | None = 0
     sent: int = 0  # characters sent before `pending`
     include: frozenset[str] = frozenset()  # stop sequences that stay at the end of the text
+    matched: str | None = None  # the stop sequence that ended the text
 
     def _find(self, stop: str) -> int:
         """Where in `pending` the first occurrence of `stop` that ends past `protected` begins, or -1."""
@@ -57,6 +58,7 @@ class StopTrimmer:
         if hits:
             self.stopped = True
             end, start, stop = min(hits)
+            self.matched = stop
             out, self.pending = self.pending[: end if stop in self.include else start], ""
             return out
         keep = 0 if final else self._held()
