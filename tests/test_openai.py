@@ -269,6 +269,8 @@ DROPPING_CLIENT = """
 import json, sys, threading, time, urllib.request
 body = {"model": "trtspec", "prompt": json.loads(sys.argv[3]), "max_tokens": 2048, "temperature": 0,
         "stream": sys.argv[4] != "whole", "ignore_eos": True}
+if len(sys.argv) > 5:  # another route's body
+    body = {**json.loads(sys.argv[5]), "stream": sys.argv[4] != "whole"}
 req = urllib.request.Request(sys.argv[1], data=json.dumps(body).encode(),
                              headers={"Authorization": "Bearer " + sys.argv[2]})
 held = []
@@ -307,6 +309,32 @@ def test_client_dropped_mid_stream_is_cancelled(served, pipeline, prompt, mode):
     got = served.client().completions.create(model="trtspec", prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
                                              temperature=0)
     assert got.choices[0].text == _greedy(pipeline, PROMPTS[0])[0]
+    assert "ERROR" not in Path(served.log).read_text()[logged:]
+
+
+@pytest.mark.parametrize("route", ["responses", "messages"])
+def test_a_client_dropped_mid_stream_on_the_newer_apis_is_cancelled(served, route):
+    """/v1/responses and Anthropic's /v1/messages stream through the same Triton calls: a client that
+    goes away mid-answer (a JSON object whose whitespace the model pads without end, 2,048 tokens
+    allowed) ends its request, none still decoding 2 s later, and the server logs no error."""
+    chat = {"model": "trtspec", "temperature": 0}
+    body = {"responses": {**chat, "input": "1 + 2", "max_output_tokens": 2048,
+                          "text": {"format": {"type": "json_object"}}},
+            "messages": {**chat, "messages": [{"role": "user", "content": "1 + 2"}], "max_tokens": 2048,
+                         "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}}
+    logged = len(Path(served.log).read_text())
+    proc = subprocess.Popen([sys.executable, "-c", DROPPING_CLIENT, f"{served.base}/v1/{route}", KEY, "null",
+                             "stream", json.dumps(body[route])], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "got"
+        assert served.metric("trtspec_requests_in_flight") == 1, "the answer ended before its client left"
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 2.0
+    while served.metric("trtspec_requests_in_flight") > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert served.metric("trtspec_requests_in_flight") == 0, "a dropped request is still decoding"
     assert "ERROR" not in Path(served.log).read_text()[logged:]
 
 
