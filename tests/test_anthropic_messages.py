@@ -106,7 +106,7 @@ def test_the_request_becomes_chats():
                                                     "parameters": {"type": "object"}}},
                   {"type": "function", "function": {"name": "f", "parameters": {}, "strict": True}}],
         "tool_choice": "required", "parallel_tool_calls": False,
-        "chat_template_kwargs": {"enable_thinking": True},
+        "chat_template_kwargs": {"enable_thinking": True}, "thinking_token_budget": 1024,
         "response_format": {"type": "json_schema",
                             "json_schema": {"name": "output", "schema": {"type": "object"}}}}
     named = {"type": "function", "function": {"name": "add"}}

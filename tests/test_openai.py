@@ -512,6 +512,7 @@ BAD = [
     ("completions", {"prompt": [1, "a"]}, "prompt"),
     # chat's metadata fields are not the legacy Completions API's (test_chat_accepts_...)
     ("completions", {"metadata": {"run": "a"}}, "metadata"),
+    ("chat/completions", {"thinking_token_budget": 5}, "thinking_token_budget"),  # no reasoning parser here
     ("completions", {"store": False}, "store"),
     ("completions", {"service_tier": "auto"}, "service_tier"),
 ]
@@ -1524,10 +1525,10 @@ def _local_target(tmp_path: Path, config, template: str):
     return config.model_copy(update={"target": config.target.model_copy(update={"path": str(target)})})
 
 
-def _reasoning_answer(client, stream: bool, **ask) -> tuple[str | None, str | None]:
+def _reasoning_answer(client, stream: bool, max_tokens: int = 24, **ask) -> tuple[str | None, str | None]:
     """A chat answer's (reasoning_content, content); streamed, its deltas joined."""
     got = client.chat.completions.create(model="trtspec", messages=[{"role": "user", "content": "482 + 356"}],
-                                         max_tokens=24, temperature=0, stream=stream, **ask)
+                                         max_tokens=max_tokens, temperature=0, stream=stream, **ask)
     if not stream:
         message = got.choices[0].message
         return getattr(message, "reasoning_content", None), message.content
@@ -1546,7 +1547,8 @@ def test_a_reasoning_parser_gives_the_block_apart_and_guides_the_text_after_it(s
     part as reasoning_content, streamed or not; a guided answer is the target's under the guide that
     holds the text after the block (not under the request's guide alone)."""
     from trtspec.openai.model_info import served_model
-    from trtspec.openai.reasoning import ReasoningParser, answer_start, reasoning_guide
+    from trtspec.openai.reasoning import REASONING, ReasoningParser, answer_start, reasoning_guide
+    from trtspec.spec.thinking_budget import ThinkingBudget
 
     model = served_model(_local_target(tmp_path, config, THINKING_TEMPLATE))
     model.reasoning_parser = "qwen3"
@@ -1584,6 +1586,26 @@ def test_a_reasoning_parser_gives_the_block_apart_and_guides_the_text_after_it(s
                     {"role": "user", "content": "482 + 356"}], max_tokens=24, **ask)
                 thought = "".join(b["thinking"] for b in message["content"] if b["type"] == "thinking")
                 assert (thought or None, _text_of(message) or None) == want, (thinking, stream)
+        # a reasoning budget: the block's end forced after 5 tokens, the rest the budgeted target's own
+        budgeted = SamplingParams(thinking=ThinkingBudget(budget=5, end=tuple(b"</think>")))
+        ids = pipeline.decoder.generate(list(b"Q: 482 + 356\nA: <think>\n"), 24, budgeted).token_ids
+        text = bytes(t for t in ids if t < 256).decode()
+        text = text[: text.index(CHAT_STOP)] if CHAT_STOP in text else text
+        parser = ReasoningParser(REASONING)
+        want = tuple(a + b or None for a, b in zip(parser.push(text), parser.finish(), strict=True))
+        free = _chat_expected(pipeline, "Q: 482 + 356\nA: <think>\n", 24)[0]
+        assert len(want[0]) == 5 and want[0] == free[:5] and want[1]  # the block cut, an answer after it
+        thinking = {"chat_template_kwargs": {"enable_thinking": True}, "thinking_token_budget": 5}
+        for stream in (False, True):
+            assert _reasoning_answer(client, stream, extra_body=thinking) == want, stream
+        response, _ = _response(client, False, input="482 + 356", max_output_tokens=24, extra_body=thinking)
+        assert _output_text(response) == want[1]
+        # Anthropic's budget_tokens is the same budget (the model here ends its turn long before 1,024)
+        message, _ = _message(anthropic_client, False, messages=[{"role": "user", "content": "482 + 356"}],
+                              max_tokens=1100, thinking={"type": "enabled", "budget_tokens": 1024})
+        thought = "".join(b["thinking"] for b in message["content"] if b["type"] == "thinking")
+        assert thought == _reasoning_answer(client, False, max_tokens=1100, extra_body={
+            **thinking, "thinking_token_budget": 1024})[0]
         # a function call and its output sent back as items: the conversation chat sends as messages
         call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
         chat = client.chat.completions.create(

@@ -162,6 +162,30 @@ def test_a_bias_outside_the_vocabulary_is_refused(dflash):
         decoder.add(Request([1, 2, 3], 5, SamplingParams(logit_bias=((vocab, 1.0),))))
 
 
+def along_random_step(params: SamplingParams, generated: list[int], tree: bool, gen: torch.Generator,
+                      vocab: int) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+    """One random step of 8 positions over `vocab` tokens (a chain, or a random tree) after
+    `generated` (extended in two parts): its logits [8, V], what `Penalties.apply` made of them,
+    and each position's path (the drafts on the way to it, root first)."""
+    drafts = torch.randint(0, vocab, (7,), generator=gen)
+    parents = [-1] + ([int(torch.randint(0, j, (), generator=gen)) for j in range(1, 8)] if tree
+                      else list(range(7)))
+    state = Penalties(params, [1, 2], vocab)
+    state.extend(generated[:2])
+    state.extend(generated[2:])
+    logits = torch.randn(8, vocab, generator=gen)
+    out = logits.clone()
+    state.apply(out, drafts, parents if tree else None)
+    paths = []
+    for j in range(8):
+        path, node = [], j
+        while node > 0:
+            path.insert(0, int(drafts[node - 1]))
+            node = parents[node]
+        paths.append(path)
+    return logits, out, paths
+
+
 @pytest.mark.parametrize("tree", [False, True])
 def test_bad_words_are_banned_along_each_path(tree):
     """A bad word's last token is -inf at exactly the positions whose path (the generated tokens,
@@ -172,20 +196,8 @@ def test_bad_words_are_banned_along_each_path(tree):
         words = tuple(tuple(torch.randint(0, 4, (n,), generator=gen).tolist()) for n in (1, 2, 2, 3))
         params = SamplingParams(bad_words=words[1:] if _ % 2 else words)
         generated = torch.randint(0, 4, (5,), generator=gen).tolist()
-        drafts = torch.randint(0, 4, (7,), generator=gen)
-        parents = [-1] + ([int(torch.randint(0, j, (), generator=gen)) for j in range(1, 8)] if tree
-                          else list(range(7)))
-        state = Penalties(params, [1, 2], 6)
-        state.extend(generated[:2])
-        state.extend(generated[2:])
-        logits = torch.randn(8, 6, generator=gen)
-        out = logits.clone()
-        state.apply(out, drafts, parents if tree else None)
-        for j in range(8):
-            path, node = [], j
-            while node > 0:
-                path.insert(0, int(drafts[node - 1]))
-                node = parents[node]
+        logits, out, paths = along_random_step(params, generated, tree, gen, 6)
+        for j, path in enumerate(paths):
             seen = generated + path
             banned = {w[-1] for w in params.bad_words if len(w) == 1 or seen[-(len(w) - 1):] == list(w[:-1])}
             expected = logits[j].clone()

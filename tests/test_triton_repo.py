@@ -198,6 +198,10 @@ def test_parse_request_trtllm_inputs_honoured_and_defaults_pass():
     req = parse_request(_getter(**GOOD, **honoured), 16)
     assert (req.min_tokens, req.end_id, req.include_input, req.sampling.seed) == (5, 10, True, 7)
     assert parse_request(_getter(**GOOD, min_tokens=np.array([3], dtype=np.int32)), 16).min_tokens == 3
+    budget = dict(thinking_token_budget=np.array([4], dtype=np.int32),
+                  thinking_start=np.array([b"<think>"], dtype=object))
+    assert parse_request(_getter(**GOOD, **budget), 16).thinking == (4, "<think>", "</think>")
+    assert parse_request(_getter(**GOOD), 16).thinking is None
     # log-probabilities: none by default, the chosen tokens' with return_log_probs, the k best's too
     # with num_top_log_probs
     assert (req.logprobs, req.ignore_eos) == (None, False)
@@ -256,6 +260,12 @@ def _guide(kind: bytes, text: bytes) -> dict[str, np.ndarray]:
         (dict(num_top_log_probs=np.array([2], dtype=np.int32), return_log_probs=np.array([False])),
          "num_top_log_probs=2 asks for log-probabilities that return_log_probs=false turns off"),
         (dict(bad_words=np.array([b"x", b""], dtype=object)), "bad_words must not contain an empty string"),
+        (dict(thinking_token_budget=np.array([-1], dtype=np.int32)),
+         "thinking_token_budget must be >= 0, got -1"),
+        (dict(thinking_end=np.array([b"</think>"], dtype=object)),
+         "thinking_end needs thinking_token_budget, the budget it delimits"),
+        (dict(thinking_token_budget=np.array([4], dtype=np.int32),
+              thinking_end=np.array([b""], dtype=object)), "thinking_end must not be empty"),
         (dict(lora_task_id=np.array([3], dtype=np.uint64)), "lora_task_id=3 is not supported by trtspec"),
         (dict(num_return_sequences=np.array([2], dtype=np.int32)), "num_return_sequences=2"),
         (dict(guided_decoding_guide=np.array([b"{}"], dtype=object)),

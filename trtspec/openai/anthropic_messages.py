@@ -112,6 +112,8 @@ def chat_body(req: CountTokensRequest) -> dict:
             body["parallel_tool_calls"] = False
     if req.thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": _thinking(req)}
+        if isinstance(req, MessagesRequest):  # the block's end forced once it holds budget_tokens
+            body["thinking_token_budget"] = req.thinking.get("budget_tokens")
         if req.thinking.get("display") == "omitted":  # thought, not sent
             body["include_reasoning"] = False
     if req.output_config is not None:
@@ -124,8 +126,7 @@ def chat_body(req: CountTokensRequest) -> dict:
 
 
 def _thinking(req: CountTokensRequest) -> bool:
-    """Whether `thinking` asks the model to think (its budget checked as Anthropic checks it; the
-    model's block ends where the model ends it, within max_tokens)."""
+    """Whether `thinking` asks the model to think (its budget checked as Anthropic checks it)."""
     thinking = req.thinking
     only_keys(thinking, ("type", "budget_tokens", "display"), "thinking")
     kind = thinking.get("type")
@@ -303,6 +304,7 @@ RENAMES = ((re.compile(r"\bmax_completion_tokens\b"), "max_tokens"),
            (re.compile(r"'stop'"), "'stop_sequences'"),
            (re.compile(r"^stop$"), "stop_sequences"),
            (re.compile(r"\bchat_template_kwargs\.enable_thinking\b"), "thinking"),
+           (re.compile(r"\bthinking_token_budget\b"), "thinking.budget_tokens"),
            # a chat message's index is not its message's (system first, tool results apart)
            (re.compile(r"\bmessages\[\d+\](\.\w+|\[\d+\])*"), "messages"))
 

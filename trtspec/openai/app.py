@@ -62,7 +62,14 @@ from trtspec.openai.protocol import (
     renamed,
     stop_list,
 )
-from trtspec.openai.reasoning import ReasoningParser, answer_start, reasoning_guide
+from trtspec.openai.reasoning import (
+    CONTENT,
+    OPENS_TAG,
+    THINK_OPEN,
+    ReasoningParser,
+    answer_start,
+    reasoning_guide,
+)
 from trtspec.openai.responses import (
     RENAMES,
     OutputItems,
@@ -161,8 +168,28 @@ class Frontend:
                          frequency_penalty=req.frequency_penalty or 0.0,
                          repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                          logit_bias=logit_bias_pairs(req.logit_bias, model.vocab_size),
-                         guide=self.guide(req, tools, start), bad_words=tuple(req.bad_words or ()))
+                         guide=self.guide(req, tools, start), bad_words=tuple(req.bad_words or ()),
+                         thinking=self.thinking(req, start))
         return gen, prompt_ids
+
+    @staticmethod
+    def thinking(req, start: str | None) -> tuple[int, str] | None:
+        """The request's reasoning budget as the model takes it: (tokens, the text that opens the block
+        at the answer's start, "" where the prompt opened it); None: no budget, or no block to budget
+        (the template closed it)."""
+        budget = getattr(req, "thinking_token_budget", None)
+        if budget is None:
+            return None
+        if start is None:
+            raise ApiError("'thinking_token_budget' needs a server started with --reasoning-parser, which "
+                           "knows where the reasoning block ends; this one has none.",
+                           "thinking_token_budget", code="unsupported_value")
+        if budget < 0:
+            raise ApiError(f"Invalid 'thinking_token_budget': {budget}; expected an integer >= 0.",
+                           "thinking_token_budget", code="invalid_value")
+        if start == CONTENT:
+            return None
+        return budget, THINK_OPEN if start == OPENS_TAG else ""
 
     @staticmethod
     def guide(req, tools: ToolPlan | None, start: str | None) -> tuple[str, str] | None:

@@ -168,6 +168,9 @@ class ChatRequest(_Common):
         None, description="variables for the chat template, e.g. Qwen3's enable_thinking (vLLM extension)")
     include_reasoning: bool | None = Field(None, description="false: the reasoning is generated but not sent "
                                            "(needs the server's --reasoning-parser; vLLM extension)")
+    thinking_token_budget: int | None = Field(
+        None, description="most tokens in the reasoning block, then its end is forced (needs the server's "
+                          "--reasoning-parser; TensorRT-LLM extension)")
 
 
 def parse(model: type[BaseModel], body: Any):

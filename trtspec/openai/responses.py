@@ -82,6 +82,9 @@ class ResponsesRequest(SamplingFields):
     prompt: Any = Field(None, description="not served (OpenAI's stored prompt templates)")
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="variables for the chat template, e.g. Qwen3's enable_thinking (vLLM extension)")
+    thinking_token_budget: int | None = Field(
+        None, description="most tokens in the reasoning block, then its end is forced (needs the server's "
+                          "--reasoning-parser; TensorRT-LLM extension)")
 
 
 def check_responses(req: ResponsesRequest) -> None:
@@ -133,7 +136,8 @@ def chat_body(req: ResponsesRequest, conversation: list[dict]) -> dict:
              "max_completion_tokens": req.max_output_tokens, "tools": chat_tools(req.tools),
              "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
              "response_format": response_format((req.text or {}).get("format")),
-             "chat_template_kwargs": req.chat_template_kwargs}
+             "chat_template_kwargs": req.chat_template_kwargs,
+             "thinking_token_budget": req.thinking_token_budget}
     return {name: value for name, value in body.items() if value is not None}
 
 

@@ -61,6 +61,7 @@ class Generation:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
     bad_words: tuple[str, ...] = ()  # TensorRT-LLM's bad_words input
+    thinking: tuple[int, str] | None = None  # a reasoning budget: (tokens, the text that opens the block)
 
     def arrays(self) -> dict[str, np.ndarray]:
         if self.prompt_ids is None:
@@ -100,6 +101,9 @@ class Generation:
             arrays["stop_words"] = np.array([w.encode("utf-8") for w in self.stop_words], dtype=np.object_)
         if self.bad_words:
             arrays["bad_words"] = np.array([w.encode("utf-8") for w in self.bad_words], dtype=np.object_)
+        if self.thinking is not None:
+            arrays["thinking_token_budget"] = np.array([self.thinking[0]], dtype=np.int32)
+            arrays["thinking_start"] = np.array([self.thinking[1].encode("utf-8")], dtype=np.object_)
         return arrays
 
 

@@ -21,6 +21,8 @@ before temperature, top-k and top-p:
     presence_penalty    logits[t] −= a · [count(t) > 0]
     bad_words           logits[w_n] = −inf where the generated tokens end with w_1..w_{n−1}
                         (each bad word w a token sequence; one of one token is banned everywhere)
+    thinking budget     logits[t] = −inf for every t but the forced one, where the generated tokens
+                        are inside the reasoning block with the budget spent (`spec.thinking_budget`)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from trtspec.spec.sampling import SamplingParams
+from trtspec.spec.thinking_budget import AFTER
 
 
 class Penalties:
@@ -52,11 +55,17 @@ class Penalties:
         # the generated tokens a bad word's start may end with (the longest start's length)
         self.keep = max((len(w) - 1 for w in params.bad_words), default=0)
         self.tail: list[int] = []
+        self.budget = params.thinking
+        # where the generated tokens stand in the reasoning block
+        self.thinking = None if self.budget is None else self.budget.first()
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Count newly generated tokens."""
         if self.keep:
             self.tail = (self.tail + [int(t) for t in tokens])[-self.keep:]
+        if self.budget is not None:
+            for token in tokens:
+                self.thinking = self.budget.after(self.thinking, int(token))
         if tokens:
             ids = torch.tensor(list(tokens), device=self.counts.device)
             self.counts.index_add_(0, ids, torch.ones(len(ids), device=self.counts.device))
@@ -100,19 +109,40 @@ class Penalties:
             logits -= p.presence_penalty * generated.to(logits.dtype)
         if p.bad_words:
             self._ban(logits, drafts, parents)
+        if self.budget is not None and self.thinking.phase != AFTER:  # past the block nothing is forced
+            self._force(logits, drafts, parents)
+
+    @staticmethod
+    def _along(width: int, drafts: torch.Tensor | None, parents: Sequence[int] | None, first, after) -> list:
+        """A value per position of a step, each the one of its parent position after the draft
+        between them: position 0's is `first`, position j's `after(its parent's, draft j)` (a
+        chain's parent is j − 1, a tree node's its parent; a tree row's padding gets `first`)."""
+        fed = [] if drafts is None else drafts[: width - 1].tolist()
+        values = [first]
+        for j in range(1, width if drafts is not None else 1):
+            if parents is not None and j >= len(parents):  # a tree row's padding: never verified
+                values.append(first)
+                continue
+            values.append(after(values[j - 1 if parents is None else parents[j]], fed[j - 1]))
+        return values
+
+    def _force(self, logits: torch.Tensor, drafts: torch.Tensor | None,
+               parents: Sequence[int] | None) -> None:
+        """Where a position's path is inside the reasoning block with the budget spent: only the
+        forced token left.  logits [width, V]"""
+        states = self._along(logits.shape[0], drafts, parents, self.thinking, self.budget.after)
+        for j, state in enumerate(states):
+            token = self.budget.forced(state)
+            if token is not None and token < logits.shape[-1]:
+                logits[j] = float("-inf")
+                logits[j, token] = 0.0
 
     def _ban(self, logits: torch.Tensor, drafts: torch.Tensor | None, parents: Sequence[int] | None) -> None:
         """Each bad word's last token at the positions whose path ends with the word's other tokens.
         logits [width, V]; drafts and parents as `path_counts` takes them."""
-        width = logits.shape[0]
-        fed = [] if drafts is None else drafts[: width - 1].tolist()
-        paths: list[list[int]] = [self.tail]  # position j: the generated tokens before it
-        for j in range(1, width if drafts is not None else 1):
-            if parents is not None and j >= len(parents):  # a tree row's padding: never verified
-                paths.append(self.tail)
-                continue
-            parent = j - 1 if parents is None else parents[j]
-            paths.append((paths[parent] + [fed[j - 1]])[-max(self.keep, 1):])
+        keep = max(self.keep, 1)
+        # position j: the generated tokens before it
+        paths = self._along(logits.shape[0], drafts, parents, self.tail, lambda path, t: (path + [t])[-keep:])
         for word in self.params.bad_words:
             start, last = list(word[:-1]), word[-1]
             if last >= logits.shape[-1]:

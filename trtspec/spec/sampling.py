@@ -2,9 +2,9 @@
 
 Speculative sampling is lossless for the *processed* target distribution: temperature, top-k
 and top-p are applied to the target logits (p) and, identically, to the draft logits (q)
-before the accept test, as vLLM and TensorRT-LLM do. Logit bias and the repetition, frequency and
-presence penalties depend on the tokens before each position; the decoder applies them to p first
-(`trtspec.spec.penalties`).
+before the accept test, as vLLM and TensorRT-LLM do. Logit bias, the repetition, frequency and
+presence penalties, bad words and a reasoning budget depend on the tokens before each position; the
+decoder applies them to p first (`trtspec.spec.penalties`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from trtspec.spec.thinking_budget import ThinkingBudget
 
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on a logit_bias value
 MAX_PENALTY = 2.0  # OpenAI's bound on presence_penalty and frequency_penalty
@@ -58,6 +60,10 @@ class SamplingParams(BaseModel):
                         "wherever the generated tokens end with the ones before it (vLLM's and "
                         "TensorRT-LLM's bad_words, tokenized)")
 
+    thinking: ThinkingBudget | None = Field(
+        None, description="a reasoning budget: the end of the model's thinking block forced once it holds "
+                          "this many tokens (TensorRT-LLM's thinking_token_budget; `spec.thinking_budget`)")
+
     @field_validator("bad_words")
     @classmethod
     def _bad_sequences(cls, words: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
@@ -87,7 +93,7 @@ class SamplingParams(BaseModel):
     def penalized(self) -> bool:
         """The request changes the target's logits by what came before (`spec.penalties`)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias or self.bad_words)
+                    or self.logit_bias or self.bad_words or self.thinking)
 
     @property
     def greedy(self) -> bool:

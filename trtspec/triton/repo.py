@@ -49,6 +49,12 @@ INPUTS = (
     # OpenAI's logit_bias: token ids and the bias added to each one's logit, as two lists of one length
     ("logit_bias_ids", "TYPE_INT32", (-1,), True),
     ("logit_bias_values", "TYPE_FP32", (-1,), True),
+    # a reasoning budget (TensorRT-LLM's thinking_token_budget): the block's end forced after this many
+    # tokens in it; the block ends with thinking_end ("</think>"), and opens with thinking_start at the
+    # answer's start ("": the prompt opened it)
+    ("thinking_token_budget", "TYPE_INT32", (1,), True),
+    ("thinking_start", "TYPE_STRING", (1,), True),
+    ("thinking_end", "TYPE_STRING", (1,), True),
 ) + tuple((i.name, i.dtype, i.dims, True) for i in TRTLLM_INPUTS)  # what NVIDIA's clients send TensorRT-LLM
 OUTPUTS = (
     ("text_output", "TYPE_STRING", (1,)),

@@ -53,6 +53,7 @@ class GenerateRequest:
     prompt_logprobs: int | None = None  # None: none returned; k: the prompt's tokens' (after its first)
     guide: Guide | None = None  # guided_decoding_guide_type / _guide: what the text must match
     bad_words: tuple[str, ...] = ()  # TensorRT-LLM's bad_words: words the text may not hold (`bad_word_ids`)
+    thinking: tuple[int, str, str] | None = None  # a reasoning budget: (tokens, block start, block end) text
 
     @property
     def prompt_input(self) -> str:
@@ -187,6 +188,7 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
                               coupling=coupling,
                               **_penalties(get), logit_bias=_logit_bias(get, vocab_size))
     guide = _guide(get)
+    thinking = _thinking(get)
     if guide is not None and min_tokens:
         raise RequestError(f"{min_name}={min_tokens} cannot be combined with guided_decoding_guide_type: "
                            "the guide decides where the text may end")
@@ -195,7 +197,7 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
                            exclude_input is not None and not bool(exclude_input),
                            add_special_tokens is None or bool(add_special_tokens), stop_token_ids,
                            ignore_eos is not None and bool(ignore_eos), logprobs, prompt_ids, prompt_logprobs,
-                           guide, tuple(bad_words))
+                           guide, tuple(bad_words), thinking)
 
 
 def _words(get: InputGetter, name: str) -> list[str]:
@@ -226,6 +228,25 @@ def bad_word_ids(encode: Callable[[str], list[int]], words: Sequence[str]) -> tu
             if ids:
                 out[ids] = None
     return tuple(out)
+
+
+def _thinking(get: InputGetter) -> tuple[int, str, str] | None:
+    """thinking_token_budget with its block's start ("" by default: the prompt opened the block) and
+    end ("</think>" by default); None: no budget."""
+    budget = _scalar(get, "thinking_token_budget")
+    start, end = _scalar(get, "thinking_start"), _scalar(get, "thinking_end")
+    if budget is None:
+        if start is not None or end is not None:
+            raise RequestError(f"{'thinking_start' if start is not None else 'thinking_end'} needs "
+                               "thinking_token_budget, the budget it delimits")
+        return None
+    if int(budget) < 0:
+        raise RequestError(f"thinking_token_budget must be >= 0, got {int(budget)}")
+    start = "" if start is None else _utf8(start, "thinking_start")
+    end = "</think>" if end is None else _utf8(end, "thinking_end")
+    if not end:
+        raise RequestError("thinking_end must not be empty: it is the text that ends the block")
+    return int(budget), start, end
 
 
 def _guide(get: InputGetter) -> Guide | None:
