@@ -1,6 +1,8 @@
 """What a guide costs the host at a real vocabulary's size: compiling guides, masking a verify step
 of 16 positions, choosing a guided greedy block of 15 drafts, masking a 12-node tree's frontiers;
-also a guide after a reasoning block (`trtspec.openai.reasoning`) while the block is written.
+also a guide after a reasoning block (`trtspec.openai.reasoning`) while the block is written; and
+a verify step with its mask filled after the target's forward or beside it, as the decoder fills it
+(`SpeculativeDecoder._fill_masks`; the forward a stand-in of matrix products).
 
 The embedded models have 264 tokens; Qwen3's tokenizer has 151,643 (151,936 ids). With no model
 hub here, this trains a byte-level BPE tokenizer of that size on the Python sources of this
@@ -20,6 +22,7 @@ import json
 import random
 import site
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -101,6 +104,8 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/trtspec-bpe"), help="where the tokenizer "
                         "is kept between runs (a folder per size)")
     parser.add_argument("--calls", type=int, default=50, help="timed calls per figure")
+    parser.add_argument("--forward-ms", type=float, default=8.0, help="the stand-in target forward's time "
+                        "(the embedded target's on this CPU: about 8 ms)")
     args = parser.parse_args()
 
     hf = train_tokenizer(args.vocab, args.corpus_mb, args.cache / str(args.vocab))
@@ -116,6 +121,17 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     gen = torch.Generator().manual_seed(0)
     bitmasks = {}  # each guide's, filled along its step's drafts
+    worker = ThreadPoolExecutor(1)  # as the decoder's
+    torch.set_num_threads(1)
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    products = max(1, round(args.forward_ms / _ms(lambda: a @ b, 20)))
+
+    def forward() -> None:  # a target forward's stand-in: args.forward_ms of compute, the GIL let go
+        for _ in range(products):
+            a @ b
+
+    forward_ms = _ms(forward, args.calls)
+    overlap: list[str] = []
     for name, (guide, text) in GUIDES.items():
         start = time.perf_counter()
         compiled = compiler.compile(guide)
@@ -127,19 +143,19 @@ def main() -> None:
         assert len(drafts) == 15, f"the {name} text is {len(ids)} tokens; 17 needed"
         step = torch.randn(len(drafts) + 1, vocab, generator=gen)  # [s, V]
         verify = _ms(lambda: state.mask(step.clone(), drafts), args.calls)  # noqa: B023
-        bitmask = xgr.allocate_token_bitmask(len(drafts) + 1, vocab)
+        bitmask = state.fill(len(drafts) + 1, drafts)
 
-        path = drafts.tolist()
+        def fill(state=state, drafts=drafts) -> None:  # the grammar's part of mask
+            state.fill(len(drafts) + 1, drafts)
 
-        def fill(state=state, path=path, bitmask=bitmask) -> None:  # the grammar's part: mask's walk
-            matcher, taken = state.matcher, 0
-            matcher.fill_next_token_bitmask(bitmask, 0)
-            for token in path:
-                if matcher.is_terminated() or not matcher.accept_token(token):
-                    break
-                taken += 1
-                matcher.fill_next_token_bitmask(bitmask, taken)
-            matcher.rollback(taken)
+        def sequential(state=state, step=step, drafts=drafts) -> None:  # the forward, then the mask
+            forward()
+            state.apply(step.clone(), state.fill(len(drafts) + 1, drafts))
+
+        def overlapped(state=state, step=step, drafts=drafts) -> None:  # filled beside the forward
+            filling = worker.submit(state.fill, len(drafts) + 1, drafts)
+            forward()
+            state.apply(step.clone(), filling.result())
 
         block = torch.randn(15, vocab, generator=gen)  # random argmaxes, mostly refused: a mask per slot
         argmaxes = block.argmax(-1).tolist()
@@ -158,6 +174,14 @@ def main() -> None:
         print(f"| {name} | {compile_ms:.1f} | {verify:.2f} | {_ms(fill, args.calls):.2f} | "
               f"{_ms(choose, args.calls):.2f} | {_ms(tree, args.calls):.2f} |")
         bitmasks[name] = bitmask
+        overlap.append(f"| {name} | {forward_ms:.2f} | {_ms(sequential, args.calls):.2f} | "
+                       f"{_ms(overlapped, args.calls):.2f} |")
+    print(f"\nA verify step's forward (here {args.forward_ms:g} ms of matrix products on one thread) with "
+          "its mask filled after it, or beside it on the decoder's worker thread "
+          "(SpeculativeDecoder._fill_masks):")
+    print("| guide | forward alone, ms | forward then mask, ms | mask filled beside the forward, ms |")
+    print("|---|---:|---:|---:|")
+    print("\n".join(overlap))
     # the apply's time grows with the tokens a mask refuses: the regex's refuse almost all
     logits = torch.randn(16, vocab, generator=gen)
     apply = _ms(lambda: xgr.apply_token_bitmask_inplace(logits, bitmasks["regex"], vocab_size=vocab),

@@ -179,16 +179,16 @@ def test_drafts_keep_to_the_guide(name, tree, monkeypatch):
     pipeline = load_pipeline(load_build_config(REPO / "build_configs" / f"{name}.yaml"))
     decoder = pipeline.decoder_for(1, ScheduleConfig(mode="full"), tree=tree)
     steps = refused = drafts = 0
-    mask = GuideState.mask
+    fill = GuideState.fill
 
-    def checked_mask(self, logits, fed=None, parents=None):  # the step's drafts, walked on the matcher
+    def checked_fill(self, s, fed=None, parents=None):  # the step's drafts, walked on the matcher
         nonlocal steps, refused, drafts
-        tokens = [] if fed is None else fed[: logits.shape[0] - 1].tolist()
+        tokens = [] if fed is None else fed[: s - 1].tolist()
         if parents is None:  # a chain: one path
             paths = [tokens] if tokens else []
         else:  # a tree: each node's path from the root
             paths, of = [], {0: []}
-            for j in range(1, min(logits.shape[0], len(parents))):
+            for j in range(1, min(s, len(parents))):
                 of[j] = of[parents[j]] + [tokens[j - 1]]
                 paths.append(of[j])
         steps += 1
@@ -197,9 +197,9 @@ def test_drafts_keep_to_the_guide(name, tree, monkeypatch):
             refused += no and taken == len(path) - 1  # refused at its own token, its parent's path allowed
             drafts += taken if parents is None else taken == len(path)  # a chain's drafts, or a node
             self.matcher.rollback(taken)
-        return mask(self, logits, fed, parents)
+        return fill(self, s, fed, parents)
 
-    monkeypatch.setattr(GuideState, "mask", checked_mask)
+    monkeypatch.setattr(GuideState, "fill", checked_fill)
     for i, prompt in enumerate(PROMPTS[:4]):
         decoder.generate(list(prompt.encode()), 60, guide=pipeline.guides.compile(GUIDES[i % 2]))
     assert refused == 0 and drafts > 2 * steps, (refused, drafts, steps)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -202,6 +203,7 @@ class SpeculativeDecoder:
         self.target.allocate(max_slots, self.capacity + tree_room)
         self.drafter.allocate(max_slots, self.capacity + tree_room)
         self.acceptance_prior = acceptance_prior
+        self._mask_worker: ThreadPoolExecutor | None = None  # fills guided rows' masks beside the forward
         self.reset()
 
     @property
@@ -462,11 +464,12 @@ class SpeculativeDecoder:
 
     @staticmethod
     def _along_paths(logits: torch.Tensor, rows: list[_Live], fed: torch.Tensor | None = None,
-                     tree: DraftTree | None = None) -> None:
+                     tree: DraftTree | None = None, masks: dict[int, Future] | None = None) -> None:
         """What a row's request asks of p at each position after the committed tokens and the drafts
         on its path: logit bias and penalties (`spec.penalties`), then its guide's mask
-        (`spec.grammar`).  logits [R, s, V], one row per request; fed [R, ≥ s]: each row's last token,
-        then its drafts (or tree nodes); None: s = 1."""
+        (`spec.grammar`; `masks`: row -> its bitmask being filled, `_fill_masks`).  logits [R, s, V],
+        one row per request; fed [R, ≥ s]: each row's last token, then its drafts (or tree nodes);
+        None: s = 1."""
         for r, lv in enumerate(rows):
             if lv.penalties is None and lv.grammar is None:
                 continue
@@ -474,8 +477,24 @@ class SpeculativeDecoder:
             parents = None if tree is None else tree.row_parents(r)
             if lv.penalties is not None:
                 lv.penalties.apply(logits[r], drafts, parents)
-            if lv.grammar is not None:
+            if lv.grammar is not None and masks is not None:
+                lv.grammar.apply(logits[r], masks[r].result())
+            elif lv.grammar is not None:
                 lv.grammar.mask(logits[r], drafts, parents)
+
+    def _fill_masks(self, rows: list[_Live], plan) -> dict[int, Future] | None:
+        """The guided rows' bitmasks for the step's verification, filled on a worker thread from the
+        drafts while the target's forward runs (None: no row is guided). Each row's matcher is only
+        touched there until `_along_paths` waits for its mask."""
+        guided = [r for r, lv in enumerate(rows) if lv.grammar is not None]
+        if not guided:
+            return None
+        if self._mask_worker is None:
+            self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="trtspec-masks")
+        s = max(plan.lengths) + 1
+        return {r: self._mask_worker.submit(rows[r].grammar.fill, s, plan.fed[r, 1:],
+                                            None if plan.tree is None else plan.tree.row_parents(r))
+                for r in guided}
 
     def _ban_end(self, logits: torch.Tensor, rows: list[_Live], tree: DraftTree | None = None) -> None:
         """No end id may be emitted before a request's min_new_tokens: they are removed from p at
@@ -712,7 +731,13 @@ class SpeculativeDecoder:
         new_logits = len(keep)  # the running rows' logits come after these
         for i in range(len(running)):
             keep += range(starts[len(pieces) + i], starts[len(pieces) + i + 1])
-        out = target.forward(chunks, torch.tensor(keep or [0], device=device))
+        masks = self._fill_masks(running, plan) if running else None  # beside the forward
+        try:
+            out = target.forward(chunks, torch.tensor(keep or [0], device=device))
+        except BaseException:
+            for filling in (masks or {}).values():  # no fill outlives the step on its matcher
+                filling.cancel() or filling.exception()
+            raise
         self.num_steps += 1
         now = time.perf_counter()
 
@@ -762,7 +787,7 @@ class SpeculativeDecoder:
             # the position each row's logits row 0 predicts (Gumbel-coupled rows key their noise by it)
             positions = [len(lv.committed) for lv in running]
             if plan.tree is None:
-                self._along_paths(logits, running, plan.fed)
+                self._along_paths(logits, running, plan.fed, masks=masks)
                 self._ban_end(logits, running)
                 q = None if plan.q is None else plan.q[:, :width]
                 lens = torch.tensor(lengths, device=device)
@@ -771,7 +796,7 @@ class SpeculativeDecoder:
                 accepted = verdict.num_accepted.tolist()  # the step's one host sync
                 paths = [list(range(a + 1)) for a in accepted]
             else:
-                self._along_paths(logits, running, plan.fed, plan.tree)
+                self._along_paths(logits, running, plan.fed, plan.tree, masks)
                 self._ban_end(logits, running, plan.tree)
                 verdict = self.verifier.verify_tree(plan.tree, logits, params, generators, positions)
                 accepted = verdict.num_accepted.tolist()  # the step's one host sync

@@ -285,14 +285,24 @@ class GuideState:
         committed ones and the drafts on its path; fed [≥ s − 1]: the drafts after the last committed
         token (a chain's x_1.., a tree's nodes 1..), parents: a tree row's (`DraftTree.row_parents`).
         Positions after a draft the grammar refuses are unreachable and stay unmasked."""
-        s = logits.shape[0]
-        bitmask = self._xgr.allocate_token_bitmask(s, self.vocab_size)  # [s, ⌈V/32⌉] all allowed
+        self.apply(logits, self.fill(logits.shape[0], fed, parents))
+
+    def fill(self, s: int, fed: torch.Tensor | None = None, parents: Sequence[int] | None = None
+             ) -> torch.Tensor:
+        """A step's bitmask for `mask`, from the drafts alone (the logits are not needed: the decoder
+        fills it on another thread while the target's forward runs; XGrammar lets go of the GIL).
+        Leaves the matcher where it stood.  -> [s, ⌈V/32⌉] int32"""
+        bitmask = self._xgr.allocate_token_bitmask(s, self.vocab_size)  # all allowed
         self.matcher.fill_next_token_bitmask(bitmask, 0)
         if s > 1 and fed is not None:
             children: list[list[int]] = [[] for _ in range(s)]
             for j in range(1, s if parents is None else min(s, len(parents))):  # a tree row: its nodes
                 children[j - 1 if parents is None else parents[j]].append(j)
             self._visit(0, children, fed[: s - 1].tolist(), bitmask)
+        return bitmask
+
+    def apply(self, logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+        """Mask logits [s, V] in place with a bitmask of `fill`."""
         self._xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=self.vocab_size)
 
     def mask_paths(self, scores: torch.Tensor, paths: Sequence[Sequence[int]]) -> None:
