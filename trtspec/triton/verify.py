@@ -500,7 +500,8 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         except ClientError as exc:
             cert.untested.append(f"the sampled law under penalties, min-p and logit_bias ({exc})")
         cert.untested.append(f"the sampled law past token {steps}, of other prompts, or at other "
-                             "temperature, top-k, top-p, min-p, penalties or biases")
+                             "temperature, top-k, top-p, min-p, penalties or biases, and under bad words "
+                             "or a reasoning budget (thinking_token_budget)")
         if by_text:
             cert.untested.append(f"the law of drafts past the first: over openai:// with a BPE tokenizer "
                                  f"every sampled request is {steps} tokens long, so that its text's law is "
