@@ -1797,6 +1797,10 @@ def test_stored_responses_continue_their_conversation_and_can_be_read_and_delete
     assert second.output_text == chat.choices[0].message.content
     assert second.usage.input_tokens == chat.usage.prompt_tokens and second.previous_response_id == first.id
     assert client.responses.retrieve(second.id).model_dump() == second.model_dump()
+    listed = client.responses.input_items.list(second.id)  # the SDK's page: newest first
+    assert [(i.type, i.role, i.content[0].text) for i in listed.data] == [("message", "user", "1 + 1")]
+    status, page = _request(served, "GET", f"/v1/responses/{second.id}/input_items?limit=x")
+    assert status == 400 and page["error"]["param"] == "limit"
     streamed, _ = _response(client, True, input="1 + 1", previous_response_id=first.id, max_output_tokens=16)
     assert client.responses.retrieve(streamed["id"]).model_dump() == streamed
     assert _output_text(streamed) == second.output_text

@@ -20,7 +20,9 @@ from trtspec.openai.responses import (
     assistant_messages,
     chat_body,
     chat_tools,
+    input_items,
     input_messages,
+    item_page,
     response_format,
 )
 from trtspec.openai.segments import Segments
@@ -207,3 +209,24 @@ def test_a_streams_events_build_the_whole_answers_items(start, mode, text):
     if mode == "named":
         assert kinds == ["function_call"] and json.loads(whole.items[0]["arguments"]) == {"a": 482, "b": 356}
     assert all(item["status"] == "completed" for item in whole.items)
+
+
+def test_input_items_are_listed_newest_first_in_pages():
+    """A text input lists as one user message; items as given, each with an id (its own kept);
+    pages newest first (desc, OpenAI's default) or oldest first, after an item, of at most limit."""
+    (item,) = input_items("1 + 2")
+    assert item["id"].startswith("msg_") and item["content"] == [{"type": "input_text", "text": "1 + 2"}]
+    items = input_items([{"role": "user", "content": "q"}, {**CALL, "id": "fc_given"},
+                         {"type": "function_call_output", "call_id": "call_1", "output": "3"}])
+    assert [i["type"] for i in items] == ["message", "function_call", "function_call_output"]
+    assert items[1]["id"] == "fc_given" and len({i["id"] for i in items}) == 3
+    page = item_page(items, "desc", None, 2)
+    assert page["data"] == items[::-1][:2] and page["has_more"] and page["last_id"] == items[1]["id"]
+    rest = item_page(items, "desc", page["last_id"], 2)
+    assert rest["data"] == [items[0]] and not rest["has_more"]
+    assert item_page(items, "asc", None, 20)["data"] == items
+    for args, param in (((items, "up", None, 2), "order"), ((items, "asc", None, 0), "limit"),
+                        ((items, "asc", "nope", 2), "after")):
+        with pytest.raises(ApiError) as refused:
+            item_page(*args)
+        assert refused.value.param == param

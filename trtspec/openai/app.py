@@ -78,7 +78,9 @@ from trtspec.openai.responses import (
     assistant_messages,
     chat_body,
     check_responses,
+    input_items,
     input_messages,
+    item_page,
     response_object,
 )
 from trtspec.openai.segments import REASONING, Segments
@@ -603,7 +605,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                                    run.gen.temperature, run.gen.top_p, error)
             body["trtspec"] = _figures([run])
             if usage is not None and req.store is not False:
-                store.put(body, conversation + assistant_messages(items.items))
+                store.put(body, conversation + assistant_messages(items.items), input_items(req.input))
             return body
 
         if not req.stream:
@@ -620,6 +622,14 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     @app.get("/v1/responses/{rid}")
     async def retrieve_response(rid: str):
         return store.get(rid)[0]
+
+    @app.get("/v1/responses/{rid}/input_items")
+    async def list_input_items(rid: str, request: Request):
+        query = request.query_params
+        limit = query.get("limit", "20")
+        if not limit.isdigit():
+            raise ApiError(f"Invalid 'limit': {limit!r}; expected 1 to 100.", "limit", code="invalid_value")
+        return item_page(store.get(rid)[2], query.get("order", "desc"), query.get("after"), int(limit))
 
     @app.delete("/v1/responses/{rid}")
     async def delete_response(rid: str):

@@ -17,9 +17,10 @@ whole answer is its stream's items.
 
 A response is stored (`store`, true by default as in OpenAI's API) in the server's memory, the
 last STORE_CAPACITY of them: `previous_response_id` continues its conversation (its input and
-output; its instructions are not carried over, as OpenAI's are not), `GET` returns it, `DELETE`
-drops it. Function tools are strict unless they say otherwise, as in OpenAI's Responses API (a
-strict tool's calls follow its schema: tools.py).
+output; its instructions are not carried over, as OpenAI's are not), `GET` returns it (and
+`/input_items` its request's input, `item_page`), `DELETE` drops it. Function tools are strict
+unless they say otherwise, as in OpenAI's Responses API (a strict tool's calls follow its schema:
+tools.py).
 """
 
 from __future__ import annotations
@@ -398,6 +399,35 @@ def response_object(req: ResponsesRequest, rid: str, created: int, model: str, o
             "metadata": req.metadata or {}, "user": req.user, "usage": usage}
 
 
+def input_items(given: str | list) -> list[dict]:
+    """A request's input as the items `GET /v1/responses/{id}/input_items` lists: a text as a user
+    message, items as given, each with an id (one given it keeps)."""
+    if isinstance(given, str):
+        given = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": given}]}]
+    prefixes = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+    return [{"id": _id(prefixes.get(item.get("type", "message"), "item")), **item,
+             **({"type": "message"} if "type" not in item else {})} for item in given]
+
+
+def item_page(items: list[dict], order: str, after: str | None, limit: int) -> dict:
+    """A page of input items, as OpenAI lists them: newest first by default (`order` desc), from the
+    one after the item `after` names, at most `limit` (1 to 100)."""
+    if order not in ("asc", "desc"):
+        raise ApiError(f"Invalid 'order': {order!r}; expected asc or desc.", "order", code="invalid_value")
+    if not 1 <= limit <= 100:
+        raise ApiError(f"Invalid 'limit': {limit}; expected 1 to 100.", "limit", code="invalid_value")
+    ordered = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [item["id"] for item in ordered]
+        if after not in ids:
+            raise ApiError(f"Invalid 'after': no input item {after!r} in this response.", "after",
+                           code="invalid_value")
+        ordered = ordered[ids.index(after) + 1:]
+    page = ordered[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > limit}
+
+
 def assistant_messages(output: list[dict]) -> list[dict]:
     """A response's output items as the chat messages that continue its conversation."""
     return input_messages(output, "output") if output else []
@@ -405,18 +435,18 @@ def assistant_messages(output: list[dict]) -> list[dict]:
 
 class ResponseStore:
     """The last `capacity` stored responses, each with the conversation that continues it (chat
-    messages, instructions left out)."""
+    messages, instructions left out) and its request's input items."""
 
     def __init__(self, capacity: int = STORE_CAPACITY):
         self.capacity = capacity
-        self._kept: OrderedDict[str, tuple[dict, list[dict]]] = OrderedDict()
+        self._kept: OrderedDict[str, tuple[dict, list[dict], list[dict]]] = OrderedDict()
 
-    def put(self, response: dict, conversation: list[dict]) -> None:
-        self._kept[response["id"]] = (response, conversation)
+    def put(self, response: dict, conversation: list[dict], items: list[dict]) -> None:
+        self._kept[response["id"]] = (response, conversation, items)
         while len(self._kept) > self.capacity:
             self._kept.popitem(last=False)
 
-    def get(self, rid: str, param: str | None = None) -> tuple[dict, list[dict]]:
+    def get(self, rid: str, param: str | None = None) -> tuple[dict, list[dict], list[dict]]:
         if rid not in self._kept:
             what = "Previous response" if param else "Response"
             raise ApiError(f"{what} with id '{rid}' not found (responses are kept in this server's memory, "
