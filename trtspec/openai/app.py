@@ -59,6 +59,7 @@ from trtspec.openai.protocol import (
     logit_bias_pairs,
     logprobs_wanted,
     parse,
+    rename,
     renamed,
     stop_list,
 )
@@ -194,6 +195,12 @@ class Frontend:
         return budget, THINK_OPEN if start == OPENS_TAG else ""
 
     @staticmethod
+    def guide_param(req, tools: ToolPlan | None) -> str | None:
+        """The parameter that asked for the request's guide (a tool_choice's wins), to name where
+        the model refuses it; None: no guide."""
+        return tools.param if tools is not None and tools.guide else guide_field(req)
+
+    @staticmethod
     def guide(req, tools: ToolPlan | None, start: str | None) -> tuple[str, str] | None:
         """The request's guide (a tool_choice's wins), after the reasoning block when `start` says
         the answer has one."""
@@ -309,6 +316,10 @@ class _Run:
         body = self.logprobs.body(*self.scored)
         self.scored = ([], [], [], [])
         return body
+
+    def status(self) -> str:
+        """The newer APIs' status of a finished choice: incomplete where its token limit ran out."""
+        return "incomplete" if self.finish_reason() == "length" else "completed"
 
     def finish_reason(self) -> str:
         if self.trimmer.stopped:
@@ -537,16 +548,14 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         runs = runs_of(req, prompts, chat, default_max, tools, start)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
-        # a guide the model refuses is named as the request named it
-        guide = tools.param if tools is not None and tools.guide else guide_field(req)
+        guide = front.guide_param(req, tools)
         if not req.stream:
             return await _whole(request, front, runs, rid, created, chat, guide)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and req.stream_options.continuous_usage_stats
         firsts, streams = await started(request, runs, guide)
-        events = _events(firsts, streams, runs, rid, created, model.name, chat, include_usage, continuous)
-        return ClosingStreamingResponse(events, media_type="text/event-stream",
-                                        headers={"Cache-Control": "no-cache"})
+        return _event_stream(_events(firsts, streams, runs, rid, created, model.name, chat, include_usage,
+                                     continuous))
 
     def chat_turn(body: dict, renames: Renames, generate: bool = True) -> tuple[str, _Run | None, str | None]:
         """A request of another API translated to a chat request (`body`), checked and built as chat's:
@@ -561,22 +570,19 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             run = runs_of(chat, [prompt], True, None, tools, start)[0] if generate else None
         except ApiError as exc:
             raise renamed(exc, renames) from None
-        guide = tools.param if tools is not None and tools.guide else guide_field(chat)
-        return prompt, run, None if guide is None else renamed(ApiError("", guide), renames).param
+        guide = front.guide_param(chat, tools)
+        return prompt, run, None if guide is None else rename(guide, renames)
 
     async def whole_segments(request: Request, run: _Run, guide: str | None, segments: Segments) -> str:
         """The one choice's whole answer as `segments`; its status (incomplete: the limit ran out)."""
         (text,) = await _texts(request, front, [run], guide)
         segments.push(run.deltas(text, final=True))
-        status = "incomplete" if run.finish_reason() == "length" else "completed"
-        segments.close(status)
-        return status
+        segments.close(run.status())
+        return run.status()
 
     def stream_segments(firsts: list, streams: list, run: _Run, segments: Segments, head: Callable,
                         tail: Callable, failed: Callable) -> ClosingStreamingResponse:
-        events = _segment_events(firsts, streams, run, segments, head, tail, failed)
-        return ClosingStreamingResponse(events, media_type="text/event-stream",
-                                        headers={"Cache-Control": "no-cache"})
+        return _event_stream(_segment_events(firsts, streams, run, segments, head, tail, failed))
 
     store = ResponseStore()
 
@@ -586,7 +592,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         front.check_model(req.model)
         check_responses(req)
         past = [] if req.previous_response_id is None else \
-            store.get(req.previous_response_id, "previous_response_id")[1]
+            store.get(req.previous_response_id, "previous_response_id").conversation
         conversation = past + input_messages(req.input)
         _, run, guide = chat_turn(chat_body(req, conversation), RENAMES)
         rid, created, items = f"resp_{uuid.uuid4().hex}", int(time.time()), OutputItems()
@@ -621,7 +627,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
 
     @app.get("/v1/responses/{rid}")
     async def retrieve_response(rid: str):
-        return store.get(rid)[0]
+        return store.get(rid).response
 
     @app.get("/v1/responses/{rid}/input_items")
     async def list_input_items(rid: str, request: Request):
@@ -629,7 +635,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         limit = query.get("limit", "20")
         if not limit.isdigit():
             raise ApiError(f"Invalid 'limit': {limit!r}; expected 1 to 100.", "limit", code="invalid_value")
-        return item_page(store.get(rid)[2], query.get("order", "desc"), query.get("after"), int(limit))
+        return item_page(store.get(rid).items, query.get("order", "desc"), query.get("after"), int(limit))
 
     @app.delete("/v1/responses/{rid}")
     async def delete_response(rid: str):
@@ -680,6 +686,12 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         return {"input_tokens": len(model.encode(prompt, False))}
 
     return app
+
+
+def _event_stream(events: AsyncIterator[bytes]) -> ClosingStreamingResponse:
+    """A server-sent event stream, closed when its response ends."""
+    return ClosingStreamingResponse(events, media_type="text/event-stream",
+                                    headers={"Cache-Control": "no-cache"})
 
 
 def _triton_error(exc: TritonError, guide: str | None = None) -> ApiError:
@@ -845,7 +857,7 @@ async def _segment_events(firsts: list, streams: list[AsyncIterator], run: _Run,
             text = run.take(step)
             for event in segments.push(run.deltas(text, step.final)):
                 yield sse(event)
-        status = "incomplete" if run.finish_reason() == "length" else "completed"
+        status = run.status()
         for event in segments.close(status) + tail(status):
             yield sse(event)
     except TritonError as exc:

@@ -277,16 +277,18 @@ def only_keys(value, keys: tuple[str, ...], param: str) -> None:
 Renames = tuple[tuple[re.Pattern, str], ...]  # chat's parameter names -> another API's
 
 
+def rename(text: str, renames: Renames) -> str:
+    """`text` with chat's parameter names as another API names them."""
+    for pattern, name in renames:
+        text = pattern.sub(name, text)
+    return text
+
+
 def renamed(exc: ApiError, renames: Renames) -> ApiError:
     """A chat refusal of a request translated from another API (Responses, Anthropic's Messages),
     its parameter names in the message and `param` replaced as that API names them."""
-    def rename(text: str) -> str:
-        for pattern, name in renames:
-            text = pattern.sub(name, text)
-        return text
-
-    return ApiError(rename(exc.message), None if exc.param is None else rename(exc.param), exc.status,
-                    exc.kind, exc.code)
+    return ApiError(rename(exc.message, renames), None if exc.param is None else rename(exc.param, renames),
+                    exc.status, exc.kind, exc.code)
 
 
 def check_common(req: _Common, vocab_size: int) -> None:

@@ -31,7 +31,7 @@ import re
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import Field
 
@@ -433,20 +433,25 @@ def assistant_messages(output: list[dict]) -> list[dict]:
     return input_messages(output, "output") if output else []
 
 
+class Stored(NamedTuple):
+    response: dict  # as it was answered
+    conversation: list[dict]  # the chat messages that continue it (its instructions left out)
+    items: list[dict]  # its request's input items (`input_items`)
+
+
 class ResponseStore:
-    """The last `capacity` stored responses, each with the conversation that continues it (chat
-    messages, instructions left out) and its request's input items."""
+    """The last `capacity` stored responses."""
 
     def __init__(self, capacity: int = STORE_CAPACITY):
         self.capacity = capacity
-        self._kept: OrderedDict[str, tuple[dict, list[dict], list[dict]]] = OrderedDict()
+        self._kept: OrderedDict[str, Stored] = OrderedDict()
 
     def put(self, response: dict, conversation: list[dict], items: list[dict]) -> None:
-        self._kept[response["id"]] = (response, conversation, items)
+        self._kept[response["id"]] = Stored(response, conversation, items)
         while len(self._kept) > self.capacity:
             self._kept.popitem(last=False)
 
-    def get(self, rid: str, param: str | None = None) -> tuple[dict, list[dict], list[dict]]:
+    def get(self, rid: str, param: str | None = None) -> Stored:
         if rid not in self._kept:
             what = "Previous response" if param else "Response"
             raise ApiError(f"{what} with id '{rid}' not found (responses are kept in this server's memory, "
