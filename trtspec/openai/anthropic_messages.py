@@ -112,8 +112,6 @@ def chat_body(req: CountTokensRequest) -> dict:
             body["parallel_tool_calls"] = False
     if req.thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": _thinking(req)}
-        if isinstance(req, MessagesRequest):  # the block's end forced once it holds budget_tokens
-            body["thinking_token_budget"] = req.thinking.get("budget_tokens")
         if req.thinking.get("display") == "omitted":  # thought, not sent
             body["include_reasoning"] = False
     if req.output_config is not None:
@@ -121,7 +119,8 @@ def chat_body(req: CountTokensRequest) -> dict:
     if isinstance(req, MessagesRequest):
         body |= {"max_completion_tokens": req.max_tokens, "stop": req.stop_sequences,
                  "stream": bool(req.stream), "temperature": req.temperature, "top_p": req.top_p,
-                 "top_k": req.top_k}
+                 "top_k": req.top_k,  # the block's end forced once it holds budget_tokens
+                 "thinking_token_budget": (req.thinking or {}).get("budget_tokens")}
     return {name: value for name, value in body.items() if value is not None}
 
 
