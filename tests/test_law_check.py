@@ -146,3 +146,32 @@ def test_every_processor_moves_the_law_verify_tests_under_them(tiny_target_dir):
                 {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}):
         assert moved(exact_joint(model, prompt, processed.model_copy(update=off), 3)) >= 0.04, off
     assert barring_guide(plain, ByteTokenizer()).text == "[^\\n]*"  # the likeliest first token is '\n'
+
+
+def test_the_restricted_law_moves_with_each_restriction(tiny_target_dir):
+    """verify's fourth sampled law (`restriction_of`) certifies bad words and the reasoning budget
+    only where each moves the law: on 'import os\\n' the likeliest first pair with a clean text, 'im',
+    is the bad word (it moves token 2's law by its probability, 0.16) and the block opens at the
+    likeliest first token, '\\n', so token 3 is '<' on half the paths (dropping the budget moves token
+    3's law by 0.51); over openai:// (no budget) the bad word alone."""
+    from trtspec.models.target import load_causal_lm
+    from trtspec.tokenizer import ByteTokenizer
+    from trtspec.triton.verify import Restriction, exact_joint, marginals, restriction_of
+
+    model, tokenizer = load_causal_lm(tiny_target_dir, "float32"), ByteTokenizer()
+    prompt = list(b"import os\n")
+    plain = exact_joint(model, prompt, SAMPLING, 3)
+    restriction = restriction_of(plain, tokenizer)
+    assert restriction == Restriction(("im",), (1, "\n", "</think>"))
+    assert restriction_of(plain, tokenizer, budget=False) == Restriction(("im",))
+
+    def law(of: Restriction) -> list[dict[int, float]]:
+        return marginals(exact_joint(model, prompt, of.sampling(SAMPLING, tokenizer), 3), 3)
+
+    def tv(a: dict[int, float], b: dict[int, float]) -> float:
+        return 0.5 * sum(abs(a.get(t, 0.0) - b.get(t, 0.0)) for t in a.keys() | b.keys())
+
+    restricted = law(restriction)
+    assert restricted[2][ord("<")] == pytest.approx(restricted[0][ord("\n")])  # forced where the block opened
+    assert tv(restricted[1], law(Restriction(thinking=restriction.thinking))[1]) > 0.15
+    assert tv(restricted[2], law(Restriction(restriction.bad_words))[2]) > 0.5

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from tritonclient.grpc import InferInput
 
 import trtspec.triton.client as client_module
+import trtspec.triton.verify as verify_module
 from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.pipeline import load_pipeline
@@ -511,10 +512,13 @@ def test_verify_certifies_the_server(served, tmp_path, monkeypatch):
     assert ok.exit_code == 0, ok.output
     assert ok.output.count("greedy  identical") == 5 and ok.output.count("penalty identical") == 5
     assert ok.output.count("guided  identical") == 5 and "PASS: lossless" in ok.output
-    # the sampled law three times: plain, under a regex barring the likeliest first token's
-    # character, and under penalties, min-p and a logit bias against that token
-    assert ok.output.count("sample  token 1:") == 3 and "guided by regex '[^" in ok.output
+    # the sampled law four times: plain, under a regex barring the likeliest first token's
+    # character, under penalties, min-p and a logit bias against that token, and under a bad word
+    # and a reasoning budget (the likeliest first pair banned, a block opened by the likeliest
+    # first token: 'import os\n' is the prompt, 'im' its likeliest clean pair)
+    assert ok.output.count("sample  token 1:") == 4 and "guided by regex '[^" in ok.output
     assert "min-p 0.2, presence 0.5, frequency 0.3, repetition 1.2, logit_bias {" in ok.output
+    assert "bad word 'im', reasoning budget 1 in a block opened by '\\n', ended by '</think>'" in ok.output
     # a reference that is not the served target: every prompt must be reported as a mismatch
     other = tmp_path / "other.yaml"
     other.write_text(CONFIG.read_text().replace("builtin:tiny-target", "builtin:tiny-draft"))
@@ -545,6 +549,25 @@ def test_verify_certifies_the_server(served, tmp_path, monkeypatch):
                                 "--prompts", str(open_ended), "--samples", "0", "--max-tokens", "24"])
     assert deaf.exit_code == 1 and deaf.output.count("greedy  identical") == 2
     assert deaf.output.count("penalty MISMATCH") == 2 and deaf.output.count("guided  MISMATCH") == 2
+
+
+def test_verify_fails_a_server_without_bad_words_or_budget(served, tmp_path, monkeypatch):
+    """A server that samples without the bad word and the reasoning budget (here: the client leaves
+    them out) passes every law but the restricted one, which fails at tokens 2 (the bad word) and 3
+    (the budget forces it on the paths the block opens)."""
+    with_all = client_module.grpc_inputs
+    monkeypatch.setattr(verify_module, "grpc_inputs", lambda prompt, params: with_all(
+        prompt, dataclasses.replace(params, bad_words=(), thinking=None)))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("import os\n")
+    result = CliRunner().invoke(main, ["verify", "--url", served.grpc_url, "--config", str(CONFIG),
+                                       "--prompts", str(prompts), "--samples", "300", "--max-tokens", "8"])
+    assert result.exit_code == 1 and "FAIL: the deployment is not lossless" in result.output
+    lines = result.output.splitlines()
+    restricted = next(i for i, line in enumerate(lines) if ", bad word " in line)
+    failed = [i for i, line in enumerate(lines) if line.startswith("sample  token") and line.endswith("FAIL")]
+    assert [lines[i].split(":")[0] for i in failed] == ["sample  token 2", "sample  token 3"]
+    assert min(failed) > restricted  # the other three laws pass
 
 
 def test_generate_cli_streams_from_the_server(served, config, expected):

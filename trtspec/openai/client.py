@@ -51,6 +51,12 @@ def request_body(model: str, prompt: str, params: GenerateParams, chat: bool) ->
         body["logit_bias"] = {str(token): bias for token, bias in params.logit_bias}
     if params.stop_words:
         body["stop"] = list(params.stop_words)
+    if params.bad_words:  # vLLM's extension, as trtspec's
+        body["bad_words"] = list(params.bad_words)
+    if params.thinking is not None:
+        raise ClientError("a reasoning budget with its own start and end tags is trtspec's Triton inputs' "
+                          "(thinking_token_budget, thinking_start, thinking_end); an OpenAI server takes "
+                          "thinking_token_budget on /v1/chat/completions only, behind its reasoning parser")
     if params.guide is not None:
         body["response_format"] = response_format(*params.guide)
     return body

@@ -21,7 +21,13 @@ import numpy as np
 from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
 
-from trtspec.triton.client import PENALTY_DEFAULTS, guide_arrays, logit_bias_arrays
+from trtspec.triton.client import (
+    PENALTY_DEFAULTS,
+    guide_arrays,
+    logit_bias_arrays,
+    thinking_arrays,
+    word_arrays,
+)
 
 # how long an answered stream call may take to end by itself before it is cancelled after all
 END_WAIT_S = 5.0
@@ -97,14 +103,8 @@ class Generation:
             arrays["return_prompt_log_probs"] = np.array([True], dtype=bool)
         if not self.add_special_tokens:
             arrays["add_special_tokens"] = np.array([False], dtype=bool)
-        if self.stop_words:
-            arrays["stop_words"] = np.array([w.encode("utf-8") for w in self.stop_words], dtype=np.object_)
-        if self.bad_words:
-            arrays["bad_words"] = np.array([w.encode("utf-8") for w in self.bad_words], dtype=np.object_)
-        if self.thinking is not None:
-            arrays["thinking_token_budget"] = np.array([self.thinking[0]], dtype=np.int32)
-            arrays["thinking_start"] = np.array([self.thinking[1].encode("utf-8")], dtype=np.object_)
-        return arrays
+        arrays |= word_arrays(stop_words=self.stop_words, bad_words=self.bad_words)
+        return arrays | thinking_arrays(self.thinking)
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -143,6 +143,9 @@ class GenerateParams:
     repetition_penalty: float | None = None
     guide: tuple[str, str] | None = None  # (guide type, guide): TensorRT-LLM's guided_decoding inputs
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias): the logit_bias_ids / _values inputs
+    bad_words: tuple[str, ...] = ()  # TensorRT-LLM's bad_words input (vLLM's request field)
+    # a reasoning budget: (thinking_token_budget, thinking_start, thinking_end), trtspec's Triton inputs
+    thinking: tuple[int, str, str] | None = None
 
     @classmethod
     def of(cls, sampling: SamplingParams, max_tokens: int, stream: bool = False) -> GenerateParams:
@@ -172,6 +175,10 @@ class GenerateParams:
             body["logit_bias_values"] = [bias for _, bias in self.logit_bias]
         if self.stop_words:
             body["stop_words"] = list(self.stop_words)
+        if self.bad_words:
+            body["bad_words"] = list(self.bad_words)
+        if self.thinking is not None:
+            body["thinking_token_budget"], body["thinking_start"], body["thinking_end"] = self.thinking
         if self.guide is not None:
             body["guided_decoding_guide_type"], body["guided_decoding_guide"] = self.guide
         return body
@@ -212,10 +219,26 @@ def grpc_inputs(prompt: str | bytes, params: GenerateParams) -> list:
     for name, value in params.penalties().items():
         arrays[name] = np.array([value], dtype=np.float32)
     arrays |= logit_bias_arrays(params.logit_bias)
-    if params.stop_words:
-        arrays["stop_words"] = np.array([w.encode("utf-8") for w in params.stop_words], dtype=np.object_)
-    arrays |= guide_arrays(params.guide)
+    arrays |= word_arrays(stop_words=params.stop_words, bad_words=params.bad_words)
+    arrays |= thinking_arrays(params.thinking) | guide_arrays(params.guide)
     return [array_input(InferInput, name, value) for name, value in arrays.items()]
+
+
+def word_arrays(**lists: Sequence[str]) -> dict[str, np.ndarray]:
+    """Inputs that list words (stop_words, bad_words), UTF-8; an empty list: no input."""
+    return {name: np.array([w.encode("utf-8") for w in words], dtype=np.object_)
+            for name, words in lists.items() if words}
+
+
+def thinking_arrays(thinking: tuple[int, str] | tuple[int, str, str] | None) -> dict[str, np.ndarray]:
+    """A reasoning budget, (budget, start) or (budget, start, end), as the thinking_token_budget,
+    thinking_start and thinking_end inputs (no end: the model's default, `</think>`); None: none."""
+    if thinking is None:
+        return {}
+    arrays = {"thinking_token_budget": np.array([thinking[0]], dtype=np.int32)}
+    for name, text in zip(("thinking_start", "thinking_end"), thinking[1:], strict=False):
+        arrays[name] = np.array([text.encode("utf-8")], dtype=np.object_)
+    return arrays
 
 
 def guide_arrays(guide: tuple[str, str] | None) -> dict[str, np.ndarray]:

@@ -48,9 +48,8 @@ from trtspec.spec.decoder import Emitted, PromptError, Request
 from trtspec.spec.grammar import GuideError
 from trtspec.spec.logprobs import TokenLogprobs
 from trtspec.spec.metrics import GenerationResult
-from trtspec.spec.thinking_budget import ThinkingBudget
 from trtspec.triton.repo import BUILD_CONFIG_FILE, instances_on_this_machine, placed_on_instance
-from trtspec.triton.request import GenerateRequest, RequestError, TextStream, bad_word_ids, parse_request
+from trtspec.triton.request import GenerateRequest, RequestError, TextStream, parse_request, tokenized
 
 log = logging.getLogger(__name__)
 
@@ -313,16 +312,9 @@ class TritonPythonModel:
                 # tokenized and checked against the context here, before it waits in the queue
                 ids = list(parsed.prompt_ids) if parsed.prompt_ids is not None else \
                     self.pipeline.tokenizer.encode(parsed.prompt, parsed.add_special_tokens)
-                sampling = parsed.sampling
                 encode = functools.partial(self.pipeline.tokenizer.encode, add_special_tokens=False)
-                if parsed.bad_words:  # tokenized here, where the tokenizer is
-                    words = bad_word_ids(encode, parsed.bad_words)
-                    sampling = sampling.model_copy(update={"bad_words": words})
-                if parsed.thinking is not None:  # the block's tags as the model writes them
-                    budget, start, end = parsed.thinking
-                    thinking = ThinkingBudget(budget=budget, start=tuple(encode(start)),
-                                              end=tuple(encode(end)))
-                    sampling = sampling.model_copy(update={"thinking": thinking})
+                # bad words and the reasoning block's tags tokenized here, where the tokenizer is
+                sampling = tokenized(parsed.sampling, encode, parsed.bad_words, parsed.thinking)
                 guide = None
                 if parsed.guide is not None:
                     try:

@@ -24,6 +24,7 @@ from trtspec.errors import TrtspecError
 from trtspec.spec.grammar import GUIDE_TYPES, Guide, GuideError
 from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
 from trtspec.spec.sampling import MAX_LOGIT_BIAS, MAX_PENALTY, SamplingParams
+from trtspec.spec.thinking_budget import ThinkingBudget
 from trtspec.triton.repo import INPUTS
 from trtspec.triton.trtllm_inputs import TRTLLM_INPUTS, UnsupportedInput, check_refused
 
@@ -230,6 +231,23 @@ def bad_word_ids(encode: Callable[[str], list[int]], words: Sequence[str]) -> tu
     return tuple(out)
 
 
+def tokenized(sampling: SamplingParams, encode: Callable[[str], list[int]], bad_words: Sequence[str] = (),
+              thinking: tuple[int, str, str] | None = None) -> SamplingParams:
+    """`sampling` with a request's bad words (`bad_word_ids`) and reasoning budget ((budget, start,
+    end) as the thinking_* inputs give them; the tags as the model writes them) in token ids.
+    `encode`: text -> ids, no special tokens."""
+    update: dict = {}
+    if bad_words:
+        update["bad_words"] = bad_word_ids(encode, bad_words)
+    if thinking is not None:
+        budget, start, end = thinking
+        update["thinking"] = ThinkingBudget(budget=budget, start=tuple(encode(start)), end=tuple(encode(end)))
+    return sampling.model_copy(update=update) if update else sampling
+
+
+THINK_END = "</think>"  # thinking_end's default: the end of Qwen3's and DeepSeek-R1's blocks
+
+
 def _thinking(get: InputGetter) -> tuple[int, str, str] | None:
     """thinking_token_budget with its block's start ("" by default: the prompt opened the block) and
     end ("</think>" by default); None: no budget."""
@@ -243,7 +261,7 @@ def _thinking(get: InputGetter) -> tuple[int, str, str] | None:
     if int(budget) < 0:
         raise RequestError(f"thinking_token_budget must be >= 0, got {int(budget)}")
     start = "" if start is None else _utf8(start, "thinking_start")
-    end = "</think>" if end is None else _utf8(end, "thinking_end")
+    end = THINK_END if end is None else _utf8(end, "thinking_end")
     if not end:
         raise RequestError("thinking_end must not be empty: it is the text that ends the block")
     return int(budget), start, end

@@ -23,8 +23,14 @@
    The same n requests are sent twice more: under a regex guide that bars the first character of
    the likeliest first token (`barring_guide`; the law is the guided target's, the checkpoint
    masked after each path), and under penalties, min-p and a logit bias against that token
-   (`processed_sampling`). The three laws are tested at `ALPHA` / `LAWS` each: a correct
-   deployment fails with probability at most `ALPHA`. n must be at least `MIN_SAMPLES`.
+   (`processed_sampling`), and a fourth time under bad words and a reasoning budget
+   (`restriction_of`: the text of the likeliest first two tokens banned as a bad word; a block
+   opened by the likeliest first token, whose budget of `BUDGET` token forces the third token
+   to its end on the paths that take it, not on the others; over openai:// the bad word alone,
+   since /v1/completions takes no budget). Bad words and the budget act at draft positions along
+   each draft's own path, so the law of tokens 2 and 3 tests them where speculation could err.
+   The four laws are tested at `ALPHA` / `LAWS` each: a correct deployment fails with
+   probability at most `ALPHA`. n must be at least `MIN_SAMPLES`.
    Choosing the prompt walks the exact laws of the first `SAMPLING_CANDIDATES` given.
    OpenAI servers' texts are tokenized with the reference's tokenizer where that is exact (the
    byte-level models). With any other tokenizer a text is not tokenized again (a BPE text sampled
@@ -41,6 +47,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -67,7 +74,7 @@ from trtspec.triton.client import (
     grpc_inputs,
     split_url,
 )
-from trtspec.triton.request import TextStream
+from trtspec.triton.request import THINK_END, TextStream, tokenized
 
 DEFAULT_PROMPTS = (
     "Q: 482 + 356\nA:",
@@ -91,7 +98,8 @@ SAMPLE_TOKENS = (8, 3)
 PROCESSED_MIN_P, PROCESSED_BIAS = 0.2, -1.0  # the third sampled law's min-p and logit bias
 STEPS = 3  # generated tokens whose law the sampling test compares
 ALPHA = 1e-3  # probability that a correct server fails the sampling tests (all laws and positions together)
-LAWS = 3  # sampled laws tested (plain, guided, processed), each at ALPHA / LAWS (Bonferroni)
+LAWS = 4  # sampled laws tested (plain, guided, processed, restricted), each at ALPHA / LAWS (Bonferroni)
+BUDGET = 1  # the restricted law's reasoning budget: one token inside the block, then its end forced
 DEFAULT_SAMPLES = 2000  # docs/EVAL.md: what this many requests catch, and what 400 missed
 MIN_SAMPLES = 100  # fewer miss a law moved by 0.2 in total variation more often than not (docs/EVAL.md)
 SAMPLING_CANDIDATES = 8  # prompts whose exact laws are walked to pick the sampled one (~top_k^steps forwards)
@@ -136,6 +144,26 @@ class GreedyCheck:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Restriction:
+    """The fourth sampled law's bad words and reasoning budget, as a request sends them (text)."""
+
+    bad_words: tuple[str, ...] = ()
+    thinking: tuple[int, str, str] | None = None  # (budget, start, end): the thinking_* inputs
+
+    def sampling(self, base: SamplingParams, tokenizer) -> SamplingParams:
+        """`base` with these in token ids, as the served model tokenizes them (`request.tokenized`)."""
+        encode = functools.partial(tokenizer.encode, add_special_tokens=False)
+        return tokenized(base, encode, self.bad_words, self.thinking)
+
+    def describe(self) -> str:
+        out = "".join(f", bad word {word!r}" for word in self.bad_words)
+        if self.thinking is not None:
+            budget, start, end = self.thinking
+            out += f", reasoning budget {budget} in a block opened by {start!r}, ended by {end!r}"
+        return out
+
+
 @dataclass(slots=True)
 class SamplingCheck:
     """Seeded sampled requests of one prompt: the law of their first tokens against the exact one."""
@@ -147,6 +175,7 @@ class SamplingCheck:
     drafted: int | None = None  # draft tokens the server reports for these requests; None: not reported
     text_of: int | None = None  # the law tested is of whole texts this many tokens long; None: of tokens
     guide: Guide | None = None  # the requests' guide (the law is the guided target's)
+    restriction: Restriction | None = None  # the requests' bad words and reasoning budget
 
     @property
     def passed(self) -> bool:
@@ -162,10 +191,12 @@ class SamplingCheck:
         under = "" if self.guide is None else f", guided by {self.guide.kind} {self.guide.text!r}"
         if s.min_p:
             under += f", min-p {s.min_p:g}"
-        if s.penalized:
+        if s.presence_penalty or s.frequency_penalty or s.repetition_penalty != 1.0:
             under += (f", presence {s.presence_penalty:g}, frequency {s.frequency_penalty:g}, repetition "
                       f"{s.repetition_penalty:g}")
-            under += "".join(f", logit_bias {{{token}: {bias:g}}}" for token, bias in s.logit_bias)
+        under += "".join(f", logit_bias {{{token}: {bias:g}}}" for token, bias in s.logit_bias)
+        if self.restriction is not None:
+            under += self.restriction.describe()
         out = [f"sample  law of {what} of {self.prompt[:40]!r} (the prompt they are least certain after): "
                f"{self.samples} requests{each}, seeds 0..{self.samples - 1}, "
                f"temperature {s.temperature:g}, top-k {s.top_k}, top-p {s.top_p:g}{under}",
@@ -189,7 +220,7 @@ class SamplingCheck:
 @dataclass(slots=True)
 class Certificate:
     greedy: list[GreedyCheck] = field(default_factory=list)
-    laws: list[SamplingCheck] = field(default_factory=list)  # sampled laws: plain, guided, processed
+    laws: list[SamplingCheck] = field(default_factory=list)  # sampled: plain, guided, processed, restricted
     coupled: list[GreedyCheck] = field(default_factory=list)  # seeded, Gumbel-coupled samples
     penalized: list[GreedyCheck] = field(default_factory=list)  # greedy under PENALIZED
     guided: list[GreedyCheck] = field(default_factory=list)  # greedy under GUIDED
@@ -328,6 +359,36 @@ def processed_sampling(joint: dict[tuple[int, ...], float]) -> SamplingParams:
                                        "logit_bias": ((max(firsts, key=firsts.get), PROCESSED_BIAS),)})
 
 
+def _clean(tokenizer, ids: tuple[int, ...], word: bool = False) -> str | None:
+    """The text of `ids` where it tokenizes back into them alone (a request's word or tag then
+    stands for exactly these tokens), for a bad `word` with no leading whitespace (which a bad word
+    loses); else None."""
+    text = tokenizer.decode(list(ids))
+    if not text or "\ufffd" in text or (word and text != text.lstrip()):
+        return None
+    return text if tuple(tokenizer.encode(text, add_special_tokens=False)) == ids else None
+
+
+def restriction_of(joint: dict[tuple[int, ...], float], tokenizer, budget: bool = True) -> Restriction | None:
+    """Bad words and a reasoning budget that move the law of tokens 2 and 3 on some paths and not
+    on others: the likeliest first two tokens' text as a bad word (so token 2's law after the first
+    changes), and with `budget` a block opened by the likeliest first token's text, holding `BUDGET`
+    token before its default end (`</think>`) is forced (so token 3 is the end's first token on the
+    paths that open the block, free on the rest). Only texts that tokenize back into their tokens;
+    None: no such text."""
+    pairs: dict[tuple[int, ...], float] = {}
+    for ids, prob in joint.items():
+        pairs[ids[:2]] = pairs.get(ids[:2], 0.0) + prob
+    likeliest = sorted(pairs, key=pairs.get, reverse=True)
+    words = [text for pair in likeliest if (text := _clean(tokenizer, pair, word=True))]
+    firsts = _first_law(joint)
+    starts = [text for t in sorted(firsts, key=firsts.get, reverse=True) if (text := _clean(tokenizer, (t,)))]
+    thinking = (BUDGET, starts[0], THINK_END) if budget and starts else None
+    if not words and thinking is None:
+        return None
+    return Restriction(tuple(words[:1]), thinking)
+
+
 def allowed_after(compiled, end_ids, vocab_size: int) -> Callable[[list[int]], torch.Tensor]:
     """`exact_joint`'s `allowed` for a compiled guide: the tokens it allows after a prefix."""
     def allowed(prefix: list[int]) -> torch.Tensor:
@@ -340,12 +401,16 @@ def allowed_after(compiled, end_ids, vocab_size: int) -> Callable[[list[int]], t
 
 def _sample_served(url: str, model: str, prompt: str, n: int, api_key: str | None,
                    lengths: tuple[int, ...] = SAMPLE_TOKENS, sampling: SamplingParams = SAMPLING,
-                   guide: Guide | None = None) -> list[Completion]:
-    """n seeded requests under `sampling` (and `guide`), seed i `lengths[i % len(lengths)]` tokens long."""
+                   guide: Guide | None = None, restriction: Restriction | None = None) -> list[Completion]:
+    """n seeded requests under `sampling` (and `guide`, `restriction`), seed i `lengths[i % len(lengths)]`
+    tokens long."""
     params = [GenerateParams.of(sampling.model_copy(update={"seed": seed}), lengths[seed % len(lengths)])
               for seed in range(n)]
     if guide is not None:
         params = [dataclasses.replace(p, guide=(guide.kind, guide.text)) for p in params]
+    if restriction is not None:
+        params = [dataclasses.replace(p, bad_words=restriction.bad_words, thinking=restriction.thinking)
+                  for p in params]
     scheme, address = split_url(url)
     if scheme == "grpc":
         return grpc_generate_many(address, model, [grpc_inputs(prompt, p) for p in params])
@@ -470,19 +535,22 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         # first `steps` tokens end
         lengths = (steps,) if by_text else SAMPLE_TOKENS
         def sampled(sampling: SamplingParams, guide: Guide | None = None,
-                    exact: dict[tuple[int, ...], float] | None = None) -> SamplingCheck:
-            """`samples` seeded requests of the prompt under `sampling` (and `guide`) against the
-            exact law of the target alone under them."""
+                    exact: dict[tuple[int, ...], float] | None = None,
+                    restriction: Restriction | None = None) -> SamplingCheck:
+            """`samples` seeded requests of the prompt under `sampling` (and `guide`, `restriction`)
+            against the exact law of the target alone under them."""
             if exact is None:
                 allowed = None
                 if guide is not None:
                     compiled = reference.guides.compile(guide)
                     allowed = allowed_after(compiled, reference.end_ids, reference.target.vocab_size)
-                exact = exact_joint(torch_target, tokenizer.encode(prompt), sampling, steps, allowed)
-            completions = _sample_served(url, model, prompt, samples, api_key, lengths, sampling, guide)
+                restricted = sampling if restriction is None else restriction.sampling(sampling, tokenizer)
+                exact = exact_joint(torch_target, tokenizer.encode(prompt), restricted, steps, allowed)
+            completions = _sample_served(url, model, prompt, samples, api_key, lengths, sampling, guide,
+                                         restriction)
             law = check_sampled(completions, exact, tokenizer, reference.end_ids, text_only, alpha / LAWS)
             return SamplingCheck(prompt, samples, law, sampling, _drafted(completions),
-                                 steps if by_text else None, guide)
+                                 steps if by_text else None, guide, restriction)
 
         cert.laws.append(sampled(SAMPLING, exact=joint))
         # the same prompt under a guide that bars its likeliest first token: the masked law, drafted
@@ -499,9 +567,21 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
             cert.laws.append(sampled(processed_sampling(joint)))
         except ClientError as exc:
             cert.untested.append(f"the sampled law under penalties, min-p and logit_bias ({exc})")
+        # and under a bad word and a reasoning budget, each acting on some paths and not others
+        restriction = restriction_of(joint, tokenizer, budget=not text_only)
+        if restriction is None:
+            cert.untested.append("the sampled law under bad words and a reasoning budget (no first tokens' "
+                                 "text tokenizes back into them)")
+        else:
+            try:
+                cert.laws.append(sampled(SAMPLING, restriction=restriction))
+            except ClientError as exc:  # a server without bad words or thinking_* inputs
+                cert.untested.append(f"the sampled law under bad words and a reasoning budget ({exc})")
+        if text_only:
+            cert.untested.append("the sampled law under a reasoning budget: /v1/completions takes none "
+                                 "(chat's thinking_token_budget needs the server's reasoning parser)")
         cert.untested.append(f"the sampled law past token {steps}, of other prompts, or at other "
-                             "temperature, top-k, top-p, min-p, penalties or biases, and under bad words "
-                             "or a reasoning budget (thinking_token_budget)")
+                             "temperature, top-k, top-p, min-p, penalties, biases, bad words or budgets")
         if by_text:
             cert.untested.append(f"the law of drafts past the first: over openai:// with a BPE tokenizer "
                                  f"every sampled request is {steps} tokens long, so that its text's law is "
