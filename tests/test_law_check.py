@@ -150,10 +150,11 @@ def test_every_processor_moves_the_law_verify_tests_under_them(tiny_target_dir):
 
 def test_the_restricted_law_moves_with_each_restriction(tiny_target_dir):
     """verify's fourth sampled law (`restriction_of`) certifies bad words and the reasoning budget
-    only where each moves the law: on 'import os\\n' the likeliest first pair with a clean text, 'im',
-    is the bad word (it moves token 2's law by its probability, 0.16) and the block opens at the
-    likeliest first token, '\\n', so token 3 is '<' on half the paths (dropping the budget moves token
-    3's law by 0.51); over openai:// (no budget) the bad word alone."""
+    only where each moves the law: on 'import os\n' the likeliest pair of tokens 2 and 3 with a
+    clean text, 'mp', is the bad word (its first token is a draft in the served requests; it moves
+    token 3's law by the pair's probability, 0.16) and the block opens at the likeliest first token,
+    '\n', so token 3 is '<' on half the paths (dropping the budget moves its law by 0.51); over
+    openai:// (no budget) the bad word alone."""
     from trtspec.models.target import load_causal_lm
     from trtspec.tokenizer import ByteTokenizer
     from trtspec.triton.verify import Restriction, exact_joint, marginals, restriction_of
@@ -162,8 +163,8 @@ def test_the_restricted_law_moves_with_each_restriction(tiny_target_dir):
     prompt = list(b"import os\n")
     plain = exact_joint(model, prompt, SAMPLING, 3)
     restriction = restriction_of(plain, tokenizer)
-    assert restriction == Restriction(("im",), (1, "\n", "</think>"))
-    assert restriction_of(plain, tokenizer, budget=False) == Restriction(("im",))
+    assert restriction == Restriction(("mp",), (1, "\n", "</think>"))
+    assert restriction_of(plain, tokenizer, budget=False) == Restriction(("mp",))
 
     def law(of: Restriction) -> list[dict[int, float]]:
         return marginals(exact_joint(model, prompt, of.sampling(SAMPLING, tokenizer), 3), 3)
@@ -173,5 +174,5 @@ def test_the_restricted_law_moves_with_each_restriction(tiny_target_dir):
 
     restricted = law(restriction)
     assert restricted[2][ord("<")] == pytest.approx(restricted[0][ord("\n")])  # forced where the block opened
-    assert tv(restricted[1], law(Restriction(thinking=restriction.thinking))[1]) > 0.15
+    assert tv(restricted[2], law(Restriction(thinking=restriction.thinking))[2]) > 0.15
     assert tv(restricted[2], law(Restriction(restriction.bad_words))[2]) > 0.5

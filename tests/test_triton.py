@@ -515,10 +515,10 @@ def test_verify_certifies_the_server(served, tmp_path, monkeypatch):
     # the sampled law four times: plain, under a regex barring the likeliest first token's
     # character, under penalties, min-p and a logit bias against that token, and under a bad word
     # and a reasoning budget (the likeliest first pair banned, a block opened by the likeliest
-    # first token: 'import os\n' is the prompt, 'im' its likeliest clean pair)
+    # first token: 'import os\n' is the prompt, 'mp' its likeliest clean pair of tokens 2 and 3)
     assert ok.output.count("sample  token 1:") == 4 and "guided by regex '[^" in ok.output
     assert "min-p 0.2, presence 0.5, frequency 0.3, repetition 1.2, logit_bias {" in ok.output
-    assert "bad word 'im', reasoning budget 1 in a block opened by '\\n', ended by '</think>'" in ok.output
+    assert "bad word 'mp', reasoning budget 1 in a block opened by '\\n', ended by '</think>'" in ok.output
     # a reference that is not the served target: every prompt must be reported as a mismatch
     other = tmp_path / "other.yaml"
     other.write_text(CONFIG.read_text().replace("builtin:tiny-target", "builtin:tiny-draft"))
@@ -553,8 +553,8 @@ def test_verify_certifies_the_server(served, tmp_path, monkeypatch):
 
 def test_verify_fails_a_server_without_bad_words_or_budget(served, tmp_path, monkeypatch):
     """A server that samples without the bad word and the reasoning budget (here: the client leaves
-    them out) passes every law but the restricted one, which fails at tokens 2 (the bad word) and 3
-    (the budget forces it on the paths the block opens)."""
+    them out) passes every law but the restricted one, which fails at token 3 (the bad word bans it
+    after token 2, and the budget forces it on the paths the block opens)."""
     with_all = client_module.grpc_inputs
     monkeypatch.setattr(verify_module, "grpc_inputs", lambda prompt, params: with_all(
         prompt, dataclasses.replace(params, bad_words=(), thinking=None)))
@@ -566,7 +566,7 @@ def test_verify_fails_a_server_without_bad_words_or_budget(served, tmp_path, mon
     lines = result.output.splitlines()
     restricted = next(i for i, line in enumerate(lines) if ", bad word " in line)
     failed = [i for i, line in enumerate(lines) if line.startswith("sample  token") and line.endswith("FAIL")]
-    assert [lines[i].split(":")[0] for i in failed] == ["sample  token 2", "sample  token 3"]
+    assert [lines[i].split(":")[0] for i in failed] == ["sample  token 3"]
     assert min(failed) > restricted  # the other three laws pass
 
 

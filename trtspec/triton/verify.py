@@ -376,9 +376,9 @@ def restriction_of(joint: dict[tuple[int, ...], float], tokenizer, budget: bool 
     token before its default end (`</think>`) is forced (so token 3 is the end's first token on the
     paths that open the block, free on the rest). Only texts that tokenize back into their tokens;
     None: no such text."""
-    pairs: dict[tuple[int, ...], float] = {}
+    pairs: dict[tuple[int, ...], float] = {}  # tokens 2 and 3: the word's first token is a draft
     for ids, prob in joint.items():
-        pairs[ids[:2]] = pairs.get(ids[:2], 0.0) + prob
+        pairs[ids[1:3]] = pairs.get(ids[1:3], 0.0) + prob
     likeliest = sorted(pairs, key=pairs.get, reverse=True)
     words = [text for pair in likeliest if (text := _clean(tokenizer, pair, word=True))]
     firsts = _first_law(joint)
