@@ -276,8 +276,9 @@ def test_verify_over_openai_tests_the_sampled_law_of_texts(served, checkpoint):
                                        "--max-tokens", "8", "--samples", "100"])
     assert result.exit_code == 0, result.output
     assert "law of the text of 3-token requests" in result.output and "PASS: lossless" in result.output
-    assert result.output.count("sample  text:") == 3 and "guided by regex '[^" in result.output
-    assert "logit_bias {" in result.output  # plain, guided, and under every other processor
+    assert result.output.count("sample  text:") == 4 and "guided by regex '[^" in result.output
+    assert "logit_bias {" in result.output  # plain, guided, under every other processor, and a bad word
+    assert ", bad word " in result.output
     assert "never samples" not in result.output and "tokenized again" not in result.output
     assert "the server drafted 100 tokens" in result.output  # each request's token 2 was a draft
 

@@ -934,8 +934,11 @@ def test_verify_over_openai_passes_on_the_server(served, monkeypatch):
     assert result.exit_code == 0, result.output
     assert result.output.count("greedy  identical") == 5 and result.output.count("penalty identical") == 5
     assert result.output.count("guided  identical") == 5 and "PASS: lossless" in result.output
-    assert result.output.count("sample  token 1:") == 3 and "guided by regex '[^" in result.output
+    assert result.output.count("sample  token 1:") == 4 and "guided by regex '[^" in result.output
     assert "min-p 0.2, presence 0.5, frequency 0.3, repetition 1.2, logit_bias {" in result.output
+    # the fourth law under the bad word alone: /v1/completions takes no reasoning budget
+    assert "top-p 0.9, bad word 'mp'\n" in result.output
+    assert "not tested: the sampled law under a reasoning budget: /v1/completions takes none" in result.output
     # not the first prompt (its first tokens are near-certain: any server passes): 'import os\n'
     assert "law of the first 3 tokens of 'import os\\n'" in result.output
 
