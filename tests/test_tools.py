@@ -142,15 +142,24 @@ def test_a_required_array_becomes_its_calls_however_it_is_cut():
     for _ in range(60):
         calls = [(rng.choice(["add", "get_weather"]), {f"k{i}": _random_value(rng, 1) for i in range(3)})
                  for _ in range(rng.randint(1, 4))]
-        text = json.dumps([{"name": n, "parameters": p} for n, p in calls], indent=rng.choice([None, 1]))
+        compact = rng.random() < 0.5  # as the guide writes it; else padded, as no guide does
+        text = json.dumps([{"name": n, "parameters": p} for n, p in calls], indent=None if compact else 1)
         message, deltas, parser = _message(plan, _pieces(text, rng))
         assert _calls(message) == calls and message["content"] is None
+        # the guide's compact calls streamed as written (the first delta names the call, the
+        # arguments follow as they come); a padded one given whole, its arguments re-written
         assert [c["function"]["arguments"] for c in message["tool_calls"]] == \
-            [json.dumps(p, ensure_ascii=False) for _, p in calls]
+            [json.dumps(p) if compact else json.dumps(p, ensure_ascii=False) for _, p in calls]
+        first = [d["tool_calls"][0] for d in deltas if "id" in d["tool_calls"][0]]
+        assert all((c["function"]["arguments"] == "") == compact for c in first)
         assert parser.finish_reason("stop") == "tool_calls"
     cut = '[{"name": "add", "parameters": {"a": 1, "b": 2}}, {"name": "add", "param'  # max_tokens ran out
     message, _, _ = _message(plan, _pieces(cut, rng))
     assert _calls(message) == [("add", {"a": 1, "b": 2})] and message["content"] == '{"name": "add", "param'
+    # cut inside a call's arguments: the call as far as it was written, as OpenAI's stream leaves it
+    message, _, _ = _message(plan, _pieces(cut + 'eters": {"a": 3, "b"', rng))
+    assert [c["function"]["arguments"] for c in message["tool_calls"]] == ['{"a": 1, "b": 2}', '{"a": 3, "b"']
+    assert message["content"] is None
 
 
 def test_a_named_call_streams_its_arguments_as_they_come():
@@ -231,6 +240,48 @@ def test_strict_tools_guide_each_block_auto_opens_and_leave_the_text_free():
         assert _accepts(llama, text), text
     for text in ('{"name": "add", "parameters": {"a": 1}}', '{"name": "sub", "parameters": {}}'):
         assert not _accepts(llama, text), text
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
+def test_strict_calls_stream_their_arguments_as_written(parser):
+    """Under auto with a strict tool the guide makes each call's format certain (the JSON formats:
+    `{"name": "NAME", "arguments": ` written compactly), so the parser gives a call's first delta
+    once its name is written and its arguments as they come, the text as written; the free text
+    around the calls stays content. A block's </tool_call> inside an argument's string does not end
+    it (the call's object has not closed); a cut inside the arguments leaves the call as written."""
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+    plan = tool_plan(strict, "auto", None, parser)
+    rng = random.Random(11)
+    key = "arguments" if parser == "hermes" else "parameters"
+
+    def call(name: str, arguments: str) -> str:
+        text = f'{{"name": "{name}", "{key}": {arguments}}}'
+        return f"<tool_call>\n{text}\n</tool_call>" if parser == "hermes" else text
+
+    for _ in range(40):
+        calls = [(rng.choice(["add", "get_weather"]), json.dumps({f"k{i}": _random_value(rng, 1) for i in
+                                                                   range(rng.randint(0, 3))}))
+                 for _ in range(rng.randint(1, 3))]
+        if parser == "hermes":
+            lead, tail = rng.choice(["", "Sure.\n"]), rng.choice(["", " done </tool_call>"])
+            text = lead + "\n".join(call(n, a) for n, a in calls) + tail
+        else:
+            lead, tail = "", rng.choice(["", " and then text"])
+            text = "; ".join(call(n, a) for n, a in calls) + tail
+        message, deltas, _ = _message(plan, _pieces(text, rng))
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == calls
+        content = lead + (tail.strip() if parser == "llama3_json" else tail)  # Llama's separators dropped
+        assert message["content"] == (content or None)
+        first = [d["tool_calls"][0] for d in deltas if "id" in d.get("tool_calls", [{}])[0]]
+        assert [c["function"]["arguments"] for c in first] == [""] * len(calls)
+    inside = call("get_weather", '{"city": "</tool_call>"}')
+    message, _, _ = _message(plan, _pieces(inside, rng))
+    assert _calls(message) == [("get_weather", {"city": "</tool_call>"})] and message["content"] is None
+    whole = call("add", '{"a": 1, "b": 2}')
+    message, _, _ = _message(plan, _pieces(whole[: whole.index('"b"') + 2], rng))  # max_tokens ran out
+    assert message["tool_calls"][0]["function"]["arguments"] == '{"a": 1, "b'
+    message, _, _ = _message(plan, ["Hi.\n" + call("add", "{}")[:14]])  # before the call's name is written
+    assert message == {"role": "assistant", "content": "Hi.\n" + call("add", "{}")[:14]}
 
 
 BAD_TOOLS = [  # tools, tool_choice, parser, param

@@ -27,8 +27,10 @@
 Every mode gives the tools to the chat template, which shows them to the model.
 
 Guided modes are decoded as any guided request: speculation stays lossless, and the drafts are
-guided too. Streamed and whole answers are built from the same deltas (`ToolParser.push`), so they
-agree: a whole answer is its stream's deltas merged (`merge_deltas`).
+guided too. A guided call streams as it is written (its name, then its arguments' text); an
+unguided one comes whole once it closes. Streamed and whole answers are built from the same
+deltas (`ToolParser.push`), so they agree: a whole answer is its stream's deltas merged
+(`merge_deltas`).
 """
 
 from __future__ import annotations
@@ -244,20 +246,60 @@ def _call(index: int, name: str, arguments: str) -> dict:
 
 
 @dataclass(slots=True)
+class JsonDepth:
+    """The nesting depth of JSON text fed a character at a time, brackets inside strings skipped."""
+
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False  # the last character was a backslash in a string
+
+    def feed(self, ch: str) -> str:
+        """"open" or "close" where `ch` changes the depth, "string" inside a string (its quotes
+        included), else "other"."""
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif ch == "\\":
+                self.escaped = True
+            elif ch == '"':
+                self.in_string = False
+            return "string"
+        if ch == '"':
+            self.in_string = True
+            return "string"
+        if ch in "[{":
+            self.depth += 1
+            return "open"
+        if ch in "]}":
+            self.depth -= 1
+            return "close"
+        return "other"
+
+
+# a guided call's start as the guides have the model write it: json.dumps' separators, the name
+# first (required's schema and the strict formats put it there), then the arguments' key
+GUIDED_CALL = re.compile(r'\{"name": "([A-Za-z0-9_-]{1,64})", "(?:parameters|arguments)": ')
+
+
+@dataclass(slots=True)
 class ToolParser:
     """One choice's text as deltas: `{"content": text}` or `{"tool_calls": [call delta]}`.
-    `push` takes the text as it comes; `finish` flushes what is held back."""
+    `push` takes the text as it comes; `finish` flushes what is held back.
+
+    A call whose format a guide makes certain (required's array, strict tools' calls in the JSON
+    formats) is given out as it is written: its first delta (id, name) once its name is, then its
+    arguments' text as it comes, as OpenAI streams them; a max_tokens cut leaves them unfinished.
+    An unguided call, which may turn out to be no call, is given out whole once it closes."""
 
     plan: ToolPlan
     calls: int = 0  # tool calls started so far
     held: str = ""  # text not yet given out
     in_call: bool = False  # hermes: inside <tool_call> ... </tool_call>
     blank: bool = True  # hermes: nothing but whitespace since the text's start or the last block
-    depth: int = 0  # required: the JSON nesting depth at the end of what was scanned
-    in_string: bool = False  # required: inside a JSON string
-    escaped: bool = False  # required: the last character was a backslash in a string
-    start: int = -1  # required: where the object being scanned begins in `held`
-    scanned: int = 0  # required: characters of `held` scanned
+    json: JsonDepth = field(default_factory=JsonDepth)  # required, llama3_json, guided hermes blocks
+    start: int = -1  # where the object being scanned begins in `held`
+    scanned: int = 0  # characters of `held` scanned
+    streamed: int = -1  # in the object being scanned, the end of the arguments given out; -1: none
     lead: str | None = None  # llama3_json: "calls" or "content", once the answer's start tells
     stray: str = ""  # llama3_json: text between calls that is no separator (content at the end)
     deltas: list[dict] = field(default_factory=list)
@@ -282,15 +324,15 @@ class ToolParser:
 
     def finish(self) -> list[dict]:
         """What is still held back, at the end of the text: a required array's unfinished object
-        (max_tokens ran out) is content; so is an auto answer's held tail, save an unclosed
-        <tool_call> whose body is a call."""
+        (max_tokens ran out) is content unless its call was being streamed; so is an auto answer's
+        held tail, save an unclosed <tool_call> whose body is a call."""
         self.deltas = []
         if self.plan.mode == "named" and not self.calls:
             self._arguments("")
-        elif self.plan.mode == "required":  # cut by max_tokens inside an object
-            self._content(self.held)
+        elif self.plan.mode == "required":  # cut by max_tokens inside an object: content, unless streamed
+            self._content(self.held if self.streamed < 0 else "")
         elif self.plan.mode == "auto" and self.plan.parser == "llama3_json":
-            self._content(self.stray + self.held)  # text, or what no call took
+            self._content(self.stray + (self.held if self.streamed < 0 else ""))  # text, or what no call took
         elif self.plan.mode == "auto":
             self._scan_hermes(final=True)
         self.held = ""
@@ -335,41 +377,56 @@ class ToolParser:
             self._scan_objects(1)
 
     def _scan_objects(self, level: int) -> None:
-        """Give out each JSON object at nesting depth `level` once it closes (required's array
-        items at 2, Llama's calls at 1; JSON strings skipped over); hold only the object being
-        written. At depth 0 Llama's separators are dropped and any other text kept for the end."""
+        """Give out each JSON object at nesting depth `level` (required's array items at 2, Llama's
+        calls at 1) as a call, streamed where guided (`_stream`), else once it closes; hold only
+        the object being written. At depth 0 Llama's separators are dropped and any other text
+        kept for the end."""
         text = self.held
         for i in range(self.scanned, len(text)):
-            ch = text[i]
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif ch == "\\":
-                    self.escaped = True
-                elif ch == '"':
-                    self.in_string = False
-            elif ch == '"':
-                self.in_string = True
-            elif ch in "[{":
-                self.depth += 1
-                if self.depth == level:
-                    self.start = i
-            elif ch in "]}":
-                self.depth -= 1
-                if self.depth == level - 1 and ch == "}":
-                    self._object_call(text[self.start: i + 1])
-                    self.start = -1
-            elif self.depth == 0 and (self.stray or ch not in LLAMA_SEPARATORS):
-                self.stray += ch
+            kind = self.json.feed(text[i])
+            if kind == "open" and self.json.depth == level:
+                self.start = i
+            elif kind == "close" and self.json.depth == level - 1 and text[i] == "}":
+                self._object_call(text[self.start: i + 1])
+                self.start = -1
+            elif kind == "other" and self.json.depth == 0 and (self.stray or text[i] not in LLAMA_SEPARATORS):
+                self.stray += text[i]
         if self.start < 0:  # between objects: the brackets, commas and whitespace are the format's
             self.held, self.scanned = "", 0
         else:
             self.held, self.scanned, self.start = text[self.start:], len(text) - self.start, 0
+            self._stream(self.held)
+
+    def _stream(self, text: str) -> None:
+        """A guided call being written, `text` its object so far (still open): its first delta once
+        `GUIDED_CALL` is written, then the arguments written since the last delta."""
+        if self.plan.guide is None or self.plan.mode == "named":
+            return
+        if self.streamed < 0:
+            head = GUIDED_CALL.match(text)
+            if head is None or (self.calls and not self.plan.parallel):
+                return
+            self.deltas.append({"tool_calls": [_call(self.calls, head.group(1), "")]})
+            self.calls += 1
+            self.streamed = head.end()
+        if len(text) > self.streamed:
+            self._more_arguments(text[self.streamed:])
+            self.streamed = len(text)
+
+    def _more_arguments(self, text: str) -> None:
+        self.deltas.append({"tool_calls": [{"index": self.calls - 1, "function": {"arguments": text}}]})
 
     def _object_call(self, text: str) -> None:
         """A call from {"name": str, "parameters" (or "arguments"): object} (required: the guide made
-        it so; llama3_json: the model wrote it); other text as written."""
-        if not self._take_call(text, ("parameters", "arguments"), missing_ok=False):
+        it so; llama3_json: the model wrote it); other text as written. A streamed call's arguments
+        end before the object's closing brace."""
+        if self.streamed < 0:
+            self._stream(text[:-1])  # a guided call written whole within one piece of text
+        if self.streamed >= 0:
+            if len(text) - 1 > self.streamed:
+                self._more_arguments(text[self.streamed: -1])
+            self.streamed = -1
+        elif not self._take_call(text, ("parameters", "arguments"), missing_ok=False):
             self._content(text)
 
     def _take_call(self, text: str, keys: tuple[str, ...], missing_ok: bool) -> bool:
@@ -427,6 +484,10 @@ class ToolParser:
         written. Text between blocks that is only whitespace is dropped, so a blank start of text
         waits for what follows it; so does a tail that may begin a tag."""
         while True:
+            if self.in_call and self.plan.guide is not None and self.plan.parser == "hermes":
+                if not self._guided_block(final):
+                    return
+                continue
             if self.in_call:
                 end = self.held.find(HERMES_CLOSE)
                 if end < 0 and not final:
@@ -455,6 +516,39 @@ class ToolParser:
             self.blank = self.blank and not out.strip()
             self.held = "" if final else self.held[len(out):]
             return
+
+
+    def _guided_block(self, final: bool) -> bool:
+        """A <tool_call> block of strict tools (hermes), its call streamed as written (`_stream`);
+        the text after the call's object up to </tool_call> is the format's. True once the block is
+        over: closed, or at the end of the text (a call cut by max_tokens stays as far as written;
+        a block cut before its call's name is content)."""
+        text = self.held
+        if self.scanned >= 0:  # the call's object is still being written
+            for i in range(self.scanned, len(text)):
+                kind = self.json.feed(text[i])
+                if kind == "open" and self.json.depth == 1:
+                    self.start = i
+                elif kind == "close" and self.json.depth == 0:
+                    self._object_call(text[self.start: i + 1])
+                    self.held, self.scanned = text[i + 1:], -1  # -1: the object is over
+                    break
+            else:
+                self.scanned = len(text)
+                if self.start >= 0:
+                    self._stream(text[self.start:])
+                if not final:
+                    return False
+                if self.streamed < 0:
+                    self._content(HERMES_OPEN + text)
+                self.held = ""
+        end = self.held.find(HERMES_CLOSE)
+        if end < 0 and not final:
+            return False
+        self.held = "" if end < 0 else self.held[end + len(HERMES_CLOSE):]
+        self.in_call, self.blank, self.json = False, True, JsonDepth()
+        self.start, self.scanned, self.streamed = -1, 0, -1
+        return True
 
 
 def _xml_value(text: str, schema) -> object:
