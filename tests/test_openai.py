@@ -1443,9 +1443,11 @@ def test_penalties_and_logit_bias_are_the_targets_own_under_them(served, pipelin
     assert got.token_ids == want
 
 
-def _tool_answer(client, stream: bool, max_tokens: int = 64, tools: list = TOOLS, **ask) -> tuple[dict, str]:
+def _tool_answer(client, stream: bool, max_tokens: int = 64, tools: list = TOOLS, pieces: list | None = None,
+                 **ask) -> tuple[dict, str]:
     """A chat answer's message (tool calls' ids dropped) and finish_reason; streamed, its deltas merged
-    as a client merges them, each call's first delta checked to carry its id, type and name."""
+    as a client merges them, each call's first delta checked to carry its id, type and name, and the
+    number of deltas that carried each call's arguments appended to `pieces`."""
     got = client.chat.completions.create(model="trtspec", messages=[{"role": "user", "content": "482 + 356"}],
                                          max_tokens=max_tokens, temperature=0, tools=tools, stream=stream,
                                          **ask)
@@ -1455,6 +1457,7 @@ def _tool_answer(client, stream: bool, max_tokens: int = 64, tools: list = TOOLS
             assert call.pop("id").startswith("call_")
         return message, got.choices[0].finish_reason
     content, calls, finish = "", [], None
+    pieces = [] if pieces is None else pieces
     for chunk in got:
         if not chunk.choices:
             continue
@@ -1464,7 +1467,9 @@ def _tool_answer(client, stream: bool, max_tokens: int = 64, tools: list = TOOLS
             if part.index == len(calls):
                 assert part.id.startswith("call_") and part.type == "function" and part.function.name
                 calls.append({"type": "function", "function": {"name": part.function.name, "arguments": ""}})
+                pieces.append(0)
             calls[part.index]["function"]["arguments"] += part.function.arguments or ""
+            pieces[part.index] += bool(part.function.arguments)
     message = {"role": "assistant", **({"content": content} if content or not calls else {})}
     return message | ({"tool_calls": calls} if calls else {}), finish
 
@@ -1487,9 +1492,12 @@ def test_tool_calls_are_the_guided_targets_own_text(served, pipeline):
     want = pipeline.generate(prompt, 64, guide=Guide(*tool_plan(TOOLS, "required", False, None).guide))[0]
     (call,) = json.loads(want)
     for stream in (False, True):
-        message, finish = _tool_answer(client, stream, tool_choice="required", parallel_tool_calls=False)
+        pieces: list[int] = []
+        message, finish = _tool_answer(client, stream, tool_choice="required", parallel_tool_calls=False,
+                                       pieces=pieces)
         assert message == {"role": "assistant", "tool_calls": [{"type": "function", "function": {
             "name": call["name"], "arguments": json.dumps(call["parameters"])}}]} and finish == "tool_calls"
+    assert pieces[0] > 1  # streamed as the guide has it written, not whole at its end
     regex = (r'Sure\.\n<tool_call>\n\{"name": "add", "arguments": \{"a": [0-9]{1,3}, "b": [0-9]{1,3}\}\}'
              r'\n</tool_call>')
     want = pipeline.generate(prompt, 90, guide=Guide("regex", regex))[0]
