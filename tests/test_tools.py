@@ -284,6 +284,39 @@ def test_strict_calls_stream_their_arguments_as_written(parser):
     assert message == {"role": "assistant", "content": "Hi.\n" + call("add", "{}")[:14]}
 
 
+def test_strict_qwen3_coder_calls_stream_as_json_arguments():
+    """Under auto with a strict tool, qwen3_coder's XML calls are certain too: each streams as the
+    JSON arguments its whole call gives (a string parameter's text escaped, another's JSON), its
+    first delta once the function is named; a value's closing newline and </parameter> are held
+    back until certain, so a string may hold newlines and '<'. A cut inside a value leaves the
+    arguments unfinished; a block cut before its function is named is text."""
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+    plan = tool_plan(strict, "auto", None, "qwen3_coder")
+    rng = random.Random(5)
+
+    def text() -> str:
+        return "".join(rng.choice('ab<>/"\\\n é') for _ in range(rng.randint(0, 9)))
+
+    for _ in range(60):
+        calls = []  # add's integers; get_weather's city a string, days a list, "note" undeclared (a string)
+        for _ in range(rng.randint(1, 3)):
+            add = ("add", {"a": rng.randint(-9, 9), "b": rng.randint(0, 99)})
+            weather = ("get_weather", {"city": text(), "days": [rng.randint(0, 9)], "note": text()})
+            calls.append(add if rng.random() < 0.5 else weather)
+        blocks = [_xml(name, *[(k, v if isinstance(v, str) else json.dumps(v)) for k, v in args.items()])
+                  for name, args in calls]
+        lead = rng.choice(["", "Sure.\n"])
+        message, deltas, _ = _message(plan, _pieces(lead + "\n".join(blocks), rng))
+        assert _calls(message) == calls and message["content"] == (lead or None)
+        first = [d["tool_calls"][0] for d in deltas if "id" in d.get("tool_calls", [{}])[0]]
+        assert [c["function"]["arguments"] for c in first] == [""] * len(calls)
+    whole = _xml("get_weather", ("city", "Oslo\nnorth"), ("days", "[1]"))
+    message, _, _ = _message(plan, _pieces(whole[: whole.index("north") + 2], rng))  # max_tokens ran out
+    assert message["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo\\nno'
+    message, _, _ = _message(plan, ["Hi." + whole[:18]])  # the function not yet named
+    assert message == {"role": "assistant", "content": "Hi." + whole[:18]}
+
+
 BAD_TOOLS = [  # tools, tool_choice, parser, param
     ([{"type": "retrieval"}], "required", None, "tools[0].type"),
     ([{"type": "function"}], "required", None, "tools[0].function"),

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trtspec.openai.protocol import ApiError, ChatRequest, guide_field
@@ -281,14 +282,84 @@ class JsonDepth:
 GUIDED_CALL = re.compile(r'\{"name": "([A-Za-z0-9_-]{1,64})", "(?:parameters|arguments)": ')
 
 
+XML_HEAD = re.compile(r"\s*<function=([^>\n]+)>")
+XML_OPEN = re.compile(r"\s*<parameter=([^>\n]+)>")
+XML_VALUE_END, XML_END = "</parameter>", "</function>"
+
+
+@dataclass(slots=True)
+class XmlCallReader:
+    """A strict tool's qwen3_coder call, whose format its guide makes certain, read as it is written
+    into the JSON arguments the whole call gives (`ToolParser._take_xml_call`): `{"ARG": VALUE, …}`,
+    a string parameter's value its text JSON-escaped, another's its JSON as written. `read` takes
+    the block's text so far and gives what it adds; a value's end (one newline, then
+    </parameter>) is held back until it is certain."""
+
+    properties: Callable[[str], dict]  # a function's name -> its parameters' `properties`
+    name: str | None = None  # the function, once read
+    at: int = 0  # where the text not yet read begins
+    fields: int = 0  # parameters begun
+    string: bool | None = None  # the value being read: a string's (True), JSON (False); None: none
+    done: bool = False  # </function> read: the arguments are whole
+
+    def read(self, text: str) -> str:
+        """The arguments' text that the block's `text` so far adds (the function's name, once read,
+        is `name`)."""
+        out = ""
+        while not self.done:
+            if self.name is None:
+                head = XML_HEAD.match(text, self.at)
+                if head is None or not self._settled(text, head.end()):
+                    return out
+                self.name, self.at = head.group(1), self._past_newline(text, head.end())
+            elif self.string is None:
+                rest = text[self.at:].lstrip()
+                if rest.startswith(XML_END):
+                    out += "}" if self.fields else "{}"
+                    self.done, self.at = True, text.index(XML_END, self.at) + len(XML_END)
+                    return out
+                param = XML_OPEN.match(text, self.at)
+                if param is None or not self._settled(text, param.end()):
+                    return out
+                arg = param.group(1)
+                out += ("{" if not self.fields else ", ") + json.dumps(arg, ensure_ascii=False) + ": "
+                self.string = _xml_string(self.properties(self.name).get(arg))
+                out += '"' if self.string else ""
+                self.fields, self.at = self.fields + 1, self._past_newline(text, param.end())
+            else:
+                end = text.find(XML_VALUE_END, self.at)
+                value = text[self.at:] if end < 0 else text[self.at:end]
+                if end < 0:  # what may be the value's end stays back
+                    value = value[: len(value) - tag_prefix(value, "\n" + XML_VALUE_END)]
+                elif value.endswith("\n"):
+                    value = value[:-1]
+                out += json.dumps(value, ensure_ascii=False)[1:-1] if self.string else value
+                if end < 0:
+                    self.at += len(value)
+                    return out
+                out += '"' if self.string else ""
+                self.string, self.at = None, end + len(XML_VALUE_END)
+        return out
+
+    @staticmethod
+    def _settled(text: str, end: int) -> bool:
+        """Whether what follows a tag is known: the newline after it, or none."""
+        return end < len(text)
+
+    @staticmethod
+    def _past_newline(text: str, end: int) -> int:
+        return end + 1 if text.startswith("\n", end) else end
+
+
 @dataclass(slots=True)
 class ToolParser:
     """One choice's text as deltas: `{"content": text}` or `{"tool_calls": [call delta]}`.
     `push` takes the text as it comes; `finish` flushes what is held back.
 
-    A call whose format a guide makes certain (required's array, strict tools' calls in the JSON
-    formats) is given out as it is written: its first delta (id, name) once its name is, then its
-    arguments' text as it comes, as OpenAI streams them; a max_tokens cut leaves them unfinished.
+    A call whose format a guide makes certain (required's array, strict tools' calls) is given out
+    as it is written: its first delta (id, name) once its name is, then its arguments' text as it
+    comes (qwen3_coder's: `XmlCallReader`), as OpenAI streams them; a max_tokens cut leaves them
+    unfinished.
     An unguided call, which may turn out to be no call, is given out whole once it closes."""
 
     plan: ToolPlan
@@ -300,6 +371,7 @@ class ToolParser:
     start: int = -1  # where the object being scanned begins in `held`
     scanned: int = 0  # characters of `held` scanned
     streamed: int = -1  # in the object being scanned, the end of the arguments given out; -1: none
+    xml: XmlCallReader | None = None  # qwen3_coder: the strict call being read
     lead: str | None = None  # llama3_json: "calls" or "content", once the answer's start tells
     stray: str = ""  # llama3_json: text between calls that is no separator (content at the end)
     deltas: list[dict] = field(default_factory=list)
@@ -484,8 +556,9 @@ class ToolParser:
         written. Text between blocks that is only whitespace is dropped, so a blank start of text
         waits for what follows it; so does a tail that may begin a tag."""
         while True:
-            if self.in_call and self.plan.guide is not None and self.plan.parser == "hermes":
-                if not self._guided_block(final):
+            if self.in_call and self.plan.guide is not None:
+                guided = self._guided_block if self.plan.parser == "hermes" else self._guided_xml_block
+                if not guided(final):
                     return
                 continue
             if self.in_call:
@@ -551,11 +624,41 @@ class ToolParser:
         return True
 
 
-def _xml_value(text: str, schema) -> object:
-    """A qwen3_coder parameter's value: a string parameter's text as it is (and a parameter the
-    tool does not declare: vLLM's rule), any other's JSON value when the text is JSON."""
+    def _guided_xml_block(self, final: bool) -> bool:
+        """A <tool_call> block of strict tools (qwen3_coder), its call streamed as it is read
+        (`XmlCallReader`); True once the block is over, as `_guided_block`."""
+        if self.xml is None:
+            self.xml = XmlCallReader(self._properties)
+        arguments = self.xml.read(self.held)
+        if self.xml.name is not None and self.streamed < 0:
+            if self.calls and not self.plan.parallel:  # the guide allows one; kept as _emit keeps it
+                self.xml.done = True
+            else:
+                self.deltas.append({"tool_calls": [_call(self.calls, self.xml.name, "")]})
+                self.calls, self.streamed = self.calls + 1, 0
+        if arguments and self.streamed >= 0:
+            self._more_arguments(arguments)
+        end = self.held.find(HERMES_CLOSE, self.xml.at) if self.xml.done else -1
+        if end < 0 and not final:
+            return False
+        if self.xml.name is None:  # cut before its function was named: the block's text
+            self._content(HERMES_OPEN + self.held)
+        self.held = "" if end < 0 else self.held[end + len(HERMES_CLOSE):]
+        self.in_call, self.blank, self.xml, self.streamed = False, True, None, -1
+        return True
+
+
+def _xml_string(schema) -> bool:
+    """Whether a qwen3_coder parameter's value is its text: a string parameter's (and a parameter
+    the tool does not declare: vLLM's rule); any other's is JSON."""
     kinds = schema.get("type") if isinstance(schema, dict) else "string"
-    if "string" in (kinds if isinstance(kinds, list) else [kinds]):
+    return "string" in (kinds if isinstance(kinds, list) else [kinds])
+
+
+def _xml_value(text: str, schema) -> object:
+    """A qwen3_coder parameter's value: a string parameter's text as it is, any other's JSON value
+    when the text is JSON (`_xml_string`)."""
+    if _xml_string(schema):
         return text
     try:
         return json.loads(text)
