@@ -53,8 +53,12 @@ HERMES = [  # text, content, calls
     ("<tool_call>not json</tool_call> then", "<tool_call>not json</tool_call> then", []),
     ('<tool_call>{"name": 5}</tool_call>', '<tool_call>{"name": 5}</tool_call>', []),  # not a call's shape
     ('x\n<tool_call>{"name": "add", "arguments": {}}</tool_call>\n  y \n', "x\n\n  y \n", [("add", {})]),
-    ('<tool_call>{"name": "get_weather", "arguments": {"city": "</tool_call>"}}</tool_call>',
-     '<tool_call>{"name": "get_weather", "arguments": {"city": "</tool_call>"}}</tool_call>', []),
+    # a call begun ({"name": ..., "arguments": {) is read as JSON: a </tool_call> in a string is text
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "</tool_call>"}}</tool_call>', None,
+     [("get_weather", {"city": "</tool_call>"})]),
+    ('<tool_call>\n{ "name" : "add" ,\n "arguments": {"a": 1}} \n</tool_call>', None, [("add", {"a": 1})]),
+    ('<tool_call>{"name": "add", "arguments": "{}"}</tool_call>',  # arguments no object: as written
+     '<tool_call>{"name": "add", "arguments": "{}"}</tool_call>', []),
 ]
 
 
@@ -114,8 +118,8 @@ def test_auto_text_becomes_content_and_calls_however_it_is_cut(parser, text, con
     for _ in range(40):
         streamed, deltas, _ = _message(plan, _pieces(text, rng))
         assert (streamed["content"], _calls(streamed)) == (content, calls)
-        first = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
-        assert [d["index"] for d in first] == list(range(len(calls)))  # each call once, whole, in order
+        first = [d["tool_calls"][0] for d in deltas if "id" in d.get("tool_calls", [{}])[0]]
+        assert [d["index"] for d in first] == list(range(len(calls)))  # each call begun once, in order
         assert all(d["id"].startswith("call_") and d["type"] == "function" for d in first)
 
 
@@ -146,12 +150,13 @@ def test_a_required_array_becomes_its_calls_however_it_is_cut():
         text = json.dumps([{"name": n, "parameters": p} for n, p in calls], indent=None if compact else 1)
         message, deltas, parser = _message(plan, _pieces(text, rng))
         assert _calls(message) == calls and message["content"] is None
-        # the guide's compact calls streamed as written (the first delta names the call, the
-        # arguments follow as they come); a padded one given whole, its arguments re-written
-        assert [c["function"]["arguments"] for c in message["tool_calls"]] == \
-            [json.dumps(p) if compact else json.dumps(p, ensure_ascii=False) for _, p in calls]
+        # streamed as written: the first delta names the call, the arguments' text follows as it
+        # comes (the guide's compact JSON, or the padding as written), nothing after their object
+        arguments = [c["function"]["arguments"] for c in message["tool_calls"]]
+        assert arguments == [json.dumps(p) for _, p in calls] if compact else \
+            all(a.endswith("}") for a in arguments)
         first = [d["tool_calls"][0] for d in deltas if "id" in d["tool_calls"][0]]
-        assert all((c["function"]["arguments"] == "") == compact for c in first)
+        assert [c["function"]["arguments"] for c in first] == [""] * len(calls)
         assert parser.finish_reason("stop") == "tool_calls"
     cut = '[{"name": "add", "parameters": {"a": 1, "b": 2}}, {"name": "add", "param'  # max_tokens ran out
     message, _, _ = _message(plan, _pieces(cut, rng))

@@ -27,10 +27,10 @@
 Every mode gives the tools to the chat template, which shows them to the model.
 
 Guided modes are decoded as any guided request: speculation stays lossless, and the drafts are
-guided too. A guided call streams as it is written (its name, then its arguments' text); an
-unguided one comes whole once it closes. Streamed and whole answers are built from the same
-deltas (`ToolParser.push`), so they agree: a whole answer is its stream's deltas merged
-(`merge_deltas`).
+guided too. A call streams as it is written (its name, then its arguments' text), save an
+unguided qwen3_coder one, which comes whole once it closes. Streamed and whole answers are built
+from the same deltas (`ToolParser.push`), so they agree: a whole answer is its stream's deltas
+merged (`merge_deltas`).
 """
 
 from __future__ import annotations
@@ -253,6 +253,7 @@ class JsonDepth:
     depth: int = 0
     in_string: bool = False
     escaped: bool = False  # the last character was a backslash in a string
+    opened: bool = False  # a bracket was opened: at depth 0 again, the value is over
 
     def feed(self, ch: str) -> str:
         """"open" or "close" where `ch` changes the depth, "string" inside a string (its quotes
@@ -269,7 +270,7 @@ class JsonDepth:
             self.in_string = True
             return "string"
         if ch in "[{":
-            self.depth += 1
+            self.depth, self.opened = self.depth + 1, True
             return "open"
         if ch in "]}":
             self.depth -= 1
@@ -277,9 +278,11 @@ class JsonDepth:
         return "other"
 
 
-# a guided call's start as the guides have the model write it: json.dumps' separators, the name
-# first (required's schema and the strict formats put it there), then the arguments' key
-GUIDED_CALL = re.compile(r'\{"name": "([A-Za-z0-9_-]{1,64})", "(?:parameters|arguments)": ')
+# a JSON call's start, once its arguments' object opens: the name first (as the guides write it,
+# json.dumps' separators, and as models trained on hermes' and Llama's formats write it), then the
+# arguments' key; a call so begun is streamed from there
+CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,\s*"(?:parameters|arguments)"\s*:\s*'
+                       r"(?=\{)")
 
 
 XML_HEAD = re.compile(r"\s*<function=([^>\n]+)>")
@@ -356,11 +359,12 @@ class ToolParser:
     """One choice's text as deltas: `{"content": text}` or `{"tool_calls": [call delta]}`.
     `push` takes the text as it comes; `finish` flushes what is held back.
 
-    A call whose format a guide makes certain (required's array, strict tools' calls) is given out
-    as it is written: its first delta (id, name) once its name is, then its arguments' text as it
-    comes (qwen3_coder's: `XmlCallReader`), as OpenAI streams them; a max_tokens cut leaves them
-    unfinished.
-    An unguided call, which may turn out to be no call, is given out whole once it closes."""
+    Calls are given out as they are written: a JSON call (required's array, hermes' and Llama's
+    formats) once it has written `CALL_HEAD` (its first delta: id, name), then its arguments' text
+    as it comes, as OpenAI streams them; a strict tools' qwen3_coder call once its function is
+    named, read into JSON (`XmlCallReader`). A max_tokens cut leaves the arguments unfinished.
+    An unguided qwen3_coder block, which may turn out to be no call, is given out whole once it
+    closes."""
 
     plan: ToolPlan
     calls: int = 0  # tool calls started so far
@@ -370,7 +374,8 @@ class ToolParser:
     json: JsonDepth = field(default_factory=JsonDepth)  # required, llama3_json, guided hermes blocks
     start: int = -1  # where the object being scanned begins in `held`
     scanned: int = 0  # characters of `held` scanned
-    streamed: int = -1  # in the object being scanned, the end of the arguments given out; -1: none
+    streamed: int = -1  # in the object being scanned, the end of the text read for its call; -1: none
+    arguments: JsonDepth = field(default_factory=JsonDepth)  # the streamed call's arguments' depth
     xml: XmlCallReader | None = None  # qwen3_coder: the strict call being read
     lead: str | None = None  # llama3_json: "calls" or "content", once the answer's start tells
     stray: str = ""  # llama3_json: text between calls that is no separator (content at the end)
@@ -432,7 +437,7 @@ class ToolParser:
 
     def _scan_llama(self) -> None:
         """Llama 3's JSON calls: an answer whose first text is `{` or <|python_tag|> is calls, each
-        given out once its object closes; any other answer is content as it comes."""
+        streamed once begun (`_scan_objects`); any other answer is content as it comes."""
         if self.lead is None:
             tagged = leading_tag(self.held, PYTHON_TAG)
             if tagged is None:
@@ -470,20 +475,26 @@ class ToolParser:
             self._stream(self.held)
 
     def _stream(self, text: str) -> None:
-        """A guided call being written, `text` its object so far (still open): its first delta once
-        `GUIDED_CALL` is written, then the arguments written since the last delta."""
-        if self.plan.guide is None or self.plan.mode == "named":
+        """A JSON call being written, `text` its object so far (still open): its first delta once
+        `CALL_HEAD` is written, then the arguments written since the last delta."""
+        if self.plan.mode == "named":
             return
         if self.streamed < 0:
-            head = GUIDED_CALL.match(text)
+            head = CALL_HEAD.match(text)
             if head is None or (self.calls and not self.plan.parallel):
                 return
             self.deltas.append({"tool_calls": [_call(self.calls, head.group(1), "")]})
             self.calls += 1
-            self.streamed = head.end()
-        if len(text) > self.streamed:
-            self._more_arguments(text[self.streamed:])
-            self.streamed = len(text)
+            self.streamed, self.arguments = head.end(), JsonDepth()
+        given = []  # the arguments' characters, up to their object's close (the rest is the format's)
+        for ch in text[self.streamed:]:
+            if self.arguments.depth == 0 and self.arguments.opened:
+                break
+            self.arguments.feed(ch)
+            given.append(ch)
+        self.streamed = len(text)
+        if given:
+            self._more_arguments("".join(given))
 
     def _more_arguments(self, text: str) -> None:
         self.deltas.append({"tool_calls": [{"index": self.calls - 1, "function": {"arguments": text}}]})
@@ -492,11 +503,8 @@ class ToolParser:
         """A call from {"name": str, "parameters" (or "arguments"): object} (required: the guide made
         it so; llama3_json: the model wrote it); other text as written. A streamed call's arguments
         end before the object's closing brace."""
-        if self.streamed < 0:
-            self._stream(text[:-1])  # a guided call written whole within one piece of text
+        self._stream(text[:-1])  # what came since the last piece (or the whole call, in one piece)
         if self.streamed >= 0:
-            if len(text) - 1 > self.streamed:
-                self._more_arguments(text[self.streamed: -1])
             self.streamed = -1
         elif not self._take_call(text, ("parameters", "arguments"), missing_ok=False):
             self._content(text)
@@ -552,13 +560,18 @@ class ToolParser:
 
     def _scan_hermes(self, final: bool) -> None:
         """Content outside <tool_call> blocks; each block whose body is {"name": str, "arguments":
-        object} a call (with parallel_tool_calls false, the first only), any other block content as
-        written. Text between blocks that is only whitespace is dropped, so a blank start of text
-        waits for what follows it; so does a tail that may begin a tag."""
+        object} a call (with parallel_tool_calls false, the first only; streamed once begun:
+        `_json_block`), any other block content as written. Text between blocks that is only
+        whitespace is dropped, so a blank start of text waits for what follows it; so does a tail
+        that may begin a tag."""
         while True:
-            if self.in_call and self.plan.guide is not None:
-                guided = self._guided_block if self.plan.parser == "hermes" else self._guided_xml_block
-                if not guided(final):
+            if self.in_call and self.plan.parser == "hermes" and \
+                    (self.plan.guide is not None or self.scanned != 0 or CALL_HEAD.match(self.held.lstrip())):
+                if not self._json_block(final):  # a strict tools' block, or one whose call has begun
+                    return
+                continue
+            if self.in_call and self.plan.guide is not None:  # qwen3_coder's, strict
+                if not self._guided_xml_block(final):
                     return
                 continue
             if self.in_call:
@@ -591,11 +604,12 @@ class ToolParser:
             return
 
 
-    def _guided_block(self, final: bool) -> bool:
-        """A <tool_call> block of strict tools (hermes), its call streamed as written (`_stream`);
-        the text after the call's object up to </tool_call> is the format's. True once the block is
-        over: closed, or at the end of the text (a call cut by max_tokens stays as far as written;
-        a block cut before its call's name is content)."""
+    def _json_block(self, final: bool) -> bool:
+        """A hermes <tool_call> block read as its JSON call (strict tools', or one whose `CALL_HEAD`
+        is written), streamed as written (`_stream`); the text after the call's object up to
+        </tool_call> is the format's, and a </tool_call> inside the object's strings does not end
+        it. True once the block is over: closed, or at the end of the text (a call cut by
+        max_tokens stays as far as written; a block cut before its call's name is content)."""
         text = self.held
         if self.scanned >= 0:  # the call's object is still being written
             for i in range(self.scanned, len(text)):
