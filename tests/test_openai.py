@@ -1503,10 +1503,12 @@ def test_tool_calls_are_the_guided_targets_own_text(served, pipeline):
     want = pipeline.generate(prompt, 90, guide=Guide("regex", regex))[0]
     arguments = json.loads(want[want.index("{"): want.rindex("}") + 1])["arguments"]
     for stream in (False, True):
-        message, finish = _tool_answer(client, stream, 90, extra_body={"guided_regex": regex})
+        pieces = []
+        message, finish = _tool_answer(client, stream, 90, pieces=pieces, extra_body={"guided_regex": regex})
         assert message == {"role": "assistant", "content": "Sure.\n", "tool_calls": [
             {"type": "function", "function": {"name": "add", "arguments": json.dumps(arguments)}}]}
         assert finish == "tool_calls"
+    assert pieces[0] > 1  # an unguided hermes call too streams once its start is written
     text, _ = _chat_expected(pipeline, prompt, 64)
     for stream in (False, True):
         answer = _tool_answer(client, stream, tool_choice="none")

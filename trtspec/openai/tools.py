@@ -371,9 +371,10 @@ class ToolParser:
     held: str = ""  # text not yet given out
     in_call: bool = False  # hermes: inside <tool_call> ... </tool_call>
     blank: bool = True  # hermes: nothing but whitespace since the text's start or the last block
-    json: JsonDepth = field(default_factory=JsonDepth)  # required, llama3_json, guided hermes blocks
+    json: JsonDepth = field(default_factory=JsonDepth)  # required, llama3_json, hermes blocks read as JSON
     start: int = -1  # where the object being scanned begins in `held`
-    scanned: int = 0  # characters of `held` scanned
+    # characters of `held` scanned; hermes: 0 until a block is read as JSON, -1 once its object closed
+    scanned: int = 0
     streamed: int = -1  # in the object being scanned, the end of the text read for its call; -1: none
     arguments: JsonDepth = field(default_factory=JsonDepth)  # the streamed call's arguments' depth
     xml: XmlCallReader | None = None  # qwen3_coder: the strict call being read
@@ -637,10 +638,9 @@ class ToolParser:
         self.start, self.scanned, self.streamed = -1, 0, -1
         return True
 
-
     def _guided_xml_block(self, final: bool) -> bool:
         """A <tool_call> block of strict tools (qwen3_coder), its call streamed as it is read
-        (`XmlCallReader`); True once the block is over, as `_guided_block`."""
+        (`XmlCallReader`); True once the block is over, as `_json_block`."""
         if self.xml is None:
             self.xml = XmlCallReader(self._properties)
         arguments = self.xml.read(self.held)
