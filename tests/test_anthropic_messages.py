@@ -113,6 +113,8 @@ def test_the_request_becomes_chats():
     for choice, want in (({"type": "auto"}, "auto"), ({"type": "none"}, "none"),
                          ({"type": "tool", "name": "add"}, named)):
         assert chat_body(_request(tools=tools, tool_choice=choice))["tool_choice"] == want
+    # effort: the chat template's reasoning_effort variable, as chat's reasoning_effort gives it
+    assert chat_body(_request(output_config={"effort": "max"}))["reasoning_effort"] == "max"
     off = chat_body(_request(thinking={"type": "disabled"}))
     assert off["chat_template_kwargs"] == {"enable_thinking": False}
     assert "max_completion_tokens" not in chat_body(CountTokensRequest(model="m", messages=[
@@ -128,7 +130,7 @@ def test_the_request_becomes_chats():
     ({"tool_choice": {"type": "required"}}, "tool_choice.type"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
     ({"tools": [{"name": "f"}]}, "tools[0].input_schema"),
-    ({"output_config": {"effort": "high"}}, "output_config.effort"),
+    ({"output_config": {"effort": "minimal"}}, "output_config.effort"),  # OpenAI's level, not Anthropic's
     ({"output_config": {"format": {"type": "json_object"}}}, "output_config.format.type"),
 ])
 def test_a_bad_request_field_is_refused_by_name(ask, param):

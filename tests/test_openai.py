@@ -1538,6 +1538,54 @@ def _local_target(tmp_path: Path, config, template: str):
     return config.model_copy(update={"target": config.target.model_copy(update={"path": str(target)})})
 
 
+EFFORT_TEMPLATE = (  # gpt-oss's templates write the effort into the system turn; this one, a line
+    "{% if reasoning_effort is defined %}Reasoning: {{ reasoning_effort }}\n{% endif %}"
+    "{% for m in messages %}Q: {{ m.content }}\n{% endfor %}A: ")
+
+
+def test_reasoning_effort_is_the_chat_templates_variable(served, tmp_path, config):
+    """chat's reasoning_effort, Responses' reasoning.effort and Messages' output_config.effort reach
+    the chat template as its `reasoning_effort` variable (gpt-oss's reads it; Qwen3's does not, and
+    ignores it), chat_template_kwargs' own winning; the answer is the target alone's behind that
+    prompt; a level that is none of the API's is a 400 naming its parameter."""
+    from trtspec.openai.model_info import served_model
+
+    frontend = OpenAIFrontend(served_model(_local_target(tmp_path, config, EFFORT_TEMPLATE)),
+                              f"127.0.0.1:{served.ports.grpc}", "127.0.0.1", free_port()).start()
+    client = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="none")
+    anthropic_client = anthropic.Anthropic(base_url=frontend.url, api_key="none", max_retries=0)
+    ask = {"model": "trtspec", "max_tokens": 16, "temperature": 0}
+    try:
+        def chat(**extra):
+            return client.chat.completions.create(messages=[{"role": "user", "content": "1 + 2"}], **ask,
+                                                  **extra)
+
+        plain, low = chat(), chat(reasoning_effort="low")
+        assert low.usage.prompt_tokens == plain.usage.prompt_tokens + len("Reasoning: low\n")
+        completion = client.completions.create(prompt="Reasoning: low\nQ: 1 + 2\nA: ", **ask)
+        assert low.choices[0].message.content == completion.choices[0].text  # the target alone's there
+        high = {"chat_template_kwargs": {"reasoning_effort": "high"}}
+        kwargs = chat(reasoning_effort="low", extra_body=high)
+        assert kwargs.usage.prompt_tokens == plain.usage.prompt_tokens + len("Reasoning: high\n")
+        response = client.responses.create(model="trtspec", input="1 + 2", max_output_tokens=16,
+                                           temperature=0, reasoning={"effort": "low"})
+        assert (response.usage.input_tokens, response.output_text) == \
+            (low.usage.prompt_tokens, low.choices[0].message.content)
+        assert response.reasoning.effort == "low"
+        count = anthropic_client.messages.count_tokens(model="trtspec", messages=[{"role": "user",
+                                                                                     "content": "1 + 2"}],
+                                                       output_config={"effort": "max"})
+        assert count.input_tokens == plain.usage.prompt_tokens + len("Reasoning: max\n")
+        for call, param in ((lambda: chat(reasoning_effort="extreme"), "reasoning_effort"),
+                            (lambda: client.responses.create(model="trtspec", input="1", reasoning={
+                                "effort": "extreme"}), "reasoning.effort")):
+            with pytest.raises(openai.BadRequestError) as refused:
+                call()
+            assert refused.value.body["param"] == param
+    finally:
+        frontend.stop()
+
+
 def _reasoning_answer(client, stream: bool, max_tokens: int = 24, **ask) -> tuple[str | None, str | None]:
     """A chat answer's (reasoning_content, content); streamed, its deltas joined."""
     got = client.chat.completions.create(model="trtspec", messages=[{"role": "user", "content": "482 + 356"}],
@@ -1870,7 +1918,7 @@ BAD_RESPONSES = [
     ({"tools": FLAT_TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
     ({"text": {"format": {"type": "regex"}}}, "text.format.type"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
-    ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"max_output_tokens": 10**6}, "max_output_tokens"),
     ({"temperature": 3}, "temperature"),
     ({"include": ["message.output_text.logprobs"]}, "include[0]"),

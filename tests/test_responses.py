@@ -98,10 +98,11 @@ def test_the_request_becomes_chats_with_flat_tools_strict_unless_they_say_otherw
                                   {"type": "function", "name": "f", "strict": False}],
                            tool_choice={"type": "function", "name": "add"}, parallel_tool_calls=False,
                            text={"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"},
-                                            "strict": True}})
+                                            "strict": True}}, reasoning={"effort": "low", "summary": "auto"})
     body = chat_body(req, [{"role": "user", "content": "earlier"}])
     assert body == {
         "model": "m", "stream": False, "max_completion_tokens": 9, "temperature": 0.0, "top_k": 5, "seed": 3,
+        "reasoning_effort": "low",
         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "earlier"}],
         "tools": [{"type": "function", "function": {"strict": True, "name": "add", "parameters": {}}},
                   {"type": "function", "function": {"strict": False, "name": "f"}}],
@@ -121,6 +122,7 @@ def test_chats_refusals_are_named_as_the_responses_request_names_them():
                         ("tool_choice.function.name", "tool_choice.name"),
                         ("response_format.json_schema.schema", "text.format.schema"),
                         ("response_format", "text.format"), ("max_completion_tokens", "max_output_tokens"),
+                        ("reasoning_effort", "reasoning.effort"),
                         ("messages", "input"), ("messages[3].content", "input"),
                         ("temperature", "temperature")):
         got = renamed(ApiError(f"Invalid '{param}': no.", param, code="invalid_value"), RENAMES)

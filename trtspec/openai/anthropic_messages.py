@@ -30,6 +30,7 @@ from trtspec.openai.protocol import ApiError, _Forbid, only_keys, refuse
 from trtspec.openai.segments import CALL, TEXT, Segment, Segments
 
 MIN_THINKING_BUDGET = 1024  # Anthropic's least budget_tokens
+EFFORTS = ("low", "medium", "high", "xhigh", "max")  # output_config.effort's levels (chat's reasoning_effort)
 # Claude Code's first system block: per-request client telemetry ("x-anthropic-billing-header: cc_version=…;
 # cc_entrypoint=…;"), no instruction; kept, it would change the prompt's first tokens every request and
 # no prefix would ever be reused
@@ -116,6 +117,7 @@ def chat_body(req: CountTokensRequest) -> dict:
             body["include_reasoning"] = False
     if req.output_config is not None:
         body["response_format"] = _output_format(req.output_config)
+        body["reasoning_effort"] = req.output_config.get("effort")  # the chat template's variable
     if isinstance(req, MessagesRequest):
         body |= {"max_completion_tokens": req.max_tokens, "stop": req.stop_sequences,
                  "stream": bool(req.stream), "temperature": req.temperature, "top_p": req.top_p,
@@ -151,9 +153,9 @@ def _thinking(req: CountTokensRequest) -> bool:
 
 def _output_format(config) -> dict | None:
     only_keys(config, ("format", "effort"), "output_config")
-    if config.get("effort") is not None:
-        raise refuse("output_config.effort", config["effort"], "the model thinks as its chat template says; "
-                     "set thinking instead")
+    if config.get("effort") not in (None, *EFFORTS):
+        raise ApiError(f"Invalid 'output_config.effort': {config['effort']!r}; expected one of "
+                       f"{', '.join(EFFORTS)}.", "output_config.effort", code="invalid_value")
     fmt = config.get("format")
     if fmt is None:
         return None
@@ -304,6 +306,7 @@ RENAMES = ((re.compile(r"\bmax_completion_tokens\b"), "max_tokens"),
            (re.compile(r"^stop$"), "stop_sequences"),
            (re.compile(r"\bchat_template_kwargs\.enable_thinking\b"), "thinking"),
            (re.compile(r"\bthinking_token_budget\b"), "thinking.budget_tokens"),
+           (re.compile(r"\breasoning_effort\b"), "output_config.effort"),
            # a chat message's index is not its message's (system first, tool results apart)
            (re.compile(r"\bmessages\[\d+\](\.\w+|\[\d+\])*"), "messages"))
 

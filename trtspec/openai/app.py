@@ -62,6 +62,7 @@ from trtspec.openai.protocol import (
     rename,
     renamed,
     stop_list,
+    template_variables,
 )
 from trtspec.openai.reasoning import (
     CONTENT,
@@ -447,7 +448,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         front.check_model(req.model)
         messages = check_chat(req, model.vocab_size)
         tools = check_tools(req, model.tool_parser)
-        prompt = render_chat(messages, req.chat_template_kwargs, None if tools is None else tools.tools)
+        prompt = render_chat(messages, template_variables(req), None if tools is None else tools.tools)
         start = None if model.reasoning_parser is None else answer_start(model.reasoning_parser, prompt)
         return await respond(request, req, [prompt], True, None, tools, start)
 
@@ -564,7 +565,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         try:
             chat = parse(ChatRequest, body)
             tools = check_tools(chat, model.tool_parser)
-            prompt = render_chat(check_chat(chat, model.vocab_size), chat.chat_template_kwargs,
+            prompt = render_chat(check_chat(chat, model.vocab_size), template_variables(chat),
                                  None if tools is None else tools.tools)
             start = None if model.reasoning_parser is None else answer_start(model.reasoning_parser, prompt)
             run = runs_of(chat, [prompt], True, None, tools, start)[0] if generate else None

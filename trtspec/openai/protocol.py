@@ -23,6 +23,8 @@ from trtspec.spec.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
 from trtspec.triton.request import MAX_STOP_WORD_CHARS
 
 MAX_STOP = 32  # stop sequences per request (OpenAI allows 4, vLLM any number; lm-eval sends a task's all)
+# reasoning_effort's values: OpenAI's (none .. xhigh), and Anthropic's output_config.effort's max
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 MAX_CHOICES = 64  # choices in one request: prompts × n
 
 
@@ -166,6 +168,10 @@ class ChatRequest(_Common):
     modalities: list[str] | None = Field(None, description='only ["text"]')
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="variables for the chat template, e.g. Qwen3's enable_thinking (vLLM extension)")
+    reasoning_effort: str | None = Field(
+        None, description="the chat template's `reasoning_effort` variable (gpt-oss's template reads it; a "
+                          "template that does not, as Qwen3's, ignores it); none, minimal, low, medium, "
+                          "high or xhigh")
     include_reasoning: bool | None = Field(None, description="false: the reasoning is generated but not sent "
                                            "(needs the server's --reasoning-parser; vLLM extension)")
     thinking_token_budget: int | None = Field(
@@ -389,7 +395,18 @@ def check_chat(req: ChatRequest, vocab_size: int) -> list[dict]:
         raise ApiError("'top_logprobs' needs 'logprobs': true.", "top_logprobs", code="invalid_value")
     if req.modalities not in (None, ["text"]):
         raise refuse("modalities", req.modalities, "text only")
+    if req.reasoning_effort not in (None, *REASONING_EFFORTS):
+        raise ApiError(f"Invalid 'reasoning_effort': {req.reasoning_effort!r}; expected one of "
+                       f"{', '.join(REASONING_EFFORTS)}.", "reasoning_effort", code="invalid_value")
     return check_messages(req.messages, req.chat_template_kwargs)
+
+
+def template_variables(req: ChatRequest) -> dict | None:
+    """The chat template's variables: the request's chat_template_kwargs, and its reasoning_effort
+    as `reasoning_effort` (a chat_template_kwargs' own wins, as vLLM merges them)."""
+    if req.reasoning_effort is None:
+        return req.chat_template_kwargs
+    return {"reasoning_effort": req.reasoning_effort, **(req.chat_template_kwargs or {})}
 
 
 def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> list[dict]:

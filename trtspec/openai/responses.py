@@ -62,8 +62,9 @@ class ResponsesRequest(SamplingFields):
     parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call")
     text: dict | None = Field(None, description='{"format": {"type": "text"}, {"type": "json_object"} or '
                               '{"type": "json_schema", "name", "schema", "strict"}}')
-    reasoning: dict | None = Field(None, description='{"summary"} accepted (no summaries: the reasoning '
-                                   'comes whole); "effort" is not served')
+    reasoning: dict | None = Field(None, description='{"effort", "summary"}: effort as chat\'s '
+                                   'reasoning_effort (the chat template\'s variable); summary accepted (no '
+                                   'summaries: the reasoning comes whole)')
     stream: bool | None = Field(False, description="server-sent events as OpenAI's Responses streams them")
     stream_options: dict | None = Field(None, description='{"include_obfuscation"}: accepted, not used')
     store: bool | None = Field(True, description="keep the response for previous_response_id and GET")
@@ -115,9 +116,6 @@ def check_responses(req: ResponsesRequest) -> None:
         only_keys(req.stream_options, ("include_obfuscation",), "stream_options")
     reasoning = req.reasoning or {}
     only_keys(reasoning, ("effort", "summary", "generate_summary"), "reasoning")
-    if reasoning.get("effort") is not None:
-        raise refuse("reasoning.effort", reasoning["effort"], "the model thinks as its chat template says; "
-                      "set it with chat_template_kwargs (Qwen3: {\"enable_thinking\": false})")
     text = req.text or {}
     only_keys(text, ("format", "verbosity"), "text")
     if text.get("verbosity") not in (None, "medium"):
@@ -138,6 +136,7 @@ def chat_body(req: ResponsesRequest, conversation: list[dict]) -> dict:
              "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
              "response_format": response_format((req.text or {}).get("format")),
              "chat_template_kwargs": req.chat_template_kwargs,
+             "reasoning_effort": (req.reasoning or {}).get("effort"),
              "thinking_token_budget": req.thinking_token_budget}
     return {name: value for name, value in body.items() if value is not None}
 
@@ -303,6 +302,7 @@ def response_format(fmt) -> dict | None:
 
 # chat's parameter names as a Responses request names them (`renamed`)
 RENAMES = ((re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
+           (re.compile(r"\breasoning_effort\b"), "reasoning.effort"),
            (re.compile(r"\btools\[(\d+)\]\.function\b"), r"tools[\1]"),
            (re.compile(r"\btool_choice\.function\b"), "tool_choice"),
            (re.compile(r"\bresponse_format\.json_schema\b"), "text.format"),
@@ -394,7 +394,7 @@ def response_object(req: ResponsesRequest, rid: str, created: int, model: str, o
             "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
             "tools": [{"type": "function", "strict": True, **tool} for tool in req.tools or ()],
             "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
-            "reasoning": {"effort": None, "summary": (req.reasoning or {}).get("summary")},
+            "reasoning": {key: (req.reasoning or {}).get(key) for key in ("effort", "summary")},
             "truncation": "disabled", "store": req.store is not False, "background": False,
             "metadata": req.metadata or {}, "user": req.user, "usage": usage}
 
