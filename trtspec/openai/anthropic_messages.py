@@ -7,7 +7,8 @@ the conversation (text blocks, the assistant's `tool_use` blocks as tool calls a
 blocks as its reasoning, the user's `tool_result` blocks as tool messages), `tools` function
 tools (`input_schema` their parameters), `tool_choice` chat's (`any` is "required", `tool` names
 one), `thinking` the chat template's `enable_thinking` (Qwen3's), `output_config.format` a
-json_schema response_format, `stop_sequences` chat's stop. It is checked, guided, generated and
+json_schema response_format, `output_config.effort` chat's reasoning_effort (the template's
+variable), `stop_sequences` chat's stop. It is checked, guided, generated and
 parsed exactly as /v1/chat/completions does, and the chat answer's segments become content
 blocks (`ContentBlocks`): `thinking` (with the server's --reasoning-parser), `text`, a `tool_use`
 per call. Streamed as Anthropic's events: `message_start`, per block `content_block_start`,
@@ -53,7 +54,8 @@ class CountTokensRequest(_Forbid):
     thinking: dict | None = Field(None, description='{"type": "enabled", "budget_tokens"}, {"type": '
                                   '"adaptive", "display"}, {"type": "between_tools"} or {"type": '
                                   '"disabled"}: the template\'s enable_thinking')
-    output_config: dict | None = Field(None, description='{"format": {"type": "json_schema", "schema"}}')
+    output_config: dict | None = Field(None, description='{"format": {"type": "json_schema", "schema"}, '
+                                        '"effort": the chat template\'s reasoning_effort}')
     cache_control: dict | None = Field(None, description="accepted: every prompt's prefix is reused when it "
                                        "can be, without markers")
     speed: str | None = Field(None, description="accepted, one speed")
