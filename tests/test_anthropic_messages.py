@@ -18,6 +18,7 @@ from trtspec.openai.anthropic_messages import (
     MessagesRequest,
     chat_body,
     chat_messages,
+    check_messages_request,
     error_body,
     stop_reason,
 )
@@ -62,6 +63,13 @@ CALL = {"id": "toolu_1", "type": "function", "function": {"name": "add", "argume
     ([{"type": "text", "text": "Be brief."}, {"type": "text", "text": BILLING}],
      [{"role": "user", "content": "q"}],
      [{"role": "system", "content": "Be brief.\n" + BILLING}, {"role": "user", "content": "q"}]),
+    # a system message in the conversation (Claude Code's environment notes after the first turn) in
+    # its place
+    ("Be brief.", [{"role": "user", "content": "q"},
+                   {"role": "system", "content": [{"type": "text", "text": "# Environment",
+                                                   "cache_control": {"type": "ephemeral"}}]}],
+     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"},
+      {"role": "system", "content": "# Environment"}]),
 ])
 def test_a_conversation_is_the_chat_conversation_it_stands_for(system, messages, want):
     assert chat_messages(system, messages) == want
@@ -69,7 +77,9 @@ def test_a_conversation_is_the_chat_conversation_it_stands_for(system, messages,
 
 @pytest.mark.parametrize(("messages", "param", "says"), [
     ([], "messages", "at least one"),
-    ([{"role": "system", "content": "x"}], "messages[0].role", "user or assistant"),
+    ([{"role": "developer", "content": "x"}], "messages[0].role", "user, assistant or system"),
+    ([{"role": "system", "content": [{"type": "tool_result", "tool_use_id": "t"}]}],
+     "messages[0].content[0].type", "belongs to a user"),
     ([{"role": "user", "content": [{"type": "image", "source": {}}]}], "messages[0].content[0].type",
      "no images"),
     ([{"role": "user", "content": [USE]}], "messages[0].content[0].type", "belongs to a assistant"),
@@ -137,6 +147,25 @@ def test_a_bad_request_field_is_refused_by_name(ask, param):
     with pytest.raises(ApiError) as refused:
         chat_body(_request(**ask))
     assert refused.value.param == param
+
+
+def test_claude_codes_context_editing_is_accepted_and_what_is_not_served_is_refused_by_name():
+    """Claude Code sends `context_management: {"edits": [{"type": "clear_thinking_20251015", "keep":
+    "all"}]}` in every request: accepted (the chat template decides which earlier thinking the model
+    sees). Clearing tool results, code execution and MCP servers are refused, each by its name."""
+    check_messages_request(_request(context_management={"edits": [{"type": "clear_thinking_20251015",
+                                                                    "keep": "all"}]}))
+    check_messages_request(_request(context_management={"edits": []}, container=None, mcp_servers=[]))
+    for ask, param in (({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+                        "context_management.edits[0].type"),
+                       ({"context_management": {"edits": [{"type": "clear_thinking_20251015"}, "x"]}},
+                        "context_management.edits[1].type"),
+                       ({"context_management": {"trigger": {}}}, "context_management.trigger"),
+                       ({"container": "cntr_1"}, "container"),
+                       ({"mcp_servers": [{"type": "url", "url": "http://x"}]}, "mcp_servers")):
+        with pytest.raises(ApiError) as refused:
+            check_messages_request(_request(**ask))
+        assert refused.value.param == param
 
 
 def test_chats_refusals_are_named_as_a_messages_request_names_them_in_anthropics_shape():

@@ -1913,7 +1913,7 @@ BAD_RESPONSES = [
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "file_search"}]}, "tools[0].type"),
     ({"tools": [{"type": "function", "name": "f", "parameters": []}]}, "tools[0].parameters"),
     ({"tools": FLAT_TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
     ({"text": {"format": {"type": "regex"}}}, "text.format.type"),
@@ -2004,6 +2004,57 @@ def test_a_message_is_the_chat_answer_streamed_or_not(served):
             "messages", "system")})
         assert count.input_tokens == answer.usage.prompt_tokens
     assert events[0]["message"]["content"] == [] and events[0]["message"]["stop_reason"] is None
+
+
+def test_codex_and_claude_code_requests_are_served_as_chat(served):
+    """The requests of the agent clients as they send them (Codex CLI 0.171 over /v1/responses,
+    Claude Code 2.1.332 over /v1/messages; their shapes captured from the clients themselves, texts
+    shortened): Codex's per-turn `client_metadata`, a `namespace` of function tools and hosted web
+    search beside its function tools, `reasoning.summary`, `store: false`, `include`,
+    `prompt_cache_key`; Claude Code's telemetry system block, a system message after the user's,
+    `context_management`'s clear_thinking, `output_config.effort`, adaptive thinking not displayed,
+    `metadata.user_id`. Each answer, streamed as the clients read them, is chat's answer to the
+    conversation it stands for (the embedded template shows no tools)."""
+    client, chat = served.client(), served.client()
+    command = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}
+    codex = dict(
+        model="trtspec", stream=True, temperature=0, max_output_tokens=MAX_TOKENS,
+        input=[{"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
+               for role, text in (("developer", "Be brief."), ("user", "482 + 356"))],
+        tools=[{"type": "function", "name": "exec_command", "description": "Run a command.", "strict": False,
+                "parameters": command},
+               {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [
+                   {"type": "function", "name": "spawn_agent", "description": "Start one.", "strict": False,
+                    "parameters": {"type": "object", "properties": {"task": {"type": "string"}}}}]},
+               {"type": "web_search", "external_web_access": False}],
+        tool_choice="auto", parallel_tool_calls=True, reasoning={"summary": "auto"}, store=False,
+        include=["reasoning.encrypted_content"], prompt_cache_key="thread-1",
+        extra_body={"client_metadata": {"turn_id": "t-1", "x-codex-window-id": "thread-1:0"}})
+    events = list(client.responses.create(**codex))
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    want = chat.chat.completions.create(model="trtspec", temperature=0, max_tokens=MAX_TOKENS, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "482 + 356"}])
+    assert events[-1].response.output_text == want.choices[0].message.content
+    billing = "x-anthropic-billing-header: cc_version=2.1.332.34c; cc_entrypoint=sdk-cli;"
+    reminder = "<system-reminder>\nq\n</system-reminder>"
+    claude_code = dict(
+        system=[{"type": "text", "text": billing},
+                {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        messages=[{"role": "user", "content": [{"type": "text", "text": reminder},
+                                               {"type": "text", "text": "482 + 356"}]},
+                  {"role": "system", "content": [{"type": "text", "text": "# Environment",
+                                                  "cache_control": {"type": "ephemeral"}}]}],
+        tools=[{"name": "Bash", "description": "Run a command.", "input_schema": command}],
+        metadata={"user_id": json.dumps({"device_id": "d", "session_id": "s"})},
+        thinking={"type": "adaptive", "display": "omitted"}, output_config={"effort": "high"},
+        extra_body={"temperature": 0, "context_management": {"edits": [{"type": "clear_thinking_20251015",
+                                                                         "keep": "all"}]}})
+    message, _ = _message(_anthropic(served), True, **claude_code)
+    want = chat.chat.completions.create(model="trtspec", temperature=0, max_tokens=MAX_TOKENS, messages=[
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": f"{reminder}\n482 + 356"},
+        {"role": "system", "content": "# Environment"}])
+    assert _text_of(message) == want.choices[0].message.content
 
 
 def test_message_tools_are_chats(served):

@@ -23,6 +23,7 @@ from trtspec.openai.responses import (
     input_items,
     input_messages,
     item_page,
+    namespaced,
     response_format,
 )
 from trtspec.openai.segments import Segments
@@ -111,8 +112,43 @@ def test_the_request_becomes_chats_with_flat_tools_strict_unless_they_say_otherw
                             "json_schema": {"name": "n", "schema": {"type": "object"}}}}
     assert response_format({"type": "text"}) == {"type": "text"}
     with pytest.raises(ApiError) as refused:
-        chat_tools([{"type": "web_search"}])
+        chat_tools([{"type": "file_search"}])
     assert refused.value.param == "tools[0].type"
+
+
+def test_namespaced_functions_are_chats_tools_and_their_calls_say_their_namespace():
+    """A namespace's functions become chat tools named NAMESPACE.NAME, described under the
+    namespace's description (Codex's multi-agent tools); their calls' items carry `namespace` and
+    the function's own name, and an input function_call with a namespace is that chat call again.
+    Hosted web search (Codex declares it in every request) is left out: nothing runs it here. A
+    namespaced function's refusal names its place in the request."""
+    spawn = {"type": "function", "name": "spawn", "description": "Start one.", "strict": False,
+             "parameters": {"type": "object", "properties": {"task": {"type": "string"}}}}
+    tools = [{"type": "function", "name": "shell", "parameters": {"type": "object"}},
+             {"type": "namespace", "name": "agents", "description": "Sub-agents.", "tools": [spawn]},
+             {"type": "web_search", "external_web_access": False}]
+    assert chat_tools(tools) == [
+        {"type": "function", "function": {"strict": True, "name": "shell", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"strict": False, "name": "agents.spawn",
+                                          "description": "Sub-agents. Start one.",
+                                          "parameters": spawn["parameters"]}}]
+    assert chat_tools([{"type": "web_search"}]) is None
+    assert "tools" not in chat_body(ResponsesRequest(model="m", input="q", tools=[{"type": "web_search"}],
+                                                     tool_choice="auto"), [])
+    items = OutputItems(namespaced(tools))
+    items.push([{"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                 "function": {"name": "agents.spawn", "arguments": '{"task": "x"}'}}]}])
+    items.close()
+    (item,) = items.items
+    assert (item["name"], item["namespace"], item["arguments"]) == ("spawn", "agents", '{"task": "x"}')
+    assert assistant_messages(items.items)[0]["tool_calls"][0]["function"]["name"] == "agents.spawn"
+    bad = {**spawn, "name": "stop", "parameters": []}
+    with pytest.raises(ApiError) as refused:
+        chat_tools([tools[0], {**tools[1], "tools": [spawn, bad]}])
+    assert refused.value.param == "tools[1].tools[1].parameters"
+    with pytest.raises(ApiError) as refused:
+        chat_tools([{"type": "namespace", "name": "agents", "tools": [{"type": "custom", "name": "x"}]}])
+    assert refused.value.param == "tools[0].tools[0].type"
 
 
 def test_chats_refusals_are_named_as_the_responses_request_names_them():

@@ -77,19 +77,40 @@ class MessagesRequest(CountTokensRequest):
     service_tier: str | None = Field(None, description="accepted, one tier")
     inference_geo: str | None = Field(None, description="accepted, one place")
     diagnostics: dict | None = Field(None, description="accepted, none reported")
-    context_management: dict | None = Field(None, description="not served")
+    context_management: dict | None = Field(None, description='{"edits": [clear_thinking edits]}: accepted '
+                                            "(the chat template decides which earlier thinking the model "
+                                            "sees); other edits not served")
     container: Any = Field(None, description="not served (Anthropic's code execution)")
     mcp_servers: list | None = Field(None, description="not served (Anthropic's MCP connector)")
 
 
 def check_messages_request(req: MessagesRequest) -> None:
     """Refuse by name what trtspec does not serve of a Messages request."""
-    for param, why in (("context_management", "earlier turns' thinking is kept or dropped as the chat "
-                        "template does"),
-                       ("container", "Anthropic's code execution is not served"),
+    for param, why in (("container", "Anthropic's code execution is not served"),
                        ("mcp_servers", "connect MCP tools in the client, as function tools")):
         if getattr(req, param) not in (None, [], {}):
             raise refuse(param, getattr(req, param), why)
+    _check_context_management(req.context_management)
+
+
+def _check_context_management(given: dict | None) -> None:
+    """Context editing (Claude Code sends `clear_thinking` in every request): a clear_thinking edit
+    is accepted, since which earlier turns' thinking the model sees is the chat template's to say
+    (Qwen3's keeps none of it), as for any open model; an edit that would clear tool results or
+    compact the conversation is refused by name."""
+    if given is None:
+        return
+    only_keys(given, ("edits",), "context_management")
+    edits = given.get("edits") or []
+    if not isinstance(edits, list):
+        raise ApiError("Invalid 'context_management.edits': expected a list.", "context_management.edits",
+                       code="invalid_type")
+    for k, edit in enumerate(edits):
+        kind = edit.get("type") if isinstance(edit, dict) else None
+        if not (isinstance(kind, str) and kind.startswith("clear_thinking_")):
+            raise refuse(f"context_management.edits[{k}].type", kind, "only clear_thinking edits: the "
+                         "conversation is sent whole, and the chat template decides which earlier thinking "
+                         "the model sees")
 
 
 # -- the request as a chat request
@@ -174,7 +195,9 @@ def _output_format(config) -> dict | None:
 def chat_messages(system: str | list | None, messages: list) -> list[dict]:
     """The conversation as chat messages: text blocks one a line; an assistant turn's tool_use
     blocks its tool calls and its thinking its reasoning_content; a user turn's tool_result blocks
-    tool messages, in their place among its text."""
+    tool messages, in their place among its text; a system message in the conversation (Claude
+    Code's environment notes) a chat system message in its place, as the template renders one
+    there (Qwen3's does; a template that refuses it is a 400 saying so)."""
     out = []
     system = _system_text(system)
     if system:
@@ -185,9 +208,9 @@ def chat_messages(system: str | list | None, messages: list) -> list[dict]:
         where = f"messages[{i}]"
         only_keys(message, ("role", "content"), where)
         role, content = message.get("role"), message.get("content")
-        if role not in ("user", "assistant"):
-            raise ApiError(f"Invalid value for '{where}.role': {role!r}; expected user or assistant.",
-                           f"{where}.role", code="invalid_value")
+        if role not in ("user", "assistant", "system"):
+            raise ApiError(f"Invalid value for '{where}.role': {role!r}; expected user, assistant or "
+                           "system.", f"{where}.role", code="invalid_value")
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue

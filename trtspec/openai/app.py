@@ -83,6 +83,7 @@ from trtspec.openai.responses import (
     input_items,
     input_messages,
     item_page,
+    namespaced,
     response_object,
 )
 from trtspec.openai.segments import REASONING, Segments
@@ -596,7 +597,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             store.get(req.previous_response_id, "previous_response_id").conversation
         conversation = past + input_messages(req.input)
         _, run, guide = chat_turn(chat_body(req, conversation), RENAMES)
-        rid, created, items = f"resp_{uuid.uuid4().hex}", int(time.time()), OutputItems()
+        rid, created, items = f"resp_{uuid.uuid4().hex}", int(time.time()), OutputItems(namespaced(req.tools))
 
         def response(status: str, error: dict | None = None) -> dict:
             """The response object as it stands; a finished one (completed, incomplete) is stored."""

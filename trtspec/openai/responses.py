@@ -35,13 +35,17 @@ from typing import Any, NamedTuple
 
 from pydantic import Field
 
-from trtspec.openai.protocol import ApiError, SamplingFields, only_keys, refuse
+from trtspec.openai.protocol import ApiError, SamplingFields, only_keys, refuse, renamed
 from trtspec.openai.segments import CALL, TEXT, Segment, Segments
+from trtspec.openai.tools import tool_plan
 
 STORE_CAPACITY = 1000  # responses kept for previous_response_id and GET, the oldest dropped first
 TEXT_FORMATS = ("text", "json_object", "json_schema")
 ROLES = ("user", "system", "developer", "assistant")
 INCLUDABLE = ("reasoning.encrypted_content",)  # accepted: reasoning is sent in plain text anyway
+# hosted tools accepted and not offered to the model: OpenAI runs them, trtspec has none to run (Codex
+# declares web search in every request); a model may always choose to call no tool
+UNOFFERED = ("web_search", "web_search_preview")
 
 
 class ResponsesRequest(SamplingFields):
@@ -76,6 +80,7 @@ class ResponsesRequest(SamplingFields):
     service_tier: str | None = Field(None, description="accepted, one tier")
     prompt_cache_key: str | None = Field(None, description="accepted: prefixes are reused by their tokens")
     safety_identifier: str | None = Field(None, description="accepted, not used")
+    client_metadata: dict | None = Field(None, description="accepted, not used (Codex's per-turn ids)")
     top_logprobs: int | None = Field(None, description="only 0: log-probabilities are served on "
                                      "/v1/chat/completions")
     max_tool_calls: int | None = Field(None, description="not served")
@@ -131,9 +136,12 @@ def chat_body(req: ResponsesRequest, conversation: list[dict]) -> dict:
     messages = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
     messages += conversation
     body = req.model_dump(include=set(SamplingFields.model_fields), exclude_unset=True)
+    tools, choice = chat_tools(req.tools), chat_tool_choice(req.tool_choice)
+    if tools is None and choice in ("auto", "none"):  # only unoffered tools: the model is offered none
+        choice = None
     body |= {"model": req.model, "messages": messages, "stream": bool(req.stream),
-             "max_completion_tokens": req.max_output_tokens, "tools": chat_tools(req.tools),
-             "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
+             "max_completion_tokens": req.max_output_tokens, "tools": tools,
+             "tool_choice": choice, "parallel_tool_calls": req.parallel_tool_calls,
              "response_format": response_format((req.text or {}).get("format")),
              "chat_template_kwargs": req.chat_template_kwargs,
              "reasoning_effort": (req.reasoning or {}).get("effort"),
@@ -191,9 +199,10 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
                                f"{where}.arguments", code="invalid_value")
             last = messages[-1] if messages and reasoning is None else None
             message = last if last is not None and last["role"] == "assistant" else assistant()
+            name = item["name"] if item.get("namespace") is None else f"{item['namespace']}.{item['name']}"
             message.setdefault("tool_calls", []).append(
-                {"id": item["call_id"], "type": "function",
-                 "function": {"name": item["name"], "arguments": item["arguments"]}})
+                {"id": item["call_id"], "type": "function", "function": {"name": name,
+                                                                       "arguments": item["arguments"]}})
         elif kind == "function_call_output":
             only_keys(item, ("type", "call_id", "output", "id", "status"), where)
             if not isinstance(item.get("call_id"), str):
@@ -246,23 +255,63 @@ def _message_text(content, param: str) -> str:
 
 
 def chat_tools(tools: list | None) -> list | None:
-    """Responses' flat function tools as chat's, strict unless they say otherwise (OpenAI's default
-    in the Responses API); tools.py checks the rest, named back by `renamed`."""
+    """Responses' tools as chat's function tools: flat function tools strict unless they say
+    otherwise (OpenAI's default in the Responses API); a namespace's functions each as
+    `NAMESPACE.NAME` (`namespaced`), the namespace's description before its own; OpenAI's hosted
+    web search (`UNOFFERED`) left out. Checked as chat checks them (tools.py), a refusal named by
+    the Responses tool it came from. None: no function tools."""
     if tools is None:
         return None
-    out = []
+    out, origin = [], []  # each chat tool, and where in the request it came from
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise ApiError(f"Invalid '{where}': expected an object like {{\"type\": \"function\", \"name\": "
                            "...}.", where, code="invalid_type")
-        if tool.get("type") != "function":
-            raise refuse(f"{where}.type", tool.get("type"), "function tools only (web search, file search, "
-                          "MCP and the others are OpenAI's hosted tools)")
-        only_keys(tool, ("type", "name", "description", "parameters", "strict"), where)
-        function = {key: value for key, value in tool.items() if key != "type" and value is not None}
-        out.append({"type": "function", "function": {"strict": True, **function}})
-    return out
+        kind = tool.get("type")
+        if kind in UNOFFERED:  # OpenAI runs it, trtspec does not: the model is not offered it
+            continue
+        if kind == "namespace":
+            only_keys(tool, ("type", "name", "description", "tools"), where)
+            space, inner = tool.get("name"), tool.get("tools")
+            if not isinstance(space, str) or not isinstance(inner, list) or not inner:
+                raise ApiError(f"Invalid '{where}': a namespace has a 'name' and a list of function 'tools'.",
+                               where, code="invalid_value")
+            for j, function in enumerate(inner):
+                out.append(_chat_tool(function, f"{where}.tools[{j}]", space, tool.get("description")))
+                origin.append(f"{where}.tools[{j}]")
+        elif kind == "function":
+            out.append(_chat_tool(tool, where))
+            origin.append(where)
+        else:
+            raise refuse(f"{where}.type", kind, "function and namespace tools only (file search, MCP and "
+                          "the others are OpenAI's hosted tools; web search is accepted and not offered)")
+    try:
+        tool_plan(out, "none", None, None)  # as chat checks them, named by the Responses tool
+    except ApiError as exc:
+        raise renamed(exc, tuple((re.compile(rf"\btools\[{k}\]\.function\b"), at)
+                                 for k, at in enumerate(origin))) from None
+    return out or None
+
+
+def _chat_tool(tool, where: str, space: str | None = None, about: str | None = None) -> dict:
+    """A Responses function tool as chat's (in namespace `space`, described by `about`)."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        raise refuse(f"{where}.type", tool.get("type") if isinstance(tool, dict) else tool, "a function tool")
+    only_keys(tool, ("type", "name", "description", "parameters", "strict"), where)
+    function = {key: value for key, value in tool.items() if key != "type" and value is not None}
+    if space is not None:
+        function["name"] = f"{space}.{function.get('name')}"
+        if about:
+            function["description"] = f"{about} {function.get('description', '')}".strip()
+    return {"type": "function", "function": {"strict": True, **function}}
+
+
+def namespaced(tools: list | None) -> dict[str, tuple[str, str]]:
+    """Each namespaced function's chat name -> (namespace, its name), for the calls' items."""
+    return {f"{tool['name']}.{function['name']}": (tool["name"], function["name"])
+            for tool in tools or () if isinstance(tool, dict) and tool.get("type") == "namespace"
+            for function in tool.get("tools") or ()}
 
 
 def chat_tool_choice(choice):
@@ -321,10 +370,11 @@ class OutputItems(Segments):
     """One chat answer's segments as a response's output items (`items`), and the streaming events
     that build them, numbered in order (`event`)."""
 
-    def __init__(self):
+    def __init__(self, namespaced: dict[str, tuple[str, str]] | None = None):
         super().__init__()
         self.items: list[dict] = []  # a segment's item at its index
         self.sequence = 0
+        self.namespaced = namespaced or {}  # a namespaced function's chat name -> (namespace, name)
 
     def event(self, kind: str, **fields) -> dict:
         out = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -335,6 +385,8 @@ class OutputItems(Segments):
         if segment.kind == CALL:
             item = {"id": _id("fc"), "type": "function_call", "status": "in_progress",
                     "call_id": segment.call_id, "name": segment.name, "arguments": ""}
+            if segment.name in self.namespaced:
+                item["namespace"], item["name"] = self.namespaced[segment.name]
         elif segment.kind == TEXT:
             item = {"id": _id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
                     "content": []}
@@ -392,7 +444,8 @@ def response_object(req: ResponsesRequest, rid: str, created: int, model: str, o
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": req.previous_response_id, "temperature": temperature, "top_p": top_p,
             "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-            "tools": [{"type": "function", "strict": True, **tool} for tool in req.tools or ()],
+            "tools": [{"strict": True, **tool} if tool.get("type") == "function" else tool
+                      for tool in req.tools or ()],
             "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
             "reasoning": {key: (req.reasoning or {}).get(key) for key in ("effort", "summary")},
             "truncation": "disabled", "store": req.store is not False, "background": False,

@@ -47,7 +47,8 @@ from trtspec.spec.grammar import GuideError, compact_json_grammar, tagged_json_g
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "qwen3_coder")  # trtspec serve --tool-call-parser (and cli.py)
 BLOCK_PARSERS = ("hermes", "qwen3_coder")  # those whose calls come in <tool_call> blocks
 MAX_TOOLS = 128  # OpenAI's limit
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's function names
+# OpenAI's function names; a Responses namespace's functions as NAMESPACE.NAME (`responses.chat_tools`)
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64})?")
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"  # Llama 3.1's, before a tool call (when its tokenizer keeps it in the text)
@@ -191,7 +192,8 @@ def _functions(tools: list) -> dict[str, dict]:
         name = function.get("name")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ApiError(f"Invalid '{where}.function.name': {name!r}; expected 1 to 64 letters, digits, "
-                           "underscores or dashes.", f"{where}.function.name", code="invalid_value")
+                           "underscores or dashes (a Responses namespace's function: NAMESPACE.NAME).",
+                           f"{where}.function.name", code="invalid_value")
         if name in functions:
             raise ApiError(f"Invalid '{where}.function.name': {name!r} names an earlier tool too.",
                            f"{where}.function.name", code="invalid_value")
@@ -281,7 +283,7 @@ class JsonDepth:
 # a JSON call's start, once its arguments' object opens: the name first (as the guides write it,
 # json.dumps' separators, and as models trained on hermes' and Llama's formats write it), then the
 # arguments' key; a call so begun is streamed from there
-CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,\s*"(?:parameters|arguments)"\s*:\s*'
+CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([A-Za-z0-9_.-]{1,129})"\s*,\s*"(?:parameters|arguments)"\s*:\s*'
                        r"(?=\{)")
 
 
