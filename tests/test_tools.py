@@ -94,9 +94,15 @@ QWEN3_CODER = [  # text, content, calls: Qwen3-Coder's XML calls (vLLM's and Ten
      [("add", {"a": 7})]),
     (_xml("add", ("a", "one")), None, [("add", {"a": "one"})]),  # not JSON: the text, as vLLM keeps it
     (_xml("add"), None, [("add", {})]),
-    ("<tool_call>\n<function=add>\n<parameter=a>\n1", "<tool_call>\n<function=add>\n<parameter=a>\n1", []),
-    ("<tool_call>\n<function=add>\nstray text</function></tool_call>",
-     "<tool_call>\n<function=add>\nstray text</function></tool_call>", []),  # no call's shape: as written
+    # a block whose function is named is that call, streamed (a slip's text skipped; what its
+    # </tool_call> cut short closed)
+    ("<tool_call>\n<function=add>\nstray text</function></tool_call>", None, [("add", {})]),
+    ("<tool_call>\n<function=add>\n<parameter=a>\n1\n</tool_call>", None, [("add", {"a": 1})]),
+    ("<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo</tool_call>", None,
+     [("get_weather", {"city": "Oslo"})]),
+    ("<tool_call>\n<function=add>\n<parameter=b>\n2\n</parameter>\n</function>\n</tool_call>x", "x",
+     [("add", {"b": 2})]),
+    ("<tool_call>\n<function", "<tool_call>\n<function", []),  # cut before the function is named
     ('<tool_call>{"name": "add", "arguments": {}}</tool_call>',
      '<tool_call>{"name": "add", "arguments": {}}</tool_call>', []),  # hermes' JSON is not this format
 ]
@@ -289,14 +295,15 @@ def test_strict_calls_stream_their_arguments_as_written(parser):
     assert message == {"role": "assistant", "content": "Hi.\n" + call("add", "{}")[:14]}
 
 
-def test_strict_qwen3_coder_calls_stream_as_json_arguments():
-    """Under auto with a strict tool, qwen3_coder's XML calls are certain too: each streams as the
-    JSON arguments its whole call gives (a string parameter's text escaped, another's JSON), its
-    first delta once the function is named; a value's closing newline and </parameter> are held
-    back until certain, so a string may hold newlines and '<'. A cut inside a value leaves the
-    arguments unfinished; a block cut before its function is named is text."""
-    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
-    plan = tool_plan(strict, "auto", None, "qwen3_coder")
+@pytest.mark.parametrize("strict", [True, False])
+def test_qwen3_coder_calls_stream_as_json_arguments(strict):
+    """qwen3_coder's XML calls, strict or not, stream as the JSON arguments their whole call gives
+    (a string parameter's text escaped as it comes, another's JSON once its value ends), the first
+    delta once the function is named; a value's closing newline and </parameter> (or the block's
+    </tool_call>) are held back until certain, so a string may hold newlines and '<'. A cut inside
+    a value leaves the arguments unfinished; a block cut before its function is named is text."""
+    tools = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+    plan = tool_plan(tools if strict else TOOLS, "auto", None, "qwen3_coder")
     rng = random.Random(5)
 
     def text() -> str:

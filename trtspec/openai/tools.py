@@ -27,8 +27,8 @@
 Every mode gives the tools to the chat template, which shows them to the model.
 
 Guided modes are decoded as any guided request: speculation stays lossless, and the drafts are
-guided too. A call streams as it is written (its name, then its arguments' text), save an
-unguided qwen3_coder one, which comes whole once it closes. Streamed and whole answers are built
+guided too. A call streams as it is written, once begun (its name, then its arguments' text).
+Streamed and whole answers are built
 from the same deltas (`ToolParser.push`), so they agree: a whole answer is its stream's deltas
 merged (`merge_deltas`).
 """
@@ -52,10 +52,6 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64})?")
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"  # Llama 3.1's, before a tool call (when its tokenizer keeps it in the text)
-# Qwen3-Coder's call inside a <tool_call> block: the function, then each parameter (one newline
-# around a value is the format's, as its chat template writes it)
-XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.DOTALL)
-XML_PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 LLAMA_SEPARATORS = " \t\n;"  # between Llama 3's JSON calls
 
 
@@ -287,24 +283,33 @@ CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([A-Za-z0-9_.-]{1,129})"\s*,\s*"(?:p
                        r"(?=\{)")
 
 
+# Qwen3-Coder's call inside a <tool_call> block: the function, then each parameter (one newline
+# around a value is the format's, as its chat template writes it), read by `XmlCallReader`
 XML_HEAD = re.compile(r"\s*<function=([^>\n]+)>")
 XML_OPEN = re.compile(r"\s*<parameter=([^>\n]+)>")
 XML_VALUE_END, XML_END = "</parameter>", "</function>"
+# what may end a value being written: its </parameter>, or the block's end (an unguided call's slip),
+# each after the format's newline or without it
+VALUE_ENDS = tuple(newline + tag for tag in (XML_VALUE_END, HERMES_CLOSE) for newline in ("\n", ""))
 
 
 @dataclass(slots=True)
 class XmlCallReader:
-    """A strict tool's qwen3_coder call, whose format its guide makes certain, read as it is written
-    into the JSON arguments the whole call gives (`ToolParser._take_xml_call`): `{"ARG": VALUE, …}`,
-    a string parameter's value its text JSON-escaped, another's its JSON as written. `read` takes
-    the block's text so far and gives what it adds; a value's end (one newline, then
-    </parameter>) is held back until it is certain."""
+    """A qwen3_coder call read as it is written, once its `<function=NAME>` is, into the JSON
+    arguments vLLM's parser of that name gives it (`_xml_value`): `{"ARG": VALUE,
+    …}`, a string parameter's value its text JSON-escaped as it comes, another's the JSON it holds
+    (else its text) once its </parameter> is written. `read` takes the block's text so far and
+    gives what it adds; a value's end (one newline, then </parameter>, or the block's </tool_call>)
+    is held back until certain.
+    Text between parameters that is no tag (a model's slip; a strict tool's guide allows none) is
+    skipped. `close` ends arguments that the block's end cut short."""
 
     properties: Callable[[str], dict]  # a function's name -> its parameters' `properties`
     name: str | None = None  # the function, once read
     at: int = 0  # where the text not yet read begins
     fields: int = 0  # parameters begun
-    string: bool | None = None  # the value being read: a string's (True), JSON (False); None: none
+    arg: str | None = None  # the parameter whose value is being read
+    string: bool = False  # that value is a string's (given out as it comes)
     done: bool = False  # </function> read: the arguments are whole
 
     def read(self, text: str) -> str:
@@ -317,34 +322,60 @@ class XmlCallReader:
                 if head is None or not self._settled(text, head.end()):
                     return out
                 self.name, self.at = head.group(1), self._past_newline(text, head.end())
-            elif self.string is None:
+            elif self.arg is None:
                 rest = text[self.at:].lstrip()
                 if rest.startswith(XML_END):
                     out += "}" if self.fields else "{}"
                     self.done, self.at = True, text.index(XML_END, self.at) + len(XML_END)
                     return out
                 param = XML_OPEN.match(text, self.at)
-                if param is None or not self._settled(text, param.end()):
+                if param is None:
+                    if not rest or XML_END.startswith(rest) or rest.startswith("<parameter=") \
+                            or "<parameter=".startswith(rest):
+                        return out  # what may yet be a tag
+                    after = len(text) - len(rest) + 1  # a slip's text skipped, up to the next '<'
+                    tag = text.find("<", after)
+                    self.at = len(text) if tag < 0 else tag
+                    continue
+                if not self._settled(text, param.end()):
                     return out
-                arg = param.group(1)
-                out += ("{" if not self.fields else ", ") + json.dumps(arg, ensure_ascii=False) + ": "
-                self.string = _xml_string(self.properties(self.name).get(arg))
+                self.arg = param.group(1)
+                self.string = _xml_string(self.properties(self.name).get(self.arg))
+                out += ("{" if not self.fields else ", ") + json.dumps(self.arg, ensure_ascii=False) + ": "
                 out += '"' if self.string else ""
                 self.fields, self.at = self.fields + 1, self._past_newline(text, param.end())
             else:
                 end = text.find(XML_VALUE_END, self.at)
-                value = text[self.at:] if end < 0 else text[self.at:end]
-                if end < 0:  # what may be the value's end stays back
-                    value = value[: len(value) - tag_prefix(value, "\n" + XML_VALUE_END)]
-                elif value.endswith("\n"):
-                    value = value[:-1]
-                out += json.dumps(value, ensure_ascii=False)[1:-1] if self.string else value
                 if end < 0:
-                    self.at += len(value)
+                    if self.string:  # what may be the value's end (or the block's) stays back
+                        value = text[self.at:]
+                        value = value[: len(value) - max(tag_prefix(value, tag) for tag in VALUE_ENDS)]
+                        out += json.dumps(value, ensure_ascii=False)[1:-1]
+                        self.at += len(value)
                     return out
-                out += '"' if self.string else ""
-                self.string, self.at = None, end + len(XML_VALUE_END)
+                out += self._value_end(text[self.at:end].removesuffix("\n"))
+                self.at = end + len(XML_VALUE_END)
         return out
+
+    def close(self, text: str) -> str:
+        """What ends the arguments where the block ended (its </tool_call> in `text`'s end) before
+        they did: the value being read as its text so far gives it, then the closing brace."""
+        if self.done or self.name is None:
+            return ""
+        out = ""
+        if self.arg is not None:
+            out += self._value_end(text[self.at:].removesuffix("\n"))
+        self.done = True
+        return out + ("}" if self.fields else "{}")
+
+    def _value_end(self, rest: str) -> str:
+        """The end of the value being read, `rest` its text not yet given out (a string's) or all of
+        it (another's)."""
+        schema = self.properties(self.name).get(self.arg)
+        self.arg = None
+        if self.string:
+            return json.dumps(rest, ensure_ascii=False)[1:-1] + '"'
+        return json.dumps(_xml_value(rest, schema), ensure_ascii=False)
 
     @staticmethod
     def _settled(text: str, end: int) -> bool:
@@ -363,10 +394,10 @@ class ToolParser:
 
     Calls are given out as they are written: a JSON call (required's array, hermes' and Llama's
     formats) once it has written `CALL_HEAD` (its first delta: id, name), then its arguments' text
-    as it comes, as OpenAI streams them; a strict tools' qwen3_coder call once its function is
-    named, read into JSON (`XmlCallReader`). A max_tokens cut leaves the arguments unfinished.
-    An unguided qwen3_coder block, which may turn out to be no call, is given out whole once it
-    closes."""
+    as it comes, as OpenAI streams them; a qwen3_coder call once its function is named, read into
+    JSON (`XmlCallReader`). A max_tokens cut leaves the arguments unfinished.
+    A block that has not begun a call (no `CALL_HEAD`, no `<function=NAME>`) is read whole once it
+    closes: a hermes call in another order, or text."""
 
     plan: ToolPlan
     calls: int = 0  # tool calls started so far
@@ -527,25 +558,6 @@ class ToolParser:
         self._emit(one["name"], parameters)
         return True
 
-    def _take_xml_call(self, text: str) -> bool:
-        """Give out the call a qwen3_coder block holds: `<function=NAME>` and its `<parameter=ARG>`
-        values, a string parameter's as its text, another's as the JSON it is (else its text).
-        False: `text` holds no call."""
-        function = XML_FUNCTION.fullmatch(text)
-        if function is None:
-            return False
-        name, body = function.groups()
-        properties = self._properties(name)
-        parameters, at = {}, 0
-        while (one := XML_PARAMETER.match(body, at)) is not None:
-            arg, value = one.groups()
-            parameters[arg] = _xml_value(value, properties.get(arg))
-            at = one.end()
-        if body[at:].strip():
-            return False
-        self._emit(name, parameters)
-        return True
-
     def _properties(self, name: str) -> dict:
         """The `properties` of the tool `name`'s parameters schema ({} for no such tool)."""
         for tool in self.plan.tools:
@@ -573,8 +585,9 @@ class ToolParser:
                 if not self._json_block(final):  # a strict tools' block, or one whose call has begun
                     return
                 continue
-            if self.in_call and self.plan.guide is not None:  # qwen3_coder's, strict
-                if not self._guided_xml_block(final):
+            if self.in_call and self.plan.parser == "qwen3_coder" and \
+                    (self.plan.guide is not None or self.xml is not None or XML_HEAD.match(self.held)):
+                if not self._xml_block(final):  # a strict tools' block, or one whose function is named
                     return
                 continue
             if self.in_call:
@@ -584,9 +597,8 @@ class ToolParser:
                 body = self.held if end < 0 else self.held[:end]  # final: an unclosed block
                 self.held = "" if end < 0 else self.held[end + len(HERMES_CLOSE):]
                 self.in_call, self.blank = False, True
-                took = self._take_xml_call(body) if self.plan.parser == "qwen3_coder" else \
-                    self._take_call(body, ("arguments",), missing_ok=True)
-                if not took:
+                xml = self.plan.parser == "qwen3_coder"  # its block that names no function is text
+                if xml or not self._take_call(body, ("arguments",), missing_ok=True):
                     self._content(HERMES_OPEN + body + ("" if end < 0 else HERMES_CLOSE))
                 continue
             begin = self.held.find(HERMES_OPEN)
@@ -640,21 +652,26 @@ class ToolParser:
         self.start, self.scanned, self.streamed = -1, 0, -1
         return True
 
-    def _guided_xml_block(self, final: bool) -> bool:
-        """A <tool_call> block of strict tools (qwen3_coder), its call streamed as it is read
-        (`XmlCallReader`); True once the block is over, as `_json_block`."""
+    def _xml_block(self, final: bool) -> bool:
+        """A qwen3_coder <tool_call> block (strict tools', or one whose `<function=NAME>` is
+        written), its call streamed as it is read (`XmlCallReader`); True once the block is over,
+        as `_json_block`. A strict call's block ends after its </function> (its strings may hold
+        any text); another's at its first </tool_call>, which closes what it cut short."""
         if self.xml is None:
             self.xml = XmlCallReader(self._properties)
-        arguments = self.xml.read(self.held)
+        end = self.held.find(HERMES_CLOSE, self.xml.at) if self.xml.done or self.plan.guide is None else -1
+        body = self.held if end < 0 else self.held[:end]
+        arguments = self.xml.read(body)
+        if end >= 0:
+            arguments += self.xml.close(body)
         if self.xml.name is not None and self.streamed < 0:
-            if self.calls and not self.plan.parallel:  # the guide allows one; kept as _emit keeps it
-                self.xml.done = True
+            if self.calls and not self.plan.parallel:  # calls past the first are dropped, as _emit does
+                self.xml.done, arguments = True, ""
             else:
                 self.deltas.append({"tool_calls": [_call(self.calls, self.xml.name, "")]})
                 self.calls, self.streamed = self.calls + 1, 0
         if arguments and self.streamed >= 0:
             self._more_arguments(arguments)
-        end = self.held.find(HERMES_CLOSE, self.xml.at) if self.xml.done else -1
         if end < 0 and not final:
             return False
         if self.xml.name is None:  # cut before its function was named: the block's text
