@@ -171,7 +171,7 @@ class ChatRequest(_Common):
     reasoning_effort: str | None = Field(
         None, description="the chat template's `reasoning_effort` variable (gpt-oss's template reads it; a "
                           "template that does not, as Qwen3's, ignores it); none, minimal, low, medium, "
-                          "high or xhigh")
+                          "high, xhigh (OpenAI's) or max (Anthropic's)")
     include_reasoning: bool | None = Field(None, description="false: the reasoning is generated but not sent "
                                            "(needs the server's --reasoning-parser; vLLM extension)")
     thinking_token_budget: int | None = Field(
