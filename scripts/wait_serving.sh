@@ -1,4 +1,4 @@
-# Sourced by scripts/lm_eval_check.sh and scripts/serve_bench.sh.
+# Sourced by scripts/lm_eval_check.sh, scripts/serve_bench.sh and scripts/agent_clients.sh.
 # wait_serving PID LOG: until `trtspec serve` (PID, writing LOG) prints `serving …` (its models
 # ready); it exiting first (a port taken, a model that will not load) stops the script with its error.
 wait_serving() {

@@ -113,6 +113,56 @@ def test_models_and_health(served):
         assert resp.status == 200 and json.loads(resp.read()) == {"status": "ready"}
 
 
+def _frontend_metrics(served) -> dict[tuple[str, tuple], float]:
+    """The frontend's /metrics (no key needed) as {(name, sorted labels): value}; each family's HELP
+    and TYPE checked to come first."""
+    with urllib.request.urlopen(f"{served.base}/metrics", timeout=10) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = resp.read().decode()
+    samples, typed = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            typed.add(line.split()[2])
+        elif line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            name, labels = series.split("{", 1)
+            assert name in typed, line
+            pairs = tuple(sorted(tuple(p.split("=", 1)) for p in re.findall(r'\w+="[^"]*"', labels)))
+            samples[name, tuple((k, v.strip('"')) for k, v in pairs)] = float(value)
+    return samples
+
+
+def test_the_frontends_own_metrics_count_answers_and_refusals_by_parameter(served):
+    """GET /metrics on the API port: answers by route template and status, 4xx refusals by the
+    parameter they name (list positions collapsed), a missing key's 401 too; each request adds
+    exactly its own counts."""
+    def count(name: str, **labels) -> float:
+        return _frontend_metrics(served).get((name, tuple(sorted(labels.items()))), 0.0)
+
+    chat, messages = "/v1/chat/completions", "trtspec_frontend_refusals_total"
+    before = [count("trtspec_frontend_requests_total", route=chat, status="200"),
+              count("trtspec_frontend_requests_total", route=chat, status="400"),
+              count(messages, route=chat, param="messages[].content"),
+              count("trtspec_frontend_requests_total", route="/v1/responses/{rid}", status="404"),
+              count("trtspec_frontend_requests_total", route=chat, status="401")]
+    good = {"model": "trtspec", "messages": [{"role": "user", "content": "1 + 2"}], "max_tokens": 2}
+    assert _post(f"{served.base}{chat}", good)[0] == 200
+    bad = {**good, "messages": [{"role": "user", "content": "1"}, {"role": "user", "content": 5}]}
+    for _ in range(2):
+        assert _post(f"{served.base}{chat}", bad)[0] == 400
+    assert _post(f"{served.base}{chat}", good, key=None)[0] == 401
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(urllib.request.Request(f"{served.base}/v1/responses/resp_nope", headers={
+            "Authorization": f"Bearer {KEY}"}), timeout=10)
+    assert missing.value.code == 404
+    after = [count("trtspec_frontend_requests_total", route=chat, status="200"),
+             count("trtspec_frontend_requests_total", route=chat, status="400"),
+             count(messages, route=chat, param="messages[].content"),
+             count("trtspec_frontend_requests_total", route="/v1/responses/{rid}", status="404"),
+             count("trtspec_frontend_requests_total", route=chat, status="401")]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 2, 2, 1, 1]
+
+
 def test_completions_sync_and_stream_equal_generate(served, pipeline):
     client = served.client()
     for prompt in PROMPTS[:2]:

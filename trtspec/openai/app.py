@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from trtspec.openai.anthropic_messages import RENAMES as ANTHROPIC_RENAMES
 from trtspec.openai.anthropic_messages import (
@@ -43,6 +44,7 @@ from trtspec.openai.anthropic_messages import (
 from trtspec.openai.anthropic_messages import chat_body as anthropic_body
 from trtspec.openai.anthropic_messages import usage as anthropic_usage
 from trtspec.openai.logprobs import LogprobsBody
+from trtspec.openai.metrics import FrontendMetrics
 from trtspec.openai.model_info import ServedModel
 from trtspec.openai.protocol import (
     ApiError,
@@ -99,6 +101,14 @@ log = logging.getLogger(__name__)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 TOKENIZER_ROUTES = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's; behind the key like /v1
 ANTHROPIC_ROUTES = ("/v1/messages",)  # errors in Anthropic's shape
+
+
+def _route_of(app: FastAPI, scope: dict) -> str:
+    """A request's route as its template (`/v1/responses/{rid}`), `other` for none."""
+    for route in app.router.routes:
+        if route.matches(scope)[0] is Match.FULL:
+            return route.path
+    return "other"
 
 
 def _error(exc: ApiError, headers: dict | None = None, path: str = "") -> JSONResponse:
@@ -377,8 +387,20 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                                        status=401, code="invalid_api_key"), path=request.url.path)
         return await call_next(request)
 
+    metrics = FrontendMetrics()
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        """Every answer counted by its route and status, a refusal by the parameter it names (the
+        outermost middleware: the key's 401s too)."""
+        response = await call_next(request)
+        metrics.observe(_route_of(app, request.scope), response.status_code,
+                        getattr(request.state, "param", None))
+        return response
+
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
+        request.state.param = exc.param
         return _error(exc, path=request.url.path)
 
     @app.exception_handler(ClientGone)
@@ -398,6 +420,11 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         else:
             message = f"{exc.detail} ({where})"
         return _error(ApiError(message, status=exc.status_code), exc.headers, request.url.path)
+
+    @app.get("/metrics")
+    async def frontend_metrics():
+        """The frontend's own counters (`trtspec/openai/metrics.py`); the model's are Triton's."""
+        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/health")
     async def health():

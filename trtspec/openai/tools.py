@@ -410,7 +410,7 @@ class ToolParser:
     scanned: int = 0
     streamed: int = -1  # in the object being scanned, the end of the text read for its call; -1: none
     arguments: JsonDepth = field(default_factory=JsonDepth)  # the streamed call's arguments' depth
-    xml: XmlCallReader | None = None  # qwen3_coder: the strict call being read
+    xml: XmlCallReader | None = None  # qwen3_coder: the call being read
     lead: str | None = None  # llama3_json: "calls" or "content", once the answer's start tells
     stray: str = ""  # llama3_json: text between calls that is no separator (content at the end)
     deltas: list[dict] = field(default_factory=list)
