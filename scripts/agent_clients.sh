@@ -3,7 +3,7 @@
 # against `trtspec serve` on a copy of the embedded model whose context is 131,072 positions (the
 # agents' first requests are 20-45 kB). Prints each agent's exit code and the tail of its output.
 #
-#   bash scripts/agent_clients.sh [WORK]     # about 5 min on 2 CPU cores; WORK defaults to agent-clients
+#   bash scripts/agent_clients.sh [WORK]     # about 3 min on 2 CPU cores; WORK defaults to agent-clients
 #
 # Needs node/npm and the package registry. Versions as the doc's run; AGENTS_LATEST=1 takes the newest.
 set -euo pipefail
