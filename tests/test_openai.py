@@ -365,13 +365,15 @@ def test_client_dropped_mid_stream_is_cancelled(served, pipeline, prompt, mode):
 @pytest.mark.parametrize("route", ["responses", "messages"])
 def test_a_client_dropped_mid_stream_on_the_newer_apis_is_cancelled(served, route):
     """/v1/responses and Anthropic's /v1/messages stream through the same Triton calls: a client that
-    goes away mid-answer (a JSON object whose whitespace the model pads without end, 2,048 tokens
-    allowed) ends its request, none still decoding 2 s later, and the server logs no error."""
+    goes away mid-answer (a JSON object with a required string, whose whitespace the model pads
+    without end, 2,048 tokens allowed; under a bare object it writes `{}` and is done) ends its
+    request, none still decoding 2 s later, and the server logs no error."""
     chat = {"model": "trtspec", "temperature": 0}
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
     body = {"responses": {**chat, "input": "1 + 2", "max_output_tokens": 2048,
-                          "text": {"format": {"type": "json_object"}}},
+                          "text": {"format": {"type": "json_schema", "name": "padded", "schema": schema}}},
             "messages": {**chat, "messages": [{"role": "user", "content": "1 + 2"}], "max_tokens": 2048,
-                         "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}}
+                         "output_config": {"format": {"type": "json_schema", "schema": schema}}}}
     logged = len(Path(served.log).read_text())
     proc = subprocess.Popen([sys.executable, "-c", DROPPING_CLIENT, f"{served.base}/v1/{route}", KEY, "null",
                              "stream", json.dumps(body[route])], stdout=subprocess.PIPE, text=True)

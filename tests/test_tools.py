@@ -430,3 +430,32 @@ def test_serve_offers_every_parser():
 
     option = next(p for p in serve.params if p.name == "tool_call_parser")
     assert tuple(option.type.choices) == TOOL_CALL_PARSERS
+
+
+FRAGMENTS = ("<tool_call>", "</tool_call>", "<function=add>", "<function=", ">", "<parameter=a>",
+             "<parameter=city>", "</parameter>", "</function>", '{"name": "add", "arguments": ',
+             '{"name": "get_weather", "parameters": ', "{", "}", "[", "]", '"', "\\", ":", ",", "\n", " ",
+             "a", "1", "<|python_tag|>", "é", "<", "/")
+
+
+@pytest.mark.parametrize("parser, strict", [(p, s) for p in TOOL_CALL_PARSERS for s in (False, True)] +
+                         [("required", True)])
+def test_no_model_text_breaks_a_parser(parser, strict):
+    """Whatever a model writes (fragments of every format, in random order, cut at random places),
+    each parser gives deltas without raising, each call begun once with its id and name, its
+    arguments text, and the streamed answer equal to the whole one's content and calls."""
+    tools = [{"type": "function", "function": {**t["function"], "strict": strict}} for t in TOOLS]
+    plan = tool_plan(tools, "required", None, None) if parser == "required" else \
+        tool_plan(tools, "auto", None, parser)
+    rng = random.Random(f"{parser}-{strict}")
+    for _ in range(500):
+        text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(1, 30)))
+        whole, deltas, _ = _message(plan, [text])
+        streamed, _, _ = _message(plan, _pieces(text, rng))
+        for message in (whole, streamed):
+            assert message["content"] is None or isinstance(message["content"], str)
+            for call in message.get("tool_calls", ()):
+                assert call["id"].startswith("call_") and call["function"]["name"]
+                assert isinstance(call["function"]["arguments"], str)
+        assert (streamed["content"], [c["function"] for c in streamed.get("tool_calls", ())]) == \
+            (whole["content"], [c["function"] for c in whole.get("tool_calls", ())]), text

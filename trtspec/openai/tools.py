@@ -312,14 +312,14 @@ class XmlCallReader:
     string: bool = False  # that value is a string's (given out as it comes)
     done: bool = False  # </function> read: the arguments are whole
 
-    def read(self, text: str) -> str:
+    def read(self, text: str, ended: bool = False) -> str:
         """The arguments' text that the block's `text` so far adds (the function's name, once read,
-        is `name`)."""
+        is `name`); `ended`: `text` is the whole block (a tag at its end is settled)."""
         out = ""
         while not self.done:
             if self.name is None:
                 head = XML_HEAD.match(text, self.at)
-                if head is None or not self._settled(text, head.end()):
+                if head is None or not (ended or head.end() < len(text)):  # the newline after it, or none
                     return out
                 self.name, self.at = head.group(1), self._past_newline(text, head.end())
             elif self.arg is None:
@@ -330,14 +330,14 @@ class XmlCallReader:
                     return out
                 param = XML_OPEN.match(text, self.at)
                 if param is None:
-                    if not rest or XML_END.startswith(rest) or rest.startswith("<parameter=") \
-                            or "<parameter=".startswith(rest):
-                        return out  # what may yet be a tag
+                    if not rest or any(tag.startswith(rest) or rest.startswith(tag)
+                                       for tag in (XML_END, "<parameter=", HERMES_CLOSE)):
+                        return out  # what may yet be a tag (the block's end: never read past it)
                     after = len(text) - len(rest) + 1  # a slip's text skipped, up to the next '<'
                     tag = text.find("<", after)
                     self.at = len(text) if tag < 0 else tag
                     continue
-                if not self._settled(text, param.end()):
+                if not (ended or param.end() < len(text)):
                     return out
                 self.arg = param.group(1)
                 self.string = _xml_string(self.properties(self.name).get(self.arg))
@@ -358,11 +358,11 @@ class XmlCallReader:
         return out
 
     def close(self, text: str) -> str:
-        """What ends the arguments where the block ended (its </tool_call> in `text`'s end) before
-        they did: the value being read as its text so far gives it, then the closing brace."""
+        """The arguments' text the whole block `text` (its </tool_call> after it) adds, ended where
+        the block ended before they did: the value being read as its text gives it, then the brace."""
+        out = self.read(text, ended=True)
         if self.done or self.name is None:
-            return ""
-        out = ""
+            return out
         if self.arg is not None:
             out += self._value_end(text[self.at:].removesuffix("\n"))
         self.done = True
@@ -376,11 +376,6 @@ class XmlCallReader:
         if self.string:
             return json.dumps(rest, ensure_ascii=False)[1:-1] + '"'
         return json.dumps(_xml_value(rest, schema), ensure_ascii=False)
-
-    @staticmethod
-    def _settled(text: str, end: int) -> bool:
-        """Whether what follows a tag is known: the newline after it, or none."""
-        return end < len(text)
 
     @staticmethod
     def _past_newline(text: str, end: int) -> int:
@@ -497,9 +492,12 @@ class ToolParser:
             kind = self.json.feed(text[i])
             if kind == "open" and self.json.depth == level:
                 self.start = i
-            elif kind == "close" and self.json.depth == level - 1 and text[i] == "}":
-                self._object_call(text[self.start: i + 1])
+            elif kind == "close" and self.json.depth == level - 1:
+                self._object_call(text[self.start: i + 1])  # closed by "]" too: a slip, no call's shape
                 self.start = -1
+            elif kind == "close" and self.json.depth < 0:  # a stray bracket at the top: text
+                self.json.depth = 0
+                self.stray += text[i]
             elif kind == "other" and self.json.depth == 0 and (self.stray or text[i] not in LLAMA_SEPARATORS):
                 self.stray += text[i]
         if self.start < 0:  # between objects: the brackets, commas and whitespace are the format's
@@ -538,9 +536,9 @@ class ToolParser:
         it so; llama3_json: the model wrote it); other text as written. A streamed call's arguments
         end before the object's closing brace."""
         self._stream(text[:-1])  # what came since the last piece (or the whole call, in one piece)
-        if self.streamed >= 0:
+        if self.streamed >= 0:  # begun, the call stands (a slip's "]" leaves its arguments unfinished)
             self.streamed = -1
-        elif not self._take_call(text, ("parameters", "arguments"), missing_ok=False):
+        elif text[-1] != "}" or not self._take_call(text, ("parameters", "arguments"), missing_ok=False):
             self._content(text)
 
     def _take_call(self, text: str, keys: tuple[str, ...], missing_ok: bool) -> bool:
@@ -661,9 +659,7 @@ class ToolParser:
             self.xml = XmlCallReader(self._properties)
         end = self.held.find(HERMES_CLOSE, self.xml.at) if self.xml.done or self.plan.guide is None else -1
         body = self.held if end < 0 else self.held[:end]
-        arguments = self.xml.read(body)
-        if end >= 0:
-            arguments += self.xml.close(body)
+        arguments = self.xml.read(body) if end < 0 else self.xml.close(body)
         if self.xml.name is not None and self.streamed < 0:
             if self.calls and not self.plan.parallel:  # calls past the first are dropped, as _emit does
                 self.xml.done, arguments = True, ""
@@ -674,8 +670,8 @@ class ToolParser:
             self._more_arguments(arguments)
         if end < 0 and not final:
             return False
-        if self.xml.name is None:  # cut before its function was named: the block's text
-            self._content(HERMES_OPEN + self.held)
+        if self.xml.name is None:  # it named no function: the block's text
+            self._content(HERMES_OPEN + body + ("" if end < 0 else HERMES_CLOSE))
         self.held = "" if end < 0 else self.held[end + len(HERMES_CLOSE):]
         self.in_call, self.blank, self.xml, self.streamed = False, True, None, -1
         return True
