@@ -3,7 +3,7 @@
 # against `trtspec serve` on a copy of the embedded model whose context is 131,072 positions (the
 # agents' first requests are 20-45 kB). Prints each agent's exit code and the tail of its output.
 #
-#   bash scripts/agent_clients.sh [WORK]     # about 3 min on 2 CPU cores; WORK defaults to agent-clients
+#   bash scripts/agent_clients.sh [WORK]     # about 4-5 min on 2 CPU cores; WORK defaults to agent-clients
 #
 # Needs node/npm and the package registry. Versions as the doc's run; AGENTS_LATEST=1 takes the newest.
 set -euo pipefail
@@ -13,9 +13,9 @@ PORT=19300
 URL=http://127.0.0.1:$PORT
 PROMPT="What is 482 + 356?"
 if [ "${AGENTS_LATEST:-0}" = 1 ]; then
-  PACKAGES=(@openai/codex @anthropic-ai/claude-code opencode-ai)
+  PACKAGES=(@openai/codex @anthropic-ai/claude-code opencode-ai @qwen-code/qwen-code)
 else
-  PACKAGES=(@openai/codex@0.171.0 @anthropic-ai/claude-code@2.1.332 opencode-ai@1.18.33)
+  PACKAGES=(@openai/codex@0.171.0 @anthropic-ai/claude-code@2.1.332 opencode-ai@1.18.33 @qwen-code/qwen-code@0.24.4)
 fi
 rm -rf "$WORK" && mkdir -p "$WORK/run"
 
@@ -60,3 +60,7 @@ cat > "$WORK/opencode-home/.config/opencode/opencode.json" <<EOF
   "models": {"trtspec": {"name": "trtspec", "limit": {"context": 131072, "output": 256}}}}}}
 EOF
 agent opencode env HOME="$WORK/opencode-home" "$BIN/opencode" run -m trtspec/trtspec "$PROMPT"
+
+mkdir -p "$WORK/qwen-home"
+agent qwen-code env HOME="$WORK/qwen-home" OPENAI_BASE_URL="$URL/v1" OPENAI_API_KEY=none OPENAI_MODEL=trtspec \
+  QWEN_CODE_MAX_OUTPUT_TOKENS=256 "$BIN/qwen" -p "$PROMPT" --auth-type openai
