@@ -606,8 +606,9 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         """The one choice's whole answer as `segments`; its status (incomplete: the limit ran out)."""
         (text,) = await _texts(request, front, [run], guide)
         segments.push(run.deltas(text, final=True))
-        segments.close(run.status())
-        return run.status()
+        status = run.status()
+        segments.close(status)
+        return status
 
     def stream_segments(firsts: list, streams: list, run: _Run, segments: Segments, head: Callable,
                         tail: Callable, failed: Callable) -> ClosingStreamingResponse:

@@ -459,10 +459,21 @@ class ToolParser:
 
     def _arguments(self, text: str) -> None:
         if not self.calls:
-            self.calls = 1
-            self.deltas.append({"tool_calls": [_call(0, self.plan.name, text)]})
+            self._begin(self.plan.name, text)
         else:
-            self.deltas.append({"tool_calls": [{"index": 0, "function": {"arguments": text}}]})
+            self._more_arguments(text)
+
+    def _begin(self, name: str, arguments: str = "") -> bool:
+        """A call's first delta (id, type, name, and its arguments so far), numbered after the calls
+        before it. False: with parallel_tool_calls false, a call past the first, dropped."""
+        if self.calls and not self.plan.parallel:
+            return False
+        self.deltas.append({"tool_calls": [_call(self.calls, name, arguments)]})
+        self.calls += 1
+        return True
+
+    def _more_arguments(self, text: str) -> None:
+        self.deltas.append({"tool_calls": [{"index": self.calls - 1, "function": {"arguments": text}}]})
 
     def _scan_llama(self) -> None:
         """Llama 3's JSON calls: an answer whose first text is `{` or <|python_tag|> is calls, each
@@ -513,10 +524,8 @@ class ToolParser:
             return
         if self.streamed < 0:
             head = CALL_HEAD.match(text)
-            if head is None or (self.calls and not self.plan.parallel):
+            if head is None or not self._begin(head.group(1)):
                 return
-            self.deltas.append({"tool_calls": [_call(self.calls, head.group(1), "")]})
-            self.calls += 1
             self.streamed, self.arguments = head.end(), JsonDepth()
         given = []  # the arguments' characters, up to their object's close (the rest is the format's)
         for ch in text[self.streamed:]:
@@ -527,9 +536,6 @@ class ToolParser:
         self.streamed = len(text)
         if given:
             self._more_arguments("".join(given))
-
-    def _more_arguments(self, text: str) -> None:
-        self.deltas.append({"tool_calls": [{"index": self.calls - 1, "function": {"arguments": text}}]})
 
     def _object_call(self, text: str) -> None:
         """A call from {"name": str, "parameters" (or "arguments"): object} (required: the guide made
@@ -564,12 +570,8 @@ class ToolParser:
         return {}
 
     def _emit(self, name: str, parameters: dict) -> None:
-        """A call's delta; with parallel_tool_calls false, calls past the first are dropped."""
-        if self.calls and not self.plan.parallel:
-            return
-        arguments = json.dumps(parameters, ensure_ascii=False)
-        self.deltas.append({"tool_calls": [_call(self.calls, name, arguments)]})
-        self.calls += 1
+        """A whole call's delta (`_begin`)."""
+        self._begin(name, json.dumps(parameters, ensure_ascii=False))
 
     def _scan_hermes(self, final: bool) -> None:
         """Content outside <tool_call> blocks; each block whose body is {"name": str, "arguments":
@@ -593,8 +595,7 @@ class ToolParser:
                 if end < 0 and not final:
                     return
                 body = self.held if end < 0 else self.held[:end]  # final: an unclosed block
-                self.held = "" if end < 0 else self.held[end + len(HERMES_CLOSE):]
-                self.in_call, self.blank = False, True
+                self._end_block(end)
                 xml = self.plan.parser == "qwen3_coder"  # its block that names no function is text
                 if xml or not self._take_call(body, ("arguments",), missing_ok=True):
                     self._content(HERMES_OPEN + body + ("" if end < 0 else HERMES_CLOSE))
@@ -616,6 +617,12 @@ class ToolParser:
             self.held = "" if final else self.held[len(out):]
             return
 
+    def _end_block(self, end: int) -> None:
+        """Past a <tool_call> block: `held` from after its </tool_call> at `end` (-1: the text ended
+        in it), the block's reading state reset."""
+        self.held = "" if end < 0 else self.held[end + len(HERMES_CLOSE):]
+        self.in_call, self.blank, self.json, self.xml = False, True, JsonDepth(), None
+        self.start, self.scanned, self.streamed = -1, 0, -1
 
     def _json_block(self, final: bool) -> bool:
         """A hermes <tool_call> block read as its JSON call (strict tools', or one whose `CALL_HEAD`
@@ -645,9 +652,7 @@ class ToolParser:
         end = self.held.find(HERMES_CLOSE)
         if end < 0 and not final:
             return False
-        self.held = "" if end < 0 else self.held[end + len(HERMES_CLOSE):]
-        self.in_call, self.blank, self.json = False, True, JsonDepth()
-        self.start, self.scanned, self.streamed = -1, 0, -1
+        self._end_block(end)
         return True
 
     def _xml_block(self, final: bool) -> bool:
@@ -661,19 +666,17 @@ class ToolParser:
         body = self.held if end < 0 else self.held[:end]
         arguments = self.xml.read(body) if end < 0 else self.xml.close(body)
         if self.xml.name is not None and self.streamed < 0:
-            if self.calls and not self.plan.parallel:  # calls past the first are dropped, as _emit does
+            if self._begin(self.xml.name):
+                self.streamed = 0
+            else:  # a call past the first, dropped: read no further
                 self.xml.done, arguments = True, ""
-            else:
-                self.deltas.append({"tool_calls": [_call(self.calls, self.xml.name, "")]})
-                self.calls, self.streamed = self.calls + 1, 0
         if arguments and self.streamed >= 0:
             self._more_arguments(arguments)
         if end < 0 and not final:
             return False
         if self.xml.name is None:  # it named no function: the block's text
             self._content(HERMES_OPEN + body + ("" if end < 0 else HERMES_CLOSE))
-        self.held = "" if end < 0 else self.held[end + len(HERMES_CLOSE):]
-        self.in_call, self.blank, self.xml, self.streamed = False, True, None, -1
+        self._end_block(end)
         return True
 
 
