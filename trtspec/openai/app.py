@@ -476,9 +476,15 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         front.check_model(req.model)
         messages = check_chat(req, model.vocab_size)
         tools = check_tools(req, model.tool_parser)
-        prompt = render_chat(messages, template_variables(req), None if tools is None else tools.tools)
-        start = None if model.reasoning_parser is None else answer_start(model.reasoning_parser, prompt)
+        prompt, start = chat_prompt(req, messages, tools)
         return await respond(request, req, [prompt], True, None, tools, start)
+
+    def chat_prompt(req: ChatRequest, messages: list[dict], tools: ToolPlan | None) -> tuple[str, str | None]:
+        """A checked chat request's prompt through the template, and where its answer starts (the
+        reasoning parser's `answer_start`; None: no parser)."""
+        prompt = render_chat(messages, template_variables(req), None if tools is None else tools.tools)
+        parser = model.reasoning_parser
+        return prompt, None if parser is None else answer_start(parser, prompt)
 
     def render_chat(messages: list[dict], variables: dict | None, tools: list[dict] | None = None) -> str:
         if model.chat is None:
@@ -593,9 +599,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         try:
             chat = parse(ChatRequest, body)
             tools = check_tools(chat, model.tool_parser)
-            prompt = render_chat(check_chat(chat, model.vocab_size), template_variables(chat),
-                                 None if tools is None else tools.tools)
-            start = None if model.reasoning_parser is None else answer_start(model.reasoning_parser, prompt)
+            prompt, start = chat_prompt(chat, check_chat(chat, model.vocab_size), tools)
             run = runs_of(chat, [prompt], True, None, tools, start)[0] if generate else None
         except ApiError as exc:
             raise renamed(exc, renames) from None
