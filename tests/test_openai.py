@@ -527,6 +527,7 @@ BAD = [
     # alone (GOOD_CHAT's max_tokens dropped), 0 generated to the end of the context
     ("chat/completions", {"max_tokens": None, "max_completion_tokens": 0}, "max_completion_tokens"),
     ("chat/completions", {"response_format": {"type": "xml"}}, "response_format.type"),
+    ("chat/completions", {"response_format": {"type": ["json_object"]}}, "response_format.type"),  # was a 500
     ("chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
      "response_format.json_schema.schema"),
     # a regex the model compiles and refuses

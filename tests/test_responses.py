@@ -149,6 +149,9 @@ def test_namespaced_functions_are_chats_tools_and_their_calls_say_their_namespac
     with pytest.raises(ApiError) as refused:
         chat_tools([{"type": "namespace", "name": "agents", "tools": [{"type": "custom", "name": "x"}]}])
     assert refused.value.param == "tools[0].tools[0].type"
+    with pytest.raises(ApiError) as refused:  # was offered as "agents.None", then a 500 (tests/api_fuzz.py)
+        chat_tools([{"type": "namespace", "name": "agents", "tools": [{"type": "function", "parameters": {}}]}])
+    assert refused.value.param == "tools[0].tools[0].name"
 
 
 def test_chats_refusals_are_named_as_the_responses_request_names_them():

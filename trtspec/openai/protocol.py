@@ -587,7 +587,7 @@ def _response_format_guide(response_format: dict) -> tuple[str, str] | None:
     kind = response_format.get("type")
     if kind == "text":
         return None
-    if kind not in RESPONSE_FORMATS:
+    if not isinstance(kind, str) or kind not in RESPONSE_FORMATS:
         raise ApiError(f"Invalid 'response_format.type': {kind!r}; expected text, "
                        f"{', '.join(RESPONSE_FORMATS)}.", "response_format.type", code="invalid_value")
     guide_type, field = RESPONSE_FORMATS[kind]

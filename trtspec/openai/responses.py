@@ -301,7 +301,10 @@ def _chat_tool(tool, where: str, space: str | None = None, about: str | None = N
     only_keys(tool, ("type", "name", "description", "parameters", "strict"), where)
     function = {key: value for key, value in tool.items() if key != "type" and value is not None}
     if space is not None:
-        function["name"] = f"{space}.{function.get('name')}"
+        if not isinstance(function.get("name"), str):  # checked here: "fs.None" would pass as a name
+            raise ApiError(f"Missing required parameter: '{where}.name' (a string).", f"{where}.name",
+                           code="missing_required_parameter")
+        function["name"] = f"{space}.{function['name']}"
         if about:
             function["description"] = f"{about} {function.get('description', '')}".strip()
     return {"type": "function", "function": {"strict": True, **function}}

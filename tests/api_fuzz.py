@@ -1,0 +1,337 @@
+"""A fuzzer of the OpenAI frontend's request bodies: valid requests of every route (completions,
+chat, Responses, Messages, count_tokens, tokenize, detokenize), each mutated at one to three random
+places of its JSON tree (a field dropped, a value of another type or at a boundary, a list emptied
+or doubled, an unknown key, a subtree of another request), sent to a running `trtspec serve`.
+
+What must hold for every body: the answer is a 200 or a 4xx, never a 5xx or a dropped connection;
+a 4xx is the route's error shape with a message (OpenAI's `{"error": {"message", ...}}`, Anthropic's
+`{"type": "error", "error": {...}}`); a 200 parses (a stream's every event is JSON and it ends as
+its API ends one); no request hangs. `python -m tests.api_fuzz --url http://HOST:PORT --requests N`
+runs it against any server; tests/test_openai.py runs a few hundred.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+TOOL = {"type": "function", "function": {
+    "name": "add", "description": "adds two numbers",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "required": ["a", "b"], "additionalProperties": False}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 4}},
+          "required": ["answer"], "additionalProperties": False}
+
+# (route, a valid body): every route with most of its fields set, and a few small ones
+SEEDS: list[tuple[str, dict]] = [
+    ("/v1/completions", {"model": "trtspec", "prompt": "Q: 12 + 30\nA:", "max_tokens": 8, "temperature": 0,
+                         "stop": ["\n"], "logprobs": 2, "echo": True}),
+    ("/v1/completions", {"model": "trtspec", "prompt": ["import os\n", "def f(x):\n"], "max_tokens": 6,
+                         "temperature": 0.8, "top_p": 0.9, "top_k": 8, "min_p": 0.05, "seed": 3, "n": 2,
+                         "presence_penalty": 0.5, "frequency_penalty": 0.2, "repetition_penalty": 1.1,
+                         "logit_bias": {"65": -2.0}, "bad_words": ["ab"], "min_tokens": 2,
+                         "stop_token_ids": [10], "stream": True, "stream_options": {"include_usage": True}}),
+    ("/v1/completions", {"model": "trtspec", "prompt": [81, 58, 32, 49], "max_tokens": 5,
+                         "structured_outputs": {"regex": "[0-9]+"}, "ignore_eos": False}),
+    ("/v1/completions", {"model": "trtspec", "prompt": [[81, 58], [100, 101]], "max_tokens": 4,
+                         "guided_choice": ["yes", "no"], "include_stop_str_in_output": True,
+                         "add_special_tokens": False}),
+    ("/v1/chat/completions", {"model": "trtspec", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "1 + 2"}], "name": "ann"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL], "reasoning_content": "sum"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+        {"role": "user", "content": "and 4 + 4?"}],
+        "tools": [TOOL], "tool_choice": "auto", "parallel_tool_calls": False, "max_tokens": 8,
+        "temperature": 0, "logprobs": True, "top_logprobs": 2}),
+    ("/v1/chat/completions", {"model": "trtspec", "messages": [{"role": "user", "content": "hi"}],
+                              "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "add"}},
+                              "max_completion_tokens": 24, "stream": True,
+                              "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
+    ("/v1/chat/completions", {"model": "trtspec", "messages": [{"role": "developer", "content": "json"},
+                                                               {"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_schema",
+                                                  "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}},
+                              "max_tokens": 16, "seed": 5, "temperature": 1, "n": 2,
+                              "chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "low",
+                              "thinking_token_budget": 4, "include_reasoning": True, "metadata": {"a": "b"},
+                              "store": False, "modalities": ["text"]}),
+    ("/v1/chat/completions", {"model": "trtspec", "messages": [{"role": "user", "content": "q"}],
+                              "tools": [TOOL], "tool_choice": "required", "max_tokens": 32, "stream": True}),
+    ("/v1/responses", {"model": "trtspec", "input": "Q: 3 + 4\nA:", "instructions": "Be brief.",
+                       "max_output_tokens": 8, "temperature": 0, "store": True}),
+    ("/v1/responses", {"model": "trtspec", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "1 + 2"}]},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "sum"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "add", "arguments": '{"a": 1, "b": 2}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "3"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "3"}]},
+        {"type": "message", "role": "user", "content": "and 5?"}],
+        "tools": [{"type": "function", "name": "add", "description": "adds",
+                   "parameters": TOOL["function"]["parameters"], "strict": True},
+                  {"type": "namespace", "name": "fs", "description": "files", "tools": [
+                      {"type": "function", "name": "read", "parameters": {"type": "object", "properties": {}}}]},
+                  {"type": "web_search"}],
+        "tool_choice": "auto", "max_output_tokens": 24, "stream": True, "reasoning": {"effort": "low"},
+        "client_metadata": {"turn": "1"}, "parallel_tool_calls": True, "include": []}),
+    ("/v1/responses", {"model": "trtspec", "input": "x", "text": {"format": {
+        "type": "json_schema", "name": "a", "schema": SCHEMA, "strict": True}}, "max_output_tokens": 16,
+        "tool_choice": "none", "truncation": "disabled", "top_logprobs": 0, "background": False}),
+    ("/v1/messages", {"model": "trtspec", "max_tokens": 8, "system": [{"type": "text", "text": "Be brief."}],
+                      "messages": [
+                          {"role": "user", "content": "1 + 2"},
+                          {"role": "assistant", "content": [
+                              {"type": "thinking", "thinking": "sum", "signature": ""},
+                              {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 1, "b": 2}}]},
+                          {"role": "user", "content": [
+                              {"type": "tool_result", "tool_use_id": "toolu_1", "content": "3"},
+                              {"type": "text", "text": "and 4?"}]}],
+                      "tools": [{"name": "add", "description": "adds",
+                                 "input_schema": TOOL["function"]["parameters"]}],
+                      "tool_choice": {"type": "auto"}, "temperature": 0, "stop_sequences": ["\n"]}),
+    ("/v1/messages", {"model": "trtspec", "max_tokens": 24, "messages": [{"role": "user", "content": "hi"}],
+                      "stream": True, "thinking": {"type": "adaptive"}, "top_k": 5,
+                      "top_p": 0.9, "output_config": {"effort": "low"}, "metadata": {"user_id": "u"},
+                      "context_management": {"edits": [{"type": "clear_thinking_20251015",
+                                                        "keep": "all"}]}}),
+    ("/v1/messages", {"model": "trtspec", "max_tokens": 16, "messages": [{"role": "user", "content": "x"}],
+                      "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
+                      "tools": [{"name": "add", "input_schema": TOOL["function"]["parameters"]}],
+                      "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}),
+    ("/v1/messages", {"model": "trtspec", "max_tokens": 1100, "messages": [{"role": "user", "content": "7 + 8"}],
+                      "thinking": {"type": "enabled", "budget_tokens": 1024}}),
+    ("/v1/messages/count_tokens", {"model": "trtspec", "system": "s", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hello"}]}],
+        "tools": [{"name": "add", "input_schema": TOOL["function"]["parameters"]}]}),
+    ("/tokenize", {"model": "trtspec", "prompt": "hello", "add_special_tokens": True, "return_token_strs": True}),
+    ("/tokenize", {"messages": [{"role": "user", "content": "hello"}], "tools": [TOOL],
+                   "chat_template_kwargs": {"enable_thinking": True}}),
+    ("/detokenize", {"model": "trtspec", "tokens": [104, 105]}),
+    # Triton's own generate endpoints (the model's inputs by name, TensorRT-LLM's)
+    ("/v2/models/trtspec/generate", {"text_input": "Q: 1 + 2\nA:", "max_tokens": 8, "temperature": 0.0}),
+    ("/v2/models/trtspec/generate", {
+        "text_input": "import os\n", "max_tokens": 6, "temperature": 0.8, "top_p": 0.9, "top_k": 8, "min_p": 0.05,
+        "random_seed": 3, "stop_words": ["\n"], "bad_words": ["ab"], "presence_penalty": 0.5,
+        "frequency_penalty": 0.2, "repetition_penalty": 1.1, "min_tokens": 2, "return_log_probs": True,
+        "num_top_log_probs": 2, "logit_bias_ids": [65], "logit_bias_values": [-2.0], "exclude_input_in_output": True}),
+    ("/v2/models/trtspec/generate", {"text_input": "x", "max_tokens": 8, "guided_decoding_guide_type": "regex",
+                                     "guided_decoding_guide": "[0-9]+", "add_special_tokens": False}),
+    ("/v2/models/trtspec/generate", {"text_input": "Q: 9 + 9\nA:", "max_tokens": 8, "thinking_token_budget": 2,
+                                     "thinking_start": "A:", "thinking_end": "</think>", "stop_token_ids": [10],
+                                     "ignore_eos": False, "end_id": 0, "pad_id": 0}),
+    ("/v2/models/trtspec/generate_stream", {"input_ids": [81, 58, 32, 49], "max_tokens": 6, "stream": True,
+                                            "num_return_sequences": 1, "beam_width": 1, "seed": 4,
+                                            "temperature": 1.0}),
+]
+
+# values a field may be given instead of its own: other types, boundaries, odd texts
+ODD = [None, True, False, 0, 1, -1, 2, 0.5, -0.5, 1e300, -1e300, 2 ** 31, 2 ** 63, -(2 ** 63), 10 ** 30,
+       "", " ", "x", "0", "null", "auto", "none", "required", "text", "json_object", "function", "user",
+       "assistant", "tool", "system", "\u0000", "\ud7ff\ue000", "é" * 3, "<tool_call>", "</think>",
+       "{", "}", "[0-9", "(a|", "\\", "x" * 5000, [], [None], [1, 2], ["a"], [[]], [{}], {}, {"a": 1},
+       {"type": "text"}, {"type": "function"}, {"type": "object"}, {"": None},
+       # what a JSON schema, a regex or a grammar may hold that a guide must refuse or compile
+       {"type": "string", "pattern": "(a"}, {"type": "string", "pattern": "a{1000000}"}, {"$ref": "#/$defs/x"},
+       {"enum": []}, {"anyOf": []}, {"type": ["string", "null"]}, {"type": "integer", "minimum": 5, "maximum": 1},
+       {"type": "array", "minItems": 3, "maxItems": 1}, {"type": "string", "format": "date-time"},
+       {"type": "integer", "multipleOf": 0}, {"const": {"a": [1]}}, {"additionalProperties": {"type": "integer"}},
+       {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, {"not": {}},
+       {"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, {"type": "nonsense"},
+       {"type": "string", "minLength": 10 ** 9}, "[a-", "a{1000000}", "\\p{L}+", "root ::= ", "root ::= x",
+       'root ::= "a" | ', "<|endoftext|>", "<think>"]
+MAX_DEPTH = 6
+# tritonserver 2.51's HTTP generate answers a value of the wrong JSON type (`"max_tokens": "x"`) with
+# a 500 of its own before any model sees the request; counted apart, not trtspec's to answer
+UPSTREAM_500 = "Unable to parse "
+
+
+def _places(node, path=()):
+    """Every (path, value) in the tree, the root included."""
+    yield path, node
+    if len(path) >= MAX_DEPTH:
+        return
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _places(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _places(value, (*path, i))
+
+
+def _parent(body, path):
+    for key in path[:-1]:
+        body = body[key]
+    return body
+
+
+def _odd(rng: random.Random, old) -> object:
+    """A value to put where `old` was: mostly another of ODD, sometimes a near neighbour of a number,
+    an edited string, or a subtree of another seed."""
+    roll = rng.random()
+    if isinstance(old, bool) or roll < 0.45:
+        return copy.deepcopy(rng.choice(ODD))
+    if isinstance(old, (int, float)) and roll < 0.85:
+        return rng.choice([old - 1, old + 1, -old, old * 1000, old / 3, int(old) + 0.5])
+    if isinstance(old, str) and roll < 0.85:
+        cut = rng.randrange(len(old) + 1)
+        return old[:cut] + rng.choice(["", "\n", "é", "\x00", "}", '"', "<", "\\u0000", "🦀"]) + old[cut:]
+    places = list(_places(rng.choice(SEEDS)[1]))
+    return copy.deepcopy(rng.choice(places)[1])
+
+
+def mutate(rng: random.Random, body: dict, count: int) -> dict:
+    """`body` changed at `count` random places (a copy)."""
+    body = copy.deepcopy(body)
+    for _ in range(count):
+        path, old = rng.choice(list(_places(body))[1:] or [((), body)])
+        if not path:
+            break
+        parent, key = _parent(body, path), path[-1]
+        op = rng.random()
+        if op < 0.2:  # drop it
+            del parent[key]
+        elif op < 0.3 and isinstance(old, list):
+            parent[key] = old + copy.deepcopy(old) if rng.random() < 0.5 else []
+        elif op < 0.4 and isinstance(old, dict):
+            old[rng.choice(["extra", "type", "name", "content", "text", "role"])] = copy.deepcopy(rng.choice(ODD))
+        else:
+            parent[key] = _odd(rng, old)
+    return body
+
+
+@dataclass
+class Outcome:
+    route: str
+    body: dict
+    status: int
+    problem: str = ""  # what broke the rules, empty when nothing did
+    upstream: bool = False  # Triton's own 500 for a value of the wrong JSON type (UPSTREAM_500)
+    text: str = field(default="", repr=False)
+
+
+def _error_message(route: str, answer) -> str:
+    """The message of an error answer in its route's shape, or "" when it has none."""
+    if not isinstance(answer, dict):
+        return ""
+    if route.startswith("/v2/"):  # Triton's: {"error": "..."}, generate_stream's as an event
+        return answer["error"] if isinstance(answer.get("error"), str) else ""
+    if route.startswith("/v1/messages"):
+        error = answer.get("error") if answer.get("type") == "error" else None
+    else:
+        error = answer.get("error")
+    return error.get("message", "") if isinstance(error, dict) and isinstance(error.get("message"), str) else ""
+
+
+def _json(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def _stream_problem(route: str, text: str) -> str:
+    """What is wrong with a 200's event stream, or ""."""
+    datas = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    if not datas:
+        return "a stream with no events"
+    events = []
+    for data in datas:
+        if data == "[DONE]":
+            continue
+        try:
+            events.append(json.loads(data))
+        except json.JSONDecodeError:
+            return f"an event that is no JSON: {data[:200]!r}"
+    if route.startswith("/v2/"):
+        return ""  # Triton's stream ends when its last response is sent; an error is an event of its own
+    if route in ("/v1/completions", "/v1/chat/completions"):
+        if datas[-1] != "[DONE]":
+            return "a stream that does not end with [DONE]"
+    elif route == "/v1/responses":
+        if events[-1].get("type") not in ("response.completed", "response.incomplete", "response.failed", "error"):
+            return f"a Responses stream ending with {events[-1].get('type')!r}"
+    elif route == "/v1/messages":
+        if events[-1].get("type") not in ("message_stop", "error"):
+            return f"a Messages stream ending with {events[-1].get('type')!r}"
+    return ""
+
+
+def send(base: str, route: str, body, key: str | None = None, timeout: float = 60,
+         triton: str | None = None) -> Outcome:
+    """POST `body` to `base + route` (Triton's routes, /v2/..., to `triton`) and judge the answer."""
+    if route.startswith("/v2/"):
+        base = triton
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(base + route, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, text = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        status, text = exc.code, exc.read().decode(errors="replace")
+    except Exception as exc:  # a dropped connection, a hang: what must never happen
+        return Outcome(route, body, 0, f"no answer: {type(exc).__name__}: {exc}")
+    outcome = Outcome(route, body, status, text=text)
+    if status >= 400 and route.endswith("generate_stream") and text.startswith("data: "):
+        text = text[6:]  # Triton's stream sends an error as its one event
+    if status >= 500:
+        outcome.upstream = route.startswith("/v2/") and _error_message(route, _json(text)).startswith(UPSTREAM_500)
+        if not outcome.upstream:
+            outcome.problem = f"status {status}: {text[:300]}"
+    elif status >= 400:
+        message = _error_message(route, _json(text))
+        if not message:
+            outcome.problem = f"a {status} without an error message in the route's shape: {text[:300]}"
+        elif "Traceback" in message:
+            outcome.problem = f"a traceback in the message: {message[:300]}"
+    elif route.endswith("generate_stream") or isinstance(body, dict) and body.get("stream") is True:
+        outcome.problem = _stream_problem(route, text)
+    else:
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            outcome.problem = f"a 200 that is no JSON: {text[:300]}"
+    return outcome
+
+
+def fuzz(base: str, triton: str | None, requests: int, seed: int, key: str | None = None,
+         max_mutations: int = 3):
+    """Send `requests` mutated bodies to the frontend at `base` (and Triton's HTTP at `triton`,
+    None: none of its routes); yields each Outcome."""
+    rng = random.Random(seed)
+    seeds = [seed for seed in SEEDS if triton or not seed[0].startswith("/v2/")]
+    for _ in range(requests):
+        route, body = rng.choice(seeds)
+        count = 1 if rng.random() < 0.5 else rng.randint(2, max_mutations)  # one change reaches furthest
+        yield send(base, route, mutate(rng, body, count), key, triton=triton)
+
+
+def main() -> None:
+    import argparse
+    from collections import Counter
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", required=True, help="the frontend's base, http://HOST:PORT")
+    parser.add_argument("--triton", default=None, help="Triton's HTTP base, http://HOST:PORT (its generate routes)")
+    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--key", default=None)
+    args = parser.parse_args()
+    statuses, problems = Counter(), []
+    for i, outcome in enumerate(fuzz(args.url, args.triton, args.requests, args.seed, args.key)):
+        statuses[outcome.route, f"{outcome.status}{' (Triton parsing)' if outcome.upstream else ''}"] += 1
+        if outcome.problem:
+            problems.append(outcome)
+            print(f"#{i} {outcome.route} {outcome.problem}\n  body: {json.dumps(outcome.body)[:1500]}", flush=True)
+    for (route, status), count in sorted(statuses.items()):
+        print(f"{route:28} {status}: {count}")
+    print(f"{len(problems)} problems in {args.requests} requests")
+
+
+if __name__ == "__main__":
+    main()
