@@ -17,6 +17,7 @@ import json
 import random
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 TOOL = {"type": "function", "function": {
@@ -29,104 +30,120 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "maxLeng
 
 # (route, a valid body): every route with most of its fields set, and a few small ones
 SEEDS: list[tuple[str, dict]] = [
-    ("/v1/completions", {"model": "trtspec", "prompt": "Q: 12 + 30\nA:", "max_tokens": 8, "temperature": 0,
-                         "stop": ["\n"], "logprobs": 2, "echo": True}),
-    ("/v1/completions", {"model": "trtspec", "prompt": ["import os\n", "def f(x):\n"], "max_tokens": 6,
-                         "temperature": 0.8, "top_p": 0.9, "top_k": 8, "min_p": 0.05, "seed": 3, "n": 2,
-                         "presence_penalty": 0.5, "frequency_penalty": 0.2, "repetition_penalty": 1.1,
-                         "logit_bias": {"65": -2.0}, "bad_words": ["ab"], "min_tokens": 2,
-                         "stop_token_ids": [10], "stream": True, "stream_options": {"include_usage": True}}),
-    ("/v1/completions", {"model": "trtspec", "prompt": [81, 58, 32, 49], "max_tokens": 5,
-                         "structured_outputs": {"regex": "[0-9]+"}, "ignore_eos": False}),
-    ("/v1/completions", {"model": "trtspec", "prompt": [[81, 58], [100, 101]], "max_tokens": 4,
-                         "guided_choice": ["yes", "no"], "include_stop_str_in_output": True,
-                         "add_special_tokens": False}),
-    ("/v1/chat/completions", {"model": "trtspec", "messages": [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "1 + 2"}], "name": "ann"},
-        {"role": "assistant", "content": None, "tool_calls": [CALL], "reasoning_content": "sum"},
-        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
-        {"role": "user", "content": "and 4 + 4?"}],
+    ("/v1/completions", {
+        "model": "trtspec", "prompt": "Q: 12 + 30\nA:", "max_tokens": 8, "temperature": 0, "stop": ["\n"],
+        "logprobs": 2, "echo": True}),
+    ("/v1/completions", {
+        "model": "trtspec", "prompt": ["import os\n", "def f(x):\n"], "max_tokens": 6, "temperature": 0.8,
+        "top_p": 0.9, "top_k": 8, "min_p": 0.05, "seed": 3, "n": 2, "presence_penalty": 0.5,
+        "frequency_penalty": 0.2, "repetition_penalty": 1.1, "logit_bias": {"65": -2.0}, "bad_words": ["ab"],
+        "min_tokens": 2, "stop_token_ids": [10], "stream": True, "stream_options": {"include_usage": True}}),
+    ("/v1/completions", {
+        "model": "trtspec", "prompt": [81, 58, 32, 49], "max_tokens": 5,
+        "structured_outputs": {"regex": "[0-9]+"}, "ignore_eos": False}),
+    ("/v1/completions", {
+        "model": "trtspec", "prompt": [[81, 58], [100, 101]], "max_tokens": 4, "guided_choice": ["yes", "no"],
+        "include_stop_str_in_output": True, "add_special_tokens": False}),
+    ("/v1/chat/completions", {
+        "model": "trtspec", "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "1 + 2"}], "name": "ann"},
+            {"role": "assistant", "content": None, "tool_calls": [CALL], "reasoning_content": "sum"},
+            {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+            {"role": "user", "content": "and 4 + 4?"}],
         "tools": [TOOL], "tool_choice": "auto", "parallel_tool_calls": False, "max_tokens": 8,
         "temperature": 0, "logprobs": True, "top_logprobs": 2}),
-    ("/v1/chat/completions", {"model": "trtspec", "messages": [{"role": "user", "content": "hi"}],
-                              "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "add"}},
-                              "max_completion_tokens": 24, "stream": True,
-                              "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
-    ("/v1/chat/completions", {"model": "trtspec", "messages": [{"role": "developer", "content": "json"},
-                                                               {"role": "user", "content": "x"}],
-                              "response_format": {"type": "json_schema",
-                                                  "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}},
-                              "max_tokens": 16, "seed": 5, "temperature": 1, "n": 2,
-                              "chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "low",
-                              "thinking_token_budget": 4, "include_reasoning": True, "metadata": {"a": "b"},
-                              "store": False, "modalities": ["text"]}),
-    ("/v1/chat/completions", {"model": "trtspec", "messages": [{"role": "user", "content": "q"}],
-                              "tools": [TOOL], "tool_choice": "required", "max_tokens": 32, "stream": True}),
-    ("/v1/responses", {"model": "trtspec", "input": "Q: 3 + 4\nA:", "instructions": "Be brief.",
-                       "max_output_tokens": 8, "temperature": 0, "store": True}),
-    ("/v1/responses", {"model": "trtspec", "input": [
-        {"role": "user", "content": [{"type": "input_text", "text": "1 + 2"}]},
-        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "sum"}]},
-        {"type": "function_call", "call_id": "call_1", "name": "add", "arguments": '{"a": 1, "b": 2}'},
-        {"type": "function_call_output", "call_id": "call_1", "output": "3"},
-        {"role": "assistant", "content": [{"type": "output_text", "text": "3"}]},
-        {"type": "message", "role": "user", "content": "and 5?"}],
-        "tools": [{"type": "function", "name": "add", "description": "adds",
-                   "parameters": TOOL["function"]["parameters"], "strict": True},
-                  {"type": "namespace", "name": "fs", "description": "files", "tools": [
-                      {"type": "function", "name": "read", "parameters": {"type": "object", "properties": {}}}]},
-                  {"type": "web_search"}],
+    ("/v1/chat/completions", {
+        "model": "trtspec", "messages": [{"role": "user", "content": "hi"}], "tools": [TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "add"}}, "max_completion_tokens": 24,
+        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
+    ("/v1/chat/completions", {
+        "model": "trtspec",
+        "messages": [{"role": "developer", "content": "json"}, {"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}},
+        "max_tokens": 16, "seed": 5, "temperature": 1, "n": 2,
+        "chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "low",
+        "thinking_token_budget": 4, "include_reasoning": True, "metadata": {"a": "b"},
+        "store": False, "modalities": ["text"]}),
+    ("/v1/chat/completions", {
+        "model": "trtspec", "messages": [{"role": "user", "content": "q"}], "tools": [TOOL],
+        "tool_choice": "required", "max_tokens": 32, "stream": True}),
+    ("/v1/responses", {
+        "model": "trtspec", "input": "Q: 3 + 4\nA:", "instructions": "Be brief.", "max_output_tokens": 8,
+        "temperature": 0, "store": True}),
+    ("/v1/responses", {
+        "model": "trtspec", "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "1 + 2"}]},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "sum"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "add", "arguments": '{"a": 1, "b": 2}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": "3"},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "3"}]},
+            {"type": "message", "role": "user", "content": "and 5?"}],
+        "tools": [
+            {"type": "function", "name": "add", "description": "adds",
+             "parameters": TOOL["function"]["parameters"], "strict": True},
+            {"type": "namespace", "name": "fs", "description": "files", "tools": [
+                {"type": "function", "name": "read", "parameters": {"type": "object", "properties": {}}}]},
+            {"type": "web_search"}],
         "tool_choice": "auto", "max_output_tokens": 24, "stream": True, "reasoning": {"effort": "low"},
         "client_metadata": {"turn": "1"}, "parallel_tool_calls": True, "include": []}),
-    ("/v1/responses", {"model": "trtspec", "input": "x", "text": {"format": {
-        "type": "json_schema", "name": "a", "schema": SCHEMA, "strict": True}}, "max_output_tokens": 16,
-        "tool_choice": "none", "truncation": "disabled", "top_logprobs": 0, "background": False}),
-    ("/v1/messages", {"model": "trtspec", "max_tokens": 8, "system": [{"type": "text", "text": "Be brief."}],
-                      "messages": [
-                          {"role": "user", "content": "1 + 2"},
-                          {"role": "assistant", "content": [
-                              {"type": "thinking", "thinking": "sum", "signature": ""},
-                              {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 1, "b": 2}}]},
-                          {"role": "user", "content": [
-                              {"type": "tool_result", "tool_use_id": "toolu_1", "content": "3"},
-                              {"type": "text", "text": "and 4?"}]}],
-                      "tools": [{"name": "add", "description": "adds",
-                                 "input_schema": TOOL["function"]["parameters"]}],
-                      "tool_choice": {"type": "auto"}, "temperature": 0, "stop_sequences": ["\n"]}),
-    ("/v1/messages", {"model": "trtspec", "max_tokens": 24, "messages": [{"role": "user", "content": "hi"}],
-                      "stream": True, "thinking": {"type": "adaptive"}, "top_k": 5,
-                      "top_p": 0.9, "output_config": {"effort": "low"}, "metadata": {"user_id": "u"},
-                      "context_management": {"edits": [{"type": "clear_thinking_20251015",
-                                                        "keep": "all"}]}}),
-    ("/v1/messages", {"model": "trtspec", "max_tokens": 16, "messages": [{"role": "user", "content": "x"}],
-                      "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
-                      "tools": [{"name": "add", "input_schema": TOOL["function"]["parameters"]}],
-                      "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}),
-    ("/v1/messages", {"model": "trtspec", "max_tokens": 1100, "messages": [{"role": "user", "content": "7 + 8"}],
-                      "thinking": {"type": "enabled", "budget_tokens": 1024}}),
-    ("/v1/messages/count_tokens", {"model": "trtspec", "system": "s", "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "hello"}]}],
+    ("/v1/responses", {
+        "model": "trtspec", "input": "x",
+        "text": {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA, "strict": True}},
+        "max_output_tokens": 16, "tool_choice": "none", "truncation": "disabled", "top_logprobs": 0,
+        "background": False}),
+    ("/v1/messages", {
+        "model": "trtspec", "max_tokens": 8, "system": [{"type": "text", "text": "Be brief."}], "messages": [
+            {"role": "user", "content": "1 + 2"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "sum", "signature": ""},
+                {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 1, "b": 2}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "3"},
+                {"type": "text", "text": "and 4?"}]}],
+        "tools": [{"name": "add", "description": "adds", "input_schema": TOOL["function"]["parameters"]}],
+        "tool_choice": {"type": "auto"}, "temperature": 0, "stop_sequences": ["\n"]}),
+    ("/v1/messages", {
+        "model": "trtspec", "max_tokens": 24, "messages": [{"role": "user", "content": "hi"}], "stream": True,
+        "thinking": {"type": "adaptive"}, "top_k": 5, "top_p": 0.9, "output_config": {"effort": "low"},
+        "metadata": {"user_id": "u"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}}),
+    ("/v1/messages", {
+        "model": "trtspec", "max_tokens": 16, "messages": [{"role": "user", "content": "x"}],
+        "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
+        "tools": [{"name": "add", "input_schema": TOOL["function"]["parameters"]}],
+        "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}),
+    ("/v1/messages", {
+        "model": "trtspec", "max_tokens": 1100, "messages": [{"role": "user", "content": "7 + 8"}],
+        "thinking": {"type": "enabled", "budget_tokens": 1024}}),
+    ("/v1/messages/count_tokens", {
+        "model": "trtspec", "system": "s",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}],
         "tools": [{"name": "add", "input_schema": TOOL["function"]["parameters"]}]}),
-    ("/tokenize", {"model": "trtspec", "prompt": "hello", "add_special_tokens": True, "return_token_strs": True}),
-    ("/tokenize", {"messages": [{"role": "user", "content": "hello"}], "tools": [TOOL],
-                   "chat_template_kwargs": {"enable_thinking": True}}),
+    ("/tokenize", {
+        "model": "trtspec", "prompt": "hello", "add_special_tokens": True, "return_token_strs": True}),
+    ("/tokenize", {
+        "messages": [{"role": "user", "content": "hello"}], "tools": [TOOL],
+        "chat_template_kwargs": {"enable_thinking": True}}),
     ("/detokenize", {"model": "trtspec", "tokens": [104, 105]}),
     # Triton's own generate endpoints (the model's inputs by name, TensorRT-LLM's)
     ("/v2/models/trtspec/generate", {"text_input": "Q: 1 + 2\nA:", "max_tokens": 8, "temperature": 0.0}),
     ("/v2/models/trtspec/generate", {
-        "text_input": "import os\n", "max_tokens": 6, "temperature": 0.8, "top_p": 0.9, "top_k": 8, "min_p": 0.05,
-        "random_seed": 3, "stop_words": ["\n"], "bad_words": ["ab"], "presence_penalty": 0.5,
+        "text_input": "import os\n", "max_tokens": 6, "temperature": 0.8, "top_p": 0.9, "top_k": 8,
+        "min_p": 0.05, "random_seed": 3, "stop_words": ["\n"], "bad_words": ["ab"], "presence_penalty": 0.5,
         "frequency_penalty": 0.2, "repetition_penalty": 1.1, "min_tokens": 2, "return_log_probs": True,
-        "num_top_log_probs": 2, "logit_bias_ids": [65], "logit_bias_values": [-2.0], "exclude_input_in_output": True}),
-    ("/v2/models/trtspec/generate", {"text_input": "x", "max_tokens": 8, "guided_decoding_guide_type": "regex",
-                                     "guided_decoding_guide": "[0-9]+", "add_special_tokens": False}),
-    ("/v2/models/trtspec/generate", {"text_input": "Q: 9 + 9\nA:", "max_tokens": 8, "thinking_token_budget": 2,
-                                     "thinking_start": "A:", "thinking_end": "</think>", "stop_token_ids": [10],
-                                     "ignore_eos": False, "end_id": 0, "pad_id": 0}),
-    ("/v2/models/trtspec/generate_stream", {"input_ids": [81, 58, 32, 49], "max_tokens": 6, "stream": True,
-                                            "num_return_sequences": 1, "beam_width": 1, "seed": 4,
-                                            "temperature": 1.0}),
+        "num_top_log_probs": 2, "logit_bias_ids": [65], "logit_bias_values": [-2.0],
+        "exclude_input_in_output": True}),
+    ("/v2/models/trtspec/generate", {
+        "text_input": "x", "max_tokens": 8, "guided_decoding_guide_type": "regex",
+        "guided_decoding_guide": "[0-9]+", "add_special_tokens": False}),
+    ("/v2/models/trtspec/generate", {
+        "text_input": "Q: 9 + 9\nA:", "max_tokens": 8, "thinking_token_budget": 2, "thinking_start": "A:",
+        "thinking_end": "</think>", "stop_token_ids": [10], "ignore_eos": False, "end_id": 0, "pad_id": 0}),
+    ("/v2/models/trtspec/generate_stream", {
+        "input_ids": [81, 58, 32, 49], "max_tokens": 6, "stream": True, "num_return_sequences": 1,
+        "beam_width": 1, "seed": 4, "temperature": 1.0}),
 ]
 
 # values a field may be given instead of its own: other types, boundaries, odd texts
@@ -136,10 +153,11 @@ ODD = [None, True, False, 0, 1, -1, 2, 0.5, -0.5, 1e300, -1e300, 2 ** 31, 2 ** 6
        "{", "}", "[0-9", "(a|", "\\", "x" * 5000, [], [None], [1, 2], ["a"], [[]], [{}], {}, {"a": 1},
        {"type": "text"}, {"type": "function"}, {"type": "object"}, {"": None},
        # what a JSON schema, a regex or a grammar may hold that a guide must refuse or compile
-       {"type": "string", "pattern": "(a"}, {"type": "string", "pattern": "a{1000000}"}, {"$ref": "#/$defs/x"},
-       {"enum": []}, {"anyOf": []}, {"type": ["string", "null"]}, {"type": "integer", "minimum": 5, "maximum": 1},
-       {"type": "array", "minItems": 3, "maxItems": 1}, {"type": "string", "format": "date-time"},
-       {"type": "integer", "multipleOf": 0}, {"const": {"a": [1]}}, {"additionalProperties": {"type": "integer"}},
+       {"type": "string", "pattern": "(a"}, {"type": "string", "pattern": "a{1000000}"},
+       {"$ref": "#/$defs/x"}, {"enum": []}, {"anyOf": []}, {"type": ["string", "null"]},
+       {"type": "integer", "minimum": 5, "maximum": 1}, {"type": "array", "minItems": 3, "maxItems": 1},
+       {"type": "string", "format": "date-time"}, {"type": "integer", "multipleOf": 0}, {"const": {"a": [1]}},
+       {"additionalProperties": {"type": "integer"}},
        {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, {"not": {}},
        {"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, {"type": "nonsense"},
        {"type": "string", "minLength": 10 ** 9}, "[a-", "a{1000000}", "\\p{L}+", "root ::= ", "root ::= x",
@@ -198,7 +216,8 @@ def mutate(rng: random.Random, body: dict, count: int) -> dict:
         elif op < 0.3 and isinstance(old, list):
             parent[key] = old + copy.deepcopy(old) if rng.random() < 0.5 else []
         elif op < 0.4 and isinstance(old, dict):
-            old[rng.choice(["extra", "type", "name", "content", "text", "role"])] = copy.deepcopy(rng.choice(ODD))
+            key = rng.choice(["extra", "type", "name", "content", "text", "role"])
+            old[key] = copy.deepcopy(rng.choice(ODD))
         else:
             parent[key] = _odd(rng, old)
     return body
@@ -211,6 +230,7 @@ class Outcome:
     status: int
     problem: str = ""  # what broke the rules, empty when nothing did
     upstream: bool = False  # Triton's own 500 for a value of the wrong JSON type (UPSTREAM_500)
+    dropped: bool = False  # the client left after its first bytes
     text: str = field(default="", repr=False)
 
 
@@ -224,7 +244,8 @@ def _error_message(route: str, answer) -> str:
         error = answer.get("error") if answer.get("type") == "error" else None
     else:
         error = answer.get("error")
-    return error.get("message", "") if isinstance(error, dict) and isinstance(error.get("message"), str) else ""
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else ""
 
 
 def _json(text: str):
@@ -253,7 +274,8 @@ def _stream_problem(route: str, text: str) -> str:
         if datas[-1] != "[DONE]":
             return "a stream that does not end with [DONE]"
     elif route == "/v1/responses":
-        if events[-1].get("type") not in ("response.completed", "response.incomplete", "response.failed", "error"):
+        if events[-1].get("type") not in ("response.completed", "response.incomplete", "response.failed",
+                                          "error"):
             return f"a Responses stream ending with {events[-1].get('type')!r}"
     elif route == "/v1/messages":
         if events[-1].get("type") not in ("message_stop", "error"):
@@ -262,8 +284,9 @@ def _stream_problem(route: str, text: str) -> str:
 
 
 def send(base: str, route: str, body, key: str | None = None, timeout: float = 60,
-         triton: str | None = None) -> Outcome:
-    """POST `body` to `base + route` (Triton's routes, /v2/..., to `triton`) and judge the answer."""
+         triton: str | None = None, drop_after: int | None = None) -> Outcome:
+    """POST `body` to `base + route` (Triton's routes, /v2/..., to `triton`) and judge the answer.
+    `drop_after`: read that many bytes of a 200 and close the connection, as a client that leaves."""
     if route.startswith("/v2/"):
         base = triton
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
@@ -271,6 +294,9 @@ def send(base: str, route: str, body, key: str | None = None, timeout: float = 6
     req = urllib.request.Request(base + route, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
+            if drop_after is not None:
+                resp.read(drop_after)
+                return Outcome(route, body, resp.status, dropped=True)
             status, text = resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         status, text = exc.code, exc.read().decode(errors="replace")
@@ -280,7 +306,8 @@ def send(base: str, route: str, body, key: str | None = None, timeout: float = 6
     if status >= 400 and route.endswith("generate_stream") and text.startswith("data: "):
         text = text[6:]  # Triton's stream sends an error as its one event
     if status >= 500:
-        outcome.upstream = route.startswith("/v2/") and _error_message(route, _json(text)).startswith(UPSTREAM_500)
+        message = _error_message(route, _json(text))
+        outcome.upstream = route.startswith("/v2/") and message.startswith(UPSTREAM_500)
         if not outcome.upstream:
             outcome.problem = f"status {status}: {text[:300]}"
     elif status >= 400:
@@ -291,24 +318,71 @@ def send(base: str, route: str, body, key: str | None = None, timeout: float = 6
             outcome.problem = f"a traceback in the message: {message[:300]}"
     elif route.endswith("generate_stream") or isinstance(body, dict) and body.get("stream") is True:
         outcome.problem = _stream_problem(route, text)
-    else:
-        try:
-            json.loads(text)
-        except json.JSONDecodeError:
-            outcome.problem = f"a 200 that is no JSON: {text[:300]}"
+    elif _json(text) is None:
+        outcome.problem = f"a 200 that is no JSON: {text[:300]}"
     return outcome
 
 
 def fuzz(base: str, triton: str | None, requests: int, seed: int, key: str | None = None,
-         max_mutations: int = 3):
+         clients: int = 1, drop: float = 0.0, max_mutations: int = 3):
     """Send `requests` mutated bodies to the frontend at `base` (and Triton's HTTP at `triton`,
-    None: none of its routes); yields each Outcome."""
+    None: none of its routes) from `clients` threads at once, a `drop` fraction of them left by the
+    client after its first bytes; yields each Outcome in the order the bodies were drawn."""
     rng = random.Random(seed)
-    seeds = [seed for seed in SEEDS if triton or not seed[0].startswith("/v2/")]
+    routes = sorted({route for route, _ in SEEDS if triton or not route.startswith("/v2/")})
+    sends = []
     for _ in range(requests):
-        route, body = rng.choice(seeds)
+        route = rng.choice(routes)  # each route as often, whatever its seeds
+        body = rng.choice([body for seed_route, body in SEEDS if seed_route == route])
         count = 1 if rng.random() < 0.5 else rng.randint(2, max_mutations)  # one change reaches furthest
-        yield send(base, route, mutate(rng, body, count), key, triton=triton)
+        sends.append((route, mutate(rng, body, count), rng.randint(1, 400) if rng.random() < drop else None))
+    with ThreadPoolExecutor(clients) as pool:
+        yield from pool.map(lambda s: send(base, s[0], s[1], key, triton=triton, drop_after=s[2]), sends)
+
+
+# requests whose answers must be the same before and after a fuzz: what one request leaves behind
+# (a slot's cache, penalties, a guide, a seed) must not reach the next
+PROBES: list[tuple[str, dict]] = [
+    ("/v1/completions", {"model": "trtspec", "prompt": "Q: 482 + 356\nA:", "max_tokens": 24, "temperature": 0,
+                         "logprobs": 2}),
+    ("/v1/completions", {"model": "trtspec", "prompt": "def parse(self, text):\n", "max_tokens": 24,
+                         "temperature": 1, "top_k": 8, "seed": 11}),
+    ("/v1/chat/completions", {"model": "trtspec", "messages": [{"role": "user", "content": "7 + 5"}],
+                              "max_tokens": 16, "temperature": 0}),
+    ("/v1/messages", {"model": "trtspec", "max_tokens": 16,
+                      "messages": [{"role": "user", "content": "9 + 4"}],
+                      "temperature": 0}),
+    ("/v2/models/trtspec/generate", {"text_input": "import os\n", "max_tokens": 24, "temperature": 0.0}),
+]
+
+
+def probe(base: str, triton: str | None, key: str | None = None) -> list:
+    """The answers to PROBES (their texts and log-probabilities, not their ids or timestamps)."""
+    answers = []
+    for route, body in PROBES:
+        if route.startswith("/v2/") and triton is None:
+            continue
+        outcome = send(base, route, body, key, triton=triton)
+        assert outcome.status == 200, (route, outcome.status, outcome.text[:300])
+        answer = json.loads(outcome.text)
+        for volatile in ("id", "created", "model_version", "usage", "trtspec", "accepted_tokens",
+                         "draft_tokens", "target_forwards", "cached_tokens"):
+            answer.pop(volatile, None)  # timing-dependent: adaptive drafting, prefix reuse
+        answers.append(answer)
+    return answers
+
+
+def difference(was, now, path: str = "") -> str | None:
+    """Where two probe answers differ (floats by more than 1e-4: a prompt served from the prefix
+    cache is computed in other pieces), or None."""
+    if isinstance(was, float) and isinstance(now, float):
+        return None if abs(was - now) <= 1e-4 else f"{path}: {was} vs {now}"
+    if isinstance(was, dict) and isinstance(now, dict) and was.keys() == now.keys():
+        return next((d for k in was if (d := difference(was[k], now[k], f"{path}.{k}"))), None)
+    if isinstance(was, list) and isinstance(now, list) and len(was) == len(now):
+        return next((d for i, (a, b) in enumerate(zip(was, now, strict=True))
+                     if (d := difference(a, b, f"{path}[{i}]"))), None)
+    return None if was == now else f"{path}: {json.dumps(was)[:300]} vs {json.dumps(now)[:300]}"
 
 
 def main() -> None:
@@ -317,20 +391,34 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", required=True, help="the frontend's base, http://HOST:PORT")
-    parser.add_argument("--triton", default=None, help="Triton's HTTP base, http://HOST:PORT (its generate routes)")
+    parser.add_argument("--triton", default=None,
+                        help="Triton's HTTP base, http://HOST:PORT (its generate routes)")
     parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--clients", type=int, default=1, help="requests in flight at once")
+    parser.add_argument("--drop", type=float, default=0.0,
+                        help="fraction of requests the client leaves early")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--key", default=None)
     args = parser.parse_args()
+    before = probe(args.url, args.triton, args.key)
     statuses, problems = Counter(), []
-    for i, outcome in enumerate(fuzz(args.url, args.triton, args.requests, args.seed, args.key)):
-        statuses[outcome.route, f"{outcome.status}{' (Triton parsing)' if outcome.upstream else ''}"] += 1
+    for i, outcome in enumerate(fuzz(args.url, args.triton, args.requests, args.seed, args.key,
+                                     args.clients, args.drop)):
+        kind = " (Triton parsing)" if outcome.upstream else " (dropped)" if outcome.dropped else ""
+        statuses[outcome.route, f"{outcome.status}{kind}"] += 1
         if outcome.problem:
             problems.append(outcome)
-            print(f"#{i} {outcome.route} {outcome.problem}\n  body: {json.dumps(outcome.body)[:1500]}", flush=True)
+            print(f"#{i} {outcome.route} {outcome.problem}\n  body: {json.dumps(outcome.body)[:1500]}",
+                  flush=True)
     for (route, status), count in sorted(statuses.items()):
-        print(f"{route:28} {status}: {count}")
-    print(f"{len(problems)} problems in {args.requests} requests")
+        print(f"{route:35} {status}: {count}")
+    after = probe(args.url, args.triton, args.key)
+    changed = [f"{route}{d}" for (route, _), was, now in zip(PROBES, before, after, strict=False)
+               if (d := difference(was, now))]
+    for change in changed:
+        print(f"probe changed: {change}")
+    print(f"{len(problems)} problems in {args.requests} requests; "
+          f"probes {'CHANGED' if changed else 'unchanged'}")
 
 
 if __name__ == "__main__":

@@ -192,6 +192,17 @@ def tritonserver_pids(marker: str) -> list[int]:
     return [int(line.split()[0]) for line in out.splitlines() if marker in line and "tritonserver" in line]
 
 
+def local_target(tmp_path: Path, config, template: str):
+    """`config` with its target's files linked into tmp_path beside `template`, its chat template."""
+    target = tmp_path / "target"
+    target.mkdir()
+    for path in config.target.resolved_path.iterdir():
+        if path.name != "chat_template.jinja":
+            (target / path.name).symlink_to(path)
+    (target / "chat_template.jinja").write_text(template)
+    return config.model_copy(update={"target": config.target.model_copy(update={"path": str(target)})})
+
+
 @contextlib.contextmanager
 def serve_cli(build_dir: Path, key: str | None = None, avoid: tuple[int, ...] = (),
               args: tuple[str, ...] = ()):

@@ -41,7 +41,7 @@ from trtspec.triton.client import ClientError, array_input, grpc_generate
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
 from trtspec.triton.server import GRPC_ADMIN_HEADER, Ports, TritonServer, free_port
 
-from .conftest import REPO, post_json, serve_cli
+from .conftest import REPO, local_target, post_json, serve_cli
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 KEY = "test-key-0123"
@@ -1580,17 +1580,6 @@ THINKING_TEMPLATE = (  # the embedded model's Q/A turns, the answer's opening as
     "{% elif enable_thinking is defined %}<think>\n{% endif %}")
 
 
-def _local_target(tmp_path: Path, config, template: str):
-    """`config` with its target's files linked into tmp_path beside `template`, its chat template."""
-    target = tmp_path / "target"
-    target.mkdir()
-    for path in config.target.resolved_path.iterdir():
-        if path.name != "chat_template.jinja":
-            (target / path.name).symlink_to(path)
-    (target / "chat_template.jinja").write_text(template)
-    return config.model_copy(update={"target": config.target.model_copy(update={"path": str(target)})})
-
-
 EFFORT_TEMPLATE = (  # gpt-oss's templates write the effort into the system turn; this one, a line
     "{% if reasoning_effort is defined %}Reasoning: {{ reasoning_effort }}\n{% endif %}"
     "{% for m in messages %}Q: {{ m.content }}\n{% endfor %}A: ")
@@ -1603,7 +1592,7 @@ def test_reasoning_effort_is_the_chat_templates_variable(served, tmp_path, confi
     prompt; a level that is none of the API's is a 400 naming its parameter."""
     from trtspec.openai.model_info import served_model
 
-    frontend = OpenAIFrontend(served_model(_local_target(tmp_path, config, EFFORT_TEMPLATE)),
+    frontend = OpenAIFrontend(served_model(local_target(tmp_path, config, EFFORT_TEMPLATE)),
                               f"127.0.0.1:{served.ports.grpc}", "127.0.0.1", free_port()).start()
     client = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="none")
     anthropic_client = anthropic.Anthropic(base_url=frontend.url, api_key="none", max_retries=0)
@@ -1664,7 +1653,7 @@ def test_a_reasoning_parser_gives_the_block_apart_and_guides_the_text_after_it(s
     from trtspec.openai.reasoning import REASONING, ReasoningParser, answer_start, reasoning_guide
     from trtspec.spec.thinking_budget import ThinkingBudget
 
-    model = served_model(_local_target(tmp_path, config, THINKING_TEMPLATE))
+    model = served_model(local_target(tmp_path, config, THINKING_TEMPLATE))
     model.reasoning_parser = "qwen3"
     frontend = OpenAIFrontend(model, f"127.0.0.1:{served.ports.grpc}", "127.0.0.1", free_port()).start()
     client = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="none")
@@ -1805,7 +1794,7 @@ def test_without_a_tool_call_parser_auto_is_refused_and_tokenize_shows_the_tools
     is not running: both answers come from the frontend alone."""
     from trtspec.openai.model_info import served_model
 
-    local = _local_target(tmp_path, config, (
+    local = local_target(tmp_path, config, (
         "{% for tool in tools or [] %}{{ tool.function.name }}: {{ tool.function.parameters | tojson }}\n"
         "{% endfor %}{% for m in messages %}{{ m.role }}: {{ m.content }}{% for c in m.tool_calls or [] %}"
         "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}{{ '\\n' }}{% endfor %}"))

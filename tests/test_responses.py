@@ -150,7 +150,8 @@ def test_namespaced_functions_are_chats_tools_and_their_calls_say_their_namespac
         chat_tools([{"type": "namespace", "name": "agents", "tools": [{"type": "custom", "name": "x"}]}])
     assert refused.value.param == "tools[0].tools[0].type"
     with pytest.raises(ApiError) as refused:  # was offered as "agents.None", then a 500 (tests/api_fuzz.py)
-        chat_tools([{"type": "namespace", "name": "agents", "tools": [{"type": "function", "parameters": {}}]}])
+        chat_tools([{"type": "namespace", "name": "agents",
+                     "tools": [{"type": "function", "parameters": {}}]}])
     assert refused.value.param == "tools[0].tools[0].name"
 
 

@@ -1,0 +1,91 @@
+"""Bad input never breaks `trtspec serve`: valid requests of every route, mutated at random places
+(tests/api_fuzz.py), sent by two clients at once (some leaving mid-answer) to a served model whose
+chat template writes tools, tool results and reasoning (so the mutations reach past the parsing into
+the template, the guides, tool calls and the Triton model). Every answer must be a 200 or a 4xx in
+its route's shape, and the answers of fixed probe requests must be the same after the fuzz as
+before it: nothing one request did reaches the next."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections import Counter
+
+import pytest
+from click.testing import CliRunner
+
+from trtspec.cli import main
+from trtspec.config import load_build_config
+
+from . import api_fuzz
+from .conftest import REPO, local_target, serve_cli
+
+CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
+KEY = "fuzz-key-0123"
+REQUESTS = 300  # ~20 s here; `python -m tests.api_fuzz` runs thousands against any server
+
+# the embedded model's Q/A turns, with what chat, Responses and Messages may send: tools, calls,
+# their results, reasoning, and Qwen3's answer opening when thinking is off
+TOOL_TEMPLATE = """\
+{%- if tools %}<tools>{% for t in tools %}{{ t | tojson }}
+{% endfor %}</tools>
+{% endif -%}
+{%- for m in messages -%}
+{%- if m.role in ('system', 'developer') %}{{ m.content }}
+{% elif m.role == 'user' %}Q: {{ m.content }}
+{% elif m.role == 'assistant' %}A: {% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>
+{%- endif -%}
+{{ m.content or '' }}{% for c in m.tool_calls or [] %}<tool_call>{"name": "{{ c.function.name }}", \
+"arguments": {{ c.function.arguments }}}</tool_call>{% endfor %}
+{% elif m.role == 'tool' %}<tool_response>{{ m.content }}</tool_response>
+{% endif -%}
+{%- endfor -%}
+A: {% if enable_thinking is defined and enable_thinking is false %}<think>
+
+</think>
+
+{% endif %}"""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """`trtspec serve` of the embedded DFlash deployment with TOOL_TEMPLATE, hermes tool calls and
+    Qwen3's reasoning parser, with an API key."""
+    out = tmp_path_factory.mktemp("fuzz")
+    local = local_target(out, load_build_config(CONFIG), TOOL_TEMPLATE)
+    yaml = out / "fuzz.yaml"
+    yaml.write_text(CONFIG.read_text().replace("builtin:tiny-target", local.target.path))
+    assert CliRunner().invoke(main, ["build", str(yaml), "--out", str(out / "build")]).exit_code == 0
+    parsers = ("--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+    with serve_cli(out / "build", KEY, args=parsers) as served:
+        yield served
+
+
+def test_the_seeds_are_served():
+    """Every seed is a valid request of its route (else its mutations would test one refusal)."""
+    assert {route for route, _ in api_fuzz.SEEDS} == {
+        "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+        "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/v2/models/trtspec/generate",
+        "/v2/models/trtspec/generate_stream"}
+
+
+def test_mutated_requests_get_answers_and_leave_nothing_behind(served):
+    for route, body in api_fuzz.SEEDS:  # valid as written
+        outcome = api_fuzz.send(served.base, route, body, KEY, triton=served.http)
+        assert (outcome.status, outcome.problem) == (200, ""), (route, outcome.text[:500])
+    before = api_fuzz.probe(served.base, served.http, KEY)
+    outcomes = list(api_fuzz.fuzz(served.base, served.http, REQUESTS, seed=2026, key=KEY, clients=2,
+                                  drop=0.1))
+    problems = [f"{o.route} {o.problem}: {o.body}" for o in outcomes if o.problem]
+    assert not problems, "\n".join(problems[:5])
+    # the mutations reached past the parsing: every route answered both 200s and 4xx
+    statuses = Counter((o.route, o.status // 100) for o in outcomes if not o.dropped)
+    for route, _ in api_fuzz.SEEDS:
+        assert statuses[route, 2] and statuses[route, 4], (route, statuses)
+    after = api_fuzz.probe(served.base, served.http, KEY)
+    changes = [api_fuzz.difference(was, now) for was, now in zip(before, after, strict=True)]
+    assert changes == [None] * len(before)
+    with urllib.request.urlopen(f"{served.base}/health", timeout=10) as resp:
+        assert resp.status == 200
+    log = open(served.log).read()
+    assert not re.search(r"Traceback|Exception in ASGI", log), log[-3000:]
