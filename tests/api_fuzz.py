@@ -12,13 +12,14 @@ runs it against any server; tests/test_openai.py runs a few hundred.
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+from .mutate import Mutator
 
 TOOL = {"type": "function", "function": {
     "name": "add", "description": "adds two numbers",
@@ -146,12 +147,9 @@ SEEDS: list[tuple[str, dict]] = [
         "beam_width": 1, "seed": 4, "temperature": 1.0}),
 ]
 
-# values a field may be given instead of its own: other types, boundaries, odd texts
-ODD = [None, True, False, 0, 1, -1, 2, 0.5, -0.5, 1e300, -1e300, 2 ** 31, 2 ** 63, -(2 ** 63), 10 ** 30,
-       "", " ", "x", "0", "null", "auto", "none", "required", "text", "json_object", "function", "user",
-       "assistant", "tool", "system", "\u0000", "\ud7ff\ue000", "é" * 3, "<tool_call>", "</think>",
-       "{", "}", "[0-9", "(a|", "\\", "x" * 5000, [], [None], [1, 2], ["a"], [[]], [{}], {}, {"a": 1},
-       {"type": "text"}, {"type": "function"}, {"type": "object"}, {"": None},
+# values a request's field may be given besides mutate.ODD's: its words, tags, guides' pieces
+ODD = ["auto", "none", "required", "text", "json_object", "function", "user", "assistant", "tool", "system",
+       "<tool_call>", "</think>", "[0-9", "(a|", {"type": "text"}, {"type": "function"}, {"type": "object"},
        # what a JSON schema, a regex or a grammar may hold that a guide must refuse or compile
        {"type": "string", "pattern": "(a"}, {"type": "string", "pattern": "a{1000000}"},
        {"$ref": "#/$defs/x"}, {"enum": []}, {"anyOf": []}, {"type": ["string", "null"]},
@@ -162,65 +160,10 @@ ODD = [None, True, False, 0, 1, -1, 2, 0.5, -0.5, 1e300, -1e300, 2 ** 31, 2 ** 6
        {"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, {"type": "nonsense"},
        {"type": "string", "minLength": 10 ** 9}, "[a-", "a{1000000}", "\\p{L}+", "root ::= ", "root ::= x",
        'root ::= "a" | ', "<|endoftext|>", "<think>"]
-MAX_DEPTH = 6
 # tritonserver 2.51's HTTP generate answers a value of the wrong JSON type (`"max_tokens": "x"`) with
 # a 500 of its own before any model sees the request; counted apart, not trtspec's to answer
 UPSTREAM_500 = "Unable to parse "
-
-
-def _places(node, path=()):
-    """Every (path, value) in the tree, the root included."""
-    yield path, node
-    if len(path) >= MAX_DEPTH:
-        return
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _places(value, (*path, key))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from _places(value, (*path, i))
-
-
-def _parent(body, path):
-    for key in path[:-1]:
-        body = body[key]
-    return body
-
-
-def _odd(rng: random.Random, old) -> object:
-    """A value to put where `old` was: mostly another of ODD, sometimes a near neighbour of a number,
-    an edited string, or a subtree of another seed."""
-    roll = rng.random()
-    if isinstance(old, bool) or roll < 0.45:
-        return copy.deepcopy(rng.choice(ODD))
-    if isinstance(old, (int, float)) and roll < 0.85:
-        return rng.choice([old - 1, old + 1, -old, old * 1000, old / 3, int(old) + 0.5])
-    if isinstance(old, str) and roll < 0.85:
-        cut = rng.randrange(len(old) + 1)
-        return old[:cut] + rng.choice(["", "\n", "é", "\x00", "}", '"', "<", "\\u0000", "🦀"]) + old[cut:]
-    places = list(_places(rng.choice(SEEDS)[1]))
-    return copy.deepcopy(rng.choice(places)[1])
-
-
-def mutate(rng: random.Random, body: dict, count: int) -> dict:
-    """`body` changed at `count` random places (a copy)."""
-    body = copy.deepcopy(body)
-    for _ in range(count):
-        path, old = rng.choice(list(_places(body))[1:] or [((), body)])
-        if not path:
-            break
-        parent, key = _parent(body, path), path[-1]
-        op = rng.random()
-        if op < 0.2:  # drop it
-            del parent[key]
-        elif op < 0.3 and isinstance(old, list):
-            parent[key] = old + copy.deepcopy(old) if rng.random() < 0.5 else []
-        elif op < 0.4 and isinstance(old, dict):
-            key = rng.choice(["extra", "type", "name", "content", "text", "role"])
-            old[key] = copy.deepcopy(rng.choice(ODD))
-        else:
-            parent[key] = _odd(rng, old)
-    return body
+MUTATOR = Mutator(ODD, [body for _, body in SEEDS], ["extra", "type", "name", "content", "text", "role"])
 
 
 @dataclass
@@ -335,7 +278,8 @@ def fuzz(base: str, triton: str | None, requests: int, seed: int, key: str | Non
         route = rng.choice(routes)  # each route as often, whatever its seeds
         body = rng.choice([body for seed_route, body in SEEDS if seed_route == route])
         count = 1 if rng.random() < 0.5 else rng.randint(2, max_mutations)  # one change reaches furthest
-        sends.append((route, mutate(rng, body, count), rng.randint(1, 400) if rng.random() < drop else None))
+        drop_after = rng.randint(1, 400) if rng.random() < drop else None
+        sends.append((route, MUTATOR.mutate(rng, body, count), drop_after))
     with ThreadPoolExecutor(clients) as pool:
         yield from pool.map(lambda s: send(base, s[0], s[1], key, triton=triton, drop_after=s[2]), sends)
 
@@ -356,11 +300,13 @@ PROBES: list[tuple[str, dict]] = [
 ]
 
 
-def probe(base: str, triton: str | None, key: str | None = None) -> list:
-    """The answers to PROBES (their texts and log-probabilities, not their ids or timestamps)."""
+def probe(base: str, triton: str | None, key: str | None = None, sampled: bool = False) -> list:
+    """The answers to PROBES (their texts and log-probabilities, not their ids or timestamps); the
+    `sampled` one too (a seeded text is the same whatever the draft lengths only under
+    `sampling.coupling: gumbel`; under rejection sampling another draw of the same law)."""
     answers = []
     for route, body in PROBES:
-        if route.startswith("/v2/") and triton is None:
+        if route.startswith("/v2/") and triton is None or body.get("temperature") and not sampled:
             continue
         outcome = send(base, route, body, key, triton=triton)
         assert outcome.status == 200, (route, outcome.status, outcome.text[:300])
@@ -399,8 +345,11 @@ def main() -> None:
                         help="fraction of requests the client leaves early")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--key", default=None)
+    parser.add_argument("--gumbel", action="store_true",
+                        help="the server samples with sampling.coupling gumbel: probe a seeded sampled "
+                        "text too")
     args = parser.parse_args()
-    before = probe(args.url, args.triton, args.key)
+    before = probe(args.url, args.triton, args.key, args.gumbel)
     statuses, problems = Counter(), []
     for i, outcome in enumerate(fuzz(args.url, args.triton, args.requests, args.seed, args.key,
                                      args.clients, args.drop)):
@@ -412,8 +361,8 @@ def main() -> None:
                   flush=True)
     for (route, status), count in sorted(statuses.items()):
         print(f"{route:35} {status}: {count}")
-    after = probe(args.url, args.triton, args.key)
-    changed = [f"{route}{d}" for (route, _), was, now in zip(PROBES, before, after, strict=False)
+    after = probe(args.url, args.triton, args.key, args.gumbel)
+    changed = [f"#{i}{d}" for i, (was, now) in enumerate(zip(before, after, strict=True))
                if (d := difference(was, now))]
     for change in changed:
         print(f"probe changed: {change}")

@@ -667,6 +667,48 @@ def test_a_target_config_json_transformers_cannot_read_is_named(tmp_path, edit, 
                      str(folder), message)
 
 
+@pytest.mark.parametrize("shipped, edit, message", [
+    # transformers started the missing layers at random and only logged it: a model not the user's
+    ("tiny-target", {"num_hidden_layers": 8, "layer_types": ["full_attention"] * 8},
+     "the weights lack 22 tensors config.json's model has, as model.layers.6."),
+    ("tiny-target", {"intermediate_size": 300}, "the weights do not match config.json: "
+     "model.layers.0.mlp.down_proj.weight is [256, 640] in the weights, [256, 300] by config.json"),
+    ("tiny-draft", {"intermediate_size": 300}, "the weights do not match config.json"),
+    # each a traceback, found by tests/config_fuzz.py
+    ("tiny-target", {"trtspec_chat_stop": 5}, "trtspec_chat_stop must be a list of texts"),
+    ("tiny-target", {"trtspec_special_tokens": {"eos": "x"}},
+     "config.json: the target does not build from it: trtspec_special_tokens must map"),
+    ("tiny-dflash-b16", {"hidden_act": "silu}"}, "the drafter does not build from it: KeyError 'silu}'"),
+    ("tiny-dflash-b16", {"intermediate_size": 300}, "the drafter does not build from it: Error(s) in "
+     "loading state_dict for DFlashDraftModel: size mismatch for layers.0.mlp.gate_proj.weight"),
+    ("tiny-eagle3", {"rope_parameters": 3}, "the drafter does not build from it"),
+    ("tiny-dspark-b15", {"num_attention_heads": "4"}, "the drafter does not build from it: Validation error "
+     "for field 'num_attention_heads'"),
+], ids=["missing-layers", "target-shapes", "draft-model-shapes", "chat-stop", "specials", "dflash-act",
+        "dflash-shapes", "eagle3-rope", "dspark-heads"])
+def test_a_checkpoint_config_json_that_does_not_build_is_named(tmp_path, shipped, edit, message):
+    """`build` of a deployment whose checkpoint's config.json was edited: one Error: line naming that
+    config.json (or its folder) and what is wrong, no output left."""
+    folder = tmp_path / shipped
+    folder.mkdir()
+    for path in (ASSETS_DIR / shipped).iterdir():
+        if path.name != "config.json":
+            (folder / path.name).symlink_to(path)
+    raw = json.loads((ASSETS_DIR / shipped / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**raw, **edit}))
+    drafter = {"tiny-target": "dflash", "tiny-dflash-b16": "dflash", "tiny-draft": "draft_model",
+               "tiny-eagle3": "eagle3", "tiny-dspark-b15": "dspark"}[shipped]
+    paths = {"tiny-target": "builtin:tiny-target",
+             "drafter": {"dflash": "builtin:tiny-dflash-b16"}.get(drafter, f"builtin:{shipped}")}
+    paths["tiny-target" if shipped == "tiny-target" else "drafter"] = str(folder)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"target: {{path: {paths['tiny-target']}}}\n"
+                      f"drafter: {{method: {drafter}, path: {paths['drafter']}}}\n")
+    line = assert_run_error(invoke("build", config, "--out", tmp_path / "o"), str(folder), message)
+    assert "Traceback" not in line
+    assert not (tmp_path / "o").exists()
+
+
 def test_files_beside_a_drafter_are_replaced_whole(tmp_path, monkeypatch):
     """`calibrate` (sts.json) and `bench --write-acceptance` (acceptance.json) wrote over the stored
     file in place: stopped mid-write, the drafter was left with a file that does not parse, and

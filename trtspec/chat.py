@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtspec.errors import CheckpointError
 from trtspec.train.corpus import CHAT_TEMPLATE_FILE
 
 Messages = list[dict]
@@ -41,7 +42,11 @@ def _byte_model_template(target_dir: Path, hf_config) -> ChatTemplate | None:
                                             **variables)
         return rendered[0]
 
-    stop = tuple(getattr(hf_config, "trtspec_chat_stop", None) or ())
+    stop = getattr(hf_config, "trtspec_chat_stop", None) or ()
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(text, str) and text for text in stop):
+        raise CheckpointError(f"{target_dir / 'config.json'}: trtspec_chat_stop must be a list of texts that "
+                              f"end a chat answer, got {stop!r}")
+    stop = tuple(stop)
     return ChatTemplate(render, stop, str(path), template)
 
 

@@ -8,6 +8,7 @@ same loop (`trtspec.spec.decoder.SpeculativeDecoder`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -21,6 +22,7 @@ from trtspec.chat import ChatTemplate, load_chat_template
 from trtspec.config import BuildConfig, EngineConfig, ScheduleConfig, TreeConfig
 from trtspec.errors import ConfigError
 from trtspec.memory import check_slot_buffers
+from trtspec.models.checkpoint import building
 from trtspec.models.cuda_graphs import OUTPUT_BUDGET, graphs_wanted
 from trtspec.models.drafter import Drafter, build_drafter
 from trtspec.models.target import TargetModel, load_causal_lm
@@ -231,11 +233,15 @@ def load_pipeline(config: BuildConfig, use_drafter: bool = True, model: PreTrain
             "command; use `flavour: torch` or `engine` (generate: --flavour torch)"
         )
     drafter_config = config.drafter if use_drafter else None
-    if model is None:
-        model = load_causal_lm(config.target.resolved_path, config.target.dtype, config.target.device)
-    tokenizer = load_tokenizer(config.target.resolved_path, model.config)
+    with building(config.target.resolved_path / "config.json", "the target"):
+        if model is None:
+            model = load_causal_lm(config.target.resolved_path, config.target.dtype, config.target.device)
+        tokenizer = load_tokenizer(config.target.resolved_path, model.config)
+        end_ids = end_ids_of(config.target.resolved_path, tokenizer, model.config.vocab_size)
     # the drafter decides which target layers to tap, so build a bare target first
-    drafter = build_drafter(drafter_config, TargetModel(model))
+    drafter_file = drafter_config.resolved_path / "config.json" if drafter_config else None
+    with building(drafter_file, "the drafter") if drafter_file else contextlib.nullcontext():
+        drafter = build_drafter(drafter_config, TargetModel(model))
     verifier = Verifier()
     if config.test_only is not None and config.test_only.biased_acceptance:
         from trtspec.spec.biased_verify import BiasedVerifier
@@ -243,7 +249,6 @@ def load_pipeline(config: BuildConfig, use_drafter: bool = True, model: PreTrain
         log.warning("config %r: test_only.biased_acceptance, sampling is deliberately biased", config.name)
         verifier = BiasedVerifier()
     graphs = graphs_wanted(config.target.cuda_graphs, model.device)
-    end_ids = end_ids_of(config.target.resolved_path, tokenizer, model.config.vocab_size)
     return Pipeline(config, tokenizer, TargetModel(model, drafter.tap_layer_ids, graphs), drafter, end_ids,
                     verifier)
 

@@ -47,6 +47,10 @@ class ByteTokenizer:
                 "model config has no `trtspec_special_tokens`: it is not a trtspec byte-level "
                 "model, so give a tokenizer directory instead"
             )
+        if not isinstance(specials, dict) or "eos" not in specials or not all(
+                isinstance(idx, int) and not isinstance(idx, bool) for idx in specials.values()):
+            raise ValueError(f"trtspec_special_tokens must map each special token's name to its id, eos "
+                             f"among them; got {specials!r}")
         return cls(specials=dict(specials), vocab_size=config.vocab_size)
 
     @property

@@ -5,16 +5,47 @@ own module (`target`, `dflash`, `dspark`, `eagle3`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import re
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from trtspec.errors import CheckpointError
+from trtspec.errors import CheckpointError, TrtspecError
 from trtspec.files import replaced, write_text
+
+log = logging.getLogger(__name__)
+
+
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """An exception's text on one line, without the "SomeError: " prefixes a library nests in it (the
+    CLI's error is one `Error:` line)."""
+    text = re.sub(r"\b[A-Z]\w*Error: ", "", " ".join(str(exc).split())) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@contextlib.contextmanager
+def building(config_file: Path, kind: str):
+    """Whatever goes wrong while a checkpoint's config.json becomes a model — a field transformers
+    refuses, a value of the wrong type or out of range that a model's constructor trips on, weights
+    of other shapes than the config gives — as a CheckpointError naming the file. Checks of its own
+    (CheckpointError and the other TrtspecErrors) pass through as they are; the traceback is logged
+    (`-v` shows it)."""
+    try:
+        yield
+    except TrtspecError:
+        raise
+    except (ArithmeticError, AssertionError, AttributeError, LookupError, RuntimeError, TypeError, ValueError,
+            StrictDataclassError) as exc:  # torch checks some arguments by assert
+        log.info("%s does not build", config_file, exc_info=True)
+        reason = f"{type(exc).__name__} {exc.args[0]!r}" if isinstance(exc, KeyError) else one_line(exc)
+        raise CheckpointError(f"{config_file}: {kind} does not build from it: {reason}") from None
 
 
 def read_config(path: Path, kind: str) -> tuple[Path, dict]:

@@ -87,13 +87,28 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
     except (ValueError, TypeError, StrictDataclassError) as exc:  # a field of the wrong type
         first = re.sub(r"\b[A-Z]\w*Error: ", "", " ".join(str(exc).split()))[:300]  # one "Error:" a line
         raise CheckpointError(f"{path / 'config.json'}: transformers cannot read it: {first}") from None
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, config=hf_config, dtype=DTYPES[dtype], local_files_only=True
-        )
+    try:  # loaded whatever the shapes, then checked: transformers' own refusal says only "see the report"
+        model, info = AutoModelForCausalLM.from_pretrained(
+            path, config=hf_config, dtype=DTYPES[dtype], local_files_only=True, ignore_mismatched_sizes=True,
+            output_loading_info=True)
     except SafetensorError as exc:
         raise CheckpointError(unreadable_weights(path, exc)) from None
+    check_loaded(path, info)
     return model.to(device).eval()
+
+
+def check_loaded(path: Path, info: dict) -> None:
+    """Refuse a checkpoint whose weights do not fill the model its config.json describes: a weight
+    of another shape, or one missing (transformers would start it at random and only log it)."""
+    if info["mismatched_keys"]:
+        mismatched = sorted(info["mismatched_keys"])
+        key, weights, model = mismatched[0]
+        raise CheckpointError(f"{path}: the weights do not match config.json: {key} is {list(weights)} in "
+                              f"the weights, {list(model)} by config.json ({len(mismatched)} such)")
+    if info["missing_keys"]:
+        missing = sorted(info["missing_keys"])
+        raise CheckpointError(f"{path}: the weights lack {len(missing)} tensors config.json's model has, as "
+                              f"{', '.join(missing[:3])} (num_hidden_layers or the layout may be wrong)")
 
 
 @dataclass(slots=True)
