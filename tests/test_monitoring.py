@@ -1,9 +1,10 @@
 """deploy/prometheus and deploy/grafana against the real thing: a Prometheus (Debian's `prometheus`,
 installed by .ci/run) scrapes a running tritonserver that serves two trtspec models, the shipped
-tiny DFlash and the same target with a drafter of random weights (τ ≈ 1). promtool checks every
-expression of the dashboard and the rules; each one returns data after a few requests; the
-acceptance-collapse alert fires for the bad drafter and stays silent for the shipped one; the
-alerts' `for:` timing is unit-tested with `promtool test rules`.
+tiny DFlash and the same target with a drafter of random weights (τ ≈ 1), and the shipped one's
+OpenAI frontend. promtool checks every expression of the dashboard and the rules; each one returns
+data after a few requests; the acceptance-collapse alert fires for the bad drafter and stays silent
+for the shipped one, the frontend's refusal alert for the route it refused; the alerts' `for:`
+timing is unit-tested with `promtool test rules`.
 """
 
 from __future__ import annotations
@@ -25,17 +26,20 @@ from safetensors.torch import load_file, save_file
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtspec.config import ASSETS_DIR, ScheduleConfig, load_build_config
+from trtspec.openai.model_info import served_model_of_repo
+from trtspec.openai.server import OpenAIFrontend
 from trtspec.triton.client import GenerateParams, generate
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
 from trtspec.triton.server import Ports, TritonServer, free_port
 
-from .conftest import REPO
+from .conftest import REPO, post_json
 
 DEPLOY = REPO / "deploy"
 RULES = DEPLOY / "prometheus" / "rules" / "trtspec.yaml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "trtspec.json"
 GOOD, BAD = "trtspec", "trtspec-bad"
 PROMPTS = ("Q: 482 + 356\nA:", "def parse(self, text):\n", "import os\n")
+REFUSED = 6  # chat requests the frontend refuses, past the alert's least of 5 in 10 minutes
 
 
 def _tool(name: str) -> str:
@@ -107,7 +111,7 @@ def _two_instances(model_dir) -> None:
 
 
 class Prometheus:
-    def __init__(self, binary: str, work, metrics_port: int):
+    def __init__(self, binary: str, work, metrics_port: int, frontend_port: int):
         self.port = free_port()
         rules = yaml.safe_load(RULES.read_text())
         for rule in rules["groups"][0]["rules"]:
@@ -117,8 +121,10 @@ class Prometheus:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(work / "rules.yaml")],
-            "scrape_configs": [{"job_name": "trtspec", "static_configs": [
-                {"targets": [f"127.0.0.1:{metrics_port}"]}]}],
+            "scrape_configs": [
+                {"job_name": "trtspec", "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]},
+                {"job_name": "trtspec-frontend",
+                 "static_configs": [{"targets": [f"127.0.0.1:{frontend_port}"]}]}],
         }
         (work / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.log = open(work / "prometheus.log", "wb")  # noqa: SIM115 - closed in stop()
@@ -159,8 +165,9 @@ class Prometheus:
 
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory):
-    """tritonserver with the shipped drafter (two instances) and the random one, Prometheus scraping
-    it, a few requests. Both drafters verify whole blocks (`schedule: full`): the adaptive schedule
+    """tritonserver with the shipped drafter (two instances) and the random one, the OpenAI frontend
+    of the shipped one, Prometheus scraping both, a few requests (REFUSED of them refused by the
+    frontend). Both drafters verify whole blocks (`schedule: full`): the adaptive schedule
     would first measure each drafter's cost model at start (the random one's weights are another
     cache key), and what is watched here is the same either way."""
     binary = _tool("prometheus")
@@ -174,9 +181,16 @@ def scraped(tmp_path_factory):
     write_triton_repo(bad, work / "build")
     server = TritonServer(work / "build" / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
                           env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
-    prometheus = Prometheus(binary, work, server.ports.metrics)  # scraping a port with no server yet
+    frontend_port = free_port()
+    prometheus = Prometheus(binary, work, server.ports.metrics, frontend_port)  # scraping nothing yet
+    frontend = None
     try:
         server.start(timeout_s=240)
+        only_good = work / "good"  # the frontend serves one model: the shipped drafter's
+        only_good.mkdir()
+        (only_good / GOOD).symlink_to(work / "build" / REPO_DIR / GOOD)
+        frontend = OpenAIFrontend(served_model_of_repo(only_good), server.local_grpc_address, "127.0.0.1",
+                                  frontend_port).start()
         # rate() needs a sample from before the requests: wait for the first scrape of both models
         assert len(_wait_for(prometheus, "trtspec_requests_total == 0")) == 2, "no scrape of the server"
         params = GenerateParams(max_tokens=24)
@@ -184,6 +198,16 @@ def scraped(tmp_path_factory):
             for prompt in PROMPTS:
                 generate(server.grpc_url, model, prompt, GenerateParams(max_tokens=24, stream=True))
                 generate(server.http_url, model, prompt, params)
+        # what the frontend answers: one completion, and REFUSED chat requests it refuses itself
+        assert post_json(f"{frontend.url}/v1/completions", {"model": GOOD, "prompt": PROMPTS[0],
+                                                              "max_tokens": 8})[0] == 200
+        for i in range(REFUSED):
+            status, body = post_json(f"{frontend.url}/v1/chat/completions", {
+                "model": GOOD, "messages": [{"role": "user", "content": "hi"}], "client_metadata": {}})
+            assert status == 400 and body["error"]["param"] == "client_metadata", body
+            if i == 0:  # a series is born at its first count: rate() sees the others once it holds that
+                assert _wait_for(prometheus, 'sum(trtspec_frontend_requests_total{status="400"}) == 1')
+        assert _wait_for(prometheus, f'sum(trtspec_frontend_requests_total{{status="400"}}) == {REFUSED}')
         with pytest.raises(Exception, match="max_tokens"):  # one invalid request: the error counter moves
             generate(server.http_url, GOOD, PROMPTS[0], GenerateParams(max_tokens=0))
         # the invalid request came last: once Prometheus holds it, it holds every request before it
@@ -191,6 +215,8 @@ def scraped(tmp_path_factory):
         yield prometheus
     finally:
         prometheus.stop()
+        if frontend is not None:
+            frontend.stop()
         server.stop()
 
 
@@ -209,11 +235,21 @@ def test_acceptance_collapse_fires_for_the_bad_drafter_only(scraped):
     rates = {r["metric"]["model"]: float(r["value"][1])
              for r in scraped.query("trtspec:acceptance_rate:rate5m")}
     assert rates[BAD] < 0.05 < 0.1 < rates[GOOD], rates
-    # one invalid request among the good model's 7 is 14 % > 5 %: its error alert fires, the bad
+    # one invalid request among the good model's 8 is 12 % > 5 %: its error alert fires, the bad
     # drafter's (no errors) does not, and no request waited for a slot long enough to alert
     errors = _wait_for(scraped, 'ALERTS{alertname="TrtspecErrorRateHigh", alertstate="firing"}')
     assert {a["metric"]["model"] for a in errors} == {GOOD}
     assert scraped.query('ALERTS{alertname="TrtspecQueueTimeHigh"}') == []
+
+
+def test_frontend_refusing_fires_for_the_refused_route_only(scraped):
+    """Every chat request was refused (a field the frontend does not take), the one completion
+    answered: the frontend's alert fires for chat's route alone."""
+    firing = _wait_for(scraped, 'ALERTS{alertname="TrtspecFrontendRefusing", alertstate="firing"}')
+    assert {a["metric"]["route"] for a in firing} == {"/v1/chat/completions"}
+    refusals = scraped.query("sum by (route, param) (trtspec_frontend_refusals_total)")
+    assert [(r["metric"]["route"], r["metric"]["param"], r["value"][1]) for r in refusals] == [
+        ("/v1/chat/completions", "client_metadata", str(REFUSED))]
 
 
 def test_each_instance_reports_its_own_load(scraped):
