@@ -3,7 +3,9 @@
 chat template writes tools, tool results and reasoning (so the mutations reach past the parsing into
 the template, the guides, tool calls and the Triton model). Every answer must be a 200 or a 4xx in
 its route's shape, and the answers of fixed probe requests must be the same after the fuzz as
-before it: nothing one request did reaches the next."""
+before it: nothing one request did reaches the next. And the other way round, bad answers never
+break trtspec's clients: the same server's answers changed at random on their way back
+(tests/answer_fuzz.py) are read or refused with a ClientError that shows what came."""
 
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ from click.testing import CliRunner
 from trtspec.cli import main
 from trtspec.config import load_build_config
 
-from . import api_fuzz
+from . import answer_fuzz, api_fuzz
 from .conftest import REPO, local_target, serve_cli
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 KEY = "fuzz-key-0123"
 REQUESTS = 300  # ~20 s here; `python -m tests.api_fuzz` runs thousands against any server
+ANSWERS = 150  # answers changed on their way back to the clients; `python -m tests.answer_fuzz` runs more
 
 # the embedded model's Q/A turns, with what chat, Responses and Messages may send: tools, calls,
 # their results, reasoning, and Qwen3's answer opening when thinking is off
@@ -91,3 +94,18 @@ def test_mutated_requests_get_answers_and_leave_nothing_behind(served):
         assert resp.status == 200
     log = open(served.log).read()
     assert not re.search(r"Traceback|Exception in ASGI", log), log[-3000:]
+
+
+def test_clients_read_any_answer_or_say_what_came(served, tmp_path):
+    outcomes = list(answer_fuzz.fuzz(served.base, served.http, "trtspec", ANSWERS, seed=2026, key=KEY))
+    problems = [f"{o.problem}: {o.how}" for o in outcomes if o.problem]
+    assert not problems, "\n".join(problems[:5])
+    refused = sum(o.refused for o in outcomes)
+    assert 0 < refused < len(outcomes)  # some changes the clients refuse, others leave a readable answer
+    # through the CLI: a stream cut short is one Error: line, not a text taken as whole
+    with answer_fuzz.MutatingProxy(served.base, seed=1) as proxy:
+        proxy.change = lambda status, kind, raw: (status, raw.split(b"data: [DONE]")[0])
+        result = CliRunner().invoke(main, ["generate", "--url", f"openai://{proxy.url}", "--api-key", KEY,
+                                           "--prompt", "Q: 1 + 2\nA:", "--max-tokens", "8", "--stream"])
+        assert result.exit_code == 1 and result.output.count("Error: ") == 1, result.output
+        assert "the stream ended without its `data: [DONE]` (cut short)" in result.output

@@ -16,7 +16,17 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlparse
 
-from trtspec.triton.client import ClientError, Completion, GenerateParams, TextCallback
+from trtspec.triton.client import (
+    TOTALS,
+    ClientError,
+    Completion,
+    GenerateParams,
+    TextCallback,
+    answer_json,
+    shown,
+    typed,
+    unexpected,
+)
 
 SCHEME = "openai"
 
@@ -88,26 +98,39 @@ def _post(url: str, body: dict, api_key: str | None, timeout_s: float):
 
 
 def _message(raw: bytes) -> str:
+    """An OpenAI error answer's message, `{"error": {"message"}}` (or a bare `{"error": "..."}`);
+    anything else shown as it came."""
     try:
         error = json.loads(raw)["error"]
-        return error["message"] if isinstance(error, dict) else str(error)
-    except (ValueError, KeyError, TypeError):
-        return raw.decode("utf-8", errors="replace")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return shown(raw, 500) or "an empty answer"
+    message = error.get("message") if isinstance(error, dict) else error
+    return message if isinstance(message, str) and message.strip() else shown(raw, 500)
 
 
-def _text_of(choice: dict, chat: bool) -> str:
-    if chat:
-        part = choice.get("delta") or choice.get("message") or {}
-        return part.get("content") or ""
-    return choice.get("text") or ""
+def _text_of(choice: dict, chat: bool, where: str, at: str) -> str:
+    """A choice's new text: chat's delta (or message) content, a completion's text."""
+    if not chat:
+        return typed(choice, "text", str, "text", where, at) or ""
+    name = "delta" if "delta" in choice else "message"
+    part = typed(choice, name, dict, "an object", where, at) or {}
+    return typed(part, "content", str, "text", where, f"{at}{name}.") or ""
 
 
-def _fold(completion: Completion, body: dict, chat: bool, on_text: TextCallback | None, t0: float) -> None:
+def _fold(completion: Completion, body, chat: bool, on_text: TextCallback | None, t0: float,
+          where: str) -> None:
+    """One answer (or stream chunk) into `completion`; a ClientError naming any field that is not
+    what the OpenAI API sends there."""
+    if not isinstance(body, dict):
+        raise unexpected(where, None, body, "a JSON object")
     if "error" in body:
-        raise ClientError(_message(json.dumps(body).encode()))
+        raise ClientError(f"{where}: {_message(json.dumps(body).encode())}")
     completion.num_responses += 1
-    for choice in body.get("choices") or []:
-        text = _text_of(choice, chat)
+    for i, choice in enumerate(typed(body, "choices", list, "a list of choices", where) or []):
+        at = f"choices[{i}]."
+        if not isinstance(choice, dict):
+            raise unexpected(where, f"choices[{i}]", choice, "a choice object")
+        text = _text_of(choice, chat, where, at)
         if text:
             completion.token_responses += 1
             if completion.first_response_s is None:
@@ -115,34 +138,43 @@ def _fold(completion: Completion, body: dict, chat: bool, on_text: TextCallback 
             completion.text += text
             if on_text is not None:
                 on_text(text)
-        if choice.get("finish_reason"):
-            completion.finish_reason = choice["finish_reason"]
-    if body.get("usage"):
-        completion.completion_tokens = body["usage"].get("completion_tokens")
-    figures = body.get("trtspec") or {}
+        finish = typed(choice, "finish_reason", str, "text", where, at)
+        if finish:
+            completion.finish_reason = finish
+    usage = typed(body, "usage", dict, "an object", where)
+    if usage:
+        completion.completion_tokens = typed(usage, "completion_tokens", int, "an integer", where, "usage.")
+    figures = typed(body, "trtspec", dict, "an object", where) or {}
+    for name in (*TOTALS, "seed"):
+        typed(figures, name, int, "an integer", where, "trtspec.")
     completion.fold_totals(figures)
     if figures.get("seed") is not None:
-        completion.seed = int(figures["seed"])
+        completion.seed = figures["seed"]
 
 
 def openai_generate(url: str, model: str, prompt: str, params: GenerateParams,
                     on_text: TextCallback | None = None, timeout_s: float = 300.0, chat: bool = False,
                     api_key: str | None = None) -> Completion:
-    """One request to `/v1/completions` (or `/v1/chat/completions` with `chat`)."""
+    """One request to `/v1/completions` (or `/v1/chat/completions` with `chat`). A stream must end
+    with `data: [DONE]`, as every OpenAI server ends one: without it the answer was cut short."""
     endpoint = f"{base_url(url)}/{'chat/completions' if chat else 'completions'}"
     completion, t0 = Completion(), time.perf_counter()
     with _post(endpoint, request_body(model, prompt, params, chat), api_key, timeout_s) as resp:
         if params.stream:
+            done = False
             for line in resp:
                 line = line.strip()
                 if not line.startswith(b"data:"):
                     continue
                 data = line[len(b"data:"):].strip()
                 if data == b"[DONE]":
+                    done = True
                     break
-                _fold(completion, json.loads(data), chat, on_text, t0)
+                _fold(completion, answer_json(data, endpoint), chat, on_text, t0, endpoint)
+            if not done:
+                raise ClientError(f"{endpoint}: the stream ended without its `data: [DONE]` (cut short)")
         else:
-            _fold(completion, json.loads(resp.read()), chat, on_text, t0)
+            _fold(completion, answer_json(resp.read(), endpoint), chat, on_text, t0, endpoint)
     completion.total_s = time.perf_counter() - t0
     return completion
 
@@ -152,4 +184,8 @@ def openai_ready(url: str, model: str, api_key: str | None = None) -> bool:
     req = urllib.request.Request(f"{base_url(url)}/models",
                                  headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     with urllib.request.urlopen(req, timeout=5) as resp:
-        return any(card.get("id") == model for card in json.loads(resp.read()).get("data", []))
+        try:
+            cards = json.loads(resp.read())["data"]
+            return any(isinstance(card, dict) and card.get("id") == model for card in cards)
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):  # no list of models: not ready
+            return False

@@ -35,6 +35,45 @@ class ClientError(TrtspecError):
     """The server refused a request or could not be reached; the message is the server's."""
 
 
+def shown(value, limit: int = 120) -> str:
+    """A value of a server's answer as an error message shows it: its JSON, cut to `limit`."""
+    if isinstance(value, bytes):
+        text = value.decode("utf-8", errors="replace")
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError):
+            text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def answer_json(raw: bytes, where: str):
+    """A server's answer (or one event of its stream) read as JSON; a ClientError showing it when it
+    is none."""
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ClientError(f"{where}: the server's answer is not JSON: {shown(raw)}") from None
+
+
+def unexpected(where: str, field: str | None, value, expected: str) -> ClientError:
+    """The error of an answer's field (None: the whole answer) that is not what the API sends there."""
+    if field is None:
+        return ClientError(f"{where}: the server's answer is {shown(value)}; expected {expected}")
+    return ClientError(f"{where}: the server's answer has {field} = {shown(value)}; expected {expected}")
+
+
+def typed(obj: dict, name: str, kind: type, expected: str, where: str, at: str = ""):
+    """`obj[name]` when it is a `kind` (a bool is no int), None when it is missing or null; else a
+    ClientError naming it (`at`: where obj sits in the answer)."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise unexpected(where, f"{at}{name}", value, expected)
+    return value
+
+
 # the totals' wire names -> Completion fields (`target_forwards` is the property that falls back)
 TOTALS = {"accepted_tokens": "accepted_tokens", "draft_tokens": "draft_tokens",
           "target_forwards": "reported_forwards", "cached_tokens": "cached_tokens"}
@@ -354,38 +393,61 @@ def _post(url: str, body: dict, timeout_s: float):
     try:
         return urllib.request.urlopen(req, timeout=timeout_s)
     except urllib.error.HTTPError as exc:
-        raise ClientError(_error_text(exc.read())) from None
+        raise ClientError(f"{url}: HTTP {exc.code}: {_error_text(exc.read())}") from None
     except urllib.error.URLError as exc:
         raise ClientError(f"cannot reach {url}: {exc.reason}") from None
 
 
 def _error_text(raw: bytes) -> str:
+    """Triton's error answer, `{"error": "..."}`, as its text; anything else shown as it came."""
     try:
-        return json.loads(raw)["error"]
-    except (ValueError, KeyError, TypeError):
-        return raw.decode("utf-8", errors="replace")
+        error = json.loads(raw)["error"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return shown(raw, 500) or "an empty answer"
+    return error if isinstance(error, str) and error.strip() else shown(raw, 500)
 
 
-def _http_outputs(event: dict) -> dict:
+# the outputs of one response of a generate endpoint: (JSON type, as an error names it); a
+# one-element output may come back as a value or as a list of one
+_HTTP_OUTPUTS = {"text_output": (str, "text"), "finish_reason": (str, "text"),
+                 **{name: (int, "an integer") for name in (*TOTALS, "sampling_seed")}}
+
+
+def _http_outputs(event, where: str) -> dict:
+    """One answer (or stream event) of Triton's generate endpoint as Completion.add takes it; a
+    ClientError naming an output that is not what trtspec's model sends."""
+    if not isinstance(event, dict):
+        raise unexpected(where, None, event, "a JSON object of outputs")
     if "error" in event:
-        raise ClientError(event["error"])
+        error = event["error"]
+        raise ClientError(f"{where}: {error}" if isinstance(error, str) and error.strip()
+                          else f"{where}: an error without a message: {shown(event)}")
     outputs = {}
-    for name, value in event.items():
-        if name == "output_ids":
-            outputs[name] = value if isinstance(value, list) else [value]
-        elif name in ("text_output", "accepted_tokens", "draft_tokens", "target_forwards", "cached_tokens",
-                      "sampling_seed",
-                      "finish_reason"):
-            # a one-element output may come back as a value or as a list of one
-            outputs[name] = value[0] if isinstance(value, list) else value
+    ids = event.get("output_ids")
+    if ids is not None:
+        ids = ids if isinstance(ids, list) else [ids]
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise unexpected(where, "output_ids", event["output_ids"], "token ids")
+        outputs["output_ids"] = ids
+    for name, (kind, expected) in _HTTP_OUTPUTS.items():
+        value = event.get(name)
+        if isinstance(value, list):
+            if len(value) != 1:
+                raise unexpected(where, name, value, f"{expected} (or a list of one)")
+            value = value[0]
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise unexpected(where, name, event[name], expected)
+        if value is not None:
+            outputs[name] = value
     return outputs
 
 
-def sse_events(lines: Iterator[bytes]) -> Iterator[dict]:
+def sse_events(lines: Iterator[bytes], where: str) -> Iterator:
+    """The JSON of each `data:` line of a server-sent event stream."""
     for line in lines:
         line = line.strip()
         if line.startswith(b"data:"):
-            yield json.loads(line[len(b"data:") :])
+            yield answer_json(line[len(b"data:") :], where)
 
 
 def http_generate(address: str, model: str, prompt: str, params: GenerateParams,
@@ -396,10 +458,10 @@ def http_generate(address: str, model: str, prompt: str, params: GenerateParams,
     url = f"http://{address}/v2/models/{model}/{endpoint}"
     with _post(url, params.as_json(prompt), timeout_s) as resp:
         if params.stream:
-            for event in sse_events(resp):
-                completion.add(_http_outputs(event), on_text, t0)
+            for event in sse_events(resp, url):
+                completion.add(_http_outputs(event, url), on_text, t0)
         else:
-            completion.add(_http_outputs(json.loads(resp.read())), on_text, t0)
+            completion.add(_http_outputs(answer_json(resp.read(), url), url), on_text, t0)
     completion.total_s = time.perf_counter() - t0
     return completion
 
