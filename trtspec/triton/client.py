@@ -304,17 +304,19 @@ def array_input(cls, name: str, value: np.ndarray):
     return tensor
 
 
-def _outputs_of(result) -> dict:
-    outputs = {}
+def _outputs_of(result, where: str) -> dict:
+    """One gRPC response's outputs as Completion.add takes them, checked as HTTP's answers are
+    (`_http_outputs`); outputs trtspec does not read (another server's log-probabilities) are left."""
+    event = {}
     for out in result.get_response().outputs:
-        value = result.as_numpy(out.name)
-        if out.name in ("text_output", "finish_reason"):
-            outputs[out.name] = b"".join(value.reshape(-1)).decode("utf-8", errors="replace")
-        elif out.name == "output_ids":
-            outputs[out.name] = value.reshape(-1).tolist()
+        if out.name not in _HTTP_OUTPUTS and out.name != "output_ids":
+            continue
+        values = result.as_numpy(out.name).reshape(-1).tolist()
+        if values and all(isinstance(v, bytes) for v in values):
+            event[out.name] = b"".join(values).decode("utf-8", errors="replace")
         else:
-            outputs[out.name] = int(value.reshape(-1)[0])
-    return outputs
+            event[out.name] = values if out.name == "output_ids" or len(values) != 1 else values[0]
+    return _http_outputs(event, where)
 
 
 def grpc_generate(address: str, model: str, inputs: list, on_text: TextCallback | None = None,
@@ -357,7 +359,7 @@ def grpc_generate_many(address: str, model: str, requests: list[list], on_text: 
             response = result.get_response()
             completion = completions[response.id]
             if response.outputs:
-                completion.add(_outputs_of(result), on_text, t0)
+                completion.add(_outputs_of(result, f"grpc://{address}"), on_text, t0)
             if response.parameters["triton_final_response"].bool_param:
                 completion.total_s = time.perf_counter() - t0
                 pending.discard(response.id)
