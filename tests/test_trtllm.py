@@ -8,7 +8,9 @@ and review the diff under tests/golden/ before committing it.
 
 from __future__ import annotations
 
+import functools
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.errors import CheckpointError, ConfigError
+from trtspec.plan.models import get_target
 from trtspec.trtllm import fields
 from trtspec.trtllm.args import llm_args
 from trtspec.trtllm.build import build_trtllm
@@ -278,6 +281,46 @@ def test_convert_dflash_refuses_what_trtllm_would_misread(tmp_path, drop, messag
     src = _drafter(tmp_path / "src", config, _BACKBONE)
     with pytest.raises(CheckpointError, match=message):
         convert_drafter(src, tmp_path / "dst", "dflash")
+
+
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"  # 32 layers, hidden 4096, 128,256 tokens
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({}, None),
+    ({"hidden_size": 256}, "hidden_size is 256 but the deployment's target meta-llama/Llama-3.1-8B-Instruct "
+                           "has 4096: a drafter of another model"),
+    ({"dflash_config": {"mask_token_id": 128_000, "target_layer_ids": [1, 35]}},
+     r"target_layer_ids \[1, 35\] are not layers of the deployment's target .* \(0 to 31\)"),
+    ({"dflash_config": {"mask_token_id": 200_000, "target_layer_ids": [1, 9]}},
+     r"mask_token_id 200000 is outside the vocabulary of the deployment's target .* \(128256\)"),
+], ids=["fits", "hidden", "layers", "mask"])
+def test_convert_refuses_a_drafter_of_another_target(tmp_path, edit, message):
+    """The deployment's target (deployment.model_id) is known at build time though its weights are
+    not here: a drafter that does not fit it is refused by the build, not by TensorRT-LLM on the
+    GPU nodes (the embedded 256-wide DFlash converted for Llama-3.1-8B used to pass)."""
+    config = {"model_type": "llama", "block_size": 10, "hidden_size": 4096,
+              "dflash_config": {"mask_token_id": 128_000, "target_layer_ids": [1, 9, 17, 25, 29]}, **edit}
+    src = _drafter(tmp_path / "src", config, _BACKBONE)
+    convert = functools.partial(convert_drafter, src, tmp_path / "dst", "dflash", target=get_target(LLAMA))
+    if message is None:
+        assert convert()["method"] == "dflash"
+    else:
+        with pytest.raises(CheckpointError, match=message):
+            convert()
+
+
+def test_build_refuses_a_drafter_of_another_target(tmp_path):
+    """`trtspec build` of the Llama-3.1-8B DFlash deployment with the embedded drafter in the
+    drafter's place: one Error: line, nothing written."""
+    drafter = tmp_path / "weights" / "LLaMA3.1-8B-Instruct-DFlash-UltraChat"
+    shutil.copytree(REPO / "trtspec" / "assets" / "tiny-dflash-b16", drafter)
+    config = tmp_path / "llama.yaml"
+    config.write_text((REPO / "build_configs" / "llama3.1-8b-dflash.yaml").read_text())
+    result = CliRunner().invoke(main, ["build", str(config), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and result.output.count("Error: ") == 1, result.output
+    assert "config.json: hidden_size is 256 but the deployment's target" in result.output
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("spelling", ["nested", "top_level", "plain"])

@@ -17,6 +17,7 @@ from pathlib import Path
 from trtspec.config import BuildConfig
 from trtspec.errors import ConfigError
 from trtspec.plan.memory import MemoryPlan, check_fits, plan_memory
+from trtspec.plan.models import get_target
 from trtspec.trtllm.args import llm_args
 from trtspec.trtllm.convert import convert_drafter
 from trtspec.trtllm.k8s import dump_manifests, manifests
@@ -68,6 +69,7 @@ def build_trtllm(config: BuildConfig, out_dir: Path) -> list[Path]:
             drafter.method,
             dtype=config.target.dtype,
             max_draft_len=drafter.num_draft_tokens,
+            target=get_target(config.deployment.model_id),
         )
         written.append(out_dir / "drafter")
     return written

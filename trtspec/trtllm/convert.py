@@ -51,6 +51,7 @@ from trtspec.errors import CheckpointError
 from trtspec.models.dflash import dflash_block_size
 from trtspec.models.dspark import DSPARK_FIELDS, dspark_fields
 from trtspec.models.markov import MARKOV_HEAD_TENSORS
+from trtspec.plan.models import Architecture
 from trtspec.trtllm.fields import DSPARK_DRAFT_KEYS
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -161,10 +162,29 @@ def _dspark_config(raw: dict, where: Path, notes: list[str]) -> dict:
     return config
 
 
+def check_fits(config: dict, target: Architecture, where: Path) -> None:
+    """Refuse a converted drafter config that does not fit the deployment's target (its
+    deployment.model_id): TensorRT-LLM would find it only on the GPU nodes, loading the drafter."""
+    at = where / "config.json"
+    if config.get("hidden_size") != target.hidden:
+        raise CheckpointError(f"{at}: hidden_size is {config.get('hidden_size')!r} but the deployment's "
+                              f"target {target.name} has {target.hidden}: a drafter of another model")
+    spec = config.get("dflash_config") or {}
+    ids, mask = spec.get("target_layer_ids"), spec.get("mask_token_id")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < target.num_layers for i in ids):
+        raise CheckpointError(f"{at}: target_layer_ids {ids!r} are not layers of the deployment's target "
+                              f"{target.name} (0 to {target.num_layers - 1})")
+    if not isinstance(mask, int) or not 0 <= mask < target.vocab:
+        raise CheckpointError(f"{at}: mask_token_id {mask!r} is outside the vocabulary of the deployment's "
+                              f"target {target.name} ({target.vocab})")
+
+
 def convert_drafter(
-    src: Path, dst: Path, method: str, *, dtype: str | None = None, max_draft_len: int | None = None
+    src: Path, dst: Path, method: str, *, dtype: str | None = None, max_draft_len: int | None = None,
+    target: Architecture | None = None,
 ) -> dict:
-    """Write `src` as a TensorRT-LLM `speculative_model` folder `dst`; returns a report of changes."""
+    """Write `src` as a TensorRT-LLM `speculative_model` folder `dst`; returns a report of changes.
+    `target`: the deployment's target architecture, which the drafter must fit (`check_fits`)."""
     src, dst = Path(src), Path(dst)
     raw, tensors = _read(src)
     notes: list[str] = []
@@ -182,6 +202,8 @@ def convert_drafter(
             f"{src}: no TensorRT-LLM conversion for drafter method {method!r} "
             "(dflash and dspark are converted; EAGLE-3 checkpoints load as published)"
         )
+    if target is not None:
+        check_fits(config, target, src)
     weights = _backbone_weights(tensors, src, notes)
     if method == "dspark":
         head_type = config.get("markov_head_type", "vanilla")
