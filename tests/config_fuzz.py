@@ -1,6 +1,7 @@
 """A fuzzer of what `trtspec build` and `trtspec inspect` read: build configs (every YAML of
-build_configs/ and a tiny one with most fields set) and the embedded checkpoints' config.json
-(target and drafters), each mutated at one to three random places (tests/mutate.py).
+build_configs/ and a tiny one with most fields set) and checkpoints' config.json (the embedded
+target and drafters; a DFlash and a DSpark drafter shaped for Llama-3.1-8B, which the trtllm build
+converts to TensorRT-LLM's layout), each mutated at one to three random places (tests/mutate.py).
 
 What must hold for every input: the command exits 0, or 1 with one `Error:` line (2 with usage for a
 CONFIG it cannot read), never a traceback; a failed `build` leaves no output folder behind.
@@ -39,12 +40,47 @@ RICH = {
 }
 CONFIGS = [yaml.safe_load(path.read_text()) for path in sorted((REPO / "build_configs").glob("*.yaml"))]
 CONFIGS.append(RICH)
-CHECKPOINTS = ("tiny-target", "tiny-dflash-b16", "tiny-dspark-b15", "tiny-eagle3", "tiny-draft")
-# a checkpoint's config.json, and the build config that reads it in place of the embedded one
-CHECKPOINT_CONFIG = {
-    "tiny-target": "tiny-dflash.yaml", "tiny-dflash-b16": "tiny-dflash.yaml",
-    "tiny-dspark-b15": "tiny-dspark.yaml", "tiny-eagle3": "tiny-eagle3.yaml",
-    "tiny-draft": "tiny-draft-model.yaml"}
+
+
+@dataclass
+class CheckpointSeed:
+    """A checkpoint whose config.json the fuzz changes, and the build config that reads it."""
+
+    name: str
+    files: str  # the embedded folder whose other files (weights) are linked beside config.json
+    config_json: dict
+    build: dict  # the build config, its `role` path pointing at the changed checkpoint
+    role: str  # target or drafter
+    relative: bool = False  # trtllm: the path relative to the build config (resolved on the nodes)
+
+
+def _yaml(name: str) -> dict:
+    return yaml.safe_load((REPO / "build_configs" / name).read_text())
+
+
+def _json(name: str) -> dict:
+    return json.loads((ASSETS_DIR / name / "config.json").read_text())
+
+
+# a DFlash and a DSpark drafter shaped for Llama-3.1-8B (32 layers, hidden 4096; the embedded
+# weights beside them: conversion reads the config's fields, not the tensors' shapes), converted by
+# the trtllm build of build_configs/llama3.1-8b-dflash.yaml
+_LLAMA_DFLASH = {**_json("tiny-dflash-b16"), "model_type": "llama", "hidden_size": 4096, "block_size": 10,
+                 "num_target_layers": 32,
+                 "dflash_config": {"mask_token_id": 128_000, "target_layer_ids": [1, 9, 17, 25, 29]}}
+_LLAMA_DSPARK = {**_json("tiny-dspark-b15"), "hidden_size": 4096, "block_size": 7, "mask_token_id": 128_000,
+                 "target_layer_ids": [1, 9, 17, 25, 29], "num_target_layers": 32}
+_LLAMA_BUILD = _yaml("llama3.1-8b-dflash.yaml")
+CHECKPOINTS = [
+    CheckpointSeed("tiny-target", "tiny-target", _json("tiny-target"), _yaml("tiny-dflash.yaml"), "target"),
+    *(CheckpointSeed(name, name, _json(name), _yaml(build), "drafter") for name, build in (
+        ("tiny-dflash-b16", "tiny-dflash.yaml"), ("tiny-dspark-b15", "tiny-dspark.yaml"),
+        ("tiny-eagle3", "tiny-eagle3.yaml"), ("tiny-draft", "tiny-draft-model.yaml"))),
+    CheckpointSeed("llama-dflash", "tiny-dflash-b16", _LLAMA_DFLASH, _LLAMA_BUILD, "drafter", relative=True),
+    CheckpointSeed("llama-dspark", "tiny-dspark-b15", _LLAMA_DSPARK,
+                   {**_LLAMA_BUILD, "drafter": {**_LLAMA_BUILD["drafter"], "method": "dspark",
+                                                "num_draft_tokens": 7}}, "drafter", relative=True),
+]
 
 CONFIG_MUTATOR = Mutator(
     ["torch", "engine", "trtllm", "dflash", "dspark", "eagle3", "draft_model", "builtin:tiny-dspark-b15",
@@ -55,7 +91,7 @@ CONFIG_MUTATOR = Mutator(
 CHECKPOINT_MUTATOR = Mutator(
     ["qwen3", "llama", "DFlashDraftModel", "Qwen3ForCausalLM", "full_attention", "sliding_attention",
      "default", "linear", "yarn", 3, 7, 263, 264, 265, 4096, [1, 2], [0, 0], [-1], [99]],
-    [json.loads((ASSETS_DIR / name / "config.json").read_text()) for name in CHECKPOINTS],
+    [seed.config_json for seed in CHECKPOINTS],
     ["extra", "mask_token_id", "target_layer_ids", "block_size", "rope_scaling", "d2t", "architectures"])
 
 
@@ -99,37 +135,36 @@ def run_config(config: dict, work: Path) -> list[Outcome]:
             _judge(runner.invoke(cli, ["inspect", str(path)]), None, f"inspect {label}")]
 
 
-def run_checkpoint(name: str, checkpoint: dict, work: Path) -> list[Outcome]:
-    """`build` and `inspect` of the tiny deployment that reads checkpoint `name` with `checkpoint`
-    as its config.json (its other files linked from the embedded one)."""
-    folder = work / name
+def run_checkpoint(seed: CheckpointSeed, config_json: dict, work: Path) -> list[Outcome]:
+    """`build` and `inspect` of `seed`'s build config reading its checkpoint with `config_json` (its
+    other files linked from the embedded folder)."""
+    folder = work / "weights" / seed.name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    for path in (ASSETS_DIR / name).iterdir():
+    for path in (ASSETS_DIR / seed.files).iterdir():
         if path.name != "config.json":
             (folder / path.name).symlink_to(path)
-    (folder / "config.json").write_text(json.dumps(checkpoint))
-    config = yaml.safe_load((REPO / "build_configs" / CHECKPOINT_CONFIG[name]).read_text())
-    role = "target" if name == "tiny-target" else "drafter"
-    config[role]["path"] = str(folder)
+    (folder / "config.json").write_text(json.dumps(config_json))
+    config = json.loads(json.dumps(seed.build))
+    config[seed.role]["path"] = str(folder.relative_to(work) if seed.relative else folder)
     outcomes = run_config(config, work)
     for outcome in outcomes:
         command = outcome.command.split()[0]
-        outcome.command = f"{command} with {name}/config.json {json.dumps(checkpoint)[:1500]}"
+        outcome.command = f"{command} with {seed.name}/config.json {json.dumps(config_json)[:1500]}"
     return outcomes
 
 
 def fuzz(runs: int, seed: int, work: Path, max_mutations: int = 3):
     """`runs` mutated inputs, half configs, half checkpoints; yields each command's Outcome."""
     rng = random.Random(seed)
-    originals = {name: json.loads((ASSETS_DIR / name / "config.json").read_text()) for name in CHECKPOINTS}
     for _ in range(runs):
         count = 1 if rng.random() < 0.5 else rng.randint(2, max_mutations)
         if rng.random() < 0.5:
             yield from run_config(CONFIG_MUTATOR.mutate(rng, rng.choice(CONFIGS), count), work)
         else:
-            name = rng.choice(CHECKPOINTS)
-            yield from run_checkpoint(name, CHECKPOINT_MUTATOR.mutate(rng, originals[name], count), work)
+            checkpoint = rng.choice(CHECKPOINTS)
+            config_json = CHECKPOINT_MUTATOR.mutate(rng, checkpoint.config_json, count)
+            yield from run_checkpoint(checkpoint, config_json, work)
 
 
 def main() -> None:

@@ -174,9 +174,10 @@ def _edit_config(**changes):
         (_edit_config(num_hidden_layers=2), "num_hidden_layers is 2; an EAGLE-3 drafter has one midlayer"),
         (_edit_config(draft_vocab_size=300), "draft_vocab_size is 300 but vocab_size is 264"),
         (_edit_config(norm_before_fc=True), "norm_before_fc is true"),
-        (_edit_config(draft_vocab_size=90), r"lm_head.weight \(100, 64\) \(expected \(90, 64\)\)"),
+        # checked before the model is allocated (the first tensor by name that differs)
+        (_edit_config(draft_vocab_size=90), r"d2t is \[100\] in the weights, \[90\] by config.json"),
         (_edit_config(hidden_size=32, head_dim=8, target_hidden_size=64),
-         r"fc.weight \(64, 192\) \(expected \(32, 192\)\)"),
+         r"embed_tokens.weight is \[264, 64\] in the weights, \[264, 32\] by config.json"),
     ],
 )
 def test_misfits_refused(tmp_path, target, edit, message):

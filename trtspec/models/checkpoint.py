@@ -8,12 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -108,6 +110,44 @@ def load_weights(weights: list[Path]) -> dict[str, torch.Tensor]:
         except SafetensorError as exc:
             raise CheckpointError(unreadable_weights(file, exc)) from None
     return state
+
+
+def weight_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape, read from the safetensors headers (no tensor is loaded)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), "pt") as header:
+                for key in header.keys():  # noqa: SIM118 - a safe_open handle is no mapping
+                    shapes[key] = tuple(header.get_slice(key).get_shape())
+        except SafetensorError as exc:
+            raise CheckpointError(unreadable_weights(file, exc)) from None
+    return shapes
+
+
+def check_weights_fit(build: Callable[[], nn.Module], files: list[Path], where: Path,
+                      rename: Callable[[str], str] = lambda key: key, shared: int = 0) -> None:
+    """Before `build()` allocates the model config.json describes: the same model built on the meta
+    device (no memory) must fit the weight files, each tensor both have of one shape, and no more
+    parameters than the files hold (`shared`: those the model takes from elsewhere, a drafter's
+    target embeddings, which the files may lack). A config.json of a model far larger than its
+    weights (a typo'd num_hidden_layers or intermediate_size) is an error naming the folder, not an
+    allocation that takes the machine's memory. `rename`: a file's tensor name as the model names
+    it."""
+    with torch.device("meta"):
+        meta = build()
+    expected = {key: tuple(t.shape) for key, t in meta.state_dict().items()}
+    shapes = {rename(key): shape for key, shape in weight_shapes(files).items()}
+    for key, shape in sorted(shapes.items()):
+        if key in expected and expected[key] != shape:
+            raise CheckpointError(f"{where}: the weights do not match config.json: {key} is {list(shape)} in "
+                                  f"the weights, {list(expected[key])} by config.json")
+    described = sum(p.numel() for p in meta.parameters())
+    held = sum(math.prod(shape) for shape in shapes.values())
+    if described > held + shared:
+        raise CheckpointError(f"{where}: config.json describes a model of {described:,} parameters but the "
+                              f"weights hold {held:,} (num_hidden_layers, intermediate_size or "
+                              f"hidden_size may be wrong)")
 
 
 def unreadable_weights(where: Path, exc: Exception) -> str:

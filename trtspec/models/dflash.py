@@ -28,6 +28,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 from trtspec.errors import CheckpointError
 from trtspec.models.checkpoint import (
     cast_keeping_rope,
+    check_weights_fit,
     int_field,
     int_list_field,
     load_weights,
@@ -247,6 +248,8 @@ def load_dflash(path: Path, target_config=None, dtype=torch.float32) -> DFlashDr
     config = Qwen3Config(**qwen_fields)
     if target_config is not None:
         check_fits_target(spec, config, target_config, str(config_file))
+    check_weights_fit(lambda: DFlashDraftModel(config, spec), weights, path,
+                      lambda k: k.removeprefix("model."))
     model = DFlashDraftModel(config, spec)
     state = {k.removeprefix("model."): v for k, v in load_weights(weights).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -41,10 +41,12 @@ from transformers import Qwen3Config
 from trtspec.errors import CheckpointError
 from trtspec.models.checkpoint import (
     cast_keeping_rope,
+    check_weights_fit,
     int_field,
     int_list_field,
     load_weights,
     read_checkpoint,
+    weight_shapes,
     write_checkpoint,
 )
 from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, check_block_drafter_fits
@@ -252,7 +254,7 @@ def _check_spec(spec: DSparkSpec, where: str) -> None:
         raise CheckpointError(f"{where}: confidence_head_with_markov is true but markov_rank is 0")
 
 
-def _check_markov_tensors(spec: DSparkSpec, state: dict, path: Path, config_file: Path) -> None:
+def _check_markov_tensors(spec: DSparkSpec, state, path: Path, config_file: Path) -> None:
     """The Markov head's tensors agree with markov_head_type: a gated or RNN checkpoint read as
     another type would otherwise fail as an anonymous layout mismatch (or, read as vanilla
     with the extra tensors ignored, draft from a different distribution than it was trained on)."""
@@ -289,9 +291,14 @@ def load_dspark(path: Path, target_config=None, dtype=torch.float32) -> DSparkDr
     config = Qwen3Config(**{k: v for k, v in raw.items() if k not in spelled | {"dspark_config"}})
     if target_config is not None:
         check_dspark_fits(spec, config, target_config, str(config_file))
+    def rename(key: str) -> str:
+        return key.removeprefix("_orig_mod.").removeprefix("model.")
+
+    # the Markov head's names first (a head of another type is named as such), then the sizes
+    _check_markov_tensors(spec, {rename(k) for k in weight_shapes(weights)}, path, config_file)
+    check_weights_fit(lambda: DSparkDraftModel(config, spec), weights, path, rename)
     model = DSparkDraftModel(config, spec)
-    state = {k.removeprefix("_orig_mod.").removeprefix("model."): v for k, v in load_weights(weights).items()}
-    _check_markov_tensors(spec, state, path, config_file)
+    state = {rename(k): v for k, v in load_weights(weights).items()}
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # a shape differs from what config.json implies

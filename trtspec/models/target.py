@@ -28,7 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from trtspec.errors import CheckpointError
-from trtspec.models.checkpoint import read_config, unreadable_weights
+from trtspec.models.checkpoint import check_weights_fit, read_config, unreadable_weights
 from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout
 from trtspec.models.kv_slots import (
     Segment,
@@ -87,6 +87,9 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
     except (ValueError, TypeError, StrictDataclassError) as exc:  # a field of the wrong type
         first = re.sub(r"\b[A-Z]\w*Error: ", "", " ".join(str(exc).split()))[:300]  # one "Error:" a line
         raise CheckpointError(f"{path / 'config.json'}: transformers cannot read it: {first}") from None
+    weights = sorted(path.glob("*.safetensors"))
+    if weights:  # before anything is allocated: a config.json far larger than its weights is refused
+        check_weights_fit(lambda: AutoModelForCausalLM.from_config(hf_config), weights, path)
     try:  # loaded whatever the shapes, then checked: transformers' own refusal says only "see the report"
         model, info = AutoModelForCausalLM.from_pretrained(
             path, config=hf_config, dtype=DTYPES[dtype], local_files_only=True, ignore_mismatched_sizes=True,

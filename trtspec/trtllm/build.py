@@ -16,6 +16,7 @@ from pathlib import Path
 
 from trtspec.config import BuildConfig
 from trtspec.errors import ConfigError
+from trtspec.models.checkpoint import building
 from trtspec.plan.memory import MemoryPlan, check_fits, plan_memory
 from trtspec.plan.models import get_target
 from trtspec.trtllm.args import llm_args
@@ -63,14 +64,15 @@ def build_trtllm(config: BuildConfig, out_dir: Path) -> list[Path]:
 
     drafter = config.drafter
     if _converts_drafter(config) and drafter.resolved_path.is_dir():
-        convert_drafter(
-            drafter.resolved_path,
-            out_dir / "drafter",
-            drafter.method,
-            dtype=config.target.dtype,
-            max_draft_len=drafter.num_draft_tokens,
-            target=get_target(config.deployment.model_id),
-        )
+        with building(drafter.resolved_path / "config.json", "the drafter"):
+            convert_drafter(
+                drafter.resolved_path,
+                out_dir / "drafter",
+                drafter.method,
+                dtype=config.target.dtype,
+                max_draft_len=drafter.num_draft_tokens,
+                target=get_target(config.deployment.model_id),
+            )
         written.append(out_dir / "drafter")
     return written
 
