@@ -17,7 +17,6 @@ path's storage indices are not contiguous); for a chain the path is a prefix and
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from trtspec.errors import CheckpointError
-from trtspec.models.checkpoint import check_weights_fit, read_config, unreadable_weights
+from trtspec.models.checkpoint import check_weights_fit, one_line, read_config, unreadable_weights
 from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout
 from trtspec.models.kv_slots import (
     Segment,
@@ -85,8 +84,8 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
     try:
         hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
     except (ValueError, TypeError, StrictDataclassError) as exc:  # a field of the wrong type
-        first = re.sub(r"\b[A-Z]\w*Error: ", "", " ".join(str(exc).split()))[:300]  # one "Error:" a line
-        raise CheckpointError(f"{path / 'config.json'}: transformers cannot read it: {first}") from None
+        raise CheckpointError(f"{path / 'config.json'}: transformers cannot read it: {one_line(exc, 300)}") \
+            from None
     weights = sorted(path.glob("*.safetensors"))
     if weights:  # before anything is allocated: a config.json far larger than its weights is refused
         check_weights_fit(lambda: AutoModelForCausalLM.from_config(hf_config), weights, path)
