@@ -1042,6 +1042,50 @@ def test_frontend_unavailable_triton_is_a_503(tmp_path, config):
         frontend.stop()
 
 
+def test_a_body_over_max_request_bytes_is_a_413_before_it_is_read(config):
+    """limits.max_request_bytes bounds what the frontend reads: a body over it is a 413 in the route's
+    shape whether its Content-Length says so or it comes in chunks, and the frontend stays up
+    (an authenticated client's 2 GB body would have been read whole into memory). Triton is not
+    running: the answers come from the frontend alone."""
+    import http.client
+
+    from trtspec.openai.model_info import served_model
+
+    limits = config.limits.model_copy(update={"max_request_bytes": 65_536})
+    nowhere = f"127.0.0.1:{free_port()}"
+    frontend = OpenAIFrontend(served_model(config.model_copy(update={"limits": limits})), nowhere,
+                              "127.0.0.1", free_port()).start()
+    big = json.dumps({**GOOD_COMPLETION, "prompt": "x" * 70_000}).encode()
+    try:
+        for path in ("/v1/completions", "/v1/messages"):
+            for chunked in (False, True):
+                conn = http.client.HTTPConnection("127.0.0.1", frontend.port, timeout=30)
+                headers = {"Content-Type": "application/json"}
+                if chunked:  # no Content-Length: counted as the chunks arrive
+                    conn.request("POST", path, body=iter([big[i:i + 4096] for i in range(0, len(big), 4096)]),
+                                 headers=headers, encode_chunked=True)
+                else:
+                    conn.request("POST", path, body=big, headers=headers)
+                resp = conn.getresponse()
+                body = json.loads(resp.read())
+                conn.close()
+                assert resp.status == 413, (path, chunked, body)
+                error = body["error"]
+                assert "more than 65,536 bytes" in error["message"] and "limits.max_request_bytes" in \
+                    error["message"]
+                if path == "/v1/messages":  # Anthropic's shape, and its own type for a 413
+                    assert (body["type"], error["type"]) == ("error", "request_too_large")
+                else:
+                    assert error["code"] == "request_too_large"
+        # under the limit the request goes on: to a Triton that is not there
+        under = {**GOOD_COMPLETION, "prompt": "x" * 60_000}
+        status, body = post_json(f"{frontend.url}/v1/completions", under)
+        assert status in (400, 503), body  # refused by the model's bounds, or Triton unavailable
+        assert "max_request_bytes" not in body["error"]["message"]
+    finally:
+        frontend.stop()
+
+
 def test_a_prompt_over_max_input_tokens_is_a_400_naming_it_before_triton(config):
     """With `limits.max_input_tokens`, the frontend knows the deployment's bounds: a longer prompt
     is a 400 naming `prompt` / `messages` (it reached the model, which refused it naming

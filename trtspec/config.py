@@ -208,6 +208,11 @@ class GenerationLimits(_Strict):
                     "keep decoding in each; 0 = every new prompt whole in the step it joins. Flavour "
                     "trtllm: > 0 turns enable_chunked_prefill on, and TensorRT-LLM sizes the chunks by "
                     "deployment.max_num_tokens (trtspec/trtllm/args.py)")
+    max_request_bytes: int = Field(
+        32 * 2**20, ge=1024, le=2**31,
+        description="largest request body the OpenAI frontend takes, in bytes: a larger one is a 413 before "
+                    "it is read whole (a long-context prompt is a few bytes a token as text, about 7 as "
+                    "token ids; 32 MiB holds a million tokens)")
     prefix_reuse: bool = Field(
         True, description="a new request keeps the K/V (and drafter state) a finished request left in "
                           "its slot for the prompt tokens they share (16 at least), and prefills only the "

@@ -448,11 +448,24 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     app.state.started = time.time()
 
     async def body_of(request: Request):
-        """The JSON body, whatever the Content-Type says (`curl -d` sends form-urlencoded)."""
+        """The JSON body, whatever the Content-Type says (`curl -d` sends form-urlencoded); one over
+        limits.max_request_bytes is a 413 before it is read whole (by its Content-Length, or as its
+        chunks arrive)."""
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         sent = "" if kind in ("", "application/json") else f" (sent as Content-Type {kind})"
+        limit = model.max_request_bytes
+        too_large = ApiError(f"the request body holds more than {limit:,} bytes, the most this deployment "
+                             "takes (limits.max_request_bytes)", status=413, code="request_too_large")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
         try:
-            return await request.json()
+            return json.loads(body)
         except json.JSONDecodeError as exc:
             raise ApiError(f"the request body is not valid JSON{sent}: {exc}") from None
         except UnicodeDecodeError:

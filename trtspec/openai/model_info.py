@@ -31,6 +31,7 @@ class ServedModel:
     max_input_tokens: int | None = None  # the deployment's limits.max_input_tokens (None: the context's)
     tool_parser: str | None = None  # the tool-call parser of tool_choice "auto" (None: auto is refused)
     reasoning_parser: str | None = None  # reads reasoning_content off chat answers (None: all is content)
+    max_request_bytes: int = 32 * 2**20  # the deployment's limits.max_request_bytes
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens)
@@ -60,7 +61,8 @@ def served_model(config: BuildConfig) -> ServedModel:
         log.info("requests without them sample with %s/generation_config.json's %s", target_dir,
                  ", ".join(f"{k} {v}" for k, v in defaults.items()))
     return ServedModel(config.name, tokenizer, chat, context, config.limits.max_tokens,
-                       int(hf_config.vocab_size), defaults, config.limits.max_input_tokens)
+                       int(hf_config.vocab_size), defaults, config.limits.max_input_tokens,
+                       max_request_bytes=config.limits.max_request_bytes)
 
 
 def served_model_of_repo(repo: Path, tool_parser: str | None = None,
