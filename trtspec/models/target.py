@@ -87,7 +87,9 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
         raise CheckpointError(f"{path / 'config.json'}: transformers cannot read it: {one_line(exc, 300)}") \
             from None
     weights = sorted(path.glob("*.safetensors"))
-    if weights:  # before anything is allocated: a config.json far larger than its weights is refused
+    # before anything is allocated: a config.json far larger than its weights is refused (a quantized
+    # checkpoint's tensors are packed in other shapes and names: transformers' loader judges those)
+    if weights and getattr(hf_config, "quantization_config", None) is None:
         check_weights_fit(lambda: AutoModelForCausalLM.from_config(hf_config), weights, path)
     try:  # loaded whatever the shapes, then checked: transformers' own refusal says only "see the report"
         model, info = AutoModelForCausalLM.from_pretrained(
