@@ -112,32 +112,33 @@ def load_weights(weights: list[Path]) -> dict[str, torch.Tensor]:
     return state
 
 
-def weight_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
-    """Each tensor's shape, read from the safetensors headers (no tensor is loaded)."""
+def weight_shapes(files: list[Path],
+                  rename: Callable[[str], str] = lambda key: key) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape, read from the safetensors headers (no tensor is loaded), by its name as
+    the model names it (`rename`: a file's tensor name to that)."""
     shapes: dict[str, tuple[int, ...]] = {}
     for file in files:
         try:
             with safe_open(str(file), "pt") as header:
                 for key in header.keys():  # noqa: SIM118 - a safe_open handle is no mapping
-                    shapes[key] = tuple(header.get_slice(key).get_shape())
+                    shapes[rename(key)] = tuple(header.get_slice(key).get_shape())
         except SafetensorError as exc:
             raise CheckpointError(unreadable_weights(file, exc)) from None
     return shapes
 
 
-def check_weights_fit(build: Callable[[], nn.Module], files: list[Path], where: Path,
-                      rename: Callable[[str], str] = lambda key: key, shared: int = 0) -> None:
+def check_weights_fit(build: Callable[[], nn.Module], shapes: dict[str, tuple[int, ...]], where: Path,
+                      shared: int = 0) -> None:
     """Before `build()` allocates the model config.json describes: the same model built on the meta
-    device (no memory) must fit the weight files, each tensor both have of one shape, and no more
-    parameters than the files hold (`shared`: those the model takes from elsewhere, a drafter's
-    target embeddings, which the files may lack). A config.json of a model far larger than its
-    weights (a typo'd num_hidden_layers or intermediate_size) is an error naming the folder, not an
-    allocation that takes the machine's memory. `rename`: a file's tensor name as the model names
-    it."""
+    device (no memory) must fit the weight files' tensors (`shapes`, by `weight_shapes`), each
+    tensor both have of one shape, and no more parameters than the files hold (`shared`: those the
+    model takes from elsewhere, a drafter's target embeddings, which the files may lack). A
+    config.json of a model far larger than its weights (a typo'd num_hidden_layers or
+    intermediate_size) is an error naming the folder, not an allocation that takes the machine's
+    memory."""
     with torch.device("meta"):
         meta = build()
     expected = {key: tuple(t.shape) for key, t in meta.state_dict().items()}
-    shapes = {rename(key): shape for key, shape in weight_shapes(files).items()}
     for key, shape in sorted(shapes.items()):
         if key in expected and expected[key] != shape:
             raise CheckpointError(f"{where}: the weights do not match config.json: {key} is {list(shape)} in "

@@ -33,6 +33,7 @@ from trtspec.models.checkpoint import (
     int_list_field,
     load_weights,
     read_checkpoint,
+    weight_shapes,
     write_checkpoint,
 )
 from trtspec.models.kv_slots import SlotView
@@ -248,8 +249,8 @@ def load_dflash(path: Path, target_config=None, dtype=torch.float32) -> DFlashDr
     config = Qwen3Config(**qwen_fields)
     if target_config is not None:
         check_fits_target(spec, config, target_config, str(config_file))
-    check_weights_fit(lambda: DFlashDraftModel(config, spec), weights, path,
-                      lambda k: k.removeprefix("model."))
+    check_weights_fit(lambda: DFlashDraftModel(config, spec),
+                      weight_shapes(weights, lambda k: k.removeprefix("model.")), path)
     model = DFlashDraftModel(config, spec)
     state = {k.removeprefix("model."): v for k, v in load_weights(weights).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)

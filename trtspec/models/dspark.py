@@ -254,7 +254,7 @@ def _check_spec(spec: DSparkSpec, where: str) -> None:
         raise CheckpointError(f"{where}: confidence_head_with_markov is true but markov_rank is 0")
 
 
-def _check_markov_tensors(spec: DSparkSpec, state, path: Path, config_file: Path) -> None:
+def _check_markov_tensors(spec: DSparkSpec, held: set[str], path: Path, config_file: Path) -> None:
     """The Markov head's tensors agree with markov_head_type: a gated or RNN checkpoint read as
     another type would otherwise fail as an anonymous layout mismatch (or, read as vanilla
     with the extra tensors ignored, draft from a different distribution than it was trained on)."""
@@ -262,9 +262,9 @@ def _check_markov_tensors(spec: DSparkSpec, state, path: Path, config_file: Path
         return
     declared = spec.markov_head_type
     for head_type, names in MARKOV_HEAD_TENSORS.items():
-        present = [f"markov_head.{n}" for n in names if f"markov_head.{n}" in state]
+        present = [f"markov_head.{n}" for n in names if f"markov_head.{n}" in held]
         if head_type == declared:
-            missing = [f"markov_head.{n}" for n in names if f"markov_head.{n}" not in state]
+            missing = [f"markov_head.{n}" for n in names if f"markov_head.{n}" not in held]
             if missing:
                 raise CheckpointError(
                     f"{path}: {config_file.name} declares markov_head_type {declared!r}, whose head "
@@ -295,8 +295,9 @@ def load_dspark(path: Path, target_config=None, dtype=torch.float32) -> DSparkDr
         return key.removeprefix("_orig_mod.").removeprefix("model.")
 
     # the Markov head's names first (a head of another type is named as such), then the sizes
-    _check_markov_tensors(spec, {rename(k) for k in weight_shapes(weights)}, path, config_file)
-    check_weights_fit(lambda: DSparkDraftModel(config, spec), weights, path, rename)
+    shapes = weight_shapes(weights, rename)
+    _check_markov_tensors(spec, set(shapes), path, config_file)
+    check_weights_fit(lambda: DSparkDraftModel(config, spec), shapes, path)
     model = DSparkDraftModel(config, spec)
     state = {rename(k): v for k, v in load_weights(weights).items()}
     try:

@@ -37,6 +37,7 @@ from trtspec.models.checkpoint import (
     check_weights_fit,
     load_weights,
     read_checkpoint,
+    weight_shapes,
     write_checkpoint,
 )
 from trtspec.models.dflash import apply_rope
@@ -276,8 +277,9 @@ def load_eagle3(path: Path, target_config=None, target_embed: nn.Embedding | Non
         if spec.aux_layer_ids is None:
             spec.aux_layer_ids = default_aux_layer_ids(target_config.num_hidden_layers)
     # a checkpoint without embed_tokens borrows the target's: those parameters may be missing
-    check_weights_fit(lambda: Eagle3DraftModel(config, spec), weights, path,
-                      lambda k: k.removeprefix("model."), shared=config.vocab_size * config.hidden_size)
+    check_weights_fit(lambda: Eagle3DraftModel(config, spec),
+                      weight_shapes(weights, lambda k: k.removeprefix("model.")), path,
+                      shared=config.vocab_size * config.hidden_size)
     model = Eagle3DraftModel(config, spec)
     state = {k.removeprefix("model."): v for k, v in load_weights(weights).items()}
     if "embed_tokens.weight" not in state and target_embed is not None:

@@ -27,7 +27,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from trtspec.errors import CheckpointError
-from trtspec.models.checkpoint import check_weights_fit, one_line, read_config, unreadable_weights
+from trtspec.models.checkpoint import (
+    check_weights_fit,
+    one_line,
+    read_config,
+    unreadable_weights,
+    weight_shapes,
+)
 from trtspec.models.cuda_graphs import MAX_TOKENS, GraphedSteps, StaticLayout
 from trtspec.models.kv_slots import (
     Segment,
@@ -90,7 +96,7 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
     # before anything is allocated: a config.json far larger than its weights is refused (a quantized
     # checkpoint's tensors are packed in other shapes and names: transformers' loader judges those)
     if weights and getattr(hf_config, "quantization_config", None) is None:
-        check_weights_fit(lambda: AutoModelForCausalLM.from_config(hf_config), weights, path)
+        check_weights_fit(lambda: AutoModelForCausalLM.from_config(hf_config), weight_shapes(weights), path)
     try:  # loaded whatever the shapes, then checked: transformers' own refusal says only "see the report"
         model, info = AutoModelForCausalLM.from_pretrained(
             path, config=hf_config, dtype=DTYPES[dtype], local_files_only=True, ignore_mismatched_sizes=True,
