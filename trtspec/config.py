@@ -45,6 +45,7 @@ MAX_THREADS = 1024  # torch/OpenMP cannot start 20,000 threads here: the process
 # most positions a request may use: 16 Mi, beyond every published context window (10 M, Llama 4 Scout);
 # `max_tokens: 1e12` loaded, built and was only refused request by request
 MAX_CONTEXT = 1 << 24
+MAX_REQUEST_BYTES = 32 * 2**20  # limits.max_request_bytes' default
 
 
 def _beside_yaml(base: Path, path: str) -> Path:
@@ -209,7 +210,7 @@ class GenerationLimits(_Strict):
                     "trtllm: > 0 turns enable_chunked_prefill on, and TensorRT-LLM sizes the chunks by "
                     "deployment.max_num_tokens (trtspec/trtllm/args.py)")
     max_request_bytes: int = Field(
-        32 * 2**20, ge=1024, le=2**31,
+        MAX_REQUEST_BYTES, ge=1024, le=2**31,
         description="largest request body the OpenAI frontend takes, in bytes: a larger one is a 413 before "
                     "it is read whole (a long-context prompt is a few bytes a token as text, about 7 as "
                     "token ids; 32 MiB holds a million tokens)")

@@ -98,12 +98,17 @@ def _post(url: str, body: dict, api_key: str | None, timeout_s: float):
 
 
 def _message(raw: bytes) -> str:
-    """An OpenAI error answer's message, `{"error": {"message"}}` (or a bare `{"error": "..."}`);
-    anything else shown as it came."""
+    """An OpenAI error answer's message (`_message_of`); an answer that is no JSON shown as it came."""
     try:
-        error = json.loads(raw)["error"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return _message_of(json.loads(raw), raw)
+    except (ValueError, UnicodeDecodeError):
         return shown(raw, 500) or "an empty answer"
+
+
+def _message_of(answer, raw) -> str:
+    """The message of an error answer, `{"error": {"message"}}` (or a bare `{"error": "..."}`);
+    anything else is `raw` (the answer as it came) shown."""
+    error = answer.get("error") if isinstance(answer, dict) else None
     message = error.get("message") if isinstance(error, dict) else error
     return message if isinstance(message, str) and message.strip() else shown(raw, 500)
 
@@ -124,7 +129,7 @@ def _fold(completion: Completion, body, chat: bool, on_text: TextCallback | None
     if not isinstance(body, dict):
         raise unexpected(where, None, body, "a JSON object")
     if "error" in body:
-        raise ClientError(f"{where}: {_message(json.dumps(body).encode())}")
+        raise ClientError(f"{where}: {_message_of(body, body)}")
     completion.num_responses += 1
     for i, choice in enumerate(typed(body, "choices", list, "a list of choices", where) or []):
         at = f"choices[{i}]."

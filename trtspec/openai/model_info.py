@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.chat import ChatTemplate, load_chat_template
-from trtspec.config import BuildConfig, load_build_config
+from trtspec.config import MAX_REQUEST_BYTES, BuildConfig, load_build_config
 from trtspec.errors import ConfigError
 from trtspec.models.checkpoint import read_sampling_defaults
 from trtspec.triton.repo import BUILD_CONFIG_FILE, VERSION
@@ -31,7 +31,7 @@ class ServedModel:
     max_input_tokens: int | None = None  # the deployment's limits.max_input_tokens (None: the context's)
     tool_parser: str | None = None  # the tool-call parser of tool_choice "auto" (None: auto is refused)
     reasoning_parser: str | None = None  # reads reasoning_content off chat answers (None: all is content)
-    max_request_bytes: int = 32 * 2**20  # the deployment's limits.max_request_bytes
+    max_request_bytes: int = MAX_REQUEST_BYTES  # the deployment's limits.max_request_bytes
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens)
