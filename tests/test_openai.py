@@ -1962,6 +1962,131 @@ def test_stored_responses_continue_their_conversation_and_can_be_read_and_delete
         client.responses.retrieve(unstored.id)
 
 
+def _finished(client, rid: str, timeout_s: float = 120) -> dict:
+    """A background response polled until it ends."""
+    deadline = time.monotonic() + timeout_s
+    while (response := client.responses.retrieve(rid).model_dump())["status"] in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, response["status"]
+        time.sleep(0.05)
+    return response
+
+
+def _deltas(events: list[dict]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+
+
+# a JSON object with a required string, whose whitespace the model pads without end: 2,048 tokens,
+# several seconds here (under a bare object it writes `{}` and is done)
+PADDED = {"type": "json_schema", "name": "padded", "schema": {
+    "type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}}
+
+
+def test_a_background_response_runs_apart_and_its_events_stream_again(served):
+    """`background`: answered at once, queued; GET shows it as it stands until it ends, with the text,
+    status and usage of the same request answered in the foreground. Its events are kept: GET
+    ?stream=true sends them all (numbered from 0: created while queued, in_progress, …, the end) or
+    those after a sequence_number, the tail of the same events. A client that leaves a background
+    stream leaves it decoding, and reading on from its last event's number gives the rest: the
+    events it saw and those it read on are one stream whose deltas are the final text."""
+    client = served.client()
+    ask = {"model": "trtspec", "input": "482 + 356", "max_output_tokens": MAX_TOKENS, "temperature": 0}
+    plain = client.responses.create(**ask)
+    queued = client.responses.create(**ask, background=True)
+    assert (queued.status, queued.background, queued.output) == ("queued", True, [])
+    done = _finished(client, queued.id)
+    assert (done["status"], _output_text(done)) == (plain.status, plain.output_text)
+    assert done["usage"]["output_tokens"] == plain.usage.output_tokens and done["background"]
+    events = [e.model_dump() for e in client.responses.retrieve(queued.id, stream=True)]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [(e["type"], e["response"]["status"]) for e in events[:2]] == \
+        [("response.created", "queued"), ("response.in_progress", "in_progress")]
+    assert events[-1]["type"] == f"response.{done['status']}" and events[-1]["response"]["id"] == queued.id
+    assert _deltas(events) == plain.output_text
+    k = len(events) // 2
+    assert [e.model_dump() for e in client.responses.retrieve(queued.id, stream=True, starting_after=k)] == \
+        events[k + 1:]
+
+    stream = client.responses.create(model="trtspec", input="1 + 2", max_output_tokens=2048, temperature=0,
+                                     text={"format": PADDED}, background=True, stream=True)
+    seen = []
+    for event in stream:
+        seen.append(event.model_dump())
+        if event.type == "response.output_text.delta":
+            break
+    stream.close()  # the client leaves
+    rid = seen[0]["response"]["id"]
+    time.sleep(0.3)
+    assert served.metric("trtspec_requests_in_flight") == 1, "a background response left by its client ended"
+    assert client.responses.retrieve(rid).status == "in_progress"
+    rest = [e.model_dump() for e in client.responses.retrieve(rid, stream=True,
+                                                               starting_after=seen[-1]["sequence_number"])]
+    whole = seen + rest
+    assert [e["sequence_number"] for e in whole] == list(range(len(whole)))
+    final = whole[-1]["response"]
+    assert whole[-1]["type"] == "response.incomplete" and final["usage"]["output_tokens"] == 2048
+    assert _deltas(whole) == _output_text(final) == _output_text(client.responses.retrieve(rid).model_dump())
+
+
+def test_a_background_response_is_cancelled_or_deleted_while_it_runs(served):
+    """POST /v1/responses/{id}/cancel stops a running background response: its Triton request ends at
+    once, it is stored cancelled as it stood (its text so far, its usage), cancelling it again
+    answers the same, and it continues no conversation. DELETE stops one too. What cannot be
+    cancelled or streamed again is a 400 naming why; the server logs no error."""
+    client = served.client()
+    logged = len(Path(served.log).read_text())
+    long = {"model": "trtspec", "input": "1 + 2", "max_output_tokens": 2048, "temperature": 0,
+            "text": {"format": PADDED}, "background": True}
+
+    def running() -> str:
+        rid = client.responses.create(**long).id
+        while not _output_text(now := client.responses.retrieve(rid).model_dump()):
+            assert now["status"] in ("queued", "in_progress"), now["status"]
+            time.sleep(0.02)
+        assert served.metric("trtspec_requests_in_flight") == 1
+        return rid
+
+    def stopped() -> None:
+        deadline = time.monotonic() + 2.0
+        while served.metric("trtspec_requests_in_flight") > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert served.metric("trtspec_requests_in_flight") == 0, "a stopped background response is decoding"
+
+    rid = running()
+    cancelled = client.responses.cancel(rid).model_dump()
+    stopped()
+    assert cancelled["status"] == "cancelled" and 0 < cancelled["usage"]["output_tokens"] < 2048
+    assert _output_text(cancelled).startswith("{")
+    assert client.responses.cancel(rid).model_dump() == cancelled
+    assert client.responses.retrieve(rid).model_dump() == cancelled
+    events = [e.model_dump() for e in client.responses.retrieve(rid, stream=True)]
+    assert _deltas(events) == _output_text(cancelled)
+    assert not [e for e in events if e["type"] in ("response.completed", "response.incomplete")]
+    status, body = _post(f"{served.base}/v1/responses", {"model": "trtspec", "input": "x",
+                                                          "previous_response_id": rid})
+    assert status == 400 and body["error"]["param"] == "previous_response_id" and "cancelled" in \
+        body["error"]["message"]
+
+    rid = running()
+    client.responses.delete(rid)
+    stopped()
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(rid)
+
+    done = client.responses.create(model="trtspec", input="1", max_output_tokens=4, background=True)
+    _finished(client, done.id)
+    plain = client.responses.create(model="trtspec", input="1", max_output_tokens=4)
+    for path, param, says in ((f"/v1/responses/{done.id}/cancel", None, "has ended (incomplete)"),
+                              (f"/v1/responses/{plain.id}/cancel", None, "not created with 'background'"),
+                              (f"/v1/responses/{plain.id}?stream=true", "stream", "not created with"),
+                              (f"/v1/responses/{done.id}?stream=true&starting_after=x", "starting_after",
+                               "sequence_number"),
+                              (f"/v1/responses/{done.id}?stream=yes", "stream", "true or false")):
+        method = "POST" if path.endswith("/cancel") else "GET"
+        status, body = _request(served, method, path)
+        assert status == 400 and body["error"]["param"] == param and says in body["error"]["message"], path
+    assert "ERROR" not in Path(served.log).read_text()[logged:]
+
+
 def test_response_tools_and_text_formats_are_chats(served):
     """Flat function tools: a named tool_choice and "required" answer function_call items whose
     arguments are chat's calls'; tools are strict unless they say otherwise (auto's text is chat's
@@ -1995,7 +2120,7 @@ def test_response_tools_and_text_formats_are_chats(served):
 
 BAD_RESPONSES = [
     ({"foo": 1}, "foo"),
-    ({"background": True}, "background"),
+    ({"background": True, "store": False}, "background"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type"),

@@ -22,6 +22,7 @@ import dataclasses
 import hmac
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -75,7 +76,9 @@ from trtspec.openai.reasoning import (
     reasoning_guide,
 )
 from trtspec.openai.responses import (
+    FINISHED,
     RENAMES,
+    Background,
     OutputItems,
     ResponsesRequest,
     ResponseStore,
@@ -88,7 +91,7 @@ from trtspec.openai.responses import (
     namespaced,
     response_object,
 )
-from trtspec.openai.segments import REASONING, Segments
+from trtspec.openai.segments import REASONING, Segments, named_sse
 from trtspec.openai.stops import StopTrimmer
 from trtspec.openai.tools import ToolParser, ToolPlan, check_tools, merge_deltas, tool_plan
 from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
@@ -243,8 +246,11 @@ async def _watch_disconnect(request: Request, task: asyncio.Future) -> None:
             return
 
 
-async def _unless_gone(request: Request, work: asyncio.Future):
-    """`work`'s result, cancelling it if the client goes away first (then ClientGone)."""
+async def _unless_gone(request: Request | None, work: asyncio.Future):
+    """`work`'s result, cancelling it if the client goes away first (then ClientGone); None: work
+    apart from any request (a background response)."""
+    if request is None:
+        return await work
     watcher = asyncio.ensure_future(_watch_disconnect(request, work))
     try:
         return await work
@@ -629,7 +635,8 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
 
     def stream_segments(firsts: list, streams: list, run: _Run, segments: Segments, head: Callable,
                         tail: Callable, failed: Callable) -> ClosingStreamingResponse:
-        return _event_stream(_segment_events(firsts, streams, run, segments, head, tail, failed))
+        return _event_stream(_named_events(_segment_events(firsts, streams, run, segments, head, tail,
+                                                           failed)))
 
     store = ResponseStore()
 
@@ -638,16 +645,16 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         req = parse(ResponsesRequest, await body_of(request))
         front.check_model(req.model)
         check_responses(req)
-        past = [] if req.previous_response_id is None else \
-            store.get(req.previous_response_id, "previous_response_id").conversation
+        past = [] if req.previous_response_id is None else store.conversation(req.previous_response_id)
         conversation = past + input_messages(req.input)
         _, run, guide = chat_turn(chat_body(req, conversation), RENAMES)
         rid, created, items = f"resp_{uuid.uuid4().hex}", int(time.time()), OutputItems(namespaced(req.tools))
 
         def response(status: str, error: dict | None = None) -> dict:
-            """The response object as it stands; a finished one (completed, incomplete) is stored."""
+            """The response object as it stands; a finished one is stored (a foreground one when it
+            completed or is incomplete: a failed stream is not kept)."""
             usage = None
-            if status in ("completed", "incomplete"):
+            if status in FINISHED:
                 reasoning = items.text_of(REASONING)
                 usage = {"input_tokens": run.prompt_tokens,
                          "input_tokens_details": {"cached_tokens": run.cached},
@@ -657,10 +664,21 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             body = response_object(req, rid, created, model.name, items.items, status, usage,
                                    run.gen.temperature, run.gen.top_p, error)
             body["trtspec"] = _figures([run])
-            if usage is not None and req.store is not False:
-                store.put(body, conversation + assistant_messages(items.items), input_items(req.input))
+            continued = conversation + assistant_messages(items.items) \
+                if status in ("completed", "incomplete") else None
+            if req.background:
+                if status in FINISHED:
+                    store.ended(body, continued)
+            elif continued is not None and req.store is not False:
+                store.put(body, continued, input_items(req.input))
             return body
 
+        def failed(message: str, code: str = "server_error") -> list[dict]:
+            return [items.event("response.failed", response=response("failed", {"code": code,
+                                                                                 "message": message}))]
+
+        if req.background:
+            return in_background(req, run, guide, items, response, failed)
         if not req.stream:
             return response(await whole_segments(request, run, guide, items))
         firsts, streams = await started(request, [run], guide)
@@ -669,12 +687,93 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             head=lambda: [items.event(kind, response=response("in_progress"))
                           for kind in ("response.created", "response.in_progress")],
             tail=lambda status: [items.event(f"response.{status}", response=response(status))],
-            failed=lambda message: [items.event("response.failed", response=response(
-                "failed", {"code": "server_error", "message": message}))])
+            failed=failed)
+
+    background_runs: set[asyncio.Task] = set()
+    app.state.background_runs = background_runs  # cancelled when the server stops
+
+    def in_background(req: ResponsesRequest, run: _Run, guide: str | None, items: OutputItems,
+                      response: Callable[..., dict], failed: Callable[..., list[dict]]):
+        """A background response: stored queued and answered at once (its stream, when asked for),
+        generated by a task of its own whose events the store keeps for GET ?stream=true."""
+        job = Background(lambda: response(job.status))
+        created = items.event("response.created", response=response("queued"))
+        store.put(created["response"], None, input_items(req.input), job)
+        job.add(created)
+
+        def head() -> list[dict]:
+            job.status = "in_progress"
+            return [items.event("response.in_progress", response=response("in_progress"))]
+
+        def tail(status: str) -> list[dict]:
+            job.status = status  # before its event: GET shows the end once it is sent
+            return [items.event(f"response.{status}", response=response(status))]
+
+        def fail(message: str, code: str = "server_error") -> list[dict]:
+            job.status = "failed"
+            return failed(message, code)
+
+        async def generate() -> None:
+            try:
+                try:
+                    firsts, streams = await started(None, [run], guide)
+                except ApiError as exc:  # refused by the model (a guide it cannot compile, unavailable)
+                    for event in fail(exc.message, exc.code or "server_error"):
+                        job.add(event)
+                    return
+                async for event in _segment_events(firsts, streams, run, items, head, tail, fail):
+                    job.add(event)
+            except asyncio.CancelledError:  # cancelled (or the server stopping): no event says so
+                job.status = "cancelled"
+                response("cancelled")  # stored as it stood
+            except Exception as exc:  # noqa: BLE001 - a bug: the response fails, the server goes on
+                log.exception("background response %s failed", job.current()["id"])
+                for event in fail(f"{type(exc).__name__}: {exc}"):
+                    job.add(event)
+            finally:
+                job.end(job.status if job.status in FINISHED else "failed")
+                background_runs.discard(job.task)
+
+        job.task = asyncio.get_running_loop().create_task(generate())
+        background_runs.add(job.task)
+        if req.stream:
+            return _event_stream(job.follow())
+        return created["response"]
 
     @app.get("/v1/responses/{rid}")
-    async def retrieve_response(rid: str):
-        return store.get(rid).response
+    async def retrieve_response(rid: str, request: Request):
+        kept = store.get(rid)
+        query = request.query_params
+        if query.get("stream", "false") not in ("true", "false"):
+            raise ApiError(f"Invalid 'stream': {query['stream']!r}; expected true or false.", "stream",
+                           code="invalid_value")
+        if query.get("stream") != "true":
+            return kept.now()
+        if kept.background is None:
+            raise ApiError(f"Invalid 'stream': response '{rid}' was not created with 'background': true; "
+                           "only a background response's events are kept to stream again (GET it whole).",
+                           "stream", code="invalid_value")
+        after = query.get("starting_after", "-1")
+        if not re.fullmatch(r"-1|\d+", after):
+            raise ApiError(f"Invalid 'starting_after': {after!r}; expected an event's sequence_number.",
+                           "starting_after", code="invalid_value")
+        return _event_stream(kept.background.follow(int(after)))
+
+    @app.post("/v1/responses/{rid}/cancel")
+    async def cancel_response(rid: str):
+        kept = store.get(rid)
+        job = kept.background
+        if job is None:
+            raise ApiError(f"Response '{rid}' was not created with 'background': true; only a background "
+                           "response can be cancelled (a streamed one stops when its client leaves).",
+                           code="invalid_value")
+        if job.ended and job.status != "cancelled":
+            raise ApiError(f"Response '{rid}' has ended ({job.status}); only a queued or in_progress "
+                           "response can be cancelled.", code="invalid_value")
+        if not job.ended:
+            job.task.cancel()
+            await asyncio.wait([job.task])  # its Triton request cancelled, the response stored as it stood
+        return store.get(rid).now()
 
     @app.get("/v1/responses/{rid}/input_items")
     async def list_input_items(rid: str, request: Request):
@@ -888,30 +987,35 @@ async def _events(firsts: list, streams: list[AsyncIterator], runs: list[_Run], 
 
 async def _segment_events(firsts: list, streams: list[AsyncIterator], run: _Run, segments: Segments,
                           head: Callable[[], list[dict]], tail: Callable[[str], list[dict]],
-                          failed: Callable[[str], list[dict]]) -> AsyncIterator[bytes]:
-    """A stream of one choice's segments in an API's events (Responses, Anthropic's Messages), each
-    `event: TYPE` and its data: `head`'s, the segments' as the text comes, then `tail`'s for the
-    answer's status (completed, or incomplete: the limit ran out); a model failing mid-stream ends
-    it with `failed`'s for its message."""
-    def sse(event: dict) -> bytes:
-        return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
-
+                          failed: Callable[[str], list[dict]]) -> AsyncIterator[dict]:
+    """One choice's segments as an API's events (Responses, Anthropic's Messages): `head`'s, the
+    segments' as the text comes, then `tail`'s for the answer's status (completed, or incomplete:
+    the limit ran out); a model failing mid-stream ends it with `failed`'s for its message."""
     for event in head():
-        yield sse(event)
+        yield event
     steps = _merged(firsts, streams)
     try:
         async for _, step in steps:
             text = run.take(step)
             for event in segments.push(run.deltas(text, step.final)):
-                yield sse(event)
+                yield event
         status = run.status()
         for event in segments.close(status) + tail(status):
-            yield sse(event)
+            yield event
     except TritonError as exc:
         for event in segments.close("incomplete") + failed(_triton_error(exc).message):
-            yield sse(event)
+            yield event
     finally:
         await steps.aclose()
+
+
+async def _named_events(events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    """Events as server-sent events that name their type."""
+    try:
+        async for event in events:
+            yield named_sse(event)
+    finally:
+        await events.aclose()
 
 
 def _usage(runs: list[_Run]) -> dict:

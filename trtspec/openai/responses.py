@@ -21,22 +21,31 @@ output; its instructions are not carried over, as OpenAI's are not), `GET` retur
 `/input_items` its request's input, `item_page`), `DELETE` drops it. Function tools are strict
 unless they say otherwise, as in OpenAI's Responses API (a strict tool's calls follow its schema:
 tools.py).
+
+A `background` response (stored) is answered at once, `queued`, and generated apart from the
+request that made it (`Background`): `GET` shows it as it stands (queued, in_progress, then
+completed, incomplete, failed or cancelled), `POST /v1/responses/{id}/cancel` stops it, and its
+events are kept, so `GET /v1/responses/{id}?stream=true&starting_after=N` streams them from the
+one after sequence number N, following the live ones to its end; a client that leaves its stream
+leaves the response running. Its events stay while it is stored (one a token, some 200 bytes each).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import re
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NamedTuple
 
 from pydantic import Field
 
 from trtspec.openai.protocol import ApiError, SamplingFields, only_keys, refuse, renamed
-from trtspec.openai.segments import CALL, TEXT, Segment, Segments
+from trtspec.openai.segments import CALL, TEXT, Segment, Segments, named_sse
 from trtspec.openai.tools import tool_plan
 
 STORE_CAPACITY = 1000  # responses kept for previous_response_id and GET, the oldest dropped first
@@ -84,7 +93,9 @@ class ResponsesRequest(SamplingFields):
     top_logprobs: int | None = Field(None, description="only 0: log-probabilities are served on "
                                      "/v1/chat/completions")
     max_tool_calls: int | None = Field(None, description="not served")
-    background: bool | None = Field(None, description="only false")
+    background: bool | None = Field(None, description="answer at once (queued) and generate apart from the "
+                                    "request: read it with GET, stream it with GET ?stream=true, cancel it "
+                                    "(needs store)")
     conversation: Any = Field(None, description="not served (OpenAI's Conversations API)")
     prompt: Any = Field(None, description="not served (OpenAI's stored prompt templates)")
     chat_template_kwargs: dict[str, Any] | None = Field(
@@ -96,9 +107,10 @@ class ResponsesRequest(SamplingFields):
 
 def check_responses(req: ResponsesRequest) -> None:
     """Refuse by name what trtspec does not serve of a Responses request."""
-    refused = (("background", req.background not in (None, False), "send 'stream': true to read the answer "
-                "as it comes"),
-               ("conversation", req.conversation is not None, "continue a response with "
+    if req.background and req.store is False:
+        raise ApiError("Invalid 'background': a background response is stored, to be read with GET; leave "
+                       "'store' out or send true.", "background", code="invalid_value")
+    refused = (("conversation", req.conversation is not None, "continue a response with "
                 "'previous_response_id'"),
                ("prompt", req.prompt is not None, "stored prompt templates are OpenAI's; send 'input'"),
                ("truncation", req.truncation not in (None, "disabled"), "a conversation past the context "
@@ -130,16 +142,17 @@ def check_responses(req: ResponsesRequest) -> None:
 # -- the request as a chat request
 
 def chat_body(req: ResponsesRequest, conversation: list[dict]) -> dict:
-    """The chat request (a /v1/chat/completions body) `req` asks for: its instructions, then
-    `conversation` (chat messages: a stored response's, then `input_messages` of the request's
-    input); parse it as a ChatRequest and name its refusals with `renamed`."""
+    """The chat request (a /v1/chat/completions body) `req` asks for (streamed in the background too:
+    its text as it comes, for GET and its events): its instructions, then `conversation` (chat
+    messages: a stored response's, then `input_messages` of the request's input); parse it as a
+    ChatRequest and name its refusals with `renamed`."""
     messages = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
     messages += conversation
     body = req.model_dump(include=set(SamplingFields.model_fields), exclude_unset=True)
     tools, choice = chat_tools(req.tools), chat_tool_choice(req.tool_choice)
     if tools is None and choice in ("auto", "none"):  # only unoffered tools: the model is offered none
         choice = None
-    body |= {"model": req.model, "messages": messages, "stream": bool(req.stream),
+    body |= {"model": req.model, "messages": messages, "stream": bool(req.stream or req.background),
              "max_completion_tokens": req.max_output_tokens, "tools": tools,
              "tool_choice": choice, "parallel_tool_calls": req.parallel_tool_calls,
              "response_format": response_format((req.text or {}).get("format")),
@@ -451,7 +464,7 @@ def response_object(req: ResponsesRequest, rid: str, created: int, model: str, o
                       for tool in req.tools or ()],
             "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
             "reasoning": {key: (req.reasoning or {}).get(key) for key in ("effort", "summary")},
-            "truncation": "disabled", "store": req.store is not False, "background": False,
+            "truncation": "disabled", "store": req.store is not False, "background": req.background is True,
             "metadata": req.metadata or {}, "user": req.user, "usage": usage}
 
 
@@ -489,10 +502,62 @@ def assistant_messages(output: list[dict]) -> list[dict]:
     return input_messages(output, "output") if output else []
 
 
+FINISHED = ("completed", "incomplete", "failed", "cancelled")  # a response's statuses once it has ended
+
+
+class Background:
+    """A background response's run apart from its request (`task`): its events as they come, each
+    encoded at its sequence number (`add`), followed by any number of readers (`follow`); the
+    response as it stands (`current`, set by its maker) while it is queued or in progress."""
+
+    def __init__(self, current: Callable[[], dict]):
+        self.current = current
+        self.events: list[bytes] = []  # server-sent events, at their sequence numbers
+        self.status = "queued"
+        self.task: asyncio.Task | None = None
+        self._grown = asyncio.Event()  # set (and replaced) when an event comes or the run ends
+
+    @property
+    def ended(self) -> bool:
+        return self.status in FINISHED
+
+    def add(self, event: dict) -> None:
+        assert event["sequence_number"] == len(self.events), "events are numbered in order"
+        self.events.append(named_sse(event))
+        self._wake()
+
+    def end(self, status: str) -> None:
+        self.status = status
+        self._wake()
+
+    def _wake(self) -> None:
+        self._grown.set()
+        self._grown = asyncio.Event()
+
+    async def follow(self, after: int = -1) -> AsyncIterator[bytes]:
+        """The events after sequence number `after`, the live ones as they come, to the run's end."""
+        k = max(after + 1, 0)
+        while True:
+            grown = self._grown
+            while k < len(self.events):
+                yield self.events[k]
+                k += 1
+            if self.ended:
+                return
+            await grown.wait()
+
+
 class Stored(NamedTuple):
-    response: dict  # as it was answered
-    conversation: list[dict]  # the chat messages that continue it (its instructions left out)
+    response: dict  # as it was answered (a background one: as it was queued, until it ends)
+    conversation: list[dict] | None  # the chat messages that continue it (its instructions left out);
+    #                                  None: it did not finish (in progress, failed, cancelled)
     items: list[dict]  # its request's input items (`input_items`)
+    background: Background | None = None  # a background response's run and events
+
+    def now(self) -> dict:
+        """The response as it stands."""
+        job = self.background
+        return job.current() if job is not None and not job.ended else self.response
 
 
 class ResponseStore:
@@ -502,10 +567,19 @@ class ResponseStore:
         self.capacity = capacity
         self._kept: OrderedDict[str, Stored] = OrderedDict()
 
-    def put(self, response: dict, conversation: list[dict], items: list[dict]) -> None:
-        self._kept[response["id"]] = Stored(response, conversation, items)
+    def put(self, response: dict, conversation: list[dict] | None, items: list[dict],
+            background: Background | None = None) -> None:
+        self._kept[response["id"]] = Stored(response, conversation, items, background)
         while len(self._kept) > self.capacity:
-            self._kept.popitem(last=False)
+            _, dropped = self._kept.popitem(last=False)
+            if dropped.background is not None and dropped.background.task is not None:
+                dropped.background.task.cancel()  # a run nobody can read any more
+
+    def ended(self, response: dict, conversation: list[dict] | None) -> None:
+        """A background response's end: stored as it ended, unless it was deleted (or dropped)."""
+        kept = self._kept.get(response["id"])
+        if kept is not None:
+            self._kept[response["id"]] = kept._replace(response=response, conversation=conversation)
 
     def get(self, rid: str, param: str | None = None) -> Stored:
         if rid not in self._kept:
@@ -515,6 +589,17 @@ class ResponseStore:
                            code="not_found")
         return self._kept[rid]
 
+    def conversation(self, rid: str) -> list[dict]:
+        """The conversation a response continued by `previous_response_id` ends in."""
+        kept = self.get(rid, "previous_response_id")
+        if kept.conversation is None:
+            raise ApiError(f"Invalid 'previous_response_id': response '{rid}' is {kept.now()['status']}; "
+                           "continue a completed or incomplete response.", "previous_response_id",
+                           code="invalid_value")
+        return kept.conversation
+
     def delete(self, rid: str) -> None:
-        self.get(rid)
+        kept = self.get(rid)
+        if kept.background is not None and kept.background.task is not None:
+            kept.background.task.cancel()
         del self._kept[rid]

@@ -8,6 +8,7 @@ built.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 REASONING, TEXT, CALL = "reasoning", "text", "call"
@@ -79,3 +80,8 @@ class Segments:
 
     def ended(self, segment: Segment, status: str) -> list[dict]:
         return []
+
+
+def named_sse(event: dict) -> bytes:
+    """An event as a server-sent event that names its type: `event: TYPE` and its data."""
+    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()

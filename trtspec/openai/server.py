@@ -58,6 +58,10 @@ class OpenAIFrontend:
         try:
             await self._server.serve()
         finally:
+            runs = list(self.app.state.background_runs)  # background responses end with the server
+            for run in runs:
+                run.cancel()
+            await asyncio.gather(*runs, return_exceptions=True)
             await self.triton.close()
 
     def start(self, timeout_s: float = 30.0) -> OpenAIFrontend:
