@@ -2087,6 +2087,52 @@ def test_a_background_response_is_cancelled_or_deleted_while_it_runs(served):
     assert "ERROR" not in Path(served.log).read_text()[logged:]
 
 
+def _same_logprobs(got: list[dict], want: list[dict]) -> bool:
+    """The same tokens and alternatives, their log p to 1e-4."""
+    def values(tokens: list[dict]) -> list[float]:
+        return [v for t in tokens for v in (t["logprob"], *(a["logprob"] for a in t["top_logprobs"]))]
+
+    def names(tokens: list[dict]) -> list:
+        return [(t["token"], t["bytes"], [(a["token"], a["bytes"]) for a in t["top_logprobs"]])
+                for t in tokens]
+
+    return names(got) == names(want) and np.allclose(values(got), values(want), rtol=0, atol=1e-4)
+
+
+def test_a_responses_logprobs_are_chats(served):
+    """include message.output_text.logprobs: the message's tokens with their log-probabilities and
+    top_logprobs alternatives, as chat gives them for the same request (greedy, a seeded sample, a
+    stop sequence's cut), whole or streamed: each text delta carries its tokens', their join is the
+    done event's and the final response's (an added part starts empty). Log p to 1e-4: a prompt
+    served from the prefix cache is computed in other pieces."""
+
+
+    client = served.client()
+    include = ["message.output_text.logprobs"]
+    for ask in ({"input": "482 + 356", "top_logprobs": 3}, {"input": "def parse(self):", "top_logprobs": 0},
+                {"input": "482 + 356", "temperature": 0.9, "top_logprobs": 1, "extra_body": {"seed": 11}},
+                {"input": "import os\n", "top_logprobs": 2, "extra_body": {"stop": ["os"]}}):
+        extra = ask.get("extra_body", {})
+        chat = client.chat.completions.create(
+            model="trtspec", messages=[{"role": "user", "content": ask["input"]}], max_tokens=MAX_TOKENS,
+            temperature=ask.get("temperature", 0), logprobs=True, top_logprobs=ask["top_logprobs"],
+            seed=extra.get("seed"), stop=extra.get("stop"))
+        want = [token.model_dump() for token in chat.choices[0].logprobs.content]
+        assert want and all(len(token["top_logprobs"]) == ask["top_logprobs"] for token in want)
+        whole, _ = _response(client, False, max_output_tokens=MAX_TOKENS, include=include, **ask)
+        assert _output_text(whole) == chat.choices[0].message.content, ask
+        assert _same_logprobs(whole["output"][-1]["content"][0]["logprobs"], want), ask
+        streamed, events = _response(client, True, max_output_tokens=MAX_TOKENS, include=include, **ask)
+        assert _same_logprobs(streamed["output"][-1]["content"][0]["logprobs"], want), ask
+        deltas = [token for e in events if e["type"] == "response.output_text.delta"
+                  for token in e["logprobs"]]
+        (done,) = [e for e in events if e["type"] == "response.output_text.done"]
+        assert deltas == done["logprobs"] and _same_logprobs(deltas, want), ask
+        assert [e["part"]["logprobs"] for e in events if e["type"] == "response.content_part.added"] == [[]]
+    plain, _ = _response(client, False, input="1 + 2", max_output_tokens=4)
+    assert plain["output"][-1]["content"][0]["logprobs"] == []
+
+
 def test_response_tools_and_text_formats_are_chats(served):
     """Flat function tools: a named tool_choice and "required" answer function_call items whose
     arguments are chat's calls'; tools are strict unless they say otherwise (auto's text is chat's
@@ -2132,7 +2178,10 @@ BAD_RESPONSES = [
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"max_output_tokens": 10**6}, "max_output_tokens"),
     ({"temperature": 3}, "temperature"),
-    ({"include": ["message.output_text.logprobs"]}, "include[0]"),
+    ({"include": ["file_search_call.results"]}, "include[0]"),
+    ({"top_logprobs": 2}, "top_logprobs"),  # without include
+    ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
+    ({"include": ["message.output_text.logprobs"], "tools": FLAT_TOOLS}, "include"),
     ({"truncation": "auto"}, "truncation"),
     ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
     ({"input": "x" * 5000}, "input"),  # past the context

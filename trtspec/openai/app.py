@@ -77,6 +77,7 @@ from trtspec.openai.reasoning import (
 )
 from trtspec.openai.responses import (
     FINISHED,
+    LOGPROBS,
     RENAMES,
     Background,
     OutputItems,
@@ -628,6 +629,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     async def whole_segments(request: Request, run: _Run, guide: str | None, segments: Segments) -> str:
         """The one choice's whole answer as `segments`; its status (incomplete: the limit ran out)."""
         (text,) = await _texts(request, front, [run], guide)
+        segments.scored(run.logprobs_body())
         segments.push(run.deltas(text, final=True))
         status = run.status()
         segments.close(status)
@@ -648,6 +650,10 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         past = [] if req.previous_response_id is None else store.conversation(req.previous_response_id)
         conversation = past + input_messages(req.input)
         _, run, guide = chat_turn(chat_body(req, conversation), RENAMES)
+        if run.logprobs is not None and (run.reasoning is not None or run.tools is not None):
+            raise ApiError(f"Invalid 'include': {LOGPROBS!r} is served where the answer is the message's "
+                           "text alone; with tools or a reasoning block ask /v1/chat/completions (every "
+                           "token's log-probabilities, in order).", "include", code="invalid_value")
         rid, created, items = f"resp_{uuid.uuid4().hex}", int(time.time()), OutputItems(namespaced(req.tools))
 
         def response(status: str, error: dict | None = None) -> dict:
@@ -997,6 +1003,7 @@ async def _segment_events(firsts: list, streams: list[AsyncIterator], run: _Run,
     try:
         async for _, step in steps:
             text = run.take(step)
+            segments.scored(run.logprobs_body())
             for event in segments.push(run.deltas(text, step.final)):
                 yield event
         status = run.status()

@@ -51,7 +51,9 @@ from trtspec.openai.tools import tool_plan
 STORE_CAPACITY = 1000  # responses kept for previous_response_id and GET, the oldest dropped first
 TEXT_FORMATS = ("text", "json_object", "json_schema")
 ROLES = ("user", "system", "developer", "assistant")
-INCLUDABLE = ("reasoning.encrypted_content",)  # accepted: reasoning is sent in plain text anyway
+LOGPROBS = "message.output_text.logprobs"  # `include`d: the message text's tokens' log-probabilities
+# accepted: reasoning is sent in plain text anyway
+INCLUDABLE = ("reasoning.encrypted_content", LOGPROBS)
 # hosted tools accepted and not offered to the model: OpenAI runs them, trtspec has none to run (Codex
 # declares web search in every request); a model may always choose to call no tool
 UNOFFERED = ("web_search", "web_search_preview")
@@ -83,15 +85,17 @@ class ResponsesRequest(SamplingFields):
     store: bool | None = Field(True, description="keep the response for previous_response_id and GET")
     previous_response_id: str | None = Field(None, description="continue a stored response's conversation")
     metadata: dict | None = Field(None, description="returned with the response")
-    include: list[str] | None = Field(None, description='only "reasoning.encrypted_content" (nothing is '
-                                      'encrypted: reasoning comes as text)')
+    include: list[str] | None = Field(None, description='"message.output_text.logprobs": each token of the '
+                                      'message\'s text with its log-probability (the target\'s raw log p); '
+                                      '"reasoning.encrypted_content" accepted (nothing is encrypted: '
+                                      'reasoning comes as text)')
     truncation: str | None = Field(None, description='only "disabled"')
     service_tier: str | None = Field(None, description="accepted, one tier")
     prompt_cache_key: str | None = Field(None, description="accepted: prefixes are reused by their tokens")
     safety_identifier: str | None = Field(None, description="accepted, not used")
     client_metadata: dict | None = Field(None, description="accepted, not used (Codex's per-turn ids)")
-    top_logprobs: int | None = Field(None, description="only 0: log-probabilities are served on "
-                                     "/v1/chat/completions")
+    top_logprobs: int | None = Field(None, description='with include "message.output_text.logprobs": the 0 '
+                                     'to 20 most likely tokens at each position too')
     max_tool_calls: int | None = Field(None, description="not served")
     background: bool | None = Field(None, description="answer at once (queued) and generate apart from the "
                                     "request: read it with GET, stream it with GET ?stream=true, cancel it "
@@ -115,8 +119,6 @@ def check_responses(req: ResponsesRequest) -> None:
                ("prompt", req.prompt is not None, "stored prompt templates are OpenAI's; send 'input'"),
                ("truncation", req.truncation not in (None, "disabled"), "a conversation past the context "
                 "is a 400, never cut"),
-               ("top_logprobs", req.top_logprobs not in (None, 0), "log-probabilities are served on "
-                "/v1/chat/completions"),
                ("max_tool_calls", req.max_tool_calls is not None, "send 'parallel_tool_calls': false for at "
                 "most one call"))
     for param, bad, why in refused:
@@ -124,8 +126,11 @@ def check_responses(req: ResponsesRequest) -> None:
             raise refuse(param, getattr(req, param), why)
     for k, item in enumerate(req.include or ()):
         if item not in INCLUDABLE:
-            raise refuse(f"include[{k}]", item, "only 'reasoning.encrypted_content' is accepted (reasoning "
-                          "comes as text)")
+            raise refuse(f"include[{k}]", item, f"only {LOGPROBS!r} and 'reasoning.encrypted_content' "
+                          "(accepted: reasoning comes as text)")
+    if req.top_logprobs and not logprobs_included(req):
+        raise ApiError(f"'top_logprobs' needs 'include': [{LOGPROBS!r}].", "top_logprobs",
+                       code="invalid_value")
     if req.stream_options is not None:
         if not req.stream:
             raise ApiError("Invalid 'stream_options': only allowed when 'stream' is true.", "stream_options",
@@ -137,6 +142,10 @@ def check_responses(req: ResponsesRequest) -> None:
     only_keys(text, ("format", "verbosity"), "text")
     if text.get("verbosity") not in (None, "medium"):
         raise refuse("text.verbosity", text["verbosity"], "the model has no verbosity setting")
+
+
+def logprobs_included(req: ResponsesRequest) -> bool:
+    return LOGPROBS in (req.include or ())
 
 
 # -- the request as a chat request
@@ -158,6 +167,8 @@ def chat_body(req: ResponsesRequest, conversation: list[dict]) -> dict:
              "response_format": response_format((req.text or {}).get("format")),
              "chat_template_kwargs": req.chat_template_kwargs,
              "reasoning_effort": (req.reasoning or {}).get("effort"),
+             "logprobs": logprobs_included(req) or None,
+             "top_logprobs": req.top_logprobs if logprobs_included(req) else None,
              "thinking_token_budget": req.thinking_token_budget}
     return {name: value for name, value in body.items() if value is not None}
 
@@ -372,6 +383,7 @@ RENAMES = ((re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
            (re.compile(r"\btool_choice\.function\b"), "tool_choice"),
            (re.compile(r"\bresponse_format\.json_schema\b"), "text.format"),
            (re.compile(r"\bresponse_format\b"), "text.format"),
+           (re.compile(r"\blogprobs\b"), "include"),
            # a message's index is not its item's (instructions, merged calls): the input as a whole
            (re.compile(r"\bmessages(\[\d+\](\.\w+|\[\d+\])*)?"), "input"))
 
@@ -391,6 +403,11 @@ class OutputItems(Segments):
         self.items: list[dict] = []  # a segment's item at its index
         self.sequence = 0
         self.namespaced = namespaced or {}  # a namespaced function's chat name -> (namespace, name)
+        self.scores: list[dict] = []  # tokens' log-probabilities not yet given to the text they wrote
+
+    def scored(self, logprobs: dict | None) -> None:
+        if logprobs is not None:
+            self.scores += logprobs["content"]
 
     def event(self, kind: str, **fields) -> dict:
         out = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -417,7 +434,7 @@ class OutputItems(Segments):
                 if segment.kind == TEXT else {"type": "reasoning_text", "text": ""}
             item["content"].append(part)
             events.append(self.event("response.content_part.added", item_id=item["id"],
-                                     output_index=segment.index, content_index=0, part=dict(part)))
+                                     output_index=segment.index, content_index=0, part=copy.deepcopy(part)))
         return events
 
     def extended(self, segment: Segment, text: str) -> list[dict]:
@@ -428,7 +445,10 @@ class OutputItems(Segments):
             return [self.event("response.function_call_arguments.delta", **at, delta=text)]
         item["content"][0]["text"] = segment.text
         if segment.kind == TEXT:
-            return [self.event("response.output_text.delta", **at, content_index=0, delta=text, logprobs=[])]
+            scores, self.scores = self.scores, []
+            item["content"][0]["logprobs"] += scores
+            return [self.event("response.output_text.delta", **at, content_index=0, delta=text,
+                               logprobs=scores)]
         return [self.event("response.reasoning_text.delta", **at, content_index=0, delta=text)]
 
     def ended(self, segment: Segment, status: str) -> list[dict]:
@@ -440,8 +460,11 @@ class OutputItems(Segments):
                                  arguments=item["arguments"])]
         else:
             part = item["content"][0]
+            if segment.kind == TEXT:  # tokens whose text was held back, then cut (a stop sequence's)
+                part["logprobs"] += self.scores
+                self.scores = []
             events = [self.event("response.output_text.done", **at, content_index=0, text=part["text"],
-                                 logprobs=[]) if segment.kind == TEXT else
+                                 logprobs=part["logprobs"]) if segment.kind == TEXT else
                       self.event("response.reasoning_text.done", **at, content_index=0, text=part["text"]),
                       self.event("response.content_part.done", **at, content_index=0, part=dict(part))]
         return events + [self.event("response.output_item.done", output_index=segment.index, item=item)]

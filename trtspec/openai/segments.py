@@ -52,6 +52,10 @@ class Segments:
         segment, self.open = self.open, None
         return [] if segment is None else self.ended(segment, status)
 
+    def scored(self, logprobs: dict | None) -> None:
+        """The log-probabilities (chat's `logprobs` body) of the tokens whose text comes next; an API
+        that gives them keeps them for that text (here: none does)."""
+
     def text_of(self, kind: str) -> str:
         return "".join(segment.text for segment in self.segments if segment.kind == kind)
 
