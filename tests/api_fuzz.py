@@ -94,6 +94,10 @@ SEEDS: list[tuple[str, dict]] = [
         "text": {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA, "strict": True}},
         "max_output_tokens": 16, "tool_choice": "none", "truncation": "disabled", "top_logprobs": 0,
         "background": False}),
+    ("/v1/responses", {
+        "model": "trtspec", "input": "Q: 5 + 6\nA:", "max_output_tokens": 12, "background": True,
+        "stream": True, "temperature": 0, "metadata": {"job": "7"}, "top_logprobs": 2,
+        "include": ["message.output_text.logprobs"], "chat_template_kwargs": {"enable_thinking": False}}),
     ("/v1/messages", {
         "model": "trtspec", "max_tokens": 8, "system": [{"type": "text", "text": "Be brief."}], "messages": [
             {"role": "user", "content": "1 + 2"},

@@ -1725,6 +1725,20 @@ def test_a_reasoning_parser_gives_the_block_apart_and_guides_the_text_after_it(s
                 assert (response["usage"]["output_tokens_details"]["reasoning_tokens"] > 0) == bool(reasoning)
                 deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
                 assert deltas == (reasoning if stream else "")
+            # the message's logprobs where the answer is the message alone (the template closed the block)
+            logprobs = {"input": "482 + 356", "max_output_tokens": 24, "temperature": 0, "extra_body": kwargs,
+                        "include": ["message.output_text.logprobs"]}
+            if thinking is False:
+                chat = client.chat.completions.create(model="trtspec", max_tokens=24, temperature=0,
+                                                      logprobs=True, extra_body=kwargs,
+                                                      messages=[{"role": "user", "content": "482 + 356"}])
+                got = client.responses.create(model="trtspec", **logprobs).output[-1].content[0].logprobs
+                assert _same_logprobs([t.model_dump() for t in got],
+                                      [t.model_dump() for t in chat.choices[0].logprobs.content])
+            else:
+                with pytest.raises(openai.BadRequestError) as refused:
+                    client.responses.create(model="trtspec", **logprobs)
+                assert refused.value.body["param"] == "include"
             if thinking is None:
                 continue
             for stream in (False, True):  # /v1/messages: a thinking block, then the text

@@ -650,7 +650,9 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         past = [] if req.previous_response_id is None else store.conversation(req.previous_response_id)
         conversation = past + input_messages(req.input)
         _, run, guide = chat_turn(chat_body(req, conversation), RENAMES)
-        if run.logprobs is not None and (run.reasoning is not None or run.tools is not None):
+        # a reasoning block the answer may hold (CONTENT: the template closed it)
+        opens_block = run.reasoning is not None and run.reasoning.state != CONTENT
+        if run.logprobs is not None and (opens_block or run.tools is not None):
             raise ApiError(f"Invalid 'include': {LOGPROBS!r} is served where the answer is the message's "
                            "text alone; with tools or a reasoning block ask /v1/chat/completions (every "
                            "token's log-probabilities, in order).", "include", code="invalid_value")
