@@ -86,6 +86,10 @@ def test_usage_errors_name_the_option(tmp_path):
                        "--drafter")
     assert_usage_error(invoke("serve", tmp_path, "--http-port", "9000", "--grpc-port", "9000"),
                        "--http-port 9000, --grpc-port 9000")
+    assert_usage_error(invoke("serve", tmp_path, "--allowed-origin", "http://localhost:5173/"),
+                       "--allowed-origin", "no path", "'http://localhost:5173'")
+    assert_usage_error(invoke("serve", tmp_path, "--allowed-origin", "localhost:5173"), "--allowed-origin",
+                       "scheme://host[:port]")
     misspelt = invoke("train", "dflash", "--target", "builtin:tiny-tagret", "--prompts", CONFIG, "--out",
                       tmp_path / "d")
     assert_usage_error(misspelt, "--target", "'builtin:tiny-tagret' names no shipped model", "tiny-target")

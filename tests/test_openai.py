@@ -837,6 +837,61 @@ def test_usage_counts_each_prompt_once_and_every_choice(served, pipeline):
     assert so_far == {0: tokens, 1: tokens}
 
 
+def _cross_origin(url: str, method: str = "GET", headers: dict | None = None,
+                  body: dict | None = None) -> tuple[int, dict, bytes]:
+    """A request as a browser sends it for a page's script: the status, the headers, the body."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+
+
+def test_allowed_origins_let_a_pages_script_call_the_api_from_a_browser(served, config):
+    """--allowed-origin: the browser's preflight (OPTIONS, no key) is answered for an allowed page's
+    origin and refused for another; answers to an allowed page — a completion, a stream, a 401 — name
+    its origin in Access-Control-Allow-Origin (else the browser hides them from the script); `*`
+    allows any page. Without it (the default) nothing is allowed: no CORS header, and a preflight is
+    refused as any request without the key."""
+    from trtspec.openai.model_info import served_model
+
+    page = "http://localhost:5173"
+    preflight = {"Origin": page, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    body = {"model": "trtspec", "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
+    ask = {"Origin": page, "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    model = served_model(config)
+    for origins in ((page, "https://app.example.com"), ("*",)):
+        frontend = OpenAIFrontend(model, f"127.0.0.1:{served.ports.grpc}", "127.0.0.1", free_port(), KEY,
+                                  allowed_origins=origins).start()
+        allowed = "*" if origins == ("*",) else page
+        try:
+            url = f"{frontend.url}/v1/completions"
+            status, headers, _ = _cross_origin(url, "OPTIONS", preflight)
+            assert status == 200 and headers["access-control-allow-origin"] == allowed, (origins, headers)
+            assert "POST" in headers["access-control-allow-methods"]
+            assert "authorization" in headers["access-control-allow-headers"].lower()
+            status, headers, _ = _cross_origin(url, "OPTIONS", {**preflight, "Origin": "http://evil.example"})
+            assert (status == 400) == (origins != ("*",)), origins
+            status, headers, answer = _cross_origin(url, "POST", ask, body)
+            assert status == 200 and headers["access-control-allow-origin"] == allowed
+            assert json.loads(answer)["choices"][0]["text"]
+            status, headers, answer = _cross_origin(url, "POST", ask, {**body, "stream": True})
+            assert status == 200 and headers["access-control-allow-origin"] == allowed
+            assert answer.endswith(b"data: [DONE]\n\n")
+            status, headers, _ = _cross_origin(url, "POST", {**ask, "Authorization": "Bearer nope"}, body)
+            assert status == 401 and headers["access-control-allow-origin"] == allowed
+        finally:
+            frontend.stop()
+    status, headers, answer = _cross_origin(f"{served.base}/v1/completions", "OPTIONS", preflight)
+    assert status == 401 and "access-control-allow-origin" not in headers  # a preflight carries no key
+    assert json.loads(answer)["error"]["code"] == "invalid_api_key"
+    status, headers, _ = _cross_origin(f"{served.base}/v1/completions", "POST", ask, body)
+    assert status == 200 and "access-control-allow-origin" not in headers
+
+
 def test_wrong_or_missing_api_key_is_a_401_and_runs_nothing(served):
     before = served.metric("trtspec_requests_total")
     for key in (None, "wrong"):

@@ -62,6 +62,16 @@ def _url_arg(url: str, hint: str = "--url") -> str:
     return url
 
 
+def _origins(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    """--allowed-origin's values, each an origin as a browser sends it (openai/cors.py)."""
+    from trtspec.openai.cors import check_origin
+
+    try:
+        return tuple(check_origin(value) for value in values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--allowed-origin") from None
+
+
 def _tasks_arg(tasks: str, hint: str = "--tasks") -> list[str]:
     from trtspec.prompts import TASKS
 
@@ -939,9 +949,12 @@ def build(config_path, out_dir, flavour=None) -> None:
                    "the text after it as content (structured outputs and tool calls then hold the content): "
                    "qwen3, a block the answer opens (or the template did); deepseek_r1, the answer up to "
                    "</think>.")
+@click.option("--allowed-origin", "allowed_origins", multiple=True, callback=_origins, metavar="ORIGIN",
+              help="Let scripts of web pages from ORIGIN (scheme://host[:port], e.g. http://localhost:5173; "
+                   "* for any) call the OpenAI API from a browser (CORS); repeatable. None by default.")
 @run_errors
 def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_openai, api_key,
-          tool_call_parser, reasoning_parser) -> None:
+          tool_call_parser, reasoning_parser, allowed_origins) -> None:
     """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel,
     and an OpenAI-compatible API beside it, until Ctrl-C or SIGTERM. Prints `serving …` once the
     server and its models are ready."""
@@ -980,7 +993,7 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
         urls, why_not = f"{server.http_url} {server.grpc_url} {server.metrics_url}", None
         if not no_openai:
             frontend, why_not = start_openai_frontend(server, openai_port, api_key, tool_call_parser,
-                                                     parser_name(reasoning_parser))
+                                                     parser_name(reasoning_parser), allowed_origins)
             urls += f" {frontend.url}/v1" if frontend else ""
         click.echo(f"serving {server.repo}: {urls}", err=True)
         if why_not:

@@ -60,11 +60,13 @@ def admin_key_for(host: str, api_key: str | None) -> tuple[str | None, bool]:
 
 
 def start_openai_frontend(server: TritonServer, port: int, api_key: str | None,
-                          tool_parser: str | None = None, reasoning_parser: str | None = None):
+                          tool_parser: str | None = None, reasoning_parser: str | None = None,
+                          allowed_origins: tuple[str, ...] = ()):
     """(the OpenAI-compatible frontend for the repository's model on the server's host, None), or
     (None, why not) when the repository holds no single trtspec model. `tool_parser`: finds the
     tool calls of tool_choice "auto" (None: auto is refused); `reasoning_parser`: reads chat answers'
-    reasoning off their content (None: all is content)."""
+    reasoning off their content (None: all is content); `allowed_origins`: web pages whose scripts
+    may call it (openai/cors.py)."""
     from trtspec.openai.model_info import served_model_of_repo
     from trtspec.openai.server import OpenAIFrontend
 
@@ -72,7 +74,8 @@ def start_openai_frontend(server: TritonServer, port: int, api_key: str | None,
         model = served_model_of_repo(server.repo, tool_parser, reasoning_parser)
     except ConfigError as exc:
         return None, f"no OpenAI frontend: {exc}"
-    return OpenAIFrontend(model, server.local_grpc_address, server.host, port, api_key).start(), None
+    frontend = OpenAIFrontend(model, server.local_grpc_address, server.host, port, api_key, allowed_origins)
+    return frontend.start(), None
 
 
 def wait_for_exit(server: TritonServer, poll_s: float = 0.5) -> int:

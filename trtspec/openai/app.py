@@ -44,6 +44,7 @@ from trtspec.openai.anthropic_messages import (
 )
 from trtspec.openai.anthropic_messages import chat_body as anthropic_body
 from trtspec.openai.anthropic_messages import usage as anthropic_usage
+from trtspec.openai.cors import allow_origins
 from trtspec.openai.logprobs import LogprobsBody
 from trtspec.openai.metrics import FrontendMetrics
 from trtspec.openai.model_info import ServedModel
@@ -377,7 +378,10 @@ def _sse(payload: dict | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = None) -> FastAPI:
+def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = None,
+               allowed_origins: tuple[str, ...] = ()) -> FastAPI:
+    """The API of `model` served over `triton`; `api_key`: the key every /v1 route asks for;
+    `allowed_origins`: the web pages whose scripts may call it from a browser (cors.py)."""
     app = FastAPI(title="trtspec OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
     front = Frontend(model, triton)
 
@@ -839,6 +843,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         prompt, _, _ = chat_turn(anthropic_body(req), ANTHROPIC_RENAMES, generate=False)
         return {"input_tokens": len(model.encode(prompt, False))}
 
+    allow_origins(app, allowed_origins)  # the outermost middleware: a preflight needs no key
     return app
 
 

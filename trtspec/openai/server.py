@@ -32,9 +32,9 @@ class OpenAIFrontend:
     """uvicorn serving `create_app` on host:port in a daemon thread; `stop()` ends it."""
 
     def __init__(self, model: ServedModel, triton_grpc: str, host: str, port: int,
-                 api_key: str | None = None):
+                 api_key: str | None = None, allowed_origins: tuple[str, ...] = ()):
         self.triton = TritonStream(triton_grpc, model.name)
-        self.app = create_app(model, self.triton, api_key)
+        self.app = create_app(model, self.triton, api_key, allowed_origins)
         self.host, self.port = host, port
         config = uvicorn.Config(self.app, host=host, port=port, log_level="warning", access_log=False,
                                 lifespan="off", timeout_graceful_shutdown=GRACE_S + CUT_S)
