@@ -3,6 +3,10 @@ chat, Responses, Messages, count_tokens, tokenize, detokenize), each mutated at 
 places of its JSON tree (a field dropped, a value of another type or at a boundary, a list emptied
 or doubled, an unknown key, a subtree of another request), sent to a running `trtspec serve`.
 
+The routes without a body — a stored response read whole, as its events again (`stream`,
+`starting_after`) or its input items (`limit`, `order`, `after`), cancelled, a model's card — are
+sent mutated query strings and ids (`READS`).
+
 What must hold for every body: the answer is a 200 or a 4xx, never a 5xx or a dropped connection;
 a 4xx is the route's error shape with a message (OpenAI's `{"error": {"message", ...}}`, Anthropic's
 `{"type": "error", "error": {...}}`); a 200 parses (a stream's every event is JSON and it ends as
@@ -14,7 +18,9 @@ from __future__ import annotations
 
 import json
 import random
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -164,6 +170,14 @@ ODD = ["auto", "none", "required", "text", "json_object", "function", "user", "a
        {"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, {"type": "nonsense"},
        {"type": "string", "minLength": 10 ** 9}, "[a-", "a{1000000}", "\\p{L}+", "root ::= ", "root ::= x",
        'root ::= "a" | ', "<|endoftext|>", "<think>"]
+# (method, route, a valid query) of the routes without a body; {rid}: a stored response's id
+READS: list[tuple[str, str, dict[str, str]]] = [
+    ("GET", "/v1/responses/{rid}", {}),
+    ("GET", "/v1/responses/{rid}", {"stream": "true", "starting_after": "2"}),
+    ("GET", "/v1/responses/{rid}/input_items", {"limit": "1", "order": "asc"}),
+    ("POST", "/v1/responses/{rid}/cancel", {}),
+    ("GET", "/v1/models/{model}", {}),
+]
 # tritonserver 2.51's HTTP generate answers a value of the wrong JSON type (`"max_tokens": "x"`) with
 # a 500 of its own before any model sees the request; counted apart, not trtspec's to answer
 UPSTREAM_500 = "Unable to parse "
@@ -178,6 +192,7 @@ class Outcome:
     problem: str = ""  # what broke the rules, empty when nothing did
     upstream: bool = False  # Triton's own 500 for a value of the wrong JSON type (UPSTREAM_500)
     dropped: bool = False  # the client left after its first bytes
+    path: str = ""  # a route without a body: its path as sent (ids, query)
     text: str = field(default="", repr=False)
 
 
@@ -231,14 +246,16 @@ def _stream_problem(route: str, text: str) -> str:
 
 
 def send(base: str, route: str, body, key: str | None = None, timeout: float = 60,
-         triton: str | None = None, drop_after: int | None = None) -> Outcome:
-    """POST `body` to `base + route` (Triton's routes, /v2/..., to `triton`) and judge the answer.
+         triton: str | None = None, drop_after: int | None = None, method: str = "POST",
+         path: str | None = None) -> Outcome:
+    """POST `body` to `base + route` (Triton's routes, /v2/..., to `triton`) and judge the answer;
+    a route without a body (`READS`): `method` with `body` None, at `path` (its ids and query).
     `drop_after`: read that many bytes of a 200 and close the connection, as a client that leaves."""
     if route.startswith("/v2/"):
         base = triton
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    data = json.dumps(body).encode()
-    req = urllib.request.Request(base + route, data=data, headers=headers)
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + (path or route), data=data, headers=headers, method=method)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             if drop_after is not None:
@@ -249,7 +266,7 @@ def send(base: str, route: str, body, key: str | None = None, timeout: float = 6
         status, text = exc.code, exc.read().decode(errors="replace")
     except Exception as exc:  # a dropped connection, a hang: what must never happen
         return Outcome(route, body, 0, f"no answer: {type(exc).__name__}: {exc}")
-    outcome = Outcome(route, body, status, text=text)
+    outcome = Outcome(route, body, status, text=text, path=path or "")
     if status >= 400 and route.endswith("generate_stream") and text.startswith("data: "):
         text = text[6:]  # Triton's stream sends an error as its one event
     if status >= 500:
@@ -265,27 +282,75 @@ def send(base: str, route: str, body, key: str | None = None, timeout: float = 6
             outcome.problem = f"a traceback in the message: {message[:300]}"
     elif route.endswith("generate_stream") or isinstance(body, dict) and body.get("stream") is True:
         outcome.problem = _stream_problem(route, text)
+    elif text.startswith("event: "):  # a stored background response's events again
+        outcome.problem = _stream_problem("/v1/responses", text)
     elif _json(text) is None:
         outcome.problem = f"a 200 that is no JSON: {text[:300]}"
     return outcome
+
+
+def stored(base: str, key: str | None) -> list[str]:
+    """Ids of two stored responses for READS, both ended: a background one (its events kept) and
+    one answered in the foreground."""
+    ids = []
+    for background in (True, False):
+        body = {"model": "trtspec", "input": "Q: 2 + 2\nA:", "max_output_tokens": 8, "temperature": 0,
+                "background": background}
+        outcome = send(base, "/v1/responses", body, key)
+        assert outcome.status == 200, outcome.text[:300]
+        ids.append(json.loads(outcome.text)["id"])
+    deadline = time.monotonic() + 60
+    while json.loads(send(base, "/v1/responses/{rid}", None, key, method="GET",
+                          path=f"/v1/responses/{ids[0]}").text)["status"] in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, "a background response did not end"
+        time.sleep(0.05)
+    return ids
+
+
+def read_path(rng: random.Random, route: str, query: dict[str, str], ids: list[str]) -> str:
+    """`route` with an id (a stored response's, another, or one edited) and `query`, mutated: a
+    value replaced by an odd one as text, a parameter dropped or an unknown one added."""
+    rid = rng.choice([*ids, *ids, "resp_nope", MUTATOR.value(rng, ids[0])])
+    model = rng.choice(["trtspec", "trtspec/x", MUTATOR.value(rng, "trtspec")])
+    query = dict(query)
+    for _ in range(rng.randint(0, 2)):
+        roll = rng.random()
+        if query and roll < 0.2:
+            del query[rng.choice(list(query))]
+        elif roll < 0.4:
+            query[rng.choice(["stream", "starting_after", "limit", "order", "after", "x"])] = "1"
+        elif query:
+            name = rng.choice(list(query))
+            value = MUTATOR.value(rng, query[name])
+            query[name] = value if isinstance(value, str) else json.dumps(value)
+    path = route.format(rid=urllib.parse.quote(str(rid), safe=""),
+                        model=urllib.parse.quote(str(model), safe=""))
+    return path + ("?" + urllib.parse.urlencode(query) if query else "")
 
 
 def fuzz(base: str, triton: str | None, requests: int, seed: int, key: str | None = None,
          clients: int = 1, drop: float = 0.0, max_mutations: int = 3):
     """Send `requests` mutated bodies to the frontend at `base` (and Triton's HTTP at `triton`,
     None: none of its routes) from `clients` threads at once, a `drop` fraction of them left by the
-    client after its first bytes; yields each Outcome in the order the bodies were drawn."""
+    client after its first bytes; every tenth a route without a body (READS), its query mutated.
+    Yields each Outcome in the order the requests were drawn."""
     rng = random.Random(seed)
     routes = sorted({route for route, _ in SEEDS if triton or not route.startswith("/v2/")})
+    ids = stored(base, key)
     sends = []
     for _ in range(requests):
+        if rng.random() < 0.1:
+            method, route, query = rng.choice(READS)
+            sends.append((route, None, None, method, read_path(rng, route, query, ids)))
+            continue
         route = rng.choice(routes)  # each route as often, whatever its seeds
         body = rng.choice([body for seed_route, body in SEEDS if seed_route == route])
         count = 1 if rng.random() < 0.5 else rng.randint(2, max_mutations)  # one change reaches furthest
         drop_after = rng.randint(1, 400) if rng.random() < drop else None
-        sends.append((route, MUTATOR.mutate(rng, body, count), drop_after))
+        sends.append((route, MUTATOR.mutate(rng, body, count), drop_after, "POST", None))
     with ThreadPoolExecutor(clients) as pool:
-        yield from pool.map(lambda s: send(base, s[0], s[1], key, triton=triton, drop_after=s[2]), sends)
+        yield from pool.map(lambda s: send(base, s[0], s[1], key, triton=triton, drop_after=s[2], method=s[3],
+                                           path=s[4]), sends)
 
 
 # requests whose answers must be the same before and after a fuzz: what one request leaves behind
@@ -361,8 +426,8 @@ def main() -> None:
         statuses[outcome.route, f"{outcome.status}{kind}"] += 1
         if outcome.problem:
             problems.append(outcome)
-            print(f"#{i} {outcome.route} {outcome.problem}\n  body: {json.dumps(outcome.body)[:1500]}",
-                  flush=True)
+            sent = outcome.path if outcome.body is None else f"body: {json.dumps(outcome.body)[:1500]}"
+            print(f"#{i} {outcome.route} {outcome.problem}\n  {sent}", flush=True)
     for (route, status), count in sorted(statuses.items()):
         print(f"{route:35} {status}: {count}")
     after = probe(args.url, args.triton, args.key, args.gumbel)

@@ -50,7 +50,9 @@ class Mutator:
             return rng.choice([old - 1, old + 1, -old, old * 1000, old / 3, int(old) + 0.5])
         if isinstance(old, str) and roll < 0.85:
             cut = rng.randrange(len(old) + 1)
-            return old[:cut] + rng.choice(["", "\n", "é", "\x00", "}", '"', "<", "\\u0000", "🦀"]) + old[cut:]
+            # digits to Python's str.isdigit() that int() or the API does not take: "²", "٣"
+            slipped = rng.choice(["", "\n", "é", "\x00", "}", '"', "<", "\\u0000", "🦀", "²", "٣"])
+            return old[:cut] + slipped + old[cut:]
         return copy.deepcopy(rng.choice(list(places(rng.choice(self.donors))))[1])
 
     def mutate(self, rng: random.Random, tree: dict, count: int) -> dict:

@@ -2149,6 +2149,9 @@ def test_a_background_response_is_cancelled_or_deleted_while_it_runs(served):
                               (f"/v1/responses/{plain.id}?stream=true", "stream", "not created with"),
                               (f"/v1/responses/{done.id}?stream=true&starting_after=x", "starting_after",
                                "sequence_number"),
+                              (f"/v1/responses/{done.id}?stream=true&starting_after=%D9%A3", "starting_after",
+                               "sequence_number"),  # an Arabic-Indic 3: a digit to Python, not to the API
+                              (f"/v1/responses/{done.id}/input_items?limit=%C2%B2", "limit", "1 to 100"),
                               (f"/v1/responses/{done.id}?stream=yes", "stream", "true or false")):
         method = "POST" if path.endswith("/cancel") else "GET"
         status, body = _request(served, method, path)

@@ -468,7 +468,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         too_large = ApiError(f"the request body holds more than {limit:,} bytes, the most this deployment "
                              "takes (limits.max_request_bytes)", status=413, code="request_too_large")
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        if declared.isascii() and declared.isdigit() and int(declared) > limit:
             raise too_large
         body = bytearray()
         async for chunk in request.stream():
@@ -766,7 +766,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                            "only a background response's events are kept to stream again (GET it whole).",
                            "stream", code="invalid_value")
         after = query.get("starting_after", "-1")
-        if not re.fullmatch(r"-1|\d+", after):
+        if not re.fullmatch(r"-1|[0-9]+", after):
             raise ApiError(f"Invalid 'starting_after': {after!r}; expected an event's sequence_number.",
                            "starting_after", code="invalid_value")
         return _event_stream(kept.background.follow(int(after)))
@@ -791,7 +791,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
     async def list_input_items(rid: str, request: Request):
         query = request.query_params
         limit = query.get("limit", "20")
-        if not limit.isdigit():
+        if not (limit.isascii() and limit.isdigit()):
             raise ApiError(f"Invalid 'limit': {limit!r}; expected 1 to 100.", "limit", code="invalid_value")
         return item_page(store.get(rid).items, query.get("order", "desc"), query.get("after"), int(limit))
 
