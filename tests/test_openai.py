@@ -541,6 +541,9 @@ BAD = [
     ("completions", {"structured_outputs": {"whitespace_pattern": " "}},
      "structured_outputs.whitespace_pattern"),
     ("completions", {"guided_choice": []}, "guided_choice"),
+    ("completions", {"response_format": {"type": "json_object"},
+                     "structured_outputs": {"disable_any_whitespace": "yes"}},
+     "structured_outputs.disable_any_whitespace"),
     ("completions", {"guided_grammar": "root ::= missing"}, "guided_grammar"),
     ("chat/completions", {"structured_outputs": {"json": 5}}, "structured_outputs.json"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
@@ -1547,6 +1550,52 @@ def test_response_format_is_the_guided_targets_own_text(served, pipeline):
                                            "--prompt", prompt, "--max-tokens", str(MAX_TOKENS), *args])
         assert result.exit_code == 0, result.output
         assert json.loads(result.output)["text"] == pipeline.generate(prompt, MAX_TOKENS, guide=guide)[0]
+
+
+def test_compact_json_ends_what_any_whitespace_pads(served, pipeline, config):
+    """A JSON schema's guide lets whitespace between any two tokens, which the embedded model pads
+    without end (its 256 tokens spent, mostly on whitespace). Written compactly — a
+    request's structured_outputs.disable_any_whitespace (vLLM's), or the server's --compact-json for
+    every request that does not say otherwise — the answer is the target's own greedy text under the
+    compact grammar, and ends: JSON that parses. json_object too; Responses' text.format too."""
+    from trtspec.openai.model_info import served_model
+    from trtspec.spec.grammar import ANY_JSON, compact_json_grammar
+
+    schema = PADDED["schema"]
+    chat = {"model": "trtspec", "messages": [{"role": "user", "content": "1 + 2"}], "max_tokens": 256,
+            "temperature": 0}
+    prompt = served_model(config).chat.render(chat["messages"])
+    want = {kind: pipeline.generate(prompt, 256, guide=Guide("ebnf_grammar", compact_json_grammar(shape)))[0]
+            for kind, shape in (("json_schema", schema), ("json_object", ANY_JSON))}
+    assert json.loads(want["json_schema"]).keys() == {"a"} and json.loads(want["json_object"]) is not None
+    formats = {"json_schema": {"type": "json_schema", "json_schema": {"name": "padded", "schema": schema}},
+               "json_object": {"type": "json_object"}}
+
+    def answer(base: str, kind: str, **extra) -> tuple[str, str]:
+        status, body = post_json(f"{base}/v1/chat/completions",
+                                 {**chat, "response_format": formats[kind], **extra}, KEY)
+        assert status == 200, body
+        return body["choices"][0]["message"]["content"], body["choices"][0]["finish_reason"]
+
+    padded, finish = answer(served.base, "json_schema")
+    assert finish == "length" and sum(c.isspace() for c in padded) > len(padded) / 2
+    compact = {"structured_outputs": {"disable_any_whitespace": True}}
+    for kind in formats:
+        assert answer(served.base, kind, **compact) == (want[kind], "stop"), kind
+    frontend = OpenAIFrontend(dataclasses.replace(served_model(config), compact_json=True),
+                              f"127.0.0.1:{served.ports.grpc}", "127.0.0.1", free_port(), KEY).start()
+    try:
+        for kind in formats:
+            assert answer(frontend.url, kind) == (want[kind], "stop"), kind
+        anyhow = {"structured_outputs": {"disable_any_whitespace": False}}  # the request's word wins
+        assert answer(frontend.url, "json_schema", **anyhow)[1] == "length"
+        status, body = post_json(f"{frontend.url}/v1/responses", {
+            "model": "trtspec", "input": "1 + 2", "max_output_tokens": 256, "temperature": 0,
+            "text": {"format": {"type": "json_schema", **PADDED}}}, KEY)
+        assert status == 200 and body["status"] == "completed", body
+        assert _output_text(body) == want["json_schema"]
+    finally:
+        frontend.stop()
 
 
 def test_penalties_and_logit_bias_are_the_targets_own_under_them(served, pipeline):

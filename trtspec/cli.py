@@ -952,9 +952,14 @@ def build(config_path, out_dir, flavour=None) -> None:
 @click.option("--allowed-origin", "allowed_origins", multiple=True, callback=_origins, metavar="ORIGIN",
               help="Let scripts of web pages from ORIGIN (scheme://host[:port], e.g. http://localhost:5173; "
                    "* for any) call the OpenAI API from a browser (CORS); repeatable. None by default.")
+@click.option("--compact-json", is_flag=True,
+              help="Structured outputs (response_format json_schema or json_object, Responses' text.format, "
+                   "Messages' output_config.format, guided_json) are JSON written compactly, as json.dumps "
+                   "writes it, where a model could pad it with whitespace without end (small models do); "
+                   "vLLM's disable_any_whitespace, which a request may also set in structured_outputs.")
 @run_errors
 def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_openai, api_key,
-          tool_call_parser, reasoning_parser, allowed_origins) -> None:
+          tool_call_parser, reasoning_parser, allowed_origins, compact_json) -> None:
     """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel,
     and an OpenAI-compatible API beside it, until Ctrl-C or SIGTERM. Prints `serving …` once the
     server and its models are ready."""
@@ -993,7 +998,8 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
         urls, why_not = f"{server.http_url} {server.grpc_url} {server.metrics_url}", None
         if not no_openai:
             frontend, why_not = start_openai_frontend(server, openai_port, api_key, tool_call_parser,
-                                                     parser_name(reasoning_parser), allowed_origins)
+                                                     parser_name(reasoning_parser), allowed_origins,
+                                                     compact_json)
             urls += f" {frontend.url}/v1" if frontend else ""
         click.echo(f"serving {server.repo}: {urls}", err=True)
         if why_not:

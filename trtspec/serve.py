@@ -61,17 +61,17 @@ def admin_key_for(host: str, api_key: str | None) -> tuple[str | None, bool]:
 
 def start_openai_frontend(server: TritonServer, port: int, api_key: str | None,
                           tool_parser: str | None = None, reasoning_parser: str | None = None,
-                          allowed_origins: tuple[str, ...] = ()):
+                          allowed_origins: tuple[str, ...] = (), compact_json: bool = False):
     """(the OpenAI-compatible frontend for the repository's model on the server's host, None), or
     (None, why not) when the repository holds no single trtspec model. `tool_parser`: finds the
     tool calls of tool_choice "auto" (None: auto is refused); `reasoning_parser`: reads chat answers'
     reasoning off their content (None: all is content); `allowed_origins`: web pages whose scripts
-    may call it (openai/cors.py)."""
+    may call it (openai/cors.py); `compact_json`: structured outputs' JSON written compactly."""
     from trtspec.openai.model_info import served_model_of_repo
     from trtspec.openai.server import OpenAIFrontend
 
     try:
-        model = served_model_of_repo(server.repo, tool_parser, reasoning_parser)
+        model = served_model_of_repo(server.repo, tool_parser, reasoning_parser, compact_json)
     except ConfigError as exc:
         return None, f"no OpenAI frontend: {exc}"
     frontend = OpenAIFrontend(model, server.local_grpc_address, server.host, port, api_key, allowed_origins)

@@ -58,6 +58,7 @@ from trtspec.openai.protocol import (
     check_chat,
     check_completion,
     check_messages,
+    compact_json_wanted,
     guide_field,
     guide_of,
     logit_bias_pairs,
@@ -98,7 +99,7 @@ from trtspec.openai.stops import StopTrimmer
 from trtspec.openai.tools import ToolParser, ToolPlan, check_tools, merge_deltas, tool_plan
 from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
 from trtspec.spec.coupling import fresh_seed
-from trtspec.spec.grammar import GuideError
+from trtspec.spec.grammar import GuideError, compact_guide
 from trtspec.triton.request import produced_chars
 
 log = logging.getLogger(__name__)
@@ -188,7 +189,8 @@ class Frontend:
                          frequency_penalty=req.frequency_penalty or 0.0,
                          repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                          logit_bias=logit_bias_pairs(req.logit_bias, model.vocab_size),
-                         guide=self.guide(req, tools, start), bad_words=tuple(req.bad_words or ()),
+                         guide=self.guide(req, tools, start, self.model.compact_json),
+                         bad_words=tuple(req.bad_words or ()),
                          thinking=self.thinking(req, start))
         return gen, prompt_ids
 
@@ -218,11 +220,21 @@ class Frontend:
         return tools.param if tools is not None and tools.guide else guide_field(req)
 
     @staticmethod
-    def guide(req, tools: ToolPlan | None, start: str | None) -> tuple[str, str] | None:
-        """The request's guide (a tool_choice's wins), after the reasoning block when `start` says
-        the answer has one."""
-        guide, param = (tools.guide, tools.param) if tools is not None and tools.guide else \
-            (guide_of(req), guide_field(req))
+    def guide(req, tools: ToolPlan | None, start: str | None,
+              compact: bool = False) -> tuple[str, str] | None:
+        """The request's guide (a tool_choice's wins, written compactly already), its JSON written
+        compactly where the request says so, or `compact` (the server's --compact-json) unless it says
+        not, after the reasoning block when `start` says the answer has one."""
+        if tools is not None and tools.guide:
+            guide, param = tools.guide, tools.param
+        else:
+            guide, param = guide_of(req), guide_field(req)
+            asked = compact_json_wanted(req)
+            if guide is not None and (compact if asked is None else asked):
+                try:
+                    guide = compact_guide(*guide)
+                except GuideError as exc:
+                    raise ApiError(f"Invalid '{param}': {exc}.", param, code="invalid_value") from None
         if guide is None or start is None:
             return guide
         try:

@@ -32,6 +32,7 @@ class ServedModel:
     tool_parser: str | None = None  # the tool-call parser of tool_choice "auto" (None: auto is refused)
     reasoning_parser: str | None = None  # reads reasoning_content off chat answers (None: all is content)
     max_request_bytes: int = MAX_REQUEST_BYTES  # the deployment's limits.max_request_bytes
+    compact_json: bool = False  # structured outputs' JSON written compactly (serve --compact-json)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens)
@@ -66,15 +67,17 @@ def served_model(config: BuildConfig) -> ServedModel:
 
 
 def served_model_of_repo(repo: Path, tool_parser: str | None = None,
-                         reasoning_parser: str | None = None) -> ServedModel:
-    """The one trtspec model of a generated Triton model repository; `tool_parser` and
-    `reasoning_parser`: the server's --tool-call-parser and --reasoning-parser."""
+                         reasoning_parser: str | None = None, compact_json: bool = False) -> ServedModel:
+    """The one trtspec model of a generated Triton model repository; `tool_parser`,
+    `reasoning_parser` and `compact_json`: the server's --tool-call-parser, --reasoning-parser and
+    --compact-json."""
     found = sorted(repo.glob(f"*/{VERSION}/{BUILD_CONFIG_FILE}"))
     if len(found) != 1:
         raise ConfigError(f"{repo}: the OpenAI frontend serves one trtspec model (a `{BUILD_CONFIG_FILE}` "
                           f"under <model>/{VERSION}/), found {len(found)}")
     model = served_model(load_build_config(found[0]))
     model.tool_parser, model.reasoning_parser = tool_parser, reasoning_parser
+    model.compact_json = compact_json
     check_parser_markers(model, repo)
     return model
 

@@ -107,7 +107,8 @@ class _Common(SamplingFields):
                                          '(with "ebnf")')
     structured_outputs: dict | None = Field(None, description='vLLM\'s: one of "json" (a schema), "regex", '
                                             '"choice" (a list of strings), "grammar" (EBNF), "json_object": '
-                                            'true')
+                                            'true; and "disable_any_whitespace": JSON written compactly (or '
+                                            'not: the server\'s --compact-json)')
     guided_json: dict | str | None = Field(None, description="vLLM's older name for structured_outputs.json")
     guided_regex: str | None = Field(None, description="vLLM's older name for structured_outputs.regex")
     guided_choice: list[str] | None = Field(None, description="vLLM's older name for "
@@ -511,6 +512,7 @@ RESPONSE_FORMATS = {"json_object": ("json", None), "json_schema": ("json_schema"
 
 
 STRUCTURED_OUTPUTS = ("json", "regex", "choice", "grammar", "json_object")  # vLLM's kinds
+STRUCTURED_OPTIONS = ("disable_any_whitespace",)  # vLLM's options beside them that trtspec takes
 GUIDE_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
                 "guided_grammar")
 
@@ -519,7 +521,19 @@ def _guide_fields(req: _Common) -> dict:
     """The request's fields that ask for a structured output, by name (response_format: not text)."""
     given = {name: getattr(req, name) for name in GUIDE_FIELDS}
     return {name: value for name, value in given.items()
-            if value is not None and not (name == "response_format" and value == {"type": "text"})}
+            if value is not None and not (name == "response_format" and value == {"type": "text"})
+            and not (name == "structured_outputs" and isinstance(value, dict) and value
+                     and set(value) <= set(STRUCTURED_OPTIONS))}  # options for another field's guide
+
+
+def compact_json_wanted(req: _Common) -> bool | None:
+    """vLLM's structured_outputs.disable_any_whitespace: a JSON guide written compactly (True) or
+    with any whitespace (False); None: as the server does."""
+    value = (getattr(req, "structured_outputs", None) or {}).get("disable_any_whitespace")
+    if value is not None and not isinstance(value, bool):
+        raise ApiError("Invalid 'structured_outputs.disable_any_whitespace': expected true or false.",
+                       "structured_outputs.disable_any_whitespace", code="invalid_type")
+    return value
 
 
 def guide_field(req: _Common) -> str | None:
@@ -544,7 +558,7 @@ def guide_of(req: _Common) -> tuple[str, str] | None:
         return _response_format_guide(value)
     if name == "structured_outputs":
         kinds = [k for k in value if k in STRUCTURED_OUTPUTS]
-        other = sorted(set(value) - set(STRUCTURED_OUTPUTS))
+        other = sorted(set(value) - set(STRUCTURED_OUTPUTS) - set(STRUCTURED_OPTIONS))
         if other:
             raise ApiError(f"Unsupported field in 'structured_outputs': {other[0]!r}; trtspec takes one of "
                            f"{', '.join(STRUCTURED_OUTPUTS)}.", f"structured_outputs.{other[0]}",

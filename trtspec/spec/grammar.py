@@ -142,6 +142,24 @@ def _compact_json_grammar(schema: str) -> str:
         raise GuideError(f"the JSON schema does not compile: {_reason(exc)}") from None
 
 
+# XGrammar's builtin JSON (a `json` guide, OpenAI's json_object): an object or an array
+ANY_JSON = {"anyOf": [{"type": "object"}, {"type": "array"}]}
+
+
+def compact_guide(kind: str, text: str) -> tuple[str, str]:
+    """A json_schema or json guide as the same JSON written compactly (`compact_json_grammar`): an
+    ebnf_grammar guide; other guides as they are."""
+    if kind == "json":
+        return "ebnf_grammar", compact_json_grammar(ANY_JSON)
+    if kind != "json_schema":
+        return kind, text
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise GuideError(f"the json_schema guide is not JSON: {exc}") from None
+    return "ebnf_grammar", compact_json_grammar(schema)
+
+
 def tagged_json_grammar(tags: Sequence[tuple[str, dict, str]], trigger: str, once: bool = False,
                         style: str = "json") -> str:
     """An ebnf_grammar guide's text for free text in which `trigger` opens one of `tags`, each
