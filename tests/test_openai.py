@@ -2254,6 +2254,83 @@ def test_a_responses_logprobs_are_chats(served):
     assert plain["output"][-1]["content"][0]["logprobs"] == []
 
 
+def test_a_conversation_keeps_its_items_and_responses_continue_it(served):
+    """The Conversations API: a conversation's items kept (created with some, added, listed newest
+    first or in pages, read and dropped one by one), its metadata replaced; a response created with
+    `conversation` is the chat answer to the conversation's messages then its input, streamed or
+    not, in the background too, and its input and output are added to it as items (the output
+    with the response's own ids). Deleted, it is a 404, named `conversation` in a response's request."""
+    client = served.client()
+    ask = {"model": "trtspec", "max_output_tokens": MAX_TOKENS, "temperature": 0}
+    conversation = client.conversations.create(items=[{"role": "system", "content": "Arithmetic."}],
+                                               metadata={"topic": "sums"})
+    assert client.conversations.retrieve(conversation.id) == conversation
+    assert conversation.metadata == {"topic": "sums"}
+    first = client.responses.create(**ask, input="482 + 356", conversation=conversation.id)
+    assert first.conversation.id == conversation.id
+    history = [{"role": "system", "content": "Arithmetic."}, {"role": "user", "content": "482 + 356"}]
+    chat = client.chat.completions.create(model="trtspec", messages=history, max_tokens=MAX_TOKENS,
+                                          temperature=0)
+    assert first.output_text == chat.choices[0].message.content
+    listed = [item.model_dump() for item in client.conversations.items.list(conversation.id, order="asc")]
+    assert [(item["type"], item["role"]) for item in listed] == \
+        [("message", "system"), ("message", "user"), ("message", "assistant")]
+    assert listed[2]["id"] == first.output[0].id
+    assert [(part["type"], part["text"]) for part in listed[1]["content"]] == [("input_text", "482 + 356")]
+    history += [{"role": "assistant", "content": first.output_text}, {"role": "user", "content": "1 + 1"}]
+    want = client.chat.completions.create(model="trtspec", messages=history, max_tokens=MAX_TOKENS,
+                                          temperature=0).choices[0].message.content
+    streamed, _ = _response(client, True, **ask, input="1 + 1", conversation={"id": conversation.id})
+    assert _output_text(streamed) == want
+    queued = client.responses.create(**ask, input="2 + 2", conversation=conversation.id, background=True)
+    assert _finished(client, queued.id)["status"] in ("completed", "incomplete")
+    listed = [item.id for item in client.conversations.items.list(conversation.id)]  # newest first
+    assert len(listed) == 7 and listed[0] == client.responses.retrieve(queued.id).output[0].id
+    page = client.conversations.items.list(conversation.id, limit=2, after=listed[1])
+    assert [item.id for item in page.data] == listed[2:4] and page.has_more
+    assert client.conversations.items.retrieve(listed[3], conversation_id=conversation.id).id == listed[3]
+    client.conversations.items.delete(listed[3], conversation_id=conversation.id)
+    assert listed[3] not in [item.id for item in client.conversations.items.list(conversation.id)]
+    added = client.conversations.items.create(conversation.id, items=[
+        {"type": "message", "role": "user", "content": "hi"},
+        {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"}])
+    assert [item.type for item in added.data] == ["message", "function_call"]
+    assert added.data[0].content[0].text == "hi" and added.data[0].status == "completed"
+    updated = client.conversations.update(conversation.id, metadata={"topic": "more"})
+    assert updated.metadata == {"topic": "more"}
+    assert client.conversations.delete(conversation.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.retrieve(conversation.id)
+    status, body = _post(f"{served.base}/v1/responses",
+                         {**ask, "input": "x", "conversation": conversation.id})
+    assert status == 404 and body["error"]["param"] == "conversation"
+
+
+BAD_CONVERSATIONS = [
+    ("/v1/conversations", {"items": [{"role": "robot", "content": "x"}]}, "items[0].role"),
+    ("/v1/conversations", {"items": [{"role": "user", "content": "x"}] * 21}, "items"),
+    ("/v1/conversations", {"metadata": {"a": 1}}, "metadata.a"),
+    ("/v1/conversations", {"metadata": {str(k): "v" for k in range(17)}}, "metadata"),
+    ("/v1/conversations", {"tools": []}, "tools"),
+    ("/v1/conversations/{cid}", {"items": []}, "items"),
+    ("/v1/conversations/{cid}/items", {}, "items"),
+    ("/v1/conversations/{cid}/items", {"items": [{"type": "item_reference", "id": "x"}]}, "items[0].type"),
+    ("/v1/responses", {"model": "trtspec", "input": "x", "conversation": 5}, "conversation"),
+    ("/v1/responses", {"model": "trtspec", "input": "x", "conversation": "{cid}",
+                       "previous_response_id": "r"}, "previous_response_id"),
+]
+
+
+@pytest.mark.parametrize("path, body, param", BAD_CONVERSATIONS,
+                         ids=[f"{path}:{param}" for path, _, param in BAD_CONVERSATIONS])
+def test_a_bad_conversation_request_is_a_400_naming_its_parameter(served, path, body, param):
+    cid = served.client().conversations.create().id
+    body = json.loads(json.dumps(body).replace("{cid}", cid))
+    status, answer = _post(f"{served.base}{path.replace('{cid}', cid)}", body)
+    assert status == 400 and answer["error"]["param"] == param, answer
+    assert served.client().conversations.items.list(cid).data == []  # nothing half added
+
+
 def test_response_tools_and_text_formats_are_chats(served):
     """Flat function tools: a named tool_choice and "required" answer function_call items whose
     arguments are chat's calls'; tools are strict unless they say otherwise (auto's text is chat's

@@ -18,6 +18,7 @@ A client that disconnects ends its Triton request. With an API key, every `/v1` 
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import hmac
 import json
@@ -44,6 +45,14 @@ from trtspec.openai.anthropic_messages import (
 )
 from trtspec.openai.anthropic_messages import chat_body as anthropic_body
 from trtspec.openai.anthropic_messages import usage as anthropic_usage
+from trtspec.openai.conversations import (
+    ConversationRequest,
+    ConversationStore,
+    ItemsRequest,
+    checked_metadata,
+    conversation_id,
+    new_items,
+)
 from trtspec.openai.cors import allow_origins
 from trtspec.openai.logprobs import LogprobsBody
 from trtspec.openai.metrics import FrontendMetrics
@@ -92,6 +101,7 @@ from trtspec.openai.responses import (
     input_messages,
     item_page,
     namespaced,
+    page_limit,
     response_object,
 )
 from trtspec.openai.segments import REASONING, Segments, named_sse
@@ -657,13 +667,19 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                                                            failed)))
 
     store = ResponseStore()
+    conversations = ConversationStore()
 
     @app.post("/v1/responses")
     async def create_response(request: Request):
         req = parse(ResponsesRequest, await body_of(request))
         front.check_model(req.model)
         check_responses(req)
-        past = [] if req.previous_response_id is None else store.conversation(req.previous_response_id)
+        thread = None if req.conversation is None else \
+            conversations.get(conversation_id(req.conversation), "conversation")
+        if req.previous_response_id is not None:
+            past = store.conversation(req.previous_response_id)
+        else:
+            past = [] if thread is None else thread.messages()
         conversation = past + input_messages(req.input)
         _, run, guide = chat_turn(chat_body(req, conversation), RENAMES)
         # a reasoning block the answer may hold (CONTENT: the template closed it)
@@ -673,6 +689,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                            "text alone; with tools or a reasoning block ask /v1/chat/completions (every "
                            "token's log-probabilities, in order).", "include", code="invalid_value")
         rid, created, items = f"resp_{uuid.uuid4().hex}", int(time.time()), OutputItems(namespaced(req.tools))
+        added: list[bool] = []  # the response's items were added to its conversation
 
         def response(status: str, error: dict | None = None) -> dict:
             """The response object as it stands; a finished one is stored (a foreground one when it
@@ -686,10 +703,13 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                              "reasoning_tokens": len(model.encode(reasoning, False)) if reasoning else 0},
                          "total_tokens": run.prompt_tokens + run.completion_tokens}
             body = response_object(req, rid, created, model.name, items.items, status, usage,
-                                   run.gen.temperature, run.gen.top_p, error)
+                                   run.gen.temperature, run.gen.top_p, error, thread and thread.id)
             body["trtspec"] = _figures([run])
             continued = conversation + assistant_messages(items.items) \
                 if status in ("completed", "incomplete") else None
+            if continued is not None and thread is not None and not added:  # once, however often asked
+                added.append(True)
+                thread.items += new_items(req.input, "input", limit=None) + copy.deepcopy(items.items)
             if req.background:
                 if status in FINISHED:
                     store.ended(body, continued)
@@ -799,13 +819,59 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             await asyncio.wait([job.task])  # its Triton request cancelled, the response stored as it stood
         return store.get(rid).now()
 
+    @app.post("/v1/conversations")
+    async def create_conversation(request: Request):
+        req = parse(ConversationRequest, await body_of(request))
+        return conversations.create(new_items(req.items), checked_metadata(req.metadata)).body()
+
+    @app.get("/v1/conversations/{cid}")
+    async def retrieve_conversation(cid: str):
+        return conversations.get(cid).body()
+
+    @app.post("/v1/conversations/{cid}")
+    async def update_conversation(cid: str, request: Request):
+        req = parse(ConversationRequest, await body_of(request))
+        thread = conversations.get(cid)
+        if req.items is not None:
+            raise ApiError("Invalid 'items': a conversation's items are added with POST "
+                           f"/v1/conversations/{cid}/items.", "items", code="invalid_value")
+        thread.metadata = checked_metadata(req.metadata)
+        return thread.body()
+
+    @app.delete("/v1/conversations/{cid}")
+    async def delete_conversation(cid: str):
+        conversations.delete(cid)
+        return {"id": cid, "object": "conversation.deleted", "deleted": True}
+
+    @app.post("/v1/conversations/{cid}/items")
+    async def add_conversation_items(cid: str, request: Request):
+        req = parse(ItemsRequest, await body_of(request))
+        thread = conversations.get(cid)
+        added = new_items(req.items)
+        thread.items += added
+        return item_page(added, "asc", None, max(len(added), 1))
+
+    @app.get("/v1/conversations/{cid}/items")
+    async def list_conversation_items(cid: str, request: Request):
+        query = request.query_params
+        return item_page(conversations.get(cid).items, query.get("order", "desc"), query.get("after"),
+                         page_limit(query.get("limit", "20")))
+
+    @app.get("/v1/conversations/{cid}/items/{item_id}")
+    async def retrieve_conversation_item(cid: str, item_id: str):
+        return conversations.get(cid).item(item_id)
+
+    @app.delete("/v1/conversations/{cid}/items/{item_id}")
+    async def delete_conversation_item(cid: str, item_id: str):
+        thread = conversations.get(cid)
+        thread.items.remove(thread.item(item_id))
+        return thread.body()
+
     @app.get("/v1/responses/{rid}/input_items")
     async def list_input_items(rid: str, request: Request):
         query = request.query_params
-        limit = query.get("limit", "20")
-        if not (limit.isascii() and limit.isdigit()):
-            raise ApiError(f"Invalid 'limit': {limit!r}; expected 1 to 100.", "limit", code="invalid_value")
-        return item_page(store.get(rid).items, query.get("order", "desc"), query.get("after"), int(limit))
+        return item_page(store.get(rid).items, query.get("order", "desc"), query.get("after"),
+                         page_limit(query.get("limit", "20")))
 
     @app.delete("/v1/responses/{rid}")
     async def delete_response(rid: str):

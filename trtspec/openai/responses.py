@@ -100,7 +100,8 @@ class ResponsesRequest(SamplingFields):
     background: bool | None = Field(None, description="answer at once (queued) and generate apart from the "
                                     "request: read it with GET, stream it with GET ?stream=true, cancel it "
                                     "(needs store)")
-    conversation: Any = Field(None, description="not served (OpenAI's Conversations API)")
+    conversation: Any = Field(None, description='a conversation\'s id (or {"id"}; conversations.py): its '
+                              'items come before the input, the response\'s input and output are added to it')
     prompt: Any = Field(None, description="not served (OpenAI's stored prompt templates)")
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="variables for the chat template, e.g. Qwen3's enable_thinking (vLLM extension)")
@@ -114,9 +115,10 @@ def check_responses(req: ResponsesRequest) -> None:
     if req.background and req.store is False:
         raise ApiError("Invalid 'background': a background response is stored, to be read with GET; leave "
                        "'store' out or send true.", "background", code="invalid_value")
-    refused = (("conversation", req.conversation is not None, "continue a response with "
-                "'previous_response_id'"),
-               ("prompt", req.prompt is not None, "stored prompt templates are OpenAI's; send 'input'"),
+    if req.conversation is not None and req.previous_response_id is not None:
+        raise ApiError("Mutually exclusive parameters: 'previous_response_id' and 'conversation'; a response "
+                       "continues one or the other.", "previous_response_id", code="invalid_value")
+    refused = (("prompt", req.prompt is not None, "stored prompt templates are OpenAI's; send 'input'"),
                ("truncation", req.truncation not in (None, "disabled"), "a conversation past the context "
                 "is a 400, never cut"),
                ("max_tool_calls", req.max_tool_calls is not None, "send 'parallel_tool_calls': false for at "
@@ -472,9 +474,11 @@ class OutputItems(Segments):
 
 def response_object(req: ResponsesRequest, rid: str, created: int, model: str, output: list[dict],
                     status: str, usage: dict | None = None, temperature: float | None = None,
-                    top_p: float | None = None, error: dict | None = None) -> dict:
+                    top_p: float | None = None, error: dict | None = None,
+                    conversation: str | None = None) -> dict:
     """The `response` object: its output items, status (in_progress, completed, incomplete, failed)
-    and usage, with the request's settings as OpenAI's echoes them."""
+    and usage, with the request's settings as OpenAI's echoes them (`conversation`: the id of the
+    conversation it continues)."""
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     return {"id": rid, "object": "response", "created_at": created, "status": status,
             "completed_at": int(time.time()) if status == "completed" else None,
@@ -488,7 +492,8 @@ def response_object(req: ResponsesRequest, rid: str, created: int, model: str, o
             "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
             "reasoning": {key: (req.reasoning or {}).get(key) for key in ("effort", "summary")},
             "truncation": "disabled", "store": req.store is not False, "background": req.background is True,
-            "metadata": req.metadata or {}, "user": req.user, "usage": usage}
+            "metadata": req.metadata or {}, "user": req.user, "usage": usage,
+            "conversation": None if conversation is None else {"id": conversation}}
 
 
 def input_items(given: str | list) -> list[dict]:
@@ -499,6 +504,13 @@ def input_items(given: str | list) -> list[dict]:
     prefixes = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
     return [{"id": _id(prefixes.get(item.get("type", "message"), "item")), **item,
              **({"type": "message"} if "type" not in item else {})} for item in given]
+
+
+def page_limit(given: str) -> int:
+    """A list's `limit` query parameter: 1 to 100."""
+    if not (given.isascii() and given.isdigit()):
+        raise ApiError(f"Invalid 'limit': {given!r}; expected 1 to 100.", "limit", code="invalid_value")
+    return int(given)
 
 
 def item_page(items: list[dict], order: str, after: str | None, limit: int) -> dict:
