@@ -104,6 +104,14 @@ SEEDS: list[tuple[str, dict]] = [
         "model": "trtspec", "input": "Q: 5 + 6\nA:", "max_output_tokens": 12, "background": True,
         "stream": True, "temperature": 0, "metadata": {"job": "7"}, "top_logprobs": 2,
         "include": ["message.output_text.logprobs"], "chat_template_kwargs": {"enable_thinking": False}}),
+    ("/v1/conversations", {
+        "items": [{"role": "system", "content": "Arithmetic."},
+                  {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "1 + 2"}]},
+                  {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 1}'},
+                  {"type": "function_call_output", "call_id": "c1", "output": "3"}],
+        "metadata": {"topic": "sums"}}),
+    ("/v1/conversations/{cid}/items", {"items": [{"role": "user", "content": "and 4?"}]}),
+    ("/v1/conversations/{cid}", {"metadata": {"topic": "more"}}),
     ("/v1/messages", {
         "model": "trtspec", "max_tokens": 8, "system": [{"type": "text", "text": "Be brief."}], "messages": [
             {"role": "user", "content": "1 + 2"},
@@ -177,6 +185,10 @@ READS: list[tuple[str, str, dict[str, str]]] = [
     ("GET", "/v1/responses/{rid}/input_items", {"limit": "1", "order": "asc"}),
     ("POST", "/v1/responses/{rid}/cancel", {}),
     ("GET", "/v1/models/{model}", {}),
+    ("GET", "/v1/conversations/{cid}", {}),
+    ("GET", "/v1/conversations/{cid}/items", {"limit": "2", "order": "asc"}),
+    ("GET", "/v1/conversations/{cid}/items/{item}", {}),
+    ("DELETE", "/v1/conversations/{cid}/items/{item}", {}),
 ]
 # tritonserver 2.51's HTTP generate answers a value of the wrong JSON type (`"max_tokens": "x"`) with
 # a 500 of its own before any model sees the request; counted apart, not trtspec's to answer
@@ -289,9 +301,10 @@ def send(base: str, route: str, body, key: str | None = None, timeout: float = 6
     return outcome
 
 
-def stored(base: str, key: str | None) -> list[str]:
-    """Ids of two stored responses for READS, both ended: a background one (its events kept) and
-    one answered in the foreground."""
+def stored(base: str, key: str | None) -> dict[str, list[str]]:
+    """Ids for the routes that name a stored object: two responses (`rid`), both ended, a background
+    one (its events kept) and one answered in the foreground; a conversation (`cid`) and its
+    items (`item`)."""
     ids = []
     for background in (True, False):
         body = {"model": "trtspec", "input": "Q: 2 + 2\nA:", "max_output_tokens": 8, "temperature": 0,
@@ -304,14 +317,29 @@ def stored(base: str, key: str | None) -> list[str]:
                           path=f"/v1/responses/{ids[0]}").text)["status"] in ("queued", "in_progress"):
         assert time.monotonic() < deadline, "a background response did not end"
         time.sleep(0.05)
-    return ids
+    conversation = [body for route, body in SEEDS if route == "/v1/conversations"][0]
+    cid = json.loads(send(base, "/v1/conversations", conversation, key).text)["id"]
+    listed = json.loads(send(base, "/v1/conversations/{cid}/items", None, key, method="GET",
+                             path=f"/v1/conversations/{cid}/items").text)
+    return {"rid": ids, "cid": [cid], "item": [item["id"] for item in listed["data"]]}
 
 
-def read_path(rng: random.Random, route: str, query: dict[str, str], ids: list[str]) -> str:
-    """`route` with an id (a stored response's, another, or one edited) and `query`, mutated: a
-    value replaced by an odd one as text, a parameter dropped or an unknown one added."""
-    rid = rng.choice([*ids, *ids, "resp_nope", MUTATOR.value(rng, ids[0])])
-    model = rng.choice(["trtspec", "trtspec/x", MUTATOR.value(rng, "trtspec")])
+def with_ids(rng: random.Random, route: str, ids: dict[str, list[str]]) -> str:
+    """`route` with each of its ids a stored object's (mostly), another, or one edited."""
+    names = {"model": ["trtspec"], **ids}
+    chosen = {name: rng.choice([*known, *known, *known, "nope", MUTATOR.value(rng, known[0])])
+              for name, known in names.items()}
+    return route.format(**{name: urllib.parse.quote(str(value), safe="") for name, value in chosen.items()})
+
+
+def seed_path(route: str, ids: dict[str, list[str]]) -> str:
+    """`route` with the ids of the stored objects (a seed's, as written)."""
+    return route.format(model="trtspec", **{name: known[0] for name, known in ids.items()})
+
+
+def read_path(rng: random.Random, route: str, query: dict[str, str], ids: dict[str, list[str]]) -> str:
+    """`route` with its ids (`with_ids`) and `query`, mutated: a value replaced by an odd one as
+    text, a parameter dropped or an unknown one added."""
     query = dict(query)
     for _ in range(rng.randint(0, 2)):
         roll = rng.random()
@@ -323,9 +351,7 @@ def read_path(rng: random.Random, route: str, query: dict[str, str], ids: list[s
             name = rng.choice(list(query))
             value = MUTATOR.value(rng, query[name])
             query[name] = value if isinstance(value, str) else json.dumps(value)
-    path = route.format(rid=urllib.parse.quote(str(rid), safe=""),
-                        model=urllib.parse.quote(str(model), safe=""))
-    return path + ("?" + urllib.parse.urlencode(query) if query else "")
+    return with_ids(rng, route, ids) + ("?" + urllib.parse.urlencode(query) if query else "")
 
 
 def fuzz(base: str, triton: str | None, requests: int, seed: int, key: str | None = None,
@@ -347,7 +373,8 @@ def fuzz(base: str, triton: str | None, requests: int, seed: int, key: str | Non
         body = rng.choice([body for seed_route, body in SEEDS if seed_route == route])
         count = 1 if rng.random() < 0.5 else rng.randint(2, max_mutations)  # one change reaches furthest
         drop_after = rng.randint(1, 400) if rng.random() < drop else None
-        sends.append((route, MUTATOR.mutate(rng, body, count), drop_after, "POST", None))
+        path = with_ids(rng, route, ids) if "{" in route else None
+        sends.append((route, MUTATOR.mutate(rng, body, count), drop_after, "POST", path))
     with ThreadPoolExecutor(clients) as pool:
         yield from pool.map(lambda s: send(base, s[0], s[1], key, triton=triton, drop_after=s[2], method=s[3],
                                            path=s[4]), sends)
