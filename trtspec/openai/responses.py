@@ -550,11 +550,8 @@ class Background:
         self.events: list[bytes] = []  # server-sent events, at their sequence numbers
         self.status = "queued"
         self.task: asyncio.Task | None = None
+        self.ended = False  # the run is over: no event will come
         self._grown = asyncio.Event()  # set (and replaced) when an event comes or the run ends
-
-    @property
-    def ended(self) -> bool:
-        return self.status in FINISHED
 
     def add(self, event: dict) -> None:
         assert event["sequence_number"] == len(self.events), "events are numbered in order"
@@ -562,7 +559,7 @@ class Background:
         self._wake()
 
     def end(self, status: str) -> None:
-        self.status = status
+        self.status, self.ended = status, True
         self._wake()
 
     def _wake(self) -> None:
