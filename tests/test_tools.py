@@ -459,3 +459,27 @@ def test_no_model_text_breaks_a_parser(parser, strict):
                 assert isinstance(call["function"]["arguments"], str)
         assert (streamed["content"], [c["function"] for c in streamed.get("tool_calls", ())]) == \
             (whole["content"], [c["function"] for c in whole.get("tool_calls", ())]), text
+
+
+def test_a_compact_guide_is_the_same_json_without_the_whitespace():
+    """--compact-json's guides: a json_schema guide and json_object's (XGrammar's builtin JSON: an
+    object or an array) take the texts they took, written as json.dumps writes them, and no other
+    whitespace between tokens; a guide of another kind is left as it is."""
+    import xgrammar as xgr
+
+    from trtspec.spec.grammar import GuideError, compact_guide
+
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "array"}},
+              "required": ["a"]}
+    compact = compact_guide("json_schema", json.dumps(schema))
+    assert compact[0] == "ebnf_grammar"
+    assert _accepts(compact[1], '{"a": "x  y", "b": [1, {"c": null}]}')
+    assert not _accepts(compact[1], '{ "a": "x"}') and not _accepts(compact[1], '{"a":"x"}')
+    anything = compact_guide("json", "")[1]
+    builtin = str(xgr.Grammar.builtin_json_grammar())
+    for text in ('{"a": [1, 2]}', "[]", '[{"b": true}, "c"]', "1", '"x"', "null"):
+        assert _accepts(anything, text) == _accepts(builtin, text), text
+    assert not _accepts(anything, '{"a":  1}') and _accepts(builtin, '{"a":  1}')
+    assert compact_guide("regex", "[0-9]+") == ("regex", "[0-9]+")
+    with pytest.raises(GuideError, match="not JSON"):
+        compact_guide("json_schema", "{")

@@ -101,7 +101,7 @@ from trtspec.openai.responses import (
     input_messages,
     item_page,
     namespaced,
-    page_limit,
+    page_of,
     response_object,
 )
 from trtspec.openai.segments import REASONING, Segments, named_sse
@@ -853,9 +853,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
 
     @app.get("/v1/conversations/{cid}/items")
     async def list_conversation_items(cid: str, request: Request):
-        query = request.query_params
-        return item_page(conversations.get(cid).items, query.get("order", "desc"), query.get("after"),
-                         page_limit(query.get("limit", "20")))
+        return page_of(conversations.get(cid).items, request.query_params)
 
     @app.get("/v1/conversations/{cid}/items/{item_id}")
     async def retrieve_conversation_item(cid: str, item_id: str):
@@ -869,9 +867,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
 
     @app.get("/v1/responses/{rid}/input_items")
     async def list_input_items(rid: str, request: Request):
-        query = request.query_params
-        return item_page(store.get(rid).items, query.get("order", "desc"), query.get("after"),
-                         page_limit(query.get("limit", "20")))
+        return page_of(store.get(rid).items, request.query_params)
 
     @app.delete("/v1/responses/{rid}")
     async def delete_response(rid: str):

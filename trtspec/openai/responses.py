@@ -506,11 +506,12 @@ def input_items(given: str | list) -> list[dict]:
              **({"type": "message"} if "type" not in item else {})} for item in given]
 
 
-def page_limit(given: str) -> int:
-    """A list's `limit` query parameter: 1 to 100."""
-    if not (given.isascii() and given.isdigit()):
-        raise ApiError(f"Invalid 'limit': {given!r}; expected 1 to 100.", "limit", code="invalid_value")
-    return int(given)
+def page_of(items: list[dict], query) -> dict:
+    """The page of `items` a list request's query asks for (`order`, `after`, `limit`; `item_page`)."""
+    limit = query.get("limit", "20")
+    if not (limit.isascii() and limit.isdigit()):
+        raise ApiError(f"Invalid 'limit': {limit!r}; expected 1 to 100.", "limit", code="invalid_value")
+    return item_page(items, query.get("order", "desc"), query.get("after"), int(limit))
 
 
 def item_page(items: list[dict], order: str, after: str | None, limit: int) -> dict:
