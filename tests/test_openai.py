@@ -2046,6 +2046,41 @@ def test_a_response_is_the_chat_answer_streamed_or_not(served):
         temperature=0).choices[0].message.content
 
 
+def test_truncation_auto_drops_the_oldest_turns_until_the_conversation_fits(served):
+    """A conversation past the context (six turns of 900 bytes, the embedded model's context 4,096)
+    is a 400 naming `input`; with `truncation: "auto"` its oldest turns are dropped, whole (a user
+    message and its answer), until it fits: the answer is chat's to the longest tail of turns that
+    fits, the instructions kept; the response says truncation auto. The same through a stored
+    conversation (previous_response_id)."""
+    client = served.client()
+    turns = [[{"role": "user", "content": f"{k} " + "x" * 900}, {"role": "assistant", "content": "ok"}]
+             for k in range(6)]
+    history = [m for turn in turns for m in turn] + [{"role": "user", "content": "482 + 356"}]
+    ask = {"model": "trtspec", "max_output_tokens": 16, "temperature": 0, "instructions": "Arithmetic."}
+    status, body = _post(f"{served.base}/v1/responses", {**ask, "input": history})
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+    assert body["error"]["param"] == "input"
+
+    def chat(kept: int) -> tuple[int, dict]:  # the last `kept` turns and the question
+        messages = [{"role": "system", "content": "Arithmetic."}, *history[len(history) - 1 - 2 * kept:]]
+        return _post(f"{served.base}/v1/chat/completions", {"model": "trtspec", "messages": messages,
+                                                             "max_tokens": 16, "temperature": 0})
+
+    kept = next(k for k in range(6, -1, -1) if chat(k)[0] == 200)
+    assert 0 < kept < 6 and chat(kept + 1)[1]["error"]["code"] == "context_length_exceeded"
+    want = chat(kept)[1]
+    truncated = client.responses.create(**ask, input=history, truncation="auto")
+    assert truncated.truncation == "auto"
+    assert truncated.output_text == want["choices"][0]["message"]["content"]
+    assert truncated.usage.input_tokens == want["usage"]["prompt_tokens"]
+    first = client.responses.create(**ask, input=history[:-1] + [{"role": "user", "content": "1"}],
+                                    truncation="auto")
+    continued = client.responses.create(**ask, input="482 + 356", previous_response_id=first.id,
+                                        truncation="auto")
+    assert continued.status in ("completed", "incomplete")
+    assert continued.usage.input_tokens + 16 <= 4096
+
+
 def test_stored_responses_continue_their_conversation_and_can_be_read_and_deleted(served):
     """previous_response_id continues a stored response's conversation (its input and output, not its
     instructions) as chat continues those messages; GET returns the response as it was answered,
@@ -2380,7 +2415,7 @@ BAD_RESPONSES = [
     ({"top_logprobs": 2}, "top_logprobs"),  # without include
     ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
     ({"include": ["message.output_text.logprobs"], "tools": FLAT_TOOLS}, "include"),
-    ({"truncation": "auto"}, "truncation"),
+    ({"truncation": "middle"}, "truncation"),
     ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
     ({"input": "x" * 5000}, "input"),  # past the context
 ]

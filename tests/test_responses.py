@@ -25,6 +25,7 @@ from trtspec.openai.responses import (
     item_page,
     namespaced,
     response_format,
+    truncations,
 )
 from trtspec.openai.segments import Segments
 from trtspec.openai.tools import tool_plan
@@ -272,3 +273,19 @@ def test_input_items_are_listed_newest_first_in_pages():
         with pytest.raises(ApiError) as refused:
             item_page(*args)
         assert refused.value.param == param
+
+
+def test_truncation_drops_whole_turns_from_the_oldest_and_keeps_instructions():
+    """truncation auto's candidates: the conversation, then without its oldest turn, … down to its
+    last; a turn (a user message and what follows it: answers, tool calls, tool results) goes whole,
+    system messages stay; a conversation of one turn has one candidate."""
+    def msg(role: str, text: str) -> dict:
+        return {"role": role, "content": text}
+
+    messages = [msg("system", "s"), msg("user", "u1"), msg("assistant", "a1"), msg("tool", "t1"),
+                msg("user", "u2"), msg("system", "s2"), msg("assistant", "a2"), msg("user", "u3")]
+    assert [[m["content"] for m in kept] for kept in truncations(messages)] == [
+        ["s", "u1", "a1", "t1", "u2", "s2", "a2", "u3"], ["s", "u2", "s2", "a2", "u3"], ["s", "s2", "u3"]]
+    assert [[m["content"] for m in kept] for kept in truncations([msg("assistant", "a"), msg("user", "u")])] \
+        == [["a", "u"], ["u"]]
+    assert truncations([msg("user", "u")]) == [[msg("user", "u")]]

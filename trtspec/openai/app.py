@@ -103,6 +103,7 @@ from trtspec.openai.responses import (
     namespaced,
     page_of,
     response_object,
+    truncations,
 )
 from trtspec.openai.segments import REASONING, Segments, named_sse
 from trtspec.openai.stops import StopTrimmer
@@ -681,7 +682,14 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         else:
             past = [] if thread is None else thread.messages()
         conversation = past + input_messages(req.input)
-        _, run, guide = chat_turn(chat_body(req, conversation), RENAMES)
+        candidates = truncations(conversation) if req.truncation == "auto" else [conversation]
+        for k, conversation in enumerate(candidates):  # the longest that fits
+            try:
+                _, run, guide = chat_turn(chat_body(req, conversation), RENAMES)
+                break
+            except ApiError as exc:
+                if exc.code != "context_length_exceeded" or k == len(candidates) - 1:
+                    raise
         # a reasoning block the answer may hold (CONTENT: the template closed it)
         opens_block = run.reasoning is not None and run.reasoning.state != CONTENT
         if run.logprobs is not None and (opens_block or run.tools is not None):

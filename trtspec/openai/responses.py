@@ -89,7 +89,8 @@ class ResponsesRequest(SamplingFields):
                                       'message\'s text with its log-probability (the target\'s raw log p); '
                                       '"reasoning.encrypted_content" accepted (nothing is encrypted: '
                                       'reasoning comes as text)')
-    truncation: str | None = Field(None, description='only "disabled"')
+    truncation: str | None = Field(None, description='"disabled" (the default: a conversation past the '
+                                   'context is a 400) or "auto" (its oldest turns dropped until it fits)')
     service_tier: str | None = Field(None, description="accepted, one tier")
     prompt_cache_key: str | None = Field(None, description="accepted: prefixes are reused by their tokens")
     safety_identifier: str | None = Field(None, description="accepted, not used")
@@ -119,13 +120,14 @@ def check_responses(req: ResponsesRequest) -> None:
         raise ApiError("Mutually exclusive parameters: 'previous_response_id' and 'conversation'; a response "
                        "continues one or the other.", "previous_response_id", code="invalid_value")
     refused = (("prompt", req.prompt is not None, "stored prompt templates are OpenAI's; send 'input'"),
-               ("truncation", req.truncation not in (None, "disabled"), "a conversation past the context "
-                "is a 400, never cut"),
                ("max_tool_calls", req.max_tool_calls is not None, "send 'parallel_tool_calls': false for at "
                 "most one call"))
     for param, bad, why in refused:
         if bad:
             raise refuse(param, getattr(req, param), why)
+    if req.truncation not in (None, "disabled", "auto"):
+        raise ApiError(f"Invalid 'truncation': {req.truncation!r}; expected auto or disabled.", "truncation",
+                       code="invalid_value")
     for k, item in enumerate(req.include or ()):
         if item not in INCLUDABLE:
             raise refuse(f"include[{k}]", item, f"only {LOGPROBS!r} and 'reasoning.encrypted_content' "
@@ -256,6 +258,18 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
     if not messages:
         raise ApiError(f"'{param}' must hold at least one item.", param, code="invalid_value")
     return messages
+
+
+def truncations(messages: list[dict]) -> list[list[dict]]:
+    """`truncation: "auto"`'s candidates, longest first: the conversation whole, then with its oldest
+    turns dropped one at a time, down to its last. A turn is a user message and what follows it up
+    to the next (the assistant's answer, its tool calls and their results, so none is parted from
+    its call); system messages (instructions, developer messages) are kept where they stand."""
+    candidates = [messages]
+    for cut, message in enumerate(messages):
+        if message["role"] == "user" and any(m["role"] != "system" for m in messages[:cut]):
+            candidates.append([m for i, m in enumerate(messages) if i >= cut or m["role"] == "system"])
+    return candidates
 
 
 def _message_text(content, param: str) -> str:
@@ -491,7 +505,8 @@ def response_object(req: ResponsesRequest, rid: str, created: int, model: str, o
                       for tool in req.tools or ()],
             "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
             "reasoning": {key: (req.reasoning or {}).get(key) for key in ("effort", "summary")},
-            "truncation": "disabled", "store": req.store is not False, "background": req.background is True,
+            "truncation": req.truncation or "disabled", "store": req.store is not False,
+            "background": req.background is True,
             "metadata": req.metadata or {}, "user": req.user, "usage": usage,
             "conversation": None if conversation is None else {"id": conversation}}
 
