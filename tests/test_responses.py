@@ -289,3 +289,57 @@ def test_truncation_drops_whole_turns_from_the_oldest_and_keeps_instructions():
     assert [[m["content"] for m in kept] for kept in truncations([msg("assistant", "a"), msg("user", "u")])] \
         == [["a", "u"], ["u"]]
     assert truncations([msg("user", "u")]) == [[msg("user", "u")]]
+
+
+def test_a_background_runs_events_are_followed_from_any_number_live_to_its_end():
+    """Background.follow: the events after sequence number N, those already in and those to come,
+    in order, ending when the run ends; a follower from past the end gets nothing more."""
+    import asyncio
+
+    from trtspec.openai.responses import Background
+
+    async def scenario() -> tuple[list, list, list]:
+        job = Background(lambda: {"status": job.status})
+        events = [{"type": f"e{k}", "sequence_number": k} for k in range(6)]
+        for event in events[:3]:
+            job.add(event)
+
+        async def read(after: int) -> list[int]:
+            return [json.loads(raw.split(b"data: ")[1])["sequence_number"] async for raw in job.follow(after)]
+
+        everything, tail, beyond = (asyncio.create_task(read(after)) for after in (-1, 1, 99))
+        for event in events[3:]:
+            await asyncio.sleep(0.01)  # the readers wait for it
+            job.add(event)
+        job.end("completed")
+        return await everything, await tail, await beyond
+
+    everything, tail, beyond = asyncio.run(scenario())
+    assert everything == list(range(6)) and tail == [2, 3, 4, 5] and beyond == []
+
+
+def test_a_background_response_dropped_from_the_store_stops_and_stays_dropped():
+    """The store keeps its last `capacity` responses: a background one dropped while it runs is
+    cancelled (nobody can read it), and one deleted stays deleted when its run ends afterwards."""
+    import asyncio
+
+    from trtspec.openai.responses import Background, ResponseStore
+
+    full, deleting = ResponseStore(capacity=1), ResponseStore()
+
+    async def scenario() -> bool:
+        job = Background(lambda: {"id": "resp_a", "status": job.status})
+        job.task = asyncio.create_task(asyncio.sleep(60))
+        full.put({"id": "resp_a", "status": "queued"}, None, [], job)
+        full.put({"id": "resp_b", "status": "completed"}, [], [])  # resp_a is dropped
+        await asyncio.sleep(0)
+        deleting.put({"id": "resp_c", "status": "queued"}, None, [], Background(lambda: {}))
+        deleting.delete("resp_c")
+        deleting.ended({"id": "resp_c", "status": "cancelled"}, None)  # its run ending after
+        return job.task.cancelled()
+
+    assert asyncio.run(scenario())
+    for store, gone in ((full, "resp_a"), (deleting, "resp_c")):
+        with pytest.raises(ApiError, match="not found"):
+            store.get(gone)
+    assert full.get("resp_b").response["status"] == "completed"
