@@ -1568,7 +1568,7 @@ def test_compact_json_ends_what_any_whitespace_pads(served, pipeline, config):
     want = {kind: pipeline.generate(prompt, 256, guide=Guide("ebnf_grammar", compact_json_grammar(shape)))[0]
             for kind, shape in (("json_schema", schema), ("json_object", ANY_JSON))}
     assert json.loads(want["json_schema"]).keys() == {"a"} and json.loads(want["json_object"]) is not None
-    formats = {"json_schema": {"type": "json_schema", "json_schema": {"name": "padded", "schema": schema}},
+    formats = {"json_schema": PADDED_FORMAT,
                "json_object": {"type": "json_object"}}
 
     def answer(base: str, kind: str, **extra) -> tuple[str, str]:
@@ -1902,10 +1902,14 @@ def test_serve_hands_its_parsers_to_the_frontend(served, tmp_path):
     """`trtspec serve --reasoning-parser deepseek-r1 --tool-call-parser qwen3_coder` (TensorRT-LLM's
     spelling of the reasoning parser): the flags reach the frontend. The embedded model never closes
     a block, so under deepseek_r1 its answer is all reasoning; tools under tool_choice auto (the
-    default) are taken, as only a server with a tool-call parser takes them."""
+    default) are taken, as only a server with a tool-call parser takes them. So do --served-model-name
+    (the names it answers to, the first in its answers), --compact-json (a JSON schema's answer ends)
+    and --allowed-origin (a browser's preflight is answered)."""
     out = tmp_path / "build"
     assert CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(out)]).exit_code == 0
-    args = ("--reasoning-parser", "deepseek-r1", "--tool-call-parser", "qwen3_coder")
+    args = ("--reasoning-parser", "deepseek-r1", "--tool-call-parser", "qwen3_coder", "--served-model-name",
+            "claude-haiku-4-5", "--served-model-name", "trtspec", "--compact-json", "--allowed-origin",
+            "http://localhost:5173")
     with serve_cli(out, avoid=(*dataclasses.astuple(served.ports), served.openai_port), args=args) as other:
         client = other.client()
         ask = {"model": "trtspec", "messages": [{"role": "user", "content": "482 + 356"}], "max_tokens": 24,
@@ -1914,6 +1918,41 @@ def test_serve_hands_its_parsers_to_the_frontend(served, tmp_path):
         assert message.content is None and message.reasoning_content.startswith("2+6=8")
         message = client.chat.completions.create(**ask, tools=TOOLS).choices[0].message
         assert message.reasoning_content and not message.tool_calls
+        answer = client.completions.create(model="claude-haiku-4-5", prompt="Q: 1 + 2\nA:", max_tokens=256,
+                                           temperature=0, extra_body={"response_format": PADDED_FORMAT})
+        assert answer.model == "claude-haiku-4-5" and answer.choices[0].finish_reason == "stop"
+        json.loads(answer.choices[0].text)
+        assert [card.id for card in client.models.list()] == ["claude-haiku-4-5", "trtspec"]
+        status, headers, _ = _cross_origin(f"{other.base}/v1/completions", "OPTIONS", {
+            "Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST"})
+        assert status == 200 and headers["access-control-allow-origin"] == "http://localhost:5173"
+
+
+def test_served_model_names_are_the_names_the_api_answers_to(served, config):
+    """--served-model-name, as vLLM's: a request may name any of them (and no other: the model's own
+    name is then refused as any unknown one), every API's answer carries the first; /v1/models lists
+    them all."""
+    from trtspec.openai.model_info import served_model
+
+    names = ("gpt-4o-mini", "claude-haiku-4-5", "org/model")
+    frontend = OpenAIFrontend(dataclasses.replace(served_model(config), served_names=names),
+                              f"127.0.0.1:{served.ports.grpc}", "127.0.0.1", free_port(), KEY).start()
+    try:
+        client = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key=KEY, max_retries=0)
+        assert [card.id for card in client.models.list()] == list(names)
+        assert client.models.retrieve("org/model").id == "org/model"
+        chat = {"messages": [{"role": "user", "content": "1 + 2"}], "max_tokens": 4, "temperature": 0}
+        for name in names:
+            assert client.chat.completions.create(model=name, **chat).model == "gpt-4o-mini"
+        response = client.responses.create(model="claude-haiku-4-5", input="1 + 2", max_output_tokens=4)
+        assert response.model == "gpt-4o-mini"
+        message = anthropic.Anthropic(base_url=frontend.url, api_key=KEY, max_retries=0).messages.create(
+            model="claude-haiku-4-5", max_tokens=4, messages=chat["messages"])
+        assert message.model == "gpt-4o-mini"
+        with pytest.raises(openai.NotFoundError, match="trtspec"):
+            client.chat.completions.create(model="trtspec", **chat)
+    finally:
+        frontend.stop()
 
 
 def test_qwen3_coder_calls_are_the_guided_targets_own_text(served, pipeline, config):
@@ -2132,6 +2171,8 @@ def _deltas(events: list[dict]) -> str:
 # several seconds here (under a bare object it writes `{}` and is done)
 PADDED = {"type": "json_schema", "name": "padded", "schema": {
     "type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}}
+# the same as chat's response_format
+PADDED_FORMAT = {"type": "json_schema", "json_schema": {"name": "padded", "schema": PADDED["schema"]}}
 
 
 def test_a_background_response_runs_apart_and_its_events_stream_again(served):

@@ -62,6 +62,17 @@ def _url_arg(url: str, hint: str = "--url") -> str:
     return url
 
 
+def _served_names(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    """--served-model-name's values: names, each once."""
+    for k, name in enumerate(values):
+        if not name.strip() or name != name.strip():
+            raise click.BadParameter(f"{name!r}: a name with no spaces around it",
+                                     param_hint="--served-model-name")
+        if name in values[:k]:
+            raise click.BadParameter(f"{name!r} is given twice", param_hint="--served-model-name")
+    return values
+
+
 def _origins(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
     """--allowed-origin's values, each an origin as a browser sends it (openai/cors.py)."""
     from trtspec.openai.cors import check_origin
@@ -957,9 +968,13 @@ def build(config_path, out_dir, flavour=None) -> None:
                    "Messages' output_config.format, guided_json) are JSON written compactly, as json.dumps "
                    "writes it, where a model could pad it with whitespace without end (small models do); "
                    "vLLM's disable_any_whitespace, which a request may also set in structured_outputs.")
+@click.option("--served-model-name", "served_names", multiple=True, callback=_served_names, metavar="NAME",
+              help="A name the OpenAI API answers to, in place of the model's own (repeatable: any of them; "
+                   "answers carry the first), as vLLM's --served-model-name: for clients that send a "
+                   "fixed model name.")
 @run_errors
 def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_openai, api_key,
-          tool_call_parser, reasoning_parser, allowed_origins, compact_json) -> None:
+          tool_call_parser, reasoning_parser, allowed_origins, compact_json, served_names) -> None:
     """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel,
     and an OpenAI-compatible API beside it, until Ctrl-C or SIGTERM. Prints `serving …` once the
     server and its models are ready."""
@@ -999,7 +1014,7 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
         if not no_openai:
             frontend, why_not = start_openai_frontend(server, openai_port, api_key, tool_call_parser,
                                                      parser_name(reasoning_parser), allowed_origins,
-                                                     compact_json)
+                                                     compact_json, served_names)
             urls += f" {frontend.url}/v1" if frontend else ""
         click.echo(f"serving {server.repo}: {urls}", err=True)
         if why_not:

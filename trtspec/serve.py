@@ -61,17 +61,19 @@ def admin_key_for(host: str, api_key: str | None) -> tuple[str | None, bool]:
 
 def start_openai_frontend(server: TritonServer, port: int, api_key: str | None,
                           tool_parser: str | None = None, reasoning_parser: str | None = None,
-                          allowed_origins: tuple[str, ...] = (), compact_json: bool = False):
+                          allowed_origins: tuple[str, ...] = (), compact_json: bool = False,
+                          served_names: tuple[str, ...] = ()):
     """(the OpenAI-compatible frontend for the repository's model on the server's host, None), or
     (None, why not) when the repository holds no single trtspec model. `tool_parser`: finds the
     tool calls of tool_choice "auto" (None: auto is refused); `reasoning_parser`: reads chat answers'
     reasoning off their content (None: all is content); `allowed_origins`: web pages whose scripts
-    may call it (openai/cors.py); `compact_json`: structured outputs' JSON written compactly."""
+    may call it (openai/cors.py); `compact_json`: structured outputs' JSON written compactly;
+    `served_names`: the names the API answers to (none: the model's own)."""
     from trtspec.openai.model_info import served_model_of_repo
     from trtspec.openai.server import OpenAIFrontend
 
     try:
-        model = served_model_of_repo(server.repo, tool_parser, reasoning_parser, compact_json)
+        model = served_model_of_repo(server.repo, tool_parser, reasoning_parser, compact_json, served_names)
     except ConfigError as exc:
         return None, f"no OpenAI frontend: {exc}"
     frontend = OpenAIFrontend(model, server.local_grpc_address, server.host, port, api_key, allowed_origins)

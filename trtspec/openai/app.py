@@ -254,7 +254,7 @@ class Frontend:
             raise ApiError(f"Invalid '{param}': {exc}.", param, code="invalid_value") from None
 
     def check_model(self, name: str | None, required: bool = True) -> None:
-        if (required or name is not None) and name != self.model.name:
+        if (required or name is not None) and name not in self.model.api_names:
             raise ApiError(f"The model `{name}` does not exist.", "model", status=404, code="model_not_found")
 
 
@@ -466,18 +466,18 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "unavailable"}, status_code=503)
 
-    def card() -> dict:
-        return {"id": model.name, "object": "model", "created": int(app.state.started), "owned_by": "trtspec",
+    def card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": int(app.state.started), "owned_by": "trtspec",
                 "max_model_len": model.context_length}
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [card()]}
+        return {"object": "list", "data": [card(name) for name in model.api_names]}
 
     @app.get("/v1/models/{name:path}")  # a served name may hold a slash (org/model)
     async def retrieve_model(name: str):
         front.check_model(name)
-        return card()
+        return card(name)
 
     app.state.started = time.time()
 
@@ -535,7 +535,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
 
     def render_chat(messages: list[dict], variables: dict | None, tools: list[dict] | None = None) -> str:
         if model.chat is None:
-            raise ApiError(f"model `{model.name}` has no chat template; use /v1/completions", "messages")
+            raise ApiError(f"model `{model.api_name}` has no chat template; use /v1/completions", "messages")
         try:
             return model.chat.render(messages, **({"tools": tools} if tools else {}), **(variables or {}))
         except Exception as exc:  # noqa: BLE001 - a template's raise_exception or a rendering error
@@ -636,7 +636,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and req.stream_options.continuous_usage_stats
         firsts, streams = await started(request, runs, guide)
-        return _event_stream(_events(firsts, streams, runs, rid, created, model.name, chat, include_usage,
+        return _event_stream(_events(firsts, streams, runs, rid, created, model.api_name, chat, include_usage,
                                      continuous))
 
     def chat_turn(body: dict, renames: Renames, generate: bool = True) -> tuple[str, _Run | None, str | None]:
@@ -710,7 +710,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                          "output_tokens": run.completion_tokens, "output_tokens_details": {
                              "reasoning_tokens": len(model.encode(reasoning, False)) if reasoning else 0},
                          "total_tokens": run.prompt_tokens + run.completion_tokens}
-            body = response_object(req, rid, created, model.name, items.items, status, usage,
+            body = response_object(req, rid, created, model.api_name, items.items, status, usage,
                                    run.gen.temperature, run.gen.top_p, error, thread and thread.id)
             body["trtspec"] = _figures([run])
             continued = conversation + assistant_messages(items.items) \
@@ -891,7 +891,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         mid, blocks = message_id(), ContentBlocks()
 
         def message(stop: tuple[str | None, str | None], output_tokens: int) -> dict:
-            return {"id": mid, "type": "message", "role": "assistant", "model": model.name,
+            return {"id": mid, "type": "message", "role": "assistant", "model": model.api_name,
                     "content": blocks.content() if stop[0] else [], "stop_reason": stop[0],
                     "stop_sequence": stop[1],
                     "usage": anthropic_usage(run.prompt_tokens, run.cached, output_tokens),
@@ -985,7 +985,7 @@ async def _whole(request: Request, front: Frontend, runs: list[_Run], rid: str, 
             choices.append({"index": i, "text": text, "logprobs": logprobs,
                             "finish_reason": run.finish_reason()})
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": front.model.name, "choices": choices, "usage": _usage(runs),
+            "model": front.model.api_name, "choices": choices, "usage": _usage(runs),
             "trtspec": _figures(runs)}
 
 

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class ServedModel:
-    name: str
+    name: str  # the Triton model's
     tokenizer: object  # trtspec.tokenizer.TextTokenizer
     chat: ChatTemplate | None
     context_length: int  # prompt + generated tokens a request may use (the decoder's capacity)
@@ -33,6 +33,18 @@ class ServedModel:
     reasoning_parser: str | None = None  # reads reasoning_content off chat answers (None: all is content)
     max_request_bytes: int = MAX_REQUEST_BYTES  # the deployment's limits.max_request_bytes
     compact_json: bool = False  # structured outputs' JSON written compactly (serve --compact-json)
+    served_names: tuple[str, ...] = ()  # the names the API answers to, the first in its answers
+    #                                     (serve --served-model-name; none: the Triton model's)
+
+    @property
+    def api_names(self) -> tuple[str, ...]:
+        """The names a request's `model` may give; the first is the one answers carry."""
+        return self.served_names or (self.name,)
+
+    @property
+    def api_name(self) -> str:
+        """The name answers carry."""
+        return self.api_names[0]
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens)
@@ -66,18 +78,18 @@ def served_model(config: BuildConfig) -> ServedModel:
                        max_request_bytes=config.limits.max_request_bytes)
 
 
-def served_model_of_repo(repo: Path, tool_parser: str | None = None,
-                         reasoning_parser: str | None = None, compact_json: bool = False) -> ServedModel:
+def served_model_of_repo(repo: Path, tool_parser: str | None = None, reasoning_parser: str | None = None,
+                         compact_json: bool = False, served_names: tuple[str, ...] = ()) -> ServedModel:
     """The one trtspec model of a generated Triton model repository; `tool_parser`,
-    `reasoning_parser` and `compact_json`: the server's --tool-call-parser, --reasoning-parser and
-    --compact-json."""
+    `reasoning_parser`, `compact_json` and `served_names`: the server's --tool-call-parser,
+    --reasoning-parser, --compact-json and --served-model-name."""
     found = sorted(repo.glob(f"*/{VERSION}/{BUILD_CONFIG_FILE}"))
     if len(found) != 1:
         raise ConfigError(f"{repo}: the OpenAI frontend serves one trtspec model (a `{BUILD_CONFIG_FILE}` "
                           f"under <model>/{VERSION}/), found {len(found)}")
     model = served_model(load_build_config(found[0]))
     model.tool_parser, model.reasoning_parser = tool_parser, reasoning_parser
-    model.compact_json = compact_json
+    model.compact_json, model.served_names = compact_json, served_names
     check_parser_markers(model, repo)
     return model
 
