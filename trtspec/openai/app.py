@@ -1,6 +1,8 @@
 """The OpenAI-compatible routes: `/v1/models` (and `/v1/models/{model}`), `/v1/completions`,
 `/v1/chat/completions`, `/v1/responses` (and `/v1/responses/{id}`: `responses`, over the chat
-path), `/health`; and Anthropic's `/v1/messages` (`anthropic_messages`, over the chat path too).
+path; background responses too), `/v1/conversations` (`conversations`), `/health`; and Anthropic's
+`/v1/messages` (`anthropic_messages`, over the chat path too). Web pages of the allowed origins
+may call them from a browser (`cors`).
 Every error, a missing route's too, is in OpenAI's shape (Anthropic's on its routes).
 
 Each request is checked (`protocol`), its prompt built (chat template) and counted, then sent to
