@@ -5,7 +5,7 @@
 # TOOL_TEMPLATE: hermes' <tool_call> blocks), with --tool-call-parser hermes and --compact-json.
 # Prints scripts/agents_sdk_run.py's summary: how each of the SDK's ways to run ended.
 #
-#   bash scripts/agents_sdk.sh [WORK]     # about 2 min on 2 CPU cores; WORK defaults to agents-sdk
+#   bash scripts/agents_sdk.sh [WORK]     # under a minute on 2 CPU cores, the wheels downloaded; WORK defaults to agents-sdk
 set -euo pipefail
 WORK=$(realpath -m "${1:-agents-sdk}")
 T=${TRTSPEC:-.venv/bin/trtspec}
