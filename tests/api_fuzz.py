@@ -297,6 +297,8 @@ def send(base: str, route: str, body, key: str | None = None, timeout: float = 6
             outcome.problem = f"a {status} without an error message in the route's shape: {text[:300]}"
         elif "Traceback" in message:
             outcome.problem = f"a traceback in the message: {message[:300]}"
+    elif status != 200:  # a redirect (which a client re-sending its body may not follow), …
+        outcome.problem = f"status {status}: {text[:300]}"
     elif route.endswith("generate_stream") or isinstance(body, dict) and body.get("stream") is True:
         outcome.problem = _stream_problem(route, text)
     elif text.startswith("event: "):  # a stored background response's events again

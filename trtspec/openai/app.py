@@ -407,7 +407,8 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                allowed_origins: tuple[str, ...] = ()) -> FastAPI:
     """The API of `model` served over `triton`; `api_key`: the key every /v1 route asks for;
     `allowed_origins`: the web pages whose scripts may call it from a browser (cors.py)."""
-    app = FastAPI(title="trtspec OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="trtspec OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     front = Frontend(model, triton)
 
     @app.middleware("http")
@@ -927,8 +928,25 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         prompt, _, _ = chat_turn(anthropic_body(req), ANTHROPIC_RENAMES, generate=False)
         return {"input_tokens": len(model.encode(prompt, False))}
 
-    allow_origins(app, allowed_origins)  # the outermost middleware: a preflight needs no key
+    allow_origins(app, allowed_origins)  # a preflight needs no key
+    app.add_middleware(NoTrailingSlash)  # the outermost: every route sees the path without one
     return app
+
+
+class NoTrailingSlash:
+    """Serve a path with a trailing slash (`/v1/chat/completions/`) as the path without it, where
+    Starlette would answer a 307 redirect to it: one a client re-sending its body may not follow,
+    and that names the URL the server saw (http:// behind a proxy ending TLS)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
+            raw = scope.get("raw_path") or path.encode()
+            scope = {**scope, "path": path.rstrip("/") or "/", "raw_path": raw.rstrip(b"/") or b"/"}
+        await self.app(scope, receive, send)
 
 
 def _event_stream(events: AsyncIterator[bytes]) -> ClosingStreamingResponse:
