@@ -104,10 +104,10 @@ SEEDS: list[tuple[str, dict]] = [
         "model": "trtspec", "input": "Q: 5 + 6\nA:", "max_output_tokens": 12, "background": True,
         "stream": True, "temperature": 0, "metadata": {"job": "7"}, "top_logprobs": 2,
         "include": ["message.output_text.logprobs"], "chat_template_kwargs": {"enable_thinking": False}}),
-    ("/v1/responses", {  # past the context: its oldest turn dropped (truncation auto)
+    ("/v1/responses", {  # past the context: both long turns dropped (truncation auto), "3 + 4" answered
         "model": "trtspec", "instructions": "Arithmetic.", "truncation": "auto", "max_output_tokens": 8,
-        "input": [{"role": "user", "content": "1 + " + "1" * 2500}, {"role": "assistant", "content": "2"},
-                  {"role": "user", "content": "2 + " + "2" * 2500}, {"role": "assistant", "content": "4"},
+        "input": [{"role": "user", "content": "1 + " + "1" * 4000}, {"role": "assistant", "content": "2"},
+                  {"role": "user", "content": "2 + " + "2" * 4000}, {"role": "assistant", "content": "4"},
                   {"role": "user", "content": "3 + 4"}]}),
     ("/v1/conversations", {
         "items": [{"role": "system", "content": "Arithmetic."},
