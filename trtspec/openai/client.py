@@ -23,7 +23,8 @@ from trtspec.triton.client import (
     GenerateParams,
     TextCallback,
     answer_json,
-    shown,
+    error_of,
+    error_text,
     typed,
     unexpected,
 )
@@ -92,25 +93,9 @@ def _post(url: str, body: dict, api_key: str | None, timeout_s: float):
     try:
         return urllib.request.urlopen(req, timeout=timeout_s)
     except urllib.error.HTTPError as exc:
-        raise ClientError(f"{url}: HTTP {exc.code}: {_message(exc.read())}") from None
+        raise ClientError(f"{url}: HTTP {exc.code}: {error_text(exc.read())}") from None
     except urllib.error.URLError as exc:
         raise ClientError(f"cannot reach {url}: {exc.reason}") from None
-
-
-def _message(raw: bytes) -> str:
-    """An OpenAI error answer's message (`_message_of`); an answer that is no JSON shown as it came."""
-    try:
-        return _message_of(json.loads(raw), raw)
-    except (ValueError, UnicodeDecodeError):
-        return shown(raw, 500) or "an empty answer"
-
-
-def _message_of(answer, raw) -> str:
-    """The message of an error answer, `{"error": {"message"}}` (or a bare `{"error": "..."}`);
-    anything else is `raw` (the answer as it came) shown."""
-    error = answer.get("error") if isinstance(answer, dict) else None
-    message = error.get("message") if isinstance(error, dict) else error
-    return message if isinstance(message, str) and message.strip() else shown(raw, 500)
 
 
 def _text_of(choice: dict, chat: bool, where: str, at: str) -> str:
@@ -129,7 +114,7 @@ def _fold(completion: Completion, body, chat: bool, on_text: TextCallback | None
     if not isinstance(body, dict):
         raise unexpected(where, None, body, "a JSON object")
     if "error" in body:
-        raise ClientError(f"{where}: {_message_of(body, body)}")
+        raise ClientError(f"{where}: {error_of(body, body)}")
     completion.num_responses += 1
     for i, choice in enumerate(typed(body, "choices", list, "a list of choices", where) or []):
         at = f"choices[{i}]."

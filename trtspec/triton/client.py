@@ -395,18 +395,26 @@ def _post(url: str, body: dict, timeout_s: float):
     try:
         return urllib.request.urlopen(req, timeout=timeout_s)
     except urllib.error.HTTPError as exc:
-        raise ClientError(f"{url}: HTTP {exc.code}: {_error_text(exc.read())}") from None
+        raise ClientError(f"{url}: HTTP {exc.code}: {error_text(exc.read())}") from None
     except urllib.error.URLError as exc:
         raise ClientError(f"cannot reach {url}: {exc.reason}") from None
 
 
-def _error_text(raw: bytes) -> str:
-    """Triton's error answer, `{"error": "..."}`, as its text; anything else shown as it came."""
+def error_text(raw: bytes) -> str:
+    """An error answer's message (`error_of`): Triton's, OpenAI's; an answer that is no JSON shown
+    as it came."""
     try:
-        error = json.loads(raw)["error"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return error_of(json.loads(raw), raw)
+    except (ValueError, UnicodeDecodeError):
         return shown(raw, 500) or "an empty answer"
-    return error if isinstance(error, str) and error.strip() else shown(raw, 500)
+
+
+def error_of(answer, raw) -> str:
+    """The message of an error answer, Triton's `{"error": "..."}` or OpenAI's `{"error":
+    {"message"}}`; anything else is `raw` (the answer as it came) shown."""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    return message if isinstance(message, str) and message.strip() else shown(raw, 500)
 
 
 # the outputs of one response of a generate endpoint: (JSON type, as an error names it); a
