@@ -53,6 +53,7 @@ from trtspec.openai.conversations import (
     ItemsRequest,
     checked_metadata,
     conversation_id,
+    kept_items,
     new_items,
 )
 from trtspec.openai.cors import allow_origins
@@ -700,11 +701,12 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                            "text alone; with tools or a reasoning block ask /v1/chat/completions (every "
                            "token's log-probabilities, in order).", "include", code="invalid_value")
         rid, created, items = f"resp_{uuid.uuid4().hex}", int(time.time()), OutputItems(namespaced(req.tools))
-        added: list[bool] = []  # the response's items were added to its conversation
+        added = False  # the response's items were added to its conversation
 
         def response(status: str, error: dict | None = None) -> dict:
             """The response object as it stands; a finished one is stored (a foreground one when it
             completed or is incomplete: a failed stream is not kept)."""
+            nonlocal added
             usage = None
             if status in FINISHED:
                 reasoning = items.text_of(REASONING)
@@ -719,8 +721,8 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
             continued = conversation + assistant_messages(items.items) \
                 if status in ("completed", "incomplete") else None
             if continued is not None and thread is not None and not added:  # once, however often asked
-                added.append(True)
-                thread.items += new_items(req.input, "input", limit=None) + copy.deepcopy(items.items)
+                added = True
+                thread.items += kept_items(req.input) + copy.deepcopy(items.items)  # the input checked
             if req.background:
                 if status in FINISHED:
                     store.ended(body, continued)

@@ -84,16 +84,21 @@ def checked_metadata(metadata: dict | None) -> dict:
     return metadata
 
 
-def new_items(given: list | None, param: str = "items", limit: int | None = MAX_ADDED) -> list[dict]:
-    """Responses input items (`given`, at `param`) as a conversation keeps them, checked as a
-    response's input is (an ApiError names the item): each with an id and a status, a message's
-    text as content parts."""
+def new_items(given: list | None) -> list[dict]:
+    """A request's `items` (at most MAX_ADDED) as a conversation keeps them (`kept_items`), checked
+    as a response's input is (an ApiError names the item)."""
     if not given:
         return []
-    if limit is not None and len(given) > limit:
-        raise ApiError(f"Invalid '{param}': {len(given)} items; at most {limit} at a time.", param,
+    if len(given) > MAX_ADDED:
+        raise ApiError(f"Invalid 'items': {len(given)} items; at most {MAX_ADDED} at a time.", "items",
                        code="invalid_value")
-    input_messages(given, param)  # refuses what a response would not take
+    input_messages(given, "items")  # refuses what a response would not take
+    return kept_items(given)
+
+
+def kept_items(given: str | list) -> list[dict]:
+    """Checked input items (a response's input: `given`, a text or items) as a conversation keeps
+    them: each with an id and a status, a message's text as content parts."""
     kept = []
     for item in input_items(given):
         item = {**item, "status": item.get("status") or "completed"}
