@@ -7,7 +7,8 @@ one loop thread admits queued requests (up to `limits.max_concurrency`) into the
 (`SpeculativeDecoder`) and steps it: ONE drafter pass, ONE packed target forward (new prompts are
 prefilled in the same forward) and ONE verification per step for every running request, with the
 config's schedule (adaptive by default: speculation turns itself down as the batch grows).
-Requests leave when done, stopped or cancelled; the rest keep going.
+Requests leave when done, stopped or cancelled; the rest keep going. Their responses are built and
+sent by a thread of their own (`trtspec.triton.outbox`), in order, while the loop steps on.
 
 Responses. `stream` false: one response with the whole `text_output`, `output_ids`,
 `accepted_tokens`, `draft_tokens`, `target_forwards`, `cached_tokens`. `stream` true: one response
@@ -48,6 +49,7 @@ from trtspec.spec.decoder import Emitted, PromptError, Request
 from trtspec.spec.grammar import GuideError
 from trtspec.spec.logprobs import TokenLogprobs
 from trtspec.spec.metrics import GenerationResult
+from trtspec.triton.outbox import Outbox
 from trtspec.triton.repo import BUILD_CONFIG_FILE, instances_on_this_machine, placed_on_instance
 from trtspec.triton.request import GenerateRequest, RequestError, TextStream, parse_request, tokenized
 
@@ -58,10 +60,11 @@ TAU_BUCKETS = [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0]
 SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 ERROR_REASONS = ("invalid_request", "generation_failed")
 # Every metric update and every cancellation question crosses from this stub to Triton's process
-# (0.1-0.2 ms each on a 2-core CPU; the stream's own response costs 0.4). Once per step they added
-# about 0.4 ms to a 10-14 ms step, so the loop sends the gauges only when they change, the step
-# counter at most every STEPS_FLUSH_S (and whenever a request ends or the loop idles), and a
-# streaming request asks whether its client is still there at most every CANCEL_POLL_S.
+# (0.1-0.2 ms each on a 2-core CPU; a response costs 0.25 and goes through the `Outbox`, off the
+# loop's thread). Once per step they added about 0.4 ms to a 10-14 ms step, so the loop sends the
+# gauges only when they change, the step counter at most every STEPS_FLUSH_S (and whenever a
+# request ends or the loop idles), and a streaming request asks whether its client is still there
+# at most every CANCEL_POLL_S.
 STEPS_FLUSH_S = 0.25
 CANCEL_POLL_S = 0.05
 # how often the loop asks whether the clients of queued requests are still there: a cancelled one
@@ -219,6 +222,7 @@ class _Stream:
 
     request: GenerateRequest
     sender: object
+    outbox: Outbox  # where its responses leave the loop, in order
     text: TextStream
     metrics: Metrics
     decode: Request  # what the decoder runs: the tokenized prompt and limits
@@ -229,13 +233,24 @@ class _Stream:
     got_first_token: bool = False
     polled_at: float = float("-inf")  # when `cancelled` last asked Triton
     was_cancelled: bool = False
+    gone: bool = False  # a response could not be sent: the client went away
+    responses: int = 0  # sent or queued so far
 
     def cancelled(self) -> bool:
         """Whether the client cancelled or went away, asked of Triton at most every CANCEL_POLL_S."""
         now = time.monotonic()
-        if now - self.polled_at >= CANCEL_POLL_S:
+        if not self.gone and now - self.polled_at >= CANCEL_POLL_S:
             self.polled_at, self.was_cancelled = now, self.sender.is_cancelled()
-        return self.was_cancelled
+        return self.gone or self.was_cancelled
+
+    def went_away(self) -> None:
+        """The outbox's word that a response of this request could not be sent."""
+        self.gone = True
+
+    def send(self, build: functools.partial | None, flags: int = 0) -> None:
+        """Queue a response (`build()` makes it on the outbox's thread); the first goes at once."""
+        self.outbox.send(self.sender, build, flags, self.went_away, at_once=self.responses == 0)
+        self.responses += 1
 
     def _with_prompt(self, text: str, ids: list[int]) -> tuple[str, list[int]]:
         if self.prompt_ids is None:
@@ -259,9 +274,10 @@ class _Stream:
         if self.request.stream and (delta or kept):
             cumulative = 0.0 if logprobs is None else self.logprobs.cumulative()
             prompt, self.prompt_logprobs = self.prompt_logprobs, None  # with the first response
-            response = _response(*self._with_prompt(delta, kept), None, logprobs, cumulative, prompt)
-            if self.cancelled() or not _send(self.sender, response, 0):
+            if self.cancelled():
                 return True  # the client is gone: free its slot
+            text, ids = self._with_prompt(delta, kept)
+            self.send(functools.partial(_response, text, ids, None, logprobs, cumulative, prompt))
             return self.text.stopped
         return self.text.stopped or self.cancelled()
 
@@ -273,8 +289,8 @@ class _Stream:
             text, ids = self._with_prompt(self.text.text, self.text.ids)
             logprobs = self.logprobs
         cumulative = 0.0 if logprobs is None else logprobs.cumulative()
-        response = _response(text, ids, result, logprobs, cumulative, self.prompt_logprobs)
-        _send_quietly(self.sender, response, FINAL)
+        build = functools.partial(_response, text, ids, result, logprobs, cumulative, self.prompt_logprobs)
+        self.send(build, FINAL)
 
 
 class TritonPythonModel:
@@ -291,6 +307,7 @@ class TritonPythonModel:
         self.decoder = self.pipeline.batch_decoder()
         self.limit = self.config.limits.max_tokens
         self.metrics = Metrics(args["model_name"], args["model_version"], args["model_instance_name"])
+        self.outbox = Outbox(FINAL)  # the loop's responses, sent beside its steps
         self.waiting: queue.Queue[_Stream] = queue.Queue()  # from `execute` to the loop thread
         self.queued: deque[_Stream] = deque()  # the loop thread's, in arrival order
         self._swept_at = time.monotonic()  # when `_drop_cancelled` last asked
@@ -332,7 +349,7 @@ class TritonPythonModel:
                 continue
             ends = self.decoder.end_ids_of(decode)  # their own text is left out
             text = TextStream(self.pipeline.tokenizer.decode, parsed.stop_words, ends, parsed.min_tokens)
-            stream = _Stream(parsed, sender, text, self.metrics, decode)
+            stream = _Stream(parsed, sender, self.outbox, text, self.metrics, decode)
             if parsed.logprobs is not None:
                 stream.logprobs = TokenLogprobs(parsed.logprobs)
             self.waiting.put(stream)
@@ -352,7 +369,7 @@ class TritonPythonModel:
         while len(running) < self.config.limits.max_concurrency and self.queued:
             stream = self.queued.popleft()
             if stream.sender.is_cancelled():
-                _send_quietly(stream.sender, None, FINAL)
+                stream.send(None, FINAL)
                 continue
             try:
                 rid = self.decoder.add(stream.decode, stream.on_tokens)
@@ -361,7 +378,7 @@ class TritonPythonModel:
             except ValueError as exc:
                 self.metrics.errors["invalid_request"].increment(1)
                 name = f"{stream.request.prompt_input}: " if isinstance(exc, PromptError) else ""
-                _send_quietly(stream.sender, _error(f"{name}{exc}"), FINAL)
+                stream.send(functools.partial(_error, f"{name}{exc}"), FINAL)
                 continue
             self.metrics.queue.observe(time.monotonic() - stream.queued_at)
             running[rid] = stream
@@ -376,7 +393,7 @@ class TritonPythonModel:
         kept: deque[_Stream] = deque()
         for stream in self.queued:
             if stream.sender.is_cancelled():
-                _send_quietly(stream.sender, None, FINAL)
+                stream.send(None, FINAL)
             else:
                 kept.append(stream)
         self.queued = kept
@@ -398,40 +415,19 @@ class TritonPythonModel:
             except Exception as exc:  # noqa: BLE001 - the instance must outlive any one failure
                 log.exception("decoding step failed")
                 self.metrics.errors["generation_failed"].increment(len(running))
-                for stream in running.values():
-                    failed = _error(f"generation failed: {exc}", bad_request=False)
-                    _send_quietly(stream.sender, failed, FINAL)
+                failed = functools.partial(_error, f"generation failed: {exc}", bad_request=False)
+                for stream in running.values():  # after its queued responses
+                    stream.send(failed, FINAL)
                 running.clear()
                 self.decoder.reset()
 
     def finalize(self) -> None:
         self.stopping.set()
         self.loop.join(timeout=10)
+        self.outbox.close()
         self.pipeline = None
 
 
 def _input(request, name: str) -> np.ndarray | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
-
-
-def _send_quietly(sender, response, flags: int) -> bool:
-    """Send; False when the request is cancelled or its client went away."""
-    if sender.is_cancelled():
-        if flags == FINAL:
-            try:
-                sender.send(flags=FINAL)
-            except Exception:  # noqa: BLE001
-                return False
-        return False
-    return _send(sender, response, flags)
-
-
-def _send(sender, response, flags: int) -> bool:
-    """Send without asking first; False when the client went away."""
-    try:
-        sender.send(response, flags=flags)
-    except Exception as exc:  # noqa: BLE001 - a dropped client must not end the instance
-        log.warning("could not send a response: %s", exc)
-        return False
-    return True
