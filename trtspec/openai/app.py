@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import hmac
 import json
 import logging
 import re
@@ -59,6 +58,7 @@ from trtspec.openai.conversations import (
 from trtspec.openai.cors import allow_origins
 from trtspec.openai.logprobs import LogprobsBody
 from trtspec.openai.metrics import FrontendMetrics
+from trtspec.openai.middleware import PARAM, Authorize, CountAnswers, NoTrailingSlash
 from trtspec.openai.model_info import ServedModel
 from trtspec.openai.protocol import (
     ApiError,
@@ -412,33 +412,11 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
                   redirect_slashes=False)
     front = Frontend(model, triton)
 
-    @app.middleware("http")
-    async def authorize(request: Request, call_next):
-        if api_key and (request.url.path.startswith("/v1") or request.url.path in TOKENIZER_ROUTES):
-            given = request.headers.get("authorization", "")
-            if not given and "x-api-key" in request.headers:  # Anthropic's clients send the key so
-                given = f"Bearer {request.headers['x-api-key']}"
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return _error(ApiError("Incorrect API key provided." if given else
-                                       "You didn't provide an API key: send `Authorization: Bearer KEY` "
-                                       "(Anthropic's clients: `x-api-key: KEY`).",
-                                       status=401, code="invalid_api_key"), path=request.url.path)
-        return await call_next(request)
-
     metrics = FrontendMetrics()
-
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        """Every answer counted by its route and status, a refusal by the parameter it names (the
-        outermost middleware: the key's 401s too)."""
-        response = await call_next(request)
-        metrics.observe(_route_of(app, request.scope), response.status_code,
-                        getattr(request.state, "param", None))
-        return response
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
-        request.state.param = exc.param
+        setattr(request.state, PARAM, exc.param)  # read by CountAnswers
         return _error(exc, path=request.url.path)
 
     @app.exception_handler(ClientGone)
@@ -930,25 +908,21 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         prompt, _, _ = chat_turn(anthropic_body(req), ANTHROPIC_RENAMES, generate=False)
         return {"input_tokens": len(model.encode(prompt, False))}
 
+    # each added runs before those added earlier (middleware.py)
+    app.add_middleware(Authorize, api_key=api_key, guarded=_guarded, refuse=_unauthorized)
+    app.add_middleware(CountAnswers, metrics=metrics, route_of=lambda scope: _route_of(app, scope))
     allow_origins(app, allowed_origins)  # a preflight needs no key
     app.add_middleware(NoTrailingSlash)  # the outermost: every route sees the path without one
     return app
 
 
-class NoTrailingSlash:
-    """Serve a path with a trailing slash (`/v1/chat/completions/`) as the path without it, where
-    Starlette would answer a 307 redirect to it: one a client re-sending its body may not follow,
-    and that names the URL the server saw (http:// behind a proxy ending TLS)."""
+def _guarded(path: str) -> bool:
+    """Whether a path asks for the API key: the /v1 routes and vLLM's tokenizer routes."""
+    return path.startswith("/v1") or path in TOKENIZER_ROUTES
 
-    def __init__(self, app):
-        self.app = app
 
-    async def __call__(self, scope, receive, send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
-            raw = scope.get("raw_path") or path.encode()
-            scope = {**scope, "path": path.rstrip("/") or "/", "raw_path": raw.rstrip(b"/") or b"/"}
-        await self.app(scope, receive, send)
+def _unauthorized(message: str, path: str) -> JSONResponse:
+    return _error(ApiError(message, status=401, code="invalid_api_key"), path=path)
 
 
 def _event_stream(events: AsyncIterator[bytes]) -> ClosingStreamingResponse:
