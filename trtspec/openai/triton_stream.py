@@ -143,32 +143,64 @@ def infer_request(model: str, arrays: dict[str, np.ndarray], request_id: str):
     return request
 
 
+# the numeric datatypes of the model's outputs, as Triton's gRPC answers lay them out (little-endian)
+NUMPY_TYPES = {"INT32": "<i4", "INT64": "<i8", "UINT64": "<u8", "FP32": "<f4", "BOOL": "?"}
+
+
+def _elements(raw: bytes) -> list[bytes]:
+    """A BYTES tensor's elements: each a 4-byte little-endian length, then that many bytes."""
+    out, at = [], 0
+    while at < len(raw):
+        size = int.from_bytes(raw[at : at + 4], "little")
+        out.append(raw[at + 4 : at + 4 + size])
+        at += 4 + size
+    return out
+
+
+def _tensors(infer: service_pb2.ModelInferResponse) -> dict:
+    """Every output of an answer by name, read in one pass from its raw contents (where Triton's
+    gRPC server puts them): BYTES as a list of bytes, numbers as arrays of their shape.
+    tritonclient's `InferResult.as_numpy`, called once per output, looks each up by name and turns
+    BYTES into object arrays: 30 µs for a streamed answer's outputs against 13 µs here, of about
+    320 µs the frontend's process spends per streamed answer (2-core CPU)."""
+    if len(infer.raw_output_contents) != len(infer.outputs):  # contents in the typed fields: rare
+        result = InferResult(infer)
+        return {out.name: result.as_numpy(out.name) if out.datatype != "BYTES" else
+                list(result.as_numpy(out.name).reshape(-1)) for out in infer.outputs}
+    out = {}
+    for tensor, raw in zip(infer.outputs, infer.raw_output_contents, strict=True):
+        if tensor.datatype == "BYTES":
+            out[tensor.name] = _elements(raw)
+        else:
+            out[tensor.name] = np.frombuffer(raw, NUMPY_TYPES[tensor.datatype]).reshape(tuple(tensor.shape))
+    return out
+
+
 def _step(response: service_pb2.ModelStreamInferResponse) -> Step:
     if response.error_message:
         raise TritonError(response.error_message)
     infer = response.infer_response
-    result = InferResult(infer)
+    tensors = _tensors(infer)
     step = Step(final=infer.parameters["triton_final_response"].bool_param)
-    names = {out.name for out in infer.outputs}
-    if "text_output" in names:
-        step.text = b"".join(result.as_numpy("text_output").reshape(-1)).decode("utf-8", errors="replace")
-    if "output_ids" in names:
-        step.ids = result.as_numpy("output_ids").reshape(-1).tolist()
-    if "accepted_tokens" in names:
-        step.accepted_tokens = int(result.as_numpy("accepted_tokens").reshape(-1)[0])
-        step.draft_tokens = int(result.as_numpy("draft_tokens").reshape(-1)[0])
-    if "target_forwards" in names:
-        step.target_forwards = int(result.as_numpy("target_forwards").reshape(-1)[0])
-    if "cached_tokens" in names:
-        step.cached_tokens = int(result.as_numpy("cached_tokens").reshape(-1)[0])
-    if "finish_reason" in names:
-        step.finish_reason = b"".join(result.as_numpy("finish_reason").reshape(-1)).decode()
+    if "text_output" in tensors:
+        step.text = b"".join(tensors["text_output"]).decode("utf-8", errors="replace")
+    if "output_ids" in tensors:
+        step.ids = tensors["output_ids"].reshape(-1).tolist()
+    if "accepted_tokens" in tensors:
+        step.accepted_tokens = int(tensors["accepted_tokens"].reshape(-1)[0])
+        step.draft_tokens = int(tensors["draft_tokens"].reshape(-1)[0])
+    if "target_forwards" in tensors:
+        step.target_forwards = int(tensors["target_forwards"].reshape(-1)[0])
+    if "cached_tokens" in tensors:
+        step.cached_tokens = int(tensors["cached_tokens"].reshape(-1)[0])
+    if "finish_reason" in tensors:
+        step.finish_reason = b"".join(tensors["finish_reason"]).decode()
     for prefix, values in (("", "output_log_probs"), ("prompt_", "prompt_log_probs")):
-        if values in names:
-            got = result.as_numpy(values).reshape(-1).tolist()
-            if f"{prefix}top_log_probs" in names:
-                top_values = result.as_numpy(f"{prefix}top_log_probs").tolist()
-                top_ids = result.as_numpy(f"{prefix}top_log_prob_ids").tolist()
+        if values in tensors:
+            got = tensors[values].reshape(-1).tolist()
+            if f"{prefix}top_log_probs" in tensors:
+                top_values = tensors[f"{prefix}top_log_probs"].tolist()
+                top_ids = tensors[f"{prefix}top_log_prob_ids"].tolist()
             else:
                 top_values, top_ids = [[] for _ in got], [[] for _ in got]
             target = ("logprobs", "top_ids", "top_logprobs") if not prefix else \

@@ -1,0 +1,81 @@
+"""The frontend's reader of Triton's gRPC answers: every output tensor as tritonclient reads it.
+
+Answers are built as Triton's gRPC server lays them out (`raw_output_contents`, BYTES elements
+length-prefixed), with random shapes, values and byte strings (empty ones, invalid UTF-8), and read
+by tritonclient's own `InferResult.as_numpy` beside ours."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from tritonclient.grpc import InferResult, service_pb2
+
+from trtspec.openai.triton_stream import NUMPY_TYPES, _step, _tensors
+
+
+def _answer(rng: np.random.Generator, final: bool = True) -> service_pb2.ModelStreamInferResponse:
+    response = service_pb2.ModelStreamInferResponse()
+    infer = response.infer_response
+    infer.parameters["triton_final_response"].bool_param = final
+    for i, datatype in enumerate([*NUMPY_TYPES, "BYTES", "BYTES"] * 2):
+        shape = tuple(int(n) for n in rng.integers(0, 4, size=rng.integers(1, 3)))
+        out = infer.outputs.add()
+        out.name, out.datatype = f"out{i}", datatype
+        out.shape.extend(shape)
+        size = int(np.prod(shape))
+        if datatype == "BYTES":
+            items = [rng.bytes(int(rng.integers(0, 9))) for _ in range(size)]
+            infer.raw_output_contents.append(b"".join(struct.pack("<I", len(b)) + b for b in items))
+        elif datatype == "BOOL":
+            infer.raw_output_contents.append(rng.integers(0, 2, size=size).astype(bool).tobytes())
+        else:
+            dtype = np.dtype(NUMPY_TYPES[datatype])
+            values = rng.integers(-1000, 1000, size=size) if dtype.kind in "iu" else rng.normal(size=size)
+            infer.raw_output_contents.append(np.abs(values).astype(dtype).tobytes() if dtype.kind == "u"
+                                             else values.astype(dtype).tobytes())
+    return response
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_output_reads_as_tritonclient_reads_it(seed):
+    infer = _answer(np.random.default_rng(seed)).infer_response
+    theirs, ours = InferResult(infer), _tensors(infer)
+    assert list(ours) == [out.name for out in infer.outputs]
+    for out in infer.outputs:
+        want = theirs.as_numpy(out.name)
+        if out.datatype == "BYTES":
+            assert ours[out.name] == list(want.reshape(-1)), out.name
+        else:
+            assert ours[out.name].dtype == want.dtype and ours[out.name].shape == want.shape, out.name
+            np.testing.assert_array_equal(ours[out.name], want)
+
+
+def test_a_step_reads_the_models_outputs():
+    rng = np.random.default_rng(3)
+    response = service_pb2.ModelStreamInferResponse()
+    infer = response.infer_response
+    infer.parameters["triton_final_response"].bool_param = False
+    text = "é" * int(rng.integers(1, 5)) + "x"
+    ids = rng.integers(0, 259, size=3).astype(np.int32)
+    logprobs = -rng.random(3).astype(np.float32)
+    top = -rng.random((3, 2)).astype(np.float32)
+    outputs = [("text_output", "BYTES", [1], struct.pack("<I", len(text.encode())) + text.encode()),
+               ("output_ids", "INT32", [3], ids.tobytes()),
+               ("accepted_tokens", "INT32", [1], np.int32(7).tobytes()),
+               ("draft_tokens", "INT32", [1], np.int32(9).tobytes()),
+               ("finish_reason", "BYTES", [1], struct.pack("<I", 6) + b"length"),
+               ("output_log_probs", "FP32", [3], logprobs.tobytes()),
+               ("top_log_probs", "FP32", [3, 2], top.tobytes()),
+               ("top_log_prob_ids", "INT32", [3, 2], np.arange(6, dtype=np.int32).tobytes())]
+    for name, datatype, shape, raw in outputs:
+        out = infer.outputs.add()
+        out.name, out.datatype = name, datatype
+        out.shape.extend(shape)
+        infer.raw_output_contents.append(raw)
+    step = _step(response)
+    assert (step.text, step.ids, step.accepted_tokens, step.draft_tokens, step.finish_reason, step.final) == \
+        (text, ids.tolist(), 7, 9, "length", False)
+    assert step.logprobs == logprobs.tolist() and step.top_logprobs == top.tolist()
+    assert step.top_ids == [[0, 1], [2, 3], [4, 5]]
