@@ -14,6 +14,12 @@ response never overtakes its last streamed one. A send that fails (its client we
 the request's `gone` callback, which the loop reads at its next step; a request whose client
 cancelled gets only the empty final response Triton still needs. The queue is unbounded: a slow
 client delays its own responses, never the loop's steps. `close` sends what is queued and stops.
+
+Its limit: one thread sends about 3,000-4,000 responses a second at these costs. A loop streaming
+one response per request per step stays under it up to R / step time of that (8 requests at 13 ms
+steps: 600 a second); a GPU batch of 64 at 20 ms steps would reach it, and then a request's
+responses queued behind each other are better merged into one than sent apart (not done: no such
+batch runs here to measure it).
 """
 
 from __future__ import annotations
