@@ -16,7 +16,7 @@ cancelled gets only the empty final response Triton still needs. The queue is un
 client delays its own responses, never the loop's steps. `close` sends what is queued and stops.
 
 Its limit: one thread sends about 3,000-4,000 responses a second at these costs. A loop streaming
-one response per request per step stays under it up to R / step time of that (8 requests at 13 ms
+one response per request per step stays under it while R / step time does (8 requests at 13 ms
 steps: 600 a second); a GPU batch of 64 at 20 ms steps would reach it, and then a request's
 responses queued behind each other are better merged into one than sent apart (not done: no such
 batch runs here to measure it).
