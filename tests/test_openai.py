@@ -2184,7 +2184,7 @@ PADDED_FORMAT = {"type": "json_schema", "json_schema": {"name": "padded", "schem
 def test_a_background_response_runs_apart_and_its_events_stream_again(served):
     """`background`: answered at once, queued; GET shows it as it stands until it ends, with the text,
     status and usage of the same request answered in the foreground. Its events are kept: GET
-    ?stream=true sends them all (numbered from 0: created while queued, in_progress, …, the end) or
+    ?stream=true sends them all (numbered from 0: created and queued, in_progress, …, the end) or
     those after a sequence_number, the tail of the same events. A client that leaves a background
     stream leaves it decoding, and reading on from its last event's number gives the rest: the
     events it saw and those it read on are one stream whose deltas are the final text."""
@@ -2198,8 +2198,9 @@ def test_a_background_response_runs_apart_and_its_events_stream_again(served):
     assert done["usage"]["output_tokens"] == plain.usage.output_tokens and done["background"]
     events = [e.model_dump() for e in client.responses.retrieve(queued.id, stream=True)]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
-    assert [(e["type"], e["response"]["status"]) for e in events[:2]] == \
-        [("response.created", "queued"), ("response.in_progress", "in_progress")]
+    assert [(e["type"], e["response"]["status"]) for e in events[:3]] == [
+        ("response.created", "queued"), ("response.queued", "queued"),
+        ("response.in_progress", "in_progress")]
     assert events[-1]["type"] == f"response.{done['status']}" and events[-1]["response"]["id"] == queued.id
     assert _deltas(events) == plain.output_text
     k = len(events) // 2

@@ -735,6 +735,7 @@ def create_app(model: ServedModel, triton: TritonStream, api_key: str | None = N
         created = items.event("response.created", response=response("queued"))
         store.put(created["response"], None, input_items(req.input), job)
         job.add(created)
+        job.add(items.event("response.queued", response=response("queued")))  # waiting for its task
 
         def head() -> list[dict]:
             job.status = "in_progress"
