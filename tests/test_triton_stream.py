@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import InferResult, service_pb2
 
-from trtspec.openai.triton_stream import NUMPY_TYPES, _step, _tensors
+from trtspec.openai.triton_stream import NUMPY_TYPES, TritonError, _elements, _step, _tensors
 
 
 def _answer(rng: np.random.Generator, final: bool = True) -> service_pb2.ModelStreamInferResponse:
@@ -79,3 +79,9 @@ def test_a_step_reads_the_models_outputs():
         (text, ids.tolist(), 7, 9, "length", False)
     assert step.logprobs == logprobs.tolist() and step.top_logprobs == top.tolist()
     assert step.top_ids == [[0, 1], [2, 3], [4, 5]]
+
+
+@pytest.mark.parametrize("raw", [b"\x05\x00\x00\x00abc", b"\x01\x00", b"\x00\x00\x00\x00\x02\x00\x00\x00a"])
+def test_a_cut_bytes_tensor_is_refused_not_read_short(raw):
+    with pytest.raises(TritonError, match="malformed answer"):
+        _elements(raw)

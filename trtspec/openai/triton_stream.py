@@ -152,6 +152,9 @@ def _elements(raw: bytes) -> list[bytes]:
     out, at = [], 0
     while at < len(raw):
         size = int.from_bytes(raw[at : at + 4], "little")
+        if at + 4 + size > len(raw):
+            raise TritonError(f"a malformed answer from Triton: a BYTES element of {size} bytes at byte {at} "
+                              f"of {len(raw)}")
         out.append(raw[at + 4 : at + 4 + size])
         at += 4 + size
     return out
