@@ -571,6 +571,11 @@ BAD = [
     ("chat/completions", {"thinking_token_budget": 5}, "thinking_token_budget"),  # no reasoning parser here
     ("completions", {"store": False}, "store"),
     ("completions", {"service_tier": "auto"}, "service_tier"),
+    ("completions", {"prompt_cache_key": "k"}, "prompt_cache_key"),
+    # chat's newer fields whose other values trtspec cannot honour
+    ("chat/completions", {"verbosity": "low"}, "verbosity"),
+    ("chat/completions", {"prediction": {"type": "content", "content": "838"}}, "prediction"),
+    ("chat/completions", {"prompt_cache_retention": "1h"}, "prompt_cache_retention"),
 ]
 
 
@@ -745,12 +750,14 @@ def test_a_json_body_is_read_whatever_its_content_type(served):
 
 
 def test_chat_accepts_and_ignores_openais_metadata_fields(served):
-    """`metadata`, `store`, `service_tier`, `user`, `parallel_tool_calls` on chat completions change
+    """`metadata`, `store`, `service_tier`, `user`, `parallel_tool_calls`, `prompt_cache_key`,
+    `prompt_cache_retention`, `safety_identifier` and `verbosity` "medium" on chat completions change
     nothing (the README says so; /v1/completions refuses the first three, see BAD)."""
     plain = served.client().chat.completions.create(**{**GOOD_CHAT, "temperature": 0})
     got = served.client().chat.completions.create(
         **{**GOOD_CHAT, "temperature": 0}, metadata={"run": "a"}, store=False, service_tier="auto",
-        user="u1", parallel_tool_calls=False)
+        user="u1", parallel_tool_calls=False, prompt_cache_key="thread-1", prompt_cache_retention="24h",
+        safety_identifier="u1", verbosity="medium")
     assert got.choices[0].message.content == plain.choices[0].message.content
 
 
@@ -2447,6 +2454,7 @@ def test_response_tools_and_text_formats_are_chats(served):
 
 BAD_RESPONSES = [
     ({"foo": 1}, "foo"),
+    ({"prompt_cache_retention": "1h"}, "prompt_cache_retention"),
     ({"background": True, "store": False}, "background"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},

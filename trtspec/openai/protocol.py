@@ -166,6 +166,14 @@ class ChatRequest(_Common):
     metadata: dict | None = Field(None, description="accepted, not used")
     store: bool | None = Field(None, description="accepted, nothing is stored")
     service_tier: str | None = Field(None, description="accepted, one tier")
+    prompt_cache_key: str | None = Field(None, description="accepted: prefixes are reused by their tokens")
+    prompt_cache_retention: str | None = Field(
+        None, description='"in_memory" or "24h", a maximum: accepted (a prefix is kept while a decoder slot '
+                          "holds it, `limits.prefix_reuse`)")
+    safety_identifier: str | None = Field(None, description="accepted, not used")
+    verbosity: str | None = Field(None, description='only "medium": the model has no verbosity setting')
+    prediction: dict | None = Field(None, description="predicted outputs: refused (the deployment's drafter "
+                                    "proposes every draft)")
     modalities: list[str] | None = Field(None, description='only ["text"]')
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="variables for the chat template, e.g. Qwen3's enable_thinking (vLLM extension)")
@@ -270,6 +278,17 @@ def _param(loc: tuple) -> str | None:
 def refuse(param: str, value, why: str) -> ApiError:
     return ApiError(f"'{param}'={value!r} is not supported by trtspec: {why}.", param,
                     code="unsupported_value")
+
+
+CACHE_RETENTIONS = ("in_memory", "24h")
+
+
+def check_cache_retention(value: str | None) -> None:
+    """OpenAI's prompt_cache_retention, a maximum: either is honoured by keeping a prefix while a
+    decoder slot holds it."""
+    if value not in (None, *CACHE_RETENTIONS):
+        raise ApiError(f"Invalid value for 'prompt_cache_retention': {value!r}; expected one of "
+                       f"{', '.join(CACHE_RETENTIONS)}.", "prompt_cache_retention", code="invalid_value")
 
 
 def only_keys(value, keys: tuple[str, ...], param: str) -> None:
@@ -396,6 +415,13 @@ def check_chat(req: ChatRequest, vocab_size: int) -> list[dict]:
         raise ApiError("'top_logprobs' needs 'logprobs': true.", "top_logprobs", code="invalid_value")
     if req.modalities not in (None, ["text"]):
         raise refuse("modalities", req.modalities, "text only")
+    check_cache_retention(req.prompt_cache_retention)
+    if req.verbosity not in (None, "medium"):
+        raise refuse("verbosity", req.verbosity, "the model has no verbosity setting")
+    if req.prediction is not None:
+        raise ApiError("'prediction' (predicted outputs) is not supported by trtspec: the deployment's "
+                       "drafter proposes every draft; send the request without it.", "prediction",
+                       code="unsupported_value")
     if req.reasoning_effort not in (None, *REASONING_EFFORTS):
         raise ApiError(f"Invalid 'reasoning_effort': {req.reasoning_effort!r}; expected one of "
                        f"{', '.join(REASONING_EFFORTS)}.", "reasoning_effort", code="invalid_value")

@@ -44,7 +44,14 @@ from typing import Any, NamedTuple
 
 from pydantic import Field
 
-from trtspec.openai.protocol import ApiError, SamplingFields, only_keys, refuse, renamed
+from trtspec.openai.protocol import (
+    ApiError,
+    SamplingFields,
+    check_cache_retention,
+    only_keys,
+    refuse,
+    renamed,
+)
 from trtspec.openai.segments import CALL, TEXT, Segment, Segments, named_sse
 from trtspec.openai.tools import tool_plan
 
@@ -93,6 +100,9 @@ class ResponsesRequest(SamplingFields):
                                    'context is a 400) or "auto" (its oldest turns dropped until it fits)')
     service_tier: str | None = Field(None, description="accepted, one tier")
     prompt_cache_key: str | None = Field(None, description="accepted: prefixes are reused by their tokens")
+    prompt_cache_retention: str | None = Field(
+        None, description='"in_memory" or "24h", a maximum: accepted (a prefix is kept while a decoder slot '
+                          "holds it, `limits.prefix_reuse`)")
     safety_identifier: str | None = Field(None, description="accepted, not used")
     client_metadata: dict | None = Field(None, description="accepted, not used (Codex's per-turn ids)")
     top_logprobs: int | None = Field(None, description='with include "message.output_text.logprobs": the 0 '
@@ -116,6 +126,7 @@ def check_responses(req: ResponsesRequest) -> None:
     if req.background and req.store is False:
         raise ApiError("Invalid 'background': a background response is stored, to be read with GET; leave "
                        "'store' out or send true.", "background", code="invalid_value")
+    check_cache_retention(req.prompt_cache_retention)
     if req.conversation is not None and req.previous_response_id is not None:
         raise ApiError("Mutually exclusive parameters: 'previous_response_id' and 'conversation'; a response "
                        "continues one or the other.", "previous_response_id", code="invalid_value")
