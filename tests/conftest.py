@@ -55,20 +55,22 @@ LAW_ALPHA = 1e-3  # a correct decoder fails a sampling-law test with probability
 
 
 def assert_samples_follow_target(model, decoder, prompt: list[int], sampling, steps: int,
-                                 n: int = 2000, guide=None, allowed=None) -> None:
+                                 n: int = 2000, guide=None, allowed=None, prediction=()) -> None:
     """n seeded requests through `decoder` together (`decoder.max_slots` at a time, each next one
     joining as one ends): the law of each of the first `steps` tokens is the target's exact one, by
     `trtspec verify`'s own test (`trtspec.spec.law_check`: each position's TV against the TV of
     simulated draws from the exact law, Bonferroni over the positions at `LAW_ALPHA`). A fixed TV
     bound let slips of the acceptance rule pass where a position's law is spread over many tokens.
-    `guide`: the requests' compiled guide, and `allowed` its tokens after a prefix (`exact_joint`)."""
+    `guide`: the requests' compiled guide, and `allowed` its tokens after a prefix (`exact_joint`);
+    `prediction`: the requests' predicted output (its drafts counted with the drafter's)."""
     laws = exact_marginals(model, prompt, sampling, steps, allowed)
     counts: list[dict[int, int]] = [{} for _ in range(steps)]
     accepted = drafted = 0
-    requests = [Request(prompt, steps, sampling.model_copy(update={"seed": seed}), guide=guide)
-                for seed in range(n)]
+    requests = [Request(prompt, steps, sampling.model_copy(update={"seed": seed}), guide=guide,
+                        prediction=prediction) for seed in range(n)]
     for result in decoder.generate_batch(requests):
-        accepted, drafted = accepted + result.num_accepted, drafted + result.num_drafted
+        accepted += result.num_accepted + result.num_prediction_accepted
+        drafted += result.num_drafted + result.num_predicted
         for pos, tok in enumerate(result.token_ids[:steps]):
             counts[pos][tok] = counts[pos].get(tok, 0) + 1
     # the test means something only if both accept and reject paths were taken

@@ -574,7 +574,10 @@ BAD = [
     ("completions", {"prompt_cache_key": "k"}, "prompt_cache_key"),
     # chat's newer fields whose other values trtspec cannot honour
     ("chat/completions", {"verbosity": "low"}, "verbosity"),
-    ("chat/completions", {"prediction": {"type": "content", "content": "838"}}, "prediction"),
+    ("chat/completions", {"prediction": {"type": "text", "content": "838"}}, "prediction.type"),
+    ("chat/completions", {"prediction": {"type": "content", "content": [{"type": "image"}]}},
+     "prediction.content"),
+    ("chat/completions", {"prediction": {"type": "content", "content": "8", "cache": 1}}, "prediction.cache"),
     ("chat/completions", {"prompt_cache_retention": "1h"}, "prompt_cache_retention"),
 ]
 
@@ -759,6 +762,34 @@ def test_chat_accepts_and_ignores_openais_metadata_fields(served):
         user="u1", parallel_tool_calls=False, prompt_cache_key="thread-1", prompt_cache_retention="24h",
         safety_identifier="u1", verbosity="medium")
     assert got.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_a_predicted_output_drafts_the_answer_it_does_not_change(served):
+    """OpenAI's `prediction`: the answer with it is the answer without (greedy; whole and streamed,
+    text or text parts), and `usage.completion_tokens_details` counts its tokens accepted and
+    rejected; an exact prediction is accepted nearly whole, in fewer target forwards."""
+    client = served.client()
+    ask = {"model": "trtspec", "messages": [{"role": "user", "content": "482 + 356"}], "max_tokens": 64,
+           "temperature": 0}
+    plain = client.chat.completions.create(**ask)
+    text = plain.choices[0].message.content
+    edited = text[:10] + "an edit" + text[14:]
+    for prediction in ({"type": "content", "content": text},
+                       {"type": "content", "content": [{"type": "text", "text": edited[:20]},
+                                                       {"type": "text", "text": edited[20:]}]}):
+        got = client.chat.completions.create(**ask, prediction=prediction)
+        details = got.usage.completion_tokens_details
+        assert got.choices[0].message.content == text
+        assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0
+        chunks = list(client.chat.completions.create(**ask, prediction=prediction, stream=True,
+                                                     stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+        assert chunks[-1].usage.completion_tokens_details == details
+    exact = client.chat.completions.create(**ask, prediction={"type": "content", "content": text})
+    assert exact.usage.completion_tokens_details.accepted_prediction_tokens >= \
+        exact.usage.completion_tokens - exact.trtspec["target_forwards"]
+    assert exact.trtspec["target_forwards"] < plain.trtspec["target_forwards"]
+    assert plain.usage.completion_tokens_details is None  # no prediction: no counts of one
 
 
 def test_an_answer_sent_back_as_the_sdk_dumps_it_continues_the_conversation(served):

@@ -211,6 +211,18 @@ def test_finish_reason_is_the_models_not_a_count(served, config, expected):
 
 
 
+def test_a_prediction_input_drafts_the_answer_it_does_not_change(served, config, expected):
+    """`prediction` (the text the answer is expected to repeat) over gRPC: the same ids, in fewer
+    target forwards when it is the answer, whole or cut short."""
+    params, address = GenerateParams(max_tokens=160), served.grpc_url.removeprefix("grpc://")
+    plain = grpc_generate(address, config.name, grpc_inputs(PROMPTS[0], params))
+    for predicted in (plain.text, plain.text[: len(plain.text) // 2]):
+        prediction = array_input(InferInput, "prediction", np.array([predicted.encode()], dtype=object))
+        got = grpc_generate(address, config.name, [*grpc_inputs(PROMPTS[0], params), prediction])
+        assert got.token_ids == plain.token_ids
+        assert got.target_forwards < plain.target_forwards, (got.target_forwards, plain.target_forwards)
+
+
 def test_a_temperature_near_zero_is_greedy_and_fails_no_one_beside_it(served, config, expected):
     """1e-45 (a positive float32) overflowed logits / T to inf: its request failed with "probability
     tensor contains either `inf`, `nan`", and so did every request decoding in the same steps."""
@@ -324,10 +336,14 @@ GOOD = {"text_input": np.array([b"Q: 1 + 2\nA:"], dtype=object), "max_tokens": n
         ({**GOOD, "text_input": np.array([b"x" * 1_000_000], dtype=object)},
          r"text_input: prompt of 1000000 tokens \+ max_tokens 4 = 1000004 tokens exceeds this deployment's "
          r"context of 4096"),
+        ({**GOOD, "prediction": np.array([b"ab\xff"], dtype=object)}, "prediction is not valid UTF-8"),
+        ({**GOOD, "prediction": np.array([b"x" * 5000], dtype=object)},
+         "the prediction holds 5000 tokens, more than this deployment's context of 4096"),
     ],
     ids=["missing-text", "bad-input-ids", "input-ids-beyond-context", "max-tokens-0", "max-tokens-over-limit",
          "wrong-dtype", "neg-temperature",
-         "nan-temperature", "top-p", "invalid-utf8", "min-tokens-all-ends", "prompt-beyond-context"],
+         "nan-temperature", "top-p", "invalid-utf8", "min-tokens-all-ends", "prompt-beyond-context",
+         "prediction-not-utf8", "prediction-beyond-context"],
 )
 def test_bad_grpc_request_is_named_and_server_goes_on(served, config, expected, inputs, message):
     address = served.grpc_url.removeprefix("grpc://")

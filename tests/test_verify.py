@@ -58,13 +58,20 @@ CASES = {
         torch.tensor([[0.3, 0.3, 0.1, 0.1, 0.1, 0.1]] * 3),
         torch.tensor([[0.3, 0.3, 0.1, 0.1, 0.1, 0.1]] * 2),
     ),
+    # a predicted output's drafts (spec.prediction): each a point mass, q(x) = 1
+    "point_mass": (
+        torch.tensor([[0.1, 0.2, 0.4, 0.1, 0.1, 0.1], [0.3, 0.1, 0.1, 0.2, 0.2, 0.1],
+                      [0.05, 0.05, 0.1, 0.1, 0.3, 0.4]]),
+        torch.tensor([[0, 0, 1.0, 0, 0, 0], [0, 0, 0, 0, 0, 1.0]]),
+    ),
 }
 
 
 @pytest.mark.parametrize(
     "case,position",
     # with disjoint support x_1 is always rejected, so no second token is ever emitted
-    [("overlapping", 0), ("overlapping", 1), ("disjoint", 0), ("identical", 0), ("identical", 1)],
+    [("overlapping", 0), ("overlapping", 1), ("disjoint", 0), ("identical", 0), ("identical", 1),
+     ("point_mass", 0), ("point_mass", 1)],
 )
 def test_sampling_reproduces_target(case, position):
     p, q = CASES[case]

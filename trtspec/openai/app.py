@@ -76,6 +76,7 @@ from trtspec.openai.protocol import (
     logit_bias_pairs,
     logprobs_wanted,
     parse,
+    prediction_text,
     rename,
     renamed,
     stop_list,
@@ -205,7 +206,8 @@ class Frontend:
                          logit_bias=logit_bias_pairs(req.logit_bias, model.vocab_size),
                          guide=self.guide(req, tools, start, self.model.compact_json),
                          bad_words=tuple(req.bad_words or ()),
-                         thinking=self.thinking(req, start))
+                         thinking=self.thinking(req, start),
+                         prediction=prediction_text(req) if chat else "")
         return gen, prompt_ids
 
     @staticmethod
@@ -317,6 +319,7 @@ class _Run:
         self.decode = decode  # the tokenizer's: where the first min_tokens tokens' text ends
         self.ids: list[int] = []  # generated so far, while min_tokens has not been reached
         self.completion_tokens = self.accepted = self.drafted = self.forwards = self.cached = 0
+        self.predicted = self.prediction_accepted = 0  # drafts from the prediction, and those accepted
         self.last_id: int | None = None
         self.finish: str | None = None  # the model's finish_reason, with its totals
         self.logprobs = logprobs  # None: the request asked for no log-probabilities
@@ -342,6 +345,8 @@ class _Run:
         self.drafted = max(self.drafted, step.draft_tokens)
         self.forwards = max(self.forwards, step.target_forwards)
         self.cached = max(self.cached, step.cached_tokens)
+        self.predicted = max(self.predicted, step.prediction_tokens)
+        self.prediction_accepted = max(self.prediction_accepted, step.accepted_prediction_tokens)
         self.finish = step.finish_reason or self.finish
         echo, self.echo = self.echo, None
         if self.logprobs is not None:
@@ -1118,8 +1123,14 @@ def _usage(runs: list[_Run]) -> dict:
     prompt = sum(run.prompt_tokens for run in runs if run.sample == 0)
     cached = sum(run.cached for run in runs if run.sample == 0)
     completion = sum(run.completion_tokens for run in runs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+             "prompt_tokens_details": {"cached_tokens": cached}}
+    if any(run.gen.prediction for run in runs):  # OpenAI's counts of the predicted output's tokens
+        accepted = sum(run.prediction_accepted for run in runs)
+        usage["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": sum(run.predicted for run in runs) - accepted}
+    return usage
 
 
 def _figures(runs: list[_Run], choice: int | None = None) -> dict:

@@ -172,8 +172,10 @@ class ChatRequest(_Common):
                           "holds it, `limits.prefix_reuse`)")
     safety_identifier: str | None = Field(None, description="accepted, not used")
     verbosity: str | None = Field(None, description='only "medium": the model has no verbosity setting')
-    prediction: dict | None = Field(None, description="predicted outputs: refused (the deployment's drafter "
-                                    "proposes every draft)")
+    prediction: dict | None = Field(
+        None, description='predicted outputs: {"type": "content", "content": text or text parts} the answer '
+                          "is expected to repeat; its tokens are drafted where they continue the answer (the "
+                          "target decides: the answer is the same)")
     modalities: list[str] | None = Field(None, description='only ["text"]')
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="variables for the chat template, e.g. Qwen3's enable_thinking (vLLM extension)")
@@ -418,14 +420,31 @@ def check_chat(req: ChatRequest, vocab_size: int) -> list[dict]:
     check_cache_retention(req.prompt_cache_retention)
     if req.verbosity not in (None, "medium"):
         raise refuse("verbosity", req.verbosity, "the model has no verbosity setting")
-    if req.prediction is not None:
-        raise ApiError("'prediction' (predicted outputs) is not supported by trtspec: the deployment's "
-                       "drafter proposes every draft; send the request without it.", "prediction",
-                       code="unsupported_value")
+    prediction_text(req)
     if req.reasoning_effort not in (None, *REASONING_EFFORTS):
         raise ApiError(f"Invalid 'reasoning_effort': {req.reasoning_effort!r}; expected one of "
                        f"{', '.join(REASONING_EFFORTS)}.", "reasoning_effort", code="invalid_value")
     return check_messages(req.messages, req.chat_template_kwargs)
+
+
+def prediction_text(req: ChatRequest) -> str:
+    """A chat request's predicted output as text ("": none): OpenAI's {"type": "content", "content":
+    a string or text parts}."""
+    if req.prediction is None:
+        return ""
+    only_keys(req.prediction, ("type", "content"), "prediction")
+    if req.prediction.get("type") != "content":
+        raise ApiError(f"Invalid value for 'prediction.type': {req.prediction.get('type')!r}; expected "
+                       "'content'.", "prediction.type", code="invalid_value")
+    content = req.prediction.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and
+                                         isinstance(p.get("text"), str) and set(p) <= {"type", "text"}
+                                         for p in content):
+        return "".join(p["text"] for p in content)
+    raise ApiError("Invalid 'prediction.content': expected a string or a list of text parts "
+                   '({"type": "text", "text": ...}).', "prediction.content", code="invalid_type")
 
 
 def template_variables(req: ChatRequest) -> dict | None:

@@ -68,6 +68,7 @@ class Generation:
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
     bad_words: tuple[str, ...] = ()  # TensorRT-LLM's bad_words input
     thinking: tuple[int, str] | None = None  # a reasoning budget: (tokens, the text that opens the block)
+    prediction: str = ""  # predicted outputs: text the answer is expected to repeat
 
     def arrays(self) -> dict[str, np.ndarray]:
         if self.prompt_ids is None:
@@ -104,6 +105,8 @@ class Generation:
         if not self.add_special_tokens:
             arrays["add_special_tokens"] = np.array([False], dtype=bool)
         arrays |= word_arrays(stop_words=self.stop_words, bad_words=self.bad_words)
+        if self.prediction:
+            arrays["prediction"] = np.array([self.prediction.encode("utf-8")], dtype=np.object_)
         return arrays | thinking_arrays(self.thinking)
 
 
@@ -117,6 +120,8 @@ class Step:
     draft_tokens: int = 0
     target_forwards: int = 0
     cached_tokens: int = 0  # prompt tokens kept from an earlier request (prefix reuse)
+    prediction_tokens: int = 0  # with the totals: drafts taken from the request's prediction
+    accepted_prediction_tokens: int = 0  # ... and of them accepted
     finish_reason: str | None = None  # with the totals: stop / length
     final: bool = False
     logprobs: list[float] = field(default_factory=list)  # one per id, when the request asked for them
@@ -196,6 +201,9 @@ def _step(response: service_pb2.ModelStreamInferResponse) -> Step:
         step.target_forwards = int(tensors["target_forwards"].reshape(-1)[0])
     if "cached_tokens" in tensors:
         step.cached_tokens = int(tensors["cached_tokens"].reshape(-1)[0])
+    if "prediction_tokens" in tensors:
+        step.prediction_tokens = int(tensors["prediction_tokens"].reshape(-1)[0])
+        step.accepted_prediction_tokens = int(tensors["accepted_prediction_tokens"].reshape(-1)[0])
     if "finish_reason" in tensors:
         step.finish_reason = b"".join(tensors["finish_reason"]).decode()
     for prefix, values in (("", "output_log_probs"), ("prompt_", "prompt_log_probs")):

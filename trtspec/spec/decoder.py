@@ -39,6 +39,7 @@ from trtspec.spec.grammar import GuideState
 from trtspec.spec.logprobs import TokenLogprobs, prompt_logprobs, step_logprobs
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.penalties import Penalties
+from trtspec.spec.prediction import PREDICTION_DRAFTS, PredictedDrafts
 from trtspec.spec.sampling import SamplingParams, choose_tokens
 from trtspec.spec.schedule import SPSTable, schedule_lengths, survival
 from trtspec.spec.tree import DraftTree
@@ -85,6 +86,8 @@ class Request:
     prompt_logprobs: int | None = None  # the same for the prompt's tokens after its first
     # a compiled guide (`spec.grammar.GuideCompiler.compile`): the text must match it
     guide: object | None = None
+    # predicted outputs: token ids the answer is expected to repeat, drafted from (`spec.prediction`)
+    prediction: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -150,6 +153,7 @@ class _Live:
     logprobs: TokenLogprobs | None = None  # of `generated`, when the request asked for them
     penalties: Penalties | None = None  # when its sampling has logit bias or penalties
     grammar: GuideState | None = None  # when it has a guide
+    prediction: PredictedDrafts | None = None  # when it sent a prediction (chains; no guide)
     done: bool = False
 
     @property
@@ -269,6 +273,11 @@ class SpeculativeDecoder:
         if request.guide is not None and request.min_new_tokens:
             raise ValueError(f"min_tokens {request.min_new_tokens} cannot be combined with a guide: the "
                              "grammar decides where the text may end")
+        if any(not 0 <= token < vocab for token in request.prediction):
+            raise ValueError(f"the prediction holds a token id outside the target's vocabulary of {vocab}")
+        if len(request.prediction) > self.capacity:
+            raise ValueError(f"the prediction holds {len(request.prediction)} tokens, more than this "
+                             f"deployment's context of {self.capacity}")
         if request.guide is not None and not ends:
             raise ValueError("a guided request needs an id that ends it, and ignore_eos leaves none: "
                              "give stop_token_ids, or drop ignore_eos")
@@ -308,6 +317,8 @@ class SpeculativeDecoder:
                                        self.target.device)
         if request.guide is not None:
             live.grammar = GuideState(request.guide, self.end_ids_of(request), self.target.vocab_size)
+        elif request.prediction and self.tree is None:  # a guided row drafts what its guide allows
+            live.prediction = PredictedDrafts(request.prediction)
         self.lives[rid] = live
         return rid
 
@@ -565,16 +576,23 @@ class SpeculativeDecoder:
         """A proposal of k tokens for every running request that may still draft, each cut to the
         length its schedule admits (`prompt`: the prompt tokens the step's forward feeds too)."""
         context = self._context(running)
-        k, admitted, expected = self._draft_plan(running, context, prompt) if running else (0, [], None)
+        predicted = self._predicted(running)  # row -> its drafts from its prediction
+        rest = [i for i in range(len(running)) if i not in predicted]  # the drafter's rows
+        k, admitted, expected = self._draft_plan([running[i] for i in rest], context, prompt) if rest \
+            else (0, [], None)
         budgets = [0] * len(running)
-        for i in admitted:
-            budgets[i] = min(k, max(running[i].budget, 0))
+        for j in admitted:
+            budgets[rest[j]] = min(k, max(running[rest[j]].budget, 0))
         drafting = [i for i, b in enumerate(budgets) if b > 0]
         device = self.target.device
-        fed = torch.zeros(len(running), k + 1, dtype=torch.long, device=device)  # [R, k+1]
+        width = max([k, *map(len, predicted.values())])
+        fed = torch.zeros(len(running), width + 1, dtype=torch.long, device=device)  # [R, W+1]
         if running:
             fed[:, 0] = torch.tensor([lv.generated[-1] for lv in running], device=device)
         plan = _Drafts(k, fed, [0] * len(running), drafting, expected=expected)
+        for i, drafts in predicted.items():
+            fed[i, 1 : len(drafts) + 1] = torch.tensor(drafts, device=device)
+            plan.lengths[i] = len(drafts)
         if drafting:
             rows = [running[i] for i in drafting]
             proposal = self.drafter.propose([_draft_row(lv) for lv in rows], k)
@@ -587,14 +605,33 @@ class SpeculativeDecoder:
             for i, n in zip(drafting, cut, strict=True):
                 plan.lengths[i] = n
             idx = torch.tensor(drafting, device=device)
-            fed[idx, 1:] = proposal.tokens.to(device)
+            fed[idx, 1 : k + 1] = proposal.tokens.to(device)
             if proposal.q_probs is not None:
-                plan.q = torch.zeros(len(running), k, proposal.q_probs.shape[-1], device=device)
-                plan.q[idx] = proposal.q_probs.to(device)
+                plan.q = torch.zeros(len(running), width, proposal.q_probs.shape[-1], device=device)
+                plan.q[idx, :k] = proposal.q_probs.to(device)
             self.offered_drafts += sum(budgets[i] for i in drafting)
             self.admitted_drafts += sum(cut)
-        plan.depths = plan.lengths
+        sampled = [i for i in predicted if not running[i].request.sampling.greedy]
+        if sampled:  # a predicted draft is a point mass: q(x) = 1
+            if plan.q is None:
+                plan.q = torch.zeros(len(running), width, self.target.vocab_size, device=device)
+            for i in sampled:
+                n = plan.lengths[i]
+                plan.q[i, :n].scatter_(-1, fed[i, 1 : n + 1, None], 1.0)
+        # what the drafter's statistics see: a predicted row offered none of its drafts
+        plan.depths = [0 if i in predicted else n for i, n in enumerate(plan.lengths)]
         return plan
+
+    def _predicted(self, running: list[_Live]) -> dict[int, list[int]]:
+        """The rows (indices into `running`) that draft from their request's prediction this step,
+        and their drafts: those whose prediction continues the answer so far."""
+        out = {}
+        for i, lv in enumerate(running):
+            if lv.prediction is not None:
+                drafts = lv.prediction.next(lv.generated, min(PREDICTION_DRAFTS, lv.budget))
+                if drafts:
+                    out[i] = drafts
+        return out
 
     def _draft_trees(self, running: list[_Live], prompt: int) -> _Drafts:
         """A draft tree for every running request the schedule lets draft (its depth capped by the
@@ -818,7 +855,12 @@ class SpeculativeDecoder:
                     hidden = out.hidden[base : base + a + 1] if plan.tree is None else \
                         out.hidden[torch.tensor(paths[i], device=device) + base]
                 drafter.commit(lv.slot, a, hidden)
-                lv.result.record_cycle(num_drafted=depth, num_accepted=a)
+                if depth or not n:
+                    lv.result.record_cycle(num_drafted=depth, num_accepted=a)
+                else:  # its prediction's drafts: counted apart from the drafter's
+                    lv.result.record_cycle(num_drafted=0, num_accepted=0)
+                    lv.result.num_predicted += n
+                    lv.result.num_prediction_accepted += a
                 lv.result.num_target_calls += 1
                 if depth:
                     lv.acceptance.observe(depth, a)

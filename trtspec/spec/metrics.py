@@ -19,6 +19,8 @@ class GenerationResult:
     num_target_calls: int = 0  # prefill included
     num_drafted: int = 0
     num_accepted: int = 0
+    num_predicted: int = 0  # drafts taken from the request's prediction (predicted outputs)
+    num_prediction_accepted: int = 0  # of them, those accepted
     accept_counts: list[int] = field(default_factory=list)  # accepted drafts per cycle
     drafted_counts: list[int] = field(default_factory=list)  # drafts offered per cycle
     prefill_s: float = 0.0

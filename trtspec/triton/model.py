@@ -183,6 +183,8 @@ def _response(text: str, ids: list[int], totals: GenerationResult | None = None,
     accepted, drafted, forwards, cached = (0, 0, 0, 0) if totals is None else \
         (totals.num_accepted, totals.num_drafted, totals.num_target_calls, totals.cached_tokens)
     seed, finish_reason = (None, None) if totals is None else (totals.seed, totals.finish_reason)
+    predicted, accepted_predicted = (0, 0) if totals is None else \
+        (totals.num_predicted, totals.num_prediction_accepted)
     tensors = [
         _tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),  # [1]
         _tensor("output_ids", np.array(ids, dtype=np.int32)),  # [n]
@@ -191,6 +193,9 @@ def _response(text: str, ids: list[int], totals: GenerationResult | None = None,
         _tensor("target_forwards", np.array([forwards], dtype=np.int32)),  # [1]
         _tensor("cached_tokens", np.array([cached], dtype=np.int32)),  # [1]
     ]
+    if predicted:
+        tensors += [_tensor("prediction_tokens", np.array([predicted], dtype=np.int32)),  # [1]
+                    _tensor("accepted_prediction_tokens", np.array([accepted_predicted], dtype=np.int32))]
     if seed is not None:
         tensors.append(_tensor("sampling_seed", np.array([seed], dtype=np.uint64)))  # [1]
     if finish_reason is not None:
@@ -340,7 +345,7 @@ class TritonPythonModel:
                         raise RequestError(f"guided_decoding_guide: {exc}") from None
                 decode = Request(ids, parsed.max_tokens, sampling, parsed.min_tokens, parsed.end_id,
                                  parsed.stop_token_ids, parsed.ignore_eos, parsed.logprobs,
-                                 parsed.prompt_logprobs, guide)
+                                 parsed.prompt_logprobs, guide, tuple(encode(parsed.prediction)))
                 self.decoder.check(decode)
             except (RequestError, ValueError) as exc:
                 self.metrics.errors["invalid_request"].increment(1)

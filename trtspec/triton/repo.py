@@ -55,6 +55,8 @@ INPUTS = (
     ("thinking_token_budget", "TYPE_INT32", (1,), True),
     ("thinking_start", "TYPE_STRING", (1,), True),
     ("thinking_end", "TYPE_STRING", (1,), True),
+    # predicted outputs (OpenAI's prediction): text the answer is expected to repeat, drafted from
+    ("prediction", "TYPE_STRING", (1,), True),
 ) + tuple((i.name, i.dtype, i.dims, True) for i in TRTLLM_INPUTS)  # what NVIDIA's clients send TensorRT-LLM
 OUTPUTS = (
     ("text_output", "TYPE_STRING", (1,)),
@@ -64,6 +66,9 @@ OUTPUTS = (
     ("target_forwards", "TYPE_INT32", (1,)),  # target forward passes the request took, prefill included
     # prompt tokens kept from a slot's earlier request (limits.prefix_reuse), not prefilled again
     ("cached_tokens", "TYPE_INT32", (1,)),
+    # with a prediction, in the totals: drafts taken from it, and those accepted
+    ("prediction_tokens", "TYPE_INT32", (1,)),
+    ("accepted_prediction_tokens", "TYPE_INT32", (1,)),
     # a sampled request's seed, with the totals: random_seed as sent, or the one drawn for it
     ("sampling_seed", "TYPE_UINT64", (1,)),
     # with the totals: "stop" (an end or stop id, a stop word) or "length" (max_tokens reached)

@@ -55,6 +55,7 @@ class GenerateRequest:
     guide: Guide | None = None  # guided_decoding_guide_type / _guide: what the text must match
     bad_words: tuple[str, ...] = ()  # TensorRT-LLM's bad_words: words the text may not hold (`bad_word_ids`)
     thinking: tuple[int, str, str] | None = None  # a reasoning budget: (tokens, block start, block end) text
+    prediction: str = ""  # predicted outputs: text the answer is expected to repeat ("": none)
 
     @property
     def prompt_input(self) -> str:
@@ -190,6 +191,8 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
                               **_penalties(get), logit_bias=_logit_bias(get, vocab_size))
     guide = _guide(get)
     thinking = _thinking(get)
+    prediction = _scalar(get, "prediction")
+    prediction = "" if prediction is None else _utf8(prediction, "prediction")
     if guide is not None and min_tokens:
         raise RequestError(f"{min_name}={min_tokens} cannot be combined with guided_decoding_guide_type: "
                            "the guide decides where the text may end")
@@ -198,7 +201,7 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
                            exclude_input is not None and not bool(exclude_input),
                            add_special_tokens is None or bool(add_special_tokens), stop_token_ids,
                            ignore_eos is not None and bool(ignore_eos), logprobs, prompt_ids, prompt_logprobs,
-                           guide, tuple(bad_words), thinking)
+                           guide, tuple(bad_words), thinking, prediction)
 
 
 def _words(get: InputGetter, name: str) -> list[str]:

@@ -1,0 +1,117 @@
+"""Predicted outputs (OpenAI's `prediction`): drafts from a text the answer is expected to repeat.
+
+The prediction only proposes; the target decides, so an answer is the same with any prediction
+(greedy and Gumbel-coupled texts token for token, every drafter, beside requests without one), and
+one that predicts the answer well takes fewer target forwards. Where drafting resumes after an
+edit is tested on random token sequences. The verifier's law with a point-mass draft is
+tests/test_verify.py's `point_mass` case; the served path is tests/test_openai.py's."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from trtspec.config import ScheduleConfig, load_build_config
+from trtspec.spec.decoder import Request
+from trtspec.spec.prediction import PREDICTION_DRAFTS, PredictedDrafts
+from trtspec.spec.sampling import SamplingParams
+
+from .conftest import REPO, assert_samples_follow_target
+
+PROMPTS = ["def parse(self, text):\n", "Q: 482 + 356\nA:", "import os\n", "class Server:\n    def"]
+
+
+def _edited(rng: random.Random, tokens: list[int], vocab: int) -> list[int]:
+    """`tokens` with a stretch deleted, one inserted and one changed, at random places."""
+    out = list(tokens)
+    for _ in range(3):
+        at, n = rng.randrange(len(out)), rng.randint(1, 6)
+        kind = rng.choice(["delete", "insert", "change"])
+        new = [rng.randrange(vocab) for _ in range(n)]
+        out[at : at + (0 if kind == "insert" else n)] = [] if kind == "delete" else new
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_drafts_follow_the_answer_and_resume_after_an_edit(seed):
+    """An answer that is the prediction with edits: wherever the answer's last 8 tokens and next
+    token are the prediction's own (away from the edits), the drafts are the answer's next tokens;
+    an answer that is the prediction is drafted whole."""
+    rng = random.Random(seed)
+    vocab = 1000  # long random sequences: a pair of tokens is (nearly) never repeated
+    prediction = [rng.randrange(vocab) for _ in range(300)]
+    exact = PredictedDrafts(prediction)
+    assert all(exact.next(prediction[:i], 4) == prediction[i : i + 4] for i in range(300))
+    answer = _edited(rng, prediction, vocab)
+    drafts = PredictedDrafts(prediction)
+    at = {tuple(prediction[i - 9 : i]): i for i in range(9, 301)}  # 9-grams: unique here
+    checked = 0
+    for i in range(9, len(answer)):
+        got = drafts.next(answer[:i], PREDICTION_DRAFTS)
+        place = at.get(tuple(answer[i - 9 : i]))  # the answer's last 9 tokens are the prediction's
+        if place is not None:
+            assert got == prediction[place : place + PREDICTION_DRAFTS], i
+            checked += 1
+    assert checked > 200
+
+
+def test_a_prediction_that_never_matches_drafts_nothing():
+    drafts = PredictedDrafts([1, 2, 3, 4])
+    assert drafts.next([], 2) == [1, 2]
+    assert drafts.next([7], 2) == []  # left it at once
+    assert drafts.next([7, 8, 9], 2) == []
+    assert drafts.next([7, 8, 9, 2, 3], 2) == [4]  # came back: (2, 3) ends at 3 in the prediction
+
+
+@pytest.fixture(scope="module", params=["tiny-dflash", "tiny-draft-model"])
+def pipeline(request):
+    from trtspec.pipeline import load_pipeline
+
+    return load_pipeline(load_build_config(REPO / "build_configs" / f"{request.param}.yaml"))
+
+
+@pytest.mark.parametrize("coupling", ["greedy", "gumbel"])
+def test_an_answer_is_the_same_with_any_prediction(pipeline, coupling):
+    """Four requests decoded together, three with an edited copy of their answer as the prediction
+    (one exact), one without: every text equals the one decoded without predictions; the exact
+    prediction is drafted and accepted whole, in fewer target forwards."""
+    rng = random.Random(3)
+    decoder = pipeline.decoder_for(4, ScheduleConfig(mode="full"))
+    encode = pipeline.tokenizer.encode
+    sampling = [SamplingParams() if coupling == "greedy" else
+                SamplingParams(temperature=0.9, seed=11 + i, coupling="gumbel") for i in range(4)]
+    requests = [Request(encode(p, True), 96, s) for p, s in zip(PROMPTS, sampling, strict=True)]
+    plain = decoder.generate_batch(requests)
+    predictions = [tuple(plain[0].token_ids)] + \
+        [tuple(_edited(rng, r.token_ids, pipeline.target.vocab_size)) for r in plain[1:3]] + [()]
+    got = decoder.generate_batch([Request(r.prompt, 96, r.sampling, prediction=q)
+                                  for r, q in zip(requests, predictions, strict=True)])
+    assert [g.token_ids for g in got] == [p.token_ids for p in plain]
+    exact = got[0]
+    # drafted whole from its prediction: every draft accepted, each step's last token the target's
+    assert exact.num_predicted == exact.num_prediction_accepted == \
+        len(exact.token_ids) - exact.num_target_calls and exact.num_drafted == 0
+    assert exact.num_target_calls < plain[0].num_target_calls
+    assert all(g.num_prediction_accepted > 0 for g in got[1:3]) and got[3].num_predicted == 0
+    assert all(g.num_prediction_accepted <= g.num_predicted for g in got)
+
+
+def test_a_prediction_outside_the_vocabulary_or_the_context_is_refused(pipeline):
+    decoder = pipeline.decoder_for(1)
+    vocab = pipeline.target.vocab_size
+    with pytest.raises(ValueError, match="outside the target's vocabulary"):
+        decoder.check(Request([1, 2], 4, prediction=(1, vocab)))
+    with pytest.raises(ValueError, match="more than this deployment's context"):
+        decoder.check(Request([1, 2], 4, prediction=(1,) * (decoder.capacity + 1)))
+
+
+def test_rejection_sampled_answers_with_a_prediction_follow_the_target(pipeline):
+    """Each predicted draft a point mass (q(x) = 1): the law of a sampled request's first tokens is
+    the target's, the prediction being the greedy answer (often accepted, sometimes not)."""
+    prompt = list(b"    def __init__(self")
+    decoder = pipeline.decoder_for(8, ScheduleConfig(mode="full"))
+    greedy = decoder.generate_batch([Request(prompt, 8)])[0].token_ids
+    sampling = SamplingParams(temperature=1.0, top_k=3)
+    assert_samples_follow_target(pipeline.target.model, decoder, prompt, sampling, steps=4, n=1000,
+                                 prediction=tuple(greedy))
