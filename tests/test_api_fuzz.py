@@ -24,7 +24,9 @@ from .conftest import REPO, local_target, serve_cli
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 KEY = "fuzz-key-0123"
-REQUESTS = 300  # ~20 s here; `python -m tests.api_fuzz` runs thousands against any server
+# ~25 s here; 300 left a route (Triton's generate, whose own JSON parser answers most mutations with
+# a 500) without a 200 once the seeds changed. `python -m tests.api_fuzz` runs thousands against any server
+REQUESTS = 400
 ANSWERS = 150  # answers changed on their way back to the clients; `python -m tests.answer_fuzz` runs more
 
 # the embedded model's Q/A turns, with what chat, Responses and Messages may send: tools, calls,
