@@ -237,20 +237,19 @@ class _Stream:
     queued_at: float = field(default_factory=time.monotonic)
     got_first_token: bool = False
     polled_at: float = float("-inf")  # when `cancelled` last asked Triton
-    was_cancelled: bool = False
-    gone: bool = False  # a response could not be sent: the client went away
+    was_cancelled: bool = False  # for good: a cancellation, or a response that could not be sent
     responses: int = 0  # sent or queued so far
 
     def cancelled(self) -> bool:
         """Whether the client cancelled or went away, asked of Triton at most every CANCEL_POLL_S."""
         now = time.monotonic()
-        if not self.gone and now - self.polled_at >= CANCEL_POLL_S:
+        if not self.was_cancelled and now - self.polled_at >= CANCEL_POLL_S:
             self.polled_at, self.was_cancelled = now, self.sender.is_cancelled()
-        return self.gone or self.was_cancelled
+        return self.was_cancelled
 
     def went_away(self) -> None:
         """The outbox's word that a response of this request could not be sent."""
-        self.gone = True
+        self.was_cancelled = True
 
     def send(self, build: functools.partial | None, flags: int = 0) -> None:
         """Queue a response (`build()` makes it on the outbox's thread); the first goes at once."""
