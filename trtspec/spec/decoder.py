@@ -855,10 +855,8 @@ class SpeculativeDecoder:
                     hidden = out.hidden[base : base + a + 1] if plan.tree is None else \
                         out.hidden[torch.tensor(paths[i], device=device) + base]
                 drafter.commit(lv.slot, a, hidden)
-                if depth or not n:
-                    lv.result.record_cycle(num_drafted=depth, num_accepted=a)
-                else:  # its prediction's drafts: counted apart from the drafter's
-                    lv.result.record_cycle(num_drafted=0, num_accepted=0)
+                lv.result.record_cycle(num_drafted=depth, num_accepted=a if depth else 0)
+                if n and not depth:  # its prediction's drafts: counted apart from the drafter's
                     lv.result.num_predicted += n
                     lv.result.num_prediction_accepted += a
                 lv.result.num_target_calls += 1
