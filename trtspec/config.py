@@ -172,6 +172,29 @@ class DrafterConfig(_HasPath):
         return None if sps_table is None else _beside_yaml(self._base, sps_table)
 
 
+class LookupConfig(_Strict):
+    """Prompt lookup (`trtspec.spec.lookup`): drafts copied from the request's own tokens where they
+    ended as they end now, verified as any draft. With no drafter it is n-gram speculation (vLLM's
+    `ngram`, TensorRT-LLM's NGram); beside a drafter, a request drafts from its tokens in the steps
+    where they match at least `min_match` of its last tokens, and from the drafter in the others."""
+
+    num_draft_tokens: int = Field(8, ge=1, le=64, description="most tokens one step copies per request")
+    min_match: int = Field(
+        1, ge=1, le=64,
+        description="fewest of the request's last tokens an earlier place must repeat to be copied from; "
+                    "beside a drafter, set it high enough that a match beats the drafter's block (a byte-"
+                    "level model repeats short runs everywhere)")
+    max_match: int = Field(8, ge=1, le=64, description="most of the request's last tokens compared: of "
+                                                       "several places, the one repeating the most is "
+                                                       "copied from")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LookupConfig:
+        if self.min_match > self.max_match:
+            raise ValueError(f"lookup.min_match {self.min_match} exceeds lookup.max_match {self.max_match}")
+        return self
+
+
 class EngineConfig(_Strict):
     """Where the engine flavour's graphs come from and what runs them."""
 
@@ -293,7 +316,11 @@ class BuildConfig(_Strict):
                                "digits and '-', starting with a letter")
     flavour: Flavour = Field("torch", description="runtime: torch, engine (TensorRT) or trtllm")
     target: TargetConfig
-    drafter: DrafterConfig | None = Field(None, description="omit for autoregressive decoding")
+    drafter: DrafterConfig | None = Field(None, description="omit for autoregressive decoding (or prompt "
+                                                            "lookup alone, with `lookup`)")
+    lookup: LookupConfig | None = Field(
+        None, description="draft from each request's own tokens (prompt lookup), alone or beside the "
+                          "drafter; absent = off")
     limits: GenerationLimits = Field(default_factory=GenerationLimits)
     engine: EngineConfig | None = Field(None, description="graphs and backend of flavour engine")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig,
@@ -314,6 +341,12 @@ class BuildConfig(_Strict):
         if self.sampling.coupling == "gumbel" and self.flavour == "trtllm":
             raise ValueError("sampling.coupling gumbel needs flavour torch or engine: TensorRT-LLM verifies "
                              "sampled drafts with its own rejection sampler")
+        return self
+
+    @model_validator(mode="after")
+    def _lookup_with_chains(self) -> BuildConfig:
+        if self.lookup is not None and self.drafter is not None and self.drafter.tree is not None:
+            raise ValueError("lookup drafts chains, and drafter.tree verifies trees: remove one of them")
         return self
 
     @model_validator(mode="after")

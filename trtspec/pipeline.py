@@ -83,9 +83,10 @@ class Pipeline:
     def cost_table(self) -> SPSTable | None:
         """The machine's cost model: the config's `schedule.sps_table`, else measured once and cached."""
         drafter_config = self.config.drafter
-        if drafter_config is None or not self.drafter.num_draft_tokens:
+        drafts = drafter_config is not None and self.drafter.num_draft_tokens
+        if not drafts and self.config.lookup is None:  # prompt lookup prices its drafts with it too
             return None
-        if drafter_config.resolved_sps_table is not None:
+        if drafter_config is not None and drafter_config.resolved_sps_table is not None:
             return SPSTable.load(drafter_config.resolved_sps_table)
         return _cached_cost_table(self)
 
@@ -116,16 +117,18 @@ class Pipeline:
         prior = None
         if drafter is not None and self.config.drafter is not None:
             prior = load_acceptance(self.config.drafter.resolved_path)
-        if needs_table and cost_table is None:
-            cost_table = self.cost_table
         if tree == "config":
             tree = self.config.drafter.tree if self.config.drafter else None
+        lookup = self.config.lookup if tree is None and use_drafter else None  # its drafts are chains
+        if (needs_table or lookup is not None) and cost_table is None:
+            cost_table = self.cost_table
         return SpeculativeDecoder(self.target, drafter, self.end_ids, self.verifier, schedule,
                                   cost_table, max_slots, self.capacity, prior,
                                   self.config.limits.max_input_tokens, tree,
                                   prefill_chunk=self.config.limits.prefill_chunk or None,
                                   prefix_reuse=self.config.limits.prefix_reuse if prefix_reuse is None
-                                  else prefix_reuse)
+                                  else prefix_reuse,
+                                  lookup=lookup)
 
     @functools.cached_property
     def decoder(self) -> SpeculativeDecoder:
@@ -220,11 +223,14 @@ def _cached_cost_table(pipeline: Pipeline) -> SPSTable:
 
 def load_pipeline(config: BuildConfig, use_drafter: bool = True, model: PreTrainedModel | None = None,
                   ) -> Pipeline:
-    """Load the config's target (and drafter unless `use_drafter` is False): flavour torch in
-    torch; flavour engine over onnxruntime sessions of the exported graphs (`trtspec.engine.load`).
+    """Load the config's target (and drafter and prompt lookup unless `use_drafter` is False):
+    flavour torch in torch; flavour engine over onnxruntime sessions of the exported graphs
+    (`trtspec.engine.load`).
     `model`: flavour torch, the config's target already loaded (another pipeline's
     `target.model`), shared instead of loaded again; each pipeline keeps its own slots and taps."""
     check_device(config)
+    if not use_drafter:  # the target alone: no drafter, no prompt lookup
+        config = config.model_copy(update={"lookup": None})
     if config.flavour == "engine":
         return _load_engine_pipeline(config, use_drafter)
     if config.flavour != "torch":

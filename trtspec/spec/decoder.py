@@ -30,13 +30,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trtspec.config import ScheduleConfig, TreeConfig
+from trtspec.config import LookupConfig, ScheduleConfig, TreeConfig
 from trtspec.models.drafter import Drafter, DraftRow, NoDrafter, Proposal, common_prefix
 from trtspec.models.target import Chunk, PathKeep, TargetModel
 from trtspec.spec.cost import AcceptanceTracker, GainCalibration, MeasuredCost, admit_rows
 from trtspec.spec.coupling import fresh_seed
 from trtspec.spec.grammar import GuideState
 from trtspec.spec.logprobs import TokenLogprobs, prompt_logprobs, step_logprobs
+from trtspec.spec.lookup import PromptLookup
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.penalties import Penalties
 from trtspec.spec.prediction import PREDICTION_DRAFTS, PredictedDrafts
@@ -101,6 +102,7 @@ class _Drafts:
     q: torch.Tensor | None = None  # [R, k, V] chain draft distributions (sampling rows)
     tree: DraftTree | None = None  # tree mode: every running row's tree (size 0 = no drafts)
     depths: list[int] = field(default_factory=list)  # positions each row offers (tree: its depth)
+    looked_up: set[int] = field(default_factory=set)  # rows whose drafts came from prompt lookup
     # adaptive: the drafts the cost model expected the drafting rows to get accepted, summed (None:
     # not its choice, e.g. a probe); what `GainCalibration` holds the verdicts against
     expected: float | None = None
@@ -154,6 +156,8 @@ class _Live:
     penalties: Penalties | None = None  # when its sampling has logit bias or penalties
     grammar: GuideState | None = None  # when it has a guide
     prediction: PredictedDrafts | None = None  # when it sent a prediction (chains; no guide)
+    lookup: PromptLookup | None = None  # its own tokens, when the decoder drafts by prompt lookup
+    lookup_acceptance: AcceptanceTracker | None = None  # of its looked-up drafts, by position
     done: bool = False
 
     @property
@@ -175,10 +179,14 @@ class SpeculativeDecoder:
                  cost_table: SPSTable | None = None, max_slots: int = 1, capacity: int | None = None,
                  acceptance_prior: list[float] | None = None, max_prompt: int | None = None,
                  tree: TreeConfig | None = None, prompt_logprobs_chunk: int = PROMPT_LOGPROBS_CHUNK,
-                 prefill_chunk: int | None = None, prefix_reuse: bool = False):
+                 prefill_chunk: int | None = None, prefix_reuse: bool = False,
+                 lookup: LookupConfig | None = None):
         self.target = copy.copy(target)
         self.drafter = copy.copy(drafter or NoDrafter())
         self.tree = tree if self.drafter.num_draft_tokens else None
+        if lookup is not None and self.tree is not None:
+            raise ValueError("prompt lookup drafts chains, and this decoder verifies trees: drop one of them")
+        self.lookup = lookup  # drafts copied from each request's own tokens (`spec.lookup`); None: off
         self.end_ids = frozenset(end_ids)  # a request ends at the first of these it emits
         self.verifier = verifier or Verifier()
         self.schedule = schedule or ScheduleConfig(mode="full")
@@ -212,10 +220,16 @@ class SpeculativeDecoder:
 
     @property
     def num_draft_tokens(self) -> int:
-        """Draft positions a request may gain per step: k, or a tree's depth."""
+        """Draft positions the drafter may gain a request per step: k, or a tree's depth."""
         if self.tree is not None:
             return self.drafter.tree_depth(self.tree)
         return self.drafter.num_draft_tokens
+
+    @property
+    def num_draft_tokens_stat(self) -> int:
+        """Draft positions a request's statistics count (`GenerationResult.num_draft_tokens`): the
+        drafter's, or prompt lookup's when it copies more."""
+        return max(self.num_draft_tokens, self.lookup.num_draft_tokens if self.lookup else 0)
 
     # -- continuous batching ----------------------------------------------------------------
 
@@ -246,6 +260,8 @@ class SpeculativeDecoder:
         self._idle_steps = 0
         # every request's acceptance estimate leans on what all requests showed so far
         self.population = AcceptanceTracker(self.num_draft_tokens, prior=self.acceptance_prior)
+        # the same for drafts copied by prompt lookup (their own: they survive unlike the drafter's)
+        self.lookup_population = AcceptanceTracker(self.lookup.num_draft_tokens if self.lookup else 0)
         self.calibration = GainCalibration()  # accepted / expected drafts of recent steps
 
     def check(self, request: Request) -> None:
@@ -303,7 +319,7 @@ class SpeculativeDecoder:
         self.held.pop(slot, None)
         self.taken_at[slot] = rid
         self.target.reuse(slot, reused)
-        result = GenerationResult(prompt_len=len(request.prompt), num_draft_tokens=self.num_draft_tokens,
+        result = GenerationResult(prompt_len=len(request.prompt), num_draft_tokens=self.num_draft_tokens_stat,
                                   seed=request.sampling.seed, cached_tokens=reused)
         tracker = AcceptanceTracker(self.num_draft_tokens, prior=self.population, decay=REQUEST_DECAY)
         top = request.prompt_logprobs
@@ -317,8 +333,14 @@ class SpeculativeDecoder:
                                        self.target.device)
         if request.guide is not None:
             live.grammar = GuideState(request.guide, self.end_ids_of(request), self.target.vocab_size)
-        elif request.prediction and self.tree is None:  # a guided row drafts what its guide allows
-            live.prediction = PredictedDrafts(request.prediction)
+        elif self.tree is None:  # a guided row drafts what its guide allows
+            if request.prediction:
+                live.prediction = PredictedDrafts(request.prediction)
+            if self.lookup is not None:
+                live.lookup = PromptLookup(request.prompt, len(request.prompt) + request.max_new_tokens,
+                                           self.lookup.min_match, self.lookup.max_match)
+                live.lookup_acceptance = AcceptanceTracker(self.lookup.num_draft_tokens,
+                                                           prior=self.lookup_population, decay=REQUEST_DECAY)
         self.lives[rid] = live
         return rid
 
@@ -576,7 +598,8 @@ class SpeculativeDecoder:
         """A proposal of k tokens for every running request that may still draft, each cut to the
         length its schedule admits (`prompt`: the prompt tokens the step's forward feeds too)."""
         context = self._context(running)
-        predicted = self._predicted(running)  # row -> its drafts from its prediction
+        # row -> its drafts from its prediction or its own tokens
+        predicted, looked_up = self._copied(running, context, prompt)
         rest = [i for i in range(len(running)) if i not in predicted]  # the drafter's rows
         k, admitted, expected = self._draft_plan([running[i] for i in rest], context, prompt) if rest \
             else (0, [], None)
@@ -589,7 +612,7 @@ class SpeculativeDecoder:
         fed = torch.zeros(len(running), width + 1, dtype=torch.long, device=device)  # [R, W+1]
         if running:
             fed[:, 0] = torch.tensor([lv.generated[-1] for lv in running], device=device)
-        plan = _Drafts(k, fed, [0] * len(running), drafting, expected=expected)
+        plan = _Drafts(k, fed, [0] * len(running), drafting, expected=expected, looked_up=looked_up)
         for i, drafts in predicted.items():
             fed[i, 1 : len(drafts) + 1] = torch.tensor(drafts, device=device)
             plan.lengths[i] = len(drafts)
@@ -618,20 +641,45 @@ class SpeculativeDecoder:
             for i in sampled:
                 n = plan.lengths[i]
                 plan.q[i, :n].scatter_(-1, fed[i, 1 : n + 1, None], 1.0)
-        # what the drafter's statistics see: a predicted row offered none of its drafts
+        # what the drafter's statistics see: a copied row offered none of its drafts
         plan.depths = [0 if i in predicted else n for i, n in enumerate(plan.lengths)]
         return plan
 
-    def _predicted(self, running: list[_Live]) -> dict[int, list[int]]:
-        """The rows (indices into `running`) that draft from their request's prediction this step,
-        and their drafts: those whose prediction continues the answer so far."""
-        out = {}
+    def _copied(self, running: list[_Live], context: int,
+                prompt: int) -> tuple[dict[int, list[int]], set[int]]:
+        """The rows (indices into `running`) that draft copied tokens this step, with their drafts:
+        those whose prediction continues the answer so far (`spec.prediction`), then those whose own
+        tokens repeat their last ones somewhere (`spec.lookup`, cut by `_lookup_price`); and which of
+        them are the latter."""
+        out, looked_up = {}, set()
+        price = self._lookup_price(len(running), context, prompt) if self.lookup is not None else 0.0
         for i, lv in enumerate(running):
             if lv.prediction is not None:
                 drafts = lv.prediction.next(lv.generated, min(PREDICTION_DRAFTS, lv.budget))
                 if drafts:
                     out[i] = drafts
-        return out
+            if lv.lookup is not None and i not in out:  # it takes the answer's new tokens as it goes
+                drafts = lv.lookup.next(lv.generated, min(self.lookup.num_draft_tokens, lv.budget))
+                if drafts:
+                    # the first always goes (nearly free, and the estimates learn only from verdicts)
+                    paying = sum(a >= price for a in lv.lookup_acceptance.survival(len(drafts)))
+                    out[i] = drafts[: max(1, paying)]
+                    looked_up.add(i)
+        return out, looked_up
+
+    def _lookup_price(self, batch: int, context: int, prompt: int) -> float:
+        """The survival a looked-up draft needs to pay for its place in the target forward: the
+        tokens plain decoding emits in the time one more fed token costs, R · ΔT / T(R) (from the
+        cost model at this step's batch, context and prompt; a lower bound on the break-even, which
+        a step that drafts raises). 0 without a cost model: every draft goes. On the 2-core CPU at
+        R = 8 about 0.2; at R = 1, or where the forward is memory-bound, near 0. From the cost
+        table and acceptance history only, never the current drafts' verdict: lossless."""
+        if self.cost is None or not batch:
+            return 0.0
+        extra = batch * self.lookup.num_draft_tokens
+        plain = self.cost.step(batch, 0, 0, 0, context, prompt)
+        more = self.cost.step(batch, 0, 0, extra, context, prompt)
+        return max(0.0, more - plain) / extra * batch / plain
 
     def _draft_trees(self, running: list[_Live], prompt: int) -> _Drafts:
         """A draft tree for every running request the schedule lets draft (its depth capped by the
@@ -855,8 +903,15 @@ class SpeculativeDecoder:
                     hidden = out.hidden[base : base + a + 1] if plan.tree is None else \
                         out.hidden[torch.tensor(paths[i], device=device) + base]
                 drafter.commit(lv.slot, a, hidden)
-                lv.result.record_cycle(num_drafted=depth, num_accepted=a if depth else 0)
-                if n and not depth:  # its prediction's drafts: counted apart from the drafter's
+                looked_up = i in plan.looked_up  # drafts of the deployment's, not the drafter's
+                lv.result.record_cycle(num_drafted=n if looked_up else depth,
+                                       num_accepted=a if depth or looked_up else 0)
+                if looked_up:
+                    lv.result.num_looked_up += n
+                    lv.result.num_lookup_accepted += a
+                    lv.lookup_acceptance.observe(n, a)
+                    self.lookup_population.observe(n, a)
+                elif n and not depth:  # its prediction's drafts: counted apart from the drafter's
                     lv.result.num_predicted += n
                     lv.result.num_prediction_accepted += a
                 lv.result.num_target_calls += 1

@@ -21,6 +21,9 @@ class GenerationResult:
     num_accepted: int = 0
     num_predicted: int = 0  # drafts taken from the request's prediction (predicted outputs)
     num_prediction_accepted: int = 0  # of them, those accepted
+    # drafts copied from the request's own tokens (prompt lookup; counted in num_drafted too)
+    num_looked_up: int = 0
+    num_lookup_accepted: int = 0  # of them, those accepted (counted in num_accepted too)
     accept_counts: list[int] = field(default_factory=list)  # accepted drafts per cycle
     drafted_counts: list[int] = field(default_factory=list)  # drafts offered per cycle
     prefill_s: float = 0.0

@@ -1,0 +1,175 @@
+"""Prompt lookup (`trtspec.spec.lookup`): drafts copied from the request's own tokens.
+
+Where it copies from is checked against a brute-force search on random sequences. In the decoder
+the copies only propose: texts are the target alone's (greedy and Gumbel-coupled, alone and beside
+a drafter, beside requests with predictions), in fewer target forwards; the law of rejection-sampled
+answers is the target's; the cost model cuts the copies where a fed token costs more than it is
+expected to gain, and a config builds it through the pipeline."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from trtspec.config import LookupConfig, ScheduleConfig, load_build_config
+from trtspec.errors import ConfigError
+from trtspec.spec.decoder import Request, SpeculativeDecoder
+from trtspec.spec.lookup import PromptLookup
+from trtspec.spec.sampling import SamplingParams
+from trtspec.spec.schedule import SPSTable
+
+from .conftest import REPO, assert_samples_follow_target
+
+PROMPTS = ["def parse(self, text):\n", "Q: 482 + 356\nA:", "import os\n", "class Server:\n    def"]
+
+
+def _brute_force(tokens: list[int], min_match: int, max_match: int, n: int) -> list[int]:
+    """The rule, spelt out: the longest run (min..max) of the last tokens found earlier; of those
+    places, the one with the most tokens after it (at most n), then the newest; copy what follows."""
+    length = len(tokens)
+    for run in range(min(max_match, length - 1), min_match - 1, -1):
+        ends = [s + run for s in range(length - run) if tokens[s : s + run] == tokens[length - run :]]
+        if ends:
+            end = max(ends, key=lambda e: (min(length - e, n), e))
+            return tokens[end : end + n]
+    return []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_copies_from_the_longest_match_as_the_rule_says(seed):
+    """Random prompts and answers over small vocabularies (many repeats), the answer fed a few
+    tokens at a time as the decoder feeds it: every proposal is the brute-force search's."""
+    rng = random.Random(seed)
+    checked = 0
+    for _ in range(300):
+        vocab = rng.choice([2, 3, 5, 30])
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 40))]
+        answer = [rng.randrange(vocab) for _ in range(rng.randint(0, 40))]
+        low, high, n = rng.randint(1, 3), rng.randint(3, 9), rng.randint(1, 12)
+        lookup = PromptLookup(prompt, len(prompt) + len(answer), low, high)
+        i = 0
+        while i <= len(answer):
+            got = lookup.next(answer[:i], n)
+            assert got == _brute_force(prompt + answer[:i], low, high, n), (prompt, answer[:i], low, high, n)
+            checked += bool(got)
+            i += rng.randint(1, 4)
+    assert checked > 500
+
+
+def test_what_it_copies_on_small_cases():
+    lookup = PromptLookup([1, 2, 3, 9, 1, 2], 20, min_match=1, max_match=4)
+    assert lookup.next([], 3) == [3, 9, 1] and lookup.match == 2  # (1, 2) ends at 2: copy 3, 9, 1
+    assert lookup.next([7], 3) == []  # 7 never came before
+    assert lookup.match == 0
+    loop = PromptLookup([5, 6, 7, 5, 6, 7], 20, min_match=1, max_match=8)
+    assert loop.next([], 8) == [5, 6, 7]  # a whole period, not the one token after the newest match
+    strict = PromptLookup([1, 2, 3, 9, 1, 2], 20, min_match=3, max_match=4)
+    assert strict.next([], 3) == []  # only 2 tokens match
+    assert strict.next([3], 3) == [9, 1, 2]  # now (1, 2, 3) does
+    grows = PromptLookup([4, 4], 2, min_match=1, max_match=2)  # fed past the capacity it was given
+    assert grows.next([4, 4, 4], 2) == [4, 4]
+
+
+@pytest.fixture(scope="module", params=["tiny-dflash", "tiny-draft-model"])
+def pipeline(request):
+    from trtspec.pipeline import load_pipeline
+
+    return load_pipeline(load_build_config(REPO / "build_configs" / f"{request.param}.yaml"))
+
+
+def _decoder(pipeline, slots: int, drafter: bool, table: SPSTable | None = None,
+             lookup: LookupConfig | None = None) -> SpeculativeDecoder:
+    return SpeculativeDecoder(pipeline.target, pipeline.drafter if drafter else None, pipeline.end_ids,
+                              schedule=ScheduleConfig(mode="full"), cost_table=table, max_slots=slots,
+                              lookup=lookup or LookupConfig())
+
+
+@pytest.mark.parametrize("coupling", ["greedy", "gumbel"])
+@pytest.mark.parametrize("drafter", [False, True], ids=["alone", "beside-drafter"])
+def test_an_answer_is_the_target_alones(pipeline, coupling, drafter):
+    """Four requests together, one with a prediction: each text equals the target alone's, and the
+    copies are accepted often enough to save target forwards over the batch."""
+    encode = pipeline.tokenizer.encode
+    sampling = [SamplingParams() if coupling == "greedy" else
+                SamplingParams(temperature=0.9, seed=21 + i, coupling="gumbel") for i in range(4)]
+    requests = [Request(encode(p, True), 128, s) for p, s in zip(PROMPTS, sampling, strict=True)]
+    plain = SpeculativeDecoder(pipeline.target, None, pipeline.end_ids, max_slots=4).generate_batch(requests)
+    requests[0].prediction = tuple(plain[0].token_ids[:40])
+    lookup = LookupConfig(min_match=4 if drafter else 1)
+    got = _decoder(pipeline, 4, drafter, lookup=lookup).generate_batch(requests)
+    assert [g.token_ids for g in got] == [p.token_ids for p in plain]
+    assert sum(g.num_lookup_accepted for g in got) > 0
+    assert sum(g.num_target_calls for g in got) < sum(p.num_target_calls for p in plain)
+    for g in got:
+        assert g.num_lookup_accepted <= g.num_looked_up <= g.num_drafted
+        assert g.num_lookup_accepted <= g.num_accepted
+        if not drafter:  # every draft of a deployment without a drafter is a copy (or predicted)
+            assert g.num_drafted == g.num_looked_up
+    assert got[0].num_prediction_accepted > 0  # its prediction goes first while the answer follows it
+
+
+def test_rejection_sampled_answers_with_lookup_follow_the_target(pipeline):
+    """Each copied draft a point mass (q(x) = 1): the law of a sampled request's first tokens is the
+    target's (the prompt repeats itself, so copies are offered from the first step)."""
+    prompt = list(b"self.x = self.x + self.")
+    decoder = _decoder(pipeline, 8, drafter=False)
+    sampling = SamplingParams(temperature=1.0, top_k=3)
+    assert_samples_follow_target(pipeline.target.model, decoder, prompt, sampling, steps=4, n=1000)
+
+
+FREE_VERIFY = SPSTable(batch_tokens=[1, 512], steps_per_s=[100.0, 100.0], machine="given here")
+# a forward of up to 8 tokens (the plain steps here) takes 10 ms, one of 9 or more takes seconds
+DEAR_VERIFY = SPSTable(batch_tokens=[1, 8, 9], steps_per_s=[100.0, 100.0, 0.001], machine="given here")
+
+
+def test_the_cost_model_cuts_copies_that_do_not_pay(pipeline):
+    """Where a fed token costs nothing every copy goes whole; where one costs far more than a step
+    (a price above any survival) each row sends only its first copy. The texts stay the target's."""
+    encode = pipeline.tokenizer.encode
+    requests = [Request(encode(p, True), 96) for p in PROMPTS]
+    plain = SpeculativeDecoder(pipeline.target, None, pipeline.end_ids, max_slots=4).generate_batch(requests)
+    free = _decoder(pipeline, 4, False, FREE_VERIFY)
+    assert free._lookup_price(4, 256, 0) == 0.0
+    dear = _decoder(pipeline, 4, False, DEAR_VERIFY)
+    assert dear._lookup_price(4, 256, 0) > 1.0
+    lengths = {}
+    for name, decoder in (("free", free), ("dear", dear)):
+        got = decoder.generate_batch(requests)
+        assert [g.token_ids for g in got] == [p.token_ids for p in plain], name
+        lengths[name] = {d for g in got for d in g.drafted_counts}
+    assert max(lengths["free"]) == LookupConfig().num_draft_tokens
+    assert lengths["dear"] == {0, 1}
+
+
+def test_a_config_builds_it_and_the_target_alone_leaves_it_out(tmp_path):
+    """`lookup:` in a build config without a drafter: the pipeline's decoder copies (priced by a cost
+    table measured for the target alone), `use_drafter=False` (bench's baseline) does not."""
+    from trtspec.pipeline import load_pipeline
+
+    text = (REPO / "build_configs" / "tiny-dflash.yaml").read_text()
+    config_path = tmp_path / "ngram.yaml"
+    config_path.write_text(text.split("drafter:")[0].replace("../", str(REPO) + "/")
+                           + "lookup:\n  num_draft_tokens: 6\n  min_match: 2\n")
+    config = load_build_config(config_path)
+    assert config.drafter is None and config.lookup.min_match == 2
+    decoder = load_pipeline(config).decoder_for(2)
+    assert decoder.lookup == config.lookup and decoder.cost is not None
+    result = decoder.generate_batch([Request(list(b"a = b; a = b; a = b; a"), 32)])[0]
+    assert result.num_looked_up > 0 and result.num_draft_tokens == 6
+    assert load_pipeline(config, use_drafter=False).decoder_for(1).lookup is None
+
+
+def test_bad_lookup_fields_are_refused_by_name(tmp_path):
+    text = (REPO / "build_configs" / "tiny-dflash.yaml").read_text().replace("../", str(REPO) + "/")
+    bad = {"lookup:\n  min_match: 9\n  max_match: 4\n": "lookup.min_match 9 exceeds lookup.max_match 4",
+           "lookup:\n  num_draft_tokens: 0\n": "lookup.num_draft_tokens",
+           "lookup:\n  match: 3\n": "lookup.match"}
+    for extra, said in bad.items():
+        path = tmp_path / "bad.yaml"
+        path.write_text(text + extra)
+        with pytest.raises(ConfigError, match=said.replace(".", r"\.")):
+            load_build_config(path)
+    path.write_text(text.replace("drafter:\n", "drafter:\n  tree:\n    nodes: 8\n") + "lookup: {}\n")
+    with pytest.raises(ConfigError, match="lookup drafts chains"):
+        load_build_config(path)
