@@ -196,7 +196,9 @@ def cost_table_path(config: BuildConfig) -> Path:
                     "slots": config.limits.max_concurrency, "device": config.target.device,
                     # 4: the drafter's catch-up; 3: the loop's own time; 2: the R × t verify grid,
                     # drafts timed after a commit
-                    "table_format": 4})
+                    "table_format": 4,
+                    # prompt lookup's drafts: the grid reaches them
+                    **({"lookup_len": config.lookup.num_draft_tokens} if config.lookup else {})})
     return cache_root() / "cost" / f"{key}.json"
 
 
@@ -213,7 +215,7 @@ def _cached_cost_table(pipeline: Pipeline) -> SPSTable:
             log.warning("%s is not a readable cost table; measuring again", path)
     log.warning("measuring this machine's cost model for adaptive speculation (once; cached in %s)", path)
     table = profile_cost(pipeline.target, pipeline.drafter, reps=3, max_batch=config.limits.max_concurrency,
-                         progress=False)
+                         progress=False, verify_len=config.lookup.num_draft_tokens if config.lookup else 0)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(table.model_dump(), indent=1) + "\n")

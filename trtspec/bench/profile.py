@@ -95,14 +95,17 @@ def draft_lens_to_measure(drafter: Drafter) -> list[int]:
 
 def profile_cost(target, drafter: Drafter | None = None, batch_tokens: list[int] | None = None,
                  requests: int = 8, context: int = 256, reps: int = 15, seed: int = 0,
-                 max_batch: int = 8, progress: bool = True) -> SPSTable:
-    """Median step times, B values (and R values) interleaved across repetitions."""
+                 max_batch: int = 8, progress: bool = True, verify_len: int = 0) -> SPSTable:
+    """Median step times, B values (and R values) interleaved across repetitions. `verify_len`:
+    drafts per request the target's R × t grid must cover besides the drafter's (prompt lookup's,
+    `trtspec.spec.lookup`, with or without a drafter)."""
     batch_tokens = sorted(batch_tokens or DEFAULT_BATCHES)
     drafter = drafter or NoDrafter()
     draft_batches = [r for r in DRAFT_BATCHES if r <= max(1, min(max_batch, requests))]
     lens = draft_lens_to_measure(drafter) if drafter.num_draft_tokens else []
-    k_max = drafter.num_draft_tokens
-    per_row = sorted({t for t in TOKENS_PER_ROW if t <= k_max + 1} | {k_max + 1}) if lens else []
+    k_max = max(drafter.num_draft_tokens, verify_len)
+    verifies = bool(lens) or verify_len > 0
+    per_row = sorted({t for t in TOKENS_PER_ROW if t <= k_max + 1} | {k_max + 1}) if verifies else []
     slots = max(requests, max(draft_batches))
     short = max(1, context // SHORT_CONTEXT_DIVISOR)  # slots + r: the grid's rows at this context
     target, drafter = copy.copy(target), copy.copy(drafter)

@@ -97,7 +97,8 @@ def best_draft_len(cost: StepCost, survivals: Sequence[Sequence[float]], k_max: 
 
 def admit_rows(cost: MeasuredCost, survivals: Sequence[Sequence[float]], k_max: int,
                min_gain: float = 0.0, context: int | None = None,
-               catch_up: Sequence[float] | None = None, prompt: int = 0) -> tuple[int, list[int]]:
+               catch_up: Sequence[float] | None = None, prompt: int = 0,
+               copies: bool = False) -> tuple[int, list[int]]:
     """The draft length k and the requests that draft it (indices into `survivals`), the others
     decoding plainly in the same target forward: for each k the requests are ranked by their
     expected gain a_1 + … + a_k and the best prefix of that ranking is taken, the (k, prefix)
@@ -109,7 +110,9 @@ def admit_rows(cost: MeasuredCost, survivals: Sequence[Sequence[float]], k_max: 
     what its drafter must absorb first after steps without drafting); requests are then ranked by
     their gain less the tokens plain decoding would emit in that time.
     `prompt`: new requests' prompt tokens the step's forward feeds too (chunked prefill): they make
-    the step dearer whatever k is, so drafting pays more easily (`SPSTable.step_seconds`)."""
+    the step dearer whatever k is, so drafting pays more easily (`SPSTable.step_seconds`).
+    `copies`: the drafts are copied, not drafted (prompt lookup, `spec.lookup`): no drafter time;
+    a request with an empty curve has none to send and is never admitted."""
     batch = len(survivals)
     if batch == 0:
         return 0, []
@@ -128,7 +131,7 @@ def admit_rows(cost: MeasuredCost, survivals: Sequence[Sequence[float]], k_max: 
             tokens += gains[r]
             verified += min(k, len(survivals[r]))
             paid += extra[r]
-            rate = tokens / (cost.step(batch, n, k, verified, context, prompt) + paid)
+            rate = tokens / (cost.step(batch, 0 if copies else n, k, verified, context, prompt) + paid)
             if rate > best_rate:
                 best_k, best_rows, best_rate = k, order[:n], rate
     return best_k, sorted(best_rows)

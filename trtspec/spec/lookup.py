@@ -12,6 +12,12 @@ request's last ones (at least `min_match`, at most `max_match`); of those, the o
 tokens after it (a short loop, "abcabc", copies a whole period rather than one token), and of
 those the newest. Found by one vectorised comparison over the request's tokens per step (no index
 to build: a 100,000-token prompt costs ~0.1 ms a step), narrowed one position back at a time.
+
+How many copies a step sends (`SpeculativeDecoder._copied`): with a cost model, the rows and the
+common length that maximise expected tokens per second (`spec.cost.admit_rows`, as for a drafter's
+rows, without drafter time), each row's survival curve that of the copies whose place matched as
+many tokens (how often they were accepted so far); the rows left out draft from the drafter, if
+any, or decode plainly. Without one, every copy goes.
 """
 
 from __future__ import annotations
