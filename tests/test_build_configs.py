@@ -26,6 +26,8 @@ EXPECTED = {
     "tiny-eagle3.yaml": TORCH,
     "tiny-eagle3-k16.yaml": TORCH,
     "tiny-draft-model.yaml": TORCH,
+    "tiny-lookup.yaml": TORCH,
+    "tiny-dflash-lookup.yaml": TORCH,
     "qwen3-8b-dflash-h200.yaml": ENGINE,
     "qwen3-8b-eagle3.yaml": TRTLLM,
     "llama3.1-8b-dflash.yaml": TRTLLM,

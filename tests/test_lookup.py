@@ -80,8 +80,9 @@ def pipeline(request):
 
 def _decoder(pipeline, slots: int, drafter: bool, table: SPSTable | None = None,
              lookup: LookupConfig | None = None) -> SpeculativeDecoder:
+    schedule = ScheduleConfig(mode="full" if table is None else "adaptive")  # adaptive: copies priced
     return SpeculativeDecoder(pipeline.target, pipeline.drafter if drafter else None, pipeline.end_ids,
-                              schedule=ScheduleConfig(mode="full"), cost_table=table, max_slots=slots,
+                              schedule=schedule, cost_table=table, max_slots=slots,
                               lookup=lookup or LookupConfig())
 
 
@@ -170,3 +171,51 @@ def test_bad_lookup_fields_are_refused_by_name(tmp_path):
     path.write_text(text.replace("drafter:\n", "drafter:\n  tree:\n    nodes: 8\n") + "lookup: {}\n")
     with pytest.raises(ConfigError, match="lookup drafts chains"):
         load_build_config(path)
+
+
+def test_a_served_lookup_deployment_answers_as_the_target_alone(tmp_path):
+    """tiny-lookup.yaml behind a real tritonserver: streamed gRPC answers are the target alone's token
+    for token, with copies drafted and accepted (the serving loop's adaptive schedule prices them)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trtspec.pipeline import load_pipeline
+    from trtspec.triton.client import GenerateParams, generate
+    from trtspec.triton.repo import REPO_DIR, write_triton_repo
+    from trtspec.triton.server import Ports, TritonServer
+
+    from .conftest import tritonserver_pids
+
+    config = load_build_config(REPO / "build_configs" / "tiny-lookup.yaml")
+    write_triton_repo(config, tmp_path)
+    server = TritonServer(tmp_path / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
+                          env={"OMP_NUM_THREADS": "1"})
+    try:
+        # the reference decodes while the server's stub loads; the pool's thread outlives the server
+        # (a server dies with the thread that started it)
+        with ThreadPoolExecutor(1) as pool:
+            started = pool.submit(server.start, timeout_s=180)
+            alone = load_pipeline(config, use_drafter=False)
+            encode = alone.tokenizer.encode
+            expected = {p: alone.decoder.generate(encode(p), 64).token_ids for p in PROMPTS[:3]}
+            started.result()
+            drafted = accepted = 0
+            for prompt, ids in expected.items():
+                params = GenerateParams(max_tokens=64, stream=True)
+                got = generate(server.grpc_url, config.name, prompt, params)
+                assert got.token_ids == ids, prompt
+                drafted, accepted = drafted + got.draft_tokens, accepted + got.accepted_tokens
+            assert 0 < accepted <= drafted
+    finally:
+        server.stop()
+        assert tritonserver_pids(str(tmp_path)) == []
+
+
+def test_bench_names_each_way_of_drafting():
+    from trtspec.config import method_name
+
+    names = {p: method_name(load_build_config(REPO / "build_configs" / p)) for p in
+             ("tiny-dflash.yaml", "tiny-lookup.yaml", "tiny-dflash-lookup.yaml")}
+    assert names == {"tiny-dflash.yaml": "dflash", "tiny-lookup.yaml": "lookup",
+                     "tiny-dflash-lookup.yaml": "dflash-lookup"}
+    alone = load_build_config(REPO / "build_configs" / "tiny-lookup.yaml").model_copy(update={"lookup": None})
+    assert method_name(alone) == "none"

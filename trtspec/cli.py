@@ -571,6 +571,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     from trtspec.bench.outputs import bench_outputs
     from trtspec.bench.run import check_same_target, load_methods, markdown_table, run_bench
     from trtspec.bench.sampled import with_couplings
+    from trtspec.config import method_name
     from trtspec.runtime import configure_threads
     from trtspec.spec.sampling import SamplingParams
 
@@ -628,10 +629,13 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     loaded = {}
     for path in configs:
         cfg = load_config_arg(path, "CONFIGS")
-        if cfg.drafter is None:
-            raise click.BadParameter(f"{path} has no drafter", param_hint="CONFIGS")
-        name = cfg.drafter.method
-        if name in loaded and cfg.drafter.num_draft_tokens:  # one method twice: EAGLE-3 at k = 7 and 16
+        if cfg.drafter is None and cfg.lookup is None:
+            raise click.BadParameter(f"{path} has no drafter and no lookup", param_hint="CONFIGS")
+        if write_acceptance and cfg.drafter is None:
+            raise click.BadParameter(f"{path} has no drafter, whose acceptance --write-acceptance stores",
+                                     param_hint="CONFIGS")
+        name = method_name(cfg)
+        if name in loaded and cfg.drafter and cfg.drafter.num_draft_tokens:  # EAGLE-3 at k = 7 and 16
             name = f"{name}-k{cfg.drafter.num_draft_tokens}"
         if name in loaded:
             raise click.BadParameter(f"{path} repeats the drafter of another config", param_hint="CONFIGS")

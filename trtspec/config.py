@@ -390,6 +390,14 @@ class BuildConfig(_Strict):
         return value
 
 
+def method_name(config: BuildConfig) -> str:
+    """How a config drafts, as bench names it: its drafter's method, `lookup` (prompt lookup alone),
+    `<method>-lookup` (both), or `none`."""
+    if config.drafter is None:
+        return "lookup" if config.lookup else "none"
+    return config.drafter.method + ("-lookup" if config.lookup else "")
+
+
 def with_flavour(config: BuildConfig, flavour: str) -> BuildConfig:
     """`config` run as `flavour` (`generate`/`build --flavour`), held to the checks across fields
     the YAML would be (a plain copy built a gumbel-coupled config for TensorRT-LLM)."""

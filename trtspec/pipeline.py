@@ -110,8 +110,10 @@ class Pipeline:
         config, or None for chains; `prefix_reuse`: the config's `limits.prefix_reuse`, or on/off)."""
         self.check_buffers(max_slots)
         drafter = self.drafter if use_drafter else None
-        if schedule is None:
-            schedule = self.config.drafter.schedule if self.config.drafter else ScheduleConfig(mode="full")
+        lookup = self.config.lookup if use_drafter else None
+        if schedule is None:  # prompt lookup alone: adaptive, its copies priced by the cost model
+            schedule = self.config.drafter.schedule if self.config.drafter else \
+                ScheduleConfig(mode="adaptive" if lookup else "full")
         needs_table = drafter is not None and drafter.num_draft_tokens and schedule.mode not in ("full",
                                                                                                 "threshold")
         prior = None
@@ -119,8 +121,8 @@ class Pipeline:
             prior = load_acceptance(self.config.drafter.resolved_path)
         if tree == "config":
             tree = self.config.drafter.tree if self.config.drafter else None
-        lookup = self.config.lookup if tree is None and use_drafter else None  # its drafts are chains
-        if (needs_table or lookup is not None) and cost_table is None:
+        lookup = lookup if tree is None else None  # its drafts are chains
+        if (needs_table or (lookup is not None and schedule.mode == "adaptive")) and cost_table is None:
             cost_table = self.cost_table
         return SpeculativeDecoder(self.target, drafter, self.end_ids, self.verifier, schedule,
                                   cost_table, max_slots, self.capacity, prior,

@@ -126,13 +126,14 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
     tables: dict[str, SPSTable] = {}
     measured: dict = {}  # one profile per drafter (`--coupling both` runs each drafter twice)
     for name, cfg in configs.items():
-        if table is not None or cfg.drafter.resolved_sps_table is not None:
+        if table is not None or (cfg.drafter and cfg.drafter.resolved_sps_table is not None):
             tables[name] = table or pipelines[name].cost_table
             continue
-        key = cfg.drafter.model_dump_json()
+        key = (cfg.drafter and cfg.drafter.model_dump_json(), cfg.lookup and cfg.lookup.num_draft_tokens)
         if key not in measured:
             measured[key] = profile_cost(pipelines[name].target, pipelines[name].drafter, reps=PROFILE_REPS,
-                                         max_batch=max(concurrency))
+                                         max_batch=max(concurrency),
+                                         verify_len=cfg.lookup.num_draft_tokens if cfg.lookup else 0)
         tables[name] = measured[key]
     decoders = _decoders(pipelines, couplings, max(concurrency), tables)
     tok = pipelines["none"].tokenizer

@@ -649,9 +649,9 @@ class SpeculativeDecoder:
                 prompt: int) -> tuple[dict[int, list[int]], set[int]]:
         """The rows (indices into `running`) that draft copied tokens this step, with their drafts:
         those whose prediction continues the answer so far (`spec.prediction`), then those whose own
-        tokens repeat their last ones somewhere (`spec.lookup`; with a cost model, the rows and length
-        `spec.cost.admit_rows` finds paying, as it does for the drafter); and which of
-        them are the latter."""
+        tokens repeat their last ones somewhere (`spec.lookup`; adaptive with a cost model: the rows and
+        length `spec.cost.admit_rows` finds paying, as it does for the drafter); and which of them are
+        the latter."""
         out, copies = {}, {}
         for i, lv in enumerate(running):
             if lv.prediction is not None:
@@ -662,7 +662,8 @@ class SpeculativeDecoder:
                 drafts = lv.lookup.next(lv.generated, min(self.lookup.num_draft_tokens, lv.budget))
                 if drafts:
                     copies[i] = (drafts, self.lookup_acceptance[lv.lookup.match - 1].survival(len(drafts)))
-        if copies and self.cost is not None:  # the rows and common length that pay, as the drafter's
+        if copies and self.cost is not None and self.schedule.mode == "adaptive":
+            # the rows and the common length that pay, as for the drafter's rows
             survivals = [copies[i][1] if i in copies else [] for i in range(len(running))]
             k, rows = admit_rows(self.cost, survivals, self.lookup.num_draft_tokens, self.schedule.min_gain,
                                  context, prompt=prompt, copies=True)
