@@ -98,7 +98,7 @@ def test_decoding_types_cover_every_method():
     from trtspec.config import Method
 
     assert set(fields.DECODING_TYPE) == set(Method.__args__)
-    assert set(fields.DECODING_TYPE.values()) == set(fields.SPEC_FIELDS)
+    assert set(fields.DECODING_TYPE.values()) | {fields.NGRAM_TYPE} == set(fields.SPEC_FIELDS)  # + lookup
 
 
 def test_pbtxt_parses_as_model_config_without_yaml_owned_fields(tmp_path):
@@ -425,3 +425,30 @@ def test_a_serve_parser_that_is_no_name_is_refused_by_its_field(tmp_path):
         bad.write_text(text.replace(f"{field}: qwen3", f"{field}: qwen3 --trust_remote_code"))
         with pytest.raises(ConfigError, match=rf"deployment\.{field}"):
             load_build_config(bad)
+
+
+def test_prompt_lookup_alone_is_tensorrt_llms_ngram_drafter(tmp_path):
+    """`lookup:` without a drafter: speculative_config is NGramDecodingConfig's (a private pool, the
+    newest match, runs up to max_match), a whole build writes it, and what TensorRT-LLM cannot run
+    (lookup beside a drafter, a min_match it has no field for) is refused by name at load."""
+    raw = yaml.safe_load((REPO / "build_configs" / "llama3.1-8b-dflash.yaml").read_text())
+    raw.pop("drafter")
+    raw["deployment"].pop("drafter_id", None)
+    raw["lookup"] = {"num_draft_tokens": 6, "max_match": 3}
+    path = tmp_path / "ngram.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    config = load_build_config(path)
+    spec = llm_args(config, for_triton=False)["speculative_config"]
+    assert spec == {"decoding_type": "NGram", "max_draft_len": 6, "max_matching_ngram_size": 3,
+                    "is_keep_all": True, "is_use_oldest": False, "is_public_pool": False}
+    written = build_trtllm(config, tmp_path / "out")
+    serve = yaml.safe_load((tmp_path / "out" / "trtllm-serve.yaml").read_text())
+    assert serve["speculative_config"] == spec and any(p.name == "launch.sh" for p in written)
+    for lookup, message in (({"min_match": 2}, "lookup.min_match 2: TensorRT-LLM's NGram drafter"),):
+        path.write_text(yaml.safe_dump({**raw, "lookup": lookup}))
+        with pytest.raises(ConfigError, match=message):
+            load_build_config(path)
+    both = yaml.safe_load((REPO / "build_configs" / "llama3.1-8b-dflash.yaml").read_text())
+    path.write_text(yaml.safe_dump({**both, "lookup": {}}))
+    with pytest.raises(ConfigError, match="lookup beside a drafter needs flavour torch or engine"):
+        load_build_config(path)

@@ -350,6 +350,20 @@ class BuildConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _lookup_in_trtllm(self) -> BuildConfig:
+        if self.lookup is None or self.flavour != "trtllm":
+            return self
+        if self.drafter is not None:
+            raise ValueError("lookup beside a drafter needs flavour torch or engine: TensorRT-LLM runs one "
+                             "speculative_config (its NGram drafter for lookup alone); remove lookup or "
+                             "drafter")
+        if self.lookup.min_match != 1:
+            raise ValueError(f"lookup.min_match {self.lookup.min_match}: TensorRT-LLM's NGram drafter "
+                             "matches down to one token and has no such field; set it to 1 for flavour "
+                             "trtllm")
+        return self
+
+    @model_validator(mode="after")
     def _kubernetes_name(self) -> BuildConfig:
         if self.flavour == "trtllm" and not re.fullmatch(K8S_NAME_PATTERN, self.name):
             raise ValueError(f"name {self.name!r}: flavour trtllm names its Kubernetes Service after it, "

@@ -11,7 +11,7 @@ from pathlib import PurePosixPath
 from trtspec.config import BuildConfig
 from trtspec.errors import ConfigError
 from trtspec.plan.models import get_drafter
-from trtspec.trtllm.fields import DECODING_TYPE, DYNAMIC_DRAFT_LEN_TYPES, check_llm_args
+from trtspec.trtllm.fields import DECODING_TYPE, DYNAMIC_DRAFT_LEN_TYPES, NGRAM_TYPE, check_llm_args
 
 # Draft tokens per cycle when the config leaves num_draft_tokens unset (DESIGN §1.2: B − 1).
 _DEFAULT_DRAFT_LEN = {"dflash": 15, "dspark": 7, "eagle3": 5, "draft_model": 5}
@@ -46,7 +46,7 @@ def draft_len_of(config: BuildConfig) -> int:
 def _speculative_config(config: BuildConfig) -> dict | None:
     drafter = config.drafter
     if drafter is None:
-        return None
+        return None if config.lookup is None else _ngram_config(config)
     kind = DECODING_TYPE[drafter.method]
     draft_len = draft_len_of(config)
     spec: dict = {"decoding_type": kind, "max_draft_len": draft_len}
@@ -77,6 +77,16 @@ def _speculative_config(config: BuildConfig) -> dict | None:
         spec["acceptance_rate_window_size"] = plan.acceptance_rate_window_size
         spec["acceptance_rate_threshold"] = plan.acceptance_rate_threshold
     return spec
+
+
+def _ngram_config(config: BuildConfig) -> dict:
+    """Prompt lookup alone as TensorRT-LLM's NGram drafter: each request's own n-grams (a private
+    pool), the newest match, runs of up to lookup.max_match tokens (BuildConfig refuses a
+    lookup.min_match above 1, which TensorRT-LLM has no field for)."""
+    lookup = config.lookup
+    return {"decoding_type": NGRAM_TYPE, "max_draft_len": lookup.num_draft_tokens,
+            "max_matching_ngram_size": lookup.max_match, "is_keep_all": True, "is_use_oldest": False,
+            "is_public_pool": False}
 
 
 def llm_args(config: BuildConfig, *, for_triton: bool) -> dict:

@@ -22,6 +22,12 @@ Read from NVIDIA/TensorRT-LLM (PyTorch backend, LLM API), not guessed:
   `dspark_noise_token_id`, `dspark_block_size`, `dspark_markov_rank`, also nested
   `dspark_config` / `dflash_config` or plain keys).
 
+- Prompt lookup (`lookup:`, no drafter): `NGramDecodingConfig` (decoding_type "NGram", PyTorch
+  backend only) of a 2026 llm_args.py (the version beside `DFlashDecodingConfig` and
+  `SADecodingConfig`): `max_draft_len` (> 0), `max_matching_ngram_size` (PositiveInt, default 2:
+  the longest run of last tokens matched; TensorRT-LLM matches down to one token), `is_keep_all`,
+  `is_use_oldest` (True: the oldest match), `is_public_pool` (True: one pool of n-grams for all
+  requests). trtspec writes a private pool and the newest match, as its own lookup copies.
 - Speculation under load, `DecodingBaseConfig` in the same llm_args.py: `draft_len_schedule`
   (dict[int, int]; keys ≥ 1 are upper batch-size thresholds, values ≥ 0 draft lengths; the
   smallest key must map to max_draft_len and no length may exceed it; batches above the largest
@@ -175,7 +181,10 @@ SPEC_FIELDS = {
     },
     "Eagle3": _BASE_SPEC_FIELDS | {"eagle3_layers_to_capture"},
     "Draft_Target": _BASE_SPEC_FIELDS,
+    "NGram": frozenset({"decoding_type", "max_draft_len", "max_matching_ngram_size", "is_keep_all",
+                        "is_use_oldest", "is_public_pool"}),
 }
+NGRAM_TYPE = "NGram"  # prompt lookup alone (`lookup:` without a drafter)
 
 # model.yaml of the llmapi Triton model: everything but this key goes to `LLM(**args)`.
 TRITON_CONFIG_KEY = "triton_config"
