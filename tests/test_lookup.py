@@ -141,8 +141,9 @@ def test_the_cost_model_sends_copies_only_where_they_pay(pipeline):
 
 
 def test_a_config_builds_it_and_the_target_alone_leaves_it_out(tmp_path):
-    """`lookup:` in a build config without a drafter: the pipeline's decoder copies (priced by a cost
-    table measured for the target alone), `use_drafter=False` (bench's baseline) does not."""
+    """`lookup:` in a build config without a drafter: the pipeline's decoder copies, adaptive (priced
+    by a cost table measured for the target alone, its grid as long as the copies), and
+    `use_drafter=False` (bench's baseline) does not."""
     from trtspec.pipeline import load_pipeline
 
     text = (REPO / "build_configs" / "tiny-dflash.yaml").read_text()
@@ -152,7 +153,8 @@ def test_a_config_builds_it_and_the_target_alone_leaves_it_out(tmp_path):
     config = load_build_config(config_path)
     assert config.drafter is None and config.lookup.min_match == 2
     decoder = load_pipeline(config).decoder_for(2)
-    assert decoder.lookup == config.lookup and decoder.cost is not None
+    assert decoder.lookup == config.lookup and decoder.schedule.mode == "adaptive"
+    assert decoder.cost_table.verify_tokens_per_row[-1] == 7  # its R x t grid reaches 6 copies + 1
     result = decoder.generate_batch([Request(list(b"a = b; a = b; a = b; a"), 32)])[0]
     assert result.num_looked_up > 0 and result.num_draft_tokens == 6
     assert load_pipeline(config, use_drafter=False).decoder_for(1).lookup is None

@@ -662,12 +662,14 @@ class SpeculativeDecoder:
                 drafts = lv.lookup.next(lv.generated, min(self.lookup.num_draft_tokens, lv.budget))
                 if drafts:
                     copies[i] = (drafts, self.lookup_acceptance[lv.lookup.match - 1].survival(len(drafts)))
+        self.offered_drafts += sum(len(d) for d, _ in copies.values())
         if copies and self.cost is not None and self.schedule.mode == "adaptive":
             # the rows and the common length that pay, as for the drafter's rows
             survivals = [copies[i][1] if i in copies else [] for i in range(len(running))]
             k, rows = admit_rows(self.cost, survivals, self.lookup.num_draft_tokens, self.schedule.min_gain,
                                  context, prompt=prompt, copies=True)
             copies = {i: (copies[i][0][:k], copies[i][1]) for i in rows}
+        self.admitted_drafts += sum(len(d) for d, _ in copies.values())
         for i, (drafts, _) in copies.items():
             out[i] = drafts
         return out, set(copies)
