@@ -635,8 +635,9 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
             raise click.BadParameter(f"{path} has no drafter, whose acceptance --write-acceptance stores",
                                      param_hint="CONFIGS")
         name = method_name(cfg)
-        if name in loaded and cfg.drafter and cfg.drafter.num_draft_tokens:  # EAGLE-3 at k = 7 and 16
-            name = f"{name}-k{cfg.drafter.num_draft_tokens}"
+        k = cfg.drafter.num_draft_tokens if cfg.drafter else cfg.lookup.num_draft_tokens
+        if name in loaded and k:  # one method twice: EAGLE-3 at k = 7 and 16, lookup copying 4 or 8
+            name = f"{name}-k{k}"
         if name in loaded:
             raise click.BadParameter(f"{path} repeats the drafter of another config", param_hint="CONFIGS")
         loaded[name] = cfg
