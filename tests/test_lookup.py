@@ -9,13 +9,14 @@ expected to gain, and a config builds it through the pipeline."""
 from __future__ import annotations
 
 import random
+import urllib.request
 
 import pytest
 
 from trtspec.config import LookupConfig, ScheduleConfig, load_build_config
 from trtspec.errors import ConfigError
 from trtspec.spec.decoder import Request, SpeculativeDecoder
-from trtspec.spec.lookup import PromptLookup
+from trtspec.spec.lookup import ANSWER_ROOM, PromptLookup
 from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.schedule import SPSTable
 
@@ -47,7 +48,7 @@ def test_copies_from_the_longest_match_as_the_rule_says(seed):
         prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 40))]
         answer = [rng.randrange(vocab) for _ in range(rng.randint(0, 40))]
         low, high, n = rng.randint(1, 3), rng.randint(3, 9), rng.randint(1, 12)
-        lookup = PromptLookup(prompt, len(prompt) + len(answer), low, high)
+        lookup = PromptLookup(prompt, low, high)
         i = 0
         while i <= len(answer):
             got = lookup.next(answer[:i], n)
@@ -58,17 +59,18 @@ def test_copies_from_the_longest_match_as_the_rule_says(seed):
 
 
 def test_what_it_copies_on_small_cases():
-    lookup = PromptLookup([1, 2, 3, 9, 1, 2], 20, min_match=1, max_match=4)
+    lookup = PromptLookup([1, 2, 3, 9, 1, 2], min_match=1, max_match=4)
     assert lookup.next([], 3) == [3, 9, 1] and lookup.match == 2  # (1, 2) ends at 2: copy 3, 9, 1
     assert lookup.next([7], 3) == []  # 7 never came before
     assert lookup.match == 0
-    loop = PromptLookup([5, 6, 7, 5, 6, 7], 20, min_match=1, max_match=8)
+    loop = PromptLookup([5, 6, 7, 5, 6, 7], min_match=1, max_match=8)
     assert loop.next([], 8) == [5, 6, 7]  # a whole period, not the one token after the newest match
-    strict = PromptLookup([1, 2, 3, 9, 1, 2], 20, min_match=3, max_match=4)
+    strict = PromptLookup([1, 2, 3, 9, 1, 2], min_match=3, max_match=4)
     assert strict.next([], 3) == []  # only 2 tokens match
     assert strict.next([3], 3) == [9, 1, 2]  # now (1, 2, 3) does
-    grows = PromptLookup([4, 4], 2, min_match=1, max_match=2)  # fed past the capacity it was given
-    assert grows.next([4, 4, 4], 2) == [4, 4]
+    grows = PromptLookup([4, 4], min_match=1, max_match=2)
+    answer = [4] * (ANSWER_ROOM + 5)  # past the room it made for an answer
+    assert grows.next(answer, 2) == [4, 4] and grows.length == ANSWER_ROOM + 7
 
 
 @pytest.fixture(scope="module", params=["tiny-dflash", "tiny-draft-model"])
@@ -177,7 +179,8 @@ def test_bad_lookup_fields_are_refused_by_name(tmp_path):
 
 def test_a_served_lookup_deployment_answers_as_the_target_alone(tmp_path):
     """tiny-lookup.yaml behind a real tritonserver: streamed gRPC answers are the target alone's token
-    for token, with copies drafted and accepted (the serving loop's adaptive schedule prices them)."""
+    for token, with copies drafted and accepted (the serving loop's adaptive schedule prices them),
+    and Prometheus counts them by source."""
     from concurrent.futures import ThreadPoolExecutor
 
     from trtspec.pipeline import load_pipeline
@@ -207,6 +210,11 @@ def test_a_served_lookup_deployment_answers_as_the_target_alone(tmp_path):
                 assert got.token_ids == ids, prompt
                 drafted, accepted = drafted + got.draft_tokens, accepted + got.accepted_tokens
             assert 0 < accepted <= drafted
+            metrics = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+            names = ("trtspec_copied_draft_tokens_total", "trtspec_copied_accepted_tokens_total")
+            copied = [sum(float(line.split()[-1]) for line in metrics.splitlines()
+                          if line.startswith(name + "{") and 'source="lookup"' in line) for name in names]
+            assert copied == [drafted, accepted]  # every draft of this deployment is a copy
     finally:
         server.stop()
         assert tritonserver_pids(str(tmp_path)) == []

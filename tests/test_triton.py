@@ -213,14 +213,18 @@ def test_finish_reason_is_the_models_not_a_count(served, config, expected):
 
 def test_a_prediction_input_drafts_the_answer_it_does_not_change(served, config, expected):
     """`prediction` (the text the answer is expected to repeat) over gRPC: the same ids, in fewer
-    target forwards when it is the answer, whole or cut short."""
+    target forwards when it is the answer, whole or cut short; Prometheus counts its drafts."""
     params, address = GenerateParams(max_tokens=160), served.grpc_url.removeprefix("grpc://")
     plain = grpc_generate(address, config.name, grpc_inputs(PROMPTS[0], params))
+    names = ("trtspec_copied_draft_tokens_total", "trtspec_copied_accepted_tokens_total")
+    before = [_metric(served, name) for name in names]
     for predicted in (plain.text, plain.text[: len(plain.text) // 2]):
         prediction = array_input(InferInput, "prediction", np.array([predicted.encode()], dtype=object))
         got = grpc_generate(address, config.name, [*grpc_inputs(PROMPTS[0], params), prediction])
         assert got.token_ids == plain.token_ids
         assert got.target_forwards < plain.target_forwards, (got.target_forwards, plain.target_forwards)
+    copied, accepted = (_metric(served, name) - b for name, b in zip(names, before, strict=True))
+    assert 0 < accepted <= copied
 
 
 def test_a_temperature_near_zero_is_greedy_and_fails_no_one_beside_it(served, config, expected):

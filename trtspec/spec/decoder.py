@@ -339,8 +339,7 @@ class SpeculativeDecoder:
             if request.prediction:
                 live.prediction = PredictedDrafts(request.prediction)
             if self.lookup is not None:
-                live.lookup = PromptLookup(request.prompt, len(request.prompt) + request.max_new_tokens,
-                                           self.lookup.min_match, self.lookup.max_match)
+                live.lookup = PromptLookup(request.prompt, self.lookup.min_match, self.lookup.max_match)
         self.lives[rid] = live
         return rid
 

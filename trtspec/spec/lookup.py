@@ -26,13 +26,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
+ANSWER_ROOM = 1024  # answer tokens the buffer holds before it first grows
 
 class PromptLookup:
     """One request's tokens (prompt, then its answer as it grows) and the drafts they suggest."""
 
-    def __init__(self, prompt: Sequence[int], capacity: int, min_match: int, max_match: int):
+    def __init__(self, prompt: Sequence[int], min_match: int, max_match: int):
         self.min_match, self.max_match = min_match, max_match
-        self.tokens = np.zeros(max(capacity, len(prompt)), dtype=np.int64)  # [capacity]
+        # [capacity]: the prompt and room for the answer, doubled when it fills (int32: 4 bytes a token)
+        self.tokens = np.zeros(len(prompt) + ANSWER_ROOM, dtype=np.int32)
         self.tokens[: len(prompt)] = prompt
         self.prompt_len = len(prompt)
         self.length = len(prompt)  # tokens held: the prompt and the answer tokens seen so far
@@ -43,8 +45,8 @@ class PromptLookup:
         seen = self.length - self.prompt_len
         new = len(answer) - seen
         if new > 0:
-            if self.length + new > len(self.tokens):  # a caller that outgrew the capacity it gave
-                self.tokens = np.concatenate([self.tokens, np.zeros(self.length + new, dtype=np.int64)])
+            if self.length + new > len(self.tokens):
+                self.tokens = np.concatenate([self.tokens, np.zeros(self.length + new, dtype=np.int32)])
             self.tokens[self.length : self.length + new] = answer[seen:]
             self.length += new
         self.match = 0

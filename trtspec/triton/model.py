@@ -108,11 +108,18 @@ class Metrics:
                       "Seconds from arrival to the first generated token, per request", hist)
         in_flight = family("trtspec_requests_in_flight", "Requests decoding in the instance now", gauge)
         waiting = family("trtspec_requests_waiting", "Requests queued for a decoder slot now", gauge)
+        # drafts taken from the request itself, by source: its prediction (not in the two above) and
+        # its own tokens by prompt lookup (in them too)
+        copied = family("trtspec_copied_draft_tokens_total",
+                        "Draft tokens copied from the request's prediction or its own tokens, by source",
+                        counter)
+        copied_accepted = family("trtspec_copied_accepted_tokens_total",
+                                 "Copied draft tokens accepted, by source (prediction, lookup)", counter)
         errors = family("trtspec_request_errors_total",
                         "Requests answered with an error, by reason (invalid_request, generation_failed)",
                         counter)
         self._families = [requests, generated, accepted, drafted, forwards, prompts, cached, tau, steps,
-                          queue, ttft, in_flight, waiting, errors]
+                          queue, ttft, in_flight, waiting, errors, copied, copied_accepted]
         self.requests = requests.Metric(labels=labels)
         self.generated = generated.Metric(labels=labels)
         self.accepted = accepted.Metric(labels=labels)
@@ -127,6 +134,9 @@ class Metrics:
         self.in_flight = in_flight.Metric(labels=gauge_labels)
         self.waiting = waiting.Metric(labels=gauge_labels)
         self.errors = {reason: errors.Metric(labels={**labels, "reason": reason}) for reason in ERROR_REASONS}
+        self.copied = {source: (copied.Metric(labels={**labels, "source": source}),
+                                copied_accepted.Metric(labels={**labels, "source": source}))
+                       for source in ("prediction", "lookup")}
         self._load: tuple[int, int] | None = None  # the gauges as last sent
         self._steps = 0  # steps not yet added to the counter
         self._steps_sent_at = time.monotonic()
@@ -141,6 +151,11 @@ class Metrics:
         self.prompt_tokens.increment(result.prompt_len)
         self.cached_tokens.increment(result.cached_tokens)
         self.tau.observe(result.tau)
+        for source, drafts, accepted in (("prediction", result.num_predicted, result.num_prediction_accepted),
+                                         ("lookup", result.num_looked_up, result.num_lookup_accepted)):
+            if drafts:
+                self.copied[source][0].increment(drafts)
+                self.copied[source][1].increment(accepted)
 
     def load(self, running: int, waiting: int) -> None:
         if (running, waiting) != self._load:
