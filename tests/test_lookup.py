@@ -233,3 +233,23 @@ def test_bench_names_each_way_of_drafting():
                      "tiny-dflash-lookup.yaml": "dflash-lookup"}
     alone = load_build_config(REPO / "build_configs" / "tiny-lookup.yaml").model_copy(update={"lookup": None})
     assert method_name(alone) == "none"
+
+
+def test_generate_reports_what_lookup_copied():
+    """`trtspec generate --json` with a lookup config says it is on and what it copied; `--drafter
+    none` (the target alone) copies nothing."""
+    import json
+
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+
+    config = str(REPO / "build_configs" / "tiny-lookup.yaml")
+    args = ["generate", "--config", config, "--prompt", "x = x + 1\nx = x + 1\n", "--max-tokens", "40",
+            "--json"]
+    out = json.loads(CliRunner().invoke(main, args).output)
+    assert out["lookup"] == LookupConfig().model_dump()
+    assert 0 < out["num_lookup_accepted"] <= out["num_looked_up"] == out["num_drafted"]
+    alone = json.loads(CliRunner().invoke(main, [*args, "--drafter", "none"]).output)
+    assert "lookup" not in alone and "num_looked_up" not in alone and alone["num_drafted"] == 0
+    assert alone["token_ids"] == out["token_ids"]

@@ -208,7 +208,9 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
     except GuideError as exc:
         raise click.BadParameter(str(exc), param_hint="--guide") from None
     if as_json:
-        click.echo(json.dumps({"text": text, "drafter": pipeline.drafter.method, **result.to_dict()}))
+        lookup = pipeline.config.lookup  # prompt lookup, when on (not with --drafter none)
+        click.echo(json.dumps({"text": text, "drafter": pipeline.drafter.method,
+                               **({"lookup": lookup.model_dump()} if lookup else {}), **result.to_dict()}))
     else:
         click.echo(text)
         click.echo(

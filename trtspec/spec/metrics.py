@@ -77,6 +77,8 @@ class GenerationResult:
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
             "finish_reason": self.finish_reason,
             **({} if self.seed is None else {"seed": self.seed}),
+            **({"num_looked_up": self.num_looked_up, "num_lookup_accepted": self.num_lookup_accepted}
+               if self.num_looked_up else {}),
         }
 
 
