@@ -9,6 +9,7 @@ target alone. TensorRT-LLM's NGram mapping is tests/test_trtllm.py's."""
 
 from __future__ import annotations
 
+import json as json_module
 import random
 import urllib.request
 
@@ -253,3 +254,62 @@ def test_generate_reports_what_lookup_copied():
     alone = json.loads(CliRunner().invoke(main, [*args, "--drafter", "none"]).output)
     assert "lookup" not in alone and "num_looked_up" not in alone and alone["num_drafted"] == 0
     assert alone["token_ids"] == out["token_ids"]
+
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}, "unit": {"enum": ["cm", "kg"]}},
+          "required": ["answer", "unit"]}
+JSON_PROMPT = '{"answer": 3, "unit": "kg"}\n{"answer": 41, "unit": "cm"}\n'
+
+
+@pytest.mark.parametrize("coupling", ["greedy", "gumbel"])
+def test_guided_copies_keep_to_the_guide_and_the_text_is_the_guided_targets(pipeline, coupling, monkeypatch):
+    """A guided request copies too, each copy chain cut where its guide would refuse a draft: every
+    chain the verifier's mask walks is one the guide allows, the texts are the guided target
+    alone's, and a JSON answer copies the keys its prompt shows."""
+    from trtspec.spec.grammar import Guide
+
+    sampling = SamplingParams() if coupling == "greedy" else SamplingParams(temperature=0.9, seed=5,
+                                                                            coupling="gumbel")
+    guides = [pipeline.guides.compile(Guide("json_schema", json_module.dumps(SCHEMA))),
+              pipeline.guides.compile(Guide("regex", r"( [0-9]+[-*/])+ ?[0-9]+;"))]
+    requests = [Request(list(JSON_PROMPT.encode()), 80, sampling, guide=guides[0]),
+                Request(list(b"Q: 12 * 3 - 4; 7 * 3 - 4;\nA:"), 80, sampling, guide=guides[1]),
+                Request(list(JSON_PROMPT.encode()), 80, sampling)]
+    plain = SpeculativeDecoder(pipeline.target, None, pipeline.end_ids, max_slots=3).generate_batch(requests)
+    refused, walked = [], 0
+    copied = SpeculativeDecoder._copied
+
+    def walked_copies(self, running, context, prompt):  # each guided row's copies, walked on its matcher
+        nonlocal walked
+        out, looked_up = copied(self, running, context, prompt)
+        for i in looked_up:
+            matcher, taken = running[i].grammar and running[i].grammar.matcher, 0
+            for token in out[i] if matcher else ():
+                if matcher.is_terminated() or not matcher.accept_token(token):
+                    refused.append(token)
+                    break
+                taken += 1
+            if matcher:
+                matcher.rollback(taken)
+                walked += taken
+        return out, looked_up
+
+    monkeypatch.setattr(SpeculativeDecoder, "_copied", walked_copies)
+    got = _decoder(pipeline, 3, drafter=False).generate_batch(requests)
+    assert [g.token_ids for g in got] == [p.token_ids for p in plain]
+    assert refused == [] and walked > 0 and got[0].num_lookup_accepted > 0
+
+
+def test_rejection_sampled_guided_answers_with_lookup_follow_the_guided_target(pipeline):
+    """Under a regex guide, copies of the prompt's worked answer cut to what the guide allows (the
+    first accepted, the next most often not): each of the first 4 positions' law is the guided
+    target's exact one."""
+    from trtspec.spec.grammar import Guide
+    from trtspec.triton.verify import allowed_after
+
+    guide = pipeline.guides.compile(Guide("regex", r" [0-9]+[-*][0-9]+=[0-9]+;"))
+    allowed = allowed_after(guide, pipeline.end_ids, pipeline.target.vocab_size)
+    assert_samples_follow_target(pipeline.target.model, _decoder(pipeline, 16, drafter=False),
+                                 list(b"Q: 2*3=6;\nA: 2*3=6;\nQ: 2*3=6;\nA:"),
+                                 SamplingParams(temperature=1.0, top_k=3), steps=4,
+                                 guide=guide, allowed=allowed)

@@ -335,11 +335,10 @@ class SpeculativeDecoder:
                                        self.target.device)
         if request.guide is not None:
             live.grammar = GuideState(request.guide, self.end_ids_of(request), self.target.vocab_size)
-        elif self.tree is None:  # a guided row drafts what its guide allows
-            if request.prediction:
-                live.prediction = PredictedDrafts(request.prediction)
-            if self.lookup is not None:
-                live.lookup = PromptLookup(request.prompt, self.lookup.min_match, self.lookup.max_match)
+        elif request.prediction and self.tree is None:  # a guided row drafts what its guide allows
+            live.prediction = PredictedDrafts(request.prediction)
+        if self.lookup is not None:  # a guided row's copies are cut where its guide refuses one
+            live.lookup = PromptLookup(request.prompt, self.lookup.min_match, self.lookup.max_match)
         self.lives[rid] = live
         return rid
 
@@ -659,6 +658,8 @@ class SpeculativeDecoder:
                     out[i] = drafts
             if lv.lookup is not None and i not in out:  # it takes the answer's new tokens as it goes
                 drafts = lv.lookup.next(lv.generated, min(self.lookup.num_draft_tokens, lv.budget))
+                if drafts and lv.grammar is not None:
+                    drafts = lv.grammar.allowed_prefix(drafts)
                 if drafts:
                     copies[i] = (drafts, self.lookup_acceptance[lv.lookup.match - 1].survival(len(drafts)))
         self.offered_drafts += sum(len(d) for d, _ in copies.values())

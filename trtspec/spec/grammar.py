@@ -278,6 +278,19 @@ class GuideState:
             self.matcher.rollback(self._drafted)
         self._drafted, self._draft_over = 0, False
 
+    def allowed_prefix(self, tokens: Sequence[int]) -> list[int]:
+        """The longest prefix of `tokens` the guide allows after the committed ones (an end id that
+        ends the text last): a copied draft chain cut where the first draft would be refused. The
+        matcher is left where it stood."""
+        taken = 0
+        for token in tokens:
+            if self.matcher.is_terminated() or not self._accept(token):
+                break
+            taken += 1
+        if taken:
+            self.matcher.rollback(taken)
+        return list(tokens[:taken])
+
     def _accept(self, token: int) -> bool:
         """Move the matcher past `token` if the guide allows it there."""
         return token not in self._special and self.matcher.accept_token(token)
