@@ -86,8 +86,17 @@ def test_mixed_step_attends_over_slot_views_and_stays_exact(causal):
 
 
 def test_sparse_wide_groups_keep_their_gather():
-    """Filling holes of a long group would pad more query rows than a gathered copy costs."""
+    """Filling holes of a long group would pad more query rows than a gathered copy costs: two
+    64-token segments at the ends of 8 slots (6 × 64 padded rows measured 1.4-1.8x slower)."""
+    layout = StepLayout([Segment(0, 5, 64)] + [Segment(s, 5, 1) for s in range(1, 7)] + [Segment(7, 5, 64)])
+    assert sorted(g.gather.shape[1] for g in layout.groups) == [1, 64]
+    assert not isinstance(next(g for g in layout.groups if g.gather.shape[1] == 64).slots, slice)
+
+
+def test_alternating_verify_segments_are_filled_into_one_view():
+    """17-token segments in alternate slots (drafting rows beside plain ones) take the plain rows in,
+    padded: one attention over a contiguous slot range, no gathered copy (measured faster)."""
     layout = StepLayout([Segment(0, 5, 17), Segment(1, 5, 1), Segment(2, 5, 17), Segment(3, 5, 1),
                          Segment(4, 5, 17)])
-    assert sorted(g.gather.shape[1] for g in layout.groups) == [1, 17]
-    assert all(not isinstance(g.slots, slice) for g in layout.groups)
+    assert [g.gather.shape[1] for g in layout.groups] == [17]
+    assert isinstance(layout.groups[0].slots, slice)

@@ -109,10 +109,14 @@ class _Dummy:
 
 
 # copying one row's K/V for a group over scattered slots costs about as much attention as this many
-# padded query rows (measured on the tiny target at R = 8, 2-core CPU: 7 rows × 3 tokens with slot 3
-# plain cost 8.1 ms gathered, 7.2 ms filled; 4 rows × 17 tokens alternating with plain ones lose 4 %
-# when filled with 3 × 17 padded rows)
-GATHERED_ROW_COST = 4
+# padded query rows. Measured on the tiny target's forward at R = 8 (2-core CPU, 2026-12-05, medians
+# of 15-25, each shape at 4, 16 and "always fill"), ms at 256 / 1,024 cached tokens a slot:
+# 9-token rows in alternate slots 10.7 / 24.3 gathered (4), 9.8 / 18.8 at 16; three 9-token rows in
+# slots 0, 3, 6 9.8 / 22.6 and 9.0 / 18.1; 17-token rows alternating 13.3 / 27.5 and 12.9 / 23.6;
+# two 64-token rows in slots 0 and 7 17.8 / 30.0 and 17.3 / 29.7, which filling always (6 × 64
+# padded rows) makes 24.8 / 52.3. Prompt lookup's and adaptive drafting's rows are such scattered
+# slots; end to end at R = 8 (short contexts) 1-3 % more tokens/s (was 4, from a 7 × 3-token case)
+GATHERED_ROW_COST = 16
 
 
 def _fill_slot_gaps(groups: list[list[int]], segments: list[Segment]) -> list[list[int | _Dummy]]:
