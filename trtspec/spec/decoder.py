@@ -661,17 +661,18 @@ class SpeculativeDecoder:
                 if drafts and lv.grammar is not None:
                     drafts = lv.grammar.allowed_prefix(drafts)
                 if drafts:
-                    copies[i] = (drafts, self.lookup_acceptance[lv.lookup.match - 1].survival(len(drafts)))
-        self.offered_drafts += sum(len(d) for d, _ in copies.values())
+                    copies[i] = drafts
+        self.offered_drafts += sum(map(len, copies.values()))
         if copies and self.cost is not None and self.schedule.mode == "adaptive":
-            # the rows and the common length that pay, as for the drafter's rows
-            survivals = [copies[i][1] if i in copies else [] for i in range(len(running))]
+            # the rows and the common length that pay, as for the drafter's rows; a row's survival is
+            # that of copies whose place matched as many tokens
+            survivals = [self.lookup_acceptance[running[i].lookup.match - 1].survival(len(copies[i]))
+                         if i in copies else [] for i in range(len(running))]
             k, rows = admit_rows(self.cost, survivals, self.lookup.num_draft_tokens, self.schedule.min_gain,
                                  context, prompt=prompt, copies=True)
-            copies = {i: (copies[i][0][:k], copies[i][1]) for i in rows}
-        self.admitted_drafts += sum(len(d) for d, _ in copies.values())
-        for i, (drafts, _) in copies.items():
-            out[i] = drafts
+            copies = {i: copies[i][:k] for i in rows}
+        self.admitted_drafts += sum(map(len, copies.values()))
+        out.update(copies)
         return out, set(copies)
 
     def _draft_trees(self, running: list[_Live], prompt: int) -> _Drafts:

@@ -281,15 +281,14 @@ class GuideState:
     def allowed_prefix(self, tokens: Sequence[int]) -> list[int]:
         """The longest prefix of `tokens` the guide allows after the committed ones (an end id that
         ends the text last): a copied draft chain cut where the first draft would be refused. The
-        matcher is left where it stood."""
-        taken = 0
+        matcher is left where it stood (no proposal may be under way: `take_draft` walks it)."""
         for token in tokens:
-            if self.matcher.is_terminated() or not self._accept(token):
+            if self._draft_over:  # refused, or after an end id
                 break
-            taken += 1
-        if taken:
-            self.matcher.rollback(taken)
-        return list(tokens[:taken])
+            self.take_draft(token)
+        allowed = list(tokens[: self._drafted])
+        self.end_drafts()
+        return allowed
 
     def _accept(self, token: int) -> bool:
         """Move the matcher past `token` if the guide allows it there."""

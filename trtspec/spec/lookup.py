@@ -28,6 +28,7 @@ import numpy as np
 
 ANSWER_ROOM = 1024  # answer tokens the buffer holds before it first grows
 
+
 class PromptLookup:
     """One request's tokens (prompt, then its answer as it grows) and the drafts they suggest."""
 
