@@ -24,6 +24,7 @@ from pydantic import (
 
 from trtspec.errors import ConfigError
 from trtspec.plan.deployment import DeploymentConfig
+from trtspec.spec.lookup import POOL_KEY
 
 ASSETS_DIR = Path(__file__).parent / "assets"
 BUILTIN_PREFIX = "builtin:"
@@ -187,11 +188,21 @@ class LookupConfig(_Strict):
     max_match: int = Field(8, ge=1, le=64, description="most of the request's last tokens compared: of "
                                                        "several places, the one repeating the most is "
                                                        "copied from")
+    pool_tokens: int = Field(
+        0, ge=0, le=1 << 22,
+        description="finished requests' tokens (prompt + answer, newest kept) every request may also copy "
+                    "from where they repeat more of its last tokens than its own do (at least 3): a shared "
+                    "n-gram pool, TensorRT-LLM's is_public_pool; 0 = each request copies from its own tokens "
+                    "only. Shared between requests: a request's speed can hint that another's text resembled "
+                    "it, as a shared prefix cache's can")
 
     @model_validator(mode="after")
     def _ordered(self) -> LookupConfig:
         if self.min_match > self.max_match:
             raise ValueError(f"lookup.min_match {self.min_match} exceeds lookup.max_match {self.max_match}")
+        if self.pool_tokens and self.max_match < POOL_KEY:
+            raise ValueError(f"lookup.pool_tokens: a pool place repeats at least {POOL_KEY} tokens, above "
+                             f"lookup.max_match {self.max_match}; raise max_match or set pool_tokens 0")
         return self
 
 

@@ -37,7 +37,7 @@ from trtspec.spec.cost import AcceptanceTracker, GainCalibration, MeasuredCost, 
 from trtspec.spec.coupling import fresh_seed
 from trtspec.spec.grammar import GuideState
 from trtspec.spec.logprobs import TokenLogprobs, prompt_logprobs, step_logprobs
-from trtspec.spec.lookup import PromptLookup
+from trtspec.spec.lookup import KEY_BITS, LookupPool, PromptLookup
 from trtspec.spec.metrics import GenerationResult
 from trtspec.spec.penalties import Penalties
 from trtspec.spec.prediction import PREDICTION_DRAFTS, PredictedDrafts
@@ -186,6 +186,11 @@ class SpeculativeDecoder:
         if lookup is not None and self.tree is not None:
             raise ValueError("prompt lookup drafts chains, and this decoder verifies trees: drop one of them")
         self.lookup = lookup  # drafts copied from each request's own tokens (`spec.lookup`); None: off
+        if lookup is not None and lookup.pool_tokens and self.target.vocab_size > 1 << KEY_BITS:
+            raise ValueError(f"lookup.pool_tokens: the pool keys token ids in {KEY_BITS} bits, and this "
+                             f"target's vocabulary has {self.target.vocab_size} ids; set it to 0")
+        # finished requests' tokens, for every request to copy from (lookup.pool_tokens; None: off)
+        self.pool = LookupPool(lookup.pool_tokens) if lookup is not None and lookup.pool_tokens else None
         self.end_ids = frozenset(end_ids)  # a request ends at the first of these it emits
         self.verifier = verifier or Verifier()
         self.schedule = schedule or ScheduleConfig(mode="full")
@@ -261,9 +266,12 @@ class SpeculativeDecoder:
         self.population = AcceptanceTracker(self.num_draft_tokens, prior=self.acceptance_prior)
         # the same for drafts copied by prompt lookup, by how many tokens the copy's place matched
         # (1..max_match): on the embedded model a 1-token match's first copy is accepted 17 % of the
-        # time, an 8-token match's 76 %
-        self.lookup_acceptance = [AcceptanceTracker(self.lookup.num_draft_tokens)
-                                  for _ in range(self.lookup.max_match if self.lookup else 0)]
+        # time, an 8-token match's 76 %; apart for copies from the request's own tokens and the pool's
+        self.lookup_acceptance = {(pooled, m): AcceptanceTracker(self.lookup.num_draft_tokens)
+                                  for pooled in (False, True)
+                                  for m in range(1, self.lookup.max_match + 1 if self.lookup else 1)}
+        if self.pool is not None:  # forgotten too: the texts other requests left
+            self.pool.clear()
         self.calibration = GainCalibration()  # accepted / expected drafts of recent steps
 
     def check(self, request: Request) -> None:
@@ -657,7 +665,7 @@ class SpeculativeDecoder:
                 if drafts:
                     out[i] = drafts
             if lv.lookup is not None and i not in out:  # it takes the answer's new tokens as it goes
-                drafts = lv.lookup.next(lv.generated, min(self.lookup.num_draft_tokens, lv.budget))
+                drafts = lv.lookup.next(lv.generated, min(self.lookup.num_draft_tokens, lv.budget), self.pool)
                 if drafts and lv.grammar is not None:
                     drafts = lv.grammar.allowed_prefix(drafts)
                 if drafts:
@@ -666,7 +674,7 @@ class SpeculativeDecoder:
         if copies and self.cost is not None and self.schedule.mode == "adaptive":
             # the rows and the common length that pay, as for the drafter's rows; a row's survival is
             # that of copies whose place matched as many tokens
-            survivals = [self.lookup_acceptance[running[i].lookup.match - 1].survival(len(copies[i]))
+            survivals = [self._lookup_tracker(running[i].lookup).survival(len(copies[i]))
                          if i in copies else [] for i in range(len(running))]
             k, rows = admit_rows(self.cost, survivals, self.lookup.num_draft_tokens, self.schedule.min_gain,
                                  context, prompt=prompt, copies=True)
@@ -674,6 +682,10 @@ class SpeculativeDecoder:
         self.admitted_drafts += sum(map(len, copies.values()))
         out.update(copies)
         return out, set(copies)
+
+    def _lookup_tracker(self, lookup: PromptLookup) -> AcceptanceTracker:
+        """The acceptance of copies like `lookup`'s last: from the same source, matching as many."""
+        return self.lookup_acceptance[lookup.pooled, lookup.match]
 
     def _draft_trees(self, running: list[_Live], prompt: int) -> _Drafts:
         """A draft tree for every running request the schedule lets draft (its depth capped by the
@@ -903,7 +915,10 @@ class SpeculativeDecoder:
                 if looked_up:
                     lv.result.num_looked_up += n
                     lv.result.num_lookup_accepted += a
-                    self.lookup_acceptance[lv.lookup.match - 1].observe(n, a)
+                    if lv.lookup.pooled:
+                        lv.result.num_pooled += n
+                        lv.result.num_pool_accepted += a
+                    self._lookup_tracker(lv.lookup).observe(n, a)
                 elif n and not depth:  # its prediction's drafts: counted apart from the drafter's
                     lv.result.num_predicted += n
                     lv.result.num_prediction_accepted += a
@@ -921,6 +936,8 @@ class SpeculativeDecoder:
             lv.result.logprobs = lv.logprobs
             done.append(lv)
             finished[rid] = lv.result
+            if self.pool is not None:
+                self.pool.add(lv.committed)
         self._free(done)
         drafter.tidy()
         return finished

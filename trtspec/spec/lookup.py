@@ -27,6 +27,74 @@ from collections.abc import Sequence
 import numpy as np
 
 ANSWER_ROOM = 1024  # answer tokens the buffer holds before it first grows
+SEPARATOR = -1  # between a pool's texts: no token id, so no run crosses it
+POOL_KEY = 3  # fewest last tokens a pool place must repeat (LookupPool's index key)
+KEY_BITS = 21  # bits per token in a pool key: ids below 2,097,152 (every vocabulary we know)
+
+
+class LookupPool:
+    """Recent finished requests' tokens (prompt, then answer), newest last, for every request to copy
+    from beside its own (TensorRT-LLM's `is_public_pool`, SGLang's shared n-gram cache): answers to
+    similar prompts repeat each other's phrasing, templates and boilerplate. Holds at most
+    `capacity` tokens; the oldest texts go first. A place is copied from when it repeats at least the
+    last POOL_KEY tokens, found by one comparison of each position's key (its last POOL_KEY tokens
+    packed into an int64) rather than narrowed from every place of the last token."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        # [length]: the texts one after another, each followed by SEPARATOR, which no run matches
+        self.tokens = np.zeros(0, dtype=np.int32)
+        self.keys = np.zeros(0, dtype=np.int64)  # [length]: `_keys` of the POOL_KEY tokens ending at each
+        self.ends = np.zeros(0, dtype=np.int64)  # [texts]: where each text's separator is (ascending)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, text: Sequence[int]) -> None:
+        """Keep a finished request's tokens (its last `capacity` - 1 when longer), dropping the
+        oldest texts to make room."""
+        text = np.asarray(text[-(self.capacity - 1):] if self.capacity > 1 else [], dtype=np.int32)
+        if not text.size:
+            return
+        self.ends = np.append(self.ends, len(self.tokens) + len(text))
+        self.tokens = np.concatenate([self.tokens, text, [SEPARATOR]]).astype(np.int32, copy=False)
+        self.keys = np.concatenate([self.keys, _keys(text), [-1]])
+        over = len(self.tokens) - self.capacity
+        if over > 0:  # whole texts go: the first ones whose ends lie within the excess
+            cut = int(self.ends[np.searchsorted(self.ends, over - 1)]) + 1
+            self.tokens, self.keys = self.tokens[cut:], self.keys[cut:]
+            self.ends = self.ends[self.ends >= cut] - cut
+
+    def clear(self) -> None:
+        self.tokens, self.keys, self.ends = self.tokens[:0], self.keys[:0], self.ends[:0]
+
+    def next(self, tail: np.ndarray, max_match: int, n: int) -> tuple[list[int], int]:
+        """Up to n tokens that followed, in a kept text, the place repeating the most of `tail`'s
+        last tokens (at least POOL_KEY, at most max_match; of several, the one followed by the most,
+        then the newest), and how many it repeats (0: none)."""
+        if len(tail) < POOL_KEY or max_match < POOL_KEY:
+            return [], 0
+        places = np.flatnonzero(self.keys == _keys(tail[-POOL_KEY:])[-1]) + 1  # [m]
+        if not places.size:
+            return [], 0
+        places, matched = _narrow(self.tokens, tail, places, POOL_KEY, max_match)
+        text_ends = self.ends[np.searchsorted(self.ends, places)]  # each place's text ends there
+        follow = np.minimum(text_ends - places, n)
+        best = places[follow == follow.max()][-1]
+        return self.tokens[best : best + int(follow.max())].tolist(), matched
+
+
+def _keys(text: np.ndarray) -> np.ndarray:
+    """[len(text)] int64: the POOL_KEY tokens ending at each position, packed 21 bits apiece (token ids
+    below 2,097,152); -1 where fewer precede it."""
+    text = text.astype(np.int64)
+    keys = np.full(len(text), -1, dtype=np.int64)
+    if len(text) >= POOL_KEY:
+        packed = np.zeros(len(text) - POOL_KEY + 1, dtype=np.int64)
+        for j in range(POOL_KEY):
+            packed = (packed << KEY_BITS) | text[j : len(text) - POOL_KEY + 1 + j]
+        keys[POOL_KEY - 1 :] = packed
+    return keys
 
 
 class PromptLookup:
@@ -40,9 +108,11 @@ class PromptLookup:
         self.prompt_len = len(prompt)
         self.length = len(prompt)  # tokens held: the prompt and the answer tokens seen so far
         self.match = 0  # how many tokens the last `next` matched (0: none found)
+        self.pooled = False  # whether the last `next` copied from the pool rather than the request
 
-    def next(self, answer: Sequence[int], n: int) -> list[int]:
-        """Up to n tokens to draft after the prompt and `answer` (the tokens generated so far)."""
+    def next(self, answer: Sequence[int], n: int, pool: LookupPool | None = None) -> list[int]:
+        """Up to n tokens to draft after the prompt and `answer` (the tokens generated so far): from
+        the request's own tokens, or from `pool`'s texts where one repeats more of the last tokens."""
         seen = self.length - self.prompt_len
         new = len(answer) - seen
         if new > 0:
@@ -50,31 +120,44 @@ class PromptLookup:
                 self.tokens = np.concatenate([self.tokens, np.zeros(self.length + new, dtype=np.int32)])
             self.tokens[self.length : self.length + new] = answer[seen:]
             self.length += new
-        self.match = 0
+        self.match, self.pooled = 0, False
         if n <= 0:
             return []
-        ends, matched = self._longest_matches()
-        if matched < self.min_match:
-            return []
-        self.match = matched
-        follow = np.minimum(self.length - ends, n)  # tokens after each place, as many as wanted
-        best = ends[follow == follow.max()][-1]  # the most to copy, then the newest
-        return self.tokens[best : best + int(follow.max())].tolist()
-
-    def _longest_matches(self) -> tuple[np.ndarray, int]:
-        """The ends of the earlier places holding the most of the last tokens (ascending), and how
-        many they hold (at most max_match)."""
         tokens, last = self.tokens[: self.length], self.length - 1
-        if last < 1:
-            return np.zeros(0, dtype=np.int64), 0
-        # places ending where the last token occurs earlier: tokens[end - 1] == tokens[last]
-        ends = np.flatnonzero(tokens[:last] == tokens[last]) + 1  # [m]
-        matched = 1 if ends.size else 0
-        while 0 < matched < self.max_match and matched <= last:
-            back = ends - 1 - matched  # the token before each place's matched run
-            ok = back >= 0
-            longer = ends[ok][tokens[back[ok]] == tokens[last - matched]]
-            if not longer.size:
-                break
-            ends, matched = longer, matched + 1
-        return ends, matched
+        # an earlier place ends before the last token (ends <= last)
+        ends, matched = longest_runs(tokens[:last], tokens, self.max_match)
+        drafts: list[int] = []
+        if matched >= self.min_match:
+            follow = np.minimum(self.length - ends, n)  # tokens after each place, as many as wanted
+            best = ends[follow == follow.max()][-1]  # the most to copy, then the newest
+            drafts, self.match = tokens[best : best + int(follow.max())].tolist(), matched
+        if pool is not None and len(pool) and self.match < self.max_match:
+            copied, pool_matched = pool.next(tokens, self.max_match, n)
+            if copied and pool_matched > self.match and pool_matched >= self.min_match:  # ties: its own
+                drafts, self.match, self.pooled = copied, pool_matched, True
+        return drafts
+
+
+def longest_runs(source: np.ndarray, tail: np.ndarray, max_match: int) -> tuple[np.ndarray, int]:
+    """The ends of the places in `source` holding the most of `tail`'s last tokens in a row
+    (ascending: source[end - m : end] == tail[-m:]), and how many they hold, m (at most max_match,
+    at most len(tail); 0 with no place)."""
+    if not len(tail) or not len(source):
+        return np.zeros(0, dtype=np.int64), 0
+    # places ending where the last token occurs: source[end - 1] == tail[-1]
+    ends = np.flatnonzero(source == tail[-1]) + 1  # [m]
+    return _narrow(source, tail, ends, 1, max_match) if ends.size else (ends, 0)
+
+
+def _narrow(source: np.ndarray, tail: np.ndarray, ends: np.ndarray, matched: int,
+            max_match: int) -> tuple[np.ndarray, int]:
+    """`longest_runs` from `ends`, places holding `matched` of tail's last tokens: those holding
+    one more, while any do."""
+    while matched < min(max_match, len(tail)):
+        back = ends - 1 - matched  # the token before each place's matched run
+        ok = back >= 0
+        longer = ends[ok][source[back[ok]] == tail[-1 - matched]]
+        if not longer.size:
+            break
+        ends, matched = longer, matched + 1
+    return ends, matched

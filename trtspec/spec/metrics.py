@@ -24,6 +24,8 @@ class GenerationResult:
     # drafts copied from the request's own tokens (prompt lookup; counted in num_drafted too)
     num_looked_up: int = 0
     num_lookup_accepted: int = 0  # of them, those accepted (counted in num_accepted too)
+    num_pooled: int = 0  # of the copies, those from other requests' tokens (lookup.pool_tokens)
+    num_pool_accepted: int = 0  # of them, those accepted
     accept_counts: list[int] = field(default_factory=list)  # accepted drafts per cycle
     drafted_counts: list[int] = field(default_factory=list)  # drafts offered per cycle
     prefill_s: float = 0.0
@@ -79,6 +81,8 @@ class GenerationResult:
             **({} if self.seed is None else {"seed": self.seed}),
             **({"num_looked_up": self.num_looked_up, "num_lookup_accepted": self.num_lookup_accepted}
                if self.num_looked_up else {}),
+            **({"num_pooled": self.num_pooled, "num_pool_accepted": self.num_pool_accepted}
+               if self.num_pooled else {}),
         }
 
 

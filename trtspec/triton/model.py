@@ -108,13 +108,14 @@ class Metrics:
                       "Seconds from arrival to the first generated token, per request", hist)
         in_flight = family("trtspec_requests_in_flight", "Requests decoding in the instance now", gauge)
         waiting = family("trtspec_requests_waiting", "Requests queued for a decoder slot now", gauge)
-        # drafts taken from the request itself, by source: its prediction (not in the two above) and
-        # its own tokens by prompt lookup (in them too)
+        # drafts copied, by source: the request's prediction (not in the two above), its own tokens by
+        # prompt lookup and the lookup pool's (other requests' tokens; both in them too)
         copied = family("trtspec_copied_draft_tokens_total",
-                        "Draft tokens copied from the request's prediction or its own tokens, by source",
-                        counter)
+                        "Draft tokens copied from the request's prediction, its own tokens or other "
+                        "requests' (the lookup pool), by source", counter)
         copied_accepted = family("trtspec_copied_accepted_tokens_total",
-                                 "Copied draft tokens accepted, by source (prediction, lookup)", counter)
+                                 "Copied draft tokens accepted, by source (prediction, lookup, pool)",
+                                 counter)
         errors = family("trtspec_request_errors_total",
                         "Requests answered with an error, by reason (invalid_request, generation_failed)",
                         counter)
@@ -136,7 +137,7 @@ class Metrics:
         self.errors = {reason: errors.Metric(labels={**labels, "reason": reason}) for reason in ERROR_REASONS}
         self.copied = {source: (copied.Metric(labels={**labels, "source": source}),
                                 copied_accepted.Metric(labels={**labels, "source": source}))
-                       for source in ("prediction", "lookup")}
+                       for source in ("prediction", "lookup", "pool")}
         self._load: tuple[int, int] | None = None  # the gauges as last sent
         self._steps = 0  # steps not yet added to the counter
         self._steps_sent_at = time.monotonic()
@@ -152,7 +153,9 @@ class Metrics:
         self.cached_tokens.increment(result.cached_tokens)
         self.tau.observe(result.tau)
         for source, drafts, accepted in (("prediction", result.num_predicted, result.num_prediction_accepted),
-                                         ("lookup", result.num_looked_up, result.num_lookup_accepted)):
+                                         ("lookup", result.num_looked_up - result.num_pooled,
+                                          result.num_lookup_accepted - result.num_pool_accepted),
+                                         ("pool", result.num_pooled, result.num_pool_accepted)):
             if drafts:
                 self.copied[source][0].increment(drafts)
                 self.copied[source][1].increment(accepted)

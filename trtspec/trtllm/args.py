@@ -80,13 +80,14 @@ def _speculative_config(config: BuildConfig) -> dict | None:
 
 
 def _ngram_config(config: BuildConfig) -> dict:
-    """Prompt lookup alone as TensorRT-LLM's NGram drafter: each request's own n-grams (a private
-    pool), the newest match, runs of up to lookup.max_match tokens (BuildConfig refuses a
-    lookup.min_match above 1, which TensorRT-LLM has no field for)."""
+    """Prompt lookup alone as TensorRT-LLM's NGram drafter: the newest match, runs of up to
+    lookup.max_match tokens, each request's own n-grams (a private pool) or, with lookup.pool_tokens,
+    one pool for all requests (TensorRT-LLM's has no size: trtspec's bound does not carry over).
+    BuildConfig refuses a lookup.min_match above 1, which TensorRT-LLM has no field for."""
     lookup = config.lookup
     return {"decoding_type": NGRAM_TYPE, "max_draft_len": lookup.num_draft_tokens,
             "max_matching_ngram_size": lookup.max_match, "is_keep_all": True, "is_use_oldest": False,
-            "is_public_pool": False}
+            "is_public_pool": lookup.pool_tokens > 0}
 
 
 def llm_args(config: BuildConfig, *, for_triton: bool) -> dict:

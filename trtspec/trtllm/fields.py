@@ -27,7 +27,8 @@ Read from NVIDIA/TensorRT-LLM (PyTorch backend, LLM API), not guessed:
   `SADecodingConfig`): `max_draft_len` (> 0), `max_matching_ngram_size` (PositiveInt, default 2:
   the longest run of last tokens matched; TensorRT-LLM matches down to one token), `is_keep_all`,
   `is_use_oldest` (True: the oldest match), `is_public_pool` (True: one pool of n-grams for all
-  requests). trtspec writes a private pool and the newest match, as its own lookup copies.
+  requests: trtspec writes it from lookup.pool_tokens > 0; no field bounds its size). trtspec
+  writes the newest match, as its own lookup copies.
 - Speculation under load, `DecodingBaseConfig` in the same llm_args.py: `draft_len_schedule`
   (dict[int, int]; keys ≥ 1 are upper batch-size thresholds, values ≥ 0 draft lengths; the
   smallest key must map to max_draft_len and no length may exceed it; batches above the largest
