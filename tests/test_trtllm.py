@@ -428,8 +428,9 @@ def test_a_serve_parser_that_is_no_name_is_refused_by_its_field(tmp_path):
 
 
 def test_prompt_lookup_alone_is_tensorrt_llms_ngram_drafter(tmp_path):
-    """`lookup:` without a drafter: speculative_config is NGramDecodingConfig's (a private pool, the
-    newest match, runs up to max_match), a whole build writes it, and what TensorRT-LLM cannot run
+    """`lookup:` without a drafter: speculative_config is NGramDecodingConfig's (a private pool, or
+    the public one with lookup.pool_tokens; the newest match, runs up to max_match), a whole build
+    writes it, and what TensorRT-LLM cannot run
     (lookup beside a drafter, a min_match it has no field for) is refused by name at load."""
     raw = yaml.safe_load((REPO / "build_configs" / "llama3.1-8b-dflash.yaml").read_text())
     raw.pop("drafter")
@@ -444,6 +445,9 @@ def test_prompt_lookup_alone_is_tensorrt_llms_ngram_drafter(tmp_path):
     written = build_trtllm(config, tmp_path / "out")
     serve = yaml.safe_load((tmp_path / "out" / "trtllm-serve.yaml").read_text())
     assert serve["speculative_config"] == spec and any(p.name == "launch.sh" for p in written)
+    path.write_text(yaml.safe_dump({**raw, "lookup": {**raw["lookup"], "pool_tokens": 4096}}))
+    pooled = llm_args(load_build_config(path), for_triton=False)["speculative_config"]
+    assert pooled == {**spec, "is_public_pool": True}  # one pool for all requests (lookup.pool_tokens)
     for lookup, message in (({"min_match": 2}, "lookup.min_match 2: TensorRT-LLM's NGram drafter"),):
         path.write_text(yaml.safe_dump({**raw, "lookup": lookup}))
         with pytest.raises(ConfigError, match=message):
