@@ -416,11 +416,12 @@ class BuildConfig(_Strict):
 
 
 def method_name(config: BuildConfig) -> str:
-    """How a config drafts, as bench names it: its drafter's method, `lookup` (prompt lookup alone),
-    `<method>-lookup` (both), or `none`."""
+    """How a config drafts, as bench names it: its drafter's method, `lookup` (prompt lookup alone;
+    `lookup-pool` with a pool), `<method>-lookup[-pool]` (both), or `none`."""
+    lookup = "" if config.lookup is None else "lookup-pool" if config.lookup.pool_tokens else "lookup"
     if config.drafter is None:
-        return "lookup" if config.lookup else "none"
-    return config.drafter.method + ("-lookup" if config.lookup else "")
+        return lookup or "none"
+    return "-".join(filter(None, (config.drafter.method, lookup)))
 
 
 def with_flavour(config: BuildConfig, flavour: str) -> BuildConfig:
