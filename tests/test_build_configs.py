@@ -28,6 +28,8 @@ EXPECTED = {
     "tiny-draft-model.yaml": TORCH,
     "tiny-lookup.yaml": TORCH,
     "tiny-dflash-lookup.yaml": TORCH,
+    "tiny-lookup-pool.yaml": TORCH,
+    "tiny-dflash-lookup-pool.yaml": TORCH,
     "qwen3-8b-dflash-h200.yaml": ENGINE,
     "qwen3-8b-eagle3.yaml": TRTLLM,
     "llama3.1-8b-dflash.yaml": TRTLLM,

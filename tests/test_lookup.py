@@ -229,9 +229,11 @@ def test_bench_names_each_way_of_drafting():
     from trtspec.config import method_name
 
     names = {p: method_name(load_build_config(REPO / "build_configs" / p)) for p in
-             ("tiny-dflash.yaml", "tiny-lookup.yaml", "tiny-dflash-lookup.yaml")}
+             ("tiny-dflash.yaml", "tiny-lookup.yaml", "tiny-dflash-lookup.yaml", "tiny-lookup-pool.yaml",
+              "tiny-dflash-lookup-pool.yaml")}
     assert names == {"tiny-dflash.yaml": "dflash", "tiny-lookup.yaml": "lookup",
-                     "tiny-dflash-lookup.yaml": "dflash-lookup"}
+                     "tiny-dflash-lookup.yaml": "dflash-lookup", "tiny-lookup-pool.yaml": "lookup-pool",
+                     "tiny-dflash-lookup-pool.yaml": "dflash-lookup-pool"}
     alone = load_build_config(REPO / "build_configs" / "tiny-lookup.yaml").model_copy(update={"lookup": None})
     assert method_name(alone) == "none"
 

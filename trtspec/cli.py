@@ -541,7 +541,7 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
 @click.option("--model", "model_name", default="trtspec", show_default=True, help="Served model (--url).")
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(0),
               help="With --url: requests sent first, one at a time, and not counted (a server's first "
-                   "requests pay its start-up).")
+                   "requests pay its start-up), with the tasks' prompts past those measured.")
 @click.option("--chat", is_flag=True, help="With openai://: stream /v1/chat/completions (each prompt one "
               "user message) instead of /v1/completions.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None,

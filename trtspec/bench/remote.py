@@ -3,8 +3,11 @@
 R client threads each stream their share of the prompts one request after another over gRPC
 (`ModelStreamInfer`), HTTP (`/generate_stream`) or an OpenAI-compatible API (`openai://`: SSE of
 `/v1/completions`, or `/v1/chat/completions` with `chat`). `warmup` requests go first, one at a
-time, and are not counted. Each request leaves one record (`request_record`), kept in the results
-so every figure can be recomputed from them; its figures are AIPerf's:
+time, and are not counted (the tasks' prompts past those measured). A server that remembers what it
+answered (`limits.prefix_reuse`, `lookup.pool_tokens`) serves each level after the first prompts it
+has seen: restart it per level for figures without that. Each request leaves one record
+(`request_record`), kept in the results so every figure can be recomputed from them; its figures
+are AIPerf's:
 
     TTFT    = time from sending to the first response that carries a token (text or ids)
     latency = time from sending to the end of the stream
@@ -43,6 +46,7 @@ from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.client import ClientError, Completion, GenerateParams, generate
 
 PERCENTILES = (50, 90, 99)
+WARMUP_PROMPT = "def warm_up(self):\n"  # when every prompt of the tasks is measured
 
 
 def _params(max_tokens: int, sampling: SamplingParams, index: int) -> GenerateParams:
@@ -76,8 +80,11 @@ def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, ma
         except ClientError as exc:
             return request_record(i, error=str(exc))
 
-    for w in range(warmup):  # the server's first requests pay its start-up; a failure here ends the run
-        generate(url, model, prompts[w % len(prompts)], _params(max_tokens, sampling, w), chat=chat,
+    # the server's first requests pay its start-up; a failure here ends the run. Prompts the run does
+    # not measure: a server remembering what it answered (prefix reuse, a lookup pool) holds none
+    spare = [p for t in tasks for p in load_prompts(t)[prompts_per_task:]] or [WARMUP_PROMPT]
+    for w in range(warmup):
+        generate(url, model, spare[w % len(spare)], _params(max_tokens, sampling, w), chat=chat,
                  api_key=api_key)
     # closed on the way out of an error too, so the error starts a line of its own
     with tqdm(total=len(prompts) * len(concurrency), desc=f"bench {url}", unit="request") as bar:

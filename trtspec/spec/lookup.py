@@ -18,6 +18,13 @@ common length that maximise expected tokens per second (`spec.cost.admit_rows`, 
 rows, without drafter time), each row's survival curve that of the copies whose place matched as
 many tokens (how often they were accepted so far); the rows left out draft from the drafter, if
 any, or decode plainly. Without one, every copy goes.
+
+The pool (`LookupPool`, `lookup.pool_tokens`): the decoder keeps finished requests' tokens, and a
+request copies from them where a place there repeats more of its last tokens than its own tokens do
+(at least POOL_KEY): answers to similar prompts share phrasing, templates and boilerplate
+(TensorRT-LLM's `is_public_pool`, SGLang's shared n-gram cache). Its copies are priced apart (their
+own acceptance by match length) and are point masses as any copy. `SpeculativeDecoder.reset`
+forgets it with everything else.
 """
 
 from __future__ import annotations
