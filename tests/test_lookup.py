@@ -183,9 +183,10 @@ def test_bad_lookup_fields_are_refused_by_name(tmp_path):
 
 
 def test_a_served_lookup_deployment_answers_as_the_target_alone(tmp_path):
-    """tiny-lookup.yaml behind a real tritonserver: streamed gRPC answers are the target alone's token
-    for token, with copies drafted and accepted (the serving loop's adaptive schedule prices them),
-    and Prometheus counts them by source."""
+    """tiny-lookup-pool.yaml behind a real tritonserver: streamed gRPC answers are the target alone's
+    token for token, with copies drafted and accepted (the serving loop's adaptive schedule prices
+    them), later requests copying from earlier ones too (the pool), and Prometheus counts them by
+    source."""
     from concurrent.futures import ThreadPoolExecutor
 
     from trtspec.pipeline import load_pipeline
@@ -195,7 +196,7 @@ def test_a_served_lookup_deployment_answers_as_the_target_alone(tmp_path):
 
     from .conftest import tritonserver_pids
 
-    config = load_build_config(REPO / "build_configs" / "tiny-lookup.yaml")
+    config = load_build_config(REPO / "build_configs" / "tiny-lookup-pool.yaml")
     write_triton_repo(config, tmp_path)
     server = TritonServer(tmp_path / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
                           env={"OMP_NUM_THREADS": "1"})
@@ -217,9 +218,13 @@ def test_a_served_lookup_deployment_answers_as_the_target_alone(tmp_path):
             assert 0 < accepted <= drafted
             metrics = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
             names = ("trtspec_copied_draft_tokens_total", "trtspec_copied_accepted_tokens_total")
-            copied = [sum(float(line.split()[-1]) for line in metrics.splitlines()
-                          if line.startswith(name + "{") and 'source="lookup"' in line) for name in names]
-            assert copied == [drafted, accepted]  # every draft of this deployment is a copy
+            copied = {source: [sum(float(line.split()[-1]) for line in metrics.splitlines()
+                                   if line.startswith(name + "{") and f'source="{source}"' in line)
+                               for name in names] for source in ("lookup", "pool")}
+            # every draft of this deployment is a copy, from the request's own tokens or the pool's
+            both = [own + pooled for own, pooled in zip(copied["lookup"], copied["pool"], strict=True)]
+            assert both == [drafted, accepted]
+            assert copied["pool"][1] > 0, copied
     finally:
         server.stop()
         assert tritonserver_pids(str(tmp_path)) == []
