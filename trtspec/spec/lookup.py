@@ -11,7 +11,8 @@ Where to copy from (`PromptLookup.next`): the earlier place whose tokens match t
 request's last ones (at least `min_match`, at most `max_match`); of those, the one with the most
 tokens after it (a short loop, "abcabc", copies a whole period rather than one token), and of
 those the newest. Found by one vectorised comparison over the request's tokens per step (no index
-to build: a 100,000-token prompt costs ~0.1 ms a step), narrowed one position back at a time.
+to build: a 100,000-token prompt costs ~0.1 ms a step), then each place found compared further
+back, all at once (~20 µs a step for a request of a few hundred tokens on this CPU).
 
 How many copies a step sends (`SpeculativeDecoder._copied`): with a cost model, the rows and the
 common length that maximise expected tokens per second (`spec.cost.admit_rows`, as for a drafter's
@@ -158,13 +159,15 @@ def longest_runs(source: np.ndarray, tail: np.ndarray, max_match: int) -> tuple[
 
 def _narrow(source: np.ndarray, tail: np.ndarray, ends: np.ndarray, matched: int,
             max_match: int) -> tuple[np.ndarray, int]:
-    """`longest_runs` from `ends`, places holding `matched` of tail's last tokens: those holding
-    one more, while any do."""
-    while matched < min(max_match, len(tail)):
-        back = ends - 1 - matched  # the token before each place's matched run
-        ok = back >= 0
-        longer = ends[ok][source[back[ok]] == tail[-1 - matched]]
-        if not longer.size:
-            break
-        ends, matched = longer, matched + 1
-    return ends, matched
+    """`longest_runs` from `ends`, places holding `matched` of tail's last tokens: each place's run
+    measured further at once (up to max_match), and those whose run is the longest kept."""
+    limit = min(max_match, len(tail))
+    if matched >= limit or not ends.size:
+        return ends, matched
+    offsets = np.arange(matched, limit)  # [s]: how far back each further comparison looks
+    back = ends[:, None] - 1 - offsets  # [m, s]: the source token compared with tail[-1 - offset]
+    ok = back >= 0
+    same = ok & (source[np.where(ok, back, 0)] == tail[len(tail) - 1 - offsets])  # [m, s]
+    runs = matched + np.where(same.all(axis=1), len(offsets), same.argmin(axis=1))  # [m]
+    longest = runs.max()
+    return ends[runs == longest], int(longest)
