@@ -18,7 +18,7 @@ import pytest
 from trtspec.config import LookupConfig, ScheduleConfig, load_build_config
 from trtspec.errors import ConfigError
 from trtspec.spec.decoder import Request, SpeculativeDecoder
-from trtspec.spec.lookup import ANSWER_ROOM, PromptLookup
+from trtspec.spec.lookup import ANSWER_ROOM, WIDE, PromptLookup
 from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.schedule import SPSTable
 
@@ -70,6 +70,10 @@ def test_what_it_copies_on_small_cases():
     strict = PromptLookup([1, 2, 3, 9, 1, 2], min_match=3, max_match=4)
     assert strict.next([], 3) == []  # only 2 tokens match
     assert strict.next([3], 3) == [9, 1, 2]  # now (1, 2, 3) does
+    rng = random.Random(5)  # over WIDE places: narrowed one position at a time first
+    wide = [rng.randrange(2) for _ in range(3 * WIDE)]
+    for low, high, n in ((1, 8, 6), (1, 24, 4), (5, 9, 16)):
+        assert PromptLookup(wide, low, high).next([], n) == _brute_force(wide, low, high, n)
     grows = PromptLookup([4, 4], min_match=1, max_match=2)
     answer = [4] * (ANSWER_ROOM + 5)  # past the room it made for an answer
     assert grows.next(answer, 2) == [4, 4] and grows.length == ANSWER_ROOM + 7

@@ -38,6 +38,7 @@ ANSWER_ROOM = 1024  # answer tokens the buffer holds before it first grows
 SEPARATOR = -1  # between a pool's texts: no token id, so no run crosses it
 POOL_KEY = 3  # fewest last tokens a pool place must repeat (LookupPool's index key)
 KEY_BITS = 21  # bits per token in a pool key: ids below 2,097,152 (every vocabulary we know)
+WIDE = 4096  # places `_narrow` compares all at once (then [places, max_match] booleans)
 
 
 class LookupPool:
@@ -160,8 +161,17 @@ def longest_runs(source: np.ndarray, tail: np.ndarray, max_match: int) -> tuple[
 def _narrow(source: np.ndarray, tail: np.ndarray, ends: np.ndarray, matched: int,
             max_match: int) -> tuple[np.ndarray, int]:
     """`longest_runs` from `ends`, places holding `matched` of tail's last tokens: each place's run
-    measured further at once (up to max_match), and those whose run is the longest kept."""
+    measured further at once (up to max_match), and those whose run is the longest kept. Over
+    WIDE places (a prompt repeating one token) one position at a time first, so the comparison
+    stays small."""
     limit = min(max_match, len(tail))
+    while ends.size > WIDE and matched < limit:
+        back = ends - 1 - matched  # the token before each place's matched run
+        ok = back >= 0
+        longer = ends[ok][source[back[ok]] == tail[-1 - matched]]
+        if not longer.size:
+            return ends, matched
+        ends, matched = longer, matched + 1
     if matched >= limit or not ends.size:
         return ends, matched
     offsets = np.arange(matched, limit)  # [s]: how far back each further comparison looks
