@@ -442,6 +442,17 @@ def test_remote_requests_carry_each_prompts_seed():
     assert (sampled.temperature, sampled.top_p, sampled.top_k, sampled.seed) == (0.7, 0.9, 5, 43)
 
 
+def test_remote_warms_up_with_prompts_it_does_not_measure():
+    from trtspec.bench.remote import WARMUP_PROMPT, warmup_prompts
+    from trtspec.prompts import load_prompts
+
+    tasks = ["code", "math", "chat"]
+    measured = {p for t in tasks for p in load_prompts(t)[:8]}
+    spare = warmup_prompts(tasks, 8)
+    assert spare and not measured & set(spare)  # code.jsonl repeats a prompt past the first 8: left out
+    assert warmup_prompts(["chat"], 100) == [WARMUP_PROMPT]
+
+
 def test_remote_tau_is_pooled_over_every_request_that_reports_draft_figures():
     """Σ tokens / Σ target forwards, as the in-process bench pools τ: a request that drafted
     nothing counts (τ 1), one whose server reports no draft figures (a foreign server) does not."""

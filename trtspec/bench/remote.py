@@ -66,6 +66,15 @@ def request_record(index: int, c: Completion | None = None, error: str | None = 
             "target_forwards": c.target_forwards}
 
 
+def warmup_prompts(tasks: list[str], prompts_per_task: int) -> list[str]:
+    """Prompts to warm a server up with, none of those measured: a server remembering what it
+    answered (prefix reuse, a lookup pool) then holds none of them. The tasks' prompts past those
+    measured, or WARMUP_PROMPT."""
+    measured = {p for t in tasks for p in load_prompts(t)[:prompts_per_task]}
+    spare = [p for t in tasks for p in load_prompts(t)[prompts_per_task:] if p not in measured]
+    return spare or [WARMUP_PROMPT]
+
+
 def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, max_tokens: int,
                concurrency: list[int], chat: bool = False, api_key: str | None = None,
                sampling: SamplingParams | None = None, warmup: int = 0) -> dict:
@@ -80,10 +89,8 @@ def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, ma
         except ClientError as exc:
             return request_record(i, error=str(exc))
 
-    # the server's first requests pay its start-up; a failure here ends the run. Prompts the run does
-    # not measure: a server remembering what it answered (prefix reuse, a lookup pool) holds none
-    spare = [p for t in tasks for p in load_prompts(t)[prompts_per_task:]] or [WARMUP_PROMPT]
-    for w in range(warmup):
+    spare = warmup_prompts(tasks, prompts_per_task)
+    for w in range(warmup):  # the server's first requests pay its start-up; a failure here ends the run
         generate(url, model, spare[w % len(spare)], _params(max_tokens, sampling, w), chat=chat,
                  api_key=api_key)
     # closed on the way out of an error too, so the error starts a line of its own
