@@ -25,7 +25,7 @@ from google.protobuf import text_format
 from safetensors.torch import load_file, save_file
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtspec.config import ASSETS_DIR, ScheduleConfig, load_build_config
+from trtspec.config import ASSETS_DIR, LookupConfig, ScheduleConfig, load_build_config
 from trtspec.openai.model_info import served_model_of_repo
 from trtspec.openai.server import OpenAIFrontend
 from trtspec.triton.client import GenerateParams, generate
@@ -169,14 +169,16 @@ def scraped(tmp_path_factory):
     of the shipped one, Prometheus scraping both, a few requests (REFUSED of them refused by the
     frontend). Both drafters verify whole blocks (`schedule: full`): the adaptive schedule
     would first measure each drafter's cost model at start (the random one's weights are another
-    cache key), and what is watched here is the same either way."""
+    cache key), and what is watched here is the same either way. The shipped one copies by prompt
+    lookup too, with a pool (its requests repeat one another), so the copied counters move."""
     binary = _tool("prometheus")
     work = tmp_path_factory.mktemp("monitoring")
     config = load_build_config(REPO / "build_configs" / "tiny-dflash.yaml")
     config.drafter = config.drafter.model_copy(update={"schedule": ScheduleConfig(mode="full")})
+    config.lookup = LookupConfig(num_draft_tokens=16, min_match=4, max_match=32, pool_tokens=4096)
     write_triton_repo(config, work / "build")
     _two_instances(work / "build" / REPO_DIR / GOOD)
-    bad = config.model_copy(update={"name": BAD})
+    bad = config.model_copy(update={"name": BAD, "lookup": None})
     bad.drafter = bad.drafter.model_copy(update={"path": str(_random_drafter(work))})
     write_triton_repo(bad, work / "build")
     server = TritonServer(work / "build" / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
@@ -273,3 +275,7 @@ def test_every_expression_returns_data_from_the_server(scraped):
     steps = scraped.query(f'sum(trtspec_target_forwards_total{{model="{GOOD}"}}) '
                           f'/ sum(trtspec_batch_steps_total{{model="{GOOD}"}})')
     assert float(steps[0]["value"][1]) >= 1  # one packed forward serves at least one request
+    copied = scraped.query(f'sum by (source) (trtspec_copied_accepted_tokens_total{{model="{GOOD}"}}) '
+                           f'/ sum by (source) (trtspec_copied_draft_tokens_total{{model="{GOOD}"}})')
+    acceptance = {r["metric"]["source"]: float(r["value"][1]) for r in copied}
+    assert 0 < acceptance["lookup"] <= 1 and 0 < acceptance["pool"] <= 1, acceptance
