@@ -454,5 +454,29 @@ def test_prompt_lookup_alone_is_tensorrt_llms_ngram_drafter(tmp_path):
             load_build_config(path)
     both = yaml.safe_load((REPO / "build_configs" / "llama3.1-8b-dflash.yaml").read_text())
     path.write_text(yaml.safe_dump({**both, "lookup": {}}))
-    with pytest.raises(ConfigError, match="lookup beside a drafter needs flavour torch or engine"):
+    with pytest.raises(ConfigError, match="lookup beside a dflash drafter needs flavour torch or engine: "
+                                          "TensorRT-LLM copies beside a drafter only for EAGLE-3"):
         load_build_config(path)
+
+
+def test_prompt_lookup_beside_eagle3_is_tensorrt_llms_suffix_automaton_enhancer(tmp_path):
+    """`lookup:` beside an EAGLE-3 drafter: Eagle3DecodingConfig.sa_config (SAEnhancerConfig), its
+    threshold lookup.min_match and its global pool lookup.pool_tokens > 0, in a whole build; a copy
+    length other than the drafter's is refused by name."""
+    raw = yaml.safe_load((REPO / "build_configs" / "qwen3-8b-eagle3.yaml").read_text())
+    path = tmp_path / "eagle3-lookup.yaml"
+    cases = (({"num_draft_tokens": 7, "min_match": 3}, {"threshold": 3, "enable_global_pool": False}),
+             ({"num_draft_tokens": 7, "pool_tokens": 4096}, {"threshold": 1, "enable_global_pool": True}))
+    for lookup, sa in cases:
+        path.write_text(yaml.safe_dump({**raw, "lookup": lookup}))
+        config = load_build_config(path)
+        spec = llm_args(config, for_triton=False)["speculative_config"]
+        plain = llm_args(load_build_config(REPO / "build_configs" / "qwen3-8b-eagle3.yaml"),
+                         for_triton=False)["speculative_config"]
+        assert spec == {**plain, "sa_config": sa}
+    build_trtllm(config, tmp_path / "out")
+    serve = yaml.safe_load((tmp_path / "out" / "trtllm-serve.yaml").read_text())
+    assert serve["speculative_config"]["sa_config"] == sa
+    path.write_text(yaml.safe_dump({**raw, "lookup": {"num_draft_tokens": 8}}))
+    with pytest.raises(ConfigError, match=r"num_draft_tokens 8 must equal the drafter's max_draft_len 7"):
+        llm_args(load_build_config(path), for_triton=False)

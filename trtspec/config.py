@@ -364,10 +364,12 @@ class BuildConfig(_Strict):
     def _lookup_in_trtllm(self) -> BuildConfig:
         if self.lookup is None or self.flavour != "trtllm":
             return self
-        if self.drafter is not None:
-            raise ValueError("lookup beside a drafter needs flavour torch or engine: TensorRT-LLM runs one "
-                             "speculative_config (its NGram drafter for lookup alone); remove lookup or "
-                             "drafter")
+        if self.drafter is not None:  # TensorRT-LLM's suffix-automaton enhancer (sa_config)
+            if self.drafter.method != "eagle3":
+                raise ValueError(f"lookup beside a {self.drafter.method} drafter needs flavour torch or "
+                                 "engine: TensorRT-LLM copies beside a drafter only for EAGLE-3 (and MTP), "
+                                 "by Eagle3DecodingConfig.sa_config; remove lookup or use an eagle3 drafter")
+            return self
         if self.lookup.min_match != 1:
             raise ValueError(f"lookup.min_match {self.lookup.min_match}: TensorRT-LLM's NGram drafter "
                              "matches down to one token and has no such field; set it to 1 for flavour "

@@ -67,6 +67,8 @@ def _speculative_config(config: BuildConfig) -> dict | None:
         spec["block_size"] = draft_len
         if "markov_rank" in known:
             spec["markov_rank"] = known["markov_rank"]
+    if config.lookup is not None:  # BuildConfig allows it beside EAGLE-3 only
+        spec["sa_config"] = _sa_enhancer(config, draft_len)
     if drafter_id is not None:
         get_drafter(drafter_id)  # unknown drafter ids fail here, not on the GPU node
         from trtspec.plan.speculation import plan_speculation
@@ -88,6 +90,20 @@ def _ngram_config(config: BuildConfig) -> dict:
     return {"decoding_type": NGRAM_TYPE, "max_draft_len": lookup.num_draft_tokens,
             "max_matching_ngram_size": lookup.max_match, "is_keep_all": True, "is_use_oldest": False,
             "is_public_pool": lookup.pool_tokens > 0}
+
+
+def _sa_enhancer(config: BuildConfig, draft_len: int) -> dict:
+    """Prompt lookup beside EAGLE-3 as TensorRT-LLM's suffix-automaton enhancer (`SAEnhancerConfig`):
+    a request's copies replace the drafter's drafts where its tokens repeat at least `threshold`
+    (lookup.min_match) of its last ones, searching all active requests' tokens too with
+    lookup.pool_tokens. Its copies fill the drafter's max_draft_len, so lookup.num_draft_tokens must
+    equal it; it matches the longest suffix (lookup.max_match does not carry over)."""
+    lookup = config.lookup
+    if lookup.num_draft_tokens != draft_len:
+        raise ConfigError(f"lookup.num_draft_tokens {lookup.num_draft_tokens} must equal the drafter's "
+                          f"max_draft_len {draft_len} for flavour trtllm: TensorRT-LLM's suffix automaton "
+                          "copies as many tokens as the drafter drafts")
+    return {"threshold": lookup.min_match, "enable_global_pool": lookup.pool_tokens > 0}
 
 
 def llm_args(config: BuildConfig, *, for_triton: bool) -> dict:

@@ -29,6 +29,16 @@ Read from NVIDIA/TensorRT-LLM (PyTorch backend, LLM API), not guessed:
   `is_use_oldest` (True: the oldest match), `is_public_pool` (True: one pool of n-grams for all
   requests: trtspec writes it from lookup.pool_tokens > 0; no field bounds its size). trtspec
   writes the newest match, as its own lookup copies.
+- Prompt lookup beside an EAGLE-3 drafter: `Eagle3DecodingConfig.sa_config` (status beta), an
+  `SAEnhancerConfig` (`tensorrt_llm/llmapi/llm_args.py` @ fcd3f31682808ae56118ae43c1d7864a3a945e6f,
+  and the LLM-API reference pages of 1.3.0rc27 / 1.4.0rc4): `threshold` (PositiveInt, default 4:
+  the suffix match length from which the suffix automaton's copies override the neural drafts;
+  trtspec writes lookup.min_match) and `enable_global_pool` (bool, default False: each request
+  searches all active requests' automata; trtspec writes lookup.pool_tokens > 0). MTP and PARD take
+  it too; DFlash, DSpark and Draft_Target configs have no `sa_config`, so lookup beside them is
+  refused. The standalone `SADecodingConfig` (decoding_type "SA": `max_matching_ngram_size` -1 =
+  longest match, `enable_global_pool`, `global_pool_size` in request slots, completed requests kept
+  until the pool is full) is not written: lookup alone stays NGram.
 - Speculation under load, `DecodingBaseConfig` in the same llm_args.py: `draft_len_schedule`
   (dict[int, int]; keys ≥ 1 are upper batch-size thresholds, values ≥ 0 draft lengths; the
   smallest key must map to max_draft_len and no length may exceed it; batches above the largest
@@ -180,12 +190,13 @@ SPEC_FIELDS = {
         "markov_head_type",
         "attention_backend",
     },
-    "Eagle3": _BASE_SPEC_FIELDS | {"eagle3_layers_to_capture"},
+    "Eagle3": _BASE_SPEC_FIELDS | {"eagle3_layers_to_capture", "sa_config"},
     "Draft_Target": _BASE_SPEC_FIELDS,
     "NGram": frozenset({"decoding_type", "max_draft_len", "max_matching_ngram_size", "is_keep_all",
                         "is_use_oldest", "is_public_pool"}),
 }
 NGRAM_TYPE = "NGram"  # prompt lookup alone (`lookup:` without a drafter)
+SA_ENHANCER_FIELDS = frozenset({"threshold", "enable_global_pool"})  # speculative_config.sa_config
 
 # model.yaml of the llmapi Triton model: everything but this key goes to `LLM(**args)`.
 TRITON_CONFIG_KEY = "triton_config"
@@ -276,6 +287,8 @@ def check_llm_args(args: dict, where: str) -> None:
                 f"{where}: speculative_config.decoding_type {kind!r} is not one of {sorted(SPEC_FIELDS)}"
             )
         check_names(spec, SPEC_FIELDS[kind], f"{where}: speculative_config ({kind})")
+        if "sa_config" in spec:
+            check_names(spec["sa_config"], SA_ENHANCER_FIELDS, f"{where}: speculative_config.sa_config")
         if "draft_len_schedule" in spec:
             check_draft_len_schedule(spec["draft_len_schedule"], spec.get("max_draft_len"), where)
 
