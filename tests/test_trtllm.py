@@ -430,8 +430,8 @@ def test_a_serve_parser_that_is_no_name_is_refused_by_its_field(tmp_path):
 def test_prompt_lookup_alone_is_tensorrt_llms_ngram_drafter(tmp_path):
     """`lookup:` without a drafter: speculative_config is NGramDecodingConfig's (a private pool, or
     the public one with lookup.pool_tokens; the newest match, runs up to max_match), a whole build
-    writes it, and what TensorRT-LLM cannot run
-    (lookup beside a drafter, a min_match it has no field for) is refused by name at load."""
+    writes it, and what TensorRT-LLM cannot run (lookup beside a DFlash drafter, a min_match it has
+    no field for) is refused by name at load."""
     raw = yaml.safe_load((REPO / "build_configs" / "llama3.1-8b-dflash.yaml").read_text())
     raw.pop("drafter")
     raw["deployment"].pop("drafter_id", None)
