@@ -24,57 +24,63 @@ from trtspec.spec.sampling import SamplingParams
 from .conftest import REPO, assert_samples_follow_target
 
 
-def _kept(texts: list[list[int]], capacity: int) -> list[list[int]]:
-    """What a pool of `capacity` tokens holds after `texts` were added, spelt out: each text and its
-    separator cost len + 1, a text longer than capacity - 1 keeps its last capacity - 1 tokens, and
-    the oldest whole texts go until the rest fit."""
-    kept: list[list[int]] = []
-    for text in texts:
+def _kept(texts: list[tuple[list[int], str]], capacity: int) -> list[tuple[list[int], str]]:
+    """What a pool of `capacity` tokens holds after `texts` (with their salts) were added, spelt out:
+    each text and its separator cost len + 1, a text longer than capacity - 1 keeps its last
+    capacity - 1 tokens, and the oldest whole texts go until the rest fit."""
+    kept: list[tuple[list[int], str]] = []
+    for text, salt in texts:
         text = text[len(text) - (capacity - 1):] if len(text) > capacity - 1 else text
         if not text:
             continue
-        kept.append(text)
-        while sum(len(t) + 1 for t in kept) > capacity:
+        kept.append((text, salt))
+        while sum(len(t) + 1 for t, _ in kept) > capacity:
             kept.pop(0)
     return kept
 
 
-def _brute_force(kept: list[list[int]], tail: list[int], max_match: int, n: int) -> tuple[list[int], int]:
+def _brute_force(kept: list[tuple[list[int], str]], tail: list[int], max_match: int, n: int,
+                 salt: str = "") -> tuple[list[int], int]:
     """The rule, spelt out: the longest run (POOL_KEY..max_match) of tail's last tokens inside one
-    kept text; of those places, the one with the most tokens after it in its text (at most n), then
-    the newest; copy what follows."""
+    kept text of `salt`; of those places, the one with the most tokens after it in its text (at most
+    n), then the newest; copy what follows."""
     for run in range(min(max_match, len(tail)), POOL_KEY - 1, -1):
-        places = [(min(len(text) - (s + run), n), t, s + run) for t, text in enumerate(kept)
+        places = [(min(len(text) - (s + run), n), t, s + run)
+                  for t, (text, own) in enumerate(kept) if own == salt
                   for s in range(len(text) - run + 1) if text[s : s + run] == tail[len(tail) - run :]]
         if places:
             _, t, end = max(places)
-            return kept[t][end : end + n], run
+            return kept[t][0][end : end + n], run
     return [], 0
+
+
+SALTS = ("", "tenant-a", "tenant-b")
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_pool_copies_from_the_longest_match_in_the_texts_it_keeps(seed):
-    """Random texts over small vocabularies added to pools of random capacities: every proposal for
-    random tails (some cut from the texts, so long matches occur) is the brute-force search's."""
+    """Random texts over small vocabularies, each with one of three cache salts, added to pools of
+    random capacities: every proposal for random tails (some cut from the texts, so long matches
+    occur) and salts is the brute-force search's, over that salt's texts only."""
     rng = random.Random(seed)
     found = 0
     for _ in range(150):
         vocab, capacity = rng.choice([2, 3, 5]), rng.randint(1, 120)
         pool, texts = LookupPool(capacity), []
         for _ in range(rng.randint(1, 6)):
-            texts.append([rng.randrange(vocab) for _ in range(rng.randint(0, 40))])
-            pool.add(texts[-1])
+            texts.append(([rng.randrange(vocab) for _ in range(rng.randint(0, 40))], rng.choice(SALTS)))
+            pool.add(*texts[-1])
         kept = _kept(texts, capacity)
-        assert len(pool) == sum(len(t) + 1 for t in kept) <= capacity
+        assert len(pool) == sum(len(t) + 1 for t, _ in kept) <= capacity
         for _ in range(10):
-            source = rng.choice(texts) if rng.random() < 0.5 and texts[-1] else []
+            source = rng.choice(texts)[0] if rng.random() < 0.5 else []
             cut = rng.randint(0, len(source))
             tail = source[:cut] + [rng.randrange(vocab) for _ in range(rng.randint(0, 4))]
-            max_match, n = rng.randint(POOL_KEY, 9), rng.randint(1, 10)
-            got = pool.next(np.array(tail, dtype=np.int32), max_match, n)
-            assert got == _brute_force(kept, tail, max_match, n), (kept, tail, max_match, n)
+            max_match, n, salt = rng.randint(POOL_KEY, 9), rng.randint(1, 10), rng.choice(SALTS)
+            got = pool.next(np.array(tail, dtype=np.int32), max_match, n, salt)
+            assert got == _brute_force(kept, tail, max_match, n, salt), (kept, tail, max_match, n, salt)
             found += bool(got[0])
-    assert found > 300
+    assert found > 150
 
 
 def test_the_pool_keeps_the_newest_texts_and_a_request_prefers_its_own():

@@ -89,6 +89,10 @@ class Request:
     guide: object | None = None
     # predicted outputs: token ids the answer is expected to repeat, drafted from (`spec.prediction`)
     prediction: tuple[int, ...] = ()
+    # what this request shares with earlier ones, by what it was sent with (vLLM's cache_salt): the K/V
+    # a finished request left in a slot (prefix reuse) and the lookup pool's texts, those of requests
+    # with the same salt only, so one tenant's speed cannot tell what another sent
+    cache_salt: str = ""
 
 
 @dataclass(slots=True)
@@ -246,6 +250,7 @@ class SpeculativeDecoder:
         # free slot -> the tokens whose K/V its target buffers still hold (prefix reuse), and when
         # each slot was last taken (the least recently used goes first when no prefix matches)
         self.held: dict[int, list[int]] = {}
+        self.held_salt: dict[int, str] = {}  # the cache_salt of the request that left it
         self.taken_at: dict[int, int] = {}
         self.target.num_forwards = 0
         self.lives: dict[int, _Live] = {}  # requests added and not finished, by id
@@ -362,7 +367,8 @@ class SpeculativeDecoder:
         prompt = request.prompt
 
         def worth(slot: int) -> tuple[int, int, int]:  # positions kept, then the least recently taken
-            common, kept = common_prefix(self.held.get(slot, ()), prompt), 0
+            held = self.held.get(slot, ()) if self.held_salt.get(slot, "") == request.cache_salt else ()
+            common, kept = common_prefix(held, prompt), 0
             if request.prompt_logprobs is None and common >= MIN_REUSE:
                 kept = min(common, len(prompt) - 1, self.drafter.reusable(slot, prompt))
             kept = kept if kept >= MIN_REUSE else 0  # a few shared tokens (a BOS, a role tag) spare
@@ -382,6 +388,7 @@ class SpeculativeDecoder:
                 # still the previous request's, which `Drafter.reusable` bounds)
                 self.held[lv.slot] = lv.committed[: self.target.seq_len(lv.slot)] if lv.prefill is None \
                     else lv.request.prompt[: lv.prefill.fed]
+                self.held_salt[lv.slot] = lv.request.cache_salt
         # a request cut off in its prefill never reached the drafter; reuse off: it keeps nothing
         self.drafter.release_many([(lv.slot, lv.committed if self.prefix_reuse else None)
                                    for lv in lives if lv.prefill is None])
@@ -665,7 +672,8 @@ class SpeculativeDecoder:
                 if drafts:
                     out[i] = drafts
             if lv.lookup is not None and i not in out:  # it takes the answer's new tokens as it goes
-                drafts = lv.lookup.next(lv.generated, min(self.lookup.num_draft_tokens, lv.budget), self.pool)
+                drafts = lv.lookup.next(lv.generated, min(self.lookup.num_draft_tokens, lv.budget), self.pool,
+                                        lv.request.cache_salt)
                 if drafts and lv.grammar is not None:
                     drafts = lv.grammar.allowed_prefix(drafts)
                 if drafts:
@@ -937,7 +945,7 @@ class SpeculativeDecoder:
             done.append(lv)
             finished[rid] = lv.result
             if self.pool is not None:
-                self.pool.add(lv.committed)
+                self.pool.add(lv.committed, lv.request.cache_salt)
         self._free(done)
         drafter.tidy()
         return finished

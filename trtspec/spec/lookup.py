@@ -30,6 +30,7 @@ forgets it with everything else.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -55,35 +56,40 @@ class LookupPool:
         self.tokens = np.zeros(0, dtype=np.int32)
         self.keys = np.zeros(0, dtype=np.int64)  # [length]: `_keys` of the POOL_KEY tokens ending at each
         self.ends = np.zeros(0, dtype=np.int64)  # [texts]: where each text's separator is (ascending)
+        self.salts = np.zeros(0, dtype=np.int64)  # [texts]: `_salt_id` of the cache_salt each came with
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, text: Sequence[int]) -> None:
+    def add(self, text: Sequence[int], salt: str = "") -> None:
         """Keep a finished request's tokens (its last `capacity` - 1 when longer), dropping the
-        oldest texts to make room."""
+        oldest texts to make room; only requests with the same `salt` (cache_salt) copy from them."""
         text = np.asarray(text[-(self.capacity - 1):] if self.capacity > 1 else [], dtype=np.int32)
         if not text.size:
             return
         self.ends = np.append(self.ends, len(self.tokens) + len(text))
+        self.salts = np.append(self.salts, _salt_id(salt))
         self.tokens = np.concatenate([self.tokens, text, [SEPARATOR]]).astype(np.int32, copy=False)
         self.keys = np.concatenate([self.keys, _keys(text), [-1]])
         over = len(self.tokens) - self.capacity
         if over > 0:  # whole texts go: the first ones whose ends lie within the excess
             cut = int(self.ends[np.searchsorted(self.ends, over - 1)]) + 1
             self.tokens, self.keys = self.tokens[cut:], self.keys[cut:]
-            self.ends = self.ends[self.ends >= cut] - cut
+            kept = self.ends >= cut
+            self.ends, self.salts = self.ends[kept] - cut, self.salts[kept]
 
     def clear(self) -> None:
-        self.tokens, self.keys, self.ends = self.tokens[:0], self.keys[:0], self.ends[:0]
+        self.tokens, self.keys, self.ends, self.salts = self.tokens[:0], self.keys[:0], self.ends[:0], \
+            self.salts[:0]
 
-    def next(self, tail: np.ndarray, max_match: int, n: int) -> tuple[list[int], int]:
-        """Up to n tokens that followed, in a kept text, the place repeating the most of `tail`'s
-        last tokens (at least POOL_KEY, at most max_match; of several, the one followed by the most,
-        then the newest), and how many it repeats (0: none)."""
+    def next(self, tail: np.ndarray, max_match: int, n: int, salt: str = "") -> tuple[list[int], int]:
+        """Up to n tokens that followed, in a kept text of requests with `salt`, the place repeating
+        the most of `tail`'s last tokens (at least POOL_KEY, at most max_match; of several, the one
+        followed by the most, then the newest), and how many it repeats (0: none)."""
         if len(tail) < POOL_KEY or max_match < POOL_KEY:
             return [], 0
         places = np.flatnonzero(self.keys == _keys(tail[-POOL_KEY:])[-1]) + 1  # [m]
+        places = places[self.salts[np.searchsorted(self.ends, places)] == _salt_id(salt)]  # its salt's texts
         if not places.size:
             return [], 0
         places, matched = _narrow(self.tokens, tail, places, POOL_KEY, max_match)
@@ -91,6 +97,14 @@ class LookupPool:
         follow = np.minimum(text_ends - places, n)
         best = places[follow == follow.max()][-1]
         return self.tokens[best : best + int(follow.max())].tolist(), matched
+
+
+def _salt_id(salt: str) -> int:
+    """A cache_salt as the pool tags texts with it: 0 for none, else a 64-bit hash of it (two salts
+    sharing one is a 2**-64 chance)."""
+    if not salt:
+        return 0
+    return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=8).digest(), "little", signed=True) or 1
 
 
 def _keys(text: np.ndarray) -> np.ndarray:
@@ -119,9 +133,11 @@ class PromptLookup:
         self.match = 0  # how many tokens the last `next` matched (0: none found)
         self.pooled = False  # whether the last `next` copied from the pool rather than the request
 
-    def next(self, answer: Sequence[int], n: int, pool: LookupPool | None = None) -> list[int]:
+    def next(self, answer: Sequence[int], n: int, pool: LookupPool | None = None,
+             salt: str = "") -> list[int]:
         """Up to n tokens to draft after the prompt and `answer` (the tokens generated so far): from
-        the request's own tokens, or from `pool`'s texts where one repeats more of the last tokens."""
+        the request's own tokens, or from `pool`'s texts (of requests with its `salt`) where one
+        repeats more of the last tokens."""
         seen = self.length - self.prompt_len
         new = len(answer) - seen
         if new > 0:
@@ -141,7 +157,7 @@ class PromptLookup:
             best = ends[follow == follow.max()][-1]  # the most to copy, then the newest
             drafts, self.match = tokens[best : best + int(follow.max())].tolist(), matched
         if pool is not None and len(pool) and self.match < self.max_match:
-            copied, pool_matched = pool.next(tokens, self.max_match, n)
+            copied, pool_matched = pool.next(tokens, self.max_match, n, salt)
             if copied and pool_matched > self.match and pool_matched >= self.min_match:  # ties: its own
                 drafts, self.match, self.pooled = copied, pool_matched, True
         return drafts
