@@ -362,7 +362,8 @@ class TritonPythonModel:
                         raise RequestError(f"guided_decoding_guide: {exc}") from None
                 decode = Request(ids, parsed.max_tokens, sampling, parsed.min_tokens, parsed.end_id,
                                  parsed.stop_token_ids, parsed.ignore_eos, parsed.logprobs,
-                                 parsed.prompt_logprobs, guide, tuple(encode(parsed.prediction)))
+                                 parsed.prompt_logprobs, guide, tuple(encode(parsed.prediction)),
+                                 parsed.cache_salt)
                 self.decoder.check(decode)
             except (RequestError, ValueError) as exc:
                 self.metrics.errors["invalid_request"].increment(1)

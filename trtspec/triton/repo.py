@@ -57,6 +57,8 @@ INPUTS = (
     ("thinking_end", "TYPE_STRING", (1,), True),
     # predicted outputs (OpenAI's prediction): text the answer is expected to repeat, drafted from
     ("prediction", "TYPE_STRING", (1,), True),
+    # vLLM's cache_salt: prefix reuse and the lookup pool share only among requests sent with the same
+    ("cache_salt", "TYPE_STRING", (1,), True),
 ) + tuple((i.name, i.dtype, i.dims, True) for i in TRTLLM_INPUTS)  # what NVIDIA's clients send TensorRT-LLM
 OUTPUTS = (
     ("text_output", "TYPE_STRING", (1,)),

@@ -56,6 +56,7 @@ class GenerateRequest:
     bad_words: tuple[str, ...] = ()  # TensorRT-LLM's bad_words: words the text may not hold (`bad_word_ids`)
     thinking: tuple[int, str, str] | None = None  # a reasoning budget: (tokens, block start, block end) text
     prediction: str = ""  # predicted outputs: text the answer is expected to repeat ("": none)
+    cache_salt: str = ""  # shares cached prompts and the lookup pool with requests of the same salt only
 
     @property
     def prompt_input(self) -> str:
@@ -70,6 +71,9 @@ def _scalar(get: InputGetter, name: str):
     if value.size != 1:
         raise RequestError(f"{name} must hold exactly one value, got shape {list(value.shape)}")
     return value.reshape(-1)[0]
+
+
+MAX_SALT_CHARS = 1024  # a cache_salt is kept per slot and hashed for the pool: a bound on absurd ones
 
 
 def _utf8(raw, name: str) -> str:
@@ -193,6 +197,10 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
     thinking = _thinking(get)
     prediction = _scalar(get, "prediction")
     prediction = "" if prediction is None else _utf8(prediction, "prediction")
+    cache_salt = _scalar(get, "cache_salt")
+    cache_salt = "" if cache_salt is None else _utf8(cache_salt, "cache_salt")
+    if len(cache_salt) > MAX_SALT_CHARS:
+        raise RequestError(f"cache_salt has {len(cache_salt)} characters; at most {MAX_SALT_CHARS}")
     if guide is not None and min_tokens:
         raise RequestError(f"{min_name}={min_tokens} cannot be combined with guided_decoding_guide_type: "
                            "the guide decides where the text may end")
@@ -201,7 +209,7 @@ def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | No
                            exclude_input is not None and not bool(exclude_input),
                            add_special_tokens is None or bool(add_special_tokens), stop_token_ids,
                            ignore_eos is not None and bool(ignore_eos), logprobs, prompt_ids, prompt_logprobs,
-                           guide, tuple(bad_words), thinking, prediction)
+                           guide, tuple(bad_words), thinking, prediction, cache_salt)
 
 
 def _words(get: InputGetter, name: str) -> list[str]:
