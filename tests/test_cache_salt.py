@@ -1,7 +1,7 @@
 """cache_salt (vLLM's request field): what a request shares with earlier ones — the K/V a finished
 request left in a slot (prefix reuse) and the lookup pool's texts — it shares only with requests sent
 with the same salt. Checked in the decoder (the cached prompt tokens and pool copies by salt, the
-texts the target alone's whatever the salt)."""
+texts the same whatever the salt) and served (gRPC and the OpenAI API, behind a real tritonserver)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,52 @@ def test_the_lookup_pool_copies_only_its_salts_texts(pipeline):
     assert runs["a", "b"][1].num_pooled == 0
     texts = {tuple(tuple(r.token_ids) for r in results) for results in runs.values()}
     assert len(texts) == 1
+
+
+def test_a_served_deployment_keeps_prompts_and_pool_by_salt(tmp_path):
+    """tiny-lookup-pool.yaml behind a real tritonserver and the OpenAI frontend: over gRPC a prompt
+    sharing a cached prefix keeps it with the same salt only (another salt, or none, takes a fresh
+    slot and prefills all), the answers the same; over the OpenAI API the salt reaches the model
+    (usage's cached tokens), and an empty one is refused naming cache_salt."""
+    from trtspec.openai.model_info import served_model_of_repo
+    from trtspec.openai.server import OpenAIFrontend
+    from trtspec.triton.client import GenerateParams, generate
+    from trtspec.triton.repo import REPO_DIR, write_triton_repo
+    from trtspec.triton.server import Ports, TritonServer, free_port
+
+    from .conftest import post_json, tritonserver_pids
+
+    config = load_build_config(REPO / "build_configs" / "tiny-lookup-pool.yaml")
+    write_triton_repo(config, tmp_path)
+    server = TritonServer(tmp_path / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
+                          env={"OMP_NUM_THREADS": "1"})
+    frontend = None
+    system = bytes(SYSTEM).decode()
+    try:
+        server.start(timeout_s=180)
+        cached, texts = {}, set()
+        for salt, question in (("a", "Q: 12 * 7"), ("b", "Q: 3 + 4"), ("", "Q: 3 + 4"), ("a", "Q: 3 + 4")):
+            got = generate(server.grpc_url, config.name, system + question,
+                           GenerateParams(max_tokens=16, stream=True, cache_salt=salt))
+            cached[salt, question] = got.cached_tokens
+            if question == "Q: 3 + 4":
+                texts.add(tuple(got.token_ids))
+        assert cached["a", "Q: 3 + 4"] >= len(SYSTEM) and len(texts) == 1
+        assert cached["b", "Q: 3 + 4"] == cached["", "Q: 3 + 4"] == 0
+        frontend = OpenAIFrontend(served_model_of_repo(tmp_path / REPO_DIR), server.local_grpc_address,
+                                  "127.0.0.1", free_port()).start()
+        usage = {}
+        for salt in ("a", "c"):
+            status, body = post_json(f"{frontend.url}/v1/completions", {
+                "model": config.name, "prompt": system + "Q: 5 - 2", "max_tokens": 8, "cache_salt": salt})
+            assert status == 200, body
+            usage[salt] = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert usage["a"] >= len(SYSTEM) and usage["c"] == 0
+        status, body = post_json(f"{frontend.url}/v1/completions", {
+            "model": config.name, "prompt": "x", "max_tokens": 8, "cache_salt": ""})
+        assert status == 400 and body["error"]["param"] == "cache_salt", body
+    finally:
+        if frontend is not None:
+            frontend.stop()
+        server.stop()
+        assert tritonserver_pids(str(tmp_path)) == []

@@ -115,7 +115,7 @@ from trtspec.openai.tools import ToolParser, ToolPlan, check_tools, merge_deltas
 from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
 from trtspec.spec.coupling import fresh_seed
 from trtspec.spec.grammar import GuideError, compact_guide
-from trtspec.triton.request import produced_chars
+from trtspec.triton.request import MAX_SALT_CHARS, produced_chars
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +192,9 @@ class Frontend:
         top_k = 0 if top_k >= model.vocab_size else top_k
         logprobs = logprobs_wanted(req)
         echo = bool(getattr(req, "echo", False))
+        if req.cache_salt is not None and not 1 <= len(req.cache_salt) <= MAX_SALT_CHARS:
+            raise ApiError(f"Invalid 'cache_salt': expected 1 to {MAX_SALT_CHARS} characters, got "
+                           f"{len(req.cache_salt)}.", "cache_salt", code="invalid_value")
         gen = Generation(prompt=prompt if isinstance(prompt, str) else "", max_tokens=max_tokens,
                          temperature=temperature, top_p=top_p, top_k=top_k, min_p=req.min_p or 0.0,
                          seed=req.seed,
@@ -207,7 +210,8 @@ class Frontend:
                          guide=self.guide(req, tools, start, self.model.compact_json),
                          bad_words=tuple(req.bad_words or ()),
                          thinking=self.thinking(req, start),
-                         prediction=prediction_text(req) if chat else "")
+                         prediction=prediction_text(req) if chat else "",
+                         cache_salt=req.cache_salt or "")
         return gen, prompt_ids
 
     @staticmethod

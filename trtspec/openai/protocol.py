@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
 from trtspec.spec.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
-from trtspec.triton.request import MAX_STOP_WORD_CHARS
+from trtspec.triton.request import MAX_SALT_CHARS, MAX_STOP_WORD_CHARS
 
 MAX_STOP = 32  # stop sequences per request (OpenAI allows 4, vLLM any number; lm-eval sends a task's all)
 # reasoning_effort's values: OpenAI's (none .. xhigh), and Anthropic's output_config.effort's max
@@ -87,6 +87,10 @@ class SamplingFields(_Forbid):
     user: str | None = Field(None, description="end-user id; accepted, not used")
     ignore_eos: bool | None = Field(False, description="the end of sequence does not end generation; "
                                     "stop and stop_token_ids still do (vLLM extension)")
+    cache_salt: str | None = Field(None, description="requests share cached prompts (prefix reuse) and the "
+                                   "prompt-lookup pool only with requests sent with the same salt, so one "
+                                   "tenant's speed cannot tell what another sent (vLLM extension); "
+                                   f"1 to {MAX_SALT_CHARS} characters")
 
 
 class _Common(SamplingFields):

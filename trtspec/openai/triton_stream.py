@@ -25,6 +25,7 @@ from trtspec.triton.client import (
     PENALTY_DEFAULTS,
     guide_arrays,
     logit_bias_arrays,
+    salt_arrays,
     thinking_arrays,
     word_arrays,
 )
@@ -69,6 +70,7 @@ class Generation:
     bad_words: tuple[str, ...] = ()  # TensorRT-LLM's bad_words input
     thinking: tuple[int, str] | None = None  # a reasoning budget: (tokens, the text that opens the block)
     prediction: str = ""  # predicted outputs: text the answer is expected to repeat
+    cache_salt: str = ""  # vLLM's: cached prompts and the lookup pool shared with the same salt only
 
     def arrays(self) -> dict[str, np.ndarray]:
         if self.prompt_ids is None:
@@ -107,7 +109,7 @@ class Generation:
         arrays |= word_arrays(stop_words=self.stop_words, bad_words=self.bad_words)
         if self.prediction:
             arrays["prediction"] = np.array([self.prediction.encode("utf-8")], dtype=np.object_)
-        return arrays | thinking_arrays(self.thinking)
+        return arrays | thinking_arrays(self.thinking) | salt_arrays(self.cache_salt)
 
 
 @dataclass(slots=True)

@@ -185,6 +185,7 @@ class GenerateParams:
     bad_words: tuple[str, ...] = ()  # TensorRT-LLM's bad_words input (vLLM's request field)
     # a reasoning budget: (thinking_token_budget, thinking_start, thinking_end), trtspec's Triton inputs
     thinking: tuple[int, str, str] | None = None
+    cache_salt: str = ""  # vLLM's: cached prompts and the lookup pool shared with the same salt only
 
     @classmethod
     def of(cls, sampling: SamplingParams, max_tokens: int, stream: bool = False) -> GenerateParams:
@@ -220,6 +221,8 @@ class GenerateParams:
             body["thinking_token_budget"], body["thinking_start"], body["thinking_end"] = self.thinking
         if self.guide is not None:
             body["guided_decoding_guide_type"], body["guided_decoding_guide"] = self.guide
+        if self.cache_salt:
+            body["cache_salt"] = self.cache_salt
         return body
 
 
@@ -259,8 +262,13 @@ def grpc_inputs(prompt: str | bytes, params: GenerateParams) -> list:
         arrays[name] = np.array([value], dtype=np.float32)
     arrays |= logit_bias_arrays(params.logit_bias)
     arrays |= word_arrays(stop_words=params.stop_words, bad_words=params.bad_words)
-    arrays |= thinking_arrays(params.thinking) | guide_arrays(params.guide)
+    arrays |= thinking_arrays(params.thinking) | guide_arrays(params.guide) | salt_arrays(params.cache_salt)
     return [array_input(InferInput, name, value) for name, value in arrays.items()]
+
+
+def salt_arrays(salt: str) -> dict[str, np.ndarray]:
+    """A cache_salt as the model's cache_salt input; "": no input."""
+    return {"cache_salt": np.array([salt.encode("utf-8")], dtype=np.object_)} if salt else {}
 
 
 def word_arrays(**lists: Sequence[str]) -> dict[str, np.ndarray]:
