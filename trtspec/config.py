@@ -193,8 +193,9 @@ class LookupConfig(_Strict):
         description="finished requests' tokens (prompt + answer, newest kept) every request may also copy "
                     "from where they repeat more of its last tokens than its own do (at least 3): a shared "
                     "n-gram pool, TensorRT-LLM's is_public_pool; 0 = each request copies from its own tokens "
-                    "only. Shared between requests: a request's speed can hint that another's text resembled "
-                    "it, as a shared prefix cache's can")
+                    "only. Shared between requests (a request's speed can hint that another's text resembled "
+                    "it, as a shared prefix cache's can): a request's cache_salt limits it to requests sent "
+                    "with the same salt")
 
     @model_validator(mode="after")
     def _ordered(self) -> LookupConfig:

@@ -24,8 +24,9 @@ The pool (`LookupPool`, `lookup.pool_tokens`): the decoder keeps finished reques
 request copies from them where a place there repeats more of its last tokens than its own tokens do
 (at least POOL_KEY): answers to similar prompts share phrasing, templates and boilerplate
 (TensorRT-LLM's `is_public_pool`, SGLang's shared n-gram cache). Its copies are priced apart (their
-own acceptance by match length) and are point masses as any copy. `SpeculativeDecoder.reset`
-forgets it with everything else.
+own acceptance by match length) and are point masses as any copy. A request copies only from texts
+of requests sent with its cache_salt (`Request.cache_salt`). `SpeculativeDecoder.reset` forgets it
+with everything else.
 """
 
 from __future__ import annotations
