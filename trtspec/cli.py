@@ -544,6 +544,10 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
                    "requests pay its start-up), with the tasks' prompts past those measured.")
 @click.option("--chat", is_flag=True, help="With openai://: stream /v1/chat/completions (each prompt one "
               "user message) instead of /v1/completions.")
+@click.option("--salt-per-level", is_flag=True,
+              help="With --url: each concurrency level's requests carry a cache_salt of their own (trtspec's "
+                   "and vLLM's servers), so what the server cached of earlier levels' prompts (prefix reuse, "
+                   "a lookup pool) is not reused: as a restart per level.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
               help="With openai://: bearer token (env OPENAI_API_KEY).")
 @click.option("--tree", "tree_spec", default=None, metavar="auto|N,K",
@@ -566,8 +570,8 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
                    "equal the target alone's (method none+gumbel) token for token.")
 @run_errors
 def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir, doc_path, concurrency,
-          min_user_tps, max_users, sps_path, url, model_name, warmup, chat, api_key, tree_spec,
-          write_acceptance, temperature, top_p, top_k, seed, coupling) -> None:
+          min_user_tps, max_users, sps_path, url, model_name, warmup, chat, salt_per_level, api_key,
+          tree_spec, write_acceptance, temperature, top_p, top_k, seed, coupling) -> None:
     """Benchmark the drafters of CONFIGS (same target) against the target alone, side by side;
     or, with --url, a running server as its users see it."""
     from trtspec.bench.outputs import bench_outputs
@@ -615,7 +619,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
             raise click.BadParameter("chat needs an OpenAI-compatible server (openai://HOST:PORT)",
                                      param_hint="--chat")
         remote = run_remote(url, model_name, task_names, prompts_per_task, max_tokens, levels or [1],
-                            chat, api_key, sampling, warmup)
+                            chat, api_key, sampling, warmup, salt_per_level)
         with bench_outputs(out_dir) as staged:
             (staged / "results.json").write_text(json.dumps({"remote": remote}, indent=1))
             (staged / "results.md").write_text(remote_table(remote) + "\n")
@@ -624,7 +628,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     if not configs:
         raise click.UsageError("give at least one CONFIG (or --url to benchmark a running server)")
     _refuse_given("applies to a served model (--url), not to CONFIGS", "model_name", "warmup", "chat",
-                  "api_key")
+                  "salt_per_level", "api_key")
     if not levels:
         _refuse_given("applies to the concurrent runs: give --concurrency too", "sps_path", "min_user_tps",
                       "max_users")

@@ -5,7 +5,8 @@ R client threads each stream their share of the prompts one request after anothe
 `/v1/completions`, or `/v1/chat/completions` with `chat`). `warmup` requests go first, one at a
 time, and are not counted (the tasks' prompts past those measured). A server that remembers what it
 answered (`limits.prefix_reuse`, `lookup.pool_tokens`) serves each level after the first prompts it
-has seen: restart it per level for figures without that. Each request leaves one record
+has seen: `salt_per_level` sends each level with a cache_salt of its own (trtspec's and vLLM's
+servers keep such caches per salt), else restart it per level. Each request leaves one record
 (`request_record`), kept in the results so every figure can be recomputed from them; its figures
 are AIPerf's:
 
@@ -33,6 +34,8 @@ own coupling).
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,9 +52,11 @@ PERCENTILES = (50, 90, 99)
 WARMUP_PROMPT = "def warm_up(self):\n"  # when every prompt of the tasks is measured
 
 
-def _params(max_tokens: int, sampling: SamplingParams, index: int) -> GenerateParams:
-    """Prompt `index`'s request: streamed; greedy as the server's default, or sampled and seeded."""
-    return GenerateParams.of(request_params(sampling, index, sampling.coupling), max_tokens, stream=True)
+def _params(max_tokens: int, sampling: SamplingParams, index: int, salt: str = "") -> GenerateParams:
+    """Prompt `index`'s request: streamed; greedy as the server's default, or sampled and seeded;
+    sent with cache_salt `salt` ("": none)."""
+    params = GenerateParams.of(request_params(sampling, index, sampling.coupling), max_tokens, stream=True)
+    return dataclasses.replace(params, cache_salt=salt)
 
 
 def request_record(index: int, c: Completion | None = None, error: str | None = None) -> dict:
@@ -63,7 +68,7 @@ def request_record(index: int, c: Completion | None = None, error: str | None = 
     ttft = c.first_response_s if c.num_tokens > 0 else None
     itl = (c.total_s - ttft) / (c.num_tokens - 1) if ttft is not None and c.num_tokens >= 2 else None
     return {"prompt": index, "tokens": c.num_tokens, "ttft_s": ttft, "latency_s": c.total_s, "itl_s": itl,
-            "target_forwards": c.target_forwards}
+            "target_forwards": c.target_forwards, "cached_tokens": c.cached_tokens}
 
 
 def warmup_prompts(tasks: list[str], prompts_per_task: int) -> list[str]:
@@ -77,29 +82,38 @@ def warmup_prompts(tasks: list[str], prompts_per_task: int) -> list[str]:
 
 def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, max_tokens: int,
                concurrency: list[int], chat: bool = False, api_key: str | None = None,
-               sampling: SamplingParams | None = None, warmup: int = 0) -> dict:
+               sampling: SamplingParams | None = None, warmup: int = 0,
+               salt_per_level: bool = False) -> dict:
+    """`salt_per_level`: each level's requests (and the warm-up's) carry a cache_salt of their own
+    (trtspec's and vLLM's servers): what a server cached of earlier levels' prompts (prefix reuse, a
+    lookup pool) is not reused, as if it were restarted per level."""
     sampling = sampling or SamplingParams()
+    run = secrets.token_hex(4)  # a new run never meets an earlier run's salts either
+
+    def salt(level: str) -> str:
+        return f"trtspec-bench-{run}-{level}" if salt_per_level else ""
+
     prompts = [p for t in tasks for p in load_prompts(t)[:prompts_per_task]]
     levels: dict[str, dict] = {}
 
-    def send(i: int, prompt: str) -> dict:
+    def send(i: int, prompt: str, level: str) -> dict:
         try:
-            return request_record(i, generate(url, model, prompt, _params(max_tokens, sampling, i),
-                                              chat=chat, api_key=api_key))
+            params = _params(max_tokens, sampling, i, salt(level))
+            return request_record(i, generate(url, model, prompt, params, chat=chat, api_key=api_key))
         except ClientError as exc:
             return request_record(i, error=str(exc))
 
     spare = warmup_prompts(tasks, prompts_per_task)
     for w in range(warmup):  # the server's first requests pay its start-up; a failure here ends the run
-        generate(url, model, spare[w % len(spare)], _params(max_tokens, sampling, w), chat=chat,
-                 api_key=api_key)
+        generate(url, model, spare[w % len(spare)], _params(max_tokens, sampling, w, salt("warmup")),
+                 chat=chat, api_key=api_key)
     # closed on the way out of an error too, so the error starts a line of its own
     with tqdm(total=len(prompts) * len(concurrency), desc=f"bench {url}", unit="request") as bar:
 
-        def client(share: list[tuple[int, str]]) -> list[dict]:
+        def client(share: list[tuple[int, str]], level: str) -> list[dict]:
             done = []
             for i, prompt in share:
-                done.append(send(i, prompt))
+                done.append(send(i, prompt, level))
                 bar.update(1)
             return done
 
@@ -107,7 +121,7 @@ def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, ma
             shares = [list(enumerate(prompts))[i::r] for i in range(r)]
             t0 = time.perf_counter()
             with ThreadPoolExecutor(r) as pool:
-                records = sorted((x for share in pool.map(client, shares) for x in share),
+                records = sorted((x for share in pool.map(client, shares, [str(r)] * r) for x in share),
                                  key=lambda x: x["prompt"])
             wall = time.perf_counter() - t0
             failed = [x for x in records if x.get("error")]
@@ -116,7 +130,7 @@ def run_remote(url: str, model: str, tasks: list[str], prompts_per_task: int, ma
             levels[str(r)] = {**level_row(records, wall), "requests": records}
     return {"url": url, "model": model, "endpoint": "chat" if chat else "completions",
             "max_tokens": max_tokens, "prompts": len(prompts), "warmup": warmup,
-            "decoding": describe(sampling), "levels": levels}
+            "salt_per_level": salt_per_level, "decoding": describe(sampling), "levels": levels}
 
 
 def pooled_tau(records: list[dict]) -> float | None:

@@ -70,6 +70,8 @@ def request_body(model: str, prompt: str, params: GenerateParams, chat: bool) ->
                           "thinking_token_budget on /v1/chat/completions only, behind its reasoning parser")
     if params.guide is not None:
         body["response_format"] = response_format(*params.guide)
+    if params.cache_salt:  # vLLM's extension, as trtspec's
+        body["cache_salt"] = params.cache_salt
     return body
 
 
