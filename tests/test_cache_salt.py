@@ -54,7 +54,13 @@ def test_a_served_deployment_keeps_prompts_and_pool_by_salt(tmp_path):
     """tiny-lookup-pool.yaml behind a real tritonserver and the OpenAI frontend: over gRPC a prompt
     sharing a cached prefix keeps it with the same salt only (another salt, or none, takes a fresh
     slot and prefills all), the answers the same; over the OpenAI API the salt reaches the model
-    (usage's cached tokens), and an empty one is refused naming cache_salt."""
+    (usage's cached tokens), and an empty one is refused naming cache_salt; `bench --url
+    --salt-per-level` keeps a level from reusing an earlier level's prompts."""
+    import json
+
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
     from trtspec.openai.model_info import served_model_of_repo
     from trtspec.openai.server import OpenAIFrontend
     from trtspec.triton.client import GenerateParams, generate
@@ -92,6 +98,17 @@ def test_a_served_deployment_keeps_prompts_and_pool_by_salt(tmp_path):
         status, body = post_json(f"{frontend.url}/v1/completions", {
             "model": config.name, "prompt": "x", "max_tokens": 8, "cache_salt": ""})
         assert status == 400 and body["error"]["param"] == "cache_salt", body
+        # bench --url sends level 2 the prompts level 1 sent: kept by prefix reuse, unless salted per level
+        cached = {}
+        for flag in ([], ["--salt-per-level"]):
+            out = tmp_path / f"bench{len(flag)}"
+            result = CliRunner().invoke(main, ["bench", "--url", server.grpc_url, "--model", config.name,
+                                               "--tasks", "code", "--prompts", "2", "--max-tokens", "8",
+                                               "--concurrency", "1,2", "--out", str(out), *flag])
+            assert result.exit_code == 0, result.output
+            remote = json.loads((out / "results.json").read_text())["remote"]
+            cached[bool(flag)] = [[x["cached_tokens"] for x in remote["levels"][r]["requests"]] for r in "12"]
+        assert min(cached[False][1]) > 0 and cached[True] == [[0, 0], [0, 0]], cached
     finally:
         if frontend is not None:
             frontend.stop()
