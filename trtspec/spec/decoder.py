@@ -351,7 +351,8 @@ class SpeculativeDecoder:
         elif request.prediction and self.tree is None:  # a guided row drafts what its guide allows
             live.prediction = PredictedDrafts(request.prediction)
         if self.lookup is not None:  # a guided row's copies are cut where its guide refuses one
-            live.lookup = PromptLookup(request.prompt, self.lookup.min_match, self.lookup.max_match)
+            live.lookup = PromptLookup(request.prompt, self.lookup.min_match, self.lookup.max_match,
+                                       request.cache_salt)
         self.lives[rid] = live
         return rid
 
@@ -672,8 +673,7 @@ class SpeculativeDecoder:
                 if drafts:
                     out[i] = drafts
             if lv.lookup is not None and i not in out:  # it takes the answer's new tokens as it goes
-                drafts = lv.lookup.next(lv.generated, min(self.lookup.num_draft_tokens, lv.budget), self.pool,
-                                        lv.request.cache_salt)
+                drafts = lv.lookup.next(lv.generated, min(self.lookup.num_draft_tokens, lv.budget), self.pool)
                 if drafts and lv.grammar is not None:
                     drafts = lv.grammar.allowed_prefix(drafts)
                 if drafts:

@@ -95,9 +95,15 @@ class LookupPool:
             return [], 0
         places, matched = _narrow(self.tokens, tail, places, POOL_KEY, max_match)
         text_ends = self.ends[np.searchsorted(self.ends, places)]  # each place's text ends there
-        follow = np.minimum(text_ends - places, n)
-        best = places[follow == follow.max()][-1]
-        return self.tokens[best : best + int(follow.max())].tolist(), matched
+        return _copy_after(self.tokens, places, text_ends, n), matched
+
+
+def _copy_after(tokens: np.ndarray, places: np.ndarray, stops: np.ndarray | int, n: int) -> list[int]:
+    """The tokens after the place (of `places`, ascending) followed by the most before its stop
+    (`stops`: where each place's text ends), at most n, the newest of those."""
+    follow = np.minimum(stops - places, n)  # tokens after each place, as many as wanted
+    best = places[follow == follow.max()][-1]
+    return tokens[best : best + int(follow.max())].tolist()
 
 
 def _salt_id(salt: str) -> int:
@@ -124,8 +130,9 @@ def _keys(text: np.ndarray) -> np.ndarray:
 class PromptLookup:
     """One request's tokens (prompt, then its answer as it grows) and the drafts they suggest."""
 
-    def __init__(self, prompt: Sequence[int], min_match: int, max_match: int):
+    def __init__(self, prompt: Sequence[int], min_match: int, max_match: int, salt: str = ""):
         self.min_match, self.max_match = min_match, max_match
+        self.salt = salt  # the request's cache_salt: the pool's texts it may copy from
         # [capacity]: the prompt and room for the answer, doubled when it fills (int32: 4 bytes a token)
         self.tokens = np.zeros(len(prompt) + ANSWER_ROOM, dtype=np.int32)
         self.tokens[: len(prompt)] = prompt
@@ -134,10 +141,9 @@ class PromptLookup:
         self.match = 0  # how many tokens the last `next` matched (0: none found)
         self.pooled = False  # whether the last `next` copied from the pool rather than the request
 
-    def next(self, answer: Sequence[int], n: int, pool: LookupPool | None = None,
-             salt: str = "") -> list[int]:
+    def next(self, answer: Sequence[int], n: int, pool: LookupPool | None = None) -> list[int]:
         """Up to n tokens to draft after the prompt and `answer` (the tokens generated so far): from
-        the request's own tokens, or from `pool`'s texts (of requests with its `salt`) where one
+        the request's own tokens, or from `pool`'s texts (of requests with its salt) where one
         repeats more of the last tokens."""
         seen = self.length - self.prompt_len
         new = len(answer) - seen
@@ -154,11 +160,9 @@ class PromptLookup:
         ends, matched = longest_runs(tokens[:last], tokens, self.max_match)
         drafts: list[int] = []
         if matched >= self.min_match:
-            follow = np.minimum(self.length - ends, n)  # tokens after each place, as many as wanted
-            best = ends[follow == follow.max()][-1]  # the most to copy, then the newest
-            drafts, self.match = tokens[best : best + int(follow.max())].tolist(), matched
+            drafts, self.match = _copy_after(tokens, ends, self.length, n), matched
         if pool is not None and len(pool) and self.match < self.max_match:
-            copied, pool_matched = pool.next(tokens, self.max_match, n, salt)
+            copied, pool_matched = pool.next(tokens, self.max_match, n, self.salt)
             if copied and pool_matched > self.match and pool_matched >= self.min_match:  # ties: its own
                 drafts, self.match, self.pooled = copied, pool_matched, True
         return drafts
