@@ -1505,7 +1505,7 @@ def test_a_stream_whose_client_left_mid_send_is_closed_when_its_response_ends(sp
 
     from starlette.requests import ClientDisconnect
 
-    from trtspec.openai.app import ClosingStreamingResponse
+    from trtspec.openai.streams import ClosingStreamingResponse
 
     cleaned = []
 

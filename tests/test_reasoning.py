@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from trtspec.openai.app import Frontend
+from trtspec.openai.frontend import Frontend
 from trtspec.openai.protocol import ApiError, ChatRequest, check_messages, parse
 from trtspec.openai.reasoning import (
     ALIASES,
@@ -170,10 +170,10 @@ NAMED = {"type": "function", "function": {"name": "add"}}
 @pytest.mark.parametrize("plan", [tool_plan(TOOLS, "auto", None, "hermes"),
                                   tool_plan(TOOLS, NAMED, None, None)])
 def test_tool_calls_are_read_in_the_content_only(plan):
-    """A choice's deltas (`_Run.deltas`, what streamed and whole answers are built from): the block
+    """A choice's deltas (`Choice.deltas`, what streamed and whole answers are built from): the block
     as reasoning_content, a `<tool_call>` written inside it is reasoning, the calls come from the
     content; however the text is cut."""
-    from trtspec.openai.app import _Run
+    from trtspec.openai.choice import Choice
     from trtspec.openai.tools import merge_deltas
     from trtspec.openai.triton_stream import Generation
 
@@ -184,7 +184,7 @@ def test_tool_calls_are_read_in_the_content_only(plan):
     text = reasoning + "</think>" + after
     rng = random.Random(7)
     for _ in range(20):
-        run = _Run(Generation("", 64), [], tools=plan, start=REASONING)
+        run = Choice(Generation("", 64), [], tools=plan, start=REASONING)
         pieces = _pieces(text, rng)
         deltas = [d for k, piece in enumerate(pieces) for d in run.deltas(piece, k == len(pieces) - 1)]
         said = "".join(d["reasoning_content"] for d in deltas if "reasoning_content" in d)

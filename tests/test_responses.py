@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from trtspec.openai.app import _Run
+from trtspec.openai.choice import Choice
 from trtspec.openai.protocol import ApiError, renamed
 from trtspec.openai.reasoning import OPENS_TAG, REASONING
 from trtspec.openai.responses import (
@@ -218,7 +218,7 @@ def segments_of(segments: Segments, start: str | None, mode: str | None, pieces:
     plan `mode` over test_tools' TOOLS) taken in `pieces`; the events that built them."""
     choice = {"named": {"type": "function", "function": {"name": "add"}}}.get(mode, mode)
     plan = None if mode is None else tool_plan(TOOLS, choice, None, "hermes")
-    run = _Run(Generation(prompt="", max_tokens=64), [], tools=plan, start=start)
+    run = Choice(Generation(prompt="", max_tokens=64), [], tools=plan, start=start)
     events = [e for k, piece in enumerate(pieces)
               for e in segments.push(run.deltas(piece, final=k == len(pieces) - 1))]
     return events + segments.close()

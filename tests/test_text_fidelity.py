@@ -1,5 +1,5 @@
 """Text fidelity, as property tests over random token ids: what a served answer says is built a
-few ids at a time (`TextStream` in the served model, `StopTrimmer` and `_Run` in the OpenAI
+few ids at a time (`TextStream` in the served model, `StopTrimmer` and `Choice` in the OpenAI
 frontend), and must not depend on how the ids arrive or on whether the answer streams.
 
 Tokenizers: the embedded models' bytes, a byte-level BPE (Llama 3's kind), a SentencePiece one
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.openai.app import _Run
+from trtspec.openai.choice import Choice
 from trtspec.openai.logprobs import LogprobsBody
 from trtspec.openai.stops import StopTrimmer
 from trtspec.openai.triton_stream import Generation, Step
@@ -166,7 +166,7 @@ def _served(decode, steps: list[list[int]], stops: list[str], end: int, min_toke
         if text.stopped:
             break
     responses.append(Step(text.finish(), [], final=True) if stream else Step(text.text, text.ids, final=True))
-    run = _Run(Generation("", 64, min_tokens=min_tokens, stop_words=tuple(stops)), [], decode=decode,
+    run = Choice(Generation("", 64, min_tokens=min_tokens, stop_words=tuple(stops)), [], decode=decode,
                include=include)
     return "".join(run.take(r) for r in responses), run.trimmer.stopped
 
@@ -247,7 +247,7 @@ def test_text_offsets_point_into_the_returned_text(kind):
         for stream in (True, False):
             steps = _steps(rng, ids) if stream else [ids]
             gen = Generation(prompt, 64, logprobs=0, prompt_logprobs=echo is not None)
-            run = _Run(gen, prompt_ids, logprobs=LogprobsBody(names, chat=False), echo=echo, decode=decode)
+            run = Choice(gen, prompt_ids, logprobs=LogprobsBody(names, chat=False), echo=echo, decode=decode)
             text, tokens, offsets = "", [], []
             for k, step in enumerate(steps):
                 delta = _one_at_a_time(decode, [i for i in ids if i != end]) if k == 0 else ""  # text once
