@@ -244,6 +244,13 @@ class GenerationLimits(_Strict):
                     "keep decoding in each; 0 = every new prompt whole in the step it joins. Flavour "
                     "trtllm: > 0 turns enable_chunked_prefill on, and TensorRT-LLM sizes the chunks by "
                     "deployment.max_num_tokens (trtspec/trtllm/args.py)")
+    stream_interval: int = Field(
+        1, ge=1, le=1024,
+        description="decode steps per streamed response: a streaming request gets one response with the "
+                    "new text of every `stream_interval` steps (its first step's at once, what is left "
+                    "with its last), so a server under load sends fewer responses, each a crossing from "
+                    "the model to Triton and a message to the client, at the cost of burstier text; 1 = "
+                    "a response per step. Flavour trtllm: TensorRT-LLM's stream_interval")
     max_request_bytes: int = Field(
         MAX_REQUEST_BYTES, ge=1024, le=2**31,
         description="largest request body the OpenAI frontend takes, in bytes: a larger one is a 413 before "

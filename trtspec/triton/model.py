@@ -12,7 +12,8 @@ sent by a thread of their own (`trtspec.triton.outbox`), in order, while the loo
 
 Responses. `stream` false: one response with the whole `text_output`, `output_ids`,
 `accepted_tokens`, `draft_tokens`, `target_forwards`, `cached_tokens`. `stream` true: one response
-per decode step with the new `text_output` / `output_ids`, then a last one with the request's
+per decode step with the new `text_output` / `output_ids` (every `limits.stream_interval` steps, with
+those steps' output; the first step's at once), then a last one with the request's
 `accepted_tokens` / `draft_tokens` / `target_forwards` / `cached_tokens` totals (and any text held
 back); `cached_tokens`: the prompt tokens kept from an earlier request (`limits.prefix_reuse`).
 The totals come with `finish_reason`: `stop` (an end or stop id, or a stop word) or `length`
@@ -257,6 +258,9 @@ class _Stream:
     polled_at: float = float("-inf")  # when `cancelled` last asked Triton
     was_cancelled: bool = False  # for good: a cancellation, or a response that could not be sent
     responses: int = 0  # sent or queued so far
+    interval: int = 1  # decode steps per streamed response (limits.stream_interval)
+    steps: int = 0  # decode steps that gave it tokens so far
+    held: tuple[str, list[int], TokenLogprobs | None] = ("", [], None)  # output not yet streamed
 
     def cancelled(self) -> bool:
         """Whether the client cancelled or went away, asked of Triton at most every CANCEL_POLL_S."""
@@ -283,9 +287,11 @@ class _Stream:
 
     def on_tokens(self, emitted: Emitted) -> bool:
         """The decoder's callback: stream the new text; True ends the request."""
-        if emitted.ids and not self.got_first_token:
-            self.got_first_token = True
-            self.metrics.ttft.observe(time.monotonic() - self.queued_at)
+        if emitted.ids:
+            self.steps += 1
+            if not self.got_first_token:
+                self.got_first_token = True
+                self.metrics.ttft.observe(time.monotonic() - self.queued_at)
         if emitted.prompt_logprobs is not None:
             self.prompt_logprobs = emitted.prompt_logprobs
         delta, kept = self.text.push(emitted.ids)
@@ -294,23 +300,40 @@ class _Stream:
             logprobs = logprobs.head(len(kept))
             self.logprobs.extend(logprobs)
         if self.request.stream and (delta or kept):
-            cumulative = 0.0 if logprobs is None else self.logprobs.cumulative()
-            prompt, self.prompt_logprobs = self.prompt_logprobs, None  # with the first response
             if self.cancelled():
                 return True  # the client is gone: free its slot
-            text, ids = self._with_prompt(delta, kept)
-            self.send(functools.partial(_response, text, ids, None, logprobs, cumulative, prompt))
+            self._hold(delta, kept, logprobs)
+            # TensorRT-LLM's rule: the first output at once (time to first token), then every
+            # interval-th step's with what the steps between held
+            if self.responses == 0 or self.steps % self.interval == 0:
+                text, ids, logprobs = self._take_held()
+                cumulative = 0.0 if logprobs is None else self.logprobs.cumulative()
+                prompt, self.prompt_logprobs = self.prompt_logprobs, None  # with the first response
+                self.send(functools.partial(_response, text, ids, None, logprobs, cumulative, prompt))
             return self.text.stopped
         return self.text.stopped or self.cancelled()
 
+    def _hold(self, text: str, ids: list[int], logprobs: TokenLogprobs | None) -> None:
+        """Keep a step's new output until the response that streams it."""
+        held_text, held_ids, held_logprobs = self.held
+        if logprobs is not None:
+            held_logprobs = TokenLogprobs(logprobs.top) if held_logprobs is None else held_logprobs
+            held_logprobs.extend(logprobs)
+        self.held = (held_text + text, held_ids + ids, held_logprobs)
+
+    def _take_held(self) -> tuple[str, list[int], TokenLogprobs | None]:
+        """The output held since the last streamed response (the prompt's in front when owed)."""
+        (text, ids, logprobs), self.held = self.held, ("", [], None)
+        return *self._with_prompt(text, ids), logprobs
+
     def finish(self, result: GenerationResult) -> None:
-        if self.request.stream:
-            text, ids = self._with_prompt(self.text.finish(), [])
-            logprobs = None  # every id's went with its step
+        if self.request.stream:  # what no response streamed yet: steps' output held, text held back
+            self._hold(self.text.finish(), [], None)
+            text, ids, logprobs = self._take_held()
         else:
             text, ids = self._with_prompt(self.text.text, self.text.ids)
             logprobs = self.logprobs
-        cumulative = 0.0 if logprobs is None else logprobs.cumulative()
+        cumulative = 0.0 if logprobs is None else self.logprobs.cumulative()
         build = functools.partial(_response, text, ids, result, logprobs, cumulative, self.prompt_logprobs)
         self.send(build, FINAL)
 
@@ -372,7 +395,8 @@ class TritonPythonModel:
                 continue
             ends = self.decoder.end_ids_of(decode)  # their own text is left out
             text = TextStream(self.pipeline.tokenizer.decode, parsed.stop_words, ends, parsed.min_tokens)
-            stream = _Stream(parsed, sender, self.outbox, text, self.metrics, decode)
+            stream = _Stream(parsed, sender, self.outbox, text, self.metrics, decode,
+                             interval=self.config.limits.stream_interval)
             if parsed.logprobs is not None:
                 stream.logprobs = TokenLogprobs(parsed.logprobs)
             self.waiting.put(stream)

@@ -130,6 +130,8 @@ def llm_args(config: BuildConfig, *, for_triton: bool) -> dict:
         # chunks are what a step's running requests leave of max_num_tokens: prefill_chunk's own
         # number (512, chosen on a CPU) is trtspec's loop's, and a GPU keeps TensorRT-LLM's budget
         args["enable_chunked_prefill"] = True
+    if config.limits.stream_interval != 1:  # a response every interval-th step, as trtspec's model
+        args["stream_interval"] = config.limits.stream_interval
     args["kv_cache_config"] = {
         "free_gpu_memory_fraction": dep.free_gpu_memory_fraction,
         # one switch, set on either side (BuildConfig refuses the two set apart)

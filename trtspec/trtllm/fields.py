@@ -65,6 +65,12 @@ Read from NVIDIA/TensorRT-LLM (PyTorch backend, LLM API), not guessed:
   (NonNegativeInt; 0 = 128 when no batch_sizes are given) and `enable_padding` (round a batch up
   to the next captured size, "usually a net win for performance"); the sizes are generated up to
   max_batch_size and the draft_len_schedule keys are merged into them.
+- Streaming granularity, same llm_args.py (offset ~257,900): `TorchLlmArgs.stream_interval`
+  (PositiveInt, default 1, "The iteration interval to create responses under the streaming mode");
+  `PyExecutor._handle_responses` in `tensorrt_llm/_torch/pyexecutor/py_executor.py` at the same
+  commit emits a request's response when `py_decoding_iter == 1 or is_finished or
+  py_decoding_iter % stream_interval == 0`, the rule trtspec's served model follows
+  (`limits.stream_interval`); written only when not 1.
 
 Not written because not confirmed or not wanted: `enable_confidence_head` /
 `confidence_threshold` (absent from `DSparkDecodingConfig` on purpose, see its NOTE), and
@@ -149,6 +155,7 @@ LLM_ARGS_FIELDS = frozenset(
         "max_seq_len",
         "max_num_tokens",
         "enable_chunked_prefill",
+        "stream_interval",
         "kv_cache_config",
         "cuda_graph_config",
         "speculative_config",
