@@ -17,9 +17,10 @@ client delays its own responses, never the loop's steps. `close` sends what is q
 
 Its limit: one thread sends about 3,000-4,000 responses a second at these costs. A loop streaming
 one response per request per step stays under it while R / step time does (8 requests at 13 ms
-steps: 600 a second); a GPU batch of 64 at 20 ms steps would reach it, and then a request's
-responses queued behind each other are better merged into one than sent apart (not done: no such
-batch runs here to measure it).
+steps: 600 a second); a GPU batch of 64 at 20 ms steps would reach it. Fewer responses is the
+deployment's choice, `limits.stream_interval` (TensorRT-LLM's): a response every interval-th step
+with what the steps between held (`trtspec.triton.model._Stream`). Merging the responses a slow
+outbox has queued for one request is not done (no such batch runs here to measure it).
 """
 
 from __future__ import annotations
