@@ -194,6 +194,31 @@ def tritonserver_pids(marker: str) -> list[int]:
     return [int(line.split()[0]) for line in out.splitlines() if marker in line and "tritonserver" in line]
 
 
+@contextlib.contextmanager
+def triton_serving(config, out: Path, while_starting=lambda: None, timeout_s: float = 180):
+    """A real tritonserver on free loopback ports serving `config`'s repository, written into `out`,
+    with one torch thread in the model (the test's clients and reference share the same 2 cores);
+    `while_starting()` runs as the backend's stub loads (a reference decoding in this process).
+    Stopped, and checked gone, at the end even when a test fails. The start runs on a pool thread
+    that outlives the server: a server dies with the thread that started it (pdeathsig)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trtspec.triton.repo import REPO_DIR, write_triton_repo
+    from trtspec.triton.server import Ports, TritonServer
+
+    write_triton_repo(config, out)
+    server = TritonServer(out / REPO_DIR, ports=Ports.free(), exit_timeout_s=3, env={"OMP_NUM_THREADS": "1"})
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            started = pool.submit(server.start, timeout_s=timeout_s)
+            while_starting()
+            started.result()
+            yield server
+    finally:
+        server.stop()
+        assert tritonserver_pids(str(out)) == [], "tritonserver still running after stop()"
+
+
 def local_target(tmp_path: Path, config, template: str):
     """`config` with its target's files linked into tmp_path beside `template`, its chat template."""
     target = tmp_path / "target"

@@ -191,47 +191,36 @@ def test_a_served_lookup_deployment_answers_as_the_target_alone(tmp_path):
     token for token, with copies drafted and accepted (the serving loop's adaptive schedule prices
     them), later requests copying from earlier ones too (the pool), and Prometheus counts them by
     source."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from trtspec.pipeline import load_pipeline
     from trtspec.triton.client import GenerateParams, generate
-    from trtspec.triton.repo import REPO_DIR, write_triton_repo
-    from trtspec.triton.server import Ports, TritonServer
 
-    from .conftest import tritonserver_pids
+    from .conftest import triton_serving
 
     config = load_build_config(REPO / "build_configs" / "tiny-lookup-pool.yaml")
-    write_triton_repo(config, tmp_path)
-    server = TritonServer(tmp_path / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
-                          env={"OMP_NUM_THREADS": "1"})
-    try:
-        # the reference decodes while the server's stub loads; the pool's thread outlives the server
-        # (a server dies with the thread that started it)
-        with ThreadPoolExecutor(1) as pool:
-            started = pool.submit(server.start, timeout_s=180)
-            alone = load_pipeline(config, use_drafter=False)
-            encode = alone.tokenizer.encode
-            expected = {p: alone.decoder.generate(encode(p), 64).token_ids for p in PROMPTS[:3]}
-            started.result()
-            drafted = accepted = 0
-            for prompt, ids in expected.items():
-                params = GenerateParams(max_tokens=64, stream=True)
-                got = generate(server.grpc_url, config.name, prompt, params)
-                assert got.token_ids == ids, prompt
-                drafted, accepted = drafted + got.draft_tokens, accepted + got.accepted_tokens
-            assert 0 < accepted <= drafted
-            metrics = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-            names = ("trtspec_copied_draft_tokens_total", "trtspec_copied_accepted_tokens_total")
-            copied = {source: [sum(float(line.split()[-1]) for line in metrics.splitlines()
-                                   if line.startswith(name + "{") and f'source="{source}"' in line)
-                               for name in names] for source in ("lookup", "pool")}
-            # every draft of this deployment is a copy, from the request's own tokens or the pool's
-            both = [own + pooled for own, pooled in zip(copied["lookup"], copied["pool"], strict=True)]
-            assert both == [drafted, accepted]
-            assert copied["pool"][1] > 0, copied
-    finally:
-        server.stop()
-        assert tritonserver_pids(str(tmp_path)) == []
+    expected = {}
+
+    def decode_alone() -> None:  # the reference, while the server's stub loads
+        alone = load_pipeline(config, use_drafter=False)
+        encode = alone.tokenizer.encode
+        expected.update({p: alone.decoder.generate(encode(p), 64).token_ids for p in PROMPTS[:3]})
+
+    with triton_serving(config, tmp_path, decode_alone) as server:
+        drafted = accepted = 0
+        for prompt, ids in expected.items():
+            params = GenerateParams(max_tokens=64, stream=True)
+            got = generate(server.grpc_url, config.name, prompt, params)
+            assert got.token_ids == ids, prompt
+            drafted, accepted = drafted + got.draft_tokens, accepted + got.accepted_tokens
+        assert 0 < accepted <= drafted
+        metrics = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    names = ("trtspec_copied_draft_tokens_total", "trtspec_copied_accepted_tokens_total")
+    copied = {source: [sum(float(line.split()[-1]) for line in metrics.splitlines()
+                           if line.startswith(name + "{") and f'source="{source}"' in line)
+                       for name in names] for source in ("lookup", "pool")}
+    # every draft of this deployment is a copy, from the request's own tokens or the pool's
+    both = [own + pooled for own, pooled in zip(copied["lookup"], copied["pool"], strict=True)]
+    assert both == [drafted, accepted]
+    assert copied["pool"][1] > 0, copied
 
 
 def test_bench_names_each_way_of_drafting():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import queue
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -20,12 +19,10 @@ from trtspec.config import ConfigError, load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.decoder import Request
 from trtspec.triton.client import GenerateParams, grpc_inputs
-from trtspec.triton.repo import REPO_DIR, write_triton_repo
-from trtspec.triton.server import Ports, TritonServer
 from trtspec.trtllm import fields
 from trtspec.trtllm.args import llm_args
 
-from .conftest import REPO, tritonserver_pids
+from .conftest import REPO, triton_serving
 
 INTERVAL = 3
 MAX_TOKENS = 23  # not a multiple of INTERVAL: the final response carries steps no response streamed
@@ -59,18 +56,9 @@ def expected(config):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, config, request):
-    out = tmp_path_factory.mktemp("triton-build")
-    write_triton_repo(config, out)
-    server = TritonServer(out / REPO_DIR, ports=Ports.free(), exit_timeout_s=3, env={"OMP_NUM_THREADS": "1"})
-    try:
-        with ThreadPoolExecutor(1) as pool:  # the server dies with the thread that started it
-            started = pool.submit(server.start, timeout_s=180)
-            request.getfixturevalue("expected")  # the reference decodes while the stub loads
-            started.result()
-            yield server
-    finally:
-        server.stop()
-        assert tritonserver_pids(str(out)) == [], "tritonserver still running after stop()"
+    with triton_serving(config, tmp_path_factory.mktemp("triton-build"),
+                        lambda: request.getfixturevalue("expected")) as server:
+        yield server
 
 
 def _responses(server, model: str, prompt: str, stream: bool, logprobs: bool) -> list[dict]:

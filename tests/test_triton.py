@@ -45,7 +45,7 @@ from trtspec.triton.client import (
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
 from trtspec.triton.server import Ports, ServeError, TritonServer, free_port
 
-from .conftest import REPO, tritonserver_pids
+from .conftest import REPO, triton_serving, tritonserver_pids
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 PROMPTS = ("Q: 482 + 356\nA:", "def parse(self, text):\n", "Explain what a generator is.", "import os\n")
@@ -73,20 +73,10 @@ def config(full_config_path):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, config, request):
-    out = tmp_path_factory.mktemp("triton-build")
-    write_triton_repo(config, out)
-    # one torch thread in the model: the test's clients and reference share the same 2 cores
-    server = TritonServer(out / REPO_DIR, ports=Ports.free(), exit_timeout_s=3, env={"OMP_NUM_THREADS": "1"})
-    try:
-        # the pool's thread outlives the server: a server dies with the thread that started it (pdeathsig)
-        with ThreadPoolExecutor(1) as pool:
-            started = pool.submit(server.start, timeout_s=180)
-            request.getfixturevalue("expected")  # the reference decodes while the server's stub loads
-            started.result()
-            yield server
-    finally:
-        server.stop()
-        assert tritonserver_pids(str(out)) == [], "tritonserver still running after stop()"
+    # the reference decodes while the server's stub loads
+    with triton_serving(config, tmp_path_factory.mktemp("triton-build"),
+                        lambda: request.getfixturevalue("expected")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
