@@ -86,6 +86,13 @@ def test_a_served_deployment_keeps_prompts_and_pool_by_salt(tmp_path):
                 texts.add(tuple(got.token_ids))
         assert cached["a", "Q: 3 + 4"] >= len(SYSTEM) and len(texts) == 1
         assert cached["b", "Q: 3 + 4"] == cached["", "Q: 3 + 4"] == 0
+        # `trtspec generate --url … --cache-salt`: the same keeping, in its JSON
+        ask = ["generate", "--url", server.grpc_url, "--model", config.name, "--prompt", system + "Q: 9 - 1",
+               "--max-tokens", "8", "--json", "--cache-salt"]
+        runs = {salt: CliRunner().invoke(main, [*ask, salt]) for salt in ("a", "d")}
+        assert all(run.exit_code == 0 for run in runs.values()), [run.output for run in runs.values()]
+        kept = {salt: json.loads(run.output)["cached_tokens"] for salt, run in runs.items()}
+        assert kept["a"] >= len(SYSTEM) and kept["d"] == 0, kept
         frontend = OpenAIFrontend(served_model_of_repo(tmp_path / REPO_DIR), server.local_grpc_address,
                                   "127.0.0.1", free_port()).start()
         usage = {}

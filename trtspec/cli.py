@@ -142,26 +142,37 @@ def main(verbose: bool) -> None:
                    "or @FILE to read it from a file.")
 @click.option("--drafter", "drafter_choice", type=click.Choice(["config", "none"]), default="config",
               show_default=True, help="`none` decodes autoregressively through the same target.")
+@click.option("--cache-salt", default=None,
+              help="With --url: vLLM's cache_salt, 1 to 1,024 characters: the server reuses a cached prompt "
+                   "prefix and copies from its lookup pool only across requests with the same salt.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--flavour", type=click.Choice(["torch", "engine"]), default=None,
               help="Override the config's flavour; `engine` runs the exported ONNX graphs on onnxruntime.")
 @run_errors
 def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt, max_tokens, temperature,
              top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, repetition_penalty,
-             guide_type, guide, drafter_choice, as_json, flavour=None) -> None:
+             guide_type, guide, drafter_choice, cache_salt, as_json, flavour=None) -> None:
     """Generate text speculatively with the configured target and drafter, or ask a served model."""
     utf8_text(prompt, "--prompt")
     if not prompt:
         raise click.BadParameter("must not be empty", param_hint="--prompt")
     check_range(max_tokens, "--max-tokens", low=1)
     check_range(wait_s, "--wait", low=0)
+    if cache_salt is not None:
+        from trtspec.triton.request import MAX_SALT_CHARS
+
+        utf8_text(cache_salt, "--cache-salt")
+        if not 1 <= len(cache_salt) <= MAX_SALT_CHARS:
+            raise click.BadParameter(f"expected 1 to {MAX_SALT_CHARS:,} characters, got {len(cache_salt):,}",
+                                     param_hint="--cache-salt")
     if (config_path is None) == (url is None):
         raise click.UsageError("give exactly one of --config (run here) or --url (a served model)")
     config = None
     if url is None:  # a mistaken config file is named before torch and the models load (seconds)
         if stream:
             raise click.BadParameter("streams only from a served model: add --url", param_hint="--stream")
-        _refuse_given("applies to a served model (--url), not to --config", "model_name", "wait_s", "api_key")
+        _refuse_given("applies to a served model (--url), not to --config", "model_name", "wait_s", "api_key",
+                      "cache_salt")
         config = load_config_arg(config_path, "--config")
         if flavour is not None:
             config = _flavour_arg(config, flavour)
@@ -184,7 +195,7 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
             raise click.BadParameter("chat needs an OpenAI-compatible server (openai://HOST:PORT)",
                                      param_hint="--chat")
         _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json, chat,
-                         api_key, guide)
+                         api_key, guide, cache_salt or "")
         return
     from trtspec.pipeline import load_pipeline
     from trtspec.runtime import configure_threads
@@ -298,7 +309,7 @@ def _seed_note(seed: int | None) -> str:
 
 
 def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait_s, as_json, chat,
-                     api_key, guide=None) -> None:
+                     api_key, guide=None, cache_salt: str = "") -> None:
     from trtspec.triton.client import GenerateParams, generate, wait_ready
 
     if wait_s > 0:
@@ -309,7 +320,8 @@ def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait
     params = dataclasses.replace(GenerateParams.of(sampling, max_tokens, stream),
                                  temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                  min_p=sampling.min_p or None, seed=sampling.seed,
-                                 guide=None if guide is None else (guide.kind, guide.text))
+                                 guide=None if guide is None else (guide.kind, guide.text),
+                                 cache_salt=cache_salt)
     on_text = None if as_json or not stream else (lambda text: click.echo(text, nl=False))
     completion = generate(url, model_name, prompt, params, on_text, chat=chat, api_key=api_key)
     tau, decode = completion.tau, completion.decode_tokens_per_s
@@ -318,7 +330,7 @@ def _generate_served(url, model_name, prompt, max_tokens, sampling, stream, wait
             "text": completion.text, "token_ids": completion.token_ids, "tokens": completion.num_tokens,
             "finish_reason": completion.finish_reason, "tau": None if tau is None else round(tau, 4),
             "accepted_tokens": completion.accepted_tokens, "draft_tokens": completion.draft_tokens,
-            "target_forwards": completion.target_forwards,
+            "target_forwards": completion.target_forwards, "cached_tokens": completion.cached_tokens,
             "tokens_per_s": round(completion.tokens_per_s, 2),
             "decode_tokens_per_s": None if decode is None else round(decode, 2),
             "responses": completion.num_responses,
