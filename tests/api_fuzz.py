@@ -201,9 +201,10 @@ READS: list[tuple[str, str, dict[str, str]]] = [
     ("GET", "/v1/conversations/{cid}/items/{item}", {}),
     ("DELETE", "/v1/conversations/{cid}/items/{item}", {}),
 ]
-# tritonserver 2.51's HTTP generate answers a value of the wrong JSON type (`"max_tokens": "x"`) with
-# a 500 of its own before any model sees the request; counted apart, not trtspec's to answer
-UPSTREAM_500 = "Unable to parse "
+# tritonserver 2.51's HTTP generate answers a value of the wrong JSON type (`"max_tokens": "x"`), and
+# JSON its parser refuses (half a surrogate pair, "\\ud800"), with a 500 of its own before any model
+# sees the request; counted apart, not trtspec's to answer
+UPSTREAM_500 = ("Unable to parse ", "failed to parse the request JSON buffer")
 MUTATOR = Mutator(ODD, [body for _, body in SEEDS], ["extra", "type", "name", "content", "text", "role"])
 
 
@@ -301,7 +302,7 @@ def send(base: str, route: str, body, key: str | None = None, timeout: float = 6
         message = _error_message(route, _json(text))
         if not message:
             outcome.problem = f"a {status} without an error message in the route's shape: {text[:300]}"
-        elif "Traceback" in message:
+        elif "Traceback" in message or "RecursionError" in message:
             outcome.problem = f"a traceback in the message: {message[:300]}"
     elif status != 200:  # a redirect (which a client re-sending its body may not follow), …
         outcome.problem = f"status {status}: {text[:300]}"
@@ -342,7 +343,8 @@ def with_ids(rng: random.Random, route: str, ids: dict[str, list[str]]) -> str:
     names = {"model": ["trtspec"], **ids}
     chosen = {name: rng.choice([*known, *known, *known, "nope", MUTATOR.value(rng, known[0])])
               for name, known in names.items()}
-    return route.format(**{name: urllib.parse.quote(str(value), safe="") for name, value in chosen.items()})
+    return route.format(**{name: urllib.parse.quote(str(value), safe="", errors="surrogatepass")
+                            for name, value in chosen.items()})
 
 
 def seed_path(route: str, ids: dict[str, list[str]]) -> str:
@@ -364,7 +366,9 @@ def read_path(rng: random.Random, route: str, query: dict[str, str], ids: dict[s
             name = rng.choice(list(query))
             value = MUTATOR.value(rng, query[name])
             query[name] = value if isinstance(value, str) else json.dumps(value)
-    return with_ids(rng, route, ids) + ("?" + urllib.parse.urlencode(query) if query else "")
+    # a value holding half a surrogate pair goes as the bytes it would be (invalid UTF-8 in the URL)
+    query = urllib.parse.urlencode(query, errors="surrogatepass")
+    return with_ids(rng, route, ids) + ("?" + query if query else "")
 
 
 def fuzz(base: str, triton: str | None, requests: int, seed: int, key: str | None = None,

@@ -15,6 +15,9 @@ MAX_DEPTH = 6
 # values any field may be given instead of its own: other types, boundaries, odd texts
 ODD = [None, True, False, 0, 1, -1, 2, 0.5, -0.5, 1e300, -1e300, 2 ** 31, 2 ** 63, -(2 ** 63), 10 ** 30,
        "", " ", "x", "0", "null", "\u0000", "\ud7ff\ue000", "é" * 3, "{", "}", "\\", "x" * 5000,
+       # half a surrogate pair (JSON's "\\ud800"), no character; JSON text nested past what Python
+       # parses, and holding an integer past its 4,300 digits (in tool-call arguments, guides)
+       "\ud800", "x\udfffy", "[" * 5000 + "]" * 5000, '{"a": ' + "9" * 5000 + "}",
        [], [None], [1, 2], ["a"], [[]], [{}], {}, {"a": 1}, {"": None}]
 
 
@@ -51,7 +54,7 @@ class Mutator:
         if isinstance(old, str) and roll < 0.85:
             cut = rng.randrange(len(old) + 1)
             # digits to Python's str.isdigit() that int() or the API does not take: "²", "٣"
-            slipped = rng.choice(["", "\n", "é", "\x00", "}", '"', "<", "\\u0000", "🦀", "²", "٣"])
+            slipped = rng.choice(["", "\n", "é", "\x00", "}", '"', "<", "\\u0000", "🦀", "²", "٣", "\ud800"])
             return old[:cut] + slipped + old[cut:]
         return copy.deepcopy(rng.choice(list(places(rng.choice(self.donors))))[1])
 

@@ -117,3 +117,59 @@ def test_clients_read_any_answer_or_say_what_came(served, tmp_path):
                                            "--prompt", "Q: 1 + 2\nA:", "--max-tokens", "8", "--stream"])
         assert result.exit_code == 1 and result.output.count("Error: ") == 1, result.output
         assert "the stream ended without its `data: [DONE]` (cut short)" in result.output
+
+
+DEEP = "[" * 5000 + "]" * 5000  # JSON text nested past what Python's parser recurses
+HUGE = '{"a": ' + "9" * 5000 + "}"  # JSON text with an integer past Python's 4,300 digits
+SCHEMA_LEVELS = 300  # nested arrays: past grammar.MAX_SCHEMA_DEPTH (its grammar would take ~1 s to build)
+DEEP_SCHEMA = {"type": "string"}
+for _ in range(SCHEMA_LEVELS):
+    DEEP_SCHEMA = {"type": "array", "items": DEEP_SCHEMA}
+CHAT = {"model": "trtspec", "max_tokens": 4, "messages": [{"role": "user", "content": "1 + 2"}]}
+CALL_ARGS = "messages[1].tool_calls[0].function.arguments"
+
+
+def _chat_with_call(arguments: str) -> dict:
+    call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": arguments}}
+    return {**CHAT, "messages": [{"role": "user", "content": "1 + 2"},
+                                 {"role": "assistant", "content": None, "tool_calls": [call]},
+                                 {"role": "tool", "tool_call_id": "c", "content": "3"}]}
+
+
+# what a fuzzing session (2026-12-05) found answered with a 500, a traceback's words or no parameter:
+# (route, body, the parameter the 400 must name)
+FOUND = [
+    ("/v1/completions", {"model": "trtspec", "prompt": "a\ud800", "max_tokens": 4}, "prompt"),
+    ("/v1/completions", {"model": "trtspec", "prompt": "x", "\ud800": 1}, None),  # a key
+    ("/v1/completions", {"model": "\ud800", "prompt": "x"}, "model"),
+    ("/v1/chat/completions", {**CHAT, "stop": ["\ud800"]}, "stop[0]"),
+    ("/v1/chat/completions", {**CHAT, "cache_salt": "a\udfff"}, "cache_salt"),
+    ("/v1/conversations", {"items": [{"type": "message", "role": "user", "content": "\ud800"}]},
+     "items[0].content"),
+    ("/tokenize", {"prompt": "\ud800"}, "prompt"),
+    ("/v1/chat/completions", _chat_with_call(DEEP), CALL_ARGS),
+    ("/v1/chat/completions", _chat_with_call(HUGE), CALL_ARGS),
+    ("/v1/responses", {"model": "trtspec", "max_output_tokens": 4, "input": [
+        {"role": "user", "content": "1 + 2"},
+        {"type": "function_call", "call_id": "c", "name": "add", "arguments": DEEP}]}, "input[1].arguments"),
+    ("/v1/chat/completions", {**CHAT, "guided_json": DEEP}, "guided_json"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "deep", "schema": DEEP_SCHEMA}}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "structured_outputs": {"json": DEEP_SCHEMA,
+                                                             "disable_any_whitespace": True}},
+     "structured_outputs"),
+    *[("/v1/completions", {"model": "trtspec", "prompt": "x", "repetition_penalty": penalty},
+       "repetition_penalty") for penalty in (1e39, 1e-300)],  # past a float32 (the model's): inf, 0
+    ("/v1/responses", {"model": "trtspec", "input": "hi", "metadata": {"a": 1}}, "metadata.a"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "text", "x": 1}}, "response_format.x"),
+]
+
+
+@pytest.mark.parametrize("route, body, param", FOUND, ids=[f"{i}-{route}" for i, (route, _, _) in
+                                                              enumerate(FOUND)])
+def test_what_a_fuzzing_session_found_is_refused_by_name(served, route, body, param):
+    outcome = api_fuzz.send(served.base, route, body, KEY, triton=served.http)
+    assert (outcome.status, outcome.problem) == (400, ""), outcome.text[:500]
+    error = api_fuzz._json(outcome.text)["error"]
+    assert error["param"] == param, error
+    assert "Traceback" not in error["message"] and "recursion" not in error["message"], error

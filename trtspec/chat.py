@@ -36,6 +36,7 @@ def _byte_model_template(target_dir: Path, hf_config) -> ChatTemplate | None:
     from transformers.utils.chat_template_utils import render_jinja_template
 
     template = path.read_text()
+    check_parses(template, str(path))
 
     def render(messages: Messages, **variables) -> str:
         rendered, _ = render_jinja_template([messages], chat_template=template, add_generation_prompt=True,
@@ -59,7 +60,28 @@ def _tokenizer_template(target_dir: Path, tokenizer) -> ChatTemplate | None:
                                              **variables)
 
     text = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+    if text is not None:
+        check_parses(text, f"{target_dir} (the tokenizer's chat_template)")
     return ChatTemplate(render, (), f"{target_dir} tokenizer", text)
+
+
+def check_parses(template: str, source: str) -> None:
+    """Refuse a chat template that is no Jinja (checked when the deployment is built and served:
+    else every chat request would be refused as if its messages were at fault). Parsed as
+    transformers renders it, with its Jinja extensions."""
+    from jinja2 import TemplateSyntaxError
+
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template as compile_template
+    except ImportError:  # its name in transformers 4.4x to 5.x; elsewhere plain Jinja with loop controls
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        compile_template = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).from_string
+    try:
+        compile_template(template)
+    except TemplateSyntaxError as exc:
+        raise CheckpointError(f"{source}: the chat template is not valid Jinja (line {exc.lineno}): "
+                              f"{exc.message}") from None
 
 
 def load_chat_template(target_dir: Path, hf_config, tokenizer) -> ChatTemplate | None:

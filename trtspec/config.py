@@ -13,8 +13,6 @@ from typing import Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -25,6 +23,7 @@ from pydantic import (
 from trtspec.errors import ConfigError
 from trtspec.plan.deployment import DeploymentConfig
 from trtspec.spec.lookup import POOL_KEY
+from trtspec.strict import StrictModel
 
 ASSETS_DIR = Path(__file__).parent / "assets"
 BUILTIN_PREFIX = "builtin:"
@@ -34,8 +33,8 @@ Flavour = Literal["torch", "engine", "trtllm"]
 DType = Literal["float32", "bfloat16", "float16"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Strict(StrictModel):
+    """A section of the build config: unknown keys and booleans for numbers refused."""
 
 
 # a Triton model folder, an OpenAI model id and (flavour trtllm) Kubernetes object names are made of it

@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import Field
 
+from trtspec import json_text
 from trtspec.openai.protocol import ApiError, _Forbid, only_keys, refuse
 from trtspec.openai.segments import CALL, TEXT, Segment, Segments
 
@@ -376,8 +377,8 @@ class ContentBlocks(Segments):
     def ended(self, segment: Segment, status: str) -> list[dict]:
         if segment.kind == CALL:  # a call cut by max_tokens has no whole input: {}
             try:
-                value = json.loads(segment.text or "{}")
-            except json.JSONDecodeError:
+                value = json_text.loads(segment.text or "{}")
+            except ValueError:
                 value = {}
             self.blocks[segment.index]["input"] = value if isinstance(value, dict) else {}
         return [{"type": "content_block_stop", "index": segment.index}]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 
 from fastapi import Request
 
@@ -19,6 +20,7 @@ from trtspec.openai.protocol import (
     ChatRequest,
     Renames,
     check_chat,
+    check_text,
     compact_json_wanted,
     guide_field,
     guide_of,
@@ -39,6 +41,8 @@ from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
 from trtspec.spec.coupling import fresh_seed
 from trtspec.spec.grammar import GuideError, compact_guide
 from trtspec.triton.request import MAX_SALT_CHARS
+
+ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")  # JSON's escape of half a surrogate pair
 
 
 class Frontend:
@@ -187,7 +191,7 @@ class Frontend:
             if len(body) > limit:
                 raise too_large
         try:
-            return json.loads(body)
+            parsed = json.loads(body)
         except json.JSONDecodeError as exc:
             raise ApiError(f"the request body is not valid JSON{sent}: {exc}") from None
         except UnicodeDecodeError:
@@ -197,6 +201,9 @@ class Frontend:
                            "digits") from None
         except RecursionError:  # json.loads recurses per nesting level
             raise ApiError("the request body is not valid JSON: nested too deeply to parse") from None
+        if ESCAPED_SURROGATE.search(body):  # only a \\u escape makes one: UTF-8 text cannot
+            check_text(parsed)
+        return parsed
 
     def chat_prompt(self, req: ChatRequest, messages: list[dict],
                     tools: ToolPlan | None) -> tuple[str, str | None]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trtspec import json_text
 from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
 from trtspec.spec.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
 from trtspec.triton.request import MAX_SALT_CHARS, MAX_STOP_WORD_CHARS
@@ -26,6 +27,8 @@ MAX_STOP = 32  # stop sequences per request (OpenAI allows 4, vLLM any number; l
 # reasoning_effort's values: OpenAI's (none .. xhigh), and Anthropic's output_config.effort's max
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 MAX_CHOICES = 64  # choices in one request: prompts × n
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32 (the model's sampling inputs)
+FLOAT32_NORMAL = 1.1754943508222875e-38  # the smallest normal float32
 
 
 class ApiError(Exception):
@@ -206,7 +209,7 @@ def parse(model: type[BaseModel], body: Any):
         if param is not None and param.endswith(".content") and param.startswith("messages["):
             raise _content_error(param, err["input"]) from None
         loc = err["loc"]
-        if loc[0] in _UNIONS and len(loc) > 1 and isinstance(loc[1], str) and _is_tag(loc[1]):
+        if loc and loc[0] in _UNIONS and len(loc) > 1 and isinstance(loc[1], str) and _is_tag(loc[1]):
             # a value no member of the union takes: pydantic's first words name only the first member
             raise ApiError(f"Invalid type for '{loc[0]}': expected {_UNIONS[loc[0]]}.", loc[0],
                            code="invalid_type") from None
@@ -281,6 +284,39 @@ def _param(loc: tuple) -> str | None:
     return out or None
 
 
+def check_text(body: Any) -> None:
+    """Refuse a body holding a lone UTF-16 surrogate in a string or a key (JSON's `"\\ud800"`
+    escape without its pair): no character, it cannot be encoded as UTF-8, so every tokenizer, Triton
+    input and answer that carries it fails (it was an HTTP 500). The ApiError names where it is."""
+    stack = [(body, ())]
+    while stack:
+        node, loc = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                _lone_surrogate(loc, node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if _SURROGATE.search(key):
+                    _lone_surrogate(loc, key, "key in ")
+                stack.append((value, (*loc, key)))
+        elif isinstance(node, list):
+            stack.extend((value, (*loc, i)) for i, value in enumerate(node))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(loc: tuple, text: str, what: str = "") -> None:
+    param = _param(loc)
+    if param is not None:
+        param = param.encode("utf-8", "backslashreplace").decode()  # its own keys may hold one
+    where = f"'{param}'" if param is not None else "the request body"
+    code = f"\\u{ord(_SURROGATE.search(text).group()):04x}"
+    raise ApiError(f"Invalid {what}{where}: it holds a lone UTF-16 surrogate ({code}), which is no "
+                   "character; send the character itself, or both halves of its surrogate pair.",
+                   param, code="invalid_value")
+
+
 def refuse(param: str, value, why: str) -> ApiError:
     return ApiError(f"'{param}'={value!r} is not supported by trtspec: {why}.", param,
                     code="unsupported_value")
@@ -336,10 +372,11 @@ def check_common(req: _Common, vocab_size: int) -> None:
         if value is not None and not -MAX_PENALTY <= value <= MAX_PENALTY:  # NaN fails too
             raise ApiError(f"Invalid '{name}': {value}; expected a number in [-{MAX_PENALTY:g}, "
                            f"{MAX_PENALTY:g}].", name, code="invalid_value")
-    if req.repetition_penalty is not None and not (math.isfinite(req.repetition_penalty)
-                                                   and req.repetition_penalty > 0):
+    # the model takes it as a float32: past its range it would arrive as inf or 0 (NaN fails too)
+    if req.repetition_penalty is not None and not FLOAT32_NORMAL <= req.repetition_penalty <= FLOAT32_MAX:
         raise ApiError(f"Invalid 'repetition_penalty': {req.repetition_penalty}; expected a number > 0 "
-                       "(1: none).", "repetition_penalty", code="invalid_value")
+                       f"(1: none) within a float32's range, [{FLOAT32_NORMAL:.3g}, {FLOAT32_MAX:.3g}].",
+                       "repetition_penalty", code="invalid_value")
     logit_bias_pairs(req.logit_bias, vocab_size)
     guide = guide_of(req)
     if guide is not None and req.min_tokens:
@@ -522,8 +559,8 @@ def _tool_calls(calls: list, i: int) -> list[dict]:
                            "{\"name\", \"arguments\"}}.", where, code="invalid_value")
         arguments = function.get("arguments", "{}")
         try:
-            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except json.JSONDecodeError as exc:
+            arguments = json_text.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError as exc:
             raise ApiError(f"Invalid '{where}.function.arguments': not JSON ({exc}).",
                            f"{where}.function.arguments", code="invalid_value") from None
         if not isinstance(arguments, dict):
@@ -649,6 +686,10 @@ def _response_format_guide(response_format: dict) -> tuple[str, str] | None:
     "schema"), regex and ebnf."""
     kind = response_format.get("type")
     if kind == "text":
+        extra = sorted(set(response_format) - {"type"})
+        if extra:
+            raise ApiError(f"Unrecognized field in 'response_format' of type 'text': {extra[0]!r}.",
+                           f"response_format.{extra[0]}", code="invalid_value")
         return None
     if not isinstance(kind, str) or kind not in RESPONSE_FORMATS:
         raise ApiError(f"Invalid 'response_format.type': {kind!r}; expected text, "

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import re
 import time
 import uuid
@@ -44,6 +43,7 @@ from typing import Any, NamedTuple
 
 from pydantic import Field
 
+from trtspec import json_text
 from trtspec.openai.protocol import (
     ApiError,
     SamplingFields,
@@ -229,8 +229,8 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
                     raise ApiError(f"Missing required parameter: '{where}.{field}' (a string).",
                                    f"{where}.{field}", code="missing_required_parameter")
             try:
-                arguments = json.loads(item["arguments"])
-            except json.JSONDecodeError as exc:
+                arguments = json_text.loads(item["arguments"])
+            except ValueError as exc:
                 raise ApiError(f"Invalid '{where}.arguments': not JSON ({exc}).", f"{where}.arguments",
                                code="invalid_value") from None
             if not isinstance(arguments, dict):
@@ -551,7 +551,7 @@ def item_page(items: list[dict], order: str, after: str | None, limit: int) -> d
     if after is not None:
         ids = [item["id"] for item in ordered]
         if after not in ids:
-            raise ApiError(f"Invalid 'after': no input item {after!r} in this response.", "after",
+            raise ApiError(f"Invalid 'after': no item {after!r} in this list.", "after",
                            code="invalid_value")
         ordered = ordered[ids.index(after) + 1:]
     page = ordered[:limit]

@@ -41,6 +41,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trtspec import json_text
 from trtspec.openai.protocol import ApiError, ChatRequest, guide_field
 from trtspec.spec.grammar import GuideError, compact_json_grammar, tagged_json_grammar
 
@@ -551,7 +552,7 @@ class ToolParser:
         """Give out the call `text` holds, {"name": str, <the first of `keys` it has>: object} (with
         none of them an empty object when `missing_ok`). False: `text` holds no call."""
         try:
-            one = json.loads(text)
+            one = json_text.loads(text)
         except ValueError:
             return False
         if not isinstance(one, dict):
@@ -693,7 +694,7 @@ def _xml_value(text: str, schema) -> object:
     if _xml_string(schema):
         return text
     try:
-        return json.loads(text)
+        return json_text.loads(text)
     except ValueError:
         return text
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from trtspec.plan.gpus import GPUS
+from trtspec.strict import StrictModel
 
 # Triton Inference Server with TensorRT-LLM: trtllm-serve and tritonserver, the two servers the
 # generated launch.sh runs. The same tag as deploy/docker/gpu.Dockerfile's TRITON_TRTLLM_IMAGE,
@@ -20,10 +21,8 @@ from trtspec.plan.gpus import GPUS
 TRITON_TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
 
 
-class DeploymentConfig(BaseModel):
+class DeploymentConfig(StrictModel):
     """Where and how a model is served; TensorRT-LLM parallelism names in comments."""
-
-    model_config = ConfigDict(extra="forbid")
 
     gpu: str = Field(description=f"GPU type: one of {', '.join(GPUS)}")
     nodes: int = Field(1, ge=1, description="nodes serving one replica (multi-node when > 1)")

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trtspec import json_text
+
 if TYPE_CHECKING:
     from trtspec.tokenizer import TextTokenizer
 
@@ -45,6 +47,9 @@ GUIDE_TYPES = {
 }
 # a guide's text, at most: a tool_choice "required" guide over 60 tools is about 100,000 characters
 MAX_GUIDE_CHARS = 1 << 20
+# a JSON schema's nesting (objects and arrays in its JSON), at most: its grammar's cost grows about
+# as the square of it (128: 0.08 s, 480: 4.5 s on the 2-core CPU, which a request would hold)
+MAX_SCHEMA_DEPTH = 128
 CONVERTED_CACHE = 256  # JSON schemas written out as grammars, kept (agents send the same tools each time)
 COMPILED_CACHE = 64  # compiled guides a `GuideCompiler` keeps (a server's recurring schemas)
 
@@ -104,10 +109,7 @@ class GuideCompiler:
         """The compiled grammar of `guide` (XGrammar's CompiledGrammar)."""
         c = self._compiler
         if guide.kind == "json_schema":
-            try:
-                json.loads(guide.text)
-            except ValueError as exc:
-                raise GuideError(f"the json_schema guide is not JSON: {exc}") from None
+            schema_of(guide.text)
         try:
             if guide.kind == "json":
                 return c.compile_builtin_json_grammar()
@@ -134,8 +136,23 @@ def compact_json_grammar(schema: dict) -> str:
     return _compact_json_grammar(json.dumps(schema))
 
 
+def schema_of(text: str) -> object:
+    """A json_schema guide's schema; GuideError when its text is no JSON or nests deeper than
+    MAX_SCHEMA_DEPTH."""
+    try:
+        schema = json_text.loads(text)
+    except ValueError as exc:
+        raise GuideError(f"the json_schema guide is not JSON: {exc}") from None
+    deep = json_text.depth(schema)
+    if deep > MAX_SCHEMA_DEPTH:
+        raise GuideError(f"the JSON schema nests objects and arrays {deep} deep, more than the "
+                         f"{MAX_SCHEMA_DEPTH} levels this server compiles")
+    return schema
+
+
 @functools.lru_cache(maxsize=CONVERTED_CACHE)
 def _compact_json_grammar(schema: str) -> str:
+    schema_of(schema)
     try:
         return str(_xgrammar().Grammar.from_json_schema(schema, any_whitespace=False))
     except Exception as exc:  # noqa: BLE001 - XGrammar raises RuntimeError/ValueError with its reason
@@ -153,11 +170,7 @@ def compact_guide(kind: str, text: str) -> tuple[str, str]:
         return "ebnf_grammar", compact_json_grammar(ANY_JSON)
     if kind != "json_schema":
         return kind, text
-    try:
-        schema = json.loads(text)
-    except ValueError as exc:
-        raise GuideError(f"the json_schema guide is not JSON: {exc}") from None
-    return "ebnf_grammar", compact_json_grammar(schema)
+    return "ebnf_grammar", compact_json_grammar(schema_of(text))
 
 
 def tagged_json_grammar(tags: Sequence[tuple[str, dict, str]], trigger: str, once: bool = False,
@@ -181,7 +194,7 @@ def _tagged_json_grammar(tags: tuple[tuple[str, str, str], ...], trigger: str, o
 
     def arguments(schema: str):
         if style == "qwen_xml":
-            return JSONSchemaFormat(json_schema=json.loads(schema), style="qwen_xml", max_whitespace_cnt=1)
+            return JSONSchemaFormat(json_schema=schema_of(schema), style="qwen_xml", max_whitespace_cnt=1)
         return GrammarFormat(grammar=_compact_json_grammar(schema))
 
     formats = [TagFormat(begin=begin, content=arguments(schema), end=end) for begin, schema, end in tags]
@@ -192,6 +205,8 @@ def guide_ebnf(guide: Guide) -> str:
     """`guide`'s language as EBNF text (an ebnf_grammar guide's text), as the model compiles it: a
     json_schema with any whitespace, XGrammar's JSON for json."""
     xgr = _xgrammar()
+    if guide.kind == "json_schema":
+        schema_of(guide.text)
     try:
         if guide.kind == "json":
             return str(xgr.Grammar.builtin_json_grammar())

@@ -136,6 +136,10 @@ _GLOG_ERROR = re.compile(r'^E\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] "?(.*?)"?$')
 _NOISE = ("CudaDriverHelper has not been initialized",)  # every CPU-only start logs it
 
 
+# what the Python backend's stub logs when it cannot start (no model.py, a broken interpreter)
+STUB_FAILED = "Failed to preinitialize Python stub"
+
+
 def log_errors(text: str) -> list[str]:
     """The most telling errors tritonserver logged, first line of each: a model's own load error
     or a service that could not start when there is one (its status table, the backend's copy and
@@ -280,6 +284,9 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise ServeError(f"tritonserver exited with {self._proc.returncode}: {self.failure()}")
+            stub = self._stub_failure()
+            if stub:  # the backend would wait for the stub minutes before it says so
+                raise ServeError(f"tritonserver cannot start a model's Python stub: {stub}")
             try:
                 with urllib.request.urlopen(url, timeout=2) as resp:
                     if resp.status == 200 and self._proc.poll() is None:
@@ -288,6 +295,15 @@ class TritonServer:
                 pass
             time.sleep(0.3)
         raise ServeError(f"tritonserver not ready after {timeout_s:.0f}s: {self.failure()}")
+
+    def _stub_failure(self) -> str:
+        """The stub's own line when it could not start (a model.py missing): tritonserver only gives
+        up on it after its stub timeout."""
+        if self.log_path is None or not self.log_path.is_file():
+            return ""
+        text = self.log_path.read_text(errors="replace")
+        at = text.find(STUB_FAILED)
+        return "" if at < 0 else text[at:].splitlines()[0].strip()
 
     def log_tail(self, lines: int = 15) -> str:
         if self.log_path is None or not self.log_path.is_file():

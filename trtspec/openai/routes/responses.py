@@ -17,7 +17,7 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 
 from trtspec.openai.choice import Choice, figures_of
-from trtspec.openai.conversations import ConversationStore, conversation_id, kept_items
+from trtspec.openai.conversations import ConversationStore, checked_metadata, conversation_id, kept_items
 from trtspec.openai.frontend import Frontend
 from trtspec.openai.protocol import ApiError, parse
 from trtspec.openai.reasoning import CONTENT
@@ -54,6 +54,7 @@ def add_routes(app: FastAPI, front: Frontend, conversations: ConversationStore) 
         req = parse(ResponsesRequest, await front.body(request))
         front.check_model(req.model)
         check_responses(req)
+        checked_metadata(req.metadata)  # as a conversation's: OpenAI's 16 pairs of strings
         thread = None if req.conversation is None else \
             conversations.get(conversation_id(req.conversation), "conversation")
         if req.previous_response_id is not None:
