@@ -231,3 +231,25 @@ def test_train_help_states_the_bounds_the_config_enforces(command, model, rename
         assert want in param.help, (param.opts[0], want, param.help)
         checked += 1
     assert checked >= 2
+
+
+def test_a_chat_template_that_is_no_jinja_is_refused_at_build(tmp_path):
+    """Found fuzzing (2026-12-05): such a checkpoint built and served, and every chat request was then
+    refused as if its messages were at fault. `build` names the file and the line, and writes nothing."""
+    from pathlib import Path
+
+    from trtspec.config import load_build_config
+
+    from .conftest import local_target
+
+    config = load_build_config(REPO / "build_configs" / "tiny-lookup.yaml")
+    local = local_target(tmp_path, config, "{% for m in messages %}{{ m.content }}\n{% if %}x{% endif %}")
+    path = tmp_path / "c.yaml"
+    path.write_text((REPO / "build_configs" / "tiny-lookup.yaml").read_text()
+                    .replace("builtin:tiny-target", local.target.path))
+    result = CliRunner().invoke(main, ["build", str(path), "--out", str(tmp_path / "out")])
+    template = Path(local.target.path) / "chat_template.jinja"
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())  # click wraps the line
+    assert f"{template}: the chat template is not valid Jinja (line 2): Expected an expression" in said
+    assert not (tmp_path / "out").exists()

@@ -73,6 +73,16 @@ def test_shipped_configs_load(path):
          r"field `limits.max_input_tokens`: Input should be less than or equal to 16777216"),
         ("target: {path: x}\nlimits: {prefill_chunk: 100000000}\n",
          r"field `limits.prefill_chunk`: Input should be less than or equal to 16777216"),
+        # found fuzzing (2026-12-05): YAML's true read as 1 (a deployment generating one token)
+        ("target: {path: x}\nlimits: {max_tokens: true}\n",
+         r"field `limits.max_tokens`: Value error, expected a number, not a boolean, got True$"),
+        ("target: {path: x}\nlimits: {max_input_tokens: false}\n",
+         r"field `limits.max_input_tokens`: .* not a boolean"),
+        ("target: {path: x}\nruntime: {threads: true}\n", r"field `runtime.threads`: .* got True$"),
+        ("target: {path: x}\ndeployment: {gpu: H200, model_id: Qwen/Qwen3-8B, max_batch_size: true}\n",
+         r"field `deployment.max_batch_size`: .* not a boolean"),
+        ("target: {path: x}\nlimits: {stream_interval: 0}\n",
+         r"field `limits.stream_interval`: Input should be greater than or equal to 1, got 0$"),
     ],
 )
 def test_bad_configs(tmp_path, text, message):
@@ -90,6 +100,16 @@ def test_a_value_a_validator_names_is_named_once(tmp_path):
         load_build_config(path)
     text = str(info.value)  # was "..., got 'gpu', got 'gpu'"
     assert text.count("got 'gpu'") == 1 and text.count("got [-1]") == 1, text
+
+
+def test_booleans_stay_booleans_and_numbers_numbers(tmp_path):
+    """The check refuses a boolean for a number only: a boolean field takes one, a number field a
+    number."""
+    path = tmp_path / "ok.yaml"
+    path.write_text("target: {path: x}\nlimits: {prefix_reuse: false, max_tokens: 64}\n"
+                    "runtime: {threads: 2}\n")
+    config = load_build_config(path)
+    assert (config.limits.prefix_reuse, config.limits.max_tokens, config.runtime.threads) == (False, 64, 2)
 
 
 def test_missing_config(tmp_path):

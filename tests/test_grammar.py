@@ -12,11 +12,12 @@ import torch
 import xgrammar as xgr
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from trtspec import json_text
 from trtspec.config import ScheduleConfig, TreeConfig, load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.decoder import Request, SpeculativeDecoder
-from trtspec.spec.grammar import Guide, GuideError, GuideState
+from trtspec.spec.grammar import Guide, GuideError, GuideState, compact_guide
 from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.verify import allowed_after
 
@@ -227,10 +228,34 @@ def test_sampling_follows_the_guided_target(dflash, tree):
     (("ebnf_grammar", "root ::= missing"), "the ebnf_grammar guide does not compile"),
     (("regex", ""), "a regex guide needs its text"),
     (("xml", "<a/>"), "guide type 'xml' is not one of json, json_schema, regex, ebnf_grammar"),
+    # found fuzzing (2026-12-05): a RecursionError's traceback in the answer, and a schema whose
+    # grammar took seconds to build (its cost grows as its depth squared)
+    (("json_schema", "[" * 5000 + "]" * 5000), "the json_schema guide is not JSON: nested too deeply"),
+    (("json_schema", '{"maxLength": ' + "9" * 5000 + "}"), "the json_schema guide is not JSON: Exceeds the"),
+    (("json_schema", '{"type": "array", "items": ' * 129 + "{}" + "}" * 129),
+     "the JSON schema nests objects and arrays 130 deep, more than the 128 levels this server compiles"),
 ])
 def test_a_bad_guide_is_refused_by_name(dflash, guide, message):
     with pytest.raises(GuideError, match=re.escape(message)):
         dflash.guides.compile(Guide(*guide))
+
+
+def test_the_deepest_schema_allowed_compiles_written_compactly_too(dflash):
+    schema = '{"type": "array", "items": ' * 127 + '{"type": "integer"}' + "}" * 127  # 128 deep
+    assert dflash.guides.compile(Guide("json_schema", schema)) is not None
+    kind, grammar = compact_guide("json_schema", schema)
+    assert kind == "ebnf_grammar" and grammar
+    with pytest.raises(GuideError, match="129 deep"):
+        compact_guide("json_schema", '{"type": "array", "items": ' + schema + "}")
+
+
+def test_json_depth_counts_containers_without_recursing():
+    assert [json_text.depth(v) for v in (1, "x", [], {}, [[1]], {"a": [{"b": 2}]}, [1, [2, [3]]])] == \
+        [0, 0, 1, 1, 2, 3, 3]
+    deep = []
+    for _ in range(100_000):  # past any recursion limit
+        deep = [deep]
+    assert json_text.depth(deep) == 100_001
 
 
 def test_requests_a_guide_cannot_end_are_refused(dflash):

@@ -681,6 +681,25 @@ def test_serve_refuses_what_is_not_a_torch_or_engine_build(tmp_path):
     assert "tritonserver" not in proc.stderr
 
 
+def test_a_build_without_its_model_py_is_refused_at_once(tmp_path, config):
+    """Found fuzzing (2026-12-05): `serve` of a build whose model.py is gone waited 120 s for the
+    server before saying why (tritonserver waits minutes for the Python stub it cannot start).
+    `serve` refuses it before starting anything; a server started on it anyway fails as soon as the
+    stub says so."""
+    write_triton_repo(config, tmp_path / "out")
+    model_dir = tmp_path / "out" / REPO_DIR / config.name
+    (model_dir / "1" / "model.py").unlink()
+    proc = _serve(tmp_path / "out", Ports.free())
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"Error: {model_dir} has no <version>/model.py ({model_dir / '1' / 'model.py'} is missing): the "
+        "build is incomplete; build it again with `trtspec build`"]
+    server = TritonServer(tmp_path / "out" / REPO_DIR, ports=Ports.free(), exit_timeout_s=3)
+    with pytest.raises(ServeError, match="cannot start a model's Python stub: Failed to preinitialize Python "
+                                         "stub: Python model file not found"):
+        server.start(timeout_s=100)  # its own limit was never the reason
+    assert tritonserver_pids(str(tmp_path / "out")) == []
+
+
 def test_serve_prints_the_models_own_load_error(tmp_path):
     """A drafter that does not fit its target (`build` refuses it; written here by hand): the error
     is the model's, from Triton's log, not the last row of its status table."""
