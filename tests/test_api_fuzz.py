@@ -9,6 +9,7 @@ break trtspec's clients: the same server's answers changed at random on their wa
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 from collections import Counter
@@ -162,6 +163,13 @@ FOUND = [
        "repetition_penalty") for penalty in (1e39, 1e-300)],  # past a float32 (the model's): inf, 0
     ("/v1/responses", {"model": "trtspec", "input": "hi", "metadata": {"a": 1}}, "metadata.a"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "text", "x": 1}}, "response_format.x"),
+    ("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"x": json.loads("[" * 500 + "]" * 500)}},
+     "chat_template_kwargs"),  # the template's rendering recursed past Python's limit
+    ("/v1/chat/completions", {**CHAT, "prediction": {"type": "content", "content": "x" * 5000}},
+     "prediction"),  # more tokens than the context
+    ("/v1/responses", {"model": "trtspec", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+     "input[0].content[0].text"),  # a value of the wrong type, once called missing
 ]
 
 

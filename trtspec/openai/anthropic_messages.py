@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import Field
 
 from trtspec import json_text
-from trtspec.openai.protocol import ApiError, _Forbid, only_keys, refuse
+from trtspec.openai.protocol import ApiError, _Forbid, only_keys, refuse, required_string
 from trtspec.openai.segments import CALL, TEXT, Segment, Segments
 
 MIN_THINKING_BUDGET = 1024  # Anthropic's least budget_tokens
@@ -225,26 +225,28 @@ def chat_messages(system: str | list | None, messages: list) -> list[dict]:
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
                 only_keys(block, ("type", "text", "cache_control", "citations"), at)
-                texts.append(_string(block, "text", at))
+                texts.append(required_string(block, "text", at))
             elif kind == "tool_result" and role == "user":
                 only_keys(block, ("type", "tool_use_id", "content", "is_error", "cache_control"), at)
                 if texts:  # the text before it, in its place
                     out.append({"role": "user", "content": "\n".join(texts)})
                     texts = []
                 result = _result_text(block.get("content", ""), f"{at}.content")
-                out.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", at),
+                out.append({"role": "tool", "tool_call_id": required_string(block, "tool_use_id", at),
                             "content": f"Error: {result}" if block.get("is_error") else result})
             elif kind == "tool_use" and role == "assistant":
                 only_keys(block, ("type", "id", "name", "input", "cache_control"), at)
                 if not isinstance(block.get("input"), dict):
                     raise ApiError(f"Invalid '{at}.input': expected an object.", f"{at}.input",
                                    code="invalid_value")
-                function = {"name": _string(block, "name", at), "arguments": json.dumps(block["input"])}
+                function = {"name": required_string(block, "name", at),
+                            "arguments": json.dumps(block["input"])}
                 turn.setdefault("tool_calls", []).append(
-                    {"id": _string(block, "id", at), "type": "function", "function": function})
+                    {"id": required_string(block, "id", at), "type": "function", "function": function})
             elif kind == "thinking" and role == "assistant":
                 only_keys(block, ("type", "thinking", "signature"), at)
-                turn["reasoning_content"] = turn.get("reasoning_content", "") + _string(block, "thinking", at)
+                thinking = required_string(block, "thinking", at)
+                turn["reasoning_content"] = turn.get("reasoning_content", "") + thinking
             elif kind in ("tool_result", "tool_use", "thinking"):
                 owner = "user" if kind == "tool_result" else "assistant"
                 raise ApiError(f"Invalid '{at}.type': a {kind} block belongs to a {owner} message, not a "
@@ -257,13 +259,6 @@ def chat_messages(system: str | list | None, messages: list) -> list[dict]:
     return out
 
 
-def _string(block: dict, key: str, at: str) -> str:
-    if not isinstance(block.get(key), str):
-        raise ApiError(f"Missing required parameter: '{at}.{key}' (a string).", f"{at}.{key}",
-                       code="missing_required_parameter")
-    return block[key]
-
-
 def _result_text(content, at: str) -> str:
     """A tool_result's content: a text, or text blocks one a line."""
     if isinstance(content, str):
@@ -274,7 +269,7 @@ def _result_text(content, at: str) -> str:
         if not isinstance(block, dict) or block.get("type") != "text":
             raise refuse(f"{at}[{k}].type", block.get("type") if isinstance(block, dict) else block,
                          "a tool result of text only")
-    return "\n".join(_string(block, "text", f"{at}[{k}]") for k, block in enumerate(content))
+    return "\n".join(required_string(block, "text", f"{at}[{k}]") for k, block in enumerate(content))
 
 
 def _system_text(system: str | list | None) -> str:
@@ -291,7 +286,7 @@ def _system_text(system: str | list | None) -> str:
             raise ApiError(f"Invalid '{at}': expected a text block {{\"type\": \"text\", \"text\"}}.", at,
                            code="invalid_value")
         only_keys(block, ("type", "text", "cache_control", "citations"), at)
-        text = _string(block, "text", at)
+        text = required_string(block, "text", at)
         if not (k == 0 and BILLING_BLOCK.fullmatch(text)):
             texts.append(text)
     return "\n".join(texts)

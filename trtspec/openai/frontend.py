@@ -220,6 +220,9 @@ class Frontend:
             raise ApiError(f"model `{model.api_name}` has no chat template; use /v1/completions", "messages")
         try:
             return model.chat.render(messages, **({"tools": tools} if tools else {}), **(variables or {}))
+        except RecursionError:  # a value nested deeper than Jinja's rendering recurses
+            raise ApiError("the chat template cannot render the messages: a value in them nests too deeply",
+                           "messages") from None
         except Exception as exc:  # noqa: BLE001 - a template's raise_exception or a rendering error
             raise ApiError(f"the chat template refused the messages: {exc}", "messages") from None
 

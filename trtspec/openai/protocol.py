@@ -27,6 +27,7 @@ MAX_STOP = 32  # stop sequences per request (OpenAI allows 4, vLLM any number; l
 # reasoning_effort's values: OpenAI's (none .. xhigh), and Anthropic's output_config.effort's max
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 MAX_CHOICES = 64  # choices in one request: prompts × n
+MAX_TEMPLATE_DEPTH = 64  # how deep chat_template_kwargs' values may nest (templates take flags)
 FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32 (the model's sampling inputs)
 FLOAT32_NORMAL = 1.1754943508222875e-38  # the smallest normal float32
 
@@ -503,6 +504,9 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
     if taken:
         raise ApiError(f"'chat_template_kwargs.{taken[0]}' is set by the server, not the request.",
                        f"chat_template_kwargs.{taken[0]}", code="invalid_value")
+    if json_text.depth(template_kwargs) > MAX_TEMPLATE_DEPTH:  # Jinja recursed past Python's limit
+        raise ApiError(f"Invalid 'chat_template_kwargs': its values nest {json_text.depth(template_kwargs)} "
+                       f"deep; at most {MAX_TEMPLATE_DEPTH}.", "chat_template_kwargs", code="invalid_value")
     if not given:
         raise ApiError("'messages' must hold at least one message.", "messages", code="invalid_value")
     messages = []
@@ -569,6 +573,19 @@ def _tool_calls(calls: list, i: int) -> list[dict]:
         out.append({"id": call.get("id"), "type": "function",
                     "function": {"name": function["name"], "arguments": arguments}})
     return out
+
+
+def required_string(obj: dict, key: str, where: str) -> str:
+    """`obj[key]`, a string: absent (or null) it is a missing parameter, of another JSON type a value
+    of the wrong type, each named `where.key`."""
+    value = obj.get(key)
+    if value is None:
+        raise ApiError(f"Missing required parameter: '{where}.{key}' (a string).", f"{where}.{key}",
+                       code="missing_required_parameter")
+    if not isinstance(value, str):
+        raise ApiError(f"Invalid type for '{where}.{key}': expected a string, got {_json_type(value)}.",
+                       f"{where}.{key}", code="invalid_type")
+    return value
 
 
 def _part_text(part: ContentPart, param: str, k: int) -> str:

@@ -51,6 +51,7 @@ from trtspec.openai.protocol import (
     only_keys,
     refuse,
     renamed,
+    required_string,
 )
 from trtspec.openai.segments import CALL, TEXT, Segment, Segments, named_sse
 from trtspec.openai.tools import tool_plan
@@ -225,9 +226,7 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
         elif kind == "function_call":
             only_keys(item, ("type", "call_id", "name", "arguments", "id", "status", "namespace"), where)
             for field in ("call_id", "name", "arguments"):
-                if not isinstance(item.get(field), str):
-                    raise ApiError(f"Missing required parameter: '{where}.{field}' (a string).",
-                                   f"{where}.{field}", code="missing_required_parameter")
+                required_string(item, field, where)
             try:
                 arguments = json_text.loads(item["arguments"])
             except ValueError as exc:
@@ -244,9 +243,7 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
                                                                        "arguments": item["arguments"]}})
         elif kind == "function_call_output":
             only_keys(item, ("type", "call_id", "output", "id", "status"), where)
-            if not isinstance(item.get("call_id"), str):
-                raise ApiError(f"Missing required parameter: '{where}.call_id' (a string).",
-                               f"{where}.call_id", code="missing_required_parameter")
+            required_string(item, "call_id", where)
             output = _message_text(item.get("output"), f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
         elif kind == "reasoning":
@@ -298,10 +295,7 @@ def _message_text(content, param: str) -> str:
             raise ApiError(f"Invalid value for '{param}': part {k} is of type {kind!r}; only text parts "
                            "(input_text, output_text) are supported by trtspec.", f"{param}[{k}].type",
                            code="unsupported_value")
-        if not isinstance(part.get("text"), str):
-            raise ApiError(f"Missing required parameter: '{param}[{k}].text'.", f"{param}[{k}].text",
-                           code="missing_required_parameter")
-        texts.append(part["text"])
+        texts.append(required_string(part, "text", f"{param}[{k}]"))
     return "\n".join(texts)
 
 
@@ -352,9 +346,7 @@ def _chat_tool(tool, where: str, space: str | None = None, about: str | None = N
     only_keys(tool, ("type", "name", "description", "parameters", "strict"), where)
     function = {key: value for key, value in tool.items() if key != "type" and value is not None}
     if space is not None:
-        if not isinstance(function.get("name"), str):  # checked here: "fs.None" would pass as a name
-            raise ApiError(f"Missing required parameter: '{where}.name' (a string).", f"{where}.name",
-                           code="missing_required_parameter")
+        required_string(function, "name", where)  # checked here: "fs.None" would pass as a name
         function["name"] = f"{space}.{function['name']}"
         if about:
             function["description"] = f"{about} {function.get('description', '')}".strip()

@@ -72,6 +72,11 @@ def event_stream(events: AsyncIterator[bytes]) -> ClosingStreamingResponse:
                                     headers={"Cache-Control": "no-cache"})
 
 
+# the request parameters whose refusals the model words "the <name> …" (the prediction's tokens are
+# counted by the model, against its context)
+NAMED_BY_THE_MODEL = ("prediction",)
+
+
 def triton_error(exc: TritonError, guide: str | None = None) -> ApiError:
     """The model's refusal as an OpenAI error; `guide`: the field that asked for a structured output,
     named where the model names its guided_decoding_guide."""
@@ -80,7 +85,8 @@ def triton_error(exc: TritonError, guide: str | None = None) -> ApiError:
     message = str(exc)
     if guide is not None and "guided_decoding_guide" in message:  # the model's name for it
         return ApiError(message.replace("guided_decoding_guide", guide, 1), guide, code="invalid_value")
-    return ApiError(message, code="invalid_value")
+    param = next((name for name in NAMED_BY_THE_MODEL if message.startswith(f"the {name} ")), None)
+    return ApiError(message, param, code="invalid_value")
 
 
 async def merged(firsts: list, streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:
