@@ -170,6 +170,17 @@ FOUND = [
     ("/v1/responses", {"model": "trtspec", "input": [
         {"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
      "input[0].content[0].text"),  # a value of the wrong type, once called missing
+    ("/v1/conversations", {"items": [{"role": "user", "content": "x", "id": {"a": 1}}]}, "items[0].id"),
+    ("/v1/conversations", {"items": [{"role": "user", "content": "x", "status": "weird"}]},
+     "items[0].status"),
+    # Anthropic's error shape names no parameter: its message does
+    ("/v1/messages", {"model": "trtspec", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+                      "tool_choice": {"type": "auto", "disable_parallel_tool_use": "x"}},
+     "tool_choice.disable_parallel_tool_use"),
+    ("/v1/messages", {"model": "trtspec", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+                      "metadata": {"user_id": 5}}, "metadata.user_id"),
+    ("/v1/messages", {"model": "trtspec", "max_tokens": 4, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[0].content[0].text"),
 ]
 
 
@@ -179,5 +190,8 @@ def test_what_a_fuzzing_session_found_is_refused_by_name(served, route, body, pa
     outcome = api_fuzz.send(served.base, route, body, KEY, triton=served.http)
     assert (outcome.status, outcome.problem) == (400, ""), outcome.text[:500]
     error = api_fuzz._json(outcome.text)["error"]
-    assert error["param"] == param, error
+    if route == "/v1/messages":
+        assert f"'{param}'" in error["message"], error
+    else:
+        assert error["param"] == param, error
     assert "Traceback" not in error["message"] and "recursion" not in error["message"], error

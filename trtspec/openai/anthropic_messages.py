@@ -92,6 +92,18 @@ def check_messages_request(req: MessagesRequest) -> None:
         if getattr(req, param) not in (None, [], {}):
             raise refuse(param, getattr(req, param), why)
     _check_context_management(req.context_management)
+    if req.metadata is not None:  # accepted, not used, but as Anthropic types it
+        only_keys(req.metadata, ("user_id",), "metadata")
+        user = req.metadata.get("user_id")
+        if user is not None and not isinstance(user, str):
+            raise ApiError("Invalid type for 'metadata.user_id': expected a string.", "metadata.user_id",
+                           code="invalid_type")
+
+
+def _optional_bool(obj: dict, key: str, at: str) -> None:
+    if obj.get(key) is not None and not isinstance(obj[key], bool):
+        raise ApiError(f"Invalid type for '{at}.{key}': expected a boolean.", f"{at}.{key}",
+                       code="invalid_type")
 
 
 def _check_context_management(given: dict | None) -> None:
@@ -133,6 +145,7 @@ def chat_body(req: CountTokensRequest) -> dict:
                            "tool_choice.name", code="missing_required_parameter")
         body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(kind) or \
             {"type": "function", "function": {"name": choice["name"]}}
+        _optional_bool(choice, "disable_parallel_tool_use", "tool_choice")
         if choice.get("disable_parallel_tool_use") is True:
             body["parallel_tool_calls"] = False
     if req.thinking is not None:
@@ -228,6 +241,7 @@ def chat_messages(system: str | list | None, messages: list) -> list[dict]:
                 texts.append(required_string(block, "text", at))
             elif kind == "tool_result" and role == "user":
                 only_keys(block, ("type", "tool_use_id", "content", "is_error", "cache_control"), at)
+                _optional_bool(block, "is_error", at)
                 if texts:  # the text before it, in its place
                     out.append({"role": "user", "content": "\n".join(texts)})
                     texts = []

@@ -189,6 +189,9 @@ def chat_body(req: ResponsesRequest, conversation: list[dict]) -> dict:
     return {name: value for name, value in body.items() if value is not None}
 
 
+ITEM_STATUSES = ("in_progress", "completed", "incomplete")  # an input item's `status`, as OpenAI's
+
+
 def input_messages(given: str | list, param: str = "input") -> list[dict]:
     """Responses input items as chat messages: a message item's text parts joined one a line, a
     function_call joined to the assistant message before it (or a new one), a function_call_output
@@ -211,6 +214,11 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
         if not isinstance(item, dict):
             raise ApiError(f"Invalid '{where}': expected an item object like {{\"role\": \"user\", "
                            "\"content\": \"...\"}.", where, code="invalid_type")
+        if item.get("id") is not None:  # kept and echoed: OpenAI's ids are strings
+            required_string(item, "id", where)
+        if item.get("status") is not None and item["status"] not in ITEM_STATUSES:
+            raise ApiError(f"Invalid value for '{where}.status': {item['status']!r}; expected one of "
+                           f"{', '.join(ITEM_STATUSES)}.", f"{where}.status", code="invalid_value")
         kind = item.get("type", "message")
         if kind == "message":
             only_keys(item, ("type", "role", "content", "id", "status", "phase"), where)
