@@ -195,3 +195,4 @@ def test_what_a_fuzzing_session_found_is_refused_by_name(served, route, body, pa
     else:
         assert error["param"] == param, error
     assert "Traceback" not in error["message"] and "recursion" not in error["message"], error
+    assert not re.search(r"Traceback|Exception in ASGI", open(served.log).read())  # nor in the server's log
