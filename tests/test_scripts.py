@@ -34,6 +34,18 @@ def test_lm_eval_check_names_an_lm_eval_that_is_not_there(tmp_path):
     assert not work.exists()  # nothing built, no server started
 
 
+@pytest.mark.parametrize("env, said", [
+    ({"SCHEME": "http"}, "SCHEME=http: expected grpc or openai"),
+    ({"CONFIG": "nope.yaml"}, "CONFIG=nope.yaml: no such file (or CONFIG=alone)"),
+    ({"INTERVALS": "1 0"}, "INTERVALS: 0 is not a stream_interval (an integer >= 1)"),
+])
+def test_stream_interval_ab_names_a_wrong_setting(tmp_path, env, said):
+    work = tmp_path / "work"
+    rc, err = _run_script([str(REPO / "scripts" / "stream_interval_ab.sh"), str(work)], env)
+    assert (rc, err.strip()) == (2, said)
+    assert not work.exists()
+
+
 def test_lm_eval_tasks_stops_when_the_held_out_pool_is_spent(monkeypatch):
     """More problems than distinct held-out ones exist: a message naming --count, not a loop that
     never ends (here the pool is made to look spent after 3 draws in a row give nothing new)."""
