@@ -504,9 +504,10 @@ def check_messages(given: list[ChatMessage], template_kwargs: dict | None) -> li
     if taken:
         raise ApiError(f"'chat_template_kwargs.{taken[0]}' is set by the server, not the request.",
                        f"chat_template_kwargs.{taken[0]}", code="invalid_value")
-    if json_text.depth(template_kwargs) > MAX_TEMPLATE_DEPTH:  # Jinja recursed past Python's limit
-        raise ApiError(f"Invalid 'chat_template_kwargs': its values nest {json_text.depth(template_kwargs)} "
-                       f"deep; at most {MAX_TEMPLATE_DEPTH}.", "chat_template_kwargs", code="invalid_value")
+    deep = json_text.depth(template_kwargs)
+    if deep > MAX_TEMPLATE_DEPTH:  # rendering them, Jinja recursed past Python's limit
+        raise ApiError(f"Invalid 'chat_template_kwargs': its values nest {deep} deep; at most "
+                       f"{MAX_TEMPLATE_DEPTH}.", "chat_template_kwargs", code="invalid_value")
     if not given:
         raise ApiError("'messages' must hold at least one message.", "messages", code="invalid_value")
     messages = []
