@@ -478,13 +478,17 @@ def test_remote_level_figures_recompute_from_the_request_records():
     from trtspec.bench.remote import level_row, remote_table, request_record
     from trtspec.triton.client import Completion
 
-    def done(tokens: int, ttft: float | None, total: float) -> Completion:
-        return Completion(completion_tokens=tokens, first_response_s=ttft, total_s=total)
+    def done(tokens: int, ttft: float | None, total: float, later: tuple[float, ...] = ()) -> Completion:
+        """`tokens` in responses at `ttft` and `later` (seconds after sending)."""
+        c = Completion(completion_tokens=tokens, total_s=total)
+        for at in ([] if ttft is None else [ttft, *later]):
+            c.arrived(at)
+        return c
 
-    records = [request_record(0, done(11, 0.010, 0.110)),  # ITL 10 ms
-               request_record(1, done(21, 0.020, 0.420)),  # ITL 20 ms
-               request_record(2, done(5, 0.040, 0.160)),  # ITL 30 ms
-               request_record(3, done(1, 0.030, 0.030)),  # one token: a TTFT, no ITL
+    records = [request_record(0, done(11, 0.010, 0.110, (0.030, 0.110))),  # ITL 10 ms; gaps 20, 80 ms
+               request_record(1, done(21, 0.020, 0.420, (0.420,))),  # ITL 20 ms; one gap, 400 ms
+               request_record(2, done(5, 0.040, 0.160, (0.100, 0.160))),  # ITL 30 ms; gaps 60, 60 ms
+               request_record(3, done(1, 0.030, 0.030)),  # one token: a TTFT, no ITL, no gap
                request_record(4, done(0, None, 0.050)),  # no token: neither
                request_record(5, error="prompt: too long for the context")]
     row = level_row(records, wall=0.5)
@@ -496,8 +500,12 @@ def test_remote_level_figures_recompute_from_the_request_records():
     assert row["latency_ms"] == pytest.approx(1e3 * (0.110 + 0.420 + 0.160 + 0.030 + 0.050) / 5)
     assert row["tokens"] == 11 + 21 + 5 + 1 and row["total_tokens_per_s"] == pytest.approx(38 / 0.5)
     assert (row["completed"], row["errors"], row["first_error"]) == (5, 1, "prompt: too long for the context")
+    # how the tokens came: 38 tokens in 3 + 2 + 3 + 1 responses; the longest gaps 80, 400, 60 ms
+    assert row["tokens_per_response"] == pytest.approx(38 / 9, abs=0.005)
+    assert row["longest_gap_ms"] == pytest.approx(180.0)
+    assert row["longest_gap_ms_percentiles"] == {"p50": 80.0, "p90": 336.0, "p99": 393.6}
     table = remote_table({"levels": {"4": row}})
-    assert "| 4 | 25.0 | 39.7 | 20.00 | 29.80 | 50.0 | 76.0 | – | 1 |" in table
+    assert "| 4 | 25.0 | 39.7 | 20.00 | 29.80 | 50.0 | 76.0 | – | 4.22 | 393.6 | 1 |" in table
     assert "R = 4: 1 failed, the first: prompt: too long for the context" in table
     nothing = level_row([request_record(0, done(0, None, 0.05))], wall=0.05)
     assert (nothing["ttft_ms"], nothing["itl_ms"], nothing["per_user_tokens_per_s"]) == (None, None, 0.0)

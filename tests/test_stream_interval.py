@@ -7,6 +7,7 @@ flavour's in this process; the trtllm flavour writes TensorRT-LLM's own stream_i
 
 from __future__ import annotations
 
+import json
 import queue
 import uuid
 
@@ -14,7 +15,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
+from click.testing import CliRunner
 
+from trtspec.cli import main
 from trtspec.config import ConfigError, load_build_config
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.decoder import Request
@@ -123,6 +126,20 @@ def test_a_response_every_interval_steps_adds_up_to_the_answer(served, config, e
     (whole,) = _responses(served, config.name, prompt, stream=False, logprobs=True)
     assert [int(i) for i in whole["output_ids"]] == want_ids
     np.testing.assert_allclose(whole["output_log_probs"], logprobs, atol=1e-5)
+
+
+def test_bench_url_reports_how_the_tokens_came(served, config, tmp_path):
+    """`bench --url` counts the responses that carried tokens and the longest wait between two: at
+    one token a step and a response every 3 steps, about 3 tokens a response."""
+    result = CliRunner().invoke(main, ["bench", "--url", served.grpc_url, "--model", config.name,
+                                       "--tasks", "code", "--prompts", "2", "--max-tokens", str(MAX_TOKENS),
+                                       "--concurrency", "1", "--out", str(tmp_path / "bench")])
+    assert result.exit_code == 0, result.output
+    row = json.loads((tmp_path / "bench" / "results.json").read_text())["remote"]["levels"]["1"]
+    counts = _streamed_ids_per_response(MAX_TOKENS, INTERVAL)  # every code prompt runs to max_tokens
+    assert [x["responses"] for x in row["requests"]] == [len(counts)] * 2
+    assert row["tokens_per_response"] == pytest.approx(MAX_TOKENS / len(counts), abs=0.01)
+    assert all(0 < x["longest_gap_s"] < x["latency_s"] for x in row["requests"])
 
 
 def test_interval_one_streams_every_step():

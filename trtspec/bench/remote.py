@@ -14,6 +14,10 @@ are AIPerf's:
     latency = time from sending to the end of the stream
     ITL     = (latency − TTFT) / (tokens − 1), for requests of at least 2 tokens
 
+and how the tokens came: `responses` (those that carried tokens) and `longest_gap_s`, the longest
+wait between two of them (how long a reader saw nothing new; a server sending a response every
+few steps, `limits.stream_interval`, keeps ITL and lengthens it).
+
 A request with no token has no TTFT; a request that fails (the server refused it, its stream broke)
 has no figures: it is counted under `errors` and left out of everything else. Tokens are the
 generated ids (Triton) or the server's `usage.completion_tokens` (OpenAI).
@@ -68,7 +72,8 @@ def request_record(index: int, c: Completion | None = None, error: str | None = 
     ttft = c.first_response_s if c.num_tokens > 0 else None
     itl = (c.total_s - ttft) / (c.num_tokens - 1) if ttft is not None and c.num_tokens >= 2 else None
     return {"prompt": index, "tokens": c.num_tokens, "ttft_s": ttft, "latency_s": c.total_s, "itl_s": itl,
-            "target_forwards": c.target_forwards, "cached_tokens": c.cached_tokens}
+            "target_forwards": c.target_forwards, "cached_tokens": c.cached_tokens,
+            "responses": c.token_responses, "longest_gap_s": c.longest_gap_s}
 
 
 def warmup_prompts(tasks: list[str], prompts_per_task: int) -> list[str]:
@@ -159,6 +164,8 @@ def level_row(records: list[dict], wall: float) -> dict:
     mean_itl = statistics.fmean(itls) if itls else None
     tokens = sum(x["tokens"] for x in ok)
     ttft, itl, latency = _spread(ttfts, 2), _spread(itls, 3), _spread([x["latency_s"] for x in ok], 2)
+    gap = _spread([x["longest_gap_s"] for x in ok if x.get("longest_gap_s") is not None], 2)
+    responses = sum(x.get("responses") or 0 for x in ok)
     tau = pooled_tau(ok)
     return {
         "ttft_ms": ttft.pop("mean"),
@@ -167,6 +174,10 @@ def level_row(records: list[dict], wall: float) -> dict:
         "ttft_ms_percentiles": ttft,
         "itl_ms_percentiles": itl,
         "latency_ms_percentiles": latency,
+        "longest_gap_ms": gap.pop("mean"),
+        "longest_gap_ms_percentiles": gap,
+        # tokens over the responses that carried them: 1 / step at τ 1 streaming every step
+        "tokens_per_response": round(tokens / responses, 2) if responses else None,
         "per_user_tokens_per_s": round(1 / mean_itl, 2) if mean_itl else 0.0,
         "total_tokens_per_s": round(tokens / wall, 2),
         "tau": None if tau is None else round(tau, 3),
@@ -180,7 +191,7 @@ def level_row(records: list[dict], wall: float) -> dict:
 
 def remote_table(remote: dict) -> str:
     lines = ["| R | TTFT (ms) | TTFT p99 | ITL (ms) | ITL p99 | tokens/s per user | total tokens/s | τ "
-             "| errors |", "|---|---|---|---|---|---|---|---|---|"]
+             "| tokens / response | longest gap p99 (ms) | errors |", "|---" * 11 + "|"]
 
     def cell(value: float | None, digits: int) -> str:
         return "–" if value is None else f"{value:.{digits}f}"
@@ -189,7 +200,8 @@ def remote_table(remote: dict) -> str:
         lines.append(f"| {r} | {cell(row['ttft_ms'], 1)} | {cell(row['ttft_ms_percentiles']['p99'], 1)} | "
                      f"{cell(row['itl_ms'], 2)} | {cell(row['itl_ms_percentiles']['p99'], 2)} | "
                      f"{row['per_user_tokens_per_s']:.1f} | {row['total_tokens_per_s']:.1f} | "
-                     f"{cell(row['tau'], 2)} | {row['errors']} |")
+                     f"{cell(row['tau'], 2)} | {cell(row.get('tokens_per_response'), 2)} | "
+                     f"{cell(row.get('longest_gap_ms_percentiles', {}).get('p99'), 1)} | {row['errors']} |")
     errors = [f"R = {r}: {row['errors']} failed, the first: {row['first_error']}"
               for r, row in remote["levels"].items() if row["errors"]]
     return "\n".join(lines + ([""] + errors if errors else []))

@@ -124,9 +124,7 @@ def _fold(completion: Completion, body, chat: bool, on_text: TextCallback | None
             raise unexpected(where, f"choices[{i}]", choice, "a choice object")
         text = _text_of(choice, chat, where, at)
         if text:
-            completion.token_responses += 1
-            if completion.first_response_s is None:
-                completion.first_response_s = time.perf_counter() - t0
+            completion.arrived(time.perf_counter() - t0)
             completion.text += text
             if on_text is not None:
                 on_text(text)

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
@@ -90,12 +90,31 @@ class Completion:
     reported_forwards: int | None = None
     cached_tokens: int | None = None  # prompt tokens the server kept from an earlier request (prefix reuse)
     num_responses: int = 0
-    token_responses: int = 0  # the responses that carried generated text or ids
+    # when each response that carried generated text or ids came, seconds after the request was sent
+    arrivals: list[float] = field(default_factory=list)
     first_response_s: float | None = None  # the first response that carries a token (text or ids)
     total_s: float = 0.0
     completion_tokens: int | None = None  # the server's count (OpenAI `usage`), where ids are not sent
     finish_reason: str | None = None  # stop / length, as the server names it
     seed: int | None = None  # trtspec's servers: a sampled request's seed (drawn if none was sent)
+
+    @property
+    def token_responses(self) -> int:
+        """The responses that carried generated text or ids."""
+        return len(self.arrivals)
+
+    @property
+    def longest_gap_s(self) -> float | None:
+        """The longest wait between two responses that carried tokens (None under two): how long a
+        reader of the stream saw nothing new, which a server batching its steps into fewer
+        responses (`limits.stream_interval`) lengthens."""
+        return max(np.diff(self.arrivals)) if len(self.arrivals) > 1 else None
+
+    def arrived(self, at: float) -> None:
+        """A response that carries tokens came, `at` seconds after the request was sent."""
+        self.arrivals.append(at)
+        if self.first_response_s is None:
+            self.first_response_s = at
 
     @property
     def num_tokens(self) -> int:
@@ -156,9 +175,7 @@ class Completion:
             self.token_ids = []
         self.token_ids.extend(int(i) for i in ids)
         if text or ids:  # a stream's last response may carry only the totals
-            self.token_responses += 1
-            if self.first_response_s is None:
-                self.first_response_s = at
+            self.arrived(at)
         self.fold_totals(outputs)
         if outputs.get("finish_reason"):
             self.finish_reason = outputs["finish_reason"]
