@@ -624,6 +624,15 @@ def test_serve_binds_loopback_and_a_killed_serve_leaves_no_server_behind(tmp_pat
             os.kill(pid, signal.SIGKILL)
 
 
+def test_free_ports_are_three_distinct_ones():
+    """Found by a fresh clone's test run (2026-12-05): Ports.free let each port go before choosing the
+    next, so two could be the same (6 triples in 20,000), and tritonserver refused to start with its
+    gRPC and metrics ports alike; every test of the module then errored."""
+    for _ in range(50_000):
+        ports = Ports.free()
+        assert len({ports.http, ports.grpc, ports.metrics}) == 3, ports
+
+
 @pytest.mark.parametrize("kind", ["http", "grpc", "metrics"])
 def test_a_taken_port_is_named_before_the_server_starts(tmp_path, kind):
     ports = Ports.free()

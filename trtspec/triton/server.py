@@ -15,6 +15,7 @@ sets it up:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -195,7 +196,14 @@ class Ports:
 
     @classmethod
     def free(cls, host: str = "127.0.0.1") -> Ports:
-        return cls(free_port(host), free_port(host), free_port(host))
+        """Three distinct free ports: each held until all three are chosen (a port let go at once may
+        be handed out again: 6 triples in 20,000 here repeated one, and tritonserver refused to start
+        with its gRPC and metrics ports the same)."""
+        with contextlib.ExitStack() as held:
+            sockets = [held.enter_context(socket.socket()) for _ in range(3)]
+            for sock in sockets:
+                sock.bind((host, 0))
+            return cls(*(sock.getsockname()[1] for sock in sockets))
 
 
 @dataclass(slots=True)
