@@ -18,6 +18,8 @@ from trtspec.cli import main
 from trtspec.plan.gpus import GPUS, gpu_for_device
 from trtspec.plan.models import DRAFTERS, TARGETS
 
+from .conftest import REPO
+
 
 @pytest.mark.parametrize("model_cls,config_cls",
                          [(Qwen3ForCausalLM, Qwen3Config), (LlamaForCausalLM, LlamaConfig)])
@@ -162,3 +164,27 @@ def test_cli_synthetic_refuses_cuda_without_a_gpu(tmp_path):
     run = CliRunner().invoke(main, ["profile", "--synthetic", "qwen3-8b", "--device", "cuda",
                                     "--out", str(tmp_path / "x.json")])
     assert run.exit_code == 2 and "no CUDA device is visible here" in run.output
+
+
+def test_profile_replaces_no_file_it_was_not_asked_to_write(tmp_path):
+    """Found fuzzing (2026-12-05): `profile` wrote its cost table over CONFIG itself, its Markdown over
+    a README.md beside --out README.json, over its own JSON (--out x.md), and failed on a folder
+    named as its Markdown only after measuring. Each is refused before anything runs, the files as
+    they were."""
+    config = tmp_path / "lk.yaml"
+    config.write_text((REPO / "build_configs" / "tiny-lookup.yaml").read_text())
+    before = config.read_text()
+    (tmp_path / "README.md").write_text("mine\n")
+    (tmp_path / "sub.md").mkdir()
+    synthetic = ["--synthetic", "qwen3-8b", "--budget-s", "3", "--batch-sizes", "1", "--contexts", "64",
+                 "--new-tokens", "1"]
+    for args, said in [
+        ([str(config), "--out", str(config)], "is CONFIG itself; give the cost table a path of its own"),
+        ([*synthetic, "--out", str(tmp_path / "README.json")], "the profile's Markdown would replace"),
+        ([*synthetic, "--out", str(tmp_path / "x.md")], "give a .json path"),
+        ([*synthetic, "--out", str(tmp_path / "sub.json")], "sub.md is a folder; give a file"),
+    ]:
+        run = CliRunner().invoke(main, ["profile", *args])
+        assert run.exit_code == 2 and said in " ".join(run.output.split()), run.output
+    assert config.read_text() == before and (tmp_path / "README.md").read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "lk.yaml", "sub.md"]

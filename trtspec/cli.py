@@ -779,9 +779,13 @@ def profile(config_path, out_path, batches, requests, context, reps, synthetic_m
     DSpark's scheduler read it), or with --synthetic MODEL the real-size cost curve behind a
     speedup claim."""
     writable_arg(out_path, "--out", folder=False)
+    if config_path is not None and out_path.resolve() == Path(config_path).resolve():
+        raise click.BadParameter(f"{out_path} is CONFIG itself; give the cost table a path of its own",
+                                 param_hint="--out")
     if synthetic_model is not None:
         if config_path is not None:
             raise click.UsageError("give either CONFIG or --synthetic MODEL, not both")
+        _synthetic_outputs(out_path)
         _refuse_given("applies to CONFIG's cost table, not to --synthetic (its shapes are --batch-sizes, "
                       "--contexts, --new-tokens)", "batches", "requests", "context")
         _profile_synthetic(synthetic_model, out_path, device, scale, reps, batch_sizes, contexts, new_tokens,
@@ -836,6 +840,20 @@ def _max_positions(config) -> int | None:
         return int(json.loads(config_file.read_text())["max_position_embeddings"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _synthetic_outputs(out_path: Path) -> None:
+    """Refuse a --synthetic --out whose Markdown twin (the same path with .md) is the JSON itself, a
+    folder, or a file the run did not write before (a README.md beside --out README.json): it would
+    be replaced, after the whole measurement."""
+    md = out_path.with_suffix(".md")
+    if md == out_path:
+        raise click.BadParameter(f"{out_path}: the profile is JSON with its Markdown beside it as {md.name}; "
+                                 "give a .json path", param_hint="--out")
+    writable_arg(md, "--out (its Markdown twin)", folder=False)
+    if md.exists() and not out_path.exists():
+        raise click.BadParameter(f"the profile's Markdown would replace {md}, which no profile at {out_path} "
+                                 "wrote; choose another --out", param_hint="--out")
 
 
 def _profile_synthetic(model, out_path, device, scale, reps, batch_sizes, contexts, new_tokens,

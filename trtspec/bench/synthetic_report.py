@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trtspec import files
+
 # τ (tokens per target forward) and speedup over autoregressive decoding, temperature 0, batch 1.
 PUBLISHED_SOURCE = ("z-lab/dflash README, Qwen3-8B-DFlash-b16, batch 1, temperature 0, one NVIDIA B200 "
                     "(the figures as quoted in trtspec issue 17)")
@@ -194,9 +196,10 @@ def finish(result: dict) -> dict:
 
 
 def write_outputs(result: dict, json_path: Path) -> Path:
-    """Write the profile as JSON at `json_path` and as Markdown beside it; return the Markdown path."""
+    """Write the profile as JSON at `json_path` and as Markdown beside it (each whole or not at all);
+    return the Markdown path."""
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result, indent=1))
+    files.write_text(json_path, json.dumps(result, indent=1))
     md_path = json_path.with_suffix(".md")
-    md_path.write_text(render_markdown(result))
+    files.write_text(md_path, render_markdown(result))
     return md_path
