@@ -768,3 +768,39 @@ def test_limits_no_request_could_reach_are_refused_at_build(tmp_path, limits, na
     if "leaves no room" in named:
         assert "expected [1, 4095]" in result.output
     assert not out.exists()
+
+
+# -- found fuzzing the CLI (2026-12-05) -------------------------------------------------------------
+
+
+def test_a_setting_too_large_for_the_machine_is_one_line_not_a_traceback(tmp_path):
+    """`train target --steps 2**63` was an OverflowError's traceback (tqdm's counter); torch's
+    allocator refusing `--layers 100000` or `profile --requests 10**8` a RuntimeError's. Each is one
+    `Error:` line now that says what and suggests the cause, and nothing is written."""
+    line = assert_run_error(invoke("train", "target", "--out", tmp_path / "t", "--steps", 2**63),
+                            "OverflowError", "a setting too large for this machine?")
+    assert "Python int too large" in line
+    assert not (tmp_path / "t").exists()
+
+
+def test_verify_refuses_what_the_server_would_refuse_or_never_end(tmp_path):
+    """--max-tokens past limits.max_tokens reached the server as an int32 (3e9 as -1294967296, in
+    the server's words); --samples 2**63 never ended; a prompt holding half a surrogate pair was
+    'utf-8' codec's words without the file."""
+    build = tmp_path / "b"
+    assert invoke("build", REPO / "build_configs" / "tiny-lookup.yaml", "--out", build).exit_code == 0
+    assert_usage_error(invoke("verify", build, "--max-tokens", 3_000_000_000, "--samples", 0),
+                       "--max-tokens", "must be in [1, 2048] (limits.max_tokens of", "got 3000000000")
+    assert_usage_error(invoke("verify", build, "--samples", 2**63), "--samples", "at most 1,000,000")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "fine"}\n{"prompt": "a\\ud800"}\n')
+    assert_usage_error(invoke("verify", build, "--prompts", prompts, "--samples", 0), "--prompts",
+                       f"{prompts}:2: a string holds half a UTF-16 surrogate pair")
+
+
+def test_a_conversation_the_chat_template_refuses_names_the_prompts_file(tmp_path):
+    prompts = tmp_path / "m.jsonl"
+    prompts.write_text('{"messages": [{"role": "bogus", "content": "hi"}]}\n')
+    assert_run_error(invoke("train", "dflash", "--target", "builtin:tiny-target", "--prompts", prompts,
+                            "--response-tokens", 8, "--max-steps", 1, "--out", tmp_path / "d"),
+                     f"{prompts}: the chat template refused conversation 1")

@@ -1125,6 +1125,9 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
                                      f"{len(found)}", param_hint="DIR")
         config_path = found[0]
     config = load_config_arg(config_path, "--config")
+    if max_tokens > config.limits.max_tokens:  # the server would refuse every prompt (an int32 past 2^31)
+        raise click.BadParameter(f"must be in [1, {config.limits.max_tokens}] (limits.max_tokens of "
+                                 f"{config_path}), got {max_tokens}", param_hint="--max-tokens")
     prompts = load_prompts_arg(prompts_path, chat=False) if prompts_path else list(DEFAULT_PROMPTS)
     model_name = model_name or config.name
     configure_threads(config)

@@ -51,6 +51,12 @@ def run_errors(fn):
         except (TrtspecError, ValueError, OSError) as exc:
             log.info("%s failed", fn.__name__, exc_info=True)  # shown with -v
             raise click.ClickException(first_line(exc)) from None
+        except (MemoryError, OverflowError, RuntimeError) as exc:
+            # torch's allocator, a C++ size check, an integer past what a library takes: almost always a
+            # setting too large for this machine (found fuzzing: --layers 100000, --requests 10^8)
+            log.info("%s failed", fn.__name__, exc_info=True)
+            raise click.ClickException(f"{first_line(exc)} ({type(exc).__name__}; a setting too large for "
+                                       "this machine? -v shows where it failed)") from None
 
     return wrapper
 

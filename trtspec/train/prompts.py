@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -34,6 +35,17 @@ def _messages(value, where: str) -> Messages:
                 and isinstance(message.get("content"), str)):
             raise TrtspecError(f"{where}: messages[{i}] must be an object with 'role' and 'content' strings")
     return value
+
+
+_HALF_PAIR = re.compile("[\ud800-\udfff]")  # half a surrogate pair, as json.loads lets one through
+
+
+def _surrogate_in(value) -> bool:
+    if isinstance(value, str):
+        return bool(_HALF_PAIR.search(value))
+    if isinstance(value, dict):
+        return any(_surrogate_in(v) for v in value.values())
+    return isinstance(value, list) and any(_surrogate_in(v) for v in value)
 
 
 def load_prompt_file(path: Path, chat: bool = True) -> list[Prompt]:
@@ -57,6 +69,9 @@ def load_prompt_file(path: Path, chat: bool = True) -> list[Prompt]:
             row = json.loads(line)
         except json.JSONDecodeError:
             row = None
+        if _surrogate_in(row):  # JSON's "\\ud800" escape: no character, no UTF-8 to tokenize
+            raise TrtspecError(f"{path}:{n}: a string holds half a UTF-16 surrogate pair (a \\ud800-style "
+                               "escape without its other half), which is no character")
         if isinstance(row, dict) and isinstance(row.get("prompt"), str):
             prompts.append(row["prompt"])
         elif chat and isinstance(row, dict) and "messages" in row:
@@ -88,7 +103,12 @@ def encode_prompts(target_dir: Path, hf_config, prompts: list[Prompt],
         if isinstance(prompt, str):
             ids = tokenizer.encode(prompt)
         else:
-            ids = tokenizer.encode(template.render(prompt), add_special_tokens=False)
+            try:
+                text = template.render(prompt)
+            except Exception as exc:  # noqa: BLE001 - a template's raise_exception or a rendering error
+                raise TrtspecError(f"{source}: the chat template refused conversation {i + 1}: "
+                                   f"{' '.join(str(exc).split())}") from None
+            ids = tokenizer.encode(text, add_special_tokens=False)
         if not ids:
             raise TrtspecError(f"{source}: prompt {i + 1} encodes to no tokens")
         encoded.append(ids)

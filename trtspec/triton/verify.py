@@ -102,6 +102,7 @@ LAWS = 4  # sampled laws tested (plain, guided, processed, restricted), each at 
 BUDGET = 1  # the restricted law's reasoning budget: one token inside the block, then its end forced
 DEFAULT_SAMPLES = 2000  # docs/EVAL.md: what this many requests catch, and what 400 missed
 MIN_SAMPLES = 100  # fewer miss a law moved by 0.2 in total variation more often than not (docs/EVAL.md)
+MAX_SAMPLES = 1_000_000  # requests per sampling test, at most (a few hours on this CPU)
 SAMPLING_CANDIDATES = 8  # prompts whose exact laws are walked to pick the sampled one (~top_k^steps forwards)
 COUPLED_SEED = 100  # Gumbel coupling: prompt i's seeded sample uses seed COUPLED_SEED + i
 
@@ -305,7 +306,11 @@ def tv_bound(support: int, n: int, delta: float) -> float:
 
 
 def check_samples(samples: int) -> None:
-    """Refuse a sampling test too weak to fail: `samples` must be 0 (none) or `MIN_SAMPLES`."""
+    """Refuse a sampling test too weak to fail or too long to end: `samples` must be 0 (none) or in
+    [MIN_SAMPLES, MAX_SAMPLES]."""
+    if samples > MAX_SAMPLES:
+        raise ValueError(f"at most {MAX_SAMPLES:,} requests, got {samples:,} (2,000 already catch a law "
+                         "moved by 0.05-0.1, docs/EVAL.md)")
     if 0 < samples < MIN_SAMPLES:
         raise ValueError(f"must be 0 (no sampling test) or at least {MIN_SAMPLES}, got {samples}: fewer "
                          "requests miss a law moved by 0.2 in total variation more often than not")
