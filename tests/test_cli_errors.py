@@ -23,6 +23,7 @@ from trtspec.triton.repo import REPO_DIR
 from .conftest import REPO
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
+CHAT_PROMPTS = ASSETS_DIR / "prompts" / "chat.jsonl"
 
 
 def invoke(*args: str):
@@ -141,14 +142,25 @@ def test_usage_errors_name_the_option(tmp_path):
          "--min-user-tps: must be a number, got nan"),
         (["profile", "--synthetic", "qwen3-8b", "--out", "s.json", "--budget-s", "nan"],
          "--budget-s: must be > 0, got nan"),
+        # found fuzzing the CLI (2026-12-05): each ran on and on, or failed only after hours of work
+        (["train", "eagle3", "--target", ASSETS_DIR / "tiny-target", "--prompts", CHAT_PROMPTS, "--out", "e",
+          "--ttt-steps", "100000"], "less than or equal to 64"),
+        (["train", "dflash", "--target", ASSETS_DIR / "tiny-target", "--prompts", CHAT_PROMPTS, "--out", "d",
+          "--epochs", "1e300"], "less than or equal to 1000"),
+        (["calibrate", "--drafter", ASSETS_DIR / "tiny-dspark-b15", "--target", ASSETS_DIR / "tiny-target",
+          "--bins", "100000000"], "--bins: must be in [2, 1000]"),
+        (["train", "target", "--out", "afile/sub", "--steps", "1"],
+         "afile is a file, so afile/sub cannot be made"),
     ],
     ids=["seed-over-uint64", "ipv6-url", "port-out-of-range", "context-past-positions", "same-config-twice",
-         "wait-nan", "min-user-tps-nan", "budget-nan"],
+         "wait-nan", "min-user-tps-nan", "budget-nan", "ttt-steps-huge", "epochs-huge", "bins-huge",
+         "train-out-under-a-file"],
 )
 def test_values_that_used_to_crash_are_usage_errors(tmp_path, monkeypatch, args, option):
     """Found looking for the issue's class of defect: each was a traceback, a one-line message that
     did not name the option, or (profile) an attempt to allocate 640 GB."""
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
     result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
     assert_usage_error(result, option)
 

@@ -294,6 +294,7 @@ def _training_out(out_dir: Path, target_dir: Path) -> None:
     """Refuse a `train --out` folder that is the target's, or holds files but is no training run's
     output: the run writes config.json and model.safetensors there, over a checkpoint's own
     (`--out` = `--target` overwrote the target)."""
+    writable_arg(out_dir, "--out", folder=True)  # before the regeneration and training, not after
     if out_dir.resolve() == target_dir.resolve():
         raise click.BadParameter(f"{out_dir} is the --target folder, whose config.json and weights "
                                  "training would overwrite; give a new folder", param_hint="--out")
@@ -379,6 +380,7 @@ def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: f
     """
     from trtspec.train.pretrain import PretrainConfig, pretrain
 
+    writable_arg(out, "--out", folder=True)  # before hours of training, not after
     for name in ("tiny-target", "tiny-draft") if init_from else ():
         if not (init_from / name / "model.safetensors").is_file():
             raise click.BadParameter(f"{init_from / name}: no model.safetensors to continue training from "
@@ -402,7 +404,8 @@ def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: f
                    "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
 @click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers (>= 1).")
 @click.option("--target-layer-ids", default=None, help="Comma-separated taps; default z-lab's spread.")
-@click.option("--epochs", default=6.0, show_default=True, type=float, help="Passes over the data (> 0).")
+@click.option("--epochs", default=6.0, show_default=True, type=float,
+              help="Passes over the data (> 0, at most 1000).")
 @click.option("--lr", default=6e-4, show_default=True, type=float, help="Peak learning rate (> 0).")
 @click.option("--response-tokens", default=192, show_default=True, type=int,
               help="Tokens the target regenerates per prompt (>= 8).")
@@ -432,11 +435,13 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output folder (SafeAILab/SpecForge layout): new, empty, or an earlier run's "
                    "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
-@click.option("--ttt-steps", default=7, show_default=True, type=int, help="Training-time-test steps (>= 1).")
+@click.option("--ttt-steps", default=7, show_default=True, type=int,
+              help="Training-time-test steps, in [1, 64].")
 @click.option("--draft-vocab-size", default=None, type=int,
               help="Reduced draft vocabulary (d2t/t2d), >= 1; default the target's.")
 @click.option("--aux-layer-ids", default=None, help="Comma-separated low,mid,high taps; default EAGLE-3's.")
-@click.option("--epochs", default=2.0, show_default=True, type=float, help="Passes over the data (> 0).")
+@click.option("--epochs", default=2.0, show_default=True, type=float,
+              help="Passes over the data (> 0, at most 1000).")
 @click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate (> 0).")
 @click.option("--response-tokens", default=192, show_default=True, type=int,
               help="Tokens the target regenerates per prompt (>= 8).")
@@ -474,7 +479,8 @@ def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_s
               type=click.Choice(["vanilla", "gated", "rnn"]),
               help="DeepSpec Markov head: vanilla, gated (by the backbone state) or rnn "
                    "(a state over the block).")
-@click.option("--epochs", default=4.0, show_default=True, type=float, help="Passes over the data (> 0).")
+@click.option("--epochs", default=4.0, show_default=True, type=float,
+              help="Passes over the data (> 0, at most 1000).")
 @click.option("--max-steps", default=None, type=int, help="Stop after this many steps (>= 1; a short run).")
 @click.option("--lr", default=1e-3, show_default=True, type=float, help="Peak learning rate (> 0).")
 @click.option("--response-tokens", default=192, show_default=True, type=int,
@@ -505,7 +511,7 @@ def train_dspark_cmd(target_dir, prompts_path, out_dir, block_size, layers, targ
 @click.option("--tasks", default="code,math,chat", show_default=True, help="Held-out prompt sets.")
 @click.option("--response-tokens", default=256, show_default=True, type=int,
               help="Tokens the target continues each prompt by (>= 1).")
-@click.option("--bins", default=10, show_default=True, type=int, help="ECE bins (>= 2).")
+@click.option("--bins", default=10, show_default=True, type=int, help="ECE bins, in [2, 1000].")
 @run_errors
 def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
     """Fit Sequential Temperature Scaling of a DSpark drafter's confidences on held-out prompts
@@ -514,7 +520,7 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
     from trtspec.train.calibrate import pooled_ece
 
     check_range(response_tokens, "--response-tokens", low=1)
-    check_range(bins, "--bins", low=2)
+    check_range(bins, "--bins", low=2, high=1000)
     cal = run_calibrate(drafter_dir, target_dir, _tasks_arg(tasks), response_tokens, bins)
     before, after = pooled_ece(cal)
     click.echo(f"STS temperatures: {cal.temperatures}")

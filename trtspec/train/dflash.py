@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # the paper's decay per block size
 
+MAX_EPOCHS = 1000  # passes over the data, at most (1e300 passed `> 0` and meant forever)
+
 
 class DFlashTrainConfig(BaseModel):
     """Hyper-parameters of DFlash distillation."""
@@ -50,8 +52,9 @@ class DFlashTrainConfig(BaseModel):
     response_tokens: int = Field(192, ge=8, description="tokens the target regenerates per prompt")
     anchors_per_seq: int = Field(32, ge=1, description="blocks trained per sequence per step")
     batch_size: int = Field(8, ge=1, description="sequences per step")
-    epochs: float = Field(6.0, gt=0, description="passes over the regenerated data, each sequence once "
-                          "per pass in a fresh order")
+    epochs: float = Field(6.0, gt=0, le=MAX_EPOCHS,
+                          description="passes over the regenerated data, each sequence once per pass in a "
+                                      "fresh order")
     max_steps: int | None = Field(None, ge=1, description="stop after this many steps (short runs)")
     lr: float = Field(6e-4, gt=0, description="peak AdamW learning rate")
     warmup: float = Field(0.04, ge=0, le=1, description="fraction of steps of warm-up")

@@ -34,6 +34,7 @@ from trtspec.models.dflash import build_target_layer_ids
 from trtspec.models.dspark import DSparkDraftModel, DSparkSpec, save_dspark
 from trtspec.train.dflash import (
     DEFAULT_GAMMA,
+    MAX_EPOCHS,
     _lr_at,
     anchor_range,
     block_drafter_start,
@@ -66,8 +67,9 @@ class DSparkTrainConfig(BaseModel):
     response_tokens: int = Field(192, ge=8, description="tokens the target regenerates per prompt")
     anchors_per_seq: int = Field(32, ge=1, description="blocks trained per sequence per step")
     batch_size: int = Field(8, ge=1, description="sequences per step")
-    epochs: float = Field(4.0, gt=0, description="passes over the regenerated data, each sequence once "
-                          "per pass in a fresh order")
+    epochs: float = Field(4.0, gt=0, le=MAX_EPOCHS,
+                          description="passes over the regenerated data, each sequence once per pass in a "
+                                      "fresh order")
     max_steps: int | None = Field(None, ge=1, description="stop after this many steps (short runs)")
     lr: float = Field(1e-3, gt=0, description="peak AdamW learning rate")
     warmup: float = Field(0.04, ge=0, le=1, description="fraction of steps of warm-up")

@@ -32,6 +32,7 @@ from trtspec.errors import OptionError, TrtspecError
 from trtspec.files import write_text
 from trtspec.models.eagle3 import Eagle3DraftModel, Eagle3Spec, default_aux_layer_ids, save_eagle3
 from trtspec.train.dflash import (
+    MAX_EPOCHS,
     _lr_at,
     frozen_target,
     resume_state,
@@ -43,13 +44,16 @@ from trtspec.train.prompts import regenerated_data
 
 log = logging.getLogger(__name__)
 
+MAX_TTT_STEPS = 64  # training-time-test steps, at most (EAGLE-3 trains with 7; 100,000 never ended)
+
 
 class Eagle3TrainConfig(BaseModel):
     """Hyper-parameters of EAGLE-3 training."""
 
     model_config = ConfigDict(allow_inf_nan=False)  # --epochs inf was an OverflowError traceback
 
-    ttt_steps: int = Field(7, ge=1, description="training-time-test steps unrolled per slot")
+    ttt_steps: int = Field(7, ge=1, le=MAX_TTT_STEPS,
+                           description="training-time-test steps unrolled per slot")
     step_decay: float = Field(0.8, gt=0, le=1, description="loss weight of TTT step i is decay**i")
     draft_vocab_size: int | None = Field(None, ge=1, description="reduced draft vocabulary; None = target's")
     aux_layer_ids: list[int] | None = Field(
@@ -57,8 +61,9 @@ class Eagle3TrainConfig(BaseModel):
     )
     response_tokens: int = Field(192, ge=8, description="tokens the target regenerates per prompt")
     batch_size: int = Field(8, ge=1, description="sequences per step")
-    epochs: float = Field(2.0, gt=0, description="passes over the regenerated data, each sequence once "
-                          "per pass in a fresh order")
+    epochs: float = Field(2.0, gt=0, le=MAX_EPOCHS,
+                          description="passes over the regenerated data, each sequence once per pass in a "
+                                      "fresh order")
     lr: float = Field(1e-3, gt=0, description="peak AdamW learning rate")
     warmup: float = Field(0.04, ge=0, le=1, description="fraction of steps of warm-up")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
