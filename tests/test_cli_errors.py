@@ -816,3 +816,21 @@ def test_a_conversation_the_chat_template_refuses_names_the_prompts_file(tmp_pat
     assert_run_error(invoke("train", "dflash", "--target", "builtin:tiny-target", "--prompts", prompts,
                             "--response-tokens", 8, "--max-steps", 1, "--out", tmp_path / "d"),
                      f"{prompts}: the chat template refused conversation 1")
+
+
+def test_a_diverged_training_run_is_refused_not_saved(tmp_path):
+    """`train target --lr 1e12` wrote NaN weights and a training.json holding NaN, exit 0."""
+    assert_usage_error(invoke("train", "target", "--out", tmp_path / "t", "--steps", 1, "--lr", 1e12),
+                       "--lr", "training diverged (the loss is nan at step 1)")
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("name, text, said", [
+    ("p.json", '[{"prompt": "a"}]\n', "p.json:1: expected a JSON object with a 'prompt' string"),  # was text
+    ("p.jsonl", '{"prompt": "a"}\n{"prompt": ""}\n', "p.jsonl:2: the prompt is empty"),
+])
+def test_prompts_files_are_read_as_their_name_says(tmp_path, name, text, said):
+    prompts = tmp_path / name
+    prompts.write_text(text)
+    result = invoke("verify", "--url", "grpc://127.0.0.1:1", "--config", CONFIG, "--prompts", prompts)
+    assert_usage_error(result, "--prompts", said)

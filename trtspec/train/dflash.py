@@ -31,6 +31,7 @@ from trtspec.files import replaced, write_text
 from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, build_target_layer_ids, save_dflash
 from trtspec.models.taps import LayerTaps
 from trtspec.models.target import load_causal_lm
+from trtspec.train import check_loss
 from trtspec.train.order import EpochOrder
 from trtspec.train.prompts import load_run_file, regenerated_data
 
@@ -339,6 +340,7 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
         opt.step()
         # expected accepted drafts per block if slots were independent: sum of prefix products
         tau_est = 1 + acc.cumprod(0).sum().item()
+        check_loss(loss.item(), step + 1)
         bar.set_postfix(loss=f"{loss.item():.3f}", tau_est=f"{tau_est:.2f}")
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == stop:
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from trtspec.files import write_text
 from trtspec.models.dflash import build_target_layer_ids
 from trtspec.models.dspark import DSparkDraftModel, DSparkSpec, save_dspark
+from trtspec.train import check_loss
 from trtspec.train.dflash import (
     DEFAULT_GAMMA,
     MAX_EPOCHS,
@@ -208,6 +209,7 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         tau_greedy = 1 + metrics["acc"].cumprod(0).sum().item()
+        check_loss(loss.item(), step + 1)
         bar.set_postfix(loss=f"{loss.item():.3f}", tau_prob=f"{metrics['tau_prob']:.2f}",
                         tau_est=f"{tau_greedy:.2f}")
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == stop:

@@ -31,6 +31,7 @@ from transformers import LlamaConfig
 from trtspec.errors import OptionError, TrtspecError
 from trtspec.files import write_text
 from trtspec.models.eagle3 import Eagle3DraftModel, Eagle3Spec, default_aux_layer_ids, save_eagle3
+from trtspec.train import check_loss
 from trtspec.train.dflash import (
     MAX_EPOCHS,
     _lr_at,
@@ -241,6 +242,7 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
         opt.step()
         # drafts accepted per chain if steps were independent: sum of prefix products, + bonus
         tau_est = 1 + acc.cumprod(0).sum().item()
+        check_loss(loss.item(), step + 1)
         bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{acc[0].item():.2f}", tau_est=f"{tau_est:.2f}")
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == stop:
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),

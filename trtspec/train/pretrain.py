@@ -29,6 +29,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from trtspec.errors import CheckpointError, TrtspecError
 from trtspec.files import replaced_dir
 from trtspec.tokenizer import DEFAULT_VOCAB_SIZE, ByteTokenizer
+from trtspec.train import check_loss
 from trtspec.train.corpus import CHAT_STOP, CHAT_TEMPLATE, CHAT_TEMPLATE_FILE, training_corpus
 from trtspec.train.overshoot import IGNORE, overshoot_window
 
@@ -197,12 +198,14 @@ def pretrain(out_dir: Path, cfg: PretrainConfig) -> dict:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opts[name].step()
             losses[name] = loss.item()
+            check_loss(losses[name], step + 1)
         bar.set_postfix(target=f"{losses['tiny-target']:.3f}", draft=f"{losses['tiny-draft']:.3f}")
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             row = {"step": step + 1, "seconds": round(time.time() - start, 1)}
             for name, model in models.items():
                 row[f"{name}/train_loss"] = round(losses[name], 4)
                 row[f"{name}/heldout_loss"] = round(heldout_loss(model, heldout, cfg.seq_len), 4)
+                check_loss(row[f"{name}/heldout_loss"], step + 1)  # the step's update is in it
             history.append(row)
             log.info("%s", row)
             bar.write(json.dumps(row))

@@ -49,7 +49,7 @@ def _surrogate_in(value) -> bool:
 
 
 def load_prompt_file(path: Path, chat: bool = True) -> list[Prompt]:
-    """The prompts of a JSONL file (`prompt` or, when `chat`, `messages` per line) or of a text
+    """The prompts of a JSONL (or .json) file (`prompt` or, when `chat`, `messages` per line) or of a text
     file (one per line); a TrtspecError naming the file and line for anything else."""
     if not path.is_file():
         raise TrtspecError(f"prompts file {path} does not exist")
@@ -62,7 +62,7 @@ def load_prompt_file(path: Path, chat: bool = True) -> list[Prompt]:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        if path.suffix != ".jsonl":
+        if path.suffix not in (".jsonl", ".json"):  # a .json file of JSON lines is read as JSON too
             prompts.append(line)
             continue
         try:
@@ -73,6 +73,8 @@ def load_prompt_file(path: Path, chat: bool = True) -> list[Prompt]:
             raise TrtspecError(f"{path}:{n}: a string holds half a UTF-16 surrogate pair (a \\ud800-style "
                                "escape without its other half), which is no character")
         if isinstance(row, dict) and isinstance(row.get("prompt"), str):
+            if not row["prompt"]:
+                raise TrtspecError(f"{path}:{n}: the prompt is empty")
             prompts.append(row["prompt"])
         elif chat and isinstance(row, dict) and "messages" in row:
             prompts.append(_messages(row["messages"], f"{path}:{n}"))
