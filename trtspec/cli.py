@@ -398,7 +398,7 @@ def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: f
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
 @click.option("--block-size", default=16, show_default=True, type=int,
-              help="DFlash block size B (>= 2): the anchor and B - 1 drafts.")
+              help="DFlash block size B, in [2, 256]: the anchor and B - 1 drafts.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output folder (z-lab layout): new, empty, or an earlier run's "
                    "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
@@ -470,11 +470,12 @@ def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_s
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output folder (DeepSpec layout): new, empty, or an earlier run's "
                    "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
-@click.option("--block-size", default=15, show_default=True, type=int, help="γ: drafts per block (>= 1).")
+@click.option("--block-size", default=15, show_default=True, type=int,
+              help="γ: drafts per block, in [1, 256].")
 @click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers (>= 1).")
 @click.option("--target-layer-ids", default=None, help="Comma-separated taps; default z-lab's spread.")
 @click.option("--markov-rank", default=256, show_default=True, type=int,
-              help="Markov head rank r (>= 0); 0 = none.")
+              help="Markov head rank r, in [0, 8192]; 0 = none.")
 @click.option("--markov-head-type", default="vanilla", show_default=True,
               type=click.Choice(["vanilla", "gated", "rnn"]),
               help="DeepSpec Markov head: vanilla, gated (by the backbone state) or rnn "

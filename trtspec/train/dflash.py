@@ -47,7 +47,7 @@ class DFlashTrainConfig(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False)  # --epochs inf was an OverflowError traceback
 
-    block_size: int = Field(16, ge=2, description="B: block tokens (anchor + B−1 drafts)")
+    block_size: int = Field(16, ge=2, le=256, description="B: block tokens (anchor + B−1 drafts)")
     num_layers: int = Field(2, ge=1, description="drafter decoder layers")
     target_layer_ids: list[int] | None = Field(None, description="taps; default: z-lab's spread")
     response_tokens: int = Field(192, ge=8, description="tokens the target regenerates per prompt")

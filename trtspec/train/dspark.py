@@ -57,11 +57,12 @@ class DSparkTrainConfig(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False)  # --epochs inf was an OverflowError traceback
 
-    block_size: int = Field(15, ge=1, description="γ: drafts per block (= block inputs); 15 verifies "
+    block_size: int = Field(15, ge=1, le=256, description="γ: drafts per block (= block inputs); 15 verifies "
                             "16 tokens per cycle, like the shipped DFlash b16")
     num_layers: int = Field(2, ge=1, description="drafter decoder layers")
     target_layer_ids: list[int] | None = Field(None, description="taps; default: z-lab's spread")
-    markov_rank: int = Field(256, ge=0, description="r of the Markov head W1: V×r, W2: r×V; 0 = none")
+    markov_rank: int = Field(256, ge=0, le=8192,
+                             description="r of the Markov head W1: V×r, W2: r×V; 0 = none")
     markov_head_type: Literal["vanilla", "gated", "rnn"] = Field(
         "vanilla", description="DeepSpec's Markov head: vanilla (bias from x_{k−1}), gated (W1[x_{k−1}] "
         "gated by h_k) or rnn (a recurrent state over the block's prefix); trtspec.models.markov")
