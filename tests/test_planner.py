@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -168,6 +169,24 @@ def test_inspect_prints_the_plan():
     assert result.exit_code == 0, result.output
     assert "680,123 tokens in KV" in result.output and "15.26 GiB per GPU" in result.output
     assert "1 H200 (141 GB data sheet, 140.4 GiB each planned)" in result.output
+
+
+def test_inspect_says_what_build_would_refuse(tmp_path):
+    """Found fuzzing (2026-12-05): with deployment.min_concurrency 100 (83 full-length requests fit)
+    inspect printed "fit" and build refused; inspect now says why build refuses it."""
+    raw = yaml.safe_load((REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml").read_text())
+    raw["deployment"]["min_concurrency"] = 100
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(main, ["inspect", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "build     refuses it: config 'qwen3-8b-dflash': KV cache too small on H200: 100 request(s)" \
+        in result.output
+    said = CliRunner().invoke(main, ["inspect", str(path), "--json"]).output
+    assert "KV cache too small" in json.loads(said)["build_refuses"]
+    fine = CliRunner().invoke(main, ["inspect", str(REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml"),
+                                     "--json"]).output
+    assert json.loads(fine)["build_refuses"] is None
 
 
 def test_build_refuses_a_config_that_cannot_fit(tmp_path):

@@ -904,7 +904,7 @@ def _profile_synthetic(model, out_path, device, scale, reps, batch_sizes, contex
 def inspect(config_path, as_json) -> None:
     """Plan CONFIG's memory per GPU (weights after TP/PP/EP, drafter, KV cache, what fits) and its
     speculation under load (draft length per batch size, predicted tokens/s with and without)."""
-    from trtspec.plan.memory import format_plan
+    from trtspec.plan.memory import PlanError, check_fits, format_plan
     from trtspec.plan.speculation import format_speculation, plan_speculation
     from trtspec.trtllm.build import plan_config
     from trtspec.trtllm.fields import DECODING_TYPE, DYNAMIC_DRAFT_LEN_TYPES
@@ -912,8 +912,13 @@ def inspect(config_path, as_json) -> None:
     config = load_config_arg(config_path, "CONFIG")
     plan = plan_config(config)
     spec = plan_speculation(config) if config.drafter is not None else None
+    try:  # what `build` refuses, said here too (inspect said "fit" of a config build refused)
+        check_fits(plan, config.deployment.min_concurrency, f"config {config.name!r}")
+        refused = None
+    except PlanError as exc:
+        refused = str(exc)
     if as_json:
-        out = plan.to_dict()
+        out = {**plan.to_dict(), "build_refuses": refused}
         if spec is not None:
             out["speculation"] = {
                 "max_draft_len": spec.max_draft_len, "acceptance_by_position": spec.acceptance,
@@ -925,6 +930,8 @@ def inspect(config_path, as_json) -> None:
         click.echo(json.dumps(out))
         return
     click.echo(format_plan(plan, config.deployment))
+    if refused is not None:
+        click.echo(f"build     refuses it: {refused}")
     if spec is not None:
         written = (config.flavour == "trtllm"
                    and DECODING_TYPE[config.drafter.method] in DYNAMIC_DRAFT_LEN_TYPES)
