@@ -155,10 +155,12 @@ def test_usage_errors_name_the_option(tmp_path):
           "--markov-rank", str(2**63)], "less than or equal to 8192"),  # a C++ TypeError's traceback
         (["train", "dflash", "--target", ASSETS_DIR / "tiny-target", "--prompts", CHAT_PROMPTS, "--out", "d",
           "--block-size", "100000"], "less than or equal to 256"),  # refused only after regenerating
+        (["verify", "--url", "grpc://127.0.0.1:1", "--config", CONFIG, "--api-key", "x"],
+         "--api-key: applies to an OpenAI-compatible server"),  # silently ignored
     ],
     ids=["seed-over-uint64", "ipv6-url", "port-out-of-range", "context-past-positions", "same-config-twice",
          "wait-nan", "min-user-tps-nan", "budget-nan", "ttt-steps-huge", "epochs-huge", "bins-huge",
-         "train-out-under-a-file", "markov-rank-huge", "block-size-huge"],
+         "train-out-under-a-file", "markov-rank-huge", "block-size-huge", "verify-key-for-triton"],
 )
 def test_values_that_used_to_crash_are_usage_errors(tmp_path, monkeypatch, args, option):
     """Found looking for the issue's class of defect: each was a traceback, a one-line message that

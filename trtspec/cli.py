@@ -1123,6 +1123,8 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
         raise click.UsageError("give DIR (a `trtspec build` output) or --url of a running server")
     if url is not None:
         _url_arg(url)
+    if url is None or not url.startswith("openai://"):  # Triton's endpoints take no key
+        _refuse_given("applies to an OpenAI-compatible server (--url openai://…)", "api_key")
     check_range(max_tokens, "--max-tokens", low=1)
     check_range(samples, "--samples", low=0)
     try:
