@@ -157,10 +157,14 @@ def test_usage_errors_name_the_option(tmp_path):
           "--block-size", "100000"], "less than or equal to 256"),  # refused only after regenerating
         (["verify", "--url", "grpc://127.0.0.1:1", "--config", CONFIG, "--api-key", "x"],
          "--api-key: applies to an OpenAI-compatible server"),  # silently ignored
+        (["profile", CONFIG, "--out", "p.json", "--batches", "100000"], "--batches: 256 cached tokens plus"),
+        (["profile", CONFIG, "--out", "p.json", "--requests", "100000000"],
+         "--requests: must be in [1, 256]"),  # an allocation of 563 GB
     ],
     ids=["seed-over-uint64", "ipv6-url", "port-out-of-range", "context-past-positions", "same-config-twice",
          "wait-nan", "min-user-tps-nan", "budget-nan", "ttt-steps-huge", "epochs-huge", "bins-huge",
-         "train-out-under-a-file", "markov-rank-huge", "block-size-huge", "verify-key-for-triton"],
+         "train-out-under-a-file", "markov-rank-huge", "block-size-huge", "verify-key-for-triton",
+         "profile-batch-past-positions", "profile-requests-huge"],
 )
 def test_values_that_used_to_crash_are_usage_errors(tmp_path, monkeypatch, args, option):
     """Found looking for the issue's class of defect: each was a traceback, a one-line message that

@@ -757,10 +757,11 @@ def _int_list(text: str, hint: str, low: int = 1) -> list[int]:
               help="JSON file: the cost table (point the config's drafter.schedule.sps_table at it), or "
               "with --synthetic the cost curve (a Markdown table is written beside it).")
 @click.option("--batches", default=None, help="Comma-separated verify batch sizes B (tokens).")
-@click.option("--requests", default=8, show_default=True, type=int, help="Sequences sharing the cache.")
+@click.option("--requests", default=8, show_default=True, type=int,
+              help="Sequences sharing the cache, in [1, 256].")
 @click.option("--context", default=256, show_default=True, type=int, help="Cached tokens per sequence.")
-@click.option("--reps", default=None, type=int, help="Repetitions per measurement (median kept); "
-              "default 15, with --synthetic 10 (3 at --scale small).")
+@click.option("--reps", default=None, type=int, help="Repetitions per measurement (median kept), at most "
+              "10,000 with CONFIG; default 15, with --synthetic 10 (3 at --scale small).")
 @click.option("--synthetic", "synthetic_model", default=None, metavar="MODEL",
               help="Instead of CONFIG: time a real architecture with random weights made on the device "
               "(qwen3-8b, llama3.1-8b): target forwards, DFlash draft step, plugin kernels, projected "
@@ -809,13 +810,16 @@ def profile(config_path, out_path, batches, requests, context, reps, synthetic_m
     config = load_config_arg(config_path, "CONFIG")
     sizes = _int_list(batches, "--batches") if batches else None
     reps = 15 if reps is None else reps
-    for name, value in (("--requests", requests), ("--context", context), ("--reps", reps)):
-        check_range(value, name, low=1)
+    for name, value, most in (("--requests", requests, 256), ("--context", context, None),
+                              ("--reps", reps, 10_000)):  # 10^8 requests or reps: an allocation of terabytes
+        check_range(value, name, low=1, high=most)
     positions = _max_positions(config)
     longest = context + max(sizes or DEFAULT_BATCHES)  # a slot holds the context and a whole verify batch
-    if positions is not None and longest > positions:
+    if positions is not None and longest > positions:  # named: the one past the positions alone, else both
+        hint = "--batches" if sizes and max(sizes) >= positions else \
+            "--context" if context >= positions else "--context / --batches"
         raise click.BadParameter(f"{context} cached tokens plus a verify batch of {longest - context} exceed "
-                                 f"the target's {positions} positions", param_hint="--context")
+                                 f"the target's {positions} positions", param_hint=hint)
     configure_threads(config)
     pipeline = load_pipeline(config)
     table = profile_cost(pipeline.target, pipeline.drafter, sizes, requests, context, reps,
