@@ -289,30 +289,16 @@ def check_text(body: Any) -> None:
     """Refuse a body holding a lone UTF-16 surrogate in a string or a key (JSON's `"\\ud800"`
     escape without its pair): no character, it cannot be encoded as UTF-8, so every tokenizer, Triton
     input and answer that carries it fails (it was an HTTP 500). The ApiError names where it is."""
-    stack = [(body, ())]
-    while stack:
-        node, loc = stack.pop()
-        if isinstance(node, str):
-            if _SURROGATE.search(node):
-                _lone_surrogate(loc, node)
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                if _SURROGATE.search(key):
-                    _lone_surrogate(loc, key, "key in ")
-                stack.append((value, (*loc, key)))
-        elif isinstance(node, list):
-            stack.extend((value, (*loc, i)) for i, value in enumerate(node))
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _lone_surrogate(loc: tuple, text: str, what: str = "") -> None:
+    found = json_text.half_pair(body)
+    if found is None:
+        return
+    loc, text, key = found
     param = _param(loc)
     if param is not None:
         param = param.encode("utf-8", "backslashreplace").decode()  # its own keys may hold one
     where = f"'{param}'" if param is not None else "the request body"
-    code = f"\\u{ord(_SURROGATE.search(text).group()):04x}"
+    code = f"\\u{ord(json_text.HALF_PAIR.search(text).group()):04x}"
+    what = "key in " if key else ""
     raise ApiError(f"Invalid {what}{where}: it holds a lone UTF-16 surrogate ({code}), which is no "
                    "character; send the character itself, or both halves of its surrogate pair.",
                    param, code="invalid_value")

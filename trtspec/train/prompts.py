@@ -14,12 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
-import re
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from trtspec import json_text
 from trtspec.errors import TrtspecError
 from trtspec.files import replaced
 
@@ -35,17 +35,6 @@ def _messages(value, where: str) -> Messages:
                 and isinstance(message.get("content"), str)):
             raise TrtspecError(f"{where}: messages[{i}] must be an object with 'role' and 'content' strings")
     return value
-
-
-_HALF_PAIR = re.compile("[\ud800-\udfff]")  # half a surrogate pair, as json.loads lets one through
-
-
-def _surrogate_in(value) -> bool:
-    if isinstance(value, str):
-        return bool(_HALF_PAIR.search(value))
-    if isinstance(value, dict):
-        return any(_surrogate_in(v) for v in value.values())
-    return isinstance(value, list) and any(_surrogate_in(v) for v in value)
 
 
 def load_prompt_file(path: Path, chat: bool = True) -> list[Prompt]:
@@ -69,7 +58,7 @@ def load_prompt_file(path: Path, chat: bool = True) -> list[Prompt]:
             row = json.loads(line)
         except json.JSONDecodeError:
             row = None
-        if _surrogate_in(row):  # JSON's "\\ud800" escape: no character, no UTF-8 to tokenize
+        if json_text.half_pair(row) is not None:  # no character: no UTF-8 to tokenize
             raise TrtspecError(f"{path}:{n}: a string holds half a UTF-16 surrogate pair (a \\ud800-style "
                                "escape without its other half), which is no character")
         if isinstance(row, dict) and isinstance(row.get("prompt"), str):
