@@ -159,12 +159,12 @@ def generate(config_path, url, model_name, stream, chat, api_key, wait_s, prompt
     check_range(max_tokens, "--max-tokens", low=1)
     check_range(wait_s, "--wait", low=0)
     if cache_salt is not None:
-        from trtspec.triton.request import MAX_SALT_CHARS
+        from trtspec.triton.request import salt_length_problem
 
         utf8_text(cache_salt, "--cache-salt")
-        if not 1 <= len(cache_salt) <= MAX_SALT_CHARS:
-            raise click.BadParameter(f"expected 1 to {MAX_SALT_CHARS:,} characters, got {len(cache_salt):,}",
-                                     param_hint="--cache-salt")
+        problem = salt_length_problem(cache_salt)
+        if problem is not None:
+            raise click.BadParameter(problem, param_hint="--cache-salt")
     if (config_path is None) == (url is None):
         raise click.UsageError("give exactly one of --config (run here) or --url (a served model)")
     config = None
@@ -857,7 +857,9 @@ def _synthetic_outputs(out_path: Path) -> None:
     """Refuse a --synthetic --out whose Markdown twin (the same path with .md) is the JSON itself, a
     folder, or a file the run did not write before (a README.md beside --out README.json): it would
     be replaced, after the whole measurement."""
-    md = out_path.with_suffix(".md")
+    from trtspec.bench.synthetic_report import markdown_path
+
+    md = markdown_path(out_path)
     if md == out_path:
         raise click.BadParameter(f"{out_path}: the profile is JSON with its Markdown beside it as {md.name}; "
                                  "give a .json path", param_hint="--out")

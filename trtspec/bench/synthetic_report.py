@@ -195,11 +195,16 @@ def finish(result: dict) -> dict:
     return result
 
 
+def markdown_path(json_path: Path) -> Path:
+    """Where the profile's Markdown goes beside its JSON."""
+    return json_path.with_suffix(".md")
+
+
 def write_outputs(result: dict, json_path: Path) -> Path:
     """Write the profile as JSON at `json_path` and as Markdown beside it (each whole or not at all);
     return the Markdown path."""
     json_path.parent.mkdir(parents=True, exist_ok=True)
     files.write_text(json_path, json.dumps(result, indent=1))
-    md_path = json_path.with_suffix(".md")
+    md_path = markdown_path(json_path)
     files.write_text(md_path, render_markdown(result))
     return md_path

@@ -40,7 +40,7 @@ from trtspec.openai.tools import ToolPlan, check_tools
 from trtspec.openai.triton_stream import Generation, TritonError, TritonStream
 from trtspec.spec.coupling import fresh_seed
 from trtspec.spec.grammar import GuideError, compact_guide
-from trtspec.triton.request import MAX_SALT_CHARS
+from trtspec.triton.request import salt_length_problem
 
 ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")  # JSON's escape of half a surrogate pair
 
@@ -99,9 +99,9 @@ class Frontend:
         top_k = 0 if top_k >= model.vocab_size else top_k
         logprobs = logprobs_wanted(req)
         echo = bool(getattr(req, "echo", False))
-        if req.cache_salt is not None and not 1 <= len(req.cache_salt) <= MAX_SALT_CHARS:
-            raise ApiError(f"Invalid 'cache_salt': expected 1 to {MAX_SALT_CHARS} characters, got "
-                           f"{len(req.cache_salt)}.", "cache_salt", code="invalid_value")
+        salt_problem = None if req.cache_salt is None else salt_length_problem(req.cache_salt)
+        if salt_problem is not None:
+            raise ApiError(f"Invalid 'cache_salt': {salt_problem}.", "cache_salt", code="invalid_value")
         gen = Generation(prompt=prompt if isinstance(prompt, str) else "", max_tokens=max_tokens,
                          temperature=temperature, top_p=top_p, top_k=top_k, min_p=req.min_p or 0.0,
                          seed=req.seed,

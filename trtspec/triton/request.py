@@ -76,6 +76,14 @@ def _scalar(get: InputGetter, name: str):
 MAX_SALT_CHARS = 1024  # a cache_salt is kept per slot and hashed for the pool: a bound on absurd ones
 
 
+def salt_length_problem(salt: str) -> str | None:
+    """What is wrong with the length of a cache_salt a client names (the OpenAI API's field, `generate
+    --cache-salt`: 1 to MAX_SALT_CHARS characters), or None. Triton's input takes "" as none."""
+    if 1 <= len(salt) <= MAX_SALT_CHARS:
+        return None
+    return f"expected 1 to {MAX_SALT_CHARS:,} characters, got {len(salt):,}"
+
+
 def _utf8(raw, name: str) -> str:
     if isinstance(raw, str):
         return raw
