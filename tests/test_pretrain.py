@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import resource
 import shutil
@@ -98,6 +99,10 @@ def test_a_second_stage_continues_the_first_and_records_it(tmp_path):
     assert draft["parameters"] < report["parameters"]
     for stage in (report, draft):  # each model keeps its own first stage
         assert stage["previous_stage"]["parameters"] == stage["parameters"]
+    umask = os.umask(0)
+    os.umask(umask)
+    for file in (tmp_path / "two").glob("*/*"):  # readable as any plain write makes a file
+        assert file.stat().st_mode & 0o777 == 0o666 & ~umask, file.name
 
 
 def test_init_from_a_folder_without_weights_is_one_line(tmp_path):

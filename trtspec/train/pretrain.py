@@ -27,7 +27,7 @@ from tqdm import tqdm
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from trtspec.errors import CheckpointError, TrtspecError
-from trtspec.files import replaced_dir
+from trtspec.files import replaced_dir, share
 from trtspec.tokenizer import DEFAULT_VOCAB_SIZE, ByteTokenizer
 from trtspec.train import check_loss
 from trtspec.train.corpus import CHAT_STOP, CHAT_TEMPLATE, CHAT_TEMPLATE_FILE, training_corpus
@@ -237,6 +237,8 @@ def _save_model(model: Qwen3ForCausalLM, path: Path, stage: dict) -> None:
     model.save_pretrained(path, safe_serialization=True)
     (path / CHAT_TEMPLATE_FILE).write_text(CHAT_TEMPLATE)
     (path / "training.json").write_text(json.dumps(stage, indent=1))
+    for file in path.iterdir():  # transformers 5 writes model.safetensors 0600 (its own temporary file)
+        share(file, 0o666)
 
 
 def check_out_dir(out_dir: Path) -> None:
