@@ -160,11 +160,19 @@ def test_usage_errors_name_the_option(tmp_path):
         (["profile", CONFIG, "--out", "p.json", "--batches", "100000"], "--batches: 256 cached tokens plus"),
         (["profile", CONFIG, "--out", "p.json", "--requests", "100000000"],
          "--requests: must be in [1, 256]"),  # an allocation of 563 GB
+        # each measured or ran the same thing twice, silently
+        (["bench", CONFIG, "--concurrency", "1,4,1", "--out", "b"],
+         "--concurrency: 1 given twice in '1,4,1'"),
+        (["bench", CONFIG, "--tasks", "chat,math,chat", "--out", "b"], "--tasks: chat given twice"),
+        (["calibrate", "--drafter", ASSETS_DIR / "tiny-dspark-b15", "--target", ASSETS_DIR / "tiny-target",
+          "--tasks", "chat,chat"], "--tasks: chat given twice"),
+        (["profile", CONFIG, "--out", "p.json", "--batches", "8,8"], "--batches: 8 given twice"),
     ],
     ids=["seed-over-uint64", "ipv6-url", "port-out-of-range", "context-past-positions", "same-config-twice",
          "wait-nan", "min-user-tps-nan", "budget-nan", "ttt-steps-huge", "epochs-huge", "bins-huge",
          "train-out-under-a-file", "markov-rank-huge", "block-size-huge", "verify-key-for-triton",
-         "profile-batch-past-positions", "profile-requests-huge"],
+         "profile-batch-past-positions", "profile-requests-huge", "concurrency-twice", "bench-task-twice",
+         "calibrate-task-twice", "batches-twice"],
 )
 def test_values_that_used_to_crash_are_usage_errors(tmp_path, monkeypatch, args, option):
     """Found looking for the issue's class of defect: each was a traceback, a one-line message that
@@ -184,8 +192,14 @@ def test_values_that_used_to_crash_are_usage_errors(tmp_path, monkeypatch, args,
          "--draft-vocab-size: 100000 exceeds the target's vocabulary of 264"),
         (["train", "dflash", "--mask-token-id", "9999"],
          "--mask-token-id: 9999 is not in the target's vocabulary"),
+        (["train", "dflash", "--target-layer-ids", "2,2"], "--target-layer-ids: 2 given twice in '2,2'"),
+        (["train", "dspark", "--target-layer-ids", "4,1"],
+         "--target-layer-ids: must name each layer once, in ascending order"),
+        (["train", "eagle3", "--aux-layer-ids", "3,2,1"], "--aux-layer-ids: must name each layer once"),
+        (["train", "eagle3", "--aux-layer-ids", "1,2"], "--aux-layer-ids: must be 3 layers in [0, 6)"),
     ],
-    ids=["dflash-taps", "dspark-taps", "eagle3-vocab", "mask-id"],
+    ids=["dflash-taps", "dspark-taps", "eagle3-vocab", "mask-id", "dflash-twice", "dspark-descending",
+         "eagle3-descending", "eagle3-two"],
 )
 def test_training_options_the_target_cannot_take(tmp_path, args, message):
     """Checked against the loaded target before its responses are regenerated (they were an

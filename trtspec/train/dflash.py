@@ -136,11 +136,22 @@ def _lr_at(step: int, total: int, cfg: DFlashTrainConfig) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
 
-def check_layer_ids(layer_ids: list[int] | None, num_layers: int) -> None:
-    """Refuse taps outside the target (`--target-layer-ids`), before any model is built."""
-    if layer_ids is not None and (not layer_ids or any(not 0 <= i < num_layers for i in layer_ids)):
-        raise OptionError("--target-layer-ids", f"must be layers in [0, {num_layers}) of the target, "
-                                                f"got {layer_ids}")
+def check_layer_ids(layer_ids: list[int] | None, num_layers: int, option: str = "--target-layer-ids",
+                    count: int | None = None) -> None:
+    """Refuse taps outside the target, before any model is built, and taps out of ascending order:
+    a serving engine may catch a tap as its layer loop passes it (vLLM's models append one when
+    `idx in self.aux_hidden_state_layers`), concatenating the taps in layer order whatever order the
+    drafter's config lists, so a drafter trained on another order would be fed its features shuffled.
+    count: how many taps the drafter needs (EAGLE-3: 3), if fixed."""
+    if layer_ids is None:
+        return
+    outside = any(not 0 <= i < num_layers for i in layer_ids)
+    if not layer_ids or outside or (count and len(layer_ids) != count):
+        need = f"{count} layers" if count else "layers"
+        raise OptionError(option, f"must be {need} in [0, {num_layers}) of the target, got {layer_ids}")
+    if layer_ids != sorted(set(layer_ids)):
+        raise OptionError(option, f"must name each layer once, in ascending order (a serving engine may "
+                                  f"concatenate the taps in layer order), got {layer_ids}")
 
 
 def new_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig) -> DFlashDraftModel:

@@ -35,6 +35,7 @@ from trtspec.train import check_loss
 from trtspec.train.dflash import (
     MAX_EPOCHS,
     _lr_at,
+    check_layer_ids,
     frozen_target,
     resume_state,
     save_state,
@@ -189,9 +190,7 @@ def soft_label_logits(target, feats: torch.Tensor) -> torch.Tensor:
 def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle3TrainConfig) -> dict:
     target = frozen_target(target_dir, cfg.seed)
     num_layers, hidden_size = target.config.num_hidden_layers, target.config.hidden_size
-    bad = [i for i in cfg.aux_layer_ids or [] if not 0 <= i < num_layers]
-    if cfg.aux_layer_ids is not None and (len(cfg.aux_layer_ids) != 3 or bad):
-        raise OptionError("--aux-layer-ids", f"needs 3 layers in [0, {num_layers}), got {cfg.aux_layer_ids}")
+    check_layer_ids(cfg.aux_layer_ids, num_layers, "--aux-layer-ids", count=3)
     vocab = target.config.vocab_size
     if cfg.draft_vocab_size is not None and cfg.draft_vocab_size > vocab:
         raise OptionError("--draft-vocab-size", f"{cfg.draft_vocab_size} exceeds the target's vocabulary of "
