@@ -188,3 +188,15 @@ def test_profile_replaces_no_file_it_was_not_asked_to_write(tmp_path):
         assert run.exit_code == 2 and said in " ".join(run.output.split()), run.output
     assert config.read_text() == before and (tmp_path / "README.md").read_text() == "mine\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "lk.yaml", "sub.md"]
+
+
+def test_a_budget_that_measures_nothing_writes_nothing(tmp_path):
+    """Found fuzzing (2026-12-05): --budget-s 1e-300 wrote a cost curve of nothing but skipped
+    measurements, exit 0."""
+    out = tmp_path / "s.json"
+    args = ["--synthetic", "qwen3-8b", "--budget-s", "1e-300", "--batch-sizes", "1", "--contexts", "64",
+            "--new-tokens", "1", "--out", str(out)]
+    run = CliRunner().invoke(main, ["profile", *args])
+    said = " ".join(run.output.split())
+    assert run.exit_code == 1 and "nothing was measured" in said and "give a larger --budget-s" in said, said
+    assert list(tmp_path.iterdir()) == []

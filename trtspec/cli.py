@@ -908,6 +908,10 @@ def _profile_synthetic(model, out_path, device, scale, reps, batch_sizes, contex
             overrides[name] = value
     settings = SyntheticSettings.small(**overrides) if scale == "small" else SyntheticSettings(**overrides)
     result = profile_synthetic(model, settings, device)
+    if not any(result[name] for name in ("target_forward", "hf_forward", "serving", "draft", "plugins")):
+        hint = ": give a larger --budget-s" if any("time budget" in why for why in result["skipped"]) else ""
+        raise click.ClickException(f"nothing was measured ({'; '.join(result['skipped'][:2])}; ...); "
+                                   f"{out_path} is not written{hint}")
     md_path = write_outputs(result, out_path)
     click.echo(render_markdown(result))
     click.echo(f"wrote {out_path} and {md_path}")
