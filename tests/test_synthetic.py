@@ -200,3 +200,26 @@ def test_a_budget_that_measures_nothing_writes_nothing(tmp_path):
     said = " ".join(run.output.split())
     assert run.exit_code == 1 and "nothing was measured" in said and "give a larger --budget-s" in said, said
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_profile_the_device_cannot_hold_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    """Found fuzzing (2026-12-05): --scale full on a 23 GiB CPU was killed by the OOM killer (exit
+    137, nothing said). The lower bound counts qwen3-8b's float32 weights (8.2 B parameters, over
+    30 GiB) and the static K/V cache; a machine reporting less free is refused by name."""
+    from trtspec.bench import synthetic
+
+    full = synthetic._Profile(synthetic.resolve_model("qwen3-8b"),
+                              SyntheticSettings(batches=[1], contexts=[64]), torch.device("cpu"))
+    assert full.need_bytes() > 30 * 2**30
+    small = synthetic._Profile(synthetic.resolve_model("qwen3-8b"), SyntheticSettings.small(),
+                               torch.device("cpu"))
+    assert small.need_bytes() < 2**30
+    monkeypatch.setattr(synthetic, "free_bytes", lambda device: 2**30)  # a machine with 1 GiB free
+    out = tmp_path / "s.json"
+    args = ["--synthetic", "qwen3-8b", "--scale", "full", "--device", "cpu", "--batch-sizes", "1",
+            "--contexts", "64", "--out", str(out)]
+    run = CliRunner().invoke(main, ["profile", *args])
+    said = " ".join(run.output.split())
+    assert run.exit_code == 1 and "qwen3-8b at scale full needs at least" in said, said
+    assert "1.0 GiB free" in said
+    assert "use --scale small" in said and list(tmp_path.iterdir()) == []

@@ -39,6 +39,7 @@ from trtspec.bench.device_timer import Deadline, DeviceTimer
 from trtspec.bench.static_target import StaticKVTarget
 from trtspec.bench.synthetic_report import finish
 from trtspec.errors import ConfigError
+from trtspec.memory import GIB, free_bytes
 from trtspec.models.graph_audit import CaptureAudit
 from trtspec.plan.gpus import gpu_for_device
 from trtspec.plan.models import DRAFTERS, TARGETS, Architecture
@@ -241,6 +242,29 @@ class _Profile:
         self.result["capture_audit"] = {}  # on the CPU: kind of captured callable -> problems
 
     # -- set-up -----------------------------------------------------------------------------
+    def need_bytes(self) -> int:
+        """A lower bound on what `build` allocates: both models' weights, the static K/V cache at
+        the largest batch and the drafter's context K/V (activations come on top)."""
+        size = torch.tensor([], dtype=self.dtype).element_size()
+        per_position = 2 * self.arch.num_layers * self.arch.kv_heads * self.arch.head_dim * size
+        draft_ctx = (2 * self.draft_arch.num_layers * self.arch.kv_heads * self.arch.head_dim * size
+                     * max(self.settings.draft_batches) * max(self.settings.contexts))
+        weights = (self.arch.total_params() + self.draft_arch.total_params()) * size
+        return weights + max(self.settings.batches) * self.max_len * per_position + draft_ctx
+
+    def check_memory(self) -> None:
+        """Refuse, before anything is allocated, a profile the device cannot hold (a full-size
+        8B model in float32 on a 23 GiB CPU was killed by the kernel's OOM killer, no word said)."""
+        need, free = self.need_bytes(), free_bytes(self.device)
+        if free is None or need <= free:
+            return
+        smaller = "--scale small" if self.settings.scale == "full" else "smaller --batch-sizes or --contexts"
+        batch = max(self.settings.batches)
+        raise ConfigError(f"{self.model.key} at scale {self.settings.scale} needs at least "
+                          f"{need / GIB:.1f} GiB ({self.dtype}: weights, the K/V cache of batch {batch} at "
+                          f"{self.max_len:,} positions), but {self.device_name()} has {free / GIB:.1f} GiB "
+                          f"free: use {smaller}" + ("" if self.cuda else ", or a GPU (--device cuda)"))
+
     def build(self) -> None:
         t0 = time.perf_counter()
         self.target = build_target(self.arch, self.model.model_type, self.device, self.dtype,
@@ -448,6 +472,7 @@ def profile_synthetic(model: str, settings: SyntheticSettings, device: torch.dev
                           elapsed_s=settings.budget_s - deadline.left())
             on_progress(finish(result))
 
+    prof.check_memory()
     with torch.inference_mode():
         prof.bandwidth()
         prof.build()
