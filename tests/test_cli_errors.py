@@ -426,6 +426,8 @@ def test_a_config_that_is_a_folder_or_not_utf8_is_named(tmp_path):
     binary = tmp_path / "bin.yaml"
     binary.write_bytes(b"\xff\xfename: x\n")
     assert_usage_error(invoke("build", binary, "--out", tmp_path / "o"), "CONFIG", "bin.yaml: not UTF-8")
+    # it said /dev/null "does not exist" (found fuzzing the CLI)
+    assert_usage_error(invoke("inspect", "/dev/null"), "CONFIG", "/dev/null is not a regular file")
 
 
 def test_calibrate_takes_any_response_length(tmp_path):

@@ -487,8 +487,10 @@ def load_build_config(path: str | Path) -> BuildConfig:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config file {path} is a folder; give a YAML build config")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
+    if not path.is_file():  # /dev/null, a fifo: a read would be empty or never end
+        raise ConfigError(f"config file {path} is not a regular file; give a YAML build config")
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except UnicodeDecodeError as exc:
