@@ -580,7 +580,8 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
 @click.option("--write-acceptance", is_flag=True,
               help="Store each drafter's measured acceptance by position as acceptance.json beside its "
                    "weights (the cost model of `trtspec build`/`inspect` and adaptive serving reads it); "
-                   "a stored file measured over more cycles is kept.")
+                   "a stored file measured over more cycles is kept, and the run then ends in an error "
+                   "saying so (the results are written).")
 @click.option("--temperature", default=0.0, show_default=True, type=float,
               help="0 = greedy; > 0 samples every method at this temperature, prompt i with seed SEED + i.")
 @click.option("--top-p", default=1.0, show_default=True, type=float, help="Nucleus mass, (0, 1].")
