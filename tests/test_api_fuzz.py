@@ -167,6 +167,8 @@ FOUND = [
      "chat_template_kwargs"),  # the template's rendering recursed past Python's limit
     ("/v1/chat/completions", {**CHAT, "prediction": {"type": "content", "content": "x" * 5000}},
      "prediction"),  # more tokens than the context
+    ("/v1/completions", {"model": "trtspec", "prompt": "x", "max_tokens": 4, "ignore_eos": True,
+                         "guided_json": {"type": "object"}}, "ignore_eos"),  # found reading the README
     ("/v1/responses", {"model": "trtspec", "input": [
         {"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
      "input[0].content[0].text"),  # a value of the wrong type, once called missing

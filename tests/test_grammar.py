@@ -262,6 +262,6 @@ def test_requests_a_guide_cannot_end_are_refused(dflash):
     decoder, compiled = dflash.decoder_for(1), dflash.guides.compile(Guide("json"))
     with pytest.raises(ValueError, match="min_tokens 3 cannot be combined with a guide"):
         decoder.add(Request([1, 2, 3], 5, min_new_tokens=3, guide=compiled))
-    with pytest.raises(ValueError, match="ignore_eos leaves none"):
+    with pytest.raises(ValueError, match="ignore_eos leaves a guided request no id that ends it"):
         decoder.add(Request([1, 2, 3], 5, ignore_eos=True, guide=compiled))
     decoder.add(Request([1, 2, 3], 5, ignore_eos=True, stop_ids=(7,), guide=compiled))  # 7 ends it

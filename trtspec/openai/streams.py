@@ -72,9 +72,10 @@ def event_stream(events: AsyncIterator[bytes]) -> ClosingStreamingResponse:
                                     headers={"Cache-Control": "no-cache"})
 
 
-# the request parameters whose refusals the model words "the <name> …" (the prediction's tokens are
-# counted by the model, against its context)
-NAMED_BY_THE_MODEL = ("prediction",)
+# the request parameters whose refusals the model words "the <name> …" or "<name> …" (the
+# prediction's tokens are counted by the model, against its context; whether ignore_eos leaves a
+# guide an end depends on the model's end ids)
+NAMED_BY_THE_MODEL = ("prediction", "ignore_eos")
 
 
 def triton_error(exc: TritonError, guide: str | None = None) -> ApiError:
@@ -85,7 +86,8 @@ def triton_error(exc: TritonError, guide: str | None = None) -> ApiError:
     message = str(exc)
     if guide is not None and "guided_decoding_guide" in message:  # the model's name for it
         return ApiError(message.replace("guided_decoding_guide", guide, 1), guide, code="invalid_value")
-    param = next((name for name in NAMED_BY_THE_MODEL if message.startswith(f"the {name} ")), None)
+    param = next((name for name in NAMED_BY_THE_MODEL if message.startswith((f"the {name} ", f"{name} "))),
+                 None)
     return ApiError(message, param, code="invalid_value")
 
 

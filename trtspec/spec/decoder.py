@@ -310,8 +310,8 @@ class SpeculativeDecoder:
             raise ValueError(f"the prediction holds {len(request.prediction)} tokens, more than this "
                              f"deployment's context of {self.capacity}")
         if request.guide is not None and not ends:
-            raise ValueError("a guided request needs an id that ends it, and ignore_eos leaves none: "
-                             "give stop_token_ids, or drop ignore_eos")
+            raise ValueError("ignore_eos leaves a guided request no id that ends it: give stop_token_ids, "
+                             "or drop ignore_eos")
         need = len(request.prompt) + request.max_new_tokens
         if need > self.capacity:
             raise PromptError(f"prompt of {len(request.prompt)} tokens + max_tokens {request.max_new_tokens} "
