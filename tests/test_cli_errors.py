@@ -860,3 +860,16 @@ def test_prompts_files_are_read_as_their_name_says(tmp_path, name, text, said):
     prompts.write_text(text)
     result = invoke("verify", "--url", "grpc://127.0.0.1:1", "--config", CONFIG, "--prompts", prompts)
     assert_usage_error(result, "--prompts", said)
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--max-tokens", "4294967304"], "max_tokens 4294967304"),  # asked the server for 8 tokens
+    (["--top-k", "4294967297", "--temperature", "1.5"], "top_k 4294967297"),  # sampled with top_k 1
+    (["--max-tokens", "2147483648"], "max_tokens 2147483648"),  # refused as "got -2147483648"
+])
+def test_integers_past_the_models_int32_inputs_are_refused_before_sending(args, named):
+    """Found fuzzing the client flags (2026-12-05): numpy and Triton's JSON front end wrap an
+    integer past int32 silently. Refused before any connection (port 1: nothing listens)."""
+    for scheme in ("grpc", "http"):
+        result = invoke("generate", "--url", f"{scheme}://127.0.0.1:1", "--prompt", "hi", *args)
+        assert_run_error(result, named, "past the model's int32 input")

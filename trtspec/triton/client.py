@@ -31,6 +31,9 @@ TextCallback = Callable[[str], None]
 PENALTY_DEFAULTS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 
 
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # the range of the model's integer inputs
+
+
 class ClientError(TrtspecError):
     """The server refused a request or could not be reached; the message is the server's."""
 
@@ -203,6 +206,17 @@ class GenerateParams:
     # a reasoning budget: (thinking_token_budget, thinking_start, thinking_end), trtspec's Triton inputs
     thinking: tuple[int, str, str] | None = None
     cache_salt: str = ""  # vLLM's: cached prompts and the lookup pool shared with the same salt only
+
+    def __post_init__(self) -> None:
+        """Refuse an integer the model's int32 inputs cannot hold (numpy and Triton's JSON front end
+        both wrap it silently: max_tokens 4294967304 asked for 8 tokens, top_k 4294967297 sampled
+        with top_k 1)."""
+        ints = {"max_tokens": self.max_tokens, "top_k": self.top_k,
+                "thinking_token_budget": self.thinking and self.thinking[0]}
+        ints |= {f"logit_bias id {token}": token for token, _ in self.logit_bias}
+        for name, value in ints.items():
+            if value is not None and not INT32_MIN <= value <= INT32_MAX:
+                raise ClientError(f"{name} {value} is past the model's int32 input (at most {INT32_MAX:,})")
 
     @classmethod
     def of(cls, sampling: SamplingParams, max_tokens: int, stream: bool = False) -> GenerateParams:
