@@ -35,7 +35,7 @@ def _byte_model_template(target_dir: Path, hf_config) -> ChatTemplate | None:
         return None
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    template = path.read_text()
+    template = path.read_text(encoding="utf-8")
     check_parses(template, str(path))
 
     def render(messages: Messages, **variables) -> str:

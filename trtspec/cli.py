@@ -645,8 +645,8 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         remote = run_remote(url, model_name, task_names, prompts_per_task, max_tokens, levels or [1],
                             chat, api_key, sampling, warmup, salt_per_level)
         with bench_outputs(out_dir) as staged:
-            (staged / "results.json").write_text(json.dumps({"remote": remote}, indent=1))
-            (staged / "results.md").write_text(remote_table(remote) + "\n")
+            (staged / "results.json").write_text(json.dumps({"remote": remote}, indent=1), encoding="utf-8")
+            (staged / "results.md").write_text(remote_table(remote) + "\n", encoding="utf-8")
         click.echo(remote_table(remote))
         return
     if not configs:
@@ -696,8 +696,8 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     table = markdown_table(results) + "\n\n" + "\n".join(headline(results))
     command = "trtspec " + " ".join(sys.argv[1:])
     with bench_outputs(out_dir) as staged:
-        (staged / "results.json").write_text(json.dumps(results, indent=1))
-        (staged / "results.md").write_text(table + "\n")
+        (staged / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+        (staged / "results.md").write_text(table + "\n", encoding="utf-8")
         plots = [out_dir / p.name for p in write_plots(results, staged)]
     if doc_path is not None:
         write_report(results, plots, command, doc_path)
@@ -859,7 +859,7 @@ def _max_positions(config) -> int | None:
     """The target checkpoint's `max_position_embeddings`, when its config.json says."""
     config_file = config.target.resolved_path / "config.json"
     try:
-        return int(json.loads(config_file.read_text())["max_position_embeddings"])
+        return int(json.loads(config_file.read_text(encoding="utf-8"))["max_position_embeddings"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -35,10 +35,10 @@ def free_bytes(device: torch.device) -> int | None:
         return None
     free = None
     try:
-        for line in MEMINFO.read_text().splitlines():
+        for line in MEMINFO.read_text(encoding="utf-8").splitlines():
             if line.startswith("MemAvailable:"):
                 free = int(line.split()[1]) * 1024
-        limit, used = (p.read_text().strip() for p in CGROUP_V2_MEMORY)
+        limit, used = (p.read_text(encoding="utf-8").strip() for p in CGROUP_V2_MEMORY)
         if limit != "max":
             room = int(limit) - int(used)
             free = room if free is None else min(free, room)

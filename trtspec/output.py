@@ -76,7 +76,7 @@ def staged_output(out_dir: Path, label: str = "--out") -> Iterator[Path]:
     share(staged, 0o777)  # mkdtemp makes it 0700; the folder is meant to be shared
     try:
         yield staged
-        (staged / MARKER).write_text(MARKER_TEXT)
+        (staged / MARKER).write_text(MARKER_TEXT, encoding="utf-8")
         _replace(staged, out_dir, label)
     finally:
         if staged.exists():

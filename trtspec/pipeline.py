@@ -220,7 +220,7 @@ def _cached_cost_table(pipeline: Pipeline) -> SPSTable:
                          progress=False, verify_len=config.lookup.num_draft_tokens if config.lookup else 0)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table.model_dump(), indent=1) + "\n")
+    tmp.write_text(json.dumps(table.model_dump(), indent=1) + "\n", encoding="utf-8")
     tmp.replace(path)
     return table
 

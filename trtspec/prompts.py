@@ -39,7 +39,7 @@ def load_prompts(task: str) -> list[str]:
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
     path = PROMPTS_DIR / f"{task}.jsonl"
-    return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line]
+    return [json.loads(line)["prompt"] for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
 def _code_prompts(n: int, rng: random.Random) -> list[str]:
@@ -47,7 +47,7 @@ def _code_prompts(n: int, rng: random.Random) -> list[str]:
     files = stdlib_files("heldout")
     rng.shuffle(files)
     for path in files:
-        text = path.read_text(errors="replace")
+        text = path.read_text(encoding="utf-8", errors="replace")
         starts = [m.start() for m in re.finditer(r"^    def \w+\(self[^\n]*\n", text, re.M)]
         if not starts:
             continue
@@ -94,9 +94,9 @@ def write_prompt_sets(out_dir: Path = PROMPTS_DIR) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for task, prompts in build_prompt_sets().items():
         lines = [json.dumps({"task": task, "prompt": p}) for p in prompts]
-        (out_dir / f"{task}.jsonl").write_text("\n".join(lines) + "\n")
+        (out_dir / f"{task}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     lines = [json.dumps({"prompt": p}) for p in training_prompts(2048)]
-    (out_dir / "train-drafter.jsonl").write_text("\n".join(lines) + "\n")
+    (out_dir / "train-drafter.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -44,11 +44,11 @@ def cgroup_cpu_limit(v2_max: Path = CGROUP_V2_MAX, v1_quota: Path = CGROUP_V1_QU
     """CPUs' worth of time the cgroup may use per period (quota / period); None when unlimited."""
     try:
         if v2_max.is_file():
-            quota, period = v2_max.read_text().split()[:2]
+            quota, period = v2_max.read_text(encoding="utf-8").split()[:2]
             return None if quota == "max" else int(quota) / int(period)
         if v1_quota.is_file() and v1_period.is_file():
-            quota = int(v1_quota.read_text())
-            return None if quota <= 0 else quota / int(v1_period.read_text())
+            quota = int(v1_quota.read_text(encoding="utf-8"))
+            return None if quota <= 0 else quota / int(v1_period.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         log.debug("unreadable cgroup CPU limit", exc_info=True)
     return None

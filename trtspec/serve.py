@@ -36,7 +36,7 @@ def model_repository(build_dir: Path) -> Path:
     for pbtxt in sorted(repo.glob("*/config.pbtxt")):
         # a Python-backend model without its model.py: tritonserver waits minutes for the stub
         versions = [d for d in pbtxt.parent.iterdir() if d.is_dir() and d.name.isdigit()]
-        if 'backend: "python"' in pbtxt.read_text(errors="replace") \
+        if 'backend: "python"' in pbtxt.read_text(encoding="utf-8", errors="replace") \
                 and not any((d / "model.py").is_file() for d in versions):
             raise ServeError(f"{pbtxt.parent} has no <version>/model.py ({pbtxt.parent / '1' / 'model.py'} "
                              "is missing): the build is incomplete; build it again with `trtspec build`")

@@ -45,7 +45,7 @@ def stored_cycles(drafter_dir: Path) -> int:
     names no count, as a hand-written one)."""
     path = Path(drafter_dir) / ACCEPTANCE_FILE
     try:
-        return int(json.loads(path.read_text()).get("cycles", 0))
+        return int(json.loads(path.read_text(encoding="utf-8")).get("cycles", 0))
     except (OSError, ValueError, TypeError, AttributeError):
         return 0
 

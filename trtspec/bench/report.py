@@ -328,4 +328,4 @@ def write_report(results: dict, plots: list[Path], command: str, doc: Path) -> N
 
 
 def load(path: Path) -> dict:
-    return json.loads(path.read_text())
+    return json.loads(path.read_text(encoding="utf-8"))

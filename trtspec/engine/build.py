@@ -77,7 +77,7 @@ def build_engines(folder: Path, limits: EngineLimits | None = None) -> list[Path
                                      "profile": {k: list(v) for k, v in ranges.items()}}
         built.append(engine)
     manifest["versions"] = versions()
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return built
 
 

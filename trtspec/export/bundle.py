@@ -181,7 +181,7 @@ def _write(config: BuildConfig, folder: Path, use_drafter: bool) -> dict:
         "engines": {},
         "versions": versions(),
     }
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return manifest
 
 
@@ -202,7 +202,7 @@ def load_manifest(folder: Path, check_hashes: bool = True) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path} is missing: not an engine build folder (run `trtspec build CONFIG "
                           "--out DIR --flavour engine`)")
-    manifest = json.loads(path.read_text())
+    manifest = json.loads(path.read_text(encoding="utf-8"))
     if manifest.get("format") != EXPORT_FORMAT:
         raise ConfigError(f"{path}: export format {manifest.get('format')} is not this trtspec's "
                           f"({EXPORT_FORMAT}); rebuild the folder with `trtspec build CONFIG --out DIR "

@@ -44,7 +44,7 @@ MAX_WHEEL_BYTES = 48 << 20  # the device tool carries 64 MiB in all, the reposit
 def read_pins(path: Path) -> dict[str, str | None]:
     """NAME or NAME==VERSION per line (# comments) -> {canonical name: version or None}."""
     pins: dict[str, str | None] = {}
-    for number, raw in enumerate(path.read_text().splitlines(), 1):
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue

@@ -57,7 +57,7 @@ def read_config(path: Path, kind: str) -> tuple[Path, dict]:
     if not config_file.is_file():
         raise CheckpointError(f"{config_file} is missing: not {kind} checkpoint directory")
     try:
-        config = json.loads(config_file.read_text())
+        config = json.loads(config_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{config_file} is not valid JSON: {exc}") from None
     if not isinstance(config, dict):  # a list was an AttributeError traceback
@@ -184,7 +184,7 @@ def _generation_config(path: Path) -> tuple[Path, dict]:
     if not config_file.is_file():
         return config_file, {}
     try:
-        raw = json.loads(config_file.read_text())
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{config_file} is not a JSON object: {exc}") from None
     if not isinstance(raw, dict):

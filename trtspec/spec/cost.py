@@ -144,7 +144,7 @@ def load_acceptance(drafter_dir: Path) -> list[float] | None:
     if not path.is_file():
         return None
     try:
-        rates = json.loads(path.read_text())["acceptance_by_position"]
+        rates = json.loads(path.read_text(encoding="utf-8"))["acceptance_by_position"]
         return [float(r) for r in rates]
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: expected {{\"acceptance_by_position\": [floats]}} ({exc})") from None

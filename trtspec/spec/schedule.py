@@ -157,7 +157,7 @@ class SPSTable(BaseModel):
     @classmethod
     def load(cls, path: Path) -> SPSTable:
         try:
-            table = cls.model_validate(json.loads(path.read_text()))
+            table = cls.model_validate(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path}: not an SPS table written by `trtspec profile` ({exc})") from None
         if len(table.batch_tokens) != len(table.steps_per_s) or not table.batch_tokens:

@@ -88,7 +88,7 @@ def load_sts(drafter_dir: Path, block_size: int) -> torch.Tensor | None:
     if not path.is_file():
         return None
     try:
-        calibration = STSCalibration.model_validate(json.loads(path.read_text()))
+        calibration = STSCalibration.model_validate(json.loads(path.read_text(encoding="utf-8")))
     except (json.JSONDecodeError, ValueError) as exc:
         raise CheckpointError(f"{path}: not a valid STS calibration ({str(exc).splitlines()[0]}); "
                               "rerun `trtspec calibrate`") from None

@@ -258,7 +258,8 @@ def earlier_history(out_dir: Path, start: int) -> list[dict]:
     if start == 0 or not report.is_file():
         return []
     try:
-        return [h for h in json.loads(report.read_text()).get("history", []) if h["step"] <= start]
+        history = json.loads(report.read_text(encoding="utf-8")).get("history", [])
+        return [h for h in history if h["step"] <= start]
     except (ValueError, KeyError, TypeError, AttributeError):
         return []
 

@@ -150,7 +150,7 @@ def _load_stage(path: Path) -> Qwen3ForCausalLM:
 def _stage_report(path: Path) -> dict | None:
     """The training.json of the stage a model continues from (None if it has none)."""
     report = path / "training.json"
-    return json.loads(report.read_text()) if report.is_file() else None
+    return json.loads(report.read_text(encoding="utf-8")) if report.is_file() else None
 
 
 def pretrain(out_dir: Path, cfg: PretrainConfig) -> dict:
@@ -235,8 +235,8 @@ def _save_model(model: Qwen3ForCausalLM, path: Path, stage: dict) -> None:
     """Weights, config, chat template and the stage's training.json, into the folder `path`."""
     model.config.trtspec_chat_stop = list(CHAT_STOP)
     model.save_pretrained(path, safe_serialization=True)
-    (path / CHAT_TEMPLATE_FILE).write_text(CHAT_TEMPLATE)
-    (path / "training.json").write_text(json.dumps(stage, indent=1))
+    (path / CHAT_TEMPLATE_FILE).write_text(CHAT_TEMPLATE, encoding="utf-8")
+    (path / "training.json").write_text(json.dumps(stage, indent=1), encoding="utf-8")
     for file in path.iterdir():  # transformers 5 writes model.safetensors 0600 (its own temporary file)
         share(file, 0o666)
 

@@ -144,8 +144,8 @@ def main(target: Path = ASSETS_DIR / "tiny-target", out: Path = Path("docs/EMBED
     block_indent = indent_outcomes(complete_ids, heldout_code, regular[:LINE_SAMPLE])
     split = clean_loss_split(model)
 
-    history = json.loads((target / "training.json").read_text())
-    draft_hist = json.loads((target.parent / "tiny-draft" / "training.json").read_text())
+    history = json.loads((target / "training.json").read_text(encoding="utf-8"))
+    draft_hist = json.loads((target.parent / "tiny-draft" / "training.json").read_text(encoding="utf-8"))
     stages = [history]
     while stages[0].get("previous_stage"):
         stages.insert(0, stages[0]["previous_stage"])
@@ -233,7 +233,7 @@ def main(target: Path = ASSETS_DIR / "tiny-target", out: Path = Path("docs/EMBED
         lines += ["```", prompt + "⟨" + cont + "⟩", "```", ""]
     lines.append("`⟨…⟩` marks the model's greedy continuation.")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {out}: arithmetic {correct}/{len(math)} and {correct_more}/{len(more)}, "
           f"max byte run {max(runs)}, aligned indentation {indent}, block indentation {block_indent}, "
           f"loss {split}", file=sys.stderr)

@@ -309,19 +309,20 @@ class TritonServer:
         up on it after its stub timeout."""
         if self.log_path is None or not self.log_path.is_file():
             return ""
-        text = self.log_path.read_text(errors="replace")
+        text = self.log_path.read_text(encoding="utf-8", errors="replace")
         at = text.find(STUB_FAILED)
         return "" if at < 0 else text[at:].splitlines()[0].strip()
 
     def log_tail(self, lines: int = 15) -> str:
         if self.log_path is None or not self.log_path.is_file():
             return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
     def failure(self) -> str:
         """Why the server stopped or is not ready, in its own words (its first logged errors), with
         the log's path; the last log line when it logged no error."""
-        text = self.log_path.read_text(errors="replace") if self.log_path and self.log_path.is_file() else ""
+        has_log = self.log_path is not None and self.log_path.is_file()
+        text = self.log_path.read_text(encoding="utf-8", errors="replace") if has_log else ""
         errors = log_errors(text)
         lines = [line for line in text.splitlines() if line.strip() and not line.startswith(("|", "+"))]
         reason = "; ".join(errors) if errors else (lines[-1] if lines else "no log output")

@@ -68,7 +68,7 @@ def _read(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         tensors.update(load_file(str(file)))
-    return json.loads(config_file.read_text()), tensors
+    return json.loads(config_file.read_text(encoding="utf-8")), tensors
 
 
 def _backbone_weights(
@@ -223,7 +223,7 @@ def convert_drafter(
         str(dst / "model.safetensors"),
         metadata={"format": "pt"},
     )
-    (dst / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (dst / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     report = {"source": str(src), "method": method, "tensors": len(weights), "changes": notes}
-    (dst / "trtspec_conversion.json").write_text(json.dumps(report, indent=2) + "\n")
+    (dst / "trtspec_conversion.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
