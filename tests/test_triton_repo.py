@@ -101,8 +101,14 @@ def test_bad_gpus_and_flavours_are_refused(tmp_path):
     result = CliRunner().invoke(main, ["build", str(engine), "--out", str(tmp_path / "o")])
     # the engine flavour builds ONNX graphs + manifest (tests/test_engine.py) and a repo serving them
     assert result.exit_code == 0 and (tmp_path / "o" / "manifest.json").is_file(), result.output
-    served = yaml.safe_load((tmp_path / "o" / "model_repository/trtspec/1/build_config.yaml").read_text())
-    assert served["flavour"] == "engine" and served["engine"]["folder"] == str((tmp_path / "o").resolve())
+    yaml_path = tmp_path / "o" / "model_repository/trtspec/1/build_config.yaml"
+    served = yaml.safe_load(yaml_path.read_text())
+    # relative to the YAML, so the build moves whole (it named the folder it was built in: a copy
+    # served the original's graphs, a moved one failed naming the old path)
+    assert served["flavour"] == "engine" and served["engine"]["folder"] == "../../.."
+    (tmp_path / "o").rename(tmp_path / "moved")
+    moved = load_build_config(tmp_path / "moved" / "model_repository/trtspec/1/build_config.yaml")
+    assert moved.engine.resolved_folder.resolve() == (tmp_path / "moved").resolve()
     with pytest.raises(ConfigError, match="flavour engine over exported graphs .* without engine.folder"):
         write_triton_repo(load_build_config(engine), tmp_path / "p")
     missing = tmp_path / "missing.yaml"

@@ -98,7 +98,8 @@ def build_engine_flavour(config: BuildConfig, out_dir: Path) -> tuple[list[Path]
     repo_files: list[Path] = []
 
     def write_repo(staged: Path) -> None:
-        repo_files.extend(out_dir / p.relative_to(staged) for p in write_triton_repo(served, staged))
+        written = write_triton_repo(served, staged, engine_is_build=True)
+        repo_files.extend(out_dir / p.relative_to(staged) for p in written)
 
     export_bundle(config, out_dir, also=write_repo)
     written = sorted(p for p in out_dir.iterdir() if p.is_file() and not p.name.startswith(".")) + repo_files
