@@ -9,6 +9,7 @@ and review the diff under tests/golden/triton/ before committing it.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -19,15 +20,17 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtspec.cli import main
-from trtspec.config import load_build_config
+from trtspec.config import ASSETS_DIR, load_build_config
 from trtspec.errors import ConfigError
 from trtspec.pipeline import load_pipeline
+from trtspec.serve import model_repository
 from trtspec.spec.grammar import Guide
 from trtspec.spec.sampling import SamplingParams
 from trtspec.tokenizer import ByteTokenizer
 from trtspec.triton import server
 from trtspec.triton.repo import INPUTS, OUTPUTS, model_config, write_triton_repo
 from trtspec.triton.request import RequestError, TextStream, parse_request
+from trtspec.triton.server import ServeError
 
 from .conftest import REPO, assert_matches_golden
 
@@ -382,3 +385,23 @@ def test_numpy_2_is_refused(monkeypatch):
     monkeypatch.setattr(np, "__version__", "2.1.0")
     with pytest.raises(server.ServeError, match=r"numpy 2.1.0 .* returns empty outputs .*numpy<2"):
         server.check_models_environment()
+
+
+def test_paths_the_python_backend_cannot_open_are_refused_by_name(tmp_path):
+    """Found fuzzing build configs (2026-12-05): the stub's Python starts isolated in the C locale and
+    names files in ASCII, so a build under "sortie-é" or of a target under "modèles" built, then
+    failed to load under serve (an 'ascii' codec error; "does not exist" of a folder that does)."""
+    target = tmp_path / "modèles" / "tgt"
+    shutil.copytree(ASSETS_DIR / "tiny-target", target)
+    config = tmp_path / "c.yaml"
+    config.write_text(CONFIG.read_text().replace("builtin:tiny-target", str(target)), encoding="utf-8")
+    for args, named in (([str(config), "--out", str(tmp_path / "o")], f"target.path {target} holds"),
+                        ([str(CONFIG), "--out", str(tmp_path / "sortie-é")], "--out")):
+        result = CliRunner().invoke(main, ["build", *args])
+        assert result.exit_code != 0 and named in result.output and "other than ASCII" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "modèles"]
+    built = CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(tmp_path / "ok")])
+    assert built.exit_code == 0, built.output
+    (tmp_path / "ok").rename(tmp_path / "déplacé")
+    with pytest.raises(ServeError, match="DIR .*déplacé holds characters other than ASCII"):
+        model_repository(tmp_path / "déplacé")

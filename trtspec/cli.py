@@ -981,6 +981,12 @@ def build(config_path, out_dir, flavour=None) -> None:
         check_replaceable(out_dir)
     except OutputError as exc:
         raise click.BadParameter(str(exc).removeprefix("--out "), param_hint="--out") from None
+    if config.flavour in ("torch", "engine"):  # served by Triton's Python backend
+        from trtspec.triton.repo import check_stub_paths
+
+        check_stub_paths({"--out": out_dir, "target.path": config.target.resolved_path,
+                          "drafter.path": config.drafter and config.drafter.resolved_path,
+                          "drafter.schedule.sps_table": config.drafter and config.drafter.resolved_sps_table})
     if config.flavour == "engine":
         from trtspec.engine.build import build_engine_flavour
 

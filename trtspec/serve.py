@@ -19,7 +19,7 @@ def model_repository(build_dir: Path) -> Path:
     engine build) or DIR itself (a repository given directly). Refuses, with the fix, a path that is
     missing, a TensorRT-LLM deployment (served by its own launch script on GPU nodes) and a folder
     that holds no model."""
-    from trtspec.triton.repo import REPO_DIR
+    from trtspec.triton.repo import REPO_DIR, check_stub_paths
     from trtspec.trtllm.launch import SERVE_CONFIG
 
     if not build_dir.is_dir():
@@ -31,8 +31,13 @@ def model_repository(build_dir: Path) -> Path:
                          "torch and engine flavours")
     repo = build_dir / REPO_DIR if (build_dir / REPO_DIR).is_dir() else build_dir
     if not any(repo.glob("*/config.pbtxt")):
-        raise ServeError(f"{build_dir} holds no Triton model (no {REPO_DIR}/, no */config.pbtxt): give the "
-                         "output folder of `trtspec build`")
+        what = f"no {REPO_DIR}/, no */config.pbtxt" if repo == build_dir else f"no {REPO_DIR}/*/config.pbtxt"
+        raise ServeError(f"{build_dir} holds no Triton model ({what}): give the output folder of "
+                         "`trtspec build`")
+    try:
+        check_stub_paths({"DIR": build_dir})
+    except ConfigError as exc:
+        raise ServeError(str(exc)) from None
     for pbtxt in sorted(repo.glob("*/config.pbtxt")):
         # a Python-backend model without its model.py: tritonserver waits minutes for the stub
         versions = [d for d in pbtxt.parent.iterdir() if d.is_dir() and d.name.isdigit()]

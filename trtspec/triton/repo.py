@@ -131,6 +131,16 @@ def placed_on_instance(config: BuildConfig, kind: str, device_id: str | int) -> 
     return config.model_copy(update=update)
 
 
+def check_stub_paths(paths: dict[str, Path | None]) -> None:
+    """Refuse, by name, a path Triton's Python backend cannot open: its stub starts Python isolated,
+    in the C locale, which names files in ASCII (a folder "sortie-é" failed to load with an
+    'ascii' codec error, a target under "modèles" was said not to exist). `paths`: what each is."""
+    for what, path in paths.items():
+        if path is not None and not str(Path(path).resolve()).isascii():
+            raise ConfigError(f"{what} {path} holds characters other than ASCII, which Triton's Python "
+                              "backend cannot open (its stub names files in ASCII): use an ASCII path")
+
+
 def _portable_path(path: str, resolved: Path) -> str:
     return path if path.startswith(BUILTIN_PREFIX) else str(resolved.resolve())
 
