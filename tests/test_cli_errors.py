@@ -873,3 +873,29 @@ def test_integers_past_the_models_int32_inputs_are_refused_before_sending(args, 
     for scheme in ("grpc", "http"):
         result = invoke("generate", "--url", f"{scheme}://127.0.0.1:1", "--prompt", "hi", *args)
         assert_run_error(result, named, "past the model's int32 input")
+
+
+def test_a_port_that_answers_no_http_is_named_not_a_traceback():
+    """Found fuzzing the client flags (2026-12-05): http:// or openai:// at Triton's gRPC port was an
+    http.client.BadStatusLine traceback. A socket answering HTTP/2 frame bytes stands in for it."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer() -> None:
+        for _ in range(2):
+            conn, _ = listener.accept()
+            conn.recv(65536)
+            conn.sendall(b"\x00\x00\x18\x04\x00\x00\x00\x00\x00\x00\x04\x00\x3f\xff\xff\r\n")
+            conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        for scheme in ("http", "openai"):
+            result = invoke("generate", "--url", f"{scheme}://127.0.0.1:{port}", "--prompt", "hi",
+                            "--max-tokens", "4")
+            assert_run_error(result, "no HTTP answer came", "is it a gRPC port?")
+    finally:
+        listener.close()

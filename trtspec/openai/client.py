@@ -10,6 +10,7 @@ sends token ids here: `token_ids` stays None.
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -25,6 +26,7 @@ from trtspec.triton.client import (
     answer_json,
     error_of,
     error_text,
+    shown,
     typed,
     unexpected,
 )
@@ -98,6 +100,9 @@ def _post(url: str, body: dict, api_key: str | None, timeout_s: float):
         raise ClientError(f"{url}: HTTP {exc.code}: {error_text(exc.read())}") from None
     except urllib.error.URLError as exc:
         raise ClientError(f"cannot reach {url}: {exc.reason}") from None
+    except (http.client.HTTPException, ConnectionError) as exc:  # a gRPC port answers no HTTP
+        raise ClientError(f"{url}: no HTTP answer came ({type(exc).__name__} {shown(str(exc), 60)}); is "
+                          "it a gRPC port? (grpc://HOST:PORT for Triton's)") from None
 
 
 def _text_of(choice: dict, chat: bool, where: str, at: str) -> str:

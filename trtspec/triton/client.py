@@ -8,6 +8,7 @@ library and reads the server-sent events of `/generate_stream` line by line.
 
 from __future__ import annotations
 
+import http.client
 import json
 import queue
 import time
@@ -437,6 +438,9 @@ def _post(url: str, body: dict, timeout_s: float):
         raise ClientError(f"{url}: HTTP {exc.code}: {error_text(exc.read())}") from None
     except urllib.error.URLError as exc:
         raise ClientError(f"cannot reach {url}: {exc.reason}") from None
+    except (http.client.HTTPException, ConnectionError) as exc:  # a gRPC port answers no HTTP
+        raise ClientError(f"{url}: no HTTP answer came ({type(exc).__name__} {shown(str(exc), 60)}); is "
+                          "it a gRPC port? (grpc://HOST:PORT for Triton's)") from None
 
 
 def error_text(raw: bytes) -> str:
