@@ -173,6 +173,27 @@ def test_dspark_draft_length_must_equal_block_size(tmp_path):
         llm_args(load_build_config(path), for_triton=False)
 
 
+def test_drafter_settings_tensorrt_llm_has_no_field_for_are_refused_not_dropped(tmp_path):
+    """Found fuzzing build configs (2026-12-05): drafter.tree and a DSpark threshold schedule built
+    a deployment without them, no word said; mode full got the planner's draft_len_schedule."""
+    raw = yaml.safe_load((REPO / "build_configs" / "llama3.1-8b-dflash.yaml").read_text())
+    path = tmp_path / "c.yaml"
+    for drafter, message in (
+        ({"tree": {"nodes": 8}}, "drafter.tree: flavour trtllm writes draft chains only"),
+        ({"schedule": {"mode": "threshold"}}, "drafter.schedule.mode threshold: flavour trtllm verifies"),
+    ):
+        path.write_text(yaml.safe_dump({**raw, "drafter": {**raw["drafter"], **drafter}}))
+        with pytest.raises(ConfigError, match=message):
+            load_build_config(path)
+    path.write_text(yaml.safe_dump({**raw, "drafter": {**raw["drafter"], "schedule": {"mode": "full"}}}))
+    spec = llm_args(load_build_config(path), for_triton=False)["speculative_config"]
+    assert "max_draft_len" in spec and "draft_len_schedule" not in spec
+    assert "acceptance_rate_threshold" not in spec  # every draft, always
+    adaptive = llm_args(load_build_config(REPO / "build_configs" / "llama3.1-8b-dflash.yaml"),
+                        for_triton=False)
+    assert "draft_len_schedule" in adaptive["speculative_config"]
+
+
 def test_limits_beyond_max_seq_len_are_refused(tmp_path):
     """limits.max_tokens 8192 beside deployment.max_seq_len 8192 was written as is: no request could
     ask for its limit and bring a prompt."""

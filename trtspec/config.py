@@ -384,6 +384,21 @@ class BuildConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _drafter_in_trtllm(self) -> BuildConfig:
+        """What flavour trtllm cannot write is refused, not dropped (found fuzzing build configs)."""
+        if self.drafter is None or self.flavour != "trtllm":
+            return self
+        if self.drafter.tree is not None:
+            raise ValueError("drafter.tree: flavour trtllm writes draft chains only; remove drafter.tree, "
+                             "or build flavour torch or engine")
+        mode = self.drafter.schedule.mode
+        if mode not in ("adaptive", "full"):
+            raise ValueError(f"drafter.schedule.mode {mode}: flavour trtllm verifies TensorRT-LLM's "
+                             "draft_len_schedule (adaptive: planned from the cost model) or whole drafts "
+                             "(full); set one of them, or build flavour torch or engine")
+        return self
+
+    @model_validator(mode="after")
     def _kubernetes_name(self) -> BuildConfig:
         if self.flavour == "trtllm" and not re.fullmatch(K8S_NAME_PATTERN, self.name):
             raise ValueError(f"name {self.name!r}: flavour trtllm names its Kubernetes Service after it, "

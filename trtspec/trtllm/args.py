@@ -71,6 +71,7 @@ def _speculative_config(config: BuildConfig) -> dict | None:
         spec["sa_config"] = _sa_enhancer(config, draft_len)
     if drafter_id is not None:
         get_drafter(drafter_id)  # unknown drafter ids fail here, not on the GPU node
+    if drafter_id is not None and drafter.schedule.mode == "adaptive":  # full: every draft, always
         from trtspec.plan.speculation import plan_speculation
 
         plan = plan_speculation(config)
