@@ -878,7 +878,6 @@ def test_integers_past_the_models_int32_inputs_are_refused_before_sending(args, 
 def test_a_port_that_answers_no_http_is_named_not_a_traceback():
     """Found fuzzing the client flags (2026-12-05): http:// or openai:// at Triton's gRPC port was an
     http.client.BadStatusLine traceback. A socket answering HTTP/2 frame bytes stands in for it."""
-    import socket
     import threading
 
     listener = socket.create_server(("127.0.0.1", 0))
@@ -899,3 +898,30 @@ def test_a_port_that_answers_no_http_is_named_not_a_traceback():
             assert_run_error(result, "no HTTP answer came", "is it a gRPC port?")
     finally:
         listener.close()
+
+
+def test_what_the_served_model_reads_at_load_is_checked_by_build_and_bench(tmp_path):
+    """Found fuzzing build configs (2026-12-05): a schedule.sps_table that is no table and an
+    acceptance.json of rates outside [0, 1] (or not UTF-8) built, then failed to load under serve
+    after 25 s (or, the rates, were taken as probabilities); bench read the table only after its
+    single-stream runs."""
+    drafter = tmp_path / "d"
+    shutil.copytree(ASSETS_DIR / "tiny-dflash-b16", drafter)
+    config = tmp_path / "c.yaml"
+    text = CONFIG.read_text().replace("builtin:tiny-dflash-b16", str(drafter))
+    config.write_text(text)
+    for body, said in (
+        ('{"acceptance_by_position": [0.9, 5, -1]}', "must be rates in [0, 1], one or more, got 5.0"),
+        ('{"acceptance_by_position": [0.9, "nan"]}', "got nan"),
+        (b"\xff\xfe{}", "'utf-8' codec can't decode"),
+    ):
+        (drafter / "acceptance.json").write_bytes(body if isinstance(body, bytes) else body.encode())
+        for args in (["build", config, "--out", tmp_path / "o"],
+                     ["bench", config, "--prompts", "1", "--max-tokens", "4", "--out", tmp_path / "b"]):
+            assert_run_error(invoke(*args), f"{drafter / 'acceptance.json'}: ", said)
+    shutil.copy(ASSETS_DIR / "tiny-dflash-b16" / "acceptance.json", drafter)
+    config.write_text(text.replace("drafter:\n", f"drafter:\n  schedule: {{sps_table: {config}}}\n", 1))
+    for args in (["build", config, "--out", tmp_path / "o"],
+                 ["bench", config, "--prompts", "1", "--max-tokens", "4", "--out", tmp_path / "b"]):
+        assert_run_error(invoke(*args), "drafter.schedule.sps_table: ", "not an SPS table")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "d"]

@@ -602,6 +602,7 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
     from trtspec.bench.run import check_same_target, load_methods, markdown_table, run_bench
     from trtspec.bench.sampled import with_couplings
     from trtspec.config import method_name
+    from trtspec.pipeline import check_served_files
     from trtspec.runtime import configure_threads
     from trtspec.spec.sampling import SamplingParams
 
@@ -673,6 +674,8 @@ def bench(configs, tasks, prompts_per_task, max_tokens, repeats, no_hf, out_dir,
         loaded[name] = cfg
     loaded = with_couplings(loaded, sampling, coupling)
     check_same_target(loaded)
+    for cfg in loaded.values():  # what the concurrency runs read only after the single-stream ones
+        check_served_files(cfg)
     if write_acceptance:
         dirs = [c.drafter.resolved_path for c in loaded.values()]
         if len(set(dirs)) != len(dirs):
@@ -982,11 +985,13 @@ def build(config_path, out_dir, flavour=None) -> None:
     except OutputError as exc:
         raise click.BadParameter(str(exc).removeprefix("--out "), param_hint="--out") from None
     if config.flavour in ("torch", "engine"):  # served by Triton's Python backend
+        from trtspec.pipeline import check_served_files
         from trtspec.triton.repo import check_stub_paths
 
         check_stub_paths({"--out": out_dir, "target.path": config.target.resolved_path,
                           "drafter.path": config.drafter and config.drafter.resolved_path,
                           "drafter.schedule.sps_table": config.drafter and config.drafter.resolved_sps_table})
+        check_served_files(config)
     if config.flavour == "engine":
         from trtspec.engine.build import build_engine_flavour
 

@@ -186,6 +186,21 @@ class Pipeline:
         return StopTrimmer(list(self.chat_template.stop)).push(stream.text, final=True), result
 
 
+def check_served_files(config: BuildConfig) -> None:
+    """Read now what a served model reads when it loads, so that `build` and `bench` refuse it by
+    name (the server failed to load it after 25 s): the drafter's schedule.sps_table and the
+    acceptance.json beside its weights."""
+    if config.drafter is None:
+        return
+    if config.drafter.resolved_sps_table is not None:
+        try:
+            SPSTable.load(config.drafter.resolved_sps_table)
+        except ConfigError as exc:
+            raise ConfigError(f"drafter.schedule.sps_table: {exc}") from None
+    if config.drafter.resolved_path.is_dir():
+        load_acceptance(config.drafter.resolved_path)
+
+
 def cost_table_path(config: BuildConfig) -> Path:
     """Where the cost model measured for `config` is cached: keyed by the models' weights and how
     they run, not by where their folders are (a build copies them) nor by how the schedule or a tree

@@ -144,10 +144,14 @@ def load_acceptance(drafter_dir: Path) -> list[float] | None:
     if not path.is_file():
         return None
     try:
-        rates = json.loads(path.read_text(encoding="utf-8"))["acceptance_by_position"]
-        return [float(r) for r in rates]
+        rates = [float(r) for r in json.loads(path.read_text(encoding="utf-8"))["acceptance_by_position"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: expected {{\"acceptance_by_position\": [floats]}} ({exc})") from None
+    bad = [r for r in rates if not 0.0 <= r <= 1.0]  # nan too
+    if bad or not rates:
+        raise ConfigError(f"{path}: acceptance_by_position must be rates in [0, 1], one or more"
+                          + (f", got {bad[0]}" if bad else ""))
+    return rates
 
 
 class MeasuredCost:
