@@ -122,3 +122,28 @@ def test_relative_paths_resolve_against_the_yaml(tmp_path):
     path = tmp_path / "sub" / "c.yaml"
     path.write_text("target: {path: ../models/t}\n")
     assert load_build_config(path).target.resolved_path == tmp_path / "sub" / "../models/t"
+
+
+def test_yaml_that_expands_or_nests_past_reason_is_refused_in_a_few_lines(tmp_path):
+    """Found fuzzing build configs (2026-12-05): 400 bytes of YAML aliases made a 53 MB error (each
+    expansion quoted whole); an integer of 5,000 digits and 5,000 nested lists were Python's own
+    words without the file; `1:30` (YAML 1.1's base 60) was read as 90."""
+    base = (REPO / "build_configs" / "tiny-dflash.yaml").read_text()
+    aliases = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    aliases += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 8)]
+    cases = {
+        "bomb": (base + "\n".join(aliases) + "\ngpus: [*a7, *a7, *a7]\n", "field `gpus.2`"),
+        "digits": (base + "runtime: {threads: " + "9" * 5000 + "}\n", "Exceeds the limit (4300 digits)"),
+        "deep": (base.replace("path: builtin:tiny-target", "path: " + "[" * 5000 + "]" * 5000),
+                 "RecursionError"),
+        "base60": (base + "runtime: {threads: 1:30}\n", "field `runtime.threads`"),
+    }
+    for name, (text, said) in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as info:
+            load_build_config(path)
+        message = str(info.value)
+        assert message.startswith(f"{path}: ") and said in message, (name, message[:300])
+        assert len(message) < 10_000, (name, len(message))  # 53 MB before
+    assert "'1:30'" in message  # a string, not 90

@@ -8,6 +8,7 @@ with its dotted path and what was expected.
 from __future__ import annotations
 
 import re
+import reprlib
 from pathlib import Path
 from typing import Literal
 
@@ -459,18 +460,38 @@ def with_flavour(config: BuildConfig, flavour: str) -> BuildConfig:
     return copy
 
 
+MAX_SHOWN = 200  # characters of a value or message an error quotes
+MAX_MISTAKES = 20  # mistakes an error lists
+_SHORT_REPR = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxlist, _SHORT_REPR.maxdict, _SHORT_REPR.maxtuple = 3, 8, 8, 8
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = _SHORT_REPR.maxlong = MAX_SHOWN
+
+
+def _shown(value: object) -> str:
+    """A config value as an error quotes it: its repr, cut to MAX_SHOWN characters (400 bytes of YAML
+    aliases expand to megabytes: the error was 53 MB); an integer too long for a repr by its size."""
+    try:
+        text = _SHORT_REPR.repr(value)  # a few items of a few levels: never the whole expansion
+    except ValueError:  # an int past Python's 4,300 digits
+        return f"an integer of about {int(value.bit_length() * 0.30103):,} digits"
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "…"
+
+
 def _format_error(path: Path, exc: ValidationError) -> str:
-    """Every mistake, one per line: `field `a.b`: what was expected, got X`."""
+    """Every mistake, one per line: `field `a.b`: what was expected, got X` (at most MAX_MISTAKES)."""
     lines = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        got = err.get("input")
-        said = isinstance(got, dict) or err["msg"].endswith(f"got {got!r}")  # a validator named it
-        got_text = "" if said else f", got {got!r}"
-        lines.append(f"field `{field}`: {err['msg']}{got_text}")
+    errors = exc.errors()
+    for err in errors[:MAX_MISTAKES]:
+        field = ".".join(str(p)[:MAX_SHOWN] for p in err["loc"]) or "(top level)"
+        got, msg = err.get("input"), err["msg"]
+        said = isinstance(got, dict) or msg.endswith(f"got {_shown(got)}")  # a validator named it
+        msg = msg if len(msg) <= MAX_SHOWN else msg[:MAX_SHOWN] + "…"
+        lines.append(f"field `{field}`: {msg}" + ("" if said else f", got {_shown(got)}"))
+    if len(errors) > MAX_MISTAKES:
+        lines.append(f"... and {len(errors) - MAX_MISTAKES} more")
     if len(lines) == 1:
         return f"{path}: {lines[0]}"
-    return f"{path}: {len(lines)} mistakes:\n" + "\n".join(f"  {line}" for line in lines)
+    return f"{path}: {len(errors)} mistakes:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -495,6 +516,17 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+# YAML 1.1's base-60 numbers are strings here, as in YAML 1.2 (`max_tokens: 1:30` was read as 90):
+# PyYAML's int and float resolvers less their `:` alternatives
+_INT = r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"
+_FLOAT = (r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+          r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _NUMBER_TAGS]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(_INT), list("-+0123456789"))
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_FLOAT), list("-+0123456789."))
 
 
 def load_build_config(path: str | Path) -> BuildConfig:
@@ -517,12 +549,17 @@ def load_build_config(path: str | Path) -> BuildConfig:
         where = f" at line {mark.line + 1}" if mark else ""
         problem = getattr(exc, "problem", None)
         raise ConfigError(f"{path}: not valid YAML{where}" + (f": {problem}" if problem else "")) from None
+    except (ValueError, RecursionError) as exc:  # an int past 4,300 digits; nesting past Python's stack
+        raise ConfigError(f"{path}: not a config trtspec reads ({type(exc).__name__}: "
+                          f"{str(exc)[:MAX_SHOWN]})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of fields at the top level")
     try:
         config = BuildConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_format_error(path, exc)) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deep for a config") from None
     for part in (config.target, config.drafter, config.engine):
         if part is not None:
             part._base = path.parent
