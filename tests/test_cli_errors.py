@@ -925,3 +925,25 @@ def test_what_the_served_model_reads_at_load_is_checked_by_build_and_bench(tmp_p
                  ["bench", config, "--prompts", "1", "--max-tokens", "4", "--out", tmp_path / "b"]):
         assert_run_error(invoke(*args), "drafter.schedule.sps_table: ", "not an SPS table")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "d"]
+
+
+def test_checkpoint_and_build_files_that_are_no_text_are_named(tmp_path):
+    """Found fuzzing build configs (2026-12-05): a chat template not in UTF-8 was Python's words
+    alone, a generation_config.json not in UTF-8 was blamed on config.json, a garbage manifest.json
+    was "Internal: JSONDecodeError" under serve."""
+    from trtspec.errors import ConfigError
+    from trtspec.export.bundle import MANIFEST, load_manifest
+
+    for name, said in (("chat_template.jinja", "chat_template.jinja: not UTF-8 text (byte 0)"),
+                       ("generation_config.json", "generation_config.json is not a JSON object")):
+        target = tmp_path / name / "tgt"
+        shutil.copytree(ASSETS_DIR / "tiny-target", target)
+        (target / name).write_bytes(b"\xff\xfe{}")
+        config = tmp_path / name / "c.yaml"
+        config.write_text((REPO / "build_configs" / "tiny-lookup.yaml").read_text().replace(
+            "builtin:tiny-target", str(target)))
+        result = invoke("generate", "--config", config, "--prompt", "hi", "--max-tokens", "4", "--chat")
+        assert_run_error(result, f"{target / name}", said)
+    (tmp_path / MANIFEST).write_text("{garbage")
+    with pytest.raises(ConfigError, match=f"{tmp_path / MANIFEST} is not an engine build's manifest"):
+        load_manifest(tmp_path)

@@ -35,7 +35,10 @@ def _byte_model_template(target_dir: Path, hf_config) -> ChatTemplate | None:
         return None
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    template = path.read_text(encoding="utf-8")
+    try:
+        template = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     check_parses(template, str(path))
 
     def render(messages: Messages, **variables) -> str:

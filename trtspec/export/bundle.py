@@ -202,13 +202,20 @@ def load_manifest(folder: Path, check_hashes: bool = True) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path} is missing: not an engine build folder (run `trtspec build CONFIG "
                           "--out DIR --flavour engine`)")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if not isinstance(files, dict):
+            raise TypeError("files is no mapping")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ConfigError(f"{path} is not an engine build's manifest ({type(exc).__name__}: {exc}); rebuild "
+                          "the folder with `trtspec build CONFIG --out DIR --flavour engine`") from None
     if manifest.get("format") != EXPORT_FORMAT:
         raise ConfigError(f"{path}: export format {manifest.get('format')} is not this trtspec's "
                           f"({EXPORT_FORMAT}); rebuild the folder with `trtspec build CONFIG --out DIR "
                           "--flavour engine`")
     if check_hashes:
-        for name, digest in manifest["files"].items():
+        for name, digest in files.items():
             file = Path(folder) / name
             if not file.is_file() or sha256_file(file) != digest:
                 raise ConfigError(f"{file} is missing or differs from its sha256 in {path}; "

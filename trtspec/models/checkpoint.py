@@ -185,7 +185,7 @@ def _generation_config(path: Path) -> tuple[Path, dict]:
         return config_file, {}
     try:
         raw = json.loads(config_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # no JSON, or not UTF-8
         raise CheckpointError(f"{config_file} is not a JSON object: {exc}") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{config_file} is not a JSON object")
