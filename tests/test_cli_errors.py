@@ -947,3 +947,18 @@ def test_checkpoint_and_build_files_that_are_no_text_are_named(tmp_path):
     (tmp_path / MANIFEST).write_text("{garbage")
     with pytest.raises(ConfigError, match=f"{tmp_path / MANIFEST} is not an engine build's manifest"):
         load_manifest(tmp_path)
+
+
+def test_an_ipv6_url_reaches_its_host_and_a_path_after_the_port_is_refused():
+    """Found fuzzing the client flags (2026-12-05): grpc://[::1]:PORT lost its brackets ("Misformatted
+    domain name"), and grpc://HOST:PORT/x dropped the /x without a word."""
+    from trtspec.openai.client import base_url
+    from trtspec.triton.client import split_url
+
+    assert split_url("grpc://[::1]:8001") == ("grpc", "[::1]:8001")
+    assert base_url("openai://[::1]:9000/") == "http://[::1]:9000/v1"
+    result = invoke("generate", "--url", "grpc://[::1]:1", "--prompt", "hi", "--max-tokens", "2")
+    assert_run_error(result, "cannot reach grpc://[::1]:1", "Connection refused")  # nothing listens there
+    for url in ("grpc://127.0.0.1:1/x", "openai://127.0.0.1:1/v1", "http://127.0.0.1:1?a=1"):
+        result = invoke("generate", "--url", url, "--prompt", "hi")
+        assert result.exit_code != 0 and "expected no path after HOST:PORT" in result.output, result.output

@@ -15,7 +15,6 @@ import json
 import time
 import urllib.error
 import urllib.request
-from urllib.parse import urlparse
 
 from trtspec.triton.client import (
     TOTALS,
@@ -27,6 +26,7 @@ from trtspec.triton.client import (
     error_of,
     error_text,
     shown,
+    split_url,
     typed,
     unexpected,
 )
@@ -36,10 +36,10 @@ SCHEME = "openai"
 
 def base_url(url: str) -> str:
     """`openai://HOST:PORT` -> `http://HOST:PORT/v1`."""
-    parsed = urlparse(url)
-    if parsed.scheme != SCHEME or not parsed.hostname or not parsed.port:
+    scheme, address = split_url(url)
+    if scheme != SCHEME:
         raise ClientError(f"--url {url!r}: expected openai://HOST:PORT")
-    return f"http://{parsed.hostname}:{parsed.port}/v1"
+    return f"http://{address}/v1"
 
 
 def request_body(model: str, prompt: str, params: GenerateParams, chat: bool) -> dict:

@@ -268,7 +268,11 @@ def split_url(url: str) -> tuple[str, str]:
     if parsed is None or parsed.scheme not in ("grpc", "http", "openai") or not parsed.hostname or not port:
         raise ClientError(f"--url {url!r}: expected grpc://HOST:PORT, http://HOST:PORT (Triton) or "
                           "openai://HOST:PORT (an OpenAI-compatible server)")
-    return parsed.scheme, f"{parsed.hostname}:{port}"
+    if parsed.path not in ("", "/") or parsed.query or parsed.fragment:
+        raise ClientError(f"--url {url!r}: expected no path after HOST:PORT (the API's paths are the "
+                          "client's to add)")
+    host = f"[{parsed.hostname}]" if ":" in parsed.hostname else parsed.hostname  # IPv6, bracketed again
+    return parsed.scheme, f"{host}:{port}"
 
 
 def grpc_inputs(prompt: str | bytes, params: GenerateParams) -> list:
