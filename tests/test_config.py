@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from trtspec.config import load_build_config
@@ -147,3 +149,19 @@ def test_yaml_that_expands_or_nests_past_reason_is_refused_in_a_few_lines(tmp_pa
         assert message.startswith(f"{path}: ") and said in message, (name, message[:300])
         assert len(message) < 10_000, (name, len(message))  # 53 MB before
     assert "'1:30'" in message  # a string, not 90
+
+
+def test_gpu_ids_past_any_machine_are_refused_by_field(tmp_path):
+    """Found fuzzing build configs (2026-12-05): cuda:99999999999999999999 was torch's parse error
+    without the field, gpus: [10**30] passed the config and failed in the Triton config."""
+    base = (REPO / "build_configs" / "tiny-dflash.yaml").read_text()
+    on_gpu_1024 = base.replace("path: builtin:tiny-target", "path: builtin:tiny-target\n  device: cuda:1024")
+    for text, field in ((on_gpu_1024, "field `target.device`: Value error, expected cpu, cuda or cuda:N "
+                                      "(N in [0, 1023])"),
+                        (base + "gpus: [1000000000000000000000000000000]\n", "field `gpus`")):
+        path = tmp_path / "c.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(field)):
+            load_build_config(path)
+    path.write_text(base + "gpus: [0, 1023]\n")
+    assert load_build_config(path).gpus == [0, 1023]

@@ -31,6 +31,7 @@ BUILTIN_PREFIX = "builtin:"
 
 Method = Literal["dflash", "dspark", "eagle3", "draft_model"]
 Flavour = Literal["torch", "engine", "trtllm"]
+MAX_GPU_ID = 1023  # a GPU id past it is a typo (Triton's instance group takes int32 ids; torch parses fewer)
 DType = Literal["float32", "bfloat16", "float16"]
 
 
@@ -75,8 +76,9 @@ class _HasPath(_Strict):
     @field_validator("device")
     @classmethod
     def _device_name(cls, value: str) -> str:
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", value):
-            raise ValueError(f"expected cpu, cuda or cuda:N, got {value!r}")
+        match = re.fullmatch(r"cpu|cuda(:(\d+))?", value)
+        if not match or (match[2] and int(match[2]) > MAX_GPU_ID):
+            raise ValueError(f"expected cpu, cuda or cuda:N (N in [0, {MAX_GPU_ID}]), got {value!r}")
         return value
 
     @property
@@ -435,8 +437,8 @@ class BuildConfig(_Strict):
     @field_validator("gpus")
     @classmethod
     def _distinct_gpus(cls, value: list[int]) -> list[int]:
-        if any(g < 0 for g in value) or len(set(value)) != len(value):
-            raise ValueError(f"GPU ids must be distinct and >= 0, got {value}")
+        if any(not 0 <= g <= MAX_GPU_ID for g in value) or len(set(value)) != len(value):
+            raise ValueError(f"GPU ids must be distinct and in [0, {MAX_GPU_ID}], got {value}")
         return value
 
 
