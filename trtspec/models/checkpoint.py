@@ -83,7 +83,7 @@ def int_field(section: dict, key: str, where: str, kind: str, prefix: str = "", 
     if key not in section and default is not None:
         return default
     if key not in section:
-        raise CheckpointError(f"{where}: missing {kind} field {prefix + key!r}")
+        raise CheckpointError(f"{where}: missing {kind} field {prefix + key!r}: is it a {kind} checkpoint?")
     value = section[key]
     if isinstance(value, bool) or not isinstance(value, int):
         raise CheckpointError(f"{where}: {prefix}{key} must be an integer, got {value!r}")
@@ -93,7 +93,7 @@ def int_field(section: dict, key: str, where: str, kind: str, prefix: str = "", 
 def int_list_field(section: dict, key: str, where: str, kind: str, prefix: str = "") -> list[int]:
     """section[key], a non-empty list of integers; a CheckpointError naming the field otherwise."""
     if key not in section:
-        raise CheckpointError(f"{where}: missing {kind} field {prefix + key!r}")
+        raise CheckpointError(f"{where}: missing {kind} field {prefix + key!r}: is it a {kind} checkpoint?")
     value = section[key]
     if not isinstance(value, list) or not value or any(isinstance(i, bool) or not isinstance(i, int)
                                                         for i in value):
