@@ -709,6 +709,19 @@ def test_a_build_without_its_model_py_is_refused_at_once(tmp_path, config):
     assert tritonserver_pids(str(tmp_path / "out")) == []
 
 
+def test_a_model_config_that_is_not_decoupled_names_its_config_pbtxt(tmp_path, config):
+    """Found fuzzing build configs (2026-12-05): an emptied config.pbtxt failed to load saying only
+    "the model must be decoupled"."""
+    write_triton_repo(config, tmp_path / "out")
+    pbtxt = tmp_path / "out" / REPO_DIR / config.name / "config.pbtxt"
+    pbtxt.write_text("")
+    proc = _serve(tmp_path / "out", Ports.free())
+    assert proc.returncode == 1, proc.stderr
+    said = f"{pbtxt}: the model must be decoupled (model_transaction_policy {{ decoupled: true }})"
+    assert said in proc.stderr, proc.stderr
+    assert tritonserver_pids(str(tmp_path / "out")) == []
+
+
 def test_serve_prints_the_models_own_load_error(tmp_path):
     """A drafter that does not fit its target (`build` refuses it; written here by hand): the error
     is the model's, from Triton's log, not the last row of its status table."""

@@ -346,7 +346,9 @@ class TritonPythonModel:
         self.config = placed_on_instance(config, kind, device_id)  # a GPU instance: on its own GPU
         model_config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
-            raise pb_utils.TritonModelException(f"{args['model_name']}: the model must be decoupled")
+            raise pb_utils.TritonModelException(
+                f"{model_dir / 'config.pbtxt'}: the model must be decoupled (model_transaction_policy "
+                "{ decoupled: true }); build it again with `trtspec build`")
         configure_threads(self.config, instances_on_this_machine(model_config))
         self.pipeline = load_pipeline(self.config)
         self.decoder = self.pipeline.batch_decoder()
