@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import yaml
 
 from trtspec.config import load_build_config
 from trtspec.errors import ConfigError
@@ -165,3 +166,14 @@ def test_gpu_ids_past_any_machine_are_refused_by_field(tmp_path):
             load_build_config(path)
     path.write_text(base + "gpus: [0, 1023]\n")
     assert load_build_config(path).gpus == [0, 1023]
+
+
+def test_deployment_sizes_past_any_model_are_refused_by_field(tmp_path):
+    """Found fuzzing build configs (2026-12-05): deployment.max_seq_len 10**18 planned 0 tokens/s."""
+    raw = yaml.safe_load((REPO / "build_configs" / "llama3.1-8b-dflash.yaml").read_text())
+    path = tmp_path / "c.yaml"
+    for field, value in (("max_seq_len", 10**18), ("max_num_tokens", 2**30)):
+        path.write_text(yaml.safe_dump({**raw, "deployment": {**raw["deployment"], field: value}}))
+        said = f"field `deployment.{field}`: Input should be less than or equal to 16777216"
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            load_build_config(path)

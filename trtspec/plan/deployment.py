@@ -19,6 +19,7 @@ from trtspec.strict import StrictModel
 # whose build greps its TensorRT-LLM for the fields trtspec writes (tests/test_deploy.py keeps the
 # two equal).
 TRITON_TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+MAX_POSITIONS = 1 << 24  # 16,777,216: past any model's context (a max_seq_len of 10**18 planned 0 tokens/s)
 
 
 class DeploymentConfig(StrictModel):
@@ -41,9 +42,10 @@ class DeploymentConfig(StrictModel):
     max_batch_size: int = Field(64, ge=1, le=65536,
                                 description="most requests scheduled together (max_batch_size); the "
                                             "planner prices every batch size up to it")
-    max_seq_len: int = Field(8192, ge=16, description="prompt + output tokens per request (max_seq_len)")
+    max_seq_len: int = Field(8192, ge=16, le=MAX_POSITIONS,
+                             description="prompt + output tokens per request (max_seq_len)")
     max_num_tokens: int = Field(
-        8192, ge=1, description="tokens per forward across the batch (max_num_tokens)"
+        8192, ge=1, le=MAX_POSITIONS, description="tokens per forward across the batch (max_num_tokens)"
     )
     free_gpu_memory_fraction: float = Field(
         0.9, gt=0, le=1, description="share of memory left after weights given to the KV cache"
@@ -58,6 +60,7 @@ class DeploymentConfig(StrictModel):
     min_concurrency: int = Field(
         1,
         ge=1,
+        le=65536,
         description="full-length (max_seq_len) requests that must fit in KV at once, or build refuses",
     )
     image: str = Field(
