@@ -177,3 +177,17 @@ def test_deployment_sizes_past_any_model_are_refused_by_field(tmp_path):
         said = f"field `deployment.{field}`: Input should be less than or equal to 16777216"
         with pytest.raises(ConfigError, match=re.escape(said)):
             load_build_config(path)
+
+
+def test_the_drafter_method_and_the_deployments_drafter_agree(tmp_path):
+    """Found fuzzing build configs (2026-12-05): an eagle3 config over a DFlash drafter_id built a
+    TensorRT-LLM deployment of decoding_type Eagle3 pointing at the DFlash weights."""
+    from trtspec.plan.models import DRAFTER_METHODS, DRAFTERS
+
+    assert set(DRAFTER_METHODS) == set(DRAFTERS)
+    raw = yaml.safe_load((REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml").read_text())
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**raw, "drafter": {**raw["drafter"], "method": "eagle3"}}))
+    with pytest.raises(ConfigError, match="drafter.method eagle3 but deployment.drafter_id "
+                                          "z-lab/Qwen3-8B-DFlash-b16 is a dflash drafter"):
+        load_build_config(path)

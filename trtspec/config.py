@@ -387,6 +387,19 @@ class BuildConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _drafter_is_the_deployments(self) -> BuildConfig:
+        """drafter.method agrees with the method of deployment.drafter_id (found fuzzing: an eagle3
+        config over a DFlash drafter_id was written as decoding_type Eagle3 and planned as EAGLE-3)."""
+        from trtspec.plan.models import DRAFTER_METHODS
+
+        drafter_id = self.deployment and self.deployment.drafter_id
+        method = DRAFTER_METHODS.get(drafter_id or "")
+        if self.drafter is not None and method is not None and self.drafter.method != method:
+            raise ValueError(f"drafter.method {self.drafter.method} but deployment.drafter_id {drafter_id} "
+                             f"is a {method} drafter: make them agree")
+        return self
+
+    @model_validator(mode="after")
     def _drafter_in_trtllm(self) -> BuildConfig:
         """What flavour trtllm cannot write is refused, not dropped (found fuzzing build configs)."""
         if self.drafter is None or self.flavour != "trtllm":

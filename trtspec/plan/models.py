@@ -357,6 +357,17 @@ def get_target(model_id: str) -> Architecture:
         raise ConfigError(f"unknown deployment.model_id {model_id!r}; known: {', '.join(TARGETS)}") from None
 
 
+# the method each drafter of DRAFTERS drafts by (a config's drafter.method must agree)
+DRAFTER_METHODS = {
+    "z-lab/Qwen3-8B-DFlash-b16": "dflash",
+    "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat": "dflash",
+    "z-lab/gpt-oss-120b-DFlash": "dflash",
+    "trtspec/gpt-oss-120b-DFlash": "dflash",
+    "eagle3/Qwen3-8B": "eagle3",
+    "deepseek-ai/DeepSeek-V4-Flash-DSpark": "dspark",
+}
+
+
 def get_drafter(drafter_id: str) -> Architecture:
     try:
         return DRAFTERS[drafter_id]
