@@ -204,7 +204,7 @@ def write_outputs(result: dict, json_path: Path) -> Path:
     """Write the profile as JSON at `json_path` and as Markdown beside it (each whole or not at all);
     return the Markdown path."""
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    files.write_text(json_path, json.dumps(result, indent=1), encoding="utf-8")
+    files.write_text(json_path, json.dumps(result, indent=1))
     md_path = markdown_path(json_path)
-    files.write_text(md_path, render_markdown(result), encoding="utf-8")
+    files.write_text(md_path, render_markdown(result))
     return md_path
