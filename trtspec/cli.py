@@ -91,11 +91,17 @@ def _tasks_arg(tasks: str, hint: str = "--tasks") -> list[str]:
     if unknown or not names:
         raise click.BadParameter(f"unknown task(s) {unknown or [tasks]}; expected a comma-separated subset "
                                  f"of {', '.join(TASKS)}", param_hint=hint)
-    repeated = sorted({t for t in names if names.count(t) > 1})
-    if repeated:
-        raise click.BadParameter(f"{', '.join(repeated)} given twice in {tasks!r}; each task once",
-                                 param_hint=hint)
+    _each_once(names, tasks, hint)
     return names
+
+
+def _each_once(values: list, text: str, hint: str) -> None:
+    """Refuse a comma-separated option that repeats a value (a repeated task, concurrency, batch or
+    layer tap is a typo: it measured or tapped the same thing twice)."""
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise click.BadParameter(f"{', '.join(map(str, repeated))} given twice in {text!r}; each value once",
+                                 param_hint=hint)
 
 
 @click.group()
@@ -750,18 +756,15 @@ def _sps_arg(path: Path):
 
 
 def _int_list(text: str, hint: str, low: int = 1, distinct: bool = True) -> list[int]:
-    """A comma-separated list of integers >= low; with `distinct` each value once (a repeated
-    concurrency, batch or layer tap is a typo: it measured or tapped the same thing twice)."""
+    """A comma-separated list of integers >= low; with `distinct` each value once (`_each_once`)."""
     try:
         values = [int(x) for x in text.split(",")]
     except ValueError:
         raise click.BadParameter(f"expected integers like 1,2,4,8, got {text!r}", param_hint=hint) from None
     if min(values) < low:
         raise click.BadParameter(f"values must be >= {low}, got {text!r}", param_hint=hint)
-    repeated = sorted({v for v in values if values.count(v) > 1})
-    if distinct and repeated:
-        raise click.BadParameter(f"{', '.join(map(str, repeated))} given twice in {text!r}; "
-                                 "each value once", param_hint=hint)
+    if distinct:
+        _each_once(values, text, hint)
     return values
 
 
