@@ -890,7 +890,7 @@ def _profile_synthetic(model, out_path, device, scale, reps, batch_sizes, contex
                        budget_s) -> None:
     import torch
 
-    from trtspec.bench.synthetic import SyntheticSettings, profile_synthetic, resolve_model
+    from trtspec.bench.synthetic import MEASUREMENTS, SyntheticSettings, profile_synthetic, resolve_model
     from trtspec.bench.synthetic_report import render_markdown, write_outputs
 
     try:
@@ -915,7 +915,7 @@ def _profile_synthetic(model, out_path, device, scale, reps, batch_sizes, contex
             overrides[name] = value
     settings = SyntheticSettings.small(**overrides) if scale == "small" else SyntheticSettings(**overrides)
     result = profile_synthetic(model, settings, device)
-    if not any(result[name] for name in ("target_forward", "hf_forward", "serving", "draft", "plugins")):
+    if not any(result[name] for name in MEASUREMENTS):
         hint = ": give a larger --budget-s" if any("time budget" in why for why in result["skipped"]) else ""
         raise click.ClickException(f"nothing was measured ({'; '.join(result['skipped'][:2])}; ...); "
                                    f"{out_path} is not written{hint}")

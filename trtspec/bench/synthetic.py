@@ -46,6 +46,9 @@ from trtspec.plan.models import DRAFTERS, TARGETS, Architecture
 
 log = logging.getLogger(__name__)
 
+# the result's lists of measurements (besides `skipped`: what the budget or a failure cut)
+MEASUREMENTS = ("target_forward", "hf_forward", "serving", "draft", "plugins")
+
 
 @dataclass(frozen=True, slots=True)
 class SyntheticModel:
@@ -170,6 +173,11 @@ def build_drafter(arch: Architecture, target: Architecture, block_size: int, dev
     return model.eval()
 
 
+def kv_bytes_per_token(arch: Architecture, layers: int, element: int) -> int:
+    """K and V of one token in `layers` layers of `arch`'s attention shape, `element` bytes each."""
+    return 2 * layers * arch.kv_heads * arch.head_dim * element
+
+
 def _param_bytes(module: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
@@ -197,7 +205,7 @@ class ForwardBytes:
                    _param_bytes(drafter), len(drafter.layers), embed.element_size())
 
     def kv_per_token(self, layers: int) -> int:
-        return 2 * layers * self.arch.kv_heads * self.arch.head_dim * self.element
+        return kv_bytes_per_token(self.arch, layers, self.element)
 
     def target_forward(self, b: int, c: int, n: int) -> int:
         """b sequences, n new tokens each after c cached: weights, embedding rows, KV read +
@@ -237,8 +245,7 @@ class _Profile:
         self.graphs_skipped = None if self.cuda and settings.cuda_graphs else (
             f"skipped: CUDA graphs need a CUDA device (this run: {device})" if not self.cuda
             else "skipped: cuda_graphs is off")
-        lists = ("target_forward", "hf_forward", "serving", "draft", "plugins", "skipped")
-        self.result: dict = {key: [] for key in lists}
+        self.result: dict = {key: [] for key in (*MEASUREMENTS, "skipped")}
         self.result["capture_audit"] = {}  # on the CPU: kind of captured callable -> problems
 
     # -- set-up -----------------------------------------------------------------------------
@@ -246,11 +253,11 @@ class _Profile:
         """A lower bound on what `build` allocates: both models' weights, the static K/V cache at
         the largest batch and the drafter's context K/V (activations come on top)."""
         size = torch.tensor([], dtype=self.dtype).element_size()
-        per_position = 2 * self.arch.num_layers * self.arch.kv_heads * self.arch.head_dim * size
-        draft_ctx = (2 * self.draft_arch.num_layers * self.arch.kv_heads * self.arch.head_dim * size
-                     * max(self.settings.draft_batches) * max(self.settings.contexts))
         weights = (self.arch.total_params() + self.draft_arch.total_params()) * size
-        return weights + max(self.settings.batches) * self.max_len * per_position + draft_ctx
+        settings, target_kv = self.settings, kv_bytes_per_token(self.arch, self.arch.num_layers, size)
+        draft_kv = kv_bytes_per_token(self.arch, self.draft_arch.num_layers, size)
+        return weights + max(settings.batches) * self.max_len * target_kv \
+            + max(settings.draft_batches) * max(settings.contexts) * draft_kv
 
     def check_memory(self) -> None:
         """Refuse, before anything is allocated, a profile the device cannot hold (a full-size
