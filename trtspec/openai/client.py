@@ -10,10 +10,8 @@ sends token ids here: `token_ids` stays None.
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
-import urllib.error
 import urllib.request
 
 from trtspec.triton.client import (
@@ -24,8 +22,7 @@ from trtspec.triton.client import (
     TextCallback,
     answer_json,
     error_of,
-    error_text,
-    shown,
+    post_json,
     split_url,
     typed,
     unexpected,
@@ -93,16 +90,7 @@ def _post(url: str, body: dict, api_key: str | None, timeout_s: float):
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
-    try:
-        return urllib.request.urlopen(req, timeout=timeout_s)
-    except urllib.error.HTTPError as exc:
-        raise ClientError(f"{url}: HTTP {exc.code}: {error_text(exc.read())}") from None
-    except urllib.error.URLError as exc:
-        raise ClientError(f"cannot reach {url}: {exc.reason}") from None
-    except (http.client.HTTPException, ConnectionError) as exc:  # a gRPC port answers no HTTP
-        raise ClientError(f"{url}: no HTTP answer came ({type(exc).__name__} {shown(str(exc), 60)}); is "
-                          "it a gRPC port? (grpc://HOST:PORT for Triton's)") from None
+    return post_json(urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers), timeout_s)
 
 
 def _text_of(choice: dict, chat: bool, where: str, at: str) -> str:

@@ -435,7 +435,14 @@ def _stream_failure(done: queue.Queue, address: str) -> str | None:
 
 def _post(url: str, body: dict, timeout_s: float):
     data = json.dumps(body).encode("utf-8")
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    return post_json(urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}),
+                     timeout_s)
+
+
+def post_json(req: urllib.request.Request, timeout_s: float):
+    """Send `req` (Triton's HTTP API, an OpenAI-compatible server): the open response, or a
+    ClientError with the server's own error, the network's, or a port that answers no HTTP."""
+    url = req.full_url
     try:
         return urllib.request.urlopen(req, timeout=timeout_s)
     except urllib.error.HTTPError as exc:
