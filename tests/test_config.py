@@ -168,6 +168,30 @@ def test_gpu_ids_past_any_machine_are_refused_by_field(tmp_path):
     assert load_build_config(path).gpus == [0, 1023]
 
 
+@pytest.mark.parametrize("field, said", [
+    ("target.path", "the path holds a name of 300 bytes, over the 255"),
+    ("drafter.path", "the path is 6,005 bytes long, over the 4,095"),
+    ("drafter.schedule.sps_table", "the path holds a name of 300 bytes"),
+    ("engine.folder", "the path holds a name of 300 bytes"),
+])
+def test_paths_the_file_system_calls_too_long_are_refused_by_field(tmp_path, field, said):
+    """Found fuzzing build configs (2026-12-05): a 6 KB target.path was "File name too long" naming
+    neither the field nor the limit."""
+    raw = yaml.safe_load((REPO / "build_configs" / "tiny-dflash.yaml").read_text())
+    *parents, leaf = field.split(".")
+    section = raw
+    for name in parents:
+        section = section.setdefault(name, {})
+    section[leaf] = "/tmp/" + "a" * (6000 if "6,005" in said else 300)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=re.escape(f"field `{field}`: Value error, {said}")):
+        load_build_config(path)
+    section[leaf] = "/tmp/" + "a" * 255  # the longest name a file system takes loads (and is then missing)
+    path.write_text(yaml.safe_dump(raw))
+    load_build_config(path)
+
+
 def test_deployment_sizes_past_any_model_are_refused_by_field(tmp_path):
     """Found fuzzing build configs (2026-12-05): deployment.max_seq_len 10**18 planned 0 tokens/s."""
     raw = yaml.safe_load((REPO / "build_configs" / "llama3.1-8b-dflash.yaml").read_text())

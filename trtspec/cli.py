@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from trtspec.cli_errors import (
+    PathArg,
     check_range,
     load_config_arg,
     load_prompts_arg,
@@ -24,7 +25,7 @@ from trtspec.cli_errors import (
 )
 from trtspec.errors import TrtspecError
 
-EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+EXISTING_DIR = PathArg(exists=True, file_okay=False, path_type=Path)
 
 
 class CheckpointDir(click.ParamType):
@@ -47,7 +48,7 @@ class CheckpointDir(click.ParamType):
 
 
 CHECKPOINT_DIR = CheckpointDir()
-EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+EXISTING_FILE = PathArg(exists=True, dir_okay=False, path_type=Path)
 PORT = click.IntRange(1, 65535)
 
 
@@ -113,7 +114,7 @@ def main(verbose: bool) -> None:
 
 
 @main.command()
-@click.option("--config", "config_path", default=None, type=click.Path(path_type=Path),
+@click.option("--config", "config_path", default=None, type=PathArg(path_type=Path),
               help="Build config YAML, e.g. build_configs/tiny-draft-model.yaml (runs in this process).")
 @click.option("--url", default=None,
               help="Ask a served model instead: grpc://HOST:PORT (stream API) or http://HOST:PORT (Triton), "
@@ -366,7 +367,7 @@ def train() -> None:
 
 
 @train.command("target")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--out", type=PathArg(file_okay=False, path_type=Path), required=True,
               help="Folder to write tiny-target/ and tiny-draft/ into, each replaced whole once both are "
                    "trained (the shipped ones are in trtspec/assets/; scripts/train_embedded.sh copies them "
                    "there).")
@@ -409,7 +410,7 @@ def train_target(out: Path, steps: int, seed: int, lr: float, overshoot_share: f
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
 @click.option("--block-size", default=16, show_default=True, type=int,
               help="DFlash block size B, in [2, 256]: the anchor and B - 1 drafts.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+@click.option("--out", "out_dir", required=True, type=PathArg(file_okay=False, path_type=Path),
               help="Output folder (z-lab layout): new, empty, or an earlier run's "
                    "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
 @click.option("--layers", default=2, show_default=True, type=int, help="Drafter decoder layers (>= 1).")
@@ -442,7 +443,7 @@ def train_dflash_cmd(target_dir, prompts_path, block_size, out_dir, layers, targ
               help="Target checkpoint directory.")
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+@click.option("--out", "out_dir", required=True, type=PathArg(file_okay=False, path_type=Path),
               help="Output folder (SafeAILab/SpecForge layout): new, empty, or an earlier run's "
                    "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
 @click.option("--ttt-steps", default=7, show_default=True, type=int,
@@ -477,7 +478,7 @@ def train_eagle3_cmd(target_dir, prompts_path, out_dir, ttt_steps, draft_vocab_s
               help="Target checkpoint directory.")
 @click.option("--prompts", "prompts_path", required=True, type=EXISTING_FILE,
               help="JSONL with a `prompt` or chat `messages` per line (or text, one per line) to answer.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+@click.option("--out", "out_dir", required=True, type=PathArg(file_okay=False, path_type=Path),
               help="Output folder (DeepSpec layout): new, empty, or an earlier run's "
                    "(its `checkpoint/` resumes it); each checkpoint replaces the last whole.")
 @click.option("--block-size", default=15, show_default=True, type=int,
@@ -542,7 +543,7 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
 
 
 @main.command()
-@click.argument("configs", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("configs", nargs=-1, type=PathArg(path_type=Path))
 @click.option("--tasks", default="code,math,chat", show_default=True, help="Comma-separated prompt sets.")
 @click.option("--prompts", "prompts_per_task", default=8, show_default=True, type=int,
               help="Prompts per task.")
@@ -550,10 +551,10 @@ def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
 @click.option("--repeats", default=1, show_default=True, type=int, help="Interleaved repetitions.")
 @click.option("--no-hf", is_flag=True, help="Skip the transformers reference columns.")
 @click.option("--out", "out_dir", default=Path("bench-out"), show_default=True,
-              type=click.Path(path_type=Path),
+              type=PathArg(path_type=Path),
               help="Folder for results.json, results.md and the plots; they replace an earlier run's once "
                    "all are measured, other files are left alone.")
-@click.option("--doc", "doc_path", default=None, type=click.Path(path_type=Path),
+@click.option("--doc", "doc_path", default=None, type=PathArg(path_type=Path),
               help="Also write this Markdown report (e.g. docs/BENCHMARKS.md).")
 @click.option("--concurrency", default=None,
               help="Also serve the prompts as R concurrent clients (R in flight, the next joining as one "
@@ -769,8 +770,8 @@ def _int_list(text: str, hint: str, low: int = 1, distinct: bool = True) -> list
 
 
 @main.command()
-@click.argument("config_path", metavar="[CONFIG]", required=False, type=click.Path(path_type=Path))
-@click.option("--out", "out_path", required=True, type=click.Path(path_type=Path),
+@click.argument("config_path", metavar="[CONFIG]", required=False, type=PathArg(path_type=Path))
+@click.option("--out", "out_path", required=True, type=PathArg(path_type=Path),
               help="JSON file: the cost table (point the config's drafter.schedule.sps_table at it), or "
               "with --synthetic the cost curve (a Markdown table is written beside it).")
 @click.option("--batches", default=None, help="Comma-separated verify batch sizes B (tokens).")
@@ -925,7 +926,7 @@ def _profile_synthetic(model, out_path, device, scale, reps, batch_sizes, contex
 
 
 @main.command()
-@click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
+@click.argument("config_path", metavar="CONFIG", type=PathArg(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 @run_errors
 def inspect(config_path, as_json) -> None:
@@ -966,8 +967,8 @@ def inspect(config_path, as_json) -> None:
 
 
 @main.command()
-@click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
+@click.argument("config_path", metavar="CONFIG", type=PathArg(path_type=Path))
+@click.option("--out", "out_dir", required=True, type=PathArg(path_type=Path),
               help="Folder for the generated artifacts: new, empty, or an earlier build's, which is replaced "
                    "whole once this build is complete (any other folder is refused).")
 @click.option("--flavour", type=click.Choice(["torch", "engine", "trtllm"]), default=None,
@@ -1026,7 +1027,7 @@ def build(config_path, out_dir, flavour=None) -> None:
 
 
 @main.command()
-@click.argument("build_dir", metavar="DIR", type=click.Path(path_type=Path))
+@click.argument("build_dir", metavar="DIR", type=PathArg(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; 0.0.0.0 exposes the server to the network (admin APIs then need a key).")
 @click.option("--http-port", default=8000, show_default=True, type=PORT, help="HTTP/REST port.")
@@ -1128,7 +1129,7 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
 @click.option("--url", default=None, help="Check a running server instead of starting one on DIR: "
               "grpc://HOST:PORT or http://HOST:PORT (Triton), openai://HOST:PORT (any OpenAI-compatible "
               "server: trtspec, trtllm-serve, vLLM, SGLang).")
-@click.option("--config", "config_path", default=None, type=click.Path(path_type=Path),
+@click.option("--config", "config_path", default=None, type=PathArg(path_type=Path),
               help="Build config of the reference target (default: the one inside DIR; needed with --url "
                    "alone).")
 @click.option("--model", "model_name", default=None, help="Served model name (default: the config's name).")

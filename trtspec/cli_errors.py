@@ -24,6 +24,7 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from trtspec.errors import ConfigError, OptionError, TrtspecError
+from trtspec.files import too_long
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,16 @@ def first_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
         return f"{exc.filename}: {exc.strerror}"
     return text.splitlines()[0] if text else repr(exc)
+
+
+class PathArg(click.Path):
+    """`click.Path` that also refuses, naming the option, a path the file system would call too long
+    (its own "File name too long" named neither the option nor the limit)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (str, os.PathLike)) and (why := too_long(value)):
+            self.fail(f"the path {why}", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 def run_errors(fn):

@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 import reprlib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     Field,
     PrivateAttr,
     ValidationError,
@@ -22,6 +23,7 @@ from pydantic import (
 )
 
 from trtspec.errors import ConfigError
+from trtspec.files import too_long
 from trtspec.plan.deployment import DeploymentConfig
 from trtspec.spec.lookup import POOL_KEY
 from trtspec.strict import StrictModel
@@ -50,6 +52,16 @@ MAX_CONTEXT = 1 << 24
 MAX_REQUEST_BYTES = 32 * 2**20  # limits.max_request_bytes' default
 
 
+def _short_enough(path: str) -> str:
+    """A path field's value, or a ValueError when the file system would refuse it as too long."""
+    if why := too_long(path):
+        raise ValueError(f"the path {why}")
+    return path
+
+
+PathText = Annotated[str, AfterValidator(_short_enough)]  # a path as written in the YAML
+
+
 def _beside_yaml(base: Path, path: str) -> Path:
     """`path` as written in a YAML file in `base`: ~ expanded, relative paths taken from `base`."""
     resolved = Path(path).expanduser()
@@ -57,7 +69,7 @@ def _beside_yaml(base: Path, path: str) -> Path:
 
 
 class _HasPath(_Strict):
-    path: str = Field(description="checkpoint directory, `builtin:NAME` or relative to the YAML")
+    path: PathText = Field(description="checkpoint directory, `builtin:NAME` or relative to the YAML")
     dtype: DType = Field("float32", description="weights' dtype at run time")
     device: str = Field("cpu", description="where the model and every tensor of the decode loop live: "
                                            "cpu, cuda or cuda:N")
@@ -126,7 +138,7 @@ class ScheduleConfig(_Strict):
         description="adaptive: after this many steps without drafting, draft one short probe for the whole "
                     "batch so the acceptance estimates learn what the workload now accepts (the interval "
                     "doubles after each probe that does not switch drafting on, up to 32×); 0 = never probe")
-    sps_table: str | None = Field(
+    sps_table: PathText | None = Field(
         None, description="`trtspec profile` output (target steps/s per verify batch, drafter seconds per "
                           "batch and draft length), relative to the YAML; unset = measured on first use "
                           "and cached")
@@ -212,7 +224,7 @@ class LookupConfig(_Strict):
 class EngineConfig(_Strict):
     """Where the engine flavour's graphs come from and what runs them."""
 
-    folder: str | None = Field(
+    folder: PathText | None = Field(
         None, description="a `trtspec build --flavour engine` output (relative to the YAML); "
                           "unset = export into the cache ($TRTSPEC_CACHE_DIR) on first use")
     backend: Literal["auto", "onnxruntime", "tensorrt"] = Field(

@@ -41,6 +41,21 @@ def share(path: Path, mode: int) -> None:
     path.chmod(mode & ~umask)
 
 
+NAME_MAX = 255  # bytes in one file or folder name (Linux file systems)
+PATH_MAX = 4095  # bytes in a whole path the kernel takes
+
+
+def too_long(path: str | Path) -> str | None:
+    """Why the file system would refuse `path` as "File name too long", in words, or None."""
+    raw = os.fsencode(path)
+    if len(raw) > PATH_MAX:
+        return f"is {len(raw):,} bytes long, over the {PATH_MAX:,} a path may have"
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        return f"holds a name of {len(longest):,} bytes, over the {NAME_MAX} a file or folder name may have"
+    return None
+
+
 def write_text(path: Path, text: str) -> None:
     """`path.write_text(text)`, whole or not at all."""
     with replaced(path) as tmp:
