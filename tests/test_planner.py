@@ -189,6 +189,35 @@ def test_inspect_says_what_build_would_refuse(tmp_path):
     assert json.loads(fine)["build_refuses"] is None
 
 
+def test_inspect_of_weights_that_do_not_fit_plans_no_cache_and_no_speed(tmp_path):
+    """Found fuzzing build configs (2026-12-05): runtime_reserve_gib 1024 printed a KV budget of
+    -900.81 GiB and predicted 19,295 tokens/s beside "build refuses it"."""
+    raw = yaml.safe_load((REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml").read_text())
+    raw["deployment"]["runtime_reserve_gib"] = 1024
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(main, ["inspect", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "KV budget     none: weights, drafter and reserve exceed the GPU by 900.81 GiB" in result.output
+    assert "-900" not in result.output and "predicted tokens/s" not in result.output
+    assert "speculation not planned: the weights do not fit" in result.output
+
+
+def test_inspect_of_mode_full_says_the_schedule_is_not_used(tmp_path):
+    """Found fuzzing build configs (2026-12-05): with drafter.schedule.mode full (trtllm writes no
+    draft_len_schedule) inspect printed the adaptive plan as if it ran."""
+    raw = yaml.safe_load((REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml").read_text())
+    path = tmp_path / "c.yaml"
+    for mode, said in (("full", "(not used: drafter.schedule.mode full drafts k = 15 always)"),
+                       ("adaptive", "(not written (see trtspec/trtllm/fields.py))")):
+        raw["drafter"]["schedule"] = {"mode": mode}
+        path.write_text(yaml.safe_dump(raw))
+        result = CliRunner().invoke(main, ["inspect", str(path)])
+        assert result.exit_code == 0, result.output
+        assert said in result.output
+        assert ("mode full runs the `always k=15` column" in result.output) == (mode == "full")
+
+
 def test_build_refuses_a_config_that_cannot_fit(tmp_path):
     raw = yaml.safe_load((REPO / "build_configs" / "deepseek-v4-flash-dspark.yaml").read_text())
     raw["deployment"].update(nodes=1, gpus_per_node=1, tensor_parallel_size=1, moe_expert_parallel_size=1)

@@ -960,10 +960,13 @@ def inspect(config_path, as_json) -> None:
     click.echo(format_plan(plan, config.deployment))
     if refused is not None:
         click.echo(f"build     refuses it: {refused}")
-    if spec is not None:
-        written = (config.flavour == "trtllm"
+    if spec is not None and not plan.weights_fit:
+        click.echo("speculation not planned: the weights do not fit")
+    elif spec is not None:
+        full = config.drafter.schedule.mode == "full"
+        written = (config.flavour == "trtllm" and not full
                    and DECODING_TYPE[config.drafter.method] in DYNAMIC_DRAFT_LEN_TYPES)
-        click.echo(format_speculation(spec, config.deployment.max_batch_size, written))
+        click.echo(format_speculation(spec, config.deployment.max_batch_size, written, full))
 
 
 @main.command()

@@ -215,8 +215,7 @@ def format_plan(plan: MemoryPlan, deployment: DeploymentConfig) -> str:
         f"weights   {plan.weights_per_gpu_bytes / GIB:8.2f} GiB per GPU (worst pipeline stage)",
         f"drafter   {plan.drafter_per_gpu_bytes / GIB:8.2f} GiB per GPU",
         f"reserve   {plan.reserve_bytes / GIB:8.2f} GiB per GPU (runtime, activations, CUDA graphs)",
-        f"KV budget {plan.kv_budget_bytes / GIB:8.2f} GiB per GPU "
-        f"({deployment.free_gpu_memory_fraction:.0%} of what is left, dtype {deployment.kv_cache_dtype})",
+        _kv_budget(plan, deployment),
         f"KV/token  {plan.kv_per_token_bytes:,} B per GPU (+ {plan.kv_per_sequence_fixed_bytes:,} B per "
         "request for sliding windows)",
         f"fits      {plan.max_tokens_in_kv:,} tokens in KV (all requests together)",
@@ -225,6 +224,15 @@ def format_plan(plan: MemoryPlan, deployment: DeploymentConfig) -> str:
         f"          {_at_max_batch(plan)}",
     ]
     return "\n".join(lines)
+
+
+def _kv_budget(plan: MemoryPlan, deployment: DeploymentConfig) -> str:
+    """The KV budget line: what is left for the cache, or by how much nothing is."""
+    if not plan.weights_fit:
+        return (f"KV budget     none: weights, drafter and reserve exceed the GPU by "
+                f"{-plan.kv_budget_bytes / GIB:.2f} GiB")
+    return (f"KV budget {plan.kv_budget_bytes / GIB:8.2f} GiB per GPU "
+            f"({deployment.free_gpu_memory_fraction:.0%} of what is left, dtype {deployment.kv_cache_dtype})")
 
 
 def _at_max_batch(plan: MemoryPlan) -> str:

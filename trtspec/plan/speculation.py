@@ -158,15 +158,19 @@ def plan_batches(max_batch_size: int) -> list[int]:
     return out + [max_batch_size]
 
 
-def format_speculation(plan: SpeculationPlan, max_batch_size: int, written: bool) -> str:
-    """Human-readable schedule and predicted tokens/s for `trtspec inspect`."""
+def format_speculation(plan: SpeculationPlan, max_batch_size: int, written: bool, full: bool = False) -> str:
+    """Human-readable schedule and predicted tokens/s for `trtspec inspect`; `full`: drafter.schedule.mode
+    full, which drafts max_draft_len at every batch size (neither the schedule nor the threshold is used)."""
     where = "written to speculative_config" if written else "not written (see trtspec/trtllm/fields.py)"
+    if full:
+        where = f"not used: drafter.schedule.mode full drafts k = {plan.max_draft_len} always"
     lines = [
         f"acceptance {', '.join(f'{c:.2f}' for c in plan.acceptance)} (conditional, by position)",
         f"           from {plan.acceptance_source}",
         f"draft_len_schedule {plan.draft_len_schedule} ({where})",
         f"acceptance_rate_threshold {plan.acceptance_rate_threshold} over "
-        f"acceptance_rate_window_size {plan.acceptance_rate_window_size} iterations",
+        f"acceptance_rate_window_size {plan.acceptance_rate_window_size} iterations"
+        + (" (not used: mode full)" if full else ""),
         "predicted tokens/s per replica (roofline, trtspec/plan/roofline.py):",
         f"{'batch':>7} {'k':>3} {'schedule':>11} {f'always k={plan.max_draft_len}':>12} {'never':>11} "
         f"{'vs never':>9}",
@@ -175,6 +179,9 @@ def format_speculation(plan: SpeculationPlan, max_batch_size: int, written: bool
         sched, never = plan.rate("schedule", b), plan.rate("never", b)
         lines.append(f"{b:>7} {plan.draft_len[b - 1]:>3} {sched:>11,.0f} {plan.rate('always', b):>12,.0f} "
                      f"{never:>11,.0f} {sched / never:>8.2f}×")
+    if full:
+        lines.append(f"mode full runs the `always k={plan.max_draft_len}` column; the schedule column is "
+                     "what drafter.schedule.mode adaptive would run")
     if plan.rate("always", 1) < plan.rate("never", 1):
         lines.append("warning: this drafter loses to plain decoding even at batch 1; drop it or improve it")
     elif plan.best_len[0] != plan.max_draft_len:
