@@ -171,15 +171,21 @@ def test_inspect_prints_the_plan():
     assert "1 H200 (141 GB data sheet, 140.4 GiB each planned)" in result.output
 
 
-def test_inspect_says_what_build_would_refuse(tmp_path):
-    """Found fuzzing (2026-12-05): with deployment.min_concurrency 100 (83 full-length requests fit)
-    inspect printed "fit" and build refused; inspect now says why build refuses it."""
+def _inspect_h200_with(tmp_path, edit):
+    """`trtspec inspect` of build_configs/qwen3-8b-dflash-h200.yaml as `edit` changes it (in place)."""
     raw = yaml.safe_load((REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml").read_text())
-    raw["deployment"]["min_concurrency"] = 100
+    edit(raw)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
     result = CliRunner().invoke(main, ["inspect", str(path)])
     assert result.exit_code == 0, result.output
+    return result, path
+
+
+def test_inspect_says_what_build_would_refuse(tmp_path):
+    """Found fuzzing (2026-12-05): with deployment.min_concurrency 100 (83 full-length requests fit)
+    inspect printed "fit" and build refused; inspect now says why build refuses it."""
+    result, path = _inspect_h200_with(tmp_path, lambda raw: raw["deployment"].update(min_concurrency=100))
     assert "build     refuses it: config 'qwen3-8b-dflash': KV cache too small on H200: 100 request(s)" \
         in result.output
     said = CliRunner().invoke(main, ["inspect", str(path), "--json"]).output
@@ -192,12 +198,7 @@ def test_inspect_says_what_build_would_refuse(tmp_path):
 def test_inspect_of_weights_that_do_not_fit_plans_no_cache_and_no_speed(tmp_path):
     """Found fuzzing build configs (2026-12-05): runtime_reserve_gib 1024 printed a KV budget of
     -900.81 GiB and predicted 19,295 tokens/s beside "build refuses it"."""
-    raw = yaml.safe_load((REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml").read_text())
-    raw["deployment"]["runtime_reserve_gib"] = 1024
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    result = CliRunner().invoke(main, ["inspect", str(path)])
-    assert result.exit_code == 0, result.output
+    result, _ = _inspect_h200_with(tmp_path, lambda raw: raw["deployment"].update(runtime_reserve_gib=1024))
     assert "KV budget     none: weights, drafter and reserve exceed the GPU by 900.81 GiB" in result.output
     assert "-900" not in result.output and "predicted tokens/s" not in result.output
     assert "speculation not planned: the weights do not fit" in result.output
@@ -206,14 +207,12 @@ def test_inspect_of_weights_that_do_not_fit_plans_no_cache_and_no_speed(tmp_path
 def test_inspect_of_mode_full_says_the_schedule_is_not_used(tmp_path):
     """Found fuzzing build configs (2026-12-05): with drafter.schedule.mode full (trtllm writes no
     draft_len_schedule) inspect printed the adaptive plan as if it ran."""
-    raw = yaml.safe_load((REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml").read_text())
-    path = tmp_path / "c.yaml"
     for mode, said in (("full", "(not used: drafter.schedule.mode full drafts k = 15 always)"),
                        ("adaptive", "(not written (see trtspec/trtllm/fields.py))")):
-        raw["drafter"]["schedule"] = {"mode": mode}
-        path.write_text(yaml.safe_dump(raw))
-        result = CliRunner().invoke(main, ["inspect", str(path)])
-        assert result.exit_code == 0, result.output
+        def set_mode(raw, mode=mode):
+            raw["drafter"]["schedule"] = {"mode": mode}
+
+        result, _ = _inspect_h200_with(tmp_path, set_mode)
         assert said in result.output
         assert ("mode full runs the `always k=15` column" in result.output) == (mode == "full")
 
