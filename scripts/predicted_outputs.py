@@ -7,7 +7,10 @@ target forwards. Four ways, interleaved prompt by prompt after one untimed run e
 alone, the deployment's drafter, and each of them with the prediction.
 
     .venv/bin/python scripts/predicted_outputs.py [--config build_configs/tiny-dflash.yaml] \\
-        [--tasks code,chat,math] [--prompts 8] [--max-tokens 256] [--edits 3]
+        [--tasks code,chat,math] [--prompts 8] [--max-tokens 256] [--edits 3] [--tree NODES,TOPK]
+
+--tree drafts the drafter's top-k trees of NODES nodes (`drafter.tree`); a predicted request then
+drafts a chain from its prediction beside them.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trtspec.config import ScheduleConfig, load_build_config  # noqa: E402
+from trtspec.config import ScheduleConfig, TreeConfig, load_build_config  # noqa: E402
 from trtspec.pipeline import load_pipeline  # noqa: E402
 from trtspec.prompts import load_prompts  # noqa: E402
 from trtspec.runtime import configure_threads  # noqa: E402
@@ -44,15 +47,21 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--edits", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tree", default=None, help="NODES,TOPK: draft trees (default: the config's)")
     args = parser.parse_args()
     config = load_build_config(args.config)
     configure_threads(config)
     pipeline = load_pipeline(config)
     tok, rng = pipeline.tokenizer, random.Random(args.seed)
-    spec = pipeline.decoder_for(1, ScheduleConfig(mode="full"))
+    tree = "config"
+    if args.tree:
+        nodes, topk = map(int, args.tree.split(","))
+        tree = TreeConfig(nodes=nodes, topk=topk)
+    spec = pipeline.decoder_for(1, ScheduleConfig(mode="full"), tree=tree)
     plain = SpeculativeDecoder(pipeline.target, None, spec.end_ids)
-    ways = {"target alone": (plain, False), f"{config.drafter.method}": (spec, False),
-            "target alone + prediction": (plain, True), f"{config.drafter.method} + prediction": (spec, True)}
+    drafter = config.drafter.method + (" tree" if spec.tree is not None else "")
+    ways = {"target alone": (plain, False), drafter: (spec, False),
+            "target alone + prediction": (plain, True), f"{drafter} + prediction": (spec, True)}
     totals = {name: [0, 0, 0.0] for name in ways}  # tokens, target forwards, seconds
     accepted = predicted = 0
     for task in args.tasks.split(","):

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from trtspec.config import ScheduleConfig, load_build_config
+from trtspec.config import ScheduleConfig, TreeConfig, load_build_config
 from trtspec.spec.decoder import Request
 from trtspec.spec.prediction import PREDICTION_DRAFTS, PredictedDrafts
 from trtspec.spec.sampling import SamplingParams
@@ -71,13 +71,15 @@ def pipeline(request):
     return load_pipeline(load_build_config(REPO / "build_configs" / f"{request.param}.yaml"))
 
 
+@pytest.mark.parametrize("tree", [None, TreeConfig(nodes=10, topk=3)], ids=["chains", "trees"])
 @pytest.mark.parametrize("coupling", ["greedy", "gumbel"])
-def test_an_answer_is_the_same_with_any_prediction(pipeline, coupling):
+def test_an_answer_is_the_same_with_any_prediction(pipeline, coupling, tree):
     """Four requests decoded together, three with an edited copy of their answer as the prediction
     (one exact), one without: every text equals the one decoded without predictions; the exact
-    prediction is drafted and accepted whole, in fewer target forwards."""
+    prediction is drafted and accepted whole, in fewer target forwards. In a tree deployment a
+    predicted row's drafts are a chain beside the others' trees."""
     rng = random.Random(3)
-    decoder = pipeline.decoder_for(4, ScheduleConfig(mode="full"))
+    decoder = pipeline.decoder_for(4, ScheduleConfig(mode="full"), tree=tree)
     encode = pipeline.tokenizer.encode
     sampling = [SamplingParams() if coupling == "greedy" else
                 SamplingParams(temperature=0.9, seed=11 + i, coupling="gumbel") for i in range(4)]
@@ -106,11 +108,12 @@ def test_a_prediction_outside_the_vocabulary_or_the_context_is_refused(pipeline)
         decoder.check(Request([1, 2], 4, prediction=(1,) * (decoder.capacity + 1)))
 
 
-def test_rejection_sampled_answers_with_a_prediction_follow_the_target(pipeline):
+@pytest.mark.parametrize("tree", [None, TreeConfig(nodes=10, topk=3)], ids=["chains", "trees"])
+def test_rejection_sampled_answers_with_a_prediction_follow_the_target(pipeline, tree):
     """Each predicted draft a point mass (q(x) = 1): the law of a sampled request's first tokens is
     the target's, the prediction being the greedy answer (often accepted, sometimes not)."""
     prompt = list(b"    def __init__(self")
-    decoder = pipeline.decoder_for(8, ScheduleConfig(mode="full"))
+    decoder = pipeline.decoder_for(8, ScheduleConfig(mode="full"), tree=tree)
     greedy = decoder.generate_batch([Request(prompt, 8)])[0].token_ids
     sampling = SamplingParams(temperature=1.0, top_k=3)
     assert_samples_follow_target(pipeline.target.model, decoder, prompt, sampling, steps=4, n=1000,

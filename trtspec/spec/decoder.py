@@ -348,7 +348,7 @@ class SpeculativeDecoder:
                                        self.target.device)
         if request.guide is not None:
             live.grammar = GuideState(request.guide, self.end_ids_of(request), self.target.vocab_size)
-        elif request.prediction and self.tree is None:  # a guided row drafts what its guide allows
+        elif request.prediction:  # a guided row drafts what its guide allows
             live.prediction = PredictedDrafts(request.prediction)
         if self.lookup is not None:  # a guided row's copies are cut where its guide refuses one
             live.lookup = PromptLookup(request.prompt, self.lookup.min_match, self.lookup.max_match,
@@ -666,12 +666,8 @@ class SpeculativeDecoder:
         tokens repeat their last ones somewhere (`spec.lookup`; adaptive with a cost model: the rows and
         length `spec.cost.admit_rows` finds paying, as it does for the drafter); and which of them are
         the latter."""
-        out, copies = {}, {}
+        out, copies = self._predicted(running), {}
         for i, lv in enumerate(running):
-            if lv.prediction is not None:
-                drafts = lv.prediction.next(lv.generated, min(PREDICTION_DRAFTS, lv.budget))
-                if drafts:
-                    out[i] = drafts
             if lv.lookup is not None and i not in out:  # it takes the answer's new tokens as it goes
                 drafts = lv.lookup.next(lv.generated, min(self.lookup.num_draft_tokens, lv.budget), self.pool)
                 if drafts and lv.grammar is not None:
@@ -691,48 +687,76 @@ class SpeculativeDecoder:
         out.update(copies)
         return out, set(copies)
 
+    def _predicted(self, running: list[_Live]) -> dict[int, list[int]]:
+        """The rows (indices into `running`) whose prediction continues the answer so far, with the
+        drafts it gives them (`spec.prediction`; chains and trees alike)."""
+        out = {}
+        for i, lv in enumerate(running):
+            if lv.prediction is not None:
+                drafts = lv.prediction.next(lv.generated, min(PREDICTION_DRAFTS, lv.budget))
+                if drafts:
+                    out[i] = drafts
+        return out
+
     def _lookup_tracker(self, lookup: PromptLookup) -> AcceptanceTracker:
         """The acceptance of copies like `lookup`'s last: from the same source, matching as many."""
         return self.lookup_acceptance[lookup.pooled, lookup.match]
 
     def _draft_trees(self, running: list[_Live], prompt: int) -> _Drafts:
         """A draft tree for every running request the schedule lets draft (its depth capped by the
-        request's remaining budget); the others feed their last token alone."""
+        request's remaining budget), a chain for each whose prediction continues its answer (a tree
+        of one branch; its drafts point masses, as every node of a top-k tree is); the others feed
+        their last token alone."""
         depth = self.drafter.tree_depth(self.tree)
-        drafting = self._tree_rows(running, depth, prompt)
+        predicted = self._predicted(running)
+        drafting = self._tree_rows(running, depth, prompt, skip=set(predicted))
         device = self.target.device
         r = len(running)
         last = torch.tensor([lv.generated[-1] for lv in running], dtype=torch.long, device=device)
-        if not drafting:
+        if not drafting and not predicted:
             tree = DraftTree(torch.zeros(r, 0, dtype=torch.long, device=device),
                              torch.zeros(r, 0, dtype=torch.long, device=device), [0] * r)
             return _Drafts(0, last[:, None], [0] * r, [], tree=tree, depths=[0] * r)
-        rows = [running[i] for i in drafting]
-        drafted = self.drafter.propose_tree([_draft_row(lv) for lv in rows], self.tree)
-        drafted = drafted.truncated([min(depth, lv.budget) for lv in rows])
-        n = max(drafted.sizes)
-        idx = torch.tensor(drafting, device=device)
-        tokens = torch.zeros(r, n, dtype=torch.long, device=device)
-        parents = torch.zeros(r, n, dtype=torch.long, device=device)
-        node_depths = torch.zeros(r, n + 1, dtype=torch.long, device=device)
-        tokens[idx], parents[idx] = drafted.tokens[:, :n].to(device), drafted.parents[:, :n].to(device)
-        node_depths[idx] = drafted.depths()[:, : n + 1].to(device)
+        drafted = None
+        if drafting:
+            rows = [running[i] for i in drafting]
+            drafted = self.drafter.propose_tree([_draft_row(lv) for lv in rows], self.tree)
+            drafted = drafted.truncated([min(depth, lv.budget) for lv in rows])
+        n = max([*(drafted.sizes if drafted else []), *map(len, predicted.values())])
+        tokens = torch.zeros(r, n, dtype=torch.long, device=device)  # [R, N]
+        parents = torch.zeros(r, n, dtype=torch.long, device=device)  # [R, N]
+        node_depths = torch.zeros(r, n + 1, dtype=torch.long, device=device)  # [R, N+1]
         sizes = [0] * r
-        for i, size in zip(drafting, drafted.sizes, strict=True):
-            sizes[i] = size
+        if drafted is not None:
+            width = max(drafted.sizes)
+            idx = torch.tensor(drafting, device=device)
+            tokens[idx, :width] = drafted.tokens[:, :width].to(device)
+            parents[idx, :width] = drafted.parents[:, :width].to(device)
+            node_depths[idx, : width + 1] = drafted.depths()[:, : width + 1].to(device)
+            for i, size in zip(drafting, drafted.sizes, strict=True):
+                sizes[i] = size
+        for i, drafts in predicted.items():  # node j + 1 is drafts[j], its parent node j
+            m = len(drafts)
+            tokens[i, :m] = torch.tensor(drafts, device=device)
+            parents[i, :m] = torch.arange(m, device=device)
+            node_depths[i, : m + 1] = torch.arange(m + 1, device=device)
+            sizes[i] = m
         padding = torch.arange(n + 1, device=device)[None, :] > torch.tensor(sizes, device=device)[:, None]
         tree = DraftTree(tokens, parents, sizes, node_depths=node_depths.masked_fill(padding, 0))
         depths = tree.node_depths.amax(-1).tolist()
-        self.offered_drafts += sum(sizes)
-        self.admitted_drafts += sum(sizes)
+        drafter_nodes = sum(sizes[i] for i in drafting)
+        self.offered_drafts += drafter_nodes
+        self.admitted_drafts += drafter_nodes
+        # what the drafter's statistics see: a predicted row offered none of its drafts
         return _Drafts(max(depths), torch.cat([last[:, None], tokens], 1), sizes, drafting, tree=tree,
-                       depths=depths)
+                       depths=[0 if i in predicted else d for i, d in enumerate(depths)])
 
-    def _tree_rows(self, running: list[_Live], depth: int, prompt: int) -> list[int]:
+    def _tree_rows(self, running: list[_Live], depth: int, prompt: int, skip: set[int]) -> list[int]:
         """Rows that draft a tree this step: every row with budget left (schedule full), or those the
         cost model admits (adaptive, `spec.cost.tree_rows`: from acceptance history only, the step
-        priced at its context and with each request's catch-up, as chains are)."""
-        may = [i for i, lv in enumerate(running) if lv.budget > 0]
+        priced at its context and with each request's catch-up, as chains are); never those in
+        `skip` (they draft from their prediction)."""
+        may = [i for i, lv in enumerate(running) if lv.budget > 0 and i not in skip]
         if self.schedule.mode != "adaptive" or not may:
             return may
         from trtspec.spec.cost import tree_rows
