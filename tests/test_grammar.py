@@ -265,3 +265,38 @@ def test_requests_a_guide_cannot_end_are_refused(dflash):
     with pytest.raises(ValueError, match="ignore_eos leaves a guided request no id that ends it"):
         decoder.add(Request([1, 2, 3], 5, ignore_eos=True, guide=compiled))
     decoder.add(Request([1, 2, 3], 5, ignore_eos=True, stop_ids=(7,), guide=compiled))  # 7 ends it
+
+
+@pytest.mark.parametrize("tree", [None, TreeConfig(nodes=12, topk=3)], ids=["chains", "trees"])
+def test_a_guide_left_no_token_ends_its_request_alone(dflash, tree):
+    """Found fuzzing the served path (2026-12-06): a guided request whose guide could only go on with
+    a token it ends on (stop_token_ids) or bans (bad_words) emitted token 0 against its guide, and
+    the step's error failed every request decoded beside it (a sampled one: NaN from all −inf).
+    Now it ends alone, saying why, after the tokens before; the others decode as without it."""
+    schema = dflash.guides.compile(Guide("json_schema", json.dumps(SCHEMA)))  # {"answer": ..., "unit": ...}
+    digits = dflash.guides.compile(Guide("regex", r"[0-9]+"))
+    a = ord("a")
+    dead = [Request(list(PROMPTS[0].encode()), 40, guide=schema, stop_ids=(a,)),  # {" then only a
+            Request(list(PROMPTS[1].encode()), 40, SamplingParams(temperature=1.0, seed=5, bad_words=((a,),)),
+                    guide=schema),
+            Request(list(PROMPTS[2].encode()), 40, guide=digits,  # no first token
+                    sampling=SamplingParams(bad_words=tuple((d,) for d in b"0123456789")))]
+    fine = [Request(list(p.encode()), 40) for p in PROMPTS[3:6]]
+    decoder = dflash.decoder_for(6, ScheduleConfig(mode="full"), tree=tree)
+    alone = [r.token_ids for r in decoder.generate_batch(fine)]
+    decoder.reset()
+    ids = [decoder.add(r) for r in dead[:2] + fine[:1] + dead[2:] + fine[1:]]
+    done = {}
+    while decoder.lives:
+        done.update(decoder.step())
+    results = [done[i] for i in ids]
+    got_dead, got_fine = results[:2] + results[3:4], results[2:3] + results[4:]
+    assert [r.token_ids for r in got_fine] == alone and all(r.error is None for r in got_fine)
+    for result, causes in zip(got_dead, ["its guide", "its guide and bad_words", "its guide and bad_words"],
+                              strict=True):
+        n = len(result.token_ids)
+        assert result.error.startswith(f"no token may follow the {n} tokens generated: {causes} leave none")
+        assert result.finish_reason is None
+    assert got_dead[0].token_ids[0] == got_dead[1].token_ids[0] == ord("{") and got_dead[2].token_ids == []
+    with pytest.raises(ValueError, match=r"^request 1: no token may follow the \d+ tokens generated"):
+        decoder.generate_batch(fine[:1] + dead[:1])

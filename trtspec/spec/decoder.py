@@ -529,6 +529,36 @@ class SpeculativeDecoder:
             elif lv.grammar is not None:
                 lv.grammar.mask(logits[r], drafts, parents)
 
+    @staticmethod
+    def _dead_ends(logits: torch.Tensor, rows: list[_Live]) -> dict[int, set[int]]:
+        """The positions where a row's guide and bad words leave no token (every logit −inf: a guide
+        whose next token is one the request ends on, a stop_token_ids id, or one bad_words bans), by
+        row; their logits become 0 there, so the verification draws something defined (NaN otherwise)
+        and `_dead_end` ends the request if its path reaches one.  logits [R, s, V]"""
+        checked = [r for r, lv in enumerate(rows) if lv.grammar is not None or lv.request.sampling.bad_words]
+        if not checked:
+            return {}
+        idx = torch.tensor(checked, device=logits.device)
+        dead = torch.isneginf(logits[idx]).all(-1)  # [C, s]
+        if not bool(dead.any()):  # one host sync, in steps with guided or bad-words rows only
+            return {}
+        out = {}
+        for j, r in enumerate(checked):
+            if bool(dead[j].any()):
+                logits[r, dead[j]] = 0.0
+                out[r] = set(dead[j].nonzero()[:, 0].tolist())
+        return out
+
+    def _dead_end(self, lv: _Live) -> None:
+        """End a request no token may continue (`_dead_ends`), saying why; its earlier tokens stand."""
+        causes = [name for name, present in (("its guide", lv.grammar is not None),
+                                             ("bad_words", bool(lv.request.sampling.bad_words))) if present]
+        lv.result.error = (f"no token may follow the {len(lv.generated)} tokens generated: "
+                           f"{' and '.join(causes)} leave none there (a guide cannot go on with a token "
+                           "that ends the request, a stop_token_ids id or an end id, nor with one bad_words "
+                           "bans)")
+        lv.done = True
+
     def _fill_masks(self, rows: list[_Live], plan) -> dict[int, Future] | None:
         """The guided rows' bitmasks for the step's verification, filled on a worker thread from the
         drafts while the target's forward runs (None: no row is guided). Each row's matcher is only
@@ -882,6 +912,7 @@ class SpeculativeDecoder:
             raw = self._wanting_logprobs(first_logits[:, None], new)  # before the min_tokens ban
             self._along_paths(first_logits[:, None], new)
             self._ban_end(first_logits[:, None], new)
+            dead_first = self._dead_ends(first_logits[:, None], new)
             first, _ = choose_tokens(first_logits, [lv.request.sampling for lv in new],
                                      [lv.generator for lv in new], [len(lv.request.prompt) for lv in new])
             first = first.tolist()
@@ -892,7 +923,10 @@ class SpeculativeDecoder:
                 drafter.begin(lv.slot, lv.request.prompt, hidden, prefill.reused)
                 lv.result.prompt_logprobs = prefill.logprobs
                 lv.result.prefill_s = now - lv.added_at
-                self._emit(lv, [token], logprobs.get(i))
+                if i in dead_first:
+                    self._dead_end(lv)
+                else:
+                    self._emit(lv, [token], logprobs.get(i))
 
         # 3b. running requests: verify every row at once, keep each slot's accepted path, emit
         if running:
@@ -912,6 +946,7 @@ class SpeculativeDecoder:
             if plan.tree is None:
                 self._along_paths(logits, running, plan.fed, masks=masks)
                 self._ban_end(logits, running)
+                dead = self._dead_ends(logits, running)
                 q = None if plan.q is None else plan.q[:, :width]
                 lens = torch.tensor(lengths, device=device)
                 drafts = plan.fed[:, 1 : width + 1]
@@ -921,6 +956,7 @@ class SpeculativeDecoder:
             else:
                 self._along_paths(logits, running, plan.fed, plan.tree, masks)
                 self._ban_end(logits, running, plan.tree)
+                dead = self._dead_ends(logits, running)
                 verdict = self.verifier.verify_tree(plan.tree, logits, params, generators, positions)
                 accepted = verdict.num_accepted.tolist()  # the step's one host sync
                 paths = [[0] + p[:a] for p, a in zip(verdict.path.tolist(), accepted, strict=True)]
@@ -958,7 +994,10 @@ class SpeculativeDecoder:
                 if depth:
                     lv.acceptance.observe(depth, a)
                     self.population.observe(depth, a)
-                self._emit(lv, emitted[i], logprobs.get(i))
+                if any(at in dead.get(i, ()) for at in paths[i]):  # its path reached a dead end
+                    self._dead_end(lv)
+                else:
+                    self._emit(lv, emitted[i], logprobs.get(i))
 
         finished, done = {}, []
         for rid in [rid for rid, lv in self.lives.items() if lv.done]:
@@ -968,7 +1007,7 @@ class SpeculativeDecoder:
             lv.result.logprobs = lv.logprobs
             done.append(lv)
             finished[rid] = lv.result
-            if self.pool is not None:
+            if self.pool is not None and lv.result.error is None:
                 self.pool.add(lv.committed, lv.request.cache_salt)
         self._free(done)
         drafter.tidy()
@@ -990,6 +1029,8 @@ class SpeculativeDecoder:
         done: dict[int, GenerationResult] = {}
         while self.lives:
             done.update(self.step())
+        if done[rid].error is not None:
+            raise ValueError(done[rid].error)
         return done[rid]
 
     def generate_batch(self, requests: list[Request]) -> list[GenerationResult]:
@@ -1009,4 +1050,7 @@ class SpeculativeDecoder:
                 i, req = waiting.pop(0)
                 ids[i] = self.add(req)
             results.update(self.step())
+        failed = next((i for i in range(len(requests)) if results[ids[i]].error is not None), None)
+        if failed is not None:
+            raise ValueError(f"request {failed}: {results[ids[failed]].error}")
         return [results[ids[i]] for i in range(len(requests))]

@@ -36,6 +36,8 @@ class GenerationResult:
     seed: int | None = None  # a sampled request's seed, drawn when it gave none; None when greedy
     # "stop": an end or stop id, or its on_tokens ended it (a stop word); "length": max_new_tokens
     finish_reason: Literal["stop", "length"] | None = None
+    # why the request could not go on (`SpeculativeDecoder._dead_end`); token_ids: those before
+    error: str | None = None
 
     def record_cycle(self, num_drafted: int, num_accepted: int) -> None:
         self.num_drafted += num_drafted

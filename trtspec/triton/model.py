@@ -327,6 +327,9 @@ class _Stream:
         return *self._with_prompt(text, ids), logprobs
 
     def finish(self, result: GenerationResult) -> None:
+        if result.error is not None:  # the request could not go on: its parameters left no token
+            self.send(functools.partial(_error, result.error), FINAL)
+            return
         if self.request.stream:  # what no response streamed yet: steps' output held, text held back
             self._hold(self.text.finish(), [], None)
             text, ids, logprobs = self._take_held()
@@ -460,6 +463,8 @@ class TritonPythonModel:
                 self.metrics.count_step()
                 for rid, result in finished.items():
                     self.metrics.record(result)
+                    if result.error is not None:
+                        self.metrics.errors["invalid_request"].increment(1)
                     running.pop(rid).finish(result)
             except Exception as exc:  # noqa: BLE001 - the instance must outlive any one failure
                 log.exception("decoding step failed")
