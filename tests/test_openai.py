@@ -586,6 +586,27 @@ def _post(url: str, body: dict, key: str | None = KEY) -> tuple[int, dict]:
     return post_json(url, body, key)
 
 
+def test_a_guide_its_own_stop_ids_leave_no_token_fails_that_request_alone(served, pipeline):
+    """Found fuzzing the served path (2026-12-06): a json_schema whose key needs `a` beside
+    stop_token_ids [97] ended its guide's tokens, and the step's error failed every request decoded
+    with it ("generation failed: token 0 was emitted against the request's guide", 400 to both)."""
+    innocent = {"model": "trtspec", "prompt": "Q: 482 + 356\nA:", "max_tokens": 200, "temperature": 0}
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    question = [{"role": "user", "content": "Describe the difference between a tuple and a list."}]
+    dead = {"model": "trtspec", "messages": question, "max_tokens": 64, "temperature": 0,
+            "stop_token_ids": [ord("a")],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_post, f"{served.base}/v1/completions", innocent)
+        time.sleep(0.3)  # decoding by now: the dead end comes in its steps
+        status, body = _post(f"{served.base}/v1/chat/completions", dead)
+        assert status == 400 and body["error"]["message"].startswith("no token may follow the "), body
+        assert "its guide leave none there" in body["error"]["message"]
+        status, answer = first.result()
+    assert status == 200, answer
+    assert answer["choices"][0]["text"] == _greedy(pipeline, innocent["prompt"], 200)[0]
+
+
 @pytest.mark.parametrize("endpoint, change, param", BAD, ids=[f"{e}-{p}" for e, _, p in BAD])
 def test_bad_parameter_is_a_400_naming_it_and_the_next_request_is_served(served, endpoint, change, param):
     good = GOOD_CHAT if endpoint.startswith("chat") else GOOD_COMPLETION
