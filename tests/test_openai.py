@@ -65,6 +65,9 @@ def _greedy(pipeline, prompt: str, max_tokens: int = MAX_TOKENS) -> tuple[str, l
     return text, result.token_ids
 
 
+FAILING_MAX_TOKENS = 7  # `biased`'s steps fail while a request of this max_tokens runs
+
+
 @pytest.fixture(scope="module")
 def biased(tmp_path_factory):
     """A Triton server whose speculative sampling accepts with min(1, p/2q)
@@ -78,7 +81,7 @@ def biased(tmp_path_factory):
     text = CONFIG.read_text().replace("path: builtin:tiny-dflash-b16",
                                       "path: builtin:tiny-dflash-b16\n  schedule: {mode: full}")
     biased.write_text(text.replace("builtin:", str(REPO / "trtspec/assets") + "/")
-                      + "test_only: {biased_acceptance: true}\n")
+                      + f"test_only: {{biased_acceptance: true, fail_on_max_tokens: {FAILING_MAX_TOKENS}}}\n")
     write_triton_repo(load_build_config(biased), out / "out")
     server = TritonServer(out / "out" / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
                           env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
@@ -1148,6 +1151,34 @@ def test_verify_over_openai_fails_on_a_biased_server(biased):
     assert result.exit_code == 1, result.output
     assert result.output.count("identical") == 15 and "FAIL: the deployment is not lossless" in result.output
     assert "FAIL\n" in result.output  # a sampling position over its bound
+
+
+def test_a_failed_step_is_a_500_its_traceback_is_logged_and_the_server_serves_on(biased):
+    """A step that fails for a reason of the model's own (test_only.fail_on_max_tokens): the requests
+    running get "generation failed" as Triton's INTERNAL and the OpenAI API's 500
+    server_error (it was a 400 invalid_request_error, blaming the request), the model logs the
+    traceback into the server's log, and the next request is served."""
+    server, started = biased
+    started.result()
+    frontend = OpenAIFrontend(served_model_of_repo(server.repo), server.local_grpc_address, "127.0.0.1",
+                              free_port()).start()
+    try:
+        generate = f"{server.http_url}/v2/models/trtspec/generate"
+        status, body = post_json(generate, {"text_input": "Q: 1 + 2\nA:", "max_tokens": FAILING_MAX_TOKENS})
+        # Triton's generate endpoint answers 400 for any error of a model's (its gRPC API says INTERNAL)
+        assert status == 400 and body["error"].startswith("generation failed: test_only.fail_on_max_tokens")
+        failing = {**GOOD_COMPLETION, "max_tokens": FAILING_MAX_TOKENS}
+        status, body = _post(f"{frontend.url}/v1/completions", failing, None)
+        assert status == 500, body
+        assert (body["error"]["type"], body["error"]["code"]) == ("server_error", "internal_error")
+        assert body["error"]["message"].startswith("generation failed: test_only.fail_on_max_tokens")
+        status, body = _post(f"{frontend.url}/v1/completions", GOOD_COMPLETION, None)
+        assert status == 200 and body["usage"]["completion_tokens"] >= 1
+    finally:
+        frontend.stop()
+    log = server.log_path.read_text(encoding="utf-8")
+    assert "decoding step failed" in log and "Traceback (most recent call last)" in log
+    assert log.count("RuntimeError: test_only.fail_on_max_tokens") == 2
 
 
 def test_frontend_unavailable_triton_is_a_503(tmp_path, config):

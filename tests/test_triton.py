@@ -591,10 +591,11 @@ def test_generate_cli_streams_from_the_server(served, config, expected):
 
 
 def test_serve_binds_loopback_and_a_killed_serve_leaves_no_server_behind(tmp_path, config):
-    """`trtspec serve` says where it serves on loopback, and killed (SIGKILL: no handler of its own
-    runs) its tritonserver gets SIGTERM from the kernel and ends. Stopped by SIGTERM, exit 0 and no
-    server left behind are checked by conftest's `serve_cli` (tests/test_serve_stop.py and every
-    served fixture). Its own ports: the OpenAI frontend's default 9000 may be taken."""
+    """`trtspec serve` says where it serves on loopback and where its log goes (--log-file), and killed
+    (SIGKILL: no handler of its own runs) its tritonserver gets SIGTERM from the kernel and ends.
+    Stopped by SIGTERM, exit 0 and no server left behind are checked by conftest's `serve_cli`
+    (tests/test_serve_stop.py and every served fixture). Its own ports: the OpenAI frontend's default
+    9000 may be taken."""
     repo, ports, openai_port = tmp_path / "killed", Ports.free(), free_port()
     while openai_port in dataclasses.astuple(ports):
         openai_port = free_port()
@@ -602,12 +603,14 @@ def test_serve_binds_loopback_and_a_killed_serve_leaves_no_server_behind(tmp_pat
     proc = subprocess.Popen(
         [sys.executable, "-m", "trtspec.cli", "serve", str(repo), "--http-port", str(ports.http),
          "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--openai-port",
-         str(openai_port)],
+         str(openai_port), "--log-file", str(tmp_path / "serve.log")],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
         line = proc.stderr.readline()
         assert line.startswith(f"serving {repo / REPO_DIR}: http://127.0.0.1:{ports.http}"), line
+        assert line.endswith(f" (log: {tmp_path / 'serve.log'})\n"), line  # the server's own log, kept
+        assert "Started GRPCInferenceService at" in (tmp_path / "serve.log").read_text()
         ready = urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/health/ready", timeout=10)
         assert ready.status == 200 and len(tritonserver_pids(str(repo))) == 1
         proc.send_signal(signal.SIGKILL)

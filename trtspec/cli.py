@@ -1066,9 +1066,13 @@ def build(config_path, out_dir, flavour=None) -> None:
               help="A name the OpenAI API answers to, in place of the model's own (repeatable: any of them; "
                    "answers carry the first), as vLLM's --served-model-name: for clients that send a "
                    "fixed model name.")
+@click.option("--log-file", type=PathArg(dir_okay=False, path_type=Path), default=None,
+              help="Write tritonserver's log, the model's own messages with it (a failed step's "
+                   "traceback), to FILE (replaced). Default: a temporary file, removed at exit; the "
+                   "`serving` line names it.")
 @run_errors
 def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_openai, api_key,
-          tool_call_parser, reasoning_parser, allowed_origins, compact_json, served_names) -> None:
+          tool_call_parser, reasoning_parser, allowed_origins, compact_json, served_names, log_file) -> None:
     """Serve DIR (the output of `trtspec build`) with the tritonserver of the nvidia-pytriton wheel,
     and an OpenAI-compatible API beside it, until Ctrl-C or SIGTERM. Prints `serving …` once the
     server and its models are ready."""
@@ -1093,6 +1097,8 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
         raise click.UsageError(", ".join(f"{k} {v}" for k, v in ports.items()) + " must all differ")
     if not no_openai:  # Triton checks its own ports; this one would fail only after the models load
         check_port_free(host, openai_port, "OpenAI API", "--openai-port")
+    if log_file is not None:
+        writable_arg(log_file, "--log-file", folder=False)
 
     def _terminate(signum, frame):
         raise KeyboardInterrupt
@@ -1100,7 +1106,7 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
     signal.signal(signal.SIGTERM, _terminate)
     admin_key, generated = admin_key_for(host, api_key)
     server = TritonServer(model_repository(build_dir), host, Ports(http_port, grpc_port, metrics_port),
-                          admin_key=admin_key)
+                          log_path=log_file, admin_key=admin_key)
     frontend = None
     try:
         server.start()
@@ -1110,7 +1116,7 @@ def serve(build_dir, host, http_port, grpc_port, metrics_port, openai_port, no_o
                                                      parser_name(reasoning_parser), allowed_origins,
                                                      compact_json, served_names)
             urls += f" {frontend.url}/v1" if frontend else ""
-        click.echo(f"serving {server.repo}: {urls}", err=True)
+        click.echo(f"serving {server.repo}: {urls} (log: {server.log_path})", err=True)
         if why_not:
             click.echo(why_not, err=True)
         if generated:

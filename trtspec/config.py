@@ -337,6 +337,10 @@ class TestOnlyConfig(_Strict):
         False, description="TEST ONLY: verify sampled drafts with the biased rule of "
                            "`trtspec.spec.biased_verify` (acceptance min(1, p/2q)): the output is NOT the "
                            "target's distribution; `trtspec verify` must fail such a server")
+    fail_on_max_tokens: int | None = Field(
+        None, ge=1, description="TEST ONLY: a served step with a request of this max_tokens raises, as a "
+                                "step that fails for a reason of the model's own would (the served model "
+                                "must answer every running request with its error, log why and serve on)")
 
 
 class BuildConfig(_Strict):

@@ -1,5 +1,9 @@
 """User-facing errors: each carries a one-line, actionable message naming the file or field."""
 
+# how the served model's error for a step that failed begins (the model's fault, not the request's:
+# Triton's INTERNAL, the OpenAI API's 500; a gRPC stream's error carries no code, only the message)
+GENERATION_FAILED = "generation failed: "
+
 
 class TrtspecError(ValueError):
     """Base of every error the CLI reports as a one-line message instead of a traceback."""

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from trtspec.errors import GENERATION_FAILED
 from trtspec.openai.choice import Choice
 from trtspec.openai.protocol import ApiError
 from trtspec.openai.segments import Segments, named_sse
@@ -84,6 +85,8 @@ def triton_error(exc: TritonError, guide: str | None = None) -> ApiError:
     if exc.unavailable:
         return ApiError(str(exc), status=503, kind="server_error", code="unavailable")
     message = str(exc)
+    if message.startswith(GENERATION_FAILED):  # the model's own failure, not the request's
+        return ApiError(message, status=500, kind="server_error", code="internal_error")
     if guide is not None and "guided_decoding_guide" in message:  # the model's name for it
         return ApiError(message.replace("guided_decoding_guide", guide, 1), guide, code="invalid_value")
     param = next((name for name in NAMED_BY_THE_MODEL if message.startswith((f"the {name} ", f"{name} "))),

@@ -44,6 +44,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtspec.config import load_build_config
+from trtspec.errors import GENERATION_FAILED
 from trtspec.pipeline import load_pipeline
 from trtspec.runtime import configure_threads
 from trtspec.spec.decoder import Emitted, PromptError, Request
@@ -459,6 +460,7 @@ class TritonPythonModel:
                 if not running:
                     self.metrics.flush_steps()
                     continue
+                self._planted_failure(running)
                 finished = self.decoder.step()
                 self.metrics.count_step()
                 for rid, result in finished.items():
@@ -469,11 +471,17 @@ class TritonPythonModel:
             except Exception as exc:  # noqa: BLE001 - the instance must outlive any one failure
                 log.exception("decoding step failed")
                 self.metrics.errors["generation_failed"].increment(len(running))
-                failed = functools.partial(_error, f"generation failed: {exc}", bad_request=False)
+                failed = functools.partial(_error, f"{GENERATION_FAILED}{exc}", bad_request=False)
                 for stream in running.values():  # after its queued responses
                     stream.send(failed, FINAL)
                 running.clear()
                 self.decoder.reset()
+
+    def _planted_failure(self, running: dict[int, _Stream]) -> None:
+        """test_only.fail_on_max_tokens: fail this step as a fault of the model's own would."""
+        planted = self.config.test_only.fail_on_max_tokens if self.config.test_only else None
+        if planted is not None and any(s.request.max_tokens == planted for s in running.values()):
+            raise RuntimeError(f"test_only.fail_on_max_tokens: a request of max_tokens {planted} is running")
 
     def finalize(self) -> None:
         self.stopping.set()

@@ -273,6 +273,7 @@ class TritonServer:
             self.log_path = Path(self._work.name) / "tritonserver.log"
         shown = " ".join(self.command(install, backend_dir))
         log.info("starting %s", shown if self.admin_key is None else shown.replace(self.admin_key, "***"))
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as out:
             # own process group: a terminal's Ctrl-C reaches us, and we stop the server in order
             self._proc = subprocess.Popen(
