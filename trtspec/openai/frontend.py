@@ -11,6 +11,7 @@ import json
 import re
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from trtspec.openai.choice import Choice
 from trtspec.openai.logprobs import LogprobsBody
@@ -186,10 +187,13 @@ class Frontend:
         if declared.isascii() and declared.isdigit() and int(declared) > limit:
             raise too_large
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise too_large
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
+        except ClientDisconnect:  # it closed before its body was whole: a 499, not a traceback
+            raise ClientGone from None
         try:
             parsed = json.loads(body)
         except json.JSONDecodeError as exc:
