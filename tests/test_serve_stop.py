@@ -8,9 +8,12 @@ import json
 import signal
 import threading
 
+import numpy as np
 from click.testing import CliRunner
+from tritonclient.grpc import InferInput
 
 from trtspec.cli import main
+from trtspec.triton.client import ClientError, GenerateParams, array_input, grpc_generate, grpc_inputs
 
 from .conftest import REPO, serve_cli
 
@@ -41,22 +44,49 @@ class _Stream:
         self.started.set()
 
 
+class _GrpcStream:
+    """A streamed request straight to Triton's gRPC port (2,000 tokens, end ids ignored) in a thread;
+    `started` once text came, `error` the client's error when it ended in one."""
+
+    def __init__(self, address: str):
+        self.started, self.error = threading.Event(), None
+        self.thread = threading.Thread(target=self._run, args=(address,))
+        self.thread.start()
+
+    def _run(self, address: str) -> None:
+        inputs = grpc_inputs("Q: 482 + 356\nA:", GenerateParams(max_tokens=2000, stream=True))
+        inputs.append(array_input(InferInput, "ignore_eos", np.array([True])))
+        try:
+            grpc_generate(address, "trtspec", inputs, lambda text: self.started.set(), timeout_s=120)
+        except ClientError as exc:
+            self.error = str(exc)
+        self.started.set()
+
+
 def test_sigterm_finishes_requests_in_flight_and_ends_the_rest_with_an_error(tmp_path):
     """An idle keep-alive connection, a short request and one too long for the grace (2048 tokens,
     about 20 s on a 2-core CPU, against 5 s) are open when SIGTERM comes: the short one gets its
     whole answer, the long one an error event saying why and [DONE] (it was a cut connection and a
-    CancelledError traceback in the log), and serve exits 0."""
+    CancelledError traceback in the log), and serve exits 0. A gRPC stream to Triton itself, still
+    running when Triton's own 10 s end, gets an error saying why too (found stressing the server,
+    2026-12-06: the model never answered it, so Triton waited until it was killed 15 s later and the
+    stream was cut with GOAWAY, the whole stop taking 25-31 s)."""
     assert CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(tmp_path)]).exit_code == 0
     with serve_cli(tmp_path) as served:
         idle = http.client.HTTPConnection("127.0.0.1", served.openai_port, timeout=60)
         idle.request("GET", "/v1/models")
         assert idle.getresponse().read()  # answered; the connection stays open, idle
         short, long = _Stream(served.openai_port, 100), _Stream(served.openai_port, 2048)
-        assert short.started.wait(120) and long.started.wait(120)
+        direct = _GrpcStream(served.grpc)
+        assert short.started.wait(120) and long.started.wait(120) and direct.started.wait(120)
         served.proc.send_signal(signal.SIGTERM)
         assert served.proc.wait(timeout=60) == 0, open(served.log).read()
         short.thread.join(60)
         long.thread.join(60)
+        direct.thread.join(60)
+    assert direct.error is not None and "the server is shutting down: this request was not finished" \
+        in direct.error, direct.error
+    assert "did not stop on SIGTERM" not in open(served.log).read()
     assert short.events[-1] == "[DONE]"
     assert short.events[-2]["usage"]["completion_tokens"] == 100
     assert [e["choices"][0]["finish_reason"] for e in short.events[:-2]][-1] == "length"

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -54,6 +55,7 @@ from trtspec.spec.metrics import GenerationResult
 from trtspec.triton.outbox import Outbox
 from trtspec.triton.repo import BUILD_CONFIG_FILE, instances_on_this_machine, placed_on_instance
 from trtspec.triton.request import GenerateRequest, RequestError, TextStream, parse_request, tokenized
+from trtspec.triton.server import STOP_FILE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -362,6 +364,9 @@ class TritonPythonModel:
         self.waiting: queue.Queue[_Stream] = queue.Queue()  # from `execute` to the loop thread
         self.queued: deque[_Stream] = deque()  # the loop thread's, in arrival order
         self._swept_at = time.monotonic()  # when `_drop_cancelled` last asked
+        stop_file = os.environ.get(STOP_FILE_ENV)  # set by trtspec's TritonServer
+        self._stop_file = Path(stop_file) if stop_file else None
+        self._stop_checked_at = time.monotonic()
         self.stopping = threading.Event()
         self.loop = threading.Thread(target=self._serve, name="trtspec-batch", daemon=True)
         self.loop.start()
@@ -455,6 +460,8 @@ class TritonPythonModel:
         running: dict[int, _Stream] = {}
         while not self.stopping.is_set():
             try:
+                if self._stop_due():
+                    self._end_unfinished(running)
                 self._admit(running)
                 self.metrics.load(len(running), len(self.queued) + self.waiting.qsize())
                 if not running:
@@ -476,6 +483,40 @@ class TritonPythonModel:
                     stream.send(failed, FINAL)
                 running.clear()
                 self.decoder.reset()
+        self._end_unfinished(running)
+
+    def _stop_due(self) -> bool:
+        """Whether the server is stopping and the time it gives unfinished requests has passed
+        (`trtspec.triton.server.STOP_FILE_ENV`; looked at every WAITING_POLL_S)."""
+        now = time.monotonic()
+        if self._stop_file is None or now - self._stop_checked_at < WAITING_POLL_S:
+            return False
+        self._stop_checked_at = now
+        try:
+            due = float(self._stop_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # not stopping (or the file half written: next time)
+            return False
+        return time.time() >= due
+
+    def _end_unfinished(self, running: dict[int, _Stream]) -> None:
+        """The server is stopping and its time for them is up, or the model is being unloaded: every
+        request still running, queued or waiting gets its final response, an error saying so. Triton
+        waits for each request's final response before it exits; without them it was killed 15 s
+        later and its gRPC clients' streams were cut without a word."""
+        unfinished = [*running.values(), *self.queued]
+        while True:
+            try:
+                unfinished.append(self.waiting.get_nowait())
+            except queue.Empty:
+                break
+        stopping = functools.partial(_error, "the server is shutting down: this request was not finished",
+                                     bad_request=False)
+        for stream in unfinished:
+            stream.send(stopping, FINAL)
+        for rid in running:
+            self.decoder.cancel(rid)
+        running.clear()
+        self.queued.clear()
 
     def _planted_failure(self, running: dict[int, _Stream]) -> None:
         """test_only.fail_on_max_tokens: fail this step as a fault of the model's own would."""

@@ -206,6 +206,12 @@ class Ports:
             return cls(*(sock.getsockname()[1] for sock in sockets))
 
 
+# the file `TritonServer.stop` writes, before its SIGTERM, with the time (time.time()) by which the
+# served model ends the requests it has not finished (`TritonPythonModel._stop_due`): Triton waits for
+# every request's final response before it exits, and tells a Python model nothing until then
+STOP_FILE_ENV = "TRTSPEC_STOP_FILE"
+
+
 @dataclass(slots=True)
 class TritonServer:
     """One tritonserver process on `repo`; use as a context manager or call start()/stop()."""
@@ -277,7 +283,8 @@ class TritonServer:
         with open(self.log_path, "wb") as out:
             # own process group: a terminal's Ctrl-C reaches us, and we stop the server in order
             self._proc = subprocess.Popen(
-                self.command(install, backend_dir), env={**server_env(install), **self.env}, stdout=out,
+                self.command(install, backend_dir),
+                env={**server_env(install), **self.env, STOP_FILE_ENV: str(self._stop_file)}, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
             )
         try:
@@ -343,6 +350,8 @@ class TritonServer:
         proc, self._proc = self._proc, None
         if proc is not None:
             if proc.poll() is None:
+                # the model ends what it has not finished a second before Triton's own exit timeout
+                self._stop_file.write_text(str(time.time() + max(self.exit_timeout_s - 1, 0)))
                 proc.send_signal(signal.SIGTERM)
                 try:
                     proc.wait(timeout_s if timeout_s is not None else self.exit_timeout_s + 15)
@@ -358,6 +367,10 @@ class TritonServer:
             self._work = None
             if self.log_path is not None and not self.log_path.exists():
                 self.log_path = None
+
+    @property
+    def _stop_file(self) -> Path:
+        return Path(self._work.name) / "stopping"
 
     def __enter__(self) -> TritonServer:
         return self.start() if self._proc is None else self
