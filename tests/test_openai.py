@@ -1224,6 +1224,46 @@ def test_frontend_unavailable_triton_is_a_503(tmp_path, config):
         frontend.stop()
 
 
+def test_connections_that_send_no_request_are_closed_and_capped(config):
+    """Found stressing the server (2026-12-06): a connection that sends nothing, or half a request
+    head, was never closed, and 20,500 of them took every file descriptor: requests and /health timed
+    out and asyncio logged 5,000 errors a second. Now a head must come whole within the head timeout
+    (after the connection opens, or after its last response), and connections past the cap are
+    closed as they come; the frontend answers throughout. Triton is not running: /health's 503 is
+    the frontend's own answer."""
+    import socket
+
+    from trtspec.openai.model_info import served_model
+
+    frontend = OpenAIFrontend(served_model(config), f"127.0.0.1:{free_port()}", "127.0.0.1", free_port(),
+                              head_timeout_s=3.0, max_connections=6).start()
+    held = []
+    try:
+        def connect(first: bytes = b"") -> socket.socket:
+            sock = socket.create_connection(("127.0.0.1", frontend.port), timeout=10)
+            sock.sendall(first)
+            held.append(sock)
+            return sock
+
+        silent = [connect() for _ in range(3)]
+        half = connect(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+        kept = connect(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")  # answered, then idle
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(0.2)  # the server has taken the 5 connections above: the 7th is over the cap
+        sixth, seventh = connect(), connect()
+        started = time.monotonic()
+        assert seventh.recv(1) == b"" and time.monotonic() - started < 1.5  # closed at once, not timed out
+        for sock in [*silent, half, sixth]:
+            assert sock.recv(1) == b""  # closed by the server when their heads did not come
+        assert time.monotonic() - started < 8
+        with urllib.request.urlopen(f"{frontend.url}/v1/models", timeout=10) as resp:
+            assert resp.status == 200
+    finally:
+        for sock in held:
+            sock.close()
+        frontend.stop()
+
+
 def test_a_body_over_max_request_bytes_is_a_413_before_it_is_read(config):
     """limits.max_request_bytes bounds what the frontend reads: a body over it is a 413 in the route's
     shape whether its Content-Length says so or it comes in chunks, and the frontend stays up

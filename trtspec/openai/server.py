@@ -11,6 +11,7 @@ import uvicorn
 
 from trtspec.errors import TrtspecError
 from trtspec.openai.app import create_app
+from trtspec.openai.connections import HEAD_TIMEOUT_S, guarded_protocol, raise_file_limit
 from trtspec.openai.model_info import ServedModel
 from trtspec.openai.triton_stream import TritonStream
 
@@ -32,12 +33,18 @@ class OpenAIFrontend:
     """uvicorn serving `create_app` on host:port in a daemon thread; `stop()` ends it."""
 
     def __init__(self, model: ServedModel, triton_grpc: str, host: str, port: int,
-                 api_key: str | None = None, allowed_origins: tuple[str, ...] = ()):
+                 api_key: str | None = None, allowed_origins: tuple[str, ...] = (),
+                 head_timeout_s: float = HEAD_TIMEOUT_S, max_connections: int | None = None):
+        """`head_timeout_s`, `max_connections`: what a connection may hold (`openai/connections.py`;
+        None: as many as the file limit, raised to its hard limit, leaves room for)."""
         self.triton = TritonStream(triton_grpc, model.name)
         self.app = create_app(model, self.triton, api_key, allowed_origins)
         self.host, self.port = host, port
+        if max_connections is None:
+            max_connections = raise_file_limit()
         config = uvicorn.Config(self.app, host=host, port=port, log_level="warning", access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=GRACE_S + CUT_S)
+                                lifespan="off", timeout_graceful_shutdown=GRACE_S + CUT_S,
+                                http=guarded_protocol(head_timeout_s, max_connections))
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="trtspec-openai", daemon=True)
         self._failed: BaseException | None = None
