@@ -552,11 +552,13 @@ class SpeculativeDecoder:
     def _dead_end(self, lv: _Live) -> None:
         """End a request no token may continue (`_dead_ends`), saying why; its earlier tokens stand."""
         causes = [name for name, present in (("its guide", lv.grammar is not None),
-                                             ("bad_words", bool(lv.request.sampling.bad_words))) if present]
+                                             ("bad_words", bool(lv.request.sampling.bad_words)),
+                                             ("min_tokens", lv.request.min_new_tokens > len(lv.generated)))
+                  if present]
         lv.result.error = (f"no token may follow the {len(lv.generated)} tokens generated: "
                            f"{' and '.join(causes)} leave none there (a guide cannot go on with a token "
                            "that ends the request, a stop_token_ids id or an end id, nor with one bad_words "
-                           "bans)")
+                           "bans, nor end before min_tokens)")
         lv.done = True
 
     def _fill_masks(self, rows: list[_Live], plan) -> dict[int, Future] | None:
