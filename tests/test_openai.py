@@ -6,6 +6,7 @@ the module; a second server with a deliberately biased verifier for `verify`'s f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -1162,19 +1163,26 @@ def test_verify_certifies_gumbel_coupled_samples_by_identity(served, tmp_path, m
     assert result.output.count("sampled identical") == 5 and "PASS: lossless" in result.output
 
 
-def test_verify_over_openai_fails_on_a_biased_server(biased):
-    """A server whose speculative sampling accepts with min(1, p/2q) (test_only.biased_acceptance):
-    greedy is still identical, the sampling law test must fail it."""
+@contextlib.contextmanager
+def _frontend_of(biased):
+    """An OpenAI frontend over `biased`'s server, once it has started."""
     server, started = biased
     started.result()
     frontend = OpenAIFrontend(served_model_of_repo(server.repo), server.local_grpc_address, "127.0.0.1",
                               free_port()).start()
     try:
+        yield frontend
+    finally:
+        frontend.stop()
+
+
+def test_verify_over_openai_fails_on_a_biased_server(biased):
+    """A server whose speculative sampling accepts with min(1, p/2q) (test_only.biased_acceptance):
+    greedy is still identical, the sampling law test must fail it."""
+    with _frontend_of(biased) as frontend:
         url = f"openai://127.0.0.1:{frontend.port}"
         result = CliRunner().invoke(main, ["verify", "--url", url, "--config", str(CONFIG), "--max-tokens",
                                            "24", "--samples", "300"])
-    finally:
-        frontend.stop()
     assert result.exit_code == 1, result.output
     assert result.output.count("identical") == 15 and "FAIL: the deployment is not lossless" in result.output
     assert "FAIL\n" in result.output  # a sampling position over its bound
@@ -1185,11 +1193,8 @@ def test_a_failed_step_is_a_500_its_traceback_is_logged_and_the_server_serves_on
     running get "generation failed" as Triton's INTERNAL and the OpenAI API's 500
     server_error (it was a 400 invalid_request_error, blaming the request), the model logs the
     traceback into the server's log, and the next request is served."""
-    server, started = biased
-    started.result()
-    frontend = OpenAIFrontend(served_model_of_repo(server.repo), server.local_grpc_address, "127.0.0.1",
-                              free_port()).start()
-    try:
+    server = biased[0]
+    with _frontend_of(biased) as frontend:
         generate = f"{server.http_url}/v2/models/trtspec/generate"
         status, body = post_json(generate, {"text_input": "Q: 1 + 2\nA:", "max_tokens": FAILING_MAX_TOKENS})
         # Triton's generate endpoint answers 400 for any error of a model's (its gRPC API says INTERNAL)
@@ -1201,8 +1206,6 @@ def test_a_failed_step_is_a_500_its_traceback_is_logged_and_the_server_serves_on
         assert body["error"]["message"].startswith("generation failed: test_only.fail_on_max_tokens")
         status, body = _post(f"{frontend.url}/v1/completions", GOOD_COMPLETION, None)
         assert status == 200 and body["usage"]["completion_tokens"] >= 1
-    finally:
-        frontend.stop()
     log = server.log_path.read_text(encoding="utf-8")
     assert "decoding step failed" in log and "Traceback (most recent call last)" in log
     assert log.count("RuntimeError: test_only.fail_on_max_tokens") == 2
