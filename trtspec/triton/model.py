@@ -367,6 +367,8 @@ class TritonPythonModel:
         stop_file = os.environ.get(STOP_FILE_ENV)  # set by trtspec's TritonServer
         self._stop_file = Path(stop_file) if stop_file else None
         self._stop_checked_at = time.monotonic()
+        # test_only.fail_on_max_tokens, read once (`_planted_failure` runs before every step)
+        self._planted_max_tokens = self.config.test_only.fail_on_max_tokens if self.config.test_only else None
         self.stopping = threading.Event()
         self.loop = threading.Thread(target=self._serve, name="trtspec-batch", daemon=True)
         self.loop.start()
@@ -520,7 +522,7 @@ class TritonPythonModel:
 
     def _planted_failure(self, running: dict[int, _Stream]) -> None:
         """test_only.fail_on_max_tokens: fail this step as a fault of the model's own would."""
-        planted = self.config.test_only.fail_on_max_tokens if self.config.test_only else None
+        planted = self._planted_max_tokens
         if planted is not None and any(s.request.max_tokens == planted for s in running.values()):
             raise RuntimeError(f"test_only.fail_on_max_tokens: a request of max_tokens {planted} is running")
 
