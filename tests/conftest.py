@@ -183,9 +183,15 @@ class Served:
         return post_json(self.base + path, body, self.key)
 
     def metric(self, name: str) -> float:
-        url = f"http://127.0.0.1:{self.ports.metrics}/metrics"
-        text = urllib.request.urlopen(url, timeout=10).read().decode()
-        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+        return scraped_metric(f"http://127.0.0.1:{self.ports.metrics}/metrics", name)
+
+
+def scraped_metric(url: str, name: str, **labels: str) -> float:
+    """The sum of metric `name`'s series with `labels` (every series without) at the Prometheus
+    endpoint `url`."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()))
 
 
 def tritonserver_pids(marker: str) -> list[int]:

@@ -34,15 +34,17 @@ from trtspec.config import load_build_config
 from trtspec.openai.model_info import served_model_of_repo
 from trtspec.openai.protocol import ApiError, ChatRequest, CompletionRequest, check_messages, parse
 from trtspec.openai.server import OpenAIFrontend
+from trtspec.openai.streams import triton_error
+from trtspec.openai.triton_stream import TritonError
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.decoder import Request
 from trtspec.spec.grammar import Guide
 from trtspec.spec.sampling import SamplingParams
-from trtspec.triton.client import ClientError, array_input, grpc_generate
+from trtspec.triton.client import ClientError, GenerateParams, array_input, grpc_generate, grpc_inputs
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
 from trtspec.triton.server import GRPC_ADMIN_HEADER, Ports, TritonServer, free_port
 
-from .conftest import REPO, local_target, post_json, serve_cli
+from .conftest import REPO, local_target, post_json, scraped_metric, serve_cli
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 KEY = "test-key-0123"
@@ -81,6 +83,7 @@ def biased(tmp_path_factory):
     # never drafts cannot show a biased acceptance rule
     text = CONFIG.read_text().replace("path: builtin:tiny-dflash-b16",
                                       "path: builtin:tiny-dflash-b16\n  schedule: {mode: full}")
+    text = text.replace("limits:\n", "limits:\n  max_queued: 0\n")  # its 8 slots, none waiting
     biased.write_text(text.replace("builtin:", str(REPO / "trtspec/assets") + "/")
                       + f"test_only: {{biased_acceptance: true, fail_on_max_tokens: {FAILING_MAX_TOKENS}}}\n")
     write_triton_repo(load_build_config(biased), out / "out")
@@ -1209,6 +1212,64 @@ def test_a_failed_step_is_a_500_its_traceback_is_logged_and_the_server_serves_on
     log = server.log_path.read_text(encoding="utf-8")
     assert "decoding step failed" in log and "Traceback (most recent call last)" in log
     assert log.count("RuntimeError: test_only.fail_on_max_tokens") == 2
+
+
+def test_a_request_past_the_queue_bound_is_refused_at_once_as_busy(biased):
+    """`biased` lets no request wait (limits.max_queued 0): with its 8 decoder slots taken, one more is
+    refused at once, as busy rather than bad: the OpenAI API's 503 server_error (its SDK retries one),
+    Anthropic's overloaded_error, a gRPC or HTTP client's error; each counted as server_busy. Once the slots
+    are free the next request is served. Without a bound it waited for a slot, however long."""
+    server = biased[0]
+    busy = ("the server is busy: its 8 decoder slots are taken and 0 requests wait already "
+            "(limits.max_queued 0)")
+
+    def settle(name: str, value: float) -> float:
+        deadline = time.monotonic() + 30
+        while scraped_metric(server.metrics_url, name) != value and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return scraped_metric(server.metrics_url, name)
+
+    with _frontend_of(biased) as frontend:
+        # 8 choices of 2,048 tokens each, end ids ignored, read no further than their first chunk
+        occupier = subprocess.Popen([sys.executable, "-c", DROPPING_CLIENT, f"{frontend.url}/v1/completions",
+                                     "none", json.dumps((CODE * 3)[:8]), "stream"], stdout=subprocess.PIPE,
+                                    text=True)
+        try:
+            assert occupier.stdout.readline().strip() == "got"
+            assert settle("trtspec_requests_in_flight", 8) == 8
+            status, body = _post(f"{frontend.url}/v1/completions", GOOD_COMPLETION, None)
+            assert status == 503, body
+            assert (body["error"]["type"], body["error"]["code"]) == ("server_error", "unavailable")
+            assert body["error"]["message"].startswith(busy)
+            status, body = _post(f"{frontend.url}/v1/messages", {**GOOD_CHAT, "max_tokens": 4}, None)
+            assert (status, body["error"]["type"]) == (503, "overloaded_error"), body
+            status, body = post_json(f"{server.http_url}/v2/models/trtspec/generate",
+                                     {"text_input": "Q: 1 + 2\nA:", "max_tokens": 4})
+            # Triton's generate endpoint answers 400 for any error of a model's, UNAVAILABLE too (upstream)
+            assert status == 400 and body["error"].startswith(busy), (status, body)
+            with pytest.raises(ClientError, match=re.escape(busy)):
+                grpc_generate(server.local_grpc_address, "trtspec",
+                              grpc_inputs("Q: 1 + 2\nA:", GenerateParams(max_tokens=4)), timeout_s=60)
+        finally:
+            occupier.kill()
+            occupier.wait()
+        assert settle("trtspec_requests_in_flight", 0) == 0
+        status, body = _post(f"{frontend.url}/v1/completions", GOOD_COMPLETION, None)
+        assert status == 200 and body["usage"]["completion_tokens"] >= 1, body
+    assert scraped_metric(server.metrics_url, "trtspec_request_errors_total", reason="server_busy") == 4
+
+
+def test_the_models_refusals_are_told_apart_by_whose_fault_they_are():
+    """A gRPC stream's error carries no code, only the model's message: a busy or stopping server is a
+    503 (retry later or elsewhere; the model's "shutting down" was a 400 invalid_value), a failed
+    step a 500, anything else the request's fault, a 400."""
+    for message, status, code in (
+            ("the server is busy: its 8 decoder slots are taken and 3 wait already", 503, "unavailable"),
+            ("the server is shutting down: this request was not finished", 503, "unavailable"),
+            ("generation failed: CUDA error", 500, "internal_error"),
+            ("prompt: 5000 tokens exceed the 4096 positions", 400, "invalid_value")):
+        error = triton_error(TritonError(message))
+        assert (error.status, error.code, error.message) == (status, code, message)
 
 
 def test_frontend_unavailable_triton_is_a_503(tmp_path, config):

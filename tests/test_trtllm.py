@@ -175,7 +175,8 @@ def test_dspark_draft_length_must_equal_block_size(tmp_path):
 
 def test_drafter_settings_tensorrt_llm_has_no_field_for_are_refused_not_dropped(tmp_path):
     """Found fuzzing build configs (2026-12-05): drafter.tree and a DSpark threshold schedule built
-    a deployment without them, no word said; mode full got the planner's draft_len_schedule."""
+    a deployment without them, no word said; mode full got the planner's draft_len_schedule. The
+    served model's queue bound (limits.max_queued) is refused too."""
     raw = yaml.safe_load((REPO / "build_configs" / "llama3.1-8b-dflash.yaml").read_text())
     path = tmp_path / "c.yaml"
     for drafter, message in (
@@ -185,6 +186,9 @@ def test_drafter_settings_tensorrt_llm_has_no_field_for_are_refused_not_dropped(
         path.write_text(yaml.safe_dump({**raw, "drafter": {**raw["drafter"], **drafter}}))
         with pytest.raises(ConfigError, match=message):
             load_build_config(path)
+    path.write_text(yaml.safe_dump({**raw, "limits": {**raw["limits"], "max_queued": 16}}))
+    with pytest.raises(ConfigError, match="limits.max_queued 16: .* trtspec writes no such bound"):
+        load_build_config(path)
     path.write_text(yaml.safe_dump({**raw, "drafter": {**raw["drafter"], "schedule": {"mode": "full"}}}))
     spec = llm_args(load_build_config(path), for_triton=False)["speculative_config"]
     assert "max_draft_len" in spec and "draft_len_schedule" not in spec

@@ -251,6 +251,13 @@ class GenerationLimits(_Strict):
         8, ge=1, le=256,
         description="requests one served model instance decodes together (continuous batching: one "
                     "packed target forward per step for all of them); more wait in its queue")
+    max_queued: int | None = Field(
+        None, ge=0, le=1_000_000,
+        description="requests one served model instance lets wait for a decoder slot beyond the "
+                    "max_concurrency it decodes: one more is refused at once as busy (Triton's UNAVAILABLE, "
+                    "HTTP 503; the OpenAI API's 503 server_error, Anthropic's overloaded_error) so that "
+                    "a client or load balancer retries later or elsewhere instead of waiting without "
+                    "bound; 0 = none wait; unset = no bound (vLLM's default). Not for flavour trtllm")
     prefill_chunk: int = Field(
         512, ge=0, le=MAX_CONTEXT,
         description="prompt tokens one decode step prefills at most, over all new requests (chunked "
@@ -428,6 +435,14 @@ class BuildConfig(_Strict):
             raise ValueError(f"drafter.schedule.mode {mode}: flavour trtllm verifies TensorRT-LLM's "
                              "draft_len_schedule (adaptive: planned from the cost model) or whole drafts "
                              "(full); set one of them, or build flavour torch or engine")
+        return self
+
+    @model_validator(mode="after")
+    def _queue_bound_in_trtllm(self) -> BuildConfig:
+        if self.flavour == "trtllm" and self.limits.max_queued is not None:
+            raise ValueError(f"limits.max_queued {self.limits.max_queued}: trtspec's served model bounds its "
+                             "queue, and flavour trtllm serves TensorRT-LLM's, for which trtspec writes no "
+                             "such bound; remove it, or bound requests in front of the server")
         return self
 
     @model_validator(mode="after")

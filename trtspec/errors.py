@@ -3,6 +3,10 @@
 # how the served model's error for a step that failed begins (the model's fault, not the request's:
 # Triton's INTERNAL, the OpenAI API's 500; a gRPC stream's error carries no code, only the message)
 GENERATION_FAILED = "generation failed: "
+# how its refusals begin when the server cannot take or finish a request now (Triton's UNAVAILABLE,
+# the OpenAI API's 503: retry later or elsewhere): its queue is full (limits.max_queued), or it stops
+SERVER_BUSY = "the server is busy: "
+SHUTTING_DOWN = "the server is shutting down: "
 
 
 class TrtspecError(ValueError):

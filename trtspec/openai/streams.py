@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from trtspec.errors import GENERATION_FAILED
+from trtspec.errors import GENERATION_FAILED, SERVER_BUSY, SHUTTING_DOWN
 from trtspec.openai.choice import Choice
 from trtspec.openai.protocol import ApiError
 from trtspec.openai.segments import Segments, named_sse
@@ -82,9 +82,9 @@ NAMED_BY_THE_MODEL = ("prediction", "ignore_eos")
 def triton_error(exc: TritonError, guide: str | None = None) -> ApiError:
     """The model's refusal as an OpenAI error; `guide`: the field that asked for a structured output,
     named where the model names its guided_decoding_guide."""
-    if exc.unavailable:
-        return ApiError(str(exc), status=503, kind="server_error", code="unavailable")
     message = str(exc)
+    if exc.unavailable or message.startswith((SERVER_BUSY, SHUTTING_DOWN)):  # retry later or elsewhere
+        return ApiError(message, status=503, kind="server_error", code="unavailable")
     if message.startswith(GENERATION_FAILED):  # the model's own failure, not the request's
         return ApiError(message, status=500, kind="server_error", code="internal_error")
     if guide is not None and "guided_decoding_guide" in message:  # the model's name for it

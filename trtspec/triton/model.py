@@ -45,7 +45,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtspec.config import load_build_config
-from trtspec.errors import GENERATION_FAILED
+from trtspec.errors import GENERATION_FAILED, SERVER_BUSY, SHUTTING_DOWN
 from trtspec.pipeline import load_pipeline
 from trtspec.runtime import configure_threads
 from trtspec.spec.decoder import Emitted, PromptError, Request
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 TAU_BUCKETS = [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0]
 SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
-ERROR_REASONS = ("invalid_request", "generation_failed")
+ERROR_REASONS = ("invalid_request", "generation_failed", "server_busy")
 # Every metric update and every cancellation question crosses from this stub to Triton's process
 # (0.1-0.2 ms each on a 2-core CPU; a response costs 0.25 and goes through the `Outbox`, off the
 # loop's thread). Once per step they added about 0.4 ms to a 10-14 ms step, so the loop sends the
@@ -121,7 +121,8 @@ class Metrics:
                                  "Copied draft tokens accepted, by source (prediction, lookup, pool)",
                                  counter)
         errors = family("trtspec_request_errors_total",
-                        "Requests answered with an error, by reason (invalid_request, generation_failed)",
+                        "Requests answered with an error, by reason (invalid_request, generation_failed, "
+                        "server_busy)",
                         counter)
         self._families = [requests, generated, accepted, drafted, forwards, prompts, cached, tau, steps,
                           queue, ttft, in_flight, waiting, errors, copied, copied_accepted]
@@ -230,11 +231,12 @@ def _response(text: str, ids: list[int], totals: GenerationResult | None = None,
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
-def _error(message: str, bad_request: bool = True) -> pb_utils.InferenceResponse:
-    """An error response: INVALID_ARG for a bad request (HTTP 400), else INTERNAL (500). The
-    backend binds TritonError into pb_utils only after this module is imported."""
+def _error(message: str, bad_request: bool = True, unavailable: bool = False) -> pb_utils.InferenceResponse:
+    """An error response: INVALID_ARG for a bad request (HTTP 400), UNAVAILABLE where the server
+    cannot take or finish it now (503), else INTERNAL (500). The backend binds TritonError into
+    pb_utils only after this module is imported."""
     error = pb_utils.TritonError
-    code = error.INVALID_ARG if bad_request else error.INTERNAL
+    code = error.UNAVAILABLE if unavailable else error.INVALID_ARG if bad_request else error.INTERNAL
     return pb_utils.InferenceResponse(error=error(message, code))
 
 
@@ -363,6 +365,7 @@ class TritonPythonModel:
         self.outbox = Outbox(FINAL)  # the loop's responses, sent beside its steps
         self.waiting: queue.Queue[_Stream] = queue.Queue()  # from `execute` to the loop thread
         self.queued: deque[_Stream] = deque()  # the loop thread's, in arrival order
+        self.decoding = 0  # requests in the decoder, as the loop thread last counted them
         self._swept_at = time.monotonic()  # when `_drop_cancelled` last asked
         stop_file = os.environ.get(STOP_FILE_ENV)  # set by trtspec's TritonServer
         self._stop_file = Path(stop_file) if stop_file else None
@@ -380,6 +383,10 @@ class TritonPythonModel:
         """Parse and queue; the loop thread answers (decoupled: responses come later)."""
         for request in requests:
             sender = request.get_response_sender()
+            if (busy := self._busy()) is not None:
+                self.metrics.errors["server_busy"].increment(1)
+                sender.send(_error(busy, unavailable=True), flags=FINAL)
+                continue
             try:
                 parsed = parse_request(lambda name, r=request: _input(r, name), self.limit,
                                        _parameters(request), self.pipeline.target.vocab_size,
@@ -414,6 +421,20 @@ class TritonPythonModel:
                 stream.logprobs = TokenLogprobs(parsed.logprobs)
             self.waiting.put(stream)
         return None
+
+    def _busy(self) -> str | None:
+        """Why a new request is refused at once: limits.max_queued requests wait for a decoder slot
+        already (a request the loop thread is moving between its queues may go uncounted: a bound
+        within one)."""
+        limits = self.config.limits
+        if limits.max_queued is None:
+            return None
+        # the loop thread's deque and count, read only
+        waiting = self.waiting.qsize() + len(self.queued) - (limits.max_concurrency - self.decoding)
+        if waiting < limits.max_queued:
+            return None
+        return (f"{SERVER_BUSY}its {limits.max_concurrency} decoder slots are taken and {waiting} requests "
+                f"wait already (limits.max_queued {limits.max_queued}); retry later")
 
     def _admit(self, running: dict[int, _Stream]) -> None:
         """Move queued requests into the decoder in arrival order, blocking briefly when nothing
@@ -465,6 +486,7 @@ class TritonPythonModel:
                 if self._stop_due():
                     self._end_unfinished(running)
                 self._admit(running)
+                self.decoding = len(running)
                 self.metrics.load(len(running), len(self.queued) + self.waiting.qsize())
                 if not running:
                     self.metrics.flush_steps()
@@ -477,6 +499,7 @@ class TritonPythonModel:
                     if result.error is not None:
                         self.metrics.errors["invalid_request"].increment(1)
                     running.pop(rid).finish(result)
+                self.decoding = len(running)
             except Exception as exc:  # noqa: BLE001 - the instance must outlive any one failure
                 log.exception("decoding step failed")
                 self.metrics.errors["generation_failed"].increment(len(running))
@@ -511,8 +534,8 @@ class TritonPythonModel:
                 unfinished.append(self.waiting.get_nowait())
             except queue.Empty:
                 break
-        stopping = functools.partial(_error, "the server is shutting down: this request was not finished",
-                                     bad_request=False)
+        stopping = functools.partial(_error, f"{SHUTTING_DOWN}this request was not finished",
+                                     unavailable=True)
         for stream in unfinished:
             stream.send(stopping, FINAL)
         for rid in running:
