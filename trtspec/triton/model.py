@@ -245,6 +245,30 @@ def _parameters(request) -> dict:
     return json.loads(raw) if raw else {}
 
 
+class _Held:
+    """The requests an instance holds, decoding or waiting for a slot: taken by `execute` as it
+    queues one, given back by the request's final response. limits.max_queued bounds how many may
+    wait beyond the decoder's slots (None: no bound)."""
+
+    def __init__(self, slots: int, max_queued: int | None):
+        self.slots, self.max_queued = slots, max_queued
+        self.count = 0
+        self._lock = threading.Lock()  # `execute`'s threads take, the loop's and the outbox's give back
+
+    def take(self) -> str | None:
+        """Hold one more request; or why not (the server is busy)."""
+        with self._lock:
+            if self.max_queued is None or self.count < self.slots + self.max_queued:
+                self.count += 1
+                return None
+        return (f"{SERVER_BUSY}its {self.slots} decoder slots are taken and {self.max_queued} requests wait "
+                f"already (limits.max_queued {self.max_queued}); retry later")
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.count -= 1
+
+
 @dataclass
 class _Stream:
     """One request on its way: its parameters, where its responses go, its text so far."""
@@ -266,6 +290,7 @@ class _Stream:
     interval: int = 1  # decode steps per streamed response (limits.stream_interval)
     steps: int = 0  # decode steps that gave it tokens so far
     held: tuple[str, list[int], TokenLogprobs | None] = ("", [], None)  # output not yet streamed
+    place: _Held | None = None  # the instance's count that holds it, until its final response
 
     def cancelled(self) -> bool:
         """Whether the client cancelled or went away, asked of Triton at most every CANCEL_POLL_S."""
@@ -282,6 +307,9 @@ class _Stream:
         """Queue a response (`build()` makes it on the outbox's thread); the first goes at once."""
         self.outbox.send(self.sender, build, flags, self.went_away, at_once=self.responses == 0)
         self.responses += 1
+        if flags & FINAL and self.place is not None:  # its place is free for the next request
+            self.place.give_back()
+            self.place = None
 
     def _with_prompt(self, text: str, ids: list[int]) -> tuple[str, list[int]]:
         if self.prompt_ids is None:
@@ -365,7 +393,7 @@ class TritonPythonModel:
         self.outbox = Outbox(FINAL)  # the loop's responses, sent beside its steps
         self.waiting: queue.Queue[_Stream] = queue.Queue()  # from `execute` to the loop thread
         self.queued: deque[_Stream] = deque()  # the loop thread's, in arrival order
-        self.decoding = 0  # requests in the decoder, as the loop thread last counted them
+        self.held = _Held(self.config.limits.max_concurrency, self.config.limits.max_queued)
         self._swept_at = time.monotonic()  # when `_drop_cancelled` last asked
         stop_file = os.environ.get(STOP_FILE_ENV)  # set by trtspec's TritonServer
         self._stop_file = Path(stop_file) if stop_file else None
@@ -383,10 +411,6 @@ class TritonPythonModel:
         """Parse and queue; the loop thread answers (decoupled: responses come later)."""
         for request in requests:
             sender = request.get_response_sender()
-            if (busy := self._busy()) is not None:
-                self.metrics.errors["server_busy"].increment(1)
-                sender.send(_error(busy, unavailable=True), flags=FINAL)
-                continue
             try:
                 parsed = parse_request(lambda name, r=request: _input(r, name), self.limit,
                                        _parameters(request), self.pipeline.target.vocab_size,
@@ -419,22 +443,13 @@ class TritonPythonModel:
                              interval=self.config.limits.stream_interval)
             if parsed.logprobs is not None:
                 stream.logprobs = TokenLogprobs(parsed.logprobs)
+            if (busy := self.held.take()) is not None:
+                self.metrics.errors["server_busy"].increment(1)
+                sender.send(_error(busy, unavailable=True), flags=FINAL)
+                continue
+            stream.place = self.held
             self.waiting.put(stream)
         return None
-
-    def _busy(self) -> str | None:
-        """Why a new request is refused at once: limits.max_queued requests wait for a decoder slot
-        already (a request the loop thread is moving between its queues may go uncounted: a bound
-        within one)."""
-        limits = self.config.limits
-        if limits.max_queued is None:
-            return None
-        # the loop thread's deque and count, read only
-        waiting = self.waiting.qsize() + len(self.queued) - (limits.max_concurrency - self.decoding)
-        if waiting < limits.max_queued:
-            return None
-        return (f"{SERVER_BUSY}its {limits.max_concurrency} decoder slots are taken and {waiting} requests "
-                f"wait already (limits.max_queued {limits.max_queued}); retry later")
 
     def _admit(self, running: dict[int, _Stream]) -> None:
         """Move queued requests into the decoder in arrival order, blocking briefly when nothing
@@ -486,7 +501,6 @@ class TritonPythonModel:
                 if self._stop_due():
                     self._end_unfinished(running)
                 self._admit(running)
-                self.decoding = len(running)
                 self.metrics.load(len(running), len(self.queued) + self.waiting.qsize())
                 if not running:
                     self.metrics.flush_steps()
@@ -499,7 +513,6 @@ class TritonPythonModel:
                     if result.error is not None:
                         self.metrics.errors["invalid_request"].increment(1)
                     running.pop(rid).finish(result)
-                self.decoding = len(running)
             except Exception as exc:  # noqa: BLE001 - the instance must outlive any one failure
                 log.exception("decoding step failed")
                 self.metrics.errors["generation_failed"].increment(len(running))
