@@ -1107,6 +1107,29 @@ def test_generate_and_bench_cli_over_openai(served, pipeline, tmp_path, monkeypa
     assert json.loads(result.output)["text"] == bytes(want).decode() != _greedy(pipeline, PROMPTS[1])[0]
 
 
+def test_a_url_of_the_other_servers_port_says_which_port_it_may_be(served):
+    """Found auditing the docs (2026-12-06): openai:// at Triton's HTTP port answered "HTTP 404: Not
+    Found" alone. A 404 that is not the API's own error (no such route) now says which port it may
+    be; an unknown model, the API's own 404, is left as the server words it."""
+    grpc_port = served.grpc.rsplit(":", 1)[1]
+    for url, key, expected in (
+            (f"openai://127.0.0.1:{served.ports.http}", KEY, "no OpenAI API there: is it Triton's HTTP"),
+            (served.http, None, None),  # Triton's own generate endpoint: it answers
+            (served.base, None, "is it the OpenAI API's port? (openai://HOST:PORT for it)"),
+            (f"grpc://127.0.0.1:{served.openai_port}", None, "is it an HTTP port?"),
+            (f"grpc://127.0.0.1:{grpc_port}", None, None)):
+        args = ["generate", "--url", url, "--prompt", "Q: 1 + 2\nA:", "--max-tokens", "4"]
+        result = CliRunner().invoke(main, args + (["--api-key", key] if key else []))
+        if expected is None:
+            assert result.exit_code == 0, result.output
+        else:
+            assert result.exit_code == 1 and expected in result.output, result.output
+    result = CliRunner().invoke(main, ["generate", "--url", served.url, "--api-key", KEY, "--model", "nope",
+                                       "--prompt", "hi", "--max-tokens", "4"])
+    assert result.exit_code == 1 and "The model `nope` does not exist." in result.output
+    assert "is it" not in result.output
+
+
 def test_an_end_on_the_last_allowed_token_finishes_as_a_stop(served, pipeline):
     """The model's finish_reason, not a count: the same max_tokens tokens are a length, or a stop
     when the last is a stop_token_id."""

@@ -90,7 +90,8 @@ def _post(url: str, body: dict, api_key: str | None, timeout_s: float):
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    return post_json(urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers), timeout_s)
+    return post_json(urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers), timeout_s,
+                     api="openai")
 
 
 def _text_of(choice: dict, chat: bool, where: str, at: str) -> str:

@@ -9,6 +9,7 @@ weights it gives that stage's figures on the same data.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import random
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from trtspec.config import ASSETS_DIR
+from trtspec.errors import TrtspecError
 from trtspec.models.target import TargetModel, load_causal_lm
 from trtspec.prompts import load_prompts, math_prompts
 from trtspec.spec.decoder import SpeculativeDecoder
@@ -239,5 +241,19 @@ def main(target: Path = ASSETS_DIR / "tiny-target", out: Path = Path("docs/EMBED
           f"loss {split}", file=sys.stderr)
 
 
+def cli(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m trtspec.train.report",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", nargs="?", type=Path, default=ASSETS_DIR / "tiny-target",
+                        help="the target's checkpoint folder (default: the shipped tiny-target)")
+    parser.add_argument("out", nargs="?", type=Path, default=Path("docs/EMBEDDED_MODEL.md"),
+                        help="the Markdown file written (default: docs/EMBEDDED_MODEL.md, replaced)")
+    args = parser.parse_args(argv)
+    try:
+        main(args.target, args.out)
+    except TrtspecError as exc:
+        parser.exit(1, f"error: {exc}\n")
+
+
 if __name__ == "__main__":
-    main(*map(Path, sys.argv[1:3]))
+    cli()

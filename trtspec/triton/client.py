@@ -418,7 +418,9 @@ def grpc_generate_many(address: str, model: str, requests: list[list], on_text: 
 def _grpc_message(error, address: str) -> str:
     text = error.message() if hasattr(error, "message") else str(error)
     if "failed to connect" in text.lower() or "connection refused" in text.lower():
-        return f"cannot reach grpc://{address}: {text}"
+        hint = "; is it an HTTP port? (http://HOST:PORT for Triton's, openai://HOST:PORT for the OpenAI " \
+               "API)" if "http1.x server" in text else ""
+        return f"cannot reach grpc://{address}: {text}{hint}"
     return text
 
 
@@ -439,19 +441,39 @@ def _post(url: str, body: dict, timeout_s: float):
                      timeout_s)
 
 
-def post_json(req: urllib.request.Request, timeout_s: float):
-    """Send `req` (Triton's HTTP API, an OpenAI-compatible server): the open response, or a
-    ClientError with the server's own error, the network's, or a port that answers no HTTP."""
+# what a 404 that is not the API's own error (no such route: the port of another server) may mean
+_OTHER_SERVER = {
+    "triton": "is it the OpenAI API's port? (openai://HOST:PORT for it)",
+    "openai": "no OpenAI API there: is it Triton's HTTP port? (http://HOST:PORT for Triton's; `trtspec "
+              "serve` puts the OpenAI API on --openai-port, 9000 by default)",
+}
+
+
+def post_json(req: urllib.request.Request, timeout_s: float, api: str = "triton"):
+    """Send `req` to `api` (Triton's HTTP API, or an OpenAI-compatible server): the open response,
+    or a ClientError with the server's own error, the network's, or a port that answers no HTTP."""
     url = req.full_url
     try:
         return urllib.request.urlopen(req, timeout=timeout_s)
     except urllib.error.HTTPError as exc:
-        raise ClientError(f"{url}: HTTP {exc.code}: {error_text(exc.read())}") from None
+        raw = exc.read()
+        hint = f"; {_OTHER_SERVER[api]}" if exc.code == 404 and not _api_error(raw, api) else ""
+        raise ClientError(f"{url}: HTTP {exc.code}: {error_text(raw)}{hint}") from None
     except urllib.error.URLError as exc:
         raise ClientError(f"cannot reach {url}: {exc.reason}") from None
     except (http.client.HTTPException, ConnectionError) as exc:  # a gRPC port answers no HTTP
         raise ClientError(f"{url}: no HTTP answer came ({type(exc).__name__} {shown(str(exc), 60)}); is "
                           "it a gRPC port? (grpc://HOST:PORT for Triton's)") from None
+
+
+def _api_error(raw: bytes, api: str) -> bool:
+    """Whether `raw` is an error as `api` words one: Triton's `{"error": "..."}`, OpenAI's
+    `{"error": {"message": ...}}`."""
+    try:
+        error = json.loads(raw).get("error")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return False
+    return isinstance(error, dict if api == "openai" else str)
 
 
 def error_text(raw: bytes) -> str:
