@@ -96,6 +96,8 @@ def test_usage_errors_name_the_option(tmp_path):
     misspelt = invoke("train", "dflash", "--target", "builtin:tiny-tagret", "--prompts", CONFIG, "--out",
                       tmp_path / "d")
     assert_usage_error(misspelt, "--target", "'builtin:tiny-tagret' names no shipped model", "tiny-target")
+    missing = invoke("calibrate", "--target", tmp_path / "nowhere")
+    assert_usage_error(missing, "--target", "does not exist; or builtin:NAME, a shipped model", "tiny-target")
     # options of a served model, given with a config run here: refused, not silently ignored
     assert_usage_error(invoke("generate", "--config", CONFIG, "--prompt", "hi", "--model", "foo"), "--model",
                        "applies to a served model (--url)")

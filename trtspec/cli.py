@@ -34,17 +34,24 @@ class CheckpointDir(click.ParamType):
 
     name = "directory"
 
+    def get_metavar(self, param, ctx=None) -> str:
+        return "DIRECTORY|builtin:NAME"
+
     def convert(self, value, param, ctx) -> Path:
         from trtspec.config import ASSETS_DIR, BUILTIN_PREFIX
 
+        shipped = sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
         if isinstance(value, str) and value.startswith(BUILTIN_PREFIX):
             name = value[len(BUILTIN_PREFIX) :]
-            shipped = sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
             if name not in shipped:
                 self.fail(f"{value!r} names no shipped model (builtin: takes one of {', '.join(shipped)})",
                           param, ctx)
             return ASSETS_DIR / name
-        return EXISTING_DIR.convert(value, param, ctx)
+        try:
+            return EXISTING_DIR.convert(value, param, ctx)
+        except click.BadParameter as exc:
+            self.fail(f"{exc.message.rstrip('.')}; or builtin:NAME, a shipped model ({', '.join(shipped)})",
+                      param, ctx)
 
 
 CHECKPOINT_DIR = CheckpointDir()
