@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 from trtspec.bench.device_timer import L2_FLUSH_BYTES, DeviceTimer, flush_buffer
 from trtspec.bench.static_target import StaticKVTarget
 from trtspec.bench.synthetic import SyntheticSettings, build_drafter, build_target, profile_synthetic
-from trtspec.bench.synthetic_report import projections
+from trtspec.bench.synthetic_report import headline, inconsistencies, projections
 from trtspec.cli import main
 from trtspec.plan.gpus import GPUS, gpu_for_device
 from trtspec.plan.models import DRAFTERS, TARGETS
@@ -77,6 +77,20 @@ def test_projection_is_tau_times_t_ar_over_the_cycle():
     result["draft"][0]["graph_ms"] = None  # one eager part makes the whole projection eager
     assert projections(result)[1]["mode"] == "eager"
     assert projections(dict(result, model="llama3.1-8b")) == []  # no published τ used for it
+
+
+def test_timings_where_more_tokens_cost_less_are_called_noise():
+    """Found auditing the docs (2026-12-06): on a busy CPU a profile timed T(16) at 0.04x T(1) and
+    projected 90x, no word said. A forward of more tokens timed under 80 % of one of fewer is flagged
+    in the headline; a dip within that is not."""
+    at = {"batch": 1, "context": 64, "graph_ms": None, "floor_ms": 1.0}
+    result = {"settings": {"contexts": [64]}, "block_size": 16, "draft": [], "cuda_graphs": "off",
+              "target_forward": [dict(at, new_tokens=n, eager_ms=ms) for n, ms in ((1, 10.0), (4, 8.5),
+                                                                                     (16, 12.0))]}
+    assert inconsistencies(result) == []
+    result["target_forward"][2]["eager_ms"] = 0.4
+    assert inconsistencies(result) == ["batch 1, context 64: T(16) = 0.400 ms < T(1) = 10.000 ms"]
+    assert headline(result)[0].startswith("**Timings inconsistent**: a forward of more tokens took under 80%")
 
 
 def test_gpu_table_bandwidth():

@@ -66,9 +66,41 @@ def projections(result: dict) -> list[dict]:
     return out
 
 
+# a forward of more new tokens timed below this share of one of fewer, same batch and context: noise
+# (a busy machine, too few reps), since more tokens never take less work
+INCONSISTENT_BELOW = 0.8
+
+
+def inconsistencies(result: dict) -> list[str]:
+    """Target forwards (same batch and context) where more new tokens timed well below fewer: the
+    timings, and what is projected from them, are noise."""
+    found = []
+    groups: dict[tuple[int, int], list[dict]] = {}
+    for row in result["target_forward"]:
+        if best_ms(row) is not None:
+            groups.setdefault((row["batch"], row["context"]), []).append(row)
+    for (batch, context), rows in groups.items():
+        rows.sort(key=lambda r: r["new_tokens"])
+        slowest = rows[0]  # the slowest forward of fewer tokens so far
+        for row in rows[1:]:
+            ms, before = best_ms(row), best_ms(slowest)
+            if ms < INCONSISTENT_BELOW * before:
+                found.append(f"batch {batch}, context {context}: T({row['new_tokens']}) = {ms:.3f} ms "
+                             f"< T({slowest['new_tokens']}) = {before:.3f} ms")
+            if ms > before:
+                slowest = row
+    return found
+
+
 def headline(result: dict) -> list[str]:
     """The figures the GPU run is for, one sentence each."""
     lines = []
+    noisy = inconsistencies(result)
+    if noisy:
+        lines.append(f"**Timings inconsistent**: a forward of more tokens took under "
+                     f"{INCONSISTENT_BELOW:.0%} of one of fewer ({'; '.join(noisy[:3])}"
+                     f"{'; …' if len(noisy) > 3 else ''}): the "
+                     "machine was busy or --reps too few; the figures and projections below are noise.")
     c, block = result["settings"]["contexts"][0], result["block_size"]
     one = _find(result["target_forward"], batch=1, context=c, new_tokens=1)
     many = _find(result["target_forward"], batch=1, context=c, new_tokens=block)
