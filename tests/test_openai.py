@@ -1265,10 +1265,13 @@ def test_a_request_past_the_queue_bound_is_refused_at_once_as_busy(biased):
         try:
             assert occupier.stdout.readline().strip() == "got"
             assert settle("trtspec_requests_in_flight", 8) == 8
-            status, body = _post(f"{frontend.url}/v1/completions", GOOD_COMPLETION, None)
-            assert status == 503, body
-            assert (body["error"]["type"], body["error"]["code"]) == ("server_error", "unavailable")
-            assert body["error"]["message"].startswith(busy)
+            client = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="none", max_retries=0)
+            with pytest.raises(openai.APIStatusError) as refused:  # the SDK would retry it after a second
+                client.completions.create(**GOOD_COMPLETION)
+            assert (refused.value.status_code, refused.value.response.headers["retry-after"]) == (503, "1")
+            error = refused.value.body
+            assert (error["type"], error["code"]) == ("server_error", "unavailable")
+            assert error["message"].startswith(busy)
             status, body = _post(f"{frontend.url}/v1/messages", {**GOOD_CHAT, "max_tokens": 4}, None)
             assert (status, body["error"]["type"]) == (503, "overloaded_error"), body
             status, body = post_json(f"{server.http_url}/v2/models/trtspec/generate",

@@ -51,6 +51,8 @@ def _route_of(app: FastAPI, scope: dict) -> str:
 def _error(exc: ApiError, headers: dict | None = None, path: str = "") -> JSONResponse:
     """`exc` in OpenAI's shape, or on Anthropic's routes (/v1/messages) in Anthropic's."""
     body = error_body(exc) if path.startswith(ANTHROPIC_ROUTES) else exc.body()
+    if exc.retry_after_s is not None:
+        headers = {**(headers or {}), "Retry-After": str(exc.retry_after_s)}
     return JSONResponse(body, status_code=exc.status, headers=headers)
 
 

@@ -36,9 +36,11 @@ class ApiError(Exception):
     """An OpenAI-shaped error: HTTP status, message, offending parameter, code."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error", code: str | None = None):
+                 kind: str = "invalid_request_error", code: str | None = None,
+                 retry_after_s: int | None = None):
         super().__init__(message)
         self.message, self.param, self.status, self.kind, self.code = message, param, status, kind, code
+        self.retry_after_s = retry_after_s  # a Retry-After header: when to try again (the SDKs wait so long)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}

@@ -83,7 +83,9 @@ def triton_error(exc: TritonError, guide: str | None = None) -> ApiError:
     """The model's refusal as an OpenAI error; `guide`: the field that asked for a structured output,
     named where the model names its guided_decoding_guide."""
     message = str(exc)
-    if exc.unavailable or message.startswith((SERVER_BUSY, SHUTTING_DOWN)):  # retry later or elsewhere
+    if message.startswith(SERVER_BUSY):  # its queue is full: a second later a place may be free
+        return ApiError(message, status=503, kind="server_error", code="unavailable", retry_after_s=1)
+    if exc.unavailable or message.startswith(SHUTTING_DOWN):  # retry elsewhere
         return ApiError(message, status=503, kind="server_error", code="unavailable")
     if message.startswith(GENERATION_FAILED):  # the model's own failure, not the request's
         return ApiError(message, status=500, kind="server_error", code="internal_error")
