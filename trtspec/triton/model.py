@@ -245,15 +245,15 @@ def _parameters(request) -> dict:
     return json.loads(raw) if raw else {}
 
 
-class _Held:
-    """The requests an instance holds, decoding or waiting for a slot: taken by `execute` as it
-    queues one, given back by the request's final response. limits.max_queued bounds how many may
+class _Places:
+    """The places of the requests an instance holds, decoding or waiting for a slot: one taken by
+    `execute` as it queues a request, given back by the request's final response. limits.max_queued bounds how many may
     wait beyond the decoder's slots (None: no bound)."""
 
     def __init__(self, slots: int, max_queued: int | None):
         self.slots, self.max_queued = slots, max_queued
         self.count = 0
-        self._lock = threading.Lock()  # `execute`'s threads take, the loop's and the outbox's give back
+        self._lock = threading.Lock()  # `execute` takes (Triton's threads), the loop thread gives back
 
     def take(self) -> str | None:
         """Hold one more request; or why not (the server is busy)."""
@@ -290,7 +290,7 @@ class _Stream:
     interval: int = 1  # decode steps per streamed response (limits.stream_interval)
     steps: int = 0  # decode steps that gave it tokens so far
     held: tuple[str, list[int], TokenLogprobs | None] = ("", [], None)  # output not yet streamed
-    place: _Held | None = None  # the instance's count that holds it, until its final response
+    place: _Places | None = None  # the instance's count that holds it, until its final response
 
     def cancelled(self) -> bool:
         """Whether the client cancelled or went away, asked of Triton at most every CANCEL_POLL_S."""
@@ -393,7 +393,7 @@ class TritonPythonModel:
         self.outbox = Outbox(FINAL)  # the loop's responses, sent beside its steps
         self.waiting: queue.Queue[_Stream] = queue.Queue()  # from `execute` to the loop thread
         self.queued: deque[_Stream] = deque()  # the loop thread's, in arrival order
-        self.held = _Held(self.config.limits.max_concurrency, self.config.limits.max_queued)
+        self.places = _Places(self.config.limits.max_concurrency, self.config.limits.max_queued)
         self._swept_at = time.monotonic()  # when `_drop_cancelled` last asked
         stop_file = os.environ.get(STOP_FILE_ENV)  # set by trtspec's TritonServer
         self._stop_file = Path(stop_file) if stop_file else None
@@ -443,11 +443,11 @@ class TritonPythonModel:
                              interval=self.config.limits.stream_interval)
             if parsed.logprobs is not None:
                 stream.logprobs = TokenLogprobs(parsed.logprobs)
-            if (busy := self.held.take()) is not None:
+            if (busy := self.places.take()) is not None:
                 self.metrics.errors["server_busy"].increment(1)
                 sender.send(_error(busy, unavailable=True), flags=FINAL)
                 continue
-            stream.place = self.held
+            stream.place = self.places
             self.waiting.put(stream)
         return None
 
