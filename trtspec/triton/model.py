@@ -247,8 +247,8 @@ def _parameters(request) -> dict:
 
 class _Places:
     """The places of the requests an instance holds, decoding or waiting for a slot: one taken by
-    `execute` as it queues a request, given back by the request's final response. limits.max_queued bounds how many may
-    wait beyond the decoder's slots (None: no bound)."""
+    `execute` as it queues a request, given back by the request's final response. limits.max_queued
+    bounds how many may wait beyond the decoder's slots (None: no bound)."""
 
     def __init__(self, slots: int, max_queued: int | None):
         self.slots, self.max_queued = slots, max_queued
