@@ -2696,6 +2696,20 @@ def test_response_tools_and_text_formats_are_chats(served):
                        if item["type"] == "function_call")
     assert calls == [] and message.content.startswith("{")  # the schema's, last (its whitespace free)
     assert response["text"]["format"]["type"] == "json_schema"
+    # a named call cut by max_output_tokens (was a 400, a stream without its last event): incomplete,
+    # its arguments chat's, and the conversation goes on without it
+    named = {"tools": FLAT_TOOLS, "tool_choice": {"type": "function", "name": "add"}, "max_output_tokens": 6}
+    cut = client.chat.completions.create(**{**chat_ask, "max_tokens": 6}, tools=TOOLS, tool_choice={
+        "type": "function", "function": {"name": "add"}}).choices[0].message.tool_calls[0].function.arguments
+    for stream in (False, True):
+        response, _ = _response(client, stream, input="482 + 356", **named)
+        assert (response["status"], response["incomplete_details"]) == ("incomplete",
+                                                                         {"reason": "max_output_tokens"})
+        (call,) = response["output"]
+        assert (call["status"], call["arguments"]) == ("incomplete", cut) and not cut.endswith("}")
+        follow = client.responses.create(model="trtspec", previous_response_id=response["id"], input="again",
+                                         max_output_tokens=4, temperature=0)
+        assert follow.status in ("completed", "incomplete")
 
 
 BAD_RESPONSES = [

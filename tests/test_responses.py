@@ -254,6 +254,26 @@ def test_a_streams_events_build_the_whole_answers_items(start, mode, text):
     assert all(item["status"] == "completed" for item in whole.items)
 
 
+@pytest.mark.parametrize("status", ["incomplete", "completed"])  # cut by max_output_tokens, by a stop
+def test_a_call_cut_short_is_incomplete_and_left_out_of_the_conversation_it_continues(status):
+    """Found fuzzing the served APIs (2026-12-06): a named call cut by max_output_tokens (or a stop
+    sequence) was fed back through the input checks as the conversation's next turn, and its
+    unfinished arguments failed them: a 400 for a 200 answer, a stream that ended without its last
+    event, a background response queued for good. The cut call is incomplete (also where the answer
+    stopped at a stop sequence), and a call of status incomplete is no turn of the conversation,
+    from the server's output or a client's input alike."""
+    items = OutputItems()
+    segments_of(items, None, "named", ['{"a": 482, '])
+    items.close(status)
+    (call,) = items.items
+    assert (call["type"], call["status"], call["arguments"]) == ("function_call", "incomplete", '{"a": 482, ')
+    assert assistant_messages(items.items) == []
+    given = [{"role": "user", "content": "q"}, call, {"role": "user", "content": "again"}]
+    assert input_messages(given) == [{"role": "user", "content": "q"}, {"role": "user", "content": "again"}]
+    with pytest.raises(ApiError, match=r"input\[1\].arguments': not JSON"):  # a whole call is checked
+        input_messages([given[0], {**call, "status": "completed"}])
+
+
 def test_input_items_are_listed_newest_first_in_pages():
     """A text input lists as one user message; items as given, each with an id (its own kept);
     pages newest first (desc, OpenAI's default) or oldest first, after an item, of at most limit."""

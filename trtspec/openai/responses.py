@@ -194,8 +194,10 @@ ITEM_STATUSES = ("in_progress", "completed", "incomplete")  # an input item's `s
 
 def input_messages(given: str | list, param: str = "input") -> list[dict]:
     """Responses input items as chat messages: a message item's text parts joined one a line, a
-    function_call joined to the assistant message before it (or a new one), a function_call_output
-    a tool message, a reasoning item's text the next assistant message's reasoning_content."""
+    function_call joined to the assistant message before it (or a new one; one of status incomplete,
+    cut short by max_output_tokens or a stop sequence, was never made and is left out), a
+    function_call_output a tool message, a reasoning item's text the next assistant message's
+    reasoning_content."""
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
     messages: list[dict] = []
@@ -235,6 +237,8 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
             only_keys(item, ("type", "call_id", "name", "arguments", "id", "status", "namespace"), where)
             for field in ("call_id", "name", "arguments"):
                 required_string(item, field, where)
+            if item.get("status") == "incomplete":  # its arguments' text is what came before the cut
+                continue
             try:
                 arguments = json_text.loads(item["arguments"])
             except ValueError as exc:
@@ -271,7 +275,7 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
                           "function_call_output or reasoning (no item_reference: send the items themselves)")
     if reasoning is not None:  # reasoning last: an assistant turn of reasoning alone
         assistant()
-    if not messages:
+    if not given:
         raise ApiError(f"'{param}' must hold at least one item.", param, code="invalid_value")
     return messages
 
@@ -480,6 +484,8 @@ class OutputItems(Segments):
 
     def ended(self, segment: Segment, status: str) -> list[dict]:
         item = self.items[segment.index]
+        if segment.kind == CALL and not _json_object(item["arguments"]):  # cut short (a stop sequence)
+            status = "incomplete"
         item["status"] = status
         at = {"item_id": item["id"], "output_index": segment.index}
         if segment.kind == CALL:
@@ -495,6 +501,13 @@ class OutputItems(Segments):
                       self.event("response.reasoning_text.done", **at, content_index=0, text=part["text"]),
                       self.event("response.content_part.done", **at, content_index=0, part=dict(part))]
         return events + [self.event("response.output_item.done", output_index=segment.index, item=item)]
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json_text.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def response_object(req: ResponsesRequest, rid: str, created: int, model: str, output: list[dict],
