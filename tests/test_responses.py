@@ -28,8 +28,9 @@ from trtspec.openai.responses import (
     truncations,
 )
 from trtspec.openai.segments import Segments
+from trtspec.openai.streams import segment_events
 from trtspec.openai.tools import tool_plan
-from trtspec.openai.triton_stream import Generation
+from trtspec.openai.triton_stream import Generation, Step
 
 from .test_tools import TOOLS, _pieces
 
@@ -272,6 +273,35 @@ def test_a_call_cut_short_is_incomplete_and_left_out_of_the_conversation_it_cont
     assert input_messages(given) == [{"role": "user", "content": "q"}, {"role": "user", "content": "again"}]
     with pytest.raises(ApiError, match=r"input\[1\].arguments': not JSON"):  # a whole call is checked
         input_messages([given[0], {**call, "status": "completed"}])
+
+
+def test_a_bug_at_a_streams_end_ends_it_with_its_failure_not_a_cut():
+    """Found fuzzing the served APIs (2026-12-06): an error raised while the last events were made
+    ended the stream without a last event (a foreground client waited on a cut stream), and a
+    background response lost its failure event (numbered after events never sent). The events made
+    before it are sent, then the failure's, numbered in order."""
+    import asyncio
+
+    async def nothing_more():
+        return
+        yield
+
+    def tail(status: str) -> list[dict]:
+        raise RuntimeError("planted")
+
+    items = OutputItems()
+    run = Choice(Generation(prompt="", max_tokens=8), [])
+    first = Step("1+2=3", [49], finish_reason="length", final=True)
+
+    async def collect() -> list[dict]:
+        head = lambda: [items.event("response.in_progress")]  # noqa: E731
+        failed = lambda message: [items.event("response.failed", message=message)]  # noqa: E731
+        return [e async for e in segment_events([first], [nothing_more()], run, items, head, tail, failed)]
+
+    events = asyncio.run(collect())
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-2]["type"] == "response.output_item.done" and events[-2]["item"]["status"] == "incomplete"
+    assert (events[-1]["type"], events[-1]["message"]) == ("response.failed", "RuntimeError: planted")
 
 
 def test_input_items_are_listed_newest_first_in_pages():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
@@ -18,6 +19,8 @@ from trtspec.openai.choice import Choice
 from trtspec.openai.protocol import ApiError
 from trtspec.openai.segments import Segments, named_sse
 from trtspec.openai.triton_stream import TritonError
+
+log = logging.getLogger(__name__)
 
 
 class ClientGone(Exception):
@@ -148,10 +151,16 @@ async def segment_events(firsts: list, streams: list[AsyncIterator], run: Choice
             for event in segments.push(run.deltas(text, step.final)):
                 yield event
         status = run.status()
-        for event in segments.close(status) + tail(status):
+        for event in segments.close(status):
+            yield event
+        for event in tail(status):
             yield event
     except TritonError as exc:
         for event in segments.close("incomplete") + failed(triton_error(exc).message):
+            yield event
+    except Exception as exc:  # noqa: BLE001 - a bug: the stream ends with its failure, the server goes on
+        log.exception("a %s stream failed", type(segments).__name__)
+        for event in segments.close("incomplete") + failed(f"{type(exc).__name__}: {exc}"):
             yield event
     finally:
         await steps.aclose()
