@@ -123,6 +123,8 @@ def test_the_request_becomes_chats():
     for choice, want in (({"type": "auto"}, "auto"), ({"type": "none"}, "none"),
                          ({"type": "tool", "name": "add"}, named)):
         assert chat_body(_request(tools=tools, tool_choice=choice))["tool_choice"] == want
+    # a seed (trtspec's, as its answers report one): chat's, so an answer's trtspec.seed samples it again
+    assert chat_body(_request(temperature=1, seed=2**63))["seed"] == 2**63
     # effort: the chat template's reasoning_effort variable, as chat's reasoning_effort gives it
     assert chat_body(_request(output_config={"effort": "max"}))["reasoning_effort"] == "max"
     off = chat_body(_request(thinking={"type": "disabled"}))
@@ -147,6 +149,15 @@ def test_a_bad_request_field_is_refused_by_name(ask, param):
     with pytest.raises(ApiError) as refused:
         chat_body(_request(**ask))
     assert refused.value.param == param
+
+
+def test_a_temperature_past_anthropics_range_is_refused():
+    """Found fuzzing the served APIs (2026-12-06): temperature 1.5 was taken (chat's range is [0, 2],
+    Anthropic's [0, 1])."""
+    check_messages_request(_request(temperature=1))
+    with pytest.raises(ApiError, match=r"Invalid 'temperature': 1.5; expected 0 to 1") as refused:
+        check_messages_request(_request(temperature=1.5))
+    assert refused.value.param == "temperature"
 
 
 def test_claude_codes_context_editing_is_accepted_and_what_is_not_served_is_refused_by_name():

@@ -74,6 +74,8 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = Field(None, description="0 = greedy")
     top_p: float | None = Field(None, description="nucleus mass in (0, 1]")
     top_k: int | None = Field(None, description="keep the k most likely")
+    seed: int | None = Field(None, description="trtspec's (Anthropic's API has none): the sampling seed; an "
+                             "answer's trtspec.seed given back samples its text again")
     metadata: dict | None = Field(None, description='{"user_id"}: accepted, not used')
     service_tier: str | None = Field(None, description="accepted, one tier")
     inference_geo: str | None = Field(None, description="accepted, one place")
@@ -92,6 +94,9 @@ def check_messages_request(req: MessagesRequest) -> None:
         if getattr(req, param) not in (None, [], {}):
             raise refuse(param, getattr(req, param), why)
     _check_context_management(req.context_management)
+    if req.temperature is not None and not 0 <= req.temperature <= 1:  # chat's range is [0, 2]
+        raise ApiError(f"Invalid 'temperature': {req.temperature}; expected 0 to 1.", "temperature",
+                       code="invalid_value")
     if req.metadata is not None:  # accepted, not used, but as Anthropic types it
         only_keys(req.metadata, ("user_id",), "metadata")
         user = req.metadata.get("user_id")
@@ -158,7 +163,7 @@ def chat_body(req: CountTokensRequest) -> dict:
     if isinstance(req, MessagesRequest):
         body |= {"max_completion_tokens": req.max_tokens, "stop": req.stop_sequences,
                  "stream": bool(req.stream), "temperature": req.temperature, "top_p": req.top_p,
-                 "top_k": req.top_k,  # the block's end forced once it holds budget_tokens
+                 "top_k": req.top_k, "seed": req.seed,  # the block's end forced once it holds budget_tokens
                  "thinking_token_budget": (req.thinking or {}).get("budget_tokens")}
     return {name: value for name, value in body.items() if value is not None}
 
