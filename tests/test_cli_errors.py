@@ -96,6 +96,10 @@ def test_usage_errors_name_the_option(tmp_path):
     misspelt = invoke("train", "dflash", "--target", "builtin:tiny-tagret", "--prompts", CONFIG, "--out",
                       tmp_path / "d")
     assert_usage_error(misspelt, "--target", "'builtin:tiny-tagret' names no shipped model", "tiny-target")
+    assert_usage_error(invoke("compare", "--url", "grpc://127.0.0.1:1", "--reference-url", "openai://127.0.0.1:1"),
+                       "--url", "expected openai://HOST:PORT, got 'grpc://127.0.0.1:1'")
+    assert_usage_error(invoke("compare", "--url", "openai://127.0.0.1:1", "--reference-url", "openai://127.0.0.1:1",
+                              "--tie-tolerance", "-1"), "--tie-tolerance")
     missing = invoke("calibrate", "--target", tmp_path / "nowhere")
     assert_usage_error(missing, "--target", "does not exist; or builtin:NAME, a shipped model", "tiny-target")
     # options of a served model, given with a config run here: refused, not silently ignored

@@ -1214,6 +1214,22 @@ def test_verify_over_openai_fails_on_a_biased_server(biased):
     assert "FAIL\n" in result.output  # a sampling position over its bound
 
 
+def test_compare_passes_lossless_deployments_and_fails_samples_they_do_not_couple(served, biased):
+    """`trtspec compare`: `served` (Gumbel coupling) and `biased` (rejection sampling) both answer
+    greedy requests as the target alone does, so every answer agrees; their seeded samples are drawn
+    differently, so compare fails them, naming a request that parted."""
+    with _frontend_of(biased) as frontend:
+        both = ["compare", "--url", served.url, "--api-key", KEY, "--reference-url",
+                f"openai://127.0.0.1:{frontend.port}", "--max-tokens", "24"]
+        greedy = CliRunner().invoke(main, [*both, "--requests", "24"])
+        assert greedy.exit_code == 0, greedy.output
+        assert "24 requests: 24 identical, 0 parted at a near tie, 0 different" in greedy.output
+        assert greedy.output.rstrip().endswith("PASS: every answer the reference's")
+        sampled = CliRunner().invoke(main, [*both, "--requests", "12", "--temperature", "1"])
+    assert sampled.exit_code == 1 and "FAIL: answers differ" in sampled.output, sampled.output
+    assert "DIFFERENT: choice 0 differs at token " in sampled.output and '"seed": ' in sampled.output
+
+
 def test_a_failed_step_is_a_500_its_traceback_is_logged_and_the_server_serves_on(biased):
     """A step that fails for a reason of the model's own (test_only.fail_on_max_tokens): the requests
     running get "generation failed" as Triton's INTERNAL and the OpenAI API's 500

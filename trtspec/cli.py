@@ -1215,5 +1215,65 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
         raise SystemExit(1)
 
 
+
+@main.command()
+@click.option("--url", required=True, help="The deployment to check: openai://HOST:PORT (trtspec serve, "
+              "trtllm-serve, vLLM, SGLang).")
+@click.option("--reference-url", required=True, help="The same model without speculation (trtspec's target "
+              "alone, trtllm-serve without a speculative_config): openai://HOST:PORT.")
+@click.option("--model", "model_name", default="trtspec", show_default=True,
+              help="The model name both servers answer to.")
+@click.option("--requests", "count", default=200, show_default=True, type=int, help="Requests sent to each.")
+@click.option("--max-tokens", default=64, show_default=True, type=int, help="Most tokens a request asks for.")
+@click.option("--prompts", "prompts_path", default=None, type=EXISTING_FILE,
+              help="JSONL with a `prompt` per line, or text with one prompt per line (default: the shipped "
+                   "held-out code, math and chat prompts).")
+@click.option("--temperature", default=0.0, show_default=True, type=float,
+              help="0: greedy; above: seeded samples, alike only where the deployments couple them "
+                   "(trtspec's sampling.coupling gumbel).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random requests.")
+@click.option("--concurrency", default=4, show_default=True, type=int, help="Requests in flight.")
+@click.option("--tie-tolerance", default=0.0, show_default=True, type=float,
+              help="Nats: answers that part where the served token trails the reference's likeliest by at "
+                   "most this much parted at a near tie, and pass (GPU bfloat16 deployments: try 0.05).")
+@click.option("--no-chat", is_flag=True, help="/v1/completions only (a model without a chat template).")
+@click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
+              help="--url's bearer token (env OPENAI_API_KEY).")
+@click.option("--reference-api-key", default=None,
+              help="--reference-url's bearer token (default --api-key's).")
+@run_errors
+def compare(url, reference_url, model_name, count, max_tokens, prompts_path, temperature, seed, concurrency,
+            tie_tolerance, no_chat, api_key, reference_api_key) -> None:
+    """Check a deployment against the same model without speculation, over the OpenAI API: the same
+    seeded random requests (completions and chat, stop sequences, penalties, n = 2, streamed or not)
+    to both, every answer compared (text, finish reason, token count); exits 1 when any differs.
+    Two servers of the same hardware, unlike `verify`, whose reference runs here."""
+    from tqdm import tqdm
+
+    from trtspec.openai.compare import DIFFERENT, asks, compare_deployments
+    from trtspec.prompts import TASKS, load_prompts
+
+    for value, hint in ((url, "--url"), (reference_url, "--reference-url")):
+        if not _url_arg(value, hint).startswith("openai://"):
+            raise click.BadParameter(f"expected openai://HOST:PORT, got {value!r}", param_hint=hint)
+    check_range(count, "--requests", low=1)
+    check_range(max_tokens, "--max-tokens", low=1, high=2**31 - 1)
+    check_range(temperature, "--temperature", low=0, high=2)
+    check_range(concurrency, "--concurrency", low=1, high=256)
+    check_range(tie_tolerance, "--tie-tolerance", low=0)
+    prompts = load_prompts_arg(prompts_path, chat=False) if prompts_path else \
+        [p for task in TASKS for p in load_prompts(task)[:8]]
+    requests = asks(prompts, count, max_tokens, model_name, seed, temperature, chat=not no_chat)
+    with tqdm(total=count, desc="compare", unit="request") as bar:
+        result = compare_deployments(url, reference_url, requests, concurrency, tie_tolerance, api_key,
+                                     reference_api_key or api_key, progress=bar.update)
+    for line in result.report():
+        click.echo(line)
+    click.echo("PASS: every answer the reference's" if result.passed else
+               "FAIL: answers differ" if result.count(DIFFERENT) else "FAIL: no request was answered")
+    if not result.passed:
+        raise SystemExit(1)
+
+
 if __name__ == "__main__":
     main()

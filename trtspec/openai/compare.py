@@ -1,0 +1,222 @@
+"""Two OpenAI-compatible deployments of one model, request by request (`trtspec compare`).
+
+The served deployment (speculative) and a reference (the same model without speculation: trtspec's
+target alone, trtllm-serve without a speculative_config) get the same seeded random requests:
+/v1/completions and /v1/chat/completions, greedy (or seeded samples at a temperature, for
+deployments that couple them: trtspec's Gumbel coupling), with stop sequences, penalties, n > 1,
+streamed or not, every one asking for the two likeliest tokens' log-probabilities. Speculation is
+lossless when every answer is the reference's: the same text, finish reason and token count.
+
+Where two answers part, the token where they part is looked up in the reference's log-probabilities:
+if the served token is one of the reference's two likeliest and trails the likeliest by at most
+`tie_tolerance` nats, they parted at a near tie (a GPU's bfloat16 arithmetic rounds differently at
+different batch shapes, so two lossless deployments may part there); otherwise they differ.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from trtspec.openai.client import base_url
+from trtspec.triton.client import ClientError, answer_json, error_text
+
+IDENTICAL, REFUSED, NEAR_TIE, DIFFERENT = "identical", "refused alike", "near tie", "different"
+TOP = 2  # log-probabilities of the two likeliest tokens at each position
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One request: its endpoint (`completions`, `chat/completions`) and body."""
+
+    endpoint: str
+    body: dict
+
+
+@dataclass
+class Choice:
+    """One choice of an answer, with each token's text and the likeliest tokens' log-probabilities."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    tokens: list[str] = field(default_factory=list)
+    top: list[dict[str, float]] = field(default_factory=list)  # per token: token text -> log p
+
+
+@dataclass
+class Answer:
+    """A server's answer to one Ask: its choices and completion tokens, or its refusal."""
+
+    choices: list[Choice] = field(default_factory=list)
+    completion_tokens: int | None = None
+    refused: int | None = None  # the HTTP status of a refusal
+    message: str = ""
+
+
+def asks(prompts: list[str], count: int, max_tokens: int, model: str, seed: int, temperature: float = 0.0,
+         chat: bool = True) -> list[Ask]:
+    """`count` seeded random requests over `prompts`: half of them chat turns (with `chat`), each with
+    a random token budget up to `max_tokens` and, now and then, a stop sequence cut from its prompt,
+    presence and frequency penalties, two choices, streaming."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        prompt = rng.choice(prompts)
+        body: dict = {"model": model, "max_tokens": rng.randint(1, max_tokens), "temperature": temperature}
+        if temperature > 0:
+            body["seed"] = rng.randrange(2**31)
+        if chat and rng.random() < 0.5:
+            endpoint = "chat/completions"
+            body |= {"messages": [{"role": "user", "content": prompt}], "logprobs": True, "top_logprobs": TOP}
+        else:
+            endpoint = "completions"
+            body |= {"prompt": prompt, "logprobs": TOP}
+        if rng.random() < 0.3 and prompt.strip():
+            start = rng.randrange(len(prompt.strip()))
+            body["stop"] = [prompt.strip()[start:start + rng.randint(1, 2)]]
+        if rng.random() < 0.3:
+            body["presence_penalty"] = round(rng.uniform(0.1, 1.0), 2)
+            body["frequency_penalty"] = round(rng.uniform(0.1, 1.0), 2)
+        if rng.random() < 0.2:
+            body["n"] = 2
+        if rng.random() < 0.5:
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
+        out.append(Ask(endpoint, body))
+    return out
+
+
+def _logprobs(choice: dict, into: Choice) -> None:
+    """A choice's (or stream chunk's) log-probabilities into `into`: completions' lists, chat's items."""
+    logprobs = choice.get("logprobs") or {}
+    if "content" in logprobs:  # chat
+        for item in logprobs["content"] or ():
+            into.tokens.append(item["token"])
+            into.top.append({t["token"]: t["logprob"] for t in item.get("top_logprobs") or ()})
+    else:  # completions
+        into.tokens += logprobs.get("tokens") or []
+        into.top += [dict(top or {}) for top in logprobs.get("top_logprobs") or []]
+
+
+def _text(choice: dict) -> str:
+    if "text" in choice:
+        return choice["text"] or ""
+    part = choice.get("message") or choice.get("delta") or {}
+    return part.get("content") or ""
+
+
+def answer(url: str, ask: Ask, api_key: str | None = None, timeout_s: float = 300.0) -> Answer:
+    """`ask` sent to the OpenAI-compatible server at `url` (openai://HOST:PORT); its refusal (an
+    HTTP error) is an Answer too. A server out of reach is a ClientError."""
+    endpoint = f"{base_url(url)}/{ask.endpoint}"
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(endpoint, data=json.dumps(ask.body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            bodies = [answer_json(resp.read(), endpoint)] if not ask.body.get("stream") else \
+                [answer_json(line[5:].strip(), endpoint) for line in resp
+                 if line.startswith(b"data:") and line[5:].strip() != b"[DONE]"]
+    except urllib.error.HTTPError as exc:
+        return Answer(refused=exc.code, message=error_text(exc.read()))
+    except (urllib.error.URLError, OSError) as exc:
+        raise ClientError(f"cannot reach {endpoint}: {getattr(exc, 'reason', exc)}") from None
+    out = Answer()
+    choices: dict[int, Choice] = {}
+    for body in bodies:
+        if "error" in body:  # an error event in a stream
+            return Answer(refused=0, message=json.dumps(body["error"])[:300])
+        for choice in body.get("choices") or ():
+            one = choices.setdefault(choice.get("index", 0), Choice())
+            one.text += _text(choice)
+            one.finish_reason = choice.get("finish_reason") or one.finish_reason
+            _logprobs(choice, one)
+        usage = body.get("usage")
+        if usage:
+            out.completion_tokens = usage.get("completion_tokens")
+    out.choices = [choices[i] for i in sorted(choices)]
+    return out
+
+
+def judge(served: Answer, reference: Answer, tie_tolerance: float, greedy: bool = True) -> tuple[str, str]:
+    """(identical / refused alike / near tie / different, why) for two answers to one request; near
+    ties only where the answers are greedy (a sample parts from another wherever it draws another
+    token)."""
+    if served.refused is not None or reference.refused is not None:
+        if served.refused == reference.refused:
+            return REFUSED, f"HTTP {served.refused}: {served.message[:200]}"
+        said = [f"HTTP {a.refused}: {a.message[:120]}" if a.refused is not None else "answered"
+                for a in (served, reference)]
+        return DIFFERENT, f"served {said[0]}; reference {said[1]}"
+    if len(served.choices) != len(reference.choices):
+        return DIFFERENT, f"{len(served.choices)} choices; the reference {len(reference.choices)}"
+    verdict, why = IDENTICAL, ""
+    for i, (a, b) in enumerate(zip(served.choices, reference.choices, strict=True)):
+        if (a.text, a.finish_reason) == (b.text, b.finish_reason):
+            continue
+        # the first token where they part (None: one's tokens begin the other's, or none came)
+        k = next((j for j, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y), None)
+        if greedy and k is not None and k < len(b.top) and a.tokens[k] in b.top[k]:
+            gap = max(b.top[k].values()) - b.top[k][a.tokens[k]]
+            if gap <= tie_tolerance:
+                verdict, why = NEAR_TIE, f"choice {i} parted at token {k} ({a.tokens[k]!r} for " \
+                                         f"{b.tokens[k]!r}, {gap:.4f} nats behind in the reference)"
+                continue
+        at = "" if k is None else f" at token {k}"
+        return DIFFERENT, f"choice {i} differs{at}: {a.text[:80]!r} ({a.finish_reason}) vs the reference's " \
+                          f"{b.text[:80]!r} ({b.finish_reason})"
+    if verdict == IDENTICAL and served.completion_tokens != reference.completion_tokens:
+        return DIFFERENT, f"usage.completion_tokens {served.completion_tokens} vs the reference's " \
+                          f"{reference.completion_tokens}"
+    return verdict, why
+
+
+@dataclass
+class Comparison:
+    """Each request's verdict, in order."""
+
+    asks: list[Ask]
+    verdicts: list[tuple[str, str]]
+
+    def count(self, verdict: str) -> int:
+        return sum(v == verdict for v, _ in self.verdicts)
+
+    @property
+    def passed(self) -> bool:
+        """No answer differs, and some were answered (requests both refuse check nothing)."""
+        return self.count(DIFFERENT) == 0 and self.count(IDENTICAL) + self.count(NEAR_TIE) > 0
+
+    def report(self, shown: int = 5) -> list[str]:
+        lines = [f"{len(self.asks)} requests: {self.count(IDENTICAL)} identical, {self.count(NEAR_TIE)} "
+                 f"parted at a near tie, {self.count(DIFFERENT)} different, {self.count(REFUSED)} refused by "
+                 "both alike"]
+        for kind in (DIFFERENT, NEAR_TIE, REFUSED):
+            found = [(ask, why) for ask, (v, why) in zip(self.asks, self.verdicts, strict=True) if v == kind]
+            for ask, why in found[:shown]:
+                lines.append(f"  {kind.upper()}: {why}\n    POST /v1/{ask.endpoint} {json.dumps(ask.body)}")
+            if len(found) > shown:
+                lines.append(f"  … and {len(found) - shown} more {kind}")
+        return lines
+
+
+def compare_deployments(url: str, reference_url: str, requests: list[Ask], concurrency: int = 4,
+                        tie_tolerance: float = 0.0, api_key: str | None = None,
+                        reference_api_key: str | None = None, progress=None) -> Comparison:
+    """Send every request to both servers (`concurrency` requests in flight, each to both at once)
+    and judge each pair of answers."""
+    def one(ask: Ask) -> tuple[str, str]:
+        with ThreadPoolExecutor(2) as both:
+            served = both.submit(answer, url, ask, api_key)
+            reference = both.submit(answer, reference_url, ask, reference_api_key)
+            greedy = not ask.body.get("temperature")
+            verdict = judge(served.result(), reference.result(), tie_tolerance, greedy)
+        if progress is not None:
+            progress()
+        return verdict
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return Comparison(requests, list(pool.map(one, requests)))
