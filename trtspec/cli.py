@@ -1222,7 +1222,9 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
 @click.option("--reference-url", required=True, help="The same model without speculation (trtspec's target "
               "alone, trtllm-serve without a speculative_config): openai://HOST:PORT.")
 @click.option("--model", "model_name", default="trtspec", show_default=True,
-              help="The model name both servers answer to.")
+              help="The model name --url answers to.")
+@click.option("--reference-model", default=None,
+              help="The name --reference-url answers to (default --model's).")
 @click.option("--requests", "count", default=200, show_default=True, type=int, help="Requests sent to each.")
 @click.option("--max-tokens", default=64, show_default=True, type=int, help="Most tokens a request asks for.")
 @click.option("--prompts", "prompts_path", default=None, type=EXISTING_FILE,
@@ -1242,8 +1244,8 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
 @click.option("--reference-api-key", default=None,
               help="--reference-url's bearer token (default --api-key's).")
 @run_errors
-def compare(url, reference_url, model_name, count, max_tokens, prompts_path, temperature, seed, concurrency,
-            tie_tolerance, no_chat, api_key, reference_api_key) -> None:
+def compare(url, reference_url, model_name, reference_model, count, max_tokens, prompts_path, temperature,
+            seed, concurrency, tie_tolerance, no_chat, api_key, reference_api_key) -> None:
     """Check a deployment against the same model without speculation, over the OpenAI API: the same
     seeded random requests (completions and chat, stop sequences, penalties, n = 2, streamed or not)
     to both, every answer compared (text, finish reason, token count); exits 1 when any differs.
@@ -1266,7 +1268,7 @@ def compare(url, reference_url, model_name, count, max_tokens, prompts_path, tem
     requests = asks(prompts, count, max_tokens, model_name, seed, temperature, chat=not no_chat)
     with tqdm(total=count, desc="compare", unit="request") as bar:
         result = compare_deployments(url, reference_url, requests, concurrency, tie_tolerance, api_key,
-                                     reference_api_key or api_key, progress=bar.update)
+                                     reference_api_key or api_key, reference_model, progress=bar.update)
     for line in result.report():
         click.echo(line)
     click.echo("PASS: every answer the reference's" if result.passed else

@@ -205,13 +205,16 @@ class Comparison:
 
 def compare_deployments(url: str, reference_url: str, requests: list[Ask], concurrency: int = 4,
                         tie_tolerance: float = 0.0, api_key: str | None = None,
-                        reference_api_key: str | None = None, progress=None) -> Comparison:
-    """Send every request to both servers (`concurrency` requests in flight, each to both at once)
-    and judge each pair of answers."""
+                        reference_api_key: str | None = None, reference_model: str | None = None,
+                        progress=None) -> Comparison:
+    """Send every request to both servers (`concurrency` requests in flight, each to both at once;
+    to the reference under `reference_model` where its name is another) and judge each pair of
+    answers."""
     def one(ask: Ask) -> tuple[str, str]:
+        alike = ask if reference_model is None else Ask(ask.endpoint, {**ask.body, "model": reference_model})
         with ThreadPoolExecutor(2) as both:
             served = both.submit(answer, url, ask, api_key)
-            reference = both.submit(answer, reference_url, ask, reference_api_key)
+            reference = both.submit(answer, reference_url, alike, reference_api_key)
             greedy = not ask.body.get("temperature")
             verdict = judge(served.result(), reference.result(), tie_tolerance, greedy)
         if progress is not None:
