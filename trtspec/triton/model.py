@@ -476,6 +476,10 @@ class TritonPythonModel:
                 name = f"{stream.request.prompt_input}: " if isinstance(exc, PromptError) else ""
                 stream.send(functools.partial(_error, f"{name}{exc}"), FINAL)
                 continue
+            except Exception as exc:  # the model's own (memory, a bug): answered here, the step fails
+                self.metrics.errors["generation_failed"].increment(1)
+                stream.send(functools.partial(_error, f"{GENERATION_FAILED}{exc}", bad_request=False), FINAL)
+                raise
             self.metrics.queue.observe(time.monotonic() - stream.queued_at)
             running[rid] = stream
 
@@ -512,7 +516,8 @@ class TritonPythonModel:
                     self.metrics.record(result)
                     if result.error is not None:
                         self.metrics.errors["invalid_request"].increment(1)
-                    running.pop(rid).finish(result)
+                    running[rid].finish(result)
+                    del running[rid]  # after its last response: a finish that fails is answered below
             except Exception as exc:  # noqa: BLE001 - the instance must outlive any one failure
                 log.exception("decoding step failed")
                 self.metrics.errors["generation_failed"].increment(len(running))
