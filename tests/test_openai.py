@@ -1257,8 +1257,8 @@ def test_a_request_past_the_queue_bound_is_refused_at_once_as_busy(biased):
     """`biased` lets no request wait (limits.max_queued 0): with its 8 decoder slots taken, one more is
     refused at once, as busy rather than bad: the OpenAI API's 503 server_error (its SDK retries one),
     Anthropic's overloaded_error, a gRPC or HTTP client's error; each counted as server_busy. Once the slots
-    are free the next request is served. Without a bound it waited for a slot, however long. The bound
-    counts requests until their final responses: 9 choices sent at once are one too many."""
+    are free the next request is served. Without a bound it waited for a slot, however long. A request
+    of more choices than the bound ever holds is a 400."""
     server = biased[0]
     busy = ("the server is busy: its 8 decoder slots are taken and 0 requests wait already "
             "(limits.max_queued 0)")
@@ -1270,10 +1270,12 @@ def test_a_request_past_the_queue_bound_is_refused_at_once_as_busy(biased):
         return scraped_metric(server.metrics_url, name)
 
     with _frontend_of(biased) as frontend:
-        # 9 choices at once: one past the slots, so the request is refused and its 8 others cancelled
+        # 9 choices: more than the deployment ever holds (each choice a request), refused by name: a
+        # 503 "retry later" would never come true
         status, body = _post(f"{frontend.url}/v1/completions", {**GOOD_COMPLETION, "n": 9}, None)
-        assert status == 503 and body["error"]["message"].startswith(busy), body
-        assert settle("trtspec_requests_in_flight", 0) == 0
+        assert (status, body["error"]["param"]) == (400, "n"), body
+        assert body["error"]["message"].startswith("Invalid 'n': 9 choices, more than the 8 requests the "
+                                                   "deployment holds at once (limits.max_concurrency and")
         # 8 choices of 2,048 tokens each, end ids ignored, read no further than their first chunk
         occupier = subprocess.Popen([sys.executable, "-c", DROPPING_CLIENT, f"{frontend.url}/v1/completions",
                                      "none", json.dumps((CODE * 3)[:8]), "stream"], stdout=subprocess.PIPE,
@@ -1303,7 +1305,7 @@ def test_a_request_past_the_queue_bound_is_refused_at_once_as_busy(biased):
         assert settle("trtspec_requests_in_flight", 0) == 0
         status, body = _post(f"{frontend.url}/v1/completions", GOOD_COMPLETION, None)
         assert status == 200 and body["usage"]["completion_tokens"] >= 1, body
-    assert scraped_metric(server.metrics_url, "trtspec_request_errors_total", reason="server_busy") == 5
+    assert scraped_metric(server.metrics_url, "trtspec_request_errors_total", reason="server_busy") == 4
 
 
 def test_the_models_refusals_are_told_apart_by_whose_fault_they_are():

@@ -46,6 +46,15 @@ from trtspec.triton.request import salt_length_problem
 ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")  # JSON's escape of half a surrogate pair
 
 
+async def _closed(firsts: list[asyncio.Future], streams: list) -> None:
+    """Cancel the choices' first reads, then close their streams (each cancels its Triton request)."""
+    for first in firsts:
+        first.cancel()
+    await asyncio.gather(*firsts, return_exceptions=True)  # each stops reading before its stream closes
+    for steps in streams:
+        await steps.aclose()
+
+
 class Frontend:
     """Turns checked OpenAI requests into Triton requests and Triton steps into OpenAI bodies."""
 
@@ -250,6 +259,12 @@ class Frontend:
                 included = tuple(stop_list(req.stop)) if req.include_stop_str_in_output else ()
                 runs.append(Choice(seeded, prompt_ids, j, body, echo, self.model.tokenizer.decode, included,
                                    tools, start, getattr(req, "include_reasoning", None) is not False))
+        held = self.model.max_held
+        if held is not None and len(runs) > held:  # each choice a request: never all held at once
+            param = "n" if (req.n or 1) > 1 else "prompt"
+            raise ApiError(f"Invalid '{param}': {len(runs)} choices, more than the {held} requests the "
+                           "deployment holds at once (limits.max_concurrency and limits.max_queued); ask for "
+                           "fewer.", param, code="invalid_value")
         return runs
 
     async def started(self, request: Request, runs: list[Choice], guide: str | None) -> tuple[list, list]:
@@ -257,21 +272,20 @@ class Frontend:
         not a stream; a client that leaves meanwhile (queued for a decoder slot, in a long prefill)
         cancels them."""
         streams = [self.triton.generate(run.gen) for run in runs]
-        try:
-            firsts = await unless_gone(request, asyncio.gather(*(anext(steps) for steps in streams),
-                                                               return_exceptions=True))
-        except ClientGone:
-            for steps in streams:
-                await steps.aclose()
+        firsts = [asyncio.ensure_future(anext(steps)) for steps in streams]
+        try:  # the first refusal answers at once (a busy server's, while the other choices wait)
+            await unless_gone(request, asyncio.ensure_future(
+                asyncio.wait(firsts, return_when=asyncio.FIRST_EXCEPTION)))
+        except BaseException:  # the client went away, or this handler was cancelled: nothing is left running
+            await _closed(firsts, streams)
             raise
-        refused = next((f for f in firsts if isinstance(f, BaseException)), None)
+        refused = next((f.exception() for f in firsts if f.done() and f.exception() is not None), None)
         if refused is not None:
-            for steps in streams:
-                await steps.aclose()
+            await _closed(firsts, streams)
             if isinstance(refused, TritonError):
                 raise triton_error(refused, guide) from None
             raise refused
-        return firsts, streams
+        return [first.result() for first in firsts], streams
 
     def chat_turn(self, body: dict, renames: Renames,
                   generate: bool = True) -> tuple[str, Choice | None, str | None]:

@@ -35,6 +35,8 @@ class ServedModel:
     compact_json: bool = False  # structured outputs' JSON written compactly (serve --compact-json)
     served_names: tuple[str, ...] = ()  # the names the API answers to, the first in its answers
     #                                     (serve --served-model-name; none: the Triton model's)
+    max_held: int | None = None  # requests the deployment holds at once, decoding or waiting
+    #                               (limits.max_concurrency + max_queued per instance; None: no bound)
 
     @property
     def api_names(self) -> tuple[str, ...]:
@@ -73,9 +75,12 @@ def served_model(config: BuildConfig) -> ServedModel:
     if defaults:
         log.info("requests without them sample with %s/generation_config.json's %s", target_dir,
                  ", ".join(f"{k} {v}" for k, v in defaults.items()))
-    return ServedModel(config.name, tokenizer, chat, context, config.limits.max_tokens,
-                       int(hf_config.vocab_size), defaults, config.limits.max_input_tokens,
-                       max_request_bytes=config.limits.max_request_bytes)
+    limits = config.limits
+    held = None if limits.max_queued is None else \
+        (limits.max_concurrency + limits.max_queued) * max(1, len(config.gpus))  # an instance per GPU
+    return ServedModel(config.name, tokenizer, chat, context, limits.max_tokens,
+                       int(hf_config.vocab_size), defaults, limits.max_input_tokens,
+                       max_request_bytes=limits.max_request_bytes, max_held=held)
 
 
 def served_model_of_repo(repo: Path, tool_parser: str | None = None, reasoning_parser: str | None = None,
