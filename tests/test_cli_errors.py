@@ -972,3 +972,19 @@ def test_an_ipv6_url_reaches_its_host_and_a_path_after_the_port_is_refused():
     for url in ("grpc://127.0.0.1:1/x", "openai://127.0.0.1:1/v1", "http://127.0.0.1:1?a=1"):
         result = invoke("generate", "--url", url, "--prompt", "hi")
         assert result.exit_code != 0 and "expected no path after HOST:PORT" in result.output, result.output
+
+
+@pytest.mark.parametrize(("raw", "api", "own"), [
+    (b'{"object": "error", "message": "The model `x` does not exist.", "code": 404}', "openai", True),  # vLLM
+    (b'{"error": {"message": "The model `x` does not exist."}}', "openai", True),  # OpenAI, trtspec
+    (b'{"detail": "Not Found"}', "openai", False),  # a FastAPI server's unknown route
+    (b'{"error": "Not Found"}', "openai", False), (b"Not Found", "openai", False), (b"[1]", "openai", False),
+    (b'{"error": "Request for unknown model: \'x\' is not found"}', "triton", True),
+    (b'{"error": {"message": "Invalid URL"}}', "triton", False),  # trtspec's OpenAI port
+])
+def test_a_404_in_the_apis_own_words_gets_no_hint_of_another_port(raw, api, own):
+    """Found reviewing the port hints (2026-12-06): vLLM's and SGLang's unknown-model 404 is
+    {"object": "error", ...}, and a mistyped --model was told "is it Triton's HTTP port?"."""
+    from trtspec.triton.client import _api_error
+
+    assert _api_error(raw, api) is own

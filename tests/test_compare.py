@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from trtspec.openai.compare import DIFFERENT, IDENTICAL, NEAR_TIE, REFUSED, Answer, Choice, asks, judge
+from trtspec.openai.compare import (
+    DIFFERENT,
+    IDENTICAL,
+    NEAR_TIE,
+    REFUSED,
+    Answer,
+    Ask,
+    Choice,
+    answer,
+    asks,
+    judge,
+)
 
 
 def _answer(tokens: list[str], top: list[dict[str, float]], finish: str = "length") -> Answer:
@@ -20,10 +34,20 @@ def test_answers_that_part_at_a_near_tie_pass_within_the_tolerance_only():
     assert judge(served, reference, 0.05)[0] == NEAR_TIE
     assert "parted at token 2 ('3' for '8', 0.0200 nats behind" in judge(served, reference, 0.05)[1]
     assert judge(served, reference, 0.0)[0] == DIFFERENT
-    assert judge(served, reference, 0.05, greedy=False)[0] == DIFFERENT
+    assert judge(served, reference, 0.05, ties=False)[0] == DIFFERENT
     far = _answer(["=", " ", "7", "3"], [{"=": -0.1}, {" ": -0.2}, tie, {"3": -0.3}])  # not in the top 2
     assert judge(far, reference, 1.0)[0] == DIFFERENT
     assert judge(reference, reference, 0.0) == (IDENTICAL, "")
+    # found reviewing it: the gap was taken from the likeliest token, not from the reference's own
+    # choice. A reference that chose '3' where its (raw, before penalties) log-probabilities put '8'
+    # first: a served '8' is no near tie at any tolerance (it is what a server ignoring the
+    # penalties writes); an exact tie at tolerance 0 is no near tie either
+    chose_second = _answer(["=", " ", "3"], [{"=": -0.1}, {" ": -0.2}, tie])
+    ignored = _answer(["=", " ", "8"], [{"=": -0.1}, {" ": -0.2}, tie])
+    assert judge(ignored, chose_second, 1.0)[0] == DIFFERENT
+    exact = {"8": math.log(0.5), "3": math.log(0.5)}
+    assert judge(_answer(["3"], [exact]), _answer(["8"], [exact]), 0.0)[0] == DIFFERENT
+    assert judge(_answer(["3"], [exact]), _answer(["8"], [exact]), 1e-9)[0] == NEAR_TIE
 
 
 def test_refusals_agree_only_when_both_refuse_alike_and_token_counts_must_agree():
@@ -31,6 +55,10 @@ def test_refusals_agree_only_when_both_refuse_alike_and_token_counts_must_agree(
     assert judge(Answer(refused=400, message="bad"), Answer(refused=400, message="bad"), 0)[0] == REFUSED
     assert judge(Answer(refused=400), ok, 0)[0] == DIFFERENT
     assert judge(ok, Answer(refused=503), 0)[0] == DIFFERENT
+    assert judge(Answer(broken="an error event"), Answer(broken="cut short"), 0)[0] == REFUSED
+    assert judge(Answer(broken="cut short"), ok, 0) == (DIFFERENT, "served a broken answer (cut short); the "
+                                                              "reference an answer")
+    assert judge(Answer(broken="cut short"), Answer(refused=500), 0)[0] == DIFFERENT
     counted = _answer(["a"], [{"a": 0.0}])
     counted.completion_tokens = 2
     assert judge(counted, ok, 0) == (DIFFERENT, "usage.completion_tokens 2 vs the reference's 1")
@@ -47,3 +75,44 @@ def test_requests_are_seeded_and_mix_the_features():
     assert all(1 <= b["max_tokens"] <= 32 and b["temperature"] == 0 and "seed" not in b for b in bodies)
     sampled = asks(["x"], 10, 8, "m", seed=0, temperature=0.7, chat=False)
     assert all(a.endpoint == "completions" and a.body["seed"] >= 0 for a in sampled)
+
+
+class _Scripted(BaseHTTPRequestHandler):
+    """Answers each POST with the next of the server's `script`: (status, headers, body bytes)."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        status, headers, body = self.server.script.pop(0)
+        self.send_response(status)
+        for name, value in {"Content-Length": str(len(body)), **headers}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_busy_server_is_asked_again_and_a_stream_cut_short_is_a_broken_answer():
+    """Found reviewing it: a bounded deployment's 503 (limits.max_queued) counted as a difference,
+    and a stream cut mid-body ended the whole run in a traceback."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"openai://127.0.0.1:{server.server_address[1]}"
+    whole = json.dumps({"choices": [{"index": 0, "text": "3", "finish_reason": "stop"}],
+                        "usage": {"completion_tokens": 1}}).encode()
+    busy = json.dumps({"error": {"message": "the server is busy: …"}}).encode()
+    try:
+        again = (503, {"Retry-After": "0"}, busy)
+        server.script = [again, again, (200, {}, whole)]
+        got = answer(url, Ask("completions", {"prompt": "Q: 1 + 2\nA:"}))
+        assert ([c.text for c in got.choices], got.completion_tokens, server.script) == (["3"], 1, [])
+        server.script = [(503, {}, busy)]  # no Retry-After: an answer as it is
+        assert answer(url, Ask("completions", {})).refused == 503
+        cut = b'data: {"choices": [{"index": 0, "text": "3"}]}\n\ndata: {"choi'
+        longer = {"Content-Length": str(len(cut) + 50), "Content-Type": "text/event-stream"}  # than it sends
+        server.script = [(200, longer, cut)]
+        got = answer(url, Ask("completions", {"stream": True}), timeout_s=10)
+        assert got.broken is not None and got.broken.startswith("cut short or unreadable")
+    finally:
+        server.shutdown()

@@ -1242,7 +1242,7 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
               help="--url's bearer token (env OPENAI_API_KEY).")
 @click.option("--reference-api-key", default=None,
-              help="--reference-url's bearer token (default --api-key's).")
+              help="--reference-url's bearer token (none by default: --api-key's goes to --url only).")
 @run_errors
 def compare(url, reference_url, model_name, reference_model, count, max_tokens, prompts_path, temperature,
             seed, concurrency, tie_tolerance, no_chat, api_key, reference_api_key) -> None:
@@ -1268,7 +1268,7 @@ def compare(url, reference_url, model_name, reference_model, count, max_tokens, 
     requests = asks(prompts, count, max_tokens, model_name, seed, temperature, chat=not no_chat)
     with tqdm(total=count, desc="compare", unit="request") as bar:
         result = compare_deployments(url, reference_url, requests, concurrency, tie_tolerance, api_key,
-                                     reference_api_key or api_key, reference_model, progress=bar.update)
+                                     reference_api_key, reference_model, progress=bar.update)
     for line in result.report():
         click.echo(line)
     click.echo("PASS: every answer the reference's" if result.passed else

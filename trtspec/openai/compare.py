@@ -15,8 +15,10 @@ different batch shapes, so two lossless deployments may part there); otherwise t
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +29,8 @@ from trtspec.triton.client import ClientError, answer_json, error_text
 
 IDENTICAL, REFUSED, NEAR_TIE, DIFFERENT = "identical", "refused alike", "near tie", "different"
 TOP = 2  # log-probabilities of the two likeliest tokens at each position
+PENALTIES = ("presence_penalty", "frequency_penalty")  # a request's, which raw log-probabilities leave out
+BUSY_RETRIES, MAX_RETRY_WAIT_S = 5, 30  # a busy server's 503: asked again after its Retry-After
 
 
 @dataclass(frozen=True)
@@ -49,12 +53,24 @@ class Choice:
 
 @dataclass
 class Answer:
-    """A server's answer to one Ask: its choices and completion tokens, or its refusal."""
+    """A server's answer to one Ask: its choices and completion tokens, its refusal, or what broke it."""
 
     choices: list[Choice] = field(default_factory=list)
     completion_tokens: int | None = None
     refused: int | None = None  # the HTTP status of a refusal
     message: str = ""
+    broken: str | None = None  # an error event mid-stream, a stream cut short or unreadable
+
+    def refusal(self) -> tuple[str, int | None] | None:
+        """What kind of no this answer is (None: an answer)."""
+        if self.refused is not None:
+            return ("HTTP", self.refused)
+        return ("broken", None) if self.broken is not None else None
+
+    def said(self) -> str:
+        if self.refused is not None:
+            return f"HTTP {self.refused}: {self.message[:120]}"
+        return f"a broken answer ({self.broken[:120]})" if self.broken is not None else "an answer"
 
 
 def asks(prompts: list[str], count: int, max_tokens: int, model: str, seed: int, temperature: float = 0.0,
@@ -110,26 +126,40 @@ def _text(choice: dict) -> str:
 
 def answer(url: str, ask: Ask, api_key: str | None = None, timeout_s: float = 300.0) -> Answer:
     """`ask` sent to the OpenAI-compatible server at `url` (openai://HOST:PORT); its refusal (an
-    HTTP error) is an Answer too. A server out of reach is a ClientError."""
+    HTTP error), or an answer that broke off, is an Answer too. A busy server's 503 with Retry-After
+    is asked again after that wait, up to BUSY_RETRIES times. A server out of reach is a ClientError."""
     endpoint = f"{base_url(url)}/{ask.endpoint}"
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     req = urllib.request.Request(endpoint, data=json.dumps(ask.body).encode(), headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+    for attempt in range(BUSY_RETRIES + 1):
+        try:
+            resp = urllib.request.urlopen(req, timeout=timeout_s)
+            break
+        except urllib.error.HTTPError as exc:
+            wait = exc.headers.get("Retry-After", "")
+            if exc.code == 503 and wait.isdigit() and attempt < BUSY_RETRIES:
+                exc.read()
+                time.sleep(min(int(wait), MAX_RETRY_WAIT_S))
+                continue
+            return Answer(refused=exc.code, message=error_text(exc.read()))
+        except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError
+            raise ClientError(f"cannot reach {endpoint}: {getattr(exc, 'reason', exc)}") from None
+    with resp:
+        try:
             bodies = [answer_json(resp.read(), endpoint)] if not ask.body.get("stream") else \
                 [answer_json(line[5:].strip(), endpoint) for line in resp
                  if line.startswith(b"data:") and line[5:].strip() != b"[DONE]"]
-    except urllib.error.HTTPError as exc:
-        return Answer(refused=exc.code, message=error_text(exc.read()))
-    except (urllib.error.URLError, OSError) as exc:
-        raise ClientError(f"cannot reach {endpoint}: {getattr(exc, 'reason', exc)}") from None
+        except (OSError, http.client.HTTPException, ClientError) as exc:
+            return Answer(broken=f"cut short or unreadable: {exc}")
     out = Answer()
     choices: dict[int, Choice] = {}
     for body in bodies:
+        if not isinstance(body, dict):
+            return Answer(broken=f"not a JSON object: {json.dumps(body)[:200]}")
         if "error" in body:  # an error event in a stream
-            return Answer(refused=0, message=json.dumps(body["error"])[:300])
+            return Answer(broken=f"an error event: {json.dumps(body['error'])[:200]}")
         for choice in body.get("choices") or ():
             one = choices.setdefault(choice.get("index", 0), Choice())
             one.text += _text(choice)
@@ -142,16 +172,14 @@ def answer(url: str, ask: Ask, api_key: str | None = None, timeout_s: float = 30
     return out
 
 
-def judge(served: Answer, reference: Answer, tie_tolerance: float, greedy: bool = True) -> tuple[str, str]:
-    """(identical / refused alike / near tie / different, why) for two answers to one request; near
-    ties only where the answers are greedy (a sample parts from another wherever it draws another
-    token)."""
-    if served.refused is not None or reference.refused is not None:
-        if served.refused == reference.refused:
-            return REFUSED, f"HTTP {served.refused}: {served.message[:200]}"
-        said = [f"HTTP {a.refused}: {a.message[:120]}" if a.refused is not None else "answered"
-                for a in (served, reference)]
-        return DIFFERENT, f"served {said[0]}; reference {said[1]}"
+def judge(served: Answer, reference: Answer, tie_tolerance: float, ties: bool = True) -> tuple[str, str]:
+    """(identical / refused alike / near tie / different, why) for two answers to one request.
+    `ties`: whether parting at a near tie can pass: greedy answers whose log-probabilities are what
+    the tokens were chosen by (no penalties: servers report raw log-probabilities, before them)."""
+    if served.refusal() is not None or reference.refusal() is not None:
+        if served.refusal() == reference.refusal():
+            return REFUSED, served.said()
+        return DIFFERENT, f"served {served.said()}; the reference {reference.said()}"
     if len(served.choices) != len(reference.choices):
         return DIFFERENT, f"{len(served.choices)} choices; the reference {len(reference.choices)}"
     verdict, why = IDENTICAL, ""
@@ -160,12 +188,14 @@ def judge(served: Answer, reference: Answer, tie_tolerance: float, greedy: bool 
             continue
         # the first token where they part (None: one's tokens begin the other's, or none came)
         k = next((j for j, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y), None)
-        if greedy and k is not None and k < len(b.top) and a.tokens[k] in b.top[k]:
-            gap = max(b.top[k].values()) - b.top[k][a.tokens[k]]
-            if gap <= tie_tolerance:
-                verdict, why = NEAR_TIE, f"choice {i} parted at token {k} ({a.tokens[k]!r} for " \
-                                         f"{b.tokens[k]!r}, {gap:.4f} nats behind in the reference)"
-                continue
+        lead = None
+        if ties and k is not None and k < len(b.top):
+            lead = _lead(a.tokens[k], b.tokens[k], b.top[k])
+        if lead is not None and lead <= tie_tolerance and tie_tolerance > 0:
+            verdict = NEAR_TIE
+            why = f"choice {i} parted at token {k} ({a.tokens[k]!r} for {b.tokens[k]!r}, {lead:.4f} nats " \
+                  "behind in the reference)"
+            continue
         at = "" if k is None else f" at token {k}"
         return DIFFERENT, f"choice {i} differs{at}: {a.text[:80]!r} ({a.finish_reason}) vs the reference's " \
                           f"{b.text[:80]!r} ({b.finish_reason})"
@@ -173,6 +203,14 @@ def judge(served: Answer, reference: Answer, tie_tolerance: float, greedy: bool 
         return DIFFERENT, f"usage.completion_tokens {served.completion_tokens} vs the reference's " \
                           f"{reference.completion_tokens}"
     return verdict, why
+
+
+def _lead(served: str, chosen: str, top: dict[str, float]) -> float | None:
+    """How far the reference's log-probabilities put the served token behind the one the reference
+    chose, where it chose its likeliest and both are among those it reports (else None)."""
+    if chosen not in top or served not in top or top[chosen] < max(top.values()):
+        return None
+    return top[chosen] - top[served]
 
 
 @dataclass
@@ -215,8 +253,8 @@ def compare_deployments(url: str, reference_url: str, requests: list[Ask], concu
         with ThreadPoolExecutor(2) as both:
             served = both.submit(answer, url, ask, api_key)
             reference = both.submit(answer, reference_url, alike, reference_api_key)
-            greedy = not ask.body.get("temperature")
-            verdict = judge(served.result(), reference.result(), tie_tolerance, greedy)
+            ties = not ask.body.get("temperature") and not any(k in ask.body for k in PENALTIES)
+            verdict = judge(served.result(), reference.result(), tie_tolerance, ties)
         if progress is not None:
             progress()
         return verdict

@@ -468,12 +468,16 @@ def post_json(req: urllib.request.Request, timeout_s: float, api: str = "triton"
 
 def _api_error(raw: bytes, api: str) -> bool:
     """Whether `raw` is an error as `api` words one: Triton's `{"error": "..."}`, OpenAI's
-    `{"error": {"message": ...}}`."""
+    `{"error": {"message": ...}}` (or vLLM's and SGLang's `{"object": "error", "message": ...}`)."""
     try:
-        error = json.loads(raw).get("error")
-    except (ValueError, UnicodeDecodeError, AttributeError):
+        answer = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
         return False
-    return isinstance(error, dict if api == "openai" else str)
+    if not isinstance(answer, dict):
+        return False
+    if api == "openai":
+        return isinstance(answer.get("error"), dict) or answer.get("object") == "error"
+    return isinstance(answer.get("error"), str)
 
 
 def error_text(raw: bytes) -> str:
