@@ -15,9 +15,12 @@ from tritonclient.grpc import InferInput
 from trtspec.cli import main
 from trtspec.triton.client import ClientError, GenerateParams, array_input, grpc_generate, grpc_inputs
 
-from .conftest import REPO, serve_cli
+from .conftest import serve_cli
 
-CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
+# the target alone, answers up to 4,000 tokens: a token a step, so the long streams outlast the stop's
+# deadlines on any machine (tiny-dflash's drafter wrote 2,000 tokens of arithmetic in under 14 s, and a
+# stream that ended first had no error to get)
+CONFIG_TEXT = "target: {path: builtin:tiny-target}\nlimits: {max_tokens: 4000}\n"
 
 
 class _Stream:
@@ -45,7 +48,7 @@ class _Stream:
 
 
 class _GrpcStream:
-    """A streamed request straight to Triton's gRPC port (2,000 tokens, end ids ignored) in a thread;
+    """A streamed request straight to Triton's gRPC port (4,000 tokens, end ids ignored) in a thread;
     `started` once text came, `error` the client's error when it ended in one."""
 
     def __init__(self, address: str):
@@ -54,7 +57,7 @@ class _GrpcStream:
         self.thread.start()
 
     def _run(self, address: str) -> None:
-        inputs = grpc_inputs("Q: 482 + 356\nA:", GenerateParams(max_tokens=2000, stream=True))
+        inputs = grpc_inputs("Q: 482 + 356\nA:", GenerateParams(max_tokens=4000, stream=True))
         inputs.append(array_input(InferInput, "ignore_eos", np.array([True])))
         try:
             grpc_generate(address, "trtspec", inputs, lambda text: self.started.set(), timeout_s=120)
@@ -64,19 +67,21 @@ class _GrpcStream:
 
 
 def test_sigterm_finishes_requests_in_flight_and_ends_the_rest_with_an_error(tmp_path):
-    """An idle keep-alive connection, a short request and one too long for the grace (2048 tokens,
-    about 20 s on a 2-core CPU, against 5 s) are open when SIGTERM comes: the short one gets its
+    """An idle keep-alive connection, a short request and one too long for the grace (4,000 tokens,
+    about 40 s on a 2-core CPU, against 5 s) are open when SIGTERM comes: the short one gets its
     whole answer, the long one an error event saying why and [DONE] (it was a cut connection and a
     CancelledError traceback in the log), and serve exits 0. A gRPC stream to Triton itself, still
     running when Triton's own 10 s end, gets an error saying why too (found stressing the server,
     2026-12-06: the model never answered it, so Triton waited until it was killed 15 s later and the
     stream was cut with GOAWAY, the whole stop taking 25-31 s)."""
-    assert CliRunner().invoke(main, ["build", str(CONFIG), "--out", str(tmp_path)]).exit_code == 0
-    with serve_cli(tmp_path) as served:
+    config = tmp_path / "alone.yaml"
+    config.write_text(CONFIG_TEXT)
+    assert CliRunner().invoke(main, ["build", str(config), "--out", str(tmp_path / "out")]).exit_code == 0
+    with serve_cli(tmp_path / "out") as served:
         idle = http.client.HTTPConnection("127.0.0.1", served.openai_port, timeout=60)
         idle.request("GET", "/v1/models")
         assert idle.getresponse().read()  # answered; the connection stays open, idle
-        short, long = _Stream(served.openai_port, 100), _Stream(served.openai_port, 2048)
+        short, long = _Stream(served.openai_port, 100), _Stream(served.openai_port, 4000)
         direct = _GrpcStream(served.grpc)
         assert short.started.wait(120) and long.started.wait(120) and direct.started.wait(120)
         served.proc.send_signal(signal.SIGTERM)
