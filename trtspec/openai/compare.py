@@ -7,10 +7,11 @@ deployments that couple them: trtspec's Gumbel coupling), with stop sequences, p
 streamed or not, every one asking for the two likeliest tokens' log-probabilities. Speculation is
 lossless when every answer is the reference's: the same text, finish reason and token count.
 
-Where two answers part, the token where they part is looked up in the reference's log-probabilities:
-if the served token is one of the reference's two likeliest and trails the likeliest by at most
-`tie_tolerance` nats, they parted at a near tie (a GPU's bfloat16 arithmetic rounds differently at
-different batch shapes, so two lossless deployments may part there); otherwise they differ.
+Where two greedy answers part (requests without penalties: servers report log-probabilities before
+them), the token where they part is looked up in the reference's log-probabilities: if the reference
+chose its likeliest token there and the served token trails it by at most `tie_tolerance` nats (> 0),
+they parted at a near tie (a GPU's bfloat16 arithmetic rounds differently at different batch shapes,
+so two lossless deployments may part there); otherwise they differ.
 """
 
 from __future__ import annotations
