@@ -99,3 +99,16 @@ def test_a_request_the_decoder_fails_to_take_is_answered_and_gives_its_place_bac
         assert flags == model.FINAL and response.error.code == _Error.INTERNAL
         assert response.error.message == "generation failed: CUDA out of memory"
     assert instance.places.count == 0 and instance.places.take() is None
+
+
+def test_the_frontend_knows_how_many_requests_a_bounded_deployment_holds(tmp_path):
+    """What the OpenAI API refuses a request of too many choices by (a 400 naming n): the
+    instances' slots and queues together, an instance per GPU; no bound without limits.max_queued."""
+    from trtspec.config import load_build_config
+    from trtspec.openai.model_info import served_model
+
+    config = tmp_path / "c.yaml"
+    for extra, held in (("", None), ("limits: {max_concurrency: 4, max_queued: 3}\n", 7),
+                        ("limits: {max_concurrency: 4, max_queued: 0}\ngpus: [0, 1]\n", 8)):
+        config.write_text("target: {path: builtin:tiny-target}\n" + extra)
+        assert served_model(load_build_config(config)).max_held == held
