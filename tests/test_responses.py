@@ -273,6 +273,13 @@ def test_a_call_cut_short_is_incomplete_and_left_out_of_the_conversation_it_cont
     assert input_messages(given) == [{"role": "user", "content": "q"}, {"role": "user", "content": "again"}]
     with pytest.raises(ApiError, match=r"input\[1\].arguments': not JSON"):  # a whole call is checked
         input_messages([given[0], {**call, "status": "completed"}])
+    # a call whose arguments are whole when the limit ran out is whole: it stays in the conversation
+    items = OutputItems()
+    segments_of(items, None, "named", ['{"a": 482, "b": 356}'])
+    items.close("incomplete")
+    assert items.items[0]["status"] == "completed"
+    (turn,) = assistant_messages(items.items)
+    assert turn["tool_calls"][0]["function"]["arguments"] == '{"a": 482, "b": 356}'
 
 
 def test_a_bug_at_a_streams_end_ends_it_with_its_failure_not_a_cut():

@@ -484,8 +484,8 @@ class OutputItems(Segments):
 
     def ended(self, segment: Segment, status: str) -> list[dict]:
         item = self.items[segment.index]
-        if segment.kind == CALL and not _json_object(item["arguments"]):  # cut short (a stop sequence)
-            status = "incomplete"
+        if segment.kind == CALL:  # whole when its arguments are (a limit or stop sequence may cut them)
+            status = "completed" if _json_object(item["arguments"]) else "incomplete"
         item["status"] = status
         at = {"item_id": item["id"], "output_index": segment.index}
         if segment.kind == CALL:
