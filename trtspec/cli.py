@@ -1236,8 +1236,9 @@ def verify(build_dir, url, config_path, model_name, prompts_path, max_tokens, sa
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random requests.")
 @click.option("--concurrency", default=4, show_default=True, type=int, help="Requests in flight.")
 @click.option("--tie-tolerance", default=0.0, show_default=True, type=float,
-              help="Nats: answers that part where the served token trails the reference's likeliest by at "
-                   "most this much parted at a near tie, and pass (GPU bfloat16 deployments: try 0.05).")
+              help="Nats: a greedy answer (no penalties) that parts where the served token trails the "
+                   "token the reference chose, its likeliest, by at most this much parted at a near tie and "
+                   "passes (GPU bfloat16 deployments: try 0.05); 0 = identity.")
 @click.option("--no-chat", is_flag=True, help="/v1/completions only (a model without a chat template).")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
               help="--url's bearer token (env OPENAI_API_KEY).")
@@ -1249,7 +1250,7 @@ def compare(url, reference_url, model_name, reference_model, count, max_tokens, 
     """Check a deployment against the same model without speculation, over the OpenAI API: the same
     seeded random requests (completions and chat, stop sequences, penalties, n = 2, streamed or not)
     to both, every answer compared (text, finish reason, token count); exits 1 when any differs.
-    Two servers of the same hardware, unlike `verify`, whose reference runs here."""
+    The reference is a server on the deployment's own hardware (`verify`'s runs here)."""
     from tqdm import tqdm
 
     from trtspec.openai.compare import DIFFERENT, asks, compare_deployments
