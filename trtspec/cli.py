@@ -40,17 +40,19 @@ class CheckpointDir(click.ParamType):
     def convert(self, value, param, ctx) -> Path:
         from trtspec.config import ASSETS_DIR, BUILTIN_PREFIX
 
-        shipped = sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
+        def shipped() -> list[str]:
+            return sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
+
         if isinstance(value, str) and value.startswith(BUILTIN_PREFIX):
             name = value[len(BUILTIN_PREFIX) :]
-            if name not in shipped:
-                self.fail(f"{value!r} names no shipped model (builtin: takes one of {', '.join(shipped)})",
+            if name not in (names := shipped()):
+                self.fail(f"{value!r} names no shipped model (builtin: takes one of {', '.join(names)})",
                           param, ctx)
             return ASSETS_DIR / name
         try:
             return EXISTING_DIR.convert(value, param, ctx)
-        except click.BadParameter as exc:
-            self.fail(f"{exc.message.rstrip('.')}; or builtin:NAME, a shipped model ({', '.join(shipped)})",
+        except click.BadParameter as exc:  # the folders listed only where they are the answer
+            self.fail(f"{exc.message.rstrip('.')}; or builtin:NAME, a shipped model ({', '.join(shipped())})",
                       param, ctx)
 
 

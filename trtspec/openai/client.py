@@ -24,6 +24,7 @@ from trtspec.triton.client import (
     error_of,
     post_json,
     split_url,
+    sse_events,
     typed,
     unexpected,
 )
@@ -86,10 +87,13 @@ def response_format(guide_type: str, guide: str) -> dict:
     return {"type": "ebnf", "ebnf": guide}
 
 
+def bearer(api_key: str | None) -> dict[str, str]:
+    """The header that carries an API key (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def _post(url: str, body: dict, api_key: str | None, timeout_s: float):
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
+    headers = {"Content-Type": "application/json", **bearer(api_key)}
     return post_json(urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers), timeout_s,
                      api="openai")
 
@@ -145,18 +149,8 @@ def openai_generate(url: str, model: str, prompt: str, params: GenerateParams,
     completion, t0 = Completion(), time.perf_counter()
     with _post(endpoint, request_body(model, prompt, params, chat), api_key, timeout_s) as resp:
         if params.stream:
-            done = False
-            for line in resp:
-                line = line.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[len(b"data:"):].strip()
-                if data == b"[DONE]":
-                    done = True
-                    break
-                _fold(completion, answer_json(data, endpoint), chat, on_text, t0, endpoint)
-            if not done:
-                raise ClientError(f"{endpoint}: the stream ended without its `data: [DONE]` (cut short)")
+            for body in sse_events(resp, endpoint, until_done=True):
+                _fold(completion, body, chat, on_text, t0, endpoint)
         else:
             _fold(completion, answer_json(resp.read(), endpoint), chat, on_text, t0, endpoint)
     completion.total_s = time.perf_counter() - t0
@@ -165,8 +159,7 @@ def openai_generate(url: str, model: str, prompt: str, params: GenerateParams,
 
 def openai_ready(url: str, model: str, api_key: str | None = None) -> bool:
     """The server lists `model` under /v1/models."""
-    req = urllib.request.Request(f"{base_url(url)}/models",
-                                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    req = urllib.request.Request(f"{base_url(url)}/models", headers=bearer(api_key))
     with urllib.request.urlopen(req, timeout=5) as resp:
         try:
             cards = json.loads(resp.read())["data"]

@@ -25,8 +25,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from trtspec.openai.client import base_url
-from trtspec.triton.client import ClientError, answer_json, error_text
+from trtspec.openai.client import base_url, bearer
+from trtspec.triton.client import ClientError, answer_json, error_text, sse_events
 
 IDENTICAL, REFUSED, NEAR_TIE, DIFFERENT = "identical", "refused alike", "near tie", "different"
 TOP = 2  # log-probabilities of the two likeliest tokens at each position
@@ -130,10 +130,8 @@ def answer(url: str, ask: Ask, api_key: str | None = None, timeout_s: float = 30
     HTTP error), or an answer that broke off, is an Answer too. A busy server's 503 with Retry-After
     is asked again after that wait, up to BUSY_RETRIES times. A server out of reach is a ClientError."""
     endpoint = f"{base_url(url)}/{ask.endpoint}"
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(endpoint, data=json.dumps(ask.body).encode(), headers=headers)
+    req = urllib.request.Request(endpoint, data=json.dumps(ask.body).encode(),
+                                 headers={"Content-Type": "application/json", **bearer(api_key)})
     for attempt in range(BUSY_RETRIES + 1):
         try:
             resp = urllib.request.urlopen(req, timeout=timeout_s)
@@ -150,8 +148,7 @@ def answer(url: str, ask: Ask, api_key: str | None = None, timeout_s: float = 30
     with resp:
         try:
             bodies = [answer_json(resp.read(), endpoint)] if not ask.body.get("stream") else \
-                [answer_json(line[5:].strip(), endpoint) for line in resp
-                 if line.startswith(b"data:") and line[5:].strip() != b"[DONE]"]
+                list(sse_events(resp, endpoint, until_done=True))
         except (OSError, http.client.HTTPException, ClientError) as exc:
             return Answer(broken=f"cut short or unreadable: {exc}")
     out = Answer()

@@ -532,12 +532,19 @@ def _http_outputs(event, where: str) -> dict:
     return outputs
 
 
-def sse_events(lines: Iterator[bytes], where: str) -> Iterator:
-    """The JSON of each `data:` line of a server-sent event stream."""
+def sse_events(lines: Iterator[bytes], where: str, until_done: bool = False) -> Iterator:
+    """The JSON of each `data:` line of a server-sent event stream; `until_done`: an OpenAI API's
+    stream, which ends with `data: [DONE]` (a ClientError when it does not: cut short)."""
     for line in lines:
         line = line.strip()
-        if line.startswith(b"data:"):
-            yield answer_json(line[len(b"data:") :], where)
+        if not line.startswith(b"data:"):
+            continue
+        data = line[len(b"data:") :].strip()
+        if until_done and data == b"[DONE]":
+            return
+        yield answer_json(data, where)
+    if until_done:
+        raise ClientError(f"{where}: the stream ended without its `data: [DONE]` (cut short)")
 
 
 def http_generate(address: str, model: str, prompt: str, params: GenerateParams,
