@@ -16,10 +16,38 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _version(text: str) -> tuple[int, int]:
+    major, minor = (text.split("+")[0].split(".") + ["0"])[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def interpreter_problem(triton_version: str, numpy_version: str) -> str | None:
+    """Why the Triton interpreter cannot run our kernels with these packages, or None.
+
+    Triton 3.6's interpreter turns a loop bound that is a kernel argument or a loaded value into an
+    int by `int()` of a one-element array, which numpy 2.4 refuses ("only 0-dimensional arrays can
+    be converted to Python scalars"); Triton 3.7 reads it as a scalar. Compiled kernels (CUDA) are
+    not affected."""
+    if _version(triton_version) < (3, 7) and _version(numpy_version) >= (2, 4):
+        return (f"the Triton interpreter of triton {triton_version} cannot run these kernels under numpy "
+                f"{numpy_version} (its loop bounds fail: only 0-dimensional arrays can be converted to "
+                "Python scalars); install triton>=3.7 or numpy<2.4 for TRITON_INTERPRET=1, or run on a "
+                "CUDA device")
+    return None
+
+
 def check_launchable(*tensors: torch.Tensor) -> None:
-    """Triton launches on CUDA tensors, or on CPU tensors when the interpreter is on."""
+    """Triton launches on CUDA tensors, or on CPU tensors when the interpreter is on (and can)."""
     devices = {t.device.type for t in tensors}
-    if devices == {"cuda"} or (devices == {"cpu"} and interpreting()):
+    if devices == {"cuda"}:
+        return
+    if devices == {"cpu"} and interpreting():
+        import numpy
+        import triton
+
+        problem = interpreter_problem(triton.__version__, numpy.__version__)
+        if problem:
+            raise TrtspecError(problem)
         return
     if devices == {"cpu"}:
         raise TrtspecError("Triton kernels need CUDA tensors; on a CPU machine set TRITON_INTERPRET=1 "

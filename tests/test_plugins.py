@@ -35,6 +35,7 @@ import textwrap  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from plugins._common import interpreter_problem  # noqa: E402
 from plugins.confidence_verify import (  # noqa: E402
     draw_uniforms,
     inverse_cdf,
@@ -442,3 +443,15 @@ def test_trt_plugin_import_without_tensorrt_is_one_clear_error():
         with pytest.raises(TrtspecError, match=re.escape("TensorRT is not installed")) as info:
             __import__(module)
         assert "\n" not in str(info.value) and "pip install tensorrt" in str(info.value)
+
+
+def test_an_interpreter_that_cannot_run_the_kernels_is_named_before_a_launch():
+    # triton 3.6.0 (the GPU image's) under numpy 2.4.6: every loop bound failed in the interpreter
+    # with "only 0-dimensional arrays can be converted" (measured in a venv of those versions)
+    problem = interpreter_problem("3.6.0", "2.4.6")
+    assert problem is not None and "triton>=3.7 or numpy<2.4" in problem and "3.6.0" in problem
+    assert interpreter_problem("3.6.0", "2.5.2") is not None
+    assert interpreter_problem("3.7.1", "2.4.6") is None  # the interpreter reads a scalar since 3.7
+    assert interpreter_problem("3.6.0", "2.3.5") is None  # numpy only warned before 2.4
+    assert interpreter_problem("3.6.0", "1.26.4") is None
+    assert interpreter_problem("3.10.0", "2.5.0") is None

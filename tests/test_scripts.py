@@ -91,3 +91,30 @@ def test_bench_revisions_refuses_what_it_cannot_compare_before_any_bench(tmp_pat
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_image_rehearsal_installs_the_images_pins_and_names_a_missing_one(tmp_path):
+    from trtspec.gpu.image import CARRIED_WHEELS, IMAGE_PACKAGES, read_pins
+
+    listed = subprocess.run(["bash", str(REPO / "scripts" / "image_rehearsal.sh"), "--requirements"],
+                            env={**os.environ, "VENV": str(tmp_path / "no-venv")}, capture_output=True,
+                            text=True, timeout=30)
+    assert listed.returncode == 0, listed.stderr
+    requirements = listed.stdout.split()
+    image = read_pins(IMAGE_PACKAGES)
+    for name in ("transformers", "onnxruntime", "onnx", "triton", "safetensors", "tokenizers"):
+        assert f"{name}=={image[name]}" in requirements
+    assert all(f"{name}=={version}" in requirements for name, version in read_pins(CARRIED_WHEELS).items())
+    assert not (tmp_path / "no-venv").exists()  # listing builds nothing
+    # a pins file that lost one: the script names the package and the file before installing anything
+    (tmp_path / "scripts").mkdir()
+    script = REPO / "scripts" / "image_rehearsal.sh"
+    (tmp_path / "scripts" / script.name).write_text(script.read_text())
+    (tmp_path / "trtspec" / "gpu").mkdir(parents=True)
+    (tmp_path / "trtspec" / "gpu" / "wheels.txt").write_text(CARRIED_WHEELS.read_text())
+    (tmp_path / "trtspec" / "gpu" / "h200_packages.txt").write_text(
+        "".join(line for line in IMAGE_PACKAGES.read_text().splitlines(keepends=True)
+                if not line.startswith("onnxruntime==")))
+    rc, err = _run_script([str(tmp_path / "scripts" / "image_rehearsal.sh"), "--requirements"],
+                          {"VENV": str(tmp_path / "no-venv")})
+    assert rc == 2 and "no pin for onnxruntime in trtspec/gpu/h200_packages.txt" in err
