@@ -3,10 +3,13 @@ pass, rewind is a non-negative count, checkpoint checks."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from trtspec.errors import CheckpointError
+from trtspec.models.checkpoint import read_end_ids
 from trtspec.models.cuda_graphs import TOKEN_BUCKETS
 from trtspec.models.graph_audit import CaptureAudit
 from trtspec.models.target import Chunk, TargetModel, load_causal_lm
@@ -404,6 +407,68 @@ def test_a_tree_as_deep_as_the_sliding_window_is_refused():
     with pytest.raises(ValueError, match="drafter.tree depth 8 reaches the target's sliding window of 8"):
         SpeculativeDecoder(target, drafter, (), tree=TreeConfig(nodes=12, topk=2), capacity=64)
     SpeculativeDecoder(target, drafter, (), tree=TreeConfig(nodes=12, topk=2, depth=7), capacity=64)
+
+
+def test_a_window_in_a_config_whose_attention_ignores_it_leaves_trees_alone():
+    """Llama's attention reads no sliding_window (transformers attends in full whatever config.json
+    says): a stray one neither windows the target nor limits a draft tree's depth."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trtspec.config import TreeConfig
+    from trtspec.models.draft_model import DraftModelDrafter
+    from trtspec.spec.decoder import SpeculativeDecoder
+
+    config = AutoConfig.for_model("llama", vocab_size=264, hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  max_position_embeddings=512, sliding_window=2)
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    target = TargetModel(model)
+    assert target.sliding_window is None
+    target.allocate(1, 64)
+    ids = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(target.forward([Chunk(0, ids)]).logits, _reference(model, ids).logits[0],
+                               atol=1e-5, rtol=1e-4)  # full attention, past the stray window
+    SpeculativeDecoder(target, DraftModelDrafter(model, 4), (), tree=TreeConfig(nodes=8, topk=2, depth=3),
+                       capacity=64)
+    assert TargetModel(_sliding_model("mistral")).sliding_window == 8  # Mistral's attention reads it
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"max_position_embeddings": 0}, "max_position_embeddings must be a positive number of positions, got 0"),
+    ({"num_experts_per_tok": 8}, "num_experts_per_tok 8 must be in [1, num_experts 4]"),
+])
+def test_config_values_a_forward_cannot_run_are_named_at_load(tmp_path, edit, message):
+    """transformers reads both and fails at the first forward (a MoE routes each token to more
+    experts than it has) or never (no positions: trtspec took it as unlimited)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("qwen3_moe", vocab_size=264, hidden_size=32, intermediate_size=64,
+                                  moe_intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  num_key_value_heads=1, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                  max_position_embeddings=128)
+    torch.manual_seed(5)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    assert load_causal_lm(tmp_path).config.num_experts_per_tok == 2  # the checkpoint as saved loads
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **edit}))
+    with pytest.raises(CheckpointError) as refused:
+        load_causal_lm(tmp_path)
+    assert str(refused.value).startswith(f"{config_file}: ") and message in str(refused.value)
+
+
+def test_end_ids_come_from_config_json_where_no_generation_config_is(tmp_path):
+    """As transformers makes a generation config from config.json when the checkpoint has no
+    generation_config.json (and vLLM follows it): every eos id listed there ends a request."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": [1, 646]}))
+    assert read_end_ids(tmp_path, 1000) == (1, 646)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": 2000}))
+    with pytest.raises(CheckpointError, match=r"config\.json: eos_token_id must be .* got \[2000\]"):
+        read_end_ids(tmp_path, 1000)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 5}))
+    assert read_end_ids(tmp_path, 1000) == (5,)  # a generation_config.json is read alone (transformers)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.7}))
+    assert read_end_ids(tmp_path, 1000) == ()
 
 
 @pytest.mark.parametrize("rope,refused", [

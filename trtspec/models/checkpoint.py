@@ -213,9 +213,13 @@ def read_sampling_defaults(path: Path) -> dict[str, float | int]:
 
 def read_end_ids(path: Path, vocab_size: int) -> tuple[int, ...]:
     """The ids that end generation by the checkpoint's `generation_config.json` (`eos_token_id`: one
-    id or a list, as Qwen3's `[<|im_end|>, <|endoftext|>]` and Llama 3.1's three ends), or () when
-    it has none; a CheckpointError naming the file and field when they are not ids of the model."""
+    id or a list, as Qwen3's `[<|im_end|>, <|endoftext|>]` and Llama 3.1's three ends), or by its
+    config.json's where it has no generation_config.json (as transformers' generation config is then
+    made from the model's config), or () when they have none; a CheckpointError naming the file and
+    field when they are not ids of the model."""
     config_file, raw = _generation_config(path)
+    if not config_file.is_file() and (path / "config.json").is_file():
+        config_file, raw = read_config(path, "a Hugging Face")
     ids = raw.get("eos_token_id")
     if ids is None:
         return ()

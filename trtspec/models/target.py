@@ -92,6 +92,7 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
     except (ValueError, TypeError, StrictDataclassError) as exc:  # a field of the wrong type
         raise CheckpointError(f"{path / 'config.json'}: transformers cannot read it: {one_line(exc, 300)}") \
             from None
+    check_config_values(path / "config.json", hf_config)
     weights = sorted(path.glob("*.safetensors"))
     # before anything is allocated: a config.json far larger than its weights is refused (a quantized
     # checkpoint's tensors are packed in other shapes and names: transformers' loader judges those)
@@ -105,6 +106,21 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
         raise CheckpointError(unreadable_weights(path, exc)) from None
     check_loaded(path, info)
     return model.to(device).eval()
+
+
+def check_config_values(config_file: Path, hf_config) -> None:
+    """Refuse what transformers reads but a forward (or trtspec's slots) cannot run: a context of no
+    positions, more experts per token than a mixture has."""
+    positions = getattr(hf_config, "max_position_embeddings", None)
+    if positions is not None and not (isinstance(positions, int) and positions > 0):
+        raise CheckpointError(f"{config_file}: max_position_embeddings must be a positive number of "
+                              f"positions, got {positions!r}")
+    experts = getattr(hf_config, "num_experts", None)
+    per_token = getattr(hf_config, "num_experts_per_tok", None)
+    if hf_config.model_type == "qwen3_moe" and isinstance(experts, int) and isinstance(per_token, int) \
+            and not 1 <= per_token <= experts:
+        raise CheckpointError(f"{config_file}: num_experts_per_tok {per_token} must be in [1, num_experts "
+                              f"{experts}]: each token is routed to that many of the layer's experts")
 
 
 def check_loaded(path: Path, info: dict) -> None:
@@ -169,9 +185,15 @@ def rope_type_of(config) -> str:
     return rope.get("rope_type", rope.get("type", "default"))
 
 
+# the model types whose attention reads config.sliding_window (Llama's ignores one a config carries)
+WINDOWED_MODEL_TYPES = ("mistral", "qwen2", "qwen3", "qwen3_moe")
+
+
 def sliding_window_of(config) -> int | None:
     """The window of a model's sliding-window layers (transformers' configs set `sliding_window`
     to None when none slides; Qwen2/Qwen3 name each layer's kind in `layer_types`), else None."""
+    if getattr(config, "model_type", None) not in WINDOWED_MODEL_TYPES:
+        return None
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
     if types is not None and "sliding_attention" not in types:
