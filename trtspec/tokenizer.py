@@ -182,6 +182,6 @@ def load_tokenizer(path: Path, hf_config) -> TextTokenizer:
 
 def end_ids_of(path: Path, tokenizer: TextTokenizer, vocab_size: int) -> tuple[int, ...]:
     """What ends a request, as `generate` and vLLM end it: the tokenizer's end of sequence, then
-    every other `eos_token_id` of the checkpoint's generation_config.json."""
+    every other `eos_token_id` of the checkpoint's generation_config.json (config.json's without one)."""
     own = () if tokenizer.eos_id is None else (tokenizer.eos_id,)
     return tuple(dict.fromkeys(own + read_end_ids(path, vocab_size)))
