@@ -1,0 +1,108 @@
+"""Does the suite notice a wrong line? Small changes to one module's code (a comparison flipped, a
+sign, `and`/`or`, `min`/`max`, a constant moved by one), each tried against the tests that cover it:
+a change every test still passes is a survivor, where either the tests cannot tell (a gap) or the
+change means the same (an equivalent mutant). Run it in a clone: it rewrites the module in place
+and puts it back after each mutant.
+
+    python scripts/mutants.py trtspec/spec/verify.py tests/test_verify.py [more tests] \
+        [--sample 40] [--seed 0] [--timeout 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import random
+import subprocess
+import sys
+import time
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+SWAPS = {"<": "<=", "<=": "<", ">": ">=", ">=": ">", "==": "!=", "!=": "==", "+": "-", "-": "+",
+         "and": "or", "or": "and", "min": "max", "max": "min", "True": "False", "False": "True",
+         "is": "is not", "in": "not in", "//": "/", "*": "/"}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    line: int  # 1-based
+    col: int
+    old: str
+    new: str
+
+    def apply(self, lines: list[str]) -> list[str]:
+        changed = list(lines)
+        text = changed[self.line - 1]
+        assert text[self.col:self.col + len(self.old)] == self.old
+        changed[self.line - 1] = text[:self.col] + self.new + text[self.col + len(self.old):]
+        return changed
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.old!r} -> {self.new!r}"
+
+
+def mutants(source: str) -> list[Mutant]:
+    """Every swap on a code token outside strings, comments, imports, annotations and decorators."""
+    found = []
+    skip_lines: set[int] = set()
+    for number, text in enumerate(source.splitlines(), 1):
+        stripped = text.lstrip()
+        if stripped.startswith(("import ", "from ", "@", "def ", "class ", "assert ", "raise ", "log.")):
+            skip_lines.add(number)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.start[0] in skip_lines or tok.type not in (tokenize.OP, tokenize.NAME, tokenize.NUMBER):
+            continue
+        (line, col), text = tok.start, tok.string
+        if text in SWAPS:
+            found.append(Mutant(line, col, text, SWAPS[text]))
+        elif tok.type == tokenize.NUMBER and text.isdigit() and int(text) < 4:
+            found.append(Mutant(line, col, text, str(int(text) + 1)))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("module", type=Path)
+    parser.add_argument("tests", nargs="+")
+    parser.add_argument("--sample", type=int, default=40, help="mutants tried, drawn at random (0: all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per run of the tests")
+    args = parser.parse_args(argv)
+    original = args.module.read_text()
+    lines = original.splitlines(keepends=True)
+    every = mutants(original)
+    sample = len(every) if args.sample <= 0 else min(args.sample, len(every))
+    chosen = random.Random(args.seed).sample(every, sample)
+    chosen.sort(key=lambda m: (m.line, m.col))
+    survivors, killed, timeouts = [], 0, 0
+    print(f"{args.module}: {len(every)} mutants, trying {len(chosen)} against {' '.join(args.tests)}")
+    try:
+        for i, mutant in enumerate(chosen, 1):
+            args.module.write_text("".join(mutant.apply(lines)))
+            start = time.monotonic()
+            try:
+                run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                                      *args.tests], capture_output=True, text=True, timeout=args.timeout)
+                outcome = "killed" if run.returncode != 0 else "SURVIVED"
+            except subprocess.TimeoutExpired:
+                outcome = "timeout"  # a hang is noticed too
+            if outcome == "SURVIVED":
+                survivors.append(mutant)
+            elif outcome == "timeout":
+                timeouts += 1
+            else:
+                killed += 1
+            took, code = time.monotonic() - start, lines[mutant.line - 1].strip()
+            print(f"[{i}/{len(chosen)}] {outcome:8s} {mutant}  ({took:.0f} s)  {code}", flush=True)
+    finally:
+        args.module.write_text(original)
+    print(f"\n{killed} killed, {timeouts} timed out, {len(survivors)} survived of {len(chosen)}")
+    for mutant in survivors:
+        print(f"  survivor {mutant}: {lines[mutant.line - 1].strip()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
