@@ -2906,6 +2906,12 @@ def test_message_tools_are_chats(served):
             assert got == calls and _text_of(answer) == (message.content or ""), (tools, stream)
             assert answer["stop_reason"] == ("tool_use" if calls else "end_turn")
     assert calls == []  # auto wrote text, last
+    # no text and no call begun (max_tokens 1 cut the forced call): one empty text block, whole or
+    # streamed (where the SDK builds it from that block's own events)
+    for stream in (False, True):
+        cut, _ = _message(client, stream, **{**ask, "max_tokens": 1}, tool_choice={"type": "any"})
+        assert [(b["type"], b["text"]) for b in cut["content"]] == [("text", "")], stream
+        assert cut["stop_reason"] == "max_tokens"
     schema = {"format": {"type": "json_schema", "schema": ADD}}
     plain = {key: value for key, value in chat_ask.items() if key != "tools"}
     want = chat.chat.completions.create(**plain, response_format={
