@@ -254,8 +254,9 @@ class GenerationLimits(_Strict):
     max_queued: int | None = Field(
         None, ge=0, le=1_000_000,
         description="requests one served model instance lets wait for a decoder slot beyond the "
-                    "max_concurrency it decodes: one more is refused at once as busy (Triton's UNAVAILABLE, "
-                    "HTTP 503; the OpenAI API's 503 server_error, Anthropic's overloaded_error) so that "
+                    "max_concurrency it decodes: one more is refused at once as busy (to Triton's clients an "
+                    "error that begins 'the server is busy'; the OpenAI API's 503 server_error with "
+                    "Retry-After, Anthropic's overloaded_error) so that "
                     "a client or load balancer retries later or elsewhere instead of waiting without "
                     "bound; 0 = none wait; unset = no bound (vLLM's default). Not for flavour trtllm")
     prefill_chunk: int = Field(
