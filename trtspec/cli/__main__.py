@@ -1,0 +1,5 @@
+"""`python -m trtspec.cli`, as the `trtspec` command."""
+
+from trtspec.cli import main
+
+main()
