@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import torch
+from packaging.version import Version
 
 from trtspec.errors import TrtspecError
 
@@ -16,11 +17,6 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _version(text: str) -> tuple[int, int]:
-    major, minor = (text.split("+")[0].split(".") + ["0"])[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-
-
 def interpreter_problem(triton_version: str, numpy_version: str) -> str | None:
     """Why the Triton interpreter cannot run our kernels with these packages, or None.
 
@@ -28,7 +24,7 @@ def interpreter_problem(triton_version: str, numpy_version: str) -> str | None:
     int by `int()` of a one-element array, which numpy 2.4 refuses ("only 0-dimensional arrays can
     be converted to Python scalars"); Triton 3.7 reads it as a scalar. Compiled kernels (CUDA) are
     not affected."""
-    if _version(triton_version) < (3, 7) and _version(numpy_version) >= (2, 4):
+    if Version(triton_version) < Version("3.7") and Version(numpy_version) >= Version("2.4"):
         return (f"the Triton interpreter of triton {triton_version} cannot run these kernels under numpy "
                 f"{numpy_version} (its loop bounds fail: only 0-dimensional arrays can be converted to "
                 "Python scalars); install triton>=3.7 or numpy<2.4 for TRITON_INTERPRET=1, or run on a "
