@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import queue
+import random
 import sys
 import time
 import types
@@ -112,3 +113,43 @@ def test_the_frontend_knows_how_many_requests_a_bounded_deployment_holds(tmp_pat
                         ("limits: {max_concurrency: 4, max_queued: 0}\ngpus: [0, 1]\n", 8)):
         config.write_text("target: {path: builtin:tiny-target}\n" + extra)
         assert served_model(load_build_config(config)).max_held == held
+
+
+def test_a_request_whose_client_leaves_in_its_prefill_frees_its_slot_at_the_next_step(model):
+    """Found by a fuzz of client disconnects (2026-12-06): a request still feeding its prompt in
+    limits.prefill_chunk pieces emits nothing, so its cancellation (heard in `on_tokens`) waited for
+    the whole prompt: three clients that left 0.3 s into 1,900-token prompts held their slots 3 s,
+    and the request behind them waited as long. Now the loop frees such a slot before the next step,
+    the request gets its final response and its place back; one whose client stays goes on."""
+    from pathlib import Path
+
+    from trtspec.config import load_build_config
+    from trtspec.pipeline import load_pipeline
+    from trtspec.spec.decoder import Request, SpeculativeDecoder
+
+    config = load_build_config(Path(__file__).resolve().parents[1] / "build_configs" / "tiny-dflash.yaml")
+    pipeline = load_pipeline(config, use_drafter=False)
+    decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pipeline.end_ids, pipeline.verifier,
+                                 capacity=512, max_slots=2, prefill_chunk=16)
+    instance = _instance(model, decoder)
+    leaving, staying = Sender(), Sender()
+    rng = random.Random(3)
+    for sender in (leaving, staying):
+        _queue(model, instance, sender)
+        prompt = [rng.randrange(256) for _ in range(300)]  # 16 tokens a step for both: 38 steps
+        instance.waiting.queue[-1].decode = Request(prompt, 4)
+    running: dict = {}
+    instance._admit(running)
+    assert len(running) == 2
+    for _ in range(3):
+        assert decoder.step() == {}  # still prefilling: no token, no word from on_tokens
+    instance._drop_cancelled_prefills(running)
+    assert len(running) == 2 and decoder.num_running == 2  # nobody left yet
+    leaving.cancelled = True
+    time.sleep(model.CANCEL_POLL_S)  # Triton is asked at most that often per request
+    instance._drop_cancelled_prefills(running)
+    instance.outbox.close()
+    assert len(running) == 1 and decoder.num_running == 1
+    ((response, flags, _),) = leaving.got
+    assert response is None and flags == model.FINAL
+    assert staying.got == [] and instance.places.count == 1

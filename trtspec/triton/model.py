@@ -498,6 +498,17 @@ class TritonPythonModel:
                 kept.append(stream)
         self.queued = kept
 
+    def _drop_cancelled_prefills(self, running: dict[int, _Stream]) -> None:
+        """Free the slots of running requests still in their prefill whose clients cancelled or went
+        away. Such a request emits nothing, so `on_tokens` (which notices for the others) would not
+        hear of it before its whole prompt was fed: a long prompt in limits.prefill_chunk pieces
+        held its slot and the steps' compute for seconds after the client left."""
+        for rid, stream in list(running.items()):
+            if not stream.got_first_token and stream.cancelled():
+                self.decoder.cancel(rid)
+                stream.send(None, FINAL)
+                del running[rid]
+
     def _serve(self) -> None:
         running: dict[int, _Stream] = {}
         while not self.stopping.is_set():
@@ -505,6 +516,7 @@ class TritonPythonModel:
                 if self._stop_due():
                     self._end_unfinished(running)
                 self._admit(running)
+                self._drop_cancelled_prefills(running)
                 self.metrics.load(len(running), len(self.queued) + self.waiting.qsize())
                 if not running:
                     self.metrics.flush_steps()
