@@ -2814,6 +2814,7 @@ def test_a_message_is_the_chat_answer_streamed_or_not(served):
              ({"messages": [history[-1]], "stop_sequences": [";"]}, [history[-1]], {"stop": [";"]}),
              ({"messages": [{"role": "user", "content": "def parse(self):"}], "max_tokens": 8},
               [{"role": "user", "content": "def parse(self):"}], {"max_tokens": 8})]
+    read_from_cache = 0  # streamed answers whose prompt the earlier ones left in a slot
     for ask, messages, chat_ask in cases:
         answer = chat.chat.completions.create(model="trtspec", messages=messages, temperature=0,
                                               **{"max_tokens": MAX_TOKENS, **chat_ask})
@@ -2827,10 +2828,16 @@ def test_a_message_is_the_chat_answer_streamed_or_not(served):
             usage = message["usage"]
             assert usage["input_tokens"] + usage["cache_read_input_tokens"] == answer.usage.prompt_tokens
             assert usage["output_tokens"] == answer.usage.completion_tokens
+            if stream:  # message_start already knows what the prompt read from the prefix cache
+                start = events[0]["message"]["usage"]
+                assert (start["input_tokens"], start["cache_read_input_tokens"]) == \
+                    (usage["input_tokens"], usage["cache_read_input_tokens"])
+                read_from_cache += usage["cache_read_input_tokens"] > 0
         count = client.messages.count_tokens(model="trtspec", **{k: v for k, v in ask.items() if k in (
             "messages", "system")})
         assert count.input_tokens == answer.usage.prompt_tokens
     assert events[0]["message"]["content"] == [] and events[0]["message"]["stop_reason"] is None
+    assert read_from_cache > 0
 
 
 def test_codex_and_claude_code_requests_are_served_as_chat(served):

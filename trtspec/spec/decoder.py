@@ -127,6 +127,7 @@ class Emitted:
     ids: list[int]  # its new tokens
     logprobs: TokenLogprobs | None = None  # theirs, when the request asked for them
     prompt_logprobs: TokenLogprobs | None = None  # with its first token: its prompt's, when asked
+    cached_tokens: int = 0  # with its first token: the prompt tokens kept from a slot (prefix reuse)
 
 
 # streaming: called with what each step emitted for a request; True ends that request after it
@@ -632,8 +633,9 @@ class SpeculativeDecoder:
         if logprobs is not None:
             logprobs = logprobs.head(len(emitted))
             lv.logprobs.extend(logprobs)
-        prompt = lv.result.prompt_logprobs if len(lv.generated) == len(emitted) else None
-        stop = lv.on_tokens is not None and bool(lv.on_tokens(Emitted(emitted, logprobs, prompt)))
+        first = len(lv.generated) == len(emitted)
+        prompt, cached = (lv.result.prompt_logprobs, lv.result.cached_tokens) if first else (None, 0)
+        stop = lv.on_tokens is not None and bool(lv.on_tokens(Emitted(emitted, logprobs, prompt, cached)))
         # a caller's True is a stop word or sequence (or a client gone, whom no reason reaches)
         if stop or lv.generated[-1] in ends:
             lv.done, lv.result.finish_reason = True, "stop"

@@ -15,7 +15,8 @@ Responses. `stream` false: one response with the whole `text_output`, `output_id
 per decode step with the new `text_output` / `output_ids` (every `limits.stream_interval` steps, with
 those steps' output; the first step's at once), then a last one with the request's
 `accepted_tokens` / `draft_tokens` / `target_forwards` / `cached_tokens` totals (and any text held
-back); `cached_tokens`: the prompt tokens kept from an earlier request (`limits.prefix_reuse`).
+back); `cached_tokens`: the prompt tokens kept from an earlier request (`limits.prefix_reuse`),
+in a stream's first response too (known before its text, as Anthropic's message_start reports it).
 The totals come with `finish_reason`: `stop` (an end or stop id, or a stop word) or `length`
 (`max_tokens`). A sampled request's totals come with `sampling_seed`: its `random_seed`, or the
 seed drawn for it when it sent none (sent back as `random_seed`, it samples the same text again:
@@ -201,9 +202,10 @@ def _logprob_tensors(prefix: str, values: str, logprobs: TokenLogprobs) -> list[
 
 def _response(text: str, ids: list[int], totals: GenerationResult | None = None,
               logprobs: TokenLogprobs | None = None, cumulative: float = 0.0,
-              prompt_logprobs: TokenLogprobs | None = None) -> pb_utils.InferenceResponse:
-    """One response; `totals` (the request's result) only in its last: a streamed step's carry zeros."""
-    accepted, drafted, forwards, cached = (0, 0, 0, 0) if totals is None else \
+              prompt_logprobs: TokenLogprobs | None = None, cached: int = 0) -> pb_utils.InferenceResponse:
+    """One response; `totals` (the request's result) only in its last: a streamed step's carry zeros,
+    but the first carries `cached` (what the prompt kept), known before any text."""
+    accepted, drafted, forwards, cached = (0, 0, 0, cached) if totals is None else \
         (totals.num_accepted, totals.num_drafted, totals.num_target_calls, totals.cached_tokens)
     seed, finish_reason = (None, None) if totals is None else (totals.seed, totals.finish_reason)
     predicted, accepted_predicted = (0, 0) if totals is None else \
@@ -291,6 +293,7 @@ class _Stream:
     steps: int = 0  # decode steps that gave it tokens so far
     held: tuple[str, list[int], TokenLogprobs | None] = ("", [], None)  # output not yet streamed
     place: _Places | None = None  # the instance's count that holds it, until its final response
+    cached: int = 0  # prompt tokens kept from a slot (prefix reuse): sent with the first response
 
     def cancelled(self) -> bool:
         """Whether the client cancelled or went away, asked of Triton at most every CANCEL_POLL_S."""
@@ -327,6 +330,7 @@ class _Stream:
                 self.metrics.ttft.observe(time.monotonic() - self.queued_at)
         if emitted.prompt_logprobs is not None:
             self.prompt_logprobs = emitted.prompt_logprobs
+        self.cached = max(self.cached, emitted.cached_tokens)
         delta, kept = self.text.push(emitted.ids)
         logprobs = emitted.logprobs
         if logprobs is not None:  # a stop word may end the output before the step's last id
@@ -342,7 +346,8 @@ class _Stream:
                 text, ids, logprobs = self._take_held()
                 cumulative = 0.0 if logprobs is None else self.logprobs.cumulative()
                 prompt, self.prompt_logprobs = self.prompt_logprobs, None  # with the first response
-                self.send(functools.partial(_response, text, ids, None, logprobs, cumulative, prompt))
+                cached = self.cached if self.responses == 0 else 0
+                self.send(functools.partial(_response, text, ids, None, logprobs, cumulative, prompt, cached))
             return self.text.stopped
         return self.text.stopped or self.cancelled()
 
