@@ -100,3 +100,96 @@ def test_alternating_verify_segments_are_filled_into_one_view():
                          Segment(4, 5, 17)])
     assert [g.gather.shape[1] for g in layout.groups] == [17]
     assert isinstance(layout.groups[0].slots, slice)
+
+
+def test_a_tree_segment_rotates_by_depth_and_sees_only_its_ancestors():
+    """A draft tree stored from index 10 of slot 1 (node i at 10 + i) beside a chain in slot 0:
+    node i is rotated at 10 + depth(i) and attends to the slot's context [0, 10), its ancestors and
+    itself only; a later forward's segment may hold the tree's last nodes, never lie outside it."""
+    from trtspec.models.kv_slots import TreeSpan, tree_depths
+
+    gen = torch.Generator().manual_seed(3)
+    parents = (-1, 0, 0, 1, -1, 4, 3)  # two roots; node 3's parent is node 1, node 6's node 3
+    assert tree_depths(parents) == [0, 1, 1, 2, 0, 1, 3]
+    for bad in ((0,), (-1, 1), (-1, -2)):  # a parent must come before its node, -1 for a root
+        with pytest.raises(ValueError, match="parents must come first"):
+            tree_depths(bad)
+    kv = SlotKV(2, KV_HEADS, 32, D, torch.float32, "cpu")
+    for slot, n in ((0, 6), (1, 10)):
+        kv.keys[slot, :, :n] = torch.randn(KV_HEADS, n, D, generator=gen)
+        kv.values[slot, :, :n] = torch.randn(KV_HEADS, n, D, generator=gen)
+    layout = StepLayout([Segment(0, 6, 2), Segment(1, 10, len(parents), TreeSpan(10, parents))])
+    assert layout.positions.tolist() == [6, 7, *range(10, 17)]
+    assert layout.rope_positions.tolist() == [6, 7, 10, 11, 11, 12, 10, 11, 13]
+    t = layout.num_tokens
+    kv.write(layout, torch.randn(t, KV_HEADS, D, generator=gen), torch.randn(t, KV_HEADS, D, generator=gen))
+    q = torch.randn(t, HEADS, D, generator=gen)
+    out = slot_attention(q, kv, layout)
+    chain = _reference(q[:2], kv.keys[0, :, :8], kv.values[0, :, :8], 6, causal=True)
+    torch.testing.assert_close(out[:2], chain, atol=1e-5, rtol=1e-5)
+    for i in range(len(parents)):
+        seen, node = [], i
+        while node >= 0:  # the node and its ancestors, at their storage indices
+            seen.insert(0, 10 + node)
+            node = parents[node]
+        idx = torch.tensor([*range(10), *seen])
+        ref = F.scaled_dot_product_attention(q[2 + i][None, :, None], kv.keys[1, :, idx][None],
+                                             kv.values[1, :, idx][None], enable_gqa=True)[0, :, 0]
+        torch.testing.assert_close(out[2 + i], ref, atol=1e-5, rtol=1e-5)
+    # the tree fed in two forwards: the second holds nodes 4..6 only, rotated by their depths
+    later = StepLayout([Segment(1, 14, 3, TreeSpan(10, parents))])
+    assert later.positions.tolist() == [14, 15, 16] and later.rope_positions.tolist() == [10, 11, 13]
+    with pytest.raises(ValueError, match="lies outside its tree"):
+        StepLayout([Segment(1, 15, 3, TreeSpan(10, parents))])  # nodes 5..7 of a 7-node tree
+    with pytest.raises(ValueError, match="lies outside its tree"):
+        StepLayout([Segment(1, 9, 2, TreeSpan(10, parents))])  # starts before its tree
+
+
+def test_a_drafter_layer_s_view_and_the_hf_cache_write_and_attend_over_their_slots():
+    """`SlotView.attend` (a drafter layer: q, k, v [b, heads, s, d], row r its request's s new tokens)
+    stores k, v at each row's positions and attends over the row's slot; `SlotKVCache.update`
+    (transformers' [1, kv_heads, T, d] of the packed tokens) stores them likewise."""
+    from trtspec.models.kv_slots import SlotKVCache, SlotView
+
+    gen = torch.Generator().manual_seed(4)
+    b, s, starts = 2, 3, (5, 9)
+    kv = SlotKV(2, KV_HEADS, 16, D, torch.float32, "cpu")
+    for slot, n in enumerate(starts):
+        kv.keys[slot, :, :n] = torch.randn(KV_HEADS, n, D, generator=gen)
+        kv.values[slot, :, :n] = torch.randn(KV_HEADS, n, D, generator=gen)
+    layout = StepLayout([Segment(r, starts[r], s) for r in range(b)])
+    q = torch.randn(b, HEADS, s, D, generator=gen)
+    k, v = torch.randn(b, KV_HEADS, s, D, generator=gen), torch.randn(b, KV_HEADS, s, D, generator=gen)
+    out = SlotView(kv, layout).attend(q, k, v)  # [b, h, s, d]
+    for r, start in enumerate(starts):
+        torch.testing.assert_close(kv.keys[r, :, start : start + s], k[r])
+        torch.testing.assert_close(kv.values[r, :, start : start + s], v[r])
+        seen = slice(0, start + s)
+        ref = _reference(q[r].transpose(0, 1), kv.keys[r, :, seen], kv.values[r, :, seen], start,
+                         causal=True)  # [s, h, d]
+        torch.testing.assert_close(out[r], ref.transpose(0, 1), atol=1e-5, rtol=1e-5)
+    cache = SlotKVCache([SlotKV(2, KV_HEADS, 16, D, torch.float32, "cpu")])
+    cache.layout = layout
+    new_k = torch.randn(1, KV_HEADS, b * s, D, generator=gen)
+    new_v = torch.randn(1, KV_HEADS, b * s, D, generator=gen)
+    got, _ = cache.update(new_k, new_v, 0)
+    assert got is cache.layers[0]
+    for r, start in enumerate(starts):
+        torch.testing.assert_close(got.keys[r, :, start : start + s], new_k[0, :, r * s : (r + 1) * s])
+        torch.testing.assert_close(got.values[r, :, start : start + s], new_v[0, :, r * s : (r + 1) * s])
+
+
+def test_slot_bytes_per_position_is_what_the_buffers_hold():
+    """The memory check's K/V bytes per position of a Hugging Face config are what its slot buffers
+    take per slot and position, for every layer or the ones asked for."""
+    from types import SimpleNamespace
+
+    from trtspec.models.kv_slots import hf_slot_buffers, slot_bytes_per_position
+
+    config = SimpleNamespace(num_hidden_layers=3, num_key_value_heads=2, num_attention_heads=4,
+                             hidden_size=32, head_dim=None)  # head_dim from hidden_size / heads: 8
+    for dtype in (torch.float32, torch.bfloat16):
+        held = sum(t.numel() * t.element_size() for kv in hf_slot_buffers(config, 2, 5, dtype, "cpu")
+                   for t in (kv.keys, kv.values))
+        assert slot_bytes_per_position(config, dtype) == held // (2 * 5)
+        assert slot_bytes_per_position(config, dtype, num_layers=1) == held // (2 * 5 * 3)

@@ -149,3 +149,41 @@ def test_an_output_that_only_ends_elsewhere_is_a_mismatch():
     check = GreedyCheck("Q: 1 + 1", False, 7, 3.0, audit=judge.audit(ids, reference[:7]), lengths=(7, 12))
     cert = Certificate(greedy=[check])
     assert not cert.passed and "served 7 tokens, the target alone 12" in "\n".join(cert.lines())
+
+
+def test_the_audit_judges_the_first_token_and_a_penalized_text_by_its_penalized_logits():
+    """Unless told where the reference's own tokens end, every token is judged, the first one too;
+    and a text decoded under repetition/presence penalties (`spec.penalties`) is held to the
+    argmax of the penalized logits, with the rounding noise scaled by the repetition factor (a logit
+    divided or multiplied by r moves its rounding by as much)."""
+    from trtspec.spec.sampling import SamplingParams
+
+    plain = tiny_pipeline(CPU, use_drafter=False, dtype="float32", cuda_graphs=False)
+    ids = plain.tokenizer.encode(load_prompts("code")[3])
+    judge = GreedyJudge(plain.config.target, plain.target)
+    with torch.inference_mode():
+        logits = plain.target.model(torch.tensor([ids])).logits[0, -1]  # [V]: chooses the first token
+    off = int(logits.topk(4).indices[-1])
+    output = [off] + plain.decoder.generate(ids + [off], 12).token_ids
+    auditor = tiny_pipeline(CPU, use_drafter=False, dtype="float32", cuda_graphs=False).decoder.target
+    audit = audit_greedy(auditor, ids, output)
+    assert audit.off_argmax == [0] and audit.first_wrong == 0, audit.describe()
+    assert audit_greedy(auditor, ids, output, start=1).off_argmax == []
+    assert judge.audit(ids, output).off_argmax == [0]  # the judge's audit judges it too
+    for r in (1.3, 0.8):
+        penalized = SamplingParams(repetition_penalty=r, presence_penalty=0.8)
+        text = plain.decoder.generate(ids, 48, penalized).token_ids
+        assert text != plain.decoder.generate(ids, 48).token_ids  # the penalties change the text
+        held = judge.audit(ids, text, penalized)
+        assert held.off_argmax == [], held.describe()
+        as_greedy = judge.audit(ids, text)
+        assert not as_greedy.near_ties_only  # not the unpenalized argmax
+        assert as_greedy.noise > 0 and held.noise == pytest.approx(max(r, 1 / r) * as_greedy.noise)
+
+
+def test_a_gap_of_exactly_the_tolerance_is_a_near_tie():
+    """A near-tie is a gap of at most TIE_FACTOR × noise: the bound itself passes, past it fails."""
+    at = GreedyAudit(tokens=8, off_argmax=[3], gaps=[0.25], noise=0.125, dtype="bfloat16")  # 2 × 0.125
+    assert at.near_ties_only and at.first_wrong is None
+    past = GreedyAudit(tokens=8, off_argmax=[3], gaps=[0.2500001], noise=0.125, dtype="bfloat16")
+    assert not past.near_ties_only and past.first_wrong == 3

@@ -228,3 +228,20 @@ def test_bad_words_keep_speculation_lossless(dflash, tree):
         spec16 = dflash.decoder_for(16, ScheduleConfig(mode="full"))
         prompt = list(b"Q: 482 + 356\nA:")
         assert_samples_follow_target(dflash.target.model, spec16, prompt, sampling, steps=4)
+
+
+def test_a_forced_token_outside_the_vocabulary_forces_nothing():
+    """A reasoning block's end id the target cannot emit (its vocabulary's size or past it; the
+    decoder does not refuse one) forces nothing: the step's logits are left as they are."""
+    from trtspec.spec.thinking_budget import ThinkingBudget
+
+    for end in (6, 7):  # the vocabulary is 0..5
+        state = Penalties(SamplingParams(thinking=ThinkingBudget(budget=0, end=(end,))), [1, 2], 6)
+        logits = torch.randn(3, 6, generator=torch.Generator().manual_seed(end))
+        out = logits.clone()
+        state.apply(out, torch.tensor([0, 1]))  # the budget is spent from the start: end is due
+        torch.testing.assert_close(out, logits)
+    inside = Penalties(SamplingParams(thinking=ThinkingBudget(budget=0, end=(5,))), [1, 2], 6)
+    out = torch.zeros(1, 6)
+    inside.apply(out)  # the last id of the vocabulary is forced
+    assert out[0].tolist() == [float("-inf")] * 5 + [0.0]

@@ -352,3 +352,27 @@ def test_a_step_that_also_prefills_is_priced_with_its_prompt_tokens():
     one = [torch.tensor([0.1])]
     assert schedule_lengths(one, LINEAR, "scheduler", draft_seconds=0.002, plain_rows=1) == [0]
     assert schedule_lengths(one, LINEAR, "scheduler", draft_seconds=0.002, plain_rows=1, prompt=64) == [1]
+
+
+def test_step_seconds_at_the_edges_of_what_was_measured():
+    """One request reads the grid's R = 1 row (not 1 / SPS); a one-token prompt piece is priced like
+    a longer one; a grid timed at one context only, or at a short context no shorter than its own,
+    does not move with the requests' context; catch-up is flat past the last of three R."""
+    assert GRID.step_seconds(1, 8) == pytest.approx(1 / 90.0)  # 1 / SPS(8) would be 1 / 76.7
+    assert LINEAR.step_seconds(2, 2, prompt=1) == pytest.approx(1 / LINEAR.sps(3))  # 1 / SPS(2) + its share
+    assert LINEAR.sps(3) < LINEAR.sps(2)
+    one_context = GRID.model_copy(update={"verify_context": 256})  # no short grid
+    assert one_context.step_seconds(2, 16, 64) == pytest.approx(1 / 80.0)
+    misordered = CONTEXT_GRID.model_copy(update={"verify_context": 64})  # short grid not shorter
+    assert misordered.step_seconds(2, 16, 8) == pytest.approx(1 / 80.0)
+    three = SPSTable(batch_tokens=[1], steps_per_s=[100.0], draft_batches=[1, 2, 4], draft_lens=[1],
+                     draft_seconds=[[0.001]] * 3, draft_catch_up=2, catch_up_seconds=[1e-5, 2e-5, 4e-5])
+    assert three.catch_up_time(8, 12) == pytest.approx(10 * 4e-5)  # R = 4's rate, not R = 2's
+
+
+def test_threshold_mode_keeps_a_survival_equal_to_the_cut():
+    """The threshold mode verifies the slots whose survival is ≥ `threshold` (ScheduleConfig): sure
+    drafts (survival 1) pass threshold 1, and a slot exactly at 0.5 passes 0.5."""
+    surv = [torch.tensor([1.0, 1.0, 0.5]), torch.tensor([0.5, 0.25])]
+    assert schedule_lengths(surv, SPS3, "threshold", threshold=1.0) == [2, 0]
+    assert schedule_lengths(surv, SPS3, "threshold", threshold=0.5) == [3, 1]

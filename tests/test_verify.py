@@ -361,3 +361,25 @@ def test_chain_rule_gives_the_target_s_joint_law_exactly(draft_len):
     and p depending on the prefix, computed exactly: equal to the target's for draft lengths 0
     (plain decoding), 1 (a cut block: bonus from p_2 after one draft) and 2."""
     _assert_target_law(_enumerated_law(verify_explicit, draft_len), draft_len)
+
+
+def test_sampling_rows_without_drafts_need_no_q_probs():
+    """A step whose rejection-sampled rows drafted nothing (draft_lens 0; greedy rows may have) comes
+    without q_probs: each such row emits one token from its p_1, the verdict any q would give; a
+    sampled row with drafts and no q_probs is refused."""
+    gen = torch.Generator().manual_seed(9)
+    r, k, vocab = 3, 4, 10
+    logits = 3 * torch.randn(r, k + 1, vocab, generator=gen)
+    params = [SamplingParams(temperature=0.9, seed=1), SamplingParams(),
+              SamplingParams(temperature=1.2, top_k=5, seed=2)]
+    draft = torch.randint(0, vocab, (r, k), generator=gen)
+    lens = torch.tensor([0, 3, 0])
+    q = torch.softmax(torch.randn(r, k, vocab, generator=gen), -1)
+    got = Verifier().verify(draft, lens, None, logits, params, [p.generator() for p in params])
+    want = Verifier().verify(draft, lens, q, logits, params, [p.generator() for p in params])
+    assert torch.equal(got.num_accepted, want.num_accepted) and torch.equal(got.tokens, want.tokens)
+    assert got.num_accepted[[0, 2]].tolist() == [0, 0]
+    assert got.row(1) == verify_greedy(draft[1:2], logits[1:2], lens[1:2]).row(0)
+    with pytest.raises(RuntimeError, match="sampling rows with drafts need their q_probs"):
+        Verifier().verify(draft, torch.tensor([1, 3, 0]), None, logits, params,
+                          [p.generator() for p in params])

@@ -43,10 +43,6 @@ class VerifyOutput:
     num_accepted: torch.Tensor  # [b] accepted draft tokens per row, in [0, k]
     tokens: torch.Tensor  # [b, k+1] accepted tokens then the recovered/bonus token, PAD after
 
-    @property
-    def num_emitted(self) -> torch.Tensor:  # [b]
-        return self.num_accepted + 1
-
     def row(self, r: int) -> list[int]:
         return self.tokens[r, : int(self.num_accepted[r]) + 1].tolist()
 
