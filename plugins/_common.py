@@ -24,7 +24,7 @@ def interpreter_problem(triton_version: str, numpy_version: str) -> str | None:
     int by `int()` of a one-element array, which numpy 2.4 refuses ("only 0-dimensional arrays can
     be converted to Python scalars"); Triton 3.7 reads it as a scalar. Compiled kernels (CUDA) are
     not affected."""
-    if Version(triton_version) < Version("3.7") and Version(numpy_version) >= Version("2.4"):
+    if Version(triton_version).release[:2] < (3, 7) and Version(numpy_version).release[:2] >= (2, 4):
         return (f"the Triton interpreter of triton {triton_version} cannot run these kernels under numpy "
                 f"{numpy_version} (its loop bounds fail: only 0-dimensional arrays can be converted to "
                 "Python scalars); install triton>=3.7 or numpy<2.4 for TRITON_INTERPRET=1, or run on a "

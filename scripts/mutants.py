@@ -1,8 +1,8 @@
 """Does the suite notice a wrong line? Small changes to one module's code (a comparison flipped, a
 sign, `and`/`or`, `min`/`max`, a constant moved by one), each tried against the tests that cover it:
 a change every test still passes is a survivor, where either the tests cannot tell (a gap) or the
-change means the same (an equivalent mutant). Run it in a clone: it rewrites the module in place
-and puts it back after each mutant.
+change means the same (an equivalent mutant). Run it from the root of a clone: it rewrites the
+module in place and puts it back after each mutant; changes that would not compile are never tried.
 
     python scripts/mutants.py trtspec/spec/verify.py tests/test_verify.py [more tests] \
         [--sample 40] [--seed 0] [--timeout 300]
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import random
 import subprocess
 import sys
@@ -44,21 +45,30 @@ class Mutant:
 
 
 def mutants(source: str) -> list[Mutant]:
-    """Every swap on a code token outside strings, comments, imports, annotations and decorators."""
+    """Every swap on a code token outside strings, comments, imports, annotations and decorators that
+    still compiles (no `for x not in`, `not not in`, `is not not`, `f(/args)`)."""
     found = []
     skip_lines: set[int] = set()
     for number, text in enumerate(source.splitlines(), 1):
         stripped = text.lstrip()
         if stripped.startswith(("import ", "from ", "@", "def ", "class ", "assert ", "raise ", "log.")):
             skip_lines.add(number)
+    lines = source.splitlines(keepends=True)
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.start[0] in skip_lines or tok.type not in (tokenize.OP, tokenize.NAME, tokenize.NUMBER):
             continue
         (line, col), text = tok.start, tok.string
         if text in SWAPS:
-            found.append(Mutant(line, col, text, SWAPS[text]))
+            mutant = Mutant(line, col, text, SWAPS[text])
         elif tok.type == tokenize.NUMBER and text.isdigit() and int(text) < 4:
-            found.append(Mutant(line, col, text, str(int(text) + 1)))
+            mutant = Mutant(line, col, text, str(int(text) + 1))
+        else:
+            continue
+        try:
+            compile("".join(mutant.apply(lines)), "<mutant>", "exec")
+        except SyntaxError:
+            continue
+        found.append(mutant)
     return found
 
 
@@ -76,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     sample = len(every) if args.sample <= 0 else min(args.sample, len(every))
     chosen = random.Random(args.seed).sample(every, sample)
     chosen.sort(key=lambda m: (m.line, m.col))
+    # this checkout's code first, also for the tests' own subprocesses (a venv's editable install of
+    # trtspec points at the checkout it was made from, which may be another)
+    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path)
     survivors, killed, timeouts = [], 0, 0
     print(f"{args.module}: {len(every)} mutants, trying {len(chosen)} against {' '.join(args.tests)}")
     try:
@@ -84,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             start = time.monotonic()
             try:
                 run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                                      *args.tests], capture_output=True, text=True, timeout=args.timeout)
+                                      *args.tests], capture_output=True, text=True, timeout=args.timeout,
+                                     env=env)
                 outcome = "killed" if run.returncode != 0 else "SURVIVED"
             except subprocess.TimeoutExpired:
                 outcome = "timeout"  # a hang is noticed too

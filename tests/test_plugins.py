@@ -455,3 +455,6 @@ def test_an_interpreter_that_cannot_run_the_kernels_is_named_before_a_launch():
     assert interpreter_problem("3.6.0", "2.3.5") is None  # numpy only warned before 2.4
     assert interpreter_problem("3.6.0", "1.26.4") is None
     assert interpreter_problem("3.10.0", "2.5.0") is None
+    # by major.minor: a Triton 3.7 nightly reads scalars, a numpy 2.4 release candidate refuses
+    assert interpreter_problem("3.7.0.dev0", "2.4.6") is None
+    assert interpreter_problem("3.6.0+git9a1b", "2.4.0rc1") is not None

@@ -457,14 +457,17 @@ def test_config_values_a_forward_cannot_run_are_named_at_load(tmp_path, edit, me
     assert str(refused.value).startswith(f"{config_file}: ") and message in str(refused.value)
 
 
-def test_end_ids_come_from_config_json_where_no_generation_config_is(tmp_path):
+def test_end_ids_come_from_config_json_where_no_generation_config_is(tmp_path, caplog):
     """As transformers makes a generation config from config.json when the checkpoint has no
-    generation_config.json (and vLLM follows it): every eos id listed there ends a request."""
+    generation_config.json (and vLLM follows it): every eos id listed there ends a request; one that
+    is no token of the model is left out with a warning (transformers loads such a config as it is,
+    where a generation_config.json's is refused)."""
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": [1, 646]}))
     assert read_end_ids(tmp_path, 1000) == (1, 646)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": 2000}))
-    with pytest.raises(CheckpointError, match=r"config\.json: eos_token_id must be .* got \[2000\]"):
-        read_end_ids(tmp_path, 1000)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": [2000, 7]}))
+    with caplog.at_level("WARNING"):
+        assert read_end_ids(tmp_path, 1000) == (7,)
+    assert "config.json: eos_token_id [2000, 7] holds what is no token id in [0, 1000)" in caplog.text
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 5}))
     assert read_end_ids(tmp_path, 1000) == (5,)  # a generation_config.json is read alone (transformers)
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.7}))

@@ -220,6 +220,13 @@ def read_end_ids(path: Path, vocab_size: int) -> tuple[int, ...]:
     config_file, raw = _generation_config(path)
     if not config_file.is_file() and (path / "config.json").is_file():
         config_file, raw = read_config(path, "a Hugging Face")
+        ids = raw.get("eos_token_id")
+        ids = [] if ids is None else ids if isinstance(ids, list) else [ids]
+        kept = [i for i in ids if type(i) is int and 0 <= i < vocab_size]
+        if kept != ids:  # a model config's field transformers loads whatever it holds: ids never emitted
+            log.warning("%s: eos_token_id %r holds what is no token id in [0, %d); left out",
+                        config_file, ids, vocab_size)
+        return tuple(kept)
     ids = raw.get("eos_token_id")
     if ids is None:
         return ()

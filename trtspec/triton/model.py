@@ -469,7 +469,7 @@ class TritonPythonModel:
         self._drop_cancelled()
         while len(running) < self.config.limits.max_concurrency and self.queued:
             stream = self.queued.popleft()
-            if stream.sender.is_cancelled():
+            if stream.cancelled():
                 stream.send(None, FINAL)
                 continue
             try:
