@@ -216,22 +216,19 @@ def read_end_ids(path: Path, vocab_size: int) -> tuple[int, ...]:
     id or a list, as Qwen3's `[<|im_end|>, <|endoftext|>]` and Llama 3.1's three ends), or by its
     config.json's where it has no generation_config.json (as transformers' generation config is then
     made from the model's config), or () when they have none; a CheckpointError naming the file and
-    field when they are not ids of the model."""
+    field when generation_config.json's are not ids of the model (config.json's such are left out)."""
     config_file, raw = _generation_config(path)
-    if not config_file.is_file() and (path / "config.json").is_file():
+    model_config = not config_file.is_file() and (path / "config.json").is_file()
+    if model_config:
         config_file, raw = read_config(path, "a Hugging Face")
-        ids = raw.get("eos_token_id")
-        ids = [] if ids is None else ids if isinstance(ids, list) else [ids]
-        kept = [i for i in ids if type(i) is int and 0 <= i < vocab_size]
-        if kept != ids:  # a model config's field transformers loads whatever it holds: ids never emitted
-            log.warning("%s: eos_token_id %r holds what is no token id in [0, %d); left out",
-                        config_file, ids, vocab_size)
-        return tuple(kept)
     ids = raw.get("eos_token_id")
-    if ids is None:
-        return ()
-    ids = ids if isinstance(ids, list) else [ids]
-    if not all(type(i) is int and 0 <= i < vocab_size for i in ids):
-        raise CheckpointError(f"{config_file}: eos_token_id must be a token id or a list of token ids in "
-                              f"[0, {vocab_size}) (the model's vocab_size), got {ids!r}")
-    return tuple(ids)
+    ids = [] if ids is None else ids if isinstance(ids, list) else [ids]
+    kept = [i for i in ids if type(i) is int and 0 <= i < vocab_size]
+    if kept != ids:
+        if not model_config:
+            raise CheckpointError(f"{config_file}: eos_token_id must be a token id or a list of token ids in "
+                                  f"[0, {vocab_size}) (the model's vocab_size), got {ids!r}")
+        # transformers loads a model config whatever the field holds: ids the model never emits
+        log.warning("%s: eos_token_id %r holds what is no token id in [0, %d); left out",
+                    config_file, ids, vocab_size)
+    return tuple(kept)
