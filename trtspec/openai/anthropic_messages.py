@@ -399,7 +399,18 @@ class ContentBlocks(Segments):
 
     def content(self) -> list[dict]:
         """The message's content: its blocks, or one empty text block (a message has at least one)."""
-        return self.blocks or [{"type": "text", "text": ""}]
+        return self.blocks or [_empty_text()]
+
+    def at_least_one(self) -> list[dict]:
+        """A stream's events of the empty text block `content` gives a message where no block began."""
+        if self.blocks:
+            return []
+        return [{"type": "content_block_start", "index": 0, "content_block": _empty_text()},
+                {"type": "content_block_stop", "index": 0}]
+
+
+def _empty_text() -> dict:
+    return {"type": "text", "text": ""}
 
 
 def stop_reason(finish: str, blocks: list[dict], matched: str | None, stop_sequences: list[str] | None

@@ -52,13 +52,10 @@ def add_routes(app: FastAPI, front: Frontend) -> None:
 
         def tail(status: str) -> list[dict]:
             reason, sequence = ended()
-            empty = [] if blocks.blocks else [  # the whole answer's one empty text block, streamed
-                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-                {"type": "content_block_stop", "index": 0}]
             delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                      "usage": usage(run.prompt_tokens, run.cached, run.completion_tokens),
                      "trtspec": figures_of([run])}
-            return [*empty, delta, {"type": "message_stop"}]
+            return [*blocks.at_least_one(), delta, {"type": "message_stop"}]
 
         return stream_segments(
             firsts, streams, run, blocks,
