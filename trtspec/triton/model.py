@@ -497,7 +497,7 @@ class TritonPythonModel:
         self._swept_at = now
         kept: deque[_Stream] = deque()
         for stream in self.queued:
-            if stream.sender.is_cancelled():
+            if stream.cancelled():
                 stream.send(None, FINAL)
             else:
                 kept.append(stream)
