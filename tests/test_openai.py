@@ -2714,6 +2714,19 @@ def test_response_tools_and_text_formats_are_chats(served):
                        if item["type"] == "function_call")
     assert calls == [] and message.content.startswith("{")  # the schema's, last (its whitespace free)
     assert response["text"]["format"]["type"] == "json_schema"
+    # a call's output answers it in the response that continues it; one that answers no call made is
+    # refused in OpenAI's words
+    made = client.responses.create(model="trtspec", temperature=0, **ask, **cases[0][0])
+    call_id = next(item.call_id for item in made.output if item.type == "function_call")
+    output = {"type": "function_call_output", "call_id": call_id, "output": "838"}
+    answered = client.responses.create(model="trtspec", previous_response_id=made.id, input=[output],
+                                       max_output_tokens=4, temperature=0)
+    assert answered.status in ("completed", "incomplete")
+    with pytest.raises(openai.BadRequestError) as orphan:
+        client.responses.create(model="trtspec", input=[output], max_output_tokens=4)
+    assert orphan.value.body["param"] == "input"
+    says = f"No tool call found for function call output with call_id {call_id}"
+    assert orphan.value.body["message"].startswith(says)
     # a named call cut by max_output_tokens (was a 400, a stream without its last event): incomplete,
     # its arguments chat's, and the conversation goes on without it
     named = {"tools": FLAT_TOOLS, "tool_choice": {"type": "function", "name": "add"}, "max_output_tokens": 6}
@@ -2752,6 +2765,7 @@ BAD_RESPONSES = [
     ({"truncation": "middle"}, "truncation"),
     ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
     ({"input": "x" * 5000}, "input"),  # past the context
+    ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "3"}]}, "input"),  # no call
 ]
 
 
@@ -2939,7 +2953,11 @@ def test_messages_errors_are_anthropics(served):
                          ({"messages": [{"role": "user", "content": [{"type": "image"}]}]},
                           "messages[0].content[0].type"),
                          ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking.budget_tokens"),
-                         ({"stop_sequences": [""]}, "'stop_sequences'")):
+                         ({"stop_sequences": [""]}, "'stop_sequences'"),
+                         # a tool result answers a tool_use before it, as Anthropic requires
+                         ({"messages": [{"role": "user", "content": [
+                             {"type": "tool_result", "tool_use_id": "toolu_9", "content": "3"}]}]},
+                          "toolu_9")):
         status, body = _post(f"{served.base}/v1/messages", {**good, **change})
         assert status == 400 and body["type"] == "error", body
         assert body["error"]["type"] == "invalid_request_error" and says in body["error"]["message"], body

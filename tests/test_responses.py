@@ -18,6 +18,7 @@ from trtspec.openai.responses import (
     OutputItems,
     ResponsesRequest,
     assistant_messages,
+    calls_made,
     chat_body,
     chat_tools,
     input_items,
@@ -71,6 +72,29 @@ TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "ar
 ])
 def test_input_items_are_the_chat_conversation_they_stand_for(given, want):
     assert input_messages(given) == want
+    assert input_messages(given, calls=set()) == want  # each output answers a call before it
+
+
+def test_a_function_call_output_answers_a_call_made_before_it():
+    """As OpenAI's: an output whose call_id no function_call before it made (in this input, or in
+    the conversation it continues: `calls`) is refused; an incomplete call's id counts as made."""
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "3"}
+    with pytest.raises(ApiError) as refused:
+        input_messages([{"role": "user", "content": "q"}, output], calls={"call_2"})
+    assert refused.value.param == "input"
+    says = "No tool call found for function call output with call_id call_1 "
+    assert refused.value.message.startswith(says)
+    with pytest.raises(ApiError):
+        input_messages([output, CALL], calls=set())  # after it is too late
+    calls = {"call_1"}
+    tool = {"role": "tool", "tool_call_id": "call_1", "content": "3"}
+    assert input_messages([output], calls=calls) == [tool]
+    made = set()
+    input_messages([{**CALL, "call_id": "call_3", "status": "incomplete"}, {**output, "call_id": "call_3"}],
+                   calls=made)
+    assert made == {"call_3"}
+    asked = {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL, {**TOOL_CALL, "id": "c"}]}
+    assert calls_made([asked, tool]) == {"call_1", "c"}
 
 
 @pytest.mark.parametrize(("given", "param", "says"), [

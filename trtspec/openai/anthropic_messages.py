@@ -214,10 +214,12 @@ def _output_format(config) -> dict | None:
 def chat_messages(system: str | list | None, messages: list) -> list[dict]:
     """The conversation as chat messages: text blocks one a line; an assistant turn's tool_use
     blocks its tool calls and its thinking its reasoning_content; a user turn's tool_result blocks
-    tool messages, in their place among its text; a system message in the conversation (Claude
-    Code's environment notes) a chat system message in its place, as the template renders one
-    there (Qwen3's does; a template that refuses it is a 400 saying so)."""
+    tool messages, in their place among its text (each answering a tool_use before it); a system
+    message in the conversation (Claude Code's environment notes) a chat system message in its
+    place, as the template renders one there (Qwen3's does; a template that refuses it is a 400
+    saying so)."""
     out = []
+    called: set[str] = set()  # the tool_use ids so far
     system = _system_text(system)
     if system:
         out.append({"role": "system", "content": system})
@@ -251,7 +253,12 @@ def chat_messages(system: str | list | None, messages: list) -> list[dict]:
                     out.append({"role": "user", "content": "\n".join(texts)})
                     texts = []
                 result = _result_text(block.get("content", ""), f"{at}.content")
-                out.append({"role": "tool", "tool_call_id": required_string(block, "tool_use_id", at),
+                if required_string(block, "tool_use_id", at) not in called:  # Anthropic's words
+                    raise ApiError(f"{at}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                                   f"{block['tool_use_id']}. Each `tool_result` block must answer a "
+                                   "`tool_use` block of an earlier assistant message.", f"{at}.tool_use_id",
+                                   code="invalid_value")
+                out.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                             "content": f"Error: {result}" if block.get("is_error") else result})
             elif kind == "tool_use" and role == "assistant":
                 only_keys(block, ("type", "id", "name", "input", "cache_control"), at)
@@ -262,14 +269,15 @@ def chat_messages(system: str | list | None, messages: list) -> list[dict]:
                             "arguments": json.dumps(block["input"])}
                 turn.setdefault("tool_calls", []).append(
                     {"id": required_string(block, "id", at), "type": "function", "function": function})
+                called.add(block["id"])
             elif kind == "thinking" and role == "assistant":
                 only_keys(block, ("type", "thinking", "signature"), at)
                 thinking = required_string(block, "thinking", at)
                 turn["reasoning_content"] = turn.get("reasoning_content", "") + thinking
             elif kind in ("tool_result", "tool_use", "thinking"):
                 owner = "user" if kind == "tool_result" else "assistant"
-                raise ApiError(f"Invalid '{at}.type': a {kind} block belongs to a {owner} message, not a "
-                               f"{role} one.", f"{at}.type", code="invalid_value")
+                raise ApiError(f"Invalid '{at}.type': a {kind} block belongs in a message of role "
+                               f"{owner}, not {role}.", f"{at}.type", code="invalid_value")
             else:
                 raise refuse(f"{at}.type", kind, "text, tool_use, tool_result and thinking blocks only (no "
                              "images, documents or redacted thinking)")

@@ -192,12 +192,14 @@ def chat_body(req: ResponsesRequest, conversation: list[dict]) -> dict:
 ITEM_STATUSES = ("in_progress", "completed", "incomplete")  # an input item's `status`, as OpenAI's
 
 
-def input_messages(given: str | list, param: str = "input") -> list[dict]:
+def input_messages(given: str | list, param: str = "input", calls: set[str] | None = None) -> list[dict]:
     """Responses input items as chat messages: a message item's text parts joined one a line, a
     function_call joined to the assistant message before it (or a new one; one of status incomplete,
     cut short by max_output_tokens or a stop sequence, was never made and is left out), a
     function_call_output a tool message, a reasoning item's text the next assistant message's
-    reasoning_content."""
+    reasoning_content. Given `calls` (the call ids the conversation made before `given`, as `calls_made`
+    reads them), a function_call_output must answer one of those or a function_call before it, as
+    OpenAI requires; `calls` gains `given`'s."""
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
     messages: list[dict] = []
@@ -237,6 +239,8 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
             only_keys(item, ("type", "call_id", "name", "arguments", "id", "status", "namespace"), where)
             for field in ("call_id", "name", "arguments"):
                 required_string(item, field, where)
+            if calls is not None:
+                calls.add(item["call_id"])
             if item.get("status") == "incomplete":  # its arguments' text is what came before the cut
                 continue
             try:
@@ -256,6 +260,11 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
         elif kind == "function_call_output":
             only_keys(item, ("type", "call_id", "output", "id", "status"), where)
             required_string(item, "call_id", where)
+            if calls is not None and item["call_id"] not in calls:  # OpenAI's words
+                raise ApiError(f"No tool call found for function call output with call_id {item['call_id']} "
+                               f"(in '{param}'): send the function_call it answers before it, or continue "
+                               "the response that made it (previous_response_id).", param,
+                               code="invalid_value")
             output = _message_text(item.get("output"), f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
         elif kind == "reasoning":
@@ -278,6 +287,11 @@ def input_messages(given: str | list, param: str = "input") -> list[dict]:
     if not given:
         raise ApiError(f"'{param}' must hold at least one item.", param, code="invalid_value")
     return messages
+
+
+def calls_made(messages: list[dict]) -> set[str]:
+    """The ids of the tool calls chat messages make (their assistant messages' `tool_calls`)."""
+    return {call["id"] for message in messages for call in message.get("tool_calls", ())}
 
 
 def truncations(messages: list[dict]) -> list[list[dict]]:

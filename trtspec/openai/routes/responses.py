@@ -30,6 +30,7 @@ from trtspec.openai.responses import (
     ResponsesRequest,
     ResponseStore,
     assistant_messages,
+    calls_made,
     chat_body,
     check_responses,
     input_items,
@@ -61,7 +62,7 @@ def add_routes(app: FastAPI, front: Frontend, conversations: ConversationStore) 
             past = store.conversation(req.previous_response_id)
         else:
             past = [] if thread is None else thread.messages()
-        conversation = past + input_messages(req.input)
+        conversation = past + input_messages(req.input, calls=calls_made(past))
         candidates = truncations(conversation) if req.truncation == "auto" else [conversation]
         for k, conversation in enumerate(candidates):  # the longest that fits
             try:
