@@ -119,3 +119,34 @@ def byte_fallback_tokenizer() -> PreTrainedTokenizerFast:
     bpe.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])
     return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+LLAMA2_TEMPLATE = (  # Llama 2's chat format: the answer follows "[/INST]", its first piece a word's "▁"
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+    "{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def write_sentencepiece_target(target_dir: Path, draft_dir: Path, seed: int = 0) -> None:
+    """A target laid out as Llama-2-7b-chat is (`byte_fallback_tokenizer`: its decoder strips a
+    text's first space; `<s>` before every text, `</s>` its end, Llama 2's chat template), random
+    Llama weights, and a draft model cut from its first layers."""
+    tokenizer = byte_fallback_tokenizer()
+    tokenizer.add_bos_token = True
+    tokenizer.chat_template = LLAMA2_TEMPLATE
+    tokenizer.save_pretrained(target_dir)
+    bos, eos = tokenizer.convert_tokens_to_ids(["<s>", "</s>"])
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=bos,
+                         eos_token_id=eos)
+    target = LlamaForCausalLM(config)
+    with torch.no_grad():  # byte ids mostly lose (a trained model spells few characters in bytes)
+        target.lm_head.weight[tokenizer.convert_tokens_to_ids([f"<0x{b:02X}>" for b in range(256)])] *= 0.1
+    _meet_the_ends(target, tokenizer, [eos])
+    target.generation_config.eos_token_id = eos
+    target.save_pretrained(target_dir)
+    target.model.layers = target.model.layers[:2]
+    target.config.num_hidden_layers = 2
+    target.save_pretrained(draft_dir)

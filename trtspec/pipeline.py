@@ -150,14 +150,21 @@ class Pipeline:
         self, prompt: str, max_tokens: int, sampling: SamplingParams | None = None, guide: Guide | None = None
     ) -> tuple[str, GenerationResult]:
         """Continue `prompt` (`guide`: what the new text must match)."""
+        from trtspec.triton.request import TextStream, context_of
+
         if not prompt:
             raise ValueError("prompt is empty: give some text to continue")
         limit = self.config.limits.max_tokens
         if not 1 <= max_tokens <= limit:
             raise ValueError(f"max_tokens must be in [1, {limit}], got {max_tokens}")
         compiled = None if guide is None else self.guides.compile(guide)
-        result = self.decoder.generate(self.tokenizer.encode(prompt), max_tokens, sampling, guide=compiled)
-        return self.tokenizer.decode(result.token_ids), result
+        ids = self.tokenizer.encode(prompt)
+        result = self.decoder.generate(ids, max_tokens, sampling, guide=compiled)
+        # its text as a server streams it: decoded after the prompt's last ids
+        text = TextStream(self.tokenizer.decode, end_ids=self.decoder.end_ids,
+                          context=context_of(self.tokenizer.decode, ids))
+        text.push(result.token_ids)
+        return text.text, result
 
     @functools.cached_property
     def chat_template(self) -> ChatTemplate | None:
@@ -168,18 +175,19 @@ class Pipeline:
         """Answer a conversation as the OpenAI frontend does: rendered by the target's chat template
         (with `variables`), ended by an end id or the template's stop sequence (not returned)."""
         from trtspec.openai.stops import StopTrimmer
-        from trtspec.triton.request import TextStream
+        from trtspec.triton.request import TextStream, context_of
 
         if self.chat_template is None:
             raise ConfigError(f"{self.config.target.resolved_path} has no chat template: send text instead")
         prompt = self.chat_template.render(messages, **variables)
-        stream = TextStream(self.tokenizer.decode, self.chat_template.stop, self.decoder.end_ids)
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False)  # the template wrote its specials
+        stream = TextStream(self.tokenizer.decode, self.chat_template.stop, self.decoder.end_ids,
+                            context=context_of(self.tokenizer.decode, ids))
 
         def stop_at_the_turns_end(emitted: Emitted) -> bool:
             stream.push(emitted.ids)
             return stream.stopped
 
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False)  # the template wrote its specials
         compiled = None if guide is None else self.guides.compile(guide)
         result = self.decoder.generate(ids, max_tokens, sampling, on_tokens=stop_at_the_turns_end,
                                        guide=compiled)

@@ -12,7 +12,7 @@ from trtspec.openai.reasoning import ReasoningParser
 from trtspec.openai.stops import StopTrimmer
 from trtspec.openai.tools import ToolParser, ToolPlan
 from trtspec.openai.triton_stream import Generation
-from trtspec.triton.request import produced_chars
+from trtspec.triton.request import context_of, produced_chars
 
 
 class Choice:
@@ -27,6 +27,7 @@ class Choice:
         self.trimmer = StopTrimmer(stop_list(list(gen.stop_words)), protected=None if gen.min_tokens else 0,
                                    include=frozenset(include))  # stops kept in the text
         self.decode = decode  # the tokenizer's: where the first min_tokens tokens' text ends
+        self.context = () if decode is None else context_of(decode, prompt_ids)  # decoded after
         self.ids: list[int] = []  # generated so far, while min_tokens has not been reached
         self.completion_tokens = self.accepted = self.drafted = self.forwards = self.cached = 0
         self.predicted = self.prediction_accepted = 0  # drafts from the prediction, and those accepted
@@ -35,8 +36,8 @@ class Choice:
         self.logprobs = logprobs  # None: the request asked for no log-probabilities
         self.scored: tuple[list, list, list, list] = ([], [], [], [])  # ids, log p, top ids, top log p
         self.echo = echo  # the prompt's text, owed before the first text (echo)
-        if logprobs is not None and echo is not None:  # the completion's offsets count from its end
-            logprobs.prompt = (len(prompt_ids), len(echo))
+        if logprobs is not None:  # the completion's offsets count after the prompt (and echo's text)
+            logprobs.follow(prompt_ids, echo)
         self.tools = None if tools is None else ToolParser(tools)  # the text as content and tool calls
         # the reasoning block apart from the content (None: no reasoning parser); shown unless asked not to
         self.reasoning = None if start is None else ReasoningParser(start)
@@ -48,7 +49,8 @@ class Choice:
         if self.trimmer.protected is None:  # a stop sequence may end only past these tokens' text
             self.ids += step.ids
             if len(self.ids) >= self.gen.min_tokens:
-                self.trimmer.protected = produced_chars(self.decode, self.ids[: self.gen.min_tokens])
+                self.trimmer.protected = produced_chars(self.decode, self.ids[: self.gen.min_tokens],
+                                                        self.context)
         if step.ids:
             self.last_id = step.ids[-1]
         self.accepted = max(self.accepted, step.accepted_tokens)

@@ -27,7 +27,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from trtspec.triton.request import TextStream
+from trtspec.triton.request import TextStream, context_of
 
 FLOOR = -9999.0
 
@@ -44,15 +44,31 @@ class LogprobsBody:
     chat: bool
     # echo: the prompt's (ids, characters), which come first; the completion's text starts after them
     prompt: tuple[int, int] | None = None
+    lead: int = 0  # echo: the prompt's characters before its ids' text (a space SentencePiece strips)
+    context: tuple[int, ...] = ()  # the prompt's last ids the completion's text is decoded after
     counted: int = 0  # ids whose text_offset was given
     base: int = 0  # where the text of the ids `written` counts begins
     written: TextStream | None = field(default=None, repr=False)  # their text, as the answer decodes it
 
+    def follow(self, prompt_ids: list[int], echo: str | None) -> None:
+        """Count the offsets of a completion of `prompt_ids`, decoded after the prompt's last ids as
+        its text is; with `echo` (the prompt's text, which the choice's text starts with), the
+        prompt's ids first, their text where it ends `echo` (a prompt's text decodes to itself but
+        where the tokenizer strips a space or leaves out a special token's text)."""
+        self.context = context_of(self.tokenizer.decode, prompt_ids)
+        if echo is not None:
+            self.prompt = (len(prompt_ids), len(echo))
+            own = self.tokenizer.decode(list(prompt_ids))
+            self.lead = len(echo) - len(own) if echo.endswith(own) else 0
+
     def _offset(self, token_id: int) -> int:
         """Where `token_id`'s text begins in the choice's text (completions' text_offset)."""
         if self.written is None or (self.prompt is not None and self.counted == self.prompt[0]):
-            self.base = 0 if self.written is None else self.prompt[1]
-            self.written = TextStream(self.tokenizer.decode)
+            if self.prompt is not None and self.counted < self.prompt[0]:  # echo: the prompt's ids
+                self.base, self.written = self.lead, TextStream(self.tokenizer.decode)
+            else:  # the completion's, after the prompt's text
+                self.base = 0 if self.prompt is None else self.prompt[1]
+                self.written = TextStream(self.tokenizer.decode, context=self.context)
         sent, held = self.written.sent, self.written.held
         produced = self.written.push([token_id])[0]
         after = produced or self.written.held  # the held ids' text and this id's

@@ -55,7 +55,14 @@ from trtspec.spec.logprobs import TokenLogprobs
 from trtspec.spec.metrics import GenerationResult
 from trtspec.triton.outbox import Outbox
 from trtspec.triton.repo import BUILD_CONFIG_FILE, instances_on_this_machine, placed_on_instance
-from trtspec.triton.request import GenerateRequest, RequestError, TextStream, parse_request, tokenized
+from trtspec.triton.request import (
+    GenerateRequest,
+    RequestError,
+    TextStream,
+    context_of,
+    parse_request,
+    tokenized,
+)
 from trtspec.triton.server import STOP_FILE_ENV
 
 log = logging.getLogger(__name__)
@@ -443,7 +450,9 @@ class TritonPythonModel:
                 sender.send(_error(f"{name}{exc}"), flags=FINAL)
                 continue
             ends = self.decoder.end_ids_of(decode)  # their own text is left out
-            text = TextStream(self.pipeline.tokenizer.decode, parsed.stop_words, ends, parsed.min_tokens)
+            detokenize = self.pipeline.tokenizer.decode  # after the prompt's last ids
+            text = TextStream(detokenize, parsed.stop_words, ends, parsed.min_tokens,
+                              context_of(detokenize, ids))
             stream = _Stream(parsed, sender, self.outbox, text, self.metrics, decode,
                              interval=self.config.limits.stream_interval)
             if parsed.logprobs is not None:

@@ -370,16 +370,16 @@ class TextStream:
     """Turns ids arriving a few at a time into text deltas that never split a character.
 
     Detokenized incrementally, as vLLM does: the ids not yet turned into text are decoded after a
-    few ids of context (`ids[prefix:read]`, text already produced: it gives byte pieces, a
-    SentencePiece space or a cleanup across the seam what they need), and the window's text
-    beyond the context's is theirs. Decoding the whole output again for every id would cost
-    O(n²) per request, 0.6 s of the serving loop for a 2,048-token answer with stop words on a
-    BPE tokenizer. Text that ends in U+FFFD (an incomplete character) is held until the next ids
-    complete it. What is produced depends on the ids alone, not on how they arrive, and the
-    output's `text` is what was produced: the streamed deltas joined. That is `decode(ids)` but
-    where a byte-fallback decoder (SentencePiece's) turns a whole run of byte ids into U+FFFD once
-    it holds an invalid sequence, text already produced for the run's first bytes (vLLM's stream
-    keeps it too).
+    few ids of context (`seen[prefix:read]`, text already produced, or the prompt's last ids for the
+    first: it gives byte pieces, a SentencePiece space or a cleanup across the seam what they need),
+    and the window's text beyond the context's is theirs. Decoding the whole output again for every
+    id would cost O(n²) per request, 0.6 s of the serving loop for a 2,048-token answer with stop
+    words on a BPE tokenizer. Text that ends in U+FFFD (an incomplete character) is held until the
+    next ids complete it. What is produced depends on the ids alone, not on how they arrive, and the
+    output's `text` is what was produced: the streamed deltas joined. That is `decode(ids)` (after
+    the prompt's last ids) but where a byte-fallback decoder (SentencePiece's) turns a whole run of
+    byte ids into U+FFFD once it holds an invalid sequence, text already produced for the run's
+    first bytes (vLLM's stream keeps it too).
 
     With stop words, generation ends at the first id after which the produced text holds one of
     them ending past the text the first `min_tokens` ids produced (`protected`): as vLLM, a stop
@@ -394,7 +394,9 @@ class TextStream:
     stop_words: tuple[str, ...] = ()
     end_ids: frozenset[int] = frozenset()
     min_tokens: int = 0  # ids before which no stop word ends the output
-    ids: list[int] = field(default_factory=list)
+    context: tuple[int, ...] = ()  # the prompt's last ids (`context_of`), the first ids are decoded after
+    ids: list[int] = field(default_factory=list)  # the output's
+    seen: list[int] = field(default_factory=list)  # context + ids: what prefix and read count in
     stopped: bool = False
     silent: int = 0  # the last ids without text of their own: 1 after an end id
     prefix: int = 0  # ids[prefix:read]: the context the next ids are decoded after
@@ -407,6 +409,8 @@ class TextStream:
     def __post_init__(self) -> None:
         if self.min_tokens == 0:
             self.protected = 0
+        self.seen = list(self.context)
+        self.read = len(self.seen)
 
     def push(self, new_ids: list[int]) -> tuple[str, list[int]]:
         """Take ids a decode step emitted; return (new text, ids accepted into the output)."""
@@ -416,6 +420,7 @@ class TextStream:
             if self.stopped:
                 break
             self.ids.append(token)
+            self.seen.append(token)
             kept.append(token)
             if token in self.end_ids:
                 self.silent, self.stopped = 1, True
@@ -452,16 +457,16 @@ class TextStream:
         return any(window.find(w, max(0, self.protected - start - len(w) + 1)) >= 0 for w in self.stop_words)
 
     def _unread(self) -> str:
-        """The text of ids[read:] (but the silent ones), decoded after their context."""
-        end = len(self.ids) - self.silent
+        """The text of seen[read:] (but the silent ones), decoded after their context."""
+        end = len(self.seen) - self.silent
         if self.read >= end:
             return ""
-        context = self.decode(self.ids[self.prefix : self.read]) if self.read > self.prefix else ""
-        return self.decode(self.ids[self.prefix : end])[len(context) :]
+        context = self.decode(self.seen[self.prefix : self.read]) if self.read > self.prefix else ""
+        return self.decode(self.seen[self.prefix : end])[len(context) :]
 
     def _produce(self, new: str) -> str:
-        """Mark ids[read:] produced as `new`; the next ids are decoded after them."""
-        self.prefix, self.read = self.read, len(self.ids)
+        """Mark seen[read:] produced as `new`; the next ids are decoded after them."""
+        self.prefix, self.read = self.read, len(self.seen)
         self.produced.append(new)
         self.sent += len(new)
         longest = max(map(len, self.stop_words), default=0)
@@ -469,9 +474,22 @@ class TextStream:
         return new
 
 
-def produced_chars(decode: Callable[[list[int]], str], ids: list[int]) -> int:
+CONTEXT_IDS = 6  # the prompt ids an output is decoded after (vLLM's incremental detokenizer: 5-6)
+
+
+def context_of(decode: Callable[[list[int]], str], prompt_ids: Sequence[int]) -> tuple[int, ...]:
+    """The last ids of a prompt its output's text is decoded after (`TextStream.context`), so that
+    the output's first piece reads as it does after the prompt: a SentencePiece decoder strips the
+    space of a text's first word (`▁Sure` alone is "Sure"), which `decode(prompt + output)` and vLLM's
+    text keep (" Sure"). None where their text ends in an incomplete character (a prompt of ids cut
+    inside one): the output's bytes are then read on their own."""
+    context = list(prompt_ids[-CONTEXT_IDS:])
+    return () if not context or decode(context).endswith("\ufffd") else tuple(context)
+
+
+def produced_chars(decode: Callable[[list[int]], str], ids: list[int], context: tuple[int, ...] = ()) -> int:
     """How many characters of text `ids` produce in a `TextStream` (an incomplete character held at
     their end not counted): where a stop word may end once these ids were the first min_tokens."""
-    stream = TextStream(decode)
+    stream = TextStream(decode, context=context)
     stream.push(ids)
     return stream.sent

@@ -74,7 +74,7 @@ from trtspec.triton.client import (
     grpc_inputs,
     split_url,
 )
-from trtspec.triton.request import THINK_END, TextStream, tokenized
+from trtspec.triton.request import THINK_END, TextStream, context_of, tokenized
 
 DEFAULT_PROMPTS = (
     "Q: 482 + 356\nA:",
@@ -290,13 +290,14 @@ def exact_marginals(model, prompt: list[int], sampling: SamplingParams, steps: i
     return marginals(exact_joint(model, prompt, sampling, steps, allowed), steps)
 
 
-def text_law(joint: dict[tuple[int, ...], float], tokenizer, end_ids) -> dict[str, float]:
+def text_law(joint: dict[tuple[int, ...], float], tokenizer, end_ids,
+             prompt_ids: list[int] = ()) -> dict[str, float]:
     """The exact law of the text a server streams for a request of as many tokens as `joint`'s paths:
     the push-forward of their joint law through `streamed_text` (an end id ends the text, as it ends
     the request). A text is the same whichever split of it was sampled, so no text is re-tokenized."""
     law: dict[str, float] = {}
     for ids, prob in joint.items():
-        text = streamed_text(tokenizer, list(ids), end_ids)
+        text = streamed_text(tokenizer, list(ids), end_ids, prompt_ids)
         law[text] = law.get(text, 0.0) + prob
     return law
 
@@ -432,13 +433,14 @@ def _drafted(completions: list[Completion]) -> int | None:
     return drafted
 
 
-def streamed_text(tokenizer, ids: list[int], end_ids) -> str:
-    """The text a server streams for `ids` (`TextStream`: trtspec's servers, and vLLM's incremental
-    detokenizer alike): `decode(ids)`, except where a byte-fallback decoder (SentencePiece's) turns
-    a run of byte ids into U+FFFD whole once it holds an invalid sequence, where the text already
-    sent for the run's first bytes stays. Compared with `decode(ids)`, a correct server's text
-    differed there."""
-    stream = TextStream(tokenizer.decode, end_ids=frozenset(end_ids))
+def streamed_text(tokenizer, ids: list[int], end_ids, prompt_ids: list[int] = ()) -> str:
+    """The text a server streams for `ids` continuing `prompt_ids` (`TextStream`: trtspec's servers,
+    and vLLM's incremental detokenizer alike): `decode(ids)` after the prompt's last ids, except
+    where a byte-fallback decoder (SentencePiece's) turns a run of byte ids into U+FFFD whole once
+    it holds an invalid sequence, where the text already sent for the run's first bytes stays.
+    Compared with `decode(ids)`, a correct server's text differed there."""
+    context = context_of(tokenizer.decode, prompt_ids)
+    stream = TextStream(tokenizer.decode, end_ids=frozenset(end_ids), context=context)
     stream.push(ids)
     return stream.text
 
@@ -452,7 +454,7 @@ def law_of_texts(text_only: bool, tokenizer) -> bool:
 
 
 def check_sampled(completions: list[Completion], joint: dict[tuple[int, ...], float], tokenizer, end_ids,
-                  text_only: bool, alpha: float) -> LawCheck:
+                  text_only: bool, alpha: float, prompt_ids: list[int] = ()) -> LawCheck:
     """Seeded sampled `completions` against the exact `joint` law of their first tokens: each
     token's law, or (`law_of_texts`) the law of the whole text of requests as many tokens long as
     `joint`'s paths."""
@@ -461,7 +463,7 @@ def check_sampled(completions: list[Completion], joint: dict[tuple[int, ...], fl
         counts: list[dict] = [{}]
         for completion in completions:
             counts[0][completion.text] = counts[0].get(completion.text, 0) + 1
-        return check_law(counts, [text_law(joint, tokenizer, end_ids)], alpha)
+        return check_law(counts, [text_law(joint, tokenizer, end_ids, prompt_ids)], alpha)
     counts = [{} for _ in range(steps)]
     for completion in completions:
         ids = tokenizer.encode(completion.text) if text_only else completion.token_ids
@@ -497,7 +499,7 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         prompt_ids = tokenizer.encode(prompt)
         expected = reference.decoder.generate(prompt_ids, max_tokens, sampling, guide=compiled).token_ids
         if text_only:
-            text = streamed_text(tokenizer, expected, reference.end_ids)
+            text = streamed_text(tokenizer, expected, reference.end_ids, prompt_ids)
             unreadable |= "\ufffd" in text
             got, want = served.text, text
         else:
@@ -553,7 +555,8 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
                 exact = exact_joint(torch_target, tokenizer.encode(prompt), restricted, steps, allowed)
             completions = _sample_served(url, model, prompt, samples, api_key, lengths, sampling, guide,
                                          restriction)
-            law = check_sampled(completions, exact, tokenizer, reference.end_ids, text_only, alpha / LAWS)
+            law = check_sampled(completions, exact, tokenizer, reference.end_ids, text_only, alpha / LAWS,
+                                tokenizer.encode(prompt))
             return SamplingCheck(prompt, samples, law, sampling, _drafted(completions),
                                  steps if by_text else None, guide, restriction)
 
