@@ -23,7 +23,7 @@ from trtspec.openai.logprobs import LogprobsBody
 from trtspec.openai.stops import StopTrimmer
 from trtspec.openai.triton_stream import Generation, Step
 from trtspec.tokenizer import ByteTokenizer, HFTokenizer
-from trtspec.triton.request import TextStream, produced_chars
+from trtspec.triton.request import TextStream, context_of, produced_chars
 
 from .bpe_checkpoint import EOT, bpe_tokenizer, byte_fallback_tokenizer, metaspace_tokenizer
 
@@ -71,8 +71,8 @@ def _steps(rng: random.Random, ids: list[int]) -> list[list[int]]:
     return steps
 
 
-def _one_at_a_time(decode, ids: list[int]) -> str:
-    stream = TextStream(decode)
+def _one_at_a_time(decode, ids: list[int], context: tuple[int, ...] = ()) -> str:
+    stream = TextStream(decode, context=context)
     return "".join(stream.push([i])[0] for i in ids) + stream.finish()
 
 
@@ -117,6 +117,26 @@ def test_verify_holds_a_served_text_to_the_stream_of_the_reference_ids():
     assert differing > 0
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_answer_reads_as_its_prompts_continuation(kind):
+    """Decoded after the prompt's last ids (`context_of`), an answer's text is what decoding the
+    prompt and the answer together adds to the prompt's text: a SentencePiece answer's first word
+    keeps its space (`▁w` alone decodes to 'w'); the same streamed a few ids at a time."""
+    decode, encode, _, end, _ = _tokenizer(kind)
+    rng = random.Random(3)
+    spaced = 0
+    for _ in range(300):
+        prompt_ids = encode("".join(rng.choice(CHARS) for _ in range(rng.randint(1, 8))))
+        ids = [i for i in _random_ids(rng, kind) if i != end]
+        before, whole = decode(prompt_ids), decode(prompt_ids + ids)
+        stream = TextStream(decode, context=context_of(decode, prompt_ids))
+        text = "".join(stream.push(step)[0] for step in _steps(rng, ids)) + stream.finish()
+        if "\ufffd" not in whole and whole.startswith(before):
+            assert text == whole[len(before):], (prompt_ids, ids)
+            spaced += text.startswith(" ") and not decode(ids).startswith(" ")
+    assert spaced > 0 if kind in ("metaspace", "byte_fallback") else spaced == 0
+
+
 def _stops(rng: random.Random, text: str) -> list[str]:
     """Stop strings: pieces of `text` (across token boundaries, at its start), prefixes of each
     other and overlapping ones, and a few that are not in it."""
@@ -136,16 +156,16 @@ def _stops(rng: random.Random, text: str) -> list[str]:
 
 
 def _expected(decode, ids: list[int], stops: list[str], end: int, min_tokens: int,
-              include: tuple[str, ...] = ()) -> tuple[str, bool]:
+              include: tuple[str, ...] = (), context: tuple[int, ...] = ()) -> tuple[str, bool]:
     """The answer as if written a character at a time: cut before the first stop string to be
     completed (of two completed at one character, the longer) that ends past the text of the first
     min_tokens ids (as vLLM: its text without an incomplete character held at its end); after it
     when it is one of `include` (include_stop_str_in_output)."""
     cut = ids.index(end) if end in ids else len(ids)
-    text = _one_at_a_time(decode, ids[:cut])
+    text = _one_at_a_time(decode, ids[:cut], context)
     if min_tokens > cut:  # the decoder emits no end id before min_tokens
         return text, False
-    protected = produced_chars(decode, ids[:min_tokens])
+    protected = produced_chars(decode, ids[:min_tokens], context)
     hits = [(i + len(s), i, s) for s in stops if (i := text.find(s, max(0, protected - len(s) + 1))) >= 0]
     if not hits:
         return text, False
@@ -154,10 +174,10 @@ def _expected(decode, ids: list[int], stops: list[str], end: int, min_tokens: in
 
 
 def _served(decode, steps: list[list[int]], stops: list[str], end: int, min_tokens: int,
-            stream: bool, include: tuple[str, ...] = ()) -> tuple[str, bool]:
+            stream: bool, include: tuple[str, ...] = (), prompt_ids: list[int] = ()) -> tuple[str, bool]:
     """The served model's responses (text and ids per step, or all at the end) through the OpenAI
     frontend's choice: its text and whether a stop string ended it."""
-    text = TextStream(decode, tuple(stops), frozenset({end}), min_tokens)
+    text = TextStream(decode, tuple(stops), frozenset({end}), min_tokens, context_of(decode, prompt_ids))
     responses = []
     for step in steps:
         delta, kept = text.push(step)
@@ -166,8 +186,8 @@ def _served(decode, steps: list[list[int]], stops: list[str], end: int, min_toke
         if text.stopped:
             break
     responses.append(Step(text.finish(), [], final=True) if stream else Step(text.text, text.ids, final=True))
-    run = Choice(Generation("", 64, min_tokens=min_tokens, stop_words=tuple(stops)), [], decode=decode,
-               include=include)
+    run = Choice(Generation("", 64, min_tokens=min_tokens, stop_words=tuple(stops)), list(prompt_ids),
+                 decode=decode, include=include)
     return "".join(run.take(r) for r in responses), run.trimmer.stopped
 
 
@@ -181,20 +201,24 @@ def test_stop_strings_cut_streamed_and_whole_answers_alike(kind):
     string its first min_tokens ids wrote when their text was still held (an incomplete character
     after it) and the frontend, which rightly kept it, answered the text cut short (BPE: 19);
     overlapping stop strings were cut at the one that starts first when the text came whole and at
-    the one completed first when streamed (BPE 12, byte fallback 15)."""
-    decode, _, _, end, _ = _tokenizer(kind)
+    the one completed first when streamed (BPE 12, byte fallback 15). The answers continue a
+    prompt (or none): its last ids their text's context, so a SentencePiece answer's first word
+    keeps its space, in the text the first min_tokens ids wrote too."""
+    decode, encode, _, end, _ = _tokenizer(kind)
     rng = random.Random(11)
     for _ in range(300):
         ids = _random_ids(rng, kind)
-        stops = _stops(rng, _one_at_a_time(decode, ids))
+        prompt_ids = encode("".join(rng.choice(CHARS) for _ in range(rng.randint(0, 6))))
+        context = context_of(decode, prompt_ids)
+        stops = _stops(rng, _one_at_a_time(decode, ids, context))
         if not stops:
             continue
         min_tokens = rng.choice([0, 0, 1, 2, 5, 10])
         include = tuple(stops[: rng.randint(0, len(stops))]) if rng.random() < 0.3 else ()
-        expected = _expected(decode, ids, stops, end, min_tokens, include)
+        expected = _expected(decode, ids, stops, end, min_tokens, include, context)
         steps = _steps(rng, ids)
         for stream in (True, False):
-            got = _served(decode, steps, stops, end, min_tokens, stream, include)
+            got = _served(decode, steps, stops, end, min_tokens, stream, include, prompt_ids)
             assert got == expected, (ids, stops, min_tokens, include, stream)
 
 
