@@ -4,9 +4,11 @@ pass, rewind is a non-negative count, checkpoint checks."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+from transformers import Qwen3ForCausalLM
 
 from trtspec.errors import CheckpointError
 from trtspec.models.checkpoint import read_end_ids
@@ -133,6 +135,61 @@ def test_checkpoint_without_weights(tmp_path, random_qwen3_dir):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="not valid JSON"):
         load_causal_lm(tmp_path)
+
+
+def test_a_missing_or_torn_weight_file_is_named(tmp_path, random_qwen3_dir):
+    """Sharded safetensors and PyTorch's `.bin` weights (whole and sharded) load; a shard its index
+    lists but the folder lacks, an index that is not one, and a `.bin` cut short are each named. They
+    were "config.json describes a model of 182,208 parameters but the weights hold 161,664" and
+    "config.json: the target does not build from it: PytorchStreamReader failed …" (found fuzzing
+    checkpoint formats, 2026-12-06)."""
+    model = Qwen3ForCausalLM.from_pretrained(random_qwen3_dir)
+    state = {name: t.contiguous() for name, t in model.state_dict().items()}
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        want = model(ids).logits
+
+    def folder(name: str) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_text((random_qwen3_dir / "config.json").read_text())
+        return path
+
+    sharded = folder("sharded")
+    model.save_pretrained(sharded, max_shard_size="100KB")
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) >= 3
+    bins = folder("bins")
+    names = sorted(state)
+    halves = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+    for file, keys in halves.items():
+        torch.save({k: state[k] for k in keys}, bins / file)
+    weight_map = {k: file for file, keys in halves.items() for k in keys}
+    (bins / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    single = folder("single")
+    torch.save(state, single / "pytorch_model.bin")
+    for path in (sharded, bins, single):
+        with torch.no_grad():
+            torch.testing.assert_close(load_causal_lm(path)(ids).logits, want)
+
+    (sharded / shards[1]).unlink()
+    with pytest.raises(CheckpointError) as missing:
+        load_causal_lm(sharded)
+    says = f"{sharded / shards[1]} is missing: model.safetensors.index.json lists it"
+    assert str(missing.value).startswith(says)
+    for text in ('{"weight_map": ', json.dumps({"weight_map": index["weight_map"]})):  # no JSON, no metadata
+        (sharded / "model.safetensors.index.json").write_text(text)
+        with pytest.raises(CheckpointError, match="model.safetensors.index.json: not a weight index"):
+            load_causal_lm(sharded)
+    (bins / "pytorch_model-00002-of-00002.bin").unlink()
+    with pytest.raises(CheckpointError, match="pytorch_model-00002-of-00002.bin is missing"):
+        load_causal_lm(bins)
+    torn = single / "pytorch_model.bin"
+    torn.write_bytes(torn.read_bytes()[:20_000])
+    with pytest.raises(CheckpointError) as cut:
+        load_causal_lm(single)
+    assert str(cut.value).startswith(f"{torn}: a weight file cannot be read")
 
 
 @pytest.mark.parametrize("family", ["random_qwen3_dir", "random_llama_dir"])

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import re
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -149,6 +150,38 @@ def check_weights_fit(build: Callable[[], nn.Module], shapes: dict[str, tuple[in
         raise CheckpointError(f"{where}: config.json describes a model of {described:,} parameters but the "
                               f"weights hold {held:,} (num_hidden_layers, intermediate_size or "
                               f"hidden_size may be wrong)")
+
+
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # sharded weights'
+
+
+def check_weight_files(path: Path) -> None:
+    """Before a checkpoint's weights load: each weight index (`WEIGHT_INDEXES`) lists files that are
+    there, and each PyTorch weight file (`pytorch_model*.bin`) opens as one. A missing or cut-short
+    shard is named, where it showed as weights too few for config.json, or as config.json's model
+    not building."""
+    for name in WEIGHT_INDEXES:
+        index = path / name
+        if not index.is_file():
+            continue
+        try:
+            given = json.loads(index.read_text(encoding="utf-8"))
+            files = sorted(set(given["weight_map"].values()))
+            if not all(isinstance(file, str) for file in files) or not isinstance(given["metadata"], dict):
+                raise TypeError("a file name that is no string, or metadata no object")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # transformers reads both keys
+            expected = '{"metadata": {...}, "weight_map": {tensor name: weight file name}}'
+            raise CheckpointError(f"{index}: not a weight index ({one_line(exc)}); expected {expected}") \
+                from None
+        missing = [file for file in files if not (path / file).is_file()]
+        if missing:
+            raise CheckpointError(f"{path / missing[0]} is missing: {name} lists it ({len(missing)} of its "
+                                  f"{len(files)} files missing); copy the checkpoint's weight files again")
+    for file in sorted(path.glob("pytorch_model*.bin")):
+        try:  # a zip (torch.save's format since 1.6) is mapped, not read; an older file is read
+            torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+        except Exception as exc:  # noqa: BLE001 - whatever torch's readers raise for a file that is not one
+            raise CheckpointError(unreadable_weights(file, exc)) from None
 
 
 def unreadable_weights(where: Path, exc: Exception) -> str:

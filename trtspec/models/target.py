@@ -28,6 +28,7 @@ from transformers.utils import logging as hf_logging
 
 from trtspec.errors import CheckpointError
 from trtspec.models.checkpoint import (
+    check_weight_files,
     check_weights_fit,
     one_line,
     read_config,
@@ -93,6 +94,7 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
         raise CheckpointError(f"{path / 'config.json'}: transformers cannot read it: {one_line(exc, 300)}") \
             from None
     check_config_values(path / "config.json", hf_config)
+    check_weight_files(path)
     weights = sorted(path.glob("*.safetensors"))
     # before anything is allocated: a config.json far larger than its weights is refused (a quantized
     # checkpoint's tensors are packed in other shapes and names: transformers' loader judges those)
