@@ -6,6 +6,7 @@ named as the Responses request names its parameters. Served responses are in tes
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -24,9 +25,11 @@ from trtspec.openai.responses import (
     input_items,
     input_messages,
     item_page,
+    longest_fitting,
     namespaced,
     response_format,
-    truncations,
+    truncated,
+    truncation_cuts,
 )
 from trtspec.openai.segments import Segments
 from trtspec.openai.streams import segment_events
@@ -356,20 +359,64 @@ def test_input_items_are_listed_newest_first_in_pages():
         assert refused.value.param == param
 
 
+def _truncations(messages: list[dict]) -> list[list[dict]]:
+    return [truncated(messages, cut) for cut in truncation_cuts(messages)]
+
+
+def _msg(role: str, text: str, **fields) -> dict:
+    return {"role": role, "content": text, **fields}
+
+
 def test_truncation_drops_whole_turns_from_the_oldest_and_keeps_instructions():
     """truncation auto's candidates: the conversation, then without its oldest turn, … down to its
     last; a turn (a user message and what follows it: answers, tool calls, tool results) goes whole,
     system messages stay; a conversation of one turn has one candidate."""
-    def msg(role: str, text: str) -> dict:
-        return {"role": role, "content": text}
-
-    messages = [msg("system", "s"), msg("user", "u1"), msg("assistant", "a1"), msg("tool", "t1"),
-                msg("user", "u2"), msg("system", "s2"), msg("assistant", "a2"), msg("user", "u3")]
-    assert [[m["content"] for m in kept] for kept in truncations(messages)] == [
+    messages = [_msg("system", "s"), _msg("user", "u1"), _msg("assistant", "a1"), _msg("tool", "t1"),
+                _msg("user", "u2"), _msg("system", "s2"), _msg("assistant", "a2"), _msg("user", "u3")]
+    assert [[m["content"] for m in kept] for kept in _truncations(messages)] == [
         ["s", "u1", "a1", "t1", "u2", "s2", "a2", "u3"], ["s", "u2", "s2", "a2", "u3"], ["s", "s2", "u3"]]
-    assert [[m["content"] for m in kept] for kept in truncations([msg("assistant", "a"), msg("user", "u")])] \
-        == [["a", "u"], ["u"]]
-    assert truncations([msg("user", "u")]) == [[msg("user", "u")]]
+    short = [_msg("assistant", "a"), _msg("user", "u")]
+    assert [[m["content"] for m in kept] for kept in _truncations(short)] == [["a", "u"], ["u"]]
+    assert _truncations([_msg("user", "u")]) == [[_msg("user", "u")]]
+
+
+def test_truncation_never_parts_a_tool_result_from_its_call():
+    """A call's result may come after a user message (the Responses API takes items in any order): no
+    candidate begins between the call and its last result. Found fuzzing truncation auto
+    (2026-12-06): the candidate from that user message on fitted and was sent, a tool result whose
+    call was gone."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [_msg("user", "u1"), _msg("assistant", "", tool_calls=[call]), _msg("user", "u2"),
+                _msg("tool", "t1", tool_call_id="c1"), _msg("user", "u3"),
+                _msg("tool", "t2", tool_call_id="c1"), _msg("user", "u4"),
+                _msg("tool", "t3", tool_call_id="elsewhere"), _msg("user", "u5")]
+    assert truncation_cuts(messages) == [0, 6, 8]
+
+
+def test_the_longest_fitting_candidate_is_found_in_a_logarithmic_number_of_attempts():
+    """Candidates fit from some k on: bisection finds the first that fits (the whole when it fits,
+    the last whatever it is) with about log2(count) attempts; the last's refusal propagates."""
+    for count in (1, 2, 3, 7, 3200):
+        for first in range(count) if count < 10 else (0, 1, 1599, 3198, 3199):
+            tried = []
+
+            def attempt(k: int, first=first, count=count, tried=tried):
+                tried.append(k)
+                if k < first:
+                    if k == count - 1:
+                        raise ApiError("too long", "input", code="context_length_exceeded")
+                    return None
+                return f"candidate {k}"
+
+            assert longest_fitting(count, attempt) == (first, f"candidate {first}")
+            assert len(tried) <= math.ceil(math.log2(count)) + 2, (count, first, tried)
+
+    def never(k: int):
+        if k == 4:
+            raise ApiError("too long", "input", code="context_length_exceeded")
+
+    with pytest.raises(ApiError, match="too long"):
+        longest_fitting(5, never)
 
 
 def test_a_background_runs_events_are_followed_from_any_number_live_to_its_end():

@@ -39,7 +39,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from pydantic import Field
 
@@ -56,6 +56,7 @@ from trtspec.openai.protocol import (
 from trtspec.openai.segments import CALL, TEXT, Segment, Segments, named_sse
 from trtspec.openai.tools import tool_plan
 
+T = TypeVar("T")  # an attempt's result (longest_fitting)
 STORE_CAPACITY = 1000  # responses kept for previous_response_id and GET, the oldest dropped first
 TEXT_FORMATS = ("text", "json_object", "json_schema")
 ROLES = ("user", "system", "developer", "assistant")
@@ -294,16 +295,51 @@ def calls_made(messages: list[dict]) -> set[str]:
     return {call["id"] for message in messages for call in message.get("tool_calls", ())}
 
 
-def truncations(messages: list[dict]) -> list[list[dict]]:
-    """`truncation: "auto"`'s candidates, longest first: the conversation whole, then with its oldest
-    turns dropped one at a time, down to its last. A turn is a user message and what follows it up
-    to the next (the assistant's answer, its tool calls and their results, so none is parted from
-    its call); system messages (instructions, developer messages) are kept where they stand."""
-    candidates = [messages]
+def truncation_cuts(messages: list[dict]) -> list[int]:
+    """Where `truncation: "auto"`'s candidates begin, longest first: 0 (the conversation whole), then
+    each message that begins a turn after the first, so the oldest turns are dropped one at a time
+    down to the last. A turn is a user message and what follows it up to the next (the assistant's
+    answer, its tool calls and their results); no cut parts a tool result from its call (a cut
+    between them, where a user message came between, is skipped). `truncated` makes a candidate."""
+    made = {call["id"]: i for i, message in enumerate(messages) for call in message.get("tool_calls", ())}
+    opened = [0] * (len(messages) + 1)  # a call at i answered at j: no cut in (i, j] (as differences)
+    for j, message in enumerate(messages):
+        i = made.get(message.get("tool_call_id")) if message["role"] == "tool" else None
+        if i is not None and i < j:
+            opened[i + 1] += 1
+            opened[j + 1] -= 1
+    cuts, begun, parted = [0], False, 0
     for cut, message in enumerate(messages):
-        if message["role"] == "user" and any(m["role"] != "system" for m in messages[:cut]):
-            candidates.append([m for i, m in enumerate(messages) if i >= cut or m["role"] == "system"])
-    return candidates
+        parted += opened[cut]
+        if message["role"] == "user" and begun and not parted:
+            cuts.append(cut)
+        begun = begun or message["role"] != "system"
+    return cuts
+
+
+def truncated(messages: list[dict], cut: int) -> list[dict]:
+    """The conversation from message `cut` on (a `truncation_cuts` cut), its system messages before
+    it (instructions, developer messages) kept where they stand."""
+    return messages if cut == 0 else [m for i, m in enumerate(messages) if i >= cut or m["role"] == "system"]
+
+
+def longest_fitting(count: int, attempt: Callable[[int], T | None]) -> tuple[int, T]:
+    """(k, attempt(k)) for the first of `count` candidates, longest first, that fits: `attempt(k)` is
+    None where candidate k overflows the context (the last's raises instead). A candidate shorter
+    than one that fits fits too, so bisection finds it in about log2(count) attempts; one attempt
+    (a rendering and tokenization of the conversation) per candidate took 116 s for 3,200 turns,
+    the frontend answering no one meanwhile."""
+    if (got := attempt(0)) is not None:
+        return 0, got
+    fits, best = count - 1, attempt(count - 1)  # candidate 0 does not fit
+    overflows = 0
+    while fits - overflows > 1:
+        middle = (overflows + fits) // 2
+        if (got := attempt(middle)) is None:
+            overflows = middle
+        else:
+            fits, best = middle, got
+    return fits, best
 
 
 def _message_text(content, param: str) -> str:

@@ -35,10 +35,12 @@ from trtspec.openai.responses import (
     check_responses,
     input_items,
     input_messages,
+    longest_fitting,
     namespaced,
     page_of,
     response_object,
-    truncations,
+    truncated,
+    truncation_cuts,
 )
 from trtspec.openai.segments import REASONING
 from trtspec.openai.streams import event_stream, segment_events, stream_segments
@@ -62,15 +64,21 @@ def add_routes(app: FastAPI, front: Frontend, conversations: ConversationStore) 
             past = store.conversation(req.previous_response_id)
         else:
             past = [] if thread is None else thread.messages()
-        conversation = past + input_messages(req.input, calls=calls_made(past))
-        candidates = truncations(conversation) if req.truncation == "auto" else [conversation]
-        for k, conversation in enumerate(candidates):  # the longest that fits
+        whole = past + input_messages(req.input, calls=calls_made(past))
+        cuts = truncation_cuts(whole) if req.truncation == "auto" else [0]
+
+        def turn_from(k: int):
+            """The chat turn of the conversation from cut k on; None where it overflows the context
+            (the last cut's refusal raised)."""
             try:
-                _, run, guide = front.chat_turn(chat_body(req, conversation), RENAMES)
-                break
+                return front.chat_turn(chat_body(req, truncated(whole, cuts[k])), RENAMES)
             except ApiError as exc:
-                if exc.code != "context_length_exceeded" or k == len(candidates) - 1:
+                if exc.code != "context_length_exceeded" or k == len(cuts) - 1:
                     raise
+                return None
+
+        k, (_, run, guide) = longest_fitting(len(cuts), turn_from)
+        conversation = truncated(whole, cuts[k])
         # a reasoning block the answer may hold (CONTENT: the template closed it)
         opens_block = run.reasoning is not None and run.reasoning.state != CONTENT
         if run.logprobs is not None and (opens_block or run.tools is not None):
