@@ -236,6 +236,24 @@ def test_engine_flavour_keeps_nothing():
     assert _run(decoder, Request(prompt, 6)).cached_tokens == 0
 
 
+def test_the_engine_flavour_refuses_a_config_that_asks_for_reuse():
+    """`limits.prefix_reuse: true` written in an engine flavour's config asks for what it cannot do:
+    refused, naming the field (it was taken silently, found fuzzing the engine flavour 2026-12-06);
+    the served config it writes says false, and loads again."""
+    from trtspec.config import BuildConfig
+    from trtspec.triton.repo import served_build_config
+
+    raw = _config("tiny-dflash").model_dump(exclude_unset=True)
+    raw["flavour"] = "engine"
+    raw.setdefault("limits", {})["prefix_reuse"] = True
+    with pytest.raises(ValueError, match=r"limits.prefix_reuse true: flavour engine keeps no prefix"):
+        BuildConfig.model_validate(raw)
+    del raw["limits"]["prefix_reuse"]
+    served = served_build_config(BuildConfig.model_validate(raw))
+    assert served["limits"]["prefix_reuse"] is False
+    assert BuildConfig.model_validate(served).limits.prefix_reuse is False
+
+
 def test_the_switch_agrees_with_trtllm_block_reuse():
     raw = _config("qwen3-8b-eagle3").model_dump(exclude_unset=True)
     raw.setdefault("limits", {})["prefix_reuse"] = False

@@ -283,8 +283,8 @@ class GenerationLimits(_Strict):
                           "its slot for the prompt tokens they share (16 at least), and prefills only the "
                           "rest (automatic prefix caching: a chat's next turn, a shared system prompt); "
                           "false = every prompt prefilled whole. Flavour engine keeps none (its cache "
-                          "compacts freed positions away). Flavour trtllm: TensorRT-LLM's "
-                          "kv_cache_config.enable_block_reuse, so it must agree with "
+                          "compacts freed positions away; true is refused there). Flavour trtllm: "
+                          "TensorRT-LLM's kv_cache_config.enable_block_reuse, so it must agree with "
                           "deployment.enable_block_reuse")
 
     def check_positions(self, positions: int, where: str) -> None:
@@ -463,6 +463,15 @@ class BuildConfig(_Strict):
             on, block = (str(v).lower() for v in (self.limits.prefix_reuse, dep.enable_block_reuse))
             raise ValueError(f"limits.prefix_reuse {on} contradicts deployment.enable_block_reuse {block}: "
                              "both say whether a prompt's prefix is reused; set them alike, or only one")
+        return self
+
+    @model_validator(mode="after")
+    def _no_reuse_asked_of_the_engine(self) -> BuildConfig:
+        asked = "prefix_reuse" in self.limits.model_fields_set and self.limits.prefix_reuse
+        if self.flavour == "engine" and asked:  # (the served config says false: `served_build_config`)
+            raise ValueError("limits.prefix_reuse true: flavour engine keeps no prefix for a next request "
+                             "(its cache compacts freed positions away); remove it, set it false, or serve "
+                             "flavour torch for prefix caching")
         return self
 
     @model_validator(mode="after")
