@@ -151,12 +151,6 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     return probs
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One draw per row.  # probs: [..., V] -> [...]"""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
-
-
 def row_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Each row under its own parameters.  logits [R, ..., V] -> probs [R, ..., V]; rows that share
     temperature/top-k/top-p are processed together."""

@@ -1,0 +1,54 @@
+"""`TextStream` and `context_of` (`trtspec.triton.request`) on hand-picked cases where the served
+model must stop or read its context differently from what the frontend's own trimming hides: a
+stop word at the very start, right past min_tokens' text, or across steps beside a shorter one,
+and a prompt cut inside a character. Each case was a change to the module that every other fast
+test passed (scripts/mutants.py): the text the frontend returns stayed right, the ids the model
+generated did not."""
+
+from __future__ import annotations
+
+from trtspec.tokenizer import ByteTokenizer
+from trtspec.triton.request import TextStream, context_of
+
+
+def test_a_stop_word_that_is_the_first_character_stops_at_once():
+    """Without min_tokens nothing is protected: a stop word written by the first id ends the output
+    there."""
+    tok = ByteTokenizer()
+    stream = TextStream(tok.decode, stop_words=("a",))
+    delta, kept = stream.push(tok.encode("abc"))
+    assert (delta, kept, stream.stopped) == ("a", tok.encode("a"), True)
+
+
+def test_a_stop_word_ending_one_character_past_min_tokens_text_stops():
+    """min_tokens = 2 protects 'ab'; ';' (the third character) ends past it, so the output stops at
+    it; so does 'b;', which begins inside the protected text."""
+    tok = ByteTokenizer()
+    ids = tok.encode("ab;cd")
+    for word in (";", "b;"):
+        stream = TextStream(tok.decode, stop_words=(word,), min_tokens=2)
+        delta, kept = stream.push(ids)
+        assert (delta, kept, stream.stopped) == ("ab;", ids[:3], True), word
+
+
+def test_a_long_stop_word_across_steps_is_found_beside_a_shorter_one():
+    """'END' arriving as 'EN' then 'D', beside a one-character stop word: the text kept between
+    steps must cover the longest stop word, not the shortest."""
+    tok = ByteTokenizer()
+    stream = TextStream(tok.decode, stop_words=("x", "END"))
+    assert stream.push(tok.encode("abEN")) == ("abEN", tok.encode("abEN")) and not stream.stopped
+    delta, kept = stream.push(tok.encode("Dyz"))
+    assert (delta, kept, stream.stopped) == ("D", tok.encode("D"), True)
+
+
+def test_a_prompt_cut_inside_a_character_gives_no_context():
+    """A prompt whose ids end inside a character ('a' and two of '€''s three bytes): its last ids are
+    no context (their text ends in U+FFFD), so the answer's bytes are read on their own: the '€''s
+    last byte alone is U+FFFD, not swallowed into the prompt's character."""
+    tok = ByteTokenizer()
+    euro = tok.encode("€")
+    prompt = tok.encode("a") + euro[:2]
+    assert context_of(tok.decode, prompt) == ()
+    stream = TextStream(tok.decode, context=context_of(tok.decode, prompt))
+    text = stream.push([euro[2], *tok.encode("b")])[0] + stream.finish()
+    assert text == "\ufffdb"
