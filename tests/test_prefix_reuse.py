@@ -238,20 +238,27 @@ def test_engine_flavour_keeps_nothing():
 
 def test_the_engine_flavour_refuses_a_config_that_asks_for_reuse():
     """`limits.prefix_reuse: true` written in an engine flavour's config asks for what it cannot do:
-    refused, naming the field (it was taken silently, found fuzzing the engine flavour 2026-12-06);
-    the served config it writes says false, and loads again."""
-    from trtspec.config import BuildConfig
+    refused, naming the field (it was taken silently, found fuzzing the engine flavour 2026-12-06),
+    by `build --flavour engine` too; a config that does not ask builds as engine, and the served
+    config it writes (which leaves the switch out) loads again, a deployment section beside it
+    (whose enable_block_reuse the switch must otherwise agree with)."""
+    from trtspec.config import BuildConfig, with_flavour
+    from trtspec.errors import ConfigError
     from trtspec.triton.repo import served_build_config
 
     raw = _config("tiny-dflash").model_dump(exclude_unset=True)
-    raw["flavour"] = "engine"
     raw.setdefault("limits", {})["prefix_reuse"] = True
+    with pytest.raises(ConfigError, match=r"limits.prefix_reuse true: flavour engine keeps no prefix"):
+        with_flavour(BuildConfig.model_validate(raw), "engine")
     with pytest.raises(ValueError, match=r"limits.prefix_reuse true: flavour engine keeps no prefix"):
-        BuildConfig.model_validate(raw)
+        BuildConfig.model_validate({**raw, "flavour": "engine"})
     del raw["limits"]["prefix_reuse"]
-    served = served_build_config(BuildConfig.model_validate(raw))
-    assert served["limits"]["prefix_reuse"] is False
-    assert BuildConfig.model_validate(served).limits.prefix_reuse is False
+    engine = with_flavour(BuildConfig.model_validate(raw), "engine")
+    raw["deployment"] = _config("qwen3-8b-dflash-h200").model_dump(exclude_unset=True)["deployment"]
+    for config in (engine, BuildConfig.model_validate({**raw, "flavour": "engine"})):
+        served = served_build_config(config)
+        assert "prefix_reuse" not in served["limits"]
+        assert BuildConfig.model_validate(served).flavour == "engine"
 
 
 def test_the_switch_agrees_with_trtllm_block_reuse():

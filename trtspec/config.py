@@ -468,7 +468,7 @@ class BuildConfig(_Strict):
     @model_validator(mode="after")
     def _no_reuse_asked_of_the_engine(self) -> BuildConfig:
         asked = "prefix_reuse" in self.limits.model_fields_set and self.limits.prefix_reuse
-        if self.flavour == "engine" and asked:  # (the served config says false: `served_build_config`)
+        if self.flavour == "engine" and asked:  # (the served config leaves it out: `served_build_config`)
             raise ValueError("limits.prefix_reuse true: flavour engine keeps no prefix for a next request "
                              "(its cache compacts freed positions away); remove it, set it false, or serve "
                              "flavour torch for prefix caching")
@@ -509,8 +509,8 @@ def with_flavour(config: BuildConfig, flavour: str) -> BuildConfig:
     """`config` run as `flavour` (`generate`/`build --flavour`), held to the checks across fields
     the YAML would be (a plain copy built a gumbel-coupled config for TensorRT-LLM)."""
     copy = config.model_copy(update={"flavour": flavour})
-    try:
-        BuildConfig.model_validate(copy.model_dump())
+    try:  # the fields the YAML set, as set: a check of what a YAML asks for sees the same request
+        BuildConfig.model_validate(copy.model_dump(exclude_unset=True))
     except ValidationError as exc:
         raise ConfigError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
     return copy

@@ -155,8 +155,8 @@ def served_build_config(config: BuildConfig, engine_is_build: bool = False) -> d
         data["drafter"]["path"] = _portable_path(config.drafter.path, config.drafter.resolved_path)
         if config.drafter.resolved_sps_table is not None:
             data["drafter"]["schedule"]["sps_table"] = str(config.drafter.resolved_sps_table.resolve())
-    if config.flavour == "engine":  # it keeps no prefix (and a config that asks for one is refused)
-        data["limits"]["prefix_reuse"] = False
+    if config.flavour == "engine":  # it keeps no prefix: the switch left unset (true, asked, is refused)
+        del data["limits"]["prefix_reuse"]
     if engine_is_build:
         data["engine"]["folder"] = BUILD_FROM_YAML
     elif config.engine is not None and config.engine.resolved_folder is not None:
