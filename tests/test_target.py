@@ -189,7 +189,14 @@ def test_a_missing_or_torn_weight_file_is_named(tmp_path, random_qwen3_dir):
     torn.write_bytes(torn.read_bytes()[:20_000])
     with pytest.raises(CheckpointError) as cut:
         load_causal_lm(single)
-    assert str(cut.value).startswith(f"{torn}: a weight file cannot be read")
+    assert str(cut.value).startswith(f"{torn}: a weight file cannot be read") and "\n" not in str(cut.value)
+    # beside safetensors, transformers loads those: a Hub repo of both formats downloaded without its
+    # .bin files (their index kept), or with Git LFS pointers in their place, loads
+    model.save_pretrained(both := folder("both"))
+    (both / "pytorch_model.bin.index.json").write_text((bins / "pytorch_model.bin.index.json").read_text())
+    (both / "pytorch_model.bin").write_text("version https://git-lfs.github.com/spec/v1\n")
+    with torch.no_grad():
+        torch.testing.assert_close(load_causal_lm(both)(ids).logits, want)
 
 
 @pytest.mark.parametrize("family", ["random_qwen3_dir", "random_llama_dir"])

@@ -152,18 +152,18 @@ def check_weights_fit(build: Callable[[], nn.Module], shapes: dict[str, tuple[in
                               f"hidden_size may be wrong)")
 
 
-WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # sharded weights'
+SAFETENSORS_INDEX, BIN_INDEX = "model.safetensors.index.json", "pytorch_model.bin.index.json"  # sharded
 
 
 def check_weight_files(path: Path) -> None:
-    """Before a checkpoint's weights load: each weight index (`WEIGHT_INDEXES`) lists files that are
-    there, and each PyTorch weight file (`pytorch_model*.bin`) opens as one. A missing or cut-short
-    shard is named, where it showed as weights too few for config.json, or as config.json's model
-    not building."""
-    for name in WEIGHT_INDEXES:
-        index = path / name
-        if not index.is_file():
-            continue
+    """Before a checkpoint's weights load, those transformers loads (safetensors where there are any,
+    as it prefers them: a Hub repo of both formats downloaded without its `.bin` files keeps their
+    index): their index lists files that are there, and else each PyTorch weight file
+    (`pytorch_model*.bin`) opens as one. A missing or cut-short shard is named, where it showed as
+    weights too few for config.json, or as config.json's model not building."""
+    safetensors = (path / SAFETENSORS_INDEX).is_file() or any(path.glob("*.safetensors"))
+    index = path / (SAFETENSORS_INDEX if safetensors else BIN_INDEX)
+    if index.is_file():
         try:
             given = json.loads(index.read_text(encoding="utf-8"))
             files = sorted(set(given["weight_map"].values()))
@@ -175,16 +175,19 @@ def check_weight_files(path: Path) -> None:
                 from None
         missing = [file for file in files if not (path / file).is_file()]
         if missing:
-            raise CheckpointError(f"{path / missing[0]} is missing: {name} lists it ({len(missing)} of its "
-                                  f"{len(files)} files missing); copy the checkpoint's weight files again")
+            raise CheckpointError(f"{path / missing[0]} is missing: {index.name} lists it ({len(missing)} "
+                                  f"of its {len(files)} files missing); copy the checkpoint's weight files "
+                                  "again")
+    if safetensors:
+        return
     for file in sorted(path.glob("pytorch_model*.bin")):
         try:  # a zip (torch.save's format since 1.6) is mapped, not read; an older file is read
             torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
         except Exception as exc:  # noqa: BLE001 - whatever torch's readers raise for a file that is not one
-            raise CheckpointError(unreadable_weights(file, exc)) from None
+            raise CheckpointError(unreadable_weights(file, one_line(exc, 300))) from None
 
 
-def unreadable_weights(where: Path, exc: Exception) -> str:
+def unreadable_weights(where: Path, exc: Exception | str) -> str:
     """The one line for a weight file that is not whole (a copy cut short) or not safetensors."""
     return f"{where}: a weight file cannot be read ({exc}); copy the checkpoint's weight files again"
 
