@@ -2661,6 +2661,18 @@ def test_a_conversation_keeps_its_items_and_responses_continue_it(served):
         {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"}])
     assert [item.type for item in added.data] == ["message", "function_call"]
     assert added.data[0].content[0].text == "hi" and added.data[0].status == "completed"
+    # an output answers a call among the conversation's items: added after it, not one it lacks; its
+    # call deleted, a response continuing the conversation is refused, naming it
+    output = {"type": "function_call_output", "call_id": "c1", "output": "3"}
+    client.conversations.items.create(conversation.id, items=[output])
+    status, body = _post(f"{served.base}/v1/conversations/{conversation.id}/items",
+                         {"items": [{**output, "call_id": "c9"}]})
+    assert status == 400 and body["error"]["param"] == "items" and "call_id c9" in body["error"]["message"]
+    client.conversations.items.delete(added.data[1].id, conversation_id=conversation.id)
+    continued = {**ask, "input": "x", "conversation": conversation.id}
+    status, body = _post(f"{served.base}/v1/responses", continued)
+    assert (status, body["error"]["param"]) == (400, "conversation")
+    assert "call_id c1" in body["error"]["message"]
     updated = client.conversations.update(conversation.id, metadata={"topic": "more"})
     assert updated.metadata == {"topic": "more"}
     assert client.conversations.delete(conversation.id).deleted

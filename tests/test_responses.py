@@ -80,7 +80,8 @@ def test_input_items_are_the_chat_conversation_they_stand_for(given, want):
 
 def test_a_function_call_output_answers_a_call_made_before_it():
     """As OpenAI's: an output whose call_id no function_call before it made (in this input, or in
-    the conversation it continues: `calls`) is refused; an incomplete call's id counts as made."""
+    the conversation it continues: `calls`) is refused; so is one answering a call cut short (status
+    incomplete, never made: left out, as it is from a stored response that continues)."""
     output = {"type": "function_call_output", "call_id": "call_1", "output": "3"}
     with pytest.raises(ApiError) as refused:
         input_messages([{"role": "user", "content": "q"}, output], calls={"call_2"})
@@ -93,9 +94,14 @@ def test_a_function_call_output_answers_a_call_made_before_it():
     tool = {"role": "tool", "tool_call_id": "call_1", "content": "3"}
     assert input_messages([output], calls=calls) == [tool]
     made = set()
-    input_messages([{**CALL, "call_id": "call_3", "status": "incomplete"}, {**output, "call_id": "call_3"}],
-                   calls=made)
-    assert made == {"call_3"}
+    cut = [{**CALL, "call_id": "call_3", "status": "incomplete"}, {**output, "call_id": "call_3"}]
+    with pytest.raises(ApiError) as refused:
+        input_messages(cut, calls=made)
+    assert refused.value.param == "input[1]" and "cut short (status incomplete)" in refused.value.message
+    assert input_messages(cut[:1] + [CALL], calls=made) == [{"role": "assistant", "content": "",
+                                                           "tool_calls": [TOOL_CALL]}]
+    assert made == {"call_1"}
+    assert input_messages(cut) == [{"role": "tool", "tool_call_id": "call_3", "content": "3"}]  # unchecked
     asked = {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL, {**TOOL_CALL, "id": "c"}]}
     assert calls_made([asked, tool]) == {"call_1", "c"}
 

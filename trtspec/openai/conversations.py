@@ -66,8 +66,9 @@ class Conversation:
         return found
 
     def messages(self) -> list[dict]:
-        """Its items as the chat messages a response continues."""
-        return input_messages(self.items, "conversation") if self.items else []
+        """Its items as the chat messages a response continues (each function call output answering
+        a call among them: one whose call was deleted is refused, naming the conversation)."""
+        return input_messages(self.items, "conversation", calls=set()) if self.items else []
 
 
 def checked_metadata(metadata: dict | None) -> dict:
@@ -84,15 +85,16 @@ def checked_metadata(metadata: dict | None) -> dict:
     return metadata
 
 
-def new_items(given: list | None) -> list[dict]:
+def new_items(given: list | None, calls: set[str] | None = None) -> list[dict]:
     """A request's `items` (at most MAX_ADDED) as a conversation keeps them (`kept_items`), checked
-    as a response's input is (an ApiError names the item)."""
+    as a response's input is (an ApiError names the item), each function call output answering a
+    call among them or `calls` (the conversation's, `calls_made`)."""
     if not given:
         return []
     if len(given) > MAX_ADDED:
         raise ApiError(f"Invalid 'items': {len(given)} items; at most {MAX_ADDED} at a time.", "items",
                        code="invalid_value")
-    input_messages(given, "items")  # refuses what a response would not take
+    input_messages(given, "items", calls=set(calls or ()))  # refuses what a response would not take
     return kept_items(given)
 
 

@@ -200,11 +200,12 @@ def input_messages(given: str | list, param: str = "input", calls: set[str] | No
     function_call_output a tool message, a reasoning item's text the next assistant message's
     reasoning_content. Given `calls` (the call ids the conversation made before `given`, as `calls_made`
     reads them), a function_call_output must answer one of those or a function_call before it, as
-    OpenAI requires; `calls` gains `given`'s."""
+    OpenAI requires (not one cut short: it was never made); `calls` gains `given`'s."""
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
     messages: list[dict] = []
     reasoning: str | None = None  # a reasoning item's, for the assistant message that follows it
+    cut_short: set[str] = set()  # the ids of the calls of status incomplete, left out
 
     def assistant() -> dict:
         nonlocal reasoning
@@ -240,10 +241,11 @@ def input_messages(given: str | list, param: str = "input", calls: set[str] | No
             only_keys(item, ("type", "call_id", "name", "arguments", "id", "status", "namespace"), where)
             for field in ("call_id", "name", "arguments"):
                 required_string(item, field, where)
+            if item.get("status") == "incomplete":  # its arguments' text is what came before the cut
+                cut_short.add(item["call_id"])
+                continue
             if calls is not None:
                 calls.add(item["call_id"])
-            if item.get("status") == "incomplete":  # its arguments' text is what came before the cut
-                continue
             try:
                 arguments = json_text.loads(item["arguments"])
             except ValueError as exc:
@@ -261,6 +263,10 @@ def input_messages(given: str | list, param: str = "input", calls: set[str] | No
         elif kind == "function_call_output":
             only_keys(item, ("type", "call_id", "output", "id", "status"), where)
             required_string(item, "call_id", where)
+            if calls is not None and item["call_id"] in cut_short - calls:
+                raise ApiError(f"Invalid '{where}': function call {item['call_id']} was cut short (status "
+                               "incomplete) and never made, so nothing answers it; leave its output out.",
+                               where, code="invalid_value")
             if calls is not None and item["call_id"] not in calls:  # OpenAI's words
                 raise ApiError(f"No tool call found for function call output with call_id {item['call_id']} "
                                f"(in '{param}'): send the function_call it answers before it, or continue "
