@@ -91,13 +91,18 @@ def test_a_conversation_is_the_chat_conversation_it_stands_for(system, messages,
      "object"),
     ([{"role": "user", "content": [{"type": "text"}]}], "messages[0].content[0].text", "Missing"),
     ([{"role": "user", "content": "q", "name": "x"}], "messages[0].name", "Unrecognized"),
-    # a tool result answers a tool_use of an earlier assistant turn, as Anthropic requires
+    # a tool result answers a tool_use of the assistant turn before it, as Anthropic requires
     ([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "3"}]}],
      "messages[0].content[0].tool_use_id",
      "unexpected `tool_use_id` found in `tool_result` blocks: toolu_1."),
     ([{"role": "user", "content": "q"}, {"role": "assistant", "content": [USE]},
       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": "3"}]}],
      "messages[2].content[0].tool_use_id", "toolu_2"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": [USE]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "3"}]},
+      {"role": "assistant", "content": "ok"},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "3"}]}],
+     "messages[4].content[0].tool_use_id", "in the previous assistant message"),
 ])
 def test_a_bad_message_is_refused_by_its_place(messages, param, says):
     with pytest.raises(ApiError) as refused:

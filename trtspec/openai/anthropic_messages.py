@@ -214,12 +214,13 @@ def _output_format(config) -> dict | None:
 def chat_messages(system: str | list | None, messages: list) -> list[dict]:
     """The conversation as chat messages: text blocks one a line; an assistant turn's tool_use
     blocks its tool calls and its thinking its reasoning_content; a user turn's tool_result blocks
-    tool messages, in their place among its text (each answering a tool_use before it); a system
+    tool messages, in their place among its text (each answering a tool_use of the assistant
+    message before it, as Anthropic requires); a system
     message in the conversation (Claude Code's environment notes) a chat system message in its
     place, as the template renders one there (Qwen3's does; a template that refuses it is a 400
     saying so)."""
     out = []
-    called: set[str] = set()  # the tool_use ids so far
+    called: set[str] = set()  # the tool_use ids of the last assistant message
     system = _system_text(system)
     if system:
         out.append({"role": "system", "content": system})
@@ -232,6 +233,8 @@ def chat_messages(system: str | list | None, messages: list) -> list[dict]:
         if role not in ("user", "assistant", "system"):
             raise ApiError(f"Invalid value for '{where}.role': {role!r}; expected user, assistant or "
                            "system.", f"{where}.role", code="invalid_value")
+        if role == "assistant":
+            called = set()
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
@@ -255,8 +258,9 @@ def chat_messages(system: str | list | None, messages: list) -> list[dict]:
                 result = _result_text(block.get("content", ""), f"{at}.content")
                 if required_string(block, "tool_use_id", at) not in called:  # Anthropic's words
                     raise ApiError(f"{at}: unexpected `tool_use_id` found in `tool_result` blocks: "
-                                   f"{block['tool_use_id']}. Each `tool_result` block must answer a "
-                                   "`tool_use` block of an earlier assistant message.", f"{at}.tool_use_id",
+                                   f"{block['tool_use_id']}. Each `tool_result` block must have a "
+                                   "corresponding `tool_use` block in the previous assistant message.",
+                                   f"{at}.tool_use_id",
                                    code="invalid_value")
                 out.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                             "content": f"Error: {result}" if block.get("is_error") else result})
