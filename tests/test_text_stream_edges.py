@@ -52,3 +52,26 @@ def test_a_prompt_cut_inside_a_character_gives_no_context():
     stream = TextStream(tok.decode, context=context_of(tok.decode, prompt))
     text = stream.push([euro[2], *tok.encode("b")])[0] + stream.finish()
     assert text == "\ufffdb"
+
+
+def test_the_context_reaches_back_a_bounded_way_and_only_past_a_cut_character():
+    """`context_of` reaches back past ids without text, CONTEXT_REACH ids at most (a prompt of 40,000
+    special ids is not decoded whole on the serving loop); a U+FFFD inside the last ids' text (a
+    literal one, or invalid bytes) keeps the first window: only text that begins inside a character
+    makes it reach further."""
+    from trtspec.triton.request import CONTEXT_IDS, CONTEXT_REACH
+
+    tok = ByteTokenizer()
+    decoded: list[int] = []
+
+    def decode(ids: list[int]) -> str:
+        decoded.append(len(ids))
+        return tok.decode(ids)
+
+    specials = [tok.eos_id] * 40_000
+    assert len(context_of(decode, tok.encode("a") + specials)) == CONTEXT_REACH
+    assert max(decoded) <= CONTEXT_REACH
+    for ids in (tok.encode("some text x\ufffdyz"), list(b"some text x\xffyz")):
+        assert context_of(tok.decode, ids) == tuple(ids[-CONTEXT_IDS:]), ids
+    cut = tok.encode("some text €bcdef")  # the last 6 ids begin with the '€''s last byte
+    assert context_of(tok.decode, cut) == tuple(cut[-2 * CONTEXT_IDS:])

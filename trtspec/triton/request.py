@@ -475,20 +475,22 @@ class TextStream:
 
 
 CONTEXT_IDS = 6  # the prompt ids an output is decoded after (vLLM's incremental detokenizer: 5-6)
+CONTEXT_REACH = 96  # the most ids `context_of` reaches back for text that begins a character
 
 
 def context_of(decode: Callable[[list[int]], str], prompt_ids: Sequence[int]) -> tuple[int, ...]:
     """The last ids of a prompt its output's text is decoded after (`TextStream.context`), so that
     the output's first piece reads as it does after the prompt: a SentencePiece decoder strips the
     space of a text's first word (`▁Sure` alone is "Sure"), which `decode(prompt + output)` and vLLM's
-    text keep (" Sure"). Reaching further back (twice as far each time) while they have no text
-    (special tokens) or begin inside a character (U+FFFD: a byte-fallback decoder turns the whole
-    run of byte ids that holds the cut into it); none where their text ends in an incomplete
-    character (a prompt of ids cut inside one): the output's bytes are then read on their own."""
+    text keep (" Sure"). Reaching further back (twice as far each time, CONTEXT_REACH ids at most)
+    while they have no text (special tokens) or begin inside a character (U+FFFD: a byte-fallback
+    decoder turns the whole run of byte ids that holds the cut into it); none where their text ends
+    in an incomplete character (a prompt of ids cut inside one): the output's bytes are then read
+    on their own."""
     size = CONTEXT_IDS
-    while size < len(prompt_ids):
+    while size < min(len(prompt_ids), CONTEXT_REACH):
         text = decode(list(prompt_ids[-size:]))
-        if text and "\ufffd" not in text:
+        if text and not text.startswith("\ufffd"):
             break
         size *= 2
     context = list(prompt_ids[-size:])
