@@ -115,3 +115,20 @@ def test_served_answers_and_echo_offsets_continue_the_prompt(checkpoint, pipelin
             chat = client.chat.completions.create(model="sp", messages=messages, max_tokens=MAX_TOKENS,
                                                   temperature=0)
             assert chat.choices[0].message.content == pipeline.chat(messages, MAX_TOKENS)[0], prompt
+
+
+def test_verify_reads_a_served_texts_ids_after_its_prompt(pipeline):
+    """`verify` over openai:// audits a served text by the ids it stands for: tokenized after the
+    prompt, not alone (alone it gained a BOS the audit judged as the first answer token, and a
+    SentencePiece answer's first word its own '▁')."""
+    from trtspec.triton.verify import answer_ids
+
+    tokenizer = pipeline.tokenizer
+    for prompt in PROMPTS:
+        prompt_ids = tokenizer.encode(prompt)
+        text, result = pipeline.generate(prompt, MAX_TOKENS)
+        ids = answer_ids(tokenizer, prompt, prompt_ids, text)
+        assert ids[:1] != [tokenizer.hf.bos_token_id]
+        if "\ufffd" not in text:  # the ids read back as the text, after the prompt
+            before = tokenizer.decode(prompt_ids)
+            assert tokenizer.decode(prompt_ids + ids)[len(before):] == text, prompt

@@ -445,6 +445,17 @@ def streamed_text(tokenizer, ids: list[int], end_ids, prompt_ids: list[int] = ()
     return stream.text
 
 
+def answer_ids(tokenizer, prompt: str, prompt_ids: list[int], text: str) -> list[int]:
+    """The ids a served answer's text stands for (an OpenAI server sends text): the prompt and the
+    text tokenized together, past the prompt's ids (the text alone would gain a BOS, and lose a
+    SentencePiece answer's first space); the text alone, without specials, where the two split
+    otherwise at their seam."""
+    whole = tokenizer.encode(prompt + text)
+    if whole[: len(prompt_ids)] == prompt_ids:
+        return whole[len(prompt_ids) :]
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 def law_of_texts(text_only: bool, tokenizer) -> bool:
     """Whether served samples are tested by the law of their whole texts: over text (openai://)
     with a tokenizer other than the byte-level one, whose texts can be tokenized into another split
@@ -512,7 +523,8 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         if not text_only and parted_by_length(got, want):
             result.lengths = (len(got), len(want))
         elif diff is not None:
-            served_ids = tokenizer.encode(served.text) if text_only else served.token_ids
+            served_ids = answer_ids(tokenizer, prompt, prompt_ids, served.text) if text_only else \
+                served.token_ids
             if served_ids:
                 start = shared_prefix(served_ids, expected)  # the target alone's own tokens before
                 result.audit = judge.audit(prompt_ids, served_ids, sampling, start, grammar)
