@@ -110,6 +110,15 @@ def test_a_bad_message_is_refused_by_its_place(messages, param, says):
     assert refused.value.param == param and says in refused.value.message
 
 
+def test_consecutive_assistant_messages_are_one_turn_whose_calls_the_results_answer():
+    """Anthropic combines consecutive messages of a role into one turn: a tool_use in the first of
+    two assistant messages is answered by the user message after the second."""
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "3"}
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": [USE]},
+                {"role": "assistant", "content": "and"}, {"role": "user", "content": [result]}]
+    assert chat_messages(None, messages)[-1] == {"role": "tool", "tool_call_id": "toolu_1", "content": "3"}
+
+
 def _request(**ask) -> MessagesRequest:
     return MessagesRequest(model="m", max_tokens=2048, messages=[{"role": "user", "content": "q"}], **ask)
 

@@ -2673,6 +2673,9 @@ def test_a_conversation_keeps_its_items_and_responses_continue_it(served):
     status, body = _post(f"{served.base}/v1/responses", continued)
     assert (status, body["error"]["param"]) == (400, "conversation")
     assert "call_id c1" in body["error"]["message"]
+    # items can still be added (the call again, say), read from the items themselves
+    call = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"}
+    client.conversations.items.create(conversation.id, items=[call, {"role": "user", "content": "and 4?"}])
     updated = client.conversations.update(conversation.id, metadata={"topic": "more"})
     assert updated.metadata == {"topic": "more"}
     assert client.conversations.delete(conversation.id).deleted

@@ -261,6 +261,25 @@ def test_the_engine_flavour_refuses_a_config_that_asks_for_reuse():
         assert BuildConfig.model_validate(served).flavour == "engine"
 
 
+def test_the_served_config_keeps_the_reuse_switches_as_the_yaml_set_them():
+    """One switch set, the other left at its default: the served config (written whole, it set both)
+    loads again and says the same reuse (it was refused at load: "limits.prefix_reuse true
+    contradicts deployment.enable_block_reuse false", found reviewing 2026-12-06)."""
+    from trtspec.config import BuildConfig
+    from trtspec.triton.repo import served_build_config
+
+    raw = _config("tiny-dflash").model_dump(exclude_unset=True)
+    deployment = _config("qwen3-8b-dflash-h200").model_dump(exclude_unset=True)["deployment"]
+    deployment.pop("enable_block_reuse", None)
+    for limits, block in (({"prefix_reuse": False}, {}), ({}, {"enable_block_reuse": False}),
+                          ({"prefix_reuse": False}, {"enable_block_reuse": False})):
+        config = BuildConfig.model_validate({**raw, "limits": {**raw.get("limits", {}), **limits},
+                                             "deployment": {**deployment, **block}})
+        served = BuildConfig.model_validate(served_build_config(config))
+        assert (served.limits.prefix_reuse, served.deployment.enable_block_reuse) == \
+            (config.limits.prefix_reuse, config.deployment.enable_block_reuse), (limits, block)
+
+
 def test_the_switch_agrees_with_trtllm_block_reuse():
     raw = _config("qwen3-8b-eagle3").model_dump(exclude_unset=True)
     raw.setdefault("limits", {})["prefix_reuse"] = False

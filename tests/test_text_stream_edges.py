@@ -74,4 +74,21 @@ def test_the_context_reaches_back_a_bounded_way_and_only_past_a_cut_character():
     for ids in (tok.encode("some text x\ufffdyz"), list(b"some text x\xffyz")):
         assert context_of(tok.decode, ids) == tuple(ids[-CONTEXT_IDS:]), ids
     cut = tok.encode("some text €bcdef")  # the last 6 ids begin with the '€''s last byte
-    assert context_of(tok.decode, cut) == tuple(cut[-2 * CONTEXT_IDS:])
+    assert context_of(tok.decode, cut) == tuple(cut[-CONTEXT_IDS - 2:])  # from the '€' on
+
+
+def test_a_context_in_a_run_of_byte_ids_begins_on_a_character():
+    """A byte-fallback prompt ending in characters of 3 and 4 bytes spelt in byte ids ('中' × 40, '😀'):
+    no window of 6, 12, 24, 48 or 96 ids begins on a character, and the decoder turns a run cut
+    inside one into U+FFFD whole, so the context was none and the answer lost its first space; a
+    window up to 3 ids longer begins on one."""
+    from .test_text_fidelity import _tokenizer
+
+    decode, encode, _, _, _ = _tokenizer("byte_fallback")
+    prompt_ids = encode("中" * 40 + "😀")
+    context = context_of(decode, prompt_ids)
+    assert context and not decode(list(context)).startswith("\ufffd")
+    answer = encode("a b")[1:]  # '▁b': a word's piece, its space stripped when decoded alone
+    stream = TextStream(decode, context=context)
+    text = stream.push(answer)[0] + stream.finish()
+    assert text == decode(prompt_ids + answer)[len(decode(prompt_ids)):] == " b"

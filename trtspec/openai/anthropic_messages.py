@@ -233,8 +233,8 @@ def chat_messages(system: str | list | None, messages: list) -> list[dict]:
         if role not in ("user", "assistant", "system"):
             raise ApiError(f"Invalid value for '{where}.role': {role!r}; expected user, assistant or "
                            "system.", f"{where}.role", code="invalid_value")
-        if role == "assistant":
-            called = set()
+        if role == "assistant" and (i == 0 or messages[i - 1].get("role") != "assistant"):
+            called = set()  # (consecutive assistant messages are one turn, as Anthropic combines them)
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue

@@ -65,6 +65,12 @@ class Conversation:
                            code="not_found")
         return found
 
+    def calls(self) -> set[str]:
+        """The call ids of its function_call items (not those cut short), which added items' outputs may
+        answer (read from the items: an output whose call was deleted does not refuse new items)."""
+        return {item["call_id"] for item in self.items
+                if item.get("type") == "function_call" and item.get("status") != "incomplete"}
+
     def messages(self) -> list[dict]:
         """Its items as the chat messages a response continues (each function call output answering
         a call among them: one whose call was deleted is refused, naming the conversation)."""

@@ -155,8 +155,13 @@ def served_build_config(config: BuildConfig, engine_is_build: bool = False) -> d
         data["drafter"]["path"] = _portable_path(config.drafter.path, config.drafter.resolved_path)
         if config.drafter.resolved_sps_table is not None:
             data["drafter"]["schedule"]["sps_table"] = str(config.drafter.resolved_sps_table.resolve())
-    if config.flavour == "engine":  # it keeps no prefix: the switch left unset (true, asked, is refused)
+    # the two reuse switches as the YAML set them (both set must agree; one set, the other follows it):
+    # written whole, a switch left at its default contradicted the other's setting at load; flavour
+    # engine keeps no prefix (true, asked, is refused), so its switch is left out
+    if config.flavour == "engine" or "prefix_reuse" not in config.limits.model_fields_set:
         del data["limits"]["prefix_reuse"]
+    if config.deployment is not None and "enable_block_reuse" not in config.deployment.model_fields_set:
+        data["deployment"].pop("enable_block_reuse", None)
     if engine_is_build:
         data["engine"]["folder"] = BUILD_FROM_YAML
     elif config.engine is not None and config.engine.resolved_folder is not None:

@@ -487,13 +487,17 @@ def context_of(decode: Callable[[list[int]], str], prompt_ids: Sequence[int]) ->
     decoder turns the whole run of byte ids that holds the cut into it); none where their text ends
     in an incomplete character (a prompt of ids cut inside one): the output's bytes are then read
     on their own."""
+    reach = min(len(prompt_ids), CONTEXT_REACH)
     size = CONTEXT_IDS
-    while size < min(len(prompt_ids), CONTEXT_REACH):
-        text = decode(list(prompt_ids[-size:]))
-        if text and not text.startswith("\ufffd"):
-            break
+    while size < reach:
+        # a window and the 3 past it: one of them begins on a character (UTF-8's are 4 bytes at most)
+        for start in range(size, min(size + 4, reach + 1)):
+            text = decode(list(prompt_ids[-start:]))
+            if text and not text.startswith("\ufffd"):
+                context = list(prompt_ids[-start:])
+                return () if text.endswith("\ufffd") else tuple(context)
         size *= 2
-    context = list(prompt_ids[-size:])
+    context = list(prompt_ids[-reach:])
     return () if not context or decode(context).endswith("\ufffd") else tuple(context)
 
 

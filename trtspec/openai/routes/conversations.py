@@ -14,7 +14,7 @@ from trtspec.openai.conversations import (
 )
 from trtspec.openai.frontend import Frontend
 from trtspec.openai.protocol import ApiError, parse
-from trtspec.openai.responses import calls_made, item_page, page_of
+from trtspec.openai.responses import item_page, page_of
 
 
 def add_routes(app: FastAPI, front: Frontend, conversations: ConversationStore) -> None:
@@ -46,7 +46,7 @@ def add_routes(app: FastAPI, front: Frontend, conversations: ConversationStore) 
     async def add_conversation_items(cid: str, request: Request):
         req = parse(ItemsRequest, await front.body(request))
         thread = conversations.get(cid)
-        added = new_items(req.items, calls_made(thread.messages()))
+        added = new_items(req.items, thread.calls())
         thread.items += added
         return item_page(added, "asc", None, max(len(added), 1))
 
