@@ -195,8 +195,17 @@ def test_a_missing_or_torn_weight_file_is_named(tmp_path, random_qwen3_dir):
     model.save_pretrained(both := folder("both"))
     (both / "pytorch_model.bin.index.json").write_text((bins / "pytorch_model.bin.index.json").read_text())
     (both / "pytorch_model.bin").write_text("version https://git-lfs.github.com/spec/v1\n")
+    (both / "model.safetensors.index.json").write_text(json.dumps(index))  # stale: model.safetensors wins
     with torch.no_grad():
         torch.testing.assert_close(load_causal_lm(both)(ids).logits, want)
+    # a stray consolidated.safetensors (Mistral's repos) is not what transformers reads: the .bin shards
+    # are, and one missing is named
+    (bins / "consolidated.safetensors").write_bytes((both / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointError, match="pytorch_model-00002-of-00002.bin is missing"):
+        load_causal_lm(bins)
+    (sharded / "model.safetensors.index.json").unlink()  # shards without their index
+    with pytest.raises(CheckpointError, match="without model.safetensors.index.json"):
+        load_causal_lm(sharded)
 
 
 @pytest.mark.parametrize("family", ["random_qwen3_dir", "random_llama_dir"])

@@ -156,35 +156,61 @@ SAFETENSORS_INDEX, BIN_INDEX = "model.safetensors.index.json", "pytorch_model.bi
 
 
 def check_weight_files(path: Path) -> None:
-    """Before a checkpoint's weights load, those transformers loads (safetensors where there are any,
-    as it prefers them: a Hub repo of both formats downloaded without its `.bin` files keeps their
-    index): their index lists files that are there, and else each PyTorch weight file
-    (`pytorch_model*.bin`) opens as one. A missing or cut-short shard is named, where it showed as
-    weights too few for config.json, or as config.json's model not building."""
-    safetensors = (path / SAFETENSORS_INDEX).is_file() or any(path.glob("*.safetensors"))
-    index = path / (SAFETENSORS_INDEX if safetensors else BIN_INDEX)
-    if index.is_file():
-        try:
-            given = json.loads(index.read_text(encoding="utf-8"))
-            files = sorted(set(given["weight_map"].values()))
-            if not all(isinstance(file, str) for file in files) or not isinstance(given["metadata"], dict):
-                raise TypeError("a file name that is no string, or metadata no object")
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # transformers reads both keys
-            expected = '{"metadata": {...}, "weight_map": {tensor name: weight file name}}'
-            raise CheckpointError(f"{index}: not a weight index ({one_line(exc)}); expected {expected}") \
-                from None
+    """Before a checkpoint's weights load, the files transformers loads, found in its order:
+    `model.safetensors`, else the shards `model.safetensors.index.json` lists, else
+    `pytorch_model.bin`, else the shards `pytorch_model.bin.index.json` lists (a Hub repo of both
+    formats downloaded without its `.bin` files keeps their index; a stray `consolidated.safetensors`
+    is not read). An index must list files that are there, a PyTorch file must open as one, and
+    safetensors shards need their index: each missing or cut-short file is named, where it showed as
+    weights too few for config.json, config.json's model not building, or transformers' own
+    traceback."""
+    if (path / "model.safetensors").is_file():
+        return  # its header is read before anything loads (`weight_shapes`), a torn one named there
+    for index_name in (SAFETENSORS_INDEX, None, BIN_INDEX):
+        if index_name is None:  # between the two indexes, transformers takes a single .bin
+            if (path / "pytorch_model.bin").is_file():
+                _check_torch_file(path / "pytorch_model.bin")
+                return
+            continue
+        index = path / index_name
+        if not index.is_file():
+            continue
+        files = _indexed_files(index)
         missing = [file for file in files if not (path / file).is_file()]
         if missing:
-            raise CheckpointError(f"{path / missing[0]} is missing: {index.name} lists it ({len(missing)} "
+            raise CheckpointError(f"{path / missing[0]} is missing: {index_name} lists it ({len(missing)} "
                                   f"of its {len(files)} files missing); copy the checkpoint's weight files "
                                   "again")
-    if safetensors:
+        for file in files if index_name == BIN_INDEX else ():
+            _check_torch_file(path / file)
         return
-    for file in sorted(path.glob("pytorch_model*.bin")):
-        try:  # a zip (torch.save's format since 1.6) is mapped, not read; an older file is read
-            torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
-        except Exception as exc:  # noqa: BLE001 - whatever torch's readers raise for a file that is not one
-            raise CheckpointError(unreadable_weights(file, one_line(exc, 300))) from None
+    shards = sorted(file.name for file in path.glob("*.safetensors"))
+    if shards:
+        raise CheckpointError(f"{path}: weight files {', '.join(shards[:3])} without {SAFETENSORS_INDEX} "
+                              "(transformers reads model.safetensors, or the shards an index lists); copy "
+                              "the checkpoint's index too")
+
+
+def _indexed_files(index: Path) -> list[str]:
+    """The weight files a weight index lists (transformers reads its metadata too)."""
+    try:
+        given = json.loads(index.read_text(encoding="utf-8"))
+        files = sorted(set(given["weight_map"].values()))
+        if not all(isinstance(file, str) for file in files) or not isinstance(given["metadata"], dict):
+            raise TypeError("a file name that is no string, or metadata no object")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        expected = '{"metadata": {...}, "weight_map": {tensor name: weight file name}}'
+        raise CheckpointError(f"{index}: not a weight index ({one_line(exc)}); expected {expected}") from None
+    return files
+
+
+def _check_torch_file(file: Path) -> None:
+    """A PyTorch weight file that opens as one: a zip (torch.save's format since 1.6) is mapped, not
+    read; an older file is read."""
+    try:
+        torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+    except Exception as exc:  # noqa: BLE001 - whatever torch's readers raise for a file that is not one
+        raise CheckpointError(unreadable_weights(file, one_line(exc, 300))) from None
 
 
 def unreadable_weights(where: Path, exc: Exception | str) -> str:
