@@ -204,8 +204,17 @@ def test_a_missing_or_torn_weight_file_is_named(tmp_path, random_qwen3_dir):
     with pytest.raises(CheckpointError, match="pytorch_model-00002-of-00002.bin is missing"):
         load_causal_lm(bins)
     (sharded / "model.safetensors.index.json").unlink()  # shards without their index
-    with pytest.raises(CheckpointError, match="without model.safetensors.index.json"):
+    with pytest.raises(CheckpointError, match="model-00001-of-.* but no model.safetensors or pytorch_model"):
         load_causal_lm(sharded)
+    (bins / "pytorch_model.bin.index.json").unlink()
+    with pytest.raises(CheckpointError, match="pytorch_model-00001-of-00002.bin but no model.safetensors"):
+        load_causal_lm(bins)
+    # a stray safetensors shard beside a whole pytorch_model.bin: transformers reads the .bin, and
+    # the shard's tensors are not held against config.json (they were: "weights hold 3,392")
+    torch.save(state, single / "pytorch_model.bin")
+    (single / shards[0]).write_bytes((sharded / shards[0]).read_bytes())
+    with torch.no_grad():
+        torch.testing.assert_close(load_causal_lm(single)(ids).logits, want)
 
 
 @pytest.mark.parametrize("family", ["random_qwen3_dir", "random_llama_dir"])

@@ -155,7 +155,7 @@ def check_weights_fit(build: Callable[[], nn.Module], shapes: dict[str, tuple[in
 SAFETENSORS_INDEX, BIN_INDEX = "model.safetensors.index.json", "pytorch_model.bin.index.json"  # sharded
 
 
-def check_weight_files(path: Path) -> None:
+def check_weight_files(path: Path) -> list[Path]:
     """Before a checkpoint's weights load, the files transformers loads, found in its order:
     `model.safetensors`, else the shards `model.safetensors.index.json` lists, else
     `pytorch_model.bin`, else the shards `pytorch_model.bin.index.json` lists (a Hub repo of both
@@ -163,14 +163,15 @@ def check_weight_files(path: Path) -> None:
     is not read). An index must list files that are there, a PyTorch file must open as one, and
     safetensors shards need their index: each missing or cut-short file is named, where it showed as
     weights too few for config.json, config.json's model not building, or transformers' own
-    traceback."""
+    traceback. -> the safetensors files it reads (their headers, `weight_shapes`, are checked
+    against config.json before anything loads; a torn one is named there); none for `.bin`."""
     if (path / "model.safetensors").is_file():
-        return  # its header is read before anything loads (`weight_shapes`), a torn one named there
+        return [path / "model.safetensors"]
     for index_name in (SAFETENSORS_INDEX, None, BIN_INDEX):
         if index_name is None:  # between the two indexes, transformers takes a single .bin
             if (path / "pytorch_model.bin").is_file():
                 _check_torch_file(path / "pytorch_model.bin")
-                return
+                return []
             continue
         index = path / index_name
         if not index.is_file():
@@ -181,14 +182,18 @@ def check_weight_files(path: Path) -> None:
             raise CheckpointError(f"{path / missing[0]} is missing: {index_name} lists it ({len(missing)} "
                                   f"of its {len(files)} files missing); copy the checkpoint's weight files "
                                   "again")
-        for file in files if index_name == BIN_INDEX else ():
+        if index_name == SAFETENSORS_INDEX:
+            return [path / file for file in files]
+        for file in files:
             _check_torch_file(path / file)
-        return
-    shards = sorted(file.name for file in path.glob("*.safetensors"))
+        return []
+    shards = sorted(file.name for pattern in ("*.safetensors", "pytorch_model*.bin")
+                    for file in path.glob(pattern))
     if shards:
-        raise CheckpointError(f"{path}: weight files {', '.join(shards[:3])} without {SAFETENSORS_INDEX} "
-                              "(transformers reads model.safetensors, or the shards an index lists); copy "
-                              "the checkpoint's index too")
+        raise CheckpointError(f"{path}: weight files {', '.join(shards[:4])} but no model.safetensors or "
+                              f"pytorch_model.bin, and no {SAFETENSORS_INDEX} or {BIN_INDEX} listing shards "
+                              "(what transformers reads); copy the checkpoint's index too")
+    return []
 
 
 def _indexed_files(index: Path) -> list[str]:

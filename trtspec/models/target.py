@@ -94,8 +94,7 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
         raise CheckpointError(f"{path / 'config.json'}: transformers cannot read it: {one_line(exc, 300)}") \
             from None
     check_config_values(path / "config.json", hf_config)
-    check_weight_files(path)
-    weights = sorted(path.glob("*.safetensors"))
+    weights = check_weight_files(path)  # the safetensors transformers reads (none: .bin weights)
     # before anything is allocated: a config.json far larger than its weights is refused (a quantized
     # checkpoint's tensors are packed in other shapes and names: transformers' loader judges those)
     if weights and getattr(hf_config, "quantization_config", None) is None:
