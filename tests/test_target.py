@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen3ForCausalLM
+from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 
 from trtspec.errors import CheckpointError
 from trtspec.models.checkpoint import read_end_ids
@@ -215,6 +215,48 @@ def test_a_missing_or_torn_weight_file_is_named(tmp_path, random_qwen3_dir):
     (single / shards[0]).write_bytes((sharded / shards[0]).read_bytes())
     with torch.no_grad():
         torch.testing.assert_close(load_causal_lm(single)(ids).logits, want)
+
+
+def test_bin_weights_are_held_against_config_json_before_loading(tmp_path, random_llama_dir, capfd):
+    """PyTorch `.bin` weights are checked against config.json before anything loads, as safetensors
+    are (their shapes read from the file mapped): a tensor missing, a vocabulary config.json gets
+    wrong (tied embeddings: it was transformers' "aten::equal ... Meta tensors" error), a file that
+    holds no state dict (it was "config.json: the target does not build from it: dictionary update
+    sequence ..."); and a dtype torch has no name for is refused naming config.json's field (it
+    named no field). Each one line, without transformers' load report (found fuzzing checkpoint
+    formats, 2026-12-06)."""
+    config = json.loads((random_llama_dir / "config.json").read_text())
+    model = LlamaForCausalLM.from_pretrained(random_llama_dir)
+    state = {name: t.contiguous() for name, t in model.state_dict().items()}
+
+    def folder(name: str, weights, **changes) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(config | changes))
+        torch.save(weights, path / "pytorch_model.bin")
+        return path
+
+    whole = folder("whole", state)
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(load_causal_lm(whole)(ids).logits, model(ids).logits)
+    capfd.readouterr()
+    lacking = {k: t for k, t in state.items() if k != "model.layers.1.mlp.up_proj.weight"}
+    tied = {k: t for k, t in state.items() if k != "lm_head.weight"}
+    cases = {
+        folder("lacking", lacking): "config.json describes a model of .* but the weights hold",
+        folder("vocab", tied, tie_word_embeddings=True, vocab_size=config["vocab_size"] + 13):
+            r"model.embed_tokens.weight is \[264, 64\] in the weights, \[277, 64\] by config.json",
+        folder("listed", list(state.values())): "pytorch_model.bin: holds a list, not a state dict",
+        folder("float7", state, dtype="float7"): "config.json: dtype 'float7' is not a torch dtype",
+        folder("auto", state, torch_dtype="auto"): "config.json: torch_dtype 'auto' is not a torch dtype",
+    }
+    for path, says in cases.items():
+        with pytest.raises(CheckpointError, match=says) as refused:
+            load_causal_lm(path)
+        assert str(refused.value).startswith(str(path)) and "\n" not in str(refused.value)
+    printed = capfd.readouterr()
+    assert "LOAD REPORT" not in printed.out + printed.err
 
 
 @pytest.mark.parametrize("family", ["random_qwen3_dir", "random_llama_dir"])

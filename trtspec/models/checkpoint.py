@@ -115,10 +115,14 @@ def load_weights(weights: list[Path]) -> dict[str, torch.Tensor]:
 
 def weight_shapes(files: list[Path],
                   rename: Callable[[str], str] = lambda key: key) -> dict[str, tuple[int, ...]]:
-    """Each tensor's shape, read from the safetensors headers (no tensor is loaded), by its name as
-    the model names it (`rename`: a file's tensor name to that)."""
+    """Each tensor's shape, by its name as the model names it (`rename`: a file's tensor name to
+    that): read from the safetensors headers, or from a PyTorch file mapped, not read (no tensor is
+    loaded either way). A file cut short, or a PyTorch file that holds no state dict, is named."""
     shapes: dict[str, tuple[int, ...]] = {}
     for file in files:
+        if file.suffix == ".bin":
+            shapes |= {rename(key): shape for key, shape in _torch_shapes(file).items()}
+            continue
         try:
             with safe_open(str(file), "pt") as header:
                 for key in header.keys():  # noqa: SIM118 - a safe_open handle is no mapping
@@ -126,6 +130,19 @@ def weight_shapes(files: list[Path],
         except SafetensorError as exc:
             raise CheckpointError(unreadable_weights(file, exc)) from None
     return shapes
+
+
+def _torch_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """The shapes of a PyTorch weight file's tensors: a zip (torch.save's format since 1.6) is
+    mapped, not read; an older file is read."""
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+    except Exception as exc:  # noqa: BLE001 - whatever torch's readers raise for a file that is not one
+        raise CheckpointError(unreadable_weights(file, one_line(exc, 300))) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file}: holds a {type(state).__name__}, not a state dict (tensor names to "
+                              "tensors, as torch.save(model.state_dict()) writes); save the weights again")
+    return {key: tuple(value.shape) for key, value in state.items() if isinstance(value, torch.Tensor)}
 
 
 def check_weights_fit(build: Callable[[], nn.Module], shapes: dict[str, tuple[int, ...]], where: Path,
@@ -160,18 +177,16 @@ def check_weight_files(path: Path) -> list[Path]:
     `model.safetensors`, else the shards `model.safetensors.index.json` lists, else
     `pytorch_model.bin`, else the shards `pytorch_model.bin.index.json` lists (a Hub repo of both
     formats downloaded without its `.bin` files keeps their index; a stray `consolidated.safetensors`
-    is not read). An index must list files that are there, a PyTorch file must open as one, and
-    safetensors shards need their index: each missing or cut-short file is named, where it showed as
-    weights too few for config.json, config.json's model not building, or transformers' own
-    traceback. -> the safetensors files it reads (their headers, `weight_shapes`, are checked
-    against config.json before anything loads; a torn one is named there); none for `.bin`."""
+    is not read). An index must list files that are there, and shards need their index: each
+    missing file is named, where it showed as weights too few for config.json, config.json's model
+    not building, or transformers' own traceback. -> the files it reads, for `weight_shapes` to
+    check against config.json before anything loads (a torn one is named there)."""
     if (path / "model.safetensors").is_file():
         return [path / "model.safetensors"]
     for index_name in (SAFETENSORS_INDEX, None, BIN_INDEX):
         if index_name is None:  # between the two indexes, transformers takes a single .bin
             if (path / "pytorch_model.bin").is_file():
-                _check_torch_file(path / "pytorch_model.bin")
-                return []
+                return [path / "pytorch_model.bin"]
             continue
         index = path / index_name
         if not index.is_file():
@@ -182,11 +197,7 @@ def check_weight_files(path: Path) -> list[Path]:
             raise CheckpointError(f"{path / missing[0]} is missing: {index_name} lists it ({len(missing)} "
                                   f"of its {len(files)} files missing); copy the checkpoint's weight files "
                                   "again")
-        if index_name == SAFETENSORS_INDEX:
-            return [path / file for file in files]
-        for file in files:
-            _check_torch_file(path / file)
-        return []
+        return [path / file for file in files]
     shards = sorted(file.name for pattern in ("*.safetensors", "pytorch_model*.bin")
                     for file in path.glob(pattern))
     if shards:
@@ -207,15 +218,6 @@ def _indexed_files(index: Path) -> list[str]:
         expected = '{"metadata": {...}, "weight_map": {tensor name: weight file name}}'
         raise CheckpointError(f"{index}: not a weight index ({one_line(exc)}); expected {expected}") from None
     return files
-
-
-def _check_torch_file(file: Path) -> None:
-    """A PyTorch weight file that opens as one: a zip (torch.save's format since 1.6) is mapped, not
-    read; an older file is read."""
-    try:
-        torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
-    except Exception as exc:  # noqa: BLE001 - whatever torch's readers raise for a file that is not one
-        raise CheckpointError(unreadable_weights(file, one_line(exc, 300))) from None
 
 
 def unreadable_weights(where: Path, exc: Exception | str) -> str:

@@ -87,6 +87,7 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
             f"{path / 'config.json'}: model_type {model_type!r} is not supported; "
             f"expected one of {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    check_dtype_field(path / "config.json", config)
     hf_logging.disable_progress_bar()
     try:
         hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
@@ -94,11 +95,11 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
         raise CheckpointError(f"{path / 'config.json'}: transformers cannot read it: {one_line(exc, 300)}") \
             from None
     check_config_values(path / "config.json", hf_config)
-    weights = check_weight_files(path)  # the safetensors transformers reads (none: .bin weights)
+    shapes = weight_shapes(check_weight_files(path))  # what transformers will read, no tensor loaded
     # before anything is allocated: a config.json far larger than its weights is refused (a quantized
     # checkpoint's tensors are packed in other shapes and names: transformers' loader judges those)
-    if weights and getattr(hf_config, "quantization_config", None) is None:
-        check_weights_fit(lambda: AutoModelForCausalLM.from_config(hf_config), weight_shapes(weights), path)
+    if getattr(hf_config, "quantization_config", None) is None:
+        check_weights_fit(lambda: AutoModelForCausalLM.from_config(hf_config), shapes, path)
     try:  # loaded whatever the shapes, then checked: transformers' own refusal says only "see the report"
         model, info = AutoModelForCausalLM.from_pretrained(
             path, config=hf_config, dtype=DTYPES[dtype], local_files_only=True, ignore_mismatched_sizes=True,
@@ -107,6 +108,17 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
         raise CheckpointError(unreadable_weights(path, exc)) from None
     check_loaded(path, info)
     return model.to(device).eval()
+
+
+def check_dtype_field(config_file: Path, config: dict) -> None:
+    """config.json's dtype (`torch_dtype` before transformers 5), which transformers looks up in torch
+    as it reads the file: a name torch does not have ("auto" included) is refused naming the field."""
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key)
+        if value is not None and not (
+                isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)):
+            raise CheckpointError(f"{config_file}: {key} {value!r} is not a torch dtype; expected a name "
+                                  f"such as {', '.join(DTYPES)} (or leave it out)")
 
 
 def check_config_values(config_file: Path, hf_config) -> None:
