@@ -14,6 +14,8 @@ each of its three sampled laws at (seeds 0-19).
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -21,7 +23,7 @@ import torch
 from trtspec.spec.law_check import check_law, check_position
 from trtspec.spec.sampling import probs_from_logits
 from trtspec.spec.verify import draw_uniforms, inverse_cdf
-from trtspec.triton.verify import ALPHA, DEFAULT_SAMPLES, LAWS, SAMPLING
+from trtspec.triton.verify import ALPHA, DEFAULT_SAMPLES, LAWS, SAMPLING, SamplingCheck
 
 V = 8
 # [2, V] the target's logits at positions 1 and 2: at temperature 1.3 and top-k 3, about
@@ -176,3 +178,18 @@ def test_the_restricted_law_moves_with_each_restriction(tiny_target_dir):
     assert restricted[2][ord("<")] == pytest.approx(restricted[0][ord("\n")])  # forced where the block opened
     assert tv(restricted[2], law(Restriction(thinking=restriction.thinking))[2]) > 0.15
     assert tv(restricted[2], law(Restriction(restriction.bad_words))[2]) > 0.5
+
+
+def test_a_law_check_says_whether_the_server_drafted():
+    """Beside a sampled law, `verify` says how many tokens the server drafted for those requests: none
+    is a law the acceptance rule never touched, and a server that reports no draft figures (vLLM,
+    trtllm-serve) is said to (its line was left out, as if the question did not arise)."""
+    rng = random.Random(5)
+    law = {0: 0.5, 1: 0.3, 2: 0.2}
+    draws = rng.choices(list(law), weights=list(law.values()), k=400)
+    checked = check_law([{t: draws.count(t) for t in law}], [law], alpha=0.01)
+    said = {drafted: "\n".join(SamplingCheck("p", 400, checked, drafted=drafted).lines())
+            for drafted in (None, 0, 250)}
+    assert "reports no draft figures: whether its acceptance rule was exercised is not known" in said[None]
+    assert "drafted 0 tokens for these requests: its acceptance rule was NOT exercised" in said[0]
+    assert "drafted 250 tokens for these requests\n" in said[250] + "\n" and "NOT" not in said[250]

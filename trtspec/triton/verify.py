@@ -212,7 +212,10 @@ class SamplingCheck:
             outside = f", {t.outside} draws of {kind} the target never samples" if t.outside else ""
             out.append(f"sample  {name}: TV {t.tv:.4f}, p {t.p_value:.2g} ({t.draws} draws, "
                        f"{t.support} {kind} possible{outside}) {'FAIL' if law.failed(pos) else 'ok'}")
-        if self.drafted is not None:
+        if self.drafted is None:  # another server (vLLM, trtllm-serve) says nothing of its drafts
+            out.append("sample  the server reports no draft figures: whether its acceptance rule was "
+                       "exercised is not known")
+        else:
             out.append(f"sample  the server drafted {self.drafted} tokens for these requests"
                        + ("" if self.drafted else ": its acceptance rule was NOT exercised"))
         return out
@@ -531,6 +534,9 @@ def certify(url: str, model: str, config: BuildConfig, prompts: list[str], max_t
         return result
 
     cert.greedy = [check(prompt, SamplingParams()) for prompt in prompts]
+    if max_tokens == 1:
+        cert.untested.append("speculation in the served texts (--max-tokens 1: each is its prompt's first "
+                             "token, which the prefill gives and no draft precedes)")
     if config.sampling.coupling == "gumbel":
         cert.coupled = [check(prompt, SamplingParams(temperature=1.0, seed=COUPLED_SEED + i,
                                                      coupling="gumbel")) for i, prompt in enumerate(prompts)]
