@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
 
 from trtspec.openai.compare import (
     DIFFERENT,
@@ -17,8 +20,10 @@ from trtspec.openai.compare import (
     Choice,
     answer,
     asks,
+    compare_deployments,
     judge,
 )
+from trtspec.triton.client import ClientError
 
 
 def _answer(tokens: list[str], top: list[dict[str, float]], finish: str = "length") -> Answer:
@@ -116,3 +121,54 @@ def test_a_busy_server_is_asked_again_and_a_stream_cut_short_is_a_broken_answer(
         assert got.broken is not None and got.broken.startswith("cut short or unreadable")
     finally:
         server.shutdown()
+
+
+def _scripted(script: list) -> tuple[ThreadingHTTPServer, str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
+    server.script = script
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"openai://127.0.0.1:{server.server_address[1]}"
+
+
+def test_a_wrong_port_or_reference_is_an_error_not_a_verdict():
+    """Found auditing compare against live servers: a gRPC port given as openai:// printed the HTTP/2
+    bytes it sent ("cannot reach …: \\x00\\x00\\x18\\x04"), Triton's HTTP port gave a verdict
+    ("DIFFERENT: served HTTP 404: Not Found ... FAIL: answers differ"), and a --reference-model typo
+    blamed the deployment; each is now an error naming the port or the option, as the other
+    commands' are."""
+    grpc_like = socket.create_server(("127.0.0.1", 0))
+
+    def send_http2_settings() -> None:
+        conn, _ = grpc_like.accept()
+        conn.sendall(bytes.fromhex("000018040000000000000400400000000500400000000600002000fe0300000001"))
+        conn.close()
+
+    threading.Thread(target=send_http2_settings, daemon=True).start()
+    ask = Ask("completions", {"model": "m", "prompt": "Q: 1 + 2\nA:", "max_tokens": 1})
+    with pytest.raises(ClientError, match=r"no HTTP answer came .*; is it a gRPC port\?") as grpc_port:
+        answer(f"openai://127.0.0.1:{grpc_like.getsockname()[1]}", ask, timeout_s=10)
+    grpc_like.close()
+    assert "\x00" not in str(grpc_port.value)
+    whole = json.dumps({"choices": [{"index": 0, "text": "3", "finish_reason": "length"}],
+                        "usage": {"completion_tokens": 1}}).encode()
+    not_found = json.dumps({"error": {"message": "The model 'nosuch' does not exist.", "param": "model",
+                                      "type": "invalid_request_error", "code": "model_not_found"}}).encode()
+    triton, triton_url = _scripted([(404, {}, b'{"error":"Not Found"}')])
+    served, served_url = _scripted([(200, {}, whole)] * 3)
+    reference, reference_url = _scripted([(404, {}, not_found)] * 3)
+    try:
+        with pytest.raises(ClientError, match="no OpenAI API there: is it Triton's HTTP port?"):
+            answer(triton_url, ask)
+        with pytest.raises(ClientError) as wrong_reference:
+            compare_deployments(served_url, reference_url, [ask] * 3, concurrency=1, reference_model="nosuch")
+        said = str(wrong_reference.value)
+        assert said.startswith(f"the reference at {reference_url} refused every request the deployment")
+        assert "(the first: HTTP 404: The model 'nosuch' does not exist.)" in said
+        assert "--reference-model" in said
+        # a refusal both give alike is a verdict (nothing answered: no PASS), not the reference's fault
+        served.script, reference.script = [(404, {}, not_found)] * 2, [(404, {}, not_found)] * 2
+        alike = compare_deployments(served_url, reference_url, [ask] * 2, concurrency=1)
+        assert alike.count(REFUSED) == 2 and not alike.passed
+    finally:
+        for server in (triton, served, reference):
+            server.shutdown()

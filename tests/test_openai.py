@@ -1117,6 +1117,7 @@ def test_a_url_of_the_other_servers_port_says_which_port_it_may_be(served):
             (served.http, None, None),  # Triton's own generate endpoint: it answers
             (served.base, None, "is it the OpenAI API's port? (openai://HOST:PORT for it)"),
             (f"grpc://127.0.0.1:{served.openai_port}", None, "is it an HTTP port?"),
+            (f"grpc://127.0.0.1:{served.ports.http}", None, "is it an HTTP port?"),  # was: "Socket closed"
             (f"grpc://127.0.0.1:{grpc_port}", None, None)):
         args = ["generate", "--url", url, "--prompt", "Q: 1 + 2\nA:", "--max-tokens", "4"]
         result = CliRunner().invoke(main, args + (["--api-key", key] if key else []))
@@ -1175,6 +1176,12 @@ def test_verify_over_openai_passes_on_the_server(served, monkeypatch):
     assert "not tested: the sampled law under a reasoning budget: /v1/completions takes none" in result.output
     # not the first prompt (its first tokens are near-certain: any server passes): 'import os\n'
     assert "law of the first 3 tokens of 'import os\\n'" in result.output
+    # one token per text: the prefill's, which no draft decides; the certificate says so
+    short = CliRunner().invoke(main, ["verify", "--url", served.url, "--config", str(CONFIG), "--max-tokens",
+                                      "1", "--samples", "0"])
+    assert short.exit_code == 0 and "PASS: lossless" in short.output, short.output
+    assert "not tested: speculation in the served texts (--max-tokens 1: each is its prompt's first token" \
+        in short.output
 
 
 def test_verify_certifies_gumbel_coupled_samples_by_identity(served, tmp_path, monkeypatch):

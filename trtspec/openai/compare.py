@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from trtspec.openai.client import base_url, bearer
-from trtspec.triton.client import ClientError, answer_json, error_text, sse_events
+from trtspec.triton.client import ClientError, answer_json, error_text, other_server, sse_events, unreachable
 
 IDENTICAL, REFUSED, NEAR_TIE, DIFFERENT = "identical", "refused alike", "near tie", "different"
 TOP = 2  # log-probabilities of the two likeliest tokens at each position
@@ -137,14 +137,18 @@ def answer(url: str, ask: Ask, api_key: str | None = None, timeout_s: float = 30
             resp = urllib.request.urlopen(req, timeout=timeout_s)
             break
         except urllib.error.HTTPError as exc:
-            wait = exc.headers.get("Retry-After", "")
+            raw, wait = exc.read(), exc.headers.get("Retry-After", "")
             if exc.code == 503 and wait.isdigit() and attempt < BUSY_RETRIES:
-                exc.read()
                 time.sleep(min(int(wait), MAX_RETRY_WAIT_S))
                 continue
-            return Answer(refused=exc.code, message=error_text(exc.read()))
-        except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError
-            raise ClientError(f"cannot reach {endpoint}: {getattr(exc, 'reason', exc)}") from None
+            wrong_port = other_server(exc.code, raw, "openai")  # no refusal: no OpenAI API there
+            if wrong_port:
+                raise ClientError(f"{endpoint}: HTTP {exc.code}: {error_text(raw)}{wrong_port}") from None
+            return Answer(refused=exc.code, message=error_text(raw))
+        except (urllib.error.URLError, http.client.HTTPException, ConnectionError) as exc:
+            raise ClientError(unreachable(endpoint, exc)) from None
+        except OSError as exc:  # a timeout
+            raise ClientError(f"cannot reach {endpoint}: {exc}") from None
     with resp:
         try:
             bodies = [answer_json(resp.read(), endpoint)] if not ask.body.get("stream") else \
@@ -245,8 +249,9 @@ def compare_deployments(url: str, reference_url: str, requests: list[Ask], concu
                         progress=None) -> Comparison:
     """Send every request to both servers (`concurrency` requests in flight, each to both at once;
     to the reference under `reference_model` where its name is another) and judge each pair of
-    answers."""
-    def one(ask: Ask) -> tuple[str, str]:
+    answers. A reference that refuses every request the deployment answers is a ClientError (a
+    wrong --reference-url or --reference-model, not the deployment's fault)."""
+    def one(ask: Ask) -> tuple[tuple[str, str], Answer]:
         alike = ask if reference_model is None else Ask(ask.endpoint, {**ask.body, "model": reference_model})
         with ThreadPoolExecutor(2) as both:
             served = both.submit(answer, url, ask, api_key)
@@ -255,7 +260,14 @@ def compare_deployments(url: str, reference_url: str, requests: list[Ask], concu
             verdict = judge(served.result(), reference.result(), tie_tolerance, ties)
         if progress is not None:
             progress()
-        return verdict
+        return verdict, reference.result()
 
     with ThreadPoolExecutor(concurrency) as pool:
-        return Comparison(requests, list(pool.map(one, requests)))
+        judged = list(pool.map(one, requests))
+    references = [ref for _, ref in judged]
+    if references and all(ref.refused is not None for ref in references) and \
+            any(verdict != REFUSED for (verdict, _), _ in judged):
+        raise ClientError(f"the reference at {reference_url} refused every request the deployment answered "
+                          f"(the first: {references[0].said()}); check --reference-url and "
+                          "--reference-model")
+    return Comparison(requests, [verdict for verdict, _ in judged])

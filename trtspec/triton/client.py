@@ -417,9 +417,12 @@ def grpc_generate_many(address: str, model: str, requests: list[list], on_text: 
 
 def _grpc_message(error, address: str) -> str:
     text = error.message() if hasattr(error, "message") else str(error)
-    if "failed to connect" in text.lower() or "connection refused" in text.lower():
+    lowered = text.lower()
+    if "failed to connect" in lowered or "connection refused" in lowered:
+        # an HTTP server's port: uvicorn answers HTTP/2's preface as HTTP/1.x, Triton's closes the socket
+        http_port = "http1.x server" in lowered or "socket closed" in lowered
         hint = "; is it an HTTP port? (http://HOST:PORT for Triton's, openai://HOST:PORT for the OpenAI " \
-               "API)" if "http1.x server" in text else ""
+               "API)" if http_port else ""
         return f"cannot reach grpc://{address}: {text}{hint}"
     return text
 
@@ -457,13 +460,24 @@ def post_json(req: urllib.request.Request, timeout_s: float, api: str = "triton"
         return urllib.request.urlopen(req, timeout=timeout_s)
     except urllib.error.HTTPError as exc:
         raw = exc.read()
-        hint = f"; {_OTHER_SERVER[api]}" if exc.code == 404 and not _api_error(raw, api) else ""
-        raise ClientError(f"{url}: HTTP {exc.code}: {error_text(raw)}{hint}") from None
-    except urllib.error.URLError as exc:
-        raise ClientError(f"cannot reach {url}: {exc.reason}") from None
-    except (http.client.HTTPException, ConnectionError) as exc:  # a gRPC port answers no HTTP
-        raise ClientError(f"{url}: no HTTP answer came ({type(exc).__name__} {shown(str(exc), 60)}); is "
-                          "it a gRPC port? (grpc://HOST:PORT for Triton's)") from None
+        raise ClientError(f"{url}: HTTP {exc.code}: {error_text(raw)}{other_server(exc.code, raw, api)}") \
+            from None
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError) as exc:
+        raise ClientError(unreachable(url, exc)) from None
+
+
+def other_server(code: int, raw: bytes, api: str) -> str:
+    """"; " and a hint where an HTTP error `code` with body `raw` is no error of `api` but a 404 of
+    another server (a wrong port); "" for the API's own errors."""
+    return f"; {_OTHER_SERVER[api]}" if code == 404 and not _api_error(raw, api) else ""
+
+
+def unreachable(url: str, exc: urllib.error.URLError | http.client.HTTPException | ConnectionError) -> str:
+    """Why `url` gave no HTTP answer: the network's reason, or (an answer that is no HTTP) a gRPC port."""
+    if isinstance(exc, urllib.error.URLError):
+        return f"cannot reach {url}: {exc.reason}"
+    return f"{url}: no HTTP answer came ({type(exc).__name__} {shown(str(exc), 60)}); is it a gRPC port? " \
+           "(grpc://HOST:PORT for Triton's)"
 
 
 def _api_error(raw: bytes, api: str) -> bool:
