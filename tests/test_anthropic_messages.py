@@ -119,6 +119,15 @@ def test_consecutive_assistant_messages_are_one_turn_whose_calls_the_results_ans
     assert chat_messages(None, messages)[-1] == {"role": "tool", "tool_call_id": "toolu_1", "content": "3"}
 
 
+def test_assistant_messages_opening_the_conversation_are_one_turn_too():
+    """Consecutive assistant messages at the very start (a conversation that opens with the
+    assistant's turn) are one turn as well: the results after them answer the first one's calls."""
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "3"}
+    messages = [{"role": "assistant", "content": [USE]}, {"role": "assistant", "content": "and"},
+                {"role": "user", "content": [result]}]
+    assert chat_messages(None, messages)[-1] == {"role": "tool", "tool_call_id": "toolu_1", "content": "3"}
+
+
 def _request(**ask) -> MessagesRequest:
     return MessagesRequest(model="m", max_tokens=2048, messages=[{"role": "user", "content": "q"}], **ask)
 

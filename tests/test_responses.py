@@ -399,6 +399,16 @@ def test_truncation_never_parts_a_tool_result_from_its_call():
     assert truncation_cuts(messages) == [0, 6, 8]
 
 
+def test_a_turn_that_makes_a_call_can_still_be_where_a_candidate_begins():
+    """Only the cuts between a call and its result are skipped: the user message that begins the
+    turn making the call (the one before the call) is a cut, as is the turn after its result."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [_msg("user", "u1"), _msg("assistant", "a1"), _msg("user", "u2"),
+                _msg("assistant", "", tool_calls=[call]), _msg("tool", "t1", tool_call_id="c1"),
+                _msg("user", "u3")]
+    assert truncation_cuts(messages) == [0, 2, 5]
+
+
 def test_the_longest_fitting_candidate_is_found_in_a_logarithmic_number_of_attempts():
     """Candidates fit from some k on: bisection finds the first that fits (the whole when it fits,
     the last whatever it is) with about log2(count) attempts; the last's refusal propagates."""
@@ -423,6 +433,21 @@ def test_the_longest_fitting_candidate_is_found_in_a_logarithmic_number_of_attem
 
     with pytest.raises(ApiError, match="too long"):
         longest_fitting(5, never)
+
+
+def test_no_candidate_is_attempted_twice():
+    """Each attempt renders and tokenizes a conversation (the longest ones first): bisection tries
+    a candidate at most once, the last too when it is the one that fits."""
+    for count in (2, 3, 7, 100):
+        for first in range(1, count):
+            tried = []
+
+            def attempt(k: int, first=first, tried=tried):
+                tried.append(k)
+                return None if k < first else k
+
+            assert longest_fitting(count, attempt) == (first, first)
+            assert len(tried) == len(set(tried)), (count, first, tried)
 
 
 def test_a_background_runs_events_are_followed_from_any_number_live_to_its_end():

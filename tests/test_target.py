@@ -4,6 +4,7 @@ pass, rewind is a non-negative count, checkpoint checks."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 
 from trtspec.errors import CheckpointError
-from trtspec.models.checkpoint import read_end_ids
+from trtspec.models.checkpoint import check_weights_fit, read_end_ids, weight_shapes
 from trtspec.models.cuda_graphs import TOKEN_BUCKETS
 from trtspec.models.graph_audit import CaptureAudit
 from trtspec.models.target import Chunk, TargetModel, load_causal_lm
@@ -257,6 +258,40 @@ def test_bin_weights_are_held_against_config_json_before_loading(tmp_path, rando
         assert str(refused.value).startswith(str(path)) and "\n" not in str(refused.value)
     printed = capfd.readouterr()
     assert "LOAD REPORT" not in printed.out + printed.err
+
+
+class _MakesADirectory:
+    """An object whose unpickling runs code: os.mkdir(path)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return os.mkdir, (str(self.path),)
+
+
+def test_a_bin_s_pickle_runs_no_code_when_its_shapes_are_read(tmp_path):
+    """`weight_shapes` reads a PyTorch `.bin` for weights only: a pickle that would run code as it
+    loads (here os.mkdir) is refused as a weight file that cannot be read, and nothing of it runs."""
+    ran = tmp_path / "ran"
+    file = tmp_path / "pytorch_model.bin"
+    torch.save({"w": torch.zeros(2, 3), "x": _MakesADirectory(ran)}, file)
+    with pytest.raises(CheckpointError, match="a weight file cannot be read"):
+        weight_shapes([file])
+    assert not ran.exists()
+
+
+def test_every_parameter_the_weights_lack_counts_but_the_shared_ones(tmp_path):
+    """`check_weights_fit` refuses weights that lack even one parameter of a single element (a bias
+    of one output), and takes weights that lack only the `shared` ones (a drafter's borrowed
+    embeddings)."""
+    def build():
+        return torch.nn.Linear(2, 1)
+
+    check_weights_fit(build, {"weight": (1, 2), "bias": (1,)}, tmp_path)
+    with pytest.raises(CheckpointError, match="describes a model of 3 parameters but the weights hold 2"):
+        check_weights_fit(build, {"weight": (1, 2)}, tmp_path)
+    check_weights_fit(build, {"bias": (1,)}, tmp_path, shared=2)
 
 
 @pytest.mark.parametrize("family", ["random_qwen3_dir", "random_llama_dir"])
@@ -596,6 +631,21 @@ def test_end_ids_come_from_config_json_where_no_generation_config_is(tmp_path, c
     assert read_end_ids(tmp_path, 1000) == (5,)  # a generation_config.json is read alone (transformers)
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.7}))
     assert read_end_ids(tmp_path, 1000) == ()
+
+
+def test_end_ids_span_the_vocabulary_from_id_0_to_its_last(tmp_path, caplog):
+    """Any id of the vocabulary may end generation, the first (0, as StarCoder's <|endoftext|>) and
+    the last (vocab_size - 1) too; vocab_size itself is no token: refused in generation_config.json,
+    left out of config.json's."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": [0, 1000]}))
+    with caplog.at_level("WARNING"):
+        assert read_end_ids(tmp_path, 1000) == (0,)
+    assert "config.json: eos_token_id [0, 1000] holds what is no token id in [0, 1000)" in caplog.text
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, 999]}))
+    assert read_end_ids(tmp_path, 1000) == (0, 999)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 1000}))
+    with pytest.raises(CheckpointError, match=r"eos_token_id must be a token id .* in \[0, 1000\)"):
+        read_end_ids(tmp_path, 1000)
 
 
 @pytest.mark.parametrize("rope,refused", [

@@ -8,7 +8,7 @@ generated did not."""
 from __future__ import annotations
 
 from trtspec.tokenizer import ByteTokenizer
-from trtspec.triton.request import TextStream, context_of
+from trtspec.triton.request import CONTEXT_IDS, CONTEXT_REACH, TextStream, context_of
 
 
 def test_a_stop_word_that_is_the_first_character_stops_at_once():
@@ -59,8 +59,6 @@ def test_the_context_reaches_back_a_bounded_way_and_only_past_a_cut_character():
     special ids is not decoded whole on the serving loop); a U+FFFD inside the last ids' text (a
     literal one, or invalid bytes) keeps the first window: only text that begins inside a character
     makes it reach further."""
-    from trtspec.triton.request import CONTEXT_IDS, CONTEXT_REACH
-
     tok = ByteTokenizer()
     decoded: list[int] = []
 
@@ -92,3 +90,36 @@ def test_a_context_in_a_run_of_byte_ids_begins_on_a_character():
     stream = TextStream(decode, context=context)
     text = stream.push(answer)[0] + stream.finish()
     assert text == decode(prompt_ids + answer)[len(decode(prompt_ids)):] == " b"
+
+
+def test_an_end_id_that_writes_text_ends_the_output_without_its_text():
+    """An id of `end_ids` (a request's stop id may be a plain token, here ';') is kept in the output
+    but its own text is left out, as vLLM and TensorRT-LLM leave a stop token's text out, in the
+    delta, the stream's text and what finish gives."""
+    tok = ByteTokenizer()
+    ids = tok.encode("ab;cd")
+    stream = TextStream(tok.decode, end_ids=frozenset({ids[2]}))
+    delta, kept = stream.push(ids)
+    assert (delta, kept, stream.stopped) == ("ab", ids[:3], True)
+    assert (stream.text, stream.held, stream.finish()) == ("ab", "", "")
+
+
+def test_the_context_window_doubles_so_few_windows_are_decoded():
+    """`context_of` reaching back past ids without text tries windows twice as long each time (and
+    the 3 past each), not every length up to CONTEXT_REACH: over a prompt of special ids that is a
+    handful of decodes on the serving loop, and the window it settles on is one of those lengths."""
+    tok = ByteTokenizer()
+    decoded: list[int] = []
+
+    def decode(ids: list[int]) -> str:
+        decoded.append(len(ids))
+        return tok.decode(ids)
+
+    assert len(context_of(decode, tok.encode("a") + [tok.eos_id] * 40_000)) == CONTEXT_REACH
+    sizes, size = [], CONTEXT_IDS
+    while size < CONTEXT_REACH:
+        sizes += range(size, size + 4)
+        size *= 2
+    assert decoded == [*sizes, CONTEXT_REACH]
+    prompt = tok.encode("xyz") + [tok.eos_id] * 10  # the windows of 6 to 9 ids hold no text
+    assert context_of(tok.decode, prompt) == tuple(prompt[-12:])
