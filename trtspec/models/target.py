@@ -99,7 +99,9 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
     # before anything is allocated: a config.json far larger than its weights is refused (a quantized
     # checkpoint's tensors are packed in other shapes and names: transformers' loader judges those)
     if getattr(hf_config, "quantization_config", None) is None:
-        check_weights_fit(lambda: AutoModelForCausalLM.from_config(hf_config), shapes, path)
+        # built at the dtype it loads in: from_config trips on a config.json's per-module dtypes
+        check_weights_fit(lambda: AutoModelForCausalLM.from_config(hf_config, dtype=DTYPES[dtype]), shapes,
+                          path)
     try:  # loaded whatever the shapes, then checked: transformers' own refusal says only "see the report"
         model, info = AutoModelForCausalLM.from_pretrained(
             path, config=hf_config, dtype=DTYPES[dtype], local_files_only=True, ignore_mismatched_sizes=True,
@@ -112,11 +114,11 @@ def load_causal_lm(path: Path, dtype: str = "float32", device: str = "cpu") -> P
 
 def check_dtype_field(config_file: Path, config: dict) -> None:
     """config.json's dtype (`torch_dtype` before transformers 5), which transformers looks up in torch
-    as it reads the file: a name torch does not have ("auto" included) is refused naming the field."""
+    as it reads the file: a name torch does not have ("auto" included) is refused naming the field
+    (a mapping of module names to dtypes, which transformers takes too, is left to it)."""
     for key in ("dtype", "torch_dtype"):
         value = config.get(key)
-        if value is not None and not (
-                isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)):
+        if isinstance(value, str) and not isinstance(getattr(torch, value, None), torch.dtype):
             raise CheckpointError(f"{config_file}: {key} {value!r} is not a torch dtype; expected a name "
                                   f"such as {', '.join(DTYPES)} (or leave it out)")
 
