@@ -114,6 +114,31 @@ def test_init_from_a_folder_without_weights_is_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("damage, blamed", [
+    ("torn", "tiny-target/model.safetensors: a weight file cannot be read"),
+    ("no config", "tiny-draft/config.json is missing"),  # transformers built a default 8B Qwen3: killed
+    ("bad report", "tiny-target/training.json is not valid JSON"),
+])
+def test_init_from_a_damaged_stage_is_one_line_naming_the_file(tmp_path, damage, blamed):
+    """Each was a traceback (a SafetensorError; "Expecting value: line 1 column 1" naming no file),
+    or, with no config.json, a process the kernel killed for memory."""
+    stage = tmp_path / "stage"
+    for name in ("tiny-target", "tiny-draft"):
+        shutil.copytree(ASSETS / name, stage / name)
+    if damage == "torn":
+        os.truncate(stage / "tiny-target" / "model.safetensors", 1000)
+    elif damage == "no config":
+        (stage / "tiny-draft" / "config.json").unlink()
+    else:
+        (stage / "tiny-target" / "training.json").write_text("garbage{")
+    result = CliRunner().invoke(main, ["train", "target", "--out", str(tmp_path / "o"), "--steps", "1",
+                                       "--init-from", str(stage)])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(f"Error: {stage}/{blamed}"), result.output
+    assert result.output.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
 def _files(folder):
     return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 

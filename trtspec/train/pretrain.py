@@ -28,6 +28,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from trtspec.errors import CheckpointError, TrtspecError
 from trtspec.files import replaced_dir, share
+from trtspec.models.target import load_causal_lm
 from trtspec.tokenizer import DEFAULT_VOCAB_SIZE, ByteTokenizer
 from trtspec.train import check_loss
 from trtspec.train.corpus import CHAT_STOP, CHAT_TEMPLATE, CHAT_TEMPLATE_FILE, training_corpus
@@ -144,13 +145,21 @@ def heldout_loss(model: Qwen3ForCausalLM, data: torch.Tensor, seq_len: int, n: i
 def _load_stage(path: Path) -> Qwen3ForCausalLM:
     if not (path / "model.safetensors").is_file():
         raise CheckpointError(f"{path}: no model.safetensors to continue training from (--init-from)")
-    return Qwen3ForCausalLM.from_pretrained(path)
+    # trtspec's loader: transformers' own built a default 8B Qwen3 for a folder without config.json (killed
+    # for memory) and let a torn model.safetensors through as a SafetensorError traceback
+    return load_causal_lm(path)
 
 
 def _stage_report(path: Path) -> dict | None:
     """The training.json of the stage a model continues from (None if it has none)."""
     report = path / "training.json"
-    return json.loads(report.read_text(encoding="utf-8")) if report.is_file() else None
+    if not report.is_file():
+        return None
+    try:
+        return json.loads(report.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # was the bare "Expecting value: line 1 ..."
+        raise CheckpointError(f"{report} is not valid JSON ({exc}); delete it to continue from the weights "
+                              "without the earlier stage's record") from None
 
 
 def pretrain(out_dir: Path, cfg: PretrainConfig) -> dict:
