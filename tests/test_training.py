@@ -88,6 +88,34 @@ def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(method, random_qwen
     assert (order["epoch"], order["position"]) == (1, 2)
 
 
+@pytest.mark.parametrize("method", sorted(RECIPES))
+def test_a_run_interrupted_while_it_saves_its_last_step_reruns_to_the_same_drafter(
+        method, random_qwen3_dir, prompts, tmp_path, monkeypatch):
+    """The resumable state was saved before the drafter: Ctrl-C while the last step's drafter was
+    written left checkpoint/state.pt at the last step beside no model.safetensors (or an earlier
+    checkpoint's), and the rerun refused with "already trained 5 steps ... nothing to train". The
+    drafter is now saved first, so the state never runs ahead of it."""
+    whole = _train(method, random_qwen3_dir, prompts, tmp_path / "whole")
+    module = {"dflash": dflash, "dspark": dspark, "eagle3": eagle3}[method]
+    name = f"save_{method}"
+    save, saves = getattr(module, name), []
+
+    def interrupted_at_the_last_step(model, out_dir, *args):
+        saves.append(out_dir)
+        if len(saves) == 3:  # steps 2, 4 and 5 are saved
+            raise Interrupted
+        save(model, out_dir, *args)
+
+    monkeypatch.setattr(module, name, interrupted_at_the_last_step)
+    with pytest.raises(Interrupted):
+        _train(method, random_qwen3_dir, prompts, tmp_path / "o", data=tmp_path / "whole/checkpoint/data.pt")
+    monkeypatch.setattr(module, name, save)
+    resumed = _train(method, random_qwen3_dir, prompts, tmp_path / "o")
+    assert [h["step"] for h in resumed["history"]] == [h["step"] for h in whole["history"]]
+    expected, got = _weights(tmp_path / "whole"), _weights(tmp_path / "o")
+    assert all(torch.equal(w, expected[k]) for k, w in got.items())
+
+
 def _rows_seen(method, monkeypatch) -> list[torch.Tensor]:
     """Spy on the recipe's loss input: the batches' sequences, in the order it trains on them."""
     module = {"dflash": dflash, "dspark": dspark, "eagle3": eagle3}[method]

@@ -357,8 +357,8 @@ def train_dflash(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DFlas
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == stop:
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
                             "seconds": round(time.time() - t0, 1)})
+            save_dflash(model, out_dir)  # before the state, which must not run ahead of it
             save_state(state_file, model, opt, gen, step + 1, cfg, history, order)
-            save_dflash(model, out_dir)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "history": history}
     write_text(out_dir / "training.json", json.dumps(report, indent=1))

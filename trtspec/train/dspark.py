@@ -218,8 +218,8 @@ def train_dspark(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: DSpar
                             "tau_prob": round(metrics["tau_prob"], 3),
                             "conf_err": round(metrics.get("conf_err", float("nan")), 4),
                             "seconds": round(time.time() - t0, 1)})
+            save_dspark(model, out_dir)  # before the state, which must not run ahead of it
             save_state(state_file, model, opt, gen, step + 1, cfg, history, order)
-            save_dspark(model, out_dir)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "history": history}
     write_text(out_dir / "training.json", json.dumps(report, indent=1))

@@ -247,8 +247,8 @@ def train_eagle3(target_dir: Path, prompts_path: Path, out_dir: Path, cfg: Eagle
             history.append({"step": step + 1, "loss": round(loss.item(), 4), "tau_est": round(tau_est, 3),
                             "acc": [round(a, 3) for a in acc.tolist()],
                             "seconds": round(time.time() - t0, 1)})
+            save_eagle3(model, out_dir, num_layers)  # before the state, which must not run ahead of it
             save_state(state_file, model, opt, gen, step + 1, cfg, history, order)
-            save_eagle3(model, out_dir, num_layers)
     report = {"recipe": cfg.model_dump(), "target": str(target_dir), "prompts": str(prompts_path),
               "sequences": num, "total_steps": total, "history": history}
     write_text(out_dir / "training.json", json.dumps(report, indent=1))
