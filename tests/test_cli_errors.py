@@ -454,6 +454,18 @@ def test_calibrate_takes_any_response_length(tmp_path):
     assert_run_error(short, "raise --response-tokens")
 
 
+def test_calibrate_refuses_an_sts_json_folder_before_it_runs(tmp_path):
+    """It failed once the temperatures were fitted, naming the temporary file beside it
+    ("/…/.sts.json.l4a3dflj.tmp: Is a directory")."""
+    drafter = shutil.copytree(ASSETS_DIR / "tiny-dspark-b15", tmp_path / "dspark")
+    (drafter / "sts.json").unlink()
+    (drafter / "sts.json").mkdir()
+    result = invoke("calibrate", "--drafter", drafter, "--target", ASSETS_DIR / "tiny-target",
+                    "--tasks", "math", "--response-tokens", "16")
+    assert_usage_error(result, "--drafter", f"{drafter / 'sts.json'} is a folder")
+    assert "regenerate" not in result.output
+
+
 def test_regenerated_rows_follow_the_prompts():
     """Prompts are batched by length; row r must still continue prompt r (anchors and loss masks
     are placed with prompt r's length)."""

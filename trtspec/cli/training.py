@@ -206,11 +206,17 @@ def train_dspark_cmd(target_dir, prompts_path, out_dir, block_size, layers, targ
 def calibrate(drafter_dir, target_dir, tasks, response_tokens, bins) -> None:
     """Fit Sequential Temperature Scaling of a DSpark drafter's confidences on held-out prompts
     (greedy verification) and store the temperatures with the drafter."""
+    from trtspec.spec.sts import STS_FILE
     from trtspec.train.calibrate import calibrate as run_calibrate
     from trtspec.train.calibrate import pooled_ece
 
     check_range(response_tokens, "--response-tokens", low=1)
     check_range(bins, "--bins", low=2, high=1000)
+    # before the regeneration and the fit, not after (an sts.json folder failed then, naming a temporary file)
+    if (drafter_dir / STS_FILE).is_dir():
+        raise click.BadParameter(f"{drafter_dir / STS_FILE} is a folder, where calibrate writes the "
+                                 "temperatures; remove it", param_hint="--drafter")
+    writable_arg(drafter_dir, "--drafter", folder=True)
     cal = run_calibrate(drafter_dir, target_dir, tasks_arg(tasks), response_tokens, bins)
     before, after = pooled_ece(cal)
     click.echo(f"STS temperatures: {cal.temperatures}")
