@@ -159,6 +159,17 @@ def test_unknown_gpu_fails_at_load_naming_the_field(tmp_path):
         load_build_config(path)
 
 
+def test_a_mean_context_past_max_seq_len_fails_at_load(tmp_path):
+    """inspect planned 0 tokens/s at every batch size for it, exit 0."""
+    raw = yaml.safe_load((REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml").read_text())
+    raw["deployment"]["mean_context_len"] = 10**9
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"c.yaml: field `deployment`: .*mean_context_len 1000000000 is "
+                                          r"longer than max_seq_len 8192"):
+        load_build_config(path)
+
+
 def test_unknown_model_id_is_refused():
     with pytest.raises(ConfigError, match=r"unknown deployment.model_id 'Qwen/Qwen9'"):
         plan_memory(_deployment(model_id="Qwen/Qwen9"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from trtspec.plan.gpus import GPUS
 from trtspec.strict import StrictModel
@@ -103,6 +103,14 @@ class DeploymentConfig(StrictModel):
         if value is not None and not all(0 <= r <= 1 for r in value):
             raise ValueError(f"rates must lie in [0, 1], got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _context_in_sequence(self) -> DeploymentConfig:
+        # longer than any request may run: inspect planned 0 tokens/s at every batch size, with no word why
+        if self.mean_context_len is not None and self.mean_context_len > self.max_seq_len:
+            raise ValueError(f"mean_context_len {self.mean_context_len} is longer than max_seq_len "
+                             f"{self.max_seq_len}, the most tokens a request holds")
+        return self
 
     @field_validator("image")
     @classmethod
