@@ -177,12 +177,16 @@ def test_usage_errors_name_the_option(tmp_path):
         (["build", CONFIG, "--out", "b" * 256 + "/x"],
          "'--out': the path holds a name of 256 bytes, over the 255"),
         (["serve", "/" + "d/" * 2100], "'DIR': the path is 4,201 bytes long, over the 4,095"),
+        # exit 1 with "--out afile/x: cannot create afile: File exists" (after loading the models, torch)
+        (["build", CONFIG, "--out", "afile/x"], "--out: afile is a file, so afile/x cannot be made"),
+        (["build", CONFIG, "--flavour", "engine", "--out", "afile/x"], "afile is a file, so afile/x"),
     ],
     ids=["seed-over-uint64", "ipv6-url", "port-out-of-range", "context-past-positions", "same-config-twice",
          "wait-nan", "min-user-tps-nan", "budget-nan", "ttt-steps-huge", "epochs-huge", "bins-huge",
          "train-out-under-a-file", "markov-rank-huge", "block-size-huge", "verify-key-for-triton",
          "profile-batch-past-positions", "profile-requests-huge", "concurrency-twice", "bench-task-twice",
-         "calibrate-task-twice", "batches-twice", "out-name-too-long", "dir-path-too-long"],
+         "calibrate-task-twice", "batches-twice", "out-name-too-long", "dir-path-too-long",
+         "build-out-under-a-file", "engine-build-out-under-a-file"],
 )
 def test_values_that_used_to_crash_are_usage_errors(tmp_path, monkeypatch, args, option):
     """Found looking for the issue's class of defect: each was a traceback, a one-line message that

@@ -107,6 +107,7 @@ def build(config_path, out_dir, flavour=None) -> None:
         check_replaceable(out_dir)
     except OutputError as exc:
         raise click.BadParameter(str(exc).removeprefix("--out "), param_hint="--out") from None
+    writable_arg(out_dir, "--out", folder=True)  # under a file: "cannot create afile: File exists", exit 1
     if config.flavour in ("torch", "engine"):  # served by Triton's Python backend
         from trtspec.pipeline import check_served_files
         from trtspec.triton.repo import check_stub_paths
