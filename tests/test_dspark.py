@@ -224,6 +224,17 @@ def test_published_layout_written_by_hand_loads(tmp_path, target):
     assert all(torch.equal(reloaded[name], tensor) for name, tensor in tensors.items())
 
 
+@pytest.mark.parametrize("field", ["enable_confidence_head", "confidence_head_with_markov"])
+def test_a_confidence_flag_that_is_not_true_or_false_is_named(tmp_path, target, field):
+    """bool("false") is True: the string loaded as an enabled head (or, on a checkpoint without
+    one, failed blaming its weights)."""
+    _, config = _published_checkpoint(tmp_path)
+    config[field] = "false"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"config.json: {field} must be true or false, got 'false'"):
+        load_dspark(tmp_path, target.config)
+
+
 def _respelled(config: dict, spelling: str) -> dict:
     """`config` with its DSpark fields moved to another exporter's spelling."""
     moved = {key: config.pop(key) for key in ("block_size", "mask_token_id", "target_layer_ids",
