@@ -178,6 +178,15 @@ def _edit_config(**changes):
         (_edit_config(draft_vocab_size=90), r"d2t is \[100\] in the weights, \[90\] by config.json"),
         (_edit_config(hidden_size=32, head_dim=8, target_hidden_size=64),
          r"embed_tokens.weight is \[264, 64\] in the weights, \[264, 32\] by config.json"),
+        # a field of the wrong type is named: bool("false") was True (a draft of another shape that
+        # loaded), int("abc") a ValueError traceback
+        (_edit_config(norm_before_residual="false"),
+         "norm_before_residual must be true or false, got 'false'"),
+        (_edit_config(norm_before_fc="false"), "norm_before_fc must be true or false, got 'false'"),
+        (_edit_config(draft_vocab_size="abc"), "draft_vocab_size must be an integer, got 'abc'"),
+        (_edit_config(target_hidden_size=64.5), "target_hidden_size must be an integer, got 64.5"),
+        (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=["0", 1, 2]),
+         r"eagle_config.eagle_aux_hidden_state_layer_ids must be a list of layer indices"),
     ],
 )
 def test_misfits_refused(tmp_path, target, edit, message):

@@ -91,6 +91,15 @@ def int_field(section: dict, key: str, where: str, kind: str, prefix: str = "", 
     return value
 
 
+def bool_field(section: dict, key: str, where: str, prefix: str = "") -> bool:
+    """section[key], true or false (1 or 0 taken too; False when absent); a CheckpointError naming
+    the field otherwise: bool() made the string "false" true."""
+    value = section.get(key, False)
+    if value not in (0, 1):
+        raise CheckpointError(f"{where}: {prefix}{key} must be true or false, got {value!r}")
+    return bool(value)
+
+
 def int_list_field(section: dict, key: str, where: str, kind: str, prefix: str = "") -> list[int]:
     """section[key], a non-empty list of integers; a CheckpointError naming the field otherwise."""
     if key not in section:

@@ -40,6 +40,7 @@ from transformers import Qwen3Config
 
 from trtspec.errors import CheckpointError
 from trtspec.models.checkpoint import (
+    bool_field,
     cast_keeping_rope,
     check_weights_fit,
     int_field,
@@ -108,23 +109,15 @@ class DSparkSpec(DFlashSpec):
             target_layer_ids=int_list_field(raw, "target_layer_ids", where, "DSpark"),
             num_target_layers=int_field(raw, "num_target_layers", where, "DSpark"),
             markov_rank=int_field(raw, "markov_rank", where, "DSpark"),
-            enable_confidence_head=_flag(raw, "enable_confidence_head", where),
+            enable_confidence_head=bool_field(raw, "enable_confidence_head", where),
             num_anchors=int_field(raw, "num_anchors", where, "DSpark", default=512),
         )
         # DeepSpec writes these two only when the head they qualify exists
         if spec.markov_rank > 0:
             spec.markov_head_type = str(raw.get("markov_head_type", "vanilla")).lower()
-        spec.confidence_head_with_markov = spec.enable_confidence_head and _flag(
+        spec.confidence_head_with_markov = spec.enable_confidence_head and bool_field(
             raw, "confidence_head_with_markov", where)
         return spec
-
-
-def _flag(raw: dict, key: str, where: str) -> bool:
-    """raw[key] (False when absent), true or false: bool() made the string "false" true."""
-    value = raw.get(key, False)
-    if value not in (0, 1):  # true, false (or 1, 0)
-        raise CheckpointError(f"{where}: {key} must be true or false, got {value!r}")
-    return bool(value)
 
 
 class ConfidenceHead(nn.Module):

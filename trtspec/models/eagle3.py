@@ -33,8 +33,11 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from trtspec.errors import CheckpointError
 from trtspec.models.checkpoint import (
+    bool_field,
     cast_keeping_rope,
     check_weights_fit,
+    int_field,
+    int_list_field,
     load_weights,
     read_checkpoint,
     weight_shapes,
@@ -127,15 +130,22 @@ class Eagle3Spec:
         for field in ("hidden_size", "vocab_size"):
             if field not in raw:
                 raise CheckpointError(f"{where}: missing field {field!r}")
-        if raw.get("norm_before_fc"):
+        if bool_field(raw, "norm_before_fc", where):
             raise CheckpointError(f"{where}: norm_before_fc is true; trtspec's EAGLE-3 supports only false")
         eagle = raw.get("eagle_config") or {}
-        ids = eagle.get("eagle_aux_hidden_state_layer_ids") or raw.get("eagle_aux_hidden_state_layer_ids")
+        # the layer ids sit in eagle_config (SpecForge) or at the top level (older checkpoints)
+        ids_key = "eagle_aux_hidden_state_layer_ids"
+        section, prefix = (eagle, "eagle_config.") if eagle.get(ids_key) else (raw, "")
+        # draft_vocab_size and target_hidden_size default to the draft's own (null taken as absent)
+        sizes = {k: v for k, v in raw.items() if v is not None}
         return cls(
-            draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
-            target_hidden_size=int(raw.get("target_hidden_size") or raw["hidden_size"]),
-            aux_layer_ids=[int(i) for i in ids] if ids else None,
-            norm_before_residual=bool(raw.get("norm_before_residual", False)),
+            draft_vocab_size=int_field(sizes, "draft_vocab_size", where, "EAGLE-3",
+                                       default=int_field(raw, "vocab_size", where, "EAGLE-3")),
+            target_hidden_size=int_field(sizes, "target_hidden_size", where, "EAGLE-3",
+                                         default=int_field(raw, "hidden_size", where, "EAGLE-3")),
+            aux_layer_ids=int_list_field(section, ids_key, where, "EAGLE-3", prefix) if section.get(ids_key)
+            else None,
+            norm_before_residual=bool_field(raw, "norm_before_residual", where),
         )
 
     def resolved_layer_ids(self, num_target_layers: int) -> list[int]:
