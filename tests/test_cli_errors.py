@@ -361,6 +361,49 @@ def test_train_writes_only_into_its_own_folder(tmp_path):
                               tmp_path / "o", "--epochs", "inf"), "--epochs", "finite")
 
 
+def test_an_exceptions_one_line_drops_nested_prefixes_and_is_cut_at_its_limit():
+    """one_line: the message on one line without the "SomeError: " prefixes a library nests, the
+    exception's type where it has no message, and a message longer than the limit cut to exactly the
+    limit, its last character an ellipsis (one exactly as long as the limit is kept whole)."""
+    from trtspec.models.checkpoint import one_line
+
+    assert one_line(RuntimeError("OSError: ValueError: bad\n  header")) == "bad header"
+    assert one_line(KeyError()) == "KeyError"
+    assert one_line(ValueError("x" * 40), limit=40) == "x" * 40
+    assert one_line(ValueError("x" * 39 + "yz"), limit=40) == "x" * 39 + "…"
+
+
+def test_an_int_field_is_the_configs_integer_its_default_only_when_absent(tmp_path):
+    """int_field: a given value wins over the default (a drafter's num_anchors, block_size), the
+    default stands in only for an absent field, and a value that is no integer (a bool, a string, a
+    float) is refused naming the field."""
+    from trtspec.errors import CheckpointError
+    from trtspec.models.checkpoint import int_field
+
+    where = tmp_path / "config.json"
+    assert int_field({"num_anchors": 64}, "num_anchors", str(where), "DSpark", default=512) == 64
+    assert int_field({}, "num_anchors", str(where), "DSpark", default=512) == 512
+    with pytest.raises(CheckpointError, match="missing DSpark field 'num_anchors'"):
+        int_field({}, "num_anchors", str(where), "DSpark")
+    for bad in (True, "64", 64.0, None):
+        with pytest.raises(CheckpointError, match=r"dflash_config\.block_size must be an integer"):
+            int_field({"block_size": bad}, "block_size", str(where), "DFlash", "dflash_config.")
+
+
+def test_a_checkpoint_is_written_into_folders_it_makes_or_over_one_there(tmp_path):
+    """write_checkpoint makes the folders its path names and writes again where a checkpoint is."""
+    import torch
+    from safetensors.torch import load_file
+
+    from trtspec.models.checkpoint import write_checkpoint
+
+    model, out = torch.nn.Linear(3, 2), tmp_path / "run" / "final"
+    for step in (1, 2):
+        write_checkpoint(model, {"step": step}, out)
+    assert json.loads((out / "config.json").read_text()) == {"step": 2}
+    assert torch.equal(load_file(out / "model.safetensors")["weight"], model.weight.detach())
+
+
 def test_a_checkpoint_interrupted_while_written_keeps_the_last_one(tmp_path, monkeypatch):
     """Ctrl-C while `state.pt` or the weights were written left them cut short, and the next run
     a traceback (above); now each is written beside and renamed over the last one when complete."""

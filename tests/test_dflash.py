@@ -240,3 +240,6 @@ def test_a_drafter_in_bfloat16_keeps_rope_frequencies_in_float32(name):
     kept = {n: b for n, b in low.named_buffers() if n.endswith("inv_freq")}
     assert kept and all(b.dtype == torch.float32 and torch.equal(b, freqs[n]) for n, b in kept.items())
     assert {p.dtype for p in low.parameters()} == {torch.bfloat16}
+    # and they stay out of its state_dict, as transformers registers them (not persistent): a drafter's
+    # state loads into a fresh one strict
+    assert not [key for key in low.state_dict() if key.endswith("inv_freq")]

@@ -12,7 +12,7 @@ import torch
 from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 
 from trtspec.errors import CheckpointError
-from trtspec.models.checkpoint import check_weights_fit, read_end_ids, weight_shapes
+from trtspec.models.checkpoint import check_weights_fit, read_end_ids, read_sampling_defaults, weight_shapes
 from trtspec.models.cuda_graphs import TOKEN_BUCKETS
 from trtspec.models.graph_audit import CaptureAudit
 from trtspec.models.target import Chunk, TargetModel, load_causal_lm
@@ -633,6 +633,24 @@ def test_end_ids_come_from_config_json_where_no_generation_config_is(tmp_path, c
     assert read_end_ids(tmp_path, 1000) == (5,)  # a generation_config.json is read alone (transformers)
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.7}))
     assert read_end_ids(tmp_path, 1000) == ()
+
+
+def test_sampling_defaults_take_every_value_a_request_could_and_refuse_the_rest(tmp_path):
+    """generation_config.json's temperature, top_p and top_k are the defaults of a request that
+    leaves them out, each up to its bounds (temperature 0 and 2, top_p 1, top_k 0); a value a request
+    could not take (out of range, a bool, a string, top_k not an integer) is refused naming it."""
+    config = tmp_path / "generation_config.json"
+    assert read_sampling_defaults(tmp_path) == {}
+    for given in ({"temperature": 0, "top_p": 1, "top_k": 0}, {"temperature": 2, "top_p": 0.95, "top_k": 20},
+                  {"temperature": 0.6, "eos_token_id": 2}):
+        config.write_text(json.dumps(given))
+        assert read_sampling_defaults(tmp_path) == {k: v for k, v in given.items() if k != "eos_token_id"}
+    for name, bad in (("temperature", -0.1), ("temperature", 2.5), ("temperature", True),
+                      ("temperature", "0.6"), ("top_p", 0), ("top_p", 1.5), ("top_p", "1"),
+                      ("top_k", -1), ("top_k", 20.5)):
+        config.write_text(json.dumps({name: bad}))
+        with pytest.raises(CheckpointError, match=f"{name} must be .*got {bad!r}"):
+            read_sampling_defaults(tmp_path)
 
 
 def test_end_ids_span_the_vocabulary_from_id_0_to_its_last(tmp_path, caplog):
