@@ -502,3 +502,44 @@ def test_a_background_response_dropped_from_the_store_stops_and_stays_dropped():
         with pytest.raises(ApiError, match="not found"):
             store.get(gone)
     assert full.get("resp_b").response["status"] == "completed"
+
+
+def test_a_conversation_takes_up_to_openais_limits_and_refuses_one_past_them():
+    """A conversation's metadata holds up to 16 pairs, keys of up to 64 characters and values of up
+    to 512; a request adds up to 20 items. At each limit it is taken, one past it refused by name."""
+    from trtspec.openai.conversations import MAX_ADDED, MAX_METADATA, checked_metadata, new_items
+
+    rng = random.Random(0)
+
+    def text(n: int) -> str:
+        return "".join(rng.choice("abcdefghij") for _ in range(n))
+
+    full = {text(8): text(8) for _ in range(MAX_METADATA)}
+    assert checked_metadata(full) == full
+    longest = {text(64): text(512)}
+    assert checked_metadata(longest) == longest
+    long_key = text(65)
+    for past, param in (({**full, text(9): "v"}, "metadata"), ({long_key: "v"}, f"metadata.{long_key[:64]}"),
+                        ({"k": text(513)}, "metadata.k")):
+        with pytest.raises(ApiError) as refused:
+            checked_metadata(past)
+        assert refused.value.param == param
+    items = [{"role": "user", "content": text(5)} for _ in range(MAX_ADDED)]
+    assert [item["content"][0]["text"] for item in new_items(items)] == [item["content"] for item in items]
+    with pytest.raises(ApiError) as refused:
+        new_items(items + [{"role": "user", "content": "one more"}])
+    assert refused.value.param == "items"
+
+
+def test_the_conversation_store_keeps_its_newest_and_drops_the_oldest():
+    """The store keeps the last `capacity` conversations: one created past it drops the oldest, and
+    the newest are all still there."""
+    from trtspec.openai.conversations import ConversationStore
+
+    store = ConversationStore(capacity=3)
+    made = [store.create([], {"n": str(n)}) for n in range(5)]
+    for gone in made[:2]:
+        with pytest.raises(ApiError, match="not found"):
+            store.get(gone.id)
+    assert [store.get(kept.id) for kept in made[2:]] == made[2:]
+
