@@ -28,6 +28,7 @@ from trtspec.openai.responses import (
     longest_fitting,
     namespaced,
     response_format,
+    response_object,
     truncated,
     truncation_cuts,
 )
@@ -270,6 +271,8 @@ def test_a_streams_events_build_the_whole_answers_items(start, mode, text):
         events = segments_of(items, start, mode, _pieces(text, rng))
         assert [e["sequence_number"] for e in events] == list(range(len(events)))
         assert _replay(events) == items.items
+        # an item holds one content part (a message's text, a reasoning's): every event names part 0
+        assert {e["content_index"] for e in events if "content_index" in e} <= {0}
         assert [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in items.items] == \
             [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in whole.items]
     kinds = [item["type"] for item in whole.items]
@@ -543,3 +546,38 @@ def test_the_conversation_store_keeps_its_newest_and_drops_the_oldest():
             store.get(gone.id)
     assert [store.get(kept.id) for kept in made[2:]] == made[2:]
 
+
+def test_a_tool_choice_is_chats_left_out_where_no_function_is_offered_and_refused_by_name():
+    """tool_choice auto or none where the request offers no function (no tools, or only hosted web
+    search, which is not offered) is left out of chat's request, as its tools are; a choice of a
+    hosted tool's type, or of a function without a name, is refused naming what is wrong."""
+    for tools in (None, [{"type": "web_search"}]):
+        for choice in ("auto", "none"):
+            body = chat_body(ResponsesRequest(model="m", input="q", tools=tools, tool_choice=choice), [])
+            assert "tools" not in body and "tool_choice" not in body
+    offered = [{"type": "function", "name": "add", "parameters": {"type": "object"}}]
+    refusals = (({"type": "file_search"}, "tool_choice.type"), ({"type": "function"}, "tool_choice"),
+                ({"type": "function", "name": 3}, "tool_choice"))
+    for choice, param in refusals:
+        with pytest.raises(ApiError) as refused:
+            chat_body(ResponsesRequest(model="m", input="q", tools=offered, tool_choice=choice), [])
+        assert refused.value.param == param
+
+
+def test_a_response_echoes_its_requests_settings_as_openai_does():
+    """The response object echoes the request's settings, OpenAI's defaults where it left them out:
+    parallel tool calls, a text format, truncation disabled, stored, in the foreground."""
+    fmt = {"type": "json_schema", "name": "n", "schema": {"type": "object"}, "strict": True}
+    keys = ("parallel_tool_calls", "text", "truncation", "store", "background", "tool_choice")
+
+    def echoed(**given) -> list:
+        request = ResponsesRequest(model="m", input="q", **given)
+        response = response_object(request, "resp_1", 0, "m", [], "queued")
+        return [response[key] for key in keys]
+
+    text = {"format": {"type": "text"}}
+    assert echoed() == [True, text, "disabled", True, False, "auto"]
+    assert echoed(parallel_tool_calls=False, text={"format": fmt}, truncation="auto", store=False) == \
+        [False, {"format": fmt}, "auto", False, False, "auto"]
+    assert echoed(parallel_tool_calls=True, background=True, text={"verbosity": "medium"}) == \
+        [True, text, "disabled", True, True, "auto"]
