@@ -2371,6 +2371,7 @@ def test_a_response_is_the_chat_answer_streamed_or_not(served):
             usage = response["usage"]
             assert (usage["input_tokens"], usage["output_tokens"], usage["total_tokens"]) == \
                 (chat.usage.prompt_tokens, chat.usage.completion_tokens, chat.usage.total_tokens)
+            assert usage["output_tokens_details"]["reasoning_tokens"] == 0  # no reasoning parser: none
             assert response["trtspec"]["target_forwards"] >= 1
     with client.responses.stream(model="trtspec", input="1 + 2", max_output_tokens=MAX_TOKENS,
                                  temperature=0) as stream:
