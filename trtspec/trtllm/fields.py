@@ -30,8 +30,9 @@ Read from NVIDIA/TensorRT-LLM (PyTorch backend, LLM API), not guessed:
   requests: trtspec writes it from lookup.pool_tokens > 0; no field bounds its size). trtspec
   writes the newest match, as its own lookup copies.
 - Prompt lookup beside an EAGLE-3 drafter: `Eagle3DecodingConfig.sa_config` (status beta), an
-  `SAEnhancerConfig` (`tensorrt_llm/llmapi/llm_args.py` @ fcd3f31682808ae56118ae43c1d7864a3a945e6f,
-  and the LLM-API reference pages of 1.3.0rc27 / 1.4.0rc4): `threshold` (PositiveInt, default 4:
+  `SAEnhancerConfig` (`tensorrt_llm/llmapi/llm_args.py` @ 0004396720054fd8e205cbf616f21f0b57c6b412,
+  and the LLM-API reference pages of 1.3.0rc27 / 1.4.0rc4; llm_args.py @ fcd3f316, cited here before,
+  is an older version with neither class nor `sa_config`): `threshold` (PositiveInt, default 4:
   the suffix match length from which the suffix automaton's copies override the neural drafts;
   trtspec writes lookup.min_match) and `enable_global_pool` (bool, default False: each request
   searches all active requests' automata; trtspec writes lookup.pool_tokens > 0). MTP and PARD take
