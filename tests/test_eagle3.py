@@ -187,6 +187,14 @@ def _edit_config(**changes):
         (_edit_config(target_hidden_size=64.5), "target_hidden_size must be an integer, got 64.5"),
         (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=["0", 1, 2]),
          r"eagle_config.eagle_aux_hidden_state_layer_ids must be a list of layer indices"),
+        # false, 0 or "" ran the default layers as if the field were absent; an eagle_config that
+        # is no object was an AttributeError naming no field
+        *[(lambda c, v=v: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=v),
+           rf"eagle_config.eagle_aux_hidden_state_layer_ids must be a list of layer indices, got {v!r}")
+          for v in (False, 0, "", "1, 2, 3")],
+        (lambda c: c.update(eagle_config=False, eagle_aux_hidden_state_layer_ids=0),
+         "eagle_config must be an object, got False"),
+        (_edit_config(eagle_config=[LAYERS]), r"eagle_config must be an object, got \[\["),
     ],
 )
 def test_misfits_refused(tmp_path, target, edit, message):

@@ -132,10 +132,13 @@ class Eagle3Spec:
                 raise CheckpointError(f"{where}: missing field {field!r}")
         if bool_field(raw, "norm_before_fc", where):
             raise CheckpointError(f"{where}: norm_before_fc is true; trtspec's EAGLE-3 supports only false")
-        eagle = raw.get("eagle_config") or {}
-        # the layer ids sit in eagle_config (SpecForge) or at the top level (older checkpoints)
+        eagle = {} if raw.get("eagle_config") is None else raw["eagle_config"]
+        if not isinstance(eagle, dict):  # was an AttributeError naming no field
+            raise CheckpointError(f"{where}: eagle_config must be an object, got {eagle!r}")
+        # the layer ids sit in eagle_config (SpecForge) or at the top level (older checkpoints); null
+        # or [] is absent, any other value is checked (false, 0 or "" ran the default layers)
         ids_key = "eagle_aux_hidden_state_layer_ids"
-        section, prefix = (eagle, "eagle_config.") if eagle.get(ids_key) else (raw, "")
+        section, prefix = (eagle, "eagle_config.") if eagle.get(ids_key) not in (None, []) else (raw, "")
         # draft_vocab_size and target_hidden_size default to the draft's own (null taken as absent)
         sizes = {k: v for k, v in raw.items() if v is not None}
         return cls(
@@ -144,7 +147,7 @@ class Eagle3Spec:
             target_hidden_size=int_field(sizes, "target_hidden_size", where, "EAGLE-3",
                                          default=int_field(raw, "hidden_size", where, "EAGLE-3")),
             aux_layer_ids=int_list_field(section, ids_key, where, "EAGLE-3", prefix) if section.get(ids_key)
-            else None,
+            not in (None, []) else None,
             norm_before_residual=bool_field(raw, "norm_before_residual", where),
         )
 
