@@ -147,6 +147,22 @@ def test_save_load_identical_outputs(tmp_path, target, drafter_model):
         assert (a.q_probs is None and b.q_probs is None) or torch.equal(a.q_probs, b.q_probs)
 
 
+@pytest.mark.parametrize("body,said", [
+    # NaN passed the check (min() <= 0 is false) and made every confidence NaN; the string "1" and
+    # true were read as 1.0
+    ({"temperatures": [float("nan"), 1, 1, 1, 1]}, "temperatures must be numbers > 0, got nan"),
+    ({"temperatures": [1, 1, float("inf"), 1, 1]}, "temperatures must be numbers > 0, got inf"),
+    ({"temperatures": [1, "1", 1, 1, 1]}, "temperatures.1: Input should be a valid number, got .1."),
+    ({"temperatures": [True, 1, 1, 1, 1]}, "temperatures.0: Input should be a valid number, got True"),
+    ({"temperatures": "abc"}, "sts.json: temperatures: Input should be a valid list, got 'abc'"),
+    ([1, 1, 1, 1, 1], r"sts.json: Input should be a valid dictionary .*, got \[1, 1, 1, 1, 1\]"),
+])
+def test_an_sts_json_of_wrong_values_is_refused_naming_the_field(tmp_path, body, said):
+    (tmp_path / "sts.json").write_text(json.dumps(body))
+    with pytest.raises(CheckpointError, match=said):
+        load_sts(tmp_path, GAMMA)
+
+
 def test_stored_sts_temperatures_reach_the_proposal(tmp_path, target, drafter_model, random_qwen3_dir):
     from trtspec.config import DrafterConfig
     from trtspec.models.drafter import build_drafter

@@ -11,10 +11,11 @@ never change. DeepSpec's released code has no STS; the file format below is trts
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from trtspec.errors import CheckpointError
 from trtspec.files import write_text
@@ -87,13 +88,24 @@ def load_sts(drafter_dir: Path, block_size: int) -> torch.Tensor | None:
     path = drafter_dir / STS_FILE
     if not path.is_file():
         return None
-    try:
-        calibration = STSCalibration.model_validate(json.loads(path.read_text(encoding="utf-8")))
-    except (json.JSONDecodeError, ValueError) as exc:
+    try:  # strict: the string "1" or true is no temperature
+        calibration = STSCalibration.model_validate(json.loads(path.read_text(encoding="utf-8")), strict=True)
+    except ValidationError as exc:  # its first line named no field
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"])
+        where = f"{path}: {field}" if field else str(path)
+        raise CheckpointError(f"{where}: {error['msg']}, got {error['input']!r}; rerun `trtspec calibrate`") \
+            from None
+    except ValueError as exc:  # no JSON, or not UTF-8
         raise CheckpointError(f"{path}: not a valid STS calibration ({str(exc).splitlines()[0]}); "
                               "rerun `trtspec calibrate`") from None
     temps = calibration.temperatures
-    if len(temps) != block_size or min(temps) <= 0:
+    # NaN passed `min(temps) <= 0` (every comparison is false) and made every confidence NaN
+    bad = [t for t in temps if not 0 < t < math.inf]
+    if bad:
+        raise CheckpointError(f"{path}: temperatures must be numbers > 0, got {bad[0]}; rerun "
+                              "`trtspec calibrate`")
+    if len(temps) != block_size:
         raise CheckpointError(f"{path}: temperatures has {len(temps)} values (all > 0 expected) but "
                               f"block_size is {block_size}; rerun `trtspec calibrate`")
     return torch.tensor(temps)
