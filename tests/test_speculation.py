@@ -147,6 +147,21 @@ def test_shipped_drafters_carry_measured_acceptance():
         assert body["measured_with"].startswith("trtspec bench") and body["cycles"] > 100
 
 
+@pytest.mark.parametrize("rates,said", [
+    # float() over a string's characters read "10" as [1.0, 0.0], and a mapping's keys as rates
+    ("10", r"acceptance_by_position must be a list of rates in \[0, 1\], got '10'"),
+    ({"1": 0.5}, r"acceptance_by_position must be a list of rates in \[0, 1\], got \{'1': 0.5\}"),
+    # float() read the string "0.5" and true as rates
+    ([0.9, "0.5"], "must be rates in \\[0, 1\\], one or more, got '0.5'"),
+    ([True, 0.5], "must be rates in \\[0, 1\\], one or more, got True"),
+    ([0.9, 10**400], "one or more, got 1000"),  # float() overflowed: a traceback
+])
+def test_acceptance_json_of_wrong_types_is_refused_naming_the_field(tmp_path, rates, said):
+    (tmp_path / "acceptance.json").write_text(json.dumps({"acceptance_by_position": rates}))
+    with pytest.raises(ConfigError, match=said):
+        load_acceptance(tmp_path)
+
+
 def test_draft_model_without_acceptance_is_refused_with_the_fix():
     config = _config("llama3.1-8b-dflash.yaml")
     drafter = config.drafter.model_copy(update={"method": "draft_model"})

@@ -144,14 +144,17 @@ def load_acceptance(drafter_dir: Path) -> list[float] | None:
     if not path.is_file():
         return None
     try:
-        rates = [float(r) for r in json.loads(path.read_text(encoding="utf-8"))["acceptance_by_position"]]
+        given = json.loads(path.read_text(encoding="utf-8"))["acceptance_by_position"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: expected {{\"acceptance_by_position\": [floats]}} ({exc})") from None
-    bad = [r for r in rates if not 0.0 <= r <= 1.0]  # nan too
-    if bad or not rates:
+    if not isinstance(given, list):  # float() over a string's characters read "10" as [1.0, 0.0]
+        raise ConfigError(f"{path}: acceptance_by_position must be a list of rates in [0, 1], got {given!r}")
+    # numbers only (float() read the string "0.5" and true as rates); NaN is outside [0, 1] too
+    bad = [r for r in given if isinstance(r, bool) or not isinstance(r, int | float) or not 0 <= r <= 1]
+    if bad or not given:
         raise ConfigError(f"{path}: acceptance_by_position must be rates in [0, 1], one or more"
-                          + (f", got {bad[0]}" if bad else ""))
-    return rates
+                          + (f", got {bad[0]!r}" if bad else ""))
+    return [float(r) for r in given]
 
 
 class MeasuredCost:
