@@ -104,6 +104,9 @@ def test_published_layout_written_by_hand_loads(tmp_path, target):
          r"target_layer_ids \[0, 3\] has \[3\]"),
         (lambda c: c["dflash_config"].update(mask_token_id=264), "mask_token_id 264 is outside"),
         (lambda c: c.update(block_size=1), "block_size is 1; DFlash needs at least 2"),
+        # a TypeError traceback (2**70) or a run that did not end (more than the target's context)
+        *[(lambda c, n=n: c.update(block_size=n), f"block_size {n} is more than the target's "
+           "max_position_embeddings 512") for n in (513, 2**70)],
         # SpecForge's training configs carry `mask_token_id: null` (it was a TypeError traceback)
         (lambda c: c["dflash_config"].update(mask_token_id=None),
          "dflash_config.mask_token_id must be an integer, got None"),

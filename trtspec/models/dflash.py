@@ -231,6 +231,12 @@ def check_block_drafter_fits(spec: DFlashSpec, config: Qwen3Config, target_confi
             f"{where}: {prefix}mask_token_id {spec.mask_token_id} is outside the target's "
             f"vocabulary of {target_config.vocab_size}"
         )
+    # a block longer than the target's context never fits it (2**70 was a TypeError traceback as
+    # the cost profile allocated it, 5,000 on a 4,096-position target a run that did not end)
+    positions = getattr(target_config, "max_position_embeddings", None)
+    if isinstance(positions, int) and spec.block_size > positions:
+        raise CheckpointError(f"{where}: block_size {spec.block_size} is more than the target's "
+                              f"max_position_embeddings {positions}")
 
 
 def check_fits_target(spec: DFlashSpec, config: Qwen3Config, target_config, where: str) -> None:
