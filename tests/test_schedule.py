@@ -9,6 +9,9 @@ and must be caught as biased by the same test: the test has teeth.
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import torch
 
@@ -212,6 +215,27 @@ def test_sps_table_with_a_misshaped_grid_is_refused(tmp_path):
     bad = CONTEXT_GRID.model_copy(update={"short_steps_per_s": [[1.0, 2.0]]})
     bad.save(path)
     with pytest.raises(ConfigError, match="short_steps_per_s"):
+        SPSTable.load(path)
+
+
+@pytest.mark.parametrize("field,value,said", [
+    # taken as they were: a NaN, zero or negative rate priced every step wrong, "100" and true were
+    # read as numbers
+    ("steps_per_s", [float("nan"), 90.0], "steps_per_s must be steps per second > 0, got nan"),
+    ("steps_per_s", [0, 90.0], "steps_per_s must be steps per second > 0, got 0"),
+    ("steps_per_s", [-1.0, 90.0], "steps_per_s must be steps per second > 0, got -1.0"),
+    ("steps_per_s", ["100", 90.0], "steps_per_s.0: Input should be a valid number, got '100'"),
+    ("steps_per_s", [True, 90.0], "steps_per_s.0: Input should be a valid number, got True"),
+    ("batch_tokens", [1.5, 8], "batch_tokens.0: Input should be a valid integer, got 1.5"),
+    ("loop_seconds", [float("inf")], "loop_seconds must be seconds >= 0, got inf"),
+])
+def test_sps_table_of_wrong_values_is_refused_naming_the_field(tmp_path, field, value, said):
+    from trtspec.errors import ConfigError
+
+    body = {"batch_tokens": [1, 8], "steps_per_s": [100.0, 90.0], "loop_rows": [1], "loop_seconds": [0.001]}
+    path = tmp_path / "sps.json"
+    path.write_text(json.dumps({**body, field: value}))
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: ") + ".*" + re.escape(said)):
         SPSTable.load(path)
 
 

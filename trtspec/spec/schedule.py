@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from trtspec.errors import ConfigError
 from trtspec.files import write_text
@@ -156,10 +157,28 @@ class SPSTable(BaseModel):
 
     @classmethod
     def load(cls, path: Path) -> SPSTable:
-        try:
-            table = cls.model_validate(json.loads(path.read_text(encoding="utf-8")))
+        try:  # strict: the string "100" or true is no rate
+            table = cls.model_validate(json.loads(path.read_text(encoding="utf-8")), strict=True)
+        except ValidationError as exc:  # its text ran over several lines
+            error = exc.errors()[0]
+            field = ".".join(str(part) for part in error["loc"]) or "the table"
+            raise ConfigError(f"{path}: not an SPS table written by `trtspec profile` ({field}: "
+                              f"{error['msg']}, got {error['input']!r})") from None
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path}: not an SPS table written by `trtspec profile` ({exc})") from None
+        # a NaN, 0 or negative rate (or time) was taken, and priced every step wrong
+        rates = {"steps_per_s": table.steps_per_s, "verify_steps_per_s": sum(table.verify_steps_per_s, []),
+                 "short_steps_per_s": sum(table.short_steps_per_s, [])}
+        seconds = {"draft_seconds": sum(table.draft_seconds, []), "catch_up_seconds": table.catch_up_seconds,
+                   "loop_seconds": table.loop_seconds}
+        for name, values in rates.items():
+            bad = [v for v in values if not 0 < v < math.inf]
+            if bad:
+                raise ConfigError(f"{path}: {name} must be steps per second > 0, got {bad[0]}")
+        for name, values in seconds.items():
+            bad = [v for v in values if not 0 <= v < math.inf]
+            if bad:
+                raise ConfigError(f"{path}: {name} must be seconds >= 0, got {bad[0]}")
         if len(table.batch_tokens) != len(table.steps_per_s) or not table.batch_tokens:
             raise ConfigError(f"{path}: batch_tokens and steps_per_s must be non-empty and equal in length")
         grid = table.verify_steps_per_s
