@@ -598,6 +598,15 @@ def test_a_window_in_a_config_whose_attention_ignores_it_leaves_trees_alone():
 @pytest.mark.parametrize("edit,message", [
     ({"max_position_embeddings": 0}, "max_position_embeddings must be a positive number of positions, got 0"),
     ({"num_experts_per_tok": 8}, "num_experts_per_tok 8 must be in [1, num_experts 4]"),
+    # transformers reads these as they are: NaN made every logit NaN, true ran as a rope_theta of 1
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps must be a finite number >= 0, got nan"),
+    ({"rms_norm_eps": float("inf")}, "rms_norm_eps must be a finite number >= 0, got inf"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": True}},
+     "rope_parameters.rope_theta must be a finite number > 0, got True"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": float("nan")}},
+     "rope_parameters.rope_theta must be a finite number > 0, got nan"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": -1}},
+     "rope_parameters.rope_theta must be a finite number > 0, got -1"),
 ])
 def test_config_values_a_forward_cannot_run_are_named_at_load(tmp_path, edit, message):
     """transformers reads both and fails at the first forward (a MoE routes each token to more

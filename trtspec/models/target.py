@@ -17,6 +17,7 @@ path's storage indices are not contiguous); for a chain the path is a prefix and
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,13 +124,26 @@ def check_dtype_field(config_file: Path, config: dict) -> None:
                                   f"such as {', '.join(DTYPES)} (or leave it out)")
 
 
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def check_config_values(config_file: Path, hf_config) -> None:
     """Refuse what transformers reads but a forward (or trtspec's slots) cannot run: a context of no
-    positions, more experts per token than a mixture has."""
+    positions, more experts per token than a mixture has, a NaN or boolean rms_norm_eps or rope_theta."""
     positions = getattr(hf_config, "max_position_embeddings", None)
     if positions is not None and not (isinstance(positions, int) and positions > 0):
         raise CheckpointError(f"{config_file}: max_position_embeddings must be a positive number of "
                               f"positions, got {positions!r}")
+    # transformers takes both as they are: a NaN made every logit NaN, true ran as rope_theta 1
+    eps = getattr(hf_config, "rms_norm_eps", None)
+    if eps is not None and not (_number(eps) and 0 <= eps < math.inf):
+        raise CheckpointError(f"{config_file}: rms_norm_eps must be a finite number >= 0, got {eps!r}")
+    rope = getattr(hf_config, "rope_parameters", None)
+    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+    if theta is not None and not (_number(theta) and 0 < theta < math.inf):
+        raise CheckpointError(f"{config_file}: rope_parameters.rope_theta must be a finite number > 0, got "
+                              f"{theta!r}")
     experts = getattr(hf_config, "num_experts", None)
     per_token = getattr(hf_config, "num_experts_per_tok", None)
     if hf_config.model_type == "qwen3_moe" and isinstance(experts, int) and isinstance(per_token, int) \
