@@ -371,6 +371,34 @@ def test_build_writes_manifest_with_matching_hashes(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
 
 
+_DSPARK_INFO = {"method": "dspark", "block_size": 15, "mask_token_id": 258, "num_layers": 2,
+                "num_draft_tokens": 15, "has_confidence": True, "markov_state_size": 0}
+
+
+@pytest.mark.parametrize("edit,said", [
+    # bool("false") was true: a drafter without a confidence head run as one with it
+    ({"drafter": {**_DSPARK_INFO, "has_confidence": "false"}}, "has_confidence must be true or false"),
+    ({"drafter": {**_DSPARK_INFO, "markov_state_size": 2.5}}, "markov_state_size must be an integer"),
+    ({"drafter": {**_DSPARK_INFO, "markov_state_size": "abc"}}, "markov_state_size must be an integer"),
+    ({"drafter": {**_DSPARK_INFO, "block_size": "15"}}, "drafter.block_size must be an integer, got '15'"),
+    ({"drafter": {**_DSPARK_INFO, "method": 1}}, "drafter.method must be dflash or dspark, got 1"),
+    ({"drafter": "dspark"}, "drafter must be an object, got 'dspark'"),
+    # tuple("135") made three string layer ids
+    ({"tap_layer_ids": "135"}, "tap_layer_ids must be a list of layer indices, got '135'"),
+    ({"precision": 1}, "precision must be one of float32, float16, got 1"),  # a TypeError from numpy
+])
+def test_hand_edited_manifest_fields_are_named(tmp_path, edit, said):
+    from trtspec.engine.load import load_engine_models
+    from trtspec.errors import TrtspecError
+    from trtspec.export.bundle import EXPORT_FORMAT
+
+    manifest = {"format": EXPORT_FORMAT, "files": {}, "precision": "float32", "tap_layer_ids": [1, 3, 5],
+                "drafter": _DSPARK_INFO, **edit}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(TrtspecError, match=f"{tmp_path / 'manifest.json'}: .*{said}"):
+        load_engine_models(load_build_config(DSPARK_CONFIG), folder=tmp_path, backend="onnxruntime")
+
+
 def test_build_error_leaves_no_output(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("flavour: engine\ntarget: {path: builtin:tiny-target}\n"

@@ -8,6 +8,7 @@ onnxruntime (the .onnx files) or tensorrt (the engines `python -m trtspec.engine
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -19,7 +20,9 @@ from trtspec.engine.session import open_session
 from trtspec.engine.target import EngineTarget
 from trtspec.engine.verify import GraphVerifier
 from trtspec.errors import ConfigError
-from trtspec.export.bundle import cached_export, load_manifest
+from trtspec.export.bundle import MANIFEST, cached_export, load_manifest
+from trtspec.export.graph import PRECISIONS
+from trtspec.models.checkpoint import bool_field, int_field, int_list_field
 from trtspec.models.drafter import Drafter, NoDrafter
 
 
@@ -49,6 +52,29 @@ def check_engine_batch(folder: Path, manifest: dict, max_concurrency: int) -> No
                               "limits.max_concurrency of the config the folder was exported from)")
 
 
+def checked_drafter(path: Path, manifest: dict) -> dict | None:
+    """manifest.json's drafter section (None: exported without one), its fields checked as
+    config.json's are: a hand-edited "false" was bool() true, "135" three string layer ids."""
+    where, info = str(path), manifest.get("drafter")
+    if info is None:
+        return None
+    if not isinstance(info, dict):
+        raise ConfigError(f"{where}: drafter must be an object, got {info!r}")
+    if info.get("method") not in ("dflash", "dspark"):
+        raise ConfigError(f"{where}: drafter.method must be dflash or dspark, got {info.get('method')!r}")
+    kind = "trtspec build"
+    for key in ("block_size", "mask_token_id", "num_layers", "num_draft_tokens"):
+        int_field(info, key, where, kind, "drafter.")
+    int_field(info, "markov_state_size", where, kind, "drafter.", default=0)
+    bool_field({"has_confidence": True, **info}, "has_confidence", where, "drafter.")
+    int_list_field(manifest, "tap_layer_ids", where, kind)
+    sts = info.get("sts_temperatures")
+    if sts is not None and not (isinstance(sts, list) and all(
+            type(t) in (int, float) and 0 < t < math.inf for t in sts)):
+        raise ConfigError(f"{where}: drafter.sts_temperatures must be a list of numbers > 0, got {sts!r}")
+    return info
+
+
 def load_engine_models(config: BuildConfig, use_drafter: bool = True, folder: Path | None = None,
                        backend: str = "auto") -> tuple[EngineTarget, Drafter, GraphVerifier]:
     """The target, drafter and verifier of `config` as engine-flavour adapters over `backend` sessions
@@ -62,13 +88,16 @@ def load_engine_models(config: BuildConfig, use_drafter: bool = True, folder: Pa
         backend = "tensorrt" if manifest.get("engines") and tensorrt_available() else "onnxruntime"
     if backend == "tensorrt":
         check_engine_batch(folder, manifest, config.limits.max_concurrency)
-    info = manifest["drafter"] if use_drafter else None
+    info = checked_drafter(folder / MANIFEST, manifest) if use_drafter else None
     if use_drafter and info is None:
         raise ConfigError(f"{folder} was exported without a drafter; export it again with the drafter")
 
     def session(name: str):
         return open_session(graph_path(folder, manifest, name, backend), backend)
 
+    if manifest.get("precision") not in list(PRECISIONS):  # was a TypeError from numpy
+        raise ConfigError(f"{folder / MANIFEST}: precision must be one of {', '.join(PRECISIONS)}, got "
+                          f"{manifest.get('precision')!r}")
     hf_config = AutoConfig.from_pretrained(config.target.resolved_path, local_files_only=True)
     target = EngineTarget(session("target"), hf_config, tuple(manifest["tap_layer_ids"]) if info else (),
                           manifest["precision"])
