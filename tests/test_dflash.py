@@ -114,6 +114,9 @@ def test_published_layout_written_by_hand_loads(tmp_path, target):
          "dflash_config.target_layer_ids must be a list of layer indices, got '0,2'"),
         (lambda c: c["dflash_config"].pop("mask_token_id"),
          "missing DFlash field 'dflash_config.mask_token_id': is it a DFlash checkpoint\\?"),
+        # "abc" was read as a section without fields (missing mask_token_id), 2.5 a TypeError naming no field
+        *[(lambda c, v=v: c.update(dflash_config=v), f"dflash_config must be an object, got {v!r}")
+          for v in ("abc", 2.5, 0, False)],
         # TensorRT-LLM reads the top-level one, this loader read the nested one: they would differ
         (lambda c: c["dflash_config"].update(block_size=c["block_size"] + 2),
          r"block_size 6 and dflash_config.block_size 8 differ"),
