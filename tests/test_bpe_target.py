@@ -161,6 +161,22 @@ def test_a_checkpoint_without_its_tokenizer_or_with_bad_end_ids_is_one_line(chec
     assert_run_error(CliRunner().invoke(main, args), str(bare), "has no tokenizer")
 
 
+@pytest.mark.parametrize("template", [True, 5])
+def test_a_chat_template_that_is_no_text_is_named(checkpoint, tmp_path, template):
+    """tokenizer_config.json's chat_template true or 5: a TypeError traceback ("Can't compile non
+    template nodes") as the first chat prompt was rendered."""
+    target = tmp_path / "t"
+    shutil.copytree(checkpoint[0] / "target", target)
+    (target / "chat_template.jinja").unlink(missing_ok=True)
+    config_file = target / "tokenizer_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "chat_template": template}))
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"name": "t", "flavour": "torch", "target": {"path": str(target)}}))
+    args = ["generate", "--config", str(config), "--chat", "--max-tokens", "2", "--prompt", "hi"]
+    assert_run_error(CliRunner().invoke(main, args),
+                     f"{config_file}: chat_template must be a Jinja template text, got {template!r}")
+
+
 def _ask(client, route: str, body: dict, stream: bool) -> tuple[str, str, object]:
     """(text, finish_reason, usage) of one OpenAI request, whole or streamed."""
     api = client.chat.completions if route == "chat" else client.completions

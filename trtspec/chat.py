@@ -57,6 +57,10 @@ def _byte_model_template(target_dir: Path, hf_config) -> ChatTemplate | None:
 def _tokenizer_template(target_dir: Path, tokenizer) -> ChatTemplate | None:
     if not getattr(tokenizer, "chat_template", None):
         return None
+    # a dict: named templates, as transformers keeps them; true was a TypeError traceback at the first chat
+    if not isinstance(tokenizer.chat_template, str | dict):
+        raise CheckpointError(f"{target_dir / 'tokenizer_config.json'}: chat_template must be a Jinja "
+                              f"template text, got {tokenizer.chat_template!r}")
 
     def render(messages: Messages, **variables) -> str:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
