@@ -117,6 +117,10 @@ def test_published_layout_written_by_hand_loads(tmp_path, target):
         # "abc" was read as a section without fields (missing mask_token_id), 2.5 a TypeError naming no field
         *[(lambda c, v=v: c.update(dflash_config=v), f"dflash_config must be an object, got {v!r}")
           for v in ("abc", 2.5, 0, False)],
+        # taken as they were: the drafts came out of NaN hidden states, or at rope_theta 1
+        (lambda c: c.update(rms_norm_eps=float("nan")), "rms_norm_eps must be a finite number >= 0, got nan"),
+        (lambda c: c["rope_parameters"].update(rope_theta=True),
+         "rope_parameters.rope_theta must be a finite number > 0, got True"),
         # TensorRT-LLM reads the top-level one, this loader read the nested one: they would differ
         (lambda c: c["dflash_config"].update(block_size=c["block_size"] + 2),
          r"block_size 6 and dflash_config.block_size 8 differ"),

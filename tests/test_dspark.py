@@ -296,6 +296,8 @@ def test_spellings_that_disagree_are_refused(tmp_path, target):
         (lambda c: c.update(block_size="7"), "block_size must be an integer, got '7'"),
         (lambda c: c.update(target_layer_ids=[0, None]), r"target_layer_ids must be a list of layer indices"),
         (lambda c: c.update(markov_rank=4), "weights do not match"),
+        # taken as they were: the drafts (and confidences) came out NaN
+        (lambda c: c.update(rms_norm_eps=float("nan")), "rms_norm_eps must be a finite number >= 0, got nan"),
     ],
 )
 def test_misfits_refused(tmp_path, target, edit, message):

@@ -195,6 +195,9 @@ def _edit_config(**changes):
         (lambda c: c.update(eagle_config=False, eagle_aux_hidden_state_layer_ids=0),
          "eagle_config must be an object, got False"),
         (_edit_config(eagle_config=[LAYERS]), r"eagle_config must be an object, got \[\["),
+        # taken as they were: the drafts came out at rope_theta 1, or of NaN hidden states
+        (_edit_config(rope_theta=True), "rope_parameters.rope_theta must be a finite number > 0, got True"),
+        (_edit_config(rms_norm_eps=float("nan")), "rms_norm_eps must be a finite number >= 0, got nan"),
     ],
 )
 def test_misfits_refused(tmp_path, target, edit, message):

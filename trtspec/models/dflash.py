@@ -37,6 +37,7 @@ from trtspec.models.checkpoint import (
     write_checkpoint,
 )
 from trtspec.models.kv_slots import SlotView
+from trtspec.models.target import check_config_values
 
 ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [b, kv_heads, c, head_dim]
 
@@ -264,6 +265,7 @@ def load_dflash(path: Path, target_config=None, dtype=torch.float32) -> DFlashDr
     dflash_keys = ("dflash_config", "block_size", "num_target_layers")
     qwen_fields = {k: v for k, v in raw.items() if k not in dflash_keys}
     config = Qwen3Config(**qwen_fields)
+    check_config_values(config_file, config)  # a NaN rms_norm_eps or rope_theta drafted NaN
     if target_config is not None:
         check_fits_target(spec, config, target_config, str(config_file))
     check_weights_fit(lambda: DFlashDraftModel(config, spec),

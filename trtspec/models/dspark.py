@@ -52,6 +52,7 @@ from trtspec.models.checkpoint import (
 )
 from trtspec.models.dflash import DFlashDraftModel, DFlashSpec, check_block_drafter_fits
 from trtspec.models.markov import MARKOV_HEAD_TENSORS, MARKOV_HEADS, MarkovState
+from trtspec.models.target import check_config_values
 from trtspec.trtllm.fields import DSPARK_DRAFT_KEYS
 
 ARCHITECTURE = "Qwen3DSparkModel"
@@ -290,6 +291,7 @@ def load_dspark(path: Path, target_config=None, dtype=torch.float32) -> DSparkDr
     _check_spec(spec, str(config_file))
     spelled = {name for key in DSPARK_FIELDS for section, name in dspark_spellings(key) if section is None}
     config = Qwen3Config(**{k: v for k, v in raw.items() if k not in spelled | {"dspark_config"}})
+    check_config_values(config_file, config)  # a NaN rms_norm_eps or rope_theta drafted NaN
     if target_config is not None:
         check_dspark_fits(spec, config, target_config, str(config_file))
     def rename(key: str) -> str:

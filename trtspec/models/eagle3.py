@@ -45,6 +45,7 @@ from trtspec.models.checkpoint import (
 )
 from trtspec.models.dflash import apply_rope
 from trtspec.models.kv_slots import SlotView
+from trtspec.models.target import check_config_values
 
 KV = tuple[torch.Tensor, torch.Tensor]  # k, v [b, kv_heads, c, head_dim], RoPE applied to k
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -284,6 +285,7 @@ def load_eagle3(path: Path, target_config=None, target_embed: nn.Embedding | Non
     where = str(config_file)
     spec = Eagle3Spec.from_config_dict(raw, where)
     config = LlamaConfig(**{k: v for k, v in raw.items() if k not in _EAGLE_KEYS})
+    check_config_values(config_file, config)  # a NaN rms_norm_eps or rope_theta drafted NaN
     _check_structure(spec, config, where)
     if target_config is not None:
         check_fits_target(spec, config, target_config, where)
