@@ -273,6 +273,16 @@ def test_every_published_spelling_loads_the_same_drafter(tmp_path, target, spell
     assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in tensors.items())
 
 
+@pytest.mark.parametrize("value", ["block_size: 7", 7, [7]])
+@pytest.mark.parametrize("section", ["dflash_config", "dspark_config"])
+def test_a_section_that_is_no_object_is_refused(tmp_path, target, section, value):
+    """Passed over unread: the drafter loaded from the top-level fields whatever the section said."""
+    _, config = _published_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**config, section: value}))
+    with pytest.raises(CheckpointError, match=f"{section} must be an object of DSpark fields, got "):
+        load_dspark(tmp_path, target.config)
+
+
 def test_spellings_that_disagree_are_refused(tmp_path, target):
     _, config = _published_checkpoint(tmp_path)
     config["dspark_block_size"] = 5  # beside block_size 7

@@ -70,6 +70,10 @@ def dspark_spellings(key: str) -> tuple[tuple[str | None, str], ...]:
 def dspark_fields(raw: dict, where: str) -> dict:
     """The DSpark fields of config.json `raw` under one spelling each (plain names, DeepSpec's);
     a CheckpointError naming both spellings when two of them give different values."""
+    for section in ("dspark_config", "dflash_config"):  # one that is no object was passed over unread
+        if raw.get(section) is not None and not isinstance(raw[section], dict):
+            raise CheckpointError(f"{where}: {section} must be an object of DSpark fields, got "
+                                  f"{raw[section]!r}")
     found: dict = {}
     for key in DSPARK_FIELDS:
         spelled: list[tuple[str, object]] = []
