@@ -156,6 +156,8 @@ def test_save_load_identical_outputs(tmp_path, target, drafter_model):
     ({"temperatures": [True, 1, 1, 1, 1]}, "temperatures.0: Input should be a valid number, got True"),
     ({"temperatures": "abc"}, "sts.json: temperatures: Input should be a valid list, got 'abc'"),
     ([1, 1, 1, 1, 1], r"sts.json: Input should be a valid dictionary .*, got \[1, 1, 1, 1, 1\]"),
+    # a missing field's pydantic input is the whole file: not quoted
+    ({"mode": "greedy", "source": "x" * 300}, r"sts.json: temperatures: Field required; rerun"),
 ])
 def test_an_sts_json_of_wrong_values_is_refused_naming_the_field(tmp_path, body, said):
     (tmp_path / "sts.json").write_text(json.dumps(body))

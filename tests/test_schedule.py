@@ -239,6 +239,18 @@ def test_sps_table_of_wrong_values_is_refused_naming_the_field(tmp_path, field, 
         SPSTable.load(path)
 
 
+def test_sps_table_missing_a_field_names_it_not_the_whole_table(tmp_path):
+    """pydantic's input for a missing field is the whole table: the error quoted all of it."""
+    from trtspec.errors import ConfigError
+
+    path = tmp_path / "sps.json"
+    path.write_text(json.dumps({"batch_tokens": [1, 8], "machine": "x" * 500}))
+    with pytest.raises(ConfigError) as info:
+        SPSTable.load(path)
+    assert str(info.value) == \
+        f"{path}: not an SPS table written by `trtspec profile` (steps_per_s: Field required)"
+
+
 class _StepCost:
     """A made-up machine: each token the target verifies costs 0.1 s over a 1 s step, and drafting
     costs 0.5 s for the step plus 0.1 s per drafting row."""

@@ -8,7 +8,6 @@ with its dotted path and what was expected.
 from __future__ import annotations
 
 import re
-import reprlib
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -26,7 +25,7 @@ from trtspec.errors import ConfigError
 from trtspec.files import too_long
 from trtspec.plan.deployment import DeploymentConfig
 from trtspec.spec.lookup import POOL_KEY
-from trtspec.strict import StrictModel
+from trtspec.strict import MAX_SHOWN, StrictModel, shown
 
 ASSETS_DIR = Path(__file__).parent / "assets"
 BUILTIN_PREFIX = "builtin:"
@@ -516,21 +515,7 @@ def with_flavour(config: BuildConfig, flavour: str) -> BuildConfig:
     return copy
 
 
-MAX_SHOWN = 200  # characters of a value or message an error quotes
 MAX_MISTAKES = 20  # mistakes an error lists
-_SHORT_REPR = reprlib.Repr()  # (keyword arguments only from Python 3.12)
-_SHORT_REPR.maxlevel, _SHORT_REPR.maxlist, _SHORT_REPR.maxdict, _SHORT_REPR.maxtuple = 3, 8, 8, 8
-_SHORT_REPR.maxstring = _SHORT_REPR.maxother = _SHORT_REPR.maxlong = MAX_SHOWN
-
-
-def _shown(value: object) -> str:
-    """A config value as an error quotes it: its repr, cut to MAX_SHOWN characters (400 bytes of YAML
-    aliases expand to megabytes: the error was 53 MB); an integer too long for a repr by its size."""
-    try:
-        text = _SHORT_REPR.repr(value)  # a few items of a few levels: never the whole expansion
-    except ValueError:  # an int past Python's 4,300 digits
-        return f"an integer of about {int(value.bit_length() * 0.30103):,} digits"
-    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "…"
 
 
 def _format_error(path: Path, exc: ValidationError) -> str:
@@ -540,9 +525,9 @@ def _format_error(path: Path, exc: ValidationError) -> str:
     for err in errors[:MAX_MISTAKES]:
         field = ".".join(str(p)[:MAX_SHOWN] for p in err["loc"]) or "(top level)"
         got, msg = err.get("input"), err["msg"]
-        said = isinstance(got, dict) or msg.endswith(f"got {_shown(got)}")  # a validator named it
+        said = isinstance(got, dict) or msg.endswith(f"got {shown(got)}")  # a validator named it
         msg = msg if len(msg) <= MAX_SHOWN else msg[:MAX_SHOWN] + "…"
-        lines.append(f"field `{field}`: {msg}" + ("" if said else f", got {_shown(got)}"))
+        lines.append(f"field `{field}`: {msg}" + ("" if said else f", got {shown(got)}"))
     if len(errors) > MAX_MISTAKES:
         lines.append(f"... and {len(errors) - MAX_MISTAKES} more")
     if len(lines) == 1:

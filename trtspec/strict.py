@@ -4,9 +4,15 @@ refused, and a boolean refused where a number belongs. pydantic's lax mode reads
 
 from __future__ import annotations
 
+import reprlib
 from typing import Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+
+MAX_SHOWN = 200  # characters of a value or message an error quotes
+_SHORT_REPR = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxlist, _SHORT_REPR.maxdict, _SHORT_REPR.maxtuple = 3, 8, 8, 8
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = _SHORT_REPR.maxlong = MAX_SHOWN
 
 
 def takes_numbers_only(annotation) -> bool:
@@ -27,3 +33,22 @@ class StrictModel(BaseModel):
         if isinstance(value, bool) and takes_numbers_only(cls.model_fields[info.field_name].annotation):
             raise ValueError("expected a number, not a boolean")
         return value
+
+
+def shown(value: object) -> str:
+    """A value as an error quotes it: its repr, cut to MAX_SHOWN characters (400 bytes of YAML
+    aliases expand to megabytes: the error was 53 MB); an integer too long for a repr by its size."""
+    try:
+        text = _SHORT_REPR.repr(value)  # a few items of a few levels: never the whole expansion
+    except ValueError:  # an int past Python's 4,300 digits
+        return f"an integer of about {int(value.bit_length() * 0.30103):,} digits"
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "…"
+
+
+def first_mistake(exc: ValidationError) -> str:
+    """A file's first mistake on one line, `field.0: what was expected, got X` (no field where the
+    whole file is wrong; no value where a field is missing: the value would be the file)."""
+    error = exc.errors()[0]
+    field = ".".join(str(part)[:MAX_SHOWN] for part in error["loc"])
+    got = "" if error["type"] == "missing" else f", got {shown(error.get('input'))}"
+    return (f"{field}: " if field else "") + error["msg"] + got

@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from trtspec.errors import ConfigError
 from trtspec.files import write_text
+from trtspec.strict import first_mistake
 
 Mode = Literal["scheduler", "threshold", "full", "argmax"]  # (adaptive picks k first: spec.cost)
 
@@ -160,10 +161,8 @@ class SPSTable(BaseModel):
         try:  # strict: the string "100" or true is no rate
             table = cls.model_validate(json.loads(path.read_text(encoding="utf-8")), strict=True)
         except ValidationError as exc:  # its text ran over several lines
-            error = exc.errors()[0]
-            field = ".".join(str(part) for part in error["loc"]) or "the table"
-            raise ConfigError(f"{path}: not an SPS table written by `trtspec profile` ({field}: "
-                              f"{error['msg']}, got {error['input']!r})") from None
+            raise ConfigError(f"{path}: not an SPS table written by `trtspec profile` "
+                              f"({first_mistake(exc)})") from None
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path}: not an SPS table written by `trtspec profile` ({exc})") from None
         # a NaN, 0 or negative rate (or time) was taken, and priced every step wrong

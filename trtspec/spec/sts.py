@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from trtspec.errors import CheckpointError
 from trtspec.files import write_text
+from trtspec.strict import first_mistake
 
 STS_FILE = "sts.json"
 DEFAULT_GRID = torch.logspace(-2, 1, 121).tolist()  # 0.01 … 10, 1.0 included
@@ -91,11 +92,7 @@ def load_sts(drafter_dir: Path, block_size: int) -> torch.Tensor | None:
     try:  # strict: the string "1" or true is no temperature
         calibration = STSCalibration.model_validate(json.loads(path.read_text(encoding="utf-8")), strict=True)
     except ValidationError as exc:  # its first line named no field
-        error = exc.errors()[0]
-        field = ".".join(str(part) for part in error["loc"])
-        where = f"{path}: {field}" if field else str(path)
-        raise CheckpointError(f"{where}: {error['msg']}, got {error['input']!r}; rerun `trtspec calibrate`") \
-            from None
+        raise CheckpointError(f"{path}: {first_mistake(exc)}; rerun `trtspec calibrate`") from None
     except ValueError as exc:  # no JSON, or not UTF-8
         raise CheckpointError(f"{path}: not a valid STS calibration ({str(exc).splitlines()[0]}); "
                               "rerun `trtspec calibrate`") from None
