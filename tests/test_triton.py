@@ -372,9 +372,12 @@ def _post(url: str, body: dict) -> tuple[int, str]:
         ({"text_input": "hi", "max_tokens": 4, "parameters": {"sed": 3}}, "unknown request field 'sed'"),
         ({"text_input": "x" * 20_000, "max_tokens": 8},
          "prompt of 20000 tokens + max_tokens 8 = 20008 tokens exceeds this deployment's context of 4096"),
+        # a lone surrogate reaches the model as bytes that are not UTF-8: Python's codec error named no field
+        ({"text_input": "hi", "max_tokens": 4, "best_of": "\udcff"},
+         "request field 'best_of' is not valid UTF-8"),
     ],
     ids=["missing-text", "max-tokens-0", "neg-temperature", "unknown-field", "typos", "unknown-parameter",
-         "prompt-beyond-context"],
+         "prompt-beyond-context", "field-not-utf8"],
 )
 @pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
 def test_bad_http_request_is_named_and_server_goes_on(served, config, expected, body, message, endpoint):

@@ -60,6 +60,7 @@ from trtspec.triton.request import (
     RequestError,
     TextStream,
     context_of,
+    parameters_not_utf8,
     parse_request,
     tokenized,
 )
@@ -250,7 +251,10 @@ def _error(message: str, bad_request: bool = True, unavailable: bool = False) ->
 
 
 def _parameters(request) -> dict:
-    raw = request.parameters()
+    try:
+        raw = request.parameters()
+    except UnicodeDecodeError as exc:  # their JSON comes decoded from UTF-8: some text in it is not
+        raise RequestError(parameters_not_utf8(exc.object)) from None
     return json.loads(raw) if raw else {}
 
 

@@ -14,6 +14,7 @@ wrong JSON type (`"max_tokens": "32"`): Triton's front end answers those itself.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -111,6 +112,24 @@ def check_parameters(parameters: dict) -> None:
         names = ", ".join(repr(n) for n in unknown)
         raise RequestError(f"unknown request field{'s' if len(unknown) > 1 else ''} {names}; this model "
                            f"takes {', '.join(OWN_INPUTS)} and TensorRT-LLM's optional inputs")
+
+
+def parameters_not_utf8(raw: bytes) -> str:
+    """The error for request parameters whose text is not UTF-8 (`raw`: their JSON, as Triton hands it
+    over), naming the fields that hold it: Python's own message named none."""
+    def bad(text: str) -> bool:
+        return any("\udc80" <= c <= "\udcff" for c in text)
+
+    try:
+        names = [k for k, v in json.loads(bytes(raw).decode("utf-8", "surrogateescape")).items()
+                 if bad(k) or bad(json.dumps(v, ensure_ascii=False))]
+    except (ValueError, AttributeError):  # not a JSON object: name none
+        names = []
+    shown = ", ".join(repr(n.encode("utf-8", "surrogateescape").decode("utf-8", "replace")) for n in names)
+    if not names:
+        return "a request field (a parameter) is not valid UTF-8"
+    several = len(names) > 1
+    return f"request field{'s' if several else ''} {shown} {'are' if several else 'is'} not valid UTF-8"
 
 
 def parse_request(get: InputGetter, max_tokens_limit: int, parameters: dict | None = None,
