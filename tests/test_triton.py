@@ -387,6 +387,22 @@ def test_bad_http_request_is_named_and_server_goes_on(served, config, expected, 
     assert got.token_ids == expected[PROMPTS[1]][0][:GOES_ON_TOKENS]
 
 
+def test_overflowing_repetition_penalty_samples_and_spares_the_batch(served, config, expected):
+    """repetition_penalty 1e-38 (> 0, as TensorRT-LLM and vLLM take it) overflowed a positive logit to
+    inf and sampling failed on NaN: "generation failed: probability tensor contains either `inf`,
+    `nan`…", for that request and every request decoding beside it. Now it samples; a greedy
+    request beside it is answered as before."""
+    with ThreadPoolExecutor(1) as pool:
+        beside = pool.submit(generate, served.http_url, config.name, PROMPTS[1],
+                             GenerateParams(max_tokens=MAX_TOKENS))
+        time.sleep(0.2)
+        status, text = _post(f"{served.http_url}/v2/models/{config.name}/generate",
+                             {"text_input": PROMPTS[0], "max_tokens": 16, "temperature": 1.0,
+                              "repetition_penalty": 1e-38})
+        assert status == 200 and json.loads(text)["output_ids"], (status, text)
+        assert beside.result(timeout=120).token_ids == expected[PROMPTS[1]][0]
+
+
 @pytest.mark.parametrize(
     "raw, message",
     [

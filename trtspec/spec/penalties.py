@@ -102,7 +102,11 @@ class Penalties:
         if self.in_prompt is not None:
             seen = self.in_prompt | generated
             r = p.repetition_penalty
-            logits.copy_(torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits))
+            # a penalty near 0 (or huge) overflows a logit to ±inf, and a row holding +inf samples NaN
+            # (it failed the step of every request beside it): kept finite, the largest still wins
+            big = torch.finfo(logits.dtype).max
+            penalized = torch.where(logits > 0, logits / r, logits * r).clamp(-big, big)
+            logits.copy_(torch.where(seen, penalized, logits))
         if p.frequency_penalty:
             logits -= p.frequency_penalty * counts
         if p.presence_penalty:
