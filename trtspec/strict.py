@@ -1,6 +1,8 @@
 """The base of trtspec's YAML configs (the build config and its `deployment:` section): unknown keys
 refused, and a boolean refused where a number belongs. pydantic's lax mode reads YAML's `true` as
-1 for an int field, so `limits.max_tokens: true` built a deployment that generated one token."""
+1 for an int field, so `limits.max_tokens: true` built a deployment that generated one token.
+Also how an error quotes a refused value and a file's first mistake (the build config, sts.json, the
+SPS table)."""
 
 from __future__ import annotations
 
