@@ -245,13 +245,15 @@ def test_a_step_without_greedy_rows_computes_no_greedy_verdict():
         assert got.row(row) == alone.row(0)
 
 
-@pytest.mark.parametrize("temperature", [1e-30, 1e-40, 1e-45], ids=["1e-30", "1e-40", "1e-45"])
+@pytest.mark.parametrize("temperature", [1e-30, 1e-40, 1e-45, 1e-46, 1e-300, 5e-324],
+                         ids=["1e-30", "1e-40", "1e-45", "1e-46", "1e-300", "5e-324"])
 def test_a_vanishing_temperature_samples_the_greedy_limit(temperature):
     """A temperature > 0 so small that logits / T overflows (30 / 1e-40 is inf in float32; Triton's
     FP32 and OpenAI's [0, 2] both let it through) must give the T → 0 limit, the argmax, under
     both couplings and with top-k: it gave NaN probabilities, so a rejection-sampled row stopped
     the whole step (torch.multinomial), and a Gumbel-coupled row emitted the argmax of inf + g,
-    any token."""
+    any token. Under float32's smallest (1e-46, 1e-300, 5e-324 as Python floats, which a local
+    SamplingParams keeps) T itself rounded to 0 and the most likely token's (0 / 0) was NaN."""
     gen = torch.Generator().manual_seed(7)
     r, k, vocab = 4, 3, 16
     logits = 30 + 5 * torch.randn(r, k + 1, vocab, generator=gen)  # [R, k+1, V], as a model's can be

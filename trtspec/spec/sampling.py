@@ -116,9 +116,16 @@ class SamplingParams(BaseModel):
 def tempered(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
     """logits / T up to a constant per row, as (logits − max) / T: softmax is shift-invariant, so the
     law is the same, and no T > 0 overflows (30 / 1e-40 is inf, and softmax of infs is NaN): as T → 0
-    every token but the most likely goes to −inf, the greedy limit.  logits [..., V]; temperature a
-    number or broadcastable to logits [..., 1] -> float32 [..., V]"""
+    every token but the most likely goes to −inf, the greedy limit.  A T under float32's smallest
+    normal (1e-300, 5e-324: Python floats the API lets through) divides as that smallest normal: in
+    float32 it rounded to 0, and 0 / 0 made the most likely token NaN.  logits [..., V]; temperature
+    a number or broadcastable to logits [..., 1] -> float32 [..., V]"""
     logits = logits.float()
+    tiny = torch.finfo(torch.float32).tiny
+    if isinstance(temperature, torch.Tensor):
+        temperature = temperature.float().clamp(min=tiny)
+    else:
+        temperature = max(temperature, tiny)
     top = logits.amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, 0.0)  # a row of −inf (or inf) stays what it was
     return (logits - top) / temperature
