@@ -42,6 +42,19 @@ def test_top_p_1_keeps_every_token_however_unlikely():
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("top_p", [1e-30, 1e-46, 5e-324])
+def test_a_vanishing_top_p_keeps_the_most_likely_token(top_p):
+    """top_p > 0 under float32's smallest (5e-324, which a local SamplingParams keeps) compared as 0
+    with the mass before the most likely token, so every token was dropped and the row was 0 / 0 =
+    NaN (torch.multinomial then failed the whole step); the most likely token always stays."""
+    logits = torch.tensor([[0.5, 2.0, -1.0, 1.5], [3.0, 0.0, 2.9, -2.0]])
+    params = SamplingParams(temperature=1.0, top_p=top_p)
+    got = probs_from_logits(logits, params)
+    torch.testing.assert_close(got, torch.nn.functional.one_hot(logits.argmax(-1), 4).float())
+    tokens, _ = choose_tokens(logits, [params, SamplingParams()], [params.generator()] * 2)
+    assert torch.equal(tokens, logits.argmax(-1))
+
+
 def test_two_rows_of_two_laws_each_follow_their_own():
     """`row_probs` over two rows whose parameters differ gives each row its own law (not the first
     row's for both)."""

@@ -152,6 +152,7 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         mass_before = sorted_probs.cumsum(-1) - sorted_probs
         # keep the smallest prefix whose mass reaches top_p; the most likely token always stays
         drop_sorted = mass_before >= params.top_p
+        drop_sorted[..., 0] = False  # a top_p under float32's smallest (5e-324) compares as 0: drop all
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
