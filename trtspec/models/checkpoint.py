@@ -100,6 +100,17 @@ def bool_field(section: dict, key: str, where: str, prefix: str = "") -> bool:
     return bool(value)
 
 
+def object_field(section: dict, key: str, where: str, what: str = "an object") -> dict:
+    """section[key], a nested section of config.json ({} when absent or null); a CheckpointError
+    naming it when it is no object ("abc" was read as a section without fields, 2.5 a TypeError)."""
+    value = section.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{where}: {key} must be {what}, got {value!r}")
+    return value
+
+
 def int_list_field(section: dict, key: str, where: str, kind: str, prefix: str = "") -> list[int]:
     """section[key], a non-empty list of integers; a CheckpointError naming the field otherwise."""
     if key not in section:

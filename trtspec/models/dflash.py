@@ -32,6 +32,7 @@ from trtspec.models.checkpoint import (
     int_field,
     int_list_field,
     load_weights,
+    object_field,
     read_checkpoint,
     weight_shapes,
     write_checkpoint,
@@ -130,7 +131,7 @@ class DFlashSpec:
 
     @classmethod
     def from_config_dict(cls, raw: dict, where: str) -> DFlashSpec:
-        dflash = dflash_section(raw, where)
+        dflash = object_field(raw, "dflash_config", where)
         num_target_layers = int_field(raw, "num_target_layers", where, "DFlash")
         mask_token_id = int_field(dflash, "mask_token_id", where, "DFlash", "dflash_config.")
         if "target_layer_ids" in dflash:
@@ -141,22 +142,11 @@ class DFlashSpec:
         return cls(dflash_block_size(raw, where), mask_token_id, layer_ids, num_target_layers)
 
 
-def dflash_section(raw: dict, where: str) -> dict:
-    """config.json's `dflash_config` ({} when absent or null); a CheckpointError naming it when it is
-    no object ("abc" read as a section without fields, 2.5 a TypeError naming no field)."""
-    section = raw.get("dflash_config")
-    if section is None:
-        return {}
-    if not isinstance(section, dict):
-        raise CheckpointError(f"{where}: dflash_config must be an object, got {section!r}")
-    return section
-
-
 def dflash_block_size(raw: dict, where: str) -> int:
     """Top-level `block_size` (z-lab, TensorRT-LLM) or `dflash_config.block_size` (SpecForge), 16
     when neither is given; a CheckpointError when both are given and differ, since readers that
     prefer different places would draft blocks of different sizes."""
-    dflash = dflash_section(raw, where)
+    dflash = object_field(raw, "dflash_config", where)
     if "block_size" not in dflash:
         return int_field(raw, "block_size", where, "DFlash", default=16)
     nested = int_field(dflash, "block_size", where, "DFlash", "dflash_config.")

@@ -46,6 +46,7 @@ from trtspec.models.checkpoint import (
     int_field,
     int_list_field,
     load_weights,
+    object_field,
     read_checkpoint,
     weight_shapes,
     write_checkpoint,
@@ -71,9 +72,7 @@ def dspark_fields(raw: dict, where: str) -> dict:
     """The DSpark fields of config.json `raw` under one spelling each (plain names, DeepSpec's);
     a CheckpointError naming both spellings when two of them give different values."""
     for section in ("dspark_config", "dflash_config"):  # one that is no object was passed over unread
-        if raw.get(section) is not None and not isinstance(raw[section], dict):
-            raise CheckpointError(f"{where}: {section} must be an object of DSpark fields, got "
-                                  f"{raw[section]!r}")
+        object_field(raw, section, where, "an object of DSpark fields")
     found: dict = {}
     for key in DSPARK_FIELDS:
         spelled: list[tuple[str, object]] = []

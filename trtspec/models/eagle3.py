@@ -39,6 +39,7 @@ from trtspec.models.checkpoint import (
     int_field,
     int_list_field,
     load_weights,
+    object_field,
     read_checkpoint,
     weight_shapes,
     write_checkpoint,
@@ -133,9 +134,7 @@ class Eagle3Spec:
                 raise CheckpointError(f"{where}: missing field {field!r}")
         if bool_field(raw, "norm_before_fc", where):
             raise CheckpointError(f"{where}: norm_before_fc is true; trtspec's EAGLE-3 supports only false")
-        eagle = {} if raw.get("eagle_config") is None else raw["eagle_config"]
-        if not isinstance(eagle, dict):  # was an AttributeError naming no field
-            raise CheckpointError(f"{where}: eagle_config must be an object, got {eagle!r}")
+        eagle = object_field(raw, "eagle_config", where)  # no object was an AttributeError naming no field
         # the layer ids sit in eagle_config (SpecForge) or at the top level (older checkpoints); null
         # or [] is absent, any other value is checked (false, 0 or "" ran the default layers)
         ids_key = "eagle_aux_hidden_state_layer_ids"
