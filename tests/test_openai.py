@@ -32,7 +32,14 @@ from tritonclient.utils import InferenceServerException
 from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.openai.model_info import served_model_of_repo
-from trtspec.openai.protocol import ApiError, ChatRequest, CompletionRequest, check_messages, parse
+from trtspec.openai.protocol import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    check_common,
+    check_messages,
+    parse,
+)
 from trtspec.openai.server import OpenAIFrontend
 from trtspec.openai.streams import triton_error
 from trtspec.openai.triton_stream import TritonError
@@ -521,6 +528,7 @@ BAD = [
     ("completions", {"foo": 1}, "foo"),
     ("completions", {"temperature": -1}, "temperature"),
     ("completions", {"top_p": 0}, "top_p"),
+    ("chat/completions", {"top_p": 7e-46}, "top_p"),  # 0 as the float32 the model takes
     ("completions", {"top_k": -2}, "top_k"),
     ("completions", {"min_p": 1.5}, "min_p"),
     ("completions", {"max_tokens": 0}, "max_tokens"),
@@ -689,6 +697,21 @@ def test_a_value_of_another_json_type_is_refused_not_converted(endpoint, change,
     assert (error.param, error.code) == (param, "invalid_type") and expected in error.message, error.message
     assert f"'{param}'" in error.message
     assert parse(model, {**good, "temperature": 1}).temperature == 1.0  # an integer is a number
+
+
+@pytest.mark.parametrize("top_p, taken", [(1e-45, True), (7.1e-46, True), (7e-46, False), (1e-300, False)])
+def test_top_p_is_refused_where_its_float32_is_0(top_p, taken):
+    """A top_p over 0 but under half float32's smallest reached the model as 0, which refused it
+    ("got 0.0", its error naming no parameter); the frontend refuses it naming 'top_p' now. From
+    half that smallest up it arrives as a positive float32 and is served (the most likely token)."""
+    request = parse(ChatRequest, {**GOOD_CHAT, "top_p": top_p})
+    assert (np.float32(top_p) > 0) == taken
+    if taken:
+        check_common(request, vocab_size=264)
+        return
+    with pytest.raises(ApiError) as caught:
+        check_common(request, vocab_size=264)
+    assert caught.value.param == "top_p" and "as a float32" in caught.value.message, caught.value.message
 
 
 def test_a_number_past_what_a_float_holds_is_out_of_range_not_of_another_type():

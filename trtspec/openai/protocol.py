@@ -30,6 +30,7 @@ MAX_CHOICES = 64  # choices in one request: prompts × n
 MAX_TEMPLATE_DEPTH = 64  # how deep chat_template_kwargs' values may nest (templates take flags)
 FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32 (the model's sampling inputs)
 FLOAT32_NORMAL = 1.1754943508222875e-38  # the smallest normal float32
+FLOAT32_TINY = 7.006492321624086e-46  # half the smallest float32: from here down a number arrives as 0
 
 
 class ApiError(Exception):
@@ -374,9 +375,10 @@ def check_common(req: _Common, vocab_size: int) -> None:
     if req.temperature is not None and not (math.isfinite(req.temperature) and 0 <= req.temperature <= 2):
         raise ApiError(f"Invalid 'temperature': {req.temperature}; expected a number in [0, 2].",
                        "temperature", code="invalid_value")
-    if req.top_p is not None and not 0 < req.top_p <= 1:
-        raise ApiError(f"Invalid 'top_p': {req.top_p}; expected a number in (0, 1].", "top_p",
-                       code="invalid_value")
+    # the model takes it as a float32: a mass under its smallest would arrive as the refused 0
+    if req.top_p is not None and not FLOAT32_TINY < req.top_p <= 1:
+        raise ApiError(f"Invalid 'top_p': {req.top_p}; expected a number in (0, 1] (over 0 as a float32, "
+                       f"> {FLOAT32_TINY:.3g}).", "top_p", code="invalid_value")
     if req.min_p is not None and not 0 <= req.min_p <= 1:
         raise ApiError(f"Invalid 'min_p': {req.min_p}; expected a number in [0, 1].", "min_p",
                        code="invalid_value")
