@@ -524,7 +524,7 @@ def _format_error(path: Path, exc: ValidationError) -> str:
     errors = exc.errors()
     for err in errors[:MAX_MISTAKES]:
         field = ".".join(str(p)[:MAX_SHOWN] for p in err["loc"]) or "(top level)"
-        got, msg = err.get("input"), err["msg"]
+        got, msg = err.get("input"), err["msg"].removeprefix("Value error, ")  # pydantic's, on a validator's
         said = isinstance(got, dict) or msg.endswith(f"got {shown(got)}")  # a validator named it
         msg = msg if len(msg) <= MAX_SHOWN else msg[:MAX_SHOWN] + "…"
         lines.append(f"field `{field}`: {msg}" + ("" if said else f", got {shown(got)}"))

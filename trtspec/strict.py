@@ -53,4 +53,4 @@ def first_mistake(exc: ValidationError) -> str:
     error = exc.errors()[0]
     field = ".".join(str(part)[:MAX_SHOWN] for part in error["loc"])
     got = "" if error["type"] == "missing" else f", got {shown(error.get('input'))}"
-    return (f"{field}: " if field else "") + error["msg"] + got
+    return (f"{field}: " if field else "") + error["msg"].removeprefix("Value error, ") + got

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from trtspec.plan.gpus import GPUS
+from trtspec.plan.models import DRAFTERS, TARGETS
 from trtspec.strict import StrictModel
 
 # Triton Inference Server with TensorRT-LLM: trtllm-serve and tritonserver, the two servers the
@@ -127,7 +128,23 @@ class DeploymentConfig(StrictModel):
     @classmethod
     def _known_gpu(cls, value: str) -> str:
         if value not in GPUS:
-            raise ValueError(f"unknown GPU {value!r}; known: {', '.join(GPUS)}")
+            raise ValueError(f"expected one of {', '.join(GPUS)}")  # the error adds ", got 'A100'"
+        return value
+
+    @field_validator("model_id")
+    @classmethod
+    def _known_target(cls, value: str) -> str:
+        """Refused here, naming the file and field (build and inspect refused it only when planning,
+        exit 1, naming neither)."""
+        if value not in TARGETS:
+            raise ValueError(f"expected one of {', '.join(TARGETS)}")
+        return value
+
+    @field_validator("drafter_id")
+    @classmethod
+    def _known_drafter(cls, value: str | None) -> str | None:
+        if value is not None and value not in DRAFTERS:
+            raise ValueError(f"expected one of {', '.join(DRAFTERS)}")
         return value
 
     @property
