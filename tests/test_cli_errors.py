@@ -373,6 +373,23 @@ def test_an_exceptions_one_line_drops_nested_prefixes_and_is_cut_at_its_limit():
     assert one_line(ValueError("x" * 39 + "yz"), limit=40) == "x" * 39 + "…"
 
 
+def test_a_config_size_past_what_torch_allocates_is_named_without_torchs_stack_frames(tmp_path):
+    """intermediate_size 2**70 (and a DSpark markov_rank of it) failed torch.empty with its C++ stack
+    frames in the message ("Exception raised from THPUtils_unpackLong at /__w/pytorch/…: frame #0
+    …"), which the one `Error:` line quoted; it ends where torch's own message does now."""
+    target = tmp_path / "target"
+    shutil.copytree(REPO / "trtspec" / "assets" / "tiny-target", target)
+    raw = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**raw, "intermediate_size": 2**70}))
+    config = tmp_path / "c.yaml"
+    config.write_text(f"target: {{path: {target}}}\n")
+    line = assert_run_error(invoke("generate", "--config", config, "--prompt", "x", "--max-tokens", 2,
+                                   "--drafter", "none"),
+                            f"{target}/config.json", "the target does not build from it")
+    assert line.endswith('with error "Overflow when unpacking long long"'), line
+    assert "frame #" not in line and "Exception raised from" not in line
+
+
 def test_an_int_field_is_the_configs_integer_its_default_only_when_absent(tmp_path):
     """int_field: a given value wins over the default (a drafter's num_anchors, block_size), the
     default stands in only for an absent field, and a value that is no integer (a bool, a string, a

@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 def one_line(exc: BaseException, limit: int = 400) -> str:
     """An exception's text on one line, without the "SomeError: " prefixes a library nests in it (the
     CLI's error is one `Error:` line)."""
-    text = re.sub(r"\b[A-Z]\w*Error: ", "", " ".join(str(exc).split())) or type(exc).__name__
+    said, frames, _ = str(exc).partition("Exception raised from ")  # torch's C++ errors go on with frames
+    said = said.rstrip() + ('"' if frames and said.count('"') % 2 else "")  # its quote closed after them
+    text = re.sub(r"\b[A-Z]\w*Error: ", "", " ".join(said.split())) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
