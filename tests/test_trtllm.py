@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -418,6 +419,32 @@ def test_convert_dspark_refuses_disabled_markov_head_and_length_mismatch(tmp_pat
     with pytest.raises(CheckpointError, match="dspark_block_size = 7 and block_size = 5"):
         convert_drafter(src, tmp_path / "c-out", "dspark")
     assert not (tmp_path / "c-out").exists()
+
+
+@pytest.mark.parametrize("method, field, value, message", [
+    ("dspark", "dspark_markov_rank", 2.5, "dspark_markov_rank must be an integer, got 2.5"),
+    ("dspark", "dspark_noise_token_id", "3", "dspark_noise_token_id must be an integer, got '3'"),
+    ("dspark", "dspark_target_layer_ids", "135", "dspark_target_layer_ids must be a list of layer indices"),
+    ("dspark", "enable_confidence_head", "false", "enable_confidence_head must be true or false"),
+    ("dspark", "num_target_layers", True, "num_target_layers must be an integer, got True"),
+    ("dspark", "dspark_markov_head_type", 5, "dspark_markov_head_type must be a head type's name, got 5"),
+    ("dflash", "mask_token_id", 5.0, "dflash_config.mask_token_id must be an integer, got 5.0"),
+    ("dflash", "target_layer_ids", [1, "3"], "dflash_config.target_layer_ids must be a list of"),
+])
+def test_convert_refuses_a_drafter_field_of_another_type_naming_it(tmp_path, method, field, value, message):
+    """The conversion copied them into TensorRT-LLM's config.json as they were ("false" a true
+    confidence head, 2.5 a Markov rank, "135" three layers), to fail or misread on the GPU nodes; the
+    torch flavour refused them. Refused now as config.json spells them, nothing written."""
+    if method == "dspark":
+        config = {"model_type": "qwen3", "dspark_target_layer_ids": [1], "dspark_noise_token_id": 3,
+                  "dspark_block_size": 7, "dspark_markov_rank": 64, field: value}
+    else:
+        config = {"model_type": "qwen3", "block_size": 16,
+                  "dflash_config": {"mask_token_id": 5, "target_layer_ids": [1], field: value}}
+    src = _drafter(tmp_path / "src", config, _BACKBONE + ["markov_head.markov_w1.weight"])
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        convert_drafter(src, tmp_path / "dst", method)
+    assert not (tmp_path / "dst").exists()
 
 
 @pytest.mark.parametrize(("limits", "deployment", "chunked", "max_num_tokens"), [

@@ -88,8 +88,23 @@ def dspark_fields(raw: dict, where: str) -> dict:
                     "different spellings would run different drafters: keep one"
                 )
         if spelled:
+            _check_type(key, *spelled[0], where)
             found[key] = spelled[0][1]
     return found
+
+
+def _check_type(key: str, name: str, value: object, where: str) -> None:
+    """A DSpark field's value is of its type, or a CheckpointError naming it as config.json spells it
+    (TensorRT-LLM's conversion copied "false", 2.5 and "135" into the deployment as they were)."""
+    if key == "target_layer_ids":
+        int_list_field({name: value}, name, where, "DSpark")
+    elif key in ("enable_confidence_head", "confidence_head_with_markov"):
+        bool_field({name: value}, name, where)
+    elif key == "markov_head_type":
+        if value is not None and not isinstance(value, str):
+            raise CheckpointError(f"{where}: {name} must be a head type's name, got {value!r}")
+    else:
+        int_field({name: value}, name, where, "DSpark")
 
 
 @dataclass(slots=True)

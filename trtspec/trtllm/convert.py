@@ -48,6 +48,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trtspec.errors import CheckpointError
+from trtspec.models.checkpoint import int_field, int_list_field
 from trtspec.models.dflash import dflash_block_size
 from trtspec.models.dspark import DSPARK_FIELDS, dspark_fields
 from trtspec.models.markov import MARKOV_HEAD_TENSORS
@@ -103,6 +104,9 @@ def _dflash_config(raw: dict, where: Path, notes: list[str]) -> dict:
         )
     if not dflash.get("target_layer_ids"):
         raise CheckpointError(f"{where}: dflash_config.target_layer_ids missing")
+    # of their types, as the torch flavour loads them ("258" and "135" were copied as they were)
+    int_field(dflash, "mask_token_id", str(where), "DFlash", "dflash_config.")
+    int_list_field(dflash, "target_layer_ids", str(where), "DFlash", "dflash_config.")
     if "block_size" not in config and "block_size" not in dflash:
         raise CheckpointError(f"{where}: no block_size (top-level or dflash_config)")
     if "block_size" not in config:
