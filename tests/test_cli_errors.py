@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -1064,3 +1065,27 @@ def test_a_404_in_the_apis_own_words_gets_no_hint_of_another_port(raw, api, own)
     from trtspec.triton.client import _api_error
 
     assert _api_error(raw, api) is own
+
+
+def test_ctrl_c_stops_a_command_with_one_line_and_exit_130(tmp_path):
+    """A real SIGINT to the command's process group, as a terminal's Ctrl-C sends it, mid-run (train
+    target, after its first step): click printed "Aborted!" and exited 1, a failure's status; now one
+    line and 130 (128 + SIGINT), as a shell reports a stopped command, and nothing is written."""
+    command = ["train", "target", "--out", str(tmp_path / "t"), "--steps", "100000"]
+    proc = subprocess.Popen([sys.executable, "-m", "trtspec.cli", *command], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        seen = b""
+        while b"1/100000" not in seen:  # tqdm's bar after the first step: mid-run
+            chunk = proc.stderr.read1(4096)
+            assert chunk, seen.decode()[-2000:]
+            seen += chunk
+        os.killpg(proc.pid, signal.SIGINT)
+        out, rest = proc.communicate(timeout=60)
+        err = (seen + rest).decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert err.rstrip().endswith("Interrupted (Ctrl-C).") and "Traceback" not in err and "Aborted" not in err
+    assert not (tmp_path / "t").exists() and not out

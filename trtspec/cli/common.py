@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 
 import click
@@ -122,7 +123,23 @@ def flavour_arg(config, flavour: str):
         raise click.BadParameter(f"{flavour}: {exc}", param_hint="--flavour") from None
 
 
-@click.group()
+INTERRUPTED = 128 + signal.SIGINT  # 130: a shell's status for a command stopped by Ctrl-C
+
+
+class _Commands(click.Group):
+    """The command group, stopped by Ctrl-C as a shell reports it: one line and exit 130 (128 +
+    SIGINT), where click printed "Aborted!" and exited 1 as for a failure (`serve` stops its
+    servers and exits 0 itself). What a command writes is whole or absent before this runs."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\nInterrupted (Ctrl-C).", err=True)
+            ctx.exit(INTERRUPTED)
+
+
+@click.group(cls=_Commands)
 @click.option("-v", "--verbose", is_flag=True, help="Log progress at INFO level.")
 def main(verbose: bool) -> None:
     """trtspec: speculative decoding (DFlash, DSpark, EAGLE-3, draft models) for TensorRT and
