@@ -1,7 +1,7 @@
 """`trtspec` command line: thin commands over the library.
 
 A bad option or argument is a usage error (exit 2, with usage); a failure while running is one
-`Error:` line (exit 1). See `trtspec.cli_errors` for which is which.
+`Error:` line (exit 1); Ctrl-C one line (exit 130). See `trtspec.cli_errors` for which is which.
 """
 
 from trtspec.cli import ask, check, deploy, measure, training  # noqa: F401 - each registers its commands
