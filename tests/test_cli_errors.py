@@ -1089,3 +1089,19 @@ def test_ctrl_c_stops_a_command_with_one_line_and_exit_130(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     assert err.rstrip().endswith("Interrupted (Ctrl-C).") and "Traceback" not in err and "Aborted" not in err
     assert not (tmp_path / "t").exists() and not out
+
+
+@pytest.mark.parametrize("args, option", [
+    (["bench", CONFIG, "--prompts", 1, "--max-tokens", 4, "--out", ""], "--out"),
+    (["bench", CONFIG, "--prompts", 1, "--max-tokens", 4, "--doc", ""], "--doc"),
+    (["profile", CONFIG, "--out", ""], "--out"),
+    (["build", CONFIG, "--out", ""], "--out"),
+    (["train", "target", "--out", ""], "--out"),
+    (["serve", ""], "DIR"),
+])
+def test_an_empty_path_is_refused_naming_its_option(tmp_path, monkeypatch, args, option):
+    """`bench --out "$OUT"` with OUT unset wrote results.json, results.md and its figures into the
+    current folder (Path("") is "."); an empty path is a usage error naming the option now."""
+    monkeypatch.chdir(tmp_path)
+    assert_usage_error(invoke(*args), option, "an empty path")
+    assert not any(tmp_path.iterdir())

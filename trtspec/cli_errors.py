@@ -39,10 +39,12 @@ def first_line(exc: BaseException) -> str:
 
 
 class PathArg(click.Path):
-    """`click.Path` that also refuses, naming the option, a path the file system would call too long
-    (its own "File name too long" named neither the option nor the limit)."""
+    """`click.Path` that also refuses, naming the option, an empty path and one the file system would
+    call too long (its own "File name too long" named neither the option nor the limit)."""
 
     def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value:  # Path("") is ".": `bench --out "$OUT"` wrote here
+            self.fail("an empty path (an unset variable?); give a file or folder", param, ctx)
         if isinstance(value, (str, os.PathLike)) and (why := too_long(value)):
             self.fail(f"the path {why}", param, ctx)
         return super().convert(value, param, ctx)
