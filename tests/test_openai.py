@@ -33,12 +33,26 @@ from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.openai.model_info import served_model_of_repo
 from trtspec.openai.protocol import (
+    FLOAT32_MAX,
+    FLOAT32_NORMAL,
+    MAX_CHOICES,
+    MAX_STOP,
     ApiError,
     ChatRequest,
     CompletionRequest,
+    check_chat,
     check_common,
+    check_completion,
     check_messages,
+    check_text,
+    compact_json_wanted,
+    guide_field,
+    guide_of,
+    logit_bias_pairs,
+    logprobs_wanted,
     parse,
+    prediction_text,
+    template_variables,
 )
 from trtspec.openai.server import OpenAIFrontend
 from trtspec.openai.streams import triton_error
@@ -49,6 +63,7 @@ from trtspec.spec.grammar import Guide
 from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.client import ClientError, GenerateParams, array_input, grpc_generate, grpc_inputs
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
+from trtspec.triton.request import MAX_STOP_WORD_CHARS
 from trtspec.triton.server import GRPC_ADMIN_HEADER, Ports, TritonServer, free_port
 
 from .conftest import REPO, local_target, post_json, scraped_metric, serve_cli
@@ -684,6 +699,10 @@ def test_malformed_content_says_what_content_is(content, param, expected):
      "stream_options.include_usage", "expected a boolean, got an integer"),
     ("completions", {"prompt": [1, "a"]}, "prompt", "expected a string, an array of strings, an array of"),
     ("completions", {"stop": ["a", None]}, "stop", "expected a string or an array of strings"),
+    ("completions", {"max_tokens": {"a": 1}}, "max_tokens", "expected an integer, got an object"),
+    # a message's other fields are not its content: their refusal says what they take
+    ("chat/completions", {"messages": [{"role": 5, "content": "x"}]}, "messages[0].role",
+     "expected a string, got an integer"),
 ])
 def test_a_value_of_another_json_type_is_refused_not_converted(endpoint, change, param, expected):
     """pydantic's lax mode read `max_tokens: true` as 1, `logprobs: true` as 1 top token, `n: 2.0` as
@@ -719,6 +738,143 @@ def test_a_number_past_what_a_float_holds_is_out_of_range_not_of_another_type():
         parse(CompletionRequest, {**GOOD_COMPLETION, "temperature": 10**400})
     assert (caught.value.param, caught.value.code) == ("temperature", "invalid_value")
     assert "out of range" in caught.value.message
+
+
+def test_a_missing_prompt_is_named_and_a_lone_surrogate_found_where_it_is():
+    """A completion without `prompt` (a union's field, whose error location is its name alone) is a
+    missing parameter named `prompt`; check_text passes a body of whole characters and names where
+    half a surrogate pair is."""
+    with pytest.raises(ApiError) as caught:
+        parse(CompletionRequest, {"model": "trtspec"})
+    assert (caught.value.param, caught.value.code) == ("prompt", "missing_required_parameter")
+    check_text({**GOOD_CHAT, "stop": ["\u00e9t\u00e9"]})
+    with pytest.raises(ApiError) as caught:
+        check_text({**GOOD_COMPLETION, "stop": ["ok", "a\ud800"]})
+    assert caught.value.param == "stop[1]" and "\\ud800" in caught.value.message, caught.value.message
+
+
+def _checked(endpoint: str, change: dict) -> str | None:
+    """The parameter check_chat or check_completion refuses in GOOD_CHAT or GOOD_COMPLETION with
+    `change` (None: taken), over the test model's 264-token vocabulary."""
+    chat = endpoint.startswith("chat")
+    good = GOOD_CHAT if chat else GOOD_COMPLETION
+    request = parse(ChatRequest if chat else CompletionRequest, {**good, **change})
+    try:
+        (check_chat if chat else check_completion)(request, 264)
+    except ApiError as exc:
+        return exc.param
+    return None
+
+
+EDGES = [  # (endpoint, field, values taken, values refused naming it): each bound and a step past it
+    ("completions", "n", [1, MAX_CHOICES], [0, MAX_CHOICES + 1]),
+    ("chat/completions", "temperature", [0, 2], [-0.5, 2.5]),
+    ("completions", "min_p", [0, 0.5, 1], [-0.5, 1.5]),
+    ("completions", "seed", [0, 2**64 - 1], [-1, 2**64]),
+    ("chat/completions", "repetition_penalty", [FLOAT32_NORMAL, 1, FLOAT32_MAX],
+     [0, FLOAT32_NORMAL / 2, FLOAT32_MAX * 2]),
+    ("completions", "presence_penalty", [-2, 2], [-2.5, 2.5]),
+    ("chat/completions", "frequency_penalty", [-2, 2], [-2.5, 2.5]),
+    ("completions", "top_k", [-1, 0, 1, 10**30], [-2]),
+    ("completions", "stop_token_ids", [[0, 263]], [[264], [-1]]),
+    ("completions", "stop", [[f"s{i}" for i in range(MAX_STOP)], ["x" * MAX_STOP_WORD_CHARS]],
+     [[f"s{i}" for i in range(MAX_STOP + 1)], ["x" * (MAX_STOP_WORD_CHARS + 1)], ["a", ""]]),
+    ("completions", "logit_bias", [{"0": -100, "263": 100, "7": 2.5}], [{"7": -100.5}, {"264": 1}]),
+    ("completions", "logprobs", [0, 20], [-1, 21]),
+    ("chat/completions", "top_logprobs", [0, 20], [-1, 21]),
+]
+
+
+@pytest.mark.parametrize("endpoint, field, taken, refused", EDGES, ids=[f"{e}-{f}" for e, f, _, _ in EDGES])
+def test_each_ranges_bounds_are_taken_and_a_step_past_them_refused(endpoint, field, taken, refused):
+    """The request checks take every value up to and at the ends of each parameter's range (n up to
+    MAX_CHOICES, temperature 0 and 2, seed 0 and 2^64 - 1, token id 0, 32 stops of 1,024 characters, a
+    bias of -100, 0 top logprobs, ...) and refuse one past them, naming the parameter."""
+    extra = {"logprobs": True} if field == "top_logprobs" else {}
+    for value in taken:
+        assert _checked(endpoint, {field: value, **extra}) is None, value
+    for value in refused:
+        assert _checked(endpoint, {field: value, **extra}) == field, value
+
+
+def test_what_the_request_checks_hand_on():
+    """What the checks give the server besides their refusals: the prompts (one token id's prompt
+    is one prompt), the (id, bias) pairs, how many top logprobs (chat's logprobs alone: 0), the
+    template's variables (reasoning_effort beside chat_template_kwargs, whose own wins), a predicted
+    output's text, the guide and the field that asked for it, JSON's compactness; a stop sequence
+    is cut from the text unless asked to stay."""
+    def chat(**change):
+        return parse(ChatRequest, {**GOOD_CHAT, **change})
+
+    def completion(**change):
+        return parse(CompletionRequest, {**GOOD_COMPLETION, **change})
+
+    for prompt, prompts in (([7], [[7]]), ([[1, 2], [3]], [[1, 2], [3]]), ("a", ["a"]), (["a", "b"],) * 2):
+        assert check_completion(completion(prompt=prompt), 264) == prompts
+    assert logit_bias_pairs({"0": -100, "263": 100, "7": 2.5}, 264) == ((0, -100.0), (263, 100.0), (7, 2.5))
+    assert logprobs_wanted(chat(logprobs=True)) == 0
+    assert logprobs_wanted(chat(logprobs=True, top_logprobs=3)) == 3
+    assert logprobs_wanted(chat()) is None and logprobs_wanted(chat(logprobs=False, top_logprobs=0)) is None
+    assert logprobs_wanted(completion(logprobs=2)) == 2 and logprobs_wanted(completion()) is None
+    assert template_variables(chat()) is None
+    kwargs = {"enable_thinking": False}
+    assert template_variables(chat(chat_template_kwargs=kwargs)) == kwargs
+    assert template_variables(chat(reasoning_effort="low")) == {"reasoning_effort": "low"}
+    own = {"reasoning_effort": "high"}
+    assert template_variables(chat(reasoning_effort="low", chat_template_kwargs=own)) == own
+    parts = [{"type": "text", "text": "83"}, {"type": "text", "text": "8"}]
+    assert prediction_text(chat(prediction={"type": "content", "content": parts})) == "838"
+    for content in ([{"type": "text", "text": 5}], [{"type": "text", "text": "a", "x": 1}], ["a"],
+                    [{"type": "image", "text": "a"}]):
+        with pytest.raises(ApiError) as caught:
+            prediction_text(chat(prediction={"type": "content", "content": content}))
+        assert caught.value.param == "prediction.content", content
+    plain = chat(response_format={"type": "text"})
+    assert guide_of(plain) is None and guide_field(plain) is None
+    beside = chat(response_format={"type": "text"}, guided_regex="[0-9]+")
+    assert guide_of(beside) == ("regex", "[0-9]+") and guide_field(beside) == "guided_regex"
+    assert guide_of(chat(structured_outputs={"json_object": True})) == ("json", "")
+    for change, param in (({"guided_regex": ""}, "guided_regex"), ({"guided_grammar": ""}, "guided_grammar"),
+                          ({"guided_regex": "a", "guided_grammar": "root ::= \"a\"", "guided_choice": ["a"]},
+                           "guided_choice")):
+        with pytest.raises(ApiError) as caught:
+            guide_of(chat(**change))
+        assert caught.value.param == param, change
+    assert compact_json_wanted(chat(structured_outputs={"json_object": True, "disable_any_whitespace": True}))
+    assert compact_json_wanted(chat(structured_outputs={"json_object": True})) is None
+    assert compact_json_wanted(chat()) is None
+    assert chat(stop=["\n"]).include_stop_str_in_output is False
+
+
+def test_a_conversations_messages_as_the_template_gets_them():
+    """check_messages hands an assistant's tool calls on with their arguments as objects (its
+    content "" where null, kept where given) and its reasoning as reasoning_content; it refuses by
+    name tool calls or reasoning on another role's message, a call without a function, a field it
+    does not serve (while a null one is absent) and a content part's unknown field."""
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    handed = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 1}}}
+
+    def messages(*given):
+        return check_messages(parse(ChatRequest, {**GOOD_CHAT, "messages": list(given)}).messages, None)
+
+    user = {"role": "user", "content": "1 + 2"}
+    assert messages(user, {"role": "assistant", "content": None, "tool_calls": [call]})[1] == \
+        {"role": "assistant", "content": "", "tool_calls": [handed]}
+    assert messages(user, {"role": "assistant", "content": "adding", "tool_calls": [call]})[1] == \
+        {"role": "assistant", "content": "adding", "tool_calls": [handed]}
+    assert messages(user, {"role": "assistant", "content": "3", "reasoning": "1 + 2 = 3"})[1] == \
+        {"role": "assistant", "content": "3", "reasoning_content": "1 + 2 = 3"}
+    assert messages({**user, "refusal": None, "annotations": []}) == [user]
+    for given, param in (({**user, "tool_calls": [call]}, "messages[0].tool_calls"),
+                         ({**user, "reasoning": "x"}, "messages[0].reasoning"),
+                         ({"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]},
+                          "messages[0].tool_calls[0]"),
+                         ({**user, "audio": {"id": "a1"}}, "messages[0].audio"),
+                         ({"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {}}]},
+                          "messages[0].content[0].cache_control")):
+        with pytest.raises(ApiError) as caught:
+            messages(given)
+        assert caught.value.param == param, given
 
 
 def test_a_top_k_past_the_vocabulary_keeps_every_token(served):
