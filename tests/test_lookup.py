@@ -79,6 +79,18 @@ def test_what_it_copies_on_small_cases():
     assert grows.next(answer, 2) == [4, 4] and grows.length == ANSWER_ROOM + 7
 
 
+def test_over_wide_places_each_narrowing_step_keeps_to_the_rule():
+    """Over WIDE places of the last token, places are narrowed one position at a time: a run may
+    reach back to the prompt's first token, the token compared is the one before the run matched
+    so far, and the run stops at max_match however many places are left."""
+    ones = [1] * (WIDE + 5)
+    for prompt, match in (([0, *ones, 0, 1], 2),  # only the place at the start repeats (0, 1)
+                          ([3, 0, *ones, 0, 1], 2),  # (3, 0, 1) is nowhere: the run is (0, 1)
+                          ([4] * (3 * WIDE), 8)):  # every place repeats max_match tokens and more
+        lookup = PromptLookup(prompt, min_match=2, max_match=8)
+        assert lookup.next([], 3) == _brute_force(prompt, 2, 8, 3) and lookup.match == match, prompt[:3]
+
+
 @pytest.fixture(scope="module", params=["tiny-dflash", "tiny-draft-model"])
 def pipeline(request):
     from trtspec.pipeline import load_pipeline

@@ -94,6 +94,9 @@ def test_the_pool_keeps_the_newest_texts_and_a_request_prefers_its_own():
     assert len(pool) == 12 and pool.tokens[:11].tolist() == list(range(29, 40))
     pool.clear()
     assert len(pool) == 0 and pool.next(np.array([29, 30, 31]), 8, 5) == ([], 0)
+    pool.add([29, 30, 31, 32])  # after a clear, a copy stops at the end of the texts added since
+    assert pool.next(np.array([29, 30, 31]), 8, 5) == ([32], 3)
+    pool.clear()
 
     pool.add([5, 6, 7, 8, 1, 2, 3])
     own = PromptLookup([6, 7, 9, 0, 5, 6, 7], min_match=1, max_match=8)  # its own place: (6, 7) then 9
