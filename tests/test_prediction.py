@@ -14,7 +14,7 @@ import pytest
 
 from trtspec.config import ScheduleConfig, TreeConfig, load_build_config
 from trtspec.spec.decoder import Request
-from trtspec.spec.prediction import PREDICTION_DRAFTS, PredictedDrafts
+from trtspec.spec.prediction import MATCH, PREDICTION_DRAFTS, PredictedDrafts
 from trtspec.spec.sampling import SamplingParams
 
 from .conftest import REPO, assert_samples_follow_target
@@ -62,6 +62,63 @@ def test_a_prediction_that_never_matches_drafts_nothing():
     assert drafts.next([7], 2) == []  # left it at once
     assert drafts.next([7, 8, 9], 2) == []
     assert drafts.next([7, 8, 9, 2, 3], 2) == [4]  # came back: (2, 3) ends at 3 in the prediction
+
+
+def _brute_force(prediction: list[int], answer: list[int], n: int) -> list[int]:
+    """The rule, spelt out: the place moves with the answer while it follows the prediction; else it
+    is the end of the longest run (2..MATCH) of the answer's last tokens in the prediction, of equally
+    long ones the first at or after the place, else the last before it; none: no drafts."""
+    at, lost = 0, False
+    for i in range(len(answer)):
+        if not lost and at < len(prediction) and prediction[at] == answer[i]:
+            at += 1
+            continue
+        ends = [end for end in range(2, len(prediction) + 1)
+                if i >= 1 and prediction[end - 2:end] == answer[i - 1:i + 1]]
+        runs = {end: max(k for k in range(2, min(MATCH, end, i + 1) + 1)
+                         if prediction[end - k:end] == answer[i + 1 - k:i + 1]) for end in ends}
+        lost = not runs
+        if runs:
+            longest = [end for end, k in runs.items() if k == max(runs.values())]
+            at = min((e for e in longest if e >= at), default=max(longest))
+    return [] if lost else prediction[at:at + n]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_where_the_answer_comes_back_is_the_rules(seed):
+    """Predictions over 2 to 4 tokens (pairs repeat: the place is chosen among many), some of a
+    repeated stretch longer than MATCH, and answers that are them edited, fed a few tokens at a
+    time: every proposal is the brute-force rule's."""
+    rng = random.Random(seed)
+    for _ in range(150):
+        vocab = rng.choice([2, 3, 4])
+        if rng.random() < 0.3:
+            stretch = [rng.randrange(vocab) for _ in range(MATCH + rng.randint(1, 8))]
+            prediction = stretch + [rng.randrange(vocab) for _ in range(rng.randint(0, 5))] + stretch
+        else:
+            prediction = [rng.randrange(vocab) for _ in range(rng.randint(20, 40))]
+        answer = _edited(rng, prediction, vocab) + [rng.randrange(vocab) for _ in range(rng.randint(0, 5))]
+        drafts, i = PredictedDrafts(prediction), rng.randint(0, 2)
+        while i <= len(answer):
+            n = rng.randint(1, 6)
+            got = drafts.next(answer[:i], n)
+            assert got == _brute_force(prediction, answer[:i], n), (prediction, answer[:i], n)
+            i += rng.randint(1, 3)
+
+
+def test_a_prediction_is_followed_at_its_edges():
+    """The answer's first token is followed when the first call already holds it; a place is found
+    again from the answer's first two tokens and at the prediction's first pair, at the longest
+    run of the answer's last tokens; one draft is drafted when one is asked for; an answer running
+    past the prediction's end drafts nothing."""
+    assert PredictedDrafts([1, 2, 3, 4]).next([1], 2) == [2, 3]
+    assert PredictedDrafts([5, 1, 2, 3]).next([1, 2], 2) == [3]  # left at once, back at (1, 2)
+    assert PredictedDrafts([1, 2, 3, 4]).next([7, 1, 2], 2) == [3, 4]  # back at the first pair
+    assert PredictedDrafts([1, 2, 3]).next([1], 1) == [2]
+    assert PredictedDrafts([1, 2]).next([1, 2, 5], 2) == []
+    # left at the end: (2, 3) is at 3 after (1, 2, 3) and at 7 after (5, 2, 3), the longer run wins
+    prediction = [1, 2, 3, 4, 5, 2, 3, 6, 1, 2, 7]
+    assert PredictedDrafts(prediction).next([*prediction[:10], 3], 2) == [4, 5]
 
 
 @pytest.fixture(scope="module", params=["tiny-dflash", "tiny-draft-model"])
