@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from trtspec.config import ScheduleConfig, TreeConfig, load_build_config
 from trtspec.pipeline import load_pipeline
@@ -62,6 +63,19 @@ def test_the_forced_token_at_each_position_is_the_definitions(tree):
             forced_somewhere += token is not None
             free_somewhere += token is None
     assert forced_somewhere > 100 and free_somewhere > 100
+
+
+def test_a_budgets_end_is_token_ids_and_the_budget_cannot_change():
+    """A block's end of no tokens, or holding a negative id anywhere in it, is refused; a budget is
+    frozen (requests' SamplingParams share it) and hashable."""
+    for end in ((), (-1,), (5, -1)):
+        with pytest.raises(ValidationError, match="one or more token ids"):
+            ThinkingBudget(budget=1, end=end)
+    budget = ThinkingBudget(budget=1, end=(5, 0))
+    with pytest.raises(ValidationError):
+        budget.budget = 3
+    same = ThinkingBudget(budget=1, end=(5, 0))
+    assert hash(SamplingParams(thinking=budget)) == hash(SamplingParams(thinking=same))
 
 
 def _block(ids: list[int], start: tuple[int, ...]) -> list[int]:
