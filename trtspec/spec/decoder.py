@@ -675,6 +675,8 @@ class SpeculativeDecoder:
                                        prompt)
             for i, n in zip(drafting, cut, strict=True):
                 plan.lengths[i] = n
+            if proposal.confidence is not None:  # Algorithm 1 cut the block the plan expected gains of:
+                plan.expected = None  # the verdicts are held against what the rows verified
             idx = torch.tensor(drafting, device=device)
             fed[idx, 1 : k + 1] = proposal.tokens.to(device)
             if proposal.q_probs is not None:
