@@ -25,7 +25,7 @@ from trtspec.errors import ConfigError
 from trtspec.files import too_long
 from trtspec.plan.deployment import DeploymentConfig
 from trtspec.spec.lookup import POOL_KEY
-from trtspec.strict import MAX_SHOWN, StrictModel, shown
+from trtspec.strict import MAX_SHOWN, StrictModel, message, shown
 
 ASSETS_DIR = Path(__file__).parent / "assets"
 BUILTIN_PREFIX = "builtin:"
@@ -511,7 +511,7 @@ def with_flavour(config: BuildConfig, flavour: str) -> BuildConfig:
     try:  # the fields the YAML set, as set: a check of what a YAML asks for sees the same request
         BuildConfig.model_validate(copy.model_dump(exclude_unset=True))
     except ValidationError as exc:
-        raise ConfigError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+        raise ConfigError("; ".join(message(e) for e in exc.errors())) from None
     return copy
 
 
@@ -524,7 +524,7 @@ def _format_error(path: Path, exc: ValidationError) -> str:
     errors = exc.errors()
     for err in errors[:MAX_MISTAKES]:
         field = ".".join(str(p)[:MAX_SHOWN] for p in err["loc"]) or "(top level)"
-        got, msg = err.get("input"), err["msg"].removeprefix("Value error, ")  # pydantic's, on a validator's
+        got, msg = err.get("input"), message(err)
         said = isinstance(got, dict) or msg.endswith(f"got {shown(got)}")  # a validator named it
         msg = msg if len(msg) <= MAX_SHOWN else msg[:MAX_SHOWN] + "…"
         lines.append(f"field `{field}`: {msg}" + ("" if said else f", got {shown(got)}"))

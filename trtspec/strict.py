@@ -47,10 +47,15 @@ def shown(value: object) -> str:
     return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "…"
 
 
+def message(error: dict) -> str:
+    """A pydantic error's message without the "Value error, " it puts before a validator's own."""
+    return error["msg"].removeprefix("Value error, ")
+
+
 def first_mistake(exc: ValidationError) -> str:
     """A file's first mistake on one line, `field.0: what was expected, got X` (no field where the
     whole file is wrong; no value where a field is missing: the value would be the file)."""
     error = exc.errors()[0]
     field = ".".join(str(part)[:MAX_SHOWN] for part in error["loc"])
     got = "" if error["type"] == "missing" else f", got {shown(error.get('input'))}"
-    return (f"{field}: " if field else "") + error["msg"].removeprefix("Value error, ") + got
+    return (f"{field}: " if field else "") + message(error) + got

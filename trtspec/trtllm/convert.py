@@ -126,7 +126,7 @@ def _dspark_config(raw: dict, where: Path, notes: list[str]) -> dict:
                 f"{where}: DSpark {key} not found under any spelling "
                 f"(dspark_config.{key}, dflash_config.{key}, {DSPARK_DRAFT_KEYS[key]}, {key})"
             )
-    if int(values["markov_rank"]) <= 0:
+    if values["markov_rank"] <= 0:  # an integer: dspark_fields checks each field's type
         raise CheckpointError(
             f"{where}: DSpark markov_rank is {values['markov_rank']}; the Markov head needs > 0"
         )
@@ -145,10 +145,10 @@ def _dspark_config(raw: dict, where: Path, notes: list[str]) -> dict:
         "mask_token_id": values["mask_token_id"],
         "target_layer_ids": list(values["target_layer_ids"]),
     }
-    config["block_size"] = int(values["block_size"])
+    config["block_size"] = values["block_size"]
     notes.append("wrote DSpark fields as plain DeepSpec names and top-level dspark_* (mask id and "
                  "layer ids mirrored in dflash_config)")
-    head_type = str(values["markov_head_type"] or "vanilla").lower()
+    head_type = (values["markov_head_type"] or "vanilla").lower()
     if head_type not in MARKOV_HEAD_TENSORS:
         raise CheckpointError(
             f"{where}: DSpark markov_head_type is {head_type!r}; DeepSpec and TensorRT-LLM know "
