@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+import struct
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -149,6 +150,27 @@ def test_a_wrong_port_or_reference_is_an_error_not_a_verdict():
         answer(f"openai://127.0.0.1:{grpc_like.getsockname()[1]}", ask, timeout_s=10)
     grpc_like.close()
     assert "\x00" not in str(grpc_port.value)
+    # a server that takes the connection and resets it: whether the reset meets the request while it is
+    # sent (urllib's URLError: CI once saw "cannot reach …: [Errno 32] Broken pipe" here) or while the
+    # answer is read, it is a port that answered no HTTP, not an unreachable one
+    resets = socket.create_server(("127.0.0.1", 0))
+
+    def reset_at_once() -> None:
+        for _ in range(2):
+            conn, _ = resets.accept()
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    threading.Thread(target=reset_at_once, daemon=True).start()
+    for _ in range(2):
+        with pytest.raises(ClientError, match=r"no HTTP answer came \((ConnectionResetError|BrokenPipeError)"):
+            answer(f"openai://127.0.0.1:{resets.getsockname()[1]}", ask, timeout_s=10)
+    resets.close()
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    with pytest.raises(ClientError, match=r"^cannot reach .*refused"):
+        answer(f"openai://127.0.0.1:{port}", ask, timeout_s=10)
     whole = json.dumps({"choices": [{"index": 0, "text": "3", "finish_reason": "length"}],
                         "usage": {"completion_tokens": 1}}).encode()
     not_found = json.dumps({"error": {"message": "The model 'nosuch' does not exist.", "param": "model",

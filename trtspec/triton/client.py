@@ -473,11 +473,21 @@ def other_server(code: int, raw: bytes, api: str) -> str:
 
 
 def unreachable(url: str, exc: urllib.error.URLError | http.client.HTTPException | ConnectionError) -> str:
-    """Why `url` gave no HTTP answer: the network's reason, or (an answer that is no HTTP) a gRPC port."""
+    """Why `url` gave no HTTP answer: the network's reason, or (a server that took the connection and
+    answered no HTTP: bytes that are none, or a close while the request was still being sent) a gRPC
+    port."""
     if isinstance(exc, urllib.error.URLError):
-        return f"cannot reach {url}: {exc.reason}"
+        if not _closed_on_us(exc.reason):
+            return f"cannot reach {url}: {exc.reason}"
+        exc = exc.reason
     return f"{url}: no HTTP answer came ({type(exc).__name__} {shown(str(exc), 60)}); is it a gRPC port? " \
            "(grpc://HOST:PORT for Triton's)"
+
+
+def _closed_on_us(reason: object) -> bool:
+    """Whether a request failed while being sent because the server, having taken the connection,
+    closed it (a gRPC port does after its HTTP/2 greeting): a refused connection is no such close."""
+    return isinstance(reason, ConnectionError) and not isinstance(reason, ConnectionRefusedError)
 
 
 def _api_error(raw: bytes, api: str) -> bool:
