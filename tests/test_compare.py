@@ -163,7 +163,7 @@ def test_a_wrong_port_or_reference_is_an_error_not_a_verdict():
 
     threading.Thread(target=reset_at_once, daemon=True).start()
     for _ in range(2):
-        with pytest.raises(ClientError, match=r"no HTTP answer came \((ConnectionResetError|BrokenPipeError)"):
+        with pytest.raises(ClientError, match=r"no HTTP answer came \((ConnectionReset|BrokenPipe)Error"):
             answer(f"openai://127.0.0.1:{resets.getsockname()[1]}", ask, timeout_s=10)
     resets.close()
     closed = socket.create_server(("127.0.0.1", 0))

@@ -11,6 +11,7 @@ import click
 from trtspec.cli_errors import (
     PathArg,
 )
+from trtspec.console import running
 from trtspec.errors import TrtspecError
 
 EXISTING_DIR = PathArg(exists=True, file_okay=False, path_type=Path)
@@ -133,7 +134,8 @@ class _Commands(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with running():
+                return super().invoke(ctx)
         except KeyboardInterrupt:
             click.echo("\nInterrupted (Ctrl-C).", err=True)
             ctx.exit(INTERRUPTED)
