@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+import yaml
 from click.testing import CliRunner
 from transformers import GPT2Config, Qwen3Config
 
@@ -546,3 +547,21 @@ def test_packed_target_attends_over_no_more_keys_than_its_slots_hold(pipelines):
         decoder = SpeculativeDecoder(target, drafter, engine.end_ids, verifier, FULL, None, 1, 100)
         assert decoder.generate_batch([request])[0].token_ids == alone.generate_batch([request])[0].token_ids
     assert max(f["attention_mask"][-1] for f in seen["target"]) <= 100
+
+
+def test_a_served_builds_engine_folder_is_named_without_its_dots(tmp_path):
+    """A served build's YAML (model_repository/<name>/1/build_config.yaml) names its build folder
+    `../../..`, and every error about one of its graphs spelled the path out that way
+    (`…/model_repository/trtspec/1/../../../target.onnx is missing`); the folder is named as it is."""
+    from trtspec.engine.load import load_engine_models
+
+    served = tmp_path / "model_repository" / "trtspec" / "1"
+    served.mkdir(parents=True)
+    config = yaml.safe_load(CONFIG.read_text())  # builtin: models, found from anywhere
+    config.update(flavour="engine", engine={"folder": "../../..", "backend": "onnxruntime"})
+    (served / "build_config.yaml").write_text(yaml.safe_dump(config))
+    loaded = load_build_config(served / "build_config.yaml")
+    assert loaded.engine.resolved_folder == tmp_path.resolve()
+    with pytest.raises(ConfigError) as missing:
+        load_engine_models(loaded, folder=loaded.engine.resolved_folder, backend="onnxruntime")
+    assert str(tmp_path.resolve() / "manifest.json") in str(missing.value) and ".." not in str(missing.value)

@@ -233,7 +233,9 @@ class EngineConfig(_Strict):
 
     @property
     def resolved_folder(self) -> Path | None:
-        return None if self.folder is None else _beside_yaml(self._base, self.folder)
+        """The folder, its `..` taken (a served build's YAML names its build `../../..`, which every
+        error about a graph of it spelled out: `…/model_repository/trtspec/1/../../../target.onnx`)."""
+        return None if self.folder is None else _beside_yaml(self._base, self.folder).resolve()
 
 
 class GenerationLimits(_Strict):
