@@ -759,6 +759,21 @@ def test_serve_prints_the_models_own_load_error(tmp_path):
     assert tritonserver_pids(str(tmp_path / "out")) == []
 
 
+def test_an_empty_model_py_is_named_with_what_to_do(tmp_path):
+    """An emptied model.py: Triton's error was "module '1.model' has no attribute
+    'TritonPythonModel'", naming neither the file nor the fix."""
+    write_triton_repo(load_build_config(CONFIG), tmp_path / "out")
+    model_py = tmp_path / "out" / "model_repository" / "trtspec" / "1" / "model.py"
+    model_py.write_text("")
+    proc = _serve(tmp_path / "out", Ports.free())
+    assert proc.returncode == 1 and "serving" not in proc.stderr, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("Error: tritonserver exited with 1: failed to load 'trtspec' version 1: ")
+    assert line.endswith(f"({model_py} defines no TritonPythonModel, the class the Python backend runs: the "
+                         "build is incomplete or was edited; build it again with `trtspec build`)"), line
+    assert tritonserver_pids(str(tmp_path / "out")) == []
+
+
 def test_wait_ready_gives_up_with_a_clear_message(served):
     """Nothing listening is named as such; a server that answers without the model is not."""
     ports = Ports.free()

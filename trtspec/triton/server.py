@@ -141,6 +141,23 @@ _NOISE = ("CudaDriverHelper has not been initialized",)  # every CPU-only start 
 STUB_FAILED = "Failed to preinitialize Python stub"
 
 
+# a model.py that imports but holds no model (empty, or edited): Triton names neither the file nor the fix
+_NO_MODEL_CLASS = re.compile(r"failed to load '([^']+)' version (\d+): .*module '\d+\.model' has no "
+                             r"attribute 'TritonPythonModel'")
+
+
+def _with_model_file(error: str, repo: Path) -> str:
+    """`error`, with the model.py it is about and what to do when it is a model.py that defines no
+    TritonPythonModel."""
+    match = _NO_MODEL_CLASS.search(error)
+    if match is None:
+        return error
+    name, version = match.groups()
+    return (f"{error} ({repo / name / version / 'model.py'} defines no TritonPythonModel, the class the "
+            "Python backend runs: the build is incomplete or was edited; build it again with "
+            "`trtspec build`)")
+
+
 def log_errors(text: str) -> list[str]:
     """The most telling errors tritonserver logged, first line of each: a model's own load error
     or a service that could not start when there is one (its status table, the backend's copy and
@@ -333,7 +350,8 @@ class TritonServer:
         text = self.log_path.read_text(encoding="utf-8", errors="replace") if has_log else ""
         errors = log_errors(text)
         lines = [line for line in text.splitlines() if line.strip() and not line.startswith(("|", "+"))]
-        reason = "; ".join(errors) if errors else (lines[-1] if lines else "no log output")
+        reason = "; ".join(_with_model_file(e, self.repo) for e in errors) if errors else \
+            (lines[-1] if lines else "no log output")
         keep = self.log_path is not None and self._work is not None and self.log_path.parent != Path(
             self._work.name)
         return reason + (f" (log: {self.log_path})" if keep else "")
