@@ -667,16 +667,22 @@ def test_kv_slots_larger_than_the_machine_are_refused_before_allocating(tmp_path
     assert invoke("build", tmp_path / "long.yaml", "--out", tmp_path / "out").exit_code == 0
 
 
-@pytest.mark.parametrize("flavour", ["engine", "torch"])
-def test_build_into_a_read_only_place_names_the_users_folder(tmp_path, flavour):
-    if os.geteuid() == 0:  # root writes through permission bits; sysfs refuses everyone
+@pytest.mark.parametrize("args", [["build", CONFIG, "--flavour", "engine"],
+                                  ["build", CONFIG, "--flavour", "torch"],
+                                  ["bench", CONFIG, "--prompts", 1, "--max-tokens", 4]])
+def test_an_output_in_a_read_only_place_is_refused_before_the_run(tmp_path, args):
+    """Root writes through permission bits, so the up-front check passed /sys and /proc, and the
+    run failed only when it wrote (bench: once everything was measured); a folder is tried for real
+    now, and the user's folder is named (not a staging folder)."""
+    if os.geteuid() == 0:  # sysfs refuses everyone
         parent = Path("/sys/fs")
     else:
         parent = tmp_path / "ro"
         parent.mkdir(mode=0o555)
     out = parent / "trtspec-out"
-    line = assert_run_error(invoke("build", CONFIG, "--out", out, "--flavour", flavour), f"--out {out}")
-    assert f"cannot write in {parent}" in line and f"{parent}/." not in line  # not the staging folder
+    result = invoke(*args, "--out", out)
+    assert_usage_error(result, "--out", f"cannot write in {parent}")
+    assert f"{parent}/." not in result.output
 
 
 def test_trtllm_build_without_drafter_weights_says_what_to_do(tmp_path):

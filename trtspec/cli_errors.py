@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import TypeVar
 
@@ -140,3 +141,7 @@ def writable_arg(path: Path, hint: str, folder: bool) -> None:
         raise click.BadParameter(f"{existing} is a file, so {path} cannot be made", param_hint=hint)
     if not os.access(existing, os.W_OK | os.X_OK):
         raise click.BadParameter(f"cannot write in {existing}", param_hint=hint)
+    try:  # root passes every permission bit, yet /proc, /sys and read-only mounts refuse it: try for real
+        os.rmdir(tempfile.mkdtemp(prefix=".trtspec-write-check-", dir=existing))
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write in {existing} ({exc.strerror})", param_hint=hint) from None
