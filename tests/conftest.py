@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -236,17 +237,30 @@ def local_target(tmp_path: Path, config, template: str):
     return config.model_copy(update={"target": config.target.model_copy(update={"path": str(target)})})
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports, each held until all are chosen: a port let go at once may be
+    handed out again, so two `free_port()` calls in a row (or `Ports.free()` and one) gave the same
+    port about 2 times in 10,000 here: the OpenAI frontend then could not bind beside its tritonserver,
+    or a frontend's "Triton nowhere" address was its own port."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
 @contextlib.contextmanager
 def serve_cli(build_dir: Path, key: str | None = None, avoid: tuple[int, ...] = (),
               args: tuple[str, ...] = ()):
     """`trtspec serve BUILD_DIR [ARGS]` itself (the CLI, in a subprocess) on free loopback ports, none
     of `avoid` (a server starting beside it has not bound its own yet), with an OpenAI frontend (and
     API key); stopped by SIGTERM, which must end it cleanly: exit 0 and no tritonserver left behind."""
-    from trtspec.triton.server import Ports, free_port
+    from trtspec.triton.server import Ports
 
-    ports, openai_port = Ports.free(), free_port()
-    while set(avoid) & {ports.http, ports.grpc, ports.metrics, openai_port}:
-        ports, openai_port = Ports.free(), free_port()
+    *three, openai_port = free_ports(4)
+    while set(avoid) & {*three, openai_port}:
+        *three, openai_port = free_ports(4)
+    ports = Ports(*three)
     log = build_dir / "serve.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "trtspec.cli", "serve", str(build_dir), "--http-port", str(ports.http),

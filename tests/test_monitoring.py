@@ -30,9 +30,9 @@ from trtspec.openai.model_info import served_model_of_repo
 from trtspec.openai.server import OpenAIFrontend
 from trtspec.triton.client import GenerateParams, generate
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
-from trtspec.triton.server import Ports, TritonServer, free_port
+from trtspec.triton.server import Ports, TritonServer
 
-from .conftest import REPO, post_json
+from .conftest import REPO, free_ports, post_json
 
 DEPLOY = REPO / "deploy"
 RULES = DEPLOY / "prometheus" / "rules" / "trtspec.yaml"
@@ -111,8 +111,8 @@ def _two_instances(model_dir) -> None:
 
 
 class Prometheus:
-    def __init__(self, binary: str, work, metrics_port: int, frontend_port: int):
-        self.port = free_port()
+    def __init__(self, binary: str, work, metrics_port: int, frontend_port: int, port: int):
+        self.port = port
         rules = yaml.safe_load(RULES.read_text())
         for rule in rules["groups"][0]["rules"]:
             if "alert" in rule:
@@ -181,10 +181,12 @@ def scraped(tmp_path_factory):
     bad = config.model_copy(update={"name": BAD, "lookup": None})
     bad.drafter = bad.drafter.model_copy(update={"path": str(_random_drafter(work))})
     write_triton_repo(bad, work / "build")
-    server = TritonServer(work / "build" / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
+    # five distinct ports: Prometheus binds its own (scraping nothing yet) before the server and the
+    # frontend bind theirs
+    *three, frontend_port, prometheus_port = free_ports(5)
+    server = TritonServer(work / "build" / REPO_DIR, ports=Ports(*three), exit_timeout_s=3,
                           env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
-    frontend_port = free_port()
-    prometheus = Prometheus(binary, work, server.ports.metrics, frontend_port)  # scraping nothing yet
+    prometheus = Prometheus(binary, work, server.ports.metrics, frontend_port, prometheus_port)
     frontend = None
     try:
         server.start(timeout_s=240)

@@ -66,7 +66,7 @@ from trtspec.triton.repo import REPO_DIR, write_triton_repo
 from trtspec.triton.request import MAX_STOP_WORD_CHARS
 from trtspec.triton.server import GRPC_ADMIN_HEADER, Ports, TritonServer, free_port
 
-from .conftest import REPO, local_target, post_json, scraped_metric, serve_cli
+from .conftest import REPO, free_ports, local_target, post_json, scraped_metric, serve_cli
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 KEY = "test-key-0123"
@@ -1511,8 +1511,9 @@ def test_frontend_unavailable_triton_is_a_503(tmp_path, config):
     """The frontend up while Triton is not: /health says so, requests get a 503, nothing hangs."""
     from trtspec.openai.model_info import served_model
 
-    nowhere = f"127.0.0.1:{free_port()}"
-    frontend = OpenAIFrontend(served_model(config), nowhere, "127.0.0.1", free_port()).start()
+    triton_port, port = free_ports(2)
+    nowhere = f"127.0.0.1:{triton_port}"
+    frontend = OpenAIFrontend(served_model(config), nowhere, "127.0.0.1", port).start()
     try:
         with pytest.raises(urllib.error.HTTPError) as unavailable:
             urllib.request.urlopen(f"{frontend.url}/health", timeout=10)
@@ -1534,7 +1535,8 @@ def test_connections_that_send_no_request_are_closed_and_capped(config):
 
     from trtspec.openai.model_info import served_model
 
-    frontend = OpenAIFrontend(served_model(config), f"127.0.0.1:{free_port()}", "127.0.0.1", free_port(),
+    triton_port, port = free_ports(2)
+    frontend = OpenAIFrontend(served_model(config), f"127.0.0.1:{triton_port}", "127.0.0.1", port,
                               head_timeout_s=3.0, max_connections=6).start()
     held = []
     try:
@@ -1573,9 +1575,10 @@ def test_a_body_over_max_request_bytes_is_a_413_before_it_is_read(config):
     from trtspec.openai.model_info import served_model
 
     limits = config.limits.model_copy(update={"max_request_bytes": 65_536})
-    nowhere = f"127.0.0.1:{free_port()}"
+    triton_port, port = free_ports(2)
+    nowhere = f"127.0.0.1:{triton_port}"
     frontend = OpenAIFrontend(served_model(config.model_copy(update={"limits": limits})), nowhere,
-                              "127.0.0.1", free_port()).start()
+                              "127.0.0.1", port).start()
     big = json.dumps({**GOOD_COMPLETION, "prompt": "x" * 70_000}).encode()
     try:
         for path in ("/v1/completions", "/v1/messages"):
@@ -1617,8 +1620,9 @@ def test_a_prompt_over_max_input_tokens_is_a_400_naming_it_before_triton(config)
 
     limited = config.model_copy(update={"limits": config.limits.model_copy(
         update={"max_tokens": 64, "max_input_tokens": 8})})
-    nowhere = f"127.0.0.1:{free_port()}"
-    frontend = OpenAIFrontend(served_model(limited), nowhere, "127.0.0.1", free_port()).start()
+    triton_port, port = free_ports(2)
+    nowhere = f"127.0.0.1:{triton_port}"
+    frontend = OpenAIFrontend(served_model(limited), nowhere, "127.0.0.1", port).start()
     try:
         client = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="none", max_retries=0)
         assert client.models.retrieve("trtspec").model_extra["max_model_len"] == 8 + 64
@@ -2473,8 +2477,9 @@ def test_without_a_tool_call_parser_auto_is_refused_and_tokenize_shows_the_tools
         "{% for tool in tools or [] %}{{ tool.function.name }}: {{ tool.function.parameters | tojson }}\n"
         "{% endfor %}{% for m in messages %}{{ m.role }}: {{ m.content }}{% for c in m.tool_calls or [] %}"
         "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}{{ '\\n' }}{% endfor %}"))
-    nowhere = f"127.0.0.1:{free_port()}"
-    frontend = OpenAIFrontend(served_model(local), nowhere, "127.0.0.1", free_port()).start()
+    triton_port, port = free_ports(2)
+    nowhere = f"127.0.0.1:{triton_port}"
+    frontend = OpenAIFrontend(served_model(local), nowhere, "127.0.0.1", port).start()
     try:
         status, body = _post(f"{frontend.url}/v1/chat/completions", {**GOOD_CHAT, "tools": TOOLS}, None)
         assert status == 400 and body["error"]["param"] == "tool_choice"
