@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtspec.spec.sampling import MAX_LOGIT_BIAS
+from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
+from trtspec.spec.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
 from trtspec.triton.request import (
     RequestError,
     parse_request,
@@ -56,3 +57,60 @@ def test_logit_bias_may_name_every_token_of_the_vocabulary_once():
     with pytest.raises(RequestError, match=r"logit_bias_ids must be token ids in \[0, 264\), got 264 "
                                            "at position 1"):
         _parse(logit_bias_ids=_ids(0, VOCAB), logit_bias_values=np.array([1, 2], dtype=np.float32))
+
+
+def test_max_tokens_takes_one_and_the_deployments_limit():
+    """max_tokens lies in [1, limit]: both ends taken, limit + 1 refused."""
+    assert _parse(max_tokens=_ids(1)).max_tokens == 1
+    assert _parse(max_tokens=_ids(16)).max_tokens == 16
+    with pytest.raises(RequestError, match=r"max_tokens must be in \[1, 16\], got 17"):
+        _parse(max_tokens=_ids(17))
+
+
+def test_min_p_takes_both_ends_of_zero_to_one():
+    """min_p lies in [0, 1]: 0 (off) and 1 (only the likeliest tokens' ties) are taken; past 1 and NaN
+    refused."""
+    f32 = lambda v: np.array([v], dtype=np.float32)  # noqa: E731
+    assert _parse(min_p=f32(0.0)).sampling.min_p == 0.0
+    assert _parse(min_p=f32(1.0)).sampling.min_p == 1.0
+    for bad in (1.5, float("nan")):
+        with pytest.raises(RequestError, match=r"min_p must be in \[0, 1\] \(0 = off\)"):
+            _parse(min_p=f32(bad))
+
+
+def test_penalties_take_both_ends_of_their_range():
+    """presence_penalty and frequency_penalty lie in [-MAX_PENALTY, MAX_PENALTY] (OpenAI's [-2, 2]):
+    both ends taken, just past them refused naming the input."""
+    f32 = lambda v: np.array([v], dtype=np.float32)  # noqa: E731
+    for name in ("presence_penalty", "frequency_penalty"):
+        for end in (-MAX_PENALTY, MAX_PENALTY):
+            assert getattr(_parse(**{name: f32(end)}).sampling, name) == end, (name, end)
+        for past in (-MAX_PENALTY - 0.5, MAX_PENALTY + 0.5):
+            with pytest.raises(RequestError, match=rf"^{name} must be in \[-2, 2\], got {past}"):
+                _parse(**{name: f32(past)})
+
+
+def test_a_thinking_budget_of_zero_is_taken():
+    """thinking_token_budget lies in [0, ...): 0 (close the block at once) is a budget, -1 is refused."""
+    budget = lambda n: np.array([n], dtype=np.int32)  # noqa: E731
+    assert _parse(thinking_token_budget=budget(0)).thinking == (0, "", "</think>")
+    with pytest.raises(RequestError, match="thinking_token_budget must be >= 0, got -1"):
+        _parse(thinking_token_budget=budget(-1))
+
+
+def test_log_probabilities_asked_off_are_off():
+    """return_log_probs=false and return_prompt_log_probs=false (what NVIDIA's clients send by
+    default) return none: logprobs and prompt_logprobs stay None, not 0 (each token's own log p);
+    true returns them, with num_top_log_probs' k best, which takes MAX_TOP_LOGPROBS and no more."""
+    no, yes, top = np.array([False]), np.array([True]), lambda k: np.array([k], dtype=np.int32)
+    req = _parse(return_log_probs=no, return_prompt_log_probs=no)
+    assert (req.logprobs, req.prompt_logprobs) == (None, None)
+    req = _parse(return_log_probs=yes, return_prompt_log_probs=yes)
+    assert (req.logprobs, req.prompt_logprobs) == (0, 0)
+    req = _parse(num_top_log_probs=top(MAX_TOP_LOGPROBS), return_prompt_log_probs=yes)
+    assert (req.logprobs, req.prompt_logprobs) == (MAX_TOP_LOGPROBS, MAX_TOP_LOGPROBS)
+    assert _parse(num_top_log_probs=top(3), return_prompt_log_probs=no).prompt_logprobs is None
+    assert _parse(num_top_log_probs=top(0), return_log_probs=no).logprobs is None
+    with pytest.raises(RequestError, match=rf"num_top_log_probs must be in \[0, {MAX_TOP_LOGPROBS}\], got "
+                                           rf"{MAX_TOP_LOGPROBS + 1}"):
+        _parse(num_top_log_probs=top(MAX_TOP_LOGPROBS + 1))
