@@ -11,8 +11,12 @@ import pytest
 from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
 from trtspec.spec.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
 from trtspec.triton.request import (
+    MAX_SALT_CHARS,
     RequestError,
+    check_parameters,
+    parameters_not_utf8,
     parse_request,
+    salt_length_problem,
 )
 
 VOCAB = 264
@@ -114,3 +118,44 @@ def test_log_probabilities_asked_off_are_off():
     with pytest.raises(RequestError, match=rf"num_top_log_probs must be in \[0, {MAX_TOP_LOGPROBS}\], got "
                                            rf"{MAX_TOP_LOGPROBS + 1}"):
         _parse(num_top_log_probs=top(MAX_TOP_LOGPROBS + 1))
+
+
+def test_cache_salt_takes_up_to_its_limit():
+    """cache_salt: MAX_SALT_CHARS characters taken, one more refused naming it; "" is none. The
+    OpenAI frontend's and `generate --cache-salt`'s check (salt_length_problem) has the same ends, and
+    refuses "" (a client that names a salt names one)."""
+    salt = lambda n: np.array([b"s" * n], dtype=object)  # noqa: E731
+    assert _parse(cache_salt=salt(MAX_SALT_CHARS)).cache_salt == "s" * MAX_SALT_CHARS
+    assert _parse(cache_salt=salt(0)).cache_salt == ""
+    with pytest.raises(RequestError, match=f"cache_salt has {MAX_SALT_CHARS + 1} characters; at most "
+                                           f"{MAX_SALT_CHARS}"):
+        _parse(cache_salt=salt(MAX_SALT_CHARS + 1))
+    assert salt_length_problem("s") is None and salt_length_problem("s" * MAX_SALT_CHARS) is None
+    assert salt_length_problem("") == "expected 1 to 1,024 characters, got 0"
+    assert salt_length_problem("s" * (MAX_SALT_CHARS + 1)) == "expected 1 to 1,024 characters, got 1,025"
+
+
+def test_only_the_id_parameter_is_taken_and_unknown_ones_are_named():
+    """A request parameter but `id` (what /generate sets) is refused, every unknown one named in
+    order, 'field' for one and 'fields' for several."""
+    check_parameters({})
+    check_parameters({"id": "r1"})
+    with pytest.raises(RequestError, match=r"^unknown request field 'foo'; this model takes text_input, "):
+        check_parameters({"id": "r1", "foo": 1})
+    with pytest.raises(RequestError, match=r"^unknown request fields 'max_token', 'temprature'; "):
+        check_parameters({"temprature": 0.5, "max_token": 4})
+
+
+def test_parameters_not_utf8_names_the_fields_that_hold_bad_bytes():
+    """The bytes Triton could not decode (its JSON, as it hands it over) are read back to name the
+    fields that hold them: in the value or the name, the lowest and highest non-ASCII bytes alike
+    (0x80, 0xff), one field 'is', several 'are'; JSON that is no object names none."""
+    body = lambda text: text.encode("latin-1")  # noqa: E731  (a str of code points < 256 -> those bytes)
+    assert parameters_not_utf8(body('{"id": "a", "best_of": "\x80"}')) == \
+        "request field 'best_of' is not valid UTF-8"
+    assert parameters_not_utf8(body('{"n": ["\xff"], "id": "ok"}')) == "request field 'n' is not valid UTF-8"
+    assert parameters_not_utf8(body('{"a\xff": 1, "b": "\x80", "id": "ok"}')) == \
+        "request fields 'a\ufffd', 'b' are not valid UTF-8"
+    generic = "a request field (a parameter) is not valid UTF-8"
+    assert parameters_not_utf8(body('["\xff"]')) == generic
+    assert parameters_not_utf8(b'{"id": "\xff') == generic  # cut short: not JSON
