@@ -159,3 +159,28 @@ def test_parameters_not_utf8_names_the_fields_that_hold_bad_bytes():
     generic = "a request field (a parameter) is not valid UTF-8"
     assert parameters_not_utf8(body('["\xff"]')) == generic
     assert parameters_not_utf8(b'{"id": "\xff') == generic  # cut short: not JSON
+
+
+def test_the_prompt_is_named_by_the_input_it_came_in():
+    """`prompt_input` names the input a too-long prompt is refused by (the served model's context
+    check): text_input for text, input_ids for token ids."""
+    assert _parse().prompt_input == "text_input"
+    assert _parse(text_input=None, input_ids=_ids(5, 6)).prompt_input == "input_ids"
+
+
+def test_flags_sent_false_are_off_and_add_special_tokens_is_on_by_default():
+    """ignore_eos and add_special_tokens as sent, true or false; absent, ignore_eos is off and
+    add_special_tokens on (the prompt encoded as tokenizer(text) does, Llama's BOS)."""
+    yes, no = np.array([True]), np.array([False])
+    assert (_parse().ignore_eos, _parse().add_special_tokens) == (False, True)
+    assert (_parse(ignore_eos=no).ignore_eos, _parse(ignore_eos=yes).ignore_eos) == (False, True)
+    assert _parse(add_special_tokens=yes).add_special_tokens
+    assert not _parse(add_special_tokens=no).add_special_tokens
+
+
+def test_min_tokens_may_be_max_tokens():
+    """min_tokens lies in [0, max_tokens]: all of max_tokens taken (no end before the last), one more
+    refused."""
+    assert _parse(min_tokens=_ids(8)).min_tokens == 8
+    with pytest.raises(RequestError, match=r"min_tokens must be in \[0, max_tokens=8\], got 9"):
+        _parse(min_tokens=_ids(9))
