@@ -9,14 +9,19 @@ import numpy as np
 import pytest
 
 from trtspec.spec.logprobs import MAX_TOP_LOGPROBS
-from trtspec.spec.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
+from trtspec.spec.sampling import MAX_LOGIT_BIAS, MAX_PENALTY, SamplingParams
+from trtspec.spec.thinking_budget import ThinkingBudget
 from trtspec.triton.request import (
     MAX_SALT_CHARS,
+    MAX_STOP_WORD_CHARS,
+    MAX_STOP_WORDS,
     RequestError,
+    bad_word_ids,
     check_parameters,
     parameters_not_utf8,
     parse_request,
     salt_length_problem,
+    tokenized,
 )
 
 VOCAB = 264
@@ -184,3 +189,31 @@ def test_min_tokens_may_be_max_tokens():
     assert _parse(min_tokens=_ids(8)).min_tokens == 8
     with pytest.raises(RequestError, match=r"min_tokens must be in \[0, max_tokens=8\], got 9"):
         _parse(min_tokens=_ids(9))
+
+
+def test_stop_and_bad_words_take_their_limits():
+    """stop_words and bad_words take MAX_STOP_WORDS words of MAX_STOP_WORD_CHARS characters; one
+    word more, or one character more, is refused naming the input (and the word's place)."""
+    words = lambda n, chars: np.array([b"%03d" % i + b"x" * (chars - 3) for i in range(n)],  # noqa: E731
+                                        dtype=object)
+    for name in ("stop_words", "bad_words"):
+        assert len(getattr(_parse(**{name: words(MAX_STOP_WORDS, 3)}), name)) == MAX_STOP_WORDS
+        longest = getattr(_parse(**{name: words(2, MAX_STOP_WORD_CHARS)}), name)
+        assert [len(w) for w in longest] == [MAX_STOP_WORD_CHARS] * 2
+        with pytest.raises(RequestError, match=f"^{name} holds {MAX_STOP_WORDS + 1} words; at most "):
+            _parse(**{name: words(MAX_STOP_WORDS + 1, 3)})
+        with pytest.raises(RequestError, match=rf"^{name}\[1\] has {MAX_STOP_WORD_CHARS + 1} characters"):
+            _parse(**{name: np.array([b"ok", b"x" * (MAX_STOP_WORD_CHARS + 1)], dtype=object)})
+
+
+def test_bad_words_are_banned_as_written_and_after_a_space():
+    """`bad_word_ids`: each bad word's ids as it stands and after a space (how a BPE writes a word
+    inside the text), leading spaces dropped first, each sequence once; `tokenized` puts them and a
+    reasoning budget's tags into the sampling parameters in ids."""
+    encode = lambda text: list(text.encode())  # noqa: E731
+    assert bad_word_ids(encode, ["ab", "  ab", " c"]) == ((97, 98), (32, 97, 98), (99,), (32, 99))
+    assert bad_word_ids(encode, []) == ()
+    sampling = tokenized(SamplingParams(), encode, ["ab"], (3, "<t>", "</t>"))
+    assert sampling.bad_words == ((97, 98), (32, 97, 98))
+    assert sampling.thinking == ThinkingBudget(budget=3, start=tuple(b"<t>"), end=tuple(b"</t>"))
+    assert tokenized(SamplingParams(), encode) == SamplingParams()
