@@ -165,7 +165,7 @@ def served_build_config(config: BuildConfig, engine_is_build: bool = False) -> d
     if engine_is_build:
         data["engine"]["folder"] = BUILD_FROM_YAML
     elif config.engine is not None and config.engine.resolved_folder is not None:
-        data["engine"]["folder"] = str(config.engine.resolved_folder.resolve())
+        data["engine"]["folder"] = str(config.engine.resolved_folder)
     return data
 
 
