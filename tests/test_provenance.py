@@ -37,3 +37,20 @@ def test_this_checkout_has_one():
     assert (SOURCE / "trtspec").is_dir()
     revision = source_revision()
     assert revision is None or revision.split("+")[0] == _git(SOURCE, "rev-parse", "--short", "HEAD")
+
+
+def test_version_names_the_installed_release_and_the_checkouts_commit():
+    """`trtspec --version` (every CLI a user knows has one; it was "No such option"): the installed
+    version and the commit a checkout runs, before any command loads a model."""
+    from importlib.metadata import version
+
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0, result.output
+    revision = source_revision()  # None where CI runs from a copy without .git
+    source = f" (source {revision})" if revision else ""
+    assert result.output == f"trtspec {version('trtspec')}{source}\n"
+    assert "--version" in CliRunner().invoke(main, ["--help"]).output

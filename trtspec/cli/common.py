@@ -141,8 +141,28 @@ class _Commands(click.Group):
             ctx.exit(INTERRUPTED)
 
 
+def _show_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """`--version`: the installed version and, from a git checkout, the commit it runs (what a bug
+    report and a measurement need: `git log REV..` says what changed since)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    from trtspec.provenance import source_revision
+
+    try:
+        installed = version("trtspec")
+    except PackageNotFoundError:  # run from a checkout that was never installed (PYTHONPATH)
+        installed = "(not installed)"
+    revision = source_revision()
+    click.echo(f"trtspec {installed}" + (f" (source {revision})" if revision else ""))
+    ctx.exit()
+
+
 @click.group(cls=_Commands)
 @click.option("-v", "--verbose", is_flag=True, help="Log progress at INFO level.")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
+              help="Show trtspec's version (and the commit of a git checkout) and exit.")
 def main(verbose: bool) -> None:
     """trtspec: speculative decoding (DFlash, DSpark, EAGLE-3, draft models) for TensorRT and
     Triton Inference Server."""
