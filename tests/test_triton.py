@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -626,6 +627,8 @@ def test_serve_binds_loopback_and_a_killed_serve_leaves_no_server_behind(tmp_pat
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
+        # a serve that hung silently fails here rather than hang the suite (no pytest timeout)
+        assert select.select([proc.stderr], [], [], 180)[0], "serve printed nothing in 180 s"
         line = proc.stderr.readline()
         assert line.startswith(f"serving {repo / REPO_DIR}: http://127.0.0.1:{ports.http}"), line
         assert line.endswith(f" (log: {tmp_path / 'serve.log'})\n"), line  # the server's own log, kept
