@@ -237,6 +237,12 @@ def local_target(tmp_path: Path, config, template: str):
     return config.model_copy(update={"target": config.target.model_copy(update={"path": str(target)})})
 
 
+def default_ctrl_c() -> None:
+    """A subprocess's preexec_fn: SIGINT as a terminal's foreground job has it, where a background
+    job's (a CI runner's `make test &`) ignores it and its children inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def free_ports(count: int) -> list[int]:
     """`count` distinct free loopback ports, each held until all are chosen: a port let go at once may be
     handed out again, so two `free_port()` calls in a row (or `Ports.free()` and one) gave the same

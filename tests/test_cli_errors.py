@@ -21,7 +21,7 @@ from trtspec.config import ASSETS_DIR
 from trtspec.output import MARKER
 from trtspec.triton.repo import REPO_DIR
 
-from .conftest import REPO
+from .conftest import REPO, default_ctrl_c
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 CHAT_PROMPTS = ASSETS_DIR / "prompts" / "chat.jsonl"
@@ -1078,11 +1078,8 @@ def test_ctrl_c_stops_a_command_with_one_line_and_exit_130(tmp_path):
     target, after its first step): click printed "Aborted!" and exited 1, a failure's status; now one
     line and 130 (128 + SIGINT), as a shell reports a stopped command, and nothing is written."""
     command = ["train", "target", "--out", str(tmp_path / "t"), "--steps", "100000"]
-    # a shell's background job (a CI runner's, `make test &`) ignores SIGINT, and its children inherit
-    # that: the command gets it as a terminal's foreground job does
     proc = subprocess.Popen([sys.executable, "-m", "trtspec.cli", *command], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=default_ctrl_c)
     try:
         seen = b""
         while b"1/100000" not in seen:  # tqdm's bar after the first step: mid-run

@@ -15,7 +15,7 @@ import pytest
 
 from trtspec.console import NOTICE
 
-from .conftest import REPO
+from .conftest import REPO, default_ctrl_c
 
 # a module that sends itself Ctrl-C while it loads, then finishes loading
 SLOW_MODULE = """
@@ -38,7 +38,7 @@ def _run(tmp_path, body: str, hold: bool = True) -> subprocess.CompletedProcess:
     script = prelude + textwrap.dedent(body)
     return subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}"},
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler))
+                          preexec_fn=default_ctrl_c)
 
 
 IMPORT_THEN_REPORT = """
@@ -134,11 +134,6 @@ def test_an_ignored_ctrl_c_stays_ignored():
     assert ran.stdout.strip() == "True", ran.stderr
 
 
-def _default_ctrl_c() -> None:
-    """As a terminal's foreground job has it, where a background job's (a CI runner's) ignores it."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize("seed", [0])
 def test_ctrl_c_at_any_moment_of_a_commands_start_is_one_line_and_exit_130(seed):
     """A terminal's Ctrl-C (a SIGINT to the process group) at random moments of `trtspec generate`'s
@@ -150,7 +145,7 @@ def test_ctrl_c_at_any_moment_of_a_commands_start_is_one_line_and_exit_130(seed)
                "--prompt", "Q: 1 + 2\nA:", "--max-tokens", "2000"]
     for delay in sorted(rng.uniform(0.1, 1.4) for _ in range(8)):
         proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, preexec_fn=_default_ctrl_c)
+                                start_new_session=True, preexec_fn=default_ctrl_c)
         time.sleep(delay)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
