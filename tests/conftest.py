@@ -243,6 +243,16 @@ def default_ctrl_c() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def line_within(pipe, seconds: float = 180) -> str:
+    """The next line a child process writes to `pipe`, waiting at most `seconds` for it to begin: a
+    child (or the server it talks to) that hung silently fails the test instead of hanging the suite,
+    which has no per-test timeout."""
+    import select
+
+    assert select.select([pipe], [], [], seconds)[0], f"nothing came from the child in {seconds:.0f} s"
+    return pipe.readline()
+
+
 def free_ports(count: int) -> list[int]:
     """`count` distinct free loopback ports, each held until all are chosen: a port let go at once may be
     handed out again, so two `free_port()` calls in a row (or `Ports.free()` and one) gave the same

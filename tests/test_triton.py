@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -46,7 +45,7 @@ from trtspec.triton.client import (
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
 from trtspec.triton.server import Ports, ServeError, TritonServer, free_port
 
-from .conftest import REPO, triton_serving, tritonserver_pids
+from .conftest import REPO, line_within, triton_serving, tritonserver_pids
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 PROMPTS = ("Q: 482 + 356\nA:", "def parse(self, text):\n", "Explain what a generator is.", "import os\n")
@@ -488,7 +487,7 @@ def test_client_dropping_mid_stream_does_not_wedge_the_model(served, config, exp
         stdout=subprocess.PIPE, text=True,
     )
     try:
-        assert proc.stdout.readline().strip() == "got"  # streaming has begun
+        assert line_within(proc.stdout).strip() == "got"  # streaming has begun
     finally:
         proc.kill()  # the connection drops without a goodbye
         proc.wait()
@@ -627,9 +626,7 @@ def test_serve_binds_loopback_and_a_killed_serve_leaves_no_server_behind(tmp_pat
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        # a serve that hung silently fails here rather than hang the suite (no pytest timeout)
-        assert select.select([proc.stderr], [], [], 180)[0], "serve printed nothing in 180 s"
-        line = proc.stderr.readline()
+        line = line_within(proc.stderr)
         assert line.startswith(f"serving {repo / REPO_DIR}: http://127.0.0.1:{ports.http}"), line
         assert line.endswith(f" (log: {tmp_path / 'serve.log'})\n"), line  # the server's own log, kept
         assert "Started GRPCInferenceService at" in (tmp_path / "serve.log").read_text()
