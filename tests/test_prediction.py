@@ -121,6 +121,20 @@ def test_a_prediction_is_followed_at_its_edges():
     assert PredictedDrafts(prediction).next([*prediction[:10], 3], 2) == [4, 5]
 
 
+@pytest.mark.parametrize("second, expected", [(MATCH, [5, 6]), (MATCH - 1, [7, 8])], ids=["tie", "shorter"])
+def test_runs_are_compared_over_match_tokens_at_most(second, expected):
+    """Runs are compared over the answer's last MATCH tokens at most: two places that both hold
+    that many tie, and the first at or after the current place wins, not the one holding the longer
+    run; one token fewer loses. Here the answer follows a copy of its tail that ends early (88), so
+    its last token sends it looking: the prediction's second copy (after 99) holds its last
+    `second` tokens, the third (after 98) its whole tail."""
+    tail = list(range(10, 10 + MATCH + 2))  # the answer's last MATCH + 2 tokens, each unique
+    prediction = [1, 2, 3, *tail[:-1], 88, 99, *tail[-second:], 5, 6, 98, *tail, 7, 8]
+    answer = [50, *tail]  # follows the first copy from (tail[0], tail[1]) until 88
+    assert PredictedDrafts(prediction).next(answer[:-1], 2) == [88, 99]  # on the first copy
+    assert PredictedDrafts(prediction).next(answer, 2) == expected
+
+
 @pytest.fixture(scope="module", params=["tiny-dflash", "tiny-draft-model"])
 def pipeline(request):
     from trtspec.pipeline import load_pipeline
