@@ -1,6 +1,7 @@
 """Draft trees at their edges (`spec.tree`, `spec.tree_verify`): depths computed from parents, the
 plain EAGLE-2 expansion over random path-dependent scores, trees with fewer finite candidates
-than nodes, guided trees and log-scores of every row kind."""
+than nodes, guided trees, log-scores of every row kind, and the verifiers' rounding and
+zero-probability edges."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from trtspec.spec.coupling import coupled_choice
 from trtspec.spec.grammar import Guide, GuideCompiler, GuideState
 from trtspec.spec.sampling import SamplingParams, row_probs
 from trtspec.spec.tree import DraftTree, grow_tree, log_scores
+from trtspec.spec.tree_verify import verify_tree_chosen, verify_tree_sampling
 from trtspec.tokenizer import ByteTokenizer
 
 # -- depths and truncation -------------------------------------------------------------------
@@ -251,3 +253,41 @@ def test_gumbel_coupled_rows_score_a_law_whose_best_is_their_coupled_draft():
     with pytest.raises(ValueError, match="positions"):
         log_scores(logits, params)
 
+
+# -- the verifiers ---------------------------------------------------------------------------
+
+def test_a_verdict_s_row_is_its_accepted_tokens_then_the_last():
+    """TreeVerdict.row(r): the a accepted drafts of row r, then its recovered/bonus token."""
+    tokens = torch.tensor([[1, 2, 3], [1, 2, 3]])
+    parents = torch.tensor([[0, 1, 2], [0, 1, 2]])
+    choice = torch.tensor([[1, 2, 0, 0], [1, 2, 3, 4]])  # row 0 stops at node 2, row 1 takes the chain
+    verdict = verify_tree_chosen(tokens, parents, [3, 3], choice)
+    assert verdict.row(0) == [1, 2, 0] and verdict.row(1) == [1, 2, 3, 4]
+
+
+# p_root over 4 tokens, none on token 0: float32 values whose float64 sum falls short of 1, so that
+# uniforms just below 1 reject all three children (found by search)
+SHORT = torch.tensor([0.0, 0.34844428300857544, 0.538161039352417, 0.11339462548494339])
+JUST_BELOW_1 = float(torch.tensor(1.0).nextafter(torch.tensor(0.0)))
+
+
+def test_rounding_that_rejects_all_of_p_draws_the_last_token_from_p():
+    """Children covering p's whole support, each rejected only through float rounding: the last token
+    is drawn from p itself, never a token p rules out."""
+    tokens, parents = torch.tensor([[1, 2, 3]]), torch.tensor([[0, 0, 0]])
+    p = SHORT.expand(1, 4, 4)
+    uniforms = torch.full((1, 3), JUST_BELOW_1)
+    out = verify_tree_sampling(tokens, parents, [3], p, uniforms, torch.tensor([0.5]))
+    assert out.num_accepted.tolist() == [0] and out.row(0) == [2]  # p's cdf passes 0.5 at token 2
+
+
+def test_a_draft_p_rules_out_is_rejected_even_at_a_uniform_of_0():
+    """torch.rand can return 0: a child whose token p gives 0 is still never accepted (the accept
+    test is u · mass < r(x), strictly), under both rules; the next child with mass is."""
+    tokens, parents = torch.tensor([[0, 1]]), torch.tensor([[0, 0]])
+    p = SHORT.expand(1, 3, 4)
+    q = torch.tensor([0.5, 0.1, 0.4, 0.0]).expand(1, 3, 4)
+    zeros = torch.zeros(1, 2)
+    for q_probs in (None, q):
+        out = verify_tree_sampling(tokens, parents, [2], p, zeros, torch.tensor([0.0]), q_probs)
+        assert out.path[0, 0] == 2 and out.num_accepted.tolist() == [1], q_probs
