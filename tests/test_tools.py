@@ -14,7 +14,14 @@ import xgrammar as xgr
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from trtspec.openai.protocol import ApiError, ChatRequest, check_messages, parse
-from trtspec.openai.tools import TOOL_CALL_PARSERS, ToolParser, check_tools, merge_deltas, tool_plan
+from trtspec.openai.tools import (
+    BLOCK_PARSERS,
+    TOOL_CALL_PARSERS,
+    ToolParser,
+    check_tools,
+    merge_deltas,
+    tool_plan,
+)
 
 ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
        "required": ["a", "b"]}
@@ -133,6 +140,19 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
     text = HERMES[0][0]
     message, _, _ = _message(tool_plan(TOOLS, "auto", False, "hermes"), [text])
     assert _calls(message) == [("add", {"a": 1, "b": 2})] and message["content"] == "Sure.\n"
+
+
+@pytest.mark.parametrize("parser", BLOCK_PARSERS)
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_push_gives_out_the_text_after_a_closed_block_at_once(parser, strict):
+    """A push gives out all that it settles: a block closed within it is its call, and the text after
+    the block that can begin no tag is content in the same push, not held for the next one."""
+    tools = [{"type": "function", "function": {**t["function"], "strict": strict}} for t in TOOLS]
+    block = _xml("add", ("a", "1")) if parser == "qwen3_coder" else \
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+    deltas = ToolParser(tool_plan(tools, "auto", None, parser)).push(block + " so")
+    message = merge_deltas(deltas)
+    assert (message["content"], _calls(message)) == (" so", [("add", {"a": 1})])
 
 
 def _random_value(rng: random.Random, depth: int = 0):

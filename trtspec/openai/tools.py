@@ -673,6 +673,8 @@ class ToolParser:
                 self.xml.done, arguments = True, ""
         if arguments and self.streamed >= 0:
             self._more_arguments(arguments)
+        if end < 0 and self.xml.done:  # a strict call's </function> just read: its block may close here
+            end = self.held.find(HERMES_CLOSE, self.xml.at)
         if end < 0 and not final:
             return False
         if self.xml.name is None:  # it named no function: the block's text
