@@ -66,6 +66,9 @@ HERMES = [  # text, content, calls
     ('<tool_call>\n{ "name" : "add" ,\n "arguments": {"a": 1}} \n</tool_call>', None, [("add", {"a": 1})]),
     ('<tool_call>{"name": "add", "arguments": "{}"}</tool_call>',  # arguments no object: as written
      '<tool_call>{"name": "add", "arguments": "{}"}</tool_call>', []),
+    ('<tool_call>{"name": "add"}</tool_call>', None, [("add", {})]),  # no arguments: a call without any
+    ("<tool_call>[1, 2]</tool_call>", "<tool_call>[1, 2]</tool_call>", []),  # JSON, but no object
+    ("<tool_call></tool_call>", "<tool_call></tool_call>", []),  # an empty block is text, both tags
 ]
 
 
@@ -142,6 +145,28 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
     assert _calls(message) == [("add", {"a": 1, "b": 2})] and message["content"] == "Sure.\n"
 
 
+NON_ASCII = [  # parser, text, the call's arguments as vLLM's parser of that name writes them
+    ("hermes", '<tool_call>{"arguments": {"city": "Zürich"}, "name": "get_weather"}</tool_call>',
+     '{"city": "Zürich"}'),  # read whole (its name not first), written again by json.dumps
+    ("llama3_json", '{"parameters": {"city": "Zürich"}, "name": "get_weather"}', '{"city": "Zürich"}'),
+    ("qwen3_coder", _xml("get_weather", ("city", "Zürich"), ("days", '["é"]')),
+     '{"city": "Zürich", "days": ["é"]}'),
+    ("qwen3_coder", _xml("add", ("a", "é")), '{"a": "é"}'),  # not JSON: its text, a string
+]
+
+
+@pytest.mark.parametrize("parser, text, arguments", NON_ASCII)
+def test_arguments_keep_non_ascii_text_as_it_is(parser, text, arguments):
+    """A call's arguments that the parser writes itself (a block read whole, Qwen3-Coder's XML read
+    into JSON) keep non-ASCII text as it is, not \\u-escaped: json.dumps' ensure_ascii off, as vLLM's
+    parsers write them; whole or streamed alike."""
+    plan = tool_plan(TOOLS, "auto", None, parser)
+    rng = random.Random(0)
+    for pieces in ([text], *(_pieces(text, rng) for _ in range(10))):
+        message, _, _ = _message(plan, pieces)
+        assert [c["function"]["arguments"] for c in message["tool_calls"]] == [arguments]
+
+
 @pytest.mark.parametrize("parser", BLOCK_PARSERS)
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_push_gives_out_the_text_after_a_closed_block_at_once(parser, strict):
@@ -153,6 +178,17 @@ def test_a_push_gives_out_the_text_after_a_closed_block_at_once(parser, strict):
     deltas = ToolParser(tool_plan(tools, "auto", None, parser)).push(block + " so")
     message = merge_deltas(deltas)
     assert (message["content"], _calls(message)) == (" so", [("add", {"a": 1})])
+
+
+def test_a_strict_qwen3_coder_value_holds_a_whole_tool_call_close_as_its_text():
+    """In a strict call (the block ends after its </function>), a string value's `\\n</tool_call>`
+    is its text, given out as it comes: the guide allows it there, and it can begin no value's end.
+    A max_tokens cut just after it leaves it in the unfinished arguments."""
+    strict = [{"type": "function", "function": {**t["function"], "strict": True}} for t in TOOLS]
+    plan = tool_plan(strict, "auto", None, "qwen3_coder")
+    cut = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</tool_call>"
+    message, _, _ = _message(plan, [cut])
+    assert message["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo\\n</tool_call>'
 
 
 def _random_value(rng: random.Random, depth: int = 0):
@@ -366,6 +402,8 @@ BAD_TOOLS = [  # tools, tool_choice, parser, param
     (TOOLS, {"type": "function", "function": {"name": "sub"}}, None, "tool_choice.function.name"),
     (TOOLS, "sometimes", None, "tool_choice"),
     (TOOLS, {"name": "add"}, None, "tool_choice"),
+    (TOOLS, {"type": "function", "function": "add"}, None, "tool_choice"),
+    (TOOLS, {"type": "function", "function": {"name": 5}}, None, "tool_choice"),
     (TOOLS, "auto", None, "tool_choice"),  # no --tool-call-parser
     (TOOLS, None, None, "tool_choice"),  # auto is the default with tools
     (None, "required", None, "tool_choice"),  # nothing to choose
