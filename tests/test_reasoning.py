@@ -23,6 +23,7 @@ from trtspec.openai.reasoning import (
     REASONING_PARSERS,
     ReasoningParser,
     answer_start,
+    parser_name,
     reasoning_guide,
 )
 from trtspec.openai.tools import tool_plan
@@ -162,6 +163,14 @@ def test_serve_offers_every_reasoning_parser():
 
     option = next(p for p in serve.params if p.name == "reasoning_parser")
     assert tuple(option.type.choices) == REASONING_PARSERS + tuple(ALIASES)
+
+
+def test_a_parsers_other_spelling_is_the_same_parser():
+    """serve takes TensorRT-LLM's spelling too: `deepseek-r1` is the deepseek_r1 parser, each
+    parser's own name is itself, and no --reasoning-parser stays none."""
+    assert parser_name("deepseek-r1") == "deepseek_r1"
+    assert [parser_name(name) for name in REASONING_PARSERS] == list(REASONING_PARSERS)
+    assert parser_name(None) is None
 
 
 NAMED = {"type": "function", "function": {"name": "add"}}
