@@ -404,6 +404,9 @@ BAD_TOOLS = [  # tools, tool_choice, parser, param
     (TOOLS, {"name": "add"}, None, "tool_choice"),
     (TOOLS, {"type": "function", "function": "add"}, None, "tool_choice"),
     (TOOLS, {"type": "function", "function": {"name": 5}}, None, "tool_choice"),
+    (TOOLS, {"type": "custom", "function": {"name": "add"}}, None, "tool_choice"),  # a function's only
+    (TOOLS, 5, None, "tool_choice"),  # neither a string nor an object
+    ([TOOLS[0]] * 129, "none", None, "tools"),  # OpenAI's limit is 128 tools
     (TOOLS, "auto", None, "tool_choice"),  # no --tool-call-parser
     (TOOLS, None, None, "tool_choice"),  # auto is the default with tools
     (None, "required", None, "tool_choice"),  # nothing to choose
@@ -419,6 +422,12 @@ def test_a_bad_tool_request_is_refused_naming_its_parameter(tools, choice, parse
         tool_plan(tools, choice, None, parser)
     assert refused.value.param == param, refused.value.message
     assert param.split(".")[0].split("[")[0] in refused.value.message
+
+
+def test_as_many_tools_as_openai_allows_are_served():
+    tools = [{"type": "function", "function": {"name": f"f{i}"}} for i in range(128)]
+    assert tool_plan(tools, "none", None, None).tools == tools
+    assert tool_plan(tools, {"type": "function", "function": {"name": "f127"}}, None, None).name == "f127"
 
 
 def test_a_guided_tool_choice_takes_no_other_format_nor_min_tokens():
