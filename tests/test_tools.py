@@ -67,6 +67,7 @@ HERMES = [  # text, content, calls
     ('<tool_call>{"name": "add", "arguments": "{}"}</tool_call>',  # arguments no object: as written
      '<tool_call>{"name": "add", "arguments": "{}"}</tool_call>', []),
     ('<tool_call>{"name": "add"}</tool_call>', None, [("add", {})]),  # no arguments: a call without any
+    ('\n\n<tool_call>{"name": "add", "arguments": {}}</tool_call>', None, [("add", {})]),  # a blank start
     ("<tool_call>[1, 2]</tool_call>", "<tool_call>[1, 2]</tool_call>", []),  # JSON, but no object
     ("<tool_call></tool_call>", "<tool_call></tool_call>", []),  # an empty block is text, both tags
 ]
@@ -81,6 +82,8 @@ LLAMA = [  # text, content, calls: Llama 3.1's JSON calls (vLLM's llama3_json)
     ('{"name": "add", "parameters": {"a": 1}} and then text', "and then text", [("add", {"a": 1})]),
     ('{"name": "add", "param', '{"name": "add", "param', []),  # max_tokens ran out
     ('{"a": 1}', '{"a": 1}', []),  # no call's shape
+    ('{"name": "add"}', '{"name": "add"}', []),  # no parameters: no call (vLLM's needs them too)
+    ('{"name": "add", "parameters": {}}]', "]", [("add", {})]),  # a stray bracket after a call is text
     ("<|python", "<|python", []),
     ("  ", "  ", []),
 ]
@@ -115,6 +118,9 @@ QWEN3_CODER = [  # text, content, calls: Qwen3-Coder's XML calls (vLLM's and Ten
     ("<tool_call>\n<function", "<tool_call>\n<function", []),  # cut before the function is named
     ('<tool_call>{"name": "add", "arguments": {}}</tool_call>',
      '<tool_call>{"name": "add", "arguments": {}}</tool_call>', []),  # hermes' JSON is not this format
+    ("<tool_call><function=add>\n<parameter=a>\n1\n</parameter>\n</function></tool_call>", None,
+     [("add", {"a": 1})]),  # no newline after <tool_call> (vLLM's parser needs none)
+    ("<tool_call>\n<function=add></tool_call>", None, [("add", {})]),  # named just before the block ends
 ]
 
 
@@ -139,6 +145,16 @@ def test_auto_text_becomes_content_and_calls_however_it_is_cut(parser, text, con
         assert all(d["id"].startswith("call_") and d["type"] == "function" for d in first)
 
 
+@pytest.mark.parametrize("parser, text", [(case[0], case[1]) for case in AUTO],
+                         ids=[f"{case[0]}-{i}" for i, case in enumerate(AUTO)])
+def test_every_delta_a_character_at_a_time_carries_text(parser, text):
+    """A push that settles nothing gives no delta: each content delta and each call's delta after
+    its first (id, name) holds text."""
+    deltas = _message(tool_plan(TOOLS, "auto", None, parser), list(text))[1]
+    assert all(d["content"] for d in deltas if "content" in d)
+    assert all(c["function"]["arguments"] for d in deltas for c in d.get("tool_calls", ()) if "id" not in c)
+
+
 def test_parallel_tool_calls_false_keeps_the_first_call():
     text = HERMES[0][0]
     message, _, _ = _message(tool_plan(TOOLS, "auto", False, "hermes"), [text])
@@ -152,6 +168,7 @@ NON_ASCII = [  # parser, text, the call's arguments as vLLM's parser of that nam
     ("qwen3_coder", _xml("get_weather", ("city", "Zürich"), ("days", '["é"]')),
      '{"city": "Zürich", "days": ["é"]}'),
     ("qwen3_coder", _xml("add", ("a", "é")), '{"a": "é"}'),  # not JSON: its text, a string
+    ("qwen3_coder", _xml("add", ("é", "1")), '{"é": "1"}'),  # a parameter's name too
 ]
 
 
@@ -180,6 +197,23 @@ def test_a_push_gives_out_the_text_after_a_closed_block_at_once(parser, strict):
     assert (message["content"], _calls(message)) == (" so", [("add", {"a": 1})])
 
 
+@pytest.mark.parametrize("parser", BLOCK_PARSERS)
+def test_a_push_gives_out_an_empty_block_and_the_text_after_it_at_once(parser):
+    """An empty block is text as soon as its </tool_call> is written, not held to the end."""
+    deltas = ToolParser(tool_plan(TOOLS, "auto", None, parser)).push("<tool_call></tool_call> so")
+    assert merge_deltas(deltas) == {"role": "assistant", "content": "<tool_call></tool_call> so"}
+
+
+def test_a_hermes_block_without_newlines_streams_its_call_and_ends_at_once():
+    """A call whose object follows <tool_call> at once is streamed once begun, and its </tool_call>
+    right after the object ends the block in that push."""
+    parser = ToolParser(tool_plan(TOOLS, "auto", None, "hermes"))
+    begun = parser.push('<tool_call>{"name": "add", "arguments": {"a": ')
+    assert merge_deltas(begun)["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": '}
+    message = merge_deltas(begun + parser.push('1}}</tool_call> so'))
+    assert (message["content"], _calls(message)) == (" so", [("add", {"a": 1})])
+
+
 def test_a_strict_qwen3_coder_value_holds_a_whole_tool_call_close_as_its_text():
     """In a strict call (the block ends after its </function>), a string value's `\\n</tool_call>`
     is its text, given out as it comes: the guide allows it there, and it can begin no value's end.
@@ -189,6 +223,26 @@ def test_a_strict_qwen3_coder_value_holds_a_whole_tool_call_close_as_its_text():
     cut = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</tool_call>"
     message, _, _ = _message(plan, [cut])
     assert message["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo\\n</tool_call>'
+
+
+def test_a_strict_qwen3_coder_value_may_end_as_a_function_does():
+    """A strict call's string value is its text up to its </parameter>, a `</function>` at its end
+    too (XML a coder writes): the parameters after it are read."""
+    strict = [{"type": "function", "function": {**t["function"], "strict": True}} for t in TOOLS]
+    plan = tool_plan(strict, "auto", None, "qwen3_coder")
+    text = _xml("get_weather", ("city", "<function=f>\n</function>"), ("days", "[1]"))
+    for pieces in ([text], _pieces(text, random.Random(0))):
+        message, _, _ = _message(plan, pieces)
+        assert _calls(message) == [("get_weather", {"city": "<function=f>\n</function>", "days": [1]})]
+
+
+def test_a_streamed_calls_arguments_end_at_their_objects_close_whatever_their_keys():
+    """A JSON call streamed as written gives out its arguments' text up to their object's close, not
+    the whitespace after it, a first key that is empty or begins with an escape too."""
+    plan = tool_plan(TOOLS, "auto", None, "llama3_json")
+    for arguments in ('{"": 1}', '{"\\\\": "}"}', '{"a": 1}'):
+        message, _, _ = _message(plan, ['{"name": "add", "parameters": ' + arguments + " ", "}"])
+        assert message["tool_calls"][0]["function"]["arguments"] == arguments
 
 
 def _random_value(rng: random.Random, depth: int = 0):
