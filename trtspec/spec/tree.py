@@ -14,6 +14,7 @@ The shape is EAGLE-2's dynamic tree (Li et al. 2024), for every drafter (`grow_t
             a candidate's score is its path's: the sum of log-scores from the root
     after `depth` levels (or once no later candidate can enter the top N): keep the N best
     candidates of all depths; a child never scores above its parent, so they form a tree
+    (K is capped at the vocabulary size V, the frontier's width included: a toy vocabulary only)
 
 What a drafter supplies is `expand`, the children's log-scores of a frontier:
 - DFlash: ONE block forward gives per-slot marginals q_d, so a depth-d node's children score
