@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -247,8 +248,6 @@ def line_within(pipe, seconds: float = 180) -> str:
     """The next line a child process writes to `pipe`, waiting at most `seconds` for it to begin: a
     child (or the server it talks to) that hung silently fails the test instead of hanging the suite,
     which has no per-test timeout."""
-    import select
-
     assert select.select([pipe], [], [], seconds)[0], f"nothing came from the child in {seconds:.0f} s"
     return pipe.readline()
 
