@@ -15,6 +15,7 @@ from trtspec.models.dspark_drafter import DSparkDrafter
 from trtspec.models.target import TargetModel, load_causal_lm
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
 from trtspec.spec.sts import (
+    DEFAULT_GRID,
     STSCalibration,
     confidences,
     expected_calibration_error,
@@ -124,6 +125,25 @@ def test_ece_of_known_cases():
     assert expected_calibration_error(torch.full((4,), 0.5), torch.tensor([1, 1, 1, 1])) == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("pred, outcome, ece", [
+    ([0.3], [1], 0.7),  # one prediction is a bin of its own
+    ([0.05, 0.15], [1, 0], 0.55),  # bins 0 and 1 apart: |0.05 - 1| + |0.15 - 0| over 2
+    ([0.85, 0.95], [1, 0], 0.55),  # bins 8 and 9 apart
+    ([0.95, 1.0], [1, 0], 0.475),  # a prediction of 1 is in the last bin: |0.95 + 1 - 1| over 2
+], ids=["one", "first-bins", "last-bins", "one-is-last"])
+def test_ece_bins_split_at_each_tenth_and_keep_1_in_the_last(pred, outcome, ece):
+    """Equal-width bins: [0, 0.1) is the first, [0.9, 1] the last (1.0 itself included); gaps of
+    opposite signs cancel within a bin only."""
+    got = expected_calibration_error(torch.tensor(pred), torch.tensor(outcome), bins=10)
+    assert got == pytest.approx(ece)
+
+
+def test_sts_grid_spans_0_01_to_10_with_1_in_it():
+    """fit_sts searches 121 temperatures, log-spaced from 0.01 to 10, T = 1 (no change) one of them."""
+    assert len(DEFAULT_GRID) == 121 and 1.0 in DEFAULT_GRID
+    assert (DEFAULT_GRID[0], DEFAULT_GRID[-1]) == (pytest.approx(0.01), pytest.approx(10.0))
+
+
 def test_sts_recovers_overconfident_slots():
     """Outcomes drawn with c_j = σ(z_j / 2.5): STS finds T ≈ 2.5 and shrinks the ECE."""
     gen = torch.Generator().manual_seed(1)
@@ -152,6 +172,7 @@ def test_save_load_identical_outputs(tmp_path, target, drafter_model):
     # true were read as 1.0
     ({"temperatures": [float("nan"), 1, 1, 1, 1]}, "temperatures must be numbers > 0, got nan"),
     ({"temperatures": [1, 1, float("inf"), 1, 1]}, "temperatures must be numbers > 0, got inf"),
+    ({"temperatures": [1, 1, 1, 0, 1]}, "temperatures must be numbers > 0, got 0"),
     ({"temperatures": [1, "1", 1, 1, 1]}, "temperatures.1: Input should be a valid number, got .1."),
     ({"temperatures": [True, 1, 1, 1, 1]}, "temperatures.0: Input should be a valid number, got True"),
     ({"temperatures": "abc"}, "sts.json: temperatures: Input should be a valid list, got 'abc'"),
