@@ -21,6 +21,7 @@ from trtspec.openai.anthropic_messages import (
     check_messages_request,
     error_body,
     stop_reason,
+    usage,
 )
 from trtspec.openai.protocol import ApiError, renamed
 from trtspec.openai.reasoning import OPENS_TAG, REASONING
@@ -291,3 +292,69 @@ def test_stop_reasons():
     assert stop_reason("stop", text, "\nQ:", ["##"]) == ("end_turn", None)  # the template's end of turn
     assert stop_reason("stop", [], None, None) == ("end_turn", None)
     assert ContentBlocks().content() == [{"type": "text", "text": ""}]
+
+
+@pytest.mark.parametrize(("ask", "param"), [
+    ({"temperature": 0}, None), ({"temperature": 1}, None), ({"temperature": -0.1}, "temperature"),
+    ({"metadata": {"user_id": "u-1"}}, None), ({"metadata": {"user_id": None}}, None),
+    ({"metadata": {"user_id": 7}}, "metadata.user_id"), ({"metadata": {"tag": "a"}}, "metadata.tag"),
+])
+def test_a_messages_requests_own_fields_are_taken_at_their_edges_and_refused_by_name(ask, param):
+    """Anthropic's temperature is in [0, 1], both ends taken; metadata holds a string user_id only."""
+    if param is None:
+        check_messages_request(_request(**ask))
+        return
+    with pytest.raises(ApiError) as refused:
+        check_messages_request(_request(**ask))
+    assert refused.value.param == param
+
+
+@pytest.mark.parametrize(("budget", "refused"), [(1024, False), (2047, False), (2048, True), (1023, True),
+                                                 ("2000", True), (True, True), (2000.0, True)])
+def test_a_thinking_budget_is_an_integer_from_1024_to_under_max_tokens(budget, refused):
+    """As Anthropic checks budget_tokens: an integer (not its text, a boolean or a decimal number)
+    of at least 1,024 and less than max_tokens (2,048 here)."""
+    ask = {"thinking": {"type": "enabled", "budget_tokens": budget}}
+    if not refused:
+        assert chat_body(_request(**ask))["thinking_token_budget"] == budget
+        return
+    with pytest.raises(ApiError) as caught:
+        chat_body(_request(**ask))
+    assert caught.value.param == "thinking.budget_tokens"
+
+
+def test_thinking_not_displayed_is_generated_and_not_sent():
+    """display "omitted": the model thinks (the template's enable_thinking), the reasoning is not sent
+    (chat's include_reasoning false); displayed, chat's default sends it."""
+    omitted = chat_body(_request(thinking={"type": "adaptive", "display": "omitted"}))
+    assert omitted["chat_template_kwargs"] == {"enable_thinking": True}
+    assert omitted["include_reasoning"] is False
+    shown = chat_body(_request(thinking={"type": "adaptive", "display": "summarized"}))
+    assert "include_reasoning" not in shown
+
+
+def test_an_assistant_turn_of_calls_alone_or_of_no_blocks_is_still_a_message():
+    """An assistant turn holding only tool_use blocks is an assistant message of those calls (its
+    content ""), and a message of no blocks an empty one: neither is dropped from the conversation."""
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": [USE]},
+                {"role": "user", "content": []}]
+    assert chat_messages(None, messages) == [{"role": "user", "content": "q"},
+                                             {"role": "assistant", "content": "", "tool_calls": [CALL]},
+                                             {"role": "user", "content": ""}]
+
+
+def test_a_tool_results_content_of_another_block_than_text_is_refused_by_its_type():
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": [USE]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                              "content": [{"type": "image", "source": {}}]}]}]
+    with pytest.raises(ApiError) as refused:
+        chat_messages(None, messages)
+    assert refused.value.param == "messages[2].content[0].content[0].type"
+    assert "a tool result of text only" in refused.value.message
+
+
+def test_usage_counts_the_prompt_tokens_read_from_the_cache_apart():
+    """Anthropic's input_tokens are the prompt's tokens not read from the cache; nothing is written
+    to a cache a request pays for."""
+    assert usage(10, 4, 3) == {"input_tokens": 6, "cache_creation_input_tokens": 0,
+                               "cache_read_input_tokens": 4, "output_tokens": 3}
