@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from trtspec.openai.protocol import (
+    FLOAT32_TINY,
     MAX_CHOICES,
     MAX_TEMPLATE_DEPTH,
     ApiError,
@@ -16,6 +17,7 @@ from trtspec.openai.protocol import (
     CompletionRequest,
     check_chat,
     check_completion,
+    compact_json_wanted,
     guide_of,
     parse,
     renamed,
@@ -52,6 +54,10 @@ def test_a_parameter_left_out_has_openais_default(endpoint):
     assert (request.presence_penalty, request.frequency_penalty, request.repetition_penalty) == (0, 0, None)
     assert request.ignore_eos is False and request.include_stop_str_in_output is False
     assert request.logprobs is None and request.logit_bias is None and request.stop is None
+    if endpoint == "completions":
+        assert request.echo is False  # the completion alone, not the prompt before it
+    usage = _request(endpoint, {"stream": True, "stream_options": {"include_usage": True}}).stream_options
+    assert usage.continuous_usage_stats is False  # the usage in the last chunk only
 
 
 def _nested(depth: int) -> dict:
@@ -63,6 +69,11 @@ def _nested(depth: int) -> dict:
 
 EDGES = [  # (endpoint, change taken, change refused, the parameter named)
     ("completions", {"top_p": 1}, {"top_p": 1.0000001}, "top_p"),
+    # FLOAT32_TINY itself rounds to the float32 0 (half the smallest, to even)
+    ("chat", {"top_p": 7.1e-46}, {"top_p": FLOAT32_TINY}, "top_p"),
+    # max_tokens beside its newer name: the same value taken, another refused
+    ("chat", {"max_tokens": 4, "max_completion_tokens": 4}, {"max_tokens": 4, "max_completion_tokens": 5},
+     "max_completion_tokens"),
     # prompts × n choices, at most MAX_CHOICES
     ("completions", {"prompt": ["a", "b"], "n": MAX_CHOICES // 2},
      {"prompt": ["a", "b"], "n": MAX_CHOICES // 2 + 1}, "prompt"),
@@ -100,12 +111,17 @@ GUIDES = [  # the structured-output field, what it asks, and the guide (None: re
     ({"response_format": {"type": "regex", "regex": ""}}, None, "response_format.regex"),
     ({"response_format": {"type": "json", "schema": "{}"}}, None, "response_format.schema"),
     ({"guided_choice": ["yes", "no"]}, ("ebnf_grammar", 'root ::= "yes" | "no"'), None),
+    # a choice's character as itself, not JSON's \u escapes (an emoji's would be a surrogate pair)
+    ({"guided_choice": ["oui", "\U0001f600"]}, ("ebnf_grammar", 'root ::= "oui" | "\U0001f600"'), None),
     ({"guided_choice": []}, None, "guided_choice"),
     ({"guided_choice": ["yes", ""]}, None, "guided_choice"),
     ({"guided_json": '{"type": "integer"}'}, ("json_schema", '{"type": "integer"}'), None),
     ({"guided_json": ""}, None, "guided_json"),
     ({"structured_outputs": {"json": 5}}, None, "structured_outputs.json"),
     ({"structured_outputs": {"json_object": 1}}, None, "structured_outputs.json_object"),
+    # structured_outputs of options alone is no second guide: they shape response_format's
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"disable_any_whitespace": True}},
+     ("json", ""), None),
 ]
 
 
@@ -114,6 +130,8 @@ def test_a_structured_output_is_its_guide_or_refused_by_name(change, guide, para
     request = _request("chat", change)
     if param is None:
         assert guide_of(request) == guide
+        compact = change.get("structured_outputs", {}).get("disable_any_whitespace")
+        assert compact_json_wanted(request) == compact
         return
     with pytest.raises(ApiError) as refused:
         guide_of(request)
