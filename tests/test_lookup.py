@@ -18,7 +18,7 @@ import pytest
 from trtspec.config import LookupConfig, ScheduleConfig, load_build_config
 from trtspec.errors import ConfigError
 from trtspec.spec.decoder import Request, SpeculativeDecoder
-from trtspec.spec.lookup import ANSWER_ROOM, WIDE, PromptLookup
+from trtspec.spec.lookup import ANSWER_ROOM, WIDE, LookupPool, PromptLookup
 from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.schedule import SPSTable
 
@@ -77,6 +77,23 @@ def test_what_it_copies_on_small_cases():
     grows = PromptLookup([4, 4], min_match=1, max_match=2)
     answer = [4] * (ANSWER_ROOM + 5)  # past the room it made for an answer
     assert grows.next(answer, 2) == [4, 4] and grows.length == ANSWER_ROOM + 7
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_asked_for_no_tokens_it_copies_nothing_yet_keeps_the_answer(seed):
+    """n = 0 (no room left to draft): no copy and no match reported (`match` prices the copy), the
+    pool's place forgotten too; the answer fed meanwhile is kept, so the next ask is the rule's. A
+    lookup that has not been asked yet has matched nothing either."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(3) for _ in range(30)]
+    answer = [rng.randrange(3) for _ in range(12)]
+    pool = LookupPool(capacity=64)
+    pool.add(prompt[-6:] + [7, 8])  # the prompt's last 6 tokens, then what the pool's copy drafts
+    lookup = PromptLookup(prompt, min_match=1, max_match=8)
+    assert lookup.match == 0 and not lookup.pooled  # nothing asked yet
+    assert lookup.next([], 2, pool) == [7, 8] and lookup.match == 6 and lookup.pooled
+    assert lookup.next(answer[:5], 0, pool) == [] and lookup.match == 0 and not lookup.pooled
+    assert lookup.next(answer, 4) == _brute_force(prompt + answer, 1, 8, 4)
 
 
 def test_over_wide_places_each_narrowing_step_keeps_to_the_rule():
