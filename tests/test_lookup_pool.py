@@ -83,6 +83,51 @@ def test_pool_copies_from_the_longest_match_in_the_texts_it_keeps(seed):
     assert found > 150
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_after_a_clear_texts_added_copy_under_their_own_salts(seed):
+    """A cleared pool forgets its texts with the salts they came with: what it copies afterwards is
+    the brute-force search's over the texts added since, each under its own salt."""
+    rng = random.Random(seed)
+    found = 0
+    for _ in range(40):
+        vocab, capacity = rng.choice([2, 3]), rng.randint(20, 120)
+        pool = LookupPool(capacity)
+        for _ in range(rng.randint(1, 4)):  # forgotten
+            pool.add([rng.randrange(vocab) for _ in range(rng.randint(1, 30))], rng.choice(SALTS))
+        pool.clear()
+        texts = [([rng.randrange(vocab) for _ in range(rng.randint(1, 30))], rng.choice(SALTS))
+                 for _ in range(rng.randint(1, 4))]
+        for text, salt in texts:
+            pool.add(text, salt)
+        kept = _kept(texts, capacity)
+        for _ in range(10):
+            source = rng.choice(texts)[0]
+            tail = source[: rng.randint(POOL_KEY, len(source) + POOL_KEY)]  # often a text's own run
+            max_match, n, salt = rng.randint(POOL_KEY, 9), rng.randint(1, 10), rng.choice(SALTS)
+            got = pool.next(np.array(tail, dtype=np.int32), max_match, n, salt)
+            assert got == _brute_force(kept, tail, max_match, n, salt), (kept, tail, max_match, n, salt)
+            found += bool(got[0])
+    assert found > 50
+
+
+@pytest.mark.parametrize("min_match", [POOL_KEY + 1, POOL_KEY + 2])
+@pytest.mark.parametrize("seed", range(2))
+def test_a_pool_copy_needs_min_match_tokens_as_a_request_s_own(min_match, seed):
+    """A request whose own tokens repeat nothing copies from a pool text repeating exactly its last
+    k tokens iff k >= min_match: min_match is the least, as for its own copies."""
+    rng = random.Random(seed)
+    prompt = rng.sample(range(1000), 8)  # distinct: its own tokens repeat nothing
+    for k in (min_match - 1, min_match, min_match + 1):
+        pool = LookupPool(capacity=64)
+        pool.add([1000, *prompt[-k:], 1001, 1002])  # 1000 before: the run is exactly k
+        lookup = PromptLookup(prompt, min_match=min_match, max_match=8)
+        copied = lookup.next([], 2, pool)
+        if k >= min_match:
+            assert copied == [1001, 1002] and lookup.match == k and lookup.pooled, k
+        else:
+            assert copied == [] and lookup.match == 0 and not lookup.pooled, k
+
+
 def test_the_pool_keeps_the_newest_texts_and_a_request_prefers_its_own():
     pool = LookupPool(capacity=12)
     pool.add([1, 2, 3, 4, 5])  # 6 tokens with its separator
