@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from trtspec.spec.coupling import MASK32, coupled_choice, fmix32, gumbel_noise
+from trtspec.spec.coupling import MASK32, coupled_choice, fmix32, gumbel_noise, row_keys
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
 
 DRAWS = 40_000
@@ -137,3 +137,22 @@ def test_a_coupled_sample_does_not_depend_on_what_is_batched_with_it():
         solo = coupled_choice(row, [alone], [[position]])
         batched = coupled_choice(torch.cat([row, row]), [alone, beside], [[position], [position]])
         assert int(solo[0, 0]) == int(batched[0, 0])
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_a_coupled_sample_under_top_k_1_is_the_argmax(temperature):
+    """top_k = 1 leaves p a point mass on the most likely token: whatever the seed, position and
+    noise, the coupled sample is that token, as greedy decoding's."""
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(64, 3, 32, generator=gen) * 2  # [R, n, V]
+    rows = [SamplingParams(temperature=temperature, top_k=1, seed=s, coupling="gumbel") for s in range(64)]
+    positions = torch.arange(3)[None].expand(64, 3) + 17
+    assert torch.equal(coupled_choice(logits, rows, positions), logits.argmax(-1))
+
+
+def test_row_keys_go_where_they_are_asked_whatever_the_positions_device():
+    """Keys are hashed on the host and sent to the device asked for, else to the positions'."""
+    positions = torch.tensor([[3, 4], [5, 6]])
+    assert row_keys([1, 2], positions).device == positions.device
+    assert row_keys([1, 2], positions, torch.device("meta")).device.type == "meta"
+    assert torch.equal(row_keys([1, 2], positions), row_keys([1, 2], positions.tolist()))
