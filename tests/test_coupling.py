@@ -8,7 +8,15 @@ import random
 import pytest
 import torch
 
-from trtspec.spec.coupling import MASK32, coupled_choice, fmix32, gumbel_noise, row_keys
+from trtspec.spec.coupling import (
+    _VOCAB_SALT,
+    MASK32,
+    coupled_choice,
+    fmix32,
+    gumbel_noise,
+    noise_of_keys,
+    row_keys,
+)
 from trtspec.spec.sampling import SamplingParams, probs_from_logits
 
 DRAWS = 40_000
@@ -156,3 +164,20 @@ def test_row_keys_go_where_they_are_asked_whatever_the_positions_device():
     assert row_keys([1, 2], positions).device == positions.device
     assert row_keys([1, 2], positions, torch.device("meta")).device.type == "meta"
     assert torch.equal(row_keys([1, 2], positions), row_keys([1, 2], positions.tolist()))
+
+
+def test_noise_is_the_docstring_s_hash_spelt_out():
+    """g = −log(−log u), u = (2m + 1) / 2^24 with m the top 23 bits of fmix32(key ^ the token's own
+    key): odd multiples of 2^-24, never 0 or 1, checked against the plain-int hash."""
+    rng = random.Random(9)
+    keys = [rng.getrandbits(32) for _ in range(8)] + [0, MASK32]
+    vocab = 50
+    tokens = [_reference_fmix32(v ^ _VOCAB_SALT) for v in range(vocab)]
+    u = torch.tensor([[(2 * (_reference_fmix32(k ^ t) >> 9) + 1) / 2**24 for t in tokens] for k in keys],
+                     dtype=torch.float32)
+    assert torch.equal(noise_of_keys(torch.tensor(keys), vocab), -torch.log(-torch.log(u)))
+
+
+def test_row_keys_want_a_seed_per_row_of_positions():
+    with pytest.raises(ValueError):
+        row_keys([1, 2], [[3, 4]])
