@@ -1,24 +1,18 @@
-"""The frontend's requests to the model and its stream calls, without the model: a Generation's
-inputs (only what differs from the model's defaults), the ModelInferRequest built of them, answers
-whose contents come in the typed fields, the figures a step reads, and TritonStream against an
-in-process gRPC server that answers as Triton does (a call answered left to end by itself, one cut
-short cancelled, an abort turned into an error)."""
+"""The frontend's requests to the model, without the model: a Generation's inputs (only what differs
+from the model's defaults), the ModelInferRequest built of them, answers whose contents come in the
+typed fields, and the figures a step reads. TritonStream's calls (an answered call left to end by
+itself, one cut short cancelled) are tested against a real tritonserver in test_openai."""
 
 from __future__ import annotations
 
-import asyncio
 import struct
 
-import grpc
 import numpy as np
-import pytest
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
 from trtspec.openai.triton_stream import (
     Generation,
     Step,
-    TritonError,
-    TritonStream,
     _elements,
     _step,
     _tensors,
@@ -117,152 +111,3 @@ def test_a_step_with_no_figures_keeps_them_zero():
     assert (step.ids, step.final, step.text, step.finish_reason) == ([3], False, "", None)
     assert (step.accepted_tokens, step.target_forwards, step.cached_tokens, step.prediction_tokens) == \
         (0, 0, 0, 0)
-
-
-def _answer(text: str, final: bool) -> service_pb2.ModelStreamInferResponse:
-    response = service_pb2.ModelStreamInferResponse()
-    response.infer_response.parameters["triton_final_response"].bool_param = final
-    _outputs(response, ("text_output", "BYTES", [1], struct.pack("<I", len(text)) + text.encode()))
-    return response
-
-
-class _Model(service_pb2_grpc.GRPCInferenceServiceServicer):
-    """Answers as the model named: "answer" two responses, the second final, then keeps the call open
-    a moment as Triton does before it closes it; "refuse" an error; "stall" one response, then
-    nothing; "silent" no response at all; "cut" one response, then the call ends. `cancelled`: the
-    models whose call was cancelled."""
-
-    def __init__(self):
-        self.cancelled: list[str] = []
-        self.reading = asyncio.Event()
-
-    async def ModelReady(self, request, context):  # noqa: N802 - gRPC's name
-        return service_pb2.ModelReadyResponse(ready=request.name == "answer")
-
-    async def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - gRPC's name
-        request = await anext(aiter(request_iterator))
-        model = request.model_name
-        try:
-            if model == "silent":
-                self.reading.set()
-                await asyncio.sleep(30)
-            if model == "refuse":
-                yield service_pb2.ModelStreamInferResponse(error_message="the prompt is too long")
-            else:
-                yield _answer("1+", final=False)
-            if model == "answer":
-                yield _answer("2=3", final=True)
-            self.reading.set()
-            if model in ("answer", "refuse"):
-                await asyncio.sleep(0.2)
-            elif model == "stall":
-                await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            self.cancelled.append(model)
-            raise
-
-
-async def _served(body):
-    server = grpc.aio.server()
-    model = _Model()
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(model, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    triton = TritonStream(f"127.0.0.1:{port}", "answer")
-    try:
-        return await asyncio.wait_for(body(triton, model), 10)
-    finally:
-        await triton.close()
-        await server.stop(None)
-
-
-def _run(body):
-    return asyncio.run(_served(body))
-
-
-def _as(triton: TritonStream, model: str) -> TritonStream:
-    triton.model = model
-    return triton
-
-
-def test_an_answered_call_is_left_to_end_by_itself():
-    async def body(triton, model):
-        steps = [s async for s in triton.generate(Generation("1+2=", 8))]
-        await asyncio.sleep(0.3)
-        return steps, model.cancelled
-
-    steps, cancelled = _run(body)
-    assert [(s.text, s.final) for s in steps] == [("1+", False), ("2=3", True)]
-    assert cancelled == []  # cancelling it would keep its state in tritonserver for good
-
-
-def test_a_refusal_is_an_error_and_its_call_left_to_end_by_itself():
-    async def body(triton, model):
-        with pytest.raises(TritonError, match="the prompt is too long") as refused:
-            async for _ in _as(triton, "refuse").generate(Generation("1+2=", 8)):
-                pass
-        await asyncio.sleep(0.3)
-        return refused.value, model.cancelled
-
-    refusal, cancelled = _run(body)
-    assert not refusal.unavailable and cancelled == []
-
-
-@pytest.mark.parametrize("model", ["stall", "silent"])
-def test_a_call_cut_short_is_cancelled_at_once(model):
-    """Cut after a first response, or before any: not waited on to end by itself."""
-    name = model
-
-    async def body(triton, model):
-        loop = asyncio.get_running_loop()
-        reader = asyncio.ensure_future(_drain(_as(triton, name)))
-        await model.reading.wait()
-        start = loop.time()
-        reader.cancel()  # the HTTP client went away
-        with pytest.raises(asyncio.CancelledError):
-            await reader
-        took = loop.time() - start
-        await asyncio.sleep(0.1)
-        return took, model.cancelled
-
-    took, cancelled = _run(body)
-    assert took < 1 and cancelled == [name]
-
-
-async def _drain(triton: TritonStream) -> list[Step]:
-    return [s async for s in triton.generate(Generation("1+2=", 8))]
-
-
-def test_an_abort_cuts_the_calls_in_flight_with_its_reason_and_refuses_new_ones():
-    async def body(triton, model):
-        reader = asyncio.ensure_future(_drain(_as(triton, "stall")))
-        await model.reading.wait()
-        triton.abort("the server is shutting down")
-        with pytest.raises(TritonError, match="shutting down") as cut:
-            await reader
-        with pytest.raises(TritonError, match="shutting down") as refused:
-            await _drain(triton)
-        return cut.value, refused.value
-
-    cut, refused = _run(body)
-    assert cut.unavailable and refused.unavailable
-
-
-def test_a_stream_ending_before_its_final_response_is_unavailable():
-    async def body(triton, model):
-        with pytest.raises(TritonError, match="ended before its final response") as ended:
-            await _drain(_as(triton, "cut"))
-        return ended.value
-
-    assert _run(body).unavailable
-
-
-def test_readiness_is_the_models_and_an_unreachable_triton_is_not_ready():
-    async def body(triton, model):
-        dead = TritonStream("127.0.0.1:1", "answer")
-        try:
-            return await triton.ready(), await _as(triton, "stall").ready(), await dead.ready()
-        finally:
-            await dead.close()
-
-    assert _run(body) == (True, False, False)
