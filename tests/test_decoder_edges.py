@@ -1,0 +1,105 @@
+"""Edges of the serving loop (`spec.decoder`) that the batch tests pass over: one-token requests, steps
+where no row drafts a tree, predictions holding token 0, the k of a step whose rows all draft from
+their predictions, and when adaptive's probes come after a drafting step."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtspec.config import ScheduleConfig, TreeConfig, load_build_config
+from trtspec.pipeline import load_pipeline
+from trtspec.spec.decoder import Request, SpeculativeDecoder
+
+from .conftest import REPO
+
+FULL = ScheduleConfig(mode="full")
+PROMPTS = [list(b"Q: 482 + 356\nA:"), list(b"def parse(self, text):\n"), list(b"import os\n")]
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    config = load_build_config(REPO / "build_configs" / "tiny-dflash.yaml")
+    return load_pipeline(config.model_copy(update={"flavour": "torch"}))
+
+
+def _decoder(pipeline, drafter=True, slots=3, schedule=FULL, tree=None) -> SpeculativeDecoder:
+    return SpeculativeDecoder(pipeline.target, pipeline.drafter if drafter else None, pipeline.end_ids,
+                              pipeline.verifier, schedule, None, slots, 512, tree=tree)
+
+
+@pytest.fixture(scope="module")
+def alone(pipeline):
+    """Each prompt's first 12 greedy tokens, from the target alone."""
+    plain = _decoder(pipeline, drafter=False, slots=1)
+    return [plain.generate(p, 12).token_ids for p in PROMPTS]
+
+
+def test_one_token_requests_get_the_targets_first_token(pipeline, alone):
+    # max_new_tokens = 1 is the least a request may ask (>= 1): its prefill's token, then done
+    decoder = _decoder(pipeline)
+    one = decoder.generate(PROMPTS[0], 1)
+    assert one.token_ids == alone[0][:1] and one.finish_reason in ("length", "stop")
+    got = decoder.generate_batch([Request(p, 1) for p in PROMPTS])
+    assert [r.token_ids for r in got] == [ids[:1] for ids in alone]
+
+
+def test_a_step_where_no_row_may_draft_a_tree_is_k_0(pipeline, alone):
+    # two tokens: the prefill gives the first, and the one step after it has no budget for drafts
+    # (a step emits at most k + 1), so it feeds each row's last token alone and counts k = 0
+    decoder = _decoder(pipeline, tree=TreeConfig(nodes=8, topk=2))
+    got = decoder.generate_batch([Request(p, 2) for p in PROMPTS])
+    assert [r.token_ids for r in got] == [ids[:2] for ids in alone]
+    assert decoder.draft_len_counts == {0: 1} and decoder.offered_drafts == 0
+    # with room to draft, trees of every row decode the target's tokens
+    got = decoder.generate_batch([Request(p, 12) for p in PROMPTS])
+    assert [r.token_ids for r in got] == alone
+    assert max(decoder.draft_len_counts) > 0
+
+
+def test_a_prediction_may_hold_token_0(pipeline, alone):
+    # token ids in [0, vocab) are the vocabulary's: 0 included
+    decoder = _decoder(pipeline)
+    request = Request(PROMPTS[0], 12, prediction=(0, *alone[0]))
+    decoder.check(request)
+    assert decoder.generate_batch([request])[0].token_ids == alone[0]
+
+
+def test_k_counts_the_drafters_steps_beside_rows_drafting_from_their_predictions(pipeline, alone):
+    # k is the drafter's draft length (0: it drafts nothing); rows whose prediction continues their
+    # answer draft from it instead, so a step where every row does has k = 0 and no drafter pass
+    # (budgets of 12, 9 and 6 tokens: rows of one step drafting predictions of different lengths)
+    decoder = _decoder(pipeline)
+    forwards = decoder.drafter.num_forwards
+    sizes = (12, 9, 6)
+    got = decoder.generate_batch([Request(p, n, prediction=tuple(ids[:n]))
+                                  for p, ids, n in zip(PROMPTS, alone, sizes, strict=True)])
+    assert [r.token_ids for r in got] == [ids[:n] for ids, n in zip(alone, sizes, strict=True)]
+    assert sum(r.num_predicted for r in got) > 0
+    drafting_steps = sum(n for k, n in decoder.draft_len_counts.items() if k)
+    assert drafting_steps == decoder.drafter.num_forwards - forwards == 0
+
+
+def test_a_probe_comes_after_probe_every_plain_steps_since_the_last_drafting_step(pipeline):
+    # `_probe`: the first step without drafting probes; then one drafts after `probe_every` more
+    # without (doubling while probes leave drafting off); a drafting step starts the count afresh
+    from .test_batch import SPS
+
+    decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pipeline.end_ids, pipeline.verifier,
+                                 ScheduleConfig(mode="adaptive", probe_every=4), SPS, 1, 512)
+    assert [decoder._probe(drafting=False) for _ in range(14)] == \
+        [True, False, False, False, True, False, False, False, False, False, False, False, True, False]
+    assert decoder.num_probes == 3
+    assert decoder._probe(drafting=True) is False
+    assert [decoder._probe(drafting=False) for _ in range(5)] == [False, False, False, True, False]
+    assert decoder.num_probes == 4
+
+
+def test_a_tree_row_keeps_its_whole_tree_beside_a_row_whose_tree_is_cut(pipeline):
+    # a row with little budget left drafts a tree cut to that depth; the row beside it still sends
+    # its whole tree (its nodes, parents and depths): it drafts and gets accepted what it does alone
+    tree = TreeConfig(nodes=8, topk=2)
+    long, short = Request(PROMPTS[0], 12), Request(PROMPTS[1], 3)
+    alone = _decoder(pipeline, slots=2, tree=tree).generate_batch([long])[0]
+    both = _decoder(pipeline, slots=2, tree=tree).generate_batch([long, short])[0]
+    assert both.token_ids == alone.token_ids
+    assert (both.num_drafted, both.num_accepted) == (alone.num_drafted, alone.num_accepted) != (0, 0)
