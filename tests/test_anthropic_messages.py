@@ -358,3 +358,21 @@ def test_usage_counts_the_prompt_tokens_read_from_the_cache_apart():
     to a cache a request pays for."""
     assert usage(10, 4, 3) == {"input_tokens": 6, "cache_creation_input_tokens": 0,
                                "cache_read_input_tokens": 4, "output_tokens": 3}
+
+
+@pytest.mark.parametrize("block", ["Be brief.", {"type": "image", "source": {}}])
+def test_a_system_block_that_is_no_text_block_is_refused_by_its_place(block):
+    """`system` as a list holds text blocks only: a bare string in it, or a block of another type, is
+    refused naming the block (not a 500, nor a missing 'text')."""
+    with pytest.raises(ApiError) as refused:
+        chat_messages([block], [{"role": "user", "content": "q"}])
+    assert refused.value.param == "system[0]" and "expected a text block" in refused.value.message
+
+
+def test_an_answer_of_no_blocks_streams_one_empty_text_block_at_index_0():
+    """A message has at least one block: a stream where none began sends the empty text block that
+    `content` gives, started and stopped at index 0."""
+    blocks = ContentBlocks()
+    events = blocks.at_least_one()
+    assert [event["index"] for event in events] == [0, 0]
+    assert _replay(events) == blocks.content() == [{"type": "text", "text": ""}]

@@ -15,6 +15,7 @@ from trtspec.openai.protocol import (
     ApiError,
     ChatRequest,
     CompletionRequest,
+    TokenizeRequest,
     check_chat,
     check_completion,
     compact_json_wanted,
@@ -58,6 +59,15 @@ def test_a_parameter_left_out_has_openais_default(endpoint):
         assert request.echo is False  # the completion alone, not the prompt before it
     usage = _request(endpoint, {"stream": True, "stream_options": {"include_usage": True}}).stream_options
     assert usage.continuous_usage_stats is False  # the usage in the last chunk only
+    no_usage = _request(endpoint, {"stream": True, "stream_options": {}}).stream_options
+    assert no_usage.include_usage is False  # stream_options without include_usage: no usage chunk
+
+
+def test_a_tokenize_request_left_alone_opens_the_assistants_turn_and_sends_ids_only():
+    """/tokenize's defaults as vLLM's: the chat template opens the assistant's turn (the one value
+    served) and the answer holds the token ids without their texts."""
+    request = parse(TokenizeRequest, {"messages": GOOD_CHAT["messages"]})
+    assert request.add_generation_prompt is True and request.return_token_strs is False
 
 
 def _nested(depth: int) -> dict:
@@ -87,6 +97,14 @@ EDGES = [  # (endpoint, change taken, change refused, the parameter named)
     # the chat template's variables nest at most MAX_TEMPLATE_DEPTH deep (the object itself is 1)
     ("chat", {"chat_template_kwargs": _nested(MAX_TEMPLATE_DEPTH)},
      {"chat_template_kwargs": _nested(MAX_TEMPLATE_DEPTH + 1)}, "chat_template_kwargs"),
+    # min_tokens alone taken, beside a structured output refused (the format decides where it ends)
+    ("chat", {"min_tokens": 2}, {"min_tokens": 2, "response_format": {"type": "regex", "regex": "[0-9]+"}},
+     "min_tokens"),
+    # one candidate per request: best_of 1 taken (OpenAI's default), 2 refused
+    ("completions", {"best_of": 1}, {"best_of": 2}, "best_of"),
+    # n null is one choice a prompt, as n left out
+    ("completions", {"prompt": ["a"] * MAX_CHOICES, "n": None},
+     {"prompt": ["a"] * (MAX_CHOICES + 1), "n": None}, "prompt"),
 ]
 
 
@@ -122,6 +140,17 @@ GUIDES = [  # the structured-output field, what it asks, and the guide (None: re
     # structured_outputs of options alone is no second guide: they shape response_format's
     ({"response_format": {"type": "json_object"}, "structured_outputs": {"disable_any_whitespace": True}},
      ("json", ""), None),
+    # two fields that each ask for one: refused, naming the second
+    ({"guided_regex": "[0-9]+", "guided_choice": ["yes", "no"]}, None, "guided_choice"),
+    # a response_format type of none of ours, or text with a field of another type's, named
+    ({"response_format": {"type": "xml"}}, None, "response_format.type"),
+    ({"response_format": {"type": "text", "schema": {}}}, None, "response_format.schema"),
+    # OpenAI's json_schema: its schema an object, one left out named
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"name": "n", "schema": {"type": "integer"}}}},
+     ("json_schema", '{"type": "integer"}'), None),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "n"}}}, None,
+     "response_format.json_schema.schema"),
 ]
 
 
@@ -143,3 +172,12 @@ def test_a_refusal_naming_no_parameter_is_renamed_naming_none():
     API's names replace chat's."""
     got = renamed(ApiError("the request body must be a JSON object"), ())
     assert (got.param, got.message, got.status) == (None, "the request body must be a JSON object", 400)
+
+
+def test_a_content_part_whose_text_is_no_string_is_named_by_its_place():
+    """A text part whose `text` is no string (a number) is named by its own place in the content, as
+    a part that is no object or has no type is (not as the first part)."""
+    with pytest.raises(ApiError) as refused:
+        parse(ChatRequest, {**GOOD_CHAT, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": 5}]}]})
+    assert refused.value.param == "messages[0].content[1]"
