@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
 
-from trtspec.bench.concurrency import PROFILE_REPS, run_concurrency
-from trtspec.bench.profile import profile_cost
+from trtspec.bench.concurrency import measure_cost, run_concurrency
 from trtspec.bench.run import load_methods
-from trtspec.config import load_build_config
+from trtspec.config import load_build_config, method_name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,11 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pair", default=None, help="A,B: also print A's tokens/s over B's per round")
     args = parser.parse_args(argv)
     config = load_build_config(args.config)
-    name = config.drafter.method if config.drafter else Path(args.config).stem  # as bench names it
+    name = method_name(config)
     configs = {name: config}
     pipelines = load_methods(configs)
-    table = profile_cost(pipelines[name].target, pipelines[name].drafter, reps=PROFILE_REPS,
-                         max_batch=args.concurrency)
+    table = measure_cost(pipelines[name], config, args.concurrency)
     r = str(args.concurrency)
     pair = args.pair.split(",") if args.pair else None
     ratios: dict[str, list[float]] = {}

@@ -110,6 +110,14 @@ def _decoders(pipelines: dict[str, Pipeline], couplings: dict[str, str], slots: 
     return out
 
 
+def measure_cost(pipeline: Pipeline, config: BuildConfig, max_batch: int) -> SPSTable:
+    """The cost table a drafter's adaptive and scheduler methods are priced with when none is given,
+    measured on this machine up to `max_batch` requests (prompt lookup's drafts covered where
+    `config` copies them)."""
+    return profile_cost(pipeline.target, pipeline.drafter, reps=PROFILE_REPS, max_batch=max_batch,
+                        verify_len=config.lookup.num_draft_tokens if config.lookup else 0)
+
+
 def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_per_task: int,
                     max_tokens: int, concurrency: list[int], table: SPSTable | None = None,
                     sampling: SamplingParams | None = None, pipelines: dict[str, Pipeline] | None = None,
@@ -131,9 +139,7 @@ def run_concurrency(configs: dict[str, BuildConfig], tasks: list[str], prompts_p
             continue
         key = (cfg.drafter and cfg.drafter.model_dump_json(), cfg.lookup and cfg.lookup.num_draft_tokens)
         if key not in measured:
-            measured[key] = profile_cost(pipelines[name].target, pipelines[name].drafter, reps=PROFILE_REPS,
-                                         max_batch=max(concurrency),
-                                         verify_len=cfg.lookup.num_draft_tokens if cfg.lookup else 0)
+            measured[key] = measure_cost(pipelines[name], cfg, max(concurrency))
         tables[name] = measured[key]
     decoders = _decoders(pipelines, couplings, max(concurrency), tables)
     tok = pipelines["none"].tokenizer
