@@ -6,31 +6,25 @@ from __future__ import annotations
 
 import pytest
 
-from trtspec.config import ScheduleConfig, TreeConfig, load_build_config
+from trtspec.config import ScheduleConfig, TreeConfig
+from trtspec.models.drafter import NoDrafter
 from trtspec.pipeline import load_pipeline
-from trtspec.spec.decoder import Request, SpeculativeDecoder
+from trtspec.spec.decoder import Request
 
-from .conftest import REPO
+from .test_batch import SPS, _config, _decoder
 
-FULL = ScheduleConfig(mode="full")
 PROMPTS = [list(b"Q: 482 + 356\nA:"), list(b"def parse(self, text):\n"), list(b"import os\n")]
 
 
 @pytest.fixture(scope="module")
 def pipeline():
-    config = load_build_config(REPO / "build_configs" / "tiny-dflash.yaml")
-    return load_pipeline(config.model_copy(update={"flavour": "torch"}))
-
-
-def _decoder(pipeline, drafter=True, slots=3, schedule=FULL, tree=None) -> SpeculativeDecoder:
-    return SpeculativeDecoder(pipeline.target, pipeline.drafter if drafter else None, pipeline.end_ids,
-                              pipeline.verifier, schedule, None, slots, 512, tree=tree)
+    return load_pipeline(_config("tiny-dflash"))
 
 
 @pytest.fixture(scope="module")
 def alone(pipeline):
     """Each prompt's first 12 greedy tokens, from the target alone."""
-    plain = _decoder(pipeline, drafter=False, slots=1)
+    plain = _decoder(pipeline, drafter=NoDrafter(), slots=1)
     return [plain.generate(p, 12).token_ids for p in PROMPTS]
 
 
@@ -82,10 +76,7 @@ def test_k_counts_the_drafters_steps_beside_rows_drafting_from_their_predictions
 def test_a_probe_comes_after_probe_every_plain_steps_since_the_last_drafting_step(pipeline):
     # `_probe`: the first step without drafting probes; then one drafts after `probe_every` more
     # without (doubling while probes leave drafting off); a drafting step starts the count afresh
-    from .test_batch import SPS
-
-    decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pipeline.end_ids, pipeline.verifier,
-                                 ScheduleConfig(mode="adaptive", probe_every=4), SPS, 1, 512)
+    decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive", probe_every=4), slots=1, table=SPS)
     assert [decoder._probe(drafting=False) for _ in range(14)] == \
         [True, False, False, False, True, False, False, False, False, False, False, False, True, False]
     assert decoder.num_probes == 3
