@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -121,11 +122,14 @@ class SPSTable(BaseModel):
 
     def _grid_seconds(self, grid: list[list[float]], rows: int, tokens: int) -> float:
         t = tokens / rows
-        times = [_interpolate(self.verify_tokens_per_row, [1.0 / s for s in row], t) for row in grid]
+
+        def seconds_at(r: int) -> float:  # grid row r's step time at t tokens per request
+            return _interpolate_by(self.verify_tokens_per_row, lambda j: 1.0 / grid[r][j], t)
+
         last = self.verify_rows[-1]
         if rows > last:
-            return times[-1] * self.sps(round(last * t)) / self.sps(tokens)
-        return _interpolate(self.verify_rows, times, rows)
+            return seconds_at(len(grid) - 1) * self.sps(round(last * t)) / self.sps(tokens)
+        return _interpolate_by(self.verify_rows, seconds_at, rows)
 
     def loop_time(self, batch: int) -> float:
         """Seconds a step of `batch` running requests spends outside the two forwards (linear between
@@ -139,9 +143,10 @@ class SPSTable(BaseModel):
         points, growing linearly with R past the last one); 0 when no draft times were measured."""
         if not self.draft_seconds or k <= 0:
             return 0.0
-        per_k = [_interpolate(self.draft_batches, [row[j] for row in self.draft_seconds], batch)
-                 for j in range(len(self.draft_lens))]
-        return _interpolate(self.draft_lens, per_k, k)
+        def seconds_at(j: int) -> float:  # draft length j's time at this batch
+            return _interpolate_by(self.draft_batches, lambda r: self.draft_seconds[r][j], batch)
+
+        return _interpolate_by(self.draft_lens, seconds_at, k)
 
     def catch_up_time(self, batch: int, positions: int) -> float:
         """Seconds a proposal among `batch` requests spends absorbing one request's `positions`
@@ -196,12 +201,20 @@ class SPSTable(BaseModel):
 
 def _interpolate(xs: list[int], ys: list[float], x: float) -> float:
     """ys at x: linear between points, flat below the first, proportional to x past the last."""
+    return _interpolate_by(xs, ys.__getitem__, x)
+
+
+def _interpolate_by(xs: list[int], y: Callable[[int], float], x: float) -> float:
+    """`_interpolate` with the i-th point's value y(i), read only for the one or two points x falls
+    at or between (a plan prices ~120 steps, each reading the R × t grids: reading every row there
+    made pricing most of adaptive's planning time)."""
     if x <= xs[0]:
-        return ys[0]
+        return y(0)
     if x >= xs[-1]:
-        return ys[-1] * x / xs[-1]
+        return y(len(xs) - 1) * x / xs[-1]
     i = bisect.bisect_right(xs, x)
-    return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    below, above = y(i - 1), y(i)
+    return below + (above - below) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
 
 
 def survival(confidence: torch.Tensor) -> torch.Tensor:
