@@ -1648,21 +1648,6 @@ def test_shipped_chat_template_is_the_recipes():
         assert tuple(config["trtspec_chat_stop"]) == CHAT_STOP
 
 
-def test_stop_sequences_are_cut_and_held_back_while_streaming():
-    from trtspec.openai.stops import StopTrimmer
-
-    trim = StopTrimmer(["\nQ:", "END"])
-    sent = [trim.push(t) for t in ["= 8", "38\n", "Q", ": 9"]]
-    assert sent == ["= 8", "38", "", ""] and trim.stopped  # "\n" then "Q" held until decided
-    trim = StopTrimmer(["\nQ:"])
-    assert [trim.push("a\n"), trim.push("b"), trim.push("\n", final=True)] == ["a", "\nb", "\n"]
-    # min_tokens: no stop sequence ends within the first tokens' text (`protected`, None until known)
-    trim = StopTrimmer([";"], protected=None)
-    assert trim.push("8; 1") == "8; 1" and not trim.stopped
-    trim.protected = 6  # "8; 1; "
-    assert [trim.push("; 2"), trim.push("; 3")] == ["; 2", ""] and trim.stopped
-
-
 def test_min_tokens_holds_stop_sequences_back_as_it_holds_stop_token_ids(served, pipeline):
     """vLLM checks `stop` only past min_tokens, as it holds back the end and stop ids: a stop
     sequence written by the first min_tokens tokens is part of the answer. It ended the request

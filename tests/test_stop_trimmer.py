@@ -1,10 +1,23 @@
-"""OpenAI's `stop` cut out of the text (`StopTrimmer`) at its edges: a stop sequence at the very
-start, one ending right at or right past min_tokens' text, the tail held back while it may still
-start the longest stop sequence, and nothing more once stopped."""
+"""OpenAI's `stop` cut out of the text (`StopTrimmer`) while streaming, and at its edges: a stop
+sequence at the very start, one ending right at or right past min_tokens' text, the tail held back
+while it may still start the longest stop sequence, and nothing more once stopped."""
 
 from __future__ import annotations
 
 from trtspec.openai.stops import StopTrimmer
+
+
+def test_stop_sequences_are_cut_and_held_back_while_streaming():
+    trim = StopTrimmer(["\nQ:", "END"])
+    sent = [trim.push(t) for t in ["= 8", "38\n", "Q", ": 9"]]
+    assert sent == ["= 8", "38", "", ""] and trim.stopped  # "\n" then "Q" held until decided
+    trim = StopTrimmer(["\nQ:"])
+    assert [trim.push("a\n"), trim.push("b"), trim.push("\n", final=True)] == ["a", "\nb", "\n"]
+    # min_tokens: no stop sequence ends within the first tokens' text (`protected`, None until known)
+    trim = StopTrimmer([";"], protected=None)
+    assert trim.push("8; 1") == "8; 1" and not trim.stopped
+    trim.protected = 6  # "8; 1; "
+    assert [trim.push("; 2"), trim.push("; 3")] == ["; 2", ""] and trim.stopped
 
 
 def test_a_stop_sequence_at_the_very_start_leaves_an_empty_answer():
