@@ -17,10 +17,13 @@ from trtspec.spec.cost import (
     admit_rows,
     best_draft_len,
     load_acceptance,
+    tree_budget,
+    tree_draft_seconds,
+    tree_rows,
 )
-from trtspec.spec.schedule import survival
+from trtspec.spec.schedule import SPSTable, survival
 
-from .test_schedule import LINEAR
+from .test_schedule import FLAT, LINEAR
 
 
 class _Steps:
@@ -162,3 +165,50 @@ def test_acceptance_outside_0_to_1_or_empty_is_refused(tmp_path, rates, said):
     (tmp_path / "acceptance.json").write_text(json.dumps({"acceptance_by_position": rates}))
     with pytest.raises(ConfigError, match=said):
         load_acceptance(tmp_path)
+
+
+# a target forward of B tokens takes B seconds up to 2 (flat-extrapolated by cost past it); no drafter time
+SECONDS_PER_TOKEN = SPSTable(batch_tokens=[1, 2], steps_per_s=[1.0, 0.5])
+
+
+def test_tree_rows_breaks_ties_towards_plain_decoding():
+    # plain: 1 token in 1 s; a tree of 1 node expecting 2 tokens: 2 tokens in 2 s
+    assert tree_rows(SECONDS_PER_TOKEN, [2.0], 1, 1, 1, per_depth_forward=False, topk=1) == []
+    assert tree_rows(SECONDS_PER_TOKEN, [2.5], 1, 1, 1, per_depth_forward=False, topk=1) == [0]
+
+
+def test_tree_rows_needs_the_margin_over_plain_decoding():
+    # 2.6 tokens in 2 s is 1.3 × plain's 1 token in 1 s
+    assert tree_rows(SECONDS_PER_TOKEN, [2.6], 1, 1, 1, per_depth_forward=False, topk=1, min_gain=0.25) == [0]
+    assert tree_rows(SECONDS_PER_TOKEN, [2.6], 1, 1, 1, per_depth_forward=False, topk=1, min_gain=0.5) == []
+
+
+def test_tree_rows_counts_the_loops_time_in_both_steps():
+    """LINEAR with 1 ms of loop: plain 1 token in 4.5 + 1 ms; a 1-node tree 2 ms of drafting + 5 ms of
+    forward + 1 ms, so it pays from 1.45 expected tokens."""
+    looped = LINEAR.model_copy(update={"loop_rows": [1, 8], "loop_seconds": [0.001, 0.001]})
+    assert tree_rows(looped, [2.0], 1, 1, 1, per_depth_forward=False, topk=1) == [0]
+    assert tree_rows(looped, [1.3], 1, 1, 1, per_depth_forward=False, topk=1) == []
+
+
+def test_tree_rows_prices_a_prompt_piece_only_when_given():
+    """A 1-node tree expecting 1.52 tokens: 7 ms against plain's 4.5 ms does not pay; beside one
+    prompt token (7.45 ms against 5 ms) it does."""
+    assert tree_rows(LINEAR, [1.52], 1, 1, 1, per_depth_forward=False, topk=1) == []
+    assert tree_rows(LINEAR, [1.52], 1, 1, 1, per_depth_forward=False, topk=1, prompt=1) == [0]
+
+
+def test_tree_drafting_of_a_chain_drafter_is_timed_over_its_frontier():
+    table = SPSTable(batch_tokens=[1], steps_per_s=[100.0], draft_batches=[1, 8], draft_lens=[1, 4],
+                     draft_seconds=[[0.001, 0.002], [0.004, 0.008]])
+    # 2 trees of top-4 frontiers: 8 rows a depth; a block drafter forwards the 2 trees once
+    assert tree_draft_seconds(table, 2, 4, per_depth_forward=True, topk=4) == pytest.approx(0.008)
+    block = tree_draft_seconds(table, 2, 4, per_depth_forward=False, topk=4)
+    assert block == pytest.approx(0.002 + 0.006 / 7)
+
+
+def test_tree_budget_compares_with_the_chains_own_forward():
+    # LINEAR: 4 ms + 0.5 ms a token; a chain of 3 verifies 4 tokens (6 ms), 1.1 × that covers 5 tokens
+    assert tree_budget(LINEAR, 3) == 4
+    # a flat table with no slack: every forward up to 64 tokens costs exactly the chain's
+    assert tree_budget(FLAT, 15, slack=0.0) == 63
