@@ -23,7 +23,7 @@ from trtspec.spec.cost import (
 )
 from trtspec.spec.schedule import SPSTable, survival
 
-from .test_schedule import FLAT, LINEAR
+from .test_schedule import FLAT, GRID, LINEAR
 
 
 class _Steps:
@@ -212,3 +212,15 @@ def test_tree_budget_compares_with_the_chains_own_forward():
     assert tree_budget(LINEAR, 3) == 4
     # a flat table with no slack: every forward up to 64 tokens costs exactly the chain's
     assert tree_budget(FLAT, 15, slack=0.0) == 63
+
+
+def test_sps_table_of_a_grid_without_a_short_grid_and_of_zero_seconds_loads(tmp_path):
+    """A grid timed at one context only, and a drafter, catch-up or loop measured at 0 s, are tables
+    `trtspec profile` may write: they load as they were saved."""
+    path = tmp_path / "sps.json"
+    GRID.save(path)
+    assert SPSTable.load(path) == GRID
+    free = SPSTable(batch_tokens=[1], steps_per_s=[100.0], draft_batches=[1], draft_lens=[1],
+                    draft_seconds=[[0.0]], catch_up_seconds=[0.0], loop_rows=[1], loop_seconds=[0.0])
+    free.save(path)
+    assert SPSTable.load(path) == free
