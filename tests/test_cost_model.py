@@ -23,7 +23,7 @@ from trtspec.spec.cost import (
 )
 from trtspec.spec.schedule import SPSTable, survival
 
-from .test_schedule import FLAT, GRID, LINEAR
+from .test_schedule import CONTEXT_GRID, FLAT, GRID, LINEAR
 
 
 class _Steps:
@@ -224,3 +224,32 @@ def test_sps_table_of_a_grid_without_a_short_grid_and_of_zero_seconds_loads(tmp_
                     draft_seconds=[[0.0]], catch_up_seconds=[0.0], loop_rows=[1], loop_seconds=[0.0])
     free.save(path)
     assert SPSTable.load(path) == free
+
+
+def test_sps_table_of_slow_rates_loads_and_of_an_infinite_rate_is_refused(tmp_path):
+    path = tmp_path / "sps.json"
+    SECONDS_PER_TOKEN.save(path)  # 1 and 0.5 steps per second: slow, not wrong
+    assert SPSTable.load(path) == SECONDS_PER_TOKEN
+    path.write_text(json.dumps({"batch_tokens": [1, 8], "steps_per_s": [1e400, 90.0]}))
+    with pytest.raises(ConfigError, match="steps_per_s must be steps per second > 0, got inf"):
+        SPSTable.load(path)
+
+
+def test_sps_table_defaults_price_as_unmeasured():
+    """Left out: no drafts cost nothing, catch-up counts every pending position (draft_catch_up 0), a
+    short grid without contexts does not move with the context, and one whose short_context is left
+    at 0 was timed at an empty cache."""
+    table = SPSTable(batch_tokens=[1], steps_per_s=[100.0], draft_batches=[1], draft_lens=[1, 4],
+                     draft_seconds=[[0.001, 0.002]], catch_up_seconds=[1e-5])
+    assert table.draft_time(1, 0) == 0.0
+    assert table.catch_up_time(1, 3) == pytest.approx(3e-5)
+    no_contexts = SPSTable(**CONTEXT_GRID.model_dump(exclude={"verify_context", "short_context"}))
+    assert no_contexts.step_seconds(2, 16, 64) == pytest.approx(1 / 80.0)
+    empty_short = SPSTable(**CONTEXT_GRID.model_dump(exclude={"short_context"}))
+    assert empty_short.step_seconds(2, 16, 128) == pytest.approx(1 / 160.0 + (1 / 80.0 - 1 / 160.0) / 2)
+
+
+def test_step_seconds_past_the_grids_last_rows_at_several_tokens_a_row():
+    # 16 requests × 2 tokens: R = 8's time at t = 2, grown as 1 / SPS(B) grows from 16 to 32 tokens
+    at_8 = 1 / 80.0 + (1 / 40.0 - 1 / 80.0) / 7
+    assert GRID.step_seconds(16, 32) == pytest.approx(at_8 * GRID.sps(16) / GRID.sps(32))
