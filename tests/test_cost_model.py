@@ -253,3 +253,14 @@ def test_step_seconds_past_the_grids_last_rows_at_several_tokens_a_row():
     # 16 requests × 2 tokens: R = 8's time at t = 2, grown as 1 / SPS(B) grows from 16 to 32 tokens
     at_8 = 1 / 80.0 + (1 / 40.0 - 1 / 80.0) / 7
     assert GRID.step_seconds(16, 32) == pytest.approx(at_8 * GRID.sps(16) / GRID.sps(32))
+
+
+def test_draft_time_is_linear_in_batch_and_draft_length_between_and_past_what_was_measured():
+    table = SPSTable(batch_tokens=[1], steps_per_s=[100.0], draft_batches=[1, 8], draft_lens=[1, 4],
+                     draft_seconds=[[0.001, 0.002], [0.004, 0.008]])
+    assert table.draft_time(1, 2) == pytest.approx(0.001 + 0.001 / 3)  # between draft lengths
+    at_4 = (0.001 + 0.003 * 3 / 7, 0.002 + 0.006 * 3 / 7)  # R = 4 between the batches, k = 1 and 4
+    assert table.draft_time(4, 3) == pytest.approx(at_4[0] + (at_4[1] - at_4[0]) * 2 / 3)
+    assert table.draft_time(8, 8) == pytest.approx(0.016)  # past the longest draft: proportional to k
+    assert table.draft_time(16, 1) == pytest.approx(0.008)  # past the largest batch: proportional to R
+    assert table.draft_time(0, 4) == table.draft_time(1, 4) == 0.002  # flat below the first
