@@ -13,7 +13,15 @@ from trtspec.bench.loop_overhead import tiny_pipeline
 from trtspec.config import ScheduleConfig
 from trtspec.models.target import Chunk
 from trtspec.prompts import load_prompts
-from trtspec.spec.near_ties import MISMATCH, NEAR_TIE, GreedyAudit, GreedyJudge, audit_greedy
+from trtspec.spec.near_ties import (
+    MISMATCH,
+    NEAR_TIE,
+    GreedyAudit,
+    GreedyJudge,
+    audit_greedy,
+    parted_by_length,
+    shared_prefix,
+)
 from trtspec.triton.verify import Certificate, GreedyCheck
 
 CPU = torch.device("cpu")
@@ -187,3 +195,70 @@ def test_a_gap_of_exactly_the_tolerance_is_a_near_tie():
     assert at.near_ties_only and at.first_wrong is None
     past = GreedyAudit(tokens=8, off_argmax=[3], gaps=[0.2500001], noise=0.125, dtype="bfloat16")
     assert not past.near_ties_only and past.first_wrong == 3
+
+
+def test_a_near_tie_is_described_by_its_largest_gap():
+    audit = GreedyAudit(tokens=40, off_argmax=[3, 9, 30], gaps=[0.02, 0.11, 0.05], noise=0.1,
+                        dtype="bfloat16")
+    assert audit.near_ties_only
+    assert audit.describe().startswith("3 of 40 tokens at near-ties (largest gap 0.11 ≤ 2 × bfloat16")
+
+
+def test_shared_prefix_and_parted_by_length_on_outputs_of_different_lengths():
+    """Where one output is a prefix of the other, they share all of the shorter; where they part at
+    a token, they share what comes before it, and a length difference does not make that a
+    parting by length."""
+    assert shared_prefix([4, 5, 6], [4, 5, 6, 7, 8]) == 3
+    assert shared_prefix([4, 5, 6, 7, 8], [4, 5]) == 2
+    assert shared_prefix([4, 9, 6], [4, 5, 6, 7]) == 1
+    assert parted_by_length([4, 5], [4, 5, 6]) and parted_by_length("ab", "a")
+    assert not parted_by_length([4, 9, 6], [4, 5, 6, 7])  # a token parts them before either ends
+    assert not parted_by_length([4, 9], [4, 5])
+
+
+@pytest.mark.parametrize("prompt,output", [([], [65, 66]), ([65, 66], [])])
+def test_an_empty_prompt_or_output_is_refused(prompt, output):
+    target = tiny_pipeline(CPU, use_drafter=False, dtype="float32", cuda_graphs=False).decoder.target
+    with pytest.raises(ValueError, match="non-empty prompt and output"):
+        audit_greedy(target, prompt, output)
+
+
+def test_a_token_off_the_argmax_by_less_than_one_logit_fails_a_float32_audit():
+    """Off by a small gap, still far beyond float32's rounding (about 1e-5): not a near-tie."""
+    plain = tiny_pipeline(CPU, use_drafter=False, dtype="float32", cuda_graphs=False)
+    target = tiny_pipeline(CPU, use_drafter=False, dtype="float32", cuda_graphs=False).decoder.target
+    rng = random.Random(29)
+    ids = plain.tokenizer.encode(load_prompts("math")[rng.randrange(3)])  # each has gaps of 0.02-0.08
+    output = plain.decoder.generate(ids, 48).token_ids
+    target.allocate(1, len(ids) + len(output))
+    logits = target.forward([Chunk(0, torch.tensor(ids + output[:-1]))]).logits[len(ids) - 1:]  # [n, V]
+    top2 = logits.topk(2, -1)
+    close = [j for j in range(len(output)) if 0.01 < top2.values[j, 0] - top2.values[j, 1] < 0.5]
+    j = rng.choice(close)
+    wrong = output[:j] + [int(top2.indices[j, 1])] + output[j + 1:]
+    audit = audit_greedy(target, ids, wrong)
+    assert audit.off_argmax[0] == j and audit.first_wrong == j and audit.gaps[0] < 0.5
+
+
+def test_a_guided_text_is_held_to_the_argmax_of_its_masked_logits():
+    """A text decoded under a guide (`spec.grammar`) is the argmax at each position only among the
+    tokens the guide allows after the tokens before it: with the guide it passes the audit, every
+    position masked after its own path (the last one too); without it, it is off the argmax."""
+    from trtspec.spec.grammar import Guide, GuideState
+
+    plain = tiny_pipeline(CPU, use_drafter=False, dtype="float32", cuda_graphs=False)
+    target = tiny_pipeline(CPU, use_drafter=False, dtype="float32", cuda_graphs=False).decoder.target
+    compiled = plain.guides.compile(Guide("regex", "[qzxj]{12}"))
+    vocab, ends = plain.target.vocab_size, sorted(plain.decoder.end_ids)
+    ids = plain.tokenizer.encode(load_prompts("chat")[1])
+    output: list[int] = []
+    with torch.inference_mode():
+        for _ in range(8):  # the masked argmax, one token at a time
+            logits = plain.target.model(torch.tensor([ids + output])).logits[0, -1:].clone()  # [1, V]
+            state = GuideState(compiled, ends, vocab)
+            state.extend(output)
+            state.mask(logits)
+            output.append(int(logits[0].argmax()))
+    assert not audit_greedy(target, ids, output).near_ties_only
+    audit = audit_greedy(target, ids, output, grammar=GuideState(compiled, ends, vocab))
+    assert audit.off_argmax == [], audit.describe()
