@@ -245,3 +245,65 @@ def test_a_forced_token_outside_the_vocabulary_forces_nothing():
     out = torch.zeros(1, 6)
     inside.apply(out)  # the last id of the vocabulary is forced
     assert out[0].tolist() == [float("-inf")] * 5 + [0.0]
+
+
+def test_a_short_chain_counts_each_draft_from_the_position_after_it():
+    """Steps of one to three positions (no draft, one, two): position j of a chain sees the committed
+    tokens and x_1..x_j, a single draft too."""
+    gen = torch.Generator().manual_seed(4)
+    params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=1.2)
+    for width in (1, 2, 3) * 4:
+        prompt = torch.randint(0, 10, (4,), generator=gen).tolist()
+        generated = torch.randint(0, 10, (3,), generator=gen).tolist()
+        drafts = torch.randint(0, 10, (width - 1,), generator=gen)
+        state = Penalties(params, prompt, 10)
+        state.extend(generated)
+        logits = torch.randn(width, 10, generator=gen)
+        out = logits.clone()
+        state.apply(out, drafts)
+        for j in range(width):
+            expected = _by_definition(logits[j], params, prompt, generated + drafts[:j].tolist())
+            torch.testing.assert_close(out[j], expected)
+
+
+def test_a_tree_row_s_padding_sees_the_committed_tokens_alone():
+    """A tree row with fewer nodes than the step's width (`DraftTree.row_parents` shorter than it):
+    its nodes see their paths, and the padding positions after them, never verified, the committed
+    tokens alone, for penalties and bad words both."""
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(10):
+        words = tuple(tuple(torch.randint(0, 4, (n,), generator=gen).tolist()) for n in (2, 3))
+        params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=1.2,
+                                bad_words=words)
+        prompt = torch.randint(0, 6, (4,), generator=gen).tolist()
+        generated = torch.randint(0, 4, (5,), generator=gen).tolist()
+        drafts = torch.randint(0, 4, (7,), generator=gen)
+        parents = [-1] + [int(torch.randint(0, j, (), generator=gen)) for j in range(1, 5)]  # 5 of 8
+        state = Penalties(params, prompt, 6)
+        state.extend(generated)
+        logits = torch.randn(8, 6, generator=gen)
+        out = logits.clone()
+        state.apply(out, drafts, parents)
+        for j in range(8):
+            path, node = [], j if j < len(parents) else 0
+            while node > 0:
+                path.insert(0, int(drafts[node - 1]))
+                node = parents[node]
+            seen = generated + path
+            expected = _by_definition(logits[j], params, prompt, seen)
+            banned = {w[-1] for w in words if seen[-(len(w) - 1):] == list(w[:-1])}
+            expected[sorted(banned)] = float("-inf")
+            torch.testing.assert_close(out[j], expected)
+
+
+def test_a_bad_word_ending_in_any_token_of_the_vocabulary_is_banned_one_outside_it_is_not():
+    """A one-token bad word is banned everywhere, whatever its id within the vocabulary (ids past
+    the step's width too); one naming the vocabulary's size or past it bans nothing."""
+    vocab = 12
+    state = Penalties(SamplingParams(bad_words=((9,), (vocab,), (vocab + 3,))), [1, 2], vocab)
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(6))
+    out = logits.clone()
+    state.apply(out, torch.tensor([0, 1]))
+    expected = logits.clone()
+    expected[:, 9] = float("-inf")
+    torch.testing.assert_close(out, expected)
