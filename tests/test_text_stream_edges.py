@@ -3,9 +3,11 @@ model must stop or read its context differently from what the frontend's own tri
 stop word at the very start, right past min_tokens' text, or across steps beside a shorter one,
 and a prompt cut inside a character. Each case was a change to the module that every other fast
 test passed (scripts/mutants.py): the text the frontend returns stayed right, the ids the model
-generated did not."""
+generated did not; and the text kept between steps, which bounds each step's search."""
 
 from __future__ import annotations
+
+import random
 
 from trtspec.tokenizer import ByteTokenizer
 from trtspec.triton.request import CONTEXT_IDS, CONTEXT_REACH, TextStream, context_of
@@ -123,3 +125,24 @@ def test_the_context_window_doubles_so_few_windows_are_decoded():
     assert decoded == [*sizes, CONTEXT_REACH]
     prompt = tok.encode("xyz") + [tok.eos_id] * 10  # the windows of 6 to 9 ids hold no text
     assert context_of(tok.decode, prompt) == tuple(prompt[-12:])
+
+
+def test_the_text_kept_for_stop_words_is_one_character_short_of_the_longest():
+    """Between steps a stream keeps only the last (longest stop word - 1) characters of its text, where
+    a stop word ending in the next piece may begin: each step searches a bounded window, not the
+    whole answer (one-character stop words keep none). Random lowercase text in random pieces, none
+    holding a stop word."""
+    tok = ByteTokenizer()
+    rng = random.Random(0)
+    text = "".join(rng.choice("abcdefghij") for _ in range(200))
+    ids = tok.encode(text)
+    for words in (("x",), ("END", "q"), ("zzzzzz",)):
+        stream = TextStream(tok.decode, stop_words=words)
+        keep = max(map(len, words)) - 1
+        at = 0
+        while at < len(ids):
+            step = rng.randint(1, 7)
+            stream.push(ids[at:at + step])
+            at = min(at + step, len(ids))
+            assert stream.tail == (text[max(0, at - keep):at] if keep else ""), (words, at)
+        assert stream.text == text and not stream.stopped
