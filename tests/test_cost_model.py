@@ -264,3 +264,25 @@ def test_draft_time_is_linear_in_batch_and_draft_length_between_and_past_what_wa
     assert table.draft_time(8, 8) == pytest.approx(0.016)  # past the longest draft: proportional to k
     assert table.draft_time(16, 1) == pytest.approx(0.008)  # past the largest batch: proportional to R
     assert table.draft_time(0, 4) == table.draft_time(1, 4) == 0.002  # flat below the first
+
+
+def test_loop_time_of_no_running_requests_is_nothing_and_of_one_is_the_first_measured():
+    # CONTEXT_GRID's loop: 1 ms at R = 1, 4 ms at R = 8
+    assert CONTEXT_GRID.loop_time(0) == 0.0
+    assert CONTEXT_GRID.loop_time(1) == pytest.approx(0.001)
+
+
+def test_catch_up_time_of_one_position_beyond_what_draft_times_include():
+    table = SPSTable(batch_tokens=[1], steps_per_s=[100.0], draft_batches=[1], draft_lens=[1],
+                     draft_seconds=[[0.001]], draft_catch_up=2, catch_up_seconds=[1e-5])
+    assert table.catch_up_time(1, 2) == 0.0
+    assert table.catch_up_time(1, 3) == pytest.approx(1e-5)
+
+
+@pytest.mark.parametrize("batch_tokens,steps_per_s", [([1, 8], [100.0]), ([], [])])
+def test_sps_table_of_unequal_or_no_measured_batches_is_refused(tmp_path, batch_tokens, steps_per_s):
+    path = tmp_path / "sps.json"
+    path.write_text(json.dumps({"batch_tokens": batch_tokens, "steps_per_s": steps_per_s}))
+    said = "batch_tokens and steps_per_s must be non-empty and equal in length"
+    with pytest.raises(ConfigError, match=said):
+        SPSTable.load(path)

@@ -412,3 +412,11 @@ def test_threshold_mode_keeps_a_survival_equal_to_the_cut():
     surv = [torch.tensor([1.0, 1.0, 0.5]), torch.tensor([0.5, 0.25])]
     assert schedule_lengths(surv, SPS3, "threshold", threshold=1.0) == [2, 0]
     assert schedule_lengths(surv, SPS3, "threshold", threshold=0.5) == [3, 1]
+
+
+def test_scheduler_stops_at_a_draft_that_leaves_the_rate_as_it_was():
+    """A tie is no improvement: a forward of B tokens taking B seconds, a sure draft gives 2 tokens in
+    2 s against 1 in 1 s, and is not verified; one that takes a little less than 2 s is."""
+    sure = [torch.tensor([1.0])]
+    assert schedule_lengths(sure, SPSTable(batch_tokens=[1, 2], steps_per_s=[1.0, 0.5]), "scheduler") == [0]
+    assert schedule_lengths(sure, SPSTable(batch_tokens=[1, 2], steps_per_s=[1.0, 0.51]), "scheduler") == [1]
