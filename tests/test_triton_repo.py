@@ -9,6 +9,7 @@ and review the diff under tests/golden/triton/ before committing it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 
@@ -295,6 +296,58 @@ def _guide(kind: bytes, text: bytes) -> dict[str, np.ndarray]:
 def test_parse_request_refuses_trtllm_inputs_it_cannot_honour(change, message):
     with pytest.raises(RequestError, match=message):
         parse_request(_getter(**GOOD, **change), 16)
+
+
+_B = lambda v: np.array([v])  # noqa: E731
+_I32 = lambda *v: np.array(v, dtype=np.int32)  # noqa: E731
+_U64 = lambda *v: np.array(v, dtype=np.uint64)  # noqa: E731
+_F32 = lambda *v: np.array(v, dtype=np.float32)  # noqa: E731
+
+
+@pytest.mark.parametrize(
+    "name, default, other, shown, accepted",
+    [
+        ("decoder_text_input", np.array([b""], dtype=object), np.array([b"hi"], dtype=object), "'hi'", "''"),
+        ("num_return_sequences", _I32(1), _I32(2), "2", "1"),
+        ("beam_width", _I32(1), _I32(4), "4", "1"),
+        ("length_penalty", _F32(1.0), _F32(1.5), "1.5", "1.0"),
+        ("return_context_logits", _B(False), _B(True), "True", "False"),
+        ("return_generation_logits", _B(False), _B(True), "True", "False"),
+        ("return_perf_metrics", _B(False), _B(True), "True", "False"),
+        ("return_num_input_tokens", _B(False), _B(True), "True", "False"),
+        ("return_num_output_tokens", _B(False), _B(True), "True", "False"),
+        ("prompt_vocab_size", _I32(0), _I32(1), "1", "0"),
+        ("prompt_table_extra_id", _U64(0), _U64(1), "1", "0"),
+    ],
+)
+def test_refused_trtllm_input_passes_at_its_default_and_is_refused_by_name_otherwise(name, default, other,
+                                                                                      shown, accepted):
+    """What genai-perf and TensorRT-LLM's clients send at the default value changes nothing; any other
+    value is refused, naming the input, the value and the one value accepted."""
+    parse_request(_getter(**GOOD, **{name: default}), 16)
+    with pytest.raises(RequestError, match=rf"^{name}={re.escape(shown)} is not supported by trtspec: .*"
+                                          rf"; only {re.escape(accepted)} is accepted$"):
+        parse_request(_getter(**GOOD, **{name: other}), 16)
+
+
+def test_refused_trtllm_inputs_show_the_value_sent():
+    """A list input's value is shown as a list even of one item, a one-value input's as the value
+    (or every value when more arrive), up to 4 values; more as the tensor's shape."""
+    words = lambda *v: np.array(v, dtype=object)  # noqa: E731
+    for change, shown in [
+        (dict(embedding_bias_words=words(b"x")), "embedding_bias_words=['x']"),
+        (dict(embedding_bias_words=words(b"a", b"b")), "embedding_bias_words=['a', 'b']"),
+        (dict(embedding_bias_words=words(b"")), "embedding_bias_words=['']"),  # no default: empty is a value
+        (dict(beam_width=_I32(4, 4)), "beam_width=[4, 4]"),
+        (dict(embedding_bias_weights=_F32(1, 2, 3, 4)), "embedding_bias_weights=[1.0, 2.0, 3.0, 4.0]"),
+        (dict(embedding_bias_weights=_F32(1, 2, 3, 4, 5)), "embedding_bias_weights='a tensor of shape [5]'"),
+        (dict(lora_config=np.zeros((2, 3), dtype=np.int32)), "lora_config='a tensor of shape [2, 3]'"),
+        (dict(decoder_text_input=words(b"", b"x")), "decoder_text_input=['', 'x']"),
+    ]:
+        with pytest.raises(RequestError, match=f"^{re.escape(shown)} is not supported by trtspec"):
+            parse_request(_getter(**GOOD, **change), 16)
+    # an encoder text of empty strings only is no encoder text, however many
+    parse_request(_getter(**GOOD, decoder_text_input=words(b"", b"")), 16)
 
 
 def test_text_stream_never_splits_a_character():
