@@ -19,6 +19,9 @@ from trtspec.openai.compare import (
     Answer,
     Ask,
     Choice,
+    Comparison,
+    _logprobs,
+    _text,
     answer,
     asks,
     compare_deployments,
@@ -70,6 +73,38 @@ def test_refusals_agree_only_when_both_refuse_alike_and_token_counts_must_agree(
     assert judge(counted, ok, 0) == (DIFFERENT, "usage.completion_tokens 2 vs the reference's 1")
 
 
+def test_a_near_tie_at_exactly_the_tolerance_passes_and_a_part_past_the_reported_tokens_differs():
+    """The tolerance is inclusive; answers where one's tokens begin the other's, or that part where the
+    reference reported no log-probabilities, differ and say so without naming a token."""
+    top = {"8": -0.5, "3": -1.0}
+    assert judge(_answer(["3"], [top]), _answer(["8"], [top]), 0.5)[0] == NEAR_TIE
+    assert judge(_answer(["3"], [top]), _answer(["8"], [top]), 0.25)[0] == DIFFERENT
+    shorter, longer = _answer(["a"], [{"a": 0.0}], "stop"), _answer(["a", "b"], [{"a": 0.0}, {"b": 0.0}])
+    assert judge(shorter, longer, 1.0) == (DIFFERENT, "choice 0 differs: 'a' (stop) vs the reference's 'ab' "
+                                                      "(length)")
+    unreported = _answer(["a", "b"], [{"a": 0.0}])  # the reference reported the first token's only
+    verdict, why = judge(_answer(["a", "c"], [{"a": 0.0}, {"c": 0.0}]), unreported, 1.0)
+    assert (verdict, why.startswith("choice 0 differs at token 1: 'ac'")) == (DIFFERENT, True)
+
+
+def test_a_comparison_passes_with_no_difference_and_something_answered_and_reports_each_kind():
+    ask = Ask("completions", {"prompt": "x"})
+    for verdicts, passed in [([IDENTICAL], True), ([NEAR_TIE], True), ([IDENTICAL, NEAR_TIE, REFUSED], True),
+                             ([REFUSED], False), ([IDENTICAL, DIFFERENT], False), ([], False)]:
+        assert Comparison([ask] * len(verdicts), [(v, v) for v in verdicts]).passed is passed, verdicts
+    asks_ = [Ask("completions", {"prompt": str(i)}) for i in range(6)]
+    kinds = [DIFFERENT, DIFFERENT, DIFFERENT, NEAR_TIE, NEAR_TIE, IDENTICAL]
+    lines = Comparison(asks_, [(k, f"why {i}") for i, k in enumerate(kinds)]).report(shown=2)
+    assert lines == [
+        "6 requests: 1 identical, 2 parted at a near tie, 3 different, 0 refused by both alike",
+        '  DIFFERENT: why 0\n    POST /v1/completions {"prompt": "0"}',
+        '  DIFFERENT: why 1\n    POST /v1/completions {"prompt": "1"}',
+        "  … and 1 more different",
+        '  NEAR TIE: why 3\n    POST /v1/completions {"prompt": "3"}',
+        '  NEAR TIE: why 4\n    POST /v1/completions {"prompt": "4"}',
+    ]
+
+
 def test_requests_are_seeded_and_mix_the_features():
     one, again = asks(["Q: 1 + 2\nA:", "def f(x):\n"], 200, 32, "m", seed=3), \
         asks(["Q: 1 + 2\nA:", "def f(x):\n"], 200, 32, "m", seed=3)
@@ -81,6 +116,51 @@ def test_requests_are_seeded_and_mix_the_features():
     assert all(1 <= b["max_tokens"] <= 32 and b["temperature"] == 0 and "seed" not in b for b in bodies)
     sampled = asks(["x"], 10, 8, "m", seed=0, temperature=0.7, chat=False)
     assert all(a.endpoint == "completions" and a.body["seed"] >= 0 for a in sampled)
+
+
+def test_each_request_asks_for_the_two_likeliest_tokens_and_its_features_in_range():
+    """Every request asks for the two likeliest tokens' log-probabilities (chat: logprobs true, top 2);
+    a budget of 1 to max_tokens, a seed below 2**31 at a temperature, a stop of 1 or 2 characters of the
+    prompt, penalties of two decimals in [0.1, 1], n 2, streams that ask for usage."""
+    prompts = ["Q: 12 + 34\nA:", "def fib(n):\n    return"]
+    bodies = [(a.endpoint, a.body) for a in asks(prompts, 400, 8, "m", seed=11, temperature=0.5)]
+    for endpoint, body in bodies:
+        if endpoint == "chat/completions":
+            assert body["logprobs"] is True and body["top_logprobs"] == 2
+        else:
+            assert body["logprobs"] == 2 and "top_logprobs" not in body
+        assert 0 <= body["seed"] < 2**31 and body.get("n", 2) == 2
+        for stop in body.get("stop", ()):
+            assert 1 <= len(stop) <= 2 and any(stop in p for p in prompts), stop
+        for name in ("presence_penalty", "frequency_penalty"):
+            if name in body:
+                assert 0.1 <= body[name] <= 1.0 and body[name] == round(body[name], 2), body[name]
+        if "stream" in body:
+            assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert {len(s) for _, b in bodies for s in b.get("stop", ())} == {1, 2}
+    assert sum("stream" in b for _, b in bodies) > 0 and sum("n" in b for _, b in bodies) > 0
+    assert len({b["seed"] for _, b in bodies}) > 300  # drawn, not fixed
+    assert {b["max_tokens"] for b in (a.body for a in asks(prompts, 50, 1, "m", seed=2))} == {1}
+
+
+def test_log_probabilities_and_text_are_read_from_chat_completions_and_stream_chunks():
+    chat = {"message": {"content": "Hi"}, "logprobs": {"content": [
+        {"token": "H", "logprob": -0.1, "top_logprobs": [{"token": "H", "logprob": -0.1},
+                                                         {"token": "h", "logprob": -2.5}]},
+        {"token": "i", "logprob": -0.2, "top_logprobs": None}]}}
+    got = Choice()
+    _logprobs(chat, got)
+    assert (got.tokens, got.top) == (["H", "i"], [{"H": -0.1, "h": -2.5}, {}])
+    completion = {"text": "Hi", "logprobs": {"tokens": ["H", "i"], "top_logprobs": [{"H": -0.1}, None]}}
+    got = Choice()
+    _logprobs(completion, got)
+    assert (got.tokens, got.top) == (["H", "i"], [{"H": -0.1}, {}])
+    for nothing in ({}, {"logprobs": None}, {"logprobs": {"content": None}}, {"logprobs": {"tokens": []}}):
+        got = Choice()
+        _logprobs(nothing, got)
+        assert (got.tokens, got.top) == ([], [])
+    read = (chat, completion, {"delta": {"content": "i"}}, {"delta": {}}, {"text": None}, {"message": {}})
+    assert [_text(c) for c in read] == ["Hi", "Hi", "i", "", "", ""]
 
 
 class _Scripted(BaseHTTPRequestHandler):
