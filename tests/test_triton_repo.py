@@ -298,10 +298,20 @@ def test_parse_request_refuses_trtllm_inputs_it_cannot_honour(change, message):
         parse_request(_getter(**GOOD, **change), 16)
 
 
-_B = lambda v: np.array([v])  # noqa: E731
-_I32 = lambda *v: np.array(v, dtype=np.int32)  # noqa: E731
-_U64 = lambda *v: np.array(v, dtype=np.uint64)  # noqa: E731
-_F32 = lambda *v: np.array(v, dtype=np.float32)  # noqa: E731
+def _B(value: bool) -> np.ndarray:
+    return np.array([value])
+
+
+def _I32(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int32)
+
+
+def _U64(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.uint64)
+
+
+def _F32(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
 
 
 @pytest.mark.parametrize(
@@ -333,7 +343,9 @@ def test_refused_trtllm_input_passes_at_its_default_and_is_refused_by_name_other
 def test_refused_trtllm_inputs_show_the_value_sent():
     """A list input's value is shown as a list even of one item, a one-value input's as the value
     (or every value when more arrive), up to 4 values; more as the tensor's shape."""
-    words = lambda *v: np.array(v, dtype=object)  # noqa: E731
+    def words(*values: bytes) -> np.ndarray:
+        return np.array(values, dtype=object)
+
     for change, shown in [
         (dict(embedding_bias_words=words(b"x")), "embedding_bias_words=['x']"),
         (dict(embedding_bias_words=words(b"a", b"b")), "embedding_bias_words=['a', 'b']"),
