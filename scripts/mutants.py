@@ -6,6 +6,11 @@ module in place and puts it back after each mutant; changes that would not compi
 
     python scripts/mutants.py trtspec/spec/verify.py tests/test_verify.py [more tests] \
         [--sample 40] [--seed 0] [--timeout 300]
+
+The tests are pytest's arguments as given (node ids too); to pass pytest's own options, put this
+script's first and everything after `--`:
+
+    python scripts/mutants.py --sample 0 -- trtspec/spec/verify.py tests/test_verify.py -k "not slow"
 """
 
 from __future__ import annotations
@@ -90,6 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     # trtspec points at the checkout it was made from, which may be another)
     path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path)
+    pytest = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *args.tests]
+    # a mutant is killed when the tests fail: tests that fail, or select none, on the module as it is
+    # would count every mutant killed
+    first = subprocess.run(pytest, capture_output=True, text=True, timeout=args.timeout, env=env)
+    if first.returncode != 0:
+        print(f"the tests do not pass on {args.module} as it is (pytest exit status {first.returncode}), so "
+              f"no mutant can be judged:\n{(first.stdout + first.stderr)[-2000:]}", file=sys.stderr)
+        return 2
     survivors, killed, timeouts = [], 0, 0
     print(f"{args.module}: {len(every)} mutants, trying {len(chosen)} against {' '.join(args.tests)}")
     try:
@@ -97,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             args.module.write_text("".join(mutant.apply(lines)))
             start = time.monotonic()
             try:
-                run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                                      *args.tests], capture_output=True, text=True, timeout=args.timeout,
-                                     env=env)
+                run = subprocess.run(pytest, capture_output=True, text=True, timeout=args.timeout, env=env)
                 outcome = "killed" if run.returncode != 0 else "SURVIVED"
             except subprocess.TimeoutExpired:
                 outcome = "timeout"  # a hang is noticed too

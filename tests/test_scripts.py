@@ -118,3 +118,20 @@ def test_image_rehearsal_installs_the_images_pins_and_names_a_missing_one(tmp_pa
     rc, err = _run_script([str(tmp_path / "scripts" / "image_rehearsal.sh"), "--requirements"],
                           {"VENV": str(tmp_path / "no-venv")})
     assert rc == 2 and "no pin for onnxruntime in trtspec/gpu/h200_packages.txt" in err
+
+
+@pytest.mark.parametrize("tests, said", [
+    (["tests/test_stop_trimmer.py", "-k", "no_such_test"], "pytest exit status 5"),  # selects none
+    (["tests/no_such_file.py"], "pytest exit status 4"),
+])
+def test_mutants_refuses_tests_that_do_not_pass_on_the_module_as_it_is(tests, said):
+    """A mutant counts as killed when the tests fail: tests that select nothing or fail already would
+    report every mutant killed, so the script refuses them before trying any, the module untouched."""
+    module = REPO / "trtspec" / "openai" / "stops.py"
+    before = module.read_text()
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "mutants.py"), "--sample", "1", "--",
+                          "trtspec/openai/stops.py", *tests], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"the tests do not pass on trtspec/openai/stops.py as it is ({said})" in run.stderr
+    assert "killed" not in run.stdout and module.read_text() == before
