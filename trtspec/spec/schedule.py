@@ -143,6 +143,7 @@ class SPSTable(BaseModel):
         points, growing linearly with R past the last one); 0 when no draft times were measured."""
         if not self.draft_seconds or k <= 0:
             return 0.0
+
         def seconds_at(j: int) -> float:  # draft length j's time at this batch
             return _interpolate_by(self.draft_batches, lambda r: self.draft_seconds[r][j], batch)
 
