@@ -138,6 +138,9 @@ def test_each_request_asks_for_the_two_likeliest_tokens_and_its_features_in_rang
         if "stream" in body:
             assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert {len(s) for _, b in bodies for s in b.get("stop", ())} == {1, 2}
+    # one character from inside a prompt too, not only the last one left where two would not fit
+    assert any(len(s) == 1 and not any(p.strip().endswith(s) for p in prompts)
+               for _, b in bodies for s in b.get("stop", ()))
     assert sum("stream" in b for _, b in bodies) > 0 and sum("n" in b for _, b in bodies) > 0
     assert len({b["seed"] for _, b in bodies}) > 300  # drawn, not fixed
     assert {b["max_tokens"] for b in (a.body for a in asks(prompts, 50, 1, "m", seed=2))} == {1}
