@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from trtspec.openai.compare import (
+    BUSY_RETRIES,
     DIFFERENT,
     IDENTICAL,
     NEAR_TIE,
@@ -205,6 +206,38 @@ def test_a_busy_server_is_asked_again_and_a_stream_cut_short_is_a_broken_answer(
         assert got.broken is not None and got.broken.startswith("cut short or unreadable")
     finally:
         server.shutdown()
+
+
+def test_a_busy_server_is_asked_again_up_to_busy_retries_times_and_then_its_503_is_the_answer():
+    busy = (503, {"Retry-After": "0"}, json.dumps({"error": {"message": "the server is busy: …"}}).encode())
+    whole = json.dumps({"choices": [{"index": 0, "text": "3", "finish_reason": "stop"}]}).encode()
+    server, url = _scripted([busy] * BUSY_RETRIES + [(200, {}, whole)])
+    try:
+        assert [c.text for c in answer(url, Ask("completions", {})).choices] == ["3"]
+        server.script = [busy] * (BUSY_RETRIES + 1) + [(200, {}, whole)]
+        got = answer(url, Ask("completions", {}))
+        assert (got.refused, got.message, len(server.script)) == (503, "the server is busy: …", 1)
+    finally:
+        server.shutdown()
+
+
+def test_a_streamed_answer_is_gathered_by_choice_with_its_last_finish_reason():
+    """Chunks without an index continue choice 0; a finish reason sent once is kept through chunks
+    that say none, and the stream is read to its [DONE]."""
+    chunks = [{"choices": [{"index": 0, "text": "3", "finish_reason": None}]},
+              {"choices": [{"text": "8", "finish_reason": None}]},
+              {"choices": [{"index": 1, "text": "x", "finish_reason": "length"}]},
+              {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
+              {"choices": [{"index": 0, "text": "", "finish_reason": None}],
+               "usage": {"completion_tokens": 3}}]
+    stream = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    server, url = _scripted([(200, {"Content-Type": "text/event-stream"}, stream)])
+    try:
+        got = answer(url, Ask("completions", {"stream": True}), timeout_s=10)
+    finally:
+        server.shutdown()
+    assert [(c.text, c.finish_reason) for c in got.choices] == [("38", "stop"), ("x", "length")]
+    assert got.completion_tokens == 3 and got.broken is None
 
 
 def _scripted(script: list) -> tuple[ThreadingHTTPServer, str]:
