@@ -36,6 +36,22 @@ def _by_definition(logits: torch.Tensor, params: SamplingParams, prompt: list[in
     return out
 
 
+def _path(drafts: torch.Tensor, parents: list[int], j: int) -> list[int]:
+    """The drafts from the root to position j (a chain's x_1..x_j, a tree node's ancestors and
+    itself); a position past a tree row's nodes (padding) has none."""
+    path, node = [], j if j < len(parents) else 0
+    while node > 0:
+        path.insert(0, int(drafts[node - 1]))
+        node = parents[node]
+    return path
+
+
+def _banned(words: tuple[tuple[int, ...], ...], seen: list[int]) -> list[int]:
+    """The bad words' last tokens banned after `seen`: a one-token word's always, a longer word's
+    where `seen` ends with its other tokens."""
+    return sorted({w[-1] for w in words if len(w) == 1 or seen[-(len(w) - 1):] == list(w[:-1])})
+
+
 def test_one_position_follows_the_definitions_and_transformers():
     gen = torch.Generator().manual_seed(0)
     for _ in range(20):
@@ -74,10 +90,7 @@ def test_each_position_counts_the_drafts_on_its_path(tree):
         out = logits.clone()
         state.apply(out, drafts, parents if tree else None)
         for j in range(8):
-            path, node = [], j
-            while node > 0:  # the drafts from the root to position j
-                path.insert(0, int(drafts[node - 1]))
-                node = parents[node]
+            path = _path(drafts, parents, j)
             torch.testing.assert_close(out[j], _by_definition(logits[j], params, prompt, generated + path))
 
 
@@ -176,14 +189,7 @@ def along_random_step(params: SamplingParams, generated: list[int], tree: bool, 
     logits = torch.randn(8, vocab, generator=gen)
     out = logits.clone()
     state.apply(out, drafts, parents if tree else None)
-    paths = []
-    for j in range(8):
-        path, node = [], j
-        while node > 0:
-            path.insert(0, int(drafts[node - 1]))
-            node = parents[node]
-        paths.append(path)
-    return logits, out, paths
+    return logits, out, [_path(drafts, parents, j) for j in range(8)]
 
 
 @pytest.mark.parametrize("tree", [False, True])
@@ -198,10 +204,8 @@ def test_bad_words_are_banned_along_each_path(tree):
         generated = torch.randint(0, 4, (5,), generator=gen).tolist()
         logits, out, paths = along_random_step(params, generated, tree, gen, 6)
         for j, path in enumerate(paths):
-            seen = generated + path
-            banned = {w[-1] for w in params.bad_words if len(w) == 1 or seen[-(len(w) - 1):] == list(w[:-1])}
             expected = logits[j].clone()
-            expected[sorted(banned)] = float("-inf")
+            expected[_banned(params.bad_words, generated + path)] = float("-inf")
             torch.testing.assert_close(out[j], expected)
 
 
@@ -285,14 +289,9 @@ def test_a_tree_row_s_padding_sees_the_committed_tokens_alone():
         out = logits.clone()
         state.apply(out, drafts, parents)
         for j in range(8):
-            path, node = [], j if j < len(parents) else 0
-            while node > 0:
-                path.insert(0, int(drafts[node - 1]))
-                node = parents[node]
-            seen = generated + path
+            seen = generated + _path(drafts, parents, j)
             expected = _by_definition(logits[j], params, prompt, seen)
-            banned = {w[-1] for w in words if seen[-(len(w) - 1):] == list(w[:-1])}
-            expected[sorted(banned)] = float("-inf")
+            expected[_banned(words, seen)] = float("-inf")
             torch.testing.assert_close(out[j], expected)
 
 
