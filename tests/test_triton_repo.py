@@ -126,6 +126,22 @@ def _getter(**inputs):
     return arrays.get
 
 
+def _B(value: bool) -> np.ndarray:
+    return np.array([value])
+
+
+def _I32(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int32)
+
+
+def _U64(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.uint64)
+
+
+def _F32(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
+
+
 GOOD = dict(text_input=np.array([b"hi"], dtype=object), max_tokens=np.array([8], dtype=np.int32))
 
 
@@ -215,21 +231,20 @@ def test_parse_request_trtllm_inputs_honoured_and_defaults_pass():
     # log-probabilities: none by default, the chosen tokens' with return_log_probs, the k best's too
     # with num_top_log_probs
     assert (req.logprobs, req.ignore_eos) == (None, False)
-    yes, top = np.array([True]), lambda k: np.array([k], dtype=np.int32)
-    for asked, want in [(dict(return_log_probs=yes), 0), (dict(num_top_log_probs=top(4)), 4),
-                        (dict(return_log_probs=yes, num_top_log_probs=top(0)), 0),
-                        (dict(num_top_log_probs=top(0)), None)]:
+    yes = _B(True)
+    for asked, want in [(dict(return_log_probs=yes), 0), (dict(num_top_log_probs=_I32(4)), 4),
+                        (dict(return_log_probs=yes, num_top_log_probs=_I32(0)), 0),
+                        (dict(num_top_log_probs=_I32(0)), None)]:
         assert parse_request(_getter(**GOOD, **asked), 16).logprobs == want
     assert parse_request(_getter(**GOOD, ignore_eos=np.array([True])), 16).ignore_eos
     # penalties and logit bias reach the sampling parameters
-    f32 = lambda *v: np.array(v, dtype=np.float32)  # noqa: E731
-    penalties = dict(repetition_penalty=f32(1.5), presence_penalty=f32(-0.5), frequency_penalty=f32(0.25))
+    penalties = dict(repetition_penalty=_F32(1.5), presence_penalty=_F32(-0.5), frequency_penalty=_F32(0.25))
     req = parse_request(_getter(**GOOD, **penalties, **_bias([7, 3], [-100, 2.5])), 16, vocab_size=264)
     s = req.sampling
     assert (s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (1.5, -0.5, 0.25)
     assert s.logit_bias == ((7, -100.0), (3, 2.5)) and s.penalized
     assert not parse_request(_getter(**GOOD), 16).sampling.penalized
-    assert parse_request(_getter(**GOOD, min_p=f32(0.25)), 16).sampling.min_p == 0.25
+    assert parse_request(_getter(**GOOD, min_p=_F32(0.25)), 16).sampling.min_p == 0.25
     # guided decoding, as TensorRT-LLM's inputs name it; an empty type is none
     assert parse_request(_getter(**GOOD, **_guide(b"regex", rb"\d+")), 16).guide == Guide("regex", r"\d+")
     assert parse_request(_getter(**GOOD, **_guide(b"", b"")), 16).guide is None
@@ -296,22 +311,6 @@ def _guide(kind: bytes, text: bytes) -> dict[str, np.ndarray]:
 def test_parse_request_refuses_trtllm_inputs_it_cannot_honour(change, message):
     with pytest.raises(RequestError, match=message):
         parse_request(_getter(**GOOD, **change), 16)
-
-
-def _B(value: bool) -> np.ndarray:
-    return np.array([value])
-
-
-def _I32(*values: int) -> np.ndarray:
-    return np.array(values, dtype=np.int32)
-
-
-def _U64(*values: int) -> np.ndarray:
-    return np.array(values, dtype=np.uint64)
-
-
-def _F32(*values: float) -> np.ndarray:
-    return np.array(values, dtype=np.float32)
 
 
 @pytest.mark.parametrize(
