@@ -70,6 +70,32 @@ def test_served_config_reloads_with_absolute_paths(tmp_path):
     assert yaml.safe_load(served.read_text())["drafter"]["path"] == "builtin:tiny-dflash-b16"
 
 
+def test_served_config_makes_the_drafters_paths_absolute_and_serves_one_without_a_drafter(tmp_path):
+    """A drafter folder and SPS table written relative to the YAML are served absolute (the served
+    YAML lies elsewhere); a config without a drafter (prompt lookup alone) is served without one."""
+    shutil.copytree(ASSETS_DIR / "tiny-dflash-b16", tmp_path / "models" / "dflash")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CONFIG.read_text().replace("builtin:tiny-dflash-b16", "models/dflash")
+                   .replace("drafter:\n", "drafter:\n  schedule: {sps_table: sps.json}\n", 1))
+    served = yaml.safe_load(write_triton_repo(load_build_config(cfg), tmp_path / "out")[2].read_text())
+    assert served["drafter"]["path"] == str((tmp_path / "models" / "dflash").resolve())
+    assert served["drafter"]["schedule"]["sps_table"] == str((tmp_path / "sps.json").resolve())
+    lookup = load_build_config(REPO / "build_configs" / "tiny-lookup.yaml")
+    served = yaml.safe_load(write_triton_repo(lookup, tmp_path / "lookup")[2].read_text())
+    assert "drafter" not in served and served["target"]["path"] == "builtin:tiny-target"
+
+
+def test_served_config_keeps_a_torch_prefix_reuse_switch_and_a_build_runs_again_over_its_repository(tmp_path):
+    """flavour torch keeps limits.prefix_reuse as the YAML set it (engine leaves it out); a second
+    build into the same folder rewrites the repository."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CONFIG.read_text().replace("limits:\n", "limits:\n  prefix_reuse: false\n", 1))
+    config = load_build_config(cfg)
+    for _ in range(2):
+        served = yaml.safe_load(write_triton_repo(config, tmp_path / "out")[2].read_text())
+        assert served["limits"]["prefix_reuse"] is False
+
+
 def test_one_instance_per_gpu(tmp_path):
     cfg = tmp_path / "gpus.yaml"
     cfg.write_text(CONFIG.read_text() + "gpus: [0, 1, 3]\n")
