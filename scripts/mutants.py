@@ -11,6 +11,9 @@ The tests are pytest's arguments as given (node ids too); to pass pytest's own o
 script's first and everything after `--`:
 
     python scripts/mutants.py --sample 0 -- trtspec/spec/verify.py tests/test_verify.py -k "not slow"
+
+`--lines 120-140,212` tries only the mutants on those lines (a rerun of a run's survivors against
+slower tests, or a module audited in parts).
 """
 
 from __future__ import annotations
@@ -77,6 +80,17 @@ def mutants(source: str) -> list[Mutant]:
     return found
 
 
+def line_numbers(text: str) -> set[int]:
+    """`12,40-52` -> {12, 40, 41, ..., 52}"""
+    numbers: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        if not first.strip().isdigit() or not (last or first).strip().isdigit():
+            raise argparse.ArgumentTypeError(f"{part!r} is not a line number or a range like 40-52")
+        numbers.update(range(int(first), int(last or first) + 1))
+    return numbers
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("module", type=Path)
@@ -84,10 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=40, help="mutants tried, drawn at random (0: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300, help="seconds per run of the tests")
+    parser.add_argument("--lines", type=line_numbers, help="only the mutants on these lines: 12,40-52")
     args = parser.parse_args(argv)
     original = args.module.read_text()
     lines = original.splitlines(keepends=True)
-    every = mutants(original)
+    every = [m for m in mutants(original) if args.lines is None or m.line in args.lines]
     sample = len(every) if args.sample <= 0 else min(args.sample, len(every))
     chosen = random.Random(args.seed).sample(every, sample)
     chosen.sort(key=lambda m: (m.line, m.col))

@@ -135,3 +135,19 @@ def test_mutants_refuses_tests_that_do_not_pass_on_the_module_as_it_is(tests, sa
     assert run.returncode == 2, run.stdout + run.stderr
     assert f"the tests do not pass on trtspec/openai/stops.py as it is ({said})" in run.stderr
     assert "killed" not in run.stdout and module.read_text() == before
+
+
+def test_mutants_tries_only_the_lines_asked_for(tmp_path):
+    """--lines 2,5-6 tries the mutants on lines 2 and 6 (`<` -> `<=`; `+` -> `-`, `1` -> `2`), none on
+    line 10's `*`, and reports each against the tests."""
+    (tmp_path / "mod.py").write_text("def below(a, b):\n    return a < b\n\n\ndef add(a):\n    return a + 1\n"
+                                     "\n\ndef twice(a):\n    return a * 2\n")
+    (tmp_path / "test_mod.py").write_text("from mod import add, below, twice\n\n\ndef test_mod():\n"
+                                          "    assert not below(2, 2) and add(0) == 1 and twice(3) == 6\n")
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "mutants.py"), "--sample", "0",
+                          "--lines", "2,5-6", "--", "mod.py", "test_mod.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    tried = [line.split("  (")[0].split("] ")[1] for line in run.stdout.splitlines() if line.startswith("[")]
+    assert tried == ["killed   line 2: '<' -> '<='", "killed   line 6: '+' -> '-'",
+                     "killed   line 6: '1' -> '2'"], run.stdout
