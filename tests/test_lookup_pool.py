@@ -11,14 +11,17 @@ is_public_pool is tests/test_trtllm.py's; the served Prometheus source tests/tes
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import numpy as np
 import pytest
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from trtspec.config import LookupConfig, ScheduleConfig, load_build_config
 from trtspec.errors import ConfigError
+from trtspec.models.target import TargetModel
 from trtspec.spec.decoder import Request, SpeculativeDecoder
-from trtspec.spec.lookup import POOL_KEY, LookupPool, PromptLookup
+from trtspec.spec.lookup import KEY_BITS, POOL_KEY, LookupPool, PromptLookup
 from trtspec.spec.sampling import SamplingParams
 
 from .conftest import REPO, assert_samples_follow_target
@@ -212,3 +215,21 @@ def test_bad_pool_fields_are_refused_by_name(tmp_path):
         path.write_text(text.replace("../", str(REPO) + "/") + f"lookup:\n  {fields}\n")
         with pytest.raises(ConfigError, match=said.replace(".", r"\.")):
             load_build_config(path)
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_pool_takes_a_vocabulary_whose_ids_fit_its_keys_and_refuses_one_more_by_name(extra):
+    """A pool key packs each token id in KEY_BITS bits: a vocabulary of 2**KEY_BITS ids fits (its last
+    id is 2**KEY_BITS − 1), one of 2**KEY_BITS + 1 is refused naming lookup.pool_tokens."""
+    vocab = (1 << KEY_BITS) + extra
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab, hidden_size=8, intermediate_size=8,
+                                         num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+                                         head_dim=8, tie_word_embeddings=True))
+    build = partial(SpeculativeDecoder, TargetModel(model), None, [0], max_slots=1,
+                    lookup=LookupConfig(pool_tokens=4096))
+    if extra:
+        said = f"lookup.pool_tokens: .* in {KEY_BITS} bits, .* has {vocab} ids; set it to 0"
+        with pytest.raises(ValueError, match=said):
+            build()
+    else:
+        assert build().pool is not None
