@@ -15,6 +15,7 @@ from trtspec.openai.choice import Choice
 from trtspec.openai.protocol import ApiError, renamed
 from trtspec.openai.reasoning import OPENS_TAG, REASONING
 from trtspec.openai.responses import (
+    LOGPROBS,
     RENAMES,
     OutputItems,
     ResponsesRequest,
@@ -22,11 +23,13 @@ from trtspec.openai.responses import (
     calls_made,
     chat_body,
     chat_tools,
+    check_responses,
     input_items,
     input_messages,
     item_page,
     longest_fitting,
     namespaced,
+    page_of,
     response_format,
     response_object,
     truncated,
@@ -121,6 +124,10 @@ def test_a_function_call_output_answers_a_call_made_before_it():
     ([{"type": "function_call_output", "output": "3"}], "input[0].call_id", "Missing required"),
     ([{"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}], "input[0].encrypted_content",
      "encrypts no reasoning"),
+    ([{"type": "reasoning", "content": [{"type": "reasoning_text", "text": 3}]}], "input[0].content",
+     "reasoning_text"),
+    ([{"role": "user", "content": "q", "id": 3}], "input[0].id", "expected a string"),
+    ([{"role": "user", "content": "q", "status": "done"}], "input[0].status", "expected one of"),
 ])
 def test_a_bad_input_item_is_refused_by_its_place(given, param, says):
     with pytest.raises(ApiError) as refused:
@@ -189,6 +196,11 @@ def test_namespaced_functions_are_chats_tools_and_their_calls_say_their_namespac
         chat_tools([{"type": "namespace", "name": "agents",
                      "tools": [{"type": "function", "parameters": {}}]}])
     assert refused.value.param == "tools[0].tools[0].name"
+    for space in ({"type": "namespace", "tools": [spawn]},
+                  {"type": "namespace", "name": "agents", "tools": []}):
+        with pytest.raises(ApiError, match="a namespace has a 'name'") as refused:
+            chat_tools([space])
+        assert refused.value.param == "tools[0]"
 
 
 def test_chats_refusals_are_named_as_the_responses_request_names_them():
@@ -466,10 +478,11 @@ def test_a_background_runs_events_are_followed_from_any_number_live_to_its_end()
         for event in events[:3]:
             job.add(event)
 
-        async def read(after: int) -> list[int]:
-            return [json.loads(raw.split(b"data: ")[1])["sequence_number"] async for raw in job.follow(after)]
+        async def read(after: int | None) -> list[int]:
+            events = job.follow() if after is None else job.follow(after)  # None: from the first
+            return [json.loads(raw.split(b"data: ")[1])["sequence_number"] async for raw in events]
 
-        everything, tail, beyond = (asyncio.create_task(read(after)) for after in (-1, 1, 99))
+        everything, tail, beyond = (asyncio.create_task(read(after)) for after in (None, 1, 99))
         for event in events[3:]:
             await asyncio.sleep(0.01)  # the readers wait for it
             job.add(event)
@@ -557,6 +570,7 @@ def test_a_tool_choice_is_chats_left_out_where_no_function_is_offered_and_refuse
             assert "tools" not in body and "tool_choice" not in body
     offered = [{"type": "function", "name": "add", "parameters": {"type": "object"}}]
     refusals = (({"type": "file_search"}, "tool_choice.type"), ({"type": "function"}, "tool_choice"),
+                ({"name": "add"}, "tool_choice"),
                 ({"type": "function", "name": 3}, "tool_choice"))
     for choice, param in refusals:
         with pytest.raises(ApiError) as refused:
@@ -581,3 +595,110 @@ def test_a_response_echoes_its_requests_settings_as_openai_does():
         [False, {"format": fmt}, "auto", False, False, "auto"]
     assert echoed(parallel_tool_calls=True, background=True, text={"verbosity": "medium"}) == \
         [True, text, "disabled", True, True, "auto"]
+
+
+@pytest.mark.parametrize(("given", "param"), [
+    ({}, None), ({"store": False}, None), ({"background": True}, None), ({"conversation": "conv_1"}, None),
+    ({"previous_response_id": "resp_1"}, None), ({"include": [LOGPROBS], "top_logprobs": 2}, None),
+    ({"stream": True, "stream_options": {"include_obfuscation": False}}, None),
+    ({"reasoning": {"effort": "low"}, "text": {"verbosity": "medium"}, "truncation": "auto"}, None),
+    ({"background": True, "store": False}, "background"),
+    ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"prompt": {"id": "p"}}, "prompt"), ({"max_tool_calls": 1}, "max_tool_calls"),
+    ({"truncation": "on"}, "truncation"), ({"include": [LOGPROBS, "file_search_call.results"]}, "include[1]"),
+    ({"top_logprobs": 2}, "top_logprobs"), ({"stream_options": {}}, "stream_options"),
+    ({"stream": True, "stream_options": {"include_usage": True}}, "stream_options.include_usage"),
+    ({"reasoning": {"budget": 1}}, "reasoning.budget"), ({"text": {"style": "x"}}, "text.style"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity"),
+])
+def test_a_request_is_checked_for_what_trtspec_does_not_serve_naming_the_parameter(given, param):
+    """check_responses takes what trtspec serves (None: nothing refused) and refuses the rest by
+    name: a background response not stored, a conversation and a previous response together,
+    OpenAI's stored prompts, top_logprobs without the logprobs included, unknown keys."""
+    request = ResponsesRequest(model="m", input="q", **given)
+    if param is None:
+        check_responses(request)
+        return
+    with pytest.raises(ApiError) as refused:
+        check_responses(request)
+    assert refused.value.param == param
+
+
+def test_a_background_or_logprobs_request_is_a_streamed_chat_with_logprobs_and_its_tool_choice():
+    """A background response is generated as a stream (its events kept for GET); the message's
+    logprobs `include`d are chat's logprobs with its top_logprobs; a tool choice where functions
+    are offered is chat's as given."""
+    offered = [{"type": "function", "name": "add", "parameters": {"type": "object"}}]
+    body = chat_body(ResponsesRequest(model="m", input="q", background=True, include=[LOGPROBS],
+                                      top_logprobs=2, tools=offered, tool_choice="auto"), [])
+    assert (body["stream"], body["logprobs"], body["top_logprobs"], body["tool_choice"]) == \
+        (True, True, 2, "auto")
+    body = chat_body(ResponsesRequest(model="m", input="q", stream=True, tools=offered, tool_choice="none"),
+                     [])
+    assert (body["stream"], body["tool_choice"]) == (True, "none") and "logprobs" not in body
+
+
+def test_a_page_of_input_items_takes_a_limit_of_1_to_100_and_says_whether_more_follow():
+    """`limit` (a query's text) is digits, 1 to 100 (both taken); a page names its first and last
+    items, and more follow only where the list goes on past it."""
+    items = input_items([{"role": "user", "content": str(k)} for k in range(3)])
+    page = page_of(items, {"order": "asc", "limit": "3"})
+    assert (page["data"], page["first_id"], page["last_id"], page["has_more"]) == \
+        (items, items[0]["id"], items[2]["id"], False)
+    assert page_of(items, {})["data"] == items[::-1]
+    assert item_page(items, "asc", None, 1)["data"] == items[:1]
+    assert item_page(items, "asc", None, 100)["data"] == items
+    for limit in ("x", "\u0663", "101", "0"):  # "\u0663" is an Arabic-Indic 3: digits, not ASCII ones
+        with pytest.raises(ApiError) as refused:
+            page_of(items, {"limit": limit})
+        assert refused.value.param == "limit"
+
+
+def test_a_response_says_why_it_is_incomplete_when_it_completed_and_echoes_its_tools_and_metadata():
+    """An incomplete response's details name max_output_tokens; a completed one has a completion
+    time; function tools echo strict unless they say otherwise, hosted ones as given; metadata,
+    reasoning and a conversation echo as OpenAI's do, empty where left out."""
+    tools = [{"type": "function", "name": "add"}, {"type": "function", "name": "f", "strict": False},
+             {"type": "web_search"}]
+    request = ResponsesRequest(model="m", input="q", tools=tools, metadata={"k": "v"},
+                               reasoning={"effort": "low"})
+    incomplete = response_object(request, "resp_1", 0, "m", [], "incomplete", conversation="conv_1")
+    assert incomplete["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert incomplete["completed_at"] is None
+    assert incomplete["tools"] == [{"strict": True, **tools[0]}, tools[1], tools[2]]
+    assert (incomplete["metadata"], incomplete["reasoning"], incomplete["conversation"]) == \
+        ({"k": "v"}, {"effort": "low", "summary": None}, {"id": "conv_1"})
+    completed = response_object(ResponsesRequest(model="m", input="q"), "resp_2", 0, "m", [], "completed")
+    assert completed["incomplete_details"] is None and isinstance(completed["completed_at"], int)
+    assert (completed["metadata"], completed["tools"], completed["conversation"]) == ({}, [], None)
+
+
+def test_the_store_drops_its_oldest_responses_and_continues_only_finished_ones():
+    """Past its capacity the store drops its oldest responses (no run to stop for a foreground
+    one); a response continues (previous_response_id) only where it finished, and one not kept is
+    named a previous response not found; a stored response stands as it was answered, a
+    background one as its run has it until the run ends."""
+    from trtspec.openai.responses import Background, ResponseStore, Stored
+
+    store = ResponseStore(capacity=2)
+    for k in range(3):
+        store.put({"id": f"resp_{k}", "status": "completed"}, [_msg("user", str(k))], [])
+    with pytest.raises(ApiError, match="^Previous response with id 'resp_0' not found") as refused:
+        store.conversation("resp_0")
+    assert (refused.value.param, refused.value.status) == ("previous_response_id", 404)
+    assert store.conversation("resp_2") == [_msg("user", "2")]
+    store.put({"id": "resp_3", "status": "failed"}, None, [])
+    with pytest.raises(ApiError, match="is failed") as refused:
+        store.conversation("resp_3")
+    assert refused.value.param == "previous_response_id"
+    store.delete("resp_3")
+    with pytest.raises(ApiError, match="^Response with id 'resp_3' not found"):
+        store.get("resp_3")
+    job = Background(lambda: {"status": job.status})
+    stored = Stored({"status": "queued"}, None, [], job)
+    assert Stored({"status": "completed"}, [], []).now() == {"status": "completed"}
+    assert stored.now() == {"status": "queued"}
+    job.status = "in_progress"
+    assert stored.now() == {"status": "in_progress"}
+    job.end("completed")
+    assert stored.now() == {"status": "queued"}  # as stored: the store's `ended` replaces it
