@@ -21,6 +21,7 @@ from trtspec.openai.reasoning import (
     OPTIONAL_TAG,
     REASONING,
     REASONING_PARSERS,
+    THINK_OPEN,
     ReasoningParser,
     answer_start,
     parser_name,
@@ -127,6 +128,24 @@ def test_json_and_tool_guides_follow_the_reasoning_too():
     grammar = reasoning_guide(named, OPENS_TAG)[1]
     assert _accepts(grammar, '<think>add them</think>\n\n{"a": 1, "b": 2}')
     assert _accepts(grammar, '{"a": 1, "b": 2}') and not _accepts(grammar, '{"a": 1,  "b": 2}')
+
+
+def test_a_thinking_budget_opens_the_block_where_the_answer_must_and_needs_a_reasoning_parser():
+    """thinking_token_budget, 0 included (the block closed at once), is (tokens, what opens the block
+    at the answer's start): nothing where the prompt opened it, <think> where the answer may; none
+    where the template closed the block or no budget was asked; a negative one, or one on a server
+    without --reasoning-parser (start None), refused by name."""
+    def req(**budget) -> ChatRequest:
+        return parse(ChatRequest, {"model": "m", "messages": [{"role": "user", "content": "hi"}], **budget})
+
+    assert Frontend.thinking(req(thinking_token_budget=0), REASONING) == (0, "")
+    assert Frontend.thinking(req(thinking_token_budget=5), OPENS_TAG) == (5, THINK_OPEN)
+    assert Frontend.thinking(req(thinking_token_budget=5), CONTENT) is None
+    assert Frontend.thinking(req(), REASONING) is None and Frontend.thinking(req(), None) is None
+    for budget, start, code in ((5, None, "unsupported_value"), (-1, REASONING, "invalid_value")):
+        with pytest.raises(ApiError) as refused:
+            Frontend.thinking(req(thinking_token_budget=budget), start)
+        assert (refused.value.param, refused.value.code) == ("thinking_token_budget", code)
 
 
 def test_a_guide_that_does_not_compile_is_refused_naming_its_parameter():
