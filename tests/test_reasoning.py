@@ -148,6 +148,26 @@ def test_a_thinking_budget_opens_the_block_where_the_answer_must_and_needs_a_rea
         assert (refused.value.param, refused.value.code) == ("thinking_token_budget", code)
 
 
+def test_a_requests_guide_is_compact_as_the_server_says_unless_it_says_itself_and_none_stays_none():
+    """A JSON guide is written compactly by the server's --compact-json (`compact`) where the
+    request does not say (structured_outputs.disable_any_whitespace), as the request says where it
+    does; a request without a guide has none, after a reasoning block too; the guide's parameter is
+    a named tool choice's, else the request's own."""
+    def req(**body) -> ChatRequest:
+        return parse(ChatRequest, {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                   "response_format": {"type": "json_object"}, **body})
+
+    loose = Frontend.guide(req(), None, None)
+    assert Frontend.guide(req(), None, None, compact=True) != loose
+    said = req(structured_outputs={"disable_any_whitespace": False})
+    assert Frontend.guide(said, None, None, compact=True) == loose
+    bare = parse(ChatRequest, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert Frontend.guide(bare, None, REASONING) is None and Frontend.guide_param(bare, None) is None
+    assert Frontend.guide_param(req(), None) == "response_format"
+    named = tool_plan(TOOLS, {"type": "function", "function": {"name": "add"}}, None, None)
+    assert Frontend.guide_param(req(), named) == named.param
+
+
 def test_a_guide_that_does_not_compile_is_refused_naming_its_parameter():
     with pytest.raises(GuideError, match="regex"):
         reasoning_guide(("regex", "(unclosed"), REASONING)
