@@ -179,6 +179,9 @@ def test_namespaced_functions_are_chats_tools_and_their_calls_say_their_namespac
     assert "tools" not in chat_body(ResponsesRequest(model="m", input="q", tools=[{"type": "web_search"}],
                                                      tool_choice="auto"), [])
     items = OutputItems(namespaced(tools))
+    # only a namespace's functions are namespaced (a hosted tool's fields go unread: OpenAI's to run)
+    assert namespaced(tools + [{"type": "web_search", "name": "w", "tools": [spawn]}]) == \
+        {"agents.spawn": ("agents", "spawn")}
     items.push([{"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                                  "function": {"name": "agents.spawn", "arguments": '{"task": "x"}'}}]}])
     items.close()
