@@ -130,21 +130,23 @@ def test_json_and_tool_guides_follow_the_reasoning_too():
     assert _accepts(grammar, '{"a": 1, "b": 2}') and not _accepts(grammar, '{"a": 1,  "b": 2}')
 
 
+def _hi(**body) -> ChatRequest:
+    """A chat request saying "hi", with `body`'s parameters."""
+    return parse(ChatRequest, {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
+
+
 def test_a_thinking_budget_opens_the_block_where_the_answer_must_and_needs_a_reasoning_parser():
     """thinking_token_budget, 0 included (the block closed at once), is (tokens, what opens the block
     at the answer's start): nothing where the prompt opened it, <think> where the answer may; none
     where the template closed the block or no budget was asked; a negative one, or one on a server
     without --reasoning-parser (start None), refused by name."""
-    def req(**budget) -> ChatRequest:
-        return parse(ChatRequest, {"model": "m", "messages": [{"role": "user", "content": "hi"}], **budget})
-
-    assert Frontend.thinking(req(thinking_token_budget=0), REASONING) == (0, "")
-    assert Frontend.thinking(req(thinking_token_budget=5), OPENS_TAG) == (5, THINK_OPEN)
-    assert Frontend.thinking(req(thinking_token_budget=5), CONTENT) is None
-    assert Frontend.thinking(req(), REASONING) is None and Frontend.thinking(req(), None) is None
+    assert Frontend.thinking(_hi(thinking_token_budget=0), REASONING) == (0, "")
+    assert Frontend.thinking(_hi(thinking_token_budget=5), OPENS_TAG) == (5, THINK_OPEN)
+    assert Frontend.thinking(_hi(thinking_token_budget=5), CONTENT) is None
+    assert Frontend.thinking(_hi(), REASONING) is None and Frontend.thinking(_hi(), None) is None
     for budget, start, code in ((5, None, "unsupported_value"), (-1, REASONING, "invalid_value")):
         with pytest.raises(ApiError) as refused:
-            Frontend.thinking(req(thinking_token_budget=budget), start)
+            Frontend.thinking(_hi(thinking_token_budget=budget), start)
         assert (refused.value.param, refused.value.code) == ("thinking_token_budget", code)
 
 
@@ -153,19 +155,16 @@ def test_a_requests_guide_is_compact_as_the_server_says_unless_it_says_itself_an
     request does not say (structured_outputs.disable_any_whitespace), as the request says where it
     does; a request without a guide has none, after a reasoning block too; the guide's parameter is
     a named tool choice's, else the request's own."""
-    def req(**body) -> ChatRequest:
-        return parse(ChatRequest, {"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                   "response_format": {"type": "json_object"}, **body})
-
-    loose = Frontend.guide(req(), None, None)
-    assert Frontend.guide(req(), None, None, compact=True) != loose
-    said = req(structured_outputs={"disable_any_whitespace": False})
+    json = {"response_format": {"type": "json_object"}}
+    loose = Frontend.guide(_hi(**json), None, None)
+    assert Frontend.guide(_hi(**json), None, None, compact=True) != loose
+    said = _hi(**json, structured_outputs={"disable_any_whitespace": False})
     assert Frontend.guide(said, None, None, compact=True) == loose
-    bare = parse(ChatRequest, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    bare = _hi()
     assert Frontend.guide(bare, None, REASONING) is None and Frontend.guide_param(bare, None) is None
-    assert Frontend.guide_param(req(), None) == "response_format"
+    assert Frontend.guide_param(_hi(**json), None) == "response_format"
     named = tool_plan(TOOLS, {"type": "function", "function": {"name": "add"}}, None, None)
-    assert Frontend.guide_param(req(), named) == named.param
+    assert Frontend.guide_param(_hi(**json), named) == named.param
 
 
 def test_a_guide_that_does_not_compile_is_refused_naming_its_parameter():
@@ -175,7 +174,7 @@ def test_a_guide_that_does_not_compile_is_refused_naming_its_parameter():
                         ({"response_format": {"type": "json_schema", "json_schema": {
                             "name": "x", "schema": {"type": "object", "properties": 3}}}},
                          "response_format")]:
-        req = parse(ChatRequest, {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
+        req = _hi(**body)
         assert Frontend.guide(req, None, CONTENT) is not None  # in content the model checks it, as before
         with pytest.raises(ApiError) as refused:
             Frontend.guide(req, None, REASONING)

@@ -17,8 +17,11 @@ from trtspec.openai.reasoning import OPENS_TAG, REASONING
 from trtspec.openai.responses import (
     LOGPROBS,
     RENAMES,
+    Background,
     OutputItems,
     ResponsesRequest,
+    ResponseStore,
+    Stored,
     assistant_messages,
     calls_made,
     chat_body,
@@ -473,8 +476,6 @@ def test_a_background_runs_events_are_followed_from_any_number_live_to_its_end()
     in order, ending when the run ends; a follower from past the end gets nothing more."""
     import asyncio
 
-    from trtspec.openai.responses import Background
-
     async def scenario() -> tuple[list, list, list]:
         job = Background(lambda: {"status": job.status})
         events = [{"type": f"e{k}", "sequence_number": k} for k in range(6)]
@@ -500,8 +501,6 @@ def test_a_background_response_dropped_from_the_store_stops_and_stays_dropped():
     """The store keeps its last `capacity` responses: a background one dropped while it runs is
     cancelled (nobody can read it), and one deleted stays deleted when its run ends afterwards."""
     import asyncio
-
-    from trtspec.openai.responses import Background, ResponseStore
 
     full, deleting = ResponseStore(capacity=1), ResponseStore()
 
@@ -681,8 +680,6 @@ def test_the_store_drops_its_oldest_responses_and_continues_only_finished_ones()
     one); a response continues (previous_response_id) only where it finished, and one not kept is
     named a previous response not found; a stored response stands as it was answered, a
     background one as its run has it until the run ends."""
-    from trtspec.openai.responses import Background, ResponseStore, Stored
-
     store = ResponseStore(capacity=2)
     for k in range(3):
         store.put({"id": f"resp_{k}", "status": "completed"}, [_msg("user", str(k))], [])
