@@ -39,11 +39,15 @@ def test_one_token_requests_get_the_targets_first_token(pipeline, alone):
 
 def test_a_step_where_no_row_may_draft_a_tree_is_k_0(pipeline, alone):
     # two tokens: the prefill gives the first, and the one step after it has no budget for drafts
-    # (a step emits at most k + 1), so it feeds each row's last token alone and counts k = 0
+    # (a step emits at most k + 1), so it feeds each row's last token alone and counts k = 0, with
+    # no drafter pass
     decoder = _decoder(pipeline, tree=TreeConfig(nodes=8, topk=2))
+    forwards = decoder.drafter.num_forwards
     got = decoder.generate_batch([Request(p, 2) for p in PROMPTS])
     assert [r.token_ids for r in got] == [ids[:2] for ids in alone]
     assert decoder.draft_len_counts == {0: 1} and decoder.offered_drafts == 0
+    assert decoder.drafter.num_forwards == forwards
+    assert decoder.num_steps == decoder.target.num_forwards == 2  # the prefill's step, then the k = 0 one
     # with room to draft, trees of every row decode the target's tokens
     got = decoder.generate_batch([Request(p, 12) for p in PROMPTS])
     assert [r.token_ids for r in got] == alone
