@@ -297,15 +297,19 @@ def test_the_switch_agrees_with_trtllm_block_reuse():
 
 def test_a_few_shared_tokens_do_not_take_a_slot_holding_a_conversation(plain):
     """A prompt that shares only a short opening (a role tag) with what a slot holds keeps nothing
-    and takes an unused slot, so the conversation held there still serves its next turn."""
+    and takes an unused slot, so the conversation held there still serves its next turn; one that
+    shares MIN_REUSE tokens keeps them."""
     decoder = plain.decoder_for(2, FULL, prefix_reuse=True)
     first = _run(decoder, Request(SYSTEM + USERS[0], 8))
     assert first.cached_tokens == 0
-    tag = SYSTEM[:MIN_REUSE - 1]  # one token short of a reuse worth having
-    other = _run(decoder, Request(tag + list(b" Something else entirely, please."), 8))
+    tag, rest = SYSTEM[:MIN_REUSE - 1], list(b" Something else entirely, please.")
+    other = _run(decoder, Request(tag + rest, 8))  # one token short of a reuse worth having
     assert other.cached_tokens == 0
     follow_up = SYSTEM + USERS[0] + first.token_ids + USERS[1]
     assert _run(decoder, Request(follow_up, 8)).cached_tokens == len(SYSTEM + USERS[0]) + 8 - 1
+    exactly = plain.decoder_for(2, FULL, prefix_reuse=True)
+    _run(exactly, Request(SYSTEM + USERS[0], 8))
+    assert _run(exactly, Request(SYSTEM[:MIN_REUSE] + rest, 8)).cached_tokens == MIN_REUSE
 
 
 @pytest.mark.parametrize("name", ["tiny-dflash", "tiny-dspark", "tiny-eagle3", "tiny-draft-model"])
