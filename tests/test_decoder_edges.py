@@ -98,3 +98,18 @@ def test_a_tree_row_keeps_its_whole_tree_beside_a_row_whose_tree_is_cut(pipeline
     both = _decoder(pipeline, slots=2, tree=tree).generate_batch([long, short])[0]
     assert both.token_ids == alone.token_ids
     assert (both.num_drafted, both.num_accepted) == (alone.num_drafted, alone.num_accepted) != (0, 0)
+
+
+def test_each_step_prices_the_prompt_tokens_its_forward_feeds(pipeline, alone):
+    # the planner is handed the prompt tokens the step's one forward feeds beside the drafts (the
+    # cost model prices them): a prompt of 15 prefilled 6 at a time is 6, 6, then 3, then none
+    decoder = _decoder(pipeline, slots=1, prefill_chunk=6)
+    priced, draft = [], decoder._draft_chains
+
+    def drafting(running, prompt):
+        priced.append(prompt)
+        return draft(running, prompt)
+
+    decoder._draft_chains = drafting
+    assert decoder.generate_batch([Request(PROMPTS[0], 12)])[0].token_ids == alone[0]
+    assert len(PROMPTS[0]) == 15 and priced[:3] == [6, 6, 3] and set(priced[3:]) == {0}
