@@ -9,7 +9,7 @@ import pytest
 from trtspec.config import ScheduleConfig, TreeConfig
 from trtspec.models.drafter import NoDrafter
 from trtspec.pipeline import load_pipeline
-from trtspec.spec.decoder import Request
+from trtspec.spec.decoder import CATCH_UP_HORIZON, Request
 
 from .test_batch import SPS, _config, _decoder
 
@@ -113,3 +113,17 @@ def test_each_step_prices_the_prompt_tokens_its_forward_feeds(pipeline, alone):
     decoder._draft_chains = drafting
     assert decoder.generate_batch([Request(PROMPTS[0], 12)])[0].token_ids == alone[0]
     assert len(PROMPTS[0]) == 15 and priced[:3] == [6, 6, 3] and set(priced[3:]) == {0}
+
+
+def test_a_catch_up_is_spread_over_the_steps_its_request_is_expected_to_draft(pipeline):
+    # what a request's drafter catch-up adds to a step it drafts in: the whole time over its
+    # remaining budget at the tokens a step emits for it, at least 1 step, at most CATCH_UP_HORIZON
+    # (budgets 2, 12 and 99 at 4 tokens a step: 1, 3 and 8 steps)
+    table = SPS.model_copy(update={"catch_up_seconds": [0.001, 0.002]})
+    decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive"), slots=3, table=table)
+    for n in (3, 13, 100):
+        decoder.add(Request(PROMPTS[0], n))
+    whole = table.catch_up_time(3, 40)
+    assert whole > 0 and CATCH_UP_HORIZON == 8
+    assert decoder._catch_up_seconds(list(decoder.lives.values()), [40] * 3, [4.0] * 3) == \
+        pytest.approx([whole, whole / 3, whole / 8])
