@@ -127,3 +127,14 @@ def test_a_catch_up_is_spread_over_the_steps_its_request_is_expected_to_draft(pi
     assert whole > 0 and CATCH_UP_HORIZON == 8
     assert decoder._catch_up_seconds(list(decoder.lives.values()), [40] * 3, [4.0] * 3) == \
         pytest.approx([whole, whole / 3, whole / 8])
+
+
+def test_a_step_whose_rows_may_verify_one_draft_is_still_the_cost_models_choice(pipeline, alone):
+    # adaptive plans k = 1 as any other k: with a drafter too slow to pay, three 3-token requests
+    # one after another (each one step with a budget of 1 after its prefill) draft only in the
+    # first such step, a probe, and decode the rest plainly
+    slow = SPS.model_copy(update={"draft_seconds": [[1.0, 1.0], [1.0, 1.0]]})
+    decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive"), slots=1, table=slow)
+    got = decoder.generate_batch([Request(p, 3) for p in PROMPTS])
+    assert [r.token_ids for r in got] == [ids[:3] for ids in alone]
+    assert decoder.draft_len_counts.get(1) == decoder.num_probes == 1
