@@ -91,13 +91,15 @@ def test_a_probe_comes_after_probe_every_plain_steps_since_the_last_drafting_ste
 
 def test_a_tree_row_keeps_its_whole_tree_beside_a_row_whose_tree_is_cut(pipeline):
     # a row with little budget left drafts a tree cut to that depth; the row beside it still sends
-    # its whole tree (its nodes, parents and depths): it drafts and gets accepted what it does alone
+    # its whole tree (its nodes, parents and depths): it drafts and gets accepted what it does alone,
+    # in either row (the drafter reads the hidden states of its own row's accepted path)
     tree = TreeConfig(nodes=8, topk=2)
     long, short = Request(PROMPTS[0], 12), Request(PROMPTS[1], 3)
     alone = _decoder(pipeline, slots=2, tree=tree).generate_batch([long])[0]
-    both = _decoder(pipeline, slots=2, tree=tree).generate_batch([long, short])[0]
-    assert both.token_ids == alone.token_ids
-    assert (both.num_drafted, both.num_accepted) == (alone.num_drafted, alone.num_accepted) != (0, 0)
+    for both in (_decoder(pipeline, slots=2, tree=tree).generate_batch([long, short])[0],
+                 _decoder(pipeline, slots=2, tree=tree).generate_batch([short, long])[1]):
+        assert both.token_ids == alone.token_ids
+        assert (both.num_drafted, both.num_accepted) == (alone.num_drafted, alone.num_accepted) != (0, 0)
 
 
 def test_each_step_prices_the_prompt_tokens_its_forward_feeds(pipeline, alone):
