@@ -167,16 +167,19 @@ DEAR_VERIFY = SPSTable(batch_tokens=[1, 2], steps_per_s=[100.0, 0.001], machine=
 def test_the_cost_model_sends_copies_only_where_they_pay(pipeline):
     """Copies go through the drafter's cost model (`spec.cost.admit_rows`: the rows and common length
     that maximise expected tokens per second): where a fed token costs nothing they go whole, where
-    any costs seconds none goes. The texts stay the target's either way."""
+    any costs seconds none goes. The texts stay the target's either way. A copy costs no drafter
+    time: free verification beside a drafter measured at a second a pass still sends them whole."""
     encode = pipeline.tokenizer.encode
     requests = [Request(encode(p, True), 96) for p in PROMPTS]
     plain = SpeculativeDecoder(pipeline.target, None, pipeline.end_ids, max_slots=4).generate_batch(requests)
     lengths = {}
-    for name, table in (("free", FREE_VERIFY), ("dear", DEAR_VERIFY)):
+    slow_drafter = FREE_VERIFY.model_copy(update={"draft_batches": [1, 8], "draft_lens": [1, 16],
+                                                   "draft_seconds": [[1.0, 1.0], [1.0, 1.0]]})
+    for name, table in (("free", FREE_VERIFY), ("dear", DEAR_VERIFY), ("slow drafter", slow_drafter)):
         got = _decoder(pipeline, 4, False, table).generate_batch(requests)
         assert [g.token_ids for g in got] == [p.token_ids for p in plain], name
         lengths[name] = {d for g in got for d in g.drafted_counts}
-    assert max(lengths["free"]) == LookupConfig().num_draft_tokens
+    assert max(lengths["free"]) == max(lengths["slow drafter"]) == LookupConfig().num_draft_tokens
     assert lengths["dear"] == {0}
 
 
