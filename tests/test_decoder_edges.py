@@ -1,6 +1,8 @@
 """Edges of the serving loop (`spec.decoder`) that the batch tests pass over: one-token requests, steps
 where no row drafts a tree, predictions holding token 0, the k of a step whose rows all draft from
-their predictions, and when adaptive's probes come after a drafting step."""
+their predictions, when adaptive's probes come after a drafting step, and what adaptive's planner is
+handed: the prompt tokens a step feeds, each request's catch-up spread over its drafting steps, and
+steps where one draft is the most a row may verify."""
 
 from __future__ import annotations
 
