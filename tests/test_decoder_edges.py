@@ -64,17 +64,20 @@ def test_a_prediction_may_hold_token_0(pipeline, alone):
     assert decoder.generate_batch([request])[0].token_ids == alone[0]
 
 
-def test_k_counts_the_drafters_steps_beside_rows_drafting_from_their_predictions(pipeline, alone):
+@pytest.mark.parametrize("tree", [None, TreeConfig(nodes=8, topk=2)], ids=["chains", "trees"])
+def test_k_counts_the_drafters_steps_beside_rows_drafting_from_their_predictions(pipeline, alone, tree):
     # k is the drafter's draft length (0: it drafts nothing); rows whose prediction continues their
-    # answer draft from it instead, so a step where every row does has k = 0 and no drafter pass
+    # answer draft from it instead, so a step where every row does has k = 0 and no drafter pass,
+    # and the drafter's statistics count none of its drafts offered
     # (budgets of 12, 9 and 6 tokens: rows of one step drafting predictions of different lengths)
-    decoder = _decoder(pipeline)
+    decoder = _decoder(pipeline, tree=tree)
     forwards = decoder.drafter.num_forwards
     sizes = (12, 9, 6)
     got = decoder.generate_batch([Request(p, n, prediction=tuple(ids[:n]))
                                   for p, ids, n in zip(PROMPTS, alone, sizes, strict=True)])
     assert [r.token_ids for r in got] == [ids[:n] for ids, n in zip(alone, sizes, strict=True)]
     assert sum(r.num_predicted for r in got) > 0
+    assert [(r.num_drafted, r.num_accepted) for r in got] == [(0, 0)] * 3
     drafting_steps = sum(n for k, n in decoder.draft_len_counts.items() if k)
     assert drafting_steps == decoder.drafter.num_forwards - forwards == 0
 
@@ -115,8 +118,10 @@ def test_each_step_prices_the_prompt_tokens_its_forward_feeds(pipeline, alone):
         return draft(running, prompt)
 
     decoder._draft_chains = drafting
-    assert decoder.generate_batch([Request(PROMPTS[0], 12)])[0].token_ids == alone[0]
+    result = decoder.generate_batch([Request(PROMPTS[0], 12)])[0]
+    assert result.token_ids == alone[0]
     assert len(PROMPTS[0]) == 15 and priced[:3] == [6, 6, 3] and set(priced[3:]) == {0}
+    assert result.num_target_calls == len(priced)  # its request is in every step's one forward
 
 
 def test_a_catch_up_is_spread_over_the_steps_its_request_is_expected_to_draft(pipeline):

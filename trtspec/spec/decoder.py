@@ -99,7 +99,7 @@ class Request:
 class _Drafts:
     """What one step feeds the target for the running requests."""
 
-    k: int  # draft length of the step (a tree: its deepest node); 0 = nobody drafts
+    k: int  # the drafter's draft length this step (a tree: its deepest node); 0 = it drafts nothing
     fed: torch.Tensor  # [R, W+1] each row's last token, then its drafts (chain) or nodes (tree)
     lengths: list[int]  # drafts (tree nodes) each row sends to the target
     drafting: list[int]  # rows that drafted
@@ -783,9 +783,11 @@ class SpeculativeDecoder:
         drafter_nodes = sum(sizes[i] for i in drafting)
         self.offered_drafts += drafter_nodes
         self.admitted_drafts += drafter_nodes
-        # what the drafter's statistics see: a predicted row offered none of its drafts
-        return _Drafts(max(depths), torch.cat([last[:, None], tokens], 1), sizes, drafting, tree=tree,
-                       depths=[0 if i in predicted else d for i, d in enumerate(depths)])
+        # what the drafter's statistics see, k included (as chains count it): a predicted row offered
+        # none of its drafts
+        offered = [0 if i in predicted else d for i, d in enumerate(depths)]
+        return _Drafts(max(offered), torch.cat([last[:, None], tokens], 1), sizes, drafting, tree=tree,
+                       depths=offered)
 
     def _tree_rows(self, running: list[_Live], depth: int, prompt: int, skip: set[int]) -> list[int]:
         """Rows that draft a tree this step: every row with budget left (schedule full), or those the
