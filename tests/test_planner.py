@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -14,7 +15,7 @@ from trtspec.config import load_build_config
 from trtspec.errors import ConfigError
 from trtspec.plan.deployment import DeploymentConfig
 from trtspec.plan.gpus import get_gpu
-from trtspec.plan.memory import PlanError, check_fits, plan_memory
+from trtspec.plan.memory import PlanError, check_fits, format_plan, plan_memory
 from trtspec.plan.models import PUBLISHED_PARAMS, PUBLISHED_PARAMS_UNIT, TARGETS, get_drafter
 
 from .conftest import REPO
@@ -104,6 +105,14 @@ def test_gpt_oss_120b_b300_tp8_by_hand():
     assert plan.kv_budget_bytes == math.floor(0.9 * free) == 246_913_569_792
     assert plan.max_tokens_in_kv == 41_935_049
     assert plan.max_batch_at_max_seq_len == 1_275  # // (32768 * 5,888 + 589,824)
+    # max_batch_size 128: (246,913,569,792 // 128 - 589,824) // 5,888 = 1,928,422,440 // 5,888
+    assert plan.max_context_at_max_batch == 327_517
+    # 1,275 full-length requests fit the budget, 1,276 do not: 1,276 x 193,527,808 B > 246,913,569,792 B.
+    check_fits(plan, 1_275, "cfg")
+    with pytest.raises(PlanError, match=r"KV cache too small on B300: 1276 request\(s\)"):
+        check_fits(plan, 1_276, "cfg")
+    # Every byte and token count is a whole number, as `inspect --json` prints it.
+    assert all(type(value) is int for key, value in plan.to_dict().items() if key != "gpu")
 
 
 def _deployment(**overrides) -> DeploymentConfig:
@@ -129,6 +138,45 @@ def test_refuses_ep_not_dividing_tp():
     )
     with pytest.raises(PlanError, match=r"moe_expert_parallel_size 8 must divide tensor_parallel_size 4"):
         plan_memory(dep)
+
+
+def test_refuses_a_pipeline_stage_without_a_layer():
+    # 36 stages of Qwen3-8B's 36 layers: one layer (192,937,984 params) + the untied embedding or LM
+    # head (151,936 x 4096) per stage, bf16; a 37th stage would hold no layer.
+    plan = plan_memory(_deployment(nodes=9, gpus_per_node=4, pipeline_parallel_size=36))
+    assert plan.weights_per_gpu_bytes == 2 * (192_937_984 + 151_936 * 4096) == 1_630_535_680
+    with pytest.raises(PlanError, match=r"pipeline_parallel_size 37 exceeds Qwen/Qwen3-8B's 36 layers"):
+        plan_memory(_deployment(nodes=37, pipeline_parallel_size=37))
+
+
+def test_refuses_expert_parallelism_for_a_dense_model():
+    dep = _deployment(gpus_per_node=2, tensor_parallel_size=2, moe_expert_parallel_size=2)
+    with pytest.raises(PlanError, match=r"moe_expert_parallel_size 2 but Qwen/Qwen3-8B has no experts"):
+        plan_memory(dep)
+
+
+def test_weights_that_do_not_fit_name_each_part_and_leave_no_cache():
+    config = load_build_config(REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml")
+    plan = plan_memory(config.deployment.model_copy(update={"runtime_reserve_gib": 1024}))
+    # weights 16,380,854,272 B = 15.26 GiB + drafter 2,097,152,000 B = 1.95 GiB + reserve 1024 GiB
+    # = 1041.21 GiB on a 140.4 GiB H200.
+    with pytest.raises(PlanError, match=r"1041\.2 GiB per GPU needed \(weights 15\.3 \+ drafter 2\.0 \+ "
+                                        r"reserve 1024\.0\), 140\.4 GiB available: short by 900\.8 GiB"):
+        check_fits(plan, 1, "cfg")
+    assert (plan.max_tokens_in_kv, plan.max_batch_at_max_seq_len, plan.max_context_at_max_batch) == (0, 0, 0)
+
+
+def test_a_kv_budget_of_exactly_the_requests_needed_fits():
+    config = load_build_config(REPO / "build_configs" / "qwen3-8b-dflash-h200.yaml")
+    plan = plan_memory(config.deployment)
+    # 2 requests of 8192 tokens at 167,936 B per token, no sliding windows: 2,751,463,424 B.
+    exact = dataclasses.replace(plan, kv_budget_bytes=2 * 8192 * 167_936, max_context_at_max_batch=8192)
+    check_fits(exact, 2, "cfg")
+    with pytest.raises(PlanError, match=r"KV cache too small"):
+        check_fits(exact, 3, "cfg")
+    # KV room for exactly max_seq_len per request is a fit.
+    assert "max_batch_size 32 requests of max_seq_len 8,192 tokens: fit (KV room for 8,192 each)" \
+        in format_plan(exact, config.deployment)
 
 
 def test_refuses_weights_that_do_not_fit_saying_by_how_much():
