@@ -111,8 +111,6 @@ def test_gpt_oss_120b_b300_tp8_by_hand():
     check_fits(plan, 1_275, "cfg")
     with pytest.raises(PlanError, match=r"KV cache too small on B300: 1276 request\(s\)"):
         check_fits(plan, 1_276, "cfg")
-    # Every byte and token count is a whole number, as `inspect --json` prints it.
-    assert all(type(value) is int for key, value in plan.to_dict().items() if key != "gpu")
 
 
 def _deployment(**overrides) -> DeploymentConfig:
@@ -138,6 +136,16 @@ def test_refuses_ep_not_dividing_tp():
     )
     with pytest.raises(PlanError, match=r"moe_expert_parallel_size 8 must divide tensor_parallel_size 4"):
         plan_memory(dep)
+
+
+@pytest.mark.parametrize("deployment", [
+    _deployment(gpus_per_node=2, tensor_parallel_size=2),  # 4 KV heads per GPU
+    load_build_config(REPO / "build_configs" / "gpt-oss-120b-dflash-b300-tp8.yaml").deployment,
+])
+def test_every_byte_and_token_count_is_a_whole_number(deployment):
+    # as `inspect --json` prints them: 589824, not 589824.0
+    plan = plan_memory(deployment)
+    assert all(type(value) is int for key, value in plan.to_dict().items() if key != "gpu")
 
 
 def test_refuses_a_pipeline_stage_without_a_layer():
