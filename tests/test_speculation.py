@@ -230,3 +230,40 @@ def test_deepseek_v4_csa_layers_attend_top_k_rows_not_every_compressed_row():
     # reads: HCA rows of 584 B and the CSA indexer's 132 B rows for every 4 tokens, 584 B per pick
     assert m.kv_bytes_ctx == pytest.approx(584 * 20 / 128 + 132 * 21 / 4)
     assert m.kv_bytes_selected == 584 * 21
+
+
+def test_roofline_seconds_of_qwen3_8b_on_h200_by_hand():
+    """Qwen3-8B bf16 on one H200 (4.8 TB/s at 80 %, 989 dense BF16 TFLOP/s at 60 %), mean context
+    8192 / 4 = 2048: per layer 192,937,984 params, LM head 151,936 x 4096, KV 2 x 8 x 128 x 2 B."""
+    cost = RooflineCost(_config("qwen3-8b-dflash-h200.yaml").deployment, "dflash")
+    layers, head, kv = 36 * 192_937_984, 151_936 * 4096, 36 * 4096 * 2048  # params, params, bytes
+    # batch 1, no drafts: bound by reading the weights, the LM head and one request's KV
+    assert cost.target_seconds(1, 0) == pytest.approx((2 * (layers + head) + kv) / 3.84e12)
+    # batch 32 x 16 tokens: bound by FLOPs, 2 per parameter and 4 x 32 heads x 128 per context token
+    tokens = 32 * 16
+    flops = tokens * (2 * layers + 2 * head + 2048 * 36 * 4 * 32 * 128)
+    assert cost.target_seconds(32, 15) == pytest.approx(flops / 989e12 / 0.6)
+    # DFlash: 5 layers + fc (1,048,576,000 params), the target's LM head, its 5-layer context cache
+    drafter = 2 * (1_048_576_000 + head) + 5 * 4096 * 2048
+    assert cost.draft_seconds(1, 15) == pytest.approx(drafter / 3.84e12)
+    # EAGLE-3: 399,507,456 params with its own draft LM head, one layer of context cache, per draft
+    eagle = RooflineCost(_config("qwen3-8b-eagle3.yaml").deployment, "eagle3")
+    assert eagle.draft_seconds(1, 7) == pytest.approx(7 * (2 * 399_507_456 + 4096 * 2048) / 3.84e12)
+
+
+@pytest.mark.parametrize("nodes, latency, bandwidth", [(1, 8e-6, 900e9 / 2), (2, 25e-6, 50e9)])
+def test_roofline_tp_2_adds_two_all_reduces_per_layer(nodes, latency, bandwidth):
+    # half of every byte read at TP 2, plus 2 x 36 all-reduces of one token's 4096 bf16 activations,
+    # each a latency and 2 (tp - 1) / tp x 8192 B over NVLink (half its 900 GB/s) or the 50 GB/s NIC
+    dep = _config("qwen3-8b-dflash-h200.yaml", nodes=nodes, gpus_per_node=2 // nodes, tensor_parallel_size=2)
+    cost = RooflineCost(dep.deployment, "dflash")
+    read = (2 * (36 * 192_937_984 + 151_936 * 4096) + 36 * 4096 * 2048) / 2 / 3.84e12
+    assert cost.target_seconds(1, 0) == pytest.approx(read + 72 * (latency + 8192 / bandwidth))
+
+
+def test_roofline_pipeline_stages_run_one_after_another():
+    # PP 2: each stage reads 18 layers, the LM head and 18 layers of KV; a token passes both stages
+    cost = RooflineCost(_config("qwen3-8b-dflash-h200.yaml", gpus_per_node=2, pipeline_parallel_size=2)
+                        .deployment, "dflash")
+    stage = (2 * (18 * 192_937_984 + 151_936 * 4096) + 18 * 4096 * 2048) / 3.84e12
+    assert cost.target_seconds(1, 0) == pytest.approx(2 * stage)
