@@ -267,3 +267,29 @@ def test_roofline_pipeline_stages_run_one_after_another():
                         .deployment, "dflash")
     stage = (2 * (18 * 192_937_984 + 151_936 * 4096) + 18 * 4096 * 2048) / 3.84e12
     assert cost.target_seconds(1, 0) == pytest.approx(2 * stage)
+
+
+def test_roofline_moe_reads_the_experts_its_tokens_wake_by_hand():
+    """gpt-oss-120b on 8 B300s (8 TB/s at 80 %; 2250 BF16, 13,125 FP4 TFLOP/s at 60 %), context
+    32768 / 4 = 8192. Per GPU: 36 layers of 26,910,720 bf16 params and 128 experts of 3 x 2880^2
+    MXFP4 (0.53125 B) params, 4 routed per token; LM head 201,088 x 2880 bf16; KV per request (1 KV
+    head per GPU, 2 x 64 x 2 B = 256 B a layer and token): 18 full layers x 8192 + 18 sliding x 128."""
+    cost = RooflineCost(_config("gpt-oss-120b-dflash-b300-tp8.yaml").deployment, "dflash")
+    dense, expert, head = 36 * 26_910_720, 36 * 3 * 2880 * 2880, 201_088 * 2880
+    kv = 8192 * 18 * 256 + 18 * 128 * 256
+
+    def all_reduces(tokens):  # 72 of 2 x 7/8 x tokens x 2880 x 2 B over NVLink at 1800 / 2 GB/s
+        return 72 * (8e-6 + 2 * 7 / 8 * tokens * 2880 * 2 / 900e9)
+
+    def read(tokens, batch):  # the T tokens wake 128 x (1 - (1 - 4/128)^T) experts of 128
+        woken = 1 - (1 - 4 / 128) ** tokens
+        return ((2 * dense + woken * 128 * expert * 0.53125 + 2 * head) / 8 + batch * kv) / 6.4e12
+
+    assert cost.target_seconds(1, 0) == pytest.approx(read(1, 1) + all_reduces(1))
+    assert cost.target_seconds(1, 7) == pytest.approx(read(8, 1) + all_reduces(8))
+    assert cost.target_seconds(256, 15) == pytest.approx(read(4096, 256) + all_reduces(4096))
+    # batch 512 x 16 tokens: FLOP-bound; experts on FP4 tensor cores, the rest (and attention over
+    # 8192 tokens in 18 layers, 128 in the other 18, 4 x 64 heads x 64) on BF16
+    attention = 4 * 64 * 64 * 18 * (8192 + 128)
+    flops = 8192 * ((2 * dense + 2 * head + attention) / 2250e12 + 2 * 4 * expert / 13125e12) / 8
+    assert cost.target_seconds(512, 15) == pytest.approx(flops / 0.6 + all_reduces(8192))
