@@ -247,6 +247,12 @@ def test_roofline_seconds_of_qwen3_8b_on_h200_by_hand():
     drafter = 2 * (1_048_576_000 + head) + 5 * 4096 * 2048
     assert cost.draft_seconds(1, 15) == pytest.approx(drafter / 3.84e12)
     # EAGLE-3: 399,507,456 params with its own draft LM head, one layer of context cache, per draft
+    # batch 32: 32 x 16 tokens through it, logits for 32 x 15, attention over 2048 tokens in 5 layers
+    flops = 32 * 16 * (2 * 1_048_576_000 + 2048 * 5 * 4 * 32 * 128) + 32 * 15 * 2 * head
+    assert cost.draft_seconds(32, 15) == pytest.approx(flops / 989e12 / 0.6)
+    # no drafter in the deployment: the step is the target's alone
+    alone = RooflineCost(_config("qwen3-8b-dflash-h200.yaml", drafter_id=None).deployment, "dflash")
+    assert (alone.draft_seconds(1, 15), alone.seconds(1, 15)) == (0.0, cost.target_seconds(1, 15))
     eagle = RooflineCost(_config("qwen3-8b-eagle3.yaml").deployment, "eagle3")
     assert eagle.draft_seconds(1, 7) == pytest.approx(7 * (2 * 399_507_456 + 4096 * 2048) / 3.84e12)
 
@@ -293,3 +299,15 @@ def test_roofline_moe_reads_the_experts_its_tokens_wake_by_hand():
     attention = 4 * 64 * 64 * 18 * (8192 + 128)
     flops = 8192 * ((2 * dense + 2 * head + attention) / 2250e12 + 2 * 4 * expert / 13125e12) / 8
     assert cost.target_seconds(512, 15) == pytest.approx(flops / 0.6 + all_reduces(8192))
+
+
+def test_roofline_deepseek_v4_reads_at_most_index_topk_selected_rows_per_csa_layer():
+    # Memory-bound batch 4 on 16 H200s (4.8 TB/s at 80 %), FP8 KV: a mean context of 4096 instead
+    # of 1024 reads, per request, 3072 more context tokens at 584 x 20 / 128 + 132 x 21 / 4 B and
+    # 512 instead of 1024 / 4 = 256 selected rows at 584 x 21 B (21 CSA layers pick min(context / 4, 512)).
+    def seconds(context):
+        return RooflineCost(_config("deepseek-v4-flash-dspark.yaml", mean_context_len=context).deployment,
+                            "dspark").target_seconds(4, 0)
+
+    per_request = 3072 * (584 * 20 / 128 + 132 * 21 / 4) + (512 - 256) * 584 * 21
+    assert seconds(4096) - seconds(1024) == pytest.approx(4 * per_request / 3.84e12, rel=1e-6)
