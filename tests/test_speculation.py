@@ -227,6 +227,8 @@ def test_deepseek_v4_csa_layers_attend_top_k_rows_not_every_compressed_row():
     assert m.attn_flops_ctx == pytest.approx((131_072 * 20 / 128 + 2 * 64 * 128 * 21 / 4) / 16)
     # CSA attends at most index_topk = 512 selected rows (config.json index_topk)
     assert (m.attn_flops_selected, m.index_topk) == (pytest.approx(131_072 * 21 / 16), 512)
+    # and every layer attends its 128-token window
+    assert m.attn_flops_fixed == pytest.approx(131_072 * 43 * 128 / 16)
     # reads: HCA rows of 584 B and the CSA indexer's 132 B rows for every 4 tokens, 584 B per pick
     assert m.kv_bytes_ctx == pytest.approx(584 * 20 / 128 + 132 * 21 / 4)
     assert m.kv_bytes_selected == 584 * 21
@@ -305,9 +307,14 @@ def test_roofline_deepseek_v4_reads_at_most_index_topk_selected_rows_per_csa_lay
     # Memory-bound batch 4 on 16 H200s (4.8 TB/s at 80 %), FP8 KV: a mean context of 4096 instead
     # of 1024 reads, per request, 3072 more context tokens at 584 x 20 / 128 + 132 x 21 / 4 B and
     # 512 instead of 1024 / 4 = 256 selected rows at 584 x 21 B (21 CSA layers pick min(context / 4, 512)).
-    def seconds(context):
+    def seconds(context, batch, draft_len):
         return RooflineCost(_config("deepseek-v4-flash-dspark.yaml", mean_context_len=context).deployment,
-                            "dspark").target_seconds(4, 0)
+                            "dspark").target_seconds(batch, draft_len)
 
     per_request = 3072 * (584 * 20 / 128 + 132 * 21 / 4) + (512 - 256) * 584 * 21
-    assert seconds(4096) - seconds(1024) == pytest.approx(4 * per_request / 3.84e12, rel=1e-6)
+    assert seconds(4096, 4, 0) - seconds(1024, 4, 0) == pytest.approx(4 * per_request / 3.84e12, rel=1e-6)
+    # FLOP-bound 1024 x 16 tokens (989 BF16 TFLOP/s at 60 %): the same 3072 tokens at 131,072 x 20 / 128
+    # + 2 x 64 x 128 x 21 / 4 FLOPs and 256 more selected rows at 131,072 x 21, over TP 16, per query
+    per_token = (3072 * (131_072 * 20 / 128 + 2 * 64 * 128 * 21 / 4) + 256 * 131_072 * 21) / 16
+    assert seconds(4096, 1024, 15) - seconds(1024, 1024, 15) == pytest.approx(
+        16384 * per_token / 989e12 / 0.6, rel=1e-6)
