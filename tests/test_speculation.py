@@ -83,6 +83,16 @@ def test_roofline_shapes():
     assert moe.target_seconds(1, 7) > 1.2 * moe.target_seconds(1, 0)
 
 
+def test_constant_rate_spans_a_drafter_never_and_always_right():
+    # 1 + c + ... + c^k = tau: c = 0 at tau 1, c = 1 at tau k + 1, and 1 + c = 1.5 at k = 1
+    assert constant_rate(1, 5) == pytest.approx(0, abs=1e-12)
+    assert constant_rate(6, 5) == pytest.approx(1)
+    assert constant_rate(1.5, 1) == pytest.approx(0.5)
+    for tau in (0.99, 6.01):
+        with pytest.raises(ConfigError, match=rf"mean τ {tau} is impossible with 5 drafts \(1 ≤ τ ≤ 6\)"):
+            constant_rate(tau, 5)
+
+
 def test_acceptance_threshold_is_the_break_even_at_batch_one():
     config = _config("llama3.1-8b-dflash.yaml")
     plan = plan_speculation(config)
@@ -131,6 +141,8 @@ def test_acceptance_json_beside_the_drafter_is_used(tmp_path):
     drafter.mkdir(parents=True)
     config_path = tmp_path / "llama.yaml"
     shutil.copy(REPO / "build_configs" / "llama3.1-8b-dflash.yaml", config_path)
+    # the drafter's folder without acceptance.json: the method's default
+    assert plan_speculation(load_build_config(config_path)).acceptance_source.startswith("default c = ")
     write_acceptance(drafter, [0.9] * 9, cycles=10, measured_with="test")
     plan = plan_speculation(load_build_config(config_path))
     assert plan.acceptance == [0.9] * 9 and plan.acceptance_source.endswith("acceptance.json")
