@@ -83,6 +83,13 @@ def test_roofline_shapes():
     assert moe.target_seconds(1, 7) > 1.2 * moe.target_seconds(1, 0)
 
 
+def test_plain_decoding_rate_is_one_token_per_request_per_step():
+    config = _config("qwen3-8b-dflash-h200.yaml")
+    plan, cost = plan_speculation(config), RooflineCost(config.deployment, "dflash")
+    for batch in (1, 2, 32):
+        assert plan.rate("never", batch) == pytest.approx(batch / cost.seconds(batch, 0))
+
+
 def test_constant_rate_spans_a_drafter_never_and_always_right():
     # 1 + c + ... + c^k = tau: c = 0 at tau 1, c = 1 at tau k + 1, and 1 + c = 1.5 at k = 1
     assert constant_rate(1, 5) == pytest.approx(0, abs=1e-12)
