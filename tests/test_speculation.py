@@ -90,6 +90,15 @@ def test_plain_decoding_rate_is_one_token_per_request_per_step():
         assert plan.rate("never", batch) == pytest.approx(batch / cost.seconds(batch, 0))
 
 
+def test_acceptance_threshold_of_one_draft_is_its_extra_step_time():
+    # k = 1: 1 + c = T(1, 1) / T(1, 0), and the acceptance rate of one draft is c itself
+    config = _config("qwen3-8b-eagle3.yaml")
+    config = config.model_copy(update={"drafter": config.drafter.model_copy(update={"num_draft_tokens": 1})})
+    cost = RooflineCost(config.deployment, "eagle3")
+    threshold = plan_speculation(config).acceptance_rate_threshold
+    assert threshold == round(cost.seconds(1, 1) / cost.seconds(1, 0) - 1, 4) > 0
+
+
 def test_constant_rate_spans_a_drafter_never_and_always_right():
     # 1 + c + ... + c^k = tau: c = 0 at tau 1, c = 1 at tau k + 1, and 1 + c = 1.5 at k = 1
     assert constant_rate(1, 5) == pytest.approx(0, abs=1e-12)
