@@ -15,7 +15,7 @@ from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.errors import ConfigError
 from trtspec.plan.roofline import RooflineCost
-from trtspec.plan.speculation import constant_rate, plan_speculation
+from trtspec.plan.speculation import constant_rate, plan_batches, plan_speculation
 from trtspec.spec.cost import expected_tokens, load_acceptance, survival
 from trtspec.trtllm.args import llm_args
 from trtspec.trtllm.fields import DYNAMIC_DRAFT_LEN_TYPES, check_draft_len_schedule
@@ -97,6 +97,23 @@ def test_acceptance_threshold_of_one_draft_is_its_extra_step_time():
     cost = RooflineCost(config.deployment, "eagle3")
     threshold = plan_speculation(config).acceptance_rate_threshold
     assert threshold == round(cost.seconds(1, 1) / cost.seconds(1, 0) - 1, 4) > 0
+
+
+def test_draft_lengths_fit_max_num_tokens_in_one_forward():
+    # b x (k + 1) <= 16 tokens: k <= 16 // b - 1, i.e. 15, 7, 3, 1 at b = 1, 2, 4, 8 and 0 from b = 16
+    plan = plan_speculation(_config("qwen3-8b-dflash-h200.yaml", max_num_tokens=16))
+    for b in range(1, 33):
+        assert plan.best_len[b - 1] <= max(0, 16 // b - 1) and plan.draft_len[b - 1] <= max(0, 16 // b - 1)
+    assert plan.draft_len[-1] == plan.best_len[-1] == 0
+    # "always k=15" runs 15 drafts where they fit (b = 1) and none where they do not
+    assert plan.rate("always", 1) == plan.rate("schedule", 1) > plan.rate("never", 1)
+    assert plan.rate("always", 2) == plan.rate("never", 2)
+
+
+def test_inspect_prints_powers_of_two_then_the_largest_batch():
+    assert plan_batches(1) == [1]
+    assert plan_batches(32) == [1, 2, 4, 8, 16, 32]
+    assert plan_batches(48) == [1, 2, 4, 8, 16, 32, 48]
 
 
 def test_constant_rate_spans_a_drafter_never_and_always_right():
