@@ -3,6 +3,7 @@ TensorRT-LLM's rules, the acceptance cut-off, and where a drafter's acceptance c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -15,7 +16,7 @@ from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.errors import ConfigError
 from trtspec.plan.roofline import RooflineCost
-from trtspec.plan.speculation import constant_rate, plan_batches, plan_speculation
+from trtspec.plan.speculation import constant_rate, format_speculation, plan_batches, plan_speculation
 from trtspec.spec.cost import expected_tokens, load_acceptance, survival
 from trtspec.trtllm.args import llm_args
 from trtspec.trtllm.fields import DYNAMIC_DRAFT_LEN_TYPES, check_draft_len_schedule
@@ -114,6 +115,13 @@ def test_inspect_prints_powers_of_two_then_the_largest_batch():
     assert plan_batches(1) == [1]
     assert plan_batches(32) == [1, 2, 4, 8, 16, 32]
     assert plan_batches(48) == [1, 2, 4, 8, 16, 32, 48]
+
+
+def test_inspect_notes_a_batch_one_length_the_cost_model_would_not_pick():
+    plan = plan_speculation(_config("qwen3-8b-dflash-h200.yaml"))
+    assert plan.best_len[:2] == [15, 15] and "note:" not in format_speculation(plan, 32, True)
+    shorter = dataclasses.replace(plan, best_len=[7, *plan.best_len[1:]])
+    assert "note: at batch 1 the cost model prefers k = 7" in format_speculation(shorter, 32, True)
 
 
 def test_constant_rate_spans_a_drafter_never_and_always_right():
