@@ -148,6 +148,11 @@ def test_every_byte_and_token_count_is_a_whole_number(deployment):
     assert all(type(value) is int for key, value in plan.to_dict().items() if key != "gpu")
 
 
+def test_cost_model_context_defaults_to_a_quarter_of_max_seq_len_in_whole_tokens():
+    assert _deployment(max_seq_len=8190).context_len == 2047  # 8190 / 4 = 2047.5 tokens, rounded down
+    assert _deployment(mean_context_len=100).context_len == 100
+
+
 def test_refuses_a_pipeline_stage_without_a_layer():
     # 36 stages of Qwen3-8B's 36 layers: one layer (192,937,984 params) + the untied embedding or LM
     # head (151,936 x 4096) per stage, bf16; a 37th stage would hold no layer.
