@@ -301,13 +301,13 @@ def test_roofline_seconds_of_qwen3_8b_on_h200_by_hand():
     # DFlash: 5 layers + fc (1,048,576,000 params), the target's LM head, its 5-layer context cache
     drafter = 2 * (1_048_576_000 + head) + 5 * 4096 * 2048
     assert cost.draft_seconds(1, 15) == pytest.approx(drafter / 3.84e12)
-    # EAGLE-3: 399,507,456 params with its own draft LM head, one layer of context cache, per draft
     # batch 32: 32 x 16 tokens through it, logits for 32 x 15, attention over 2048 tokens in 5 layers
     flops = 32 * 16 * (2 * 1_048_576_000 + 2048 * 5 * 4 * 32 * 128) + 32 * 15 * 2 * head
     assert cost.draft_seconds(32, 15) == pytest.approx(flops / 989e12 / 0.6)
     # no drafter in the deployment: the step is the target's alone
     alone = RooflineCost(_config("qwen3-8b-dflash-h200.yaml", drafter_id=None).deployment, "dflash")
     assert (alone.draft_seconds(1, 15), alone.seconds(1, 15)) == (0.0, cost.target_seconds(1, 15))
+    # EAGLE-3: 399,507,456 params with its own draft LM head, one layer of context cache, per draft
     eagle = RooflineCost(_config("qwen3-8b-eagle3.yaml").deployment, "eagle3")
     assert eagle.draft_seconds(1, 7) == pytest.approx(7 * (2 * 399_507_456 + 4096 * 2048) / 3.84e12)
 
