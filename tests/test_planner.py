@@ -148,9 +148,12 @@ def test_every_byte_and_token_count_is_a_whole_number(deployment):
     assert all(type(value) is int for key, value in plan.to_dict().items() if key != "gpu")
 
 
-def test_cost_model_context_defaults_to_a_quarter_of_max_seq_len_in_whole_tokens():
+def test_cost_model_context_defaults_to_a_quarter_of_max_seq_len_and_may_be_all_of_it():
     assert _deployment(max_seq_len=8190).context_len == 2047  # 8190 / 4 = 2047.5 tokens, rounded down
     assert _deployment(mean_context_len=100).context_len == 100
+    assert _deployment(mean_context_len=8192).context_len == 8192  # as long as a request may run
+    with pytest.raises(ValueError, match="mean_context_len 8193 is longer than max_seq_len 8192"):
+        _deployment(mean_context_len=8193)
 
 
 def test_refuses_a_pipeline_stage_without_a_layer():
