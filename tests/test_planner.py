@@ -389,3 +389,39 @@ def test_gpu_memory_is_what_the_device_reports():
     assert [get_gpu(name).memory_bytes for name in ("H100", "H200", "B200")] == [
         81_559 * 2**20, 143_771 * 2**20, 183_359 * 2**20]
     assert get_gpu("B300").memory_bytes == 288_000_000_000  # no device figure: the data sheet's
+
+
+def test_a_deployment_takes_each_fields_least_value_and_keeps_its_documented_defaults():
+    # the least each bounded field takes: one of everything, no reserve, the whole free memory, port 1,
+    # acceptance rates of exactly 0 and 1; and one past a bound refused
+    least = _deployment(nodes=1, replicas=1, tensor_parallel_size=1, pipeline_parallel_size=1,
+                        moe_expert_parallel_size=1, max_batch_size=1, max_seq_len=16, max_num_tokens=1,
+                        free_gpu_memory_fraction=1.0, runtime_reserve_gib=0, min_concurrency=1, port=1,
+                        mean_context_len=1, acceptance_by_position=[0.0, 1.0], acceptance_rate_window_size=1)
+    assert least.context_len == 1 and least.acceptance_by_position == [0.0, 1.0]
+    assert _deployment(acceptance_by_position=None).acceptance_by_position is None
+    assert _deployment(acceptance_by_position=[0.5]).acceptance_by_position == [0.5]
+    for field, value in (("acceptance_by_position", [1.5]), ("acceptance_by_position", [-0.1]),
+                         ("free_gpu_memory_fraction", 1.5), ("port", 0)):
+        with pytest.raises(ValueError, match=field):
+            _deployment(**{field: value})
+    default = _deployment()
+    assert (default.replicas, default.pipeline_parallel_size, default.min_concurrency) == (1, 1, 1)
+    assert default.enable_block_reuse is True and default.acceptance_rate_window_size == 256
+
+
+@pytest.mark.parametrize("image, pinned", [
+    ("nvcr.io/nvidia/tritonserver:25.08-trtllm-python-py3", True),
+    ("localhost:5000/trtllm:1.0", True),  # a registry's port, then the tag
+    ("trtllm:1.0", True),  # no registry, no path
+    ("nvcr.io/nvidia/tensorrt-llm/release@sha256:" + "0" * 64, True),
+    ("trtllm:latest@sha256:" + "0" * 64, True),  # a digest pins even :latest
+    ("localhost:5000/trtllm", False),  # a port is not a tag
+    ("trtllm", False),
+])
+def test_an_image_is_pinned_by_a_tag_after_its_last_slash_or_by_a_digest(image, pinned):
+    if pinned:
+        assert _deployment(image=image).image == image
+    else:
+        with pytest.raises(ValueError, match="pin the image to a release tag or digest"):
+            _deployment(image=image)
