@@ -101,11 +101,11 @@ def test_a_tree_row_keeps_its_whole_tree_beside_a_row_whose_tree_is_cut(pipeline
     tree = TreeConfig(nodes=8, topk=2)
     long, short = Request(PROMPTS[0], 12), Request(PROMPTS[1], 3)
     alone = _decoder(pipeline, slots=2, tree=tree).generate_batch([long])[0]
+    assert alone.num_drafted > 0 and alone.num_accepted > 0
     for both in (_decoder(pipeline, slots=2, tree=tree).generate_batch([long, short])[0],
                  _decoder(pipeline, slots=2, tree=tree).generate_batch([short, long])[1]):
         assert both.token_ids == alone.token_ids
         assert (both.num_drafted, both.num_accepted) == (alone.num_drafted, alone.num_accepted)
-        assert alone.num_drafted > 0 and alone.num_accepted > 0
 
 
 def test_each_step_prices_the_prompt_tokens_its_forward_feeds(pipeline, alone):
