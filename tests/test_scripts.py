@@ -120,6 +120,12 @@ def test_image_rehearsal_installs_the_images_pins_and_names_a_missing_one(tmp_pa
     assert rc == 2 and "no pin for onnxruntime in trtspec/gpu/h200_packages.txt" in err
 
 
+def _mutants(cwd, *args: str) -> subprocess.CompletedProcess:
+    """scripts/mutants.py run from `cwd` (its module and tests are paths from there)."""
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "mutants.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.parametrize("tests, said", [
     (["tests/test_stop_trimmer.py", "-k", "no_such_test"], "pytest exit status 5"),  # selects none
     (["tests/no_such_file.py"], "pytest exit status 4"),
@@ -129,9 +135,7 @@ def test_mutants_refuses_tests_that_do_not_pass_on_the_module_as_it_is(tests, sa
     report every mutant killed, so the script refuses them before trying any, the module untouched."""
     module = REPO / "trtspec" / "openai" / "stops.py"
     before = module.read_text()
-    run = subprocess.run([sys.executable, str(REPO / "scripts" / "mutants.py"), "--sample", "1", "--",
-                          "trtspec/openai/stops.py", *tests], cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
+    run = _mutants(REPO, "--sample", "1", "--", "trtspec/openai/stops.py", *tests)
     assert run.returncode == 2, run.stdout + run.stderr
     assert f"the tests do not pass on trtspec/openai/stops.py as it is ({said})" in run.stderr
     assert "killed" not in run.stdout and module.read_text() == before
@@ -144,9 +148,7 @@ def test_mutants_tries_only_the_lines_asked_for(tmp_path):
                                      "\n\ndef twice(a):\n    return a * 2\n")
     (tmp_path / "test_mod.py").write_text("from mod import add, below, twice\n\n\ndef test_mod():\n"
                                           "    assert not below(2, 2) and add(0) == 1 and twice(3) == 6\n")
-    run = subprocess.run([sys.executable, str(REPO / "scripts" / "mutants.py"), "--sample", "0",
-                          "--lines", "2,5-6", "--", "mod.py", "test_mod.py"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    run = _mutants(tmp_path, "--sample", "0", "--lines", "2,5-6", "--", "mod.py", "test_mod.py")
     assert run.returncode == 0, run.stdout + run.stderr
     tried = [line.split("  (")[0].split("] ")[1] for line in run.stdout.splitlines() if line.startswith("[")]
     assert tried == ["killed   line 2: '<' -> '<='", "killed   line 6: '+' -> '-'",

@@ -168,6 +168,10 @@ def _F32(*values: float) -> np.ndarray:
     return np.array(values, dtype=np.float32)
 
 
+def _BYTES(*values: bytes) -> np.ndarray:
+    return np.array(values, dtype=object)
+
+
 GOOD = dict(text_input=np.array([b"hi"], dtype=object), max_tokens=np.array([8], dtype=np.int32))
 
 
@@ -342,7 +346,7 @@ def test_parse_request_refuses_trtllm_inputs_it_cannot_honour(change, message):
 @pytest.mark.parametrize(
     "name, default, other, shown, accepted",
     [
-        ("decoder_text_input", np.array([b""], dtype=object), np.array([b"hi"], dtype=object), "'hi'", "''"),
+        ("decoder_text_input", _BYTES(b""), _BYTES(b"hi"), "'hi'", "''"),
         ("num_return_sequences", _I32(1), _I32(2), "2", "1"),
         ("beam_width", _I32(1), _I32(4), "4", "1"),
         ("length_penalty", _F32(1.0), _F32(1.5), "1.5", "1.0"),
@@ -368,23 +372,20 @@ def test_refused_trtllm_input_passes_at_its_default_and_is_refused_by_name_other
 def test_refused_trtllm_inputs_show_the_value_sent():
     """A list input's value is shown as a list even of one item, a one-value input's as the value
     (or every value when more arrive), up to 4 values; more as the tensor's shape."""
-    def words(*values: bytes) -> np.ndarray:
-        return np.array(values, dtype=object)
-
     for change, shown in [
-        (dict(embedding_bias_words=words(b"x")), "embedding_bias_words=['x']"),
-        (dict(embedding_bias_words=words(b"a", b"b")), "embedding_bias_words=['a', 'b']"),
-        (dict(embedding_bias_words=words(b"")), "embedding_bias_words=['']"),  # no default: empty is a value
+        (dict(embedding_bias_words=_BYTES(b"x")), "embedding_bias_words=['x']"),
+        (dict(embedding_bias_words=_BYTES(b"a", b"b")), "embedding_bias_words=['a', 'b']"),
+        (dict(embedding_bias_words=_BYTES(b"")), "embedding_bias_words=['']"),  # no default: empty is a value
         (dict(beam_width=_I32(4, 4)), "beam_width=[4, 4]"),
         (dict(embedding_bias_weights=_F32(1, 2, 3, 4)), "embedding_bias_weights=[1.0, 2.0, 3.0, 4.0]"),
         (dict(embedding_bias_weights=_F32(1, 2, 3, 4, 5)), "embedding_bias_weights='a tensor of shape [5]'"),
         (dict(lora_config=np.zeros((2, 3), dtype=np.int32)), "lora_config='a tensor of shape [2, 3]'"),
-        (dict(decoder_text_input=words(b"", b"x")), "decoder_text_input=['', 'x']"),
+        (dict(decoder_text_input=_BYTES(b"", b"x")), "decoder_text_input=['', 'x']"),
     ]:
         with pytest.raises(RequestError, match=f"^{re.escape(shown)} is not supported by trtspec"):
             parse_request(_getter(**GOOD, **change), 16)
     # an encoder text of empty strings only is no encoder text, however many
-    parse_request(_getter(**GOOD, decoder_text_input=words(b"", b"")), 16)
+    parse_request(_getter(**GOOD, decoder_text_input=_BYTES(b"", b"")), 16)
 
 
 def test_text_stream_never_splits_a_character():
