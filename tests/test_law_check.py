@@ -193,3 +193,42 @@ def test_a_law_check_says_whether_the_server_drafted():
     assert "reports no draft figures: whether its acceptance rule was exercised is not known" in said[None]
     assert "drafted 0 tokens for these requests: its acceptance rule was NOT exercised" in said[0]
     assert "drafted 250 tokens for these requests\n" in said[250] + "\n" and "NOT" not in said[250]
+
+
+def test_draws_of_the_law_itself_exactly_are_its_likeliest_outcome():
+    """Ten draws at exactly the law's shares (1, 2, 7 of 10 for 0.1, 0.2, 0.7) have TV 0 up to float
+    rounding; no simulated sample is closer, and those that tie with it count as at least as far, so
+    p = (1 + S) / (1 + S) = 1. A law given with zeros (token 3) does not count them in its support;
+    no draw is outside it."""
+    law = {0: 0.1, 1: 0.2, 2: 0.7, 3: 0.0}
+    check = check_position({0: 1, 1: 2, 2: 7}, law, simulations=500)
+    assert (check.draws, check.support, check.outside, check.p_value) == (10, 3, 0, 1.0)
+    assert check.tv == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_position_without_draws_passes_and_one_draw_counts_whole():
+    """No draws: nothing to test, TV 0 and p 1. One draw of token 0 against a fair coin: the empirical
+    law is (1, 0), TV = 0.5 * (0.5 + 0.5) = 0.5, however rarely drawn tokens are counted (as 0)."""
+    law = {0: 0.5, 1: 0.5}
+    none = check_position({}, law)
+    assert (none.draws, none.support, none.tv, none.p_value, none.outside) == (0, 2, 0.0, 1.0, 0)
+    assert check_position({0: 1}, law).tv == 0.5
+    assert check_position({0: 3}, law).tv == 0.5  # 0.5 * (|1 - 0.5| + |0 - 0.5|)
+
+
+def test_positions_share_alpha_equally_and_a_p_value_at_the_level_fails():
+    """With one simulation every p-value is (1 + 0) / 2 = 1/2 or (1 + 1) / 2 = 1: 100 draws all of
+    token 0 from a fair coin are farther than the simulated sample (p = 1/2), 50 and 50 (TV 0) no
+    farther (p = 1). Alone at alpha 1/2 the far one fails (p = level); beside the near one each is
+    tested at 1/4 and both pass."""
+    law = {0: 0.5, 1: 0.5}
+    far, near = {0: 100}, {0: 50, 1: 50}
+    alone = check_law([far], [law], alpha=0.5, simulations=1)
+    assert alone.positions[0].p_value == 0.5 and alone.level == 0.5 and not alone.passed
+    both = check_law([far, near], [law, law], alpha=0.5, simulations=1)
+    assert [p.p_value for p in both.positions] == [0.5, 1.0] and both.level == 0.25 and both.passed
+
+
+def test_counts_and_laws_of_different_lengths_are_refused():
+    with pytest.raises(ValueError):
+        check_law([{0: 1}, {0: 1}], [{0: 1.0}], ALPHA)
