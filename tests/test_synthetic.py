@@ -12,7 +12,13 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 
 from trtspec.bench.device_timer import L2_FLUSH_BYTES, DeviceTimer, flush_buffer
 from trtspec.bench.static_target import StaticKVTarget
-from trtspec.bench.synthetic import SyntheticSettings, build_drafter, build_target, profile_synthetic
+from trtspec.bench.synthetic import (
+    ForwardBytes,
+    SyntheticSettings,
+    build_drafter,
+    build_target,
+    profile_synthetic,
+)
 from trtspec.bench.synthetic_report import headline, inconsistencies, projections
 from trtspec.cli import main
 from trtspec.plan.gpus import GPUS, gpu_for_device
@@ -59,6 +65,34 @@ def test_full_scale_models_are_the_planned_architectures(target_id, drafter_id, 
     taps = [1, 9, 17, 25, 33] if model_type == "qwen3" else [1, 8, 15, 22, 29]  # z-lab's spread
     assert drafter.spec.target_layer_ids == taps
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_forward_floors_count_each_byte_a_forward_moves():
+    """Qwen3-8B in bfloat16: one token's K and V take 2 * 8 kv heads * 128 * 2 bytes = 4,096 bytes a
+    layer (147,456 over the target's 36, 20,480 over the drafter's 5). Built on the meta device, the
+    untied target's weights read are all its parameters but the gathered embedding table (its
+    151,936 x 4,096 LM head is read whole). Batch 2, 10 cached tokens:
+    - the target's forward of 3 new tokens reads its weights (1,000 bytes here), gathers 2 * 3
+      embedding rows (49,152), reads K/V of 13 positions (3,833,856), writes 3 (884,736) and
+      writes 6 rows of logits (1,823,232): 6,591,976;
+    - the draft step of a block of 4 reads the drafter (300) and the LM head (500), the 10 context
+      positions' K/V (409,600), writes the block's 4 (163,840), gathers 8 embedding rows (65,536)
+      and writes logits of its 3 drafts per row (1,823,232): 2,463,008."""
+    target_arch, drafter_arch = TARGETS["Qwen/Qwen3-8B"], DRAFTERS["z-lab/Qwen3-8B-DFlash-b16"]
+    meta = torch.device("meta")
+    target = build_target(target_arch, "qwen3", meta, torch.bfloat16, 9000, seed=0)
+    drafter = build_drafter(drafter_arch, target_arch, 16, meta, torch.bfloat16, 9000)
+    built = ForwardBytes.of(target_arch, target, drafter)
+    table = 151_936 * 4_096 * 2
+    params = sum(p.numel() for p in target.parameters())
+    assert (built.target_weights, built.lm_head) == (2 * params - table, table)
+    assert (built.drafter_weights, built.drafter_layers, built.element) == (
+        2 * sum(p.numel() for p in drafter.parameters()), 5, 2)
+    assert (built.kv_per_token(36), built.kv_per_token(5)) == (147_456, 20_480)
+    sized = ForwardBytes(target_arch, target_weights=1_000, lm_head=500, drafter_weights=300,
+                         drafter_layers=5, element=2)
+    assert sized.target_forward(2, 10, 3) == 6_591_976
+    assert sized.draft_step(2, 10, 4) == 2_463_008
 
 
 def test_projection_is_tau_times_t_ar_over_the_cycle():
