@@ -3,6 +3,7 @@ behind the CUDA-graph timing, the floors and the projected speedups (the CPU run
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -89,6 +90,11 @@ def test_forward_floors_count_each_byte_a_forward_moves():
     assert (built.drafter_weights, built.drafter_layers, built.element) == (
         2 * sum(p.numel() for p in drafter.parameters()), 5, 2)
     assert (built.kv_per_token(36), built.kv_per_token(5)) == (147_456, 20_480)
+    # tied, the LM head is the embedding table: read whole, it stays in the weights (counted once)
+    tied_arch = dataclasses.replace(target_arch, tie_embeddings=True)
+    tied = build_target(tied_arch, "qwen3", meta, torch.bfloat16, 9000, seed=0)
+    tied_params = sum(p.numel() for p in tied.parameters())
+    assert ForwardBytes.of(tied_arch, tied, drafter).target_weights == 2 * tied_params
     sized = ForwardBytes(target_arch, target_weights=1_000, lm_head=500, drafter_weights=300,
                          drafter_layers=5, element=2)
     assert sized.target_forward(2, 10, 3) == 6_591_976
