@@ -568,6 +568,42 @@ def test_adaptive_is_compared_with_its_own_drafters_fixed_settings_only():
                                "fixed)")
 
 
+def test_a_whole_run_ratio_missing_on_either_side_reads_as_a_dash():
+    """Results written before whole-run tokens/s were kept have no `run_tokens_per_s`: adaptive's
+    whole-run ratio is then "–", whether its own row or the target alone's lacks it; where both
+    have it, 150 / 100 = 1.50."""
+    from trtspec.bench.report import adaptive_summary
+
+    def conc(adaptive_run, none_run) -> dict:
+        def row(tps, run):
+            return {"1": {"total_tokens_per_s": tps} | ({} if run is None else {"run_tokens_per_s": run})}
+
+        return {"methods": {"none": row(100.0, none_run), "dflash": row(120.0, 120.0),
+                            "dflash+adaptive": row(150.0, adaptive_run)}}
+
+    assert adaptive_summary(conc(150.0, 100.0))[0].endswith("(whole run 1.50× none)")
+    for adaptive_run, none_run in ((None, 100.0), (150.0, None)):
+        assert adaptive_summary(conc(adaptive_run, none_run))[0].endswith("(whole run –× none)")
+
+
+def test_headline_sets_dflash_against_assisted_generation():
+    """With transformers' rows the headline says how DFlash's speedup over the target alone (10 s /
+    4 s = 2.5×) compares with assisted generation's over transformers generate (12 s / 8 s = 1.5×):
+    2.5 / 1.5 = 1.67."""
+    from trtspec.bench.report import headline
+
+    def row(seconds: float, tau: float) -> dict:
+        return {"tokens": 100, "seconds": seconds, "tau": tau}
+
+    results = {"tasks": {"code": {"none": row(10.0, 1.0), "dflash": row(4.0, 3.0),
+                                  "hf_generate": row(12.0, 1.0), "hf_assisted": row(8.0, 2.0)}}}
+    lines = headline(results)
+    assert "- transformers assisted generation (draft_model as assistant): 1.50× over transformers " \
+        "generate" in lines
+    assert "- DFlash speedup / assisted-generation speedup: 1.67" in lines
+    assert not any("lookup pool" in line for line in lines)  # no `-pool` method, no note on one
+
+
 def test_prompt_seeds_wrap_as_uint64():
     """bench --seed takes any UINT64 (as generate and Triton's random_seed): prompt i samples with
     SEED + i modulo 2^64, never past what a server accepts."""
@@ -670,6 +706,8 @@ def test_pooled_speedups_carry_their_interval_when_the_run_kept_each_prompts_sec
     figures = re.search(r"none ([\d.]+)× \[([\d.]+)–([\d.]+)×\]", line)
     speedup, low, high = (float(x) for x in figures.groups())
     assert low < speedup < high and high - low < 1.0, line
+    # the least that carries one: MIN_PROMPTS = 8 prompts in all, the smaller task of 2
+    assert "[" in next(line for line in headline(results(6, 2)) if line.startswith("- dflash"))
     for few in (results(3, 3), results(9, 1)):  # 6 prompts in all; a task of one prompt
         assert "[" not in next(line for line in headline(few) if line.startswith("- dflash"))
     old = results(6, 6)
