@@ -258,6 +258,14 @@ def test_json_depth_counts_containers_without_recursing():
     assert json_text.depth(deep) == 100_001
 
 
+def test_half_pair_finds_a_lone_surrogate_in_a_string_or_a_key_and_says_which():
+    # (where, the text, whether it is a key): a string is found at its own path, a key at the path of
+    # the object holding it; a whole pair (an emoji's two halves joined) is a character and passes
+    assert json_text.half_pair({"a": [1, "x\ud800"]}) == (("a", 1), "x\ud800", False)
+    assert json_text.half_pair({"a": {"\udc00k": 1}}) == (("a",), "\udc00k", True)
+    assert json_text.half_pair({"a": ["\U0001f600", {"b": None}], "c": 2.5}) is None
+
+
 def test_requests_a_guide_cannot_end_are_refused(dflash):
     decoder, compiled = dflash.decoder_for(1), dflash.guides.compile(Guide("json"))
     with pytest.raises(ValueError, match="min_tokens 3 cannot be combined with a guide"):
