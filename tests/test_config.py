@@ -84,6 +84,19 @@ def test_shipped_configs_load(path):
         ("target: {path: x}\nruntime: {threads: true}\n", r"field `runtime.threads`: .* got True$"),
         ("target: {path: x}\ndeployment: {gpu: H200, model_id: Qwen/Qwen3-8B, max_batch_size: true}\n",
          r"field `deployment.max_batch_size`: .* not a boolean"),
+        # ... a number's boolean check looks into a union's list of numbers too, and leaves a
+        # string field's boolean to pydantic's own words
+        ("target: {path: x}\ndeployment: {gpu: H200, model_id: Qwen/Qwen3-8B,\n"
+         "  acceptance_by_position: true}\n",
+         r"field `deployment.acceptance_by_position`: expected a number, not a boolean, got True$"),
+        ("target: {path: x}\ndeployment: {gpu: H200, model_id: true}\n",
+         r"field `deployment.model_id`: Input should be a valid string, got True$"),
+        # a refused value is quoted 3 levels deep, and whole up to 200 characters: 198 d's and their
+        # two quotes are 200, with no "…" after them
+        ("target: {path: x}\ndeployment: {gpu: H200, model_id: Qwen/Qwen3-8B, max_batch_size: [[[[1]]]]}\n",
+         r"field `deployment.max_batch_size`: Input should be a valid integer, got \[\[\[\[\.\.\.\]\]\]\]$"),
+        ("target: {path: x}\nlimits: {max_tokens: " + "d" * 198 + "}\n",
+         r"field `limits.max_tokens`: Input should be a valid integer, .*, got '" + "d" * 198 + "'$"),
         ("target: {path: x}\nlimits: {stream_interval: 0}\n",
          r"field `limits.stream_interval`: Input should be greater than or equal to 1, got 0$"),
     ],
