@@ -1,0 +1,45 @@
+"""trtspec.tokenizer's ByteTokenizer: the special ids a byte-level checkpoint's config.json names,
+read back only where they are a map of ids past the 256 bytes and inside the vocabulary."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoConfig
+
+from trtspec.config import ASSETS_DIR
+from trtspec.tokenizer import DEFAULT_SPECIALS, ByteTokenizer
+
+
+def test_special_ids_lie_past_the_bytes_and_inside_the_vocabulary():
+    # [256, vocab_size): 256 and vocab_size - 1 are the first and last ids a special may have
+    assert ByteTokenizer({"eos": 256, "pad": 263}, vocab_size=264).specials == {"eos": 256, "pad": 263}
+    for idx in (255, 264):
+        with pytest.raises(ValueError, match=rf"special token 'eos' has id {idx}; .* \[256, 264\)"):
+            ByteTokenizer({"eos": idx}, vocab_size=264)
+
+
+def test_from_config_reads_the_checkpoints_specials_back():
+    config = AutoConfig.from_pretrained(ASSETS_DIR / "tiny-target")
+    tokenizer = ByteTokenizer.from_config(config)
+    assert tokenizer.specials == DEFAULT_SPECIALS and tokenizer.vocab_size == config.vocab_size
+    assert tokenizer.eos_id == 256
+
+
+@pytest.mark.parametrize("specials", [
+    ["eos"],  # no map
+    {"pad": 257},  # no eos
+    {"eos": True},  # a boolean is no id (True would be the byte 1)
+    {"eos": "256"},
+])
+def test_from_config_refuses_specials_that_are_no_map_of_ids_with_eos(specials):
+    config = AutoConfig.from_pretrained(ASSETS_DIR / "tiny-target")
+    config.trtspec_special_tokens = specials
+    with pytest.raises(ValueError, match="trtspec_special_tokens must map each special token.s name"):
+        ByteTokenizer.from_config(config)
+
+
+def test_from_config_of_a_config_without_specials_says_to_give_a_tokenizer():
+    config = AutoConfig.from_pretrained(ASSETS_DIR / "tiny-target")
+    del config.trtspec_special_tokens
+    with pytest.raises(ValueError, match="not a trtspec byte-level model"):
+        ByteTokenizer.from_config(config)
