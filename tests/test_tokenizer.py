@@ -43,3 +43,10 @@ def test_from_config_of_a_config_without_specials_says_to_give_a_tokenizer():
     del config.trtspec_special_tokens
     with pytest.raises(ValueError, match="not a trtspec byte-level model"):
         ByteTokenizer.from_config(config)
+
+
+def test_a_special_ids_bytes_are_its_name_and_an_unnamed_ids_its_number():
+    # DEFAULT_SPECIALS name 256 to 259; 263 is inside the vocabulary but no special's
+    tokenizer = ByteTokenizer()
+    assert [tokenizer.token_bytes(i) for i in (65, 256, 258, 263)] == \
+        [b"A", b"<|eos|>", b"<|mask|>", b"<|263|>"]
