@@ -61,7 +61,14 @@ from trtspec.pipeline import load_pipeline
 from trtspec.spec.decoder import Request
 from trtspec.spec.grammar import Guide
 from trtspec.spec.sampling import SamplingParams
-from trtspec.triton.client import ClientError, GenerateParams, array_input, grpc_generate, grpc_inputs
+from trtspec.triton.client import (
+    ClientError,
+    GenerateParams,
+    array_input,
+    grpc_generate,
+    grpc_inputs,
+    wait_ready,
+)
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
 from trtspec.triton.request import MAX_STOP_WORD_CHARS
 from trtspec.triton.server import GRPC_ADMIN_HEADER, Ports, TritonServer, free_port
@@ -140,6 +147,9 @@ def test_models_and_health(served):
     assert [m.id for m in models.data] == ["trtspec"]
     with urllib.request.urlopen(f"{served.base}/health", timeout=10) as resp:  # no key needed
         assert resp.status == 200 and json.loads(resp.read()) == {"status": "ready"}
+    wait_ready(served.url, "trtspec", 5, KEY)  # listed under /v1/models: ready
+    with pytest.raises(ClientError, match=rf"model 'nope' at {served.url} not ready within 1s$"):
+        wait_ready(served.url, "nope", 1, KEY)  # answered, not listed: no "connection refused"
 
 
 def _frontend_metrics(served) -> dict[tuple[str, tuple], float]:

@@ -775,7 +775,8 @@ def test_an_empty_model_py_is_named_with_what_to_do(tmp_path):
 
 
 def test_wait_ready_gives_up_with_a_clear_message(served):
-    """Nothing listening is named as such; a server that answers without the model is not."""
+    """Nothing listening is named as such; a server that answers without the model is not; a ready
+    model is waited for no longer, over either protocol."""
     ports = Ports.free()
     for url in (f"http://127.0.0.1:{ports.http}", f"grpc://127.0.0.1:{ports.grpc}"):
         address = url.split("://")[1]
@@ -785,6 +786,7 @@ def test_wait_ready_gives_up_with_a_clear_message(served):
     for url in (served.grpc_url, served.http_url):
         with pytest.raises(ClientError, match=rf"model 'nope' at {url} not ready within 1s$"):
             wait_ready(url, "nope", 1)
+        wait_ready(url, "trtspec", 5)  # ready: returns
 
 
 def test_bench_against_the_server_reports_ttft_and_itl(served, config, tmp_path):
