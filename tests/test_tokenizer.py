@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 from transformers import AutoConfig
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from trtspec.config import ASSETS_DIR
-from trtspec.tokenizer import DEFAULT_SPECIALS, ByteTokenizer
+from trtspec.tokenizer import _BYTE_OF_CHAR, DEFAULT_SPECIALS, ByteTokenizer
 
 
 def test_special_ids_lie_past_the_bytes_and_inside_the_vocabulary():
@@ -50,3 +51,10 @@ def test_a_special_ids_bytes_are_its_name_and_an_unnamed_ids_its_number():
     tokenizer = ByteTokenizer()
     assert [tokenizer.token_bytes(i) for i in (65, 256, 258, 263)] == \
         [b"A", b"<|eos|>", b"<|mask|>", b"<|263|>"]
+
+
+def test_the_byte_level_alphabet_is_gpt2s():
+    """Byte-level BPE spells each byte as one printable character (GPT-2's map, which Llama 3's and
+    Qwen's tokenizers share): `raw_bytes` reads pieces back through its inverse, all 256 bytes, the
+    last printable ones (0xFE 'þ', 0xFF 'ÿ') too."""
+    assert _BYTE_OF_CHAR == {char: byte for byte, char in bytes_to_unicode().items()}
