@@ -4,11 +4,14 @@ read back only where they are a map of ids past the 256 bytes and inside the voc
 from __future__ import annotations
 
 import pytest
+from tokenizers import AddedToken
 from transformers import AutoConfig
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from trtspec.config import ASSETS_DIR
-from trtspec.tokenizer import _BYTE_OF_CHAR, DEFAULT_SPECIALS, ByteTokenizer
+from trtspec.tokenizer import _BYTE_OF_CHAR, DEFAULT_SPECIALS, ByteTokenizer, HFTokenizer
+
+from .bpe_checkpoint import bpe_tokenizer, byte_fallback_tokenizer
 
 
 def test_special_ids_lie_past_the_bytes_and_inside_the_vocabulary():
@@ -58,3 +61,23 @@ def test_the_byte_level_alphabet_is_gpt2s():
     Qwen's tokenizers share): `raw_bytes` reads pieces back through its inverse, all 256 bytes, the
     last printable ones (0xFE 'þ', 0xFF 'ÿ') too."""
     assert _BYTE_OF_CHAR == {char: byte for byte, char in bytes_to_unicode().items()}
+
+
+def test_raw_bytes_are_what_a_piece_stands_for_and_a_specials_its_text(tmp_path):
+    """OpenAI's logprobs `bytes`: a SentencePiece byte id `<0xE2>` is the byte 0xE2 (decoded alone it
+    is U+FFFD), a "▁" piece a space; in byte-level BPE "Ġ" is a space. A special token is its text
+    as decoded, even where its name is spelt in the byte alphabet ("é" would be the byte 0xE9)."""
+    fallback = byte_fallback_tokenizer()
+    fallback.save_pretrained(tmp_path / "sentencepiece")
+    spelt = HFTokenizer(tmp_path / "sentencepiece", len(fallback))
+    e2, word = fallback.convert_tokens_to_ids(["<0xE2>", "▁label"])
+    assert (spelt.raw_bytes(e2), spelt.token_bytes(e2)) == (b"\xe2", "\ufffd".encode())
+    assert spelt.raw_bytes(word) == b" label"
+
+    bpe, _ = bpe_tokenizer()
+    bpe.add_tokens([AddedToken("<|café|>", special=True)])
+    bpe.save_pretrained(tmp_path / "bpe")
+    byte_level = HFTokenizer(tmp_path / "bpe", len(bpe))
+    cafe, word = bpe.convert_tokens_to_ids(["<|café|>", "Ġfinal"])
+    assert byte_level.raw_bytes(cafe) == byte_level.token_bytes(cafe) == "<|caf\ufffd|>".encode()
+    assert byte_level.raw_bytes(word) == b" final"
