@@ -30,7 +30,7 @@ if "TRTSPEC_CACHE_DIR" not in os.environ:
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from trtspec.config import ASSETS_DIR
 from trtspec.spec.decoder import Request
@@ -93,6 +93,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_target_dir() -> Path:
     return ASSETS_DIR / "tiny-target"
+
+
+@pytest.fixture
+def tiny_target_config(tiny_target_dir):
+    """The embedded target's config.json, fresh for each test to change."""
+    return AutoConfig.from_pretrained(tiny_target_dir)
 
 
 @pytest.fixture(scope="session")

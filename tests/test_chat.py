@@ -4,17 +4,15 @@ stopped where its next turn starts, and a trtspec_chat_stop that could not stop 
 from __future__ import annotations
 
 import pytest
-from transformers import AutoConfig
 
 from trtspec.chat import load_chat_template
-from trtspec.config import ASSETS_DIR
 from trtspec.errors import CheckpointError
 from trtspec.train.corpus import CHAT_STOP
 
 
-def test_the_byte_models_template_renders_the_conversation_up_to_the_answer():
-    config = AutoConfig.from_pretrained(ASSETS_DIR / "tiny-target")
-    template = load_chat_template(ASSETS_DIR / "tiny-target", config, None)  # no tokenizer used
+def test_the_byte_models_template_renders_a_conversation_up_to_the_answer(tiny_target_dir,
+                                                                          tiny_target_config):
+    template = load_chat_template(tiny_target_dir, tiny_target_config, None)  # no tokenizer used
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "1 + 2"},
                 {"role": "assistant", "content": "3"}, {"role": "user", "content": "2 + 2"}]
     # the corpus's format: the system line, "Q: ..\n", "A: ..\n", and the generation prompt "A: "
@@ -23,8 +21,7 @@ def test_the_byte_models_template_renders_the_conversation_up_to_the_answer():
 
 
 @pytest.mark.parametrize("stop", [[""], ["\nQ:", 5], "\nQ:"])
-def test_a_chat_stop_that_is_no_list_of_texts_is_refused(stop):
-    config = AutoConfig.from_pretrained(ASSETS_DIR / "tiny-target")
-    config.trtspec_chat_stop = stop  # an empty text would end every answer at once; 5 is no text
+def test_a_chat_stop_that_is_no_list_of_texts_is_refused(stop, tiny_target_dir, tiny_target_config):
+    tiny_target_config.trtspec_chat_stop = stop  # "" would end every answer at once; 5 is no text
     with pytest.raises(CheckpointError, match="trtspec_chat_stop must be a list of texts"):
-        load_chat_template(ASSETS_DIR / "tiny-target", config, None)
+        load_chat_template(tiny_target_dir, tiny_target_config, None)

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import pytest
 from tokenizers import AddedToken
-from transformers import AutoConfig
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from trtspec.config import ASSETS_DIR
 from trtspec.tokenizer import _BYTE_OF_CHAR, DEFAULT_SPECIALS, ByteTokenizer, HFTokenizer
 
 from .bpe_checkpoint import bpe_tokenizer, byte_fallback_tokenizer
@@ -22,10 +20,9 @@ def test_special_ids_lie_past_the_bytes_and_inside_the_vocabulary():
             ByteTokenizer({"eos": idx}, vocab_size=264)
 
 
-def test_from_config_reads_the_checkpoints_specials_back():
-    config = AutoConfig.from_pretrained(ASSETS_DIR / "tiny-target")
-    tokenizer = ByteTokenizer.from_config(config)
-    assert tokenizer.specials == DEFAULT_SPECIALS and tokenizer.vocab_size == config.vocab_size
+def test_from_config_reads_the_checkpoints_specials_back(tiny_target_config):
+    tokenizer = ByteTokenizer.from_config(tiny_target_config)
+    assert tokenizer.specials == DEFAULT_SPECIALS and tokenizer.vocab_size == tiny_target_config.vocab_size
     assert tokenizer.eos_id == 256
 
 
@@ -35,18 +32,16 @@ def test_from_config_reads_the_checkpoints_specials_back():
     {"eos": True},  # a boolean is no id (True would be the byte 1)
     {"eos": "256"},
 ])
-def test_from_config_refuses_specials_that_are_no_map_of_ids_with_eos(specials):
-    config = AutoConfig.from_pretrained(ASSETS_DIR / "tiny-target")
-    config.trtspec_special_tokens = specials
+def test_from_config_refuses_specials_that_are_no_map_of_ids_with_eos(specials, tiny_target_config):
+    tiny_target_config.trtspec_special_tokens = specials
     with pytest.raises(ValueError, match="trtspec_special_tokens must map each special token.s name"):
-        ByteTokenizer.from_config(config)
+        ByteTokenizer.from_config(tiny_target_config)
 
 
-def test_from_config_of_a_config_without_specials_says_to_give_a_tokenizer():
-    config = AutoConfig.from_pretrained(ASSETS_DIR / "tiny-target")
-    del config.trtspec_special_tokens
+def test_from_config_of_a_config_without_specials_says_to_give_a_tokenizer(tiny_target_config):
+    del tiny_target_config.trtspec_special_tokens
     with pytest.raises(ValueError, match="not a trtspec byte-level model"):
-        ByteTokenizer.from_config(config)
+        ByteTokenizer.from_config(tiny_target_config)
 
 
 def test_a_special_ids_bytes_are_its_name_and_an_unnamed_ids_its_number():
