@@ -19,6 +19,7 @@ from trtspec.bench.synthetic import (
     build_drafter,
     build_target,
     profile_synthetic,
+    small_architecture,
 )
 from trtspec.bench.synthetic_report import headline, inconsistencies, projections
 from trtspec.cli import main
@@ -66,6 +67,53 @@ def test_full_scale_models_are_the_planned_architectures(target_id, drafter_id, 
     taps = [1, 9, 17, 25, 33] if model_type == "qwen3" else [1, 8, 15, 22, 29]  # z-lab's spread
     assert drafter.spec.target_layer_ids == taps
     assert torch.get_default_dtype() == torch.float32
+    # the target is the named family's model (Qwen3's attention has q/k norms, Llama's has none), and
+    # the drafter's mask token is one the target's embedding holds
+    assert target.config.model_type == model_type
+    assert 0 <= drafter.spec.mask_token_id < TARGETS[target_id].vocab
+
+
+@pytest.mark.parametrize("target_id,drafter_id,model_type,block", [
+    ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "qwen3", 16),
+    ("meta-llama/Llama-3.1-8B-Instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", "llama", 10),
+])
+def test_small_scale_models_keep_the_layout_and_count_every_matrix(target_id, drafter_id, model_type, block):
+    """`scale: small` (6 target layers, 2 draft layers, hidden 256): both real models keep GQA 4
+    (32 query heads over 8 K/V heads -> 8 over 2), and the weight matrices built are exactly what
+    `total_params` counts (norm vectors aside). Worked by hand for the drafter: 2 layers of
+    attention 2*256*256 + 2*256*64 = 163,840 and SwiGLU 3*256*768 = 589,824, no embeddings, and its
+    `fc` over 2 taps, 2*256 -> 256 = 131,072: 1,638,400."""
+    full_target, full_drafter = TARGETS[target_id], DRAFTERS[drafter_id]
+    target, drafter = small_architecture(full_target, 6), small_architecture(full_drafter, 2)
+    assert full_target.heads // full_target.kv_heads == target.heads // target.kv_heads == 4
+    assert drafter.total_params() == 2 * (163_840 + 589_824) + 131_072
+    meta = torch.device("meta")
+    for model, arch in ((build_target(target, model_type, meta, torch.float32, 512, seed=0), target),
+                        (build_drafter(drafter, target, block, meta, torch.float32, 512), drafter)):
+        assert sum(p.numel() for p in model.parameters() if p.dim() > 1) == arch.total_params()
+
+
+def test_settings_refuse_empty_or_sub_minimum_lists():
+    """Every list needs an entry and each entry >= 1 (a batch, context or token count of 0 times
+    nothing); a DFlash block holds the last verified token and at least one draft: >= 2. Warm-up may
+    be 0 runs, a measurement needs 1 timed run."""
+    SyntheticSettings.small(draft_blocks=[2], batches=[1], warmup=0, reps=1)  # the least of each
+    for bad in (dict(batches=[]), dict(contexts=[64, 0]), dict(new_tokens=[0, 4]), dict(draft_batches=[]),
+                dict(draft_blocks=[]), dict(draft_blocks=[4, 1]), dict(warmup=-1), dict(reps=0)):
+        with pytest.raises(ValueError):
+            SyntheticSettings.small(**bad)
+
+
+def test_default_settings_are_the_gpu_runs_documented_grid():
+    """`gpu_check` profiles with the defaults, and docs/GPU.md says what that measures: the target
+    forward at batch 1..32, context 1024 and 8192, 1..64 new tokens; draft steps at B = 4, 8, 16 and
+    batch 1 and 8; eager and as CUDA graphs."""
+    s = SyntheticSettings()
+    assert s.scale == "full" and s.batches == [1, 2, 4, 8, 16, 32] and s.contexts == [1024, 8192]
+    assert s.new_tokens == [1, 2, 4, 8, 16, 32, 64] and s.draft_blocks == [4, 8, 16]
+    assert s.draft_batches == [1, 8] and s.cuda_graphs is True
+    # `profile --reps`' help: "with --synthetic 10 (3 at --scale small)"
+    assert s.reps == 10 and SyntheticSettings.small().reps == 3
 
 
 def test_forward_floors_count_each_byte_a_forward_moves():
@@ -162,8 +210,18 @@ def test_time_budget_skips_instead_of_running_over(tiny_loop_overhead):
     settings = SyntheticSettings.small(budget_s=1e-6)
     result = profile_synthetic("qwen3-8b", settings, "cpu", loop_overhead=tiny_loop_overhead)
     assert result["target_forward"] == [] and result["projections"] == []
-    assert len(result["skipped"]) > 25
     assert all(s.endswith("time budget of 0 s spent") for s in result["skipped"])
+    # what was cut is the whole CPU shape, each once: contexts 64 and 256; target forwards of 1, 2,
+    # 4, 8, 16 tokens (16: qwen3-8b's block) at batch 1 and 2; draft steps at B = 4, 8, 16 and batch
+    # 1 and 2; transformers' own forward of 1 and 16 tokens at c64; the serving target at batch 1 and
+    # 2 (the largest draft batch); the plugins. 10 + 6 + 2 + 4 + 1 + 10 + 6 = 39
+    cut = sorted(s.split(":")[0] for s in result["skipped"])
+    want = [f"{kind} b{b} c{c} {x}" for kind, xs in (("target", ["n1", "n2", "n4", "n8", "n16"]),
+                                                      ("draft", ["B4", "B8", "B16"]))
+            for b in (1, 2) for c in (64, 256) for x in xs]
+    want += ["hf b1 c64 n1", "hf b1 c64 n16", "plugins"]
+    want += [f"serving b{b} c64 n{n}" for b in (1, 2) for n in (1, 16)]
+    assert cut == sorted(want)
 
 
 @pytest.fixture(scope="module")
