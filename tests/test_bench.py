@@ -62,7 +62,7 @@ def test_tiny_concurrency_bench_and_recommendation(tmp_path):
     # the target also timed by shape: R = 1, 2 requests × t = 1 … k + 1 tokens each
     assert table["verify_rows"] == [1, 2] and table["verify_tokens_per_row"] == [1, 2, 3, 4, 6, 8, 12, 16]
     assert [len(row) for row in table["verify_steps_per_s"]] == [8, 8]
-    doc = tmp_path / "docs" / "BENCHMARKS.md"
+    doc = tmp_path / "docs" / "bench" / "BENCHMARKS.md"  # --doc in folders not made yet: made
     result = CliRunner().invoke(main, ["bench", *configs, "--tasks", "code,math", "--prompts", "2",
                                        "--max-tokens", "16", "--no-hf", "--concurrency", "1,2",
                                        "--sps", str(sps), "--out", str(tmp_path), "--doc", str(doc)])
@@ -602,6 +602,32 @@ def test_headline_sets_dflash_against_assisted_generation():
         "generate" in lines
     assert "- DFlash speedup / assisted-generation speedup: 1.67" in lines
     assert not any("lookup pool" in line for line in lines)  # no `-pool` method, no note on one
+
+
+def test_headline_lists_known_drafters_first_each_followed_by_its_variants():
+    """The drafter rows (not none and transformers' own), known methods in DFlash, DSpark, EAGLE-3,
+    draft-model order, each method's variants (`+tree`, `-k16`) right after it, any other method
+    last, whatever order the run wrote them in; the plots' bars and curves follow the same order."""
+    from trtspec.bench.report import headline
+
+    names = ["none", "custom", "eagle3-k16", "draft_model", "dflash+tree", "hf_generate", "eagle3",
+             "dspark", "dflash", "hf_assisted"]
+    row = {"tokens": 100, "seconds": 5.0, "tau": 2.0}
+    lines = headline({"tasks": {"code": {name: dict(row) for name in names}}})
+    listed = [line[2:].split(":")[0] for line in lines if line.startswith("- ") and ": τ " in line]
+    assert listed == ["dflash", "dflash+tree", "dspark", "eagle3", "eagle3-k16", "draft_model", "custom"]
+
+
+def test_plots_of_a_run_with_eagle3_chains_and_no_dflash_blocks(tmp_path):
+    """A run whose drafters include EAGLE-3 but not DFlash has chain times and no block times: its
+    draft-cost figure is drawn from the chains alone (no interactivity figure without concurrency)."""
+    from trtspec.bench.report import write_plots
+
+    rows = {"none": {"tau": 1.0}, "eagle3": {"tau": 2.5, "acceptance_by_position": [0.8, None]}}
+    results = {"tasks": {"code": rows}, "eagle3_chain_time_s": {"eagle3": {"3": 0.004, "15": 0.02}}}
+    plots = write_plots(results, tmp_path / "figs")
+    assert [p.name for p in plots] == ["tau.png", "acceptance_by_position.png", "dflash_block_time.png"]
+    assert all(p.read_bytes()[:8] == PNG_MAGIC for p in plots)
 
 
 def test_prompt_seeds_wrap_as_uint64():
