@@ -214,7 +214,7 @@ def test_time_budget_skips_instead_of_running_over(tiny_loop_overhead):
     # what was cut is the whole CPU shape, each once: contexts 64 and 256; target forwards of 1, 2,
     # 4, 8, 16 tokens (16: qwen3-8b's block) at batch 1 and 2; draft steps at B = 4, 8, 16 and batch
     # 1 and 2; transformers' own forward of 1 and 16 tokens at c64; the serving target at batch 1 and
-    # 2 (the largest draft batch); the plugins. 10 + 6 + 2 + 4 + 1 + 10 + 6 = 39
+    # 2 (the largest draft batch); the plugins: 20 + 12 + 2 + 4 + 1 = 39
     cut = sorted(s.split(":")[0] for s in result["skipped"])
     want = [f"{kind} b{b} c{c} {x}" for kind, xs in (("target", ["n1", "n2", "n4", "n8", "n16"]),
                                                       ("draft", ["B4", "B8", "B16"]))
