@@ -8,7 +8,7 @@ import pytest
 
 from trtspec.config import ScheduleConfig, TreeConfig, load_build_config
 from trtspec.pipeline import load_pipeline
-from trtspec.spec.decoder import MIN_REUSE, Request
+from trtspec.spec.decoder import MIN_REUSE, Request, SpeculativeDecoder
 from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.schedule import SPSTable
 
@@ -223,6 +223,11 @@ def test_prompt_logprobs_reset_and_the_switch_keep_nothing(plain):
     off = plain.decoder_for(1, FULL, prefix_reuse=False)
     _run(off, Request(prompt, 8))
     assert _run(off, Request(prompt, 8)).cached_tokens == 0
+    # a decoder built without the switch keeps nothing (`trtspec profile`'s and gpu_check's: they time
+    # whole prefills)
+    unswitched = SpeculativeDecoder(plain.target, None, plain.end_ids)
+    _run(unswitched, Request(prompt, 8))
+    assert _run(unswitched, Request(prompt, 8)).cached_tokens == 0
     # generate() starts from empty slots, as it always did
     assert decoder.generate(prompt, 8).cached_tokens == 0
 

@@ -430,3 +430,17 @@ def test_tree_budget_and_admission_follow_the_cost_table():
                      catch_up=[0.0, 0.0, 0.02]) == [0]
     assert tree_rows(cpu, [5.0, 1.0, 4.0], 3, 22, 15, per_depth_forward=False, topk=4,
                      catch_up=[0.04, 0.0, 0.04]) == []
+
+
+def test_a_tree_request_filling_the_whole_context_decodes_as_the_target_alone():
+    """A prompt and max_tokens that fill the target's context to its last position: an EAGLE-3 tree
+    (12 nodes, top-3, depth 7) still has room for its nodes and each depth's frontier (3 * 7 written
+    after the committed tokens) at the very end, and the answer is the target alone's."""
+    pipeline = load_pipeline(_config("tiny-eagle3"))
+    decoder = pipeline.decoder_for(1, FULL, tree=TreeConfig(nodes=12, topk=3))
+    assert decoder.num_draft_tokens == 7
+    max_tokens = 40
+    prompt = list("".join(load_prompts("code") * 20).encode())[: decoder.capacity - max_tokens]
+    got = decoder.generate_batch([Request(prompt, max_tokens)])[0]
+    alone = pipeline.decoder_for(1, FULL, use_drafter=False).generate_batch([Request(prompt, max_tokens)])[0]
+    assert len(got.token_ids) == max_tokens and got.token_ids == alone.token_ids
