@@ -321,13 +321,13 @@ def test_a_profile_the_device_cannot_hold_is_refused_before_it_is_built(tmp_path
     from trtspec.bench import synthetic
 
     full = synthetic._Profile(synthetic.resolve_model("qwen3-8b"),
-                              SyntheticSettings(batches=[1], contexts=[64]), torch.device("cpu"))
+                              SyntheticSettings(batches=[1], contexts=[64, 128]), torch.device("cpu"))
     assert full.need_bytes() > 30 * 2**30
     # float32 on the CPU: K/V of 2 * 8 kv heads * 128 * 4 bytes a layer, 294,912 bytes a token over
-    # the target's 36 layers, 40,960 over the drafter's 5; the static cache holds batch 1 at 64 + 64
-    # positions (context and the longest new-token run), the drafter's context batch 8 at 64
+    # the target's 36 layers, 40,960 over the drafter's 5; the static cache holds batch 1 at 128 + 64
+    # positions (the longest context and new-token run), the drafter's context batch 8 at 128
     weights = 4 * (full.arch.total_params() + full.draft_arch.total_params())
-    assert full.need_bytes() == weights + 1 * 128 * 294_912 + 8 * 64 * 40_960
+    assert full.need_bytes() == weights + 1 * 192 * 294_912 + 8 * 128 * 40_960
     small = synthetic._Profile(synthetic.resolve_model("qwen3-8b"), SyntheticSettings.small(),
                                torch.device("cpu"))
     assert small.need_bytes() < 2**30
