@@ -343,14 +343,22 @@ def test_a_profile_the_device_cannot_hold_is_refused_before_it_is_built(tmp_path
 
 
 def test_progress_times_and_rows_say_what_was_run(tiny_loop_overhead):
-    """Each progress report's elapsed seconds grow from 0 within the budget, and model creation is a
-    part of them; cuda_graphs off is a GPU switch: the CPU still times the serving target's padded
-    step (eager). llama3.1-8b's block of 10 verifies k = 9 drafts in the plugin rows."""
+    """Each progress report counts the measurements left down to 0, its elapsed seconds grow from 0
+    within the budget, and model creation is a part of them; cuda_graphs off is a GPU switch: the
+    CPU still times the serving target's padded step (eager). llama3.1-8b's block of 10 verifies
+    k = 9 drafts in the plugin rows."""
     elapsed: list[float] = []
+    left: list[str] = []  # "N measurement(s) not run yet", counting down to 0
+
+    def progress(partial: dict) -> None:
+        elapsed.append(partial["elapsed_s"])
+        left.append(partial["partial"])
+
     settings = SyntheticSettings.small(new_tokens=[1], cuda_graphs=False)
     result = profile_synthetic("llama3.1-8b", settings, "cpu", loop_overhead=tiny_loop_overhead,
-                               on_progress=lambda partial: elapsed.append(partial["elapsed_s"]))
+                               on_progress=progress)
     assert len(elapsed) > 1 and elapsed == sorted(elapsed) and 0 < elapsed[0]
+    assert [int(said.split()[0]) for said in left] == list(range(len(left) - 1, -1, -1))
     assert elapsed[-1] <= result["elapsed_s"] <= settings.budget_s
     assert 0 < result["create_s"] < elapsed[0]
     assert all(r["padded"] == "eager" and r["padded_ms"] > 0 for r in result["serving"])
