@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trtspec import memory
+from trtspec.errors import ConfigError
 from trtspec.models.kv_slots import Segment, SlotKV, StepLayout, slot_attention
 
 HEADS, KV_HEADS, D = 4, 2, 8
@@ -193,3 +195,39 @@ def test_slot_bytes_per_position_is_what_the_buffers_hold():
                    for t in (kv.keys, kv.values))
         assert slot_bytes_per_position(config, dtype) == held // (2 * 5)
         assert slot_bytes_per_position(config, dtype, num_layers=1) == held // (2 * 5 * 3)
+
+
+def test_slot_buffers_that_fit_exactly_pass_and_a_refusal_says_what_fits(monkeypatch):
+    """2 slots of 1,000 positions at 1,000 bytes a position, and 100,000 bytes of graph outputs:
+    2,100,000 bytes. Free exactly that, they pass; a byte less, they are refused, and what fits is
+    (free - graph outputs) // (slots * bytes a position) positions a slot."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 2_100_000)
+    memory.check_slot_buffers(1_000, cpu, 2, 1_000, None, graph_bytes=100_000)
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 2_000_000)
+    memory.check_slot_buffers(1_000, cpu, 2, 1_000, None)  # no graph outputs: no byte set aside
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 1_000_000)
+    with pytest.raises(ConfigError) as refused:
+        memory.check_slot_buffers(1_000, cpu, 2, 1_000, 900, graph_bytes=100_000)
+    said = str(refused.value)  # (1,000,000 - 100,000) // (2 * 1,000) = 450
+    assert "for 2 requests (limits.max_concurrency) of 1,000 positions each (limits.max_input_tokens" in said
+    assert "so that it + limits.max_tokens <= 450 or lower limits.max_concurrency" in said
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 50_000)  # less than the graph outputs
+    with pytest.raises(ConfigError, match=r"<= 0 or lower"):
+        memory.check_slot_buffers(1_000, cpu, 2, 1_000, 900, graph_bytes=100_000)
+
+
+def test_free_memory_on_the_cpu_is_the_least_of_available_and_the_cgroups_room(tmp_path, monkeypatch):
+    """/proc/meminfo's MemAvailable, bounded by a cgroup v2 limit less what the cgroup uses; no
+    limit ("max"): MemAvailable alone."""
+    meminfo, limit, used = tmp_path / "meminfo", tmp_path / "memory.max", tmp_path / "memory.current"
+    meminfo.write_text("MemTotal:       16000000 kB\nMemAvailable:    8000000 kB\n")
+    monkeypatch.setattr(memory, "MEMINFO", meminfo)
+    monkeypatch.setattr(memory, "CGROUP_V2_MEMORY", (limit, used))
+    limit.write_text("3000000000\n")
+    used.write_text("1000000000\n")
+    assert memory.free_bytes(torch.device("cpu")) == 2_000_000_000  # the cgroup's room, the lesser
+    limit.write_text("12000000000\n")
+    assert memory.free_bytes(torch.device("cpu")) == 8_000_000 * 1024  # MemAvailable, the lesser
+    limit.write_text("max\n")
+    assert memory.free_bytes(torch.device("cpu")) == 8_000_000 * 1024
