@@ -50,10 +50,14 @@ def test_static_cache_forward_equals_the_models_own(model_cls, config_cls):
     torch.testing.assert_close(wide, want[:, 13:14], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("target_id,drafter_id,model_type,block", [
+# the real models the profile builds: (target, its DFlash drafter, the target's model_type, block size)
+PLANNED = [
     ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "qwen3", 16),
     ("meta-llama/Llama-3.1-8B-Instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", "llama", 10),
-])
+]
+
+
+@pytest.mark.parametrize("target_id,drafter_id,model_type,block", PLANNED)
 def test_full_scale_models_are_the_planned_architectures(target_id, drafter_id, model_type, block):
     """Built on the meta device (no memory): parameters born in bfloat16, counts as trtspec/plan
     derives them (which leaves out norms: < 0.01%)."""
@@ -73,10 +77,7 @@ def test_full_scale_models_are_the_planned_architectures(target_id, drafter_id, 
     assert 0 <= drafter.spec.mask_token_id < TARGETS[target_id].vocab
 
 
-@pytest.mark.parametrize("target_id,drafter_id,model_type,block", [
-    ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "qwen3", 16),
-    ("meta-llama/Llama-3.1-8B-Instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", "llama", 10),
-])
+@pytest.mark.parametrize("target_id,drafter_id,model_type,block", PLANNED)
 def test_small_scale_models_keep_the_layout_and_count_every_matrix(target_id, drafter_id, model_type, block):
     """`scale: small` (6 target layers, 2 draft layers, hidden 256): both real models keep GQA 4
     (32 query heads over 8 K/V heads -> 8 over 2), and the weight matrices built are exactly what
