@@ -14,37 +14,34 @@ def test_write_text_makes_the_missing_folders_and_writes_over_the_file_there(tmp
     assert [p.name for p in path.parent.iterdir()] == ["f.txt"]  # no temporary file left
 
 
+def _replaced(path, name: str) -> list[str]:
+    """`path` replaced by a folder holding one file `name`; -> the names in `path` after."""
+    with replaced_dir(path) as tmp:
+        (tmp / name).write_text("x")
+    return [p.name for p in path.iterdir()]
+
+
 def test_replaced_dir_takes_the_place_of_a_folder_a_file_or_a_link(tmp_path):
     made = tmp_path / "a" / "b" / "model"  # neither a nor b exists yet
-    with replaced_dir(made) as tmp:
-        (tmp / "new").write_text("x")
-    assert [p.name for p in made.iterdir()] == ["new"]
+    assert _replaced(made, "new") == ["new"]
     made.mkdir(exist_ok=True)
-    with replaced_dir(made) as tmp:  # an earlier folder's contents are gone, the new ones in place
-        (tmp / "newer").write_text("y")
-    assert [p.name for p in made.iterdir()] == ["newer"]
+    assert _replaced(made, "newer") == ["newer"]  # an earlier folder's contents are gone
 
     file = tmp_path / "file"
     file.write_text("old")
-    with replaced_dir(file) as tmp:
-        (tmp / "new").write_text("x")
-    assert [p.name for p in file.iterdir()] == ["new"]
+    assert _replaced(file, "new") == ["new"]
 
     kept = tmp_path / "kept"  # a link to a folder: the link is replaced, the folder it named kept
     kept.mkdir()
     (kept / "theirs").write_text("z")
     link = tmp_path / "link"
     link.symlink_to(kept)
-    with replaced_dir(link) as tmp:
-        (tmp / "new").write_text("x")
-    assert not link.is_symlink() and [p.name for p in link.iterdir()] == ["new"]
+    assert _replaced(link, "new") == ["new"] and not link.is_symlink()
     assert [p.name for p in kept.iterdir()] == ["theirs"]
 
     dangling = tmp_path / "dangling"  # a link to nothing (exists() is False) is replaced too
     dangling.symlink_to(tmp_path / "nowhere")
-    with replaced_dir(dangling) as tmp:
-        (tmp / "new").write_text("x")
-    assert not dangling.is_symlink() and [p.name for p in dangling.iterdir()] == ["new"]
+    assert _replaced(dangling, "new") == ["new"] and not dangling.is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "dangling", "file", "kept", "link"]
 
 
