@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
-from tritonclient.utils import InferenceServerException, serialize_byte_tensor
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype, serialize_byte_tensor
 
 from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.client import (
@@ -47,7 +47,7 @@ WHERE = "http://h:1/v2/models/m/generate"
 
 def test_shown_cuts_at_its_limit_and_keeps_text_as_written():
     assert shown("é" * 5, limit=7) == '"ééééé"'  # JSON, not "\u00e9" escapes: exactly 7 characters, kept
-    assert shown("é" * 6, limit=7) == '"éééééé'[:6] + "…"  # 8 characters: cut to 6 and the ellipsis
+    assert shown("é" * 6, limit=7) == '"ééééé…'  # 8 characters: cut to 6 and the ellipsis
     assert len(shown(list(range(100)), limit=20)) == 20
     assert shown(b"\xffab") == "\ufffdab" and shown({1, 2}) == "{1, 2}"  # not JSON: its repr
 
@@ -164,7 +164,7 @@ def _grpc_result(**outputs: np.ndarray) -> grpcclient.InferResult:
     """A ModelInferResponse as tritonserver sends one, its outputs as raw contents."""
     response = service_pb2.ModelInferResponse(id="r")
     for name, value in outputs.items():
-        out = response.outputs.add(name=name, datatype="BYTES" if value.dtype == np.object_ else "INT32")
+        out = response.outputs.add(name=name, datatype=np_to_triton_dtype(value.dtype))
         out.shape.extend(value.shape)
         raw = serialize_byte_tensor(value).item() if value.dtype == np.object_ else value.tobytes()
         response.raw_output_contents.append(raw)
