@@ -1,5 +1,7 @@
-"""trtspec.tokenizer's ByteTokenizer: the special ids a byte-level checkpoint's config.json names,
-read back only where they are a map of ids past the 256 bytes and inside the vocabulary."""
+"""trtspec.tokenizer: ByteTokenizer's special ids, which a byte-level checkpoint's config.json names,
+read back only where they are a map of ids past the 256 bytes and inside the vocabulary; and the
+bytes a Hugging Face tokenizer's piece stands for (byte-level BPE's alphabet, SentencePiece's byte
+ids), as OpenAI's logprobs `bytes` carry them."""
 
 from __future__ import annotations
 
