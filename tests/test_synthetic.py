@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import pytest
 import torch
 from click.testing import CliRunner
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from trtspec.bench.device_timer import L2_FLUSH_BYTES, DeviceTimer, flush_buffer
+from trtspec.bench.device_timer import L2_FLUSH_BYTES, Deadline, DeviceTimer, flush_buffer
 from trtspec.bench.static_target import StaticKVTarget
 from trtspec.bench.synthetic import (
     ForwardBytes,
@@ -205,6 +206,34 @@ def test_timer_overwrites_its_scratch_before_every_timed_run():
 
     timer.median_ms(run)
     assert len(seen) == 7 and seen[2:] == [0] * 5
+
+
+def test_timer_runs_warm_ups_then_reps_and_times_cpu_runs_in_milliseconds():
+    timer = DeviceTimer(torch.device("cpu"))
+    calls = []
+    ms = timer.median_ms(lambda: (calls.append("run"), time.sleep(0.005)), lambda: calls.append("between"))
+    assert calls == ["run", "between"] * 13  # 3 warm-ups and 10 timed runs by default
+    assert 5 <= ms < 1000  # a 5 ms sleep, in milliseconds
+
+
+class _TwoMsTimer(DeviceTimer):
+    """A timer whose every median is 2 ms: the arithmetic around the clock, without its noise."""
+
+    __slots__ = ()
+
+    def median_ms(self, fn, between=None):
+        fn()
+        return 2.0
+
+
+def test_copy_bandwidth_counts_bytes_read_and_written():
+    # 10**6 bytes read and 10**6 written in 2 ms: 1 GB/s
+    assert _TwoMsTimer(torch.device("cpu")).copy_bandwidth_gbs(10**6) == pytest.approx(1.0)
+
+
+def test_deadline_expires_once_its_seconds_are_spent():
+    assert not Deadline(0.5).expired and 0 < Deadline(0.5).left() <= 0.5
+    assert Deadline(0).expired and Deadline(-1).expired
 
 
 def test_time_budget_skips_instead_of_running_over(tiny_loop_overhead):
