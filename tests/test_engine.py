@@ -19,6 +19,7 @@ from plugins.confidence_verify.reference import draw_uniforms, verify_sampling_e
 from tests.conftest import REPO, assert_samples_follow_target, draft_rows, with_slots
 from trtspec.cli import main
 from trtspec.config import EngineConfig, ScheduleConfig, load_build_config
+from trtspec.engine.cpu_plugins import attach_cpu_plugins
 from trtspec.engine.ort import OrtSession
 from trtspec.errors import CheckpointError, ConfigError
 from trtspec.export.bundle import load_manifest, sha256_file
@@ -342,6 +343,55 @@ def test_attention_node_on_cpu_matches_plugin_reference():
     out = session.run({**feeds, "ctx_lens": lens.numpy()})
     want = kv_injection_attention_reference(*tensors, lens)
     np.testing.assert_allclose(out["out"], want.numpy(), atol=1e-5)
+
+
+def test_sampling_verify_graph_draws_the_last_token_with_mass_when_u_last_finds_none():
+    """u_last = 1 makes u·total equal the total, so no cdf entry exceeds it: the token drawn is then
+    the last one p gives mass (as torch's inverse_cdf), never a token p rules out."""
+    from trtspec.spec.verify import inverse_cdf
+
+    vocab = 6
+    session = OrtSession(export_verify_sampling(vocab))
+    gen = torch.Generator().manual_seed(7)
+    p = torch.rand(5, 1, vocab, generator=gen) * (torch.rand(5, 1, vocab, generator=gen) > 0.5)
+    p[0, 0] = torch.tensor([1.0, 0, 0, 0, 0, 0])  # mass on the first token only
+    p[1, 0] = torch.tensor([0.25, 0.75, 0, 0, 0, 0])
+    p[2:, 0, 0] += 0.1  # every row has some mass
+    p = p / p.sum(-1, keepdim=True)
+    out = session.run({"draft_tokens": np.zeros((5, 0), np.int32),
+                       "q_probs": np.zeros((5, 0, vocab), np.float32), "p_probs": p.numpy(),
+                       "draft_lens": np.zeros(5, np.int32),
+                       "uniforms": np.zeros((5, 0), np.float32), "u_last": np.ones(5, np.float32)})
+    last_with_mass = [int(np.flatnonzero(row)[-1]) for row in p[:, 0].numpy()]
+    assert last_with_mass[:2] == [0, 1]
+    assert out["num_accepted"].tolist() == [0] * 5
+    assert out["tokens"][:, 0].tolist() == last_with_mass
+    assert last_with_mass == inverse_cdf(p[:, 0], torch.ones(5)).tolist()
+
+
+def test_cpu_plugins_import_the_plugin_domain_only_where_a_graph_uses_it():
+    """A graph using `trtspec` ops that does not import the domain runs once the functions are attached
+    (the domain imported once); a graph without such ops comes back unchanged."""
+    model = export_verify_greedy(8)
+    assert [o.domain for o in model.opset_import].count(PLUGIN_DOMAIN) == 1
+    bare = copy.deepcopy(model)
+    kept = [o for o in bare.opset_import if o.domain != PLUGIN_DOMAIN]
+    del bare.opset_import[:]
+    bare.opset_import.extend(kept)
+    for m in (model, bare):
+        attached = attach_cpu_plugins(m)
+        assert [o.domain for o in attached.opset_import].count(PLUGIN_DOMAIN) == 1
+    logits = np.random.default_rng(3).standard_normal((2, 3, 8)).astype(np.float32)
+    feeds = {"draft_tokens": logits[:, :2].argmax(-1).astype(np.int32), "target_logits": logits,
+             "draft_lens": np.array([2, 1], np.int32)}
+    out = OrtSession(bare).run(feeds)
+    assert out["num_accepted"].tolist() == [2, 1]
+    assert out["tokens"].tolist() == [[*feeds["draft_tokens"][0], logits[0, 2].argmax()],
+                                      [feeds["draft_tokens"][1, 0], logits[1, 1].argmax(), -1]]
+    g = GraphBuilder("plain")
+    g.output(g.input("x", FLOAT, [2]), "y", FLOAT, [2])
+    plain = g.model("no plugin ops")
+    assert attach_cpu_plugins(plain) == plain
 
 
 def test_export_refuses_unsupported_architecture():
