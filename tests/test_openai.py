@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -1646,6 +1647,26 @@ def test_a_prompt_over_max_input_tokens_is_a_400_naming_it_before_triton(config)
             assert "limits.max_input_tokens" in refused.value.message
     finally:
         frontend.stop()
+
+
+def test_the_served_model_takes_its_context_from_the_target_or_the_limits(config, random_qwen3_dir,
+                                                                          tmp_path, caplog):
+    """What the frontend bounds requests by without loading weights: the target's positions, or
+    max_input_tokens + max_tokens where fewer; structured outputs' JSON spaced unless `serve
+    --compact-json`; a target without a chat template served with a warning naming its folder."""
+    from trtspec.config import load_build_config
+    from trtspec.openai.model_info import served_model
+
+    model = served_model(config)
+    assert (model.context_length, model.max_tokens, model.compact_json) == (4096, 2048, False)
+    limited = config.model_copy(update={"limits": config.limits.model_copy(update={"max_input_tokens": 8})})
+    assert served_model(limited).context_length == 8 + 2048
+    assert model.chat is not None and "no chat template" not in caplog.text
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(json.dumps({"name": "plain", "target": {"path": str(random_qwen3_dir)}}))  # YAML too
+    with caplog.at_level(logging.WARNING, logger="trtspec.openai.model_info"):
+        assert served_model(load_build_config(plain)).chat is None
+    assert f"{random_qwen3_dir} has no chat template" in caplog.text
 
 
 def test_shipped_chat_template_is_the_recipes():
