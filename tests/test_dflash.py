@@ -253,3 +253,87 @@ def test_a_drafter_in_bfloat16_keeps_rope_frequencies_in_float32(name):
     # and they stay out of its state_dict, as transformers registers them (not persistent): a drafter's
     # state loads into a fresh one strict
     assert not [key for key in low.state_dict() if key.endswith("inv_freq")]
+
+
+def test_left_to_its_defaults_a_drafter_drafts_its_whole_block_eagerly(target, drafter_model):
+    """Without num_draft_tokens a DFlash drafter drafts B − 1 tokens, without cuda_graphs it pads no
+    step, and a tree asking deeper than its block stops at draft slot B − 1: a top-1 tree is then the
+    greedy chain of the whole block."""
+    from trtspec.config import TreeConfig
+
+    ids = torch.randint(0, 256, (1, 15), generator=torch.Generator().manual_seed(11))
+    taps = _taps(target, ids[:, :-1], drafter_model.spec.target_layer_ids)
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    d = with_slots(DFlashDrafter(drafter_model, emb, head))
+    assert drafter_model.spec.block_size == 6 and d.num_draft_tokens == 5
+    assert d.graphed is None and d.projections is None
+    assert d.tree_depth(TreeConfig(nodes=64, topk=1, depth=64)) == 5
+    d.begin(0, ids[0, :-1].tolist(), taps)
+    chain = d.propose(draft_rows(ids[0].tolist()), 5).tokens
+    tree = d.propose_tree(draft_rows(ids[0].tolist()), TreeConfig(nodes=64, topk=1, depth=64))
+    assert tree.sizes == [5] and torch.equal(tree.tokens[:, :5], chain)
+    assert tree.parents[0, :5].tolist() == [0, 1, 2, 3, 4]
+    assert d.num_forwards == 2  # one block forward each
+
+
+def test_a_context_filling_the_capacity_drafts_as_one_with_room_to_spare(target, drafter_model):
+    """`allocate(capacity=n)` holds a request of n positions and the block written after them."""
+    ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(12))
+    taps = _taps(target, ids[:, :-1], drafter_model.spec.target_layer_ids)
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    outs = []
+    for capacity in (20, 256):  # the anchor sits at position 19, the block's last slot at 24
+        d = with_slots(DFlashDrafter(drafter_model, emb, head), 1, capacity)
+        d.begin(0, ids[0, :-1].tolist(), taps)
+        outs.append(d.draft_logits(draft_rows(ids[0].tolist()), 5))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-6, rtol=1e-5)
+
+
+def test_tidy_projects_the_piles_of_absorb_at_positions_and_no_smaller_one(target, drafter_model):
+    """A pile of exactly ABSORB_AT positions is projected by `tidy` (and then drafts as without it);
+    one of ABSORB_AT − 1 stays pending."""
+    from trtspec.models.dflash_drafter import ABSORB_AT
+
+    ids = torch.randint(0, 256, (1, ABSORB_AT + 1), generator=torch.Generator().manual_seed(13))
+    taps = _taps(target, ids[:, :-1], drafter_model.spec.target_layer_ids)
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    d = with_slots(DFlashDrafter(drafter_model, emb, head), 2, 512)
+    d.begin(0, ids[0, : ABSORB_AT - 1].tolist(), taps[: ABSORB_AT - 1])
+    d.begin(1, ids[0, :ABSORB_AT].tolist(), taps)
+    d.tidy()
+    assert d.ctx_len == {0: 0, 1: ABSORB_AT} and d.pending.positions == {0: ABSORB_AT - 1}
+    fresh = with_slots(DFlashDrafter(drafter_model, emb, head), 1, 512)
+    fresh.begin(0, ids[0, :ABSORB_AT].tolist(), taps)
+    tidied = d.draft_logits(draft_rows([], ids[0].tolist())[1:], 5)
+    want = fresh.draft_logits(draft_rows(ids[0].tolist()), 5)
+    torch.testing.assert_close(tidied, want, atol=1e-6, rtol=1e-5)
+
+
+def test_a_release_that_keeps_nothing_projects_nothing(target, drafter_model):
+    """Released without its tokens a slot's pending taps are dropped, not projected (counted by the
+    padded projections, `cuda_graphs`); released with them they are projected for a next prompt."""
+    ids = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(14))
+    taps = _taps(target, ids, drafter_model.spec.target_layer_ids)
+    d = with_slots(DFlashDrafter(drafter_model, target.get_input_embeddings(), target.get_output_embeddings(),
+                                 cuda_graphs=True), 2)
+    d.begin(0, ids[0].tolist(), taps)
+    d.begin(1, ids[0].tolist(), taps)
+    d.release(0)
+    assert d.projections.num_steps == 0 and d.reusable(0, ids[0].tolist()) == 0
+    d.release(1, ids[0].tolist())
+    assert d.projections.num_steps == 1 and d.reusable(1, ids[0].tolist()) == 10
+    assert [shape[2] for shape in d.projections.graphs] == [1]  # a projection attends to nothing: K is 1
+
+
+def test_a_build_takes_at_most_b_minus_1_drafts(tmp_path, target, drafter_model):
+    """`drafter.num_draft_tokens` up to B − 1 (or unset: B − 1) builds; B is refused by name."""
+    from trtspec.config import DrafterConfig
+    from trtspec.models.drafter import build_drafter
+
+    save_dflash(drafter_model, tmp_path)
+    tgt = TargetModel(target, tuple(drafter_model.spec.target_layer_ids))
+    for k, want in ((None, 5), (5, 5), (1, 1)):
+        built = build_drafter(DrafterConfig(method="dflash", path=str(tmp_path), num_draft_tokens=k), tgt)
+        assert isinstance(built, DFlashDrafter) and built.num_draft_tokens == want
+    with pytest.raises(CheckpointError, match="is 6 but the DFlash block size 6 yields at most 5 drafts"):
+        build_drafter(DrafterConfig(method="dflash", path=str(tmp_path), num_draft_tokens=6), tgt)
