@@ -261,7 +261,7 @@ def test_left_to_its_defaults_a_drafter_drafts_its_whole_block_eagerly(target, d
     greedy chain of the whole block."""
     from trtspec.config import TreeConfig
 
-    ids = torch.randint(0, 256, (1, 15), generator=torch.Generator().manual_seed(11))
+    ids = torch.randint(0, 256, (1, 15), generator=torch.Generator().manual_seed(44))
     taps = _taps(target, ids[:, :-1], drafter_model.spec.target_layer_ids)
     emb, head = target.get_input_embeddings(), target.get_output_embeddings()
     d = with_slots(DFlashDrafter(drafter_model, emb, head))
@@ -271,6 +271,7 @@ def test_left_to_its_defaults_a_drafter_drafts_its_whole_block_eagerly(target, d
     d.begin(0, ids[0, :-1].tolist(), taps)
     chain = d.propose(draft_rows(ids[0].tolist()), 5).tokens
     tree = d.propose_tree(draft_rows(ids[0].tolist()), TreeConfig(nodes=64, topk=1, depth=64))
+    assert chain[0, 0] != chain[0, 1]  # a root child taken from another slot would show
     assert tree.sizes == [5] and torch.equal(tree.tokens[:, :5], chain)
     assert tree.parents[0, :5].tolist() == [0, 1, 2, 3, 4]
     assert d.num_forwards == 2  # one block forward each
