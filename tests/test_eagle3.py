@@ -437,3 +437,68 @@ def test_tree_steps_score_what_chains_along_their_paths_score_packed_and_padded(
     torch.testing.assert_close(chains[1], chains[0], atol=1e-5, rtol=1e-4)
     padded = drafters[1].graphed
     assert padded.num_steps == drafters[1].num_forwards and any(trees for *_, trees in padded.graphs)
+
+
+def _greedy(logits):
+    return logits.argmax(-1)
+
+
+def test_defaults_draft_7_and_a_context_at_the_capacity_drafts_as_with_room_to_spare(target, drafter_model):
+    """Without num_draft_tokens a drafter drafts 7 (one absorption and 6 chain steps, each a forward),
+    and `allocate(capacity=n)` holds a request of n positions with its chain after them."""
+    ids = _ids(25, 21)
+    taps = _taps(target, ids[:, :-1])[0]
+    proposals = []
+    for capacity in (25, 256):  # the chain's steps write drafter slots 24..29
+        d = with_slots(Eagle3Drafter(drafter_model), 1, capacity)
+        assert d.num_draft_tokens == 7
+        d.begin(0, ids[0, :-1].tolist(), taps)
+        proposals.append(d.propose(draft_rows(ids[0].tolist()), d.num_draft_tokens).tokens)
+        assert d.num_forwards == 7
+    assert proposals[0].shape == (1, 7) and torch.equal(proposals[0], proposals[1])
+
+
+def test_a_reused_prefix_is_what_the_first_proposal_drops_and_drafts_as_fresh(target, drafter_model):
+    """`reusable` is every position but the newest CATCH_UP_WINDOW + 1 (then the first proposal still
+    restarts from the newest window), and a request begun on them drafts as one given every tap."""
+    w = CATCH_UP_WINDOW
+    d = with_slots(Eagle3Drafter(drafter_model), 2)
+    assert [d.reusable(0, list(range(n))) for n in (1, w, w + 1, w + 2, w + 10)] == [0, 0, 0, 1, 9]
+    ids = _ids(w + 11, 22)  # the target caches w + 10 positions
+    prompt, taps = ids[0, :-1].tolist(), _taps(target, ids[:, :-1])[0]
+    reused = d.reusable(1, prompt)
+    d.begin(0, prompt, taps)
+    d.begin(1, prompt, taps[reused:], reused=reused)
+    rows = draft_rows(ids[0].tolist(), ids[0].tolist())
+    fresh, kept = (torch.stack(d.draft_chain([row], 4, _greedy), 1) for row in rows)
+    torch.testing.assert_close(kept, fresh, atol=1e-6, rtol=1e-5)
+
+
+def test_a_pile_of_exactly_the_window_is_absorbed_after_the_context(target, drafter_model):
+    """CATCH_UP_WINDOW pending positions are absorbed after the context (a restart needs more): the
+    next draft is one causal pass over every position from scratch."""
+    w, ctx = CATCH_UP_WINDOW, 12
+    ids = _ids(ctx + w + 1, 23)
+    taps = _taps(target, ids[:, :-1])[0]
+    d = with_slots(Eagle3Drafter(drafter_model))
+    d.begin(0, ids[0, :ctx].tolist(), taps[:ctx])
+    d.draft_chain(draft_rows(ids[0, : ctx + 1].tolist()), 2, _greedy)
+    d.commit(0, w - 1, taps[ctx:])
+    got = d.draft_chain(draft_rows(ids[0].tolist()), 1, _greedy)[0]
+    assert d.dropped[0] == 0 and d.ctx_len[0] == ctx + w
+    n = ctx + w
+    with torch.no_grad():
+        h, _ = drafter_model(ids[:, 1:], drafter_model.fuse(taps[None]), torch.arange(n)[None], None,
+                             causal_mask(0, n))
+        want = drafter_model.to_target_logits(drafter_model.draft_logits(h[:, -1]))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_a_row_the_drafter_does_not_stand_for_is_refused(target, drafter_model):
+    """A proposal for more committed tokens than the drafter absorbed (nothing pending) fails."""
+    ids = _ids(12, 24)
+    d = with_slots(Eagle3Drafter(drafter_model))
+    d.begin(0, ids[0, :10].tolist(), _taps(target, ids[:, :10])[0])
+    d.draft_chain(draft_rows(ids[0, :11].tolist()), 2, _greedy)
+    with pytest.raises(RuntimeError, match="EAGLE-3 slot 0 stands for 10 positions, the target caches 11"):
+        d.draft_chain(draft_rows(ids[0].tolist()), 2, _greedy)
