@@ -475,3 +475,40 @@ def test_adaptive_calibration_holds_the_verdicts_against_what_algorithm_1_let_th
     assert any(v < 15 for _, v in steps), steps  # Algorithm 1 cut some blocks
     assert all(e <= v for e, v in steps), steps
     assert result.tau > 4, result.tau  # greedy, the cost table given: drafting was not switched off
+
+
+def test_a_build_takes_at_most_gamma_drafts(tmp_path, target, drafter_model):
+    """`drafter.num_draft_tokens` up to γ (or unset: γ) builds; γ + 1 is refused by name."""
+    from trtspec.config import DrafterConfig
+    from trtspec.models.drafter import build_drafter
+
+    save_dspark(drafter_model, tmp_path)
+    tgt = TargetModel(target, tuple(drafter_model.spec.target_layer_ids))
+    for k, want in ((None, GAMMA), (GAMMA, GAMMA), (1, 1)):
+        built = build_drafter(DrafterConfig(method="dspark", path=str(tmp_path), num_draft_tokens=k), tgt)
+        assert isinstance(built, DSparkDrafter) and built.num_draft_tokens == want
+    with pytest.raises(CheckpointError, match="is 6 but the DSpark block size 5 yields at most 5 drafts"):
+        build_drafter(DrafterConfig(method="dspark", path=str(tmp_path), num_draft_tokens=GAMMA + 1), tgt)
+
+
+def test_tree_scores_are_path_survivals_under_the_stored_sts_temperatures(target, drafter_model):
+    """A tree grows from survival scores: log c (σ(z / T_d), T_d the STS temperature of the node's
+    slot) + log q − max log q, written here from the heads' own outputs: the same tree."""
+    from trtspec.config import TreeConfig
+    from trtspec.spec.tree import grow_tree
+
+    temps = torch.tensor([0.5, 1.0, 2.0, 3.0, 4.0])
+    ids = _ids(31)
+    d = _drafter(target, drafter_model, ids, sts=temps)
+    assert d.graphed is None and d.projections is None  # no cuda_graphs asked: no padded steps
+    rows = draft_rows(ids[0].tolist())
+    tree = d.propose_tree(rows, TreeConfig(nodes=12, topk=3, depth=4))
+    heads = d.tree_heads(rows, 4)
+
+    def survival(depth, prev, parent=None):  # a memoryless head: no state to carry
+        logits, conf, _ = heads(depth, prev, None)
+        logq = torch.log_softmax(logits.float(), -1)
+        return torch.sigmoid(conf / temps[depth]).log()[..., None] + logq - logq.amax(-1, keepdim=True)
+
+    want = grow_tree(survival(0, ids[:, -1:])[:, 0], survival, 3, 12, 4)
+    assert torch.equal(tree.tokens, want.tokens) and torch.equal(tree.parents, want.parents)
