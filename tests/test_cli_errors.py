@@ -1111,3 +1111,23 @@ def test_an_empty_path_is_refused_naming_its_option(tmp_path, monkeypatch, args,
     monkeypatch.chdir(tmp_path)
     assert_usage_error(invoke(*args), option, "an empty path")
     assert not any(tmp_path.iterdir())
+
+
+def test_an_existing_output_file_may_be_replaced_and_a_ranges_ends_are_in_it(tmp_path):
+    """`--out FILE` over a file written before is replaced (its folder is what must be writable);
+    `check_range`'s bounds are inclusive at both ends (`--temperature 2`, `--bins 1000`)."""
+    import click
+
+    from trtspec.cli_errors import check_range, writable_arg
+
+    existing = tmp_path / "profile.json"
+    existing.write_text("{}")
+    writable_arg(existing, "--out", folder=False)
+    writable_arg(tmp_path, "--out", folder=True)
+    with pytest.raises(click.BadParameter, match="is a folder; give a file"):
+        writable_arg(tmp_path, "--out", folder=False)
+    for value in (2, 1000):
+        check_range(value, "--bins", low=2, high=1000)
+    for value in (1, 1001):
+        with pytest.raises(click.BadParameter, match=rf"must be in \[2, 1000\], got {value}"):
+            check_range(value, "--bins", low=2, high=1000)
