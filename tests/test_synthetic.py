@@ -22,7 +22,7 @@ from trtspec.bench.synthetic import (
     profile_synthetic,
     small_architecture,
 )
-from trtspec.bench.synthetic_report import headline, inconsistencies, projections
+from trtspec.bench.synthetic_report import finish, headline, inconsistencies, projections, write_outputs
 from trtspec.cli import main
 from trtspec.plan.gpus import GPUS, gpu_for_device
 from trtspec.plan.models import DRAFTERS, TARGETS
@@ -181,6 +181,67 @@ def test_timings_where_more_tokens_cost_less_are_called_noise():
     result["target_forward"][2]["eager_ms"] = 0.4
     assert inconsistencies(result) == ["batch 1, context 64: T(16) = 0.400 ms < T(1) = 10.000 ms"]
     assert headline(result)[0].startswith("**Timings inconsistent**: a forward of more tokens took under 80%")
+
+
+def test_noise_is_judged_from_the_second_forward_on_and_exactly_80_percent_is_none():
+    at = {"batch": 1, "context": 64, "graph_ms": None, "floor_ms": 1.0}
+    result = {"target_forward": [dict(at, new_tokens=n, eager_ms=ms) for n, ms in ((1, 10.0), (2, 8.0),
+                                                                                     (4, 12.0))]}
+    assert inconsistencies(result) == []
+    result["target_forward"][1]["eager_ms"] = 7.9
+    assert inconsistencies(result) == ["batch 1, context 64: T(2) = 7.900 ms < T(1) = 10.000 ms"]
+
+
+def _hand_profile() -> dict:
+    """A qwen3-8b profile as `profile_synthetic` writes one, its times set by hand: contexts 1024 and
+    8192, batch 1 and 2 (batch 2 twice as slow), the 8192 draft step skipped by the budget."""
+    forwards = [{"batch": b, "context": c, "new_tokens": n, "eager_ms": b * e, "graph_ms": b * g,
+                 "floor_ms": b * f} for b in (1, 2) for c in (1024, 8192)
+                for n, e, g, f in ((1, 5.0, 3.0, 2.0), (16, 6.0, 4.0, 2.5))]
+    draft = {"batch": 1, "context": 1024, "block": 16, "layers_ms": 0.3, "eager_ms": 0.6, "graph_ms": 0.5,
+             "floor_ms": 0.25}
+    return finish({
+        "model": "qwen3-8b", "device": "NVIDIA H200", "dtype": "bfloat16", "target": "Qwen/Qwen3-8B",
+        "drafter": "z-lab/Qwen3-8B-DFlash-b16", "params": {"target": 10**8, "drafter": 99_949_999},
+        "block_size": 16, "torch": "2.11", "transformers": "5.17", "started": "2026-12-07T00:00:00",
+        "bandwidth": {"floor_gbs": 4300.0, "floor_source": "copy"}, "cuda_graphs": "on",
+        "settings": {"scale": "full", "contexts": [1024, 8192]}, "target_forward": forwards,
+        "draft": [draft, dict(draft, batch=2, eager_ms=1.2, graph_ms=1.0)], "plugins": [],
+        "hf_forward": [{"context": 1024, "new_tokens": 16, "eager_ms": 9.0}], "serving": [],
+        "loop_overhead": {"per_cycle_ms": 0.2, "model": "tiny", "device": "cpu", "cycles": 10, "note": "n"},
+        "capture_audit": {"target forward": [], "draft step": ["a host sync", "a fresh tensor"]},
+        "skipped": ["draft b1 c8192 B16: time budget of 480 s spent"]})
+
+
+def test_the_headline_reads_batch_1_at_the_first_context():
+    """T(B) / T(1), the CUDA-graph verdict (within 1.5x of the floor: met at exactly 1.5x) and the
+    draft step's share are batch 1's at the first context; a capture audit's problems are listed."""
+    result = _hand_profile()
+    assert headline(result) == [
+        "Target forward, batch 1, context 1024: T(16) / T(1) = 1.33 (CUDA graphs); T(1) = 3.000 ms = 1.50x "
+        "its floor, T(16) = 4.000 ms = 1.60x its floor.",
+        "With CUDA graphs the 1-token forward is 1.50x its floor (target <= 1.5x: met); eager it is 2.50x.",
+        "DFlash draft step (B = 16) = 12.5% of one target forward of 16 tokens (its layers alone 5.0%, "
+        "eager; floors: 10.0%).",
+        "CUDA-graph capture audit on the CPU (target forward, draft step): 2 problem(s): a host sync; "
+        "a fresh tensor"]
+    # a context without its draft step is not projected, and one without T(B) has no such lines
+    assert {p["context"] for p in result["projections"]} == {1024}
+    result["target_forward"] = [r for r in result["target_forward"] if r["new_tokens"] == 1]
+    assert [line.split(" ")[0] for line in headline(result)] == ["With", "CUDA-graph"]
+
+
+def test_the_markdown_shows_every_table_and_what_was_skipped(tmp_path):
+    result = _hand_profile()
+    md_path = write_outputs(result, tmp_path / "not" / "made" / "qwen3-8b.json")
+    md = md_path.read_text()
+    assert md_path == tmp_path / "not" / "made" / "qwen3-8b.md"
+    assert json.loads((tmp_path / "not" / "made" / "qwen3-8b.json").read_text()) == result
+    assert "Target: Qwen/Qwen3-8B (0.10 B parameters); drafter: z-lab/Qwen3-8B-DFlash-b16 (99.9 M)" in md
+    assert "| 1 | 1024 | 16 | 9.000 | 6.000 |" in md  # transformers' forward beside batch 1's static cache
+    # 6.55 · 3 / (0.5 + 4 + 0.2) and, at the floors, 6.55 · 2 / (0.25 + 2.5)
+    assert "| GSM8K | 6.55 | 5.20x | 1024 | 4.18x | CUDA graphs | 4.76x |" in md
+    assert md.rstrip().endswith("Skipped: draft b1 c8192 B16: time budget of 480 s spent.")
 
 
 def test_gpu_table_bandwidth():
