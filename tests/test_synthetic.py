@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from trtspec.bench.device_timer import L2_FLUSH_BYTES, Deadline, DeviceTimer, flush_buffer
+from trtspec.bench.loop_overhead import tiny_pipeline
 from trtspec.bench.static_target import StaticKVTarget
 from trtspec.bench.synthetic import (
     ForwardBytes,
@@ -24,8 +25,10 @@ from trtspec.bench.synthetic import (
 )
 from trtspec.bench.synthetic_report import finish, headline, inconsistencies, projections, write_outputs
 from trtspec.cli import main
+from trtspec.config import ScheduleConfig
 from trtspec.plan.gpus import GPUS, gpu_for_device
 from trtspec.plan.models import DRAFTERS, TARGETS
+from trtspec.prompts import load_prompts
 
 from .conftest import REPO
 
@@ -339,6 +342,11 @@ def test_cli_synthetic_profile_small_on_cpu(tmp_path):
     for r in result["serving"]:
         assert r["packed_ms"] > 0 and r["padded_ms"] > 0 and r["padded"] == "eager"
     assert result["loop_overhead"]["per_cycle_ms"] > 0 and result["loop_overhead"]["device"] == "cpu"
+    # its cycles: the decode steps of the first code prompt's 24 tokens, whole blocks, the prefill not one
+    spec = tiny_pipeline("cpu")
+    decoded = spec.decoder_for(1, ScheduleConfig(mode="full")).generate(
+        spec.tokenizer.encode(load_prompts("code")[0]), 24)
+    assert result["loop_overhead"]["cycles"] == decoded.num_target_calls - 1 >= 2
     markdown = out.with_suffix(".md").read_text()
     assert markdown.startswith("### llama3.1-8b on cpu (float32, SMALL scaled-down shape)")
     assert "CUDA-graph decode step not measured (skipped: CUDA graphs need a CUDA device" in markdown
