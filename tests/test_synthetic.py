@@ -211,7 +211,8 @@ def _hand_profile() -> dict:
         "settings": {"scale": "full", "contexts": [1024, 8192]}, "target_forward": forwards,
         "draft": [draft, dict(draft, batch=2, eager_ms=1.2, graph_ms=1.0)], "plugins": [],
         "hf_forward": [{"context": 1024, "new_tokens": 16, "eager_ms": 9.0}], "serving": [],
-        "loop_overhead": {"per_cycle_ms": 0.2, "model": "tiny", "device": "cpu", "cycles": 10, "note": "n"},
+        "loop_overhead": {"per_cycle_ms": 0.2, "cycle_ms": 4.9, "model": "tiny", "device": "cpu",
+                          "cycles": 10, "note": "n"},
         "capture_audit": {"target forward": [], "draft step": ["a host sync", "a fresh tensor"]},
         "skipped": ["draft b1 c8192 B16: time budget of 480 s spent"]})
 
@@ -244,6 +245,7 @@ def test_the_markdown_shows_every_table_and_what_was_skipped(tmp_path):
     assert "| 1 | 1024 | 16 | 9.000 | 6.000 |" in md  # transformers' forward beside batch 1's static cache
     # 6.55 · 3 / (0.5 + 4 + 0.2) and, at the floors, 6.55 · 2 / (0.25 + 2.5)
     assert "| GSM8K | 6.55 | 5.20x | 1024 | 4.18x | CUDA graphs | 4.76x |" in md
+    assert "Decode-loop overhead per cycle: 0.200 ms of a 4.900 ms cycle (tiny on cpu, 10 cycles; n)." in md
     assert md.rstrip().endswith("Skipped: draft b1 c8192 B16: time budget of 480 s spent.")
 
 
@@ -346,7 +348,12 @@ def test_cli_synthetic_profile_small_on_cpu(tmp_path):
     spec = tiny_pipeline("cpu")
     decoded = spec.decoder_for(1, ScheduleConfig(mode="full")).generate(
         spec.tokenizer.encode(load_prompts("code")[0]), 24)
-    assert result["loop_overhead"]["cycles"] == decoded.num_target_calls - 1 >= 2
+    loop = result["loop_overhead"]
+    assert loop["cycles"] == decoded.num_target_calls - 1 >= 2
+    # a share of the cycle it is part of (more than a microsecond: the loop's Python alone is more)
+    assert 0.001 < loop["per_cycle_ms"] < loop["cycle_ms"]
+    assert f"Decode-loop overhead per cycle: {loop['per_cycle_ms']:.3f} ms of a {loop['cycle_ms']:.3f} ms " \
+        "cycle (tiny-dflash (shipped) on cpu, " in run.output
     markdown = out.with_suffix(".md").read_text()
     assert markdown.startswith("### llama3.1-8b on cpu (float32, SMALL scaled-down shape)")
     assert "CUDA-graph decode step not measured (skipped: CUDA graphs need a CUDA device" in markdown

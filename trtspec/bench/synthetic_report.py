@@ -204,8 +204,9 @@ def render_markdown(result: dict) -> str:
 
             lines += ["", f"Kernel column: {KERNEL_GPU_ONLY}."]
     loop = result["loop_overhead"]
-    lines += ["", f"Decode-loop overhead per cycle: {loop['per_cycle_ms']:.3f} ms ({loop['model']} on "
-              f"{loop['device']}, {loop['cycles']} cycles; {loop['note']})."]
+    of_cycle = f" of a {loop['cycle_ms']:.3f} ms cycle" if loop.get("cycle_ms") else ""
+    lines += ["", f"Decode-loop overhead per cycle: {loop['per_cycle_ms']:.3f} ms{of_cycle} ({loop['model']} "
+              f"on {loop['device']}, {loop['cycles']} cycles; {loop['note']})."]
     proj = result.get("projections") or []
     if proj:
         lines += ["", f"Projected speedup at published τ ({PUBLISHED_SOURCE}); batch 1:", "",
