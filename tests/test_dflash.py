@@ -338,3 +338,54 @@ def test_a_build_takes_at_most_b_minus_1_drafts(tmp_path, target, drafter_model)
         assert isinstance(built, DFlashDrafter) and built.num_draft_tokens == want
     with pytest.raises(CheckpointError, match="is 6 but the DFlash block size 6 yields at most 5 drafts"):
         build_drafter(DrafterConfig(method="dflash", path=str(tmp_path), num_draft_tokens=6), tgt)
+
+
+def test_a_gumbel_coupled_row_drafts_slot_j_at_its_position_in_chains_and_trees(target, drafter_model):
+    """A Gumbel-coupled row's draft at block slot j + 1 is argmax(log q + g(seed, n + j)), n its
+    committed tokens (slot 1 sits at position n), in a chain and as a top-1 tree's depth-j + 1 node."""
+    from trtspec.config import TreeConfig
+    from trtspec.spec.coupling import gumbel_noise
+    from trtspec.spec.sampling import SamplingParams
+
+    ids = torch.randint(0, 256, (1, 17), generator=torch.Generator().manual_seed(45))
+    taps = _taps(target, ids[:, :-1], drafter_model.spec.target_layer_ids)
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    d = with_slots(DFlashDrafter(drafter_model, emb, head))
+    d.begin(0, ids[0, :-1].tolist(), taps)
+    sampling = SamplingParams(temperature=0.7, seed=987, coupling="gumbel")
+    rows = draft_rows(ids[0].tolist(), sampling=sampling)
+    logits = d.draft_logits(rows, 5)  # [1, 5, V]
+    n, vocab = ids.shape[1], logits.shape[-1]
+
+    def coupled(first):  # the coupled drafts of slots 1..5 were slot 1 at position `first`
+        g = gumbel_noise([987], [list(range(first, first + 5))], vocab)  # [1, 5, V]
+        return (torch.log_softmax(logits / 0.7, -1) + g).argmax(-1)  # [1, 5]
+
+    want = coupled(n)
+    assert not torch.equal(want, coupled(n + 1))  # a position off by one would draft otherwise
+    assert torch.equal(d.propose(rows, 5).tokens, want)
+    tree = d.propose_tree(rows, TreeConfig(nodes=5, topk=1, depth=5))
+    assert tree.sizes == [5] and torch.equal(tree.tokens[:, :5], want)
+    assert tree.parents[0, :5].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_a_tree_wider_than_it_is_deep_takes_each_slot_s_top_k(target, drafter_model):
+    """Top-4 children two slots deep, every candidate kept (4 + 16 nodes): the root's children are
+    draft slot 1's 4 likeliest tokens and each of them has slot 2's 4 likeliest as its children."""
+    from trtspec.config import TreeConfig
+
+    ids = torch.randint(0, 256, (1, 14), generator=torch.Generator().manual_seed(46))
+    taps = _taps(target, ids[:, :-1], drafter_model.spec.target_layer_ids)
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    d = with_slots(DFlashDrafter(drafter_model, emb, head))
+    d.begin(0, ids[0, :-1].tolist(), taps)
+    rows = draft_rows(ids[0].tolist())
+    logits = d.draft_logits(rows, 2)[0]  # [2, V]
+    first, second = (set(logits[j].topk(4).indices.tolist()) for j in (0, 1))
+    tree = d.propose_tree(rows, TreeConfig(nodes=20, topk=4, depth=2))
+    assert tree.sizes == [20]
+    tokens, parents = tree.tokens[0].tolist(), tree.parents[0].tolist()
+    roots = [i + 1 for i, p in enumerate(parents) if p == 0]  # node ids of the root's children
+    assert len(roots) == 4 and {tokens[i - 1] for i in roots} == first
+    for node in roots:
+        assert sorted(tokens[i] for i, p in enumerate(parents) if p == node) == sorted(second)
