@@ -445,13 +445,14 @@ def _greedy(logits):
 
 def test_defaults_draft_7_and_a_context_at_the_capacity_drafts_as_with_room_to_spare(target, drafter_model):
     """Without num_draft_tokens a drafter drafts 7 (one absorption and 6 chain steps, each a forward),
-    and `allocate(capacity=n)` holds a request of n positions with its chain after them."""
+    without cuda_graphs it pads no step, and `allocate(capacity=n)` holds a request of n positions with
+    its chain after them."""
     ids = _ids(25, 21)
     taps = _taps(target, ids[:, :-1])[0]
     proposals = []
     for capacity in (25, 256):  # the chain's steps write drafter slots 24..29
         d = with_slots(Eagle3Drafter(drafter_model), 1, capacity)
-        assert d.num_draft_tokens == 7
+        assert d.num_draft_tokens == 7 and not d.cuda_graphs and d.graphed is None
         d.begin(0, ids[0, :-1].tolist(), taps)
         proposals.append(d.propose(draft_rows(ids[0].tolist()), d.num_draft_tokens).tokens)
         assert d.num_forwards == 7
@@ -502,3 +503,52 @@ def test_a_row_the_drafter_does_not_stand_for_is_refused(target, drafter_model):
     d.draft_chain(draft_rows(ids[0, :11].tolist()), 2, _greedy)
     with pytest.raises(RuntimeError, match="EAGLE-3 slot 0 stands for 10 positions, the target caches 11"):
         d.draft_chain(draft_rows(ids[0].tolist()), 2, _greedy)
+
+
+def test_a_gumbel_coupled_top_1_tree_is_the_coupled_chain_at_its_positions(target, drafter_model):
+    """A Gumbel-coupled row's top-1 tree is its chain of coupled drafts: the node at depth j + 1 is
+    argmax(log q + g(seed, n + j)), n the row's committed tokens (the root's children at position n),
+    for two rows of different lengths side by side and for one alone."""
+    from trtspec.config import TreeConfig
+    from trtspec.spec.coupling import gumbel_noise
+
+    ids = [_ids(20, 31), _ids(15, 32)]
+    d = with_slots(Eagle3Drafter(drafter_model), 2)
+    for slot, x in enumerate(ids):
+        d.begin(slot, x[0, :-1].tolist(), _taps(target, x[:, :-1])[0])
+    sampling = SamplingParams(temperature=0.7, seed=4321, coupling="gumbel")
+    rows = draft_rows(*(x[0].tolist() for x in ids), sampling=sampling)
+    n = [x.shape[1] for x in ids]
+    chosen, shifted = [], []
+
+    def coupled(logits):  # [2, V] of chain step len(chosen) -> each row's coupled draft [2]
+        scores, step = torch.log_softmax(logits / 0.7, -1), len(chosen)
+        for out, at in ((shifted, step + 1), (chosen, step)):
+            g = gumbel_noise([4321, 4321], [[n[0] + at], [n[1] + at]], logits.shape[-1])[:, 0]  # [2, V]
+            out.append((scores + g).argmax(-1))
+        return chosen[-1]
+
+    logits = d.draft_chain(rows, 4, coupled)
+    coupled(logits[-1])
+    want = torch.stack(chosen, 1)  # [2, 4]
+    assert (shifted[0] != chosen[0]).all()  # the root's children scored a position later would differ
+    tree = d.propose_tree(rows, TreeConfig(nodes=4, topk=1, depth=4))
+    assert tree.sizes == [4, 4] and torch.equal(tree.tokens[:, :4], want)
+    assert tree.parents[:, :4].tolist() == [[0, 1, 2, 3]] * 2
+    alone = d.propose_tree(rows[:1], TreeConfig(nodes=4, topk=1, depth=4))
+    assert alone.sizes == [4] and torch.equal(alone.tokens[:, :4], want[:1])
+    assert torch.equal(d.propose(rows, 4).tokens, want)
+
+
+def test_the_k_v_held_is_what_a_position_is_said_to_cost(drafter_model):
+    """Without cuda_graphs `allocate(slots, capacity)` holds the K and V of one layer (the midlayer)
+    for capacity + k positions a slot (the chain's steps after a full context), no scratch:
+    `kv_bytes_per_position` (what the memory check counts) of each."""
+    cfg = drafter_model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_position = 2 * cfg.num_key_value_heads * head_dim * 4  # K and V, float32, one layer
+    d = with_slots(Eagle3Drafter(drafter_model, 5), 3, 40)
+    assert d.kv_bytes_per_position == per_position
+    assert d.kv.keys.shape == d.kv.values.shape == (3, cfg.num_key_value_heads, 40 + 5, head_dim)
+    held = sum(t.numel() * t.element_size() for t in (d.kv.keys, d.kv.values))
+    assert held == 3 * (40 + 5) * per_position
