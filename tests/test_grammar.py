@@ -308,3 +308,40 @@ def test_a_guide_left_no_token_ends_its_request_alone(dflash, tree):
     assert got_dead[0].token_ids[0] == got_dead[1].token_ids[0] == ord("{") and got_dead[2].token_ids == []
     with pytest.raises(ValueError, match=r"^request 1: no token may follow the \d+ tokens generated"):
         decoder.generate_batch(fine[:1] + dead[:1])
+
+
+def test_a_guided_dflash_block_and_top_1_tree_take_each_slot_s_masked_best(dflash):
+    """A guided greedy row's DFlash drafts, as a block and as a top-1 tree: block slot j + 1's
+    argmax among the tokens a fresh matcher allows after the drafts before it (the tree's root
+    children from slot 1, not a later slot)."""
+    from trtspec.models.dflash_drafter import DFlashDrafter
+    from trtspec.models.drafter import DraftRow
+
+    own = dflash.drafter
+    d = DFlashDrafter(own.model, own.embed_tokens, own.lm_head)
+    d.allocate(1, 256)
+    prompt = list(b"Q: 482 + 356\nA:")
+    with torch.no_grad():
+        hs = dflash.target.model(torch.tensor([prompt[:-1]]), output_hidden_states=True).hidden_states
+    d.begin(0, prompt[:-1], torch.cat([hs[i + 1] for i in d.tap_layer_ids], -1)[0])
+    compiled = dflash.guides.compile(Guide("regex", r"[a-z0-9 ]+;"))
+    ends, vocab = dflash.end_ids, dflash.target.vocab_size
+    k = 4
+
+    def row():
+        return DraftRow(0, prompt, SamplingParams(), torch.Generator().manual_seed(0),
+                        GuideState(compiled, ends, vocab))
+
+    logits = d.draft_logits([row()], k)[0]  # [k, V]
+
+    def best(j, path):  # slot j + 1's argmax among the tokens allowed after path
+        return int(logits[j].masked_fill(~_fresh_mask(compiled, ends, vocab, path), float("-inf")).argmax())
+
+    want: list[int] = []
+    for j in range(k):
+        want.append(best(j, want))
+    assert best(1, []) != want[0]  # the root's children from slot 2 would differ
+    assert d.propose([row()], k).tokens[0].tolist() == want
+    tree = d.propose_tree([row()], TreeConfig(nodes=k, topk=1, depth=k))
+    assert tree.sizes == [k] and tree.tokens[0, :k].tolist() == want
+    assert tree.parents[0, :k].tolist() == list(range(k))
