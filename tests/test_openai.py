@@ -1576,6 +1576,25 @@ def test_connections_that_send_no_request_are_closed_and_capped(config):
         frontend.stop()
 
 
+def test_the_frontend_raises_its_file_limit_and_caps_connections_below_it():
+    """The soft limit on open files goes up to the hard one and SPARE_FILES stay for the rest of the
+    process; a hard limit under SPARE_FILES still lets 16 connections in (each case in a child
+    process, whose limits are its own)."""
+    from trtspec.openai.connections import SPARE_FILES
+
+    def child(soft: int, hard: int) -> list[int]:
+        code = ("import resource; from trtspec.openai.connections import raise_file_limit; "
+                f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard})); "
+                "cap = raise_file_limit(); print(cap, *resource.getrlimit(resource.RLIMIT_NOFILE))")
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+        assert run.returncode == 0, run.stderr
+        return [int(x) for x in run.stdout.split()]
+
+    assert child(300, 1024) == [1024 - SPARE_FILES, 1024, 1024]
+    assert child(1024, 1024) == [1024 - SPARE_FILES, 1024, 1024]
+    assert child(100, 200) == [16, 200, 200]
+
+
 def test_a_body_over_max_request_bytes_is_a_413_before_it_is_read(config):
     """limits.max_request_bytes bounds what the frontend reads: a body over it is a 413 in the route's
     shape whether its Content-Length says so or it comes in chunks, and the frontend stays up
