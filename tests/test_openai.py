@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.client
 import json
 import logging
 import re
@@ -1557,16 +1558,27 @@ def test_connections_that_send_no_request_are_closed_and_capped(config):
             held.append(sock)
             return sock
 
+        def whole(sock: socket.socket) -> bytes:  # what the server sends until it closes the connection
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+            return data
+
         silent = [connect() for _ in range(3)]
         half = connect(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
-        kept = connect(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")  # answered, then idle
-        assert kept.recv(65536).startswith(b"HTTP/1.1 200")
-        time.sleep(0.2)  # the server has taken the 5 connections above: the 7th is over the cap
-        sixth, seventh = connect(), connect()
+        kept = http.client.HTTPConnection("127.0.0.1", frontend.port, timeout=10)  # answered, kept alive
+        kept.request("GET", "/v1/models")
+        assert kept.getresponse().read().startswith(b'{"object":"list"')
+        held.append(kept.sock)
+        kept.sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and half of its next head
+        time.sleep(0.2)  # the server has taken the 5 connections above: the 6th is the last let in
+        sixth = connect(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        seventh = connect()
         started = time.monotonic()
         assert seventh.recv(1) == b"" and time.monotonic() - started < 1.5  # closed at once, not timed out
-        for sock in [*silent, half, sixth]:
-            assert sock.recv(1) == b""  # closed by the server when their heads did not come
+        for sock in [*silent, half, kept.sock]:
+            assert whole(sock) == b""  # closed by the server when their (next) heads did not come
+        assert whole(sixth).startswith(b"HTTP/1.1 200")  # answered, then closed as it sent no more
         assert time.monotonic() - started < 8
         with urllib.request.urlopen(f"{frontend.url}/v1/models", timeout=10) as resp:
             assert resp.status == 200
