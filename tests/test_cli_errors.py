@@ -92,6 +92,8 @@ def test_usage_errors_name_the_option(tmp_path):
                        "--allowed-origin", "no path", "'http://localhost:5173'")
     assert_usage_error(invoke("serve", tmp_path, "--allowed-origin", "localhost:5173"), "--allowed-origin",
                        "scheme://host[:port]")
+    assert_usage_error(invoke("serve", tmp_path, "--allowed-origin", "http://LocalHost:5173"),
+                       "--allowed-origin", "browsers send the host in lower case ('http://localhost:5173')")
     assert_usage_error(invoke("serve", tmp_path, "--served-model-name", "a", "--served-model-name", "a"),
                        "--served-model-name", "'a' is given twice")
     misspelt = invoke("train", "dflash", "--target", "builtin:tiny-tagret", "--prompts", CONFIG, "--out",
