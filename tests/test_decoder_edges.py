@@ -1,8 +1,8 @@
 """Edges of the serving loop (`spec.decoder`) that the batch tests pass over: one-token requests, steps
-where no row drafts a tree, predictions holding token 0, the k of a step whose rows all draft from
-their predictions, when adaptive's probes come after a drafting step, and what adaptive's planner is
-handed: the prompt tokens a step feeds, each request's catch-up spread over its drafting steps, and
-steps where one draft is the most a row may verify."""
+where no row drafts a tree (or one row drafts none beside rows that do), predictions holding token 0,
+the k of a step whose rows all draft from their predictions, when adaptive's probes come after a
+drafting step, and what adaptive's planner is handed: the prompt tokens a step feeds, each request's
+catch-up spread over its drafting steps, and steps where one draft is the most a row may verify."""
 
 from __future__ import annotations
 
@@ -148,3 +148,15 @@ def test_a_step_whose_rows_may_verify_one_draft_is_still_the_cost_models_choice(
     got = decoder.generate_batch([Request(p, 3) for p in PROMPTS])
     assert [r.token_ids for r in got] == [ids[:3] for ids in alone]
     assert decoder.draft_len_counts.get(1) == decoder.num_probes == 1
+
+
+def test_a_tree_row_with_no_budget_beside_drafting_rows_drafts_nothing(pipeline, alone):
+    # a 2-token request's one step after its prefill has no budget for drafts: it feeds its last token
+    # alone (a tree of no nodes, its padded depths 0) while the 12-token request beside it drafts a
+    # tree; neither request counts the other's drafts
+    tree = TreeConfig(nodes=8, topk=2)
+    long, short = _decoder(pipeline, slots=2, tree=tree).generate_batch([Request(PROMPTS[0], 12),
+                                                                         Request(PROMPTS[1], 2)])
+    assert (long.token_ids, short.token_ids) == (alone[0], alone[1][:2])
+    assert long.num_drafted > 0
+    assert (short.num_drafted, short.num_accepted, short.num_target_calls) == (0, 0, 2)
