@@ -391,6 +391,13 @@ def test_gpu_memory_is_what_the_device_reports():
     assert get_gpu("B300").memory_bytes == 288_000_000_000  # no device figure: the data sheet's
 
 
+def test_peak_flops_take_each_precisions_tensor_core_rate_and_hopper_runs_fp4_at_fp8():
+    # data sheets' dense TFLOPS (BF16, FP8, FP4): H100 989 / 1979 / none, B200 2250 / 4500 / 9000;
+    # 2 bytes a parameter is BF16, 1 FP8, NVFP4's 4 bits plus an 8-bit scale per 16 is 0.5625
+    rates = {name: [get_gpu(name).peak_flops(b) for b in (2, 1, 0.5625)] for name in ("H100", "B200")}
+    assert rates == {"H100": [989e12, 1979e12, 1979e12], "B200": [2250e12, 4500e12, 9000e12]}
+
+
 def test_a_deployment_takes_each_fields_least_value_and_keeps_its_documented_defaults():
     # the least each bounded field takes: one of everything, no reserve, the whole free memory, port 1,
     # acceptance rates of exactly 0 and 1; and one past a bound refused
