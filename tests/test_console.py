@@ -125,6 +125,50 @@ def test_a_second_ctrl_c_while_one_waits_stops_at_once(tmp_path):
     assert _run(tmp_path, body).stdout.strip() == "interrupted; loaded: False"
 
 
+def test_a_ctrl_c_held_past_half_a_second_says_why_once_and_a_shorter_hold_says_nothing(tmp_path):
+    """The notice is for a wait the user would notice (over NOTICE_AFTER_S = 0.5 s), printed once."""
+    body = """
+    import time
+    with running():
+        try:
+            import held
+            for _ in range(200):  # the command goes on after its import (a Ctrl-C is taken between sleeps)
+                time.sleep(0.01)
+            print("no interrupt")
+        except KeyboardInterrupt:
+            print("interrupted")
+    """
+    for hold_s, notices in ((0.1, 0), (1.0, 1)):
+        (tmp_path / "held.py").write_text(f"import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\n"
+                                          f"time.sleep({hold_s})\n")
+        ran = _run(tmp_path, body)
+        assert (ran.stdout.strip(), ran.stderr.count(NOTICE)) == ("interrupted", notices), ran.stderr
+
+
+def test_a_second_ctrl_c_that_stopped_a_wait_leaves_no_first_one_pending(tmp_path):
+    """The second Ctrl-C takes the held one's place: the command, which caught it, goes on uninterrupted."""
+    (tmp_path / "endless.py").write_text(textwrap.dedent("""
+        import os, signal, time
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+    """))
+    body = """
+    import time
+    with running():
+        try:
+            import endless
+        except KeyboardInterrupt:
+            print("interrupted")
+        for _ in range(30):
+            time.sleep(0.01)
+        print("went on")
+    """
+    ran = _run(tmp_path, body)
+    assert ran.stdout.split() == ["interrupted", "went", "on"], ran.stderr
+
+
 def test_an_ignored_ctrl_c_stays_ignored():
     """A background job's SIGINT is ignored, and its children inherit that: not turned back on."""
     script = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
