@@ -475,6 +475,55 @@ def test_flavour_bench_smoke():
     batched = {r["flavour"]: r for r in results["batched_rows"]}
     assert set(batched) == {"torch", "engine", "engine-fp16"} and batched["engine"]["greedy_mismatches"] == 0
     assert "| engine-fp16 | dspark | 2 |" in markdown(results)
+    # the batched table is relative to torch's own row, rounded as documented
+    assert batched["torch"]["vs_torch"] == 1.0
+    assert all(r["total_tokens_per_s"] == round(r["total_tokens_per_s"], 1)
+               and r["vs_torch"] == round(r["vs_torch"], 2) for r in results["batched_rows"])
+
+
+def test_flavour_bench_defaults_count_decode_tokens_after_the_first():
+    """One repeat, no float16, no batched table by default; 8 greedy tokens of the tiny models (no EOS
+    within 8) are 7 decode tokens, and a plain target makes 8 forwards: the prefill, then one a token."""
+    from trtspec.bench.flavours import compare_flavours
+
+    results = compare_flavours(load_build_config(DSPARK_CONFIG), ["code"], 1, 8)
+    assert (results["repeats"], results["concurrency"], results["batched_rows"]) == (1, 0, [])
+    rows = {(r["flavour"], r["drafter"]): r for r in results["rows"]}
+    assert set(rows) == {(f, d) for f in ("torch", "engine") for d in ("none", "dspark")}
+    assert all(r["tokens"] == 7 and r["greedy_mismatches"] == 0 for r in rows.values())
+    assert rows[("torch", "none")]["target_calls"] == rows[("engine", "none")]["target_calls"] == 8
+    assert rows[("torch", "none")]["vs_torch"] == rows[("torch", "dspark")]["vs_torch"] == 1.0
+    assert all(r["decode_tokens_per_s"] == round(r["decode_tokens_per_s"], 1)
+               and r["vs_torch"] == round(r["vs_torch"], 2) and r["decode_s"] == round(r["decode_s"], 3)
+               for r in rows.values())
+    assert results["machine"]["cpu"]  # the processor's name, else the machine's: never empty
+
+
+def test_flavour_bench_concurrency_one_adds_no_batched_table():
+    from trtspec.bench.flavours import compare_flavours
+
+    results = compare_flavours(load_build_config(DSPARK_CONFIG), ["code"], 1, 8, concurrency=1)
+    assert results["concurrency"] == 1 and results["batched_rows"] == []
+
+
+def test_flavour_bench_command_defaults_and_help(capsys):
+    """`python -m trtspec.bench.flavours CONFIG --json`: one repeat, no batched table, JSON indented by
+    one; --help says what it compares."""
+    from trtspec.bench.flavours import main as flavours_main
+
+    threads = torch.get_num_threads()
+    try:
+        flavours_main([str(DSPARK_CONFIG), "--tasks", "code", "--prompts", "1", "--max-tokens", "8",
+                       "--json"])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert out.startswith('{\n "prompts": 1,\n')
+    results = json.loads(out)
+    assert (results["repeats"], results["concurrency"], results["batched_rows"]) == (1, 0, [])
+    with pytest.raises(SystemExit):
+        flavours_main(["--help"])
+    assert "Engine flavour (onnxruntime on CPU) vs torch flavour: decode tokens/s" in capsys.readouterr().out
 
 
 def test_engine_build_help_is_the_usage(capsys):
