@@ -1133,3 +1133,10 @@ def test_an_existing_output_file_may_be_replaced_and_a_ranges_ends_are_in_it(tmp
     for value in (1, 1001):
         with pytest.raises(click.BadParameter, match=rf"must be in \[2, 1000\], got {value}"):
             check_range(value, "--bins", low=2, high=1000)
+
+
+def test_an_allowed_origin_as_a_browser_sends_it_is_taken():
+    from trtspec.openai.cors import check_origin
+
+    for origin in ("*", "http://localhost:5173", "https://app.example.com", "http://[::1]:8000"):
+        assert check_origin(origin) == origin
