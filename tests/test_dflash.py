@@ -52,6 +52,18 @@ def _taps(target, ids, layer_ids):
     return torch.cat([hs[i + 1] for i in layer_ids], -1)[0]
 
 
+def _ids(seed: int, n: int) -> torch.Tensor:
+    return torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _drafter(target, model, ids, capacity: int = 256) -> DFlashDrafter:
+    """A one-slot drafter that has absorbed the context ids[:-1]; the anchor is ids[-1]."""
+    d = with_slots(DFlashDrafter(model, target.get_input_embeddings(), target.get_output_embeddings()), 1,
+                   capacity)
+    d.begin(0, ids[0, :-1].tolist(), _taps(target, ids[:, :-1], model.spec.target_layer_ids))
+    return d
+
+
 def test_roundtrip_identical_logits(tmp_path, target, drafter_model):
     save_dflash(drafter_model, tmp_path)
     loaded = load_dflash(tmp_path, target.config)
@@ -261,14 +273,11 @@ def test_left_to_its_defaults_a_drafter_drafts_its_whole_block_eagerly(target, d
     greedy chain of the whole block."""
     from trtspec.config import TreeConfig
 
-    ids = torch.randint(0, 256, (1, 15), generator=torch.Generator().manual_seed(44))
-    taps = _taps(target, ids[:, :-1], drafter_model.spec.target_layer_ids)
-    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
-    d = with_slots(DFlashDrafter(drafter_model, emb, head))
+    ids = _ids(44, 15)
+    d = _drafter(target, drafter_model, ids)
     assert drafter_model.spec.block_size == 6 and d.num_draft_tokens == 5
     assert d.graphed is None and d.projections is None
     assert d.tree_depth(TreeConfig(nodes=64, topk=1, depth=64)) == 5
-    d.begin(0, ids[0, :-1].tolist(), taps)
     chain = d.propose(draft_rows(ids[0].tolist()), 5).tokens
     tree = d.propose_tree(draft_rows(ids[0].tolist()), TreeConfig(nodes=64, topk=1, depth=64))
     assert chain[0, 0] != chain[0, 1]  # a root child taken from another slot would show
@@ -279,13 +288,10 @@ def test_left_to_its_defaults_a_drafter_drafts_its_whole_block_eagerly(target, d
 
 def test_a_context_filling_the_capacity_drafts_as_one_with_room_to_spare(target, drafter_model):
     """`allocate(capacity=n)` holds a request of n positions and the block written after them."""
-    ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(12))
-    taps = _taps(target, ids[:, :-1], drafter_model.spec.target_layer_ids)
-    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    ids = _ids(12, 20)
     outs = []
     for capacity in (20, 256):  # the anchor sits at position 19, the block's last slot at 24
-        d = with_slots(DFlashDrafter(drafter_model, emb, head), 1, capacity)
-        d.begin(0, ids[0, :-1].tolist(), taps)
+        d = _drafter(target, drafter_model, ids, capacity)
         outs.append(d.draft_logits(draft_rows(ids[0].tolist()), 5))
     torch.testing.assert_close(outs[0], outs[1], atol=1e-6, rtol=1e-5)
 
@@ -347,11 +353,8 @@ def test_a_gumbel_coupled_row_drafts_slot_j_at_its_position_in_chains_and_trees(
     from trtspec.spec.coupling import gumbel_noise
     from trtspec.spec.sampling import SamplingParams
 
-    ids = torch.randint(0, 256, (1, 17), generator=torch.Generator().manual_seed(45))
-    taps = _taps(target, ids[:, :-1], drafter_model.spec.target_layer_ids)
-    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
-    d = with_slots(DFlashDrafter(drafter_model, emb, head))
-    d.begin(0, ids[0, :-1].tolist(), taps)
+    ids = _ids(45, 17)
+    d = _drafter(target, drafter_model, ids)
     sampling = SamplingParams(temperature=0.7, seed=987, coupling="gumbel")
     rows = draft_rows(ids[0].tolist(), sampling=sampling)
     logits = d.draft_logits(rows, 5)  # [1, 5, V]
@@ -374,11 +377,8 @@ def test_a_tree_wider_than_it_is_deep_takes_each_slot_s_top_k(target, drafter_mo
     draft slot 1's 4 likeliest tokens and each of them has slot 2's 4 likeliest as its children."""
     from trtspec.config import TreeConfig
 
-    ids = torch.randint(0, 256, (1, 14), generator=torch.Generator().manual_seed(46))
-    taps = _taps(target, ids[:, :-1], drafter_model.spec.target_layer_ids)
-    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
-    d = with_slots(DFlashDrafter(drafter_model, emb, head))
-    d.begin(0, ids[0, :-1].tolist(), taps)
+    ids = _ids(46, 14)
+    d = _drafter(target, drafter_model, ids)
     rows = draft_rows(ids[0].tolist())
     logits = d.draft_logits(rows, 2)[0]  # [2, V]
     first, second = (set(logits[j].topk(4).indices.tolist()) for j in (0, 1))
