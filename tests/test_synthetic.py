@@ -343,15 +343,15 @@ def test_cli_synthetic_profile_small_on_cpu(tmp_path):
     assert [(r["batch"], r["new_tokens"]) for r in result["serving"]] == [(1, 1), (1, 10), (2, 1), (2, 10)]
     for r in result["serving"]:
         assert r["packed_ms"] > 0 and r["padded_ms"] > 0 and r["padded"] == "eager"
-    assert result["loop_overhead"]["per_cycle_ms"] > 0 and result["loop_overhead"]["device"] == "cpu"
-    # its cycles: the decode steps of the first code prompt's 24 tokens, whole blocks, the prefill not one
+    # the loop's overhead: a share of the cycle it is part of (more than a microsecond: the loop's
+    # Python alone is more), over the decode steps of the first code prompt's 24 tokens (whole blocks,
+    # the prefill not one)
+    loop = result["loop_overhead"]
+    assert loop["device"] == "cpu" and 0.001 < loop["per_cycle_ms"] < loop["cycle_ms"]
     spec = tiny_pipeline("cpu")
     decoded = spec.decoder_for(1, ScheduleConfig(mode="full")).generate(
         spec.tokenizer.encode(load_prompts("code")[0]), 24)
-    loop = result["loop_overhead"]
     assert loop["cycles"] == decoded.num_target_calls - 1 >= 2
-    # a share of the cycle it is part of (more than a microsecond: the loop's Python alone is more)
-    assert 0.001 < loop["per_cycle_ms"] < loop["cycle_ms"]
     assert f"Decode-loop overhead per cycle: {loop['per_cycle_ms']:.3f} ms of a {loop['cycle_ms']:.3f} ms " \
         "cycle (tiny-dflash (shipped) on cpu, " in run.output
     markdown = out.with_suffix(".md").read_text()
