@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import resource
 import shutil
 from pathlib import Path
@@ -85,6 +86,36 @@ def test_overshoot_window_needs_an_indented_line_to_extend():
     rng = random.Random(0)
     assert overshoot_window(list(b"abc def\nxyz\n" * 4), 40, 8, rng) is None
     assert overshoot_window(_window(rng, 64), 64, 8, rng, line_share=0.0) is None
+
+
+def test_a_line_starting_at_the_windows_last_byte_is_not_extended_one_before_it_is():
+    """Extra spaces before the window's last byte would show in no input, only mask the last label:
+    such a line is never chosen; a line whose first byte is the second to last is."""
+    rng = random.Random(0)
+    assert overshoot_window(list(b"abc\n    x"), 8, 8, rng) is None
+    inputs, labels = overshoot_window(list(b"abc\n    xy"), 9, 8, rng)
+    assert inputs == list(b"abc\n     ") and labels[:8] == [*b"bc\n    ", IGNORE]
+
+
+def test_only_the_positions_before_inserted_spaces_are_ignored_whatever_the_bytes():
+    """IGNORE (the loss's ignore_index) is no byte: a line holding every non-space byte keeps each
+    one's label, and the ignored labels are the k positions before the k inserted spaces."""
+    body = bytes(b for b in range(256) if not bytes([b]).isspace())
+    window = list(b"if x:\n    " + body)
+    inputs, labels = overshoot_window(window, len(window) - 1, 8, random.Random(0))
+    k = inputs.index(body[0]) - 10  # the body's first byte follows 4 + k spaces
+    assert 1 <= k <= 8 and inputs[: 10 + k] == list(b"if x:\n    ") + [SPACE] * k
+    assert [i for i, x in enumerate(labels) if x == IGNORE] == list(range(9, 9 + k))
+    assert all(labels[i] == inputs[i + 1] for i in range(len(labels) - 1) if labels[i] != IGNORE)
+
+
+def test_the_extra_spaces_are_one_to_max_extra_each():
+    """k is drawn in [1, max_extra] and every value in it occurs: 1 (no shorter overshoot) and
+    max_extra alike."""
+    window = list(b"if x:" + b"\n  x" * 200)
+    inputs, _ = overshoot_window(window, len(window) - 1, 4, random.Random(0))
+    ks = [len(m.group(1)) - 2 for m in re.finditer(rb"\n( +)x", bytes(inputs))]
+    assert len(ks) > 100 and set(ks) == {1, 2, 3, 4}
 
 
 def test_a_second_stage_continues_the_first_and_records_it(tmp_path):
