@@ -8,6 +8,8 @@ tests/test_serve_stop.py) run the outbox behind a real tritonserver."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import threading
 
 from trtspec.triton.outbox import Outbox
@@ -107,3 +109,11 @@ def test_a_first_response_goes_at_once_on_the_callers_thread():
     release.set()
     outbox.close()
     assert [resp for resp, *_ in first.got] == ["first", "second"]
+
+
+def test_an_outbox_never_closed_does_not_keep_its_process_alive():
+    """The outbox's thread is a daemon: a process that exits without closing it (a stub whose
+    finalize never ran) ends, where the thread waiting for letters would hold it open for ever."""
+    code = "from trtspec.triton.outbox import Outbox; box = Outbox(1); print('started')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == "started\n", done.stderr
