@@ -708,6 +708,31 @@ def test_speedup_interval_of_prompts_that_all_speed_up_alike_is_that_speedup():
         ratio_interval(base, base, ["code"] * 7)
 
 
+def test_speedup_interval_draws_every_prompt_of_each_task():
+    """One prompt of eight sped up 10×, the first of its task's four: a resample holds it about
+    two times in three, so the interval reaches above 1 at its top and 1 at its bottom."""
+    from trtspec.bench.interval import ratio_interval
+
+    base = [1.0] * 4 + [10.0, 1.0, 1.0, 1.0]
+    low, high = ratio_interval(base, [1.0] * 8, ["code"] * 4 + ["math"] * 4)
+    assert low == pytest.approx(1.0) and high > 1.5
+
+
+def test_speedup_interval_leaves_as_many_draws_out_on_each_side():
+    """The level's interval cuts (1 − level) / 2 of the draws at each end: the same draws as ratios
+    the other way up give the reciprocal interval (up to adjacent draws)."""
+    import numpy as np
+
+    from trtspec.bench.interval import ratio_interval
+
+    base, other = _prompt_times(np.random.default_rng(3), 24, 2.0, noise=0.8)
+    low, high = ratio_interval(base, other)
+    inverse_low, inverse_high = ratio_interval(other, base)
+    assert high > 1.2 * low
+    assert inverse_low == pytest.approx(1 / high, rel=1e-6)
+    assert inverse_high == pytest.approx(1 / low, rel=1e-6)
+
+
 def test_pooled_speedups_carry_their_interval_when_the_run_kept_each_prompts_seconds():
     """The report's pooled line puts each speedup inside its interval; results written before
     per-prompt seconds were kept, or with too few prompts, report the speedup alone."""
