@@ -11,7 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from trtspec.bench.acceptance import conditional_acceptance, write_acceptance
+from trtspec.bench.acceptance import conditional_acceptance, replace_refusal, stored_cycles, write_acceptance
 from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.errors import ConfigError
@@ -269,6 +269,30 @@ def test_write_acceptance_keeps_a_stored_file_measured_over_more_cycles(tmp_path
     assert f"measured over {body['cycles']} cycles, this run over {body['cycles'] - 1000}" in second.output
     assert str(drafter / "acceptance.json") in second.output
     assert json.loads((drafter / "acceptance.json").read_text()) == body
+
+
+@pytest.mark.parametrize("asset", ["tiny-dflash-b16", "tiny-dspark-b15", "tiny-eagle3", "tiny-draft"])
+def test_the_shipped_acceptance_files_are_as_write_acceptance_writes_them(tmp_path, asset):
+    """`bench --write-acceptance` over a shipped file rewrites it byte for byte from its own figures
+    (a rerun's diff shows the figures that changed, nothing of the layout)."""
+    shipped = REPO / "trtspec" / "assets" / asset / "acceptance.json"
+    body = json.loads(shipped.read_text())
+    rates, cycles = body["acceptance_by_position"], body["cycles"]
+    written = write_acceptance(tmp_path, rates, cycles, body["measured_with"])
+    assert written.read_bytes() == shipped.read_bytes()
+
+
+def test_a_stored_acceptance_is_replaced_by_as_many_cycles_or_more(tmp_path):
+    """The stored count is 0 where no file, a hand-written one naming no count or an unreadable one
+    is (any run replaces it); a run over as many cycles as stored replaces it, one fewer may not."""
+    assert stored_cycles(tmp_path) == 0
+    (tmp_path / "acceptance.json").write_text('{"acceptance_by_position": [0.5]}')
+    assert stored_cycles(tmp_path) == 0 and replace_refusal(tmp_path, 0) is None
+    (tmp_path / "acceptance.json").write_text("{not json")
+    assert stored_cycles(tmp_path) == 0
+    write_acceptance(tmp_path, [0.5], 40, "test")
+    assert stored_cycles(tmp_path) == 40 and replace_refusal(tmp_path, 40) is None
+    assert "measured over 40 cycles, this run over 39" in replace_refusal(tmp_path, 39)
 
 
 def test_deepseek_v4_csa_layers_attend_top_k_rows_not_every_compressed_row():
