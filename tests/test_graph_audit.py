@@ -4,6 +4,8 @@ audited in tests/test_batch.py (every drafter, requests joining and leaving, ada
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -92,28 +94,98 @@ def test_a_python_value_that_changes_between_steps_would_be_frozen_in_the_graph(
 
 
 @pytest.mark.parametrize("inference", [False, True], ids=["grad", "inference_mode"])
-def test_a_tensor_made_outside_the_step_each_time_would_be_read_at_its_old_address(weights, inference):
+@pytest.mark.parametrize("width", [WIDTH, 1], ids=["vector", "one-element"])
+def test_a_tensor_made_outside_the_step_each_time_would_be_read_at_its_old_address(weights, inference, width):
+    """A one-element tensor too (only an empty one has no address to compare)."""
     table, w = weights
     made = []  # every one kept alive, so each sits at a new address
 
     def step(layout, ids):
         return (table[ids] + made[-1],)
 
-    problems = _problems(step, between=lambda i: made.append(torch.randn(WIDTH)), inference=inference)
+    problems = _problems(step, between=lambda i: made.append(torch.randn(width)), inference=inference)
     assert len(problems) == 1 and "argument 1 is ('outside'" in problems[0]
+
+
+@pytest.mark.parametrize("output_size,named", [(None, True), (6, False)], ids=["host-size", "output_size"])
+def test_repeat_interleave_is_a_host_read_unless_it_is_given_its_output_size(output_size, named):
+    """repeat_interleave sizes its output from the repeats' values (a host read), except with
+    output_size= given, which a capture accepts."""
+    repeats = torch.tensor([1, 2, 3])
+
+    def step(layout, ids):
+        return (TABLE[torch.repeat_interleave(ids.repeat(3), repeats, output_size=output_size)],)
+
+    read = "aten.repeat_interleave.Tensor reads a device value on the host"
+    assert any(read in p for p in _problems(step)) == named
+
+
+def _replay_differs(step) -> str:
+    problems = _problems(step)
+    assert len(problems) == 1 and "a replay differs from the capture" in problems[0]
+    return problems[0]
+
+
+def test_a_tensor_the_step_made_is_named_by_the_op_that_made_it(weights):
+    """A replay that reads another of the step's own tensors than the capture did: both arguments
+    name the op (numbered as the ops are) whose output they are."""
+    table, w = weights
+    calls = [0]
+
+    def step(layout, ids):
+        calls[0] += 1
+        rows = table[ids]
+        doubled = rows * 2
+        return ((doubled if calls[0] <= 3 else rows) + 1,)  # the first replay adds to `rows`
+
+    problem = _replay_differs(step)
+    i = int(re.search(r"op (\d+) aten.add.Tensor argument 0 is", problem).group(1))
+    assert f"argument 0 is ('made', {i - 2}, " in problem  # rows: the index op 2 ops before the add
+    assert f"frozen in the graph as ('made', {i - 1}, " in problem  # doubled: the mul just before
+
+
+def test_a_replay_that_runs_more_ops_than_the_capture_counts_them(weights):
+    table, w = weights
+    calls = [0]
+
+    def step(layout, ids):
+        calls[0] += 1
+        rows = table[ids] @ w
+        return (rows.neg() if calls[0] > 3 else rows,)  # the first replay runs one more op, at the end
+
+    counts = re.search(r"(\d+) ops, the graph has (\d+)$", _replay_differs(step))
+    replayed, captured = map(int, counts.groups())
+    assert replayed == captured + 1
+
+
+def test_a_replay_that_returns_another_number_of_outputs_than_the_capture_is_an_error(weights):
+    """The capture's outputs are what a replay rewrites: one output more is not silently dropped."""
+    table, w = weights
+    calls = [0]
+
+    def step(layout, ids):
+        calls[0] += 1
+        rows = table[ids] @ w
+        return (rows,) if calls[0] <= 3 else (rows, rows)
+
+    with pytest.raises(ValueError, match="zip"):
+        _problems(step)
 
 
 def test_an_output_read_after_the_models_next_step_reads_garbage_as_a_graph_might(weights):
     """A graph's outputs live in the pool the model's graphs share: the audit overwrites them
     before the next replay of another shape, so a caller that keeps them decodes NaN here."""
     table, w = weights
-    steps = _steps(lambda layout, ids: (table[ids] @ w,))
+    steps = _steps(lambda layout, ids: (table[ids] @ w, (table[ids] @ w).argmax(-1)))
     with CaptureAudit():
-        kept = []
+        kept, kept_ids = [], []
         for i, n in enumerate((1, 2, 1)):  # two shapes, (1, 1, 64) and (1, 2, 64): the third step replays
-            (out,), _ = steps.run([Segment(0, 3 * i, n)], torch.arange(n) + i)
+            (out, top), _ = steps.run([Segment(0, 3 * i, n)], torch.arange(n) + i)
             kept.append(out[:n])  # a view into the graph's outputs, not a copy (index is 0..n-1)
+            kept_ids.append(top[:n])
     assert kept[2].isfinite().all() and kept[1].isnan().all()
+    # integer outputs (token ids) turn into no token at all, not a token a decode could take for real
+    assert (kept_ids[2] >= 0).all() and (kept_ids[1] < 0).all()
 
 
 @pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
