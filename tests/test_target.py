@@ -407,6 +407,9 @@ def test_padded_steps_refuse_what_a_static_shape_cannot_hold(random_qwen3_dir, m
     assert plan([Segment(2, 10, 3)]) == (4, 3, 256, False)
     assert plan([Segment(0, 270, 5), Segment(4, 10, 1)]) == (6, 6, 300, False)  # 5 tokens: bucket 6
     assert plan([Segment(1, 296, 4)]) == (2, 4, 300, False)
+    assert plan([Segment(0, 254, 4)]) == (1, 4, 300, False)  # its last tokens past MIN_CONTEXT
+    assert plan([Segment(0, 10, MAX_TOKENS)]) == (1, MAX_TOKENS, 256, False)  # the longest chain padded
+    assert plan([]) is None
     assert plan([Segment(0, 10, 3, TreeSpan(10, (-1, 0, 0))), Segment(1, 5, 1)]) == (2, 3, 256, True)
     wide = tuple([-1] + [0] * (TREE_WINDOW - 1))  # TREE_WINDOW nodes; their last 8 fed
     assert plan([Segment(0, 10 + TREE_WINDOW - 8, 8, TreeSpan(10, wide))]) == (1, 8, 256, True)
@@ -434,7 +437,7 @@ def test_graphs_keep_at_most_their_output_budget(random_qwen3_dir, monkeypatch):
     for t in (packed, padded):
         t.allocate(1, 300)
     token_bytes = padded.vocab_size * packed.model.dtype.itemsize  # one padded token's logits
-    monkeypatch.setattr(cuda_graphs, "OUTPUT_BUDGET", 7 * token_bytes)
+    monkeypatch.setattr(cuda_graphs, "OUTPUT_BUDGET", 6 * token_bytes)  # [1, 2, 3]: at it, kept
     gen = torch.Generator().manual_seed(11)
     kept = []
     for n in (1, 2, 3, 2, 4, 8):  # buckets 1, 2, 3, 2, 4, 8 tokens
@@ -444,7 +447,7 @@ def test_graphs_keep_at_most_their_output_budget(random_qwen3_dir, monkeypatch):
         for t in (packed, padded):
             t.rewind(0, n)
         kept.append([s[1] for s in padded.graphed.graphs])
-        assert padded.graphed.output_bytes <= max(7, n) * token_bytes
+        assert padded.graphed.output_bytes <= max(6, n) * token_bytes
     assert kept == [[1], [1, 2], [1, 2, 3], [1, 3, 2], [2, 4], [8]]
 
 
@@ -708,3 +711,35 @@ def test_rope_that_rescales_per_forward_is_refused_and_static_rope_serves(tmp_pa
     ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(8))
     want = _reference(target.model, ids).logits[0]
     torch.testing.assert_close(target.forward([Chunk(0, ids)]).logits, want, atol=1e-5, rtol=1e-4)
+
+
+def test_a_forest_of_tree_window_nodes_padded_equals_the_packed_forward(random_qwen3_dir):
+    """A tree of TREE_WINDOW nodes (its last node's ancestor word has bit 63 set: a negative 64-bit
+    int) with several roots (a root sees the context alone, none of the other roots), fed as two
+    padded forwards of MAX_TOKENS nodes, gives the packed forward's logits and taps."""
+    from trtspec.models.cuda_graphs import MAX_TOKENS, TREE_WINDOW
+
+    packed = TargetModel.from_pretrained(random_qwen3_dir, tap_layer_ids=(0, 2))
+    padded = TargetModel(packed.model, (0, 2), cuda_graphs=True)
+    for t in (packed, padded):
+        t.allocate(1, 300)
+    gen = torch.Generator().manual_seed(29)
+
+    def both(chunks):
+        a, b = packed.forward(chunks), padded.forward(chunks)
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(b.hidden, a.hidden, atol=1e-5, rtol=1e-4)
+
+    both([Chunk(0, torch.randint(0, 256, (20,), generator=gen))])  # 20 tokens: a padded chain step
+    forest = (-1, -1, *(int(torch.randint(-1, i, (1,), generator=gen)) for i in range(2, TREE_WINDOW)))
+    for end in range(MAX_TOKENS, TREE_WINDOW + 1, MAX_TOKENS):  # nodes 0..31, then 32..63
+        both([Chunk(0, torch.randint(0, 256, (MAX_TOKENS,), generator=gen), forest[:end], tree_start=20)])
+    assert padded.graphed.num_steps == 3  # every step padded, the trees too
+
+
+def test_graphs_are_wanted_only_when_asked_for_and_on_a_cuda_device():
+    """On the CPU the padded steps would only cost: `cuda_graphs` there leaves the models packed."""
+    from trtspec.models.cuda_graphs import graphs_wanted
+
+    assert graphs_wanted(True, torch.device("cuda")) and graphs_wanted(True, "cuda:1")
+    assert not graphs_wanted(True, torch.device("cpu")) and not graphs_wanted(False, torch.device("cuda"))
