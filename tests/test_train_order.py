@@ -12,7 +12,8 @@ from trtspec.train.order import EpochOrder
 def test_each_epoch_of_the_stream_is_a_permutation(num, batch):
     examples = torch.arange(100, 100 + num)
     order = EpochOrder(examples, torch.Generator().manual_seed(0))
-    stream = torch.cat([order.take(batch) for _ in range(6 * num)]).tolist()  # [6 · num · batch]
+    stream = torch.cat([order.take(batch) if i % 2 else order.take(0)  # a take of 0 takes nothing
+                        for i in range(12 * num)]).tolist()  # [6 · num · batch]
     epochs = [stream[i : i + num] for i in range(0, len(stream), num)]
     assert all(sorted(e) == examples.tolist() for e in epochs)
     assert order.epoch * num + order.position == len(stream)
