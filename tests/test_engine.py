@@ -13,10 +13,10 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
-from transformers import GPT2Config, Qwen3Config
+from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM, Qwen3Config
 
 from plugins.confidence_verify.reference import draw_uniforms, verify_sampling_explicit
-from tests.conftest import REPO, assert_samples_follow_target, draft_rows, with_slots
+from tests.conftest import REPO, _small_kwargs, assert_samples_follow_target, draft_rows, with_slots
 from trtspec.cli import main
 from trtspec.config import EngineConfig, ScheduleConfig, load_build_config
 from trtspec.engine.cpu_plugins import attach_cpu_plugins
@@ -193,19 +193,36 @@ def test_bfloat16_export_is_refused_with_the_field(tmp_path):
 
 def test_target_graph_matches_hf_llama(random_llama_dir):
     """A non-Qwen3 layout (no q/k norm) through the same exporter: logits and cache agree."""
-    target = TargetModel.from_pretrained(random_llama_dir, tap_layer_ids=(0, 2))
+    _assert_target_graph_matches_hf(random_llama_dir)
+
+
+def test_target_graph_matches_hf_llama_with_yarn_rope(tmp_path):
+    """YaRN scales the RoPE tables by its attention factor (0.1·ln 4 + 1 here): the graph's tables
+    too, else every logit is off."""
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "rope_theta": 1e4}
+    model = LlamaForCausalLM(LlamaConfig(**_small_kwargs(3), rope_parameters=rope))
+    assert abs(model.model.rotary_emb.attention_scaling - 1.1386) < 1e-4
+    model.save_pretrained(tmp_path)
+    _assert_target_graph_matches_hf(tmp_path)
+
+
+def _assert_target_graph_matches_hf(target_dir):
+    """Two rows in one batch (a head reshape that pinned the batch to 1 would mix them up), each as
+    the torch target computes it alone."""
+    target = TargetModel.from_pretrained(target_dir, tap_layer_ids=(0, 2))
     session = OrtSession(export_target(target.model, (0, 2)))
-    ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(0))
-    empty = np.zeros((1, 2, 0, 16), np.float32)
-    feeds = {"input_ids": ids.numpy(), "position_ids": np.arange(9)[None],
-             "attention_mask": np.tril(np.ones((1, 9, 9), bool)),
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
+    empty = np.zeros((2, 2, 0, 16), np.float32)
+    feeds = {"input_ids": ids.numpy(), "position_ids": np.arange(9)[None].repeat(2, 0),
+             "attention_mask": np.tril(np.ones((2, 9, 9), bool)),
              **{f"past_{kind}_{i}": empty for i in range(3) for kind in ("key", "value")}}
     out = session.run(feeds)
-    target.allocate(1, 16)
-    ref = target.forward([Chunk(0, ids[0])])
-    np.testing.assert_allclose(out["logits"][0], ref.logits.numpy(), atol=1e-4)
-    np.testing.assert_allclose(out["hidden_taps"][0], ref.hidden.numpy(), atol=1e-4)
-    assert out["present_key_0"].shape == (1, 2, 9, 16)
+    for row in range(2):
+        target.allocate(1, 16)
+        ref = target.forward([Chunk(0, ids[row])])
+        np.testing.assert_allclose(out["logits"][row], ref.logits.numpy(), atol=1e-4)
+        np.testing.assert_allclose(out["hidden_taps"][row], ref.hidden.numpy(), atol=1e-4)
+    assert out["present_key_0"].shape == (2, 2, 9, 16)
 
 
 def test_plugin_nodes_in_exported_graphs(tmp_path):
