@@ -8,6 +8,7 @@ import random
 import re
 import resource
 import shutil
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,14 @@ from click.testing import CliRunner
 
 from trtspec.cli import main
 from trtspec.errors import TrtspecError
+from trtspec.train.corpus import (
+    _is_heldout,
+    arithmetic_problem,
+    arithmetic_text,
+    stdlib_files,
+    stdlib_text,
+    training_corpus,
+)
 from trtspec.train.overshoot import IGNORE, SPACE, overshoot_window
 from trtspec.train.pretrain import PretrainConfig, pretrain
 
@@ -212,3 +221,70 @@ def test_a_model_folder_that_is_a_file_is_refused_before_training(tmp_path):
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert f"Error: {tmp_path / 'o' / 'tiny-draft'} is a file; `train target --out` needs" in result.output
     assert [p.name for p in (tmp_path / "o").iterdir()] == ["tiny-draft"]
+
+
+_STEP = re.compile(r"(\d+)([+-])(\d+)(?:([+-])1)?=(\d+)(?: (carry|borrow) 1)?")
+
+
+def test_every_worked_arithmetic_step_is_right_and_carries_into_the_next():
+    """The steps a tiny model learns from: each column's sum or difference is right, a carry (a
+    borrow) is written exactly where the column overflows (goes below 0) and is added (taken) in
+    the next column, and the answer is the question's; operands stay in their ranges."""
+    rng, kinds = random.Random(5), set()
+    for _ in range(600):
+        question, answer, rest = arithmetic_problem(rng).split("\n")
+        assert rest == "" and question.startswith("Q: ") and answer.startswith("A: ")
+        a, op, b = question[3:].split(" ")
+        a, b, kinds = int(a), int(b), kinds | {op}
+        assert answer.endswith(f" = {eval(question[3:])}")
+        if op == "*":
+            assert 11 <= a <= 99 and 2 <= b <= 9
+            tens, ones = a // 10 * 10, a % 10
+            assert answer == f"A: {tens}*{b} + {ones}*{b} = {tens * b} + {ones * b} = {a * b}"
+            continue
+        assert (10 <= a <= 999 and 10 <= b <= 999) if op == "+" else 1 <= b <= a <= 999
+        steps, carry, digits = answer[3:].split("; ")[:-1], 0, []
+        assert len(steps) == len(str(max(a, b) if op == "+" else a))
+        for i, step in enumerate(steps):
+            x, sign, y, extra, result, flag = _STEP.fullmatch(step).groups()
+            x, y, result = int(x), int(y), int(result)
+            assert sign == op and (extra is not None) == bool(carry) and (extra in (None, op))
+            assert y == (b // 10**i) % 10
+            if op == "+":
+                assert x == (a // 10**i) % 10 and result == x + y + carry
+                carry = result // 10
+                assert (flag == "carry") == bool(carry) and flag != "borrow"
+                digits.append(result % 10)
+            else:
+                assert x % 10 == (a // 10**i) % 10 and result == x - y - carry and 0 <= result <= 9
+                assert (flag == "borrow") == (x >= 10) and flag != "carry"
+                carry = int(x >= 10)
+                digits.append(result)
+        assert not (op == "-" and carry)  # the difference is never negative
+        assert int("".join(map(str, reversed(digits)))) + (10 ** len(steps) if op == "+" and carry else 0) \
+            == eval(question[3:])
+    assert kinds == {"+", "-", "*"}
+
+
+def test_train_and_heldout_split_files_and_problems_by_their_stable_hash():
+    """A file or a question is held out iff its hash says so, whichever split asked: the two splits
+    never share one; the stdlib's test suites (test/, any tests/ folder) are in neither."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    heldout = [p.relative_to(root).as_posix() for p in stdlib_files("heldout")]
+    assert heldout == sorted(heldout) and len(heldout) > 20 and all(_is_heldout(rel) for rel in heldout)
+    assert not [rel for rel in heldout if rel.startswith(("test/", "tests/")) or "/tests/" in rel]
+    for split, text in (("train", arithmetic_text("train", 3000, seed=2)),
+                        ("heldout", arithmetic_text("heldout", 3000, seed=2))):
+        questions = [line for line in text.decode().splitlines() if line.startswith("Q: ")]
+        assert 3000 <= len(text) < 3000 + 100 and text.endswith(b"\n")
+        assert all(_is_heldout(q) == (split == "heldout") for q in questions), split
+
+
+def test_the_corpus_is_the_split_s_code_then_arithmetic_making_up_its_fraction():
+    code = stdlib_text("heldout")
+    assert code.endswith(b"\n\n") and b"\n\n\n\n" not in code[-4:]
+    corpus = training_corpus("heldout", 0.03, seed=4)
+    want = int(len(code) * 0.03 / 0.97)
+    assert corpus[: len(code)] == code
+    assert corpus[len(code):] == arithmetic_text("heldout", want, seed=4)
+    assert want <= len(corpus) - len(code) < want + 100
