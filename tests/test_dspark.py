@@ -512,3 +512,33 @@ def test_tree_scores_are_path_survivals_under_the_stored_sts_temperatures(target
 
     want = grow_tree(survival(0, ids[:, -1:])[:, 0], survival, 3, 12, 4)
     assert torch.equal(tree.tokens, want.tokens) and torch.equal(tree.parents, want.parents)
+
+
+def test_greedy_outcomes_draft_at_every_anchor_and_survive_up_to_the_first_miss(target, drafter_model):
+    """`calibrate`'s outcomes: one row per anchor a of prompt_len − 1 ≤ a < len − γ (a row shorter
+    than that gives none), owned by its prompt; the logits are the drafted block's confidence logits
+    and slot j survives iff slots 1..j all equal the continuation. Row 0's continuation is the
+    drafter's own greedy block from its one anchor with slot 3 changed: it survives two slots."""
+    from trtspec.train.calibrate import greedy_outcomes
+    from trtspec.train.dflash import target_taps
+
+    layer_ids, vocab = drafter_model.spec.target_layer_ids, target.config.vocab_size
+    seqs = torch.cat([_ids(41, 16), _ids(42, 16), _ids(43, 16)])
+    prompt_lens, lens = torch.tensor([6, 4, 9]), torch.tensor([6 + GAMMA, 16, 9 + GAMMA - 1])
+    with torch.inference_mode():
+        one = block_forward(drafter_model, seqs[:1], target_taps(target, seqs[:1], layer_ids),
+                            torch.tensor([[5]]))
+        block = drafter_model.decode_block(one.hidden[0], one.prev[0, :, 0], lambda _, z: z.argmax(-1))
+    seqs[0, 6 : 6 + GAMMA] = block.tokens[0]
+    seqs[0, 8] = (seqs[0, 8] + 1) % vocab
+    taps = target_taps(target, seqs, layer_ids)
+    out = greedy_outcomes(drafter_model, seqs, lens, prompt_lens, taps)
+    assert out.prompt_index.tolist() == [0] + [1] * (16 - GAMMA - 3)  # row 2: no anchor
+    assert out.logits.shape == out.survived.shape == (1 + 16 - GAMMA - 3, GAMMA)
+    assert out.survived[0].tolist() == [True, True, False, False, False]
+    torch.testing.assert_close(out.logits[0], block.confidence_logits[0])
+    assert torch.equal(out.survived, out.survived.int().cummin(-1).values.bool())  # a prefix survives
+    chunked = greedy_outcomes(drafter_model, seqs, lens, prompt_lens, taps, chunk=3)
+    for got, want in zip((chunked.logits, chunked.survived, chunked.prompt_index),
+                         (out.logits, out.survived, out.prompt_index), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # batched: float rounding
