@@ -22,7 +22,7 @@ from trtspec.config import EngineConfig, ScheduleConfig, load_build_config
 from trtspec.engine.cpu_plugins import attach_cpu_plugins
 from trtspec.engine.ort import OrtSession
 from trtspec.errors import CheckpointError, ConfigError
-from trtspec.export.bundle import load_manifest, sha256_file
+from trtspec.export.bundle import cached_export, load_manifest, sha256_file
 from trtspec.export.graph import FLOAT, INT32, PLUGIN_DOMAIN, GraphBuilder
 from trtspec.export.plugins import kv_injection_attention
 from trtspec.export.target import check_exportable, export_target
@@ -439,6 +439,54 @@ def test_build_writes_manifest_with_matching_hashes(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
 
 
+def test_an_export_records_its_drafter_and_refuses_more_drafts_than_its_block_holds(tmp_path):
+    """DFlash's slot 0 holds the anchor: block 16 drafts 15 at most (unset: 15), 16 is refused and
+    leaves nothing; without the drafter the manifest has no drafter, path, taps nor drafter graphs."""
+    from trtspec.export.bundle import export_bundle
+
+    config = load_build_config(CONFIG)
+    plain = export_bundle(config, tmp_path / "plain", use_drafter=False)
+    assert (plain["drafter"], plain["paths"]["drafter"], plain["tap_layer_ids"]) == (None, None, [])
+    assert set(plain["graphs"]) == {"target", "verify_greedy", "verify_sampling", "verify_tree_greedy",
+                                    "verify_tree_sampling"}
+    assert (plain["vocab_size"], plain["num_layers"], plain["precision"]) == (264, 6, "float32")
+    drafter = config.drafter
+    full = load_manifest(cached_export(config))
+    assert full["paths"]["drafter"] == str(drafter.resolved_path)
+    assert full["drafter"] == {"method": "dflash", "block_size": 16, "mask_token_id": 258, "num_layers": 2,
+                               "num_draft_tokens": 15}
+    too_many = config.model_copy(update={"drafter": drafter.model_copy(update={"num_draft_tokens": 16})})
+    with pytest.raises(CheckpointError, match="num_draft_tokens is 16 but the dflash block size 16 yields "
+                                              "at most 15 drafts"):
+        export_bundle(too_many, tmp_path / "many")
+    assert not (tmp_path / "many").exists()
+
+
+def test_the_export_cache_key_follows_the_checkpoint_files_not_their_folder(tmp_path):
+    """A copy of the drafter keys as the original once `path` is ignored; another file beside it
+    does not change the key, an edited config.json or weights file does, and so does leaving the
+    drafter out."""
+    import shutil
+
+    from trtspec.config import ASSETS_DIR
+    from trtspec.export.bundle import content_key
+
+    config = load_build_config(CONFIG)
+    copy_dir = shutil.copytree(ASSETS_DIR / "tiny-dflash-b16", tmp_path / "drafter")
+    copied = config.model_copy(update={"drafter": config.drafter.model_copy(update={"path": str(copy_dir)})})
+    key = content_key(config, True, ignore=("path",))
+    assert content_key(copied, True, ignore=("path",)) == key
+    assert content_key(copied, True) != content_key(config, True)  # unless ignored, the path counts
+    assert content_key(config, False, ignore=("path",)) != key
+    (copy_dir / "notes.txt").write_text("not a checkpoint file")
+    assert content_key(copied, True, ignore=("path",)) == key
+    for name in ("config.json", "model.safetensors"):
+        data = (copy_dir / name).read_bytes()
+        (copy_dir / name).write_bytes(data + b" ")
+        assert content_key(copied, True, ignore=("path",)) != key, name
+        (copy_dir / name).write_bytes(data)
+
+
 _DSPARK_INFO = {"method": "dspark", "block_size": 15, "mask_token_id": 258, "num_layers": 2,
                 "num_draft_tokens": 15, "has_confidence": True, "markov_state_size": 0}
 
@@ -596,7 +644,6 @@ def test_random_batches_decode_as_alone_within_the_tensorrt_profile(pipelines, m
     from tests.test_batch import SPS, _random_request
     from trtspec.config import TreeConfig
     from trtspec.engine.build import EngineLimits, dim_ranges, profile_for
-    from trtspec.export.bundle import cached_export
     from trtspec.spec.decoder import SpeculativeDecoder
 
     engine, alone = pipelines[("engine", method)], pipelines[("torch", "target")].decoder_for(1, FULL)
@@ -635,7 +682,6 @@ def test_tensorrt_engines_built_for_fewer_requests_than_the_config_are_refused(t
     import shutil
 
     from trtspec.engine.load import load_engine_models
-    from trtspec.export.bundle import cached_export
 
     config = load_build_config(CONFIG).model_copy(update={"flavour": "engine"})
     folder = tmp_path / "engine"
