@@ -337,18 +337,11 @@ def test_a_run_saved_before_the_head_type_field_resumes(tmp_path, target):
 def test_engine_flavour_build_serves_the_rnn_head_like_torch(tmp_path, target, random_qwen3_dir):
     """Through `load_pipeline` (export bundle, manifest, engine loader): an RNN-head drafter's
     engine flavour decodes token for token and cycle for cycle as its torch flavour."""
-    import yaml
-
-    from trtspec.config import ScheduleConfig, load_build_config
+    from trtspec.config import ScheduleConfig
     from trtspec.export.bundle import cached_export, load_manifest
     from trtspec.pipeline import load_pipeline
 
-    save_dspark(_random_model(target, "rnn"), tmp_path / "drafter")
-    config = {"name": "rnn", "flavour": "torch", "target": {"path": str(random_qwen3_dir)},
-              "drafter": {"method": "dspark", "path": str(tmp_path / "drafter")},
-              "limits": {"max_tokens": 256}}
-    (tmp_path / "rnn.yaml").write_text(yaml.safe_dump(config))
-    config = load_build_config(tmp_path / "rnn.yaml")
+    config = _build_config(tmp_path, _random_model(target, "rnn"), random_qwen3_dir)
     assert load_manifest(cached_export(config))["drafter"]["markov_state_size"] == 16
     full = ScheduleConfig(mode="full")
     decoders = [load_pipeline(config.model_copy(update={"flavour": f})).decoder_for(1, full)
@@ -356,3 +349,28 @@ def test_engine_flavour_build_serves_the_rnn_head_like_torch(tmp_path, target, r
     for ids in _prompts(1):
         want, got = (d.generate(ids, 20) for d in decoders)
         assert got.token_ids == want.token_ids and got.num_target_calls == want.num_target_calls
+
+
+def _build_config(tmp_path, drafter: DSparkDraftModel, target_dir):
+    """A build config of the target at `target_dir` with `drafter` saved beside it."""
+    import yaml
+
+    from trtspec.config import load_build_config
+
+    save_dspark(drafter, tmp_path / "drafter")
+    config = {"name": "dspark", "flavour": "torch", "target": {"path": str(target_dir)},
+              "drafter": {"method": "dspark", "path": str(tmp_path / "drafter")},
+              "limits": {"max_tokens": 256}}
+    (tmp_path / "dspark.yaml").write_text(yaml.safe_dump(config))
+    return load_build_config(tmp_path / "dspark.yaml")
+
+
+def test_a_drafter_without_a_markov_head_exports_no_markov_state(tmp_path, target, random_qwen3_dir):
+    from trtspec.export.bundle import cached_export, load_manifest
+
+    cfg = DSparkTrainConfig(block_size=GAMMA, num_layers=1, target_layer_ids=[0, 2], markov_rank=0,
+                            init_from_target=False)
+    drafter = new_dspark(target, mask_token_id=258, cfg=cfg)
+    assert drafter.markov_head is None
+    info = load_manifest(cached_export(_build_config(tmp_path, drafter, random_qwen3_dir)))["drafter"]
+    assert info["markov_state_size"] == 0 and info["num_draft_tokens"] == GAMMA
