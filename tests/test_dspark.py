@@ -542,3 +542,47 @@ def test_greedy_outcomes_draft_at_every_anchor_and_survive_up_to_the_first_miss(
     for got, want in zip((chunked.logits, chunked.survived, chunked.prompt_index),
                          (out.logits, out.survived, out.prompt_index), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # batched: float rounding
+
+
+def test_pooled_ece_is_the_mean_over_slots_and_zero_for_none():
+    from trtspec.train.calibrate import pooled_ece
+
+    def cal(before, after):
+        return STSCalibration(temperatures=[1.0] * len(before), ece_before=before, ece_after=after)
+
+    assert pooled_ece(cal([0.25], [0.5])) == (0.25, 0.5)
+    assert pooled_ece(cal([0.25, 0.5, 0.75], [0.0, 0.25, 0.5])) == (0.5, 0.25)
+    assert pooled_ece(cal([], [])) == (0.0, 0.0)
+
+
+def test_calibrate_fits_on_the_even_prompts_and_reports_ece_on_the_odd(tmp_path):
+    """The shipped drafter on the math prompts (16 tokens each: 2 anchors a prompt at γ = 15): the
+    temperatures are fit_sts of the even prompts' outcomes, the ECE is the odd ones', the source
+    counts both halves, and sts.json holds what was returned."""
+    import shutil
+    from pathlib import Path
+
+    from trtspec.config import ASSETS_DIR
+    from trtspec.prompts import load_prompts
+    from trtspec.train.calibrate import calibrate, greedy_outcomes
+    from trtspec.train.dflash import target_taps
+    from trtspec.train.prompts import encode_prompts, regenerate
+
+    drafter_dir = shutil.copytree(ASSETS_DIR / "tiny-dspark-b15", tmp_path / "dspark")
+    target_dir = ASSETS_DIR / "tiny-target"
+    cal = calibrate(drafter_dir, target_dir, ["math"], response_tokens=16, bins=5)
+    assert load_sts(drafter_dir, 15).tolist() == pytest.approx(cal.temperatures)
+    target = load_causal_lm(target_dir)
+    model = load_dspark(drafter_dir, target.config)
+    prompts, end_ids = encode_prompts(target_dir, target.config, load_prompts("math"), Path("math"))
+    seqs, lens = regenerate(target, prompts, 16, end_ids)
+    taps = target_taps(target, seqs, model.spec.target_layer_ids)
+    out = greedy_outcomes(model, seqs, lens, torch.tensor([len(p) for p in prompts]), taps)
+    even = torch.tensor([i % 2 == 0 for i in out.prompt_index.tolist()])
+    assert 0 < even.sum() < len(even)
+    fit, held = (out.logits[even], out.survived[even]), (out.logits[~even], out.survived[~even])
+    assert cal.temperatures == [round(float(t), 4) for t in fit_sts(*fit, bins=5)]
+    assert cal.ece_before == [round(e, 4) for e in survival_ece(*held, None, 5)]
+    assert (cal.mode, cal.bins, len(cal.ece_after)) == ("greedy", 5, 15)
+    assert cal.source == (f"tasks math: {len(prompts)} prompts, {len(even)} anchors; fit on even prompts "
+                          f"({int(even.sum())} anchors), ECE on odd ({int((~even).sum())})")
