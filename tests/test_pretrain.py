@@ -278,6 +278,10 @@ def test_train_and_heldout_split_files_and_problems_by_their_stable_hash():
         questions = [line for line in text.decode().splitlines() if line.startswith("Q: ")]
         assert 3000 <= len(text) < 3000 + 100 and text.endswith(b"\n")
         assert all(_is_heldout(q) == (split == "heldout") for q in questions), split
+    # "about num_bytes": problems until the bytes reach it, not one more nor one fewer
+    first = arithmetic_text("train", 1, seed=2)
+    assert first.count(b"Q: ") == 1 and arithmetic_text("train", len(first), seed=2) == first
+    assert arithmetic_text("train", len(first) + 1, seed=2).count(b"Q: ") == 2
 
 
 def test_the_corpus_is_the_split_s_code_then_arithmetic_making_up_its_fraction():
