@@ -7,8 +7,9 @@ import re
 import pytest
 import yaml
 
-from trtspec.config import load_build_config
+from trtspec.config import MAX_MISTAKES, load_build_config
 from trtspec.errors import ConfigError
+from trtspec.strict import MAX_SHOWN
 
 from .conftest import REPO
 
@@ -116,6 +117,39 @@ def test_a_value_a_validator_names_is_named_once(tmp_path):
         load_build_config(path)
     text = str(info.value)  # was "..., got 'gpu', got 'gpu'"
     assert text.count("got 'gpu'") == 1 and text.count("got [-1]") == 1, text
+
+
+def test_a_checks_advice_is_given_whole_and_a_value_it_quotes_is_cut(tmp_path):
+    """A check's message of more than MAX_SHOWN characters keeps its advice to the end (it was cut at
+    200: "... or use an eagle3 dr…"); the values checks quote are cut as pydantic's are."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: trtllm-lookup\ntarget: {path: builtin:tiny-target}\nflavour: trtllm\n"
+                    "drafter: {method: draft_model, path: builtin:tiny-draft}\nlookup: {}\n"
+                    "deployment: {gpu: H200, model_id: Qwen/Qwen3-8B}\n")
+    with pytest.raises(ConfigError) as info:
+        load_build_config(path)
+    advice = str(info.value).split("field `(top level)`: ")[1]
+    assert len(advice) > MAX_SHOWN and advice.endswith("; remove lookup or use an eagle3 drafter"), advice
+    path.write_text(f"target: {{path: x, device: {'g' * 5000}}}\nname: {'n' * 5000}\n")
+    with pytest.raises(ConfigError) as info:
+        load_build_config(path)
+    lines = str(info.value).splitlines()
+    assert lines[0] == f"{path}: 2 mistakes:" and all(len(line) < 2 * MAX_SHOWN for line in lines[1:])
+    assert [line.split("`")[1] for line in lines[1:]] == ["name", "target.device"]
+    assert all(line.endswith("nnnnnnnnnnnn'") or line.endswith("gggggggggg'") for line in lines[1:])
+
+
+@pytest.mark.parametrize("extra", [MAX_MISTAKES, MAX_MISTAKES + 1])
+def test_an_error_lists_its_first_mistakes_and_counts_the_rest(tmp_path, extra):
+    path = tmp_path / "bad.yaml"
+    path.write_text("target: {path: x}\n" + "".join(f"extra_{i}: 1\n" for i in range(extra)))
+    with pytest.raises(ConfigError) as info:
+        load_build_config(path)
+    lines = str(info.value).splitlines()
+    assert lines[0] == f"{path}: {extra} mistakes:"
+    assert lines[1:MAX_MISTAKES + 1] == [f"  field `extra_{i}`: Extra inputs are not permitted, got 1"
+                                         for i in range(MAX_MISTAKES)]
+    assert lines[MAX_MISTAKES + 1:] == ([] if extra == MAX_MISTAKES else ["  ... and 1 more"])
 
 
 def test_booleans_stay_booleans_and_numbers_numbers(tmp_path):

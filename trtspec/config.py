@@ -89,7 +89,7 @@ class _HasPath(_Strict):
     def _device_name(cls, value: str) -> str:
         match = re.fullmatch(r"cpu|cuda(:(\d+))?", value)
         if not match or (match[2] and int(match[2]) > MAX_GPU_ID):
-            raise ValueError(f"expected cpu, cuda or cuda:N (N in [0, {MAX_GPU_ID}]), got {value!r}")
+            raise ValueError(f"expected cpu, cuda or cuda:N (N in [0, {MAX_GPU_ID}]), got {shown(value)}")
         return value
 
     @property
@@ -486,7 +486,7 @@ class BuildConfig(_Strict):
     def _folder_name(cls, value: str) -> str:
         if not re.fullmatch(NAME_PATTERN, value):
             raise ValueError("expected letters, digits, '_', '.' and '-', starting with a letter or digit, "
-                             f"at most 64 (the Triton model's folder), got {value!r}")
+                             f"at most 64 (the Triton model's folder), got {shown(value)}")
         return value
 
     @field_validator("gpus")
@@ -518,6 +518,9 @@ def with_flavour(config: BuildConfig, flavour: str) -> BuildConfig:
 
 
 MAX_MISTAKES = 20  # mistakes an error lists
+# characters of one mistake's message: room for the longest advice a check gives (about 220) around
+# a value quoted to MAX_SHOWN; only a message quoting its input whole is cut
+MAX_MESSAGE = 3 * MAX_SHOWN
 
 
 def _format_error(path: Path, exc: ValidationError) -> str:
@@ -528,7 +531,7 @@ def _format_error(path: Path, exc: ValidationError) -> str:
         field = ".".join(str(p)[:MAX_SHOWN] for p in err["loc"]) or "(top level)"
         got, msg = err.get("input"), message(err)
         said = isinstance(got, dict) or msg.endswith(f"got {shown(got)}")  # a validator named it
-        msg = msg if len(msg) <= MAX_SHOWN else msg[:MAX_SHOWN] + "…"
+        msg = msg if len(msg) <= MAX_MESSAGE else msg[:MAX_MESSAGE] + "…"
         lines.append(f"field `{field}`: {msg}" + ("" if said else f", got {shown(got)}"))
     if len(errors) > MAX_MISTAKES:
         lines.append(f"... and {len(errors) - MAX_MISTAKES} more")
