@@ -502,6 +502,12 @@ _DSPARK_INFO = {"method": "dspark", "block_size": 15, "mask_token_id": 258, "num
     # tuple("135") made three string layer ids
     ({"tap_layer_ids": "135"}, "tap_layer_ids must be a list of layer indices, got '135'"),
     ({"precision": 1}, "precision must be one of float32, float16, got 1"),  # a TypeError from numpy
+    # each temperature a number in (0, inf): the confidences divide by them
+    ({"drafter": {**_DSPARK_INFO, "sts_temperatures": [1.5, 0.0]}}, "sts_temperatures must be a list of "
+                                                                     r"numbers > 0, got \[1.5, 0.0\]"),
+    ({"drafter": {**_DSPARK_INFO, "sts_temperatures": [-1.0]}}, "sts_temperatures must be a list"),
+    ({"drafter": {**_DSPARK_INFO, "sts_temperatures": [float("inf")]}}, "sts_temperatures must be a list"),
+    ({"drafter": {**_DSPARK_INFO, "sts_temperatures": "1.5"}}, "sts_temperatures must be a list"),
 ])
 def test_hand_edited_manifest_fields_are_named(tmp_path, edit, said):
     from trtspec.engine.load import load_engine_models
@@ -676,23 +682,82 @@ def test_random_batches_decode_as_alone_within_the_tensorrt_profile(pipelines, m
     assert compared >= 8
 
 
-def test_tensorrt_engines_built_for_fewer_requests_than_the_config_are_refused(tmp_path):
-    """Engines whose profile takes fewer rows than limits.max_concurrency are refused at load, naming
-    both numbers, instead of TensorRT rejecting the first step that runs more requests."""
+def _edited_export(tmp_path, config, fields: dict, drafter: dict | None = None, drop: tuple[str, ...] = ()):
+    """A copy of `config`'s cached export (with its drafter) whose manifest has `fields` and the
+    drafter section's `drafter` set and its `drop` removed, as a hand edit or an older export would."""
     import shutil
 
-    from trtspec.engine.load import load_engine_models
-
-    config = load_build_config(CONFIG).model_copy(update={"flavour": "engine"})
     folder = tmp_path / "engine"
     shutil.copytree(cached_export(config, True), folder)
     manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["engines"] = {"target": {"file": "target.engine", "sha256": "0",
-                                      "profile": {"batch": [1, 1, 1]}}}
+    manifest.update(fields)
+    manifest["drafter"].update(drafter or {})
+    for key in drop:
+        del manifest["drafter"][key]
     (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_tensorrt_engines_built_for_fewer_requests_than_the_config_are_refused(tmp_path):
+    """Engines whose profile takes fewer rows than limits.max_concurrency are refused at load, naming
+    both numbers, instead of TensorRT rejecting the first step that runs more requests."""
+    from trtspec.engine.load import load_engine_models
+
+    config = load_build_config(CONFIG).model_copy(update={"flavour": "engine"})
+    folder = _edited_export(tmp_path, config, {"engines": {"target": {
+        "file": "target.engine", "sha256": "0", "profile": {"batch": [1, 1, 1]}}}})
     with pytest.raises(ConfigError, match=r"the target engine takes batches of at most 1 requests, but "
                                           r"limits.max_concurrency is 8; lower it, or rebuild"):
         load_engine_models(config, folder=folder, backend="tensorrt")
+
+
+def test_engine_batch_check_reads_each_engine_s_profile_and_takes_exactly_the_config_s_rows(tmp_path):
+    """The rows an engine takes are its profile's largest batch (1 when the manifest names no
+    profile); as many rows as limits.max_concurrency pass, one fewer is refused."""
+    from trtspec.engine.load import check_engine_batch
+
+    manifest = {"engines": {"target": {"file": "target.engine", "profile": {"batch": [1, 4, 4]}}}}
+    check_engine_batch(tmp_path, manifest, 4)
+    with pytest.raises(ConfigError, match="the target engine takes batches of at most 4 requests, but "
+                                          "limits.max_concurrency is 5"):
+        check_engine_batch(tmp_path, manifest, 5)
+    manifest["engines"]["verify_greedy"] = {"file": "verify_greedy.engine"}  # built before profiles
+    with pytest.raises(ConfigError, match="the verify_greedy engine takes batches of at most 1 requests"):
+        check_engine_batch(tmp_path, manifest, 2)
+
+
+def test_an_older_manifest_without_the_drafter_s_optional_fields_loads_their_defaults(tmp_path):
+    """A DSpark export whose manifest predates has_confidence and markov_state_size loads a drafter
+    with a confidence head and no Markov state, and keeps the calibration's temperatures (below 1
+    too) as they were written."""
+    from trtspec.engine.load import load_engine_models
+    from trtspec.export.bundle import cached_export
+
+    config = load_build_config(DSPARK_CONFIG).model_copy(update={"flavour": "engine"})
+    gamma = load_manifest(cached_export(config, True))["drafter"]["num_draft_tokens"]
+    sts = [0.5 + 0.25 * i for i in range(gamma)]
+    folder = _edited_export(tmp_path, config, {}, {"sts_temperatures": sts},
+                            drop=("has_confidence", "markov_state_size"))
+    _, drafter, _ = load_engine_models(config, folder=folder, backend="onnxruntime")
+    assert drafter.has_confidence is True and drafter.markov_state_size == 0
+    assert drafter.sts_temperatures.tolist() == sts
+
+
+def test_auto_backend_runs_onnxruntime_where_tensorrt_is_missing_even_with_engines_listed(tmp_path):
+    """`backend: auto` over a folder whose manifest lists engines (built on the GPU node) opens the
+    ONNX graphs on a machine without TensorRT."""
+    from trtspec.engine.load import load_engine_models
+    from trtspec.engine.trt import tensorrt_available
+
+    if tensorrt_available():
+        pytest.skip("TensorRT is installed here")
+    config = load_build_config(CONFIG).model_copy(update={"flavour": "engine"})
+    folder = _edited_export(tmp_path, config, {"engines": {name: {"file": f"{name}.engine"} for name in (
+        "target", "dflash_context", "dflash_block", "verify_greedy", "verify_sampling",
+        "verify_tree_greedy", "verify_tree_sampling")}})
+    target, drafter, verifier = load_engine_models(config, folder=folder, backend="auto")
+    sessions = [target.graph.session, drafter.context, drafter.block, verifier.greedy_session]
+    assert [s.backend for s in sessions] == ["onnxruntime"] * 4
 
 
 def test_packed_target_attends_over_no_more_keys_than_its_slots_hold(pipelines):
@@ -709,6 +774,71 @@ def test_packed_target_attends_over_no_more_keys_than_its_slots_hold(pipelines):
         decoder = SpeculativeDecoder(target, drafter, engine.end_ids, verifier, FULL, None, 1, 100)
         assert decoder.generate_batch([request])[0].token_ids == alone.generate_batch([request])[0].token_ids
     assert max(f["attention_mask"][-1] for f in seen["target"]) <= 100
+
+
+def _engine_target(pipelines, num_slots: int, capacity: int):
+    """A copy of the engine pipeline's target (its own cache, the session shared), allocated."""
+    target = copy.copy(pipelines[("engine", "target")].target)
+    target.allocate(num_slots, capacity)
+    return target
+
+
+def _alone(pipelines, ids: torch.Tensor) -> torch.Tensor:
+    """The engine target's logits for `ids` fed alone to a fresh slot."""
+    return _engine_target(pipelines, 1, 64).forward([Chunk(0, ids)]).logits
+
+
+IDS = torch.tensor(list(b"def area(r):\n    return 3.14 * r * r"))
+
+
+def test_engine_target_compacts_dead_positions_once_they_are_half_its_cache(pipelines):
+    """Rewound positions stay in the packed cache (masked) while fewer than half of it, and are
+    dropped by the first forward that finds them half or more; the logits are those fed alone."""
+    t = _engine_target(pipelines, 2, 64)
+    t.forward([Chunk(0, IDS[:10]), Chunk(1, IDS[:10])])
+    t.rewind(0, 4)  # 4 dead of 20
+    t.forward([Chunk(1, IDS[10:11])])
+    assert t.graph.cache[0].shape[2] == 21
+    t.rewind(0, 3)  # 7 dead of 21: a third, kept
+    t.forward([Chunk(1, IDS[11:12])])
+    assert t.graph.cache[0].shape[2] == 22
+    t.rewind(1, 4)  # 11 dead of 22: half
+    out = t.forward([Chunk(1, IDS[8:9])])
+    assert t.graph.cache[0].shape[2] == 11 + 1 and t.seq_len(0) == 3 and t.seq_len(1) == 9
+    torch.testing.assert_close(out.logits, _alone(pipelines, IDS[:9])[-1:], atol=1e-5, rtol=1e-4)
+
+
+def test_engine_target_compacts_when_its_keys_would_outnumber_what_its_slots_hold(pipelines):
+    """With fewer than half dead, a forward whose keys (cache + new tokens) come to num_slots ×
+    capacity exactly keeps the dead; one more key than that drops them first."""
+    t = _engine_target(pipelines, 2, 16)
+    t.forward([Chunk(0, IDS[:12]), Chunk(1, IDS[:12])])
+    t.rewind(1, 6)  # 6 dead of 24
+    t.forward([Chunk(1, IDS[6:10])])
+    t.forward([Chunk(1, IDS[10:14])])  # 28 + 4 keys: 32 = 2 × 16
+    assert t.graph.cache[0].shape[2] == 32
+    out = t.forward([Chunk(1, IDS[14:15])])  # 33 keys: compacted to 26 first
+    assert t.graph.cache[0].shape[2] == 26 + 1
+    torch.testing.assert_close(out.logits, _alone(pipelines, IDS[:15])[-1:], atol=1e-5, rtol=1e-4)
+
+
+def test_engine_target_takes_a_slot_to_its_capacity_and_rewinds_all_of_it(pipelines):
+    """A slot holds exactly `capacity` positions (one more is refused), rewinding 0 or all of them
+    is taken (one more, or a negative count, is refused), and a slot refilled after a full rewind
+    gives the logits of a fresh one."""
+    t = _engine_target(pipelines, 1, 8)
+    t.forward([Chunk(0, IDS[:8])])
+    with pytest.raises(ValueError, match="a slot would hold more than its capacity of 8 positions"):
+        t.forward([Chunk(0, IDS[8:9])])
+    for wrong in (9, -1):
+        with pytest.raises(ValueError, match=f"cannot rewind {wrong} positions of slot 0 holding 8"):
+            t.rewind(0, wrong)
+    t.rewind(0, 0)
+    assert t.seq_len(0) == 8
+    t.rewind(0, 8)
+    assert t.seq_len(0) == 0
+    out = t.forward([Chunk(0, IDS[8:12])])
+    torch.testing.assert_close(out.logits, _alone(pipelines, IDS[8:12]), atol=1e-5, rtol=1e-4)
 
 
 def test_a_served_builds_engine_folder_is_named_without_its_dots(tmp_path):
