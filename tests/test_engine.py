@@ -142,6 +142,31 @@ def test_dspark_engine_confidences_match_torch(pipelines):
     assert 0.05 < float(want.confidence.std())  # confidences that vary: the test means something
 
 
+@pytest.mark.parametrize("name", ["dflash", "dspark"])
+def test_engine_drafter_proposes_for_rows_of_unequal_contexts_as_for_each_alone(pipelines, name):
+    """Two rows whose contexts differ in length, drafted in one block-graph run (fed the longer
+    context's width, each row its own ctx_lens), propose what each proposes alone."""
+    p = pipelines[("engine", name)]
+    prompts = [p.tokenizer.encode(text) for text in load_prompts("chat")[:2]]
+    assert len(prompts[0]) != len(prompts[1])
+    target, together = copy.copy(p.target), with_slots(copy.copy(p.drafter), 2)
+    target.allocate(2, 256)
+    committed, hidden = [], []
+    for slot, ids in enumerate(prompts):
+        out = target.forward([Chunk(slot, torch.tensor(ids))])
+        together.begin(slot, ids, out.hidden)
+        committed.append(ids + [int(out.logits[-1].argmax())])
+        hidden.append(out.hidden)
+    got = together.propose(draft_rows(*committed), 8)
+    for slot, ids in enumerate(prompts):
+        alone = with_slots(copy.copy(p.drafter))
+        alone.begin(0, ids, hidden[slot])
+        want = alone.propose(draft_rows(committed[slot]), 8)
+        assert got.tokens[slot].tolist() == want.tokens[0].tolist(), slot
+        if want.confidence is not None:
+            torch.testing.assert_close(got.confidence[slot], want.confidence[0], atol=1e-5, rtol=1e-4)
+
+
 def test_engine_sampling_follows_target(pipelines):
     """Sampling through the engine flavour (drafts, then the `confidence_verify_sampling` graph)
     emits tokens with the target's law, 8 requests at a time (ragged draft lengths in one graph call)."""

@@ -290,8 +290,8 @@ def test_exported_heads_graph_drafts_like_torch(target, model):
     engine = EngineDSparkDrafter(OrtSession(export_dflash_context(model)),
                                  OrtSession(export_dspark_block(model)), OrtSession(heads),
                                  tuple(model.spec.target_layer_ids), GAMMA,
-                                 model.spec.mask_token_id, len(model.layers), GAMMA, None, True,
-                                 16 if rnn else 0)
+                                 model.spec.mask_token_id, len(model.layers), GAMMA, None,
+                                 *((True, 16) if rnn else ()))  # defaults: a confidence head, no state
     ids = _prompts(6)[5]
     taps = _taps(target, torch.tensor([ids[:-1]]), model.spec.target_layer_ids)[0]
     for sampling in (SamplingParams(), SAMPLED):
@@ -303,6 +303,11 @@ def test_exported_heads_graph_drafts_like_torch(target, model):
         torch.testing.assert_close(got.confidence, want.confidence, atol=1e-5, rtol=1e-4)
         if sampling is SAMPLED:
             torch.testing.assert_close(got.q_probs, want.q_probs, atol=1e-5, rtol=1e-4)
+    e = with_slots(copy.copy(engine))
+    e.begin(0, ids[:-1], taps)
+    greedy = _drafter(target, model, ids).draft_block(draft_rows(ids), GAMMA, lambda _, z: z.argmax(-1))
+    block = e.draft_block(draft_rows(ids), GAMMA, lambda _, z: z.argmax(-1))  # logits [R, k, V] too
+    torch.testing.assert_close(block.logits, greedy.logits, atol=1e-5, rtol=1e-4)
     e = with_slots(copy.copy(engine))
     e.begin(0, ids[:-1], taps)
     tree = TreeConfig(nodes=16, topk=3, depth=4)
