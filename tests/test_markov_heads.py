@@ -292,6 +292,7 @@ def test_exported_heads_graph_drafts_like_torch(target, model):
                                  tuple(model.spec.target_layer_ids), GAMMA,
                                  model.spec.mask_token_id, len(model.layers), GAMMA, None,
                                  *((True, 16) if rnn else ()))  # defaults: a confidence head, no state
+    assert engine.has_confidence is True  # the decoder's scheduler reads it
     ids = _prompts(6)[5]
     taps = _taps(target, torch.tensor([ids[:-1]]), model.spec.target_layer_ids)[0]
     for sampling in (SamplingParams(), SAMPLED):
