@@ -751,6 +751,19 @@ def test_engine_batch_check_reads_each_engine_s_profile_and_takes_exactly_the_co
         check_engine_batch(tmp_path, manifest, 2)
 
 
+def test_a_tensorrt_graph_is_the_engine_file_its_manifest_lists(tmp_path):
+    """The tensorrt backend opens the engine file the manifest lists for a graph (the onnxruntime
+    one the graph's .onnx), and a graph without an engine is refused by name."""
+    from trtspec.engine.load import graph_path
+
+    manifest = {"graphs": {"target": {"file": "target.onnx"}, "dflash_block": {"file": "dflash_block.onnx"}},
+                "engines": {"target": {"file": "target.engine"}}}
+    assert graph_path(tmp_path, manifest, "target", "tensorrt") == tmp_path / "target.engine"
+    assert graph_path(tmp_path, manifest, "target", "onnxruntime") == tmp_path / "target.onnx"
+    with pytest.raises(ConfigError, match="no tensorrt engine for graph 'dflash_block'"):
+        graph_path(tmp_path, manifest, "dflash_block", "tensorrt")
+
+
 def test_an_older_manifest_without_the_drafter_s_optional_fields_loads_their_defaults(tmp_path):
     """A DSpark export whose manifest predates has_confidence and markov_state_size loads a drafter
     with a confidence head and no Markov state, and keeps the calibration's temperatures (below 1
