@@ -836,13 +836,14 @@ def test_engine_target_compacts_dead_positions_once_they_are_half_its_cache(pipe
     t.forward([Chunk(0, IDS[:10]), Chunk(1, IDS[:10])])
     t.rewind(0, 4)  # 4 dead of 20
     t.forward([Chunk(1, IDS[10:11])])
-    assert t.graph.cache[0].shape[2] == 21
+    assert t.graph.cache[0].shape == (1, 2, 21, 64)  # [1, kvh, S, d]: one packed sequence
     t.rewind(0, 3)  # 7 dead of 21: a third, kept
     t.forward([Chunk(1, IDS[11:12])])
     assert t.graph.cache[0].shape[2] == 22
     t.rewind(1, 4)  # 11 dead of 22: half
     out = t.forward([Chunk(1, IDS[8:9])])
     assert t.graph.cache[0].shape[2] == 11 + 1 and t.seq_len(0) == 3 and t.seq_len(1) == 9
+    assert t.num_forwards == 4  # counted from the allocation
     torch.testing.assert_close(out.logits, _alone(pipelines, IDS[:9])[-1:], atol=1e-5, rtol=1e-4)
 
 
@@ -863,8 +864,9 @@ def test_engine_target_compacts_when_its_keys_would_outnumber_what_its_slots_hol
 def test_engine_target_takes_a_slot_to_its_capacity_and_rewinds_all_of_it(pipelines):
     """A slot holds exactly `capacity` positions (one more is refused), rewinding 0 or all of them
     is taken (one more, or a negative count, is refused), and a slot refilled after a full rewind
-    gives the logits of a fresh one."""
+    gives the logits of a fresh one. The most positions a request may take are the checkpoint's."""
     t = _engine_target(pipelines, 1, 8)
+    assert t.max_positions == t.config.max_position_embeddings == 4096
     t.forward([Chunk(0, IDS[:8])])
     with pytest.raises(ValueError, match="a slot would hold more than its capacity of 8 positions"):
         t.forward([Chunk(0, IDS[8:9])])
