@@ -769,7 +769,6 @@ def test_an_older_manifest_without_the_drafter_s_optional_fields_loads_their_def
     with a confidence head and no Markov state, and keeps the calibration's temperatures (below 1
     too) as they were written."""
     from trtspec.engine.load import load_engine_models
-    from trtspec.export.bundle import cached_export
 
     config = load_build_config(DSPARK_CONFIG).model_copy(update={"flavour": "engine"})
     gamma = load_manifest(cached_export(config, True))["drafter"]["num_draft_tokens"]
