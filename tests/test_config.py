@@ -152,6 +152,49 @@ def test_an_error_lists_its_first_mistakes_and_counts_the_rest(tmp_path, extra):
     assert lines[MAX_MISTAKES + 1:] == ([] if extra == MAX_MISTAKES else ["  ... and 1 more"])
 
 
+def test_each_bounded_field_takes_its_least_and_greatest_value_and_the_defaults_are_documented():
+    """Every bound is inclusive: a threshold or gain of exactly 0 or 1, no probes, a one-node tree, a
+    one-token lookup (min_match = max_match), the largest pool with max_match at POOL_KEY, one token,
+    request and chunk-less prefill, no queue, the least and most request bytes, the last GPU id.
+    One past a bound is refused by name. Defaults as the field descriptions and README give them."""
+    from trtspec.config import (
+        MAX_GPU_ID,
+        GenerationLimits,
+        LookupConfig,
+        ScheduleConfig,
+        TargetConfig,
+        TestOnlyConfig,
+        TreeConfig,
+    )
+    from trtspec.spec.lookup import POOL_KEY
+
+    for edge in (0, 1):
+        ScheduleConfig(threshold=edge, min_gain=edge)
+    ScheduleConfig(probe_every=0)
+    TreeConfig(nodes=1, topk=1, depth=1)
+    LookupConfig(num_draft_tokens=1, min_match=1, max_match=1)
+    LookupConfig(min_match=POOL_KEY, max_match=POOL_KEY, pool_tokens=1 << 22)
+    GenerationLimits(max_tokens=1, max_input_tokens=1, max_concurrency=1, max_queued=0, prefill_chunk=0,
+                     stream_interval=1, max_request_bytes=1024)
+    GenerationLimits(max_request_bytes=2**31)
+    TestOnlyConfig(fail_on_max_tokens=1)
+    assert TargetConfig(path="x", device=f"cuda:{MAX_GPU_ID}").device == f"cuda:{MAX_GPU_ID}"
+    needs = {TreeConfig: {"nodes": 8}, TargetConfig: {"path": "x"}}  # their required fields
+    for model, field, value in [(ScheduleConfig, "threshold", 1.01), (ScheduleConfig, "min_gain", 1.01),
+                                (ScheduleConfig, "probe_every", -1), (TreeConfig, "topk", 0),
+                                (LookupConfig, "max_match", 0), (LookupConfig, "pool_tokens", (1 << 22) + 1),
+                                (GenerationLimits, "max_request_bytes", 2**31 + 1),
+                                (GenerationLimits, "max_queued", -1), (GenerationLimits, "prefill_chunk", -1),
+                                (TargetConfig, "device", f"cuda:{MAX_GPU_ID + 1}")]:
+        with pytest.raises(ValueError, match=field):
+            model(**needs.get(model, {}), **{field: value})
+    with pytest.raises(ValueError, match="a pool place repeats at least 3 tokens, above lookup.max_match 2"):
+        LookupConfig(min_match=1, max_match=POOL_KEY - 1, pool_tokens=64)
+    limits, target = GenerationLimits(), TargetConfig(path="x")
+    assert limits.max_request_bytes == 32 * 2**20 and limits.prefix_reuse is True
+    assert target.cuda_graphs is True and TestOnlyConfig().biased_acceptance is False
+
+
 def test_booleans_stay_booleans_and_numbers_numbers(tmp_path):
     """The check refuses a boolean for a number only: a boolean field takes one, a number field a
     number."""
