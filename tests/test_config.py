@@ -195,6 +195,23 @@ def test_each_bounded_field_takes_its_least_and_greatest_value_and_the_defaults_
     assert target.cuda_graphs is True and TestOnlyConfig().biased_acceptance is False
 
 
+def test_a_requests_positions_are_the_targets_or_its_limits_and_limits_past_them_are_refused():
+    """capacity: the target's positions, or max_input_tokens + max_tokens where fewer. check_positions
+    refuses a limit the config sets that leaves no position for the rest of a request (one short of
+    the positions is taken), never a default."""
+    from trtspec.config import GenerationLimits
+
+    assert GenerationLimits().capacity(4096) == 4096
+    bounded = GenerationLimits(max_input_tokens=100, max_tokens=28)
+    assert (bounded.capacity(4096), bounded.capacity(120)) == (128, 120)
+    GenerationLimits().check_positions(1024, "the target's context")  # the default 2048: capped per request
+    GenerationLimits(max_tokens=1023, max_input_tokens=1023).check_positions(1024, "the target's context")
+    for name in ("max_tokens", "max_input_tokens"):
+        with pytest.raises(ConfigError, match=rf"limits.{name} 1024 leaves no room in the target's context "
+                                              r"of 1024 positions .*expected \[1, 1023\]"):
+            GenerationLimits(**{name: 1024}).check_positions(1024, "the target's context")
+
+
 def test_booleans_stay_booleans_and_numbers_numbers(tmp_path):
     """The check refuses a boolean for a number only: a boolean field takes one, a number field a
     number."""
