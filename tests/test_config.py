@@ -159,8 +159,10 @@ def test_each_bounded_field_takes_its_least_and_greatest_value_and_the_defaults_
     One past a bound is refused by name. Defaults as the field descriptions and README give them."""
     from trtspec.config import (
         MAX_GPU_ID,
+        MAX_THREADS,
         GenerationLimits,
         LookupConfig,
+        RuntimeConfig,
         ScheduleConfig,
         TargetConfig,
         TestOnlyConfig,
@@ -178,6 +180,7 @@ def test_each_bounded_field_takes_its_least_and_greatest_value_and_the_defaults_
                      stream_interval=1, max_request_bytes=1024)
     GenerationLimits(max_request_bytes=2**31)
     TestOnlyConfig(fail_on_max_tokens=1)
+    assert [RuntimeConfig(threads=n).threads for n in (1, MAX_THREADS)] == [1, MAX_THREADS]
     assert TargetConfig(path="x", device=f"cuda:{MAX_GPU_ID}").device == f"cuda:{MAX_GPU_ID}"
     needs = {TreeConfig: {"nodes": 8}, TargetConfig: {"path": "x"}}  # their required fields
     for model, field, value in [(ScheduleConfig, "threshold", 1.01), (ScheduleConfig, "min_gain", 1.01),
@@ -185,7 +188,8 @@ def test_each_bounded_field_takes_its_least_and_greatest_value_and_the_defaults_
                                 (LookupConfig, "max_match", 0), (LookupConfig, "pool_tokens", (1 << 22) + 1),
                                 (GenerationLimits, "max_request_bytes", 2**31 + 1),
                                 (GenerationLimits, "max_queued", -1), (GenerationLimits, "prefill_chunk", -1),
-                                (TargetConfig, "device", f"cuda:{MAX_GPU_ID + 1}")]:
+                                (TargetConfig, "device", f"cuda:{MAX_GPU_ID + 1}"),
+                                (RuntimeConfig, "threads", MAX_THREADS + 1), (RuntimeConfig, "threads", 0)]:
         with pytest.raises(ValueError, match=field):
             model(**needs.get(model, {}), **{field: value})
     with pytest.raises(ValueError, match="a pool place repeats at least 3 tokens, above lookup.max_match 2"):
