@@ -216,6 +216,21 @@ def test_a_requests_positions_are_the_targets_or_its_limits_and_limits_past_them
             GenerationLimits(**{name: 1024}).check_positions(1024, "the target's context")
 
 
+def test_the_biased_accept_rule_is_taken_for_flavour_torch_only():
+    """The negative control of the sampling-law tests (`test_only.biased_acceptance`) runs in the
+    torch flavour's verifier; the others would serve it unbiased, so they refuse it."""
+    from trtspec.config import BuildConfig
+
+    def config(flavour: str) -> BuildConfig:
+        return BuildConfig.model_validate({"target": {"path": "builtin:tiny-target"}, "flavour": flavour,
+                                           "test_only": {"biased_acceptance": True}})
+
+    assert config("torch").test_only.biased_acceptance is True
+    for flavour in ("engine", "trtllm"):
+        with pytest.raises(ValueError, match=f"biased_acceptance is for flavour torch only, not '{flavour}'"):
+            config(flavour)
+
+
 def test_booleans_stay_booleans_and_numbers_numbers(tmp_path):
     """The check refuses a boolean for a number only: a boolean field takes one, a number field a
     number."""
