@@ -195,7 +195,9 @@ def test_each_bounded_field_takes_its_least_and_greatest_value_and_the_defaults_
     with pytest.raises(ValueError, match="a pool place repeats at least 3 tokens, above lookup.max_match 2"):
         LookupConfig(min_match=1, max_match=POOL_KEY - 1, pool_tokens=64)
     limits, target = GenerationLimits(), TargetConfig(path="x")
-    assert limits.max_request_bytes == 32 * 2**20 and limits.prefix_reuse is True
+    assert (limits.max_request_bytes, limits.prefix_reuse, limits.stream_interval) == (32 * 2**20, True, 1)
+    lookup = LookupConfig()
+    assert (lookup.num_draft_tokens, lookup.min_match, lookup.max_match, lookup.pool_tokens) == (8, 1, 8, 0)
     assert target.cuda_graphs is True and TestOnlyConfig().biased_acceptance is False
 
 
