@@ -120,6 +120,18 @@ def test_repeat_interleave_is_a_host_read_unless_it_is_given_its_output_size(out
     assert any(read in p for p in _problems(step)) == named
 
 
+def _after_capture(step):
+    """`step(layout, ids, replay)` as a decode step: replay is False for the warm-ups and the
+    capture (the first 3 steps), True for the replays after them."""
+    calls = [0]
+
+    def run(layout, ids):
+        calls[0] += 1
+        return step(layout, ids, calls[0] > 3)
+
+    return run
+
+
 def _replay_differs(step) -> str:
     problems = _problems(step)
     assert len(problems) == 1 and "a replay differs from the capture" in problems[0]
@@ -130,15 +142,13 @@ def test_a_tensor_the_step_made_is_named_by_the_op_that_made_it(weights):
     """A replay that reads another of the step's own tensors than the capture did: both arguments
     name the op (numbered as the ops are) whose output they are."""
     table, w = weights
-    calls = [0]
 
-    def step(layout, ids):
-        calls[0] += 1
+    def step(layout, ids, replay):
         rows = table[ids]
         doubled = rows * 2
-        return ((doubled if calls[0] <= 3 else rows) + 1,)  # the first replay adds to `rows`
+        return ((rows if replay else doubled) + 1,)  # the first replay adds to `rows`
 
-    problem = _replay_differs(step)
+    problem = _replay_differs(_after_capture(step))
     i = int(re.search(r"op (\d+) aten.add.Tensor argument 0 is", problem).group(1))
     assert f"argument 0 is ('made', {i - 2}, " in problem  # rows: the index op 2 ops before the add
     assert f"frozen in the graph as ('made', {i - 1}, " in problem  # doubled: the mul just before
@@ -146,14 +156,12 @@ def test_a_tensor_the_step_made_is_named_by_the_op_that_made_it(weights):
 
 def test_a_replay_that_runs_more_ops_than_the_capture_counts_them(weights):
     table, w = weights
-    calls = [0]
 
-    def step(layout, ids):
-        calls[0] += 1
+    def step(layout, ids, replay):
         rows = table[ids] @ w
-        return (rows.neg() if calls[0] > 3 else rows,)  # the first replay runs one more op, at the end
+        return (rows.neg() if replay else rows,)  # the first replay runs one more op, at the end
 
-    counts = re.search(r"(\d+) ops, the graph has (\d+)$", _replay_differs(step))
+    counts = re.search(r"(\d+) ops, the graph has (\d+)$", _replay_differs(_after_capture(step)))
     replayed, captured = map(int, counts.groups())
     assert replayed == captured + 1
 
@@ -161,15 +169,13 @@ def test_a_replay_that_runs_more_ops_than_the_capture_counts_them(weights):
 def test_a_replay_that_returns_another_number_of_outputs_than_the_capture_is_an_error(weights):
     """The capture's outputs are what a replay rewrites: one output more is not silently dropped."""
     table, w = weights
-    calls = [0]
 
-    def step(layout, ids):
-        calls[0] += 1
+    def step(layout, ids, replay):
         rows = table[ids] @ w
-        return (rows,) if calls[0] <= 3 else (rows, rows)
+        return (rows, rows) if replay else (rows,)
 
     with pytest.raises(ValueError, match="zip"):
-        _problems(step)
+        _problems(_after_capture(step))
 
 
 def test_an_output_read_after_the_models_next_step_reads_garbage_as_a_graph_might(weights):

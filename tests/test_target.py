@@ -296,6 +296,22 @@ def test_every_parameter_the_weights_lack_counts_but_the_shared_ones(tmp_path):
     check_weights_fit(build, {"bias": (1,)}, tmp_path, shared=2)
 
 
+def _packed_and_padded(path, num_slots: int, capacity: int):
+    """One target twice, packed and padded for CUDA graphs (taps of layers 0 and 2), allocated; and
+    `both(chunks)`, which feeds the two and checks that their logits and taps agree."""
+    packed = TargetModel.from_pretrained(path, tap_layer_ids=(0, 2))
+    padded = TargetModel(packed.model, (0, 2), cuda_graphs=True)
+    for t in (packed, padded):
+        t.allocate(num_slots, capacity)
+
+    def both(chunks, logits_at=None):
+        a, b = packed.forward(chunks, logits_at), padded.forward(chunks, logits_at)
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(b.hidden, a.hidden, atol=1e-5, rtol=1e-4)
+
+    return packed, padded, both
+
+
 @pytest.mark.parametrize("family", ["random_qwen3_dir", "random_llama_dir"])
 def test_steps_padded_for_cuda_graphs_equal_the_packed_forward(family, request):
     """`cuda_graphs`: decode steps padded to (batch bucket, fed tokens, context bucket) and run as
@@ -303,17 +319,8 @@ def test_steps_padded_for_cuda_graphs_equal_the_packed_forward(family, request):
     forward's logits and taps: requests in slots 0, 1 and 3 with slot 2 free, steps feeding some
     of them (the others' caches stay intact), chains of random lengths, random rewinds; prefills
     and chains past MAX_TOKENS run packed."""
-    path = request.getfixturevalue(family)
-    packed = TargetModel.from_pretrained(path, tap_layer_ids=(0, 2))
-    padded = TargetModel(packed.model, (0, 2), cuda_graphs=True)
-    for t in (packed, padded):
-        t.allocate(4, 400)
+    packed, padded, both = _packed_and_padded(request.getfixturevalue(family), 4, 400)
     gen = torch.Generator().manual_seed(11)
-
-    def both(chunks, logits_at=None):
-        a, b = packed.forward(chunks, logits_at), padded.forward(chunks, logits_at)
-        torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(b.hidden, a.hidden, atol=1e-5, rtol=1e-4)
 
     def rand(n):
         return torch.randint(0, 256, (n,), generator=gen)
@@ -353,19 +360,11 @@ def test_tree_steps_padded_for_cuda_graphs_equal_the_packed_forward(random_qwen3
     from trtspec.models.cuda_graphs import MAX_TOKENS
     from trtspec.models.target import PathKeep
 
-    packed = TargetModel.from_pretrained(random_qwen3_dir, tap_layer_ids=(0, 2))
-    padded = TargetModel(packed.model, (0, 2), cuda_graphs=True)
-    for t in (packed, padded):
-        t.allocate(4, 400)
+    packed, padded, both = _packed_and_padded(random_qwen3_dir, 4, 400)
     gen = torch.Generator().manual_seed(23)
 
     def rand(n):
         return torch.randint(0, 256, (n,), generator=gen)
-
-    def both(chunks):
-        a, b = packed.forward(chunks), padded.forward(chunks)
-        torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(b.hidden, a.hidden, atol=1e-5, rtol=1e-4)
 
     both([Chunk(s, rand(40 + 7 * s)) for s in (0, 1, 3)])  # prefills: packed
     for _ in range(5):
@@ -719,16 +718,8 @@ def test_a_forest_of_tree_window_nodes_padded_equals_the_packed_forward(random_q
     padded forwards of MAX_TOKENS nodes, gives the packed forward's logits and taps."""
     from trtspec.models.cuda_graphs import MAX_TOKENS, TREE_WINDOW
 
-    packed = TargetModel.from_pretrained(random_qwen3_dir, tap_layer_ids=(0, 2))
-    padded = TargetModel(packed.model, (0, 2), cuda_graphs=True)
-    for t in (packed, padded):
-        t.allocate(1, 300)
+    _, padded, both = _packed_and_padded(random_qwen3_dir, 1, 300)
     gen = torch.Generator().manual_seed(29)
-
-    def both(chunks):
-        a, b = packed.forward(chunks), padded.forward(chunks)
-        torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(b.hidden, a.hidden, atol=1e-5, rtol=1e-4)
 
     both([Chunk(0, torch.randint(0, 256, (20,), generator=gen))])  # 20 tokens: a padded chain step
     forest = (-1, -1, *(int(torch.randint(-1, i, (1,), generator=gen)) for i in range(2, TREE_WINDOW)))
