@@ -34,6 +34,7 @@ GIB = 1 << 30
         (32, 16 * GIB, 1, 16),  # ... but no more than one per GiB of weights
         (32, 16 * GIB, 4, 8),  # four served instances share the CPUs
         (3, 16 * GIB, 4, 1),  # more instances than CPUs: still one each
+        (3, 16 * GIB, 2, 1),  # whole CPUs each: 3 // 2
         (8, int(1.9 * GIB), 1, 1),
     ],
 )
@@ -47,6 +48,8 @@ def test_explicit_setting_and_omp_num_threads_win():
     assert chosen.threads == 3 and "OMP_NUM_THREADS=3" in chosen.reason
     assert choose_threads(2, cpus=32, weights=0, env_threads="3").threads == 2
     assert choose_threads("auto", cpus=32, weights=16 * GIB, env_threads="x").threads == 16
+    for env in ("1", "0"):  # one thread as asked; none is at least one
+        assert choose_threads("auto", cpus=32, weights=16 * GIB, env_threads=env).threads == 1
 
 
 def test_cgroup_quota(tmp_path):
@@ -62,6 +65,18 @@ def test_cgroup_quota(tmp_path):
     quota.write_text("400000\n")
     assert cgroup_cpu_limit(tmp_path / "none", quota, period) == 4.0
     assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))
+
+
+def test_weights_are_the_weight_files_directly_in_each_folder(tmp_path):
+    """Files ending as weights do (.safetensors, .bin, .pt, .pth) in each folder, not what sits
+    beside them (a config, a folder named like a shard, a file in a subfolder); none where no folder."""
+    folder = tmp_path / "ckpt"
+    (folder / "shard.bin" / "deeper").mkdir(parents=True)
+    (folder / "shard.bin" / "deeper" / "x.pt").write_bytes(b"0" * 7)
+    for name, size in (("model.safetensors", 300), ("extra.pth", 20), ("config.json", 50)):
+        (folder / name).write_bytes(b"0" * size)
+    assert weights_bytes([folder, tmp_path / "missing"]) == 320
+    assert weights_bytes([]) == 0 and weights_bytes([tmp_path / "missing"]) == 0
 
 
 def test_weights_of_the_shipped_configs_ask_for_one_thread():
