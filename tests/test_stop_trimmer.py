@@ -55,3 +55,14 @@ def test_the_tail_that_may_start_the_longest_stop_is_held_back():
     assert trim.push("1abc") == "1" and trim.push("e", final=True) == "abce"
     trim = StopTrimmer(["abcd"])
     assert trim.push("12a") == "12"  # one character of it
+
+
+def test_of_stops_in_one_piece_the_first_to_end_is_the_one_that_stops():
+    """Streamed a character at a time, "bc" would end the text before "abcd" was whole: a piece
+    holding both is cut at "bc" (before it, or after it where it is included), whichever stop is
+    listed first or starts first."""
+    for stops in (["abcd", "bc"], ["bc", "abcd"]):
+        trim = StopTrimmer(stops)
+        assert (trim.push("xabcdy"), trim.matched) == ("xa", "bc")
+        trim = StopTrimmer(stops, include=frozenset(stops))  # include_stop_str_in_output
+        assert (trim.push("xabcdy"), trim.matched) == ("xabc", "bc")
