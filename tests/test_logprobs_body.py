@@ -6,6 +6,8 @@ module that every other fast test passed (scripts/mutants.py)."""
 
 from __future__ import annotations
 
+import pytest
+
 from trtspec.openai.logprobs import FLOOR, LogprobsBody
 from trtspec.tokenizer import ByteTokenizer
 
@@ -89,3 +91,20 @@ def test_echo_of_a_prompt_that_does_not_decode_back_starts_at_its_first_characte
     assert not echo.endswith(decode(prompt_ids))
     offsets = _echoed_offsets(tok, prompt_ids, echo, encode(" ok"))
     assert offsets[0] == 0 and echo[offsets[0]] == "a"
+
+
+
+@pytest.mark.parametrize("chat", [True, False])
+@pytest.mark.parametrize("short", ["values", "alternatives"])
+def test_a_step_whose_lists_differ_in_length_is_an_error_not_a_shorter_body(chat: bool, short: str):
+    """ids, their log p and their alternatives come from one step, so lists of different lengths are
+    a caller's mistake: both bodies refuse them (ValueError) rather than drop the tokens or the
+    alternatives past the shortest list."""
+    tok = ByteTokenizer()
+    a, b, x = tok.encode("abx")
+    step = {"values": ([a, b], [-0.5], [[x], [x]], [[-1.0], [-1.0]]),
+            "alternatives": ([a], [-0.5], [[x, b]], [[-1.0]])}[short]
+    body = LogprobsBody(tok, chat=chat)
+    body.follow([], None)
+    with pytest.raises(ValueError):
+        body.body(*step)
