@@ -707,6 +707,83 @@ def test_random_batches_decode_as_alone_within_the_tensorrt_profile(pipelines, m
     assert compared >= 8
 
 
+
+def test_engine_profiles_are_ranges_tensorrt_takes_and_hold_each_step_the_loop_feeds():
+    """For random limits and block sizes, every axis of every graph's profile is one TensorRT builds
+    (0 <= min <= opt <= max). Its min takes a request's first step: one row, no past, one new token,
+    no drafts and no tree nodes. Its opt is a full block's step: the block's tokens after opt_seq of
+    context, k = block - 1 drafts (or max_k). Axes fed together agree: k_plus_1 = k + 1,
+    nodes_plus_1 = nodes + 1 and total = past + seq. Its max holds max_batch rows, each request's
+    context (a block graph) or all of them packed, max_k drafts, a tree's 256 nodes and a DSpark
+    head's block or 32 frontier slots (TreeConfig's largest topk)."""
+    from trtspec.config import TreeConfig
+    from trtspec.engine.build import EngineLimits, dim_ranges
+
+    rng = __import__("random").Random(7)
+    for _ in range(200):
+        max_seq = rng.choice([16, rng.randint(16, 8192)])
+        limits = EngineLimits(max_batch=rng.choice([1, rng.randint(1, 256)]), max_seq=max_seq,
+                              opt_seq=rng.choice([1, max_seq, rng.randint(1, max_seq)]),
+                              max_k=rng.choice([63, rng.randint(1, 63)]))
+        block = rng.choice([2, 16, rng.randint(2, 256)])
+        packed = limits.max_batch * limits.max_seq
+        for graph in ("target", "dflash_context", "dflash_block", "dspark_heads", "verify_greedy"):
+            r = dim_ranges(limits, block, graph)
+            case = (limits, block, graph)
+            assert all(0 <= lo <= opt <= hi for lo, opt, hi in r.values()), (case, r)
+            assert {a: r[a][0] for a in ("batch", "past", "seq", "total", "k", "nodes", "n", "ctx")} == \
+                {"batch": 1, "past": 0, "seq": 1, "total": 1, "k": 0, "nodes": 0, "n": 1, "ctx": 1}, case
+            assert (r["past"][1], r["seq"][1], r["k"][1]) == \
+                (limits.opt_seq, min(block, packed), min(block - 1, limits.max_k)), case
+            assert r["block"] == (block, block, block) and r["nodes"][1] == block - 1, case
+            for i in range(3):
+                assert r["k_plus_1"][i] == r["k"][i] + 1 and r["nodes_plus_1"][i] == r["nodes"][i] + 1, case
+            assert r["total"][:2] == (1, min(r["past"][1] + r["seq"][1], packed)), case
+            assert (r["batch"][2], r["seq"][2], r["past"][2], r["total"][2], r["k"][2]) == \
+                (limits.max_batch, packed, packed, packed, limits.max_k), case
+            assert r["ctx"][2] == (limits.max_seq if graph.endswith("_block") else packed), case
+            assert r["nodes"][2] == TreeConfig.model_fields["nodes"].metadata[1].le, case
+            assert r["n"][2] == max(block, TreeConfig.model_fields["topk"].metadata[1].le), case
+    with pytest.raises(ValueError, match=r"opt_seq \(512\) must be at most max_seq \(256\)"):
+        EngineLimits(max_seq=256)
+
+
+def _stand_in_builder(monkeypatch) -> list[tuple[str, dict]]:
+    """TensorRT cannot run here: `build_engine` writes each engine as its graph's name and records
+    (graph file, profile); the rest of `build_engines` runs as on the GPU node."""
+    import trtspec.engine.build as engine_build
+
+    calls: list[tuple[str, dict]] = []
+
+    def build_engine(onnx_path, engine_path, profile):
+        calls.append((onnx_path.name, profile))
+        engine_path.write_bytes(onnx_path.stem.encode())
+        return engine_path
+
+    monkeypatch.setattr(engine_build, "build_engine", build_engine)
+    return calls
+
+
+def test_build_engines_refuses_an_export_drafting_more_than_its_engines_verify(tmp_path, monkeypatch):
+    """The verify plugins hold at most max_k (63) drafts a row: an export drafting 64 (a DSpark
+    block of 64) is refused before any engine is built, naming the manifest and the field to lower;
+    63 builds."""
+    from trtspec.engine.build import build_engines
+    from trtspec.errors import TrtspecError
+
+    config = load_build_config(CONFIG).model_copy(update={"flavour": "engine"})
+    folder = _edited_export(tmp_path, config, {}, {"block_size": 64, "num_draft_tokens": 64})
+    calls = _stand_in_builder(monkeypatch)
+    with pytest.raises(TrtspecError, match=r"manifest.json: the export drafts 64 tokens a step, but TensorRT "
+                                           r"engines verify at most 63; .*drafter.num_draft_tokens <= 63"):
+        build_engines(folder)
+    assert not calls and not load_manifest(folder)["engines"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["drafter"]["num_draft_tokens"] = 63
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert len(build_engines(folder)) == len(calls) == len(manifest["graphs"])
+
+
 def _edited_export(tmp_path, config, fields: dict, drafter: dict | None = None, drop: tuple[str, ...] = ()):
     """A copy of `config`'s cached export (with its drafter) whose manifest has `fields` and the
     drafter section's `drafter` set and its `drop` removed, as a hand edit or an older export would."""

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trtspec.config import BuildConfig
 from trtspec.engine.trt import Profile, build_engine, tensorrt_available
@@ -32,6 +32,14 @@ class EngineLimits(BaseModel):
     opt_seq: int = Field(512, ge=1, description="context length TensorRT tunes for")
     max_k: int = Field(63, ge=1, le=63, description="most drafts one verification takes")
 
+    @model_validator(mode="after")
+    def _opt_within_max(self) -> EngineLimits:
+        # a block graph's context axis runs to max_seq: TensorRT refuses a profile whose opt exceeds max
+        if self.opt_seq > self.max_seq:
+            raise ValueError(f"opt_seq ({self.opt_seq}) must be at most max_seq ({self.max_seq}): TensorRT "
+                             "tunes for a context the profile holds")
+        return self
+
     @classmethod
     def of_manifest(cls, manifest: dict) -> EngineLimits:
         """The limits of the build config an export folder was made from: its max_concurrency."""
@@ -47,12 +55,14 @@ def dim_ranges(limits: EngineLimits, block_size: int, graph: str = "") -> dict[s
     n, opt = limits.max_seq, limits.opt_seq
     packed = limits.max_batch * n
     ctx = n if graph.endswith("_block") else packed
-    return {"batch": (1, 1, limits.max_batch), "seq": (1, block_size, packed), "past": (0, opt, packed),
-            "total": (1, min(opt + block_size, packed), packed), "ctx": (1, opt, ctx),
+    step = min(block_size, packed)  # a block's tokens (a profile's opt is at most its max)
+    k = min(block_size - 1, limits.max_k)  # a block's drafts
+    return {"batch": (1, 1, limits.max_batch), "seq": (1, step, packed), "past": (0, opt, packed),
+            "total": (1, min(opt + step, packed), packed), "ctx": (1, opt, ctx),
             "block": (block_size, block_size, block_size),
             "n": (1, 1, max(block_size, 32)),  # DSpark heads: one slot at a time (a tree: its frontier)
             "nodes": (0, block_size - 1, 256), "nodes_plus_1": (1, block_size, 257),  # draft trees
-            "k": (0, block_size - 1, limits.max_k), "k_plus_1": (1, block_size, limits.max_k + 1)}
+            "k": (0, k, limits.max_k), "k_plus_1": (1, k + 1, limits.max_k + 1)}
 
 
 def profile_for(graph: dict, ranges: dict[str, tuple[int, int, int]]) -> Profile:
@@ -69,6 +79,11 @@ def build_engines(folder: Path, limits: EngineLimits | None = None) -> list[Path
     manifest = load_manifest(folder)
     limits = limits or EngineLimits.of_manifest(manifest)
     block = (manifest.get("drafter") or {}).get("block_size", 16)
+    drafts = (manifest.get("drafter") or {}).get("num_draft_tokens", 0)
+    if drafts > limits.max_k:  # the verify plugins hold at most max_k drafts a row
+        raise TrtspecError(f"{folder / MANIFEST}: the export drafts {drafts} tokens a step, but TensorRT "
+                           f"engines verify at most {limits.max_k}; export again with "
+                           f"drafter.num_draft_tokens <= {limits.max_k}")
     built = []
     for name, graph in manifest["graphs"].items():
         ranges = dim_ranges(limits, block, name)
