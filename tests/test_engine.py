@@ -764,6 +764,39 @@ def _stand_in_builder(monkeypatch) -> list[tuple[str, dict]]:
     return calls
 
 
+def test_build_engines_records_each_engine_its_hash_and_profile_in_the_manifest(tmp_path, monkeypatch,
+                                                                                capsys):
+    """`python -m trtspec.engine.build DIR` (TensorRT stood in for) builds one engine per graph with
+    the profile of the export's block size and its config's max_concurrency (or the limits given),
+    records each engine's file, sha256 and ranges in the manifest, which then still loads, and prints
+    the engines; a folder without a manifest is one error line and exit 1, two folders the usage."""
+    from trtspec.engine.build import EngineLimits, build_engines, dim_ranges, profile_for
+    from trtspec.engine.build import main as engine_build_main
+
+    config = load_build_config(CONFIG).model_copy(update={"flavour": "engine"})
+    folder = _edited_export(tmp_path, config, {}, {"block_size": 12, "num_draft_tokens": 11})
+    calls = _stand_in_builder(monkeypatch)
+    monkeypatch.setattr("sys.argv", ["trtspec.engine.build", str(folder)])
+    assert engine_build_main() == 0
+    manifest = load_manifest(folder)
+    limits = EngineLimits(max_batch=config.limits.max_concurrency)
+    assert [name for name, _ in calls] == [g["file"] for g in manifest["graphs"].values()]
+    for (_, profile), (name, graph) in zip(calls, manifest["graphs"].items(), strict=True):
+        ranges = dim_ranges(limits, 12, name)
+        assert profile == profile_for(graph, ranges)
+        engine = folder / f"{name}.engine"
+        assert manifest["engines"][name] == {"file": engine.name, "sha256": sha256_file(engine),
+                                             "profile": {k: list(v) for k, v in ranges.items()}}
+    assert capsys.readouterr().out.split() == [str(folder / f"{name}.engine") for name in manifest["graphs"]]
+    assert manifest["engines"]["target"]["profile"]["batch"] == [1, 1, 8]
+    build_engines(folder, EngineLimits(max_batch=2))
+    assert load_manifest(folder)["engines"]["target"]["profile"]["batch"] == [1, 1, 2]
+    assert engine_build_main([str(tmp_path / "nowhere")]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'nowhere' / 'manifest.json'} is missing")
+    assert engine_build_main([str(folder), str(folder)]) == 2
+    assert "usage: python -m trtspec.engine.build DIR" in capsys.readouterr().err
+
+
 def test_build_engines_refuses_an_export_drafting_more_than_its_engines_verify(tmp_path, monkeypatch):
     """The verify plugins hold at most max_k (63) drafts a row: an export drafting 64 (a DSpark
     block of 64) is refused before any engine is built, naming the manifest and the field to lower;
