@@ -383,6 +383,16 @@ def test_deepseek_v4_embedding_and_lm_head_are_bf16():
     assert plan.weights_per_gpu_bytes == math.ceil((43 * layer + 2 * 129280 * 4096 * 2) / 16) == 9_700_213_119
 
 
+def test_tied_embeddings_count_the_one_shared_matrix_once():
+    # No shipped target ties its LM head to its embedding; one that did stores one vocab x hidden
+    # matrix, not two.
+    untied = TARGETS["Qwen/Qwen3-8B"]
+    tied = dataclasses.replace(untied, tie_embeddings=True)
+    assert untied.embedding_params() == 2 * 151936 * 4096
+    assert tied.embedding_params() == 151936 * 4096
+    assert untied.total_params() - tied.total_params() == 151936 * 4096
+
+
 def test_gpu_memory_is_what_the_device_reports():
     # nvidia-smi memory.total: H100 80GB HBM3 81,559 MiB, H200 143,771 MiB, B200 183,359 MiB; the
     # data sheets' 80 / 141 / 180 "GB" read as 10^9 bytes are 6-7 % short of that.
