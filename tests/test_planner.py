@@ -383,6 +383,17 @@ def test_deepseek_v4_embedding_and_lm_head_are_bf16():
     assert plan.weights_per_gpu_bytes == math.ceil((43 * layer + 2 * 129280 * 4096 * 2) / 16) == 9_700_213_119
 
 
+def test_dspark_drafter_weights_are_three_v4_blocks_and_the_markov_head_by_hand():
+    # The embedded DSpark drafter at TP 16: 3 DeepSeek-V4 blocks (FP8 attention / shared expert /
+    # router, MXFP4 routed experts), the Markov head 2 x 129,280 x 256 and fc 3 x 4096 x 4096 in FP8,
+    # and no embedding or LM head of its own (it reads the target's).
+    config = load_build_config(REPO / "build_configs" / "deepseek-v4-flash-dspark.yaml")
+    plan = plan_memory(config.deployment)
+    block = (111_356_475 + 3 * 4096 * 2048 + 4096 * 256) * 1 + 256 * 3 * 4096 * 2048 * (4 + 8 / 32) / 8
+    head_and_fc = 2 * 129280 * 256 + 3 * 4096 * 4096
+    assert plan.drafter_per_gpu_bytes == math.ceil((3 * block + head_and_fc) / 16) == 674_805_740
+
+
 def test_tied_embeddings_count_the_one_shared_matrix_once():
     # No shipped target ties its LM head to its embedding; one that did stores one vocab x hidden
     # matrix, not two.
