@@ -458,6 +458,12 @@ def test_build_writes_manifest_with_matching_hashes(tmp_path):
     target_inputs = {i["name"]: i["shape"] for i in manifest["graphs"]["target"]["inputs"]}
     assert target_inputs["past_key_0"] == ["batch", 2, "past", 64]
     load_manifest(out)  # hashes verified
+    written = [p for p in out.rglob("*") if p.is_file() and p.name != ".trtspec-build"]  # that: its marker
+    assert sorted(result.stdout.split()) == sorted(map(str, written))  # each file once, no folder
+    moved = tmp_path / "moved"  # the build travels whole to the GPU node: its served YAML finds it there
+    __import__("shutil").copytree(out, moved)
+    served = load_build_config(next(moved.glob("model_repository/*/1/build_config.yaml")))
+    assert served.engine.resolved_folder == moved.resolve()
     (out / "target.onnx").write_bytes(b"tampered")
     with pytest.raises(ValueError, match="differs from its sha256"):
         load_manifest(out)
