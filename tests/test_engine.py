@@ -742,6 +742,7 @@ def test_engine_profiles_are_ranges_tensorrt_takes_and_hold_each_step_the_loop_f
             assert (r["past"][1], r["seq"][1], r["k"][1]) == \
                 (limits.opt_seq, min(block, packed), min(block - 1, limits.max_k)), case
             assert r["block"] == (block, block, block) and r["nodes"][1] == block - 1, case
+            assert r["n"][1] == 1, case  # DSpark heads: one slot at a time
             for i in range(3):
                 assert r["k_plus_1"][i] == r["k"][i] + 1 and r["nodes_plus_1"][i] == r["nodes"][i] + 1, case
             assert r["total"][:2] == (1, min(r["past"][1] + r["seq"][1], packed)), case
@@ -752,6 +753,9 @@ def test_engine_profiles_are_ranges_tensorrt_takes_and_hold_each_step_the_loop_f
             assert r["n"][2] == max(block, TreeConfig.model_fields["topk"].metadata[1].le), case
     with pytest.raises(ValueError, match=r"opt_seq \(512\) must be at most max_seq \(256\)"):
         EngineLimits(max_seq=256)
+    for manifest, rows in (({"config": {"limits": {"max_concurrency": 3}}}, 3),  # the export's, else 8
+                           ({"config": {"limits": None}}, 8), ({"config": None}, 8), ({}, 8)):
+        assert EngineLimits.of_manifest(manifest).max_batch == rows, manifest
 
 
 def _stand_in_builder(monkeypatch) -> list[tuple[str, dict]]:
