@@ -246,6 +246,20 @@ def test_schedule_rules_are_enforced(schedule, message):
         check_draft_len_schedule(schedule, 5, "test")
 
 
+@pytest.mark.parametrize(
+    "schedule, max_draft_len",
+    [
+        ({1: 5, 8: 2, 32: 0}, 5),  # a length of 0 turns speculation off for the largest batches
+        ({1: 5, 4: 5, 16: 3}, 5),  # equal lengths at larger batches: non-increasing, not decreasing
+        ({4: 3, 16: 1}, None),  # no max_draft_len to hold the smallest key to: only the shape counts
+    ],
+)
+def test_schedule_rules_accept_zero_lengths_plateaus_and_an_unknown_max(schedule, max_draft_len):
+    """TensorRT-LLM takes draft lengths >= 0 (not > 0), lengths that stay level as the batch grows,
+    and a schedule checked without a max_draft_len; none of them is refused."""
+    check_draft_len_schedule(schedule, max_draft_len, "test")
+
+
 def test_write_acceptance_keeps_a_stored_file_measured_over_more_cycles(tmp_path):
     """`bench --write-acceptance` writes beside the drafter; a later run over fewer cycles than the
     stored file may not overwrite it silently: it exits 1 naming the file and both counts."""
