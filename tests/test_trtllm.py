@@ -532,3 +532,21 @@ def test_prompt_lookup_beside_eagle3_is_tensorrt_llms_suffix_automaton_enhancer(
     path.write_text(yaml.safe_dump({**raw, "lookup": {"num_draft_tokens": 8}}))
     with pytest.raises(ConfigError, match=r"num_draft_tokens 8 must equal the drafter's max_draft_len 7"):
         llm_args(load_build_config(path), for_triton=False)
+
+
+def test_the_smallest_shared_pool_turns_tensorrt_llms_public_pool_on(tmp_path):
+    """lookup.pool_tokens 1, the least a shared pool can hold, is still a pool shared by all requests:
+    NGram's is_public_pool and the suffix automaton's enable_global_pool both follow pool_tokens > 0."""
+    def spec_of(name: str, lookup: dict, drop_drafter: bool = False) -> dict:
+        raw = yaml.safe_load((REPO / "build_configs" / name).read_text())
+        if drop_drafter:
+            raw.pop("drafter")
+            raw["deployment"].pop("drafter_id", None)
+        path = tmp_path / "pool.yaml"
+        path.write_text(yaml.safe_dump({**raw, "lookup": {**lookup, "pool_tokens": 1}}))
+        return llm_args(load_build_config(path), for_triton=False)["speculative_config"]
+
+    ngram = spec_of("llama3.1-8b-dflash.yaml", {"num_draft_tokens": 6, "max_match": 3}, drop_drafter=True)
+    assert ngram["decoding_type"] == "NGram" and ngram["is_public_pool"] is True
+    eagle3 = spec_of("qwen3-8b-eagle3.yaml", {"num_draft_tokens": 7})
+    assert eagle3["sa_config"] == {"threshold": 1, "enable_global_pool": True}
