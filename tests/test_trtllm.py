@@ -550,3 +550,17 @@ def test_the_smallest_shared_pool_turns_tensorrt_llms_public_pool_on(tmp_path):
     assert ngram["decoding_type"] == "NGram" and ngram["is_public_pool"] is True
     eagle3 = spec_of("qwen3-8b-eagle3.yaml", {"num_draft_tokens": 7})
     assert eagle3["sa_config"] == {"threshold": 1, "enable_global_pool": True}
+
+
+def test_the_z_lab_qwen3_drafters_taps_are_z_labs_spread_over_qwen3_8b():
+    """drafter_id z-lab/Qwen3-8B-DFlash-b16 writes its checkpoint's mask id and target layers, so
+    TensorRT-LLM neither falls back to vocab_size nor taps other layers than the drafter was trained on:
+    its five taps are z-lab's even spread over Qwen3-8B's layers (models/dflash.py)."""
+    from trtspec.models.dflash import build_target_layer_ids
+    from trtspec.plan.models import get_drafter
+
+    spec = llm_args(_load("qwen3-8b-dflash-h200.yaml"), for_triton=False)["speculative_config"]
+    drafter = get_drafter("z-lab/Qwen3-8B-DFlash-b16")
+    taps = build_target_layer_ids(get_target("Qwen/Qwen3-8B").num_layers, drafter.num_layers)
+    assert spec["target_layer_ids"] == taps == [1, 9, 17, 25, 33]
+    assert spec["mask_token_id"] == 151669  # z-lab's config.json (plan/models.py)
