@@ -30,7 +30,7 @@ from trtspec.plan.models import get_target
 from trtspec.trtllm import fields
 from trtspec.trtllm.args import llm_args
 from trtspec.trtllm.build import build_trtllm
-from trtspec.trtllm.convert import convert_drafter
+from trtspec.trtllm.convert import check_fits, convert_drafter
 from trtspec.trtllm.k8s import manifests
 
 from .conftest import REPO, assert_matches_golden
@@ -564,3 +564,59 @@ def test_the_z_lab_qwen3_drafters_taps_are_z_labs_spread_over_qwen3_8b():
     taps = build_target_layer_ids(get_target("Qwen/Qwen3-8B").num_layers, drafter.num_layers)
     assert spec["target_layer_ids"] == taps == [1, 9, 17, 25, 33]
     assert spec["mask_token_id"] == 151669  # z-lab's config.json (plan/models.py)
+
+
+def test_convert_notes_the_weights_it_renames_and_only_those(tmp_path):
+    config = {"model_type": "qwen3", "block_size": 16,
+              "dflash_config": {"mask_token_id": 5, "target_layer_ids": [1]}}
+    src = _drafter(tmp_path / "src", config, ["model.fc.weight", "hidden_norm.weight", "norm.weight"])
+    report = convert_drafter(src, tmp_path / "dst", "dflash")
+    renamed = [c for c in report["changes"] if c.startswith("renamed")]
+    assert renamed == ["renamed model.fc.weight -> fc.weight"]
+    assert sorted(load_file(str(tmp_path / "dst/model.safetensors"))) == ["fc.weight", "hidden_norm.weight",
+                                                                         "norm.weight"]
+
+
+def test_convert_into_a_new_nested_folder_then_again_into_the_same_one(tmp_path):
+    """A build writes the converted drafter under folders it has yet to make, and a second build into
+    the same output converts over the first one's files."""
+    config = {"model_type": "qwen3", "block_size": 16,
+              "dflash_config": {"mask_token_id": 5, "target_layer_ids": [1]}}
+    src = _drafter(tmp_path / "src", config, _BACKBONE)
+    dst = tmp_path / "out" / "weights" / "drafter"
+    first = convert_drafter(src, dst, "dflash")
+    assert convert_drafter(src, dst, "dflash", dtype="float16") == {**first, "changes": [
+        *first["changes"], "cast floating-point weights to float16"]}
+    assert json.loads((dst / "config.json").read_text())["torch_dtype"] == "float16"
+    assert all(t.dtype == torch.float16 for t in load_file(str(dst / "model.safetensors")).values())
+
+
+def test_convert_dspark_keeps_a_rank_one_head_and_the_keys_it_does_not_resolve(tmp_path):
+    """markov_rank 1 is a Markov head (only 0 disables it); dspark_config keys trtspec does not resolve
+    (shift_label) stay in dspark_config and dflash_config keys besides the mask id and layer ids
+    (use_swa) stay in dflash_config, where TensorRT-LLM's readers look for them."""
+    config = {"model_type": "qwen3", "dflash_config": {"use_swa": False},
+              "dspark_config": {"target_layer_ids": [1, 3], "mask_token_id": 9, "block_size": 7,
+                                "markov_rank": 1, "shift_label": False}}
+    src = _drafter(tmp_path / "src", config, _BACKBONE + ["markov_head.markov_w1.weight"])
+    convert_drafter(src, tmp_path / "dst", "dspark", max_draft_len=7)
+    out = json.loads((tmp_path / "dst/config.json").read_text())
+    assert out["markov_rank"] == out["dspark_markov_rank"] == 1
+    assert out["dspark_config"] == {"shift_label": False}
+    assert out["dflash_config"] == {"use_swa": False, "mask_token_id": 9, "target_layer_ids": [1, 3]}
+
+
+@pytest.mark.parametrize("layers, mask, message", [
+    ([0, 31], 0, None),  # the first and last of Llama-3.1-8B's 32 layers, the first token id
+    ([0, 31], 128_255, None),  # the last token id
+    ([1, 32], 5, r"target_layer_ids \[1, 32\] are not layers"),
+    ([1, 9], 128_256, "mask_token_id 128256 is outside the vocabulary"),
+], ids=["first", "last", "one-layer-past", "one-id-past"])
+def test_check_fits_takes_every_layer_and_token_id_of_the_target_and_none_past(layers, mask, message):
+    config = {"hidden_size": 4096, "dflash_config": {"mask_token_id": mask, "target_layer_ids": layers}}
+    check = functools.partial(check_fits, config, get_target(LLAMA), Path("drafter"))
+    if message is None:
+        check()
+    else:
+        with pytest.raises(CheckpointError, match=message):
+            check()
