@@ -620,3 +620,15 @@ def test_check_fits_takes_every_layer_and_token_id_of_the_target_and_none_past(l
     else:
         with pytest.raises(CheckpointError, match=message):
             check()
+
+
+@pytest.mark.parametrize("ep", [1, 2, 16])
+def test_expert_parallelism_is_written_from_two_ways_up(tmp_path, ep):
+    """moe_expert_parallel_size 1 (no expert parallelism) is left to TensorRT-LLM, which derives it;
+    from 2 up it reaches the LLM-API arguments as configured."""
+    raw = yaml.safe_load((REPO / "build_configs" / "deepseek-v4-flash-dspark.yaml").read_text())
+    raw["deployment"]["moe_expert_parallel_size"] = ep
+    path = tmp_path / "ep.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    args = llm_args(load_build_config(path), for_triton=False)
+    assert args.get("moe_expert_parallel_size") == (None if ep == 1 else ep)
