@@ -632,3 +632,17 @@ def test_expert_parallelism_is_written_from_two_ways_up(tmp_path, ep):
     path.write_text(yaml.safe_dump(raw))
     args = llm_args(load_build_config(path), for_triton=False)
     assert args.get("moe_expert_parallel_size") == (None if ep == 1 else ep)
+
+
+def test_convert_dspark_writes_a_head_type_in_lower_case_for_every_reader(tmp_path):
+    """The torch flavour reads markov_head_type case-blind (models/dspark.py: "Vanilla" is the vanilla
+    head), TensorRT-LLM's readers compare it with "vanilla" / "gated" / "rnn": the converted config
+    spells it in lower case under every name it is written, and a vanilla head is not named in
+    dflash_config."""
+    config = {"model_type": "qwen3", "target_layer_ids": [1], "mask_token_id": 3, "block_size": 7,
+              "markov_rank": 4, "markov_head_type": "Vanilla"}
+    src = _drafter(tmp_path / "src", config, _BACKBONE + ["markov_head.markov_w1.weight"])
+    convert_drafter(src, tmp_path / "dst", "dspark", max_draft_len=7)
+    out = json.loads((tmp_path / "dst/config.json").read_text())
+    assert out["markov_head_type"] == out["dspark_markov_head_type"] == "vanilla"
+    assert "markov_head_type" not in out["dflash_config"]
