@@ -567,6 +567,8 @@ def test_the_z_lab_qwen3_drafters_taps_are_z_labs_spread_over_qwen3_8b():
 
 
 def test_convert_notes_the_weights_it_renames_and_only_those(tmp_path):
+    """A drafter's model.fc.weight is renamed fc.weight (TensorRT-LLM's name) and the report says so;
+    weights already named as TensorRT-LLM reads them are copied without a note."""
     config = {"model_type": "qwen3", "block_size": 16,
               "dflash_config": {"mask_token_id": 5, "target_layer_ids": [1]}}
     src = _drafter(tmp_path / "src", config, ["model.fc.weight", "hidden_norm.weight", "norm.weight"])
@@ -613,6 +615,8 @@ def test_convert_dspark_keeps_a_rank_one_head_and_the_keys_it_does_not_resolve(t
     ([1, 9], 128_256, "mask_token_id 128256 is outside the vocabulary"),
 ], ids=["first", "last", "one-layer-past", "one-id-past"])
 def test_check_fits_takes_every_layer_and_token_id_of_the_target_and_none_past(layers, mask, message):
+    """A drafter's target_layer_ids and mask_token_id must name a layer and a token of its target:
+    the first and last of each fit, one past either is refused by name."""
     config = {"hidden_size": 4096, "dflash_config": {"mask_token_id": mask, "target_layer_ids": layers}}
     check = functools.partial(check_fits, config, get_target(LLAMA), Path("drafter"))
     if message is None:
