@@ -237,3 +237,61 @@ def test_a_rerun_can_skip_the_parity_checks(tmp_path):
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
     assert [r["check"] for r in rows] == ["environment"]
+
+
+def test_read_pins_names_the_line_of_a_malformed_pin(tmp_path):
+    """A pin with no name or an empty version is refused with the file's line number (comments and
+    blank lines counted); a comment after a pin, even one holding another '#', is dropped."""
+    pins = tmp_path / "pins.txt"
+    pins.write_text("# header\n\nTorch==2.11.0  # the image's # build\nclick\n")
+    assert read_pins(pins) == {"torch": "2.11.0", "click": None}
+    for bad in ("==1.0", "torch=="):
+        pins.write_text(f"# header\n\n{bad}\n")
+        with pytest.raises(ValueError, match=rf"pins.txt:3: expected NAME or NAME==VERSION, got '{bad}'"):
+            read_pins(pins)
+
+
+def test_guard_refuses_distutils_before_setuptools_shim_can_provide_it(tmp_path):
+    """Python 3.12 has no distutils: a first-party `import distutils` is refused, even where an earlier
+    finder on `sys.meta_path` (setuptools' distutils shim, here) would provide one, so the guard must be
+    the first finder asked."""
+    (tmp_path / "planted.py").write_text("import distutils\n")
+    env = _guarded_env(tmp_path, TRTSPEC_IMAGE_FIRST_PARTY="planted")
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path)
+    refused = _python("import planted", env)
+    assert refused.returncode != 0
+    assert "No module named 'distutils' on the GPU image: imported by planted" in refused.stderr
+
+
+def test_check_wheels_refuses_each_wheel_built_for_another_python_or_machine(tmp_path):
+    """Only py3 or cp312 wheels for any platform or manylinux x86_64 install on the image: a wheel
+    wrong in the interpreter alone, or in the platform alone (aarch64, musl), is named."""
+    image = tmp_path / "image.txt"
+    image.write_text("torch\n")
+    pins = tmp_path / "wheels.txt"
+    folder = tmp_path / "whl"
+    folder.mkdir()
+    fit = ["a-1.0-py3-none-any.whl", "b-1.0-cp312-cp312-manylinux_2_17_x86_64.whl"]
+    unfit = ["c-1.0-cp311-cp311-manylinux_2_17_x86_64.whl", "d-1.0-py2-none-any.whl",
+             "e-1.0-cp312-cp312-manylinux_2_17_aarch64.whl", "f-1.0-cp312-cp312-musllinux_1_1_x86_64.whl",
+             "g-1.0-cp312-cp312-win_amd64.whl"]
+    for filename in fit + unfit:
+        _wheel(folder, filename, [])
+    pins.write_text("".join(f"{f.split('-')[0]}==1.0\n" for f in fit + unfit))
+    assert check_wheels(folder, image, pins) == [
+        f"{f}: not for CPython 3.12 manylinux x86_64" for f in unfit]
+
+
+def test_check_wheels_reads_a_requirement_with_a_url_whole(tmp_path):
+    """A Requires-Dist line holds colons of its own (a direct URL): the requirement is everything
+    after the field's name, not cut at its next colon."""
+    image = tmp_path / "image.txt"
+    image.write_text("torch\n")
+    pins = tmp_path / "wheels.txt"
+    pins.write_text("demo==1.0\n")
+    folder = tmp_path / "whl"
+    folder.mkdir()
+    _wheel(folder, "demo-1.0-py3-none-any.whl", ["needed @ https://example.org/needed-1.0-py3-none-any.whl"])
+    assert check_wheels(folder, image, pins) == [
+        "demo-1.0-py3-none-any.whl requires needed @ https://example.org/needed-1.0-py3-none-any.whl, "
+        "which is neither carried nor on the image"]
