@@ -295,3 +295,22 @@ def test_check_wheels_reads_a_requirement_with_a_url_whole(tmp_path):
     assert check_wheels(folder, image, pins) == [
         "demo-1.0-py3-none-any.whl requires needed @ https://example.org/needed-1.0-py3-none-any.whl, "
         "which is neither carried nor on the image"]
+
+
+def test_check_wheels_accepts_a_carried_prerelease_a_requirement_admits(tmp_path):
+    """pip installs the carried wheel whatever its version: a pinned pre-release that meets a
+    requirement's bound (needed 2.0rc1 for needed>=1) is no problem."""
+    image = tmp_path / "image.txt"
+    image.write_text("torch\n")
+    pins = tmp_path / "wheels.txt"
+    pins.write_text("demo==1.0\nneeded==2.0rc1\n")
+    folder = tmp_path / "whl"
+    folder.mkdir()
+    _wheel(folder, "demo-1.0-py3-none-any.whl", ["needed>=1"])
+    _wheel(folder, "needed-2.0rc1-py3-none-any.whl", [])
+    assert check_wheels(folder, image, pins) == []
+    pins.write_text("demo==1.0\nneeded==0.9rc1\n")
+    (folder / "needed-2.0rc1-py3-none-any.whl").unlink()
+    _wheel(folder, "needed-0.9rc1-py3-none-any.whl", [])
+    assert check_wheels(folder, image, pins) == [
+        "demo-1.0-py3-none-any.whl requires needed>=1, but needed 0.9rc1 is what the image would get"]
