@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtspec.gpu.image import CARRIED_WHEELS, IMAGE_PACKAGES, check_wheels, read_pins
+from trtspec.gpu.image import CARRIED_WHEELS, IMAGE_PACKAGES, MAX_WHEEL_BYTES, check_wheels, read_pins
 
 REPO = Path(__file__).resolve().parents[1]
 GUARD_DIR = REPO / "tests" / "image_guard"
@@ -314,3 +314,23 @@ def test_check_wheels_accepts_a_carried_prerelease_a_requirement_admits(tmp_path
     _wheel(folder, "needed-0.9rc1-py3-none-any.whl", [])
     assert check_wheels(folder, image, pins) == [
         "demo-1.0-py3-none-any.whl requires needed>=1, but needed 0.9rc1 is what the image would get"]
+
+
+def test_check_wheels_allows_exactly_the_size_limit_and_names_one_byte_more(tmp_path):
+    """The wheels may take MAX_WHEEL_BYTES (48 MiB) of the device tool's 64 MiB, not a byte more."""
+    image = tmp_path / "image.txt"
+    image.write_text("torch\n")
+    pins = tmp_path / "wheels.txt"
+    pins.write_text("demo==1.0\n")
+    folder = tmp_path / "whl"
+    folder.mkdir()
+    wheel = folder / "demo-1.0-py3-none-any.whl"
+    _wheel(folder, wheel.name, [])
+    bare, pad_name = wheel.stat().st_size, "demo-1.0.data/data/pad"
+    for extra, expected in ((0, []), (1, [f"{folder} holds 48.0 MiB of wheels; keep it under 48 MiB "
+                                          "(the device tool carries 64 MiB in all)"])):
+        _wheel(folder, wheel.name, [])
+        with zipfile.ZipFile(wheel, "a") as z:  # stored: the zip grows by headers + the data exactly
+            z.writestr(pad_name, bytes(MAX_WHEEL_BYTES - bare - 76 - 2 * len(pad_name) + extra))
+        assert wheel.stat().st_size == MAX_WHEEL_BYTES + extra
+        assert check_wheels(folder, image, pins) == expected
