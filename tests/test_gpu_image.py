@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtspec.gpu.image import CARRIED_WHEELS, IMAGE_PACKAGES, MAX_WHEEL_BYTES, check_wheels, read_pins
+from trtspec.gpu.image import CARRIED_WHEELS, IMAGE_PACKAGES, MAX_WHEEL_BYTES, check_wheels, main, read_pins
 
 REPO = Path(__file__).resolve().parents[1]
 GUARD_DIR = REPO / "tests" / "image_guard"
@@ -334,3 +334,37 @@ def test_check_wheels_allows_exactly_the_size_limit_and_names_one_byte_more(tmp_
             z.writestr(pad_name, bytes(MAX_WHEEL_BYTES - bare - 76 - 2 * len(pad_name) + extra))
         assert wheel.stat().st_size == MAX_WHEEL_BYTES + extra
         assert check_wheels(folder, image, pins) == expected
+
+
+def test_check_wheels_command_refuses_bad_arguments_and_names_missing_wheels(tmp_path, capsys):
+    """`check-wheels DIR` is the only command: another name, a missing DIR or one too many is usage
+    (exit 2), a DIR that is no folder is exit 2 too, and each problem of a folder is one error line
+    (exit 1)."""
+    usage = "usage: python -m trtspec.gpu.image check-wheels DIR"
+    for argv in (["check-wheels"], ["check-wheel", str(tmp_path)], ["check-wheels", str(tmp_path), "x"]):
+        assert main(argv) == 2
+        assert usage in capsys.readouterr().err
+    assert main(["check-wheels", str(tmp_path / "absent")]) == 2
+    assert f"error: {tmp_path / 'absent'} is not a folder" in capsys.readouterr().err
+    assert main(["check-wheels", str(tmp_path)]) == 1
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == len(read_pins(CARRIED_WHEELS))
+    assert f"error: pydantic==2.14.4 is listed in wheels.txt but has no wheel in {tmp_path}" in errors
+
+
+def test_check_wheels_command_reads_its_arguments_and_reports_a_folder_that_installs(tmp_path):
+    """`python -m trtspec.gpu.image check-wheels DIR` on wheels of every pinned version, with no
+    requirements: exit 0 with their count and size; an empty folder exits 1."""
+    for name, version in read_pins(CARRIED_WHEELS).items():
+        _wheel(tmp_path, f"{name.replace('-', '_')}-{version}-py3-none-any.whl", [])
+    with zipfile.ZipFile(next(tmp_path.glob("pydantic-*.whl")), "a") as z:
+        z.writestr("pydantic-2.14.4.data/data/pad", bytes(3 << 19))  # 1.5 MiB stored
+    command = [sys.executable, "-m", "trtspec.gpu.image", "check-wheels"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    run = subprocess.run(command + [str(tmp_path)], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == (f"7 wheels in {tmp_path} (1.5 MiB): each requirement is carried or on the image\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run = subprocess.run(command + [str(empty)], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "has no wheel in" in run.stderr
