@@ -15,6 +15,7 @@ from trtspec.bench.acceptance import conditional_acceptance, replace_refusal, st
 from trtspec.cli import main
 from trtspec.config import load_build_config
 from trtspec.errors import ConfigError
+from trtspec.plan.models import get_target
 from trtspec.plan.roofline import RooflineCost
 from trtspec.plan.speculation import constant_rate, format_speculation, plan_batches, plan_speculation
 from trtspec.spec.cost import expected_tokens, load_acceptance, survival
@@ -79,6 +80,10 @@ def test_roofline_shapes():
     assert cost.draft_seconds(1, 15) < 1.2 * cost.draft_seconds(1, 1)
     eagle = RooflineCost(_config("qwen3-8b-eagle3.yaml").deployment, "eagle3")
     assert eagle.draft_seconds(1, 7) == pytest.approx(7 * eagle.draft_seconds(1, 1))
+    # DFlash reads the target's LM head (its vocab x hidden, bf16); EAGLE-3's own head is in its weights
+    qwen = get_target("Qwen/Qwen3-8B")
+    assert cost.drafter.head_bytes == qwen.vocab * qwen.hidden * 2 and cost.drafter.head_flops > 0
+    assert eagle.drafter.head_bytes == eagle.drafter.head_flops == 0
     # MoE: more tokens wake more experts, so verifying costs more than on a dense model
     moe = RooflineCost(_config("gpt-oss-120b-dflash-b300-tp8.yaml").deployment, "dflash")
     assert moe.target_seconds(1, 7) > 1.2 * moe.target_seconds(1, 0)
