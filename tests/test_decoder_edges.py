@@ -11,7 +11,7 @@ import pytest
 from trtspec.config import ScheduleConfig, TreeConfig
 from trtspec.models.drafter import NoDrafter
 from trtspec.pipeline import load_pipeline
-from trtspec.spec.decoder import CATCH_UP_HORIZON, Request
+from trtspec.spec.decoder import CATCH_UP_HORIZON, Request, SpeculativeDecoder
 
 from .test_batch import SPS, _config, _decoder
 
@@ -160,3 +160,22 @@ def test_a_tree_row_with_no_budget_beside_drafting_rows_drafts_nothing(pipeline,
     assert (long.token_ids, short.token_ids) == (alone[0], alone[1][:2])
     assert long.num_drafted > 0
     assert (short.num_drafted, short.num_accepted, short.num_target_calls) == (0, 0, 2)
+
+
+def test_a_request_without_min_tokens_may_have_every_token_end_it(pipeline, alone):
+    """Only min_tokens makes an all-ending vocabulary unservable: with none, a request whose stop ids
+    cover every token is taken and ends at its first token, the target's own."""
+    everything = Request(PROMPTS[0], 8, stop_ids=tuple(range(pipeline.target.vocab_size)))
+    decoder = _decoder(pipeline)
+    decoder.check(everything)
+    got = decoder.generate_batch([everything])[0]
+    assert got.token_ids == alone[0][:1] and got.finish_reason == "stop"
+
+
+def test_a_decoder_given_no_max_slots_holds_one_request_at_a_time(pipeline):
+    """max_slots defaults to one: a second request added while the first runs is refused, naming
+    the one slot."""
+    decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pipeline.end_ids)
+    decoder.add(Request(PROMPTS[0], 4))
+    with pytest.raises(RuntimeError, match="all 1 slots are busy"):
+        decoder.add(Request(PROMPTS[1], 4))
