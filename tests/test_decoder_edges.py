@@ -179,3 +179,16 @@ def test_a_decoder_given_no_max_slots_holds_one_request_at_a_time(pipeline):
     decoder.add(Request(PROMPTS[0], 4))
     with pytest.raises(RuntimeError, match="all 1 slots are busy"):
         decoder.add(Request(PROMPTS[1], 4))
+
+
+def test_only_a_requests_first_streamed_step_carries_its_prompts_cached_tokens(pipeline, alone):
+    """The stream's consumers keep the largest cached_tokens they are handed: steps after the first
+    carry 0 cached tokens and no prompt log-probabilities, the first the request's own (0 here, no
+    prefix reuse)."""
+    steps = []
+    decoder = _decoder(pipeline, slots=1)
+    decoder.add(Request(PROMPTS[0], 12), steps.append)
+    while decoder.lives:
+        decoder.step()
+    assert len(steps) > 1 and [t for s in steps for t in s.ids] == alone[0]
+    assert [(s.cached_tokens, s.prompt_logprobs) for s in steps] == [(0, None)] * len(steps)
