@@ -192,3 +192,16 @@ def test_only_a_requests_first_streamed_step_carries_its_prompts_cached_tokens(p
         decoder.step()
     assert len(steps) > 1 and [t for s in steps for t in s.ids] == alone[0]
     assert [(s.cached_tokens, s.prompt_logprobs) for s in steps] == [(0, None)] * len(steps)
+
+
+def test_a_row_drafting_past_k_from_its_prediction_beside_a_drafter_row_decodes_as_alone(pipeline):
+    """A prediction may send more drafts than the drafter's k: the step's drafts are then as wide as
+    the prediction's, and the drafter's row beside it fills only its own k columns."""
+    plain = _decoder(pipeline, drafter=NoDrafter(), slots=1)
+    want = [plain.generate(p, 24).token_ids for p in PROMPTS[:2]]
+    decoder = _decoder(pipeline, slots=2)
+    assert decoder.num_draft_tokens < 22 and len(want[0]) == 24
+    got = decoder.generate_batch([Request(PROMPTS[0], 24, prediction=tuple(want[0][1:])),
+                                  Request(PROMPTS[1], 24)])
+    assert [r.token_ids for r in got] == want
+    assert got[0].num_predicted > decoder.num_draft_tokens and got[1].num_drafted > 0
