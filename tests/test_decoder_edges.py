@@ -205,3 +205,27 @@ def test_a_row_drafting_past_k_from_its_prediction_beside_a_drafter_row_decodes_
                                   Request(PROMPTS[1], 24)])
     assert [r.token_ids for r in got] == want
     assert got[0].num_predicted > decoder.num_draft_tokens and got[1].num_drafted > 0
+
+
+def test_a_probes_verdicts_are_held_against_what_the_history_expected(pipeline):
+    """A probe drafts outside the cost model's plan (it expected nothing of it): the calibration still
+    holds its accepted drafts against what the acceptance history expected of the drafts it offered."""
+    slow = SPS.model_copy(update={"draft_seconds": [[1.0, 1.0], [1.0, 1.0]]})
+    decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive"), slots=1, table=slow)
+    got = decoder.generate_batch([Request(p, 3) for p in PROMPTS])
+    assert decoder.num_probes == 1 and sum(r.num_drafted for r in got) == 1  # the probe's one draft
+    assert decoder.calibration.expected > 0
+    assert decoder.calibration.accepted == sum(r.num_accepted for r in got)
+
+
+def test_a_prefill_chunk_spent_on_one_prompt_leaves_the_next_for_a_later_step(pipeline, alone):
+    """Chunked prefill: a step whose chunk one prompt used up feeds no piece of the next request's
+    prompt; that one starts in a later step, and both decode as alone."""
+    decoder = _decoder(pipeline, slots=2, prefill_chunk=len(PROMPTS[0]))
+    decoder.add(Request(PROMPTS[0], 12))
+    decoder.add(Request(PROMPTS[1], 12))
+    pieces = decoder._prefill_pieces([lv for lv in decoder.lives.values()])
+    assert [(start, end) for _, start, end in pieces] == [(0, len(PROMPTS[0]))]
+    again = _decoder(pipeline, slots=2, prefill_chunk=len(PROMPTS[0]))
+    got = again.generate_batch([Request(p, 12) for p in PROMPTS[:2]])
+    assert [r.token_ids for r in got] == alone[:2]
