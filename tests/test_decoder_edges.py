@@ -6,10 +6,14 @@ catch-up spread over its drafting steps, and steps where one draft is the most a
 
 from __future__ import annotations
 
+import copy
+
 import pytest
+import torch
 
 from trtspec.config import ScheduleConfig, TreeConfig
 from trtspec.models.drafter import NoDrafter
+from trtspec.models.target import Chunk
 from trtspec.pipeline import load_pipeline
 from trtspec.spec.decoder import CATCH_UP_HORIZON, Request, SpeculativeDecoder
 
@@ -229,3 +233,29 @@ def test_a_prefill_chunk_spent_on_one_prompt_leaves_the_next_for_a_later_step(pi
     again = _decoder(pipeline, slots=2, prefill_chunk=len(PROMPTS[0]))
     got = again.generate_batch([Request(p, 12) for p in PROMPTS[:2]])
     assert [r.token_ids for r in got] == alone[:2]
+
+
+def test_a_tree_step_commits_the_targets_taps_of_the_accepted_path(pipeline):
+    """After a tree step the drafter is handed the target's taps of the row's last token and its
+    accepted nodes, the path's, not the first nodes': prompt and commits together are the taps a
+    plain forward of the committed text gives."""
+    taps = []
+
+    class Recording(type(pipeline.drafter)):
+        def begin(self, slot, prompt, hidden, reused=0):
+            taps.append(hidden.clone())
+            super().begin(slot, prompt, hidden, reused)
+
+        def commit(self, slot, num_accepted, hidden):
+            taps.append(hidden.clone())
+            super().commit(slot, num_accepted, hidden)
+
+    drafter = copy.copy(pipeline.drafter)
+    drafter.__class__ = Recording
+    decoder = _decoder(pipeline, drafter=drafter, slots=1, tree=TreeConfig(nodes=8, topk=2))
+    got = decoder.generate_batch([Request(PROMPTS[2], 24)])[0]
+    assert got.num_accepted > 0
+    single = copy.copy(pipeline.target)
+    single.allocate(1, 256)
+    fed = torch.tensor(PROMPTS[2] + got.token_ids[:-1])
+    torch.testing.assert_close(torch.cat(taps), single.forward([Chunk(0, fed)]).hidden, atol=1e-4, rtol=1e-4)
