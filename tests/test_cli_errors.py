@@ -1140,3 +1140,20 @@ def test_an_allowed_origin_as_a_browser_sends_it_is_taken():
 
     for origin in ("*", "http://localhost:5173", "https://app.example.com", "http://[::1]:8000"):
         assert check_origin(origin) == origin
+
+
+def test_a_build_output_that_is_a_pipe_is_refused_and_one_under_missing_folders_is_made(tmp_path):
+    """--out names a folder: anything else there (a named pipe, not only a file) is refused before
+    any work; a folder under folders not made yet is made, with them, and holds the build's files
+    and its marker."""
+    from trtspec.output import OutputError, check_replaceable, staged_output
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with pytest.raises(OutputError, match=f"--out {pipe} is a file; give a folder"):
+        check_replaceable(pipe)
+    out = tmp_path / "a" / "b" / "out"
+    with staged_output(out) as staged:
+        (staged / "model.txt").write_text("built")
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "model.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "pipe"]  # no staging folder left
