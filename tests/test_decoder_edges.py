@@ -15,7 +15,7 @@ from trtspec.config import ScheduleConfig, TreeConfig
 from trtspec.models.drafter import NoDrafter
 from trtspec.models.target import Chunk
 from trtspec.pipeline import load_pipeline
-from trtspec.spec.decoder import CATCH_UP_HORIZON, Request, SpeculativeDecoder
+from trtspec.spec.decoder import CATCH_UP_HORIZON, PromptError, Request, SpeculativeDecoder
 
 from .test_batch import SPS, _config, _decoder
 
@@ -259,3 +259,24 @@ def test_a_tree_step_commits_the_targets_taps_of_the_accepted_path(pipeline):
     single.allocate(1, 256)
     fed = torch.tensor(PROMPTS[2] + got.token_ids[:-1])
     torch.testing.assert_close(torch.cat(taps), single.forward([Chunk(0, fed)]).hidden, atol=1e-4, rtol=1e-4)
+
+
+def test_a_prompt_of_exactly_max_input_tokens_is_taken(pipeline, alone):
+    """limits.max_input_tokens is the longest prompt taken: a prompt of exactly that many tokens
+    decodes as the target alone, one a token longer is refused naming both numbers."""
+    n = len(PROMPTS[0])
+    decoder = SpeculativeDecoder(pipeline.target, pipeline.drafter, pipeline.end_ids, max_prompt=n)
+    decoder.check(Request(PROMPTS[0], 4))
+    assert decoder.generate(PROMPTS[0], 4).token_ids == alone[0][:4]
+    with pytest.raises(PromptError, match=f"prompt of {n + 1} tokens exceeds limits.max_input_tokens {n}"):
+        decoder.check(Request(PROMPTS[0] + [32], 4))
+
+
+def test_a_tree_row_with_a_budget_of_one_drafts_a_one_deep_tree(pipeline, alone):
+    """A 3-token request's step after its prefill may verify one draft: it drafts a tree cut to
+    depth 1 (k = 1, its nodes offered) rather than feeding its last token alone, and decodes as the
+    target alone."""
+    decoder = _decoder(pipeline, slots=1, tree=TreeConfig(nodes=8, topk=2))
+    got = decoder.generate_batch([Request(PROMPTS[0], 3)])[0]
+    assert got.token_ids == alone[0][:3]
+    assert decoder.draft_len_counts.get(1) == 1 and decoder.offered_drafts > 0 and got.num_drafted > 0
