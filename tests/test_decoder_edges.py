@@ -11,11 +11,18 @@ import copy
 import pytest
 import torch
 
-from trtspec.config import ScheduleConfig, TreeConfig
+from trtspec.config import LookupConfig, ScheduleConfig, TreeConfig
 from trtspec.models.drafter import NoDrafter
 from trtspec.models.target import Chunk
 from trtspec.pipeline import load_pipeline
-from trtspec.spec.decoder import CATCH_UP_HORIZON, PromptError, Request, SpeculativeDecoder
+from trtspec.spec.decoder import (
+    CATCH_UP_HORIZON,
+    CATCH_UP_STEP,
+    CONTEXT_STEP,
+    PromptError,
+    Request,
+    SpeculativeDecoder,
+)
 
 from .test_batch import SPS, _config, _decoder
 
@@ -280,3 +287,33 @@ def test_a_tree_row_with_a_budget_of_one_drafts_a_one_deep_tree(pipeline, alone)
     got = decoder.generate_batch([Request(PROMPTS[0], 3)])[0]
     assert got.token_ids == alone[0][:3]
     assert decoder.draft_len_counts.get(1) == 1 and decoder.offered_drafts > 0 and got.num_drafted > 0
+
+
+def test_the_cost_model_reads_context_and_catch_ups_rounded_up(pipeline):
+    """Adaptive prices a step at its longest running request's cached tokens rounded up to
+    CONTEXT_STEP, and each request's drafter catch-up rounded up to CATCH_UP_STEP, so its plan is not
+    remade at every step: after its prefill a 15-token prompt reads as 32 positions, its 15-position
+    catch-up as 16."""
+    decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive"), slots=1, table=SPS)
+    decoder.add(Request(PROMPTS[0], 12))
+    decoder.step()
+    running = list(decoder.lives.values())
+    lv = running[0]
+    assert (CONTEXT_STEP, CATCH_UP_STEP) == (32, 8)
+    assert decoder.target.seq_len(lv.slot) == len(PROMPTS[0]) == 15
+    assert decoder.drafter.catch_up(lv.slot, len(lv.committed)) == 15
+    assert decoder._context(running) == 32 and decoder._catch_ups(running) == [16]
+
+
+def test_prompt_lookup_without_a_pool_learns_from_the_requests_own_copies(pipeline):
+    """With prompt lookup and no pool (pool_tokens 0), n-gram speculation decodes as the target
+    alone, and the acceptance of its copies is learnt under copies from the request's own tokens,
+    none under the pool's."""
+    prompt = list(b"x = 1\nx = 1\nx = 1\nx = 1\n")
+    want = _decoder(pipeline, drafter=NoDrafter(), slots=1).generate(prompt, 8).token_ids
+    decoder = SpeculativeDecoder(pipeline.target, NoDrafter(), pipeline.end_ids,
+                                 lookup=LookupConfig(pool_tokens=0))
+    got = decoder.generate(prompt, 8)
+    assert decoder.pool is None and got.token_ids == want and got.num_drafted > 0
+    learnt = {key for key, tracker in decoder.lookup_acceptance.items() if tracker.version}
+    assert learnt and all(not pooled for pooled, _ in learnt)
