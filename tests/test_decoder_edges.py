@@ -23,6 +23,7 @@ from trtspec.spec.decoder import (
     Request,
     SpeculativeDecoder,
 )
+from trtspec.spec.sampling import SamplingParams
 
 from .test_batch import SPS, _config, _decoder
 
@@ -317,3 +318,24 @@ def test_prompt_lookup_without_a_pool_learns_from_the_requests_own_copies(pipeli
     assert decoder.pool is None and got.token_ids == want and got.num_drafted > 0
     learnt = {key for key, tracker in decoder.lookup_acceptance.items() if tracker.version}
     assert learnt and all(not pooled for pooled, _ in learnt)
+
+
+def test_adaptive_with_probe_every_0_never_probes(pipeline, alone):
+    """probe_every = 0 turns probes off: with a drafter too slow to pay, adaptive decodes every
+    step plainly (k = 0, nothing drafted), as the target alone."""
+    slow = SPS.model_copy(update={"draft_seconds": [[1.0, 1.0], [1.0, 1.0]]})
+    decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive", probe_every=0), slots=1, table=slow)
+    got = decoder.generate_batch([Request(PROMPTS[0], 6)])[0]
+    assert got.token_ids == alone[0][:6] and got.num_drafted == 0
+    assert set(decoder.draft_len_counts) == {0} and decoder.num_probes == decoder.offered_drafts == 0
+
+
+def test_a_single_token_bad_word_is_no_dead_end(pipeline, alone):
+    """A one-token bad word is -inf at every position of a row, yet each position keeps other tokens:
+    no dead end. The request decodes as the target alone with the same ban: the banned second token
+    replaced, the first kept."""
+    sampling = SamplingParams(bad_words=((alone[0][1],),))
+    want = _decoder(pipeline, drafter=NoDrafter(), slots=1).generate_batch([Request(PROMPTS[0], 8, sampling)])
+    got = _decoder(pipeline, slots=1).generate_batch([Request(PROMPTS[0], 8, sampling)])[0]
+    assert got.error is None and got.token_ids == want[0].token_ids
+    assert got.token_ids[0] == alone[0][0] and alone[0][1] not in got.token_ids
