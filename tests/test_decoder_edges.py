@@ -339,3 +339,16 @@ def test_a_single_token_bad_word_is_no_dead_end(pipeline, alone):
     got = _decoder(pipeline, slots=1).generate_batch([Request(PROMPTS[0], 8, sampling)])[0]
     assert got.error is None and got.token_ids == want[0].token_ids
     assert got.token_ids[0] == alone[0][0] and alone[0][1] not in got.token_ids
+
+
+def test_adaptive_admits_the_trees_its_estimates_say_pay(pipeline, alone):
+    """With SPS's costs, adaptive admits drafting rows' trees from their acceptance estimates (the
+    tokens a tree is expected to gain over its depth): the first step after the prefill drafts
+    trees as the cost model's choice, not as a probe, and the batch decodes as the target
+    alone."""
+    tree = TreeConfig(nodes=8, topk=2)
+    decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive"), slots=3, table=SPS, tree=tree)
+    got = decoder.generate_batch([Request(p, 12) for p in PROMPTS])
+    assert [r.token_ids for r in got] == alone
+    # the first drafting step's deepest node 8 deep (the 8 nodes in one chain), then shallower ones
+    assert decoder.num_probes == 0 and max(decoder.draft_len_counts) == 8 and decoder.offered_drafts > 0
