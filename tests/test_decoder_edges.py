@@ -352,3 +352,17 @@ def test_adaptive_admits_the_trees_its_estimates_say_pay(pipeline, alone):
     assert [r.token_ids for r in got] == alone
     # the first drafting step's deepest node 8 deep (the 8 nodes in one chain), then shallower ones
     assert decoder.num_probes == 0 and max(decoder.draft_len_counts) == 8 and decoder.offered_drafts > 0
+
+
+def test_adaptive_prices_a_block_drafters_tree_as_one_pass(pipeline, alone):
+    """A block drafter (DFlash) drafts a whole tree in one forward at the rows' batch: with drafting
+    cheap for one row and dear for more, a lone request's tree is priced at one row's pass and
+    admitted (not at a chain drafter's forward of its top-k frontier per depth, which would not pay):
+    no probe, and the request decodes as the target alone."""
+    table = SPS.model_copy(update={"draft_seconds": [[0.001, 0.001], [1.0, 1.0]]})
+    tree = TreeConfig(nodes=8, topk=2)
+    decoder = _decoder(pipeline, schedule=ScheduleConfig(mode="adaptive"), slots=1, table=table, tree=tree)
+    assert decoder.drafter.method == "dflash"
+    got = decoder.generate_batch([Request(PROMPTS[0], 12)])[0]
+    assert got.token_ids == alone[0]
+    assert decoder.num_probes == 0 and max(decoder.draft_len_counts) > 0 and got.num_drafted > 0
