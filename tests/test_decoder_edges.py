@@ -366,3 +366,17 @@ def test_adaptive_prices_a_block_drafters_tree_as_one_pass(pipeline, alone):
     got = decoder.generate_batch([Request(PROMPTS[0], 12)])[0]
     assert got.token_ids == alone[0]
     assert decoder.num_probes == 0 and max(decoder.draft_len_counts) > 0 and got.num_drafted > 0
+
+
+def test_adaptive_spreads_a_catch_up_over_the_steps_a_request_will_draft(pipeline):
+    """A drafter's catch-up (1 ms at any size here) is priced over the steps the request is then
+    expected to draft, its budget at 1 + the drafts it expects accepted per step: spread so, drafting
+    pays for a 40-token request and it drafts (probes off: the cost model's choice), decoding as the
+    target alone; charged whole to one step it would not."""
+    table = SPS.model_copy(update={"catch_up_seconds": [0.001, 0.001]})
+    schedule = ScheduleConfig(mode="adaptive", probe_every=0)
+    decoder = _decoder(pipeline, schedule=schedule, slots=1, table=table)
+    want = _decoder(pipeline, drafter=NoDrafter(), slots=1).generate(PROMPTS[0], 40).token_ids
+    got = decoder.generate_batch([Request(PROMPTS[0], 40)])[0]
+    assert got.token_ids == want
+    assert decoder.num_probes == 0 and got.num_drafted > 0 and max(decoder.draft_len_counts) > 0
