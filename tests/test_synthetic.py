@@ -54,6 +54,24 @@ def test_static_cache_forward_equals_the_models_own(model_cls, config_cls):
     torch.testing.assert_close(wide, want[:, 13:14], atol=1e-5, rtol=1e-5)
 
 
+def test_static_cache_of_a_config_without_head_dim_sizes_heads_from_the_hidden_size():
+    """A config that names no head_dim (older Llama config.json files) has heads of hidden_size /
+    heads, as the model's own attention takes them: the cache is sized so, and the forward still
+    equals the model's."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).eval()
+    model.config.head_dim = None  # read at the model's construction only; the static target reads it now
+    static = StaticKVTarget(model, max_batch=1, max_len=16)
+    assert static.k_cache[0].shape == (1, 2, 16, 8) and static.v_cache[1].shape == (1, 2, 16, 8)
+    ids = torch.randint(0, 300, (1, 6))
+    with torch.inference_mode():
+        got = static.forward(ids, torch.arange(6)[None], kv_len=6)
+        want = model(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 # the real models the profile builds: (target, its DFlash drafter, the target's model_type, block size)
 PLANNED = [
     ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "qwen3", 16),
