@@ -1157,3 +1157,25 @@ def test_a_build_output_that_is_a_pipe_is_refused_and_one_under_missing_folders_
         (staged / "model.txt").write_text("built")
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "model.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "pipe"]  # no staging folder left
+
+
+def test_path_and_port_types_take_their_kind_and_refuse_the_other(tmp_path):
+    """The shared argument types: a folder option refuses a file, a file option a folder and a
+    missing path, and a port is any of 1..65535 (1 and 65535 included)."""
+    import click
+
+    from trtspec.cli.common import EXISTING_DIR, EXISTING_FILE, PORT
+
+    file = tmp_path / "prompts.jsonl"
+    file.write_text("{}\n")
+    assert EXISTING_DIR.convert(str(tmp_path), None, None) == tmp_path
+    assert EXISTING_FILE.convert(str(file), None, None) == file
+    for kind, value, message in ((EXISTING_DIR, file, "is a file"),
+                                 (EXISTING_FILE, tmp_path, "is a directory"),
+                                 (EXISTING_FILE, tmp_path / "none.jsonl", "does not exist")):
+        with pytest.raises(click.BadParameter, match=message):
+            kind.convert(str(value), None, None)
+    assert [PORT.convert(p, None, None) for p in ("1", "65535")] == [1, 65535]
+    for bad in ("0", "65536"):
+        with pytest.raises(click.BadParameter):
+            PORT.convert(bad, None, None)
