@@ -1179,3 +1179,13 @@ def test_path_and_port_types_take_their_kind_and_refuse_the_other(tmp_path):
     for bad in ("0", "65536"):
         with pytest.raises(click.BadParameter):
             PORT.convert(bad, None, None)
+
+
+def test_a_url_with_a_space_after_its_colon_is_refused_in_one_clause():
+    """The client's message for a bad --url is cut to what was expected after the option it names
+    (click names the option itself): a ": " inside the URL does not cut the message there."""
+    result = invoke("generate", "--url", "http://host: 8000", "--prompt", "hi")
+    assert_usage_error(result, "--url")
+    out = result.output
+    assert "Invalid value for --url: expected grpc://HOST:PORT" in out, out
+    assert "got 'http://host: 8000'" in out, out

@@ -60,7 +60,8 @@ def url_arg(url: str, hint: str = "--url") -> str:
     try:
         split_url(url)
     except ClientError as exc:
-        expected = str(exc).split(": ", 1)[-1]  # the client names the option itself; click does here
+        # the client names the option and the URL itself, click does here (the URL may hold ": ")
+        expected = str(exc).rsplit(": ", 1)[-1]
         raise click.BadParameter(f"{expected}, got {url!r}", param_hint=hint) from None
     return url
 
