@@ -119,6 +119,21 @@ def test_every_command_has_help():
         assert result.exit_code == 0 and "Usage:" in result.output, args
 
 
+def test_generate_takes_max_tokens_from_one_to_the_configs_limit(tmp_path):
+    """--max-tokens is any of 1..limits.max_tokens, both ends included; one past the limit is a
+    usage error naming the limit."""
+    config = tmp_path / "limited.yaml"
+    config.write_text(open(CONFIG).read().replace("max_tokens: 2048", "max_tokens: 4"))
+    runner = CliRunner()
+    args = ["generate", "--config", str(config), "--prompt", "import os", "--drafter", "none", "--json"]
+    for n in (1, 4):
+        result = runner.invoke(main, [*args, "--max-tokens", str(n)])
+        assert result.exit_code == 0, result.output
+        assert len(json.loads(result.stdout)["token_ids"]) == n, result.stdout  # "import os" runs on
+    over = runner.invoke(main, [*args, "--max-tokens", "5"])
+    assert over.exit_code == 2 and "must be in [1, 4] (limits.max_tokens" in over.output, over.output
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
