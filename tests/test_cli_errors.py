@@ -1189,3 +1189,20 @@ def test_a_url_with_a_space_after_its_colon_is_refused_in_one_clause():
     out = result.output
     assert "Invalid value for --url: expected grpc://HOST:PORT" in out, out
     assert "got 'http://host: 8000'" in out, out
+
+
+def test_integer_lists_refuse_any_value_below_the_low_end():
+    """A comma-separated integer option (--concurrency, --batches) refuses a list with any value
+    below its low end, wherever it stands; the low end itself passes, and a repeat only where each
+    value must be distinct."""
+    import click
+
+    from trtspec.cli.common import int_list
+
+    assert int_list("1,8,2", "--concurrency") == [1, 8, 2]
+    assert int_list("0,3", "--layers", low=0) == [0, 3]
+    assert int_list("4,4", "--layers", distinct=False) == [4, 4]
+    for text, low, message in (("4,0", 1, "values must be >= 1, got '4,0'"), ("2,1", 2, ">= 2"),
+                               ("4,4", 1, "4 given twice")):
+        with pytest.raises(click.BadParameter, match=message):
+            int_list(text, "--concurrency", low=low)
