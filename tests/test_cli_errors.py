@@ -1206,3 +1206,12 @@ def test_integer_lists_refuse_any_value_below_the_low_end():
                                ("4,4", 1, "4 given twice")):
         with pytest.raises(click.BadParameter, match=message):
             int_list(text, "--concurrency", low=low)
+
+
+def test_a_wait_under_a_second_still_polls_the_server():
+    """--wait 0.2 waits for the server (any wait above 0 does): the failure says what was not
+    ready and that nothing answered, not the plain `cannot reach` of a request sent at once."""
+    url = f"http://127.0.0.1:{closed_port()}"
+    line = assert_run_error(invoke("generate", "--url", url, "--wait", "0.2", "--prompt", "hi"),
+                            "'trtspec'", "not ready within", "connection refused")
+    assert "cannot reach" not in line, line
