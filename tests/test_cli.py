@@ -134,6 +134,15 @@ def test_generate_takes_max_tokens_from_one_to_the_configs_limit(tmp_path):
     assert over.exit_code == 2 and "must be in [1, 4] (limits.max_tokens" in over.output, over.output
 
 
+def test_generate_help_shows_the_defaults_a_plain_run_takes():
+    """`generate --help` names each default a run without the option takes: the drafter (the
+    config's), the served model's name and the greedy sampling settings."""
+    text = " ".join(CliRunner().invoke(main, ["generate", "--help"]).output.split())
+    for default in ("through the same target. [default: config]", "(with --url). [default: trtspec]",
+                    "0 = greedy; > 0 samples. [default: 0.0]", "Most tokens to generate. [default: 128]"):
+        assert default in text, default
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
