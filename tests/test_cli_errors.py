@@ -1213,5 +1213,5 @@ def test_a_wait_under_a_second_still_polls_the_server():
     ready and that nothing answered, not the plain `cannot reach` of a request sent at once."""
     url = f"http://127.0.0.1:{closed_port()}"
     line = assert_run_error(invoke("generate", "--url", url, "--wait", "0.2", "--prompt", "hi"),
-                            "'trtspec'", "not ready within", "connection refused")
+                            "'trtspec'", "not ready within 0.2s", "connection refused")
     assert "cannot reach" not in line, line

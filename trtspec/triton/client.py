@@ -397,7 +397,7 @@ def grpc_generate_many(address: str, model: str, requests: list[list], on_text: 
             try:
                 result, error = done.get(timeout=timeout_s)
             except queue.Empty:
-                raise ClientError(f"no response from {address} within {timeout_s:.0f}s") from None
+                raise ClientError(f"no response from {address} within {timeout_s:g}s") from None
             if error is not None:
                 raise ClientError(_grpc_message(error, address))
             response = result.get_response()
@@ -632,7 +632,7 @@ def wait_ready(url: str, model: str, timeout_s: float, api_key: str | None = Non
             refused = _is_refused(exc)
         time.sleep(0.5)
     why = f": nothing answered at {address} (connection refused)" if refused else ""
-    raise ClientError(f"model {model!r} at {url} not ready within {timeout_s:.0f}s{why}")
+    raise ClientError(f"model {model!r} at {url} not ready within {timeout_s:g}s{why}")
 
 
 def _is_refused(exc: Exception) -> bool:
