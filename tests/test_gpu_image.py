@@ -78,13 +78,16 @@ def _wheel(folder: Path, filename: str, requires: list[str]) -> None:
                    "\n".join(meta + [f"Requires-Dist: {r}" for r in requires]) + "\n\nlong description\n")
 
 
+def _lists(tmp_path: Path, carried: str, image: str = "torch\n") -> tuple[Path, Path, Path]:
+    """(image list, carried list, empty wheel folder) of a check_wheels case, the lists as given."""
+    (tmp_path / "image.txt").write_text(image)
+    (tmp_path / "wheels.txt").write_text(carried)
+    (tmp_path / "whl").mkdir()
+    return tmp_path / "image.txt", tmp_path / "wheels.txt", tmp_path / "whl"
+
+
 def test_check_wheels_names_each_missing_requirement(tmp_path):
-    image = tmp_path / "image.txt"
-    image.write_text("# test image\ntorch==2.11.0\nclick\n")
-    pins = tmp_path / "wheels.txt"
-    pins.write_text("demo==1.0\n")
-    folder = tmp_path / "whl"
-    folder.mkdir()
+    image, pins, folder = _lists(tmp_path, "demo==1.0\n", image="# test image\ntorch==2.11.0\nclick\n")
     _wheel(folder, "demo-1.0-py3-none-any.whl",
            ["torch>=2.4", "click", "needed>=1", 'tzdata; platform_system == "Windows"',
             'email-validator>=2; extra == "email"'])
@@ -266,11 +269,7 @@ def test_guard_refuses_distutils_before_setuptools_shim_can_provide_it(tmp_path)
 def test_check_wheels_refuses_each_wheel_built_for_another_python_or_machine(tmp_path):
     """Only py3 or cp312 wheels for any platform or manylinux x86_64 install on the image: a wheel
     wrong in the interpreter alone, or in the platform alone (aarch64, musl), is named."""
-    image = tmp_path / "image.txt"
-    image.write_text("torch\n")
-    pins = tmp_path / "wheels.txt"
-    folder = tmp_path / "whl"
-    folder.mkdir()
+    image, pins, folder = _lists(tmp_path, "")
     fit = ["a-1.0-py3-none-any.whl", "b-1.0-cp312-cp312-manylinux_2_17_x86_64.whl"]
     unfit = ["c-1.0-cp311-cp311-manylinux_2_17_x86_64.whl", "d-1.0-py2-none-any.whl",
              "e-1.0-cp312-cp312-manylinux_2_17_aarch64.whl", "f-1.0-cp312-cp312-musllinux_1_1_x86_64.whl",
@@ -285,12 +284,7 @@ def test_check_wheels_refuses_each_wheel_built_for_another_python_or_machine(tmp
 def test_check_wheels_reads_a_requirement_with_a_url_whole(tmp_path):
     """A Requires-Dist line holds colons of its own (a direct URL): the requirement is everything
     after the field's name, not cut at its next colon."""
-    image = tmp_path / "image.txt"
-    image.write_text("torch\n")
-    pins = tmp_path / "wheels.txt"
-    pins.write_text("demo==1.0\n")
-    folder = tmp_path / "whl"
-    folder.mkdir()
+    image, pins, folder = _lists(tmp_path, "demo==1.0\n")
     _wheel(folder, "demo-1.0-py3-none-any.whl", ["needed @ https://example.org/needed-1.0-py3-none-any.whl"])
     assert check_wheels(folder, image, pins) == [
         "demo-1.0-py3-none-any.whl requires needed @ https://example.org/needed-1.0-py3-none-any.whl, "
@@ -300,12 +294,7 @@ def test_check_wheels_reads_a_requirement_with_a_url_whole(tmp_path):
 def test_check_wheels_accepts_a_carried_prerelease_a_requirement_admits(tmp_path):
     """pip installs the carried wheel whatever its version: a pinned pre-release that meets a
     requirement's bound (needed 2.0rc1 for needed>=1) is no problem."""
-    image = tmp_path / "image.txt"
-    image.write_text("torch\n")
-    pins = tmp_path / "wheels.txt"
-    pins.write_text("demo==1.0\nneeded==2.0rc1\n")
-    folder = tmp_path / "whl"
-    folder.mkdir()
+    image, pins, folder = _lists(tmp_path, "demo==1.0\nneeded==2.0rc1\n")
     _wheel(folder, "demo-1.0-py3-none-any.whl", ["needed>=1"])
     _wheel(folder, "needed-2.0rc1-py3-none-any.whl", [])
     assert check_wheels(folder, image, pins) == []
@@ -318,12 +307,7 @@ def test_check_wheels_accepts_a_carried_prerelease_a_requirement_admits(tmp_path
 
 def test_check_wheels_allows_exactly_the_size_limit_and_names_one_byte_more(tmp_path):
     """The wheels may take MAX_WHEEL_BYTES (48 MiB) of the device tool's 64 MiB, not a byte more."""
-    image = tmp_path / "image.txt"
-    image.write_text("torch\n")
-    pins = tmp_path / "wheels.txt"
-    pins.write_text("demo==1.0\n")
-    folder = tmp_path / "whl"
-    folder.mkdir()
+    image, pins, folder = _lists(tmp_path, "demo==1.0\n")
     wheel = folder / "demo-1.0-py3-none-any.whl"
     _wheel(folder, wheel.name, [])
     bare, pad_name = wheel.stat().st_size, "demo-1.0.data/data/pad"
