@@ -48,14 +48,21 @@ def test_image_list_is_sourced_and_lacks_what_travels():
     assert all(carried.values()), "every carried wheel is pinned"
 
 
-def test_guard_refuses_a_planted_import_of_a_package_the_image_lacks(tmp_path):
-    # tritonclient is installed here (a trtspec dependency) but not on the image
-    (tmp_path / "planted.py").write_text("import tritonclient\n")
+def _assert_planted_import_refused(tmp_path: Path, module: str) -> dict[str, str]:
+    """A first-party module `planted` importing `module` fails under the guard, naming both; returns
+    the guarded environment."""
+    (tmp_path / "planted.py").write_text(f"import {module}\n")
     env = _guarded_env(tmp_path, TRTSPEC_IMAGE_FIRST_PARTY="planted")
     env["PYTHONPATH"] += os.pathsep + str(tmp_path)
     refused = _python("import planted", env)
     assert refused.returncode != 0
-    assert "No module named 'tritonclient' on the GPU image: imported by planted" in refused.stderr
+    assert f"No module named '{module}' on the GPU image: imported by planted" in refused.stderr
+    return env
+
+
+def test_guard_refuses_a_planted_import_of_a_package_the_image_lacks(tmp_path):
+    # tritonclient is installed here (a trtspec dependency) but not on the image
+    env = _assert_planted_import_refused(tmp_path, "tritonclient")
     control = dict(env, PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}")  # the same import without the guard
     assert _python("import planted", control).returncode == 0
 
@@ -258,12 +265,7 @@ def test_guard_refuses_distutils_before_setuptools_shim_can_provide_it(tmp_path)
     """Python 3.12 has no distutils: a first-party `import distutils` is refused, even where an earlier
     finder on `sys.meta_path` (setuptools' distutils shim, here) would provide one, so the guard must be
     the first finder asked."""
-    (tmp_path / "planted.py").write_text("import distutils\n")
-    env = _guarded_env(tmp_path, TRTSPEC_IMAGE_FIRST_PARTY="planted")
-    env["PYTHONPATH"] += os.pathsep + str(tmp_path)
-    refused = _python("import planted", env)
-    assert refused.returncode != 0
-    assert "No module named 'distutils' on the GPU image: imported by planted" in refused.stderr
+    _assert_planted_import_refused(tmp_path, "distutils")
 
 
 def test_check_wheels_refuses_each_wheel_built_for_another_python_or_machine(tmp_path):
