@@ -713,7 +713,6 @@ def test_random_batches_decode_as_alone_within_the_tensorrt_profile(pipelines, m
     assert compared >= 8
 
 
-
 def test_engine_profiles_are_ranges_tensorrt_takes_and_hold_each_step_the_loop_feeds():
     """For random limits and block sizes, every axis of every graph's profile is one TensorRT builds
     (0 <= min <= opt <= max). Its min takes a request's first step: one row, no past, one new token,
@@ -808,9 +807,9 @@ def test_build_engines_records_each_engine_its_hash_and_profile_in_the_manifest(
 
 
 def test_build_engines_refuses_an_export_drafting_more_than_its_engines_verify(tmp_path, monkeypatch):
-    """The verify plugins hold at most max_k (63) drafts a row: an export drafting 64 (a DSpark
-    block of 64) is refused before any engine is built, naming the manifest and the field to lower;
-    63 builds."""
+    """The verify plugins hold at most max_k (63) drafts a row: an export drafting 64 (a DSpark γ of
+    64, a DFlash block of 65) is refused before any engine is built, naming the manifest and the
+    field to lower; 63 builds."""
     from trtspec.engine.build import build_engines
     from trtspec.errors import TrtspecError
 
