@@ -467,6 +467,7 @@ def test_remote_tau_is_pooled_over_every_request_that_reports_draft_figures():
     assert level_row([speculative, plain, foreign], 1.0)["tau"] == (30 + 10) / (10 + 10)
     assert level_row([plain], 1.0)["tau"] == 1.0
     assert level_row([foreign], 1.0)["tau"] is None
+    assert level_row([done(1, 0, 0)], 1.0)["tau"] == 1.0  # one token of one target forward
 
 
 def test_remote_level_figures_recompute_from_the_request_records():
@@ -509,6 +510,8 @@ def test_remote_level_figures_recompute_from_the_request_records():
     assert "R = 4: 1 failed, the first: prompt: too long for the context" in table
     nothing = level_row([request_record(0, done(0, None, 0.05))], wall=0.05)
     assert (nothing["ttft_ms"], nothing["itl_ms"], nothing["per_user_tokens_per_s"]) == (None, None, 0.0)
+    two = level_row([request_record(0, done(2, 0.010, 0.030, (0.030,)))], wall=0.03)  # the fewest with an ITL
+    assert two["itl_ms"] == pytest.approx(20.0) and two["per_user_tokens_per_s"] == pytest.approx(50.0)
 
 
 def test_a_streams_totals_only_response_is_no_first_token():
