@@ -78,8 +78,8 @@ def build_engines(folder: Path, limits: EngineLimits | None = None) -> list[Path
     """Build one engine per graph of `folder` and record them (with hashes) in its manifest."""
     manifest = load_manifest(folder)
     limits = limits or EngineLimits.of_manifest(manifest)
-    block = (manifest.get("drafter") or {}).get("block_size", 16)
-    drafts = (manifest.get("drafter") or {}).get("num_draft_tokens", 0)
+    drafter = manifest.get("drafter") or {}  # none: a target-only export
+    block, drafts = drafter.get("block_size", 16), drafter.get("num_draft_tokens", 0)
     if drafts > limits.max_k:  # the verify plugins hold at most max_k drafts a row
         raise TrtspecError(f"{folder / MANIFEST}: the export drafts {drafts} tokens a step, but TensorRT "
                            f"engines verify at most {limits.max_k}; export again with "
