@@ -327,7 +327,7 @@ class TritonServer:
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.3)
-        raise ServeError(f"tritonserver not ready after {timeout_s:.0f}s: {self.failure()}")
+        raise ServeError(f"tritonserver not ready after {timeout_s:g}s: {self.failure()}")
 
     def _stub_failure(self) -> str:
         """The stub's own line when it could not start (a model.py missing): tritonserver only gives
