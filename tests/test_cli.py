@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -123,7 +124,7 @@ def test_generate_takes_max_tokens_from_one_to_the_configs_limit(tmp_path):
     """--max-tokens is any of 1..limits.max_tokens, both ends included; one past the limit is a
     usage error naming the limit."""
     config = tmp_path / "limited.yaml"
-    config.write_text(open(CONFIG).read().replace("max_tokens: 2048", "max_tokens: 4"))
+    config.write_text(Path(CONFIG).read_text().replace("max_tokens: 2048", "max_tokens: 4"))
     runner = CliRunner()
     args = ["generate", "--config", str(config), "--prompt", "import os", "--drafter", "none", "--json"]
     for n in (1, 4):

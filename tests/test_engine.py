@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 
 import numpy as np
 import onnx
@@ -28,6 +29,7 @@ from trtspec.export.plugins import kv_injection_attention
 from trtspec.export.target import check_exportable, export_target
 from trtspec.export.verify import export_verify_greedy, export_verify_sampling
 from trtspec.models.target import Chunk, TargetModel
+from trtspec.output import MARKER
 from trtspec.pipeline import load_pipeline
 from trtspec.prompts import load_prompts
 from trtspec.spec.grammar import Guide
@@ -458,10 +460,10 @@ def test_build_writes_manifest_with_matching_hashes(tmp_path):
     target_inputs = {i["name"]: i["shape"] for i in manifest["graphs"]["target"]["inputs"]}
     assert target_inputs["past_key_0"] == ["batch", 2, "past", 64]
     load_manifest(out)  # hashes verified
-    written = [p for p in out.rglob("*") if p.is_file() and p.name != ".trtspec-build"]  # that: its marker
+    written = [p for p in out.rglob("*") if p.is_file() and p.name != MARKER]
     assert sorted(result.stdout.split()) == sorted(map(str, written))  # each file once, no folder
     moved = tmp_path / "moved"  # the build travels whole to the GPU node: its served YAML finds it there
-    __import__("shutil").copytree(out, moved)
+    shutil.copytree(out, moved)
     served = load_build_config(next(moved.glob("model_repository/*/1/build_config.yaml")))
     assert served.engine.resolved_folder == moved.resolve()
     (out / "target.onnx").write_bytes(b"tampered")
@@ -497,8 +499,6 @@ def test_the_export_cache_key_follows_the_checkpoint_files_not_their_folder(tmp_
     """A copy of the drafter keys as the original once `path` is ignored; another file beside it
     does not change the key, an edited config.json or weights file does, and so does leaving the
     drafter out."""
-    import shutil
-
     from trtspec.config import ASSETS_DIR
     from trtspec.export.bundle import content_key
 
@@ -829,8 +829,6 @@ def test_build_engines_refuses_an_export_drafting_more_than_its_engines_verify(t
 def _edited_export(tmp_path, config, fields: dict, drafter: dict | None = None, drop: tuple[str, ...] = ()):
     """A copy of `config`'s cached export (with its drafter) whose manifest has `fields` and the
     drafter section's `drafter` set and its `drop` removed, as a hand edit or an older export would."""
-    import shutil
-
     folder = tmp_path / "engine"
     shutil.copytree(cached_export(config, True), folder)
     manifest = json.loads((folder / "manifest.json").read_text())
