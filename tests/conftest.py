@@ -18,14 +18,20 @@ from pathlib import Path
 # OpenAI Triton kernels run on the CPU through the interpreter; this must be set before anything
 # (transformers does) imports triton.
 os.environ.setdefault("TRITON_INTERPRET", "1")
-# exported graphs and measured cost tables go to a fresh folder per test session, not ~/.cache,
-# removed when the session's process ends (a whole run leaves ~65 MB there)
-if "TRTSPEC_CACHE_DIR" not in os.environ:
+# `make test` runs the tests in pytest-xdist workers (`-n 2`): one torch thread each, as two workers
+# of two threads on two cores spin against each other; set before torch is imported
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+# exported graphs and measured cost tables go to a fresh folder per test process, not ~/.cache,
+# removed when the process ends (a whole run leaves ~65 MB there); each worker has its own, as two
+# processes exporting one checkpoint into one folder at once would swap it under each other
+if os.environ.get("TRTSPEC_CACHE_DIR", "") in ("", os.environ.get("TRTSPEC_TEST_CACHE_DIR")):
     import atexit
     import shutil
     import tempfile
 
     os.environ["TRTSPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="trtspec-test-cache-")
+    os.environ["TRTSPEC_TEST_CACHE_DIR"] = os.environ["TRTSPEC_CACHE_DIR"]  # ours: a worker makes its own
     atexit.register(shutil.rmtree, os.environ["TRTSPEC_CACHE_DIR"], ignore_errors=True)
 
 import pytest
@@ -39,6 +45,7 @@ from trtspec.tokenizer import ByteTokenizer
 from trtspec.triton.verify import exact_marginals
 
 REPO = Path(__file__).resolve().parents[1]
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ... in an xdist worker, else None
 
 
 def assert_matches_golden(produced: dict[str, str], golden: Path) -> None:
@@ -88,6 +95,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_given_back():
+    """Each test leaves torch's thread count as it found it: `pretrain` sets `threads: 2`, a command run
+    in process its config's, and one test's setting leaked into every later test of its process; in an
+    xdist worker beside a busy one, two threads on a shared core made test_lookup's laws 10x slower."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -218,10 +236,11 @@ def triton_serving(config, out: Path, while_starting=lambda: None, timeout_s: fl
     from concurrent.futures import ThreadPoolExecutor
 
     from trtspec.triton.repo import REPO_DIR, write_triton_repo
-    from trtspec.triton.server import Ports, TritonServer
+    from trtspec.triton.server import TritonServer
 
     write_triton_repo(config, out)
-    server = TritonServer(out / REPO_DIR, ports=Ports.free(), exit_timeout_s=3, env={"OMP_NUM_THREADS": "1"})
+    server = TritonServer(out / REPO_DIR, ports=triton_ports(), exit_timeout_s=3,
+                          env={"OMP_NUM_THREADS": "1"})
     try:
         with ThreadPoolExecutor(1) as pool:
             started = pool.submit(server.start, timeout_s=timeout_s)
@@ -262,12 +281,36 @@ def free_ports(count: int) -> list[int]:
     """`count` distinct free loopback ports, each held until all are chosen: a port let go at once may be
     handed out again, so two `free_port()` calls in a row (or `Ports.free()` and one) gave the same
     port about 2 times in 10,000 here: the OpenAI frontend then could not bind beside its tritonserver,
-    or a frontend's "Triton nowhere" address was its own port."""
+    or a frontend's "Triton nowhere" address was its own port. In a pytest-xdist worker only ports of
+    its own share (`_workers_port`): a port is let go before its server binds it, and another worker
+    choosing in between could take the same one."""
     with contextlib.ExitStack() as held:
-        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
+        chosen: list[int] = []
+        while len(chosen) < count:
+            sock = held.enter_context(socket.socket())  # held to the end, taken or not: no port twice
             sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
+            if _workers_port(sock.getsockname()[1]):
+                chosen.append(sock.getsockname()[1])
+        return chosen
+
+
+def _workers_port(port: int) -> bool:
+    """Whether `port` is this xdist worker's: port // 2 (Linux hands bind() odd ports) modulo the
+    worker count is the worker's index. Any port outside xdist."""
+    if not XDIST_WORKER:
+        return True
+    return (port // 2) % int(os.environ["PYTEST_XDIST_WORKER_COUNT"]) == int(XDIST_WORKER.removeprefix("gw"))
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
+
+
+def triton_ports():
+    """tritonserver's three ports (`Ports.free` as `free_ports` chooses)."""
+    from trtspec.triton.server import Ports
+
+    return Ports(*free_ports(3))
 
 
 @contextlib.contextmanager

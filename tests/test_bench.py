@@ -532,9 +532,10 @@ def test_remote_bench_that_reaches_no_server_fails_with_its_error():
     """Every request failing (nothing listening) is one error naming the cause, not an empty table."""
     from trtspec.bench.remote import run_remote
     from trtspec.triton.client import ClientError
-    from trtspec.triton.server import free_port
 
-    url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
+    from .conftest import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ClientError, match=r"every request at concurrency 2 failed: cannot reach"):
         run_remote(url, "trtspec", ["math"], 2, 4, [2])
 

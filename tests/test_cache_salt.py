@@ -65,13 +65,13 @@ def test_a_served_deployment_keeps_prompts_and_pool_by_salt(tmp_path):
     from trtspec.openai.server import OpenAIFrontend
     from trtspec.triton.client import GenerateParams, generate
     from trtspec.triton.repo import REPO_DIR, write_triton_repo
-    from trtspec.triton.server import Ports, TritonServer, free_port
+    from trtspec.triton.server import TritonServer
 
-    from .conftest import post_json, tritonserver_pids
+    from .conftest import free_port, post_json, triton_ports, tritonserver_pids
 
     config = load_build_config(REPO / "build_configs" / "tiny-lookup-pool.yaml")
     write_triton_repo(config, tmp_path)
-    server = TritonServer(tmp_path / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
+    server = TritonServer(tmp_path / REPO_DIR, ports=triton_ports(), exit_timeout_s=3,
                           env={"OMP_NUM_THREADS": "1"})
     frontend = None
     system = bytes(SYSTEM).decode()

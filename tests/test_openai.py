@@ -73,9 +73,19 @@ from trtspec.triton.client import (
 )
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
 from trtspec.triton.request import MAX_STOP_WORD_CHARS
-from trtspec.triton.server import GRPC_ADMIN_HEADER, Ports, TritonServer, free_port
+from trtspec.triton.server import GRPC_ADMIN_HEADER, TritonServer
 
-from .conftest import REPO, free_ports, line_within, local_target, post_json, scraped_metric, serve_cli
+from .conftest import (
+    REPO,
+    free_port,
+    free_ports,
+    line_within,
+    local_target,
+    post_json,
+    scraped_metric,
+    serve_cli,
+    triton_ports,
+)
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 KEY = "test-key-0123"
@@ -118,7 +128,7 @@ def biased(tmp_path_factory):
     biased.write_text(text.replace("builtin:", str(REPO / "trtspec/assets") + "/")
                       + f"test_only: {{biased_acceptance: true, fail_on_max_tokens: {FAILING_MAX_TOKENS}}}\n")
     write_triton_repo(load_build_config(biased), out / "out")
-    server = TritonServer(out / "out" / REPO_DIR, ports=Ports.free(), exit_timeout_s=3,
+    server = TritonServer(out / "out" / REPO_DIR, ports=triton_ports(), exit_timeout_s=3,
                           env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     # the pool's thread outlives the server: a server dies with the thread that started it (pdeathsig)
     with ThreadPoolExecutor(1) as pool:

@@ -43,9 +43,9 @@ from trtspec.triton.client import (
     wait_ready,
 )
 from trtspec.triton.repo import REPO_DIR, write_triton_repo
-from trtspec.triton.server import Ports, ServeError, TritonServer, free_port
+from trtspec.triton.server import Ports, ServeError, TritonServer
 
-from .conftest import REPO, line_within, triton_serving, tritonserver_pids
+from .conftest import REPO, free_port, line_within, triton_ports, triton_serving, tritonserver_pids
 
 CONFIG = REPO / "build_configs" / "tiny-dflash.yaml"
 PROMPTS = ("Q: 482 + 356\nA:", "def parse(self, text):\n", "Explain what a generator is.", "import os\n")
@@ -281,7 +281,8 @@ def test_engine_flavour_is_served(tmp_path, config, expected, full_config_path):
     args = ["build", str(full_config_path), "--out", str(out), "--flavour", "engine"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    server = TritonServer(out / REPO_DIR, ports=Ports.free(), exit_timeout_s=3, env={"OMP_NUM_THREADS": "1"})
+    server = TritonServer(out / REPO_DIR, ports=triton_ports(), exit_timeout_s=3,
+                          env={"OMP_NUM_THREADS": "1"})
     try:
         server.start(timeout_s=180)
         # certified like the torch flavour: the exact sampling law comes from the checkpoint in torch
@@ -615,7 +616,7 @@ def test_serve_binds_loopback_and_a_killed_serve_leaves_no_server_behind(tmp_pat
     Stopped by SIGTERM, exit 0 and no server left behind are checked by conftest's `serve_cli`
     (tests/test_serve_stop.py and every served fixture). Its own ports: the OpenAI frontend's default
     9000 may be taken."""
-    repo, ports, openai_port = tmp_path / "killed", Ports.free(), free_port()
+    repo, ports, openai_port = tmp_path / "killed", triton_ports(), free_port()
     while openai_port in dataclasses.astuple(ports):
         openai_port = free_port()
     write_triton_repo(config, repo)
@@ -657,7 +658,7 @@ def test_free_ports_are_three_distinct_ones():
 
 @pytest.mark.parametrize("kind", ["http", "grpc", "metrics"])
 def test_a_taken_port_is_named_before_the_server_starts(tmp_path, kind):
-    ports = Ports.free()
+    ports = triton_ports()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -681,7 +682,7 @@ def _serve(repo, ports: Ports) -> subprocess.CompletedProcess:
 
 def test_serve_with_a_taken_port_says_which_and_never_serving(tmp_path, config):
     write_triton_repo(config, tmp_path / "out")
-    ports = Ports.free()
+    ports = triton_ports()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", ports.grpc))
         taken.listen()
@@ -697,7 +698,7 @@ def test_serve_refuses_what_is_not_a_torch_or_engine_build(tmp_path):
     before any server starts."""
     (tmp_path / "stray").mkdir()
     (tmp_path / "stray" / "notes.txt").write_text("x")
-    proc = _serve(tmp_path / "stray", Ports.free())
+    proc = _serve(tmp_path / "stray", triton_ports())
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         f"Error: {tmp_path / 'stray'} holds no Triton model (no {REPO_DIR}/, no */config.pbtxt): give the "
         "output folder of `trtspec build`"]
@@ -705,7 +706,7 @@ def test_serve_refuses_what_is_not_a_torch_or_engine_build(tmp_path):
     trtllm_config = REPO / "build_configs" / "gpt-oss-120b-dflash-b300-tp8.yaml"
     build = CliRunner().invoke(main, ["build", str(trtllm_config), "--out", str(deployment)])
     assert build.exit_code == 0, build.output
-    proc = _serve(deployment, Ports.free())
+    proc = _serve(deployment, triton_ports())
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         f"Error: {deployment} is a TensorRT-LLM deployment (flavour trtllm): serve it on its GPU nodes with "
         f"{deployment / 'deploy' / 'launch.sh'}; `trtspec serve` serves the torch and engine flavours"]
@@ -720,11 +721,11 @@ def test_a_build_without_its_model_py_is_refused_at_once(tmp_path, config):
     write_triton_repo(config, tmp_path / "out")
     model_dir = tmp_path / "out" / REPO_DIR / config.name
     (model_dir / "1" / "model.py").unlink()
-    proc = _serve(tmp_path / "out", Ports.free())
+    proc = _serve(tmp_path / "out", triton_ports())
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         f"Error: {model_dir} has no <version>/model.py ({model_dir / '1' / 'model.py'} is missing): the "
         "build is incomplete; build it again with `trtspec build`"]
-    server = TritonServer(tmp_path / "out" / REPO_DIR, ports=Ports.free(), exit_timeout_s=3)
+    server = TritonServer(tmp_path / "out" / REPO_DIR, ports=triton_ports(), exit_timeout_s=3)
     with pytest.raises(ServeError, match="cannot start a model's Python stub: Failed to preinitialize Python "
                                          "stub: Python model file not found"):
         server.start(timeout_s=100)  # its own limit was never the reason
@@ -737,7 +738,7 @@ def test_a_model_config_that_is_not_decoupled_names_its_config_pbtxt(tmp_path, c
     write_triton_repo(config, tmp_path / "out")
     pbtxt = tmp_path / "out" / REPO_DIR / config.name / "config.pbtxt"
     pbtxt.write_text("")
-    proc = _serve(tmp_path / "out", Ports.free())
+    proc = _serve(tmp_path / "out", triton_ports())
     assert proc.returncode == 1, proc.stderr
     said = f"{pbtxt}: the model must be decoupled (model_transaction_policy {{ decoupled: true }})"
     assert said in proc.stderr, proc.stderr
@@ -750,7 +751,7 @@ def test_serve_prints_the_models_own_load_error(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(CONFIG.read_text().replace("method: dflash", "method: eagle3"))
     write_triton_repo(load_build_config(bad), tmp_path / "out")
-    proc = _serve(tmp_path / "out", Ports.free())
+    proc = _serve(tmp_path / "out", triton_ports())
     assert proc.returncode == 1 and "serving" not in proc.stderr, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("Error: tritonserver exited with 1: failed to load 'trtspec' version 1: ")
@@ -765,7 +766,7 @@ def test_an_empty_model_py_is_named_with_what_to_do(tmp_path):
     write_triton_repo(load_build_config(CONFIG), tmp_path / "out")
     model_py = tmp_path / "out" / "model_repository" / "trtspec" / "1" / "model.py"
     model_py.write_text("")
-    proc = _serve(tmp_path / "out", Ports.free())
+    proc = _serve(tmp_path / "out", triton_ports())
     assert proc.returncode == 1 and "serving" not in proc.stderr, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("Error: tritonserver exited with 1: failed to load 'trtspec' version 1: ")
@@ -777,7 +778,7 @@ def test_an_empty_model_py_is_named_with_what_to_do(tmp_path):
 def test_wait_ready_gives_up_with_a_clear_message(served):
     """Nothing listening is named as such; a server that answers without the model is not; a ready
     model is waited for no longer, over either protocol."""
-    ports = Ports.free()
+    ports = triton_ports()
     for url in (f"http://127.0.0.1:{ports.http}", f"grpc://127.0.0.1:{ports.grpc}"):
         address = url.split("://")[1]
         with pytest.raises(ClientError, match=rf"model 'trtspec' at {url} not ready within 1s: nothing "

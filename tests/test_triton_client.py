@@ -40,7 +40,8 @@ from trtspec.triton.client import (
     unreachable,
     wait_ready,
 )
-from trtspec.triton.server import free_port
+
+from .conftest import free_port
 
 WHERE = "http://h:1/v2/models/m/generate"
 
@@ -223,7 +224,7 @@ def test_server_sent_events_and_an_openai_stream_cut_short():
 
 
 def test_a_failed_request_says_which_api_it_tried():
-    port = free_port("127.0.0.1")
+    port = free_port()
     with pytest.raises(ClientError, match=f"^cannot reach grpc://127.0.0.1:{port}: "):
         generate(f"grpc://127.0.0.1:{port}", "m", "hi", GenerateParams(max_tokens=1), timeout_s=5)
     with pytest.raises(ClientError, match=f"^cannot reach http://127.0.0.1:{port}/v2/models/m/generate: "):
@@ -233,7 +234,7 @@ def test_a_failed_request_says_which_api_it_tried():
 
 
 def test_waiting_for_a_server_that_never_listens_says_so():
-    url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
+    url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ClientError, match=r"not ready within 1s: nothing answered at .* \(connection"):
         wait_ready(url, "m", timeout_s=1)
     with pytest.raises(ClientError, match=r"not ready within 0s$"):  # no poll: nothing known to say
