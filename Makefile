@@ -9,8 +9,8 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 OPENAI_PORT ?= 9000
-# pytest-xdist workers for `make test`: about half a test's time is waiting on a server or a child
-# process, so two workers on the 2-core CI machine finish in ~2/3 of one's time (TEST_WORKERS=0: none)
+# pytest-xdist workers for `make test`: a served test spends about half its time waiting on a server or
+# a child process, so two workers keep the 2-core CI machine busy; TEST_WORKERS=0: one process
 TEST_WORKERS ?= 2
 
 .PHONY: install demo test bench lint clean
