@@ -57,6 +57,8 @@ class OpenAIFrontend:
     def _run(self) -> None:
         try:
             asyncio.run(self._serve())
+        except SystemExit:  # uvicorn's exit where it cannot start (a port taken), the reason logged
+            pass
         except BaseException as exc:  # noqa: BLE001 - reported by start()
             self._failed = exc
 
