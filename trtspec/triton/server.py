@@ -199,12 +199,6 @@ def check_ports_free(host: str, ports: Ports) -> None:
         check_port_free(host, port, kind, f"--{kind.lower()}-port")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 @dataclass(slots=True)
 class Ports:
     http: int = 8000
@@ -337,11 +331,6 @@ class TritonServer:
         text = self.log_path.read_text(encoding="utf-8", errors="replace")
         at = text.find(STUB_FAILED)
         return "" if at < 0 else text[at:].splitlines()[0].strip()
-
-    def log_tail(self, lines: int = 15) -> str:
-        if self.log_path is None or not self.log_path.is_file():
-            return ""
-        return "\n".join(self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
     def failure(self) -> str:
         """Why the server stopped or is not ready, in its own words (its first logged errors), with
