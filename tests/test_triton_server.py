@@ -4,6 +4,7 @@ the served tests never noticed)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import pytest
 
 from trtspec.triton import server
 from trtspec.triton.server import Ports, ServeError, TritonServer, log_errors
+
+from .conftest import triton_ports
 
 MODEL_ERROR = "failed to load 'trtspec' version 1: Internal: the drafter does not fit"
 
@@ -191,3 +194,20 @@ def test_stop_tells_the_model_when_to_end_its_requests_and_lets_the_server_exit_
     read_at, due = map(float, said.read_text().split())
     assert abs(due - (read_at + max(exit_timeout_s - 1, 0))) < 0.5
     assert time.time() >= read_at
+
+
+def test_a_server_on_an_empty_repository_logs_where_asked_in_its_own_process_group(tmp_path):
+    """The one test here that starts tritonserver (about 1.5 s: no model to load), as only a real start
+    shows these: a log file in folders not made yet, a process group of its own (a terminal's Ctrl-C
+    reaches `trtspec serve`, which stops the server in order; `stop` kills the group's stubs), readiness
+    noticed, and a SIGTERM it exits from by itself."""
+    (tmp_path / "repo").mkdir()
+    log = tmp_path / "logs" / "new" / "tritonserver.log"
+    served = TritonServer(tmp_path / "repo", ports=triton_ports(), log_path=log, exit_timeout_s=1)
+    try:
+        proc = served.start(timeout_s=20)._proc
+        assert served.running and os.getpgid(proc.pid) == proc.pid != os.getpgid(0)
+        assert "Started HTTPService" in log.read_text()
+    finally:
+        served.stop()
+    assert proc.returncode == 0 and not served.running and served.log_path == log
