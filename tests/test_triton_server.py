@@ -9,8 +9,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -91,7 +89,11 @@ def test_a_free_port_is_bindable_on_ipv4_and_ipv6_hosts():
     one is named."""
     for host, family in (("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6)):
         with socket.socket(family) as held:
-            held.bind((host, 0))
+            try:
+                held.bind((host, 0))
+            except OSError:  # a machine without IPv6 loopback: nothing to check there
+                assert family == socket.AF_INET6
+                continue
             port = held.getsockname()[1]
             held.listen()
             with pytest.raises(ServeError, match=rf"the gRPC port {port} on {host} is not available"):
@@ -103,7 +105,7 @@ def test_a_server_that_cannot_start_raises_from_its_context_manager(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        ports = Ports.free()
+        ports = triton_ports()
         ports.metrics = taken.getsockname()[1]
         with pytest.raises(ServeError, match="the metrics port"), TritonServer(tmp_path, ports=ports):
             pass
@@ -160,40 +162,6 @@ def test_stop_keeps_a_log_outside_its_folder_and_forgets_its_own(tmp_path):
     served = TritonServer(tmp_path, log_path=type(kept)(work.name) / "tritonserver.log", _work=work)
     served.stop()
     assert served.log_path is None
-
-
-# a stand-in for tritonserver's SIGTERM: what the served model reads (the stop file's due time), and a
-# short wait, as Triton unloads its models, before it exits by itself
-_STANDIN = textwrap.dedent("""
-    import signal, sys, time
-    def stop(*_):
-        due = open(sys.argv[1]).read()
-        open(sys.argv[2], "w").write(f"{time.time()} {due}")
-        time.sleep(0.2)
-        sys.exit(0)
-    signal.signal(signal.SIGTERM, stop)
-    print("ready", flush=True)
-    time.sleep(60)
-""")
-
-
-@pytest.mark.parametrize("exit_timeout_s", [5, 0])
-def test_stop_tells_the_model_when_to_end_its_requests_and_lets_the_server_exit_by_itself(tmp_path,
-                                                                                            exit_timeout_s):
-    """`stop` writes the due time (a second before Triton's exit timeout, never in the past) to the stop
-    file before its SIGTERM, then waits for the server to exit rather than killing it."""
-    served = TritonServer(tmp_path, exit_timeout_s=exit_timeout_s, _work=tempfile.TemporaryDirectory())
-    said = tmp_path / "said"
-    proc = subprocess.Popen([sys.executable, "-c", _STANDIN, str(served._stop_file), str(said)],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert proc.stdout.readline() == "ready\n"
-    served._proc = proc
-    assert served.running
-    served.stop()
-    assert proc.returncode == 0 and not served.running
-    read_at, due = map(float, said.read_text().split())
-    assert abs(due - (read_at + max(exit_timeout_s - 1, 0))) < 0.5
-    assert time.time() >= read_at
 
 
 def test_a_server_on_an_empty_repository_logs_where_asked_in_its_own_process_group(tmp_path):
