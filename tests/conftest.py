@@ -289,8 +289,9 @@ def free_ports(count: int) -> list[int]:
         while len(chosen) < count:
             sock = held.enter_context(socket.socket())  # held to the end, taken or not: no port twice
             sock.bind(("127.0.0.1", 0))
-            if _workers_port(sock.getsockname()[1]):
-                chosen.append(sock.getsockname()[1])
+            port = sock.getsockname()[1]
+            if _workers_port(port):
+                chosen.append(port)
         return chosen
 
 

@@ -8,10 +8,8 @@ and review the diff under tests/golden/triton/ before committing it.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import sys
 
 import numpy as np
 import pytest
@@ -28,7 +26,6 @@ from trtspec.serve import model_repository
 from trtspec.spec.grammar import Guide
 from trtspec.spec.sampling import SamplingParams
 from trtspec.tokenizer import ByteTokenizer
-from trtspec.triton import server
 from trtspec.triton.repo import INPUTS, OUTPUTS, model_config, write_triton_repo
 from trtspec.triton.request import RequestError, TextStream, parse_request
 from trtspec.triton.server import ServeError
@@ -459,23 +456,6 @@ def test_on_tokens_returning_true_stops(pipeline):
     stopped = pipeline.decoder.generate(prompt, 80, on_tokens=lambda emitted: True)
     assert stopped.token_ids == full[:1] and stopped.num_target_calls == 1
     assert stopped.finish_reason == "stop"  # the caller ended it: a stop word, not the length
-
-
-def test_server_setup_uses_this_interpreter(tmp_path):
-    install = server.find_tritonserver()
-    backends = server.prepare_backend_dir(install, tmp_path)
-    stub = (backends / "python" / server.STUB).resolve()
-    assert stub == install.stub(f"{sys.version_info.major}.{sys.version_info.minor}").resolve()
-    assert (backends / "python" / "libtriton_python.so").resolve().is_file()
-    env = server.server_env(install)
-    assert env["PATH"].split(":")[0] == os.path.dirname(sys.executable)
-    assert str(install.libs) in env["LD_LIBRARY_PATH"].split(":")
-
-
-def test_numpy_2_is_refused(monkeypatch):
-    monkeypatch.setattr(np, "__version__", "2.1.0")
-    with pytest.raises(server.ServeError, match=r"numpy 2.1.0 .* returns empty outputs .*numpy<2"):
-        server.check_models_environment()
 
 
 def test_paths_the_python_backend_cannot_open_are_refused_by_name(tmp_path):

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,8 +53,11 @@ def test_only_a_model_py_without_its_class_is_named_with_the_fix(tmp_path):
     assert server._with_model_file(MODEL_ERROR, tmp_path) == MODEL_ERROR
 
 
-def test_numpy_2_exactly_is_refused_and_numpy_1_is_not(monkeypatch):
-    """The boundary of the numpy check: 2.0.0 already returns empty outputs."""
+def test_numpy_2_is_refused_from_2_0_0_on_and_numpy_1_is_not(monkeypatch):
+    """numpy 2 in the models' environment returns empty outputs, 2.0.0 already; numpy 1 serves."""
+    monkeypatch.setattr(np, "__version__", "2.1.0")
+    with pytest.raises(ServeError, match=r"numpy 2.1.0 .* returns empty outputs .*numpy<2"):
+        server.check_models_environment()
     monkeypatch.setattr(np, "__version__", "2.0.0")
     with pytest.raises(ServeError, match=r"numpy 2.0.0 "):
         server.check_models_environment()
@@ -61,9 +65,10 @@ def test_numpy_2_exactly_is_refused_and_numpy_1_is_not(monkeypatch):
     server.check_models_environment()
 
 
-def test_the_backend_folder_is_prepared_again_over_a_previous_one(tmp_path):
-    """A second start in the same folder replaces its links, a dangling one too (a wheel reinstalled
-    elsewhere), and they lead to this interpreter's stub."""
+def test_the_server_setup_uses_this_interpreter_and_is_prepared_again_over_a_previous_one(tmp_path):
+    """The backend folder's links lead to this interpreter's stub and the Python backend, and a second
+    start in the same folder replaces them, a dangling one too (a wheel reinstalled elsewhere); the
+    server's PATH starts at this interpreter's folder and its LD_LIBRARY_PATH holds the wheel's libs."""
     install = server.find_tritonserver()
     stub_link = tmp_path / "backends" / "python" / server.STUB
     stub_link.parent.mkdir(parents=True)
@@ -73,6 +78,10 @@ def test_the_backend_folder_is_prepared_again_over_a_previous_one(tmp_path):
         assert backends == tmp_path / "backends"
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
         assert stub_link.resolve() == install.stub(version).resolve()
+        assert (backends / "python" / "libtriton_python.so").resolve().is_file()
+    env = server.server_env(install)
+    assert env["PATH"].split(":")[0] == os.path.dirname(sys.executable)
+    assert str(install.libs) in env["LD_LIBRARY_PATH"].split(":")
 
 
 def test_the_server_child_gets_sigterm_when_its_parent_dies():
@@ -147,7 +156,7 @@ def test_a_failure_without_errors_is_the_last_plain_log_line_and_a_kept_log_is_n
         inside = work.name + "/tritonserver.log"
         with open(inside, "w") as out:
             out.write(_glog("main.cc", "failed to start") + "\n")
-        assert TritonServer(tmp_path, log_path=type(kept)(inside), _work=work).failure() == "failed to start"
+        assert TritonServer(tmp_path, log_path=Path(inside), _work=work).failure() == "failed to start"
     finally:
         work.cleanup()
 
@@ -159,7 +168,7 @@ def test_stop_keeps_a_log_outside_its_folder_and_forgets_its_own(tmp_path):
     served.stop()
     assert served.log_path == kept and served._work is None and not served.running
     work = tempfile.TemporaryDirectory()
-    served = TritonServer(tmp_path, log_path=type(kept)(work.name) / "tritonserver.log", _work=work)
+    served = TritonServer(tmp_path, log_path=Path(work.name) / "tritonserver.log", _work=work)
     served.stop()
     assert served.log_path is None
 
